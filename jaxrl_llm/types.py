@@ -1,0 +1,56 @@
+"""Shared dataclasses and the dimension-letter glossary.
+
+Dimension letters used in shape comments and einsum strings throughout the package:
+
+  P  prompts per batch            G  completions per prompt (group size)
+  B  sequences (B = P * G)        S  prompt length (left-padded)
+  T  completion length            N  S + T, the full sequence length
+  V  vocabulary                   D  model width
+  H  query heads                  J  key/value heads (grouped-query attention)
+  Dh head width                   F  MLP hidden width
+  L  layers                       K  top-k (experts)       E  experts
+  A  answer length (task targets)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from flax import struct
+
+PyTree = Any
+
+
+@struct.dataclass
+class PromptBatch:
+  """A batch of left-padded prompts and the task's reference answers."""
+
+  tokens: jax.Array  # [P, S] int32, left-padded with the pad id
+  mask: jax.Array  # [P, S] bool, True on real prompt tokens
+  answer: jax.Array  # [P, A] int32, reference answer tokens (task-defined), pad-filled
+  answer_mask: jax.Array  # [P, A] bool, True on real answer tokens
+
+
+@struct.dataclass
+class Rollout:
+  """What the sampler produced for B = P * G sequences (spec §0)."""
+
+  prompt_tokens: jax.Array  # [B, S] int32, left-padded prompts (each repeated G times)
+  prompt_mask: jax.Array  # [B, S] bool
+  tokens: jax.Array  # [B, T] int32, generated tokens; pad after EOS
+  loss_mask: jax.Array  # [B, T] float32, 1 on generated tokens up to and including EOS
+  lengths: jax.Array  # [B] int32, number of generated tokens (= loss_mask.sum(-1))
+  truncated: jax.Array  # [B] bool, True when max_new_tokens was reached without EOS
+  logprobs: jax.Array  # [B, T] float32, ℓ^μ: sampler log-prob of each token (0 on padding)
+
+
+@struct.dataclass
+class TrainState:
+  """Everything the RL update mutates; a checkpoint saves exactly this."""
+
+  step: jax.Array  # [] int32, completed RL updates
+  params: PyTree  # policy parameters
+  opt_state: PyTree  # optax state
+  ref_params: PyTree | None  # reference policy for KL (None when beta == 0)
+  rng: jax.Array  # base PRNG key of the run; per-step keys are fold_in(rng, step)
