@@ -1,0 +1,265 @@
+"""The verifiable-task interface shared by the built-in synthetic tasks.
+
+A task is a frozen (hashable) dataclass that owns a finite, indexable space of problems. Each
+problem index maps to a prompt text and a reference answer text. A fixed hash of the problem's
+split key holds out about ``holdout_fraction`` of the space; the evaluation set is drawn only from
+held-out problems and the training set only from the rest, so the two are disjoint by
+construction and the split does not depend on the training seed.
+
+Example arrays (numpy, one row per problem):
+
+  tokens       [N, S] int32  ``<pad>… <bos> prompt``, left-padded to ``prompt_len``
+  mask         [N, S] bool   True on bos and prompt characters
+  answer       [N, A] int32  ``answer <eos> <pad>…``, right-padded to ``answer_len``
+  answer_mask  [N, A] bool   True on answer characters and the eos
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import zlib
+from typing import ClassVar
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_llm.tasks.tokenizer import CharTokenizer
+
+# Problem spaces up to this size are enumerated; larger ones are sampled.
+MAX_ENUMERATED_PROBLEMS = 1 << 22
+# Training-set size used for sampled (non-enumerable) spaces when ``train_size`` is None.
+DEFAULT_SAMPLED_TRAIN_SIZE = 1 << 20
+
+_M64 = (1 << 64) - 1
+
+
+def _mix64(x: np.ndarray, salt: int) -> np.ndarray:
+  """SplitMix64 finaliser of ``x + salt``: a fixed, platform-independent 64-bit hash."""
+  z = x.astype(np.uint64) + np.uint64((salt * 0x9E3779B97F4A7C15) & _M64)
+  z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+  z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+  return z ^ (z >> np.uint64(31))
+
+
+@dataclasses.dataclass(frozen=True)
+class Task(abc.ABC):
+  """Base class of a synthetic verifiable task (prompt source plus a pure-JAX verifier).
+
+  Attributes:
+    eval_size: number of held-out problems in ``eval_examples()`` (fewer if the held-out part
+      of a small problem space is smaller).
+    train_size: number of training problems; None means every non-held-out problem for spaces of
+      at most ``MAX_ENUMERATED_PROBLEMS``, else ``DEFAULT_SAMPLED_TRAIN_SIZE`` sampled problems.
+    holdout_fraction: fraction of the problem space reserved for evaluation.
+    tokenizer: the character tokenizer shared by all built-in tasks.
+  """
+
+  name: ClassVar[str] = "task"
+
+  eval_size: int = 256
+  train_size: int | None = None
+  holdout_fraction: float = 0.1
+  tokenizer: CharTokenizer = dataclasses.field(default_factory=CharTokenizer)
+
+  def __post_init__(self):
+    if self.eval_size < 1:
+      raise ValueError(f"{self.name}: eval_size must be >= 1, got {self.eval_size}.")
+    if self.train_size is not None and self.train_size < 1:
+      raise ValueError(f"{self.name}: train_size must be None or >= 1, got {self.train_size}.")
+    if not 0.0 < self.holdout_fraction < 1.0:
+      raise ValueError(
+        f"{self.name}: holdout_fraction must be in (0, 1), got {self.holdout_fraction}."
+      )
+
+  # ---- what each task defines -------------------------------------------------------------
+
+  @property
+  @abc.abstractmethod
+  def prompt_len(self) -> int:
+    """S: static prompt length (bos + longest prompt text)."""
+
+  @property
+  @abc.abstractmethod
+  def answer_len(self) -> int:
+    """A: static answer length (longest answer text + eos)."""
+
+  @property
+  @abc.abstractmethod
+  def num_problems(self) -> int:
+    """Size of the problem space (problem indices are ``0 .. num_problems - 1``)."""
+
+  @property
+  @abc.abstractmethod
+  def answer_chars(self) -> str:
+    """Characters a well-formed answer may use (the ``format`` reward checks this)."""
+
+  @abc.abstractmethod
+  def render(self, index: np.ndarray) -> tuple[list[str], list[str]]:
+    """Prompt texts (without bos) and answer texts (without eos) of problem indices [N]."""
+
+  def split_key(self, index: np.ndarray) -> np.ndarray:
+    """Key hashed for the train/eval split; problems sharing a key land on the same side."""
+    return index
+
+  @property
+  def max_new_tokens(self) -> int:
+    """Suggested completion budget T: exactly enough for the longest answer and its eos."""
+    return self.answer_len
+
+  # ---- split and example arrays -----------------------------------------------------------
+
+  @property
+  def _salt(self) -> int:
+    return zlib.crc32(self.name.encode())
+
+  def is_held_out(self, index: np.ndarray) -> np.ndarray:
+    """Bool [N]: whether each problem index belongs to the held-out (evaluation) part."""
+    h = _mix64(self.split_key(np.asarray(index, np.int64)), self._salt)
+    return (h >> np.uint64(11)).astype(np.float64) * 2.0**-53 < self.holdout_fraction
+
+  def _sample(self, rng: np.random.Generator, size: int, held_out: bool) -> np.ndarray:
+    """Draws ``size`` indices (with replacement) from one side of the split."""
+    out, have = [], 0
+    while have < size:
+      cand = rng.integers(0, self.num_problems, size=2 * size + 64, dtype=np.int64)
+      cand = cand[self.is_held_out(cand) == held_out]
+      out.append(cand)
+      have += cand.size
+    return np.concatenate(out)[:size]
+
+  def train_indices(self, seed: int) -> np.ndarray:
+    """Training problem indices [N] for ``seed`` (order shuffled by the seed)."""
+    rng = np.random.default_rng([self._salt, 1, seed])
+    if self.num_problems <= MAX_ENUMERATED_PROBLEMS:
+      idx = np.arange(self.num_problems, dtype=np.int64)
+      idx = rng.permutation(idx[~self.is_held_out(idx)])
+      if self.train_size is not None:
+        if self.train_size > idx.size:
+          raise ValueError(
+            f"{self.name}: train_size={self.train_size} exceeds the {idx.size} training "
+            "problems of this configuration."
+          )
+        idx = idx[: self.train_size]
+      return idx
+    return self._sample(rng, self.train_size or DEFAULT_SAMPLED_TRAIN_SIZE, held_out=False)
+
+  def eval_indices(self) -> np.ndarray:
+    """Evaluation problem indices [N <= eval_size]: a fixed subset of the held-out part."""
+    rng = np.random.default_rng([self._salt, 2])
+    if self.num_problems <= MAX_ENUMERATED_PROBLEMS:
+      idx = np.arange(self.num_problems, dtype=np.int64)
+      idx = rng.permutation(idx[self.is_held_out(idx)])[: self.eval_size]
+    else:
+      idx = self._sample(rng, 4 * self.eval_size, held_out=True)
+      _, first = np.unique(idx, return_index=True)
+      idx = idx[np.sort(first)][: self.eval_size]
+    if idx.size == 0:
+      raise ValueError(f"{self.name}: the held-out part of the problem space is empty.")
+    return idx
+
+  def examples(self, index: np.ndarray) -> dict[str, np.ndarray]:
+    """Example arrays (see module docstring) for the given problem indices [N]."""
+    prompts, answers = self.render(np.asarray(index, np.int64))
+    tok = self.tokenizer
+    tokens, mask = tok.encode_batch(prompts, self.prompt_len, bos=True, eos=False, left_pad=True)
+    answer, answer_mask = tok.encode_batch(
+      answers, self.answer_len, bos=False, eos=True, left_pad=False
+    )
+    return {"tokens": tokens, "mask": mask, "answer": answer, "answer_mask": answer_mask}
+
+  def train_examples(self, seed: int = 0) -> dict[str, np.ndarray]:
+    """Training example arrays; disjoint from ``eval_examples()`` for every seed."""
+    return self.examples(self.train_indices(seed))
+
+  def eval_examples(self) -> dict[str, np.ndarray]:
+    """Deterministic evaluation example arrays drawn from the held-out problems."""
+    return self.examples(self.eval_indices())
+
+  # ---- verifier ---------------------------------------------------------------------------
+
+  def reward_terms(
+    self,
+    prompt_tokens: jax.Array,
+    completion: jax.Array,
+    completion_mask: jax.Array,
+    answer: jax.Array,
+    answer_mask: jax.Array,
+  ) -> dict[str, jax.Array]:
+    """Pure-JAX verifier: per-sequence reward terms, each [B] float32.
+
+    Args:
+      prompt_tokens: [B, S] int32 prompts (unused by the built-in tasks; part of the interface).
+      completion: [B, T] int32 generated tokens.
+      completion_mask: [B, T] float32, 1 on generated tokens (up to and including eos).
+      answer: [B, A] int32 reference answers, ``answer <eos> <pad>…``.
+      answer_mask: [B, A] bool, True on answer tokens including the eos.
+
+    Returns:
+      ``correct``: 1 iff the completion up to and including its first eos equals the answer.
+      ``format``: 1 iff the completion ends with an eos after a non-empty body that uses only
+        ``answer_chars``.
+      ``partial``: fraction of answer positions (eos included) that the completion matches.
+    Tokens after the first eos, and tokens where ``completion_mask`` is 0, are ignored.
+    """
+    chex.assert_rank([prompt_tokens, completion, completion_mask, answer, answer_mask], 2)
+    chex.assert_equal_shape([completion, completion_mask])
+    chex.assert_equal_shape([answer, answer_mask])
+    chex.assert_equal_shape_prefix([prompt_tokens, completion, answer], 1)
+    tok = self.tokenizer
+    b, t = completion.shape
+    a = answer.shape[1]
+
+    pos = jnp.arange(t)[None, :]  # [1, T]
+    tokens = jnp.where(completion_mask > 0, completion, tok.pad_id)  # [B, T]
+    is_eos = tokens == tok.eos_id
+    terminated = is_eos.any(-1)  # [B]
+    first_eos = jnp.where(terminated, jnp.argmax(is_eos, -1), t)  # [B], T when none
+    tokens = jnp.where(pos > first_eos[:, None], tok.pad_id, tokens)  # drop what follows eos
+
+    body = pos < first_eos[:, None]  # [B, T]
+    allowed = jnp.isin(tokens, jnp.asarray(tok.ids_of(self.answer_chars)))
+    well_formed = terminated & (first_eos > 0) & jnp.all(allowed | ~body, -1)
+
+    if t >= a:
+      aligned = tokens[:, :a]
+    else:
+      aligned = jnp.pad(tokens, ((0, 0), (0, a - t)), constant_values=tok.pad_id)
+    answer_mask = answer_mask.astype(bool)
+    n_answer = answer_mask.sum(-1)  # [B]
+    match = (aligned == answer) & answer_mask  # [B, A]
+    correct = terminated & (first_eos + 1 == n_answer) & jnp.all(match | ~answer_mask, -1)
+    partial = match.sum(-1) / jnp.maximum(n_answer, 1)
+    out = {"correct": correct, "format": well_formed, "partial": partial}
+    out = {k: v.astype(jnp.float32) for k, v in out.items()}
+    chex.assert_shape(list(out.values()), (b,))
+    return out
+
+  def describe(
+    self,
+    prompt_tokens: np.ndarray,
+    completion: np.ndarray,
+    answer: np.ndarray | None = None,
+  ) -> list[str]:
+    """Host helper: one human-readable line per sequence, e.g. for text summaries.
+
+    ``prompt_tokens`` [B, S], ``completion`` [B, T] and optional ``answer`` [B, A] are arrays
+    of token ids. A completion without an eos is marked ``<no eos>``.
+    """
+    tok = self.tokenizer
+    prompt_tokens, completion = np.asarray(prompt_tokens), np.asarray(completion)
+    chex.assert_rank([prompt_tokens, completion], 2)
+    chex.assert_equal_shape_prefix([prompt_tokens, completion], 1)
+    lines = []
+    for i in range(completion.shape[0]):
+      text = tok.decode(completion[i])
+      ended = bool((completion[i] == tok.eos_id).any())
+      line = f"{tok.decode(prompt_tokens[i])} {text}{'' if ended else ' <no eos>'}"
+      if answer is not None:
+        target = tok.decode(np.asarray(answer)[i])
+        verdict = "correct" if ended and text == target else "wrong"
+        line += f"  | target {target} | {verdict}"
+      lines.append(line)
+    return lines

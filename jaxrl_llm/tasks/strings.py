@@ -1,0 +1,74 @@
+"""Shared problem space of the string tasks: strings over the letters a-j."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from jaxrl_llm.tasks.base import Task
+
+LETTERS = "abcdefghij"
+_DIGITS_TO_LETTERS = str.maketrans("0123456789", LETTERS)
+
+
+@dataclasses.dataclass(frozen=True)
+class LetterStringTask(Task):
+  """Problems are all strings over ``LETTERS`` with length in ``[min_len, max_len]``.
+
+  Index ``i`` enumerates shorter strings first; within a length, the string is ``i``'s offset
+  written in base 10 with digit ``k`` shown as ``LETTERS[k]``. Prompts are
+  ``<bos>{string}{separator}``. With lengths 2..5: 111,100 problems, S = 7, A = 6.
+  """
+
+  min_len: int = 2
+  max_len: int = 5
+
+  separator: str = dataclasses.field(default=">", init=False)
+
+  def __post_init__(self):
+    super().__post_init__()
+    if not 1 <= self.min_len <= self.max_len <= 12:
+      raise ValueError(
+        f"{self.name}: need 1 <= min_len <= max_len <= 12, got min_len={self.min_len}, "
+        f"max_len={self.max_len}."
+      )
+
+  @property
+  def prompt_len(self) -> int:
+    """S = bos + max_len letters + separator."""
+    return self.max_len + 2
+
+  @property
+  def answer_len(self) -> int:
+    """A = max_len letters + eos."""
+    return self.max_len + 1
+
+  @property
+  def num_problems(self) -> int:
+    """Number of strings with length in ``[min_len, max_len]``."""
+    return sum(len(LETTERS) ** n for n in range(self.min_len, self.max_len + 1))
+
+  @property
+  def answer_chars(self) -> str:
+    """The letters a-j."""
+    return LETTERS
+
+  def strings(self, index: np.ndarray) -> list[str]:
+    """The string of each problem index [N]."""
+    index = np.asarray(index, np.int64)
+    lengths = np.arange(self.min_len, self.max_len + 1)
+    starts = np.concatenate([[0], np.cumsum(len(LETTERS) ** lengths)])  # [num_lengths + 1]
+    which = np.searchsorted(starts, index, side="right") - 1
+    offset = (index - starts[which]).tolist()
+    length = lengths[which].tolist()
+    return [f"{o:0{n}d}".translate(_DIGITS_TO_LETTERS) for o, n in zip(offset, length)]
+
+  def transform(self, text: str) -> str:
+    """The answer for input string ``text``."""
+    raise NotImplementedError
+
+  def render(self, index: np.ndarray) -> tuple[list[str], list[str]]:
+    """``"{s}{separator}"`` prompts and ``transform(s)`` answers."""
+    strings = self.strings(index)
+    return [s + self.separator for s in strings], [self.transform(s) for s in strings]
