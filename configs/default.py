@@ -1,0 +1,87 @@
+"""Embedded default: a tiny transformer learns 2-digit addition on a laptop CPU.
+
+A short supervised warm start gives the policy the answer format and partial skill; GRPO
+(spec §10 `grpo` without the KL term) then drives held-out accuracy up.
+
+  python -m jaxrl_llm.main --config=configs/default.py --workdir=/tmp/jaxrl_default
+"""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+  """Returns the default experiment config."""
+  c = ml_collections.ConfigDict()
+  c.seed = 0  # one PRNG key per run; step keys are fold_in(key, step)
+
+  c.task = ml_collections.ConfigDict()
+  c.task.name = "addition"  # built-in verifiable task: addition | reverse
+  c.task.digits = 2  # addition: operands in [0, 10**digits)
+  c.task.min_len = 2  # reverse: shortest string
+  c.task.max_len = 5  # reverse: longest string
+  c.task.eval_size = 256  # held-out evaluation prompts (disjoint from training prompts)
+  c.task.reward_weights = ml_collections.ConfigDict({"correct": 1.0, "format": 0.0})  # R = Σ w_k R^k (§6)
+
+  c.model = ml_collections.ConfigDict()
+  c.model.vocab_size = 32  # token ids; must cover the task tokenizer's vocabulary
+  c.model.d_model = 64  # residual width D
+  c.model.num_layers = 2  # transformer blocks L
+  c.model.num_heads = 4  # query heads H
+  c.model.num_kv_heads = 2  # key/value heads J (grouped-query attention)
+  c.model.head_dim = 16  # per-head width
+  c.model.mlp_dim = 256  # SwiGLU hidden width
+  c.model.rope_theta = 10_000.0  # RoPE base
+  c.model.norm_eps = 1e-6  # RMSNorm epsilon
+  c.model.attention_bias = False  # q/k/v bias (Qwen2 style)
+  c.model.qk_norm = False  # per-head RMSNorm of q and k (Qwen3 style)
+  c.model.tie_embeddings = True  # share embedding and output matrices
+  c.model.dtype = "float32"  # compute dtype: float32 | bfloat16 | float16
+  c.model.param_dtype = "float32"  # parameter storage dtype
+
+  c.sampling = ml_collections.ConfigDict()
+  c.sampling.group_size = 8  # G completions per prompt (>= 2 for group advantages)
+  c.sampling.max_new_tokens = 0  # T completion budget; 0 = the task's default
+  c.sampling.temperature = 1.0  # τ_s > 0; recorded log-probs are of logits / τ_s (§0)
+  c.sampling.top_k = 0  # draw among the k most likely tokens (0 = off)
+  c.sampling.top_p = 1.0  # nucleus sampling mass in (0, 1] (1 = off)
+
+  c.rl = ml_collections.ConfigDict()
+  c.rl.num_prompts = 32  # P prompts per RL update (B = P * G sequences)
+  c.rl.num_epochs = 1  # passes over each rollout batch
+  c.rl.num_minibatches = 2  # optimiser steps per epoch (B must divide evenly)
+  c.rl.advantage = "grpo"  # §1 advantage estimator
+  c.rl.objective = "ppo_clip"  # §2 policy objective
+  c.rl.aggregation = "seq_mean_token_mean"  # §5 loss aggregation
+  c.rl.clip_low = 0.2  # ε_low: lower clip width of the ratio (§2.1), in (0, 1)
+  c.rl.clip_high = 0.2  # ε_high: upper clip width of the ratio (§2.1), in (0, 1)
+  c.rl.kl_beta = 0.0  # β of the KL-to-reference loss (§4); 0 skips the reference model
+  c.rl.kl_estimator = "k3"  # §4 estimator: k1 | k2 | k3
+
+  c.optim = ml_collections.ConfigDict()
+  c.optim.learning_rate = 2e-3  # peak AdamW learning rate of the RL phase
+  c.optim.warmup_steps = 10  # linear warmup (optimiser updates)
+  c.optim.decay_to = 0.1  # cosine decays to this fraction of the peak
+  c.optim.weight_decay = 0.0  # AdamW decoupled weight decay
+  c.optim.b1 = 0.9  # Adam β1
+  c.optim.b2 = 0.99  # Adam β2
+  c.optim.grad_clip = 1.0  # global-norm gradient clipping (0 = off)
+
+  c.sft = ml_collections.ConfigDict()
+  c.sft.steps = 150  # supervised warm-start steps before RL (0 = none); logged under sft/
+  c.sft.batch_size = 64  # sequences per supervised step
+  c.sft.learning_rate = 3e-3  # peak learning rate of the warm start
+
+  c.train = ml_collections.ConfigDict()
+  c.train.num_steps = 200  # RL updates
+  c.train.eval_every = 25  # held-out evaluation period (RL steps); also at start and end
+  c.train.pass_k = 4  # k of the pass@k evaluation (sampled at τ_s)
+  c.train.log_every = 5  # scalar summaries / progress line period
+  c.train.checkpoint_every = 50  # orbax checkpoint period (RL steps); also at the end
+  c.train.max_to_keep = 2  # checkpoints kept on disk
+  c.train.text_samples = 8  # completions shown in the TensorBoard text summary
+
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.data = -1  # data-parallel devices (-1 = all not used by `model`)
+  c.mesh.model = 1  # tensor-parallel devices
+  c.mesh.rules = ()  # logical->mesh axis rules, e.g. (("mlp", "model"),); () = built-in table
+  return c

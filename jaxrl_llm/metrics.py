@@ -1,0 +1,242 @@
+"""TensorBoard metrics without TensorFlow, and small helpers for logging progress.
+
+`SummaryWriter` writes TensorBoard event files with tensorboard's own `EventFileWriter` and
+protos; histograms and text carry the plugin metadata of TensorBoard's HISTOGRAMS and TEXT
+dashboards (the same protos `tensorboard.plugins.*.summary_v2.*_pb` build). Only process 0
+writes. The `read_*` helpers read event files back with tensorboard's own `EventAccumulator`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+from tensorboard.backend.event_processing import event_accumulator
+from tensorboard.compat.proto import event_pb2, summary_pb2
+from tensorboard.plugins.histogram import metadata as histogram_metadata
+from tensorboard.plugins.text import metadata as text_metadata
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
+from tensorboard.util import tensor_util
+
+DEFAULT_BUCKETS = 30  # TensorBoard's own default bucket count for histograms
+
+
+class SummaryWriter:
+  """Writes scalars, histograms and markdown text to TensorBoard event files in `logdir`.
+
+  On processes other than 0 every method is a no-op, so all processes may call it.
+  """
+
+  def __init__(self, logdir: str, *, flush_secs: float = 30.0, max_queue: int = 100):
+    """Opens a new event file in `logdir` (on process 0 only)."""
+    self.logdir = os.fspath(logdir)
+    self._writer = None
+    if jax.process_index() == 0:
+      os.makedirs(self.logdir, exist_ok=True)
+      self._writer = EventFileWriter(self.logdir, max_queue_size=max_queue, flush_secs=flush_secs)
+    self._tags_with_metadata: set[str] = set()
+
+  def _write(self, step: int, values: list[summary_pb2.Summary.Value]) -> None:
+    if self._writer is None or not values:
+      return
+    event = event_pb2.Event(
+      wall_time=time.time(), step=int(step), summary=summary_pb2.Summary(value=values)
+    )
+    self._writer.add_event(event)
+
+  def _metadata_once(self, tag: str, make_metadata) -> summary_pb2.SummaryMetadata | None:
+    # Like TensorFlow's writer: plugin metadata only on the first value of a tag per file.
+    if tag in self._tags_with_metadata:
+      return None
+    self._tags_with_metadata.add(tag)
+    return make_metadata(display_name=None, description=None)
+
+  def scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
+    """Writes one event holding every scalar of `scalars` (tag -> number) at `step`."""
+    if self._writer is None:
+      return
+    host = jax.device_get(dict(scalars))
+    values = [
+      summary_pb2.Summary.Value(tag=tag, simple_value=_to_float(tag, value))
+      for tag, value in host.items()
+    ]
+    self._write(step, values)
+
+  def histograms(
+    self, step: int, arrays: Mapping[str, Any], *, buckets: int = DEFAULT_BUCKETS
+  ) -> None:
+    """Writes a histogram of every array of `arrays` (tag -> array of any shape) at `step`.
+
+    Non-finite entries are left out of the buckets.
+    """
+    if self._writer is None:
+      return
+    host = jax.device_get(dict(arrays))
+    values = []
+    for tag, array in host.items():
+      tensor = tensor_util.make_tensor_proto(histogram_buckets(array, buckets), dtype=np.float64)
+      md = self._metadata_once(tag, histogram_metadata.create_summary_metadata)
+      values.append(summary_pb2.Summary.Value(tag=tag, metadata=md, tensor=tensor))
+    self._write(step, values)
+
+  def text(self, step: int, tag: str, markdown: str) -> None:
+    """Writes `markdown` under `tag` at `step` (shown rendered in TensorBoard's TEXT tab)."""
+    if self._writer is None:
+      return
+    tensor = tensor_util.make_tensor_proto(np.array(markdown, dtype=np.object_))
+    md = self._metadata_once(tag, text_metadata.create_summary_metadata)
+    self._write(step, [summary_pb2.Summary.Value(tag=tag, metadata=md, tensor=tensor)])
+
+  def flush(self) -> None:
+    """Writes pending events to disk."""
+    if self._writer is not None:
+      self._writer.flush()
+
+  def close(self) -> None:
+    """Flushes and closes the event file; later calls are no-ops."""
+    if self._writer is not None:
+      self._writer.close()
+      self._writer = None
+
+  def __enter__(self) -> SummaryWriter:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+
+def histogram_buckets(data: Any, buckets: int = DEFAULT_BUCKETS) -> np.ndarray:
+  """Returns TensorBoard's `[buckets, 3]` histogram (left edge, right edge, count) of `data`.
+
+  Same layout and edge cases as `tensorboard.plugins.histogram.summary_v2.histogram_pb`, in
+  O(size) memory: equal-width buckets from min to max; all-equal data has every edge at the value
+  and the whole count in the last bucket; empty data gives zeros.
+  """
+  x = np.asarray(data, dtype=np.float64).ravel()
+  x = x[np.isfinite(x)]
+  if buckets <= 0 or x.size == 0:
+    return np.zeros((max(buckets, 0), 3))
+  lo, hi = float(x.min()), float(x.max())
+  if lo == hi:
+    counts = np.zeros(buckets)
+    counts[-1] = x.size
+    return np.stack([np.full(buckets, lo), np.full(buckets, lo), counts], axis=1)
+  counts, edges = np.histogram(x, bins=buckets, range=(lo, hi))
+  return np.stack([edges[:-1], edges[1:], counts.astype(np.float64)], axis=1)
+
+
+def _to_float(key: str, value: Any) -> float:
+  arr = np.asarray(value)
+  if arr.size != 1:
+    raise ValueError(f"metric {key!r} is not a scalar: shape {arr.shape}")
+  return float(arr.reshape(()))
+
+
+def flatten_metrics(nested: Mapping[str, Any], sep: str = "/") -> dict[str, float]:
+  """Flattens nested metric dicts to `{'a/b': float}`, with one `jax.device_get` for all.
+
+  Raises ValueError naming the key of any value that is not a scalar.
+  """
+  host = jax.device_get(nested)
+  flat: dict[str, float] = {}
+
+  def visit(prefix: str, node: Any) -> None:
+    if isinstance(node, Mapping):
+      for k, v in node.items():
+        visit(f"{prefix}{sep}{k}" if prefix else str(k), v)
+    else:
+      flat[prefix] = _to_float(prefix, node)
+
+  visit("", host)
+  return flat
+
+
+def format_duration(seconds: float) -> str:
+  """Formats seconds as `h:mm:ss` (hours are not wrapped at 24); '?' when unknown."""
+  if not math.isfinite(seconds) or seconds < 0:
+    return "?"
+  total = round(seconds)
+  return f"{total // 3600}:{total % 3600 // 60:02d}:{total % 60:02d}"
+
+
+def format_progress(
+  step: int,
+  total_steps: int,
+  elapsed_s: float,
+  metrics: Mapping[str, float] | None = None,
+  *,
+  start_step: int = 0,
+) -> str:
+  """One-line progress: step, percent, steps/s, elapsed, ETA (h:mm:ss) and `metrics`.
+
+  `elapsed_s` is the time spent since `start_step` (the step training resumed at), so the rate
+  and ETA ignore steps done before a restart.
+  """
+  done = step - start_step
+  rate = done / elapsed_s if elapsed_s > 0 and done > 0 else float("nan")
+  eta = (total_steps - step) / rate if rate > 0 else float("nan")
+  pct = 100.0 * step / total_steps if total_steps > 0 else 100.0
+  parts = [
+    f"step {step}/{total_steps} ({pct:.1f}%)",
+    f"{rate:.3g} steps/s" if math.isfinite(rate) else "? steps/s",
+    f"elapsed {format_duration(elapsed_s)}",
+    f"ETA {format_duration(eta)}",
+  ]
+  if metrics:
+    parts.append(" ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+  return " | ".join(parts)
+
+
+def _load(logdir: str) -> event_accumulator.EventAccumulator:
+  guidance = {k: 0 for k in event_accumulator.STORE_EVERYTHING_SIZE_GUIDANCE}
+  return event_accumulator.EventAccumulator(os.fspath(logdir), size_guidance=guidance).Reload()
+
+
+def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
+  """Reads every scalar in `logdir`'s event files: tag -> [(step, value)] in step order."""
+  acc = _load(logdir)
+  return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def read_tags(logdir: str) -> dict[str, Any]:
+  """Tags in `logdir` as EventAccumulator reports them ('scalars', 'histograms', 'tensors', ...).
+
+  Histograms and text are tensor summaries, so they appear under 'tensors'; 'plugins' maps
+  each plugin name ('histograms', 'text', ...) to its tags.
+  """
+  acc = _load(logdir)
+  return {**acc.Tags(), "plugins": _plugin_tags(acc)}
+
+
+def _plugin_tags(acc: event_accumulator.EventAccumulator) -> dict[str, list[str]]:
+  plugins: dict[str, list[str]] = {}
+  for tag in acc.Tags()["tensors"]:
+    plugins.setdefault(acc.SummaryMetadata(tag).plugin_data.plugin_name, []).append(tag)
+  return plugins
+
+
+def read_histograms(logdir: str) -> dict[str, list[tuple[int, np.ndarray]]]:
+  """Reads every histogram in `logdir`: tag -> [(step, [buckets, 3] array)]."""
+  acc = _load(logdir)
+  return {
+    tag: [(e.step, tensor_util.make_ndarray(e.tensor_proto)) for e in acc.Tensors(tag)]
+    for tag in _plugin_tags(acc).get(histogram_metadata.PLUGIN_NAME, [])
+  }
+
+
+def read_text(logdir: str) -> dict[str, list[tuple[int, str]]]:
+  """Reads every text summary in `logdir`: tag -> [(step, markdown)]."""
+  acc = _load(logdir)
+  out = {}
+  for tag in _plugin_tags(acc).get(text_metadata.PLUGIN_NAME, []):
+    rows = []
+    for e in acc.Tensors(tag):
+      value = tensor_util.make_ndarray(e.tensor_proto).item()
+      rows.append((e.step, value.decode() if isinstance(value, bytes) else str(value)))
+    out[tag] = rows
+  return out

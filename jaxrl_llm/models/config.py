@@ -1,0 +1,75 @@
+"""Frozen model hyperparameters (one dataclass, handed to every layer)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Decoder-only transformer of the Llama / Qwen family."""
+
+  vocab_size: int = 32  # number of token ids (embedding rows)
+  d_model: int = 64  # residual stream width D
+  num_layers: int = 2  # transformer blocks L
+  num_heads: int = 4  # query heads H
+  num_kv_heads: int = 2  # key/value heads J (grouped-query attention; H % J == 0)
+  head_dim: int = 16  # per-head width Dh
+  mlp_dim: int = 256  # SwiGLU hidden width F
+  rope_theta: float = 10_000.0  # RoPE base frequency
+  norm_eps: float = 1e-6  # RMSNorm epsilon
+  attention_bias: bool = False  # bias on q/k/v projections (Qwen2)
+  qk_norm: bool = False  # RMSNorm on per-head queries and keys (Qwen3)
+  tie_embeddings: bool = True  # output projection shares the embedding matrix
+  dtype: str = "float32"  # compute dtype of matmuls (log-softmax is always float32)
+  param_dtype: str = "float32"  # storage dtype of parameters
+
+  def __post_init__(self):
+    errors = []
+    for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
+      if getattr(self, name) < 1:
+        errors.append(f"model.{name}={getattr(self, name)} must be >= 1")
+    if self.mlp_dim < 1:
+      errors.append(f"model.mlp_dim={self.mlp_dim} must be >= 1")
+    if self.num_kv_heads >= 1 and self.num_heads % self.num_kv_heads:
+      errors.append(
+        f"model.num_heads={self.num_heads} must be a multiple of "
+        f"model.num_kv_heads={self.num_kv_heads}"
+      )
+    if self.head_dim % 2:
+      errors.append(f"model.head_dim={self.head_dim} must be even (RoPE rotates pairs)")
+    if self.rope_theta <= 0:
+      errors.append(f"model.rope_theta={self.rope_theta} must be > 0")
+    for name in ("dtype", "param_dtype"):
+      if getattr(self, name) not in _DTYPES:
+        errors.append(f"model.{name}={getattr(self, name)!r} must be one of {sorted(_DTYPES)}")
+    if errors:
+      raise ValueError("invalid model config: " + "; ".join(errors))
+
+  @property
+  def compute_dtype(self) -> Any:
+    """The jnp dtype used for activations and matmuls."""
+    return _DTYPES[self.dtype]
+
+  @property
+  def weight_dtype(self) -> Any:
+    """The jnp dtype parameters are stored in."""
+    return _DTYPES[self.param_dtype]
+
+  def to_dict(self) -> dict[str, Any]:
+    """A JSON-friendly dict (saved with checkpoints, compared on resume)."""
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
+    """Builds a config from a dict, naming any unknown field."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - fields)
+    if unknown:
+      raise ValueError(f"unknown model config field(s) {unknown}; allowed: {sorted(fields)}")
+    return cls(**d)

@@ -1,0 +1,195 @@
+"""Decoder-only transformer (RMSNorm, RoPE, grouped-query attention, SwiGLU).
+
+Written in Flax Linen and called as a pure function of a parameter pytree
+(`Transformer(cfg).apply({"params": params}, ...)`). Every parameter carries logical
+axis names (`vocab`, `embed`, `heads`, `kv_heads`, `head_dim`, `mlp`) that
+`jaxrl_llm.sharding` maps to mesh axes.
+
+One call signature serves the learner (full sequences, no cache), the sampler's
+prefill (a prompt written into an empty cache) and its decode steps (one token per
+sequence written at `cache_index`).
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from jaxrl_llm.models.config import ModelConfig
+
+_NEG_INF = -1e30
+
+
+@struct.dataclass
+class KVCache:
+  """Per-layer key/value cache of a fixed length N (static shape)."""
+
+  k: tuple[jax.Array, ...]  # L x [B, N, J, Dh]
+  v: tuple[jax.Array, ...]  # L x [B, N, J, Dh]
+
+
+def init_cache(cfg: ModelConfig, batch: int, length: int) -> KVCache:
+  """An all-zero cache for `batch` sequences of up to `length` tokens."""
+  shape = (batch, length, cfg.num_kv_heads, cfg.head_dim)
+  zeros = tuple(jnp.zeros(shape, cfg.compute_dtype) for _ in range(cfg.num_layers))
+  return KVCache(k=zeros, v=zeros)
+
+
+def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+  """Rotary position embedding, half-split convention. x: [B, N, H, Dh], positions: [B, N]."""
+  dh = x.shape[-1]
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, dh, 2, dtype=jnp.float32) / dh))  # [Dh/2]
+  angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, N, Dh/2]
+  cos = jnp.cos(angles)[:, :, None, :]
+  sin = jnp.sin(angles)[:, :, None, :]
+  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x.dtype)
+
+
+def _norm(cfg: ModelConfig, name: str, axis_name: str = "embed") -> nn.RMSNorm:
+  return nn.RMSNorm(
+    epsilon=cfg.norm_eps,
+    dtype=cfg.compute_dtype,
+    param_dtype=cfg.weight_dtype,
+    scale_init=nn.with_logical_partitioning(nn.initializers.ones, (axis_name,)),
+    name=name,
+  )
+
+
+def _dense(cfg, features, axes, names, *, use_bias=False, in_axes=-1, name=None, std=None):
+  init = nn.initializers.normal(stddev=std) if std else nn.initializers.lecun_normal()
+  return nn.DenseGeneral(
+    features=features,
+    axis=in_axes,
+    use_bias=use_bias,
+    dtype=cfg.compute_dtype,
+    param_dtype=cfg.weight_dtype,
+    kernel_init=nn.with_logical_partitioning(init, names),
+    bias_init=nn.with_logical_partitioning(nn.initializers.zeros, names[-len(axes) :]),
+    name=name,
+  )
+
+
+class Attention(nn.Module):
+  """Grouped-query self-attention with RoPE, optional qkv bias and QK-norm."""
+
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x, positions, key_valid, k_cache, v_cache, cache_index):
+    """x: [B, Q, D]; key_valid: [B, N] bool; caches: [B, N, J, Dh] or None."""
+    cfg = self.cfg
+    h, j, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    b = cfg.attention_bias
+    q = _dense(cfg, (h, dh), (h, dh), ("embed", "heads", "head_dim"), use_bias=b, name="q")(x)
+    k = _dense(cfg, (j, dh), (j, dh), ("embed", "kv_heads", "head_dim"), use_bias=b, name="k")(x)
+    v = _dense(cfg, (j, dh), (j, dh), ("embed", "kv_heads", "head_dim"), use_bias=b, name="v")(x)
+    if cfg.qk_norm:
+      q = _norm(cfg, "q_norm", "head_dim")(q)
+      k = _norm(cfg, "k_norm", "head_dim")(k)
+    q = rope(q, positions, cfg.rope_theta)
+    k = rope(k, positions, cfg.rope_theta)
+
+    num_q = x.shape[1]
+    if k_cache is None:  # full-sequence forward: keys are this call's own tokens
+      keys, values, q_slot = k, v, jnp.arange(num_q)
+    else:  # write this call's keys at cache_index, attend over the whole cache
+      keys = jax.lax.dynamic_update_slice_in_dim(k_cache, k.astype(k_cache.dtype), cache_index, 1)
+      values = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), cache_index, 1)
+      q_slot = cache_index + jnp.arange(num_q)
+    num_k = keys.shape[1]
+    causal = q_slot[:, None] >= jnp.arange(num_k)[None, :]  # [Q, N]
+    mask = causal[None, :, :] & key_valid[:, None, :]  # [B, Q, N]
+
+    qg = q.reshape(q.shape[0], num_q, j, h // j, dh)  # [B, Q, J, H/J, Dh]
+    scores = jnp.einsum("bqjgd,bkjd->bjgqk", qg, keys.astype(q.dtype)).astype(jnp.float32)
+    scores = scores / jnp.sqrt(jnp.float32(dh))
+    scores = jnp.where(mask[:, None, None, :, :], scores, _NEG_INF)
+    probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+    out = jnp.einsum("bjgqk,bkjd->bqjgd", probs, values.astype(q.dtype))
+    out = out.reshape(out.shape[0], num_q, h, dh)
+    out = _dense(cfg, cfg.d_model, (cfg.d_model,), ("heads", "head_dim", "embed"), in_axes=(-2, -1), name="o")(out)
+    return out, keys, values
+
+
+class MLP(nn.Module):
+  """SwiGLU feed-forward block."""
+
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x):
+    """x: [B, N, D] -> [B, N, D]."""
+    cfg = self.cfg
+    gate = _dense(cfg, cfg.mlp_dim, (cfg.mlp_dim,), ("embed", "mlp"), name="gate")(x)
+    up = _dense(cfg, cfg.mlp_dim, (cfg.mlp_dim,), ("embed", "mlp"), name="up")(x)
+    return _dense(cfg, cfg.d_model, (cfg.d_model,), ("mlp", "embed"), name="down")(nn.silu(gate) * up)
+
+
+class Block(nn.Module):
+  """Pre-norm transformer block."""
+
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x, positions, key_valid, k_cache, v_cache, cache_index):
+    """Returns the new residual stream and this layer's (full) keys and values."""
+    attn, keys, values = Attention(self.cfg, name="attn")(
+      _norm(self.cfg, "attn_norm")(x), positions, key_valid, k_cache, v_cache, cache_index
+    )
+    x = x + attn
+    x = x + MLP(self.cfg, name="mlp")(_norm(self.cfg, "mlp_norm")(x))
+    return x, keys, values
+
+
+class Transformer(nn.Module):
+  """The policy: token ids -> float32 logits, optionally reading/writing a KV cache."""
+
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(
+    self,
+    tokens: jax.Array,  # [B, Q] int32
+    positions: jax.Array,  # [B, Q] int32 RoPE positions
+    key_valid: jax.Array,  # [B, N] bool: keys that may be attended (N = Q without cache)
+    cache: KVCache | None = None,
+    cache_index: jax.Array | int = 0,  # cache slot of tokens[:, 0]
+  ) -> tuple[jax.Array, KVCache | None]:
+    """Returns logits [B, Q, V] (float32) and the updated cache (None without a cache)."""
+    cfg = self.cfg
+    embed = nn.Embed(
+      cfg.vocab_size,
+      cfg.d_model,
+      dtype=cfg.compute_dtype,
+      param_dtype=cfg.weight_dtype,
+      embedding_init=nn.with_logical_partitioning(
+        nn.initializers.normal(stddev=cfg.d_model**-0.5), ("vocab", "embed")
+      ),
+      name="embed",
+    )
+    x = embed(tokens)
+    new_k, new_v = [], []
+    for i in range(cfg.num_layers):
+      kc = None if cache is None else cache.k[i]
+      vc = None if cache is None else cache.v[i]
+      x, keys, values = Block(cfg, name=f"layer_{i}")(x, positions, key_valid, kc, vc, cache_index)
+      new_k.append(keys)
+      new_v.append(values)
+    x = _norm(cfg, "final_norm")(x)
+    if cfg.tie_embeddings:
+      logits = embed.attend(x)
+    else:
+      logits = _dense(
+        cfg, cfg.vocab_size, (cfg.vocab_size,), ("embed", "vocab"), name="lm_head"
+      )(x)
+    new_cache = None if cache is None else KVCache(k=tuple(new_k), v=tuple(new_v))
+    return logits.astype(jnp.float32), new_cache
+
+
+def positions_from_mask(valid: jax.Array) -> jax.Array:
+  """RoPE positions for left-padded rows: 0 at the first real token. valid: [B, N] bool."""
+  return jnp.maximum(jnp.cumsum(valid.astype(jnp.int32), axis=-1) - 1, 0)

@@ -1,0 +1,253 @@
+"""Policy surrogates J to maximise (objectives.md §2).
+
+Every objective takes (logp, old_logp, adv, mask): ℓ [B, T] (differentiable), ℓ^old [B, T]
+(stop-gradient), advantages [B] or [B, T] (a [B] advantage is broadcast over T) and the loss
+mask [B, T] (bool or float). It returns (J, diagnostics): J is [B, T] for token objectives and
+[B] for sequence objectives (`gspo`, `gmpo`), 0 on masked tokens / empty sequences.
+
+The diagnostics are stop-gradient float32 arrays that metrics reduce over the mask:
+  ratio            [B, T]  r = exp(Δ), Δ = ℓ − ℓ^old (clamped to ±20; 1 on padding)
+  log_ratio        [B, T]  Δ (0 on padding)
+  is_clipped_low   [B, T]  1 where the surrogate is clipped with r below 1 − ε_low and A < 0
+  is_clipped_high  [B, T]  1 where the surrogate is clipped with r above 1 + ε_high and A > 0
+plus objective-specific entries (seq_ratio [B], is_weight, gate_weight, is_dual_clipped).
+For sequence objectives the clip flags are the sequence's flag broadcast over its tokens.
+"""
+
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+
+from jaxrl_llm.objectives._common import (
+  LOG_CLAMP,
+  broadcast_adv,
+  check_float,
+  check_mask,
+  masked_log_ratio,
+  seq_adv,
+)
+
+sg = jax.lax.stop_gradient
+
+
+def _prepare(logp, old_logp, mask):
+  """Checks ℓ, ℓ^old, mask; returns (float mask, Δ [B, T])."""
+  chex.assert_rank([logp, old_logp], 2)
+  check_float(logp, old_logp)
+  m = check_mask(mask, 2)
+  chex.assert_equal_shape([logp, old_logp, m])
+  return m, masked_log_ratio(logp, sg(old_logp), m)
+
+
+def _diag(delta, m, low, high, **extra):
+  out = {
+    "ratio": jnp.exp(delta),
+    "log_ratio": delta,
+    "is_clipped_low": (low & (m > 0)).astype(jnp.float32),
+    "is_clipped_high": (high & (m > 0)).astype(jnp.float32),
+  }
+  out.update(extra)
+  return {k: sg(v.astype(jnp.float32)) for k, v in out.items()}
+
+
+def _no_clip(m):
+  return jnp.zeros(m.shape, bool)
+
+
+def _seq_mean_log(x: jax.Array, m: jax.Array) -> jax.Array:
+  """(1/|o_i|) Σ_t m x per sequence, clamped to ±LOG_CLAMP; 0 for empty sequences."""
+  mean = jnp.where(m > 0, x, 0.0).sum(-1) / jnp.maximum(m.sum(-1), 1.0)
+  return jnp.clip(mean, -LOG_CLAMP, LOG_CLAMP)
+
+
+def ppo_clip(
+  logp: jax.Array,
+  old_logp: jax.Array,
+  adv: jax.Array,
+  mask: jax.Array,
+  *,
+  clip_low: float = 0.2,
+  clip_high: float = 0.2,
+  dual_clip: float | None = None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """PPO/GRPO clipped surrogate min(rA, clip(r, 1−ε_low, 1+ε_high)A) (objectives.md §2.1).
+
+  ε_high > ε_low is DAPO's clip-higher. dual_clip = c > 1 bounds J below by c·A where A < 0.
+  """
+  m, delta = _prepare(logp, old_logp, mask)
+  a = broadcast_adv(adv, m)
+  r = jnp.exp(delta)
+  j = jnp.minimum(r * a, jnp.clip(r, 1.0 - clip_low, 1.0 + clip_high) * a)
+  extra = {}
+  if dual_clip is not None:
+    if dual_clip <= 1.0:
+      raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+    dual = (a < 0) & (j < dual_clip * a)
+    j = jnp.where(a < 0, jnp.maximum(j, dual_clip * a), j)
+    extra["is_dual_clipped"] = (dual & (m > 0)).astype(jnp.float32)
+  j = jnp.where(m > 0, j, 0.0)
+  low = (r < 1.0 - clip_low) & (a < 0)
+  high = (r > 1.0 + clip_high) & (a > 0)
+  return j, _diag(delta, m, low, high, **extra)
+
+
+def pg(
+  logp: jax.Array, old_logp: jax.Array, adv: jax.Array, mask: jax.Array
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """Unclipped importance-weighted policy gradient J = r·A (objectives.md §2.2)."""
+  m, delta = _prepare(logp, old_logp, mask)
+  a = broadcast_adv(adv, m)
+  j = jnp.where(m > 0, jnp.exp(delta) * a, 0.0)
+  return j, _diag(delta, m, _no_clip(m), _no_clip(m))
+
+
+def gspo(
+  logp: jax.Array,
+  old_logp: jax.Array,
+  adv: jax.Array,
+  mask: jax.Array,
+  *,
+  clip_low: float = 3e-4,
+  clip_high: float = 4e-4,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """GSPO sequence surrogate min(s A, clip(s) A), s = exp(mean_t Δ) (objectives.md §2.3).
+
+  Returns J [B] (0 for empty sequences); a [B, T] advantage is reduced to its masked mean.
+  """
+  m, delta = _prepare(logp, old_logp, mask)
+  a = seq_adv(adv, m)
+  s = jnp.exp(_seq_mean_log(delta, m))
+  j = jnp.minimum(s * a, jnp.clip(s, 1.0 - clip_low, 1.0 + clip_high) * a)
+  j = jnp.where(m.sum(-1) > 0, j, 0.0)
+  low = ((s < 1.0 - clip_low) & (a < 0))[:, None]
+  high = ((s > 1.0 + clip_high) & (a > 0))[:, None]
+  return j, _diag(delta, m, low, high, seq_ratio=s)
+
+
+def gspo_token(
+  logp: jax.Array,
+  old_logp: jax.Array,
+  adv: jax.Array,
+  mask: jax.Array,
+  *,
+  clip_low: float = 3e-4,
+  clip_high: float = 4e-4,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """GSPO-token surrogate with s_{i,t} = sg[s_i]·exp(ℓ − sg[ℓ]) (objectives.md §2.4).
+
+  Token-level advantages allowed; aggregate with `seq_mean_token_mean` to match §2.3.
+  """
+  m, delta = _prepare(logp, old_logp, mask)
+  a = broadcast_adv(adv, m)
+  s_seq = sg(jnp.exp(_seq_mean_log(delta, m)))
+  lp = logp.astype(jnp.float32)
+  s = s_seq[:, None] * jnp.exp(jnp.where(m > 0, lp - sg(lp), 0.0))
+  j = jnp.minimum(s * a, jnp.clip(s, 1.0 - clip_low, 1.0 + clip_high) * a)
+  j = jnp.where(m > 0, j, 0.0)
+  low = (s < 1.0 - clip_low) & (a < 0)
+  high = (s > 1.0 + clip_high) & (a > 0)
+  return j, _diag(delta, m, low, high, seq_ratio=s_seq)
+
+
+def gmpo(
+  logp: jax.Array,
+  old_logp: jax.Array,
+  adv: jax.Array,
+  mask: jax.Array,
+  *,
+  clip_log: float = 0.4,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """GMPO geometric-mean surrogate A_i·exp(mean_t c_{i,t}), log-space clip δ_c (§2.5).
+
+  c = min(Δ, clip(Δ, −δ_c, δ_c)) if A_i > 0 else max(Δ, clip(Δ, −δ_c, δ_c)). Returns J [B];
+  a [B, T] advantage is reduced to its masked mean.
+  """
+  m, delta = _prepare(logp, old_logp, mask)
+  a = seq_adv(adv, m)
+  clipped = jnp.clip(delta, -clip_log, clip_log)
+  pos = (a > 0)[:, None]
+  c = jnp.where(pos, jnp.minimum(delta, clipped), jnp.maximum(delta, clipped))
+  j = a * jnp.exp(_seq_mean_log(c, m))
+  j = jnp.where(m.sum(-1) > 0, j, 0.0)
+  low = (delta < -clip_log) & (a < 0)[:, None]
+  high = (delta > clip_log) & pos
+  return j, _diag(delta, m, low, high, seq_ratio=jnp.exp(_seq_mean_log(delta, m)))
+
+
+def cispo(
+  logp: jax.Array,
+  old_logp: jax.Array,
+  adv: jax.Array,
+  mask: jax.Array,
+  *,
+  clip_low: float = 1.0,
+  clip_high: float = 0.28,
+  cispo_mask: bool = False,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """CISPO: J = sg[clip(r, 1−ε_low, 1+ε_high)]·A·ℓ, every token keeps its gradient (§2.6).
+
+  The default ε_low = 1 leaves the weight without a lower bound (MiniMax-M1 tunes only the
+  upper one). cispo_mask=True zeroes tokens with A > 0 ∧ r > 1+ε_high or A < 0 ∧ r < 1−ε_low.
+  """
+  m, delta = _prepare(logp, old_logp, mask)
+  a = broadcast_adv(adv, m)
+  r = jnp.exp(delta)
+  w = sg(jnp.clip(r, 1.0 - clip_low, 1.0 + clip_high))
+  lp = jnp.where(m > 0, logp.astype(jnp.float32), 0.0)
+  j = w * a * lp
+  low = (r < 1.0 - clip_low) & (a < 0)
+  high = (r > 1.0 + clip_high) & (a > 0)
+  if cispo_mask:
+    j = jnp.where(low | high, 0.0, j)
+  j = jnp.where(m > 0, j, 0.0)
+  return j, _diag(delta, m, low, high, is_weight=jnp.where(m > 0, w, 0.0))
+
+
+def sapo(
+  logp: jax.Array,
+  old_logp: jax.Array,
+  adv: jax.Array,
+  mask: jax.Array,
+  *,
+  tau_pos: float = 1.0,
+  tau_neg: float = 1.05,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """SAPO soft gate J = (4/τ)·σ(τ(r − 1))·A, τ = τ_pos if A > 0 else τ_neg (§2.7).
+
+  Gradient weight dJ/dr / A = sech²(τ(r − 1)/2), reported as `gate_weight`.
+  """
+  m, delta = _prepare(logp, old_logp, mask)
+  a = broadcast_adv(adv, m)
+  r = jnp.exp(delta)
+  tau = jnp.where(a > 0, tau_pos, tau_neg)
+  gate = jax.nn.sigmoid(tau * (r - 1.0))
+  j = jnp.where(m > 0, (4.0 / tau) * gate * a, 0.0)
+  weight = jnp.where(m > 0, 4.0 * gate * (1.0 - gate), 0.0)
+  return j, _diag(delta, m, _no_clip(m), _no_clip(m), gate_weight=weight)
+
+
+def value_loss(
+  values: jax.Array,
+  old_values: jax.Array,
+  returns: jax.Array,
+  mask: jax.Array,
+  clip_value: float | None,
+) -> jax.Array:
+  """Clipped critic loss ½·max((V − G)², (clip(V, V_old ± ε_v) − G)²) per token (§2.9).
+
+  clip_value None gives the unclipped ½(V − G)². Returns [B, T], 0 on masked positions.
+  """
+  chex.assert_rank([values, old_values, returns], 2)
+  check_float(values, old_values, returns)
+  m = check_mask(mask, 2)
+  chex.assert_equal_shape([values, old_values, returns, m])
+  v = jnp.where(m > 0, values.astype(jnp.float32), 0.0)
+  v_old = jnp.where(m > 0, sg(old_values).astype(jnp.float32), 0.0)
+  g = jnp.where(m > 0, sg(returns).astype(jnp.float32), 0.0)
+  loss = (v - g) ** 2
+  if clip_value is not None:
+    v_clip = jnp.clip(v, v_old - clip_value, v_old + clip_value)
+    loss = jnp.maximum(loss, (v_clip - g) ** 2)
+  return jnp.where(m > 0, 0.5 * loss, 0.0)

@@ -1,0 +1,182 @@
+"""The in-graph sampler: prefill + KV-cache decode inside `lax.while_loop`.
+
+`sample` is a pure function of (params, prompts, rng), callable inside the fused RL step.
+Each prompt is prefilled once and its cache is shared by its G completions. The loop exits
+early once every sequence has emitted EOS. While drawing tokens it records, per token, the
+log-prob of the *sampling distribution* (spec §0): log-softmax of logits / temperature over
+the full vocabulary; top-k / top-p only restrict which token is drawn.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import chex
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from jaxrl_llm.models.transformer import KVCache, Transformer, init_cache, positions_from_mask
+from jaxrl_llm.types import Rollout
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+  """Static sampler settings (hashable, bound at trace time)."""
+
+  max_new_tokens: int  # T: completion budget
+  group_size: int = 1  # G: completions per prompt
+  temperature: float = 1.0  # τ_s; the recorded log-probs are of logits / τ_s
+  top_k: int = 0  # draw only among the k most likely tokens (0 = off)
+  top_p: float = 1.0  # nucleus: draw within the smallest set of mass >= top_p (1 = off)
+  greedy: bool = False  # argmax decoding (evaluation); log-probs still use τ_s
+  eos_id: int = 2  # end-of-sequence token id
+  pad_id: int = 0  # id written after EOS
+
+
+@struct.dataclass
+class _LoopState:
+  step: jax.Array  # [] int32, decode steps taken
+  tokens: jax.Array  # [B, T] int32
+  logprobs: jax.Array  # [B, T] float32
+  done: jax.Array  # [B] bool
+  lengths: jax.Array  # [B] int32
+  logits: jax.Array  # [B, V] float32, next-token logits
+  cache: KVCache
+  rng: jax.Array
+
+
+def sampling_logprobs(logits: jax.Array, temperature: float) -> jax.Array:
+  """float32 log-softmax of the temperature-scaled logits (spec §0). [..., V] -> [..., V]."""
+  return jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1)
+
+
+def _restrict(logp: jax.Array, top_k: int, top_p: float) -> jax.Array:
+  """Sets log-probs outside the top-k / top-p set to -inf (for drawing only). [B, V]."""
+  if top_k and top_k < logp.shape[-1]:
+    kth = jax.lax.top_k(logp, top_k)[0][:, -1:]
+    logp = jnp.where(logp >= kth, logp, -jnp.inf)
+  if top_p < 1.0:
+    sorted_logp = jnp.sort(logp, axis=-1)[:, ::-1]
+    probs = jax.nn.softmax(sorted_logp, axis=-1)
+    mass_before = jnp.cumsum(probs, axis=-1) - probs  # mass of strictly more likely tokens
+    keep_sorted = mass_before < top_p
+    cutoff = jnp.min(jnp.where(keep_sorted, sorted_logp, jnp.inf), axis=-1, keepdims=True)
+    logp = jnp.where(logp >= cutoff, logp, -jnp.inf)
+  return logp
+
+
+def sample(
+  model: Transformer,
+  params: Any,
+  prompt_tokens: jax.Array,  # [P, S] int32, left-padded
+  prompt_mask: jax.Array,  # [P, S] bool
+  rng: jax.Array,
+  cfg: SamplingConfig,
+) -> Rollout:
+  """Samples G completions per prompt; returns a `Rollout` of B = P * G rows (group-major)."""
+  chex.assert_rank([prompt_tokens, prompt_mask], 2)
+  chex.assert_equal_shape([prompt_tokens, prompt_mask])
+  num_prompts, prompt_len = prompt_tokens.shape
+  g, t_max = cfg.group_size, cfg.max_new_tokens
+  b = num_prompts * g
+  total = prompt_len + t_max
+
+  # Prefill each prompt once, then share its cache across the group.
+  key_valid = jnp.concatenate([prompt_mask, jnp.ones((num_prompts, t_max), bool)], axis=1)
+  positions = positions_from_mask(prompt_mask)
+  cache = init_cache(model.cfg, num_prompts, total)
+  logits, cache = model.apply(
+    {"params": params}, prompt_tokens, positions, key_valid, cache=cache, cache_index=0
+  )
+  repeat = lambda x: jnp.repeat(x, g, axis=0)  # noqa: E731
+  cache = jax.tree.map(repeat, cache)
+  key_valid = repeat(key_valid)
+  next_pos = repeat(positions[:, -1] + 1)  # [B]
+  prompt_tokens_b, prompt_mask_b = repeat(prompt_tokens), repeat(prompt_mask)
+
+  state = _LoopState(
+    step=jnp.zeros((), jnp.int32),
+    tokens=jnp.full((b, t_max), cfg.pad_id, jnp.int32),
+    logprobs=jnp.zeros((b, t_max), jnp.float32),
+    done=jnp.zeros((b,), bool),
+    lengths=jnp.zeros((b,), jnp.int32),
+    logits=repeat(logits[:, -1]),
+    cache=cache,
+    rng=rng,
+  )
+
+  def cond(s: _LoopState) -> jax.Array:
+    return (s.step < t_max) & ~jnp.all(s.done)
+
+  def body(s: _LoopState) -> _LoopState:
+    rng, draw_key = jax.random.split(s.rng)
+    logp_all = sampling_logprobs(s.logits, cfg.temperature)  # [B, V]
+    if cfg.greedy:
+      token = jnp.argmax(logp_all, axis=-1)
+    else:
+      token = jax.random.categorical(draw_key, _restrict(logp_all, cfg.top_k, cfg.top_p))
+    token = token.astype(jnp.int32)
+    token_logp = jnp.take_along_axis(logp_all, token[:, None], axis=-1)[:, 0]
+    active = ~s.done
+    token = jnp.where(active, token, cfg.pad_id)
+    tokens = s.tokens.at[:, s.step].set(token)
+    logprobs = s.logprobs.at[:, s.step].set(jnp.where(active, token_logp, 0.0))
+    done = s.done | (token == cfg.eos_id)
+    logits, cache = model.apply(
+      {"params": params},
+      token[:, None],
+      (next_pos + s.step)[:, None],
+      key_valid,
+      cache=s.cache,
+      cache_index=prompt_len + s.step,
+    )
+    return _LoopState(
+      step=s.step + 1,
+      tokens=tokens,
+      logprobs=logprobs,
+      done=done,
+      lengths=s.lengths + active.astype(jnp.int32),
+      logits=logits[:, 0],
+      cache=cache,
+      rng=rng,
+    )
+
+  state = jax.lax.while_loop(cond, body, state)
+  loss_mask = (jnp.arange(t_max)[None, :] < state.lengths[:, None]).astype(jnp.float32)
+  return Rollout(
+    prompt_tokens=prompt_tokens_b,
+    prompt_mask=prompt_mask_b,
+    tokens=state.tokens,
+    loss_mask=loss_mask,
+    lengths=state.lengths,
+    truncated=~state.done,
+    logprobs=state.logprobs,
+  )
+
+
+def score(
+  model: Transformer,
+  params: Any,
+  prompt_tokens: jax.Array,  # [B, S]
+  prompt_mask: jax.Array,  # [B, S]
+  tokens: jax.Array,  # [B, T]
+  temperature: float,
+) -> tuple[jax.Array, jax.Array]:
+  """Learner log-probs ℓ [B, T] and float32 logits/τ [B, T, V] of `tokens` given the prompts.
+
+  One full forward pass over prompt + completion; the log-prob is of the same
+  temperature-scaled full softmax the sampler records (spec §0).
+  """
+  chex.assert_equal_shape([prompt_tokens, prompt_mask])
+  chex.assert_equal_shape_prefix([prompt_tokens, tokens], 1)
+  prompt_len, t_max = prompt_tokens.shape[1], tokens.shape[1]
+  full = jnp.concatenate([prompt_tokens, tokens], axis=1)
+  key_valid = jnp.concatenate([prompt_mask, jnp.ones(tokens.shape, bool)], axis=1)
+  positions = positions_from_mask(key_valid)
+  logits, _ = model.apply({"params": params}, full, positions, key_valid)
+  logits = logits[:, prompt_len - 1 : prompt_len - 1 + t_max] / temperature  # [B, T, V]
+  logp_all = jax.nn.log_softmax(logits, axis=-1)
+  logp = jnp.take_along_axis(logp_all, tokens[..., None], axis=-1)[..., 0]
+  return logp, logits

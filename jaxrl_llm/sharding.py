@@ -1,0 +1,86 @@
+"""Device mesh from the config, logical-axis rules, and initialisation straight into shardings."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "model")
+
+# Logical parameter / activation axis -> mesh axis (None = replicated).
+DEFAULT_RULES: tuple[tuple[str, str | None], ...] = (
+  ("batch", "data"),
+  ("vocab", "model"),
+  ("heads", "model"),
+  ("mlp", "model"),
+  ("expert", "model"),
+  ("kv_heads", None),
+  ("head_dim", None),
+  ("embed", None),
+)
+
+
+def make_mesh(data: int = -1, model: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """A ('data', 'model') mesh; `data=-1` takes every device not used by `model`."""
+  devices = list(devices if devices is not None else jax.devices())
+  n = len(devices)
+  if model < 1:
+    raise ValueError(f"mesh.model={model} must be >= 1")
+  if data == -1:
+    if n % model:
+      raise ValueError(f"mesh.model={model} does not divide the {n} available devices")
+    data = n // model
+  if data < 1 or data * model != n:
+    raise ValueError(
+      f"mesh.data={data} x mesh.model={model} = {data * model} devices, but {n} are "
+      f"available; set mesh.data=-1 to use all of them"
+    )
+  return Mesh(np.asarray(devices).reshape(data, model), MESH_AXES)
+
+
+def rules_from_config(rules: Any) -> tuple[tuple[str, str | None], ...]:
+  """Normalises a config's rule table ([[logical, mesh_axis_or_None], ...])."""
+  if not rules:
+    return DEFAULT_RULES
+  out = []
+  for item in rules:
+    logical, axis = item
+    if axis is not None and axis not in MESH_AXES:
+      raise ValueError(f"mesh.rules maps {logical!r} to unknown mesh axis {axis!r}; allowed: {MESH_AXES} or None")
+    out.append((str(logical), axis))
+  return tuple(out)
+
+
+def logical_sharding(mesh: Mesh, rules, *logical_axes: str | None) -> NamedSharding:
+  """NamedSharding for an array whose dimensions carry the given logical names."""
+  spec = nn.logical_to_mesh_axes(logical_axes, rules)
+  return NamedSharding(mesh, spec)
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  """A fully replicated sharding on `mesh`."""
+  return NamedSharding(mesh, PartitionSpec())
+
+
+def init_sharded(boxed_init: Callable[[jax.Array], Any], rng: jax.Array, mesh: Mesh, rules):
+  """Initialises logically-annotated params directly into their shardings.
+
+  `boxed_init(rng)` returns a tree with `nn.LogicallyPartitioned` leaves (a Linen
+  `init(...)["params"]`). Returns (params, shardings) with plain-array leaves; the full model
+  is never materialised on a single device.
+  """
+  abstract = jax.eval_shape(boxed_init, rng)
+  specs = nn.get_partition_spec(abstract)
+  shardings = nn.logical_to_mesh_sharding(specs, mesh, rules)
+  params = jax.jit(lambda r: nn.unbox(boxed_init(r)), out_shardings=shardings)(rng)
+  return params, shardings
+
+
+def param_shardings(boxed_abstract: Any, mesh: Mesh, rules) -> Any:
+  """Shardings for an abstract boxed parameter tree (from `jax.eval_shape`)."""
+  return nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed_abstract), mesh, rules)

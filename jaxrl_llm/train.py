@@ -1,0 +1,281 @@
+"""`train_and_evaluate(config, workdir)`: the training loop (no flag parsing).
+
+Order of a run: validate the config → build mesh, task, model, data → restore the latest
+checkpoint of `workdir` if there is one, else run the supervised warm start (if configured)
+→ RL updates with periodic held-out evaluation, TensorBoard summaries and orbax checkpoints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from absl import logging
+from jax.sharding import NamedSharding, PartitionSpec
+
+from jaxrl_llm import checkpoint as ckpt_lib
+from jaxrl_llm import config_lib, data, metrics as metrics_lib, sharding, tasks
+from jaxrl_llm.models.transformer import Transformer, positions_from_mask
+from jaxrl_llm.rl_step import make_optimizer, make_rl_step
+from jaxrl_llm.sampling import sample, score
+from jaxrl_llm.types import PromptBatch, TrainState
+
+
+@dataclasses.dataclass
+class Experiment:
+  """Everything built from a config, before any step runs (static pieces + initial state)."""
+
+  config: ml_collections.ConfigDict
+  mesh: Any
+  task: Any
+  model: Transformer
+  state: TrainState
+  state_shardings: Any
+  rl_step: Any
+  eval_fn: Any
+  schedule: Any
+  batch_sharding: NamedSharding
+  meta: dict
+
+
+def build_task(config):
+  """The built-in task named by `config.task` (extra fields go to the task constructor)."""
+  kwargs = {k: v for k, v in config.task.items() if k not in ("name", "reward_weights")}
+  return tasks.get_task(config.task.name, **kwargs)
+
+
+def to_global_batch(np_batch: dict, batch_sharding: NamedSharding) -> PromptBatch:
+  """Host numpy batch (this process's rows) -> globally sharded `PromptBatch`."""
+  pb = data.to_prompt_batch(np_batch)
+  return jax.tree.map(
+    lambda x: jax.make_array_from_process_local_data(batch_sharding, np.asarray(x)), pb
+  )
+
+
+def make_eval_fn(model, task, config, mesh):
+  """Jitted held-out evaluation: greedy accuracy and pass@k at the sampling temperature."""
+  greedy_cfg = config_lib.sampling_config(config, task, greedy=True, group_size=1)
+  k = config.train.pass_k
+  passk_cfg = config_lib.sampling_config(config, task, group_size=max(k, 1))
+  repl = NamedSharding(mesh, PartitionSpec())
+
+  def correct(rollout, batch, g):
+    answer = jnp.repeat(batch.answer, g, axis=0)
+    answer_mask = jnp.repeat(batch.answer_mask, g, axis=0)
+    terms = task.reward_terms(
+      rollout.prompt_tokens, rollout.tokens, rollout.loss_mask, answer, answer_mask
+    )
+    return terms["correct"]
+
+  def eval_fn(params, batch: PromptBatch, rng):
+    greedy = sample(model, params, batch.tokens, batch.mask, rng, greedy_cfg)
+    acc = correct(greedy, batch, 1)
+    sampled = sample(model, params, batch.tokens, batch.mask, rng, passk_cfg)
+    pk = correct(sampled, batch, k).reshape(-1, k)
+    return {
+      "eval/accuracy": jnp.mean(acc),
+      f"eval/pass@{k}": jnp.mean(jnp.max(pk, axis=1)),
+      "eval/sample_accuracy": jnp.mean(pk),
+      "eval/length_mean": jnp.mean(greedy.lengths.astype(jnp.float32)),
+    }
+
+  return jax.jit(eval_fn, out_shardings=repl)
+
+
+def _sft_phase(exp: Experiment, writer, log_every: int) -> TrainState:
+  """Supervised warm start on prompt → reference answer (logged under sft/)."""
+  config, task, model = exp.config, exp.task, exp.model
+  steps = config.sft.steps
+  tx, schedule = make_optimizer(
+    config.sft.learning_rate,
+    steps,
+    warmup_steps=min(10, steps // 10),
+    b1=config.optim.b1,
+    b2=config.optim.b2,
+    grad_clip=config.optim.grad_clip,
+  )
+  it = data.make_prompt_iterator(
+    task.train_examples(config.seed + 1),
+    config.sft.batch_size // jax.process_count(),
+    seed=config.seed + 1,
+    shard_index=jax.process_index(),
+    shard_count=jax.process_count(),
+  )
+
+  def loss_fn(params, batch):
+    logp, _ = score(model, params, batch.tokens, batch.mask, batch.answer, 1.0)
+    m = batch.answer_mask.astype(jnp.float32)
+    return -jnp.sum(logp * m) / jnp.maximum(jnp.sum(m), 1.0)
+
+  @jax.jit
+  def sft_step(params, opt_state, batch):
+    loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  params = exp.state.params
+  opt_state = jax.jit(tx.init)(params)
+  t0 = time.time()
+  for i in range(steps):
+    batch = to_global_batch(next(it), exp.batch_sharding)
+    params, opt_state, loss = sft_step(params, opt_state, batch)
+    if (i + 1) % log_every == 0 or i + 1 == steps:
+      loss = float(loss)
+      writer.scalars(i + 1, {"sft/loss": loss, "sft/learning_rate": float(schedule(i))})
+      logging.info("sft %d/%d loss %.4f (%.1fs)", i + 1, steps, loss, time.time() - t0)
+  return exp.state.replace(params=params)
+
+
+def build(config: ml_collections.ConfigDict) -> Experiment:
+  """Validates `config` and builds the mesh, task, model, initial state and jitted programs."""
+  task = build_task(config)
+  config_lib.validate(config, num_devices=jax.device_count(), task=task)
+  mc = config_lib.model_config(config)
+  mesh = sharding.make_mesh(config.mesh.data, config.mesh.model)
+  rules = sharding.rules_from_config(config.mesh.rules)
+  model = Transformer(mc)
+  samp = config_lib.sampling_config(config, task)
+  rl = config_lib.rl_config(config)
+
+  dummy = jnp.zeros((1, task.prompt_len), jnp.int32)
+  dummy_mask = jnp.ones((1, task.prompt_len), bool)
+  rng = jax.random.PRNGKey(config.seed)
+  init_key = jax.random.fold_in(rng, 0x5EED)
+  boxed_init = lambda r: model.init(r, dummy, positions_from_mask(dummy_mask), dummy_mask)[  # noqa: E731
+    "params"
+  ]
+  with mesh:
+    params, _ = sharding.init_sharded(boxed_init, init_key, mesh, rules)
+  total_updates = config.train.num_steps * rl.num_epochs * rl.num_minibatches
+  tx, schedule = make_optimizer(
+    config.optim.learning_rate,
+    total_updates,
+    warmup_steps=config.optim.warmup_steps,
+    decay_to=config.optim.decay_to,
+    weight_decay=config.optim.weight_decay,
+    b1=config.optim.b1,
+    b2=config.optim.b2,
+    grad_clip=config.optim.grad_clip,
+  )
+  opt_state = jax.jit(tx.init)(params)
+  repl = NamedSharding(mesh, PartitionSpec())
+  state = TrainState(
+    step=jax.device_put(jnp.zeros((), jnp.int32), repl),
+    params=params,
+    opt_state=opt_state,
+    ref_params=None,
+    rng=jax.device_put(rng, repl),
+  )
+  state_shardings = jax.tree.map(lambda x: x.sharding, state)
+  step_fn = make_rl_step(model, tx, schedule, task.reward_terms, samp, rl, mesh, state_shardings)
+  meta = {
+    "model": mc.to_dict(),
+    "task": {k: v for k, v in config.task.to_dict().items() if k != "reward_weights"},
+  }
+  return Experiment(
+    config=config,
+    mesh=mesh,
+    task=task,
+    model=model,
+    state=state,
+    state_shardings=state_shardings,
+    rl_step=step_fn,
+    eval_fn=make_eval_fn(model, task, config, mesh),
+    schedule=schedule,
+    batch_sharding=NamedSharding(mesh, PartitionSpec("data")),
+    meta=meta,
+  )
+
+
+def _with_reference(state: TrainState, beta: float) -> TrainState:
+  """Freezes a copy of the current policy as the KL reference (spec §4 `frozen`)."""
+  if beta <= 0 or state.ref_params is not None:
+    return state
+  return state.replace(ref_params=jax.tree.map(jnp.copy, state.params))
+
+
+def _text_summary(task, m: dict, limit: int) -> str:
+  prompts, comps, rewards = m["samples/prompt"], m["samples/tokens"], m["samples/reward"]
+  rows = ["| prompt | completion | reward |", "|---|---|---|"]
+  for p, c, r in list(zip(prompts, comps, rewards))[:limit]:
+    prompt_str, comp_str = task.describe(p, c)
+    rows.append(f"| `{prompt_str}` | `{comp_str}` | {float(r):.2f} |")
+  return "\n".join(rows)
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+  """Runs the experiment in `workdir` (resuming from its latest checkpoint); returns last eval."""
+  exp = build(config)
+  tr = config.train
+  writer = metrics_lib.SummaryWriter(workdir)
+  ckpt = ckpt_lib.Checkpointer(workdir, save_every=tr.checkpoint_every, max_to_keep=tr.max_to_keep)
+  train_iter = data.make_prompt_iterator(
+    exp.task.train_examples(config.seed),
+    config.rl.num_prompts // jax.process_count(),
+    seed=config.seed,
+    shard_index=jax.process_index(),
+    shard_count=jax.process_count(),
+  )
+  eval_np = exp.task.eval_examples()
+  eval_batch = to_global_batch(eval_np, exp.batch_sharding)
+  eval_key = jax.random.PRNGKey(config.seed + 7)
+
+  state = _with_reference(exp.state, config.rl.kl_beta)
+  latest = ckpt.latest_step()
+  if latest is not None:
+    abstract = jax.tree.map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+      state,
+      jax.tree.map(lambda x: x.sharding, state),
+    )
+    state, saved_meta = ckpt.restore(latest, abstract, data_iter=train_iter, current_meta=exp.meta)
+    logging.info("resumed from %s at step %d", workdir, latest)
+  elif config.sft.steps:
+    state = _with_reference(_sft_phase(exp, writer, tr.log_every), config.rl.kl_beta)
+
+  start = int(state.step)
+  last_eval: dict[str, float] = {}
+
+  def evaluate(step: int):
+    nonlocal last_eval
+    m = metrics_lib.flatten_metrics(exp.eval_fn(state.params, eval_batch, eval_key))
+    writer.scalars(step, m)
+    last_eval = m
+    logging.info("eval step %d: %s", step, "  ".join(f"{k}={v:.3f}" for k, v in m.items()))
+
+  if start == 0:
+    evaluate(0)
+  t_start, steps_done, t_last, last_logged = time.time(), 0, time.time(), start
+  for step in range(start, tr.num_steps):
+    batch = to_global_batch(next(train_iter), exp.batch_sharding)
+    rng = jax.random.fold_in(state.rng, step)
+    state, metrics = exp.rl_step(state, batch, rng)
+    steps_done += 1
+    done = step + 1
+    if done % tr.log_every == 0 or done == tr.num_steps:
+      m = jax.device_get(metrics)
+      now = time.time()
+      dt = (now - t_last) / max(done - last_logged, 1)
+      t_last, last_logged = now, done
+      scalars = {k: float(v) for k, v in m.items() if np.ndim(v) == 0}
+      scalars["perf/step_time_s"] = dt
+      scalars["perf/generated_tokens_per_s"] = scalars["perf/generated_tokens"] / dt
+      scalars["perf/learner_tokens_per_s"] = scalars["perf/learner_tokens"] / dt
+      writer.scalars(done, scalars)
+      writer.histograms(done, {k[len("hist/") :]: v for k, v in m.items() if k.startswith("hist/")})
+      writer.text(done, "samples", _text_summary(exp.task, m, tr.text_samples))
+      logging.info(metrics_lib.format_progress(done, tr.num_steps, now - t_start, scalars))
+    if done % tr.eval_every == 0 or done == tr.num_steps:
+      evaluate(done)
+    if done % tr.checkpoint_every == 0 or done == tr.num_steps:
+      ckpt.save(done, state, data_iter=train_iter, meta=exp.meta)
+  ckpt.wait()
+  ckpt.close()
+  writer.close()
+  return last_eval
