@@ -1,0 +1,80 @@
+"""Command line: `python -m jaxrl_llm.main --config=configs/default.py --workdir=DIR`.
+
+Any config field can be overridden, e.g. `--config.rl.clip_high=0.28`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from jaxrl_llm import config_lib
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and TensorBoard logs.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+  """Parses flags and runs `train.train_and_evaluate`."""
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  logging.set_verbosity(logging.INFO)
+  from jaxrl_llm import checkpoint, train  # heavy imports after flag parsing
+
+  try:
+    result = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  except (config_lib.ConfigError, checkpoint.CheckpointMismatchError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
+  logging.info("final eval: %s", result)
+
+
+def check_overrides(argv: list[str]) -> None:
+  """Fails with a clear message when a `--config.a.b=v` flag names a field the config lacks."""
+  path = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+  if path is None:
+    return
+  file, _, arg = path.partition(":")
+  try:
+    spec = importlib.util.spec_from_file_location("_jaxrl_llm_config", file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config(arg) if arg else module.get_config()
+  except Exception as e:  # noqa: BLE001
+    raise config_lib.ConfigError(f"cannot load config file {file!r}: {e}") from None
+  for arg in argv:
+    if not arg.startswith("--config.") and not arg.startswith("--noconfig."):
+      continue
+    field = arg.split("=", 1)[0].split(".", 1)[1]
+    node, seen = config, []
+    for part in field.split("."):
+      if not hasattr(node, "keys") or part not in node:
+        where = ".".join(seen) or "the top level"
+        allowed = sorted(node.keys()) if hasattr(node, "keys") else []
+        raise config_lib.ConfigError(
+          f"unknown config field {field!r} in {arg!r}: {where} has no field {part!r}; "
+          f"allowed: {allowed}"
+        )
+      node, seen = node[part], [*seen, part]
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  try:
+    check_overrides(argv)
+  except config_lib.ConfigError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
+  return flags.FLAGS(argv)
+
+
+def run():
+  """Console entry point."""
+  app.run(main, flags_parser=_parse_flags)
+
+
+if __name__ == "__main__":
+  run()
