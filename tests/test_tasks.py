@@ -71,6 +71,9 @@ def test_registry():
     get_task("multiply")
   with pytest.raises(ValueError, match=r"unknown arguments \['digitz'\]"):
     get_task("addition", digitz=3)
+  # One config section may carry every task's fields; other tasks' fields are ignored.
+  assert get_task("addition", digits=3, min_len=3, max_len=4) == AdditionTask(digits=3)
+  assert get_task("reverse", digits=3, min_len=3, max_len=4) == ReverseTask(min_len=3, max_len=4)
   with pytest.raises(ValueError, match="digits"):
     get_task("addition", digits=0)
   with pytest.raises(ValueError, match="min_len"):

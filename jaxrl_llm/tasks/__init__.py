@@ -17,19 +17,28 @@ TASKS: dict[str, type[Task]] = {
 }
 
 
+def _init_fields(cls: type[Task]) -> set[str]:
+  return {f.name for f in dataclasses.fields(cls) if f.init}
+
+
 def get_task(name: str, **kwargs) -> Task:
   """Builds the registered task ``name`` with its keyword hyperparameters.
 
-  Raises ValueError for an unknown task name or an unknown keyword, listing the valid ones.
+  Hyperparameters that belong only to other registered tasks (e.g. ``min_len`` when building
+  ``addition``) are ignored, so one config section can hold every task's fields. Raises
+  ValueError for an unknown task name or a keyword no registered task accepts.
   """
   if name not in TASKS:
     raise ValueError(f"Unknown task {name!r}; valid task names: {sorted(TASKS)}.")
   cls = TASKS[name]
-  valid = sorted(f.name for f in dataclasses.fields(cls) if f.init)
-  unknown = sorted(set(kwargs) - set(valid))
+  own = _init_fields(cls)
+  known = set().union(*(_init_fields(c) for c in TASKS.values()))
+  unknown = sorted(set(kwargs) - known)
   if unknown:
-    raise ValueError(f"Task {name!r} got unknown arguments {unknown}; valid arguments: {valid}.")
-  return cls(**kwargs)
+    raise ValueError(
+      f"Task {name!r} got unknown arguments {unknown}; valid arguments: {sorted(own)}."
+    )
+  return cls(**{k: v for k, v in kwargs.items() if k in own})
 
 
 __all__ = ["TASKS", "AdditionTask", "CharTokenizer", "ReverseTask", "SortTask", "Task", "get_task"]
