@@ -84,7 +84,6 @@ def aggregate(
   return safe_div(row_sum.sum(), jnp.asarray(normalizer, jnp.float32))
 
 
-
 def aggregate_seq(
   per_seq_loss: jax.Array, seq_valid: jax.Array, normalizer: jax.Array | None = None
 ) -> jax.Array:

@@ -1,0 +1,97 @@
+"""Objectives library: advantages, policy surrogates, corrections, KL, aggregation, shaping.
+
+Pure functions over arrays, one per entry of the spec (objectives.md §1-§8); `registry` maps the
+config names to them and `policy_loss` composes surrogate, behaviour weight and aggregation.
+"""
+
+from jaxrl_llm.objectives.advantages import (
+  batch_std,
+  gae,
+  grpo,
+  mean_only,
+  reinforce_baseline,
+  rloo,
+  whiten,
+)
+from jaxrl_llm.objectives.aggregation import (
+  AGGREGATION_MODES,
+  aggregate,
+  aggregate_seq,
+  normalizer,
+)
+from jaxrl_llm.objectives.corrections import behaviour_weight, parse_correction
+from jaxrl_llm.objectives.kl import KL_ESTIMATORS, kl_penalty
+from jaxrl_llm.objectives.loss import policy_loss
+from jaxrl_llm.objectives.policy import (
+  cispo,
+  gmpo,
+  gspo,
+  gspo_token,
+  pg,
+  ppo_clip,
+  sapo,
+  value_loss,
+)
+from jaxrl_llm.objectives.registry import (
+  ADVANTAGES,
+  AGGREGATIONS,
+  CORRECTIONS,
+  KL,
+  OBJECTIVES,
+  SEQUENCE_OBJECTIVES,
+  get_advantage,
+  get_objective,
+  lookup,
+  validate,
+)
+from jaxrl_llm.objectives.regularizers import entropy_from_logits
+from jaxrl_llm.objectives.shaping import (
+  dynamic_sampling,
+  expand_groups,
+  overlong_filter,
+  reinforce_rej,
+  soft_overlong,
+)
+
+__all__ = [
+  "ADVANTAGES",
+  "AGGREGATIONS",
+  "AGGREGATION_MODES",
+  "CORRECTIONS",
+  "KL",
+  "KL_ESTIMATORS",
+  "OBJECTIVES",
+  "SEQUENCE_OBJECTIVES",
+  "aggregate",
+  "aggregate_seq",
+  "batch_std",
+  "behaviour_weight",
+  "cispo",
+  "dynamic_sampling",
+  "entropy_from_logits",
+  "expand_groups",
+  "gae",
+  "get_advantage",
+  "get_objective",
+  "gmpo",
+  "grpo",
+  "gspo",
+  "gspo_token",
+  "kl_penalty",
+  "lookup",
+  "mean_only",
+  "normalizer",
+  "overlong_filter",
+  "parse_correction",
+  "pg",
+  "policy_loss",
+  "ppo_clip",
+  "reinforce_baseline",
+  "reinforce_rej",
+  "rloo",
+  "sapo",
+  "soft_overlong",
+  "validate",
+  "value_loss",
+  "whiten",
+]
