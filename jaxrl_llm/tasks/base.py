@@ -238,28 +238,19 @@ class Task(abc.ABC):
     return out
 
   def describe(
-    self,
-    prompt_tokens: np.ndarray,
-    completion: np.ndarray,
-    answer: np.ndarray | None = None,
-  ) -> list[str]:
-    """Host helper: one human-readable line per sequence, e.g. for text summaries.
+    self, prompt_tokens: np.ndarray, completion: np.ndarray
+  ) -> tuple[str, str] | list[tuple[str, str]]:
+    """Host helper: readable ``(prompt, completion)`` text, e.g. for TensorBoard summaries.
 
-    ``prompt_tokens`` [B, S], ``completion`` [B, T] and optional ``answer`` [B, A] are arrays
-    of token ids. A completion without an eos is marked ``<no eos>``.
+    One sequence (``prompt_tokens`` [S], ``completion`` [T]) gives one pair; a batch ([B, S],
+    [B, T]) gives a list of B pairs. The prompt drops pad and bos; the completion is cut at its
+    first eos, which is shown as ``<eos>``, or marked `` <no eos>`` when there is none.
     """
     tok = self.tokenizer
     prompt_tokens, completion = np.asarray(prompt_tokens), np.asarray(completion)
+    if prompt_tokens.ndim == 1 and completion.ndim == 1:
+      ended = bool((completion == tok.eos_id).any())
+      return tok.decode(prompt_tokens), tok.decode(completion) + ("<eos>" if ended else " <no eos>")
     chex.assert_rank([prompt_tokens, completion], 2)
     chex.assert_equal_shape_prefix([prompt_tokens, completion], 1)
-    lines = []
-    for i in range(completion.shape[0]):
-      text = tok.decode(completion[i])
-      ended = bool((completion[i] == tok.eos_id).any())
-      line = f"{tok.decode(prompt_tokens[i])} {text}{'' if ended else ' <no eos>'}"
-      if answer is not None:
-        target = tok.decode(np.asarray(answer)[i])
-        verdict = "correct" if ended and text == target else "wrong"
-        line += f"  | target {target} | {verdict}"
-      lines.append(line)
-    return lines
+    return [self.describe(p, c) for p, c in zip(prompt_tokens, completion)]
