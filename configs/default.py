@@ -20,7 +20,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.task.min_len = 2  # reverse: shortest string
   c.task.max_len = 5  # reverse: longest string
   c.task.eval_size = 256  # held-out evaluation prompts (disjoint from training prompts)
-  c.task.reward_weights = ml_collections.ConfigDict({"correct": 1.0, "format": 0.0})  # R = Σ w_k R^k (§6)
+  c.task.reward_weights = ml_collections.ConfigDict(
+    {"correct": 1.0, "format": 0.0}
+  )  # R = Σ w_k R^k (§6)
 
   c.model = ml_collections.ConfigDict()
   c.model.vocab_size = 32  # token ids; must cover the task tokenizer's vocabulary

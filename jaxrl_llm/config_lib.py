@@ -80,9 +80,15 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int, task=None) 
     _collect(e, tr[name] >= 1, f"train.{name}={tr[name]} must be >= 1")
   _collect(e, tr.pass_k >= 1, f"train.pass_k={tr.pass_k} must be >= 1")
   _collect(e, config.sft.steps >= 0, f"sft.steps={config.sft.steps} must be >= 0")
-  _collect(e, config.optim.learning_rate > 0, f"optim.learning_rate={config.optim.learning_rate} must be > 0")
+  _collect(
+    e,
+    config.optim.learning_rate > 0,
+    f"optim.learning_rate={config.optim.learning_rate} must be > 0",
+  )
   _collect(e, config.optim.grad_clip >= 0, f"optim.grad_clip={config.optim.grad_clip} must be >= 0")
-  _collect(e, 0 <= config.optim.decay_to <= 1, f"optim.decay_to={config.optim.decay_to} must be in [0, 1]")
+  _collect(
+    e, 0 <= config.optim.decay_to <= 1, f"optim.decay_to={config.optim.decay_to} must be in [0, 1]"
+  )
   try:
     from jaxrl_llm import objectives
 

@@ -13,7 +13,9 @@ from ml_collections import config_flags
 
 from jaxrl_llm import config_lib
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.", lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+  "config", None, "Experiment config file.", lock_config=True
+)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and TensorBoard logs.")
 flags.mark_flags_as_required(["config", "workdir"])
 
@@ -44,7 +46,7 @@ def check_overrides(argv: list[str]) -> None:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     config = module.get_config(arg) if arg else module.get_config()
-  except Exception as e:  # noqa: BLE001
+  except Exception as e:
     raise config_lib.ConfigError(f"cannot load config file {file!r}: {e}") from None
   for arg in argv:
     if not arg.startswith("--config.") and not arg.startswith("--noconfig."):

@@ -161,14 +161,10 @@ def make_rl_step(
 
   def step(state: TrainState, batch: PromptBatch, rng: jax.Array):
     sample_key, shuffle_key = jax.random.split(rng)
-    rollout = constrain(
-      sample(model, state.params, batch.tokens, batch.mask, sample_key, sampling)
-    )
+    rollout = constrain(sample(model, state.params, batch.tokens, batch.mask, sample_key, sampling))
     answer = jnp.repeat(batch.answer, g, axis=0)
     answer_mask = jnp.repeat(batch.answer_mask, g, axis=0)
-    terms = reward_fn(
-      rollout.prompt_tokens, rollout.tokens, rollout.loss_mask, answer, answer_mask
-    )
+    terms = reward_fn(rollout.prompt_tokens, rollout.tokens, rollout.loss_mask, answer, answer_mask)
     reward = sum(w * terms[name] for name, w in weights.items() if w)
     reward = jnp.asarray(reward, jnp.float32) * jnp.ones(rollout.lengths.shape, jnp.float32)
     adv = objectives.get_advantage(rl.advantage)(reward, g)
@@ -204,13 +200,13 @@ def make_rl_step(
     metrics["policy/clip_frac_first_minibatch"] = (
       mb_metrics["policy/clip_frac_low"][0] + mb_metrics["policy/clip_frac_high"][0]
     )
-    metrics.update(
-      objectives.mismatch_metrics(old_logp, rollout.logprobs, rollout.loss_mask)
-    )
+    metrics.update(objectives.mismatch_metrics(old_logp, rollout.logprobs, rollout.loss_mask))
     metrics["optim/learning_rate"] = schedule(state.step * updates_per_step)
     metrics["perf/generated_tokens"] = jnp.sum(rollout.lengths).astype(jnp.float32)
     metrics["perf/learner_tokens"] = jnp.float32(
-      b * (rollout.tokens.shape[1] + rollout.prompt_tokens.shape[1]) * updates_per_step
+      b
+      * (rollout.tokens.shape[1] + rollout.prompt_tokens.shape[1])
+      * updates_per_step
       / rl.num_minibatches
     )
     n_show = min(8, b // g)
@@ -224,7 +220,9 @@ def make_rl_step(
     return new_state, metrics
 
   repl = NamedSharding(mesh, PartitionSpec())
-  batch_shardings = PromptBatch(tokens=batch_axis, mask=batch_axis, answer=batch_axis, answer_mask=batch_axis)
+  batch_shardings = PromptBatch(
+    tokens=batch_axis, mask=batch_axis, answer=batch_axis, answer_mask=batch_axis
+  )
   return jax.jit(
     step,
     in_shardings=(state_shardings, batch_shardings, repl),

@@ -153,6 +153,7 @@ def sample(
     lengths=state.lengths,
     truncated=~state.done,
     logprobs=state.logprobs,
+    decode_steps=state.step,
   )
 
 

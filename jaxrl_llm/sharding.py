@@ -8,6 +8,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import numpy as np
+from absl import logging
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 MESH_AXES = ("data", "model")
@@ -35,12 +36,16 @@ def make_mesh(data: int = -1, model: int = 1, devices: Sequence[jax.Device] | No
     if n % model:
       raise ValueError(f"mesh.model={model} does not divide the {n} available devices")
     data = n // model
-  if data < 1 or data * model != n:
+  if data < 1 or data * model > n:
     raise ValueError(
       f"mesh.data={data} x mesh.model={model} = {data * model} devices, but {n} are "
       f"available; set mesh.data=-1 to use all of them"
     )
-  return Mesh(np.asarray(devices).reshape(data, model), MESH_AXES)
+  if data * model < n:
+    logging.warning(
+      "mesh uses %d of the %d devices (mesh.data=%d, mesh.model=%d)", data * model, n, data, model
+    )
+  return Mesh(np.asarray(devices[: data * model]).reshape(data, model), MESH_AXES)
 
 
 def rules_from_config(rules: Any) -> tuple[tuple[str, str | None], ...]:
@@ -51,7 +56,9 @@ def rules_from_config(rules: Any) -> tuple[tuple[str, str | None], ...]:
   for item in rules:
     logical, axis = item
     if axis is not None and axis not in MESH_AXES:
-      raise ValueError(f"mesh.rules maps {logical!r} to unknown mesh axis {axis!r}; allowed: {MESH_AXES} or None")
+      raise ValueError(
+        f"mesh.rules maps {logical!r} to unknown mesh axis {axis!r}; allowed: {MESH_AXES} or None"
+      )
     out.append((str(logical), axis))
   return tuple(out)
 

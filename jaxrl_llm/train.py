@@ -20,7 +20,8 @@ from absl import logging
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxrl_llm import checkpoint as ckpt_lib
-from jaxrl_llm import config_lib, data, metrics as metrics_lib, sharding, tasks
+from jaxrl_llm import config_lib, data, sharding, tasks
+from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm.models.transformer import Transformer, positions_from_mask
 from jaxrl_llm.rl_step import make_optimizer, make_rl_step
 from jaxrl_llm.sampling import sample, score
@@ -234,7 +235,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       state,
       jax.tree.map(lambda x: x.sharding, state),
     )
-    state, saved_meta = ckpt.restore(latest, abstract, data_iter=train_iter, current_meta=exp.meta)
+    state, _saved_meta = ckpt.restore(latest, abstract, data_iter=train_iter, current_meta=exp.meta)
     logging.info("resumed from %s at step %d", workdir, latest)
   elif config.sft.steps:
     state = _with_reference(_sft_phase(exp, writer, tr.log_every), config.rl.kl_beta)

@@ -43,6 +43,7 @@ class Rollout:
   lengths: jax.Array  # [B] int32, number of generated tokens (= loss_mask.sum(-1))
   truncated: jax.Array  # [B] bool, True when max_new_tokens was reached without EOS
   logprobs: jax.Array  # [B, T] float32, ℓ^μ: sampler log-prob of each token (0 on padding)
+  decode_steps: jax.Array  # [] int32, decode iterations run (< T when all finished early)
 
 
 @struct.dataclass

@@ -111,7 +111,9 @@ class Attention(nn.Module):
     probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
     out = jnp.einsum("bjgqk,bkjd->bqjgd", probs, values.astype(q.dtype))
     out = out.reshape(out.shape[0], num_q, h, dh)
-    out = _dense(cfg, cfg.d_model, (cfg.d_model,), ("heads", "head_dim", "embed"), in_axes=(-2, -1), name="o")(out)
+    out = _dense(
+      cfg, cfg.d_model, (cfg.d_model,), ("heads", "head_dim", "embed"), in_axes=(-2, -1), name="o"
+    )(out)
     return out, keys, values
 
 
@@ -126,7 +128,9 @@ class MLP(nn.Module):
     cfg = self.cfg
     gate = _dense(cfg, cfg.mlp_dim, (cfg.mlp_dim,), ("embed", "mlp"), name="gate")(x)
     up = _dense(cfg, cfg.mlp_dim, (cfg.mlp_dim,), ("embed", "mlp"), name="up")(x)
-    return _dense(cfg, cfg.d_model, (cfg.d_model,), ("mlp", "embed"), name="down")(nn.silu(gate) * up)
+    return _dense(cfg, cfg.d_model, (cfg.d_model,), ("mlp", "embed"), name="down")(
+      nn.silu(gate) * up
+    )
 
 
 class Block(nn.Module):
@@ -183,9 +187,7 @@ class Transformer(nn.Module):
     if cfg.tie_embeddings:
       logits = embed.attend(x)
     else:
-      logits = _dense(
-        cfg, cfg.vocab_size, (cfg.vocab_size,), ("embed", "vocab"), name="lm_head"
-      )(x)
+      logits = _dense(cfg, cfg.vocab_size, (cfg.vocab_size,), ("embed", "vocab"), name="lm_head")(x)
     new_cache = None if cache is None else KVCache(k=tuple(new_k), v=tuple(new_v))
     return logits.astype(jnp.float32), new_cache
 

@@ -1,0 +1,57 @@
+"""Test fixtures: 8 fake CPU devices, a tiny model config and a small experiment config."""
+
+import os
+
+os.environ["XLA_FLAGS"] = (
+  os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import pathlib
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def load_config(name: str = "default"):
+  """Loads `configs/<name>.py`'s get_config()."""
+  import importlib.util
+
+  spec = importlib.util.spec_from_file_location(f"cfg_{name}", REPO / "configs" / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+def tiny_config(**overrides):
+  """A fast experiment config: tiny model, a few prompts, single device, no warm start."""
+  c = load_config("default")
+  c.model.d_model = 32
+  c.model.mlp_dim = 64
+  c.model.num_heads = 2
+  c.model.num_kv_heads = 1
+  c.rl.num_prompts = 4
+  c.sampling.group_size = 4
+  c.rl.num_minibatches = 2
+  c.sft.steps = 0
+  c.task.eval_size = 16
+  c.train.num_steps = 4
+  c.train.eval_every = 2
+  c.train.log_every = 1
+  c.train.checkpoint_every = 2
+  c.train.pass_k = 2
+  c.mesh.data = 1
+  for key, value in overrides.items():
+    node = c
+    *parents, leaf = key.split(".")
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  return c
+
+
+@pytest.fixture
+def tiny():
+  """Factory fixture for `tiny_config`."""
+  return tiny_config

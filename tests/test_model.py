@@ -1,0 +1,154 @@
+"""Model and sampler: KV-cache decode equals the full forward; recorded log-probs equal the learner's."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrl_llm.models import ModelConfig, Transformer, init_cache
+from jaxrl_llm.models.transformer import positions_from_mask
+from jaxrl_llm.sampling import SamplingConfig, _restrict, sample, score
+
+VARIANTS = {
+  "llama": dict(),
+  "qwen2": dict(attention_bias=True, tie_embeddings=False),
+  "qwen3": dict(qk_norm=True, num_kv_heads=1),
+}
+
+
+def _setup(variant="llama", **kw):
+  base = dict(vocab_size=24, d_model=32, num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=48)
+  cfg = ModelConfig(**{**base, **VARIANTS[variant], **kw})
+  model = Transformer(cfg)
+  tokens = jax.random.randint(jax.random.PRNGKey(0), (3, 7), 3, cfg.vocab_size)
+  mask = jnp.array([[0, 0, 1, 1, 1, 1, 1], [1] * 7, [0, 0, 0, 0, 0, 1, 1]], bool)
+  tokens = jnp.where(mask, tokens, 0)
+  variables = model.init(jax.random.PRNGKey(1), tokens, positions_from_mask(mask), mask)
+  return cfg, model, nn.unbox(variables["params"]), tokens, mask
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_kv_cache_decode_matches_full_forward(variant):
+  cfg, model, params, prompt, mask = _setup(variant)
+  rest = jax.random.randint(jax.random.PRNGKey(2), (3, 5), 3, cfg.vocab_size)
+  full = jnp.concatenate([prompt, rest], axis=1)
+  valid = jnp.concatenate([mask, jnp.ones(rest.shape, bool)], axis=1)
+  ref_logits, _ = model.apply({"params": params}, full, positions_from_mask(valid), valid)
+
+  cache = init_cache(cfg, 3, full.shape[1])
+  logits, cache = model.apply(
+    {"params": params}, prompt, positions_from_mask(mask), valid, cache=cache, cache_index=0
+  )
+  step_logits = [logits[:, -1]]
+  pos = positions_from_mask(valid)
+  for t in range(rest.shape[1] - 1):
+    idx = prompt.shape[1] + t
+    out, cache = model.apply(
+      {"params": params},
+      rest[:, t : t + 1],
+      pos[:, idx : idx + 1],
+      valid,
+      cache=cache,
+      cache_index=idx,
+    )
+    step_logits.append(out[:, 0])
+  got = jnp.stack(step_logits, axis=1)
+  want = ref_logits[:, prompt.shape[1] - 1 : -1]
+  # Padded prompt rows: compare only real positions (all completion positions are real).
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(logits[:, -1], ref_logits[:, prompt.shape[1] - 1], atol=1e-5)
+
+
+def test_left_padding_does_not_change_logits():
+  _cfg, model, params, _, _ = _setup()
+  seq = jnp.array([[5, 6, 7, 8]])
+  padded = jnp.array([[0, 0, 5, 6, 7, 8]])
+  m1, m2 = jnp.ones((1, 4), bool), jnp.array([[0, 0, 1, 1, 1, 1]], bool)
+  a, _ = model.apply({"params": params}, seq, positions_from_mask(m1), m1)
+  b, _ = model.apply({"params": params}, padded, positions_from_mask(m2), m2)
+  np.testing.assert_allclose(a, b[:, 2:], atol=1e-5)
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 5, 0.9)])
+def test_sampler_logprobs_equal_learner_logprobs(temperature, top_k, top_p):
+  _cfg, model, params, prompt, mask = _setup("qwen3")
+  scfg = SamplingConfig(
+    max_new_tokens=9,
+    group_size=4,
+    temperature=temperature,
+    top_k=top_k,
+    top_p=top_p,
+    eos_id=2,
+    pad_id=0,
+  )
+  r = jax.jit(lambda p, k: sample(model, p, prompt, mask, k, scfg))(params, jax.random.PRNGKey(3))
+  assert r.tokens.shape == (12, 9)
+  logp, _ = score(model, params, r.prompt_tokens, r.prompt_mask, r.tokens, temperature)
+  m = np.asarray(r.loss_mask)
+  assert m.sum() > 0
+  ratio = np.exp(np.asarray(logp - r.logprobs))[m > 0]
+  np.testing.assert_allclose(ratio, 1.0, atol=1e-5)
+  assert np.all(np.asarray(r.logprobs)[m == 0] == 0)
+
+
+def test_group_sampling_shares_prompt_and_differs_in_completions():
+  _cfg, model, params, prompt, mask = _setup()
+  scfg = SamplingConfig(max_new_tokens=6, group_size=5, eos_id=2)
+  r = sample(model, params, prompt, mask, jax.random.PRNGKey(0), scfg)
+  np.testing.assert_array_equal(r.prompt_tokens, np.repeat(prompt, 5, axis=0))
+  groups = np.asarray(r.tokens).reshape(3, 5, 6)
+  assert any(len({tuple(row) for row in g}) > 1 for g in groups)
+
+
+def test_eos_handling_lengths_mask_truncation():
+  _cfg, model, params, prompt, mask = _setup()
+  # Make EOS (id 2) overwhelmingly likely after a few steps by biasing nothing: instead sample
+  # many sequences and check invariants that must hold for every row.
+  scfg = SamplingConfig(max_new_tokens=6, group_size=16, eos_id=2, temperature=3.0)
+  r = sample(model, params, prompt, mask, jax.random.PRNGKey(4), scfg)
+  tokens, lengths = np.asarray(r.tokens), np.asarray(r.lengths)
+  for row, n, trunc, m in zip(tokens, lengths, np.asarray(r.truncated), np.asarray(r.loss_mask)):
+    assert m.sum() == n
+    eos = np.flatnonzero(row == 2)
+    if trunc:
+      assert n == 6 and eos.size == 0
+    else:
+      assert eos.size and eos[0] == n - 1
+      assert np.all(row[n:] == 0)
+  assert (~np.asarray(r.truncated)).any(), "temperature 3 should emit EOS somewhere"
+
+
+def test_greedy_is_deterministic_and_argmax():
+  _cfg, model, params, prompt, mask = _setup()
+  scfg = SamplingConfig(max_new_tokens=4, group_size=2, greedy=True, eos_id=2)
+  r1 = sample(model, params, prompt, mask, jax.random.PRNGKey(0), scfg)
+  r2 = sample(model, params, prompt, mask, jax.random.PRNGKey(1), scfg)
+  np.testing.assert_array_equal(r1.tokens, r2.tokens)
+  _, logits = score(model, params, r1.prompt_tokens, r1.prompt_mask, r1.tokens, 1.0)
+  first = np.asarray(jnp.argmax(logits[:, 0], -1))
+  np.testing.assert_array_equal(first, np.asarray(r1.tokens[:, 0]))
+
+
+def test_top_k_top_p_restrict_support():
+  logp = jax.nn.log_softmax(jnp.array([[3.0, 2.0, 1.0, 0.0, -1.0]]))
+  k2 = np.isfinite(np.asarray(_restrict(logp, 2, 1.0)))
+  assert k2.tolist() == [[True, True, False, False, False]]
+  probs = np.exp(np.asarray(logp))[0]
+  p = float(probs[0] + probs[1] / 2)  # needs the two most likely tokens
+  assert np.isfinite(np.asarray(_restrict(logp, 0, p))).sum() == 2
+
+
+def test_early_exit_stops_decoding():
+  """When every sequence has emitted EOS the while_loop stops before max_new_tokens."""
+  _cfg, model, params, prompt, mask = _setup()
+  one = prompt[1:2], mask[1:2]
+  probe = SamplingConfig(max_new_tokens=8, group_size=3, greedy=True, eos_id=-1)
+  r = sample(model, params, *one, jax.random.PRNGKey(0), probe)
+  assert int(r.decode_steps) == 8 and bool(np.all(r.truncated))
+  first = int(r.tokens[0, 0])  # greedy's first token; declare it the EOS
+  stop = SamplingConfig(max_new_tokens=8, group_size=3, greedy=True, eos_id=first)
+  r = sample(model, params, *one, jax.random.PRNGKey(0), stop)
+  assert int(r.decode_steps) == 1
+  np.testing.assert_array_equal(r.lengths, [1, 1, 1])
+  assert not np.any(r.truncated)
