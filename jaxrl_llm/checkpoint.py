@@ -1,0 +1,334 @@
+"""Orbax checkpoints of the training loop: TrainState, grain iterator position and JSON meta.
+
+Layout: `<workdir>/checkpoints/<step>/{state,data,meta}`, one orbax `CheckpointManager` step per
+saved RL step. `state` is any pytree of arrays (normally `types.TrainState`) saved with
+`StandardSave` and restored into an abstract target carrying shardings; `data` is a grain
+`DatasetIterator`/`DataLoaderIterator` (optional); `meta` is a JSON dict (model config, task, ...)
+used to refuse resuming a workdir with an incompatible config.
+
+PRNG keys: both typed keys (`jax.random.key`) and raw uint32 keys (`jax.random.PRNGKey`) round-trip
+bit-exactly; orbax stores a typed key as its key data plus the key implementation and gives back a
+typed key. The abstract target may hold either `jax.eval_shape`'s key dtype or the uint32 key-data
+shape that `ocp.utils.to_shape_dtype_struct` produces.
+
+Atomicity: a step directory counts only once orbax has finalised it (it holds
+`commit_success.txt`); a crash mid-save leaves `<step>.orbax-checkpoint-tmp` or a step directory
+without the marker, which is never listed, restored or removed by retention. Before re-saving such
+a step the leftover is renamed aside (`<step>.uncommitted-<time>` / `<step>.partial-<time>`)
+rather than deleted (orbax would delete it) unless it is empty.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import grain
+import jax
+import orbax.checkpoint as ocp
+from absl import logging
+from etils import epath
+
+PyTree = Any
+
+_COMMIT_FILE = "commit_success.txt"
+_TMP_SUFFIX = ocp.path.atomicity.TMP_DIR_SUFFIX  # '.orbax-checkpoint-tmp'
+
+
+class CheckpointMismatchError(ValueError):
+  """A checkpoint does not fit the current config or restore target.
+
+  `diffs` maps each differing field or parameter path to `(saved, current)`.
+  """
+
+  def __init__(self, message: str, diffs: Mapping[str, tuple[Any, Any]] | None = None):
+    super().__init__(message)
+    self.diffs = dict(diffs or {})
+
+
+_MISSING = "<absent>"
+
+
+def _flatten_json(prefix: str, node: Any, out: dict[str, Any]) -> None:
+  if isinstance(node, Mapping) and node:
+    for k, v in node.items():
+      _flatten_json(f"{prefix}.{k}" if prefix else str(k), v, out)
+  else:
+    out[prefix] = node
+
+
+def _jsonable(meta: Mapping[str, Any] | None) -> dict[str, Any]:
+  """Returns `meta` as it reads back from JSON (tuples become lists), or raises TypeError."""
+  try:
+    return json.loads(json.dumps(dict(meta or {})))
+  except TypeError as e:
+    raise TypeError(f"checkpoint meta must be JSON-serialisable: {e}") from e
+
+
+def check_compatible(
+  saved_meta: Mapping[str, Any],
+  current_meta: Mapping[str, Any],
+  keys: Sequence[str] = ("model",),
+  *,
+  workdir: str | None = None,
+  step: int | None = None,
+) -> None:
+  """Raises CheckpointMismatchError if `saved_meta` and `current_meta` differ under `keys`.
+
+  Values are compared as JSON (a tuple equals the list it is saved as); the message names the
+  workdir and every differing dotted field with its saved and current value.
+  """
+  saved_flat: dict[str, Any] = {}
+  current_flat: dict[str, Any] = {}
+  saved, current = _jsonable(saved_meta), _jsonable(current_meta)
+  for key in keys:
+    _flatten_json(key, saved.get(key, _MISSING), saved_flat)
+    _flatten_json(key, current.get(key, _MISSING), current_flat)
+  diffs = {
+    f: (saved_flat.get(f, _MISSING), current_flat.get(f, _MISSING))
+    for f in sorted(set(saved_flat) | set(current_flat))
+    if saved_flat.get(f, _MISSING) != current_flat.get(f, _MISSING)
+  }
+  if not diffs:
+    return
+  where = f"workdir {workdir}" if workdir else "the checkpoint directory"
+  at = f" (step {step})" if step is not None else ""
+  what = "/".join(keys)
+  saved_str = ", ".join(f"{f}={s!r}" for f, (s, _) in diffs.items())
+  current_str = ", ".join(f"{f}={c!r}" for f, (_, c) in diffs.items())
+  raise CheckpointMismatchError(
+    f"{where} holds a checkpoint{at} of a {what} with {saved_str}, but the config asks for "
+    f"{current_str}; use a new --workdir or match the {what} config.",
+    diffs,
+  )
+
+
+def _path_str(path) -> str:
+  return jax.tree_util.keystr(path, simple=True, separator="/")
+
+
+def _saved_shape(leaf: Any) -> tuple[int, ...] | None:
+  """Shape an array leaf has on disk (a typed PRNG key is stored as its key data)."""
+  if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
+    return None
+  if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+    return tuple(jax.eval_shape(jax.random.key_data, leaf).shape)
+  return tuple(leaf.shape)
+
+
+def _check_tree(saved_tree: PyTree, target: PyTree, where: str) -> None:
+  """Raises CheckpointMismatchError naming every path whose presence or shape differs."""
+  saved = {_path_str(p): leaf for p, leaf in jax.tree_util.tree_flatten_with_path(saved_tree)[0]}
+  wanted = {_path_str(p): leaf for p, leaf in jax.tree_util.tree_flatten_with_path(target)[0]}
+  diffs: dict[str, tuple[Any, Any]] = {}
+  for path in sorted(set(saved) | set(wanted)):
+    if path not in saved:
+      diffs[path] = (_MISSING, _saved_shape(wanted[path]))
+    elif path not in wanted:
+      diffs[path] = (_saved_shape(saved[path]), _MISSING)
+    else:
+      s, w = _saved_shape(saved[path]), _saved_shape(wanted[path])
+      if s is not None and w is not None and s != w:
+        diffs[path] = (s, w)
+  if not diffs:
+    return
+  lines = [f"  {p}: saved {s}, expected {w}" for p, (s, w) in list(diffs.items())[:20]]
+  if len(diffs) > 20:
+    lines.append(f"  ... and {len(diffs) - 20} more")
+  raise CheckpointMismatchError(
+    f"{where} does not match the state it is restored into ({len(diffs)} parameter paths differ; "
+    "shapes as stored, typed PRNG keys as key data):\n" + "\n".join(lines),
+    diffs,
+  )
+
+
+class Checkpointer:
+  """Saves and restores TrainState + data-iterator position + meta under `<workdir>/checkpoints`.
+
+  `save` writes every `save_every` steps (or when `force`, or at a preemption sync point) and
+  keeps the newest `max_to_keep` checkpoints. Saves are asynchronous: `save` returns once the
+  arrays are copied off the devices (the caller may donate or overwrite `state` right away); call
+  `wait()` before reading the files and `close()` at the end of training.
+  """
+
+  def __init__(
+    self, workdir: str, *, save_every: int, max_to_keep: int | None = 3, async_save: bool = True
+  ):
+    """Opens (creating if needed) the checkpoint directory of `workdir`."""
+    self.workdir = os.fspath(workdir)
+    self.directory = epath.Path(self.workdir) / "checkpoints"
+    policies = [ocp.checkpoint_managers.PreemptionCheckpointingPolicy()]
+    if save_every > 0:
+      policies.append(ocp.checkpoint_managers.FixedIntervalPolicy(save_every))
+    registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
+    for item, save_arg, restore_arg, handler in (
+      ("state", ocp.args.StandardSave, ocp.args.StandardRestore, None),
+      ("meta", ocp.args.JsonSave, ocp.args.JsonRestore, None),
+      (
+        "data",
+        grain.checkpoint.CheckpointSave,
+        grain.checkpoint.CheckpointRestore,
+        grain.checkpoint.CheckpointHandler,
+      ),
+    ):
+      registry.add(item, save_arg, handler)
+      registry.add(item, restore_arg, handler)
+    options = ocp.CheckpointManagerOptions(
+      max_to_keep=max_to_keep,
+      save_decision_policy=ocp.checkpoint_managers.AnySavePolicy(policies),
+      # Only steps holding orbax's commit marker count, whatever the file system.
+      step_name_format=ocp.step.standard_name_format(
+        temporary_path_cls=ocp.path.atomicity.CommitFileTemporaryPath
+      ),
+      cleanup_tmp_directories=False,
+      enable_async_checkpointing=async_save,
+    )
+    self._manager = ocp.CheckpointManager(
+      self.directory, options=options, handler_registry=registry
+    )
+    if leftovers := self.uncommitted_dirs():
+      logging.warning(
+        "%s holds unfinished checkpoint directories (ignored, kept on disk): %s",
+        self.directory,
+        ", ".join(p.name for p in leftovers),
+      )
+
+  def all_steps(self) -> list[int]:
+    """Steps of all committed checkpoints, ascending."""
+    return sorted(self._manager.all_steps())
+
+  def latest_step(self) -> int | None:
+    """Newest committed step, or None when the workdir has no checkpoint."""
+    return self._manager.latest_step()
+
+  def uncommitted_dirs(self) -> list[epath.Path]:
+    """Directories under `checkpoints/` that look like steps but were never committed."""
+    if not self.directory.exists():
+      return []
+    committed = {str(s) for s in self._manager.all_steps()}
+    out = []
+    for p in self.directory.iterdir():
+      head = p.name.split(".", 1)[0]
+      if p.is_dir() and head.isdigit() and p.name not in committed:
+        out.append(p)
+    return sorted(out, key=lambda p: p.name)
+
+  def _set_aside(self, step: int) -> None:
+    """Moves an unfinished directory of `step` out of orbax's way (deleting it only if empty)."""
+    if jax.process_index() != 0:
+      return
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    for path, label in (
+      (self.directory / str(step), "uncommitted"),
+      (self.directory / f"{step}{_TMP_SUFFIX}", "partial"),
+    ):
+      if not path.exists():
+        continue
+      if not any(path.iterdir()):
+        path.rmdir()
+        continue
+      target = self.directory / f"{step}.{label}-{stamp}"
+      n = 1
+      while target.exists():
+        target, n = self.directory / f"{step}.{label}-{stamp}-{n}", n + 1
+      logging.warning("moving unfinished checkpoint %s aside to %s", path, target)
+      path.rename(target)
+
+  def save(
+    self,
+    step: int,
+    state: PyTree,
+    data_iter: Any = None,
+    meta: Mapping[str, Any] | None = None,
+    force: bool = False,
+  ) -> bool:
+    """Saves `state`, `data_iter`'s position and `meta` at `step` if due; returns whether it did.
+
+    Due means `step % save_every == 0`, a preemption sync point, or `force`. A step that is
+    already saved is skipped (returns False), so a final forced save may repeat a periodic one.
+    Must be called on every process.
+    """
+    step = int(step)
+    if step in self._manager.all_steps():
+      return False
+    if not (force or self._manager.should_save(step)):
+      return False
+    items = {
+      "state": ocp.args.StandardSave(state),
+      "meta": ocp.args.JsonSave(_jsonable(meta)),
+    }
+    if data_iter is not None:
+      items["data"] = grain.checkpoint.CheckpointSave(data_iter)
+    self._set_aside(step)
+    return self._manager.save(step, args=ocp.args.Composite(**items), force=True)
+
+  def _step_dir(self, step: int) -> epath.Path:
+    if step not in self._manager.all_steps():
+      raise FileNotFoundError(
+        f"no committed checkpoint for step {step} in {self.directory}; "
+        f"available steps: {self.all_steps()}"
+      )
+    return self.directory / str(step)
+
+  def read_meta(self, step: int) -> dict[str, Any]:
+    """The JSON meta saved at `step`."""
+    self._step_dir(step)
+    restored = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+    return dict(restored.meta or {})
+
+  def restore(
+    self,
+    step: int,
+    abstract_state: PyTree,
+    data_iter: Any = None,
+    *,
+    current_meta: Mapping[str, Any] | None = None,
+    keys: Sequence[str] = ("model",),
+  ) -> tuple[PyTree, dict[str, Any]]:
+    """Restores `step` into `abstract_state`'s structure, dtypes and shardings.
+
+    `abstract_state` leaves are `jax.ShapeDtypeStruct`s with `sharding=` (or arrays, whose
+    sharding is used). `data_iter`, when given, is set to the saved position in place. With
+    `current_meta`, the saved meta is first checked with `check_compatible(..., keys)`. Raises
+    CheckpointMismatchError naming each parameter path whose saved shape differs from the target.
+    Returns `(state, meta)`.
+    """
+    step = int(step)
+    step_dir = self._step_dir(step)
+    meta = self.read_meta(step)
+    if current_meta is not None:
+      check_compatible(meta, current_meta, keys, workdir=self.workdir, step=step)
+    where = f"checkpoint step {step} in {self.directory}"
+    saved_tree = self._manager.item_metadata(step).get("state")
+    if saved_tree is not None:
+      _check_tree(saved_tree.tree, abstract_state, where)
+    items = {"state": ocp.args.StandardRestore(abstract_state)}
+    if data_iter is not None:
+      if not (step_dir / "data").exists():
+        raise CheckpointMismatchError(
+          f"{where} has no data-iterator state; it was saved without data_iter, so pass "
+          "data_iter=None to restore it (the data pipeline then restarts from its beginning)."
+        )
+      items["data"] = grain.checkpoint.CheckpointRestore(data_iter)
+    try:
+      restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+    except ValueError as e:
+      raise CheckpointMismatchError(f"{where} could not be restored into the target: {e}") from e
+    return restored.state, meta
+
+  def wait(self) -> None:
+    """Blocks until every pending asynchronous save is committed."""
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    """Waits for pending saves and releases the manager."""
+    self._manager.close()
+
+  def __enter__(self) -> Checkpointer:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()

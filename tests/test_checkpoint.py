@@ -1,0 +1,262 @@
+"""Tests for orbax checkpointing: real checkpoints in a tmp dir, real flax/optax/grain objects."""
+
+import json
+
+import flax.linen as nn
+import grain
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+import pytest
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jaxrl_llm import checkpoint
+from jaxrl_llm.types import TrainState
+
+META = {"model": {"num_layers": 2, "d_model": 16, "dims": (4, 3)}, "task": "addition"}
+
+
+class _Tiny(nn.Module):
+  hidden: int = 8
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(3)(nn.relu(nn.Dense(self.hidden)(x)))
+
+
+def _state(hidden=8, typed_key=True, ref=True, steps=2):
+  params = _Tiny(hidden).init(jax.random.PRNGKey(0), jnp.ones((1, 4)))["params"]
+  tx = optax.adamw(1e-2)
+  opt_state = tx.init(params)
+  for i in range(steps):  # non-trivial moments and count
+    grads = jax.tree.map(lambda p, i=i: jnp.sin(p + i), params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    params = optax.apply_updates(params, updates)
+  rng = jax.random.key(42) if typed_key else jax.random.PRNGKey(42)
+  return TrainState(
+    step=jnp.int32(steps),
+    params=params,
+    opt_state=opt_state,
+    ref_params=jax.tree.map(jnp.copy, params) if ref else None,
+    rng=rng,
+  )
+
+
+def _leaves(tree):
+  """Leaves as numpy, typed keys as their key data, for bit-exact comparison."""
+
+  def host(x):
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+      return ("key", str(jax.random.key_impl(x)), np.asarray(jax.random.key_data(x)))
+    return (str(x.dtype), np.asarray(x))
+
+  return [host(x) for x in jax.tree.leaves(tree)]
+
+
+def _assert_bit_exact(a, b):
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  for x, y in zip(_leaves(a), _leaves(b)):
+    assert x[:-1] == y[:-1]
+    assert x[-1].dtype == y[-1].dtype and x[-1].shape == y[-1].shape
+    assert x[-1].tobytes() == y[-1].tobytes()
+
+
+def _abstract(state):
+  return jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
+
+
+@pytest.mark.parametrize("typed_key", [True, False], ids=["typed_key", "uint32_key"])
+def test_train_state_round_trip_bit_exact(tmp_path, typed_key):
+  state = _state(typed_key=typed_key)
+  with checkpoint.Checkpointer(tmp_path, save_every=1) as ckpt:
+    assert ckpt.latest_step() is None
+    assert ckpt.save(2, state, meta=META)
+    ckpt.wait()
+  with checkpoint.Checkpointer(tmp_path, save_every=1) as ckpt:
+    assert ckpt.latest_step() == 2
+    restored, meta = ckpt.restore(2, _abstract(state))
+    # The target jax.eval_shape gives (typed keys keep their key dtype) works as well.
+    restored2, _ = ckpt.restore(2, jax.eval_shape(lambda: state))
+  assert isinstance(restored, TrainState)
+  _assert_bit_exact(restored, state)
+  _assert_bit_exact(restored2, state)
+  assert jax.dtypes.issubdtype(restored.rng.dtype, jax.dtypes.prng_key) == typed_key
+  assert meta == json.loads(json.dumps(META))
+  # The restored key drives the same random stream.
+  np.testing.assert_array_equal(
+    jax.random.uniform(jax.random.fold_in(restored.rng, 7), (3,)),
+    jax.random.uniform(jax.random.fold_in(state.rng, 7), (3,)),
+  )
+
+
+def test_restore_into_named_shardings(tmp_path):
+  state = _state()
+  mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
+
+  def spec(x):
+    return P("data", *([None] * (x.ndim - 1))) if x.ndim >= 1 else P()
+
+  target = jax.tree.map(
+    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, spec(x))),
+    jax.eval_shape(lambda: state),
+  )
+  with checkpoint.Checkpointer(tmp_path, save_every=1) as ckpt:
+    ckpt.save(2, state, meta=META)
+    ckpt.wait()
+    restored, _ = ckpt.restore(2, target)
+  _assert_bit_exact(restored, state)
+  for got, want in zip(jax.tree.leaves(restored), jax.tree.leaves(target)):
+    assert isinstance(got.sharding, NamedSharding)
+    assert got.sharding == want.sharding
+
+
+def test_save_is_async_and_state_may_be_donated(tmp_path):
+  state = _state()
+  expected = _leaves(state)
+  with checkpoint.Checkpointer(tmp_path, save_every=1) as ckpt:
+    assert ckpt.save(2, state, meta=META)
+    # As a donating jitted step would: the buffers are gone before the save is committed.
+    for x in jax.tree.leaves(state):
+      x.delete()
+    ckpt.wait()
+    restored, _ = ckpt.restore(2, _abstract(_state()))
+  for x, y in zip(_leaves(restored), expected):
+    assert x[-1].tobytes() == y[-1].tobytes()
+
+
+def test_incompatible_meta_raises_helpful_error(tmp_path):
+  state = _state()
+  with checkpoint.Checkpointer(tmp_path, save_every=1) as ckpt:
+    ckpt.save(2, state, meta=META)
+    ckpt.wait()
+    # Same config (tuples compare equal to the lists JSON gives back); other keys are ignored.
+    other_task = {**META, "task": "sort"}
+    ckpt.restore(2, _abstract(state), current_meta=other_task)
+    current = {**META, "model": {**META["model"], "num_layers": 4}}
+    with pytest.raises(checkpoint.CheckpointMismatchError) as err:
+      ckpt.restore(2, _abstract(state), current_meta=current)
+  msg = str(err.value)
+  assert f"workdir {tmp_path}" in msg
+  assert "model.num_layers=2" in msg and "model.num_layers=4" in msg
+  assert "use a new --workdir or match the model config" in msg
+  assert err.value.diffs == {"model.num_layers": (2, 4)}
+  assert isinstance(err.value, ValueError)
+
+
+def test_check_compatible_reports_missing_and_extra_fields():
+  saved = {"model": {"num_layers": 2, "moe": {"experts": 4}}, "task": "a"}
+  current = {"model": {"num_layers": 2, "rope": True}, "task": "b"}
+  with pytest.raises(checkpoint.CheckpointMismatchError) as err:
+    checkpoint.check_compatible(saved, current, keys=("model", "task"), workdir="/x")
+  assert err.value.diffs == {
+    "model.moe.experts": (4, "<absent>"),
+    "model.rope": ("<absent>", True),
+    "task": ("a", "b"),
+  }
+  assert str(err.value).startswith("workdir /x holds a checkpoint of a model/task with")
+  checkpoint.check_compatible(saved, {**current, "model": saved["model"]}, keys=("model",))
+
+
+def test_shape_mismatch_names_parameter_paths(tmp_path):
+  state = _state(hidden=8, ref=False)
+  with checkpoint.Checkpointer(tmp_path, save_every=1) as ckpt:
+    ckpt.save(2, state, meta=META)
+    ckpt.wait()
+    with pytest.raises(checkpoint.CheckpointMismatchError) as err:
+      ckpt.restore(2, _abstract(_state(hidden=6, ref=False)))
+    msg = str(err.value)
+    assert "params/Dense_1/kernel: saved (4, 8), expected (4, 6)" in msg
+    assert "opt_state/0/mu/Dense_0/kernel: saved (8, 3), expected (6, 3)" in msg
+    assert f"checkpoint step 2 in {tmp_path}/checkpoints" in msg
+    # A target with a reference policy the checkpoint does not hold.
+    with pytest.raises(checkpoint.CheckpointMismatchError, match="ref_params/Dense_0/bias"):
+      ckpt.restore(2, _abstract(_state(hidden=8, ref=True)))
+
+
+def _iterator():
+  return iter(grain.MapDataset.range(100).shuffle(seed=0).repeat().batch(4).to_iter_dataset())
+
+
+def test_grain_iterator_state_round_trips(tmp_path):
+  state = _state()
+  it = _iterator()
+  for _ in range(3):
+    next(it)
+  with checkpoint.Checkpointer(tmp_path, save_every=1) as ckpt:
+    ckpt.save(3, state, data_iter=it, meta=META)
+    expected = [next(it) for _ in range(30)]  # crosses an epoch boundary
+    ckpt.wait()
+  with checkpoint.Checkpointer(tmp_path, save_every=1) as ckpt:
+    fresh = _iterator()
+    _, _ = ckpt.restore(3, _abstract(state), data_iter=fresh)
+  got = [next(fresh) for _ in range(30)]
+  for a, b in zip(expected, got):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_restoring_data_iter_without_saved_data_fails_clearly(tmp_path):
+  state = _state()
+  with checkpoint.Checkpointer(tmp_path, save_every=1) as ckpt:
+    ckpt.save(1, state, meta=META)
+    ckpt.wait()
+    with pytest.raises(checkpoint.CheckpointMismatchError, match="no data-iterator state"):
+      ckpt.restore(1, _abstract(state), data_iter=_iterator())
+    restored, _ = ckpt.restore(1, _abstract(state))
+  _assert_bit_exact(restored, state)
+
+
+def test_save_every_max_to_keep_and_forced_final_save(tmp_path):
+  state = _state()
+  with checkpoint.Checkpointer(tmp_path, save_every=2, max_to_keep=2) as ckpt:
+    saved = [s for s in range(1, 10) if ckpt.save(s, state, meta=META)]
+    assert saved == [2, 4, 6, 8]
+    assert ckpt.save(9, state, meta=META, force=True)
+    assert not ckpt.save(9, state, meta=META, force=True)  # already saved: skipped
+    ckpt.wait()
+    assert ckpt.all_steps() == [8, 9] and ckpt.latest_step() == 9
+  with checkpoint.Checkpointer(tmp_path, save_every=2, max_to_keep=2) as ckpt:
+    assert ckpt.latest_step() == 9
+    assert sorted(p.name for p in ckpt.directory.iterdir()) == ["8", "9"]
+    with pytest.raises(FileNotFoundError, match=r"available steps: \[8, 9\]"):
+      ckpt.restore(2, _abstract(state))
+
+
+def test_unfinished_checkpoints_are_ignored_and_kept(tmp_path):
+  state = _state()
+  with checkpoint.Checkpointer(tmp_path, save_every=1, max_to_keep=1) as ckpt:
+    ckpt.save(2, state, meta=META)
+    ckpt.save(4, state, meta=META)
+    ckpt.wait()
+  root = tmp_path / "checkpoints"
+  # A crash mid-save: orbax's temporary directory, and a step directory without commit marker.
+  (root / "6.orbax-checkpoint-tmp" / "state").mkdir(parents=True)
+  (root / "6.orbax-checkpoint-tmp" / "state" / "blob").write_bytes(b"half")
+  (root / "5").mkdir()
+  (root / "5" / "state").write_bytes(b"data")
+  (root / "7").mkdir()  # empty: holds nothing
+
+  with checkpoint.Checkpointer(tmp_path, save_every=1, max_to_keep=1) as ckpt:
+    assert ckpt.latest_step() == 4 and ckpt.all_steps() == [4]
+    assert [p.name for p in ckpt.uncommitted_dirs()] == ["5", "6.orbax-checkpoint-tmp", "7"]
+    for step in (5, 6, 7):
+      assert ckpt.save(step, state, meta=META)
+      ckpt.wait()
+    assert ckpt.all_steps() == [7]
+    restored, _ = ckpt.restore(7, _abstract(state))
+  _assert_bit_exact(restored, state)
+  names = sorted(p.name for p in root.iterdir())
+  assert "7" in names and "4" not in names  # retention still works on committed steps
+  (aside5,) = [n for n in names if n.startswith("5.uncommitted-")]
+  (aside6,) = [n for n in names if n.startswith("6.partial-")]
+  assert (root / aside5 / "state").read_bytes() == b"data"
+  assert (root / aside6 / "state" / "blob").read_bytes() == b"half"
+  assert not any(n.startswith("7.") for n in names)  # the empty one was simply replaced
+
+
+def test_meta_must_be_json(tmp_path):
+  with checkpoint.Checkpointer(tmp_path, save_every=1) as ckpt:
+    with pytest.raises(TypeError, match="JSON"):
+      ckpt.save(1, _state(), meta={"model": object()})
