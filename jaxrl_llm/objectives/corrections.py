@@ -69,6 +69,8 @@ def behaviour_weight(
   w = 0 by mis/geo rejection), frac_masked_seqs (non-empty sequences rejected on every token),
   ess (Kish effective sample size (Σw)²/(NΣw²) ∈ [0, 1]), mismatch_mean, mismatch_max
   (|exp(ℓ^old) − exp(ℓ^μ)|), kl_k3 (k3 estimate of KL(μ‖π_old): ρ − δ^μ − 1).
+  Tokens the correction rejects should also leave the KL and entropy terms: use
+  `mask * (w > 0)` as their mask.
   """
   base, geo = parse_correction(name)
   if cap <= 0:

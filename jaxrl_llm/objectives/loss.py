@@ -67,6 +67,7 @@ def policy_loss(
   else:
     chex.assert_equal_shape([behaviour_weight, m])
     w = jax.lax.stop_gradient(behaviour_weight).astype(jnp.float32)
+    w = jnp.where(m > 0, w, 0.0)  # padding never reaches the gradient, even as NaN
 
   if j.ndim == 1:  # one term per sequence
     seq_valid = m.sum(-1) > 0
