@@ -92,10 +92,15 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int, task=None) 
   try:
     from jaxrl_llm import objectives
 
-    objectives.get_advantage(rl.advantage)
-    objectives.check_names(objective=rl.objective, aggregation=rl.aggregation, kl=rl.kl_estimator)
+    for kind, name in (
+      ("advantage", rl.advantage),
+      ("objective", rl.objective),
+      ("aggregation", rl.aggregation),
+      ("kl", rl.kl_estimator),
+    ):
+      objectives.validate(kind, name)
   except ValueError as err:
-    e.append(str(err))
+    e.append(f"rl: {err}")
   if rl.kl_estimator == "k3_is":
     e.append("rl.kl_estimator='k3_is' needs an old policy; use k1, k2 or k3 here")
   try:

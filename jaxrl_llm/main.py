@@ -6,6 +6,8 @@ Any config field can be overridden, e.g. `--config.rl.clip_high=0.28`.
 from __future__ import annotations
 
 import importlib.util
+import logging as std_logging
+import os
 import sys
 
 from absl import app, flags, logging
@@ -25,6 +27,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.INFO)
+  quiet_library_logs()
   from jaxrl_llm import checkpoint, train  # heavy imports after flag parsing
 
   try:
@@ -33,6 +36,19 @@ def main(argv):
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
   logging.info("final eval: %s", result)
+
+
+class _LibraryInfoFilter(std_logging.Filter):
+  """Drops INFO chatter of the checkpoint and data libraries (warnings still pass)."""
+
+  def filter(self, record: std_logging.LogRecord) -> bool:
+    noisy = any(f"{os.sep}{lib}{os.sep}" in record.pathname for lib in ("orbax", "grain"))
+    return record.levelno >= std_logging.WARNING or not noisy
+
+
+def quiet_library_logs() -> None:
+  """Keeps the training log readable: progress lines, not library internals."""
+  std_logging.getLogger("absl").addFilter(_LibraryInfoFilter())
 
 
 def check_overrides(argv: list[str]) -> None:

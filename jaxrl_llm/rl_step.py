@@ -124,7 +124,9 @@ def make_rl_step(
   batch_axis = NamedSharding(mesh, PartitionSpec("data"))
 
   def constrain(tree):
-    return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, batch_axis), tree)
+    return jax.tree.map(
+      lambda x: jax.lax.with_sharding_constraint(x, batch_axis) if x.ndim else x, tree
+    )
 
   def loss_fn(params, mb):
     logp, logits = score(
@@ -200,7 +202,10 @@ def make_rl_step(
     metrics["policy/clip_frac_first_minibatch"] = (
       mb_metrics["policy/clip_frac_low"][0] + mb_metrics["policy/clip_frac_high"][0]
     )
-    metrics.update(objectives.mismatch_metrics(old_logp, rollout.logprobs, rollout.loss_mask))
+    _, behaviour = objectives.behaviour_weight(
+      old_logp, rollout.logprobs, rollout.loss_mask, name="none"
+    )
+    metrics.update(behaviour)
     metrics["optim/learning_rate"] = schedule(state.step * updates_per_step)
     metrics["perf/generated_tokens"] = jnp.sum(rollout.lengths).astype(jnp.float32)
     metrics["perf/learner_tokens"] = jnp.float32(

@@ -8,6 +8,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import numpy as np
+import optax
 from absl import logging
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -91,3 +92,16 @@ def init_sharded(boxed_init: Callable[[jax.Array], Any], rng: jax.Array, mesh: M
 def param_shardings(boxed_abstract: Any, mesh: Mesh, rules) -> Any:
   """Shardings for an abstract boxed parameter tree (from `jax.eval_shape`)."""
   return nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed_abstract), mesh, rules)
+
+
+def init_opt_state(tx, params: Any, param_shardings: Any, mesh: Mesh):
+  """optax state placed like the params it mirrors; counters and scalars replicated."""
+  abstract = jax.eval_shape(tx.init, params)
+  shardings = optax.tree_map_params(
+    tx,
+    lambda _, s: s,
+    abstract,
+    param_shardings,
+    transform_non_params=lambda _: replicated(mesh),
+  )
+  return jax.jit(tx.init, out_shardings=shardings)(params)

@@ -28,6 +28,18 @@ from jaxrl_llm.sampling import sample, score
 from jaxrl_llm.types import PromptBatch, TrainState
 
 
+PROGRESS_KEYS = (
+  "rollout/reward_mean",
+  "rollout/accuracy",
+  "rollout/length_mean",
+  "policy/entropy",
+  "policy/clip_frac_high",
+  "policy/approx_kl",
+  "optim/grad_norm",
+  "perf/step_time_s",
+)
+
+
 @dataclasses.dataclass
 class Experiment:
   """Everything built from a config, before any step runs (static pieces + initial state)."""
@@ -121,7 +133,9 @@ def _sft_phase(exp: Experiment, writer, log_every: int) -> TrainState:
     return optax.apply_updates(params, updates), opt_state, loss
 
   params = exp.state.params
-  opt_state = jax.jit(tx.init)(params)
+  opt_state = sharding.init_opt_state(
+    tx, params, jax.tree.map(lambda x: x.sharding, params), exp.mesh
+  )
   t0 = time.time()
   for i in range(steps):
     batch = to_global_batch(next(it), exp.batch_sharding)
@@ -152,7 +166,7 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
     "params"
   ]
   with mesh:
-    params, _ = sharding.init_sharded(boxed_init, init_key, mesh, rules)
+    params, param_shardings = sharding.init_sharded(boxed_init, init_key, mesh, rules)
   total_updates = config.train.num_steps * rl.num_epochs * rl.num_minibatches
   tx, schedule = make_optimizer(
     config.optim.learning_rate,
@@ -164,7 +178,7 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
     b2=config.optim.b2,
     grad_clip=config.optim.grad_clip,
   )
-  opt_state = jax.jit(tx.init)(params)
+  opt_state = sharding.init_opt_state(tx, params, param_shardings, mesh)
   repl = NamedSharding(mesh, PartitionSpec())
   state = TrainState(
     step=jax.device_put(jnp.zeros((), jnp.int32), repl),
@@ -271,11 +285,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       writer.scalars(done, scalars)
       writer.histograms(done, {k[len("hist/") :]: v for k, v in m.items() if k.startswith("hist/")})
       writer.text(done, "samples", _text_summary(exp.task, m, tr.text_samples))
-      logging.info(metrics_lib.format_progress(done, tr.num_steps, now - t_start, scalars))
+      shown = {k: scalars[k] for k in PROGRESS_KEYS if k in scalars}
+      logging.info(
+        metrics_lib.format_progress(done, tr.num_steps, now - t_start, shown, start_step=start)
+      )
     if done % tr.eval_every == 0 or done == tr.num_steps:
       evaluate(done)
-    if done % tr.checkpoint_every == 0 or done == tr.num_steps:
-      ckpt.save(done, state, data_iter=train_iter, meta=exp.meta)
+    ckpt.save(done, state, data_iter=train_iter, meta=exp.meta, force=done == tr.num_steps)
   ckpt.wait()
   ckpt.close()
   writer.close()
