@@ -68,7 +68,7 @@ def get_objective(name: str) -> Callable[..., Any]:
 
 
 def validate(kind: str, name: str) -> None:
-  """Raises ValueError if `name` is not a valid name of `kind`.
+  """Raises ValueError if `name` is not a valid name of `kind` (config check, §10).
 
   kind ∈ {"advantage", "objective", "aggregation", "kl", "correction"}.
   """
