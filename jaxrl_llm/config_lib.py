@@ -78,6 +78,7 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int, task=None) 
       e.append(f"sft.batch_size={config.sft.batch_size} is not divisible by {data} devices")
   for name in ("num_steps", "eval_every", "log_every", "checkpoint_every"):
     _collect(e, tr[name] >= 1, f"train.{name}={tr[name]} must be >= 1")
+  _collect(e, tr.stop_after_steps >= 0, f"train.stop_after_steps={tr.stop_after_steps} must be >= 0")
   _collect(e, tr.pass_k >= 1, f"train.pass_k={tr.pass_k} must be >= 1")
   _collect(e, config.sft.steps >= 0, f"sft.steps={config.sft.steps} must be >= 0")
   _collect(

@@ -267,7 +267,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   if start == 0:
     evaluate(0)
   t_start, steps_done, t_last, last_logged = time.time(), 0, time.time(), start
-  for step in range(start, tr.num_steps):
+  end = tr.num_steps
+  if tr.stop_after_steps:
+    end = min(end, start + tr.stop_after_steps)
+  for step in range(start, end):
     batch = to_global_batch(next(train_iter), exp.batch_sharding)
     rng = jax.random.fold_in(state.rng, step)
     state, metrics = exp.rl_step(state, batch, rng)
@@ -291,7 +294,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       )
     if done % tr.eval_every == 0 or done == tr.num_steps:
       evaluate(done)
-    ckpt.save(done, state, data_iter=train_iter, meta=exp.meta, force=done == tr.num_steps)
+    ckpt.save(done, state, data_iter=train_iter, meta=exp.meta, force=done in (end, tr.num_steps))
   ckpt.wait()
   ckpt.close()
   writer.close()
