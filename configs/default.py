@@ -75,11 +75,11 @@ def get_config() -> ml_collections.ConfigDict:
   c.sft.learning_rate = 3e-3  # peak learning rate of the warm start
 
   c.train = ml_collections.ConfigDict()
-  c.train.num_steps = 600  # RL updates
-  c.train.eval_every = 50  # held-out evaluation period (RL steps); also at start and end
+  c.train.num_steps = 1000  # RL updates
+  c.train.eval_every = 100  # held-out evaluation period (RL steps); also at start and end
   c.train.pass_k = 4  # k of the pass@k evaluation (sampled at τ_s)
   c.train.log_every = 10  # scalar summaries / progress line period
-  c.train.checkpoint_every = 200  # orbax checkpoint period (RL steps); also at the end
+  c.train.checkpoint_every = 250  # orbax checkpoint period (RL steps); also at the end
   c.train.max_to_keep = 2  # checkpoints kept on disk
   c.train.text_samples = 8  # completions shown in the TensorBoard text summary
   c.train.stop_after_steps = 0  # end this invocation after N steps (time-limited jobs; 0 = off)

@@ -1,0 +1,83 @@
+"""Bad input gets a clear message naming the field, the value and what is allowed."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, tiny_config
+
+from jaxrl_llm import checkpoint, config_lib, train
+
+
+@pytest.mark.parametrize(
+  "field,value,needle",
+  [
+    ("sampling.temperature", -0.5, "sampling.temperature=-0.5 must be > 0"),
+    ("rl.clip_high", 1.0, "rl.clip_high=1.0 must be in (0, 1)"),
+    ("rl.clip_low", 0.0, "rl.clip_low=0.0 must be in (0, 1)"),
+    ("sampling.group_size", 1, "sampling.group_size=1 must be >= 2"),
+    ("sampling.top_p", 1.5, "sampling.top_p=1.5 must be in (0, 1]"),
+    ("rl.num_minibatches", 3, "do not split into rl.num_minibatches=3"),
+    ("rl.objective", "nope", "unknown objective 'nope'"),
+    ("rl.aggregation", "mean", "unknown aggregation 'mean'"),
+    ("model.num_kv_heads", 3, "model.num_heads=2 must be a multiple of model.num_kv_heads=3"),
+    ("model.vocab_size", 8, "model.vocab_size=8 is smaller than task"),
+    ("task.name", "chess", "Unknown task 'chess'"),
+  ],
+)
+def test_out_of_range_values_are_named(field, value, needle):
+  config = tiny_config(**{field: value})
+  with pytest.raises(ValueError) as err:
+    train.build(config)
+  assert needle in str(err.value)
+
+
+def test_every_problem_is_listed_at_once():
+  config = tiny_config(**{"sampling.temperature": 0.0, "rl.clip_low": 2.0})
+  with pytest.raises(config_lib.ConfigError) as err:
+    train.build(config)
+  assert "sampling.temperature" in str(err.value) and "rl.clip_low" in str(err.value)
+
+
+def test_batch_not_divisible_by_mesh():
+  config = tiny_config(**{"mesh.data": -1, "rl.num_prompts": 6})  # 8 fake devices
+  with pytest.raises(config_lib.ConfigError, match="rl.num_prompts=6 is not divisible by the 8"):
+    train.build(config)
+
+
+def test_incompatible_checkpoint_in_workdir(tmp_path):
+  train.train_and_evaluate(tiny_config(**{"train.num_steps": 2}), str(tmp_path))
+  bigger = tiny_config(**{"train.num_steps": 4, "model.num_layers": 3})
+  with pytest.raises(checkpoint.CheckpointMismatchError) as err:
+    train.train_and_evaluate(bigger, str(tmp_path))
+  msg = str(err.value)
+  assert "num_layers" in msg and str(tmp_path) in msg
+  assert (tmp_path / "checkpoints" / "2").is_dir()  # nothing saved was lost
+
+
+def _cli(*args):
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  return subprocess.run(
+    [sys.executable, "-m", "jaxrl_llm.main", "--config=configs/default.py", *args],
+    cwd=REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+
+
+def test_cli_unknown_field_is_named(tmp_path):
+  proc = _cli(f"--workdir={tmp_path}", "--config.rl.clip_hihg=0.3")
+  assert proc.returncode == 2
+  assert "unknown config field 'rl.clip_hihg'" in proc.stderr
+  assert "clip_high" in proc.stderr  # lists what is allowed
+  assert "Traceback" not in proc.stderr
+
+
+def test_cli_bad_value_is_named(tmp_path):
+  proc = _cli(f"--workdir={tmp_path}", "--config.sampling.temperature=-1")
+  assert proc.returncode == 2
+  assert "sampling.temperature=-1.0 must be > 0" in proc.stderr
+  assert "Traceback" not in proc.stderr
