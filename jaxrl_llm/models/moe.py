@@ -1,0 +1,276 @@
+"""Mixture-of-experts SwiGLU feed-forward block with top-k routing and routing replay.
+
+`MoEMLP` is a drop-in replacement for the dense SwiGLU `MLP`: a float32 router picks
+K of E experts per token, each expert is a SwiGLU, and the experts' outputs are summed
+with gate weights. Optional always-on shared experts (DeepSeek / Qwen-MoE style) are
+added to the output. Besides the output it returns the routing (`topk`, the router's
+logits and log-probs) and the regularisers of objectives.md §8; given a recorded routing
+it replays it (§9).
+
+Two implementations give the same values and gradients:
+  - `ragged` (dropless): the N·K (token, expert) assignments are sorted by expert and run
+    through `jax.lax.ragged_dot`, one group per expert; no capacity, no dropped tokens.
+  - `dense`: every expert is applied to every token and the results are combined with a
+    [B, N, E] gate matrix. E times the compute; the reference for tests.
+
+Parameters and their logical axes:
+  router  kernel [D, E]  ('embed', 'expert')
+  gate    [E, D, F]      ('expert', 'embed', 'mlp')
+  up      [E, D, F]      ('expert', 'embed', 'mlp')
+  down    [E, F, D]      ('expert', 'mlp', 'embed')
+  shared/{gate,up}/kernel [D, Fs] ('embed', 'mlp'), shared/down/kernel [Fs, D] ('mlp', 'embed')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_llm.models.config import ModelConfig
+
+IMPLS = ("ragged", "dense")
+
+
+@dataclasses.dataclass(frozen=True)
+class MoEConfig:
+  """Hyperparameters of one mixture-of-experts feed-forward block."""
+
+  num_experts: int = 8  # routed experts E
+  top_k: int = 2  # experts per token K (1 <= K <= E)
+  expert_mlp_dim: int = 64  # SwiGLU hidden width F of each routed expert
+  num_shared_experts: int = 0  # always-on shared experts (0 = none)
+  shared_mlp_dim: int = 0  # hidden width of one shared expert (0 = expert_mlp_dim)
+  normalize_gates: bool = True  # renormalise the top-k softmax gates to sum to 1 (Mixtral, Qwen3)
+  impl: str = "ragged"  # 'ragged' (dropless grouped matmul) or 'dense' (one-hot reference)
+  aux_loss_coef: float = 0.01  # load-balance loss coefficient (§8)
+  z_loss_coef: float = 0.001  # router z-loss coefficient (§8)
+
+  def __post_init__(self):
+    errors = []
+    if self.num_experts < 1:
+      errors.append(f"moe.num_experts={self.num_experts} must be >= 1")
+    if not 1 <= self.top_k <= max(self.num_experts, 1):
+      errors.append(f"moe.top_k={self.top_k} must be in [1, moe.num_experts={self.num_experts}]")
+    if self.expert_mlp_dim < 1:
+      errors.append(f"moe.expert_mlp_dim={self.expert_mlp_dim} must be >= 1")
+    if self.num_shared_experts < 0:
+      errors.append(f"moe.num_shared_experts={self.num_shared_experts} must be >= 0")
+    if self.shared_mlp_dim < 0:
+      errors.append(f"moe.shared_mlp_dim={self.shared_mlp_dim} must be >= 0 (0 = expert_mlp_dim)")
+    if self.impl not in IMPLS:
+      errors.append(f"moe.impl={self.impl!r} must be one of {list(IMPLS)}")
+    for name in ("aux_loss_coef", "z_loss_coef"):
+      if getattr(self, name) < 0:
+        errors.append(f"moe.{name}={getattr(self, name)} must be >= 0")
+    if errors:
+      raise ValueError("invalid moe config: " + "; ".join(errors))
+
+  @property
+  def shared_hidden_dim(self) -> int:
+    """Hidden width of the fused shared-expert SwiGLU (0 when there are none)."""
+    return self.num_shared_experts * (self.shared_mlp_dim or self.expert_mlp_dim)
+
+  @property
+  def index_dtype(self) -> Any:
+    """The smallest signed integer dtype that holds every expert index."""
+    return index_dtype(self.num_experts)
+
+  def to_dict(self) -> dict[str, Any]:
+    """A JSON-friendly dict."""
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_dict(cls, d: dict[str, Any]) -> MoEConfig:
+    """Builds a config from a dict, naming any unknown field."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - fields)
+    if unknown:
+      raise ValueError(f"unknown moe config field(s) {unknown}; allowed: {sorted(fields)}")
+    return cls(**d)
+
+
+def index_dtype(num_experts: int) -> Any:
+  """int8 / int16 / int32: the smallest that holds indices 0..num_experts-1."""
+  for dtype in (jnp.int8, jnp.int16):
+    if num_experts - 1 <= np.iinfo(dtype).max:
+      return dtype
+  return jnp.int32
+
+
+def gather_expert_logprobs(router_logprobs: jax.Array, topk: jax.Array) -> jax.Array:
+  """log p(e) of the given experts: [B, N, E] float32, [B, N, K] int -> [B, N, K] (§2.8)."""
+  chex.assert_rank([router_logprobs, topk], 3)
+  return jnp.take_along_axis(router_logprobs, topk.astype(jnp.int32), axis=-1)
+
+
+def weighted_loss(moe: MoEConfig, aux: dict[str, jax.Array]) -> jax.Array:
+  """aux_loss_coef · load-balance loss + z_loss_coef · z-loss of one layer (§8)."""
+  return moe.aux_loss_coef * aux["aux_loss"] + moe.z_loss_coef * aux["z_loss"]
+
+
+def _gates(logits: jax.Array, idx: jax.Array, normalize: bool) -> jax.Array:
+  """Float32 gate weights [B, N, K] of experts `idx` from router logits [B, N, E].
+
+  normalize: softmax over the chosen experts' logits (= top-k softmax probs renormalised to
+  sum to 1); otherwise the full-softmax probabilities of the chosen experts.
+  """
+  chosen = jnp.take_along_axis(logits, idx, axis=-1)  # [B, N, K]
+  if normalize:
+    return jax.nn.softmax(chosen, axis=-1)
+  return jnp.exp(chosen - jax.nn.logsumexp(logits, axis=-1, keepdims=True))
+
+
+class _SwiGLU(nn.Module):
+  """Dense SwiGLU D -> hidden -> D (the shared experts, fused into one)."""
+
+  cfg: ModelConfig
+  hidden: int
+
+  @nn.compact
+  def __call__(self, x):
+    """x: [B, N, D] -> [B, N, D]."""
+    cfg = self.cfg
+
+    def dense(features, axes, name):
+      return nn.Dense(
+        features,
+        use_bias=False,
+        dtype=cfg.compute_dtype,
+        param_dtype=cfg.weight_dtype,
+        kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(), axes),
+        name=name,
+      )
+
+    gate = dense(self.hidden, ("embed", "mlp"), "gate")(x)
+    up = dense(self.hidden, ("embed", "mlp"), "up")(x)
+    return dense(cfg.d_model, ("mlp", "embed"), "down")(nn.silu(gate) * up)
+
+
+def _experts_dense(x, idx, gates, w_gate, w_up, w_down):
+  """Every expert on every token, combined by a [B, N, E] gate matrix (reference)."""
+  e = w_gate.shape[0]
+  h = nn.silu(jnp.einsum("bnd,edf->bnef", x, w_gate)) * jnp.einsum("bnd,edf->bnef", x, w_up)
+  out = jnp.einsum("bnef,efd->bned", h, w_down)  # [B, N, E, D]
+  combine = jnp.sum(jax.nn.one_hot(idx, e, dtype=jnp.float32) * gates[..., None], axis=-2)
+  return jnp.einsum("bne,bned->bnd", combine, out.astype(jnp.float32))  # [B, N, D] float32
+
+
+def _experts_ragged(x, idx, gates, w_gate, w_up, w_down):
+  """Dropless: sort the N·K assignments by expert and run one ragged matmul per weight."""
+  b, n, d = x.shape
+  e, k = w_gate.shape[0], idx.shape[-1]
+  flat_idx = idx.reshape(-1)  # [B·N·K], assignment a = token·K + slot
+  order = jnp.argsort(flat_idx, stable=True)  # assignments grouped by expert
+  group_sizes = jnp.bincount(flat_idx, length=e).astype(jnp.int32)  # [E]
+  xs = x.reshape(b * n, d)[order // k]  # [B·N·K, D] token rows, sorted by expert
+  h = nn.silu(jax.lax.ragged_dot(xs, w_gate, group_sizes)) * jax.lax.ragged_dot(
+    xs, w_up, group_sizes
+  )
+  out = jax.lax.ragged_dot(h, w_down, group_sizes)  # [B·N·K, D] sorted
+  inverse = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
+  out = out[inverse].reshape(b, n, k, d).astype(jnp.float32)  # back to assignment order
+  return jnp.einsum("bnk,bnkd->bnd", gates, out)  # [B, N, D] float32
+
+
+class MoEMLP(nn.Module):
+  """Top-k routed SwiGLU experts plus optional shared experts (objectives.md §8, §9).
+
+  Uses `cfg.d_model`, `cfg.compute_dtype` (expert matmuls) and `cfg.weight_dtype`; the router,
+  its softmax and the gates are float32 whatever the compute dtype.
+  """
+
+  cfg: ModelConfig
+  moe: MoEConfig
+
+  @nn.compact
+  def __call__(
+    self,
+    x: jax.Array,  # [B, N, D]
+    replay: jax.Array | None = None,  # [B, N, K] int: experts to use instead of the router's
+    mask: jax.Array | None = None,  # [B, N] bool: tokens counted in load / aux / z losses
+  ) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Returns y [B, N, D] (compute dtype) and the routing/regulariser dict.
+
+    aux: 'topk' [B, N, K] (`moe.index_dtype`) experts used (the replayed ones under replay);
+    'router_logits' / 'router_logprobs' [B, N, E] float32; 'load' [E] float32 fraction of the
+    valid (token, k) assignments per expert (stop-gradient, sums to 1); 'aux_loss' scalar
+    E·Σ_e f_e p_e with f = load and p_e the mean router prob over valid tokens (1 when
+    balanced, whatever K); 'z_loss' scalar mean over valid tokens of logsumexp(logits)²;
+    'route_differs' [B, N] bool, whether the router's own top-k set differs from the replayed
+    set (all False without replay; §9 metric).
+
+    Replay (§9): the experts in `replay` are used, with gates recomputed from the current
+    router logits by the same normalisation as unreplayed routing (softmax over the replayed
+    experts' logits when `normalize_gates`), so the router still receives gradient.
+    """
+    cfg, moe = self.cfg, self.moe
+    e, k, f, d = moe.num_experts, moe.top_k, moe.expert_mlp_dim, cfg.d_model
+    chex.assert_rank(x, 3)
+    chex.assert_axis_dimension(x, 2, d)
+    b, n = x.shape[:2]
+    if mask is None:
+      mask = jnp.ones((b, n), bool)
+    chex.assert_shape(mask, (b, n))
+
+    # Router, float32 throughout.
+    logits = nn.Dense(
+      e,
+      use_bias=False,
+      dtype=jnp.float32,
+      param_dtype=cfg.weight_dtype,
+      kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(), ("embed", "expert")),
+      name="router",
+    )(x.astype(jnp.float32))  # [B, N, E]
+    logprobs = jax.nn.log_softmax(logits, axis=-1)
+    _, own_idx = jax.lax.top_k(logits, k)  # [B, N, K] int32
+    if replay is None:
+      idx = own_idx
+      differs = jnp.zeros((b, n), bool)
+    else:
+      chex.assert_shape(replay, (b, n, k))
+      idx = replay.astype(jnp.int32)
+      differs = jnp.any(jnp.sort(own_idx, axis=-1) != jnp.sort(idx, axis=-1), axis=-1)
+    gates = _gates(logits, idx, moe.normalize_gates)  # [B, N, K] float32
+
+    # Experts: SwiGLU weights stacked on a leading expert axis, fan-in = D (or F for down).
+    init = nn.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0,))
+
+    def expert_param(name, shape, axes):
+      return self.param(name, nn.with_logical_partitioning(init, axes), shape, cfg.weight_dtype)
+
+    w_gate = expert_param("gate", (e, d, f), ("expert", "embed", "mlp"))
+    w_up = expert_param("up", (e, d, f), ("expert", "embed", "mlp"))
+    w_down = expert_param("down", (e, f, d), ("expert", "mlp", "embed"))
+    dt = cfg.compute_dtype
+    experts = _experts_ragged if moe.impl == "ragged" else _experts_dense
+    y = experts(x.astype(dt), idx, gates, w_gate.astype(dt), w_up.astype(dt), w_down.astype(dt))
+    y = y.astype(dt)
+    if moe.num_shared_experts:
+      y = y + _SwiGLU(cfg, moe.shared_hidden_dim, name="shared")(x.astype(dt))
+
+    # Regularisers (§8) over valid tokens only.
+    valid = mask.astype(jnp.float32)  # [B, N]
+    num_valid = jnp.maximum(jnp.sum(valid), 1.0)
+    assigned = jnp.sum(jax.nn.one_hot(idx, e, dtype=jnp.float32), axis=-2)  # [B, N, E]
+    load = jax.lax.stop_gradient(jnp.einsum("bn,bne->e", valid, assigned) / (num_valid * k))
+    mean_prob = jnp.einsum("bn,bne->e", valid, jnp.exp(logprobs)) / num_valid  # [E]
+    aux_loss = e * jnp.sum(load * mean_prob)
+    z = jax.nn.logsumexp(logits, axis=-1)  # [B, N]
+    z_loss = jnp.sum(valid * z**2) / num_valid
+
+    aux = {
+      "topk": idx.astype(moe.index_dtype),
+      "router_logits": logits,
+      "router_logprobs": logprobs,
+      "load": load,
+      "aux_loss": aux_loss,
+      "z_loss": z_loss,
+      "route_differs": differs,
+    }
+    return y, aux
