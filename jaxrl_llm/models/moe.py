@@ -39,7 +39,11 @@ IMPLS = ("ragged", "dense")
 
 @dataclasses.dataclass(frozen=True)
 class MoEConfig:
-  """Hyperparameters of one mixture-of-experts feed-forward block."""
+  """Hyperparameters of one mixture-of-experts feed-forward block.
+
+  With top_k=1 and normalize_gates the single gate is always 1, so the router learns only
+  from the regularisers; use normalize_gates=False for Switch-style top-1 routing.
+  """
 
   num_experts: int = 8  # routed experts E
   top_k: int = 2  # experts per token K (1 <= K <= E)
