@@ -38,6 +38,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.attention_bias = False  # q/k/v bias (Qwen2 style)
   c.model.qk_norm = False  # per-head RMSNorm of q and k (Qwen3 style)
   c.model.tie_embeddings = True  # share embedding and output matrices
+  c.model.value_head = False  # scalar value head on the trunk (needed by ppo_critic)
   c.model.dtype = "float32"  # compute dtype: float32 | bfloat16 | float16
   c.model.param_dtype = "float32"  # parameter storage dtype
 
@@ -48,17 +49,64 @@ def get_config() -> ml_collections.ConfigDict:
   c.sampling.top_k = 0  # draw among the k most likely tokens (0 = off)
   c.sampling.top_p = 1.0  # nucleus sampling mass in (0, 1] (1 = off)
 
+  c.sampling.param_dtype = "float32"  # sampler's copy of the policy: float32 | bfloat16 | int8
+
   c.rl = ml_collections.ConfigDict()
   c.rl.num_prompts = 32  # P prompts per RL update (B = P * G sequences)
   c.rl.num_epochs = 1  # passes over each rollout batch
   c.rl.num_minibatches = 2  # optimiser steps per epoch (B must divide evenly)
-  c.rl.advantage = "grpo"  # §1 advantage estimator
-  c.rl.objective = "ppo_clip"  # §2 policy objective
-  c.rl.aggregation = "seq_mean_token_mean"  # §5 loss aggregation
-  c.rl.clip_low = 0.2  # ε_low: lower clip width of the ratio (§2.1), in (0, 1)
-  c.rl.clip_high = 0.2  # ε_high: upper clip width of the ratio (§2.1), in (0, 1)
-  c.rl.kl_beta = 0.0  # β of the KL-to-reference loss (§4); 0 skips the reference model
-  c.rl.kl_estimator = "k3"  # §4 estimator: k1 | k2 | k3
+  c.rl.num_microbatches = 1  # gradient-accumulation slices per minibatch (same gradient, §5)
+  c.rl.entropy_coef = 0.0  # c_e of the entropy bonus (§8)
+
+  c.advantage = ml_collections.ConfigDict()
+  c.advantage.name = "grpo"  # §1: grpo | mean_only | rloo | batch_std | reinforce_baseline | gae
+  c.advantage.whiten = False  # whiten advantages over the batch
+  c.advantage.gamma = 1.0  # GAE discount γ (gae only)
+  c.advantage.lam = 0.95  # GAE λ (gae only)
+
+  c.objective = ml_collections.ConfigDict()
+  c.objective.name = (
+    "ppo_clip"  # §2: ppo_clip | pg | gspo | gspo_token | gmpo | cispo | sapo | ppo_critic
+  )
+  c.objective.clip_low = 0.2  # ε_low: lower clip width of the ratio, in (0, 1)
+  c.objective.clip_high = 0.2  # ε_high: upper clip width of the ratio, in (0, 1)
+  c.objective.dual_clip = 0.0  # dual-clip constant c > 1 for A < 0 (ppo_clip; 0 = off)
+  c.objective.clip_log = 0.4  # δ_c: log-space clip width (gmpo)
+  c.objective.tau_pos = 1.0  # soft-gate temperature for A > 0 (sapo)
+  c.objective.tau_neg = 1.05  # soft-gate temperature for A <= 0 (sapo)
+  c.objective.cispo_mask = False  # drop clipped tokens of the unified mask (cispo)
+  c.objective.value_coef = 0.5  # c_v of the clipped value loss (ppo_critic)
+  c.objective.value_clip = 0.2  # ε_v of the clipped value loss (ppo_critic)
+
+  c.aggregation = ml_collections.ConfigDict()
+  c.aggregation.name = "seq_mean_token_mean"  # §5: token_mean | seq_mean_token_mean | seq_mean_token_sum | seq_mean_token_sum_norm | seq_mean
+
+  c.correction = ml_collections.ConfigDict()
+  c.correction.name = (
+    "none"  # §3: none | tis_token | tis_seq | mis_token | mis_seq, optional "+geo_mask"
+  )
+  c.correction.cap = 2.0  # C: truncation / rejection threshold of ρ
+  c.correction.geo_low = 0.0  # C_low of geo_mask (0 = upper bound only)
+  c.correction.geo_high = 0.0  # C_high of geo_mask (0 = use `cap`)
+
+  c.kl = ml_collections.ConfigDict()
+  c.kl.name = "k3"  # §4 estimator: k1 | k2 | k3 | k3_is
+  c.kl.beta = 0.0  # β; 0 removes the reference model (no reference forward pass)
+  c.kl.placement = "loss"  # loss: β·aggregate(k) in the loss | reward: k1 subtracted from rewards
+  c.kl.reference = "frozen"  # frozen | reset_every | ema
+  c.kl.reset_every = 0  # N: copy the policy into the reference every N steps (reset_every)
+  c.kl.ema = 0.0  # α: π_ref ← α π_θ + (1 − α) π_ref after every step (ema)
+  c.kl.reset_optimizer = False  # also reset optimiser state at each reference reset
+
+  c.shaping = ml_collections.ConfigDict()
+  c.shaping.name = "none"  # §6: none | soft_overlong (DAPO length penalty as a reward term)
+  c.shaping.cache_len = 2  # L_cache of the soft overlong punishment (tokens)
+  c.shaping.weight = 1.0  # weight of the overlong reward term
+  c.shaping.overlong_filter = False  # truncated completions get no gradient (stay in group stats)
+
+  c.filtering = ml_collections.ConfigDict()
+  c.filtering.name = "none"  # §7: none | dynamic_sampling | reinforce_rej
+  c.filtering.oversample = 2.0  # k: dynamic sampling draws ceil(k * P) prompt groups, keeps P
 
   c.optim = ml_collections.ConfigDict()
   c.optim.learning_rate = 3e-4  # peak AdamW learning rate of the RL phase

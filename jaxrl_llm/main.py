@@ -1,6 +1,6 @@
 """Command line: `python -m jaxrl_llm.main --config=configs/default.py --workdir=DIR`.
 
-Any config field can be overridden, e.g. `--config.rl.clip_high=0.28`.
+Any config field can be overridden, e.g. `--config.objective.clip_high=0.28`.
 """
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Experiment config file.", lock_config=True
 )
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and TensorBoard logs.")
+_DISTRIBUTED = flags.DEFINE_bool(
+  "distributed", False, "Call jax.distributed.initialize() first (multi-host TPU/GPU jobs)."
+)
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -28,6 +31,10 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.INFO)
   quiet_library_logs()
+  import jax
+
+  if _DISTRIBUTED.value:
+    jax.distributed.initialize()
   from jaxrl_llm import checkpoint, train  # heavy imports after flag parsing
 
   try:

@@ -1,6 +1,6 @@
-"""The fused RL update: sample → score → advantages → old/ref log-probs → epochs × minibatches.
+"""The fused RL update: sample → score → filter → advantages → old/ref log-probs → learn.
 
-`make_rl_step` binds the static pieces (model, optimiser, task, settings) and returns ONE
+`make_rl_step` binds the static pieces (model, optimiser, verifier, settings) and returns ONE
 jitted function `(TrainState, PromptBatch, rng) -> (TrainState, metrics)` with explicit
 shardings and the state donated. Nothing leaves the device between sampling and learning.
 """
@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxrl_llm import objectives
+from jaxrl_llm import objectives, quant
 from jaxrl_llm.models.transformer import Transformer
 from jaxrl_llm.sampling import SamplingConfig, sample, score
 from jaxrl_llm.types import PromptBatch, Rollout, TrainState
@@ -24,30 +24,43 @@ from jaxrl_llm.types import PromptBatch, Rollout, TrainState
 
 @dataclasses.dataclass(frozen=True)
 class RLConfig:
-  """Static settings of the learner half of the step."""
+  """Static settings of the learner half of the step (built from the config sections)."""
 
   num_epochs: int = 1  # passes over the rollout
   num_minibatches: int = 1  # optimiser steps per epoch
-  advantage: str = "grpo"  # §1 estimator name
-  objective: str = "ppo_clip"  # §2 objective name
-  aggregation: str = "seq_mean_token_mean"  # §5 mode
-  clip_low: float = 0.2  # ε_low
-  clip_high: float = 0.2  # ε_high
+  num_microbatches: int = 1  # gradient-accumulation slices of one minibatch
+  entropy_coef: float = 0.0  # c_e of the entropy bonus (§8)
+  advantage: str = "grpo"  # §1 estimator
+  whiten: bool = False  # whiten advantages over the batch (§1)
+  gae_gamma: float = 1.0  # γ of GAE
+  gae_lambda: float = 0.95  # λ of GAE
+  objective: str = "ppo_clip"  # §2 objective
+  objective_kwargs: tuple[tuple[str, Any], ...] = (("clip_low", 0.2), ("clip_high", 0.2))
+  value_coef: float = 0.5  # c_v of the clipped value loss (§2.9)
+  value_clip: float = 0.2  # ε_v of the clipped value loss (§2.9)
+  aggregation: str = "seq_mean_token_mean"  # §5
+  correction: str = "none"  # §3, e.g. "tis_token" or "tis_token+geo_mask"
+  correction_cap: float = 2.0  # C of §3
+  geo_low: float = 0.0  # C_low of geo_mask
+  geo_high: float | None = None  # C_high of geo_mask (None = correction_cap)
   kl_beta: float = 0.0  # β (0 = no reference forward pass)
-  kl_estimator: str = "k3"  # §4 estimator
+  kl_estimator: str = "k3"  # §4
+  kl_placement: str = "loss"  # "loss" | "reward"
+  ref_update: str = "frozen"  # "frozen" | "reset_every" | "ema"
+  ref_reset_every: int = 0  # N of reset_every
+  ref_ema: float = 0.0  # α of ema
+  ref_reset_optimizer: bool = False  # reset optimiser state when the reference is reset
+  overlong_penalty: bool = False  # DAPO soft overlong punishment as a reward term (§6)
+  overlong_cache_len: int = 0  # L_cache of §6
+  overlong_weight: float = 1.0  # weight of the overlong reward term
+  overlong_filter: bool = False  # truncated completions get no gradient (§6)
+  filtering: str = "none"  # §7: "none" | "dynamic_sampling" | "reinforce_rej"
+  keep_prompts: int = 0  # P groups kept by dynamic sampling (0 = every sampled group)
   reward_weights: tuple[tuple[str, float], ...] = (("correct", 1.0),)  # §6 weights
 
 
 def _masked_mean(x, mask):
   return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
-
-
-def _masked_max(x, mask):
-  return jnp.max(jnp.where(mask > 0, x, -jnp.inf))
-
-
-def _masked_min(x, mask):
-  return jnp.min(jnp.where(mask > 0, x, jnp.inf))
 
 
 def rollout_metrics(rollout: Rollout, terms: dict[str, jax.Array], reward, adv, group_size):
@@ -61,6 +74,7 @@ def rollout_metrics(rollout: Rollout, terms: dict[str, jax.Array], reward, adv, 
     "rollout/length_min": jnp.min(lengths),
     "rollout/length_max": jnp.max(lengths),
     "rollout/truncated_frac": jnp.mean(rollout.truncated.astype(jnp.float32)),
+    "rollout/decode_steps": rollout.decode_steps.astype(jnp.float32),
     "adv/mean": jnp.mean(adv),
     "adv/std": jnp.std(adv),
     "adv/abs_max": jnp.max(jnp.abs(adv)),
@@ -103,6 +117,64 @@ def make_optimizer(
   return optax.chain(*parts), schedule
 
 
+def terminal_rewards(reward: jax.Array, lengths: jax.Array, t_max: int) -> jax.Array:
+  """Per-token rewards [B, T] for GAE: the sequence reward on its last token, 0 elsewhere."""
+  last = jnp.clip(lengths - 1, 0, t_max - 1)
+  return jax.nn.one_hot(last, t_max, dtype=jnp.float32) * reward[:, None]
+
+
+def make_loss_fn(model: Transformer, sampling: SamplingConfig, rl: RLConfig):
+  """The per-microbatch loss `(params, mb, norm) -> (loss, metrics)` of spec §2-§5, §8.
+
+  `norm` is the minibatch-level aggregation normaliser, so summing microbatch losses gives the
+  minibatch loss exactly (§5).
+  """
+  obj_kwargs = dict(rl.objective_kwargs)
+  max_len = sampling.max_new_tokens
+  agg = lambda x, m, n: objectives.aggregate(x, m, rl.aggregation, max_len=max_len, normalizer=n)  # noqa: E731
+
+  def loss_fn(params, mb, norm):
+    sc = score(
+      model, params, mb["prompt_tokens"], mb["prompt_mask"], mb["tokens"], sampling.temperature
+    )
+    mask = mb["loss_mask"]
+    loss, metrics = objectives.policy_loss(
+      sc.logp,
+      mb["old_logp"],
+      mb["adv"],
+      mask,
+      objective=rl.objective,
+      aggregation=rl.aggregation,
+      behaviour_weight=mb["weight"],
+      max_len=max_len,
+      normalizer=norm,
+      **obj_kwargs,
+    )
+    if rl.kl_beta > 0 and rl.kl_placement == "loss":
+      kl = objectives.kl_penalty(
+        sc.logp, mb["ref_logp"], mb["old_logp"], estimator=rl.kl_estimator, mask=mask
+      )
+      kl_loss = agg(kl, mask, norm)
+      loss = loss + rl.kl_beta * kl_loss
+      metrics["kl/loss"] = kl_loss
+    # float32 entropy of the temperature-scaled distribution (§8); bonus only when c_e > 0.
+    entropy = objectives.entropy_from_logits(sc.logits, 1.0)
+    ent = agg(entropy, mask, norm)
+    if rl.entropy_coef:
+      loss = loss - rl.entropy_coef * ent
+    metrics["policy/entropy"] = _masked_mean(jax.lax.stop_gradient(entropy), mask)
+    if sc.values is not None and rl.objective == "ppo_critic":
+      vl = objectives.value_loss(sc.values, mb["old_values"], mb["returns"], mask, rl.value_clip)
+      v_loss = agg(vl, mask, norm)
+      loss = loss + rl.value_coef * v_loss
+      metrics["value/loss"] = v_loss
+      metrics["value/mean"] = _masked_mean(jax.lax.stop_gradient(sc.values), mask)
+    metrics["policy/total_loss"] = loss
+    return loss, metrics
+
+  return loss_fn
+
+
 def make_rl_step(
   model: Transformer,
   optimizer: optax.GradientTransformation,
@@ -112,79 +184,144 @@ def make_rl_step(
   rl: RLConfig,
   mesh: Mesh,
   state_shardings: Any,
+  *,
+  sampler_dtype: str = "float32",
 ):
   """Builds the fused jitted RL update.
 
   `reward_fn(prompt_tokens, completion, completion_mask, answer, answer_mask)` returns named
-  [B] reward terms (a pure JAX verifier). Returns `step(state, batch, rng) -> (state, metrics)`.
+  [B] reward terms (a pure JAX verifier). The sampler runs on `sampler_dtype`'s copy of the
+  policy (float32 | bfloat16 | int8). Returns `step(state, batch, rng) -> (state, metrics)`.
   """
   g = sampling.group_size
+  t_max = sampling.max_new_tokens
   weights = dict(rl.reward_weights)
+  if rl.overlong_penalty:
+    weights["overlong"] = rl.overlong_weight
   updates_per_step = rl.num_epochs * rl.num_minibatches
   batch_axis = NamedSharding(mesh, PartitionSpec("data"))
+  sampler_model = model
+  if sampler_dtype == "bfloat16":
+    sampler_model = Transformer(dataclasses.replace(model.cfg, dtype="bfloat16"))
+  loss_fn = make_loss_fn(model, sampling, rl)
 
   def constrain(tree):
     return jax.tree.map(
       lambda x: jax.lax.with_sharding_constraint(x, batch_axis) if x.ndim else x, tree
     )
 
-  def loss_fn(params, mb):
-    logp, logits = score(
-      model, params, mb["prompt_tokens"], mb["prompt_mask"], mb["tokens"], sampling.temperature
-    )
-    mask = mb["loss_mask"]
-    loss, metrics = objectives.policy_loss(
-      logp,
-      mb["old_logp"],
-      mb["adv"],
-      mask,
-      objective=rl.objective,
-      aggregation=rl.aggregation,
-      max_len=sampling.max_new_tokens,
-      clip_low=rl.clip_low,
-      clip_high=rl.clip_high,
-    )
-    if rl.kl_beta > 0:
-      kl = objectives.kl_penalty(logp, mb["ref_logp"], mb["old_logp"], estimator=rl.kl_estimator)
-      kl_loss = objectives.aggregate(kl, mask, rl.aggregation, max_len=sampling.max_new_tokens)
-      loss = loss + rl.kl_beta * kl_loss
-      metrics["kl/ref_kl"] = kl_loss
-    ent = objectives.entropy_from_logits(jax.lax.stop_gradient(logits), 1.0)
-    metrics["policy/entropy"] = _masked_mean(ent, mask)
-    metrics["policy/loss"] = loss
-    return loss, metrics
-
   def minibatch_update(carry, mb):
     params, opt_state = carry
-    (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, mb)
+    norm = objectives.normalizer(mb["loss_mask"], rl.aggregation, t_max)
+    k = rl.num_microbatches
+    micro = jax.tree.map(lambda x: x.reshape(k, x.shape[0] // k, *x.shape[1:]), mb)
+
+    def accumulate(grads, one):
+      (_, metrics), g_one = jax.value_and_grad(loss_fn, has_aux=True)(params, one, norm)
+      return jax.tree.map(jnp.add, grads, g_one), metrics
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    grads, metrics = jax.lax.scan(accumulate, zeros, micro)
+    metrics = jax.tree.map(jnp.mean, metrics)
+    for key in ("policy/loss", "policy/total_loss", "kl/loss", "value/loss"):
+      if key in metrics:  # losses add up over microbatches (each is a slice of one sum)
+        metrics[key] = metrics[key] * k
     metrics["optim/grad_norm"] = optax.global_norm(grads)
     updates, opt_state = optimizer.update(grads, opt_state, params)
     return (optax.apply_updates(params, updates), opt_state), metrics
 
+  def update_reference(state: TrainState, params, opt_state):
+    """Reference policy update after the step (§4): frozen, reset_every N, or EMA."""
+    ref = state.ref_params
+    if ref is None or rl.ref_update == "frozen":
+      return ref, opt_state
+    if rl.ref_update == "ema":
+      a = rl.ref_ema
+      return jax.tree.map(lambda r, p: a * p + (1.0 - a) * r, ref, params), opt_state
+    reset = (state.step + 1) % rl.ref_reset_every == 0
+    ref = jax.tree.map(lambda r, p: jnp.where(reset, p, r), ref, params)
+    if rl.ref_reset_optimizer:
+      fresh = optimizer.init(params)
+      opt_state = jax.tree.map(lambda o, f: jnp.where(reset, f, o), opt_state, fresh)
+    return ref, opt_state
+
   def step(state: TrainState, batch: PromptBatch, rng: jax.Array):
     sample_key, shuffle_key = jax.random.split(rng)
-    rollout = constrain(sample(model, state.params, batch.tokens, batch.mask, sample_key, sampling))
+    policy = quant.sampler_params(state.params, sampler_dtype)
+    rollout = constrain(
+      sample(sampler_model, policy, batch.tokens, batch.mask, sample_key, sampling)
+    )
     answer = jnp.repeat(batch.answer, g, axis=0)
     answer_mask = jnp.repeat(batch.answer_mask, g, axis=0)
     terms = reward_fn(rollout.prompt_tokens, rollout.tokens, rollout.loss_mask, answer, answer_mask)
+    if rl.overlong_penalty:
+      terms["overlong"] = objectives.soft_overlong(
+        rollout.lengths, rollout.truncated, t_max, rl.overlong_cache_len
+      )
     reward = sum(w * terms[name] for name, w in weights.items() if w)
     reward = jnp.asarray(reward, jnp.float32) * jnp.ones(rollout.lengths.shape, jnp.float32)
-    adv = objectives.get_advantage(rl.advantage)(reward, g)
+
+    metrics: dict[str, jax.Array] = {}
+    num_groups = batch.tokens.shape[0]
+    if rl.filtering == "dynamic_sampling":
+      idx, group_valid, fm = objectives.dynamic_sampling(reward, g, rl.keep_prompts)
+      metrics.update(fm)
+      sampled = rollout.lengths.shape[0]
+      take = lambda x: x[idx] if x.ndim and x.shape[0] == sampled else x  # noqa: E731
+      rollout, reward, terms = jax.tree.map(take, (rollout, reward, terms))
+      rollout = constrain(rollout)
+    elif rl.filtering == "reinforce_rej":
+      group_valid = objectives.reinforce_rej(reward, g)
+      metrics["filter/zero_std_frac"] = 1.0 - jnp.mean(group_valid.astype(jnp.float32))
+      metrics["filter/groups_used"] = jnp.sum(group_valid.astype(jnp.float32))
+    else:
+      group_valid = jnp.ones((num_groups,), bool)
+    seq_valid = objectives.expand_groups(group_valid, g)
+    mask = rollout.loss_mask * seq_valid[:, None].astype(jnp.float32)
+    if rl.overlong_filter:
+      mask = objectives.overlong_filter(mask, rollout.truncated)
 
     score_fn = lambda p: score(  # noqa: E731
       model, p, rollout.prompt_tokens, rollout.prompt_mask, rollout.tokens, sampling.temperature
     )
-    old_logp, _ = jax.lax.stop_gradient(score_fn(state.params))
+    old = jax.lax.stop_gradient(score_fn(state.params))
     data = {
       "prompt_tokens": rollout.prompt_tokens,
       "prompt_mask": rollout.prompt_mask,
       "tokens": rollout.tokens,
-      "loss_mask": rollout.loss_mask,
-      "old_logp": old_logp,
-      "adv": adv,
+      "loss_mask": mask,
+      "old_logp": old.logp,
     }
+    adv_reward = reward
     if rl.kl_beta > 0:
-      data["ref_logp"] = jax.lax.stop_gradient(score_fn(state.ref_params)[0])
+      ref_logp = jax.lax.stop_gradient(score_fn(state.ref_params).logp)
+      data["ref_logp"] = ref_logp
+      k1 = objectives.kl_penalty(old.logp, ref_logp, estimator="k1", mask=mask)
+      metrics["kl/ref_kl"] = jnp.sum(k1 * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+      if rl.kl_placement == "reward" and rl.advantage != "gae":
+        adv_reward = reward - rl.kl_beta * jnp.sum(k1 * mask, axis=-1)
+    if rl.advantage == "gae":
+      token_r = terminal_rewards(reward, rollout.lengths, t_max)
+      if rl.kl_beta > 0 and rl.kl_placement == "reward":
+        token_r = token_r - rl.kl_beta * k1 * mask
+      adv, returns = objectives.gae(token_r, old.values, mask, rl.gae_gamma, rl.gae_lambda)
+      data["old_values"], data["returns"] = old.values, returns
+    else:
+      adv = objectives.get_advantage(rl.advantage)(adv_reward, g, valid=seq_valid)
+    if rl.whiten:
+      adv = objectives.whiten(adv, mask if adv.ndim == 2 else seq_valid.astype(jnp.float32))
+    data["adv"] = adv
+    weight, behaviour = objectives.behaviour_weight(
+      old.logp,
+      rollout.logprobs,
+      mask,
+      name=rl.correction,
+      cap=rl.correction_cap,
+      geo_low=rl.geo_low,
+      geo_high=rl.geo_high,
+    )
+    data["weight"] = weight
+    metrics.update(behaviour)
 
     b = rollout.lengths.shape[0]
     mb_size = b // rl.num_minibatches
@@ -196,32 +333,29 @@ def make_rl_step(
     (params, opt_state), mb_metrics = jax.lax.scan(
       minibatch_update, (state.params, state.opt_state), minibatches
     )
+    ref_params, opt_state = update_reference(state, params, opt_state)
 
-    metrics = rollout_metrics(rollout, terms, reward, adv, g)
+    seq_adv = adv if adv.ndim == 1 else jnp.sum(adv * mask, -1) / jnp.maximum(mask.sum(-1), 1.0)
+    metrics.update(rollout_metrics(rollout, terms, reward, seq_adv, g))
     metrics.update(jax.tree.map(jnp.mean, mb_metrics))
     metrics["policy/clip_frac_first_minibatch"] = (
       mb_metrics["policy/clip_frac_low"][0] + mb_metrics["policy/clip_frac_high"][0]
     )
-    _, behaviour = objectives.behaviour_weight(
-      old_logp, rollout.logprobs, rollout.loss_mask, name="none"
-    )
-    metrics.update(behaviour)
     metrics["optim/learning_rate"] = schedule(state.step * updates_per_step)
     metrics["perf/generated_tokens"] = jnp.sum(rollout.lengths).astype(jnp.float32)
     metrics["perf/learner_tokens"] = jnp.float32(
-      b
-      * (rollout.tokens.shape[1] + rollout.prompt_tokens.shape[1])
-      * updates_per_step
-      / rl.num_minibatches
+      b * (t_max + rollout.prompt_tokens.shape[1]) * rl.num_epochs
     )
     n_show = min(8, b // g)
     metrics["hist/reward"] = reward
     metrics["hist/length"] = rollout.lengths
-    metrics["hist/advantage"] = adv
+    metrics["hist/advantage"] = seq_adv
     metrics["samples/prompt"] = rollout.prompt_tokens[::g][:n_show]
     metrics["samples/tokens"] = rollout.tokens[::g][:n_show]
     metrics["samples/reward"] = reward[::g][:n_show]
-    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+    new_state = state.replace(
+      step=state.step + 1, params=params, opt_state=opt_state, ref_params=ref_params
+    )
     return new_state, metrics
 
   repl = NamedSharding(mesh, PartitionSpec())

@@ -87,9 +87,10 @@ def sample(
   key_valid = jnp.concatenate([prompt_mask, jnp.ones((num_prompts, t_max), bool)], axis=1)
   positions = positions_from_mask(prompt_mask)
   cache = init_cache(model.cfg, num_prompts, total)
-  logits, cache = model.apply(
+  out = model.apply(
     {"params": params}, prompt_tokens, positions, key_valid, cache=cache, cache_index=0
   )
+  logits, cache = out.logits, out.cache
   repeat = lambda x: jnp.repeat(x, g, axis=0)  # noqa: E731
   cache = jax.tree.map(repeat, cache)
   key_valid = repeat(key_valid)
@@ -124,7 +125,7 @@ def sample(
     tokens = s.tokens.at[:, s.step].set(token)
     logprobs = s.logprobs.at[:, s.step].set(jnp.where(active, token_logp, 0.0))
     done = s.done | (token == cfg.eos_id)
-    logits, cache = model.apply(
+    out = model.apply(
       {"params": params},
       token[:, None],
       (next_pos + s.step)[:, None],
@@ -138,8 +139,8 @@ def sample(
       logprobs=logprobs,
       done=done,
       lengths=s.lengths + active.astype(jnp.int32),
-      logits=logits[:, 0],
-      cache=cache,
+      logits=out.logits[:, 0],
+      cache=out.cache,
       rng=rng,
     )
 
@@ -157,6 +158,15 @@ def sample(
   )
 
 
+@struct.dataclass
+class Scores:
+  """The learner's view of a batch of completions."""
+
+  logp: jax.Array  # [B, T] float32 ℓ of each completion token under logits / τ
+  logits: jax.Array  # [B, T, V] float32 temperature-scaled logits predicting each token
+  values: jax.Array | None  # [B, T] value estimate before each token (value head only)
+
+
 def score(
   model: Transformer,
   params: Any,
@@ -164,8 +174,8 @@ def score(
   prompt_mask: jax.Array,  # [B, S]
   tokens: jax.Array,  # [B, T]
   temperature: float,
-) -> tuple[jax.Array, jax.Array]:
-  """Learner log-probs ℓ [B, T] and float32 logits/τ [B, T, V] of `tokens` given the prompts.
+) -> Scores:
+  """Learner log-probs ℓ [B, T] (and logits, values) of `tokens` given the prompts.
 
   One full forward pass over prompt + completion; the log-prob is of the same
   temperature-scaled full softmax the sampler records (spec §0).
@@ -176,8 +186,10 @@ def score(
   full = jnp.concatenate([prompt_tokens, tokens], axis=1)
   key_valid = jnp.concatenate([prompt_mask, jnp.ones(tokens.shape, bool)], axis=1)
   positions = positions_from_mask(key_valid)
-  logits, _ = model.apply({"params": params}, full, positions, key_valid)
-  logits = logits[:, prompt_len - 1 : prompt_len - 1 + t_max] / temperature  # [B, T, V]
+  out = model.apply({"params": params}, full, positions, key_valid)
+  window = slice(prompt_len - 1, prompt_len - 1 + t_max)  # positions predicting each token
+  logits = out.logits[:, window] / temperature  # [B, T, V]
   logp_all = jax.nn.log_softmax(logits, axis=-1)
   logp = jnp.take_along_axis(logp_all, tokens[..., None], axis=-1)[..., 0]
-  return logp, logits
+  values = None if out.values is None else out.values[:, window]
+  return Scores(logp=logp, logits=logits, values=values)

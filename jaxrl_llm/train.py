@@ -27,7 +27,6 @@ from jaxrl_llm.rl_step import make_optimizer, make_rl_step
 from jaxrl_llm.sampling import sample, score
 from jaxrl_llm.types import PromptBatch, TrainState
 
-
 PROGRESS_KEYS = (
   "rollout/reward_mean",
   "rollout/accuracy",
@@ -122,7 +121,7 @@ def _sft_phase(exp: Experiment, writer, log_every: int) -> TrainState:
   )
 
   def loss_fn(params, batch):
-    logp, _ = score(model, params, batch.tokens, batch.mask, batch.answer, 1.0)
+    logp = score(model, params, batch.tokens, batch.mask, batch.answer, 1.0).logp
     m = batch.answer_mask.astype(jnp.float32)
     return -jnp.sum(logp * m) / jnp.maximum(jnp.sum(m), 1.0)
 
@@ -188,7 +187,17 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
     rng=jax.device_put(rng, repl),
   )
   state_shardings = jax.tree.map(lambda x: x.sharding, state)
-  step_fn = make_rl_step(model, tx, schedule, task.reward_terms, samp, rl, mesh, state_shardings)
+  step_fn = make_rl_step(
+    model,
+    tx,
+    schedule,
+    task.reward_terms,
+    samp,
+    rl,
+    mesh,
+    state_shardings,
+    sampler_dtype=config.sampling.param_dtype,
+  )
   meta = {
     "model": mc.to_dict(),
     "task": {k: v for k, v in config.task.to_dict().items() if k != "reward_weights"},
@@ -232,7 +241,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   ckpt = ckpt_lib.Checkpointer(workdir, save_every=tr.checkpoint_every, max_to_keep=tr.max_to_keep)
   train_iter = data.make_prompt_iterator(
     exp.task.train_examples(config.seed),
-    config.rl.num_prompts // jax.process_count(),
+    config_lib.num_sampled_prompts(config) // jax.process_count(),
     seed=config.seed,
     shard_index=jax.process_index(),
     shard_count=jax.process_count(),
@@ -241,7 +250,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   eval_batch = to_global_batch(eval_np, exp.batch_sharding)
   eval_key = jax.random.PRNGKey(config.seed + 7)
 
-  state = _with_reference(exp.state, config.rl.kl_beta)
+  state = _with_reference(exp.state, config.kl.beta)
   latest = ckpt.latest_step()
   if latest is not None:
     abstract = jax.tree.map(
@@ -252,7 +261,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     state, _saved_meta = ckpt.restore(latest, abstract, data_iter=train_iter, current_meta=exp.meta)
     logging.info("resumed from %s at step %d", workdir, latest)
   elif config.sft.steps:
-    state = _with_reference(_sft_phase(exp, writer, tr.log_every), config.rl.kl_beta)
+    state = _with_reference(_sft_phase(exp, writer, tr.log_every), config.kl.beta)
 
   start = int(state.step)
   last_eval: dict[str, float] = {}

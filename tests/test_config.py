@@ -14,13 +14,13 @@ from jaxrl_llm import checkpoint, config_lib, train
   "field,value,needle",
   [
     ("sampling.temperature", -0.5, "sampling.temperature=-0.5 must be > 0"),
-    ("rl.clip_high", 1.0, "rl.clip_high=1.0 must be in (0, 1)"),
-    ("rl.clip_low", 0.0, "rl.clip_low=0.0 must be in (0, 1)"),
+    ("objective.clip_high", 1.0, "objective.clip_high=1.0 must be in (0, 1)"),
+    ("objective.clip_low", 0.0, "objective.clip_low=0.0 must be in (0, 1)"),
     ("sampling.group_size", 1, "sampling.group_size=1 must be >= 2"),
     ("sampling.top_p", 1.5, "sampling.top_p=1.5 must be in (0, 1]"),
     ("rl.num_minibatches", 3, "do not split into rl.num_minibatches=3"),
-    ("rl.objective", "nope", "unknown objective 'nope'"),
-    ("rl.aggregation", "mean", "unknown aggregation 'mean'"),
+    ("objective.name", "nope", "unknown objective 'nope'"),
+    ("aggregation.name", "mean", "unknown aggregation 'mean'"),
     ("model.num_kv_heads", 3, "model.num_heads=2 must be a multiple of model.num_kv_heads=3"),
     ("model.vocab_size", 8, "model.vocab_size=8 is smaller than task"),
     ("task.name", "chess", "Unknown task 'chess'"),
@@ -34,15 +34,15 @@ def test_out_of_range_values_are_named(field, value, needle):
 
 
 def test_every_problem_is_listed_at_once():
-  config = tiny_config(**{"sampling.temperature": 0.0, "rl.clip_low": 2.0})
+  config = tiny_config(**{"sampling.temperature": 0.0, "objective.clip_low": 2.0})
   with pytest.raises(config_lib.ConfigError) as err:
     train.build(config)
-  assert "sampling.temperature" in str(err.value) and "rl.clip_low" in str(err.value)
+  assert "sampling.temperature" in str(err.value) and "objective.clip_low" in str(err.value)
 
 
 def test_batch_not_divisible_by_mesh():
   config = tiny_config(**{"mesh.data": -1, "rl.num_prompts": 6})  # 8 fake devices
-  with pytest.raises(config_lib.ConfigError, match="rl.num_prompts=6 is not divisible by the 8"):
+  with pytest.raises(config_lib.ConfigError, match=r"rl\.num_prompts=6 is not divisible by the 8"):
     train.build(config)
 
 
@@ -69,9 +69,9 @@ def _cli(*args):
 
 
 def test_cli_unknown_field_is_named(tmp_path):
-  proc = _cli(f"--workdir={tmp_path}", "--config.rl.clip_hihg=0.3")
+  proc = _cli(f"--workdir={tmp_path}", "--config.objective.clip_hihg=0.3")
   assert proc.returncode == 2
-  assert "unknown config field 'rl.clip_hihg'" in proc.stderr
+  assert "unknown config field 'objective.clip_hihg'" in proc.stderr
   assert "clip_high" in proc.stderr  # lists what is allowed
   assert "Traceback" not in proc.stderr
 

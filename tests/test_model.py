@@ -34,17 +34,18 @@ def test_kv_cache_decode_matches_full_forward(variant):
   rest = jax.random.randint(jax.random.PRNGKey(2), (3, 5), 3, cfg.vocab_size)
   full = jnp.concatenate([prompt, rest], axis=1)
   valid = jnp.concatenate([mask, jnp.ones(rest.shape, bool)], axis=1)
-  ref_logits, _ = model.apply({"params": params}, full, positions_from_mask(valid), valid)
+  ref_logits = model.apply({"params": params}, full, positions_from_mask(valid), valid).logits
 
   cache = init_cache(cfg, 3, full.shape[1])
-  logits, cache = model.apply(
+  out = model.apply(
     {"params": params}, prompt, positions_from_mask(mask), valid, cache=cache, cache_index=0
   )
+  logits, cache = out.logits, out.cache
   step_logits = [logits[:, -1]]
   pos = positions_from_mask(valid)
   for t in range(rest.shape[1] - 1):
     idx = prompt.shape[1] + t
-    out, cache = model.apply(
+    out = model.apply(
       {"params": params},
       rest[:, t : t + 1],
       pos[:, idx : idx + 1],
@@ -52,7 +53,8 @@ def test_kv_cache_decode_matches_full_forward(variant):
       cache=cache,
       cache_index=idx,
     )
-    step_logits.append(out[:, 0])
+    cache = out.cache
+    step_logits.append(out.logits[:, 0])
   got = jnp.stack(step_logits, axis=1)
   want = ref_logits[:, prompt.shape[1] - 1 : -1]
   # Padded prompt rows: compare only real positions (all completion positions are real).
@@ -65,8 +67,8 @@ def test_left_padding_does_not_change_logits():
   seq = jnp.array([[5, 6, 7, 8]])
   padded = jnp.array([[0, 0, 5, 6, 7, 8]])
   m1, m2 = jnp.ones((1, 4), bool), jnp.array([[0, 0, 1, 1, 1, 1]], bool)
-  a, _ = model.apply({"params": params}, seq, positions_from_mask(m1), m1)
-  b, _ = model.apply({"params": params}, padded, positions_from_mask(m2), m2)
+  a = model.apply({"params": params}, seq, positions_from_mask(m1), m1).logits
+  b = model.apply({"params": params}, padded, positions_from_mask(m2), m2).logits
   np.testing.assert_allclose(a, b[:, 2:], atol=1e-5)
 
 
@@ -84,7 +86,7 @@ def test_sampler_logprobs_equal_learner_logprobs(temperature, top_k, top_p):
   )
   r = jax.jit(lambda p, k: sample(model, p, prompt, mask, k, scfg))(params, jax.random.PRNGKey(3))
   assert r.tokens.shape == (12, 9)
-  logp, _ = score(model, params, r.prompt_tokens, r.prompt_mask, r.tokens, temperature)
+  logp = score(model, params, r.prompt_tokens, r.prompt_mask, r.tokens, temperature).logp
   m = np.asarray(r.loss_mask)
   assert m.sum() > 0
   ratio = np.exp(np.asarray(logp - r.logprobs))[m > 0]
@@ -125,7 +127,7 @@ def test_greedy_is_deterministic_and_argmax():
   r1 = sample(model, params, prompt, mask, jax.random.PRNGKey(0), scfg)
   r2 = sample(model, params, prompt, mask, jax.random.PRNGKey(1), scfg)
   np.testing.assert_array_equal(r1.tokens, r2.tokens)
-  _, logits = score(model, params, r1.prompt_tokens, r1.prompt_mask, r1.tokens, 1.0)
+  logits = score(model, params, r1.prompt_tokens, r1.prompt_mask, r1.tokens, 1.0).logits
   first = np.asarray(jnp.argmax(logits[:, 0], -1))
   np.testing.assert_array_equal(first, np.asarray(r1.tokens[:, 0]))
 

@@ -20,7 +20,7 @@ def _run(config, workdir):
 def tiny_run(tmp_path_factory):
   """One short real run (KL on, so the reference-KL tags exist) shared by several tests."""
   workdir = tmp_path_factory.mktemp("run")
-  config = tiny_config(**{"rl.kl_beta": 0.04, "sft.steps": 3, "sft.batch_size": 8})
+  config = tiny_config(**{"kl.beta": 0.04, "sft.steps": 3, "sft.batch_size": 8})
   result = _run(config, workdir)
   return workdir, result
 

@@ -61,11 +61,11 @@ def bench(config, steps: int) -> dict[str, object]:
   exp = train.build(config)
   samp = config_lib.sampling_config(config, exp.task)
   it = data.make_prompt_iterator(
-    exp.task.train_examples(config.seed), config.rl.num_prompts, seed=config.seed
+    exp.task.train_examples(config.seed), config_lib.num_sampled_prompts(config), seed=config.seed
   )
   batches = [train.to_global_batch(next(it), exp.batch_sharding) for _ in range(steps + 1)]
   state = exp.state
-  if config.rl.kl_beta > 0:
+  if config.kl.beta > 0:
     state = state.replace(ref_params=jax.tree.map(lambda x: x.copy(), state.params))
 
   t0 = time.perf_counter()

@@ -1,6 +1,6 @@
 """Decoder-only transformer policies."""
 
 from jaxrl_llm.models.config import ModelConfig
-from jaxrl_llm.models.transformer import KVCache, Transformer, init_cache
+from jaxrl_llm.models.transformer import KVCache, ModelOutput, Transformer, init_cache
 
-__all__ = ["KVCache", "ModelConfig", "Transformer", "init_cache"]
+__all__ = ["KVCache", "ModelConfig", "ModelOutput", "Transformer", "init_cache"]

@@ -26,6 +26,7 @@ class ModelConfig:
   attention_bias: bool = False  # bias on q/k/v projections (Qwen2)
   qk_norm: bool = False  # RMSNorm on per-head queries and keys (Qwen3)
   tie_embeddings: bool = True  # output projection shares the embedding matrix
+  value_head: bool = False  # scalar value head on the final hidden state (PPO critic, §2.9)
   dtype: str = "float32"  # compute dtype of matmuls (log-softmax is always float32)
   param_dtype: str = "float32"  # storage dtype of parameters
 

@@ -23,6 +23,15 @@ _NEG_INF = -1e30
 
 
 @struct.dataclass
+class ModelOutput:
+  """What one forward pass returns."""
+
+  logits: jax.Array  # [B, Q, V] float32
+  cache: KVCache | None  # updated cache (None without a cache)
+  values: jax.Array | None  # [B, Q] float32 value-head outputs (None without a value head)
+
+
+@struct.dataclass
 class KVCache:
   """Per-layer key/value cache of a fixed length N (static shape)."""
 
@@ -162,8 +171,8 @@ class Transformer(nn.Module):
     key_valid: jax.Array,  # [B, N] bool: keys that may be attended (N = Q without cache)
     cache: KVCache | None = None,
     cache_index: jax.Array | int = 0,  # cache slot of tokens[:, 0]
-  ) -> tuple[jax.Array, KVCache | None]:
-    """Returns logits [B, Q, V] (float32) and the updated cache (None without a cache)."""
+  ) -> ModelOutput:
+    """Returns float32 logits [B, Q, V], the updated cache and (optionally) values [B, Q]."""
     cfg = self.cfg
     embed = nn.Embed(
       cfg.vocab_size,
@@ -189,7 +198,11 @@ class Transformer(nn.Module):
     else:
       logits = _dense(cfg, cfg.vocab_size, (cfg.vocab_size,), ("embed", "vocab"), name="lm_head")(x)
     new_cache = None if cache is None else KVCache(k=tuple(new_k), v=tuple(new_v))
-    return logits.astype(jnp.float32), new_cache
+    values = None
+    if cfg.value_head:  # critic on the shared trunk (spec §2.9)
+      values = _dense(cfg, 1, (1,), ("embed", None), use_bias=True, name="value_head")(x)
+      values = values[..., 0].astype(jnp.float32)
+    return ModelOutput(logits=logits.astype(jnp.float32), cache=new_cache, values=values)
 
 
 def positions_from_mask(valid: jax.Array) -> jax.Array:

@@ -1,0 +1,61 @@
+"""The sampler's numeric copy of the policy: float32, bfloat16, or weight-only int8.
+
+Production RL samples with a cheaper copy of the policy (bf16 or int8 inference engines)
+than the learner trains; that gap is what the behaviour corrections of spec §3 correct. The
+copy is made inside the fused jitted step, from the learner's parameters, every update.
+
+int8 is symmetric per-output-channel weight-only quantisation: each matrix is rounded to
+127 levels of its channel's max-abs scale and dequantised for compute (activations stay in
+the compute dtype).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+SAMPLER_DTYPES = ("float32", "bfloat16", "int8")
+
+# Parameter name -> axes reduced to get one scale per output channel. Kernels default to
+# "every axis but the last" (output features last); q/k/v map D -> (heads, head_dim).
+_REDUCE_AXES = {"q": (0,), "k": (0,), "v": (0,), "embedding": (-1,)}
+
+
+def _channel_axes(path: tuple[Any, ...], x: jax.Array) -> tuple[int, ...]:
+  names = [getattr(p, "key", getattr(p, "name", str(p))) for p in path]
+  owner = names[-2] if len(names) >= 2 else ""
+  if names[-1] == "embedding":
+    return _REDUCE_AXES["embedding"]
+  if owner in _REDUCE_AXES:
+    return _REDUCE_AXES[owner]
+  if owner in ("gate", "up", "down") and x.ndim == 3:  # MoE experts [E, in, out]
+    return (1,)
+  return tuple(range(x.ndim - 1))
+
+
+def fake_quant_int8(x: jax.Array, axes: tuple[int, ...]) -> jax.Array:
+  """Rounds x to symmetric int8 with one scale per channel (max-abs over `axes`)."""
+  xf = x.astype(jnp.float32)
+  scale = jnp.max(jnp.abs(xf), axis=axes, keepdims=True) / 127.0
+  scale = jnp.where(scale > 0, scale, 1.0)
+  q = jnp.clip(jnp.round(xf / scale), -127, 127)
+  return (q * scale).astype(x.dtype)
+
+
+def sampler_params(params: Any, dtype: str) -> Any:
+  """The parameters the sampler runs with (float32 returns `params` unchanged)."""
+  if dtype == "float32":
+    return params
+  if dtype == "bfloat16":
+    return jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
+  if dtype == "int8":
+
+    def quant(path, x):
+      if x.ndim < 2:  # norms, biases: kept in full precision
+        return x
+      return fake_quant_int8(x, _channel_axes(path, x))
+
+    return jax.tree_util.tree_map_with_path(quant, params)
+  raise ValueError(f"sampling.param_dtype={dtype!r}; allowed: {SAMPLER_DTYPES}")
