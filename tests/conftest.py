@@ -24,9 +24,9 @@ def load_config(name: str = "default"):
   return module.get_config()
 
 
-def tiny_config(**overrides):
-  """A fast experiment config: tiny model, a few prompts, single device, no warm start."""
-  c = load_config("default")
+def tiny_config(name: str = "default", /, **overrides):
+  """A fast experiment config (`configs/<name>.py` made tiny): single device, no warm start."""
+  c = load_config(name)
   c.model.d_model = 32
   c.model.mlp_dim = 64
   c.model.num_heads = 2

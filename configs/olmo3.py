@@ -1,0 +1,8 @@
+"""Recipe `olmo3` of objectives.md §10 on the built-in task (settings in jaxrl_llm/recipes.py)."""
+
+from jaxrl_llm import recipes
+
+
+def get_config():
+  """The default config with the `olmo3` recipe applied."""
+  return recipes.get_config("olmo3")

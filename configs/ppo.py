@@ -1,0 +1,8 @@
+"""Recipe `ppo` of objectives.md §10 on the built-in task (settings in jaxrl_llm/recipes.py)."""
+
+from jaxrl_llm import recipes
+
+
+def get_config():
+  """The default config with the `ppo` recipe applied."""
+  return recipes.get_config("ppo")
