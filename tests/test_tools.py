@@ -1,0 +1,199 @@
+"""tools/sweep.py and tools/compare.py: a real tiny sweep, skipping finished runs, validation."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import REPO
+
+from jaxrl_llm import checkpoint, metrics
+
+sys.path.insert(0, str(REPO / "tools"))
+import compare
+import sweep
+
+CLIPS = ("0.2", "0.28")
+CONFIG = f"--config={REPO / 'configs' / 'default.py'}"
+GRID = f"--grid=objective.clip_high={','.join(CLIPS)}"
+TINY = (
+  "--set=train.num_steps=2,sft.steps=0,task.eval_size=8,rl.num_prompts=4,train.eval_every=2",
+  "--set=train.log_every=1,train.pass_k=1,model.d_model=32,model.mlp_dim=64,model.num_layers=1",
+  "--set=sampling.group_size=4,rl.num_minibatches=1",
+)
+
+
+def _tool(name, *args):
+  """Runs tools/<name>.py as a user would, on one CPU device (no fake-device XLA_FLAGS)."""
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  cmd = [sys.executable, str(REPO / "tools" / f"{name}.py"), *args]
+  t0 = time.time()
+  proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+  return proc, time.time() - t0
+
+
+def _sweep_args(root, *extra):
+  return [CONFIG, f"--root={root}", GRID, "--seeds=0", *TINY, *extra]
+
+
+@pytest.fixture(scope="module")
+def tiny_sweep(tmp_path_factory):
+  """One real two-run sweep shared by the tests below: (root, process, sweep.json as written)."""
+  root = tmp_path_factory.mktemp("sweep")
+  proc, _ = _tool("sweep", *_sweep_args(root, "--parallel=2"))
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+  return root, proc, json.loads((root / "sweep.json").read_text())
+
+
+def _names():
+  return [f"objective.clip_high={c},seed=0" for c in CLIPS]
+
+
+def test_plan_expands_the_grid_with_readable_names(tmp_path):
+  runs = sweep.plan(
+    str(REPO / "configs" / "default.py"),
+    str(tmp_path),
+    ["objective.clip_high=0.2,0.28", "sampling.temperature=0.7,1.0"],
+    ["train.num_steps=200"],
+    "0,1",
+  )
+  names = [r.name for r in runs]
+  assert len(names) == 8 and len(set(names)) == 8
+  assert "objective.clip_high=0.28,sampling.temperature=0.7,seed=1" in names
+  run = runs[names.index("objective.clip_high=0.28,sampling.temperature=0.7,seed=1")]
+  assert run.workdir == str(tmp_path / run.name)
+  assert run.argv[1:3] == ["-m", "jaxrl_llm.main"]
+  assert f"--workdir={run.workdir}" in run.argv
+  for flag in ("train.num_steps=200", "objective.clip_high=0.28", "seed=1"):
+    assert f"--config.{flag}" in run.argv
+  assert run.final_step == 200
+  assert not tmp_path.joinpath(run.name).exists()  # planning runs nothing
+
+
+def test_set_splits_assignments_but_keeps_commas_inside_values():
+  assert sweep.parse_set("a.b=1,c=x") == [("a.b", "1"), ("c", "x")]
+  rules = 'mesh.rules=(("mlp","model"),)'
+  assert sweep.parse_set(rules) == [("mesh.rules", '(("mlp","model"),)')]
+  with pytest.raises(sweep.SweepError, match="FIELD=V1,V2"):
+    sweep.parse_grid("objective.clip_high")
+
+
+def test_unknown_field_fails_before_any_run(tmp_path):
+  root = tmp_path / "sweep"
+  proc, _ = _tool(
+    "sweep", "--config=configs/default.py", f"--root={root}", "--grid=objective.clip_hihg=0.2,0.3"
+  )
+  assert proc.returncode == 2
+  assert "unknown config field 'objective.clip_hihg'" in proc.stderr
+  assert "clip_high" in proc.stderr  # lists the allowed fields
+  assert not root.exists()  # nothing started, not even sweep.json
+
+
+def test_bad_value_and_repeated_field_fail_before_any_run(tmp_path, capsys):
+  args = [CONFIG, f"--root={tmp_path / 's'}"]
+  assert sweep.main([*args, "--grid=train.num_steps=2,x"]) == 2
+  assert "--config.train.num_steps=x" in capsys.readouterr().err
+  assert sweep.main([*args, GRID, "--set=objective.clip_high=0.3"]) == 2
+  assert "more than once" in capsys.readouterr().err
+  assert not (tmp_path / "s").exists()
+
+
+def test_sweep_runs_every_grid_point(tiny_sweep):
+  root, proc, record = tiny_sweep
+  assert [r["name"] for r in record["runs"]] == _names()
+  assert [r["status"] for r in record["runs"]] == ["done", "done"]
+  assert record["grid"] == {"objective.clip_high": list(CLIPS), "seed": ["0"]}
+  for clip, run in zip(CLIPS, record["runs"]):
+    workdir = root / run["name"]
+    assert run["workdir"] == str(workdir) and run["returncode"] == 0
+    assert run["params"] == {"objective.clip_high": clip, "seed": "0"}
+    assert f"--config.objective.clip_high={clip}" in run["argv"]
+    assert f"--config.objective.clip_high={clip}" in (workdir / "run.log").read_text()
+    assert sweep.committed_steps(str(workdir)) == [2]
+    scalars = metrics.read_scalars(str(workdir))
+    # --set values took effect: 2 steps, eval every 2, log every step, pass@1.
+    assert [s for s, _ in scalars["eval/accuracy"]] == [0, 2]
+    assert [s for s, _ in scalars["eval/pass@1"]] == [0, 2]
+    assert [s for s, _ in scalars["rollout/reward_mean"]] == [1, 2]
+    assert run["metrics"]["eval/accuracy"] == scalars["eval/accuracy"][-1][1]
+    with checkpoint.Checkpointer(str(workdir), save_every=0) as ckpt:
+      meta = ckpt.read_meta(2)
+    assert meta["model"]["d_model"] == 32 and meta["task"]["eval_size"] == 8
+  table = proc.stdout.split("objective.clip_high", 2)[-1]
+  assert "eval/accuracy" in table and "0.28" in table and "done" in table
+
+
+def test_rerun_skips_finished_runs(tiny_sweep):
+  root, _, _ = tiny_sweep
+  logs = {n: (root / n / "run.log").read_text() for n in _names()}
+  events = sorted(p.name for p in root.rglob("events.out.tfevents.*"))
+  proc, elapsed = _tool("sweep", *_sweep_args(root))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.count("skip (checkpoint at final step 2)") == 2
+  assert elapsed < 20  # nothing was trained or compiled
+  record = json.loads((root / "sweep.json").read_text())
+  assert [r["status"] for r in record["runs"]] == ["skipped", "skipped"]
+  assert all("eval/accuracy" in r["metrics"] for r in record["runs"])
+  assert sorted(p.name for p in root.rglob("events.out.tfevents.*")) == events
+  assert {n: (root / n / "run.log").read_text() for n in _names()} == logs
+
+
+def test_resume_with_other_settings_is_refused(tiny_sweep, capsys):
+  root, _, _ = tiny_sweep
+  assert sweep.main([*_sweep_args(root), "--set=optim.learning_rate=1e-3", "--dry_run"]) == 2
+  err = capsys.readouterr().err
+  assert "other settings" in err and "optim.learning_rate: None -> '1e-3'" in err
+  assert sweep.main([*_sweep_args(root), "--dry_run"]) == 0
+  assert capsys.readouterr().out.count("skip (complete)") == 2
+
+
+def test_compare_prints_both_runs(tiny_sweep, tmp_path):
+  root, _, _ = tiny_sweep
+  out = tmp_path / "out.csv"
+  proc, _ = _tool(
+    "compare", f"--root={root}", "--tags=eval/accuracy,rollout/reward_mean", f"--csv={out}"
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  for name in _names():
+    assert name in proc.stdout
+  assert "eval/accuracy final" in proc.stdout and "rollout/reward_mean best" in proc.stdout
+  with open(out) as f:
+    rows = list(csv.DictReader(f))
+  assert [r["run"] for r in rows] == _names()
+  for r in rows:
+    assert r["step"] == "2"
+    assert 0 <= float(r["eval/accuracy final"]) <= 1
+    assert float(r["rollout/reward_mean best"]) >= float(r["rollout/reward_mean final"])
+
+
+def test_failed_runs_are_reported_and_the_sweep_goes_on(tmp_path):
+  root = tmp_path / "bad"
+  # Both values pass the field check but the trainer rejects them at start-up.
+  proc, _ = _tool(
+    "sweep",
+    CONFIG,
+    f"--root={root}",
+    "--grid=objective.clip_high=1.5,2.0",
+    *TINY,
+    "--parallel=2",
+  )
+  assert proc.returncode == 1
+  record = json.loads((root / "sweep.json").read_text())
+  assert [(r["status"], r["returncode"]) for r in record["runs"]] == [("failed", 2)] * 2
+  for clip in ("1.5", "2.0"):
+    assert f"objective.clip_high={clip}" in proc.stderr  # named in the failure list
+    log = (root / f"objective.clip_high={clip}" / "run.log").read_text()
+    assert "invalid config" in log and f"objective.clip_high={clip}" in log.split("invalid")[-1]
+    assert log.strip().splitlines()[-1] in proc.stderr  # the tail of the log is shown
+
+
+def test_compare_summaries():
+  series = [(0, 0.1), (5, 0.7), (10, float("nan")), (15, 0.5)]
+  assert compare.summarize(series) == {"final": 0.5, "final_step": 15, "best": 0.7, "best_step": 5}
+  assert compare.summarize(series, minimize=True)["best"] == 0.1
+  assert compare.summarize([]) is None
+  tags = ["eval/accuracy", "eval/pass@4", "policy/loss"]
+  assert compare.expand_tags(["eval/*", "x/y"], tags) == ["eval/accuracy", "eval/pass@4", "x/y"]

@@ -1,0 +1,179 @@
+"""Compare runs: `python tools/compare.py --root=/tmp/sweep [--tags=eval/accuracy,...] [--csv=F]`.
+
+Every directory under `--root` that holds TensorBoard event files is a run (a sweep's workdirs,
+or any set of trainer workdirs). Prints one row per run with the final and best value of each
+tag; `--csv` also writes the table as CSV. Tags may be glob patterns (`--tags='eval/*'`).
+"Best" is the maximum, or the minimum for tags matching `--minimize`.
+
+TensorBoard shows the same runs side by side: `tensorboard --logdir /tmp/sweep`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import fnmatch
+import math
+import os
+import sys
+from collections.abc import Sequence
+
+DEFAULT_TAGS = ("eval/accuracy", "eval/pass@*", "rollout/reward_mean")
+EVENT_PREFIX = "events.out.tfevents."
+
+
+def find_runs(root: str) -> list[str]:
+  """Directories under `root` (itself included) holding event files, sorted."""
+  runs = []
+  for dirpath, dirnames, filenames in os.walk(root):
+    dirnames[:] = sorted(d for d in dirnames if d != "checkpoints")
+    if any(f.startswith(EVENT_PREFIX) for f in filenames):
+      runs.append(dirpath)
+  return sorted(runs)
+
+
+def run_name(root: str, run_dir: str) -> str:
+  """Name of a run: its path relative to `root` ('.' for root itself)."""
+  return os.path.relpath(run_dir, root)
+
+
+def read_run(run_dir: str) -> dict[str, list[tuple[int, float]]]:
+  """All scalars of one run: tag -> [(step, value)] in step order."""
+  from jaxrl_llm import metrics  # imports jax; kept out of --help
+
+  return metrics.read_scalars(run_dir)
+
+
+def expand_tags(patterns: Sequence[str], available: Sequence[str]) -> list[str]:
+  """Tags matching `patterns` (globs), in pattern order; a plain tag is kept even if absent."""
+  out: list[str] = []
+  for pattern in patterns:
+    if any(c in pattern for c in "*?["):
+      matches = sorted(t for t in available if fnmatch.fnmatchcase(t, pattern))
+    else:
+      matches = [pattern]
+    out.extend(t for t in matches if t not in out)
+  return out
+
+
+def summarize(
+  series: Sequence[tuple[int, float]], minimize: bool = False
+) -> dict[str, float | int] | None:
+  """Final and best value of one tag's `[(step, value)]` (non-finite values never best)."""
+  if not series:
+    return None
+  final_step, final = series[-1]
+  finite = [(s, v) for s, v in series if math.isfinite(v)]
+  if finite:
+    pick = min if minimize else max
+    best_step, best = pick(finite, key=lambda sv: sv[1])
+  else:
+    best_step, best = final_step, final
+  return {"final": final, "final_step": final_step, "best": best, "best_step": best_step}
+
+
+def last_step(scalars: dict[str, list[tuple[int, float]]]) -> int | None:
+  """Largest step of any scalar, or None for an empty run."""
+  steps = [series[-1][0] for series in scalars.values() if series]
+  return max(steps) if steps else None
+
+
+def fmt(value) -> str:
+  """Formats a table cell: 4 significant digits for floats, '-' for missing."""
+  if value is None:
+    return "-"
+  if isinstance(value, float):
+    return f"{value:.4g}"
+  return str(value)
+
+
+def format_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+  """Left-aligned text table with a rule under the header."""
+  cells = [list(map(str, header))] + [[fmt(v) for v in row] for row in rows]
+  widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+  lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+  lines.insert(1, "  ".join("-" * w for w in widths))
+  return "\n".join(lines)
+
+
+def compare(
+  root: str,
+  tags: Sequence[str] = DEFAULT_TAGS,
+  minimize: Sequence[str] = ("*loss*",),
+  sort: str | None = None,
+) -> tuple[list[str], list[list[object]]]:
+  """Reads every run under `root`; returns (header, rows) of final/best values per tag."""
+  runs = {run_name(root, d): read_run(d) for d in find_runs(root)}
+  available = sorted({t for scalars in runs.values() for t in scalars})
+  tags = expand_tags(tags, available)
+  header = ["run", "step"]
+  for tag in tags:
+    header += [f"{tag} final", f"{tag} best", f"{tag} best_step"]
+  rows = []
+  for name, scalars in runs.items():
+    row: list[object] = [name, last_step(scalars)]
+    for tag in tags:
+      lower = any(fnmatch.fnmatchcase(tag, p) for p in minimize)
+      s = summarize(scalars.get(tag, []), minimize=lower) or {}
+      row += [s.get("final"), s.get("best"), s.get("best_step")]
+    rows.append(row)
+  if sort:
+    col = header.index(f"{sort} final") if f"{sort} final" in header else None
+    if col is None:
+      raise ValueError(f"--sort tag {sort!r} is not among the shown tags {tags}")
+    rows.sort(key=lambda r: (r[col] is None, -(r[col] if r[col] is not None else 0.0)))
+  return header, rows
+
+
+def write_csv(path: str, header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+  """Writes the table as CSV (missing values as empty cells, floats at full precision)."""
+  with open(path, "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(header)
+    for row in rows:
+      w.writerow(["" if v is None else v for v in row])
+
+
+def _split(text: str) -> list[str]:
+  return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  """Command line entry point; returns the exit status."""
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  p.add_argument("--root", required=True, help="Directory holding the runs (searched recursively).")
+  p.add_argument(
+    "--tags",
+    default=",".join(DEFAULT_TAGS),
+    help="Comma-separated tags or glob patterns (default: %(default)s).",
+  )
+  p.add_argument(
+    "--minimize",
+    default="*loss*",
+    help="Tag patterns whose best value is the minimum (default: %(default)s).",
+  )
+  p.add_argument("--sort", default=None, help="Sort rows by this tag's final value, largest first.")
+  p.add_argument("--csv", default=None, help="Also write the table to this CSV file.")
+  args = p.parse_args(argv)
+  if not os.path.isdir(args.root):
+    print(f"error: --root {args.root!r} is not a directory", file=sys.stderr)
+    return 2
+  try:
+    header, rows = compare(args.root, _split(args.tags), _split(args.minimize), args.sort)
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  if not rows:
+    print(f"error: no TensorBoard event files under {args.root}", file=sys.stderr)
+    return 1
+  # The terminal table leaves out best_step; the CSV keeps every column.
+  shown = [i for i, h in enumerate(header) if not h.endswith(" best_step")]
+  print(format_table([header[i] for i in shown], [[r[i] for i in shown] for r in rows]))
+  if args.csv:
+    write_csv(args.csv, header, rows)
+    print(f"wrote {args.csv}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

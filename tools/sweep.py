@@ -1,0 +1,527 @@
+"""Hyperparameter sweeps: one `python -m jaxrl_llm.main` subprocess per grid point.
+
+  python tools/sweep.py --config=configs/default.py --root=/tmp/sweep \\
+      --grid='objective.clip_high=0.2,0.28' --grid='sampling.temperature=0.7,1.0' \\
+      [--set='train.num_steps=200'] [--seeds=0,1] [--parallel=1] [--dry_run]
+
+Runs the Cartesian product of the `--grid` values (and `--seeds`), each in its own workdir
+`ROOT/<field>=<value>,...[,seed=<s>]` with the command a user would type by hand:
+`python -m jaxrl_llm.main --config=... --workdir=... --config.<field>=<value> ...`. `--set`
+fixes a field for every run (repeatable; `--set='a.b=1,c.d=2'` sets two fields).
+
+Every field is checked against the config before any run starts. A run whose workdir holds a
+checkpoint at its final step is skipped, and an unfinished one resumes (the trainer continues
+from its workdir), so an interrupted sweep is resumed by rerunning the same command. Each run's
+output goes to `<workdir>/run.log` and its overrides to `<workdir>/run.json` (a workdir is not
+resumed with different overrides unless `--allow_changed`). `ROOT/sweep.json` records the runs and
+their status; a summary table is printed at the end. A failed run is reported with the tail of
+its log and the sweep goes on; the exit status is 1 if any run failed.
+
+Compare runs with `python tools/compare.py --root=ROOT` or `tensorboard --logdir ROOT`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import itertools
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import compare  # tools/compare.py, next to this file
+
+TRAINER = ("-m", "jaxrl_llm.main")
+SUMMARY_TAGS = ("eval/accuracy", "eval/pass@*", "rollout/reward_mean")
+_COMMIT_FILE = "commit_success.txt"  # a checkpoint step counts once orbax has committed it
+_FIELD = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
+# Fields whose change does not alter a run's results, so a workdir may resume with another value.
+_RESUMABLE_CHANGES = ("train.stop_after_steps",)
+_MAX_NAME = 200
+
+
+class SweepError(ValueError):
+  """A bad sweep specification, found before any run starts."""
+
+
+@dataclasses.dataclass
+class Run:
+  """One grid point: its workdir, trainer command and outcome."""
+
+  name: str
+  workdir: str
+  params: dict[str, str]  # the grid values of this run
+  overrides: dict[str, str]  # every --config.<field> flag: --set values, then the grid values
+  argv: list[str]
+  final_step: int
+  status: str = "pending"  # pending|running|done|skipped|incomplete|failed|interrupted
+  start_step: int | None = None  # latest committed checkpoint when the run was launched
+  returncode: int | None = None
+  elapsed_s: float | None = None
+  metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+  last_step: int | None = None
+
+  @property
+  def log(self) -> str:
+    """Path of the run's log file."""
+    return os.path.join(self.workdir, "run.log")
+
+  def to_json(self) -> dict[str, Any]:
+    """JSON record of the run for sweep.json."""
+    d = dataclasses.asdict(self)
+    d["command"] = shlex.join(self.argv)
+    d["log"] = self.log
+    return d
+
+
+# ----------------------------------------------------------------------------- specification
+
+
+def parse_grid(text: str) -> tuple[str, list[str]]:
+  """`'a.b=1,2'` -> `('a.b', ['1', '2'])`."""
+  field, sep, values = text.partition("=")
+  field = field.strip()
+  if not sep or not re.fullmatch(_FIELD, field):
+    raise SweepError(
+      f"--grid={text!r}: expected FIELD=V1,V2,... (e.g. objective.clip_high=0.2,0.28)"
+    )
+  vals = [v.strip() for v in values.split(",")]
+  if not values.strip() or any(v == "" for v in vals):
+    raise SweepError(f"--grid={text!r}: empty value")
+  if len(set(vals)) != len(vals):
+    raise SweepError(f"--grid={text!r}: repeated value")
+  return field, vals
+
+
+def parse_set(text: str) -> list[tuple[str, str]]:
+  """`'a.b=1,c=x'` -> `[('a.b', '1'), ('c', 'x')]`; a comma not followed by `FIELD=` stays in the
+  value (so `mesh.rules=(("mlp","model"),)` is one assignment)."""
+  out = []
+  for part in re.split(rf",(?={_FIELD}=)", text):
+    field, sep, value = part.partition("=")
+    field = field.strip()
+    if not sep or not re.fullmatch(_FIELD, field):
+      raise SweepError(f"--set={text!r}: expected FIELD=VALUE[,FIELD=VALUE...]")
+    out.append((field, value.strip()))
+  return out
+
+
+def expand(grid: Sequence[tuple[str, Sequence[str]]]) -> list[dict[str, str]]:
+  """Cartesian product of the grid, the last field varying fastest."""
+  fields = [f for f, _ in grid]
+  return [dict(zip(fields, combo)) for combo in itertools.product(*(v for _, v in grid))]
+
+
+def run_name(params: dict[str, str]) -> str:
+  """Readable directory name of a grid point: `a.b=1,c=x` (unsafe characters become '_';
+  very long names end in a hash)."""
+  name = ",".join(f"{k}={v}" for k, v in params.items()) or "run"
+  name = re.sub(r"[^A-Za-z0-9._=,+@-]", "_", name)
+  if len(name) > _MAX_NAME:  # file systems cap names at 255 bytes
+    name = f"{name[: _MAX_NAME - 11]}~{hashlib.sha1(name.encode()).hexdigest()[:10]}"
+  return name
+
+
+def trainer_argv(config: str, workdir: str, overrides: dict[str, str]) -> list[str]:
+  """The trainer command of one run."""
+  return [
+    sys.executable,
+    *TRAINER,
+    f"--config={config}",
+    f"--workdir={workdir}",
+    *(f"--config.{k}={v}" for k, v in overrides.items()),
+  ]
+
+
+def check_fields(config: str, assignments: Sequence[tuple[str, str]]) -> None:
+  """Raises ConfigError, listing the allowed fields, if the config lacks a field of `assignments`."""
+  from jaxrl_llm import main as trainer_main
+
+  trainer_main.check_overrides(
+    ["sweep", f"--config={config}", *(f"--config.{f}={v}" for f, v in assignments)]
+  )
+
+
+def resolve_config(config: str, overrides: dict[str, str]):
+  """The config a run will see, parsed exactly as the trainer parses its flags."""
+  from absl import flags
+  from ml_collections import config_flags
+
+  argv = ["sweep", f"--config={config}", *(f"--config.{k}={v}" for k, v in overrides.items())]
+  fv = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "", flag_values=fv, sys_argv=argv)
+  try:
+    fv(argv)
+    return fv.config
+  except Exception as e:
+    raise SweepError(f"bad value: {e}") from None
+
+
+def absolute_config(config: str) -> str:
+  """`path[:arg]` with the path made absolute, so a run's command works from any directory."""
+  path, sep, arg = config.partition(":")
+  return os.path.abspath(path) + sep + arg
+
+
+def plan(
+  config: str,
+  root: str,
+  grid_flags: Sequence[str],
+  set_flags: Sequence[str],
+  seeds: str | None,
+) -> list[Run]:
+  """Validates the specification and returns the runs; raises SweepError/ConfigError."""
+  grid = [parse_grid(g) for g in grid_flags]
+  fixed = [kv for s in set_flags for kv in parse_set(s)]
+  if seeds:
+    grid.append(parse_grid(f"seed={seeds}"))
+  fields = [f for f, _ in grid] + [f for f, _ in fixed]
+  dupes = sorted({f for f in fields if fields.count(f) > 1})
+  if dupes:
+    raise SweepError(f"fields given more than once in --grid/--set/--seeds: {dupes}")
+  config = absolute_config(config)
+  check_fields(config, [(f, ",".join(v)) for f, v in grid] + fixed)
+  root = os.path.abspath(root)
+  runs, names = [], {}
+  for params in expand(grid):
+    name = run_name(params)
+    if name in names:
+      raise SweepError(f"grid points {names[name]} and {params} share the workdir name {name!r}")
+    names[name] = params
+    overrides = {**dict(fixed), **params}
+    cfg = resolve_config(config, overrides)
+    workdir = os.path.join(root, name)
+    runs.append(
+      Run(
+        name=name,
+        workdir=workdir,
+        params=params,
+        overrides=overrides,
+        argv=trainer_argv(config, workdir, overrides),
+        final_step=int(cfg.train.num_steps),
+      )
+    )
+  return runs
+
+
+# ----------------------------------------------------------------------------- workdir state
+
+
+def committed_steps(workdir: str) -> list[int]:
+  """Steps of the committed checkpoints in `workdir`, ascending (read from the file system)."""
+  d = os.path.join(workdir, "checkpoints")
+  if not os.path.isdir(d):
+    return []
+  return sorted(
+    int(n)
+    for n in os.listdir(d)
+    if n.isdigit() and os.path.exists(os.path.join(d, n, _COMMIT_FILE))
+  )
+
+
+def is_complete(run: Run) -> bool:
+  """Whether the run's workdir holds a checkpoint at its final step."""
+  return run.final_step in committed_steps(run.workdir)
+
+
+def _record_path(run: Run) -> str:
+  return os.path.join(run.workdir, "run.json")
+
+
+def changed_overrides(run: Run) -> dict[str, tuple[str | None, str | None]]:
+  """Settings that differ from those recorded when the workdir last ran: name -> (was, now)."""
+  try:
+    with open(_record_path(run)) as f:
+      rec = json.load(f)
+  except FileNotFoundError:
+    return {}
+  diffs = {}
+  if rec.get("config") != _config_of(run):
+    diffs["--config"] = (rec.get("config"), _config_of(run))
+  was, now = rec.get("overrides", {}), run.overrides
+  for k in sorted(set(was) | set(now)):
+    if was.get(k) != now.get(k) and k not in _RESUMABLE_CHANGES:
+      diffs[k] = (was.get(k), now.get(k))
+  return diffs
+
+
+def _config_of(run: Run) -> str:
+  return next(a.split("=", 1)[1] for a in run.argv if a.startswith("--config="))
+
+
+def _write_record(run: Run) -> None:
+  rec = {"config": _config_of(run), "overrides": run.overrides, "command": shlex.join(run.argv)}
+  _write_json(_record_path(run), rec)
+
+
+def _write_json(path: str, obj: Any) -> None:
+  tmp = f"{path}.tmp"
+  with open(tmp, "w") as f:
+    json.dump(obj, f, indent=2)
+    f.write("\n")
+  os.replace(tmp, path)
+
+
+def tail(path: str, lines: int = 20) -> str:
+  """Last `lines` lines of a text file ('' if it does not exist)."""
+  try:
+    with open(path, "rb") as f:
+      f.seek(0, os.SEEK_END)
+      f.seek(max(f.tell() - 64 * 1024, 0))
+      text = f.read().decode(errors="replace")
+  except FileNotFoundError:
+    return ""
+  return "\n".join(text.splitlines()[-lines:])
+
+
+# ----------------------------------------------------------------------------- execution
+
+
+class Sweep:
+  """Launches the runs, at most `parallel` at a time, keeping `root/sweep.json` up to date."""
+
+  def __init__(self, runs: list[Run], root: str, spec: dict[str, Any], parallel: int = 1):
+    """Takes the planned runs; `spec` is the sweep's description stored in sweep.json."""
+    self.runs, self.root, self.spec, self.parallel = runs, os.path.abspath(root), spec, parallel
+    self.env = dict(os.environ)
+    if parallel > 1 and "XLA_PYTHON_CLIENT_PREALLOCATE" not in self.env:
+      # Concurrent runs on one accelerator must not each reserve most of its memory.
+      self.env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+      self.spec = {**spec, "env": {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}}
+    self._running: list[tuple[Run, subprocess.Popen, Any, float]] = []
+
+  @property
+  def path(self) -> str:
+    """Path of sweep.json."""
+    return os.path.join(self.root, "sweep.json")
+
+  def save(self) -> None:
+    """Writes sweep.json."""
+    statuses = [r.status for r in self.runs]
+    counts = {s: statuses.count(s) for s in sorted(set(statuses))}
+    record = {
+      **self.spec,
+      "updated": time.strftime("%Y-%m-%d %H:%M:%S"),
+      "status": counts,
+      "runs": [r.to_json() for r in self.runs],
+    }
+    _write_json(self.path, record)
+
+  def _say(self, i: int, run: Run, what: str) -> None:
+    print(f"[{i + 1}/{len(self.runs)}] {what} {run.name}", flush=True)
+
+  def _launch(self, i: int, run: Run) -> None:
+    os.makedirs(run.workdir, exist_ok=True)
+    _write_record(run)
+    steps = committed_steps(run.workdir)
+    run.start_step = steps[-1] if steps else None
+    log = open(run.log, "a")  # closed in _poll/stop when the run ends
+    log.write(f"\n### {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(run.argv)}\n")
+    log.flush()
+    proc = subprocess.Popen(
+      run.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env
+    )
+    run.status = "running"
+    self._running.append((run, proc, log, time.time()))
+    where = f"resuming at step {run.start_step}" if steps else "starting"
+    self._say(i, run, f"{where}:")
+    self.save()
+
+  def _finish(self, run: Run, returncode: int, elapsed: float) -> None:
+    run.returncode, run.elapsed_s = returncode, round(elapsed, 1)
+    if returncode != 0:
+      run.status = "failed"
+    else:
+      run.status = "done" if is_complete(run) else "incomplete"
+    self._read_metrics(run)
+    i = self.runs.index(run)
+    if run.status == "failed":
+      self._say(i, run, f"FAILED (exit {returncode}, {elapsed:.0f}s):")
+      lines = tail(run.log)
+      print(f"  last lines of {run.log}:", file=sys.stderr)
+      print("\n".join(f"    {line}" for line in lines.splitlines()), file=sys.stderr, flush=True)
+    elif run.status == "incomplete":
+      steps = committed_steps(run.workdir)
+      at = steps[-1] if steps else None
+      self._say(i, run, f"stopped at step {at}/{run.final_step} ({elapsed:.0f}s; rerun to go on):")
+    else:
+      self._say(i, run, f"done ({elapsed:.0f}s):")
+    self.save()
+
+  def _read_metrics(self, run: Run) -> None:
+    try:
+      scalars = compare.read_run(run.workdir)
+    except Exception as e:  # a run that failed early may have no readable events
+      print(f"  cannot read scalars of {run.name}: {e}", file=sys.stderr)
+      return
+    run.last_step = compare.last_step(scalars)
+    for tag in compare.expand_tags(SUMMARY_TAGS, sorted(scalars)):
+      if scalars.get(tag):
+        run.metrics[tag] = scalars[tag][-1][1]
+
+  def _poll(self) -> None:
+    for entry in list(self._running):
+      run, proc, log, t0 = entry
+      if proc.poll() is not None:
+        log.close()
+        self._running.remove(entry)
+        self._finish(run, proc.returncode, time.time() - t0)
+
+  def stop(self) -> None:
+    """Interrupts the running runs (they keep their last checkpoint) and records it."""
+    for _, proc, _, _ in self._running:
+      if proc.poll() is None:
+        proc.terminate()
+    deadline = time.time() + 60
+    for run, proc, log, t0 in self._running:
+      try:
+        proc.wait(timeout=max(deadline - time.time(), 1))
+      except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+      log.close()
+      run.status, run.returncode = "interrupted", proc.returncode
+      run.elapsed_s = round(time.time() - t0, 1)
+    self._running = []
+    self.save()
+
+  def execute(self) -> None:
+    """Runs (or skips) every run; returns when all have ended."""
+    os.makedirs(self.root, exist_ok=True)
+    todo = []
+    for i, run in enumerate(self.runs):
+      if is_complete(run):
+        run.status = "skipped"
+        self._read_metrics(run)
+        self._say(i, run, f"skip (checkpoint at final step {run.final_step}):")
+      else:
+        todo.append(i)
+    self.save()
+    for i in todo:
+      while len(self._running) >= self.parallel:
+        time.sleep(0.2)
+        self._poll()
+      self._launch(i, self.runs[i])
+    while self._running:
+      time.sleep(0.2)
+      self._poll()
+
+
+# ----------------------------------------------------------------------------- reporting
+
+
+def summary_table(runs: Sequence[Run]) -> str:
+  """Table of the runs: grid values, status, step, final metrics and time."""
+  fields = list(dict.fromkeys(f for r in runs for f in r.params))
+  tags = list(dict.fromkeys(t for r in runs for t in r.metrics))
+  header = [*fields, "status", "step", *tags, "time_s"]
+  rows = [
+    [
+      *(r.params.get(f) for f in fields),
+      r.status if r.returncode in (None, 0) else f"{r.status} ({r.returncode})",
+      r.last_step,
+      *(r.metrics.get(t) for t in tags),
+      r.elapsed_s,
+    ]
+    for r in runs
+  ]
+  return compare.format_table(header, rows)
+
+
+def _raise_interrupt(signum, frame):
+  raise KeyboardInterrupt
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  """Command line entry point; returns the exit status."""
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  p.add_argument("--config", required=True, help="Experiment config file (path[:arg]).")
+  p.add_argument("--root", required=True, help="Directory of the sweep; one workdir per run.")
+  p.add_argument("--grid", action="append", default=[], help="FIELD=V1,V2,... swept (repeatable).")
+  p.add_argument(
+    "--set", action="append", default=[], help="FIELD=VALUE fixed for all runs (repeatable)."
+  )
+  p.add_argument("--seeds", default=None, help="Comma-separated seeds, e.g. 0,1 (a grid axis).")
+  p.add_argument("--parallel", type=int, default=1, help="Runs at once (default 1).")
+  p.add_argument("--dry_run", action="store_true", help="Print the runs and commands; run nothing.")
+  p.add_argument(
+    "--allow_changed",
+    action="store_true",
+    help="Resume workdirs even if their recorded overrides differ from this sweep's.",
+  )
+  args = p.parse_args(argv)
+
+  from jaxrl_llm import config_lib
+
+  try:
+    if args.parallel < 1:
+      raise SweepError(f"--parallel must be >= 1, got {args.parallel}")
+    runs = plan(args.config, args.root, args.grid, args.set, args.seeds)
+    changed = {r.name: d for r in runs if (d := changed_overrides(r))}
+    if changed and not args.allow_changed:
+      lines = [
+        f"  {name}: " + ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in d.items())
+        for name, d in changed.items()
+      ]
+      raise SweepError(
+        "these workdirs were run with other settings:\n"
+        + "\n".join(lines)
+        + "\nuse another --root, remove those workdirs, or pass --allow_changed to resume them"
+      )
+  except (SweepError, config_lib.ConfigError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+
+  if args.dry_run:
+    for i, run in enumerate(runs):
+      steps = committed_steps(run.workdir)
+      if run.final_step in steps:
+        state = "skip (complete)"
+      elif steps:
+        state = f"resume at step {steps[-1]}"
+      else:
+        state = "start"
+      print(f"[{i + 1}/{len(runs)}] {state}: {run.name}\n    {shlex.join(run.argv)}")
+    return 0
+
+  spec = {
+    "config": absolute_config(args.config),
+    "root": os.path.abspath(args.root),
+    "grid": {f: list(dict.fromkeys(r.params[f] for r in runs)) for f in runs[0].params},
+    "set": dict(kv for s in args.set for kv in parse_set(s)),
+    "parallel": args.parallel,
+    "command": shlex.join([sys.executable, sys.argv[0], *(sys.argv[1:] if argv is None else argv)]),
+  }
+  sweep = Sweep(runs, args.root, spec, parallel=args.parallel)
+  previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+  try:
+    sweep.execute()
+  except KeyboardInterrupt:
+    print("interrupted; stopping runs (rerun the same command to resume)", file=sys.stderr)
+    sweep.stop()
+    return 130
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+
+  print()
+  print(summary_table(runs))
+  failed = [r for r in runs if r.status == "failed"]
+  print(f"\n{sweep.path}; compare: python tools/compare.py --root={sweep.root}")
+  if failed:
+    print(f"{len(failed)} of {len(runs)} runs failed:", file=sys.stderr)
+    for r in failed:
+      print(f"  {r.name}: exit {r.returncode}, log {r.log}", file=sys.stderr)
+    return 1
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
