@@ -1,0 +1,63 @@
+"""The sampler/learner mismatch dial (§3) and step-level gradient accumulation (§5)."""
+
+import jax
+import numpy as np
+import pytest
+from conftest import tiny_config
+
+from jaxrl_llm import data, quant, train
+
+
+def _one_step(config, steps=1):
+  exp = train.build(config)
+  it = data.make_prompt_iterator(exp.task.train_examples(0), config.rl.num_prompts, seed=0)
+  state = exp.state
+  for i in range(steps):
+    batch = train.to_global_batch(next(it), exp.batch_sharding)
+    state, m = exp.rl_step(state, batch, jax.random.fold_in(state.rng, i))
+  return jax.device_get(state.params), jax.device_get(m)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
+def test_sampler_precision_drives_mismatch_metrics(dtype):
+  config = tiny_config(**{"sampling.param_dtype": dtype, "correction.name": "tis_token"})
+  _, m = _one_step(config)
+  if dtype == "float32":
+    assert m["behaviour/mismatch_max"] <= 1e-6
+    assert abs(m["behaviour/rho_max"] - 1) <= 1e-5
+    assert abs(m["behaviour/kl_k3"]) <= 1e-6
+  else:
+    assert m["behaviour/mismatch_max"] > 1e-4
+    assert m["behaviour/kl_k3"] > 0
+    # tis_token weights min(ρ, C) are no longer all 1.
+    assert abs(m["behaviour/rho_mean"] - 1) > 1e-6 or abs(m["behaviour/rho_max"] - 1) > 1e-4
+
+
+def test_int8_copy_is_per_channel_and_close():
+  config = tiny_config()
+  exp = train.build(config)
+  p = exp.state.params
+  q = quant.sampler_params(p, "int8")
+  w, wq = (
+    np.asarray(p["layer_0"]["mlp"]["up"]["kernel"]),
+    np.asarray(q["layer_0"]["mlp"]["up"]["kernel"]),
+  )
+  scale = np.abs(w).max(axis=0, keepdims=True) / 127  # one scale per output channel
+  levels = wq / scale
+  np.testing.assert_allclose(levels, np.round(levels), atol=1e-3)
+  assert np.max(np.abs(w - wq)) <= scale.max() / 2 + 1e-7
+  assert not np.array_equal(w, wq)
+  # Norm scales (1-D) are untouched.
+  np.testing.assert_array_equal(q["final_norm"]["scale"], p["final_norm"]["scale"])
+
+
+@pytest.mark.parametrize(
+  "aggregation", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
+)
+def test_microbatches_do_not_change_the_update(aggregation):
+  base = {"aggregation.name": aggregation, "rl.num_minibatches": 1, "optim.grad_clip": 0.0}
+  p1, m1 = _one_step(tiny_config(**base, **{"rl.num_microbatches": 1}))
+  p4, m4 = _one_step(tiny_config(**base, **{"rl.num_microbatches": 4}))
+  np.testing.assert_allclose(m1["optim/grad_norm"], m4["optim/grad_norm"], rtol=1e-5)
+  np.testing.assert_allclose(m1["policy/loss"], m4["policy/loss"], rtol=1e-5, atol=1e-7)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), p1, p4)
