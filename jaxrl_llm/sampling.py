@@ -17,7 +17,13 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxrl_llm.models.transformer import KVCache, Transformer, init_cache, positions_from_mask
+from jaxrl_llm.models.transformer import (
+  KVCache,
+  MoEOutput,
+  Transformer,
+  init_cache,
+  positions_from_mask,
+)
 from jaxrl_llm.types import Rollout
 
 
@@ -45,6 +51,7 @@ class _LoopState:
   logits: jax.Array  # [B, V] float32, next-token logits
   cache: KVCache
   rng: jax.Array
+  routing: jax.Array | None  # [B, S+T, Lm, K] experts used per processed token (MoE only)
 
 
 def sampling_logprobs(logits: jax.Array, temperature: float) -> jax.Array:
@@ -93,6 +100,11 @@ def sample(
   logits, cache = out.logits, out.cache
   repeat = lambda x: jnp.repeat(x, g, axis=0)  # noqa: E731
   cache = jax.tree.map(repeat, cache)
+  routing = None
+  if out.moe is not None:  # record the prompt's routing, then each generated token's
+    r = out.moe.routing  # [P, S, Lm, K]
+    pad = jnp.zeros((num_prompts, t_max, *r.shape[2:]), r.dtype)
+    routing = repeat(jnp.concatenate([r, pad], axis=1))
   key_valid = repeat(key_valid)
   next_pos = repeat(positions[:, -1] + 1)  # [B]
   prompt_tokens_b, prompt_mask_b = repeat(prompt_tokens), repeat(prompt_mask)
@@ -106,6 +118,7 @@ def sample(
     logits=repeat(logits[:, -1]),
     cache=cache,
     rng=rng,
+    routing=routing,
   )
 
   def cond(s: _LoopState) -> jax.Array:
@@ -133,6 +146,11 @@ def sample(
       cache=s.cache,
       cache_index=prompt_len + s.step,
     )
+    routing = s.routing
+    if routing is not None:
+      routing = jax.lax.dynamic_update_slice_in_dim(
+        routing, out.moe.routing, prompt_len + s.step, axis=1
+      )
     return _LoopState(
       step=s.step + 1,
       tokens=tokens,
@@ -142,6 +160,7 @@ def sample(
       logits=out.logits[:, 0],
       cache=out.cache,
       rng=rng,
+      routing=routing,
     )
 
   state = jax.lax.while_loop(cond, body, state)
@@ -155,6 +174,7 @@ def sample(
     truncated=~state.done,
     logprobs=state.logprobs,
     decode_steps=state.step,
+    routing=state.routing,
   )
 
 
@@ -165,6 +185,7 @@ class Scores:
   logp: jax.Array  # [B, T] float32 ℓ of each completion token under logits / τ
   logits: jax.Array  # [B, T, V] float32 temperature-scaled logits predicting each token
   values: jax.Array | None  # [B, T] value estimate before each token (value head only)
+  moe: MoEOutput | None = None  # routing over all S+T positions (MoE only)
 
 
 def score(
@@ -174,6 +195,9 @@ def score(
   prompt_mask: jax.Array,  # [B, S]
   tokens: jax.Array,  # [B, T]
   temperature: float,
+  *,
+  routing: jax.Array | None = None,  # [B, S+T, Lm, K] experts to replay (§9)
+  probe_experts: jax.Array | None = None,  # [B, S+T, Lm, K] experts whose log-probs to report
 ) -> Scores:
   """Learner log-probs ℓ [B, T] (and logits, values) of `tokens` given the prompts.
 
@@ -186,10 +210,17 @@ def score(
   full = jnp.concatenate([prompt_tokens, tokens], axis=1)
   key_valid = jnp.concatenate([prompt_mask, jnp.ones(tokens.shape, bool)], axis=1)
   positions = positions_from_mask(key_valid)
-  out = model.apply({"params": params}, full, positions, key_valid)
+  out = model.apply(
+    {"params": params},
+    full,
+    positions,
+    key_valid,
+    routing=routing,
+    probe_experts=probe_experts,
+  )
   window = slice(prompt_len - 1, prompt_len - 1 + t_max)  # positions predicting each token
   logits = out.logits[:, window] / temperature  # [B, T, V]
   logp_all = jax.nn.log_softmax(logits, axis=-1)
   logp = jnp.take_along_axis(logp_all, tokens[..., None], axis=-1)[..., 0]
   values = None if out.values is None else out.values[:, window]
-  return Scores(logp=logp, logits=logits, values=values)
+  return Scores(logp=logp, logits=logits, values=values, moe=out.moe)

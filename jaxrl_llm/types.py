@@ -44,6 +44,7 @@ class Rollout:
   truncated: jax.Array  # [B] bool, True when max_new_tokens was reached without EOS
   logprobs: jax.Array  # [B, T] float32, ℓ^μ: sampler log-prob of each token (0 on padding)
   decode_steps: jax.Array  # [] int32, decode iterations run (< T when all finished early)
+  routing: jax.Array | None = None  # [B, S+T, Lm, K] experts each processed token used (MoE)
 
 
 @struct.dataclass

@@ -27,6 +27,16 @@ class ModelConfig:
   qk_norm: bool = False  # RMSNorm on per-head queries and keys (Qwen3)
   tie_embeddings: bool = True  # output projection shares the embedding matrix
   value_head: bool = False  # scalar value head on the final hidden state (PPO critic, §2.9)
+  moe_num_experts: int = 0  # routed experts E per MoE layer (0 = dense model, no MoE)
+  moe_top_k: int = 2  # experts per token K
+  moe_expert_mlp_dim: int = 64  # SwiGLU hidden width of each routed expert
+  moe_every: int = 1  # every n-th layer is MoE (1 = all layers; layers n-1, 2n-1, ...)
+  moe_num_shared_experts: int = 0  # always-on shared experts (DeepSeek / Qwen-MoE style)
+  moe_shared_mlp_dim: int = 0  # hidden width of one shared expert (0 = moe_expert_mlp_dim)
+  moe_normalize_gates: bool = True  # renormalise top-k gates to sum to 1 (Mixtral, Qwen3-MoE)
+  moe_impl: str = "ragged"  # ragged (dropless grouped matmul) | dense (one-hot reference)
+  moe_aux_loss_coef: float = 0.01  # load-balance loss coefficient (§8)
+  moe_z_loss_coef: float = 0.001  # router z-loss coefficient (§8)
   dtype: str = "float32"  # compute dtype of matmuls (log-softmax is always float32)
   param_dtype: str = "float32"  # storage dtype of parameters
 
@@ -49,6 +59,18 @@ class ModelConfig:
     for name in ("dtype", "param_dtype"):
       if getattr(self, name) not in _DTYPES:
         errors.append(f"model.{name}={getattr(self, name)!r} must be one of {sorted(_DTYPES)}")
+    if self.moe_num_experts < 0:
+      errors.append(f"model.moe_num_experts={self.moe_num_experts} must be >= 0 (0 = dense)")
+    if self.moe_num_experts:
+      if not 1 <= self.moe_top_k <= self.moe_num_experts:
+        errors.append(
+          f"model.moe_top_k={self.moe_top_k} must be in [1, model.moe_num_experts="
+          f"{self.moe_num_experts}]"
+        )
+      if not 1 <= self.moe_every <= self.num_layers:
+        errors.append(f"model.moe_every={self.moe_every} must be in [1, {self.num_layers}]")
+      if self.moe_impl not in ("ragged", "dense"):
+        errors.append(f"model.moe_impl={self.moe_impl!r} must be 'ragged' or 'dense'")
     if errors:
       raise ValueError("invalid model config: " + "; ".join(errors))
 
@@ -61,6 +83,32 @@ class ModelConfig:
   def weight_dtype(self) -> Any:
     """The jnp dtype parameters are stored in."""
     return _DTYPES[self.param_dtype]
+
+  @property
+  def moe(self):
+    """The `MoEConfig` of the MoE layers (None for a dense model)."""
+    if not self.moe_num_experts:
+      return None
+    from jaxrl_llm.models.moe import MoEConfig
+
+    return MoEConfig(
+      num_experts=self.moe_num_experts,
+      top_k=self.moe_top_k,
+      expert_mlp_dim=self.moe_expert_mlp_dim,
+      num_shared_experts=self.moe_num_shared_experts,
+      shared_mlp_dim=self.moe_shared_mlp_dim,
+      normalize_gates=self.moe_normalize_gates,
+      impl=self.moe_impl,
+      aux_loss_coef=self.moe_aux_loss_coef,
+      z_loss_coef=self.moe_z_loss_coef,
+    )
+
+  @property
+  def moe_layers(self) -> tuple[int, ...]:
+    """Indices of the layers whose feed-forward block is MoE."""
+    if not self.moe_num_experts:
+      return ()
+    return tuple(i for i in range(self.num_layers) if i % self.moe_every == self.moe_every - 1)
 
   def to_dict(self) -> dict[str, Any]:
     """A JSON-friendly dict (saved with checkpoints, compared on resume)."""

@@ -18,8 +18,22 @@ import jax.numpy as jnp
 from flax import struct
 
 from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.models.moe import MoEMLP, gather_expert_logprobs
 
 _NEG_INF = -1e30
+
+
+@struct.dataclass
+class MoEOutput:
+  """Routing and router statistics of the MoE layers (Lm of them) for one forward pass."""
+
+  routing: jax.Array  # [B, Q, Lm, K] compact int: experts used by each token (spec §9)
+  used_logprobs: jax.Array  # [B, Q, Lm, K] float32 router log-probs of the used experts
+  probe_logprobs: jax.Array | None  # [B, Q, Lm, K] router log-probs of `probe_experts`
+  own_differs: jax.Array  # [B, Q, Lm] bool: router's own top-k differs from the replayed set
+  load: jax.Array  # [Lm, E] fraction of valid assignments per expert
+  aux_loss: jax.Array  # [] mean over MoE layers of the load-balance loss (§8)
+  z_loss: jax.Array  # [] mean over MoE layers of the router z-loss (§8)
 
 
 @struct.dataclass
@@ -29,6 +43,7 @@ class ModelOutput:
   logits: jax.Array  # [B, Q, V] float32
   cache: KVCache | None  # updated cache (None without a cache)
   values: jax.Array | None  # [B, Q] float32 value-head outputs (None without a value head)
+  moe: MoEOutput | None = None  # routing of the MoE layers (None for a dense model)
 
 
 @struct.dataclass
@@ -143,19 +158,24 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-  """Pre-norm transformer block."""
+  """Pre-norm transformer block with a dense SwiGLU or a mixture-of-experts feed-forward."""
 
   cfg: ModelConfig
+  is_moe: bool = False
 
   @nn.compact
-  def __call__(self, x, positions, key_valid, k_cache, v_cache, cache_index):
-    """Returns the new residual stream and this layer's (full) keys and values."""
+  def __call__(self, x, positions, key_valid, k_cache, v_cache, cache_index, replay, token_valid):
+    """Returns the new residual stream, this layer's keys and values, and the MoE aux dict."""
     attn, keys, values = Attention(self.cfg, name="attn")(
       _norm(self.cfg, "attn_norm")(x), positions, key_valid, k_cache, v_cache, cache_index
     )
     x = x + attn
-    x = x + MLP(self.cfg, name="mlp")(_norm(self.cfg, "mlp_norm")(x))
-    return x, keys, values
+    h = _norm(self.cfg, "mlp_norm")(x)
+    if self.is_moe:
+      y, aux = MoEMLP(self.cfg, self.cfg.moe, name="moe")(h, replay=replay, mask=token_valid)
+    else:
+      y, aux = MLP(self.cfg, name="mlp")(h), None
+    return x + y, keys, values, aux
 
 
 class Transformer(nn.Module):
@@ -171,6 +191,8 @@ class Transformer(nn.Module):
     key_valid: jax.Array,  # [B, N] bool: keys that may be attended (N = Q without cache)
     cache: KVCache | None = None,
     cache_index: jax.Array | int = 0,  # cache slot of tokens[:, 0]
+    routing: jax.Array | None = None,  # [B, Q, Lm, K] experts to replay (spec §9)
+    probe_experts: jax.Array | None = None,  # [B, Q, Lm, K] experts whose log-probs to report
   ) -> ModelOutput:
     """Returns float32 logits [B, Q, V], the updated cache and (optionally) values [B, Q]."""
     cfg = self.cfg
@@ -185,13 +207,28 @@ class Transformer(nn.Module):
       name="embed",
     )
     x = embed(tokens)
-    new_k, new_v = [], []
+    num_q = tokens.shape[1]
+    if cache is None:
+      token_valid = key_valid
+    else:
+      token_valid = jax.lax.dynamic_slice_in_dim(key_valid, cache_index, num_q, axis=1)
+    new_k, new_v, moe_aux = [], [], []
+    moe_layers = cfg.moe_layers
     for i in range(cfg.num_layers):
       kc = None if cache is None else cache.k[i]
       vc = None if cache is None else cache.v[i]
-      x, keys, values = Block(cfg, name=f"layer_{i}")(x, positions, key_valid, kc, vc, cache_index)
+      is_moe = i in moe_layers
+      replay = None
+      if is_moe and routing is not None:
+        replay = routing[:, :, moe_layers.index(i)]
+      block = Block(cfg, is_moe=is_moe, name=f"layer_{i}")
+      x, keys, values, aux = block(
+        x, positions, key_valid, kc, vc, cache_index, replay, token_valid
+      )
       new_k.append(keys)
       new_v.append(values)
+      if aux is not None:
+        moe_aux.append(aux)
     x = _norm(cfg, "final_norm")(x)
     if cfg.tie_embeddings:
       logits = embed.attend(x)
@@ -202,7 +239,29 @@ class Transformer(nn.Module):
     if cfg.value_head:  # critic on the shared trunk (spec §2.9)
       values = _dense(cfg, 1, (1,), ("embed", None), use_bias=True, name="value_head")(x)
       values = values[..., 0].astype(jnp.float32)
-    return ModelOutput(logits=logits.astype(jnp.float32), cache=new_cache, values=values)
+    moe = _collect_moe(moe_aux, probe_experts) if moe_aux else None
+    return ModelOutput(logits=logits.astype(jnp.float32), cache=new_cache, values=values, moe=moe)
+
+
+def _collect_moe(aux: list[dict], probe_experts: jax.Array | None) -> MoEOutput:
+  """Stacks per-layer MoE aux dicts into one `MoEOutput` (layer axis after the token axis)."""
+  routing = jnp.stack([a["topk"] for a in aux], axis=2)  # [B, Q, Lm, K]
+  logprobs = [a["router_logprobs"] for a in aux]  # Lm x [B, Q, E]
+  used = jnp.stack([gather_expert_logprobs(lp, a["topk"]) for lp, a in zip(logprobs, aux)], axis=2)
+  probe = None
+  if probe_experts is not None:
+    probe = jnp.stack(
+      [gather_expert_logprobs(lp, probe_experts[:, :, j]) for j, lp in enumerate(logprobs)], axis=2
+    )
+  return MoEOutput(
+    routing=routing,
+    used_logprobs=used,
+    probe_logprobs=probe,
+    own_differs=jnp.stack([a["route_differs"] for a in aux], axis=2),
+    load=jnp.stack([a["load"] for a in aux]),
+    aux_loss=jnp.mean(jnp.stack([a["aux_loss"] for a in aux])),
+    z_loss=jnp.mean(jnp.stack([a["z_loss"] for a in aux])),
+  )
 
 
 def positions_from_mask(valid: jax.Array) -> jax.Array:

@@ -29,6 +29,8 @@ from jaxrl_llm.objectives.policy import (
   gspo_token,
   pg,
   ppo_clip,
+  router_shift_gamma,
+  rspo,
   sapo,
   value_loss,
 )
@@ -89,6 +91,8 @@ __all__ = [
   "reinforce_baseline",
   "reinforce_rej",
   "rloo",
+  "router_shift_gamma",
+  "rspo",
   "sapo",
   "soft_overlong",
   "validate",

@@ -3,7 +3,7 @@
 Every objective takes (logp, old_logp, adv, mask): ℓ [B, T] (differentiable), ℓ^old [B, T]
 (stop-gradient), advantages [B] or [B, T] (a [B] advantage is broadcast over T) and the loss
 mask [B, T] (bool or float). It returns (J, diagnostics): J is [B, T] for token objectives and
-[B] for sequence objectives (`gspo`, `gmpo`), 0 on masked tokens / empty sequences.
+[B] for sequence objectives (`gspo`, `gmpo`, `rspo`), 0 on masked tokens / empty sequences.
 
 The diagnostics are stop-gradient float32 arrays that metrics reduce over the mask:
   ratio            [B, T]  r = exp(Δ), Δ = ℓ − ℓ^old (clamped to ±20; 1 on padding)
@@ -174,6 +174,54 @@ def gmpo(
   low = (delta < -clip_log) & (a < 0)[:, None]
   high = (delta > clip_log) & pos
   return j, _diag(delta, m, low, high, seq_ratio=jnp.exp(_seq_mean_log(delta, m)))
+
+
+def router_shift_gamma(
+  router_logp: jax.Array, old_router_logp: jax.Array, *, gamma_min: float = 0.1
+) -> jax.Array:
+  """RSPO router-shift weight γ [B, T] (objectives.md §2.8), stop-gradient.
+
+  router_logp / old_router_logp: [B, T, L, K] log p^l(e^{l,k}) of the old policy's top-K experts
+  under the current and the old router. γ = max(γ_min, exp(−mean_{l,k} |Δ log p|)): 1 when the
+  router is unchanged, smaller where routing shifted, never below γ_min.
+  """
+  chex.assert_rank([router_logp, old_router_logp], 4)
+  chex.assert_equal_shape([router_logp, old_router_logp])
+  shift = jnp.mean(jnp.abs(router_logp - old_router_logp).astype(jnp.float32), axis=(-2, -1))
+  return sg(jnp.maximum(gamma_min, jnp.exp(-shift)))
+
+
+def rspo(
+  logp: jax.Array,
+  old_logp: jax.Array,
+  adv: jax.Array,
+  mask: jax.Array,
+  *,
+  router_gamma: jax.Array,
+  clip_low: float = 0.2,
+  clip_high: float = 0.2,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """RSPO router-shift-aware sequence surrogate J_i = S_i·A_i (objectives.md §2.8).
+
+  W = min(r^{sgn A}, clip(r^{sgn A}, 1 − ε_low, 1 + ε_high)), S_i = (Π_t W γ)^{sgn(A_i)/|o_i|}
+  computed in log space, γ = `router_gamma` [B, T] from `router_shift_gamma` (stop-gradient).
+  Returns J [B]; a [B, T] advantage is reduced to its masked mean.
+  """
+  m, delta = _prepare(logp, old_logp, mask)
+  chex.assert_equal_shape([router_gamma, m])
+  a = seq_adv(adv, m)
+  sgn = jnp.sign(a)[:, None]
+  x = sgn * delta  # log r^{sgn A}
+  lo, hi = jnp.log1p(-clip_low) if clip_low < 1 else -LOG_CLAMP, jnp.log1p(clip_high)
+  log_w = jnp.minimum(x, jnp.clip(x, lo, hi))
+  log_gamma = jnp.log(jnp.where(m > 0, sg(router_gamma), 1.0))
+  s_log = jnp.sign(a) * _seq_mean_log(log_w + log_gamma, m)
+  j = jnp.where(m.sum(-1) > 0, a * jnp.exp(s_log), 0.0)
+  low = (x < lo) & (sgn < 0)
+  high = (x > hi) & (sgn > 0)
+  return j, _diag(
+    delta, m, low, high, seq_ratio=jnp.exp(s_log), router_gamma=jnp.where(m > 0, router_gamma, 0.0)
+  )
 
 
 def cispo(

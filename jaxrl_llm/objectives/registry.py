@@ -26,8 +26,9 @@ ADVANTAGES: Mapping[str, Callable[..., Any]] = {
 }
 
 # §2. (logp, old_logp, adv, mask, **kwargs) -> (J, diagnostics). `ppo_critic` is §2.1 for the
-# policy (its value loss is `policy.value_loss`); `rspo` (§2.8, MoE) is reserved, not built yet.
-OBJECTIVES: Mapping[str, Callable[..., Any] | None] = {
+# policy (its value loss is `policy.value_loss`); `rspo` (§2.8) needs an MoE policy's router
+# log-probs (`router_gamma`, from `policy.router_shift_gamma`).
+OBJECTIVES: Mapping[str, Callable[..., Any]] = {
   "ppo_clip": policy.ppo_clip,
   "pg": policy.pg,
   "gspo": policy.gspo,
@@ -36,7 +37,7 @@ OBJECTIVES: Mapping[str, Callable[..., Any] | None] = {
   "cispo": policy.cispo,
   "sapo": policy.sapo,
   "ppo_critic": policy.ppo_clip,
-  "rspo": None,
+  "rspo": policy.rspo,
 }
 
 # Objectives whose J is one term per sequence ([B]); aggregated as a sequence mean.
@@ -60,11 +61,8 @@ def get_advantage(name: str) -> Callable[..., Any]:
 
 
 def get_objective(name: str) -> Callable[..., Any]:
-  """The §2 policy objective called `name` (NotImplementedError for reserved names)."""
-  fn = lookup(OBJECTIVES, name, "objective")
-  if fn is None:
-    raise NotImplementedError(f"objective {name!r} (objectives.md §2.8) is not implemented yet")
-  return fn
+  """The §2 policy objective called `name`."""
+  return lookup(OBJECTIVES, name, "objective")
 
 
 def validate(kind: str, name: str) -> None:

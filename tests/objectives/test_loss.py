@@ -157,8 +157,7 @@ def test_registry():
     obj.get_objective("ppo")
   with pytest.raises(ValueError, match=r"valid names: .*mean_only"):
     obj.get_advantage("drgrpo")
-  with pytest.raises(NotImplementedError, match="rspo"):
-    obj.get_objective("rspo")
+  assert obj.get_objective("rspo") is obj.rspo
   obj.validate("correction", "mis_seq+geo_mask")
   obj.validate("kl", "k3_is")
   obj.validate("aggregation", "seq_mean")
