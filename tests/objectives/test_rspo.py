@@ -64,7 +64,7 @@ def test_rspo_value_and_gradient_match_reference():
 
 
 def test_gamma_properties():
-  _, _, _, _, cur_r, old_r = _inputs(3)
+  *_, old_r = _inputs(3)
   same = np.asarray(policy.router_shift_gamma(jnp.float32(old_r), jnp.float32(old_r)))
   np.testing.assert_array_equal(same, 1.0)  # unchanged router
   far = np.asarray(
