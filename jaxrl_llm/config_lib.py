@@ -19,6 +19,7 @@ from jaxrl_llm.sampling import SamplingConfig
 SHAPINGS = ("none", "soft_overlong")
 FILTERS = ("none", "dynamic_sampling", "reinforce_rej")
 REFERENCES = ("frozen", "reset_every", "ema")
+REPLAYS = ("none", "r2", "r3")
 
 
 class ConfigError(ValueError):
@@ -67,6 +68,8 @@ def objective_kwargs(config) -> tuple[tuple[str, Any], ...]:
     kw = {"clip_low": o.clip_low, "clip_high": o.clip_high}
   elif name == "cispo":
     kw = {"clip_low": o.clip_low, "clip_high": o.clip_high, "cispo_mask": bool(o.cispo_mask)}
+  elif name == "rspo":
+    kw = {"clip_low": o.clip_low, "clip_high": o.clip_high}
   elif name == "gmpo":
     kw = {"clip_log": o.clip_log}
   elif name == "sapo":
@@ -118,14 +121,22 @@ def _check_names(config, e: list[str]) -> None:
 
 def _check_objective(config, e: list[str], mc: ModelConfig | None) -> None:
   o, name = config.objective, config.objective.name
+  is_moe = mc is not None and mc.moe_num_experts > 0
   if name == "rspo":
-    e.append(
-      "objective.name='rspo' (§2.8) needs a mixture-of-experts policy with routing masks; "
-      "the dense model has no router"
-    )
+    if not is_moe:
+      e.append(
+        "objective.name='rspo' (§2.8) needs a mixture-of-experts policy: set "
+        "model.moe_num_experts > 0"
+      )
+    _collect(e, 0 < o.gamma_min <= 1, f"objective.gamma_min={o.gamma_min} must be in (0, 1]")
+  replay = config.replay.name
+  if replay not in REPLAYS:
+    e.append(f"replay.name={replay!r} is unknown; valid names: {', '.join(REPLAYS)}")
+  elif replay != "none" and not is_moe:
+    e.append(f"replay.name={replay!r} replays MoE routing: set model.moe_num_experts > 0")
   hi_ok = 0 < o.clip_high < 1
   lo_ok = 0 < o.clip_low <= 1 if name == "cispo" else 0 < o.clip_low < 1
-  if name in ("ppo_clip", "ppo_critic", "gspo", "gspo_token", "cispo"):
+  if name in ("ppo_clip", "ppo_critic", "gspo", "gspo_token", "cispo", "rspo"):
     _collect(
       e, lo_ok, f"objective.clip_low={o.clip_low} must be in (0, 1{']' if name == 'cispo' else ')'}"
     )
@@ -221,7 +232,8 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int, task=None) 
       f"minibatch of {mb} sequences does not split into rl.num_microbatches={rl.num_microbatches}"
     )
   _check_names(config, e)
-  data = config.mesh.data if config.mesh.data != -1 else num_devices // max(config.mesh.model, 1)
+  inner = max(config.mesh.model, 1) * max(config.mesh.expert, 1)
+  data = config.mesh.data if config.mesh.data != -1 else num_devices // inner
   if data >= 1 and not e:
     sampled = num_sampled_prompts(config)
     if sampled % data:
@@ -326,6 +338,8 @@ def rl_config(config) -> RLConfig:
     overlong_cache_len=int(sh.cache_len),
     overlong_weight=float(sh.weight),
     overlong_filter=bool(sh.overlong_filter),
+    replay=config.replay.name,
+    gamma_min=float(config.objective.gamma_min),
     filtering=config.filtering.name,
     keep_prompts=int(rl.num_prompts),
     reward_weights=tuple(sorted((k, float(v)) for k, v in config.task.reward_weights.items())),

@@ -42,6 +42,16 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.qk_norm = False  # per-head RMSNorm of q and k (Qwen3 style)
   c.model.tie_embeddings = True  # share embedding and output matrices
   c.model.value_head = False  # scalar value head on the trunk (needed by ppo_critic)
+  c.model.moe_num_experts = 0  # routed experts E per MoE layer (0 = dense feed-forward)
+  c.model.moe_top_k = 2  # experts per token K
+  c.model.moe_expert_mlp_dim = 64  # SwiGLU hidden width of each routed expert
+  c.model.moe_every = 1  # every n-th layer is MoE (1 = all; layers n-1, 2n-1, ...)
+  c.model.moe_num_shared_experts = 0  # always-on shared experts (DeepSeek / Qwen-MoE style)
+  c.model.moe_shared_mlp_dim = 0  # hidden width of one shared expert (0 = moe_expert_mlp_dim)
+  c.model.moe_normalize_gates = True  # renormalise the top-k gates to sum to 1
+  c.model.moe_impl = "ragged"  # ragged (dropless grouped matmul) | dense (one-hot reference)
+  c.model.moe_aux_loss_coef = 0.01  # load-balance loss coefficient (§8)
+  c.model.moe_z_loss_coef = 0.001  # router z-loss coefficient (§8)
   c.model.dtype = "float32"  # compute dtype: float32 | bfloat16 | float16
   c.model.param_dtype = "float32"  # parameter storage dtype
 
@@ -69,7 +79,7 @@ def get_config() -> ml_collections.ConfigDict:
 
   c.objective = ml_collections.ConfigDict()
   c.objective.name = (
-    "ppo_clip"  # §2: ppo_clip | pg | gspo | gspo_token | gmpo | cispo | sapo | ppo_critic
+    "ppo_clip"  # §2: ppo_clip | pg | gspo | gspo_token | gmpo | cispo | sapo | rspo | ppo_critic
   )
   c.objective.clip_low = 0.2  # ε_low: lower clip width of the ratio, in (0, 1)
   c.objective.clip_high = 0.2  # ε_high: upper clip width of the ratio, in (0, 1)
@@ -78,6 +88,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.objective.tau_pos = 1.0  # soft-gate temperature for A > 0 (sapo)
   c.objective.tau_neg = 1.05  # soft-gate temperature for A <= 0 (sapo)
   c.objective.cispo_mask = False  # drop clipped tokens of the unified mask (cispo)
+  c.objective.gamma_min = 0.1  # γ_min floor of the router-shift weight (rspo)
   c.objective.value_coef = 0.5  # c_v of the clipped value loss (ppo_critic)
   c.objective.value_clip = 0.2  # ε_v of the clipped value loss (ppo_critic)
 
@@ -106,6 +117,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.shaping.cache_len = 2  # L_cache of the soft overlong punishment (tokens)
   c.shaping.weight = 1.0  # weight of the overlong reward term
   c.shaping.overlong_filter = False  # truncated completions get no gradient (stay in group stats)
+
+  c.replay = ml_collections.ConfigDict()
+  c.replay.name = "none"  # §9 routing replay (MoE): none | r2 (old-policy mask) | r3 (sampler mask)
 
   c.filtering = ml_collections.ConfigDict()
   c.filtering.name = "none"  # §7: none | dynamic_sampling | reinforce_rej
@@ -137,6 +151,7 @@ def get_config() -> ml_collections.ConfigDict:
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = -1  # data-parallel devices (-1 = all not used by `model`)
+  c.mesh.expert = 1  # expert-parallel devices (the `expert` logical axis)
   c.mesh.model = 1  # tensor-parallel devices
   c.mesh.rules = ()  # logical->mesh axis rules, e.g. (("mlp", "model"),); () = built-in table
   return c

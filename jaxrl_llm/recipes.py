@@ -97,6 +97,14 @@ RECIPES: dict[str, dict[str, Any]] = {
     "objective.name": "ppo_clip",
     "aggregation.name": "token_mean",
   },
+  "rspo": {
+    "advantage.name": "grpo",
+    "objective.name": "rspo",
+    "objective.clip_low": 0.2,
+    "objective.clip_high": 0.2,
+    "objective.gamma_min": 0.1,
+    "aggregation.name": "seq_mean",
+  },
   "ppo": {
     "advantage.name": "gae",
     "objective.name": "ppo_critic",
@@ -106,6 +114,25 @@ RECIPES: dict[str, dict[str, Any]] = {
     "kl.placement": "reward",
     "kl.beta": 0.01,
   },
+}
+
+
+# A small mixture-of-experts policy for the built-in tasks: 4 routed experts, top-2, in every
+# layer, with the sampler's routing replayed by the learner (R3, spec §9).
+MOE_MODEL: dict[str, Any] = {
+  "model.moe_num_experts": 4,
+  "model.moe_top_k": 2,
+  "model.moe_expert_mlp_dim": 64,
+  "model.moe_every": 1,
+  "replay.name": "r3",
+}
+
+# MoE experiment configs: recipe (or "default") + MOE_MODEL + their own overrides.
+MOE_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
+  "moe_default": ("default", {}),
+  "moe_grpo": ("grpo", {}),
+  "moe_gspo": ("gspo", {}),
+  "moe_rspo": ("rspo", {"replay.name": "none"}),
 }
 
 
@@ -122,9 +149,15 @@ def apply(config: ml_collections.ConfigDict, overrides: dict[str, Any]) -> None:
 
 
 def get_config(name: str) -> ml_collections.ConfigDict:
-  """The default config with recipe `name` of spec §10 applied."""
+  """The default config with recipe `name` of spec §10 (or an MoE config) applied."""
+  if name in MOE_CONFIGS:
+    base, extra = MOE_CONFIGS[name]
+    config = default_config.get_config() if base == "default" else get_config(base)
+    apply(config, {**MOE_MODEL, **extra})
+    return config
   if name not in RECIPES:
-    raise ValueError(f"unknown recipe {name!r}; valid names: {', '.join(sorted(RECIPES))}")
+    valid = sorted([*RECIPES, *MOE_CONFIGS])
+    raise ValueError(f"unknown recipe {name!r}; valid names: {', '.join(valid)}")
   config = default_config.get_config()
   apply(config, RECIPES[name])
   return config

@@ -54,6 +54,8 @@ class RLConfig:
   overlong_cache_len: int = 0  # L_cache of §6
   overlong_weight: float = 1.0  # weight of the overlong reward term
   overlong_filter: bool = False  # truncated completions get no gradient (§6)
+  replay: str = "none"  # §9 routing replay: "none" | "r2" | "r3" (MoE only)
+  gamma_min: float = 0.1  # γ_min of RSPO's router-shift weight (§2.8)
   filtering: str = "none"  # §7: "none" | "dynamic_sampling" | "reinforce_rej"
   keep_prompts: int = 0  # P groups kept by dynamic sampling (0 = every sampled group)
   reward_weights: tuple[tuple[str, float], ...] = (("correct", 1.0),)  # §6 weights
@@ -123,6 +125,28 @@ def terminal_rewards(reward: jax.Array, lengths: jax.Array, t_max: int) -> jax.A
   return jax.nn.one_hot(last, t_max, dtype=jnp.float32) * reward[:, None]
 
 
+def _sets_differ(a: jax.Array, b: jax.Array) -> jax.Array:
+  """[..., K] expert index sets -> [...] bool, True where the sets differ."""
+  return jnp.any(jnp.sort(a, axis=-1) != jnp.sort(b, axis=-1), axis=-1)
+
+
+def moe_metrics(moe, mb, mask) -> dict[str, jax.Array]:
+  """Routing metrics of one learner forward (§9, §11): disagreement with the sampler's and
+  the old policy's expert sets, router preference under replay, aux and z losses."""
+  valid = jnp.concatenate([mb["prompt_mask"].astype(jnp.float32), mask], axis=1)[..., None]
+  valid = jnp.broadcast_to(valid, moe.own_differs.shape)  # [B, S+T, Lm]
+  frac = lambda x: _masked_mean(x.astype(jnp.float32), valid)  # noqa: E731
+  return jax.lax.stop_gradient(
+    {
+      "moe/route_disagree_sampler": frac(_sets_differ(moe.routing, mb["sampler_routing"])),
+      "moe/route_disagree_old": frac(_sets_differ(moe.routing, mb["old_routing"])),
+      "moe/router_prefers_other": frac(moe.own_differs),
+      "moe/aux_loss": moe.aux_loss,
+      "moe/z_loss": moe.z_loss,
+    }
+  )
+
+
 def make_loss_fn(model: Transformer, sampling: SamplingConfig, rl: RLConfig):
   """The per-microbatch loss `(params, mb, norm) -> (loss, metrics)` of spec §2-§5, §8.
 
@@ -131,13 +155,29 @@ def make_loss_fn(model: Transformer, sampling: SamplingConfig, rl: RLConfig):
   """
   obj_kwargs = dict(rl.objective_kwargs)
   max_len = sampling.max_new_tokens
+  moe_cfg = model.cfg.moe
   agg = lambda x, m, n: objectives.aggregate(x, m, rl.aggregation, max_len=max_len, normalizer=n)  # noqa: E731
 
   def loss_fn(params, mb, norm):
+    rspo = rl.objective == "rspo"
     sc = score(
-      model, params, mb["prompt_tokens"], mb["prompt_mask"], mb["tokens"], sampling.temperature
+      model,
+      params,
+      mb["prompt_tokens"],
+      mb["prompt_mask"],
+      mb["tokens"],
+      sampling.temperature,
+      routing=mb.get("replay"),
+      probe_experts=mb["old_routing"] if rspo else None,
     )
     mask = mb["loss_mask"]
+    kwargs = dict(obj_kwargs)
+    if rspo:  # router-shift weight of each token's logits position (§2.8)
+      s = mb["prompt_tokens"].shape[1]
+      window = slice(s - 1, s - 1 + max_len)
+      kwargs["router_gamma"] = objectives.router_shift_gamma(
+        sc.moe.probe_logprobs[:, window], mb["old_router_logp"][:, window], gamma_min=rl.gamma_min
+      )
     loss, metrics = objectives.policy_loss(
       sc.logp,
       mb["old_logp"],
@@ -148,8 +188,16 @@ def make_loss_fn(model: Transformer, sampling: SamplingConfig, rl: RLConfig):
       behaviour_weight=mb["weight"],
       max_len=max_len,
       normalizer=norm,
-      **obj_kwargs,
+      **kwargs,
     )
+    ratio = jnp.exp(jnp.clip(sc.logp - mb["old_logp"], -20.0, 20.0))
+    ratio_mean = _masked_mean(ratio, mask)
+    metrics["policy/ratio_var"] = jax.lax.stop_gradient(
+      _masked_mean((ratio - ratio_mean) ** 2, mask)
+    )
+    if moe_cfg is not None:
+      loss = loss + moe_cfg.aux_loss_coef * sc.moe.aux_loss + moe_cfg.z_loss_coef * sc.moe.z_loss
+      metrics.update(moe_metrics(sc.moe, mb, mask))
     if rl.kl_beta > 0 and rl.kl_placement == "loss":
       kl = objectives.kl_penalty(
         sc.logp, mb["ref_logp"], mb["old_logp"], estimator=rl.kl_estimator, mask=mask
@@ -281,10 +329,18 @@ def make_rl_step(
     if rl.overlong_filter:
       mask = objectives.overlong_filter(mask, rollout.truncated)
 
-    score_fn = lambda p: score(  # noqa: E731
-      model, p, rollout.prompt_tokens, rollout.prompt_mask, rollout.tokens, sampling.temperature
+    score_fn = lambda p, routing=None: score(  # noqa: E731
+      model,
+      p,
+      rollout.prompt_tokens,
+      rollout.prompt_mask,
+      rollout.tokens,
+      sampling.temperature,
+      routing=routing,
     )
-    old = jax.lax.stop_gradient(score_fn(state.params))
+    old = jax.lax.stop_gradient(
+      score_fn(state.params, rollout.routing if rl.replay == "r3" else None)
+    )
     data = {
       "prompt_tokens": rollout.prompt_tokens,
       "prompt_mask": rollout.prompt_mask,
@@ -292,6 +348,18 @@ def make_rl_step(
       "loss_mask": mask,
       "old_logp": old.logp,
     }
+    if old.moe is not None:  # routing masks travel with their sequences through minibatching
+      data["sampler_routing"] = rollout.routing
+      data["old_routing"] = old.moe.routing
+      data["old_router_logp"] = old.moe.used_logprobs
+      if rl.replay == "r2":
+        data["replay"] = old.moe.routing
+      elif rl.replay == "r3":
+        data["replay"] = rollout.routing
+      load = old.moe.load  # [Lm, E] expert load of the old policy on this batch
+      metrics["moe/load_max_over_mean"] = jnp.mean(jnp.max(load, -1) / jnp.mean(load, -1))
+      for i in range(load.shape[0]):
+        metrics[f"hist/moe_load_layer{i}"] = load[i]
     adv_reward = reward
     if rl.kl_beta > 0:
       ref_logp = jax.lax.stop_gradient(score_fn(state.ref_params).logp)

@@ -12,7 +12,7 @@ import optax
 from absl import logging
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-MESH_AXES = ("data", "model")
+MESH_AXES = ("data", "expert", "model")
 
 # Logical parameter / activation axis -> mesh axis (None = replicated).
 DEFAULT_RULES: tuple[tuple[str, str | None], ...] = (
@@ -20,33 +20,40 @@ DEFAULT_RULES: tuple[tuple[str, str | None], ...] = (
   ("vocab", "model"),
   ("heads", "model"),
   ("mlp", "model"),
-  ("expert", "model"),
+  ("expert", "expert"),
   ("kv_heads", None),
   ("head_dim", None),
   ("embed", None),
 )
 
 
-def make_mesh(data: int = -1, model: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """A ('data', 'model') mesh; `data=-1` takes every device not used by `model`."""
+def make_mesh(
+  data: int = -1,
+  model: int = 1,
+  devices: Sequence[jax.Device] | None = None,
+  *,
+  expert: int = 1,
+) -> Mesh:
+  """A ('data', 'expert', 'model') mesh; `data=-1` takes every device the others leave."""
   devices = list(devices if devices is not None else jax.devices())
   n = len(devices)
-  if model < 1:
-    raise ValueError(f"mesh.model={model} must be >= 1")
+  for name, size in (("model", model), ("expert", expert)):
+    if size < 1:
+      raise ValueError(f"mesh.{name}={size} must be >= 1")
+  inner = model * expert
   if data == -1:
-    if n % model:
-      raise ValueError(f"mesh.model={model} does not divide the {n} available devices")
-    data = n // model
-  if data < 1 or data * model > n:
+    if n % inner:
+      raise ValueError(f"mesh.expert x mesh.model = {inner} does not divide the {n} devices")
+    data = n // inner
+  if data < 1 or data * inner > n:
     raise ValueError(
-      f"mesh.data={data} x mesh.model={model} = {data * model} devices, but {n} are "
-      f"available; set mesh.data=-1 to use all of them"
+      f"mesh.data={data} x mesh.expert={expert} x mesh.model={model} = {data * inner} devices, "
+      f"but {n} are available; set mesh.data=-1 to use all of them"
     )
-  if data * model < n:
-    logging.warning(
-      "mesh uses %d of the %d devices (mesh.data=%d, mesh.model=%d)", data * model, n, data, model
-    )
-  return Mesh(np.asarray(devices[: data * model]).reshape(data, model), MESH_AXES)
+  if data * inner < n:
+    logging.warning("mesh uses %d of the %d devices", data * inner, n)
+  grid = np.asarray(devices[: data * inner]).reshape(data, expert, model)
+  return Mesh(grid, MESH_AXES)
 
 
 def rules_from_config(rules: Any) -> tuple[tuple[str, str | None], ...]:

@@ -151,7 +151,7 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
   task = build_task(config)
   config_lib.validate(config, num_devices=jax.device_count(), task=task)
   mc = config_lib.model_config(config)
-  mesh = sharding.make_mesh(config.mesh.data, config.mesh.model)
+  mesh = sharding.make_mesh(config.mesh.data, config.mesh.model, expert=config.mesh.expert)
   rules = sharding.rules_from_config(config.mesh.rules)
   model = Transformer(mc)
   samp = config_lib.sampling_config(config, task)

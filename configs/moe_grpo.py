@@ -1,0 +1,8 @@
+"""`moe_grpo`: see jaxrl_llm/recipes.py (spec §9-§10) for its settings."""
+
+from jaxrl_llm import recipes
+
+
+def get_config():
+  """The default config with the `moe_grpo` settings applied."""
+  return recipes.get_config("moe_grpo")
