@@ -104,6 +104,11 @@ RECIPES: dict[str, dict[str, Any]] = {
     "objective.clip_high": 0.2,
     "objective.gamma_min": 0.1,
     "aggregation.name": "seq_mean",
+    # RSPO is for mixture-of-experts policies (§10): the small MoE of MOE_MODEL, no replay.
+    "model.moe_num_experts": 4,
+    "model.moe_top_k": 2,
+    "model.moe_expert_mlp_dim": 64,
+    "replay.name": "none",
   },
   "ppo": {
     "advantage.name": "gae",

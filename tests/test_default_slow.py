@@ -17,3 +17,14 @@ def test_default_config_learns(tmp_path):
   assert end == result["eval/accuracy"]
   assert end >= 0.8, evals
   assert end - start >= 0.3, evals
+
+
+@pytest.mark.slow
+def test_moe_default_learns_with_r3(tmp_path):
+  config = load_config("moe_default")
+  config.mesh.data = 1
+  assert config.replay.name == "r3" and config.model.moe_num_experts > 0
+  train.train_and_evaluate(config, str(tmp_path))
+  evals = metrics.read_scalars(str(tmp_path))["eval/accuracy"]
+  start, end = evals[0][1], evals[-1][1]
+  assert end - start >= 0.3, evals

@@ -22,13 +22,24 @@ SPECIFIC_TAGS = {
   "rloo": ["policy/ratio_mean"],
   "lite_ppo": ["adv/std"],
   "ppo": ["value/loss", "value/mean", "kl/ref_kl"],
+  "rspo": ["policy/router_gamma_mean", "moe/route_disagree_old", "moe/aux_loss"],
+  "moe_default": ["moe/route_disagree_sampler", "moe/router_prefers_other", "moe/z_loss"],
+  "moe_grpo": ["moe/load_max_over_mean", "kl/loss", "policy/ratio_var"],
+  "moe_gspo": ["policy/seq_ratio_mean", "moe/route_disagree_sampler"],
+  "moe_rspo": ["policy/router_gamma_mean", "moe/route_disagree_old"],
 }
 
 
 def test_every_recipe_has_a_config_file():
   files = {p.stem for p in (REPO / "configs").glob("*.py")}
-  assert set(recipes.RECIPES) <= files
-  assert set(SPECIFIC_TAGS) == set(recipes.RECIPES) - {"rspo"}
+  names = set(recipes.RECIPES) | set(recipes.MOE_CONFIGS)
+  assert names <= files
+  assert set(SPECIFIC_TAGS) == names
+
+
+def test_rspo_needs_a_moe_model():
+  with pytest.raises(ValueError, match="needs a mixture-of-experts policy"):
+    train.build(tiny_config("rspo", **{"model.moe_num_experts": 0}))
 
 
 @pytest.mark.parametrize("name", sorted(SPECIFIC_TAGS))
