@@ -1,8 +1,9 @@
 """The fused RL update: sample → score → filter → advantages → old/ref log-probs → learn.
 
-`make_rl_step` binds the static pieces (model, optimiser, verifier, settings) and returns ONE
-jitted function `(TrainState, PromptBatch, rng) -> (TrainState, metrics)` with explicit
-shardings and the state donated. Nothing leaves the device between sampling and learning.
+`make_rl_step` binds the static pieces (model, optimiser, verifier, settings) and returns an
+`RLProgram` whose `step` is ONE jitted function `(TrainState, PromptBatch, rng) -> (TrainState,
+metrics)` with explicit shardings and the state donated: nothing leaves the device between
+sampling and learning. Its `sample` and `learn` halves serve verifiers that must run on the host.
 """
 
 from __future__ import annotations
@@ -234,12 +235,12 @@ def make_rl_step(
   state_shardings: Any,
   *,
   sampler_dtype: str = "float32",
-):
-  """Builds the fused jitted RL update.
+) -> RLProgram:
+  """Builds the jitted RL programs (fused step, and the sample / learn halves).
 
   `reward_fn(prompt_tokens, completion, completion_mask, answer, answer_mask)` returns named
   [B] reward terms (a pure JAX verifier). The sampler runs on `sampler_dtype`'s copy of the
-  policy (float32 | bfloat16 | int8). Returns `step(state, batch, rng) -> (state, metrics)`.
+  policy (float32 | bfloat16 | int8). `reward_fn` may be None for the host-reward path only.
   """
   g = sampling.group_size
   t_max = sampling.max_new_tokens
@@ -293,15 +294,16 @@ def make_rl_step(
       opt_state = jax.tree.map(lambda o, f: jnp.where(reset, f, o), opt_state, fresh)
     return ref, opt_state
 
-  def step(state: TrainState, batch: PromptBatch, rng: jax.Array):
-    sample_key, shuffle_key = jax.random.split(rng)
+  def sample_phase(state: TrainState, batch: PromptBatch, rng: jax.Array) -> Rollout:
+    """Samples G completions per prompt with the sampler's copy of the policy."""
+    sample_key, _ = jax.random.split(rng)
     policy = quant.sampler_params(state.params, sampler_dtype)
-    rollout = constrain(
-      sample(sampler_model, policy, batch.tokens, batch.mask, sample_key, sampling)
-    )
-    answer = jnp.repeat(batch.answer, g, axis=0)
-    answer_mask = jnp.repeat(batch.answer_mask, g, axis=0)
-    terms = reward_fn(rollout.prompt_tokens, rollout.tokens, rollout.loss_mask, answer, answer_mask)
+    return constrain(sample(sampler_model, policy, batch.tokens, batch.mask, sample_key, sampling))
+
+  def learn_phase(state: TrainState, rollout: Rollout, terms: dict[str, jax.Array], rng):
+    """Shaping, filtering, advantages, old/ref passes and the optimiser steps."""
+    _, shuffle_key = jax.random.split(rng)
+    terms = {k: jnp.asarray(v, jnp.float32) for k, v in terms.items()}
     if rl.overlong_penalty:
       terms["overlong"] = objectives.soft_overlong(
         rollout.lengths, rollout.truncated, t_max, rl.overlong_cache_len
@@ -310,7 +312,7 @@ def make_rl_step(
     reward = jnp.asarray(reward, jnp.float32) * jnp.ones(rollout.lengths.shape, jnp.float32)
 
     metrics: dict[str, jax.Array] = {}
-    num_groups = batch.tokens.shape[0]
+    num_groups = rollout.lengths.shape[0] // g
     if rl.filtering == "dynamic_sampling":
       idx, group_valid, fm = objectives.dynamic_sampling(reward, g, rl.keep_prompts)
       metrics.update(fm)
@@ -426,13 +428,40 @@ def make_rl_step(
     )
     return new_state, metrics
 
+  def step(state: TrainState, batch: PromptBatch, rng: jax.Array):
+    rollout = sample_phase(state, batch, rng)
+    answer = jnp.repeat(batch.answer, g, axis=0)
+    answer_mask = jnp.repeat(batch.answer_mask, g, axis=0)
+    terms = reward_fn(rollout.prompt_tokens, rollout.tokens, rollout.loss_mask, answer, answer_mask)
+    return learn_phase(state, rollout, terms, rng)
+
   repl = NamedSharding(mesh, PartitionSpec())
   batch_shardings = PromptBatch(
     tokens=batch_axis, mask=batch_axis, answer=batch_axis, answer_mask=batch_axis
   )
-  return jax.jit(
-    step,
-    in_shardings=(state_shardings, batch_shardings, repl),
-    out_shardings=(state_shardings, repl),
-    donate_argnums=(0,),
+  return RLProgram(
+    step=jax.jit(
+      step,
+      in_shardings=(state_shardings, batch_shardings, repl),
+      out_shardings=(state_shardings, repl),
+      donate_argnums=(0,),
+    ),
+    sample=jax.jit(sample_phase, in_shardings=(state_shardings, batch_shardings, repl)),
+    learn=jax.jit(learn_phase, out_shardings=(state_shardings, repl), donate_argnums=(0,)),
   )
+
+
+@dataclasses.dataclass(frozen=True)
+class RLProgram:
+  """The jitted programs of one RL update.
+
+  `step(state, batch, rng)` is the fused update (sampling, a pure-JAX verifier and learning in
+  one program). Verifiers that need Python (decoded text, external checkers) use the
+  host-reward path instead: `rollout = sample(state, batch, rng)`, reward terms computed on the
+  host from the rollout, then `learn(state, rollout, terms, rng)`; the same rng gives the same
+  update as the fused step for the same rewards.
+  """
+
+  step: Callable[..., tuple[TrainState, dict[str, jax.Array]]]
+  sample: Callable[..., Rollout]
+  learn: Callable[..., tuple[TrainState, dict[str, jax.Array]]]

@@ -50,6 +50,7 @@ class Experiment:
   state: TrainState
   state_shardings: Any
   rl_step: Any
+  program: Any
   eval_fn: Any
   schedule: Any
   batch_sharding: NamedSharding
@@ -187,7 +188,7 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
     rng=jax.device_put(rng, repl),
   )
   state_shardings = jax.tree.map(lambda x: x.sharding, state)
-  step_fn = make_rl_step(
+  program = make_rl_step(
     model,
     tx,
     schedule,
@@ -209,7 +210,8 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
     model=model,
     state=state,
     state_shardings=state_shardings,
-    rl_step=step_fn,
+    rl_step=program.step,
+    program=program,
     eval_fn=make_eval_fn(model, task, config, mesh),
     schedule=schedule,
     batch_sharding=NamedSharding(mesh, PartitionSpec("data")),
