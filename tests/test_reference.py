@@ -1,0 +1,53 @@
+"""KL reference policy (§4): no reference at β = 0, frozen, reset_every N and EMA updates."""
+
+import jax
+import numpy as np
+from conftest import tiny_config
+
+from jaxrl_llm import data, train
+
+
+def _run(config, steps):
+  exp = train.build(config)
+  state = train._with_reference(exp.state, config.kl.beta)
+  it = data.make_prompt_iterator(exp.task.train_examples(0), config.rl.num_prompts, seed=0)
+  history = [jax.device_get(state)]
+  for i in range(steps):
+    batch = train.to_global_batch(next(it), exp.batch_sharding)
+    state, _ = exp.rl_step(state, batch, jax.random.fold_in(state.rng, i))
+    history.append(jax.device_get(state))
+  return history
+
+
+def _equal(a, b):
+  return all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def test_beta_zero_has_no_reference_model():
+  history = _run(tiny_config(**{"kl.beta": 0.0}), 1)
+  assert history[0].ref_params is None and history[-1].ref_params is None
+
+
+def test_frozen_reference_stays_at_the_initial_policy():
+  history = _run(tiny_config(**{"kl.beta": 0.05}), 2)
+  assert _equal(history[-1].ref_params, history[0].params)
+  assert not _equal(history[-1].params, history[0].params)
+
+
+def test_reset_every_copies_the_policy():
+  history = _run(
+    tiny_config(**{"kl.beta": 0.05, "kl.reference": "reset_every", "kl.reset_every": 2}), 3
+  )
+  assert _equal(history[1].ref_params, history[0].params)  # step 1: not yet
+  assert _equal(history[2].ref_params, history[2].params)  # step 2: reset to the policy
+  assert _equal(history[3].ref_params, history[2].params)  # step 3: held until the next reset
+
+
+def test_ema_reference():
+  alpha = 0.25
+  history = _run(tiny_config(**{"kl.beta": 0.05, "kl.reference": "ema", "kl.ema": alpha}), 2)
+  for prev, cur in zip(history, history[1:]):
+    want = jax.tree.map(lambda r, p: alpha * p + (1 - alpha) * r, prev.ref_params, cur.params)
+    jax.tree.map(
+      lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7), cur.ref_params, want
+    )
