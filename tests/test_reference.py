@@ -1,5 +1,7 @@
 """KL reference policy (§4): no reference at β = 0, frozen, reset_every N and EMA updates."""
 
+import itertools
+
 import jax
 import numpy as np
 from conftest import tiny_config
@@ -46,7 +48,7 @@ def test_reset_every_copies_the_policy():
 def test_ema_reference():
   alpha = 0.25
   history = _run(tiny_config(**{"kl.beta": 0.05, "kl.reference": "ema", "kl.ema": alpha}), 2)
-  for prev, cur in zip(history, history[1:]):
+  for prev, cur in itertools.pairwise(history):
     want = jax.tree.map(lambda r, p: alpha * p + (1 - alpha) * r, prev.ref_params, cur.params)
     jax.tree.map(
       lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7), cur.ref_params, want
