@@ -1,0 +1,75 @@
+"""Host-side verifiers that score decoded completions (run outside jit).
+
+`math` extracts and compares answers; `rewards` turns them into reward terms and scores batches
+robustly (errors and timeouts score 0.0 and are counted). `get_reward_fn(name)` looks up a
+two-argument term `fn(completion, reference) -> float` by name.
+"""
+
+from jaxrl_llm.verifiers.math import (
+  extract_answer,
+  extract_boxed,
+  extract_gsm8k,
+  extract_last_number,
+  is_equivalent,
+  normalize,
+  parse_number,
+)
+from jaxrl_llm.verifiers.rewards import (
+  RewardFn,
+  correctness_reward,
+  format_reward,
+  gsm8k_correct,
+  gsm8k_format,
+  math_correct,
+  math_correct_boxed,
+  math_format_boxed,
+  math_verify_correct,
+  reference_answer,
+  score_batch,
+  think_format,
+)
+
+REWARD_FNS: dict[str, RewardFn] = {
+  "math_correct": math_correct,
+  "math_correct_boxed": math_correct_boxed,
+  "math_verify_correct": math_verify_correct,
+  "gsm8k_correct": gsm8k_correct,
+  "math_format_boxed": math_format_boxed,
+  "think_format": think_format,
+  "gsm8k_format": gsm8k_format,
+}
+
+
+def get_reward_fn(name: str) -> RewardFn:
+  """The reward term registered as `name`; ValueError listing the valid names otherwise."""
+  try:
+    return REWARD_FNS[name]
+  except KeyError:
+    raise ValueError(
+      f"unknown reward function {name!r}; valid names: {', '.join(sorted(REWARD_FNS))}"
+    ) from None
+
+
+__all__ = [
+  "REWARD_FNS",
+  "RewardFn",
+  "correctness_reward",
+  "extract_answer",
+  "extract_boxed",
+  "extract_gsm8k",
+  "extract_last_number",
+  "format_reward",
+  "get_reward_fn",
+  "gsm8k_correct",
+  "gsm8k_format",
+  "is_equivalent",
+  "math_correct",
+  "math_correct_boxed",
+  "math_format_boxed",
+  "math_verify_correct",
+  "normalize",
+  "parse_number",
+  "reference_answer",
+  "score_batch",
+  "think_format",
+]
