@@ -1,0 +1,478 @@
+"""Subword tokenizers (``tokenizer.json`` files), chat templates and named prompt templates.
+
+``HFTokenizer`` wraps a ``tokenizers.Tokenizer`` together with the special-token settings that a
+model directory keeps beside it (``tokenizer_config.json``, ``generation_config.json``).
+``apply_chat_template`` renders a model's Jinja chat template in a sandbox, and
+``render_prompt`` turns a dataset question into prompt text with one of ``PROMPT_TEMPLATES``.
+
+Needs the optional packages ``tokenizers`` and ``jinja2``; both are imported lazily, so this
+module can be imported without them.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import json
+import pathlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+OVERFLOW_POLICIES = ("error", "drop")
+
+
+def _read_json(path: pathlib.Path) -> dict[str, Any]:
+  """Parses a JSON object from ``path``; ValueError naming the file when that fails."""
+  try:
+    value = json.loads(path.read_text(encoding="utf-8"))
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise ValueError(f"Could not read JSON from {path}: {e}") from e
+  if not isinstance(value, dict):
+    raise ValueError(f"{path} must hold a JSON object, found {type(value).__name__}.")
+  return value
+
+
+def _config_dict(config: Mapping[str, Any] | str | pathlib.Path | None) -> tuple[dict, str]:
+  """A config given as a dict or a JSON path → (dict, description for messages)."""
+  if config is None:
+    return {}, "<none>"
+  if isinstance(config, Mapping):
+    return dict(config), "<dict>"
+  path = pathlib.Path(config)
+  return _read_json(path), str(path)
+
+
+def _token_content(value: Any) -> str | None:
+  """A special token as written in tokenizer_config.json: a string or an AddedToken dict."""
+  if value is None or isinstance(value, str):
+    return value
+  if isinstance(value, Mapping) and isinstance(value.get("content"), str):
+    return value["content"]
+  raise ValueError(f"Cannot read a special token from {value!r}.")
+
+
+def _pick_chat_template(value: Any) -> str | None:
+  """``chat_template`` is a string or a list of ``{'name', 'template'}``; prefer 'default'."""
+  if value is None or isinstance(value, str):
+    return value
+  if isinstance(value, list):
+    named = {t.get("name"): t.get("template") for t in value if isinstance(t, Mapping)}
+    if "default" in named:
+      return named["default"]
+    if named:
+      return next(iter(named.values()))
+  raise ValueError(f"Cannot read chat_template from a {type(value).__name__}.")
+
+
+class HFTokenizer:
+  """A ``tokenizers`` tokenizer plus its special tokens and chat template.
+
+  ``eos_ids`` are all ids that end a completion: the configured ``eos_token`` first, then any
+  further ids in ``generation_config.json``'s ``eos_token_id`` (an int or a list). ``pad_id``
+  is the ``pad_token`` when one is configured, else ``generation_config``'s ``pad_token_id``,
+  else it falls back to ``eos_id`` (padding is always masked, so sharing the id is harmless;
+  but decode a left-padded prompt as ``ids[mask]``, or its padding reads as an eos).
+  """
+
+  def __init__(
+    self,
+    tokenizer: Any,
+    *,
+    eos_token: str | None = None,
+    pad_token: str | None = None,
+    bos_token: str | None = None,
+    eos_token_ids: Sequence[int] = (),
+    pad_token_id: int | None = None,
+    chat_template: str | None = None,
+    add_bos_token: bool = False,
+    source: str = "<in-memory tokenizer>",
+  ):
+    self._tok = tokenizer
+    self.source = source
+    self.chat_template = chat_template
+    self.add_bos_token = bool(add_bos_token)
+    self.eos_token, self.pad_token, self.bos_token = eos_token, pad_token, bos_token
+    eos = [self._id_of(eos_token, "eos_token")] if eos_token is not None else []
+    for i in eos_token_ids:
+      if int(i) not in eos:
+        eos.append(int(i))
+    if not eos:
+      raise ValueError(
+        f"{source}: no end-of-sequence token configured; set eos_token in tokenizer_config.json "
+        "or eos_token_id in generation_config.json."
+      )
+    for i in eos:
+      self._check_id(i, "eos id")
+    self._eos_ids = tuple(eos)
+    if self.eos_token is None:
+      self.eos_token = self._tok.id_to_token(eos[0])
+    if pad_token is not None:
+      self._pad_id = self._id_of(pad_token, "pad_token")
+    elif pad_token_id is not None:
+      self._pad_id = self._check_id(int(pad_token_id), "pad_token_id")
+    else:
+      self._pad_id = eos[0]
+    self._bos_id = self._id_of(bos_token, "bos_token") if bos_token is not None else None
+    if self.add_bos_token and self._bos_id is None:
+      raise ValueError(f"{source}: add_bos_token is true but no bos_token is configured.")
+
+  # ---- construction -----------------------------------------------------------------------
+
+  @classmethod
+  def from_file(
+    cls,
+    path: str | pathlib.Path,
+    *,
+    tokenizer_config: Mapping[str, Any] | str | pathlib.Path | None = None,
+    generation_config: Mapping[str, Any] | str | pathlib.Path | None = None,
+    chat_template: str | None = None,
+  ) -> HFTokenizer:
+    """Loads ``tokenizer.json`` at ``path``; configs are dicts or paths to JSON files.
+
+    Reads ``eos_token``, ``pad_token``, ``bos_token``, ``chat_template`` and ``add_bos_token``
+    from ``tokenizer_config`` and ``eos_token_id`` / ``pad_token_id`` from
+    ``generation_config``. An explicit ``chat_template`` overrides the config's.
+    """
+    from tokenizers import Tokenizer
+
+    path = pathlib.Path(path)
+    if not path.is_file():
+      raise FileNotFoundError(f"Tokenizer file {path} does not exist.")
+    try:
+      tok = Tokenizer.from_file(str(path))
+    except Exception as e:  # the Rust library raises a plain Exception
+      raise ValueError(f"{path} is not a valid tokenizer.json: {e}") from e
+    tc, tc_name = _config_dict(tokenizer_config)
+    gc, gc_name = _config_dict(generation_config)
+    try:
+      eos, pad, bos = (_token_content(tc.get(k)) for k in ("eos_token", "pad_token", "bos_token"))
+      template = chat_template or _pick_chat_template(tc.get("chat_template"))
+    except ValueError as e:
+      raise ValueError(f"{tc_name}: {e}") from e
+    gen_eos = gc.get("eos_token_id")
+    gen_eos = [] if gen_eos is None else [gen_eos] if isinstance(gen_eos, int) else list(gen_eos)
+    return cls(
+      tok,
+      eos_token=eos,
+      pad_token=pad,
+      bos_token=bos,
+      eos_token_ids=gen_eos,
+      pad_token_id=gc.get("pad_token_id"),
+      chat_template=template,
+      add_bos_token=bool(tc.get("add_bos_token", False)),
+      source=f"{path} (tokenizer_config: {tc_name}, generation_config: {gc_name})",
+    )
+
+  @classmethod
+  def from_dir(cls, directory: str | pathlib.Path) -> HFTokenizer:
+    """Loads a model directory: ``tokenizer.json`` plus optional ``tokenizer_config.json``,
+    ``generation_config.json`` and ``chat_template.jinja`` (which, when present, takes
+    precedence over the config's ``chat_template``)."""
+    d = pathlib.Path(directory)
+    if not d.is_dir():
+      raise FileNotFoundError(f"Tokenizer directory {d} does not exist.")
+    path = d / "tokenizer.json"
+    if not path.is_file():
+      held = sorted(p.name for p in d.iterdir())
+      raise FileNotFoundError(f"{path} does not exist; {d} holds {held}.")
+    tc, gc = d / "tokenizer_config.json", d / "generation_config.json"
+    jinja = d / "chat_template.jinja"
+    return cls.from_file(
+      path,
+      tokenizer_config=tc if tc.is_file() else None,
+      generation_config=gc if gc.is_file() else None,
+      chat_template=jinja.read_text(encoding="utf-8") if jinja.is_file() else None,
+    )
+
+  def _id_of(self, token: str, what: str) -> int:
+    i = self._tok.token_to_id(token)
+    if i is None:
+      raise ValueError(f"{self.source}: {what} {token!r} is not in the vocabulary.")
+    return int(i)
+
+  def _check_id(self, i: int, what: str) -> int:
+    if not 0 <= i < self.vocab_size:
+      raise ValueError(
+        f"{self.source}: {what} {i} is outside the vocabulary [0, {self.vocab_size})."
+      )
+    return i
+
+  def __repr__(self) -> str:
+    return (
+      f"HFTokenizer(vocab_size={self.vocab_size}, eos_ids={self.eos_ids}, pad_id={self.pad_id}, "
+      f"bos_id={self.bos_id}, chat_template={'yes' if self.chat_template else 'no'})"
+    )
+
+  # ---- special ids ------------------------------------------------------------------------
+
+  @property
+  def eos_id(self) -> int:
+    """Primary end-of-sequence id (appended to SFT targets; the first of ``eos_ids``)."""
+    return self._eos_ids[0]
+
+  @property
+  def eos_ids(self) -> tuple[int, ...]:
+    """Every id that ends a completion (stop ids for the sampler)."""
+    return self._eos_ids
+
+  @property
+  def pad_id(self) -> int:
+    """Padding id: the pad token, or ``eos_id`` when the tokenizer defines none."""
+    return self._pad_id
+
+  @property
+  def bos_id(self) -> int | None:
+    """Beginning-of-sequence id, or None when the tokenizer has no bos token."""
+    return self._bos_id
+
+  @property
+  def vocab_size(self) -> int:
+    """Number of ids the tokenizer can produce, added tokens included (a model's embedding
+    table may be larger)."""
+    return int(self._tok.get_vocab_size(with_added_tokens=True))
+
+  # ---- encode / decode --------------------------------------------------------------------
+
+  def _finish(self, ids: list[int], add_special_tokens: bool) -> list[int]:
+    if add_special_tokens and self.add_bos_token and (not ids or ids[0] != self._bos_id):
+      ids = [self._bos_id, *ids]
+    return ids
+
+  def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+    """Token ids of ``text``. Special-token strings in the text (e.g. ``<|im_end|>``) map to
+    their ids. ``add_special_tokens`` runs the tokenizer's post-processor and prepends bos when
+    ``add_bos_token`` is set; leave it off for text rendered by a chat template, which writes
+    its own special tokens."""
+    return self._finish(
+      list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids), add_special_tokens
+    )
+
+  def decode(
+    self,
+    ids: Sequence[int] | np.ndarray,
+    skip_special_tokens: bool = True,
+    stop_at_eos: bool = True,
+  ) -> str:
+    """Text of ``ids``; with ``stop_at_eos`` everything from the first of ``eos_ids`` is cut."""
+    ids = [int(i) for i in np.asarray(ids).reshape(-1)]
+    if stop_at_eos:
+      stops = set(self._eos_ids)
+      cut = next((k for k, i in enumerate(ids) if i in stops), len(ids))
+      ids = ids[:cut]
+    return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+  def encode_batch(
+    self,
+    texts: Sequence[str],
+    length: int,
+    *,
+    left_pad: bool = True,
+    add_special_tokens: bool = False,
+    overflow: str = "error",
+  ) -> tuple[np.ndarray, ...]:
+    """Encodes texts into a padded ``[N, length]`` block.
+
+    Returns ``(ids [N, L] int32, mask [N, L] bool)`` with ``pad_id`` outside the mask; the
+    padding goes on the left when ``left_pad`` (prompts) else on the right. A text longer than
+    ``length`` tokens raises ValueError under ``overflow='error'``; under ``overflow='drop'``
+    such rows are left out and the result is ``(ids [M, L], mask [M, L], too_long [N] bool)``
+    with ``M = N - too_long.sum()``.
+    """
+    if overflow not in OVERFLOW_POLICIES:
+      raise ValueError(f"overflow must be one of {OVERFLOW_POLICIES}, got {overflow!r}.")
+    if length < 1:
+      raise ValueError(f"length must be >= 1, got {length}.")
+    encs = self._tok.encode_batch(list(texts), add_special_tokens=add_special_tokens)
+    seqs = [self._finish(list(e.ids), add_special_tokens) for e in encs]
+    lens = np.asarray([len(s) for s in seqs], np.int64)
+    too_long = lens > length
+    if overflow == "error" and too_long.any():
+      first = int(np.argmax(too_long))
+      raise ValueError(
+        f"{int(too_long.sum())} of {len(seqs)} texts are longer than length={length} tokens "
+        f"(longest: {int(lens.max())}); first is row {first} ({lens[first]} tokens): "
+        f"{texts[first][:80]!r}. Raise the length or pass overflow='drop'."
+      )
+    kept = [s for s, t in zip(seqs, too_long) if not t]
+    ids = np.full((len(kept), length), self.pad_id, np.int32)
+    mask = np.zeros((len(kept), length), bool)
+    for r, s in enumerate(kept):
+      if not s:
+        continue
+      cols = slice(length - len(s), length) if left_pad else slice(0, len(s))
+      ids[r, cols] = s
+      mask[r, cols] = True
+    if overflow == "drop":
+      return ids, mask, too_long
+    return ids, mask
+
+  # ---- chat template ----------------------------------------------------------------------
+
+  def apply_chat_template(
+    self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True, **kwargs
+  ) -> str:
+    """Renders ``messages`` with this tokenizer's chat template (see ``apply_chat_template``)."""
+    if not self.chat_template:
+      raise ValueError(
+        f"{self.source} has no chat template (tokenizer_config.json chat_template or "
+        "chat_template.jinja)."
+      )
+    specials = {"bos_token": self.bos_token or "", "eos_token": self.eos_token or ""}
+    if self.pad_token is not None:
+      specials["pad_token"] = self.pad_token
+    return apply_chat_template(
+      messages,
+      self.chat_template,
+      add_generation_prompt=add_generation_prompt,
+      **{**specials, **kwargs},
+    )
+
+
+# ---- chat templates ---------------------------------------------------------------------------
+
+
+def _raise_exception(message: str):
+  from jinja2.exceptions import TemplateError
+
+  raise TemplateError(message)
+
+
+def _strftime_now(fmt: str) -> str:
+  return datetime.datetime.now().strftime(fmt)
+
+
+def _tojson(
+  value: Any,
+  ensure_ascii: bool = False,
+  indent: int | None = None,
+  separators=None,
+  sort_keys: bool = False,
+) -> str:
+  return json.dumps(
+    value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+  )
+
+
+@functools.lru_cache(maxsize=32)
+def _compile_chat_template(template: str):
+  """Compiles a chat template in an immutable sandbox with the helpers templates expect."""
+  import jinja2.ext
+  from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+  env = ImmutableSandboxedEnvironment(
+    trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+  )
+  env.filters["tojson"] = _tojson
+  env.globals["raise_exception"] = _raise_exception
+  env.globals["strftime_now"] = _strftime_now
+  return env.from_string(template)
+
+
+def apply_chat_template(
+  messages: Sequence[Mapping[str, Any]],
+  template: str,
+  *,
+  add_generation_prompt: bool = True,
+  bos_token: str = "",
+  eos_token: str = "",
+  **kwargs,
+) -> str:
+  """Renders a Jinja chat template over ``messages`` (dicts with ``role`` and ``content``).
+
+  The template runs in ``jinja2``'s immutable sandbox with ``trim_blocks`` and
+  ``lstrip_blocks``, the ``loopcontrols`` extension and the ``raise_exception`` and
+  ``strftime_now`` helpers. Extra keyword arguments (e.g. ``enable_thinking``, ``tools``)
+  become template variables. Template errors are raised as ValueError.
+  """
+  import jinja2
+
+  for k, m in enumerate(messages):
+    if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
+      raise ValueError(f"messages[{k}] must be a dict with 'role' and 'content', got {m!r}.")
+  try:
+    compiled = _compile_chat_template(template)
+    return compiled.render(
+      messages=[dict(m) for m in messages],
+      add_generation_prompt=add_generation_prompt,
+      bos_token=bos_token,
+      eos_token=eos_token,
+      **kwargs,
+    )
+  except jinja2.TemplateError as e:
+    raise ValueError(f"Chat template failed: {type(e).__name__}: {e}") from e
+
+
+# ---- prompt templates -------------------------------------------------------------------------
+
+QWEN_MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+
+# Name → prompt text with a ``{question}`` placeholder. Names in CHAT_PROMPT_TEMPLATES use the
+# text as the single user message of the tokenizer's chat template.
+PROMPT_TEMPLATES: dict[str, str] = {
+  # The question as it is.
+  "plain": "{question}",
+  # Zero-RL reasoning format in the style of DeepSeek-R1-Zero: think, then answer, in tags.
+  "r1": (
+    "This is a dialogue between a User and an Assistant. The User poses a problem and the "
+    "Assistant solves it. Before replying, the Assistant works the problem through privately, "
+    "then states the final result. The Assistant writes that reasoning between <think> and "
+    "</think> and the final result between <answer> and </answer>, in the form "
+    "<think> ... </think> <answer> ... </answer>.\n"
+    "User: {question}\n"
+    "Assistant: <think>"
+  ),
+  # Qwen-math boxed-answer instruction after the question.
+  "qwen_math": "{question}\n" + QWEN_MATH_INSTRUCTION,
+  # The tokenizer's chat template around one user message holding the question.
+  "chat": "{question}",
+  # The chat template around the qwen_math text.
+  "qwen_math_chat": "{question}\n" + QWEN_MATH_INSTRUCTION,
+}
+CHAT_PROMPT_TEMPLATES = frozenset({"chat", "qwen_math_chat"})
+
+
+def uses_chat_template(template_name: str) -> bool:
+  """Whether the named prompt template renders through the tokenizer's chat template.
+
+  Text rendered by a chat template carries its own special tokens, so encode it with
+  ``add_special_tokens=False``; the other templates are encoded with ``add_special_tokens=True``.
+  """
+  _check_template_name(template_name)
+  return template_name in CHAT_PROMPT_TEMPLATES
+
+
+def _check_template_name(name: str):
+  if name not in PROMPT_TEMPLATES:
+    raise ValueError(
+      f"Unknown prompt template {name!r}; valid templates: {sorted(PROMPT_TEMPLATES)}."
+    )
+
+
+def render_prompt(
+  question: str,
+  template_name: str,
+  *,
+  tokenizer: HFTokenizer | None = None,
+  system: str | None = None,
+) -> str:
+  """Prompt text for ``question`` under the named template (see ``PROMPT_TEMPLATES``).
+
+  Chat templates need ``tokenizer`` (for its chat template) and accept a ``system`` message;
+  the other templates take neither a tokenizer nor a system message.
+  """
+  _check_template_name(template_name)
+  text = PROMPT_TEMPLATES[template_name].replace("{question}", question)
+  if template_name not in CHAT_PROMPT_TEMPLATES:
+    if system:
+      raise ValueError(
+        f"Prompt template {template_name!r} has no system message; use one of "
+        f"{sorted(CHAT_PROMPT_TEMPLATES)} for a system prompt."
+      )
+    return text
+  if tokenizer is None:
+    raise ValueError(f"Prompt template {template_name!r} needs a tokenizer with a chat template.")
+  messages = [{"role": "system", "content": system}] if system else []
+  messages.append({"role": "user", "content": text})
+  return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
