@@ -12,7 +12,7 @@ The iterator is a ``grain.DatasetIterator``; save and restore its position with 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import chex
 import grain
@@ -70,6 +70,7 @@ def make_prompt_iterator(
   num_epochs: int | None = None,
   shard_index: int = 0,
   shard_count: int = 1,
+  batch_fn: Callable[[Sequence[dict[str, np.ndarray]]], dict[str, np.ndarray]] | None = None,
 ) -> grain.DatasetIterator:
   """Checkpointable iterator of batches ``{key: [batch_size, ...] numpy array}``.
 
@@ -86,6 +87,8 @@ def make_prompt_iterator(
     num_epochs: passes over the data, or None for an endless stream.
     shard_index: this process's shard in ``[0, shard_count)``.
     shard_count: number of shards (data-loading processes).
+    batch_fn: stacks a list of rows into a batch; None uses grain's default (``np.stack`` per
+      key).
   """
   n = _num_rows(examples)
   if shard_count < 1 or not 0 <= shard_index < shard_count:
@@ -109,7 +112,7 @@ def make_prompt_iterator(
     ds = ds.shuffle(seed=seed)
   ds = ds.repeat(num_epochs)
   ds = ds[shard_index::shard_count]
-  ds = ds.batch(batch_size, drop_remainder=True)
+  ds = ds.batch(batch_size, drop_remainder=True, batch_fn=batch_fn)
   # Data is already in memory: read in the calling thread, no prefetch threads.
   read_options = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
   return iter(ds.to_iter_dataset(read_options))

@@ -1,0 +1,328 @@
+"""Tests for file prompt datasets: loading, splitting and the tokenized grain iterator."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import grain
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from text_fixtures import build_bpe_tokenizer, write_math_jsonl
+
+from jaxrl_llm import datasets, text
+
+pytest.importorskip("tokenizers")
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+  return text.HFTokenizer.from_dir(build_bpe_tokenizer(tmp_path_factory.mktemp("bpe")))
+
+
+@pytest.fixture(scope="module")
+def math(tmp_path_factory):
+  """(path, raw records) of the 36-problem JSONL fixture."""
+  path = tmp_path_factory.mktemp("data") / "math.jsonl"
+  return path, write_math_jsonl(path)
+
+
+def _take(it, k):
+  return [next(it) for _ in range(k)]
+
+
+def _assert_same(a, b):
+  assert len(a) == len(b)
+  for x, y in zip(a, b):
+    assert x.keys() == y.keys()
+    for key in x:
+      np.testing.assert_array_equal(x[key], y[key])
+
+
+def _write_jsonl(path, rows):
+  path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+  return path
+
+
+# ---- loading ----------------------------------------------------------------------------------
+
+
+def test_load_jsonl_with_metadata_and_gzip(math, tmp_path):
+  path, raw = math
+  records = datasets.load_records([str(path)], metadata_fields=("level", "id"))
+  assert len(records) == 36
+  assert records[3] == {
+    "prompt": raw[3]["prompt"],
+    "answer": raw[3]["answer"],
+    "level": raw[3]["level"],
+    "id": 3,
+  }
+  assert any("/" in r["answer"] for r in records)  # fraction answers are in the fixture
+  gz = tmp_path / "math.jsonl.gz"
+  with gzip.open(gz, "wt", encoding="utf-8") as f:
+    f.write(path.read_text())
+  assert datasets.load_records(str(gz), metadata_fields=("level", "id")) == records
+
+
+def test_custom_and_nested_fields(tmp_path):
+  rows = [
+    {
+      "messages": [{"role": "user", "content": f"Q{i}?"}],
+      "reward_model": {"ground_truth": i * 10},
+      "info": {"src": "gsm"},
+    }
+    for i in range(4)
+  ]
+  rows[2]["reward_model"]["ground_truth"] = ["7", "seven"]  # non-string answers become JSON
+  path = _write_jsonl(tmp_path / "chat.jsonl", rows)
+  records = datasets.load_records(
+    [path],
+    prompt_field="messages.0.content",
+    answer_field="reward_model.ground_truth",
+    metadata_fields=("info.src",),
+  )
+  assert [r["prompt"] for r in records] == ["Q0?", "Q1?", "Q2?", "Q3?"]
+  assert [r["answer"] for r in records] == ["0", "10", '["7", "seven"]', "30"]
+  assert records[0]["info.src"] == "gsm"
+  no_answer = datasets.load_records([path], prompt_field="messages.0.content", answer_field=None)
+  assert no_answer[1] == {"prompt": "Q1?", "answer": ""}
+
+
+def test_parquet_and_globs(tmp_path, math):
+  pa = pytest.importorskip("pyarrow")
+  import pyarrow.parquet as pq
+
+  _, raw = math
+  for part in range(2):
+    rows = raw[part * 18 : (part + 1) * 18]
+    table = pa.table(
+      {
+        "question": [r["prompt"] for r in rows],
+        "solution": [r["answer"] for r in rows],
+        "extra": [{"level": r["level"], "tags": ["arith"]} for r in rows],
+        "unused": list(range(len(rows))),
+      }
+    )
+    pq.write_table(table, tmp_path / f"train-{part:02d}.parquet")
+  records = datasets.load_records(
+    [str(tmp_path / "train-*.parquet")],
+    prompt_field="question",
+    answer_field="solution",
+    metadata_fields=("extra.level",),
+  )
+  assert [r["prompt"] for r in records] == [r["prompt"] for r in raw]
+  assert [r["answer"] for r in records] == [r["answer"] for r in raw]
+  assert [r["extra.level"] for r in records] == [r["level"] for r in raw]
+  with pytest.raises(
+    ValueError,
+    match=r"train-00\.parquet row 0: record has no field 'extra\.x'; its fields are "
+    r"\['question', 'solution', 'extra', 'unused'\]",
+  ):
+    datasets.load_records(
+      [tmp_path / "train-00.parquet"],
+      prompt_field="question",
+      answer_field="solution",
+      metadata_fields=("extra.x",),
+    )
+  with pytest.raises(ValueError, match=r"train-00\.parquet row 0: record has no field 'prompt'"):
+    datasets.load_records([str(tmp_path / "train-00.parquet")])
+  with pytest.raises(FileNotFoundError, match="No files match"):
+    datasets.load_records([str(tmp_path / "eval-*.parquet")])
+  bad = tmp_path / "bad.parquet"
+  bad.write_text("not parquet")
+  with pytest.raises(ValueError, match=r"bad\.parquet: not a readable Parquet file"):
+    datasets.load_records([bad])
+
+
+def test_malformed_files_name_file_and_line(tmp_path):
+  good = {"prompt": "What is 2+2?", "answer": "4"}
+  cases = [
+    ([good, '{"prompt": "oops"'], r"broken\.jsonl:2: not valid JSON"),
+    (
+      [good, "", {"question": "x", "answer": "1"}],
+      r"broken\.jsonl:3: record has no field 'prompt'; its fields are \['answer', 'question'\]",
+    ),
+    (
+      [{"prompt": 12, "answer": "1"}],
+      r"broken\.jsonl:1: prompt field 'prompt' holds a int, not a string",
+    ),
+    ([{"prompt": [{"content": "x"}], "answer": "1"}], r"e\.g\. 'prompt\.0\.content'"),
+    ([{"prompt": "  ", "answer": "1"}], r"broken\.jsonl:1: prompt field 'prompt' is empty"),
+    ([good, {"prompt": "x"}], r"broken\.jsonl:2: record has no field 'answer'"),
+    (["[1, 2]"], r"broken\.jsonl:1: expected a JSON object, found list"),
+  ]
+  for rows, pattern in cases:
+    path = _write_jsonl(tmp_path / "broken.jsonl", rows)
+    with pytest.raises(ValueError, match=pattern):
+      datasets.load_records([path])
+  empty = tmp_path / "empty.jsonl"
+  empty.write_text("\n\n")
+  with pytest.raises(ValueError, match=r"No records in the dataset files \[.*empty\.jsonl'\]"):
+    datasets.load_records([empty])
+  csv = tmp_path / "data.csv"
+  csv.write_text("prompt,answer\n")
+  with pytest.raises(
+    ValueError,
+    match=r"data\.csv: unsupported file type; supported extensions: \.jsonl, \.jsonl\.gz, \.parquet",
+  ):
+    datasets.load_records([csv])
+  latin = tmp_path / "latin.jsonl.gz"
+  latin.write_bytes(b"not gzip")
+  with pytest.raises(ValueError, match=r"latin\.jsonl\.gz: could not read"):
+    datasets.load_records([latin])
+  with pytest.raises(FileNotFoundError, match=r"missing\.jsonl does not exist"):
+    datasets.load_records([tmp_path / "missing.jsonl"])
+  with pytest.raises(ValueError, match="clash with the keys"):
+    datasets.load_records([empty], metadata_fields=("index",))
+
+
+# ---- splitting --------------------------------------------------------------------------------
+
+
+def test_hash_split_is_deterministic_and_keeps_duplicates_together(math):
+  path, _ = math
+  records = datasets.load_records([path])
+  records = records + [dict(r) for r in records[:6]]  # duplicated prompts
+  train, evals = datasets.train_eval_split(records, eval_fraction=0.25, seed=0)
+  assert len(train) + len(evals) == len(records) and evals
+  assert not {r["prompt"] for r in train} & {r["prompt"] for r in evals}
+  again = datasets.train_eval_split(list(reversed(records)), eval_fraction=0.25, seed=0)
+  assert {r["prompt"] for r in again[1]} == {r["prompt"] for r in evals}  # order-independent
+  other = datasets.train_eval_split(records, eval_fraction=0.25, seed=1)
+  assert {r["prompt"] for r in other[1]} != {r["prompt"] for r in evals}
+  # The hash is fixed (blake2b keyed by the seed), not Python's per-process hash().
+  assert datasets._hash_unit("What is 2+2?", 0) == pytest.approx(0.969539638141, abs=1e-12)
+  assert datasets.train_eval_split(records, seed=0) == (records, [])
+  with pytest.raises(ValueError, match="eval_fraction must be in"):
+    datasets.train_eval_split(records, eval_fraction=1.0, seed=0)
+
+
+def test_split_with_eval_files(math, tmp_path):
+  path, _ = math
+  records = datasets.load_records([path])
+  ev = _write_jsonl(tmp_path / "eval.jsonl", [{"q": "What is 9+9?", "a": 18}])
+  train, evals = datasets.train_eval_split(
+    records, eval_files=[ev], seed=0, prompt_field="q", answer_field="a"
+  )
+  assert train == records and evals == [{"prompt": "What is 9+9?", "answer": "18"}]
+  with pytest.raises(ValueError, match="not both"):
+    datasets.train_eval_split(records, eval_files=[ev], eval_fraction=0.1, seed=0)
+
+
+# ---- tokenized iterator -----------------------------------------------------------------------
+
+
+def test_batches_tokens_answers_and_metadata(math, tok):
+  path, _ = math
+  records = datasets.load_records([path], metadata_fields=("level",))
+  it, stats = datasets.make_text_prompt_iterator(
+    records, tok, template="qwen_math", prompt_len=80, batch_size=8, seed=0
+  )
+  assert stats == {"num_records": 36, "num_too_long": 0, "num_kept": 36}
+  batch = next(it)
+  assert set(batch) == {"tokens", "mask", "answer", "index", "level"}
+  assert batch["tokens"].shape == batch["mask"].shape == (8, 80)
+  assert batch["tokens"].dtype == np.int32 and batch["mask"].dtype == bool
+  assert batch["answer"].shape == (8,) and batch["answer"].dtype == object
+  assert batch["index"].dtype == np.int64 and batch["level"].dtype.kind == "i"
+  assert batch["mask"][:, -1].all() and not batch["mask"][:, 0].any()  # left-padded
+  assert (batch["tokens"][~batch["mask"]] == tok.pad_id).all()
+  for row, m, i, answer, level in zip(
+    batch["tokens"], batch["mask"], batch["index"], batch["answer"], batch["level"]
+  ):
+    r = records[i]
+    assert tok.decode(row[m]) == text.render_prompt(r["prompt"], "qwen_math")
+    assert isinstance(answer, str) and answer == r["answer"] and level == r["level"]
+
+  chat_it, _ = datasets.make_text_prompt_iterator(
+    records, tok, template="chat", prompt_len=64, batch_size=4, seed=0, system="Be exact."
+  )
+  chat = next(chat_it)
+  first = chat["tokens"][0][chat["mask"][0]]
+  assert first[0] == tok.encode("<|im_start|>")[0]
+  assert tok.decode(first, skip_special_tokens=False).startswith("<|im_start|>system\nBe exact.")
+
+
+def test_too_long_prompts_are_filtered_and_counted(math, tok):
+  path, _ = math
+  records = datasets.load_records([path])
+  lens = np.asarray([len(tok.encode(r["prompt"])) for r in records])
+  prompt_len = int(np.median(lens))
+  expected_long = int((lens > prompt_len).sum())
+  assert 0 < expected_long < len(records)
+  it, stats = datasets.make_text_prompt_iterator(
+    records, tok, prompt_len=prompt_len, batch_size=4, seed=0, num_epochs=1, shuffle=False
+  )
+  assert stats == {
+    "num_records": 36,
+    "num_too_long": expected_long,
+    "num_kept": 36 - expected_long,
+  }
+  seen = np.concatenate([b["index"] for b in it])
+  kept = np.flatnonzero(lens <= prompt_len)
+  np.testing.assert_array_equal(seen, kept[: len(seen)])
+  assert len(seen) == (len(kept) // 4) * 4  # remainder dropped
+  with pytest.raises(ValueError, match=r"All 36 prompts are longer than prompt_len=2"):
+    datasets.make_text_prompt_iterator(records, tok, prompt_len=2, batch_size=4, seed=0)
+  with pytest.raises(ValueError, match=rf"{36 - expected_long} of 36 records fit"):
+    datasets.make_text_prompt_iterator(records, tok, prompt_len=prompt_len, batch_size=40, seed=0)
+
+
+def test_iterator_is_deterministic_and_resumes(math, tok, tmp_path):
+  path, _ = math
+  records = datasets.load_records([path], metadata_fields=("level",))
+
+  def make(seed=3):
+    return datasets.make_text_prompt_iterator(
+      records, tok, template="r1", prompt_len=300, batch_size=6, seed=seed
+    )[0]
+
+  a, b = _take(make(), 14), _take(make(), 14)  # > 2 epochs of 6 batches
+  _assert_same(a, b)
+  other = _take(make(seed=4), 6)
+  assert not all(np.array_equal(x["index"], y["index"]) for x, y in zip(a, other))
+  epoch = np.concatenate([x["index"] for x in a[:6]])
+  assert sorted(epoch.tolist()) == list(range(36))
+
+  it = make()
+  _take(it, 5)
+  fresh = make()
+  fresh.set_state(it.get_state())
+  _assert_same(_take(fresh, 4), _take(it, 4))
+
+  it = make()
+  _take(it, 4)
+  options = ocp.CheckpointManagerOptions(max_to_keep=1)
+  with ocp.CheckpointManager(tmp_path / "ckpt", options=options) as mngr:
+    mngr.save(4, args=ocp.args.Composite(data=grain.checkpoint.CheckpointSave(it)))
+    mngr.wait_until_finished()
+  expected = _take(it, 5)  # crosses an epoch boundary
+  restored_it = make()
+  with ocp.CheckpointManager(tmp_path / "ckpt", options=options) as mngr:
+    assert mngr.latest_step() == 4
+    mngr.restore(4, args=ocp.args.Composite(data=grain.checkpoint.CheckpointRestore(restored_it)))
+  _assert_same(_take(restored_it, 5), expected)
+
+
+def test_shards_are_disjoint(math, tok):
+  path, _ = math
+  records = datasets.load_records([path])
+  seen = []
+  for shard in range(3):
+    it, _ = datasets.make_text_prompt_iterator(
+      records,
+      tok,
+      prompt_len=64,
+      batch_size=4,
+      seed=7,
+      shard_index=shard,
+      shard_count=3,
+      num_epochs=1,
+    )
+    seen.append(np.concatenate([b["index"] for b in it]).tolist())
+  assert [len(s) for s in seen] == [12, 12, 12]
+  for i in range(3):
+    for j in range(i + 1, 3):
+      assert not set(seen[i]) & set(seen[j])
+  assert sorted(i for s in seen for i in s) == list(range(36))
