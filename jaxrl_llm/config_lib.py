@@ -41,9 +41,9 @@ def _collect(errors: list[str], cond: bool, message: str):
 
 
 def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
-  """The frozen `ModelConfig` described by `config.model`."""
+  """The frozen `ModelConfig` described by `config.model` (without `checkpoint`)."""
   try:
-    return ModelConfig.from_dict(dict(config.model))
+    return ModelConfig.from_dict({k: v for k, v in config.model.items() if k != "checkpoint"})
   except (TypeError, ValueError) as e:
     raise ConfigError(str(e)) from None
 
@@ -206,7 +206,13 @@ def _check_regularisers(config, e: list[str], t_max: int | None) -> None:
   _collect(e, config.rl.entropy_coef >= 0, f"rl.entropy_coef={config.rl.entropy_coef} must be >= 0")
 
 
-def validate(config: ml_collections.ConfigDict, *, num_devices: int, task=None) -> None:
+def validate(
+  config: ml_collections.ConfigDict,
+  *,
+  num_devices: int,
+  task=None,
+  model_override: ModelConfig | None = None,
+) -> None:
   """Raises ConfigError listing every problem found in `config` (before anything compiles)."""
   e: list[str] = []
   s, rl, tr = config.sampling, config.rl, config.train
@@ -271,10 +277,20 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int, task=None) 
     e, 0 <= config.optim.decay_to <= 1, f"optim.decay_to={config.optim.decay_to} must be in [0, 1]"
   )
   try:
-    mc = model_config(config)
+    mc = model_override or model_config(config)
   except ConfigError as err:
     e.append(str(err))
     mc = None
+  if model_override is not None and config.model.value_head:
+    e.append("model.value_head with model.checkpoint is not supported (no pretrained value head)")
+  if getattr(task, "host_reward", False):
+    _collect(e, s.max_new_tokens >= 1, "sampling.max_new_tokens must be >= 1 with data.train_files")
+    _collect(
+      e, config.sft.steps == 0, "sft.steps must be 0 with data.train_files (no warm start on files)"
+    )
+    _collect(
+      e, config.data.prompt_len >= 1, f"data.prompt_len={config.data.prompt_len} must be >= 1"
+    )
   t_max = (s.max_new_tokens or task.max_new_tokens) if task is not None else None
   _check_objective(config, e, mc)
   _check_regularisers(config, e, t_max)

@@ -28,7 +28,21 @@ def get_config() -> ml_collections.ConfigDict:
     {"correct": 1.0, "format": 0.0}
   )  # R = Σ w_k R^k (§6)
 
+  c.data = ml_collections.ConfigDict()
+  c.data.train_files = ""  # JSONL/Parquet files or globs, comma-separated ("" = built-in task)
+  c.data.eval_files = ""  # held-out files ("" = split data.eval_fraction off the train files)
+  c.data.eval_fraction = 0.05  # share of train records held out (hash of the prompt)
+  c.data.prompt_field = "prompt"  # record field holding the question (dotted paths allowed)
+  c.data.answer_field = "answer"  # record field holding the reference answer
+  c.data.template = "qwen_math"  # prompt template: plain | r1 | qwen_math | chat | qwen_math_chat
+  c.data.system_prompt = ""  # system message for chat templates ("" = none)
+  c.data.prompt_len = 256  # S: prompt tokens (longer prompts are filtered and counted)
+  c.data.tokenizer = ""  # tokenizer dir or tokenizer.json ("" = model.checkpoint's)
+  c.data.correct_term = "math_correct"  # host reward term that defines accuracy
+  c.data.verifier_timeout_s = 5.0  # per-completion verifier time limit (failures score 0)
+
   c.model = ml_collections.ConfigDict()
+  c.model.checkpoint = ""  # Hugging Face checkpoint dir to start from ("" = random init)
   c.model.vocab_size = 32  # token ids; must cover the task tokenizer's vocabulary
   c.model.d_model = 64  # residual width D
   c.model.num_layers = 2  # transformer blocks L

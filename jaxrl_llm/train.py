@@ -8,6 +8,7 @@ checkpoint of `workdir` if there is one, else run the supervised warm start (if 
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from typing import Any
 
@@ -55,6 +56,7 @@ class Experiment:
   schedule: Any
   batch_sharding: NamedSharding
   meta: dict
+  host_reward: bool = False  # rewards come from host verifiers (sample -> host -> learn)
 
 
 def build_task(config):
@@ -64,7 +66,19 @@ def build_task(config):
 
 
 def to_global_batch(np_batch: dict, batch_sharding: NamedSharding) -> PromptBatch:
-  """Host numpy batch (this process's rows) -> globally sharded `PromptBatch`."""
+  """Host numpy batch (this process's rows) -> globally sharded `PromptBatch`.
+
+  Batches of text prompts carry string answers for host verifiers; those stay on the host and
+  the device batch gets an empty answer.
+  """
+  if np_batch.get("answer") is None or np.asarray(np_batch["answer"]).dtype == object:
+    n = len(np_batch["tokens"])
+    np_batch = {
+      "tokens": np_batch["tokens"],
+      "mask": np_batch["mask"],
+      "answer": np.zeros((n, 1), np.int32),
+      "answer_mask": np.zeros((n, 1), bool),
+    }
   pb = data.to_prompt_batch(np_batch)
   return jax.tree.map(
     lambda x: jax.make_array_from_process_local_data(batch_sharding, np.asarray(x)), pb
@@ -72,11 +86,16 @@ def to_global_batch(np_batch: dict, batch_sharding: NamedSharding) -> PromptBatc
 
 
 def make_eval_fn(model, task, config, mesh):
-  """Jitted held-out evaluation: greedy accuracy and pass@k at the sampling temperature."""
+  """Held-out evaluation: greedy accuracy and pass@k at the sampling temperature.
+
+  Sampling is one jitted program; a pure-JAX verifier runs inside it, a host verifier (file
+  tasks) scores the decoded completions afterwards.
+  """
   greedy_cfg = config_lib.sampling_config(config, task, greedy=True, group_size=1)
   k = config.train.pass_k
   passk_cfg = config_lib.sampling_config(config, task, group_size=max(k, 1))
   repl = NamedSharding(mesh, PartitionSpec())
+  host = getattr(task, "host_reward", False)
 
   def correct(rollout, batch, g):
     answer = jnp.repeat(batch.answer, g, axis=0)
@@ -86,19 +105,33 @@ def make_eval_fn(model, task, config, mesh):
     )
     return terms["correct"]
 
-  def eval_fn(params, batch: PromptBatch, rng):
-    greedy = sample(model, params, batch.tokens, batch.mask, rng, greedy_cfg)
-    acc = correct(greedy, batch, 1)
-    sampled = sample(model, params, batch.tokens, batch.mask, rng, passk_cfg)
-    pk = correct(sampled, batch, k).reshape(-1, k)
+  def summarise(acc, pk, lengths):
     return {
       "eval/accuracy": jnp.mean(acc),
       f"eval/pass@{k}": jnp.mean(jnp.max(pk, axis=1)),
       "eval/sample_accuracy": jnp.mean(pk),
-      "eval/length_mean": jnp.mean(greedy.lengths.astype(jnp.float32)),
+      "eval/length_mean": jnp.mean(lengths.astype(jnp.float32)),
     }
 
-  return jax.jit(eval_fn, out_shardings=repl)
+  def eval_fn(params, batch: PromptBatch, rng):
+    greedy = sample(model, params, batch.tokens, batch.mask, rng, greedy_cfg)
+    sampled = sample(model, params, batch.tokens, batch.mask, rng, passk_cfg)
+    if host:
+      return greedy.tokens, sampled.tokens, greedy.lengths
+    pk = correct(sampled, batch, k).reshape(-1, k)
+    return summarise(correct(greedy, batch, 1), pk, greedy.lengths)
+
+  if not host:
+    return jax.jit(eval_fn, out_shardings=repl)
+  sample_fn = jax.jit(eval_fn, out_shardings=repl)
+
+  def host_eval(params, batch, rng, answers):
+    greedy, sampled, lengths = jax.device_get(sample_fn(params, batch, rng))
+    acc, _ = task.host_reward_terms(greedy, answers)
+    pk, _ = task.host_reward_terms(sampled, np.repeat(answers, k))
+    return summarise(acc["correct"], pk["correct"].reshape(-1, k), lengths)
+
+  return host_eval
 
 
 def _sft_phase(exp: Experiment, writer, log_every: int) -> TrainState:
@@ -147,13 +180,36 @@ def _sft_phase(exp: Experiment, writer, log_every: int) -> TrainState:
   return exp.state.replace(params=params)
 
 
+def _load_pretrained(config, mesh, rules):
+  """(ModelConfig, params) of `model.checkpoint` (a Hugging Face directory), or (None, None)."""
+  path = config.model.checkpoint
+  if not path:
+    return None, None
+  from jaxrl_llm.models import hf
+
+  if not os.path.isdir(path):
+    raise config_lib.ConfigError(
+      f"model.checkpoint={path!r} is not a directory; point it at a local Hugging Face "
+      f"checkpoint (config.json + *.safetensors)"
+    )
+  return hf.load_checkpoint(path, mesh=mesh, rules=rules, param_dtype=config.model.param_dtype)
+
+
 def build(config: ml_collections.ConfigDict) -> Experiment:
   """Validates `config` and builds the mesh, task, model, initial state and jitted programs."""
-  task = build_task(config)
-  config_lib.validate(config, num_devices=jax.device_count(), task=task)
-  mc = config_lib.model_config(config)
+  if config.data.train_files:
+    from jaxrl_llm import file_task
+
+    task = file_task.build_file_task(config, config.model.checkpoint)
+  else:
+    task = build_task(config)
   mesh = sharding.make_mesh(config.mesh.data, config.mesh.model, expert=config.mesh.expert)
   rules = sharding.rules_from_config(config.mesh.rules)
+  pretrained_cfg, pretrained = _load_pretrained(config, mesh, rules)
+  config_lib.validate(
+    config, num_devices=jax.device_count(), task=task, model_override=pretrained_cfg
+  )
+  mc = pretrained_cfg or config_lib.model_config(config)
   model = Transformer(mc)
   samp = config_lib.sampling_config(config, task)
   rl = config_lib.rl_config(config)
@@ -165,8 +221,11 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
   boxed_init = lambda r: model.init(r, dummy, positions_from_mask(dummy_mask), dummy_mask)[  # noqa: E731
     "params"
   ]
-  with mesh:
-    params, param_shardings = sharding.init_sharded(boxed_init, init_key, mesh, rules)
+  if pretrained is not None:
+    params, param_shardings = pretrained, jax.tree.map(lambda x: x.sharding, pretrained)
+  else:
+    with mesh:
+      params, param_shardings = sharding.init_sharded(boxed_init, init_key, mesh, rules)
   total_updates = config.train.num_steps * rl.num_epochs * rl.num_minibatches
   tx, schedule = make_optimizer(
     config.optim.learning_rate,
@@ -192,7 +251,7 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
     model,
     tx,
     schedule,
-    task.reward_terms,
+    getattr(task, "reward_terms", None),
     samp,
     rl,
     mesh,
@@ -201,7 +260,8 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
   )
   meta = {
     "model": mc.to_dict(),
-    "task": {k: v for k, v in config.task.to_dict().items() if k != "reward_weights"},
+    "task": {k: v for k, v in config.task.to_dict().items() if k != "reward_weights"}
+    | {"data": config.data.train_files},
   }
   return Experiment(
     config=config,
@@ -213,10 +273,24 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
     rl_step=program.step,
     program=program,
     eval_fn=make_eval_fn(model, task, config, mesh),
+    host_reward=getattr(task, "host_reward", False),
     schedule=schedule,
     batch_sharding=NamedSharding(mesh, PartitionSpec("data")),
     meta=meta,
   )
+
+
+def host_reward_step(exp: Experiment, state: TrainState, np_batch: dict, rng: jax.Array):
+  """One RL update with host verifiers: jitted sampler → decode + verify → jitted learner."""
+  batch = to_global_batch(np_batch, exp.batch_sharding)
+  rollout = exp.program.sample(state, batch, rng)
+  completions = np.asarray(jax.device_get(rollout.tokens))
+  references = np.repeat(np.asarray(np_batch["answer"]), exp.config.sampling.group_size)
+  terms, stats = exp.task.host_reward_terms(completions, references)
+  state, metrics = exp.program.learn(state, rollout, terms, rng)
+  metrics = dict(metrics)
+  metrics.update({k: np.float32(v) for k, v in stats.items()})
+  return state, metrics
 
 
 def _with_reference(state: TrainState, beta: float) -> TrainState:
@@ -241,14 +315,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   tr = config.train
   writer = metrics_lib.SummaryWriter(workdir)
   ckpt = ckpt_lib.Checkpointer(workdir, save_every=tr.checkpoint_every, max_to_keep=tr.max_to_keep)
-  train_iter = data.make_prompt_iterator(
-    exp.task.train_examples(config.seed),
-    config_lib.num_sampled_prompts(config) // jax.process_count(),
-    seed=config.seed,
-    shard_index=jax.process_index(),
-    shard_count=jax.process_count(),
-  )
-  eval_np = exp.task.eval_examples()
+  per_process = config_lib.num_sampled_prompts(config) // jax.process_count()
+  shard = {"shard_index": jax.process_index(), "shard_count": jax.process_count()}
+  if exp.host_reward:
+    if jax.process_count() > 1:
+      raise NotImplementedError(
+        "the host-reward path (data.train_files) runs on a single process for now; use one "
+        "host (all its local devices) or a built-in pure-JAX task"
+      )
+    train_iter = exp.task.train_iterator(per_process, config.seed, **shard)
+    eval_np = exp.task.eval_batch(multiple_of=exp.mesh.shape["data"])
+    eval_answers = eval_np.pop("answer")
+  else:
+    train_iter = data.make_prompt_iterator(
+      exp.task.train_examples(config.seed), per_process, seed=config.seed, **shard
+    )
+    eval_np, eval_answers = exp.task.eval_examples(), None
   eval_batch = to_global_batch(eval_np, exp.batch_sharding)
   eval_key = jax.random.PRNGKey(config.seed + 7)
 
@@ -270,7 +352,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   def evaluate(step: int):
     nonlocal last_eval
-    m = metrics_lib.flatten_metrics(exp.eval_fn(state.params, eval_batch, eval_key))
+    args = (eval_answers,) if exp.host_reward else ()
+    m = metrics_lib.flatten_metrics(exp.eval_fn(state.params, eval_batch, eval_key, *args))
     writer.scalars(step, m)
     last_eval = m
     logging.info("eval step %d: %s", step, "  ".join(f"{k}={v:.3f}" for k, v in m.items()))
@@ -282,9 +365,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   if tr.stop_after_steps:
     end = min(end, start + tr.stop_after_steps)
   for step in range(start, end):
-    batch = to_global_batch(next(train_iter), exp.batch_sharding)
+    np_batch = next(train_iter)
     rng = jax.random.fold_in(state.rng, step)
-    state, metrics = exp.rl_step(state, batch, rng)
+    if exp.host_reward:
+      state, metrics = host_reward_step(exp, state, np_batch, rng)
+    else:
+      state, metrics = exp.rl_step(state, to_global_batch(np_batch, exp.batch_sharding), rng)
     steps_done += 1
     done = step + 1
     if done % tr.log_every == 0 or done == tr.num_steps:
