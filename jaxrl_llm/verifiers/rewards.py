@@ -13,9 +13,11 @@ Executors:
   * `'process'`: a `ProcessPoolExecutor` (forkserver/spawn start, never plain fork, so it is safe
     next to JAX's threads). For verifiers that may hang: when a call times out, the pool's worker
     processes are killed and every call not yet finished is resubmitted to a fresh pool with a
-    fresh clock. Terms and their inputs must be picklable (top-level functions, or
-    `functools.partial` of them). A call's clock starts when the pool hands it to its workers.
-  * an `concurrent.futures.Executor` instance: used as is (thread semantics) and not shut down.
+    fresh clock. Terms must be picklable (top-level functions, or `functools.partial` of
+    them). A worker that dies (e.g. a segfault) breaks the pool: its unfinished calls count
+    as errors. Each batch starts its own workers, which costs a fraction of a second.
+
+A call's clock starts when a worker begins it, so queueing and worker start-up never count.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import math
 import multiprocessing
 import os
 import pickle
+import queue
 import re
 import signal
 import time
@@ -129,46 +132,82 @@ def gsm8k_format(completion: str, reference: str | None = None) -> float:
 # ---------------------------------------------------------------------------------------------
 
 _EXECUTORS = ("thread", "process")
+_WORKER_EVENTS = None  # in a process-pool worker: the queue that reports pids and call starts
 
 
-def _record_pid(queue) -> None:
-  """Process-pool initializer: tells the parent this worker's pid (so it can be killed)."""
-  queue.put(os.getpid())
+def _init_worker(events) -> None:
+  """Process-pool initializer: keeps the event queue and reports this worker's pid."""
+  global _WORKER_EVENTS
+  _WORKER_EVENTS = events
+  events.put(("pid", os.getpid()))
+
+
+def _call_in_process(call_id: int, fn: RewardFn, completion: str, reference: str) -> float:
+  """Runs one call in a process worker, first reporting that it started (after unpickling)."""
+  _WORKER_EVENTS.put(("start", call_id))
+  return fn(completion, reference)
+
+
+def _call_in_thread(events, call_id: int, fn: RewardFn, completion: str, reference: str) -> float:
+  """Runs one call in a thread worker, first reporting that it started."""
+  events.put(("start", call_id))
+  return fn(completion, reference)
 
 
 class _Pool:
-  """One executor plus what is needed to abandon (threads) or kill (processes) it."""
+  """One executor plus the queue its workers report call starts (and process pids) on."""
 
   def __init__(self, kind: str, max_workers: int):
     self.kind = kind
-    self._pids_queue = None
+    self.pids: list[int] = []
     if kind == "thread":
+      self.events = queue.SimpleQueue()
       self.executor = cf.ThreadPoolExecutor(max_workers, thread_name_prefix="verifier")
     else:
       methods = multiprocessing.get_all_start_methods()
       ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
-      self._pids_queue = ctx.SimpleQueue()
+      self.events = ctx.SimpleQueue()
       self.executor = cf.ProcessPoolExecutor(
-        max_workers, mp_context=ctx, initializer=_record_pid, initargs=(self._pids_queue,)
+        max_workers, mp_context=ctx, initializer=_init_worker, initargs=(self.events,)
       )
 
-  def kill(self) -> None:
-    """Kills every worker process (process pools) and shuts the executor down without waiting."""
-    if self._pids_queue is not None:
-      self.executor.shutdown(wait=False, cancel_futures=True)
-      while not self._pids_queue.empty():
-        pid = self._pids_queue.get()
+  def submit(self, call_id: int, fn: RewardFn, completion: str, reference: str) -> cf.Future:
+    """Submits one call; a pool that cannot take it (broken) yields a failed future instead."""
+    try:
+      if self.kind == "thread":
+        return self.executor.submit(
+          _call_in_thread, self.events, call_id, fn, completion, reference
+        )
+      return self.executor.submit(_call_in_process, call_id, fn, completion, reference)
+    except Exception as e:
+      fut = cf.Future()
+      fut.set_exception(e)
+      return fut
+
+  def started_calls(self) -> list[int]:
+    """Ids of the calls that started since the last look (records process pids on the way)."""
+    out = []
+    while not self.events.empty():
+      kind, value = self.events.get()
+      if kind == "pid":
+        self.pids.append(value)
+      else:
+        out.append(value)
+    return out
+
+  def close(self, *, kill: bool) -> None:
+    """Shuts the executor down; with `kill`, without waiting, and process workers are killed."""
+    if not kill:
+      self.executor.shutdown(wait=True)
+      return
+    self.executor.shutdown(wait=False, cancel_futures=True)
+    if self.kind == "process":
+      self.started_calls()
+      for pid in self.pids:
         try:
           os.kill(pid, getattr(signal, "SIGKILL", signal.SIGTERM))
-        except (ProcessLookupError, PermissionError, OSError):
+        except OSError:  # already gone
           pass
-    else:
-      self.executor.shutdown(wait=False, cancel_futures=True)
-
-
-def _call(fn: RewardFn, completion: str, reference: str) -> float:
-  """Runs one verifier call (in a worker)."""
-  return fn(completion, reference)
 
 
 def score_batch(
@@ -178,19 +217,20 @@ def score_batch(
   terms: Mapping[str, RewardFn],
   timeout_s: float | None = 5.0,
   max_workers: int | None = None,
-  executor: str | cf.Executor = "thread",
+  executor: str = "thread",
 ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
   """Scores every completion with every term → ({name: float32 [B]}, stats); never raises.
 
   Each `terms[name](completion, reference)` call that raises, returns a non-finite or
   non-numeric value, or runs longer than `timeout_s` (None: no limit) scores 0.0 and is counted
   in `verifier/errors/<name>` / `verifier/timeouts/<name>` (and the totals `verifier/errors`,
-  `verifier/timeouts`). See the module docstring for the executors.
+  `verifier/timeouts`). `executor` is 'thread' or 'process' (see the module docstring);
+  `max_workers` defaults to the executor's usual size. Bad arguments raise ValueError.
   """
   if len(completions) != len(references):
     raise ValueError(f"{len(completions)} completions but {len(references)} references")
-  if isinstance(executor, str) and executor not in _EXECUTORS:
-    raise ValueError(f"executor {executor!r} is not one of {_EXECUTORS} or an Executor")
+  if executor not in _EXECUTORS:
+    raise ValueError(f"executor {executor!r} is not one of {_EXECUTORS}")
   if executor == "process":
     for name, fn in terms.items():
       try:
@@ -208,18 +248,14 @@ def score_batch(
   timeouts = dict.fromkeys(names, 0)
   tasks = [(name, i) for name in names for i in range(batch)]
   start = time.monotonic()
-
   if tasks:
-    if isinstance(executor, cf.Executor):
-      workers = max_workers or len(tasks)  # only used to size pools this function owns
-    elif executor == "thread":
+    if executor == "thread":
       workers = max_workers or min(32, (os.cpu_count() or 1) + 4)
     else:
       workers = max_workers or (os.cpu_count() or 1)
     workers = max(1, min(workers, len(tasks)))
-    _run_tasks(
-      tasks, completions, references, terms, timeout_s, workers, executor, scores, errors, timeouts
-    )
+    runner = _Runner(completions, references, terms, timeout_s, workers, executor)
+    runner.run(tasks, scores, errors, timeouts)
 
   stats: dict[str, float] = {}
   for name in names:
@@ -231,72 +267,86 @@ def score_batch(
   return scores, stats
 
 
-def _run_tasks(
-  tasks, completions, references, terms, timeout_s, workers, executor, scores, errors, timeouts
-) -> None:
-  """Submits, polls and collects (name, index) tasks, filling scores/errors/timeouts in place."""
-  owned = isinstance(executor, str)
-  kind = executor if owned else "thread"
-  pool = _Pool(kind, workers) if owned else None
-  ex = pool.executor if owned else executor
-  logged: set[str] = set()
+class _Runner:
+  """The submit / collect / time-out loop behind `score_batch`."""
 
-  def submit(task):
-    name, i = task
-    return ex.submit(_call, terms[name], completions[i], references[i])
+  def __init__(self, completions, references, terms, timeout_s, workers, kind):
+    self.completions, self.references, self.terms = completions, references, terms
+    self.timeout_s, self.workers, self.kind = timeout_s, workers, kind
+    self.done: queue.SimpleQueue[int] = queue.SimpleQueue()  # ids of finished calls
+    self.next_id = 0
 
-  pending: dict[cf.Future, tuple[str, int]] = {submit(t): t for t in tasks}
-  started: dict[cf.Future, float] = {}
-  abandoned: list[cf.Future] = []  # timed-out thread calls still running
-  poll = 0.01 if timeout_s is None else min(0.01, max(timeout_s / 20, 1e-3))
-  try:
-    while pending:
-      done, _ = cf.wait(pending, timeout=poll, return_when=cf.FIRST_COMPLETED)
-      for fut in done:
-        name, i = pending.pop(fut)
-        started.pop(fut, None)
+  def _submit_all(self, pool: _Pool, tasks) -> dict[int, tuple[cf.Future, tuple[str, int]]]:
+    """Submits (name, index) tasks under fresh call ids; finished ids arrive on `self.done`."""
+    pending = {}
+    for name, i in tasks:
+      call_id = self.next_id
+      self.next_id += 1
+      fut = pool.submit(call_id, self.terms[name], self.completions[i], self.references[i])
+      pending[call_id] = (fut, (name, i))
+      fut.add_done_callback(lambda _, c=call_id: self.done.put(c))
+    return pending
+
+  def run(self, tasks, scores, errors, timeouts) -> None:
+    """Runs every task, filling `scores`, `errors` and `timeouts` in place."""
+    timeout_s, kind = self.timeout_s, self.kind
+    pool = _Pool(kind, self.workers)
+    pending = self._submit_all(pool, tasks)
+    started: dict[int, float] = {}  # running call id → when the parent saw it start
+    abandoned: list[cf.Future] = []  # timed-out thread calls that are still running
+    logged: set[str] = set()
+    poll = 0.02 if timeout_s is None else min(0.02, max(timeout_s / 20, 1e-3))
+    next_check = time.monotonic() + poll
+    try:
+      while pending:
         try:
-          value = float(fut.result())
-          if not math.isfinite(value):
-            raise ValueError(f"non-finite reward {value}")
-          scores[name][i] = value
-        except Exception as e:
-          errors[name] += 1
-          if name not in logged:
-            logged.add(name)
-            logger.warning("reward term %r failed on item %d: %r", name, i, e)
-      if timeout_s is None:
-        continue
-      now = time.monotonic()
-      expired = []
-      for fut in pending:
-        if fut.running():
-          t0 = started.setdefault(fut, now)
-          if now - t0 > timeout_s:
-            expired.append(fut)
-      if not expired:
-        continue
-      for fut in expired:
-        name, _ = pending.pop(fut)
-        started.pop(fut, None)
-        timeouts[name] += 1
-        abandoned.append(fut)
-      abandoned = [f for f in abandoned if not f.done()]
-      if not owned:
-        continue
-      if kind == "process" or len(abandoned) >= workers:
-        # Processes: kill the hung workers. Threads: every worker is stuck, so start afresh.
-        # Either way, whatever has not finished is resubmitted with a fresh clock.
-        rest = list(pending.values())
-        pool.kill()
-        pool = _Pool(kind, workers)
-        ex = pool.executor
-        abandoned = []
-        started.clear()
-        pending = {submit(t): t for t in rest}
-  finally:
-    if owned:
-      if kind == "process" and not pending:
-        pool.executor.shutdown(wait=True)
-      else:  # hung or interrupted process calls are killed; threads are left to finish
-        pool.kill()
+          call_ids = [self.done.get(timeout=max(next_check - time.monotonic(), 0.0))]
+          while not self.done.empty():
+            call_ids.append(self.done.get())
+        except queue.Empty:
+          call_ids = []
+        for call_id in call_ids:
+          if call_id not in pending:  # a call from a pool that was given up
+            continue
+          fut, (name, i) = pending.pop(call_id)
+          started.pop(call_id, None)
+          try:
+            value = float(fut.result())
+            if not math.isfinite(value):
+              raise ValueError(f"non-finite reward {value}")
+            scores[name][i] = value
+          except Exception as e:
+            errors[name] += 1
+            if name not in logged:
+              logged.add(name)
+              logger.warning("reward term %r failed on item %d: %r", name, i, e)
+        now = time.monotonic()
+        if now < next_check:
+          continue
+        next_check = now + poll
+        for call_id in pool.started_calls():
+          if call_id in pending:
+            started.setdefault(call_id, now)
+        if timeout_s is None:
+          continue
+        expired = [c for c, t0 in started.items() if now - t0 > timeout_s]
+        if not expired:
+          continue
+        for call_id in expired:
+          fut, (name, _) = pending.pop(call_id)
+          del started[call_id]
+          timeouts[name] += 1
+          abandoned.append(fut)
+        abandoned = [f for f in abandoned if not f.done()]
+        if kind == "process" or len(abandoned) >= self.workers:
+          # Processes: kill the hung workers. Threads: every worker is stuck, so start afresh.
+          # Either way, whatever has not finished is resubmitted under a fresh clock.
+          rest = [task for _, task in pending.values()]
+          pool.close(kill=True)
+          pool = _Pool(kind, self.workers)
+          pending = self._submit_all(pool, rest)
+          started.clear()
+          abandoned = []
+    finally:
+      # Hung or interrupted process calls are killed; thread calls are left to finish.
+      pool.close(kill=bool(pending or abandoned) or kind == "thread")
