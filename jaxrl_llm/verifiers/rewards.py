@@ -329,7 +329,9 @@ class _Runner:
             started.setdefault(call_id, now)
         if timeout_s is None:
           continue
-        expired = [c for c, t0 in started.items() if now - t0 > timeout_s]
+        expired = [
+          c for c, t0 in started.items() if now - t0 > timeout_s and not pending[c][0].done()
+        ]
         if not expired:
           continue
         for call_id in expired:
