@@ -8,6 +8,7 @@ from typing import Any
 import jax.numpy as jnp
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+ROPE_SCALINGS = ("none", "linear", "llama3")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,6 +23,15 @@ class ModelConfig:
   head_dim: int = 16  # per-head width Dh
   mlp_dim: int = 256  # SwiGLU hidden width F
   rope_theta: float = 10_000.0  # RoPE base frequency
+  rope_scaling: str = (
+    "none"  # none | linear (positions / factor) | llama3 (Llama 3.1 per-frequency)
+  )
+  rope_scaling_factor: float = 1.0  # context extension factor of `linear` and `llama3`
+  rope_low_freq_factor: float = (
+    1.0  # llama3: wavelengths > original_len / this are divided by factor
+  )
+  rope_high_freq_factor: float = 4.0  # llama3: wavelengths < original_len / this are left unscaled
+  rope_original_max_len: int = 8192  # llama3: context length of pre-training
   norm_eps: float = 1e-6  # RMSNorm epsilon
   attention_bias: bool = False  # bias on q/k/v projections (Qwen2)
   qk_norm: bool = False  # RMSNorm on per-head queries and keys (Qwen3)
@@ -56,6 +66,20 @@ class ModelConfig:
       errors.append(f"model.head_dim={self.head_dim} must be even (RoPE rotates pairs)")
     if self.rope_theta <= 0:
       errors.append(f"model.rope_theta={self.rope_theta} must be > 0")
+    if self.rope_scaling not in ROPE_SCALINGS:
+      errors.append(
+        f"model.rope_scaling={self.rope_scaling!r} must be one of {list(ROPE_SCALINGS)}"
+      )
+    elif self.rope_scaling != "none" and self.rope_scaling_factor <= 0:
+      errors.append(f"model.rope_scaling_factor={self.rope_scaling_factor} must be > 0")
+    if self.rope_scaling == "llama3":
+      if not 0 < self.rope_low_freq_factor < self.rope_high_freq_factor:
+        errors.append(
+          f"model.rope_low_freq_factor={self.rope_low_freq_factor} and model.rope_high_freq_factor="
+          f"{self.rope_high_freq_factor} must satisfy 0 < low < high"
+        )
+      if self.rope_original_max_len < 1:
+        errors.append(f"model.rope_original_max_len={self.rope_original_max_len} must be >= 1")
     for name in ("dtype", "param_dtype"):
       if getattr(self, name) not in _DTYPES:
         errors.append(f"model.{name}={getattr(self, name)!r} must be one of {sorted(_DTYPES)}")

@@ -1,0 +1,754 @@
+"""Import and export of Hugging Face checkpoints: Llama, Qwen2, Qwen3, Qwen3-MoE and Mixtral.
+
+A checkpoint directory holds `config.json` and either `model.safetensors` or shards
+`model-0000i-of-0000n.safetensors` listed in `model.safetensors.index.json`. Loading validates
+every tensor's presence, dtype and shape from the file headers first, then reads one tensor at a
+time and places it straight into its target sharding (no host copy of the whole model).
+
+Tensor layouts (Hugging Face linear weights are [out, in]; ours are [in, out] split by head):
+  q_proj [H·Dh, D]  -> attn/q/kernel [D, H, Dh]     (k_proj, v_proj: J heads)
+  o_proj [D, H·Dh]  -> attn/o/kernel [H, Dh, D]
+  gate/up_proj [F, D] -> mlp/{gate,up}/kernel [D, F];  down_proj [D, F] -> mlp/down/kernel [F, D]
+  experts.{e}.*     -> moe/{gate,up} [E, D, F], moe/down [E, F, D] (stacked over experts)
+  router [E, D]     -> moe/router/kernel [D, E];  lm_head [V, D] -> lm_head/kernel [D, V]
+RoPE is the half-split (rotate_half) convention of both code bases, so q/k need no permutation.
+
+ModelConfig fields that config.json cannot hold (moe_impl, the z-loss coefficient, dtypes, ...)
+are written under the `jaxrl_llm` key of config.json and restored on import, so that
+`save_checkpoint` followed by `load_checkpoint` gives back the same config and bit-identical
+parameters. Other tools ignore that key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import glob
+import json
+import math
+import os
+import struct
+from collections.abc import Mapping
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from absl import logging
+from jax.sharding import SingleDeviceSharding
+
+from jaxrl_llm import sharding as sharding_lib
+from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.models.transformer import Transformer
+
+MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral")
+EXTRA_KEY = "jaxrl_llm"  # config.json key holding the ModelConfig fields HF has no name for
+CONFIG_FILE = "config.json"
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+_ARCHITECTURES = {
+  "llama": "LlamaForCausalLM",
+  "qwen2": "Qwen2ForCausalLM",
+  "qwen3": "Qwen3ForCausalLM",
+  "qwen3_moe": "Qwen3MoeForCausalLM",
+  "mixtral": "MixtralForCausalLM",
+}
+# Defaults of the reference configuration classes, used when config.json omits a field.
+_DEFAULT_THETA = {"mixtral": 1e6}
+_DEFAULT_EPS = {"mixtral": 1e-5}
+_DEFAULT_MAX_POS = {
+  "llama": 2048,
+  "qwen2": 32768,
+  "qwen3": 40960,
+  "qwen3_moe": 32768,
+  "mixtral": 131072,
+}
+_FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some old checkpoints carry
+_FIELDS = {f.name for f in dataclasses.fields(ModelConfig)}
+
+
+class CheckpointFormatError(ValueError):
+  """A Hugging Face checkpoint is malformed, unsupported, or disagrees with its config.json."""
+
+
+# --------------------------------------------------------------------------- configs
+
+
+def _rope_fields(hf: Mapping[str, Any], mt: str, errors: list[str]) -> dict[str, Any]:
+  """RoPE fields from `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling` (4)."""
+  key = "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"
+  rp = hf.get(key) or {}
+  if not isinstance(rp, Mapping) or any(isinstance(v, Mapping) for v in rp.values()):
+    errors.append(f"{key}={rp!r} (per-layer-type RoPE parameters are not supported)")
+    return {}
+  theta = rp.get("rope_theta", hf.get("rope_theta")) or _DEFAULT_THETA.get(mt, 10_000.0)
+  out: dict[str, Any] = {"rope_theta": float(theta)}
+  partial = rp.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+  if partial not in (None, 1, 1.0):
+    errors.append(f"partial_rotary_factor={partial} (only full-width RoPE is supported)")
+  rtype = rp.get("rope_type", rp.get("type", "default"))
+  if rtype == "default":
+    return out
+  if rtype not in ("linear", "llama3"):
+    errors.append(
+      f"{key}.rope_type={rtype!r} is not supported (supported: 'default', 'linear', 'llama3')"
+    )
+    return out
+  out.update(rope_scaling=rtype, rope_scaling_factor=float(rp.get("factor", 1.0)))
+  if rtype == "llama3":
+    missing = [
+      k
+      for k in ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+      if rp.get(k) is None
+    ]
+    if missing:
+      errors.append(f"{key} of rope_type 'llama3' lacks {missing}")
+      return out
+    out.update(
+      rope_low_freq_factor=float(rp["low_freq_factor"]),
+      rope_high_freq_factor=float(rp["high_freq_factor"]),
+      rope_original_max_len=int(rp["original_max_position_embeddings"]),
+    )
+  return out
+
+
+def _moe_every(hf: Mapping[str, Any], num_layers: int, errors: list[str]) -> int | None:
+  """Qwen3-MoE's decoder_sparse_step / mlp_only_layers as our `moe_every` (None: no MoE layer)."""
+  step = hf.get("decoder_sparse_step") or 1
+  dense_only = set(hf.get("mlp_only_layers") or [])
+  layers = {i for i in range(num_layers) if i not in dense_only and (i + 1) % step == 0}
+  if not layers:
+    return None
+  for n in range(1, num_layers + 1):
+    if layers == {i for i in range(num_layers) if i % n == n - 1}:
+      return n
+  errors.append(
+    f"decoder_sparse_step={step} with mlp_only_layers={sorted(dense_only)} puts MoE blocks on "
+    f"layers {sorted(layers)}; only every n-th layer (n-1, 2n-1, ...) is supported"
+  )
+  return None
+
+
+def _hf_fields(hf: Mapping[str, Any], source: str) -> tuple[dict[str, Any], dict[str, Any]]:
+  """(fields fixed by config.json, HF-derived defaults that the `jaxrl_llm` extras may override)."""
+  mt = hf.get("model_type")
+  if mt not in MODEL_TYPES:
+    raise CheckpointFormatError(
+      f"{source}: model_type={mt!r} is not supported; supported model types: {list(MODEL_TYPES)}"
+    )
+  missing = [
+    k
+    for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
+    if hf.get(k) is None
+  ]
+  if missing or (hf.get("intermediate_size") is None and mt != "qwen3_moe"):
+    raise CheckpointFormatError(
+      f"{source}: required field(s) {missing or ['intermediate_size']} missing (model_type={mt})"
+    )
+  errors: list[str] = []
+  if hf.get("hidden_act", "silu") != "silu":
+    errors.append(f"hidden_act={hf['hidden_act']!r} (only 'silu' / SwiGLU is supported)")
+  if mt in ("qwen2", "qwen3", "qwen3_moe") and hf.get("use_sliding_window"):
+    errors.append("use_sliding_window=True (sliding-window attention is not supported)")
+  if mt == "mixtral" and hf.get("sliding_window") is not None:
+    errors.append(
+      f"sliding_window={hf['sliding_window']} (sliding-window attention is not supported; set it "
+      "to null in config.json if sequences never exceed it)"
+    )
+  layer_types = set(hf.get("layer_types") or []) - {"full_attention"}
+  if layer_types:
+    errors.append(f"layer_types holds {sorted(layer_types)} (only 'full_attention' is supported)")
+  if mt != "qwen2" and hf.get("attention_bias"):
+    errors.append(f"attention_bias=True ({mt} puts a bias on o_proj too, which is not supported)")
+  if hf.get("mlp_bias"):
+    errors.append("mlp_bias=True (biases on the MLP are not supported)")
+
+  d, h, nl = int(hf["hidden_size"]), int(hf["num_attention_heads"]), int(hf["num_hidden_layers"])
+  head_dim = hf.get("head_dim") or d // h
+  k = int(hf.get("num_experts_per_tok") or 2)
+  hard: dict[str, Any] = {
+    "vocab_size": int(hf["vocab_size"]),
+    "d_model": d,
+    "num_layers": nl,
+    "num_heads": h,
+    "num_kv_heads": int(hf.get("num_key_value_heads") or h),
+    "head_dim": int(head_dim),
+    "norm_eps": float(hf.get("rms_norm_eps") or _DEFAULT_EPS.get(mt, 1e-6)),
+    "attention_bias": mt == "qwen2",
+    "qk_norm": mt in ("qwen3", "qwen3_moe"),
+    "tie_embeddings": bool(hf.get("tie_word_embeddings", False)),
+    "value_head": False,
+    "rope_scaling": "none",
+  }
+  hard.update(_rope_fields(hf, mt, errors))
+  soft: dict[str, Any] = {}
+  num_experts = int(hf.get("num_experts") or hf.get("num_local_experts") or 0)
+  moe_every = None
+  if mt == "mixtral":
+    moe_every = 1
+  elif mt == "qwen3_moe" and num_experts:
+    moe_every = _moe_every(hf, nl, errors)
+  if errors:
+    raise CheckpointFormatError(f"{source}: unsupported {mt} config: " + "; ".join(errors))
+  if mt == "mixtral":
+    expert_dim = int(hf["intermediate_size"])
+    hard.update(moe_normalize_gates=True)
+    soft["mlp_dim"] = expert_dim  # unused: every Mixtral layer is MoE
+  elif mt == "qwen3_moe" and moe_every:
+    expert_dim = int(hf.get("moe_intermediate_size") or hf.get("intermediate_size"))
+    hard["moe_normalize_gates"] = bool(hf.get("norm_topk_prob", False))
+    dense = hf.get("intermediate_size")
+    (hard if moe_every > 1 else soft)["mlp_dim"] = int(dense or expert_dim)
+  else:
+    hard["mlp_dim"] = int(hf.get("intermediate_size") or hf.get("moe_intermediate_size"))
+    hard["moe_num_experts"] = 0
+    return hard, soft
+  hard.update(
+    moe_num_experts=num_experts,
+    moe_top_k=k,
+    moe_expert_mlp_dim=expert_dim,
+    moe_every=moe_every,
+    moe_num_shared_experts=0,
+  )
+  # HF's load-balance loss is K times ours (its expert loads sum to K, ours to 1).
+  soft["moe_aux_loss_coef"] = float(hf.get("router_aux_loss_coef", 0.001)) * k
+  return hard, soft
+
+
+def config_from_hf(hf_config: Mapping[str, Any], *, source: str = CONFIG_FILE) -> ModelConfig:
+  """The `ModelConfig` of a Hugging Face config.json dict (model types in `MODEL_TYPES`).
+
+  Raises CheckpointFormatError naming `source` and the field for unsupported features.
+  """
+  hard, soft = _hf_fields(hf_config, source)
+  extras = dict(hf_config.get(EXTRA_KEY) or {})
+  unknown = sorted(set(extras) - _FIELDS)
+  if unknown:
+    raise CheckpointFormatError(f"{source}: unknown field(s) {unknown} under {EXTRA_KEY!r}")
+  aux = extras.get("moe_aux_loss_coef")
+  if aux is not None and not math.isclose(aux, soft.get("moe_aux_loss_coef", aux), rel_tol=1e-9):
+    del extras["moe_aux_loss_coef"]  # router_aux_loss_coef was edited: it wins
+  fields = {**soft, **{k: v for k, v in extras.items() if k not in hard}, **hard}
+  try:
+    return ModelConfig(**fields)
+  except (TypeError, ValueError) as e:
+    raise CheckpointFormatError(f"{source}: {e}") from None
+
+
+def default_model_type(cfg: ModelConfig) -> str:
+  """The HF model type whose architecture matches `cfg` most directly."""
+  if cfg.moe_num_experts:
+    return "qwen3_moe" if cfg.qk_norm else "mixtral"
+  if cfg.qk_norm:
+    return "qwen3"
+  return "qwen2" if cfg.attention_bias else "llama"
+
+
+def config_to_hf(cfg: ModelConfig, model_type: str | None = None, *, dtype: str = "float32"):
+  """The config.json dict of `cfg` as `model_type`; raises ValueError if it cannot express it."""
+  mt = model_type or default_model_type(cfg)
+  if mt not in MODEL_TYPES:
+    raise ValueError(f"model_type={mt!r} is not supported; supported: {list(MODEL_TYPES)}")
+  errors = []
+  moe = bool(cfg.moe_num_experts)
+  need = {
+    "attention_bias": mt == "qwen2",
+    "qk_norm": mt in ("qwen3", "qwen3_moe"),
+    "MoE layers (moe_num_experts > 0)": mt in ("qwen3_moe", "mixtral"),
+  }
+  have = {"attention_bias": cfg.attention_bias, "qk_norm": cfg.qk_norm}
+  have["MoE layers (moe_num_experts > 0)"] = moe
+  for name, wanted in need.items():
+    if have[name] != wanted:
+      errors.append(f"{mt} {'needs' if wanted else 'cannot have'} {name}")
+  if moe and cfg.moe_num_shared_experts:
+    errors.append(
+      f"{mt} has no shared experts (moe_num_shared_experts={cfg.moe_num_shared_experts})"
+    )
+  if mt == "mixtral" and moe and (cfg.moe_every != 1 or not cfg.moe_normalize_gates):
+    errors.append("mixtral needs moe_every=1 and moe_normalize_gates=True")
+  if errors:
+    raise ValueError(f"cannot export this model as model_type={mt!r}: " + "; ".join(errors))
+
+  rope: dict[str, Any] = {"rope_type": "default"}
+  if cfg.rope_scaling != "none":
+    rope = {"rope_type": cfg.rope_scaling, "factor": cfg.rope_scaling_factor}
+    if cfg.rope_scaling == "llama3":
+      rope.update(
+        low_freq_factor=cfg.rope_low_freq_factor,
+        high_freq_factor=cfg.rope_high_freq_factor,
+        original_max_position_embeddings=cfg.rope_original_max_len,
+      )
+  hf: dict[str, Any] = {
+    "architectures": [_ARCHITECTURES[mt]],
+    "model_type": mt,
+    "vocab_size": cfg.vocab_size,
+    "hidden_size": cfg.d_model,
+    "intermediate_size": cfg.moe_expert_mlp_dim if mt == "mixtral" else cfg.mlp_dim,
+    "num_hidden_layers": cfg.num_layers,
+    "num_attention_heads": cfg.num_heads,
+    "num_key_value_heads": cfg.num_kv_heads,
+    "head_dim": cfg.head_dim,
+    "hidden_act": "silu",
+    "max_position_embeddings": _DEFAULT_MAX_POS[mt],
+    "rms_norm_eps": cfg.norm_eps,
+    # Both spellings: `rope_theta` + `rope_scaling` (transformers 4) and `rope_parameters` (5).
+    "rope_theta": cfg.rope_theta,
+    "rope_scaling": None if cfg.rope_scaling == "none" else dict(rope),
+    "rope_parameters": {**rope, "rope_theta": cfg.rope_theta},
+    "tie_word_embeddings": cfg.tie_embeddings,
+    "torch_dtype": dtype,
+    "use_cache": True,
+  }
+  if mt != "qwen2":
+    hf["attention_bias"] = False
+  if mt in ("qwen2", "qwen3", "qwen3_moe"):
+    hf.update(use_sliding_window=False, sliding_window=None)
+  if mt == "mixtral":
+    hf.update(sliding_window=None, num_local_experts=cfg.moe_num_experts)
+  if mt == "qwen3_moe":
+    hf.update(
+      num_experts=cfg.moe_num_experts,
+      moe_intermediate_size=cfg.moe_expert_mlp_dim,
+      norm_topk_prob=cfg.moe_normalize_gates,
+      decoder_sparse_step=cfg.moe_every,
+      mlp_only_layers=[],
+    )
+  if moe:
+    hf.update(
+      num_experts_per_tok=cfg.moe_top_k,
+      router_aux_loss_coef=cfg.moe_aux_loss_coef / cfg.moe_top_k,
+      output_router_logits=False,
+    )
+  hard, _ = _hf_fields(hf, "config_to_hf")
+  ours = cfg.to_dict()
+  hf[EXTRA_KEY] = {k: v for k, v in ours.items() if k not in hard}
+  return hf
+
+
+# --------------------------------------------------------------------------- tensor map
+
+
+@dataclasses.dataclass(frozen=True)
+class _Param:
+  """One of our parameters and the HF tensor(s) it is made of."""
+
+  path: tuple[str, ...]  # our parameter path
+  names: tuple[str, ...]  # HF tensor names; several are stacked on a new leading (expert) axis
+  hf_shape: tuple[int, ...]  # shape of each HF tensor
+  fields: str  # the config.json fields that fix hf_shape, with their values
+  linear: bool = False  # HF [out, in] weight: transposed to [in, out], then reshaped
+  stacked: bool = False  # `names` are the experts of one [E, ...] parameter
+
+  def to_ours(self, t: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """One HF tensor in our layout `shape` (per expert for stacked params)."""
+    return (t.T if self.linear else t).reshape(shape)
+
+  def to_hf(self, p: np.ndarray) -> np.ndarray:
+    """One of our arrays (one expert's slice for stacked params) in HF layout."""
+    if self.linear:
+      return np.ascontiguousarray(p.reshape(self.hf_shape[1], self.hf_shape[0]).T)
+    return np.ascontiguousarray(p.reshape(self.hf_shape))
+
+
+def _param_map(cfg: ModelConfig, model_type: str) -> list[_Param]:
+  """Every parameter of `cfg` (value head excepted) with its HF tensor names and shapes."""
+  d, v, h, j, dh = cfg.d_model, cfg.vocab_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+  mixtral = model_type == "mixtral"
+  vals = {
+    "vocab_size": v,
+    "hidden_size": d,
+    "num_attention_heads": h,
+    "num_key_value_heads": j,
+    "head_dim": dh,
+    "intermediate_size": cfg.moe_expert_mlp_dim if mixtral else cfg.mlp_dim,
+    "moe_intermediate_size": cfg.moe_expert_mlp_dim,
+    "num_experts": cfg.moe_num_experts,
+    "num_local_experts": cfg.moe_num_experts,
+  }
+  out: list[_Param] = []
+
+  def add(path, names, shape, fields, linear=False):
+    names = (names,) if isinstance(names, str) else tuple(names)
+    described = ", ".join(f"{n}={vals[n]}" for n in fields)
+    stacked = path.split("/")[-2] == "moe" and "router" not in path
+    out.append(_Param(tuple(path.split("/")), names, shape, described, linear, stacked))
+
+  add("embed/embedding", "model.embed_tokens.weight", (v, d), ("vocab_size", "hidden_size"))
+  add("final_norm/scale", "model.norm.weight", (d,), ("hidden_size",))
+  if not cfg.tie_embeddings:
+    add("lm_head/kernel", "lm_head.weight", (v, d), ("vocab_size", "hidden_size"), True)
+  q_fields = ("num_attention_heads", "head_dim", "hidden_size")
+  kv_fields = ("num_key_value_heads", "head_dim", "hidden_size")
+  e, fx = cfg.moe_num_experts, cfg.moe_expert_mlp_dim
+  num_e = "num_local_experts" if mixtral else "num_experts"
+  expert_fields = (
+    num_e,
+    "intermediate_size" if mixtral else "moe_intermediate_size",
+    "hidden_size",
+  )
+  router_fields = (num_e, "hidden_size")
+  dense_fields = ("intermediate_size", "hidden_size")
+  expert_names = {"gate": "w1", "up": "w3", "down": "w2"} if mixtral else None
+  for i in range(cfg.num_layers):
+    hf, us = f"model.layers.{i}.", f"layer_{i}/"
+    att = hf + "self_attn."
+    add(us + "attn_norm/scale", hf + "input_layernorm.weight", (d,), ("hidden_size",))
+    add(us + "mlp_norm/scale", hf + "post_attention_layernorm.weight", (d,), ("hidden_size",))
+    for w, heads, fields in (("q", h, q_fields), ("k", j, kv_fields), ("v", j, kv_fields)):
+      add(f"{us}attn/{w}/kernel", f"{att}{w}_proj.weight", (heads * dh, d), fields, True)
+      if cfg.attention_bias:
+        add(f"{us}attn/{w}/bias", f"{att}{w}_proj.bias", (heads * dh,), fields)
+    add(us + "attn/o/kernel", att + "o_proj.weight", (d, h * dh), q_fields, True)
+    if cfg.qk_norm:
+      for w in ("q", "k"):
+        add(f"{us}attn/{w}_norm/scale", f"{att}{w}_norm.weight", (dh,), ("head_dim",))
+    if i in cfg.moe_layers:
+      moe = hf + ("block_sparse_moe." if mixtral else "mlp.")
+      add(
+        us + "moe/router/kernel",
+        moe + "gate.weight",
+        (e, d),
+        router_fields,
+        True,
+      )
+      for w, shape in (("gate", (fx, d)), ("up", (fx, d)), ("down", (d, fx))):
+        name = expert_names[w] if mixtral else f"{w}_proj"
+        experts = [f"{moe}experts.{x}.{name}.weight" for x in range(e)]
+        add(f"{us}moe/{w}", experts, shape, expert_fields, True)
+    else:
+      f = cfg.mlp_dim
+      for w, shape in (("gate", (f, d)), ("up", (f, d)), ("down", (d, f))):
+        add(
+          f"{us}mlp/{w}/kernel",
+          f"{hf}mlp.{w}_proj.weight",
+          shape,
+          dense_fields,
+          True,
+        )
+  return out
+
+
+# --------------------------------------------------------------------------- loading
+
+
+@dataclasses.dataclass(frozen=True)
+class _TensorInfo:
+  file: str  # path of the safetensors file holding the tensor
+  shape: tuple[int, ...]
+  dtype: str  # safetensors dtype name: F32, BF16, I32, ...
+
+
+def _read_json(path: str) -> dict[str, Any]:
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except json.JSONDecodeError as e:
+    raise CheckpointFormatError(f"{path}: not valid JSON ({e})") from None
+
+
+def _tensor_infos(path: str) -> tuple[dict[str, _TensorInfo], str]:
+  """File, shape and dtype of every tensor (from the headers only), and the listing file."""
+  from safetensors import safe_open
+
+  index, single = os.path.join(path, INDEX_FILE), os.path.join(path, SINGLE_FILE)
+  weight_map = None
+  if os.path.exists(index):
+    weight_map = _read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict):
+      raise CheckpointFormatError(f"{index}: has no 'weight_map' dict")
+    files, listing = sorted(set(weight_map.values())), index
+  elif os.path.exists(single):
+    files, listing = [SINGLE_FILE], single
+  else:
+    raise FileNotFoundError(
+      f"{path}: neither {SINGLE_FILE} nor {INDEX_FILE} found (directory holds "
+      f"{sorted(os.listdir(path))}); only safetensors weights can be loaded"
+    )
+  infos: dict[str, _TensorInfo] = {}
+  for name in files:
+    file = os.path.join(path, name)
+    if not os.path.exists(file):
+      raise FileNotFoundError(f"{index} lists weight file {name}, which does not exist in {path}")
+    try:
+      with safe_open(file, framework="numpy") as f:
+        for key in f.keys():
+          if key in infos:
+            raise CheckpointFormatError(f"tensor {key!r} is in both {infos[key].file} and {file}")
+          sl = f.get_slice(key)
+          infos[key] = _TensorInfo(file, tuple(sl.get_shape()), sl.get_dtype())
+    except CheckpointFormatError:
+      raise
+    except Exception as e:  # the safetensors reader raises its own error types
+      raise CheckpointFormatError(f"{file}: cannot read the safetensors header ({e})") from None
+  if weight_map is not None:
+    for key, name in weight_map.items():
+      if key not in infos or infos[key].file != os.path.join(path, name):
+        raise CheckpointFormatError(f"{index} lists tensor {key!r} in {name}, which lacks it")
+    for key in sorted(set(infos) - set(weight_map)):
+      raise CheckpointFormatError(f"{infos[key].file}: tensor {key!r} is not listed in {index}")
+  return infos, listing
+
+
+def _check_tensors(
+  params: list[_Param], infos: dict[str, _TensorInfo], listing: str, cfg_file: str, tied: bool
+) -> None:
+  """Raises CheckpointFormatError listing every missing, unexpected, non-float or misshaped tensor."""
+  expected = {n: p for p in params for n in p.names}
+  problems = [f"{listing}: missing tensor {n!r}" for n in expected if n not in infos]
+  for name, info in sorted(infos.items()):
+    if name in expected:
+      continue
+    if name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
+      logging.warning("%s: ignoring tensor %s", info.file, name)
+    else:
+      problems.append(f"{info.file}: unexpected tensor {name!r}")
+  mismatched = False
+  for name, p in expected.items():
+    info = infos.get(name)
+    if info is None:
+      continue
+    if info.dtype not in _FLOAT_DTYPES:
+      problems.append(
+        f"{info.file}: tensor {name!r} has dtype {info.dtype}; expected a floating-point dtype "
+        f"({', '.join(_FLOAT_DTYPES)})"
+      )
+    if info.shape != p.hf_shape:
+      mismatched = True
+      problems.append(
+        f"{info.file}: tensor {name!r} has shape {list(info.shape)}, but {cfg_file} "
+        f"({p.fields}) implies {list(p.hf_shape)}"
+      )
+  if not problems:
+    return
+  head = f"{len(problems)} problem(s) with the weights of {os.path.dirname(cfg_file)}"
+  if mismatched:
+    head += f" ({cfg_file} does not match the weights' shapes)"
+  shown = problems[:20] + ([f"... and {len(problems) - 20} more"] if len(problems) > 20 else [])
+  raise CheckpointFormatError(head + ":\n  " + "\n  ".join(shown))
+
+
+class _Reader:
+  """Reads single tensors as numpy arrays (bfloat16 through ml_dtypes)."""
+
+  def __init__(self, infos: dict[str, _TensorInfo]):
+    self._infos = infos
+    self._files: dict[str, Any] = {}
+    self._headers: dict[str, tuple[dict[str, Any], int]] = {}
+    self._stack = contextlib.ExitStack()
+
+  def __enter__(self) -> _Reader:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self._stack.close()
+
+  def _raw_bf16(self, name: str, info: _TensorInfo) -> np.ndarray:
+    if info.file not in self._headers:
+      with open(info.file, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        self._headers[info.file] = (json.loads(f.read(n)), 8 + n)
+    header, start = self._headers[info.file]
+    begin, end = header[name]["data_offsets"]
+    with open(info.file, "rb") as f:
+      f.seek(start + begin)
+      buf = f.read(end - begin)
+    return np.frombuffer(buf, dtype="<u2").view(ml_dtypes.bfloat16).reshape(info.shape)
+
+  def read(self, name: str) -> np.ndarray:
+    """The tensor `name` as a host array of its stored dtype."""
+    info = self._infos[name]
+    if info.dtype == "BF16":  # numpy has no bfloat16, so the numpy reader refuses it
+      return self._raw_bf16(name, info)
+    if info.file not in self._files:
+      from safetensors import safe_open
+
+      self._files[info.file] = self._stack.enter_context(safe_open(info.file, framework="numpy"))
+    return self._files[info.file].get_tensor(name)
+
+
+def _abstract_params(cfg: ModelConfig) -> Any:
+  """The boxed (logically annotated) abstract parameter tree of `Transformer(cfg)`."""
+  model = Transformer(cfg)
+  tokens = jnp.zeros((1, 1), jnp.int32)
+  init = lambda r: model.init(r, tokens, tokens, tokens >= 0)["params"]  # noqa: E731
+  return jax.eval_shape(init, jax.random.PRNGKey(0))
+
+
+def _flatten(tree: Any) -> dict[tuple[str, ...], Any]:
+  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+  return {tuple(k.key for k in path): leaf for path, leaf in leaves}
+
+
+def _unflatten(flat: dict[tuple[str, ...], Any]) -> dict[str, Any]:
+  out: dict[str, Any] = {}
+  for path, leaf in flat.items():
+    node = out
+    for k in path[:-1]:
+      node = node.setdefault(k, {})
+    node[path[-1]] = leaf
+  return out
+
+
+def load_checkpoint(
+  path: str | os.PathLike,
+  *,
+  mesh: jax.sharding.Mesh | None = None,
+  rules: Any = None,
+  param_dtype: str | None = None,
+  dtype: str | None = None,
+) -> tuple[ModelConfig, dict[str, Any]]:
+  """Loads a Hugging Face checkpoint directory as (ModelConfig, params).
+
+  Every tensor is checked against config.json (presence, float dtype, shape) before any is read;
+  then each is read alone and placed into its sharding on `mesh` under the logical-axis `rules`
+  (default `sharding.DEFAULT_RULES`), or on the first local device without a mesh.
+  `param_dtype` / `dtype` override the storage / compute dtype (default: float32, or the values
+  saved by `save_checkpoint`).
+  """
+  path = os.fspath(path)
+  cfg_file = os.path.join(path, CONFIG_FILE)
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f"{path}: no such checkpoint directory")
+  if not os.path.exists(cfg_file):
+    raise FileNotFoundError(f"{cfg_file} not found: a Hugging Face checkpoint needs config.json")
+  hf = _read_json(cfg_file)
+  cfg = config_from_hf(hf, source=cfg_file)
+  overrides = {k: v for k, v in (("param_dtype", param_dtype), ("dtype", dtype)) if v is not None}
+  if overrides:
+    cfg = dataclasses.replace(cfg, **overrides)
+  params_map = _param_map(cfg, hf["model_type"])
+  infos, listing = _tensor_infos(path)
+  _check_tensors(params_map, infos, listing, cfg_file, cfg.tie_embeddings)
+
+  abstract = _abstract_params(cfg)
+  if mesh is not None:
+    rules = sharding_lib.rules_from_config(rules)
+    shardings = _flatten(sharding_lib.param_shardings(abstract, mesh, rules))
+  else:
+    device = SingleDeviceSharding(jax.local_devices()[0])
+    shardings = {k: device for k in _flatten(nn.unbox(abstract))}
+  shapes = {k: v.shape for k, v in _flatten(nn.unbox(abstract)).items()}
+  target = np.dtype(cfg.weight_dtype)
+  out: dict[tuple[str, ...], jax.Array] = {}
+  with _Reader(infos) as reader:
+    for p in params_map:
+      shape = shapes[p.path]
+      if p.stacked:
+        host = np.stack([p.to_ours(reader.read(n), shape[1:]).astype(target) for n in p.names])
+      else:
+        host = p.to_ours(reader.read(p.names[0]), shape).astype(target)
+      out[p.path] = jax.make_array_from_callback(shape, shardings[p.path], lambda i, h=host: h[i])
+      del host
+  if set(out) != set(shapes):  # the tensor map covers the model exactly
+    raise AssertionError(f"parameters not mapped: {sorted(set(shapes) ^ set(out))}")
+  return cfg, _unflatten(out)
+
+
+# --------------------------------------------------------------------------- saving
+
+_SAVE_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+
+
+def _to_host(x: Any) -> np.ndarray:
+  """A full host copy of one (possibly multi-host sharded) array."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    from jax.experimental import multihost_utils
+
+    x = multihost_utils.process_allgather(x, tiled=True)
+  return np.asarray(x)
+
+
+def save_checkpoint(
+  path: str | os.PathLike,
+  cfg: ModelConfig,
+  params: Any,
+  *,
+  model_type: str | None = None,
+  dtype: str = "float32",
+  max_shard_bytes: int = 5 * 2**30,
+  hf_overrides: Mapping[str, Any] | None = None,
+  overwrite: bool = False,
+) -> str:
+  """Writes `params` of `cfg` as a Hugging Face checkpoint directory; returns its model type.
+
+  `model_type` defaults to `default_model_type(cfg)`. Tensors are stored as `dtype`, in shards of
+  at most `max_shard_bytes` (with an index file when there are several). `hf_overrides` are
+  merged into config.json (e.g. token ids, max_position_embeddings). A value head is not
+  exported. Refuses a directory that already holds weights unless `overwrite`.
+  """
+  path = os.fspath(path)
+  if dtype not in _SAVE_DTYPES:
+    raise ValueError(f"dtype={dtype!r} must be one of {list(_SAVE_DTYPES)}")
+  mt = model_type or default_model_type(cfg)
+  hf = config_to_hf(cfg, mt, dtype=dtype)
+  hf.update(hf_overrides or {})
+  params_map = _param_map(cfg, mt)
+  flat = _flatten(params)
+  shapes = {k: v.shape for k, v in _flatten(nn.unbox(_abstract_params(cfg))).items()}
+  for p in params_map:
+    if p.path not in flat or tuple(flat[p.path].shape) != tuple(shapes[p.path]):
+      found = tuple(flat[p.path].shape) if p.path in flat else "absent"
+      raise ValueError(f"params[{'/'.join(p.path)}]: expected shape {shapes[p.path]}, got {found}")
+  extra = sorted("/".join(k) for k in set(flat) - {p.path for p in params_map})
+  if any(not k.startswith("value_head/") for k in extra):
+    raise ValueError(f"params hold entries that {mt} cannot store: {extra}")
+  if extra:
+    logging.warning("not exporting the value head (%s)", ", ".join(extra))
+
+  writer = jax.process_index() == 0
+  old = glob.glob(os.path.join(path, "model*.safetensors")) + glob.glob(
+    os.path.join(path, INDEX_FILE)
+  )
+  if old and not overwrite:
+    raise FileExistsError(f"{path} already holds weights ({sorted(old)}); pass overwrite=True")
+  if writer:
+    os.makedirs(path, exist_ok=True)
+    for f in old:
+      os.remove(f)
+
+  from safetensors.numpy import save_file
+
+  np_dtype = _SAVE_DTYPES[dtype]
+  shards: list[list[str]] = []
+  current: dict[str, np.ndarray] = {}
+  size = total = 0
+
+  def flush():
+    nonlocal current, size
+    if not current:
+      return
+    if writer:
+      save_file(current, os.path.join(path, f"shard-{len(shards)}.tmp"), metadata={"format": "pt"})
+    shards.append(list(current))
+    current, size = {}, 0
+
+  for p in params_map:
+    host = _to_host(flat[p.path])
+    for e, name in enumerate(p.names):
+      t = p.to_hf(host[e] if p.stacked else host).astype(np_dtype)
+      if current and size + t.nbytes > max_shard_bytes:
+        flush()
+      current[name] = t
+      size += t.nbytes
+      total += t.nbytes
+    del host
+  flush()
+  if writer:
+    n = len(shards)
+    names = (
+      [SINGLE_FILE] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+    )
+    for i, name in enumerate(names):
+      os.replace(os.path.join(path, f"shard-{i}.tmp"), os.path.join(path, name))
+    if n > 1:
+      weight_map = {t: names[i] for i, shard in enumerate(shards) for t in shard}
+      with open(os.path.join(path, INDEX_FILE), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+    with open(os.path.join(path, CONFIG_FILE), "w") as f:
+      json.dump(hf, f, indent=2, sort_keys=True)
+  return mt
