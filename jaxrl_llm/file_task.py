@@ -95,9 +95,10 @@ class FileTask:
     """Human-readable (prompt, completion) of one row for the TensorBoard text summary."""
     prompt = np.asarray(prompt)
     keep = prompt != self.tokenizer.pad_id
-    return self.tokenizer.decode(prompt[keep].tolist(), stop_at_eos=False), self.decode(
-      completion[None]
-    )[0]
+    shown = self.tokenizer.decode(
+      prompt[keep].tolist(), skip_special_tokens=False, stop_at_eos=False
+    )
+    return shown, self.decode(completion[None])[0]
 
 
 def _split_files(spec: str) -> list[str]:
