@@ -19,9 +19,9 @@ from jaxrl_llm import recipes
 def get_config():
   """DAPO + GSM8K + Qwen2.5 settings (paths must be given on the command line)."""
   c = recipes.get_config("dapo")
-  c.model.checkpoint = ""  # required: a local Qwen2.5 Hugging Face directory
+  c.model.checkpoint = "REQUIRED"  # a local Qwen2.5 Hugging Face directory
   c.model.dtype = "bfloat16"  # compute dtype; log-probs stay float32
-  c.data.train_files = ""  # required: GSM8K train JSONL
+  c.data.train_files = "REQUIRED"  # GSM8K train JSONL
   c.data.eval_files = ""  # GSM8K test JSONL (or set data.eval_fraction)
   c.data.prompt_field = "question"
   c.data.answer_field = "answer"

@@ -206,6 +206,23 @@ def _check_regularisers(config, e: list[str], t_max: int | None) -> None:
   _collect(e, config.rl.entropy_coef >= 0, f"rl.entropy_coef={config.rl.entropy_coef} must be >= 0")
 
 
+def check_required(config: ml_collections.ConfigDict) -> None:
+  """Fails naming every field an experiment file left as "REQUIRED" (paths the user must give)."""
+  missing = []
+
+  def visit(node, prefix):
+    for key, value in node.items():
+      if hasattr(value, "items"):
+        visit(value, f"{prefix}{key}.")
+      elif value == "REQUIRED":
+        missing.append(f"{prefix}{key}")
+
+  visit(config, "")
+  if missing:
+    flags = " ".join(f"--config.{m}=..." for m in missing)
+    raise ConfigError(f"this config needs {', '.join(missing)}; pass {flags}")
+
+
 def validate(
   config: ml_collections.ConfigDict,
   *,

@@ -197,6 +197,7 @@ def _load_pretrained(config, mesh, rules):
 
 def build(config: ml_collections.ConfigDict) -> Experiment:
   """Validates `config` and builds the mesh, task, model, initial state and jitted programs."""
+  config_lib.check_required(config)
   if config.data.train_files:
     from jaxrl_llm import file_task
 

@@ -81,3 +81,23 @@ def test_cli_bad_value_is_named(tmp_path):
   assert proc.returncode == 2
   assert "sampling.temperature=-1.0 must be > 0" in proc.stderr
   assert "Traceback" not in proc.stderr
+
+
+def test_example_config_names_the_paths_it_needs(tmp_path):
+  proc = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "jaxrl_llm.main",
+      "--config=configs/qwen2_5_gsm8k_dapo.py",
+      f"--workdir={tmp_path}",
+    ],
+    cwd=REPO,
+    env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert proc.returncode == 2
+  assert "--config.model.checkpoint=..." in proc.stderr
+  assert "--config.data.train_files=..." in proc.stderr
