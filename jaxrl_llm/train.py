@@ -192,7 +192,9 @@ def _load_pretrained(config, mesh, rules):
       f"model.checkpoint={path!r} is not a directory; point it at a local Hugging Face "
       f"checkpoint (config.json + *.safetensors)"
     )
-  return hf.load_checkpoint(path, mesh=mesh, rules=rules, param_dtype=config.model.param_dtype)
+  return hf.load_checkpoint(
+    path, mesh=mesh, rules=rules, param_dtype=config.model.param_dtype, dtype=config.model.dtype
+  )
 
 
 def build(config: ml_collections.ConfigDict) -> Experiment:
