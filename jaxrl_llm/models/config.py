@@ -23,15 +23,11 @@ class ModelConfig:
   head_dim: int = 16  # per-head width Dh
   mlp_dim: int = 256  # SwiGLU hidden width F
   rope_theta: float = 10_000.0  # RoPE base frequency
-  rope_scaling: str = (
-    "none"  # none | linear (positions / factor) | llama3 (Llama 3.1 per-frequency)
-  )
-  rope_scaling_factor: float = 1.0  # context extension factor of `linear` and `llama3`
-  rope_low_freq_factor: float = (
-    1.0  # llama3: wavelengths > original_len / this are divided by factor
-  )
-  rope_high_freq_factor: float = 4.0  # llama3: wavelengths < original_len / this are left unscaled
-  rope_original_max_len: int = 8192  # llama3: context length of pre-training
+  rope_scaling: str = "none"  # none | linear | llama3 (Llama 3.1 per-frequency scaling)
+  rope_scaling_factor: float = 1.0  # context extension factor of linear / llama3 scaling
+  rope_low_freq_factor: float = 1.0  # llama3: wavelengths > orig_len / this are fully scaled
+  rope_high_freq_factor: float = 4.0  # llama3: wavelengths < orig_len / this are not scaled
+  rope_original_max_len: int = 8192  # llama3: orig_len, the pre-training context length
   norm_eps: float = 1e-6  # RMSNorm epsilon
   attention_bias: bool = False  # bias on q/k/v projections (Qwen2)
   qk_norm: bool = False  # RMSNorm on per-head queries and keys (Qwen3)

@@ -13,10 +13,8 @@ Tensor layouts (Hugging Face linear weights are [out, in]; ours are [in, out] sp
   router [E, D]     -> moe/router/kernel [D, E];  lm_head [V, D] -> lm_head/kernel [D, V]
 RoPE is the half-split (rotate_half) convention of both code bases, so q/k need no permutation.
 
-ModelConfig fields that config.json cannot hold (moe_impl, the z-loss coefficient, dtypes, ...)
-are written under the `jaxrl_llm` key of config.json and restored on import, so that
-`save_checkpoint` followed by `load_checkpoint` gives back the same config and bit-identical
-parameters. Other tools ignore that key.
+The config.json mapping lives in `hf_config`; `save_checkpoint` followed by `load_checkpoint`
+gives back the same ModelConfig and bit-identical parameters.
 """
 
 from __future__ import annotations
@@ -25,7 +23,6 @@ import contextlib
 import dataclasses
 import glob
 import json
-import math
 import os
 import struct
 from collections.abc import Mapping
@@ -41,293 +38,33 @@ from jax.sharding import SingleDeviceSharding
 
 from jaxrl_llm import sharding as sharding_lib
 from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.models.hf_config import (
+  EXTRA_KEY,
+  MODEL_TYPES,
+  CheckpointFormatError,
+  config_from_hf,
+  config_to_hf,
+  default_model_type,
+)
 from jaxrl_llm.models.transformer import Transformer
 
-MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral")
-EXTRA_KEY = "jaxrl_llm"  # config.json key holding the ModelConfig fields HF has no name for
+__all__ = [
+  "EXTRA_KEY",
+  "MODEL_TYPES",
+  "CheckpointFormatError",
+  "abstract_params",
+  "config_from_hf",
+  "config_to_hf",
+  "default_model_type",
+  "load_checkpoint",
+  "save_checkpoint",
+]
+
 CONFIG_FILE = "config.json"
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
-
-_ARCHITECTURES = {
-  "llama": "LlamaForCausalLM",
-  "qwen2": "Qwen2ForCausalLM",
-  "qwen3": "Qwen3ForCausalLM",
-  "qwen3_moe": "Qwen3MoeForCausalLM",
-  "mixtral": "MixtralForCausalLM",
-}
-# Defaults of the reference configuration classes, used when config.json omits a field.
-_DEFAULT_THETA = {"mixtral": 1e6}
-_DEFAULT_EPS = {"mixtral": 1e-5}
-_DEFAULT_MAX_POS = {
-  "llama": 2048,
-  "qwen2": 32768,
-  "qwen3": 40960,
-  "qwen3_moe": 32768,
-  "mixtral": 131072,
-}
 _FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some old checkpoints carry
-_FIELDS = {f.name for f in dataclasses.fields(ModelConfig)}
-
-
-class CheckpointFormatError(ValueError):
-  """A Hugging Face checkpoint is malformed, unsupported, or disagrees with its config.json."""
-
-
-# --------------------------------------------------------------------------- configs
-
-
-def _rope_fields(hf: Mapping[str, Any], mt: str, errors: list[str]) -> dict[str, Any]:
-  """RoPE fields from `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling` (4)."""
-  key = "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"
-  rp = hf.get(key) or {}
-  if not isinstance(rp, Mapping) or any(isinstance(v, Mapping) for v in rp.values()):
-    errors.append(f"{key}={rp!r} (per-layer-type RoPE parameters are not supported)")
-    return {}
-  theta = rp.get("rope_theta", hf.get("rope_theta")) or _DEFAULT_THETA.get(mt, 10_000.0)
-  out: dict[str, Any] = {"rope_theta": float(theta)}
-  partial = rp.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
-  if partial not in (None, 1, 1.0):
-    errors.append(f"partial_rotary_factor={partial} (only full-width RoPE is supported)")
-  rtype = rp.get("rope_type", rp.get("type", "default"))
-  if rtype == "default":
-    return out
-  if rtype not in ("linear", "llama3"):
-    errors.append(
-      f"{key}.rope_type={rtype!r} is not supported (supported: 'default', 'linear', 'llama3')"
-    )
-    return out
-  out.update(rope_scaling=rtype, rope_scaling_factor=float(rp.get("factor", 1.0)))
-  if rtype == "llama3":
-    missing = [
-      k
-      for k in ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-      if rp.get(k) is None
-    ]
-    if missing:
-      errors.append(f"{key} of rope_type 'llama3' lacks {missing}")
-      return out
-    out.update(
-      rope_low_freq_factor=float(rp["low_freq_factor"]),
-      rope_high_freq_factor=float(rp["high_freq_factor"]),
-      rope_original_max_len=int(rp["original_max_position_embeddings"]),
-    )
-  return out
-
-
-def _moe_every(hf: Mapping[str, Any], num_layers: int, errors: list[str]) -> int | None:
-  """Qwen3-MoE's decoder_sparse_step / mlp_only_layers as our `moe_every` (None: no MoE layer)."""
-  step = hf.get("decoder_sparse_step") or 1
-  dense_only = set(hf.get("mlp_only_layers") or [])
-  layers = {i for i in range(num_layers) if i not in dense_only and (i + 1) % step == 0}
-  if not layers:
-    return None
-  for n in range(1, num_layers + 1):
-    if layers == {i for i in range(num_layers) if i % n == n - 1}:
-      return n
-  errors.append(
-    f"decoder_sparse_step={step} with mlp_only_layers={sorted(dense_only)} puts MoE blocks on "
-    f"layers {sorted(layers)}; only every n-th layer (n-1, 2n-1, ...) is supported"
-  )
-  return None
-
-
-def _hf_fields(hf: Mapping[str, Any], source: str) -> tuple[dict[str, Any], dict[str, Any]]:
-  """(fields fixed by config.json, HF-derived defaults that the `jaxrl_llm` extras may override)."""
-  mt = hf.get("model_type")
-  if mt not in MODEL_TYPES:
-    raise CheckpointFormatError(
-      f"{source}: model_type={mt!r} is not supported; supported model types: {list(MODEL_TYPES)}"
-    )
-  missing = [
-    k
-    for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
-    if hf.get(k) is None
-  ]
-  if missing or (hf.get("intermediate_size") is None and mt != "qwen3_moe"):
-    raise CheckpointFormatError(
-      f"{source}: required field(s) {missing or ['intermediate_size']} missing (model_type={mt})"
-    )
-  errors: list[str] = []
-  if hf.get("hidden_act", "silu") != "silu":
-    errors.append(f"hidden_act={hf['hidden_act']!r} (only 'silu' / SwiGLU is supported)")
-  if mt in ("qwen2", "qwen3", "qwen3_moe") and hf.get("use_sliding_window"):
-    errors.append("use_sliding_window=True (sliding-window attention is not supported)")
-  if mt == "mixtral" and hf.get("sliding_window") is not None:
-    errors.append(
-      f"sliding_window={hf['sliding_window']} (sliding-window attention is not supported; set it "
-      "to null in config.json if sequences never exceed it)"
-    )
-  layer_types = set(hf.get("layer_types") or []) - {"full_attention"}
-  if layer_types:
-    errors.append(f"layer_types holds {sorted(layer_types)} (only 'full_attention' is supported)")
-  if mt != "qwen2" and hf.get("attention_bias"):
-    errors.append(f"attention_bias=True ({mt} puts a bias on o_proj too, which is not supported)")
-  if hf.get("mlp_bias"):
-    errors.append("mlp_bias=True (biases on the MLP are not supported)")
-
-  d, h, nl = int(hf["hidden_size"]), int(hf["num_attention_heads"]), int(hf["num_hidden_layers"])
-  head_dim = hf.get("head_dim") or d // h
-  k = int(hf.get("num_experts_per_tok") or 2)
-  hard: dict[str, Any] = {
-    "vocab_size": int(hf["vocab_size"]),
-    "d_model": d,
-    "num_layers": nl,
-    "num_heads": h,
-    "num_kv_heads": int(hf.get("num_key_value_heads") or h),
-    "head_dim": int(head_dim),
-    "norm_eps": float(hf.get("rms_norm_eps") or _DEFAULT_EPS.get(mt, 1e-6)),
-    "attention_bias": mt == "qwen2",
-    "qk_norm": mt in ("qwen3", "qwen3_moe"),
-    "tie_embeddings": bool(hf.get("tie_word_embeddings", False)),
-    "value_head": False,
-    "rope_scaling": "none",
-  }
-  hard.update(_rope_fields(hf, mt, errors))
-  soft: dict[str, Any] = {}
-  num_experts = int(hf.get("num_experts") or hf.get("num_local_experts") or 0)
-  moe_every = None
-  if mt == "mixtral":
-    moe_every = 1
-  elif mt == "qwen3_moe" and num_experts:
-    moe_every = _moe_every(hf, nl, errors)
-  if errors:
-    raise CheckpointFormatError(f"{source}: unsupported {mt} config: " + "; ".join(errors))
-  if mt == "mixtral":
-    expert_dim = int(hf["intermediate_size"])
-    hard.update(moe_normalize_gates=True)
-    soft["mlp_dim"] = expert_dim  # unused: every Mixtral layer is MoE
-  elif mt == "qwen3_moe" and moe_every:
-    expert_dim = int(hf.get("moe_intermediate_size") or hf.get("intermediate_size"))
-    hard["moe_normalize_gates"] = bool(hf.get("norm_topk_prob", False))
-    dense = hf.get("intermediate_size")
-    (hard if moe_every > 1 else soft)["mlp_dim"] = int(dense or expert_dim)
-  else:
-    hard["mlp_dim"] = int(hf.get("intermediate_size") or hf.get("moe_intermediate_size"))
-    hard["moe_num_experts"] = 0
-    return hard, soft
-  hard.update(
-    moe_num_experts=num_experts,
-    moe_top_k=k,
-    moe_expert_mlp_dim=expert_dim,
-    moe_every=moe_every,
-    moe_num_shared_experts=0,
-  )
-  # HF's load-balance loss is K times ours (its expert loads sum to K, ours to 1).
-  soft["moe_aux_loss_coef"] = float(hf.get("router_aux_loss_coef", 0.001)) * k
-  return hard, soft
-
-
-def config_from_hf(hf_config: Mapping[str, Any], *, source: str = CONFIG_FILE) -> ModelConfig:
-  """The `ModelConfig` of a Hugging Face config.json dict (model types in `MODEL_TYPES`).
-
-  Raises CheckpointFormatError naming `source` and the field for unsupported features.
-  """
-  hard, soft = _hf_fields(hf_config, source)
-  extras = dict(hf_config.get(EXTRA_KEY) or {})
-  unknown = sorted(set(extras) - _FIELDS)
-  if unknown:
-    raise CheckpointFormatError(f"{source}: unknown field(s) {unknown} under {EXTRA_KEY!r}")
-  aux = extras.get("moe_aux_loss_coef")
-  if aux is not None and not math.isclose(aux, soft.get("moe_aux_loss_coef", aux), rel_tol=1e-9):
-    del extras["moe_aux_loss_coef"]  # router_aux_loss_coef was edited: it wins
-  fields = {**soft, **{k: v for k, v in extras.items() if k not in hard}, **hard}
-  try:
-    return ModelConfig(**fields)
-  except (TypeError, ValueError) as e:
-    raise CheckpointFormatError(f"{source}: {e}") from None
-
-
-def default_model_type(cfg: ModelConfig) -> str:
-  """The HF model type whose architecture matches `cfg` most directly."""
-  if cfg.moe_num_experts:
-    return "qwen3_moe" if cfg.qk_norm else "mixtral"
-  if cfg.qk_norm:
-    return "qwen3"
-  return "qwen2" if cfg.attention_bias else "llama"
-
-
-def config_to_hf(cfg: ModelConfig, model_type: str | None = None, *, dtype: str = "float32"):
-  """The config.json dict of `cfg` as `model_type`; raises ValueError if it cannot express it."""
-  mt = model_type or default_model_type(cfg)
-  if mt not in MODEL_TYPES:
-    raise ValueError(f"model_type={mt!r} is not supported; supported: {list(MODEL_TYPES)}")
-  errors = []
-  moe = bool(cfg.moe_num_experts)
-  need = {
-    "attention_bias": mt == "qwen2",
-    "qk_norm": mt in ("qwen3", "qwen3_moe"),
-    "MoE layers (moe_num_experts > 0)": mt in ("qwen3_moe", "mixtral"),
-  }
-  have = {"attention_bias": cfg.attention_bias, "qk_norm": cfg.qk_norm}
-  have["MoE layers (moe_num_experts > 0)"] = moe
-  for name, wanted in need.items():
-    if have[name] != wanted:
-      errors.append(f"{mt} {'needs' if wanted else 'cannot have'} {name}")
-  if moe and cfg.moe_num_shared_experts:
-    errors.append(
-      f"{mt} has no shared experts (moe_num_shared_experts={cfg.moe_num_shared_experts})"
-    )
-  if mt == "mixtral" and moe and (cfg.moe_every != 1 or not cfg.moe_normalize_gates):
-    errors.append("mixtral needs moe_every=1 and moe_normalize_gates=True")
-  if errors:
-    raise ValueError(f"cannot export this model as model_type={mt!r}: " + "; ".join(errors))
-
-  rope: dict[str, Any] = {"rope_type": "default"}
-  if cfg.rope_scaling != "none":
-    rope = {"rope_type": cfg.rope_scaling, "factor": cfg.rope_scaling_factor}
-    if cfg.rope_scaling == "llama3":
-      rope.update(
-        low_freq_factor=cfg.rope_low_freq_factor,
-        high_freq_factor=cfg.rope_high_freq_factor,
-        original_max_position_embeddings=cfg.rope_original_max_len,
-      )
-  hf: dict[str, Any] = {
-    "architectures": [_ARCHITECTURES[mt]],
-    "model_type": mt,
-    "vocab_size": cfg.vocab_size,
-    "hidden_size": cfg.d_model,
-    "intermediate_size": cfg.moe_expert_mlp_dim if mt == "mixtral" else cfg.mlp_dim,
-    "num_hidden_layers": cfg.num_layers,
-    "num_attention_heads": cfg.num_heads,
-    "num_key_value_heads": cfg.num_kv_heads,
-    "head_dim": cfg.head_dim,
-    "hidden_act": "silu",
-    "max_position_embeddings": _DEFAULT_MAX_POS[mt],
-    "rms_norm_eps": cfg.norm_eps,
-    # Both spellings: `rope_theta` + `rope_scaling` (transformers 4) and `rope_parameters` (5).
-    "rope_theta": cfg.rope_theta,
-    "rope_scaling": None if cfg.rope_scaling == "none" else dict(rope),
-    "rope_parameters": {**rope, "rope_theta": cfg.rope_theta},
-    "tie_word_embeddings": cfg.tie_embeddings,
-    "torch_dtype": dtype,
-    "use_cache": True,
-  }
-  if mt != "qwen2":
-    hf["attention_bias"] = False
-  if mt in ("qwen2", "qwen3", "qwen3_moe"):
-    hf.update(use_sliding_window=False, sliding_window=None)
-  if mt == "mixtral":
-    hf.update(sliding_window=None, num_local_experts=cfg.moe_num_experts)
-  if mt == "qwen3_moe":
-    hf.update(
-      num_experts=cfg.moe_num_experts,
-      moe_intermediate_size=cfg.moe_expert_mlp_dim,
-      norm_topk_prob=cfg.moe_normalize_gates,
-      decoder_sparse_step=cfg.moe_every,
-      mlp_only_layers=[],
-    )
-  if moe:
-    hf.update(
-      num_experts_per_tok=cfg.moe_top_k,
-      router_aux_loss_coef=cfg.moe_aux_loss_coef / cfg.moe_top_k,
-      output_router_logits=False,
-    )
-  hard, _ = _hf_fields(hf, "config_to_hf")
-  ours = cfg.to_dict()
-  hf[EXTRA_KEY] = {k: v for k, v in ours.items() if k not in hard}
-  return hf
 
 
 # --------------------------------------------------------------------------- tensor map
@@ -571,7 +308,7 @@ class _Reader:
     return self._files[info.file].get_tensor(name)
 
 
-def _abstract_params(cfg: ModelConfig) -> Any:
+def abstract_params(cfg: ModelConfig) -> Any:
   """The boxed (logically annotated) abstract parameter tree of `Transformer(cfg)`."""
   model = Transformer(cfg)
   tokens = jnp.zeros((1, 1), jnp.int32)
@@ -625,7 +362,7 @@ def load_checkpoint(
   infos, listing = _tensor_infos(path)
   _check_tensors(params_map, infos, listing, cfg_file, cfg.tie_embeddings)
 
-  abstract = _abstract_params(cfg)
+  abstract = abstract_params(cfg)
   if mesh is not None:
     rules = sharding_lib.rules_from_config(rules)
     shardings = _flatten(sharding_lib.param_shardings(abstract, mesh, rules))
@@ -689,7 +426,7 @@ def save_checkpoint(
   hf.update(hf_overrides or {})
   params_map = _param_map(cfg, mt)
   flat = _flatten(params)
-  shapes = {k: v.shape for k, v in _flatten(nn.unbox(_abstract_params(cfg))).items()}
+  shapes = {k: v.shape for k, v in _flatten(nn.unbox(abstract_params(cfg))).items()}
   for p in params_map:
     if p.path not in flat or tuple(flat[p.path].shape) != tuple(shapes[p.path]):
       found = tuple(flat[p.path].shape) if p.path in flat else "absent"
