@@ -271,6 +271,15 @@ def test_unexpected_tensor_is_named(tmp_path):
     hf.load_checkpoint(path)
 
 
+def test_tied_lm_head_copy_and_rope_buffers_are_ignored(tmp_path):
+  path = _copy("qwen2", tmp_path)
+  tensors = load_file(path / "model.safetensors")
+  tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
+  tensors["model.layers.0.self_attn.rotary_emb.inv_freq"] = np.ones(4, np.float32)
+  save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+  _assert_trees_equal(hf.load_checkpoint(path)[1], _load("qwen2")[1])
+
+
 def test_config_that_does_not_match_the_weights(tmp_path):
   path = _copy("llama", tmp_path)
   _edit_config(path, hidden_size=48)
