@@ -197,6 +197,16 @@ def _load_pretrained(config, mesh, rules):
   )
 
 
+def _hf_model_type(path: str) -> str:
+  """The `model_type` of a Hugging Face checkpoint directory ("" when not starting from one)."""
+  if not path:
+    return ""
+  import json
+
+  with open(os.path.join(path, "config.json")) as f:
+    return str(json.load(f).get("model_type", ""))
+
+
 def build(config: ml_collections.ConfigDict) -> Experiment:
   """Validates `config` and builds the mesh, task, model, initial state and jitted programs."""
   config_lib.check_required(config)
@@ -263,6 +273,7 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
   )
   meta = {
     "model": mc.to_dict(),
+    "hf_model_type": _hf_model_type(config.model.checkpoint),
     "task": {k: v for k, v in config.task.to_dict().items() if k != "reward_weights"}
     | {"data": config.data.train_files},
   }

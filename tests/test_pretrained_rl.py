@@ -1,0 +1,47 @@
+"""RL starting from an imported Hugging Face checkpoint (`model.checkpoint`), then export."""
+
+import json
+
+import jax
+import numpy as np
+from conftest import REPO, tiny_config
+
+from jaxrl_llm import checkpoint, metrics, train
+from jaxrl_llm.models import hf
+
+FIXTURE = REPO / "tests" / "fixtures" / "hf" / "qwen2"
+
+
+def test_rl_starts_from_imported_checkpoint_and_exports(tmp_path):
+  config = tiny_config(
+    **{"model.checkpoint": str(FIXTURE), "train.num_steps": 2, "sft.steps": 3, "sft.batch_size": 8}
+  )
+  exp = train.build(config)
+  cfg, params = hf.load_checkpoint(FIXTURE)
+  assert exp.model.cfg == cfg  # the checkpoint's architecture, not config.model's
+  jax.tree.map(
+    np.testing.assert_array_equal, jax.device_get(exp.state.params), jax.device_get(params)
+  )
+
+  workdir = tmp_path / "run"
+  train.train_and_evaluate(config, str(workdir))
+  assert metrics.read_scalars(str(workdir))["policy/loss"][-1][0] == 2
+  meta = checkpoint.Checkpointer(str(workdir), save_every=1).read_meta(2)
+  assert meta["hf_model_type"] == "qwen2" and meta["model"]["attention_bias"] is True
+
+  # The trained policy exports back to the Hugging Face format and re-imports exactly.
+  ckpt = checkpoint.Checkpointer(str(workdir), save_every=1)
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), exp.state)
+  state, _ = ckpt.restore(2, abstract)
+  out = tmp_path / "hf_out"
+  hf.save_checkpoint(out, exp.model.cfg, state.params, model_type="qwen2")
+  assert json.loads((out / "config.json").read_text())["model_type"] == "qwen2"
+  cfg2, params2 = hf.load_checkpoint(out)
+  assert cfg2 == exp.model.cfg
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(params2), jax.device_get(state.params))
+  assert not all(
+    np.array_equal(a, b)
+    for a, b in zip(
+      jax.tree.leaves(jax.device_get(params2)), jax.tree.leaves(jax.device_get(params))
+    )
+  )  # the warm start and RL changed the weights
