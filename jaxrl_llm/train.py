@@ -307,7 +307,7 @@ def host_reward_step(exp: Experiment, state: TrainState, np_batch: dict, rng: ja
   return state, metrics
 
 
-def _with_reference(state: TrainState, beta: float) -> TrainState:
+def with_reference(state: TrainState, beta: float) -> TrainState:
   """Freezes a copy of the current policy as the KL reference (spec §4 `frozen`)."""
   if beta <= 0 or state.ref_params is not None:
     return state
@@ -348,7 +348,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   eval_batch = to_global_batch(eval_np, exp.batch_sharding)
   eval_key = jax.random.PRNGKey(config.seed + 7)
 
-  state = _with_reference(exp.state, config.kl.beta)
+  state = with_reference(exp.state, config.kl.beta)
   latest = ckpt.latest_step()
   if latest is not None:
     abstract = jax.tree.map(
@@ -359,7 +359,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     state, _saved_meta = ckpt.restore(latest, abstract, data_iter=train_iter, current_meta=exp.meta)
     logging.info("resumed from %s at step %d", workdir, latest)
   elif config.sft.steps:
-    state = _with_reference(_sft_phase(exp, writer, tr.log_every), config.kl.beta)
+    state = with_reference(_sft_phase(exp, writer, tr.log_every), config.kl.beta)
 
   start = int(state.step)
   last_eval: dict[str, float] = {}

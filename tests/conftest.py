@@ -55,3 +55,24 @@ def tiny_config(name: str = "default", /, **overrides):
 def tiny():
   """Factory fixture for `tiny_config`."""
   return tiny_config
+
+
+def run_steps(config, steps: int = 1):
+  """Builds `config` and runs `steps` fused RL updates on its training prompts.
+
+  Returns (host states [initial, after step 1, ...], host metrics of each step).
+  """
+  import jax
+
+  from jaxrl_llm import data, train
+
+  exp = train.build(config)
+  state = train.with_reference(exp.state, config.kl.beta)
+  it = data.make_prompt_iterator(exp.task.train_examples(0), config.rl.num_prompts, seed=0)
+  states, metrics = [jax.device_get(state)], []
+  for i in range(steps):
+    batch = train.to_global_batch(next(it), exp.batch_sharding)
+    state, m = exp.rl_step(state, batch, jax.random.fold_in(state.rng, i))
+    states.append(jax.device_get(state))
+    metrics.append(jax.device_get(m))
+  return states, metrics

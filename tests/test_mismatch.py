@@ -3,19 +3,14 @@
 import jax
 import numpy as np
 import pytest
-from conftest import tiny_config
+from conftest import run_steps, tiny_config
 
-from jaxrl_llm import data, quant, train
+from jaxrl_llm import quant, train
 
 
-def _one_step(config, steps=1):
-  exp = train.build(config)
-  it = data.make_prompt_iterator(exp.task.train_examples(0), config.rl.num_prompts, seed=0)
-  state = exp.state
-  for i in range(steps):
-    batch = train.to_global_batch(next(it), exp.batch_sharding)
-    state, m = exp.rl_step(state, batch, jax.random.fold_in(state.rng, i))
-  return jax.device_get(state.params), jax.device_get(m)
+def _one_step(config):
+  states, metrics = run_steps(config, 1)
+  return states[-1].params, metrics[-1]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])

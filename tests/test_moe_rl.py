@@ -5,9 +5,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import tiny_config
+from conftest import run_steps, tiny_config
 
-from jaxrl_llm import data, objectives, train
+from jaxrl_llm import objectives
 from jaxrl_llm.models import ModelConfig, Transformer
 from jaxrl_llm.models.transformer import positions_from_mask
 from jaxrl_llm.sampling import SamplingConfig, sample, score
@@ -135,14 +135,8 @@ def test_rspo_gamma_from_the_model():
 
 
 def _step_metrics(config, steps=1):
-  exp = train.build(config)
-  it = data.make_prompt_iterator(exp.task.train_examples(0), config.rl.num_prompts, seed=0)
-  state, out = exp.state, []
-  for i in range(steps):
-    batch = train.to_global_batch(next(it), exp.batch_sharding)
-    state, m = exp.rl_step(state, batch, jax.random.fold_in(state.rng, i))
-    out.append(jax.device_get(m))
-  return state, out
+  states, metrics = run_steps(config, steps)
+  return states[-1], metrics
 
 
 MOE = {"model.moe_num_experts": 4, "model.moe_top_k": 2, "model.moe_expert_mlp_dim": 32}

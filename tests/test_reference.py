@@ -4,21 +4,11 @@ import itertools
 
 import jax
 import numpy as np
-from conftest import tiny_config
-
-from jaxrl_llm import data, train
+from conftest import run_steps, tiny_config
 
 
 def _run(config, steps):
-  exp = train.build(config)
-  state = train._with_reference(exp.state, config.kl.beta)
-  it = data.make_prompt_iterator(exp.task.train_examples(0), config.rl.num_prompts, seed=0)
-  history = [jax.device_get(state)]
-  for i in range(steps):
-    batch = train.to_global_batch(next(it), exp.batch_sharding)
-    state, _ = exp.rl_step(state, batch, jax.random.fold_in(state.rng, i))
-    history.append(jax.device_get(state))
-  return history
+  return run_steps(config, steps)[0]
 
 
 def _equal(a, b):

@@ -7,7 +7,7 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import REPO, tiny_config
+from conftest import REPO, run_steps, tiny_config
 
 from jaxrl_llm import data, metrics, train
 
@@ -100,15 +100,8 @@ def test_rl_step_compiles_once():
 
 
 def _steps(mesh_data: int, n: int = 2):
-  config = tiny_config(**{"mesh.data": mesh_data, "rl.num_prompts": 8})
-  exp = train.build(config)
-  it = data.make_prompt_iterator(exp.task.train_examples(0), config.rl.num_prompts, seed=0)
-  state, out = exp.state, []
-  for i in range(n):
-    batch = train.to_global_batch(next(it), exp.batch_sharding)
-    state, m = exp.rl_step(state, batch, jax.random.fold_in(state.rng, i))
-    out.append(jax.device_get(m))
-  return jax.device_get(state.params), out
+  states, metrics = run_steps(tiny_config(**{"mesh.data": mesh_data, "rl.num_prompts": 8}), n)
+  return states[-1].params, metrics
 
 
 def test_eight_device_mesh_matches_single_device():

@@ -23,10 +23,6 @@ from ml_collections import config_flags
 from jaxrl_llm import config_lib, data, train
 from jaxrl_llm.sampling import sample
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config.", lock_config=True)
-_STEPS = flags.DEFINE_integer("steps", 5, "Warm RL steps to time.")
-flags.mark_flags_as_required(["config"])
-
 
 def _peak_memory_bytes() -> dict[str, int | None]:
   """Peak device memory (accelerators) and peak host RSS of this process."""
@@ -120,8 +116,12 @@ def bench(config, steps: int) -> dict[str, object]:
 def main(argv):
   """Prints the benchmark result as JSON."""
   del argv
-  print(json.dumps(bench(_CONFIG.value, _STEPS.value), indent=2))
+  print(json.dumps(bench(flags.FLAGS.config, flags.FLAGS.steps), indent=2))
 
 
 if __name__ == "__main__":
+  # Flags are defined only when run as a program, so importing `bench` defines none.
+  config_flags.DEFINE_config_file("config", None, "Experiment config.", lock_config=True)
+  flags.DEFINE_integer("steps", 5, "Warm RL steps to time.")
+  flags.mark_flags_as_required(["config"])
   app.run(main)
