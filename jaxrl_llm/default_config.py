@@ -51,6 +51,11 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.head_dim = 16  # per-head width
   c.model.mlp_dim = 256  # SwiGLU hidden width
   c.model.rope_theta = 10_000.0  # RoPE base
+  c.model.rope_scaling = "none"  # none | linear | llama3 (Llama 3.1 per-frequency scaling)
+  c.model.rope_scaling_factor = 1.0  # context extension factor of linear / llama3 scaling
+  c.model.rope_low_freq_factor = 1.0  # llama3: wavelengths > orig_len / this are fully scaled
+  c.model.rope_high_freq_factor = 4.0  # llama3: wavelengths < orig_len / this are not scaled
+  c.model.rope_original_max_len = 8192  # llama3: the pre-training context length
   c.model.norm_eps = 1e-6  # RMSNorm epsilon
   c.model.attention_bias = False  # q/k/v bias (Qwen2 style)
   c.model.qk_norm = False  # per-head RMSNorm of q and k (Qwen3 style)
