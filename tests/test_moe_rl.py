@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from conftest import run_steps, tiny_config
 
-from jaxrl_llm import objectives
+from jaxrl_llm import objectives, train
 from jaxrl_llm.models import ModelConfig, Transformer
 from jaxrl_llm.models.transformer import positions_from_mask
 from jaxrl_llm.sampling import SamplingConfig, sample, score
@@ -160,7 +160,7 @@ def test_moe_step_sharded_over_experts_matches_single_device():
   )
   s1, m1 = _step_metrics(one, 2)
   s8, m8 = _step_metrics(eight, 2)
-  w = s8.params["layer_0"]["moe"]["gate"]
+  w = train.build(eight).state.params["layer_0"]["moe"]["gate"]  # the step keeps this sharding
   assert w.sharding.spec[0] == "expert"
   assert len({d.id for d in w.sharding.device_set}) == 8
   assert w.addressable_shards[0].data.shape[0] == 1  # 4 experts over 4 expert-parallel devices
