@@ -39,10 +39,11 @@ class FileTask:
 
   name = "files"
   host_reward = True
+  data_stats: dict[str, float] = dataclasses.field(default_factory=dict)  # filled by train_iterator
 
   def train_iterator(self, batch_size: int, seed: int, shard_index: int = 0, shard_count: int = 1):
     """The grain iterator of training prompt batches (checkpointable)."""
-    it, _ = datasets.make_text_prompt_iterator(
+    it, stats = datasets.make_text_prompt_iterator(
       self.train_records,
       self.tokenizer,
       template=self.template,
@@ -53,6 +54,7 @@ class FileTask:
       shard_count=shard_count,
       system=self.system,
     )
+    self.data_stats = {f"data/{k}": float(v) for k, v in stats.items()}
     return it
 
   def eval_batch(self, multiple_of: int = 1) -> dict[str, np.ndarray]:

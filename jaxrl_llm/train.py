@@ -338,6 +338,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         "host (all its local devices) or a built-in pure-JAX task"
       )
     train_iter = exp.task.train_iterator(per_process, config.seed, **shard)
+    writer.scalars(0, exp.task.data_stats)  # records read, too long (dropped), kept
     eval_np = exp.task.eval_batch(multiple_of=exp.mesh.shape["data"])
     eval_answers = eval_np.pop("answer")
   else:

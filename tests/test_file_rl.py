@@ -106,6 +106,8 @@ def test_file_dataset_trains_three_steps(file_config, tmp_path):
   ):
     assert tag in scalars, tag
   assert [s for s, _ in scalars["policy/loss"]] == [1, 2, 3]
+  assert scalars["data/num_too_long"][0][1] == 0
+  assert scalars["data/num_kept"][0][1] == scalars["data/num_records"][0][1] > 0
   assert 0.0 <= result["eval/accuracy"] <= 1.0
   text = metrics.read_text(str(tmp_path / "run"))["samples"][-1][1]
   assert "<|im_start|>" in text  # the chat template reached the prompts
