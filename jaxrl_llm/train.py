@@ -375,7 +375,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   if start == 0:
     evaluate(0)
-  t_start, steps_done, t_last, last_logged = time.time(), 0, time.time(), start
+  t_start, t_last, last_logged = time.time(), time.time(), start
   end = tr.num_steps
   if tr.stop_after_steps:
     end = min(end, start + tr.stop_after_steps)
@@ -386,7 +386,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       state, metrics = host_reward_step(exp, state, np_batch, rng)
     else:
       state, metrics = exp.rl_step(state, to_global_batch(np_batch, exp.batch_sharding), rng)
-    steps_done += 1
     done = step + 1
     if done % tr.log_every == 0 or done == tr.num_steps:
       m = jax.device_get(metrics)
