@@ -62,10 +62,6 @@ class RLConfig:
   reward_weights: tuple[tuple[str, float], ...] = (("correct", 1.0),)  # §6 weights
 
 
-def _masked_mean(x, mask):
-  return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
-
-
 def rollout_metrics(rollout: Rollout, terms: dict[str, jax.Array], reward, adv, group_size):
   """Rollout-side scalars of spec §11 (reward, accuracy, lengths, truncation, advantages)."""
   lengths = rollout.lengths.astype(jnp.float32)
@@ -87,8 +83,8 @@ def rollout_metrics(rollout: Rollout, terms: dict[str, jax.Array], reward, adv, 
   if "correct" in terms:
     correct = terms["correct"]
     m["rollout/accuracy"] = jnp.mean(correct)
-    m["rollout/length_correct_mean"] = _masked_mean(lengths, correct)
-    m["rollout/length_incorrect_mean"] = _masked_mean(lengths, ones - correct)
+    m["rollout/length_correct_mean"] = objectives.masked_mean(lengths, correct)
+    m["rollout/length_incorrect_mean"] = objectives.masked_mean(lengths, ones - correct)
   groups = reward.reshape(-1, group_size)
   m["rollout/zero_std_group_frac"] = jnp.mean(
     (jnp.max(groups, axis=1) == jnp.min(groups, axis=1)).astype(jnp.float32)
@@ -136,7 +132,7 @@ def moe_metrics(moe, mb, mask) -> dict[str, jax.Array]:
   the old policy's expert sets, router preference under replay, aux and z losses."""
   valid = jnp.concatenate([mb["prompt_mask"].astype(jnp.float32), mask], axis=1)[..., None]
   valid = jnp.broadcast_to(valid, moe.own_differs.shape)  # [B, S+T, Lm]
-  frac = lambda x: _masked_mean(x.astype(jnp.float32), valid)  # noqa: E731
+  frac = lambda x: objectives.masked_mean(x.astype(jnp.float32), valid)  # noqa: E731
   return jax.lax.stop_gradient(
     {
       "moe/route_disagree_sampler": frac(_sets_differ(moe.routing, mb["sampler_routing"])),
@@ -192,9 +188,9 @@ def make_loss_fn(model: Transformer, sampling: SamplingConfig, rl: RLConfig):
       **kwargs,
     )
     ratio = jnp.exp(jnp.clip(sc.logp - mb["old_logp"], -20.0, 20.0))
-    ratio_mean = _masked_mean(ratio, mask)
+    ratio_mean = objectives.masked_mean(ratio, mask)
     metrics["policy/ratio_var"] = jax.lax.stop_gradient(
-      _masked_mean((ratio - ratio_mean) ** 2, mask)
+      objectives.masked_mean((ratio - ratio_mean) ** 2, mask)
     )
     if moe_cfg is not None:
       loss = loss + moe_cfg.aux_loss_coef * sc.moe.aux_loss + moe_cfg.z_loss_coef * sc.moe.z_loss
@@ -211,13 +207,13 @@ def make_loss_fn(model: Transformer, sampling: SamplingConfig, rl: RLConfig):
     ent = agg(entropy, mask, norm)
     if rl.entropy_coef:
       loss = loss - rl.entropy_coef * ent
-    metrics["policy/entropy"] = _masked_mean(jax.lax.stop_gradient(entropy), mask)
+    metrics["policy/entropy"] = objectives.masked_mean(jax.lax.stop_gradient(entropy), mask)
     if sc.values is not None and rl.objective == "ppo_critic":
       vl = objectives.value_loss(sc.values, mb["old_values"], mb["returns"], mask, rl.value_clip)
       v_loss = agg(vl, mask, norm)
       loss = loss + rl.value_coef * v_loss
       metrics["value/loss"] = v_loss
-      metrics["value/mean"] = _masked_mean(jax.lax.stop_gradient(sc.values), mask)
+      metrics["value/mean"] = objectives.masked_mean(jax.lax.stop_gradient(sc.values), mask)
     metrics["policy/total_loss"] = loss
     return loss, metrics
 

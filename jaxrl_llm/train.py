@@ -50,13 +50,21 @@ class Experiment:
   model: Transformer
   state: TrainState
   state_shardings: Any
-  rl_step: Any
   program: Any
   eval_fn: Any
   schedule: Any
   batch_sharding: NamedSharding
   meta: dict
-  host_reward: bool = False  # rewards come from host verifiers (sample -> host -> learn)
+
+  @property
+  def rl_step(self):
+    """The fused jitted update `(state, batch, rng) -> (state, metrics)`."""
+    return self.program.step
+
+  @property
+  def host_reward(self) -> bool:
+    """Whether rewards come from host verifiers (sample -> host -> learn)."""
+    return getattr(self.task, "host_reward", False)
 
 
 def build_task(config):
@@ -284,10 +292,8 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
     model=model,
     state=state,
     state_shardings=state_shardings,
-    rl_step=program.step,
     program=program,
     eval_fn=make_eval_fn(model, task, config, mesh),
-    host_reward=getattr(task, "host_reward", False),
     schedule=schedule,
     batch_sharding=NamedSharding(mesh, PartitionSpec("data")),
     meta=meta,

@@ -4,6 +4,7 @@ Pure functions over arrays, one per entry of the spec (objectives.md §1-§8); `
 config names to them and `policy_loss` composes surrogate, behaviour weight and aggregation.
 """
 
+from jaxrl_llm.objectives._common import masked_mean
 from jaxrl_llm.objectives.advantages import (
   batch_std,
   gae,
@@ -81,6 +82,7 @@ __all__ = [
   "gspo_token",
   "kl_penalty",
   "lookup",
+  "masked_mean",
   "mean_only",
   "normalizer",
   "overlong_filter",

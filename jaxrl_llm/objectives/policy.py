@@ -62,6 +62,12 @@ def _seq_mean_log(x: jax.Array, m: jax.Array) -> jax.Array:
   return jnp.clip(mean, -LOG_CLAMP, LOG_CLAMP)
 
 
+def _clipped(r: jax.Array, a: jax.Array, clip_low: float, clip_high: float):
+  """min(r A, clip(r, 1−ε_low, 1+ε_high) A) and its low / high clip flags (§2.1, §2.3, §2.4)."""
+  j = jnp.minimum(r * a, jnp.clip(r, 1.0 - clip_low, 1.0 + clip_high) * a)
+  return j, (r < 1.0 - clip_low) & (a < 0), (r > 1.0 + clip_high) & (a > 0)
+
+
 def ppo_clip(
   logp: jax.Array,
   old_logp: jax.Array,
@@ -78,8 +84,7 @@ def ppo_clip(
   """
   m, delta = _prepare(logp, old_logp, mask)
   a = broadcast_adv(adv, m)
-  r = jnp.exp(delta)
-  j = jnp.minimum(r * a, jnp.clip(r, 1.0 - clip_low, 1.0 + clip_high) * a)
+  j, low, high = _clipped(jnp.exp(delta), a, clip_low, clip_high)
   extra = {}
   if dual_clip is not None:
     if dual_clip <= 1.0:
@@ -88,8 +93,6 @@ def ppo_clip(
     j = jnp.where(a < 0, jnp.maximum(j, dual_clip * a), j)
     extra["is_dual_clipped"] = (dual & (m > 0)).astype(jnp.float32)
   j = jnp.where(m > 0, j, 0.0)
-  low = (r < 1.0 - clip_low) & (a < 0)
-  high = (r > 1.0 + clip_high) & (a > 0)
   return j, _diag(delta, m, low, high, **extra)
 
 
@@ -119,11 +122,9 @@ def gspo(
   m, delta = _prepare(logp, old_logp, mask)
   a = seq_adv(adv, m)
   s = jnp.exp(_seq_mean_log(delta, m))
-  j = jnp.minimum(s * a, jnp.clip(s, 1.0 - clip_low, 1.0 + clip_high) * a)
+  j, low, high = _clipped(s, a, clip_low, clip_high)
   j = jnp.where(m.sum(-1) > 0, j, 0.0)
-  low = ((s < 1.0 - clip_low) & (a < 0))[:, None]
-  high = ((s > 1.0 + clip_high) & (a > 0))[:, None]
-  return j, _diag(delta, m, low, high, seq_ratio=s)
+  return j, _diag(delta, m, low[:, None], high[:, None], seq_ratio=s)
 
 
 def gspo_token(
@@ -144,10 +145,8 @@ def gspo_token(
   s_seq = sg(jnp.exp(_seq_mean_log(delta, m)))
   lp = logp.astype(jnp.float32)
   s = s_seq[:, None] * jnp.exp(jnp.where(m > 0, lp - sg(lp), 0.0))
-  j = jnp.minimum(s * a, jnp.clip(s, 1.0 - clip_low, 1.0 + clip_high) * a)
+  j, low, high = _clipped(s, a, clip_low, clip_high)
   j = jnp.where(m > 0, j, 0.0)
-  low = (s < 1.0 - clip_low) & (a < 0)
-  high = (s > 1.0 + clip_high) & (a > 0)
   return j, _diag(delta, m, low, high, seq_ratio=s_seq)
 
 
