@@ -1,6 +1,7 @@
 """The embedded default experiment: a tiny transformer learns to reverse strings on a CPU.
 
-Every config field of the trainer is defined (and commented) here; experiment files in
+Every config field of the trainer is defined (and commented) here, except the model's, which
+are `ModelConfig`'s fields (commented in `jaxrl_llm/models/config.py`); experiment files in
 `configs/` start from `get_config()` and change what they need.
 
 A short supervised warm start (70 steps) leaves the policy at roughly 0.15 held-out accuracy;
@@ -10,7 +11,12 @@ updates. The whole run takes under two minutes on two CPU cores.
   python -m jaxrl_llm.main --config=configs/default.py --workdir=/tmp/jaxrl_default
 """
 
+import dataclasses
+
 import ml_collections
+from ml_collections.config_dict import placeholder
+
+from jaxrl_llm.models.config import ModelConfig
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -41,38 +47,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.data.correct_term = "math_correct"  # host reward term that defines accuracy
   c.data.verifier_timeout_s = 5.0  # per-completion verifier time limit (failures score 0)
 
-  c.model = ml_collections.ConfigDict()
+  # Every field of `ModelConfig` (jaxrl_llm/models/config.py, one comment per field there), with
+  # its defaults: a 2-layer, 64-wide dense transformer; override e.g. --config.model.d_model=128.
+  c.model = ml_collections.ConfigDict(dataclasses.asdict(ModelConfig()))
   c.model.checkpoint = ""  # Hugging Face checkpoint dir to start from ("" = random init)
-  c.model.vocab_size = 32  # token ids; must cover the task tokenizer's vocabulary
-  c.model.d_model = 64  # residual width D
-  c.model.num_layers = 2  # transformer blocks L
-  c.model.num_heads = 4  # query heads H
-  c.model.num_kv_heads = 2  # key/value heads J (grouped-query attention)
-  c.model.head_dim = 16  # per-head width
-  c.model.mlp_dim = 256  # SwiGLU hidden width
-  c.model.rope_theta = 10_000.0  # RoPE base
-  c.model.rope_scaling = "none"  # none | linear | llama3 (Llama 3.1 per-frequency scaling)
-  c.model.rope_scaling_factor = 1.0  # context extension factor of linear / llama3 scaling
-  c.model.rope_low_freq_factor = 1.0  # llama3: wavelengths > orig_len / this are fully scaled
-  c.model.rope_high_freq_factor = 4.0  # llama3: wavelengths < orig_len / this are not scaled
-  c.model.rope_original_max_len = 8192  # llama3: the pre-training context length
-  c.model.norm_eps = 1e-6  # RMSNorm epsilon
-  c.model.attention_bias = False  # q/k/v bias (Qwen2 style)
-  c.model.qk_norm = False  # per-head RMSNorm of q and k (Qwen3 style)
-  c.model.tie_embeddings = True  # share embedding and output matrices
-  c.model.value_head = False  # scalar value head on the trunk (needed by ppo_critic)
-  c.model.moe_num_experts = 0  # routed experts E per MoE layer (0 = dense feed-forward)
-  c.model.moe_top_k = 2  # experts per token K
-  c.model.moe_expert_mlp_dim = 64  # SwiGLU hidden width of each routed expert
-  c.model.moe_every = 1  # every n-th layer is MoE (1 = all; layers n-1, 2n-1, ...)
-  c.model.moe_num_shared_experts = 0  # always-on shared experts (DeepSeek / Qwen-MoE style)
-  c.model.moe_shared_mlp_dim = 0  # hidden width of one shared expert (0 = moe_expert_mlp_dim)
-  c.model.moe_normalize_gates = True  # renormalise the top-k gates to sum to 1
-  c.model.moe_impl = "ragged"  # ragged (dropless grouped matmul) | dense (one-hot reference)
-  c.model.moe_aux_loss_coef = 0.01  # load-balance loss coefficient (§8)
-  c.model.moe_z_loss_coef = 0.001  # router z-loss coefficient (§8)
-  c.model.dtype = "float32"  # compute dtype: float32 | bfloat16 | float16
-  c.model.param_dtype = "float32"  # parameter storage dtype
 
   c.sampling = ml_collections.ConfigDict()
   c.sampling.group_size = 8  # G completions per prompt (>= 2 for group advantages)
@@ -96,20 +74,32 @@ def get_config() -> ml_collections.ConfigDict:
   c.advantage.gamma = 1.0  # GAE discount γ (gae only)
   c.advantage.lam = 0.95  # GAE λ (gae only)
 
+  # The objective's own hyperparameters are unset (None) by default: the selected objective's
+  # signature default applies (docs/objectives.md §2 and the README's table cite them), so
+  # --config.objective.name=gspo trains GSPO with GSPO's widths. Fields of other objectives are
+  # ignored.
   c.objective = ml_collections.ConfigDict()
   c.objective.name = (
     "ppo_clip"  # §2: ppo_clip | pg | gspo | gspo_token | gmpo | cispo | sapo | rspo | ppo_critic
   )
-  c.objective.clip_low = 0.2  # ε_low: lower clip width of the ratio, in (0, 1)
-  c.objective.clip_high = 0.2  # ε_high: upper clip width of the ratio, in (0, 1)
-  c.objective.dual_clip = 0.0  # dual-clip constant c > 1 for A < 0 (ppo_clip; 0 = off)
-  c.objective.clip_log = 0.4  # δ_c: log-space clip width (gmpo)
-  c.objective.tau_pos = 1.0  # soft-gate temperature for A > 0 (sapo)
-  c.objective.tau_neg = 1.05  # soft-gate temperature for A <= 0 (sapo)
-  c.objective.cispo_mask = False  # drop clipped tokens of the unified mask (cispo)
-  c.objective.gamma_min = 0.1  # γ_min floor of the router-shift weight (rspo)
-  c.objective.value_coef = 0.5  # c_v of the clipped value loss (ppo_critic)
-  c.objective.value_clip = 0.2  # ε_v of the clipped value loss (ppo_critic)
+  c.objective.clip_low = placeholder(
+    float
+  )  # ε_low, lower ratio clip width (ppo_clip 0.2, gspo 3e-4, cispo 1.0)
+  c.objective.clip_high = placeholder(
+    float
+  )  # ε_high, upper ratio clip width (ppo_clip 0.2, gspo 4e-4, cispo 0.28)
+  c.objective.dual_clip = placeholder(
+    float
+  )  # dual-clip constant c > 1 for A < 0 (ppo_clip; unset = off)
+  c.objective.clip_log = placeholder(float)  # δ_c, log-space clip width (gmpo 0.4)
+  c.objective.tau_pos = placeholder(float)  # soft-gate temperature for A > 0 (sapo 1.0)
+  c.objective.tau_neg = placeholder(float)  # soft-gate temperature for A <= 0 (sapo 1.05)
+  c.objective.cispo_mask = placeholder(
+    bool
+  )  # drop clipped tokens of the unified mask (cispo False)
+  c.objective.gamma_min = placeholder(float)  # γ_min floor of the router-shift weight (rspo 0.1)
+  c.objective.value_coef = 0.5  # c_v of the clipped value loss (ppo_critic, §2.9)
+  c.objective.value_clip = 0.2  # ε_v of the clipped value loss (ppo_critic, §2.9)
 
   c.aggregation = ml_collections.ConfigDict()
   c.aggregation.name = "seq_mean_token_mean"  # §5: token_mean | seq_mean_token_mean | seq_mean_token_sum | seq_mean_token_sum_norm | seq_mean

@@ -4,7 +4,7 @@ A `FileTask` plays the role of a built-in task for real data: it renders prompts
 template, tokenizes them (left-padded, over-long prompts filtered and counted), feeds them
 through grain, and scores decoded completions on the host with the verifiers of
 `jaxrl_llm.verifiers` (exceptions and timeouts score 0 and are counted, never crash the run).
-Training then uses the host-reward path of `rl_step.RLProgram`: jitted sampler → host
+Training then uses the host-reward path of `rl.RLProgram`: jitted sampler → host
 verifiers → jitted learner, with the same objectives and metrics as the fused step.
 """
 

@@ -87,6 +87,21 @@ def check_overrides(argv: list[str]) -> None:
       node, seen = node[part], [*seen, part]
 
 
+def parse_config(argv: list[str]):
+  """The config that `argv` (`prog --config=FILE[:arg] --config.a.b=v ...`) gives the trainer.
+
+  Parsed with the same config flag as the command line (locked, typed overrides) on a fresh
+  flag registry, after `check_overrides`; for tools and tests that need the trainer's config.
+  """
+  check_overrides(argv)
+  fv = flags.FlagValues()
+  config_flags.DEFINE_config_file(
+    "config", None, "", flag_values=fv, lock_config=True, sys_argv=argv
+  )
+  fv([a for a in argv if a == argv[0] or a.startswith(("--config", "--noconfig"))])
+  return fv.config
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
   try:
     check_overrides(argv)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -18,13 +19,14 @@ import ml_collections
 import numpy as np
 import optax
 from absl import logging
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_llm import checkpoint as ckpt_lib
-from jaxrl_llm import config_lib, data, sharding, tasks
+from jaxrl_llm import config_lib, data, file_task, sharding, tasks
 from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm.models.transformer import Transformer, positions_from_mask
-from jaxrl_llm.rl_step import make_optimizer, make_rl_step
+from jaxrl_llm.optim import make_optimizer
+from jaxrl_llm.rl import RLProgram, Settings, init_reference, make_rl_step
 from jaxrl_llm.sampling import sample, score
 from jaxrl_llm.types import PromptBatch, TrainState
 
@@ -45,16 +47,21 @@ class Experiment:
   """Everything built from a config, before any step runs (static pieces + initial state)."""
 
   config: ml_collections.ConfigDict
-  mesh: Any
-  task: Any
+  mesh: Mesh
+  task: tasks.Task | file_task.FileTask
   model: Transformer
   state: TrainState
-  state_shardings: Any
-  program: Any
-  eval_fn: Any
-  schedule: Any
+  state_shardings: TrainState  # a TrainState of NamedShardings
+  program: RLProgram
+  eval_fn: Callable[..., dict[str, Any]]
+  schedule: optax.Schedule
   batch_sharding: NamedSharding
   meta: dict
+
+  @property
+  def settings(self) -> Settings:
+    """The learner's frozen settings (objective hyperparameters resolved)."""
+    return self.program.learner.settings
 
   @property
   def rl_step(self):
@@ -219,8 +226,6 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
   """Validates `config` and builds the mesh, task, model, initial state and jitted programs."""
   config_lib.check_required(config)
   if config.data.train_files:
-    from jaxrl_llm import file_task
-
     task = file_task.build_file_task(config, config.model.checkpoint)
   else:
     task = build_task(config)
@@ -233,7 +238,9 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
   mc = pretrained_cfg or config_lib.model_config(config)
   model = Transformer(mc)
   samp = config_lib.sampling_config(config, task)
-  rl = config_lib.rl_config(config)
+  settings = config_lib.learner_settings(config)
+  rl = settings.rl
+  logging.info("objective %s: %s", settings.objective.name, settings.objective.hyperparameters)
 
   dummy = jnp.zeros((1, task.prompt_len), jnp.int32)
   dummy_mask = jnp.ones((1, task.prompt_len), bool)
@@ -274,7 +281,7 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
     schedule,
     getattr(task, "reward_terms", None),
     samp,
-    rl,
+    settings,
     mesh,
     state_shardings,
     sampler_dtype=config.sampling.param_dtype,
@@ -282,6 +289,7 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
   meta = {
     "model": mc.to_dict(),
     "hf_model_type": _hf_model_type(config.model.checkpoint),
+    "objective": {"name": settings.objective.name, **settings.objective.hyperparameters},
     "task": {k: v for k, v in config.task.to_dict().items() if k != "reward_weights"}
     | {"data": config.data.train_files},
   }
@@ -311,13 +319,6 @@ def host_reward_step(exp: Experiment, state: TrainState, np_batch: dict, rng: ja
   metrics = dict(metrics)
   metrics.update({k: np.float32(v) for k, v in stats.items()})
   return state, metrics
-
-
-def with_reference(state: TrainState, beta: float) -> TrainState:
-  """Freezes a copy of the current policy as the KL reference (spec §4 `frozen`)."""
-  if beta <= 0 or state.ref_params is not None:
-    return state
-  return state.replace(ref_params=jax.tree.map(jnp.copy, state.params))
 
 
 def _text_summary(task, m: dict, limit: int) -> str:
@@ -355,7 +356,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   eval_batch = to_global_batch(eval_np, exp.batch_sharding)
   eval_key = jax.random.PRNGKey(config.seed + 7)
 
-  state = with_reference(exp.state, config.kl.beta)
+  state = init_reference(exp.state, config.kl.beta)
   latest = ckpt.latest_step()
   if latest is not None:
     abstract = jax.tree.map(
@@ -366,7 +367,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     state, _saved_meta = ckpt.restore(latest, abstract, data_iter=train_iter, current_meta=exp.meta)
     logging.info("resumed from %s at step %d", workdir, latest)
   elif config.sft.steps:
-    state = with_reference(_sft_phase(exp, writer, tr.log_every), config.kl.beta)
+    state = init_reference(_sft_phase(exp, writer, tr.log_every), config.kl.beta)
 
   start = int(state.step)
   last_eval: dict[str, float] = {}

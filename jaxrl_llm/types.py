@@ -56,3 +56,27 @@ class TrainState:
   opt_state: PyTree  # optax state
   ref_params: PyTree | None  # reference policy for KL (None when beta == 0)
   rng: jax.Array  # base PRNG key of the run; per-step keys are fold_in(rng, step)
+
+
+@struct.dataclass
+class PolicyBatch:
+  """What the learner's optimiser steps consume, one row per sequence (spec §0-§5, §9).
+
+  Every leaf has the batch dimension first, so minibatching is `jax.tree.map(lambda x: x[idx])`.
+  Optional fields are None when the configuration does not use them (no leaves, no cost).
+  """
+
+  prompt_tokens: jax.Array  # [B, S] int32
+  prompt_mask: jax.Array  # [B, S] bool
+  tokens: jax.Array  # [B, T] int32, the completions
+  loss_mask: jax.Array  # [B, T] float32 m: generated tokens of kept groups (§0, §6, §7)
+  old_logp: jax.Array  # [B, T] float32 ℓ^old (stop-gradient)
+  adv: jax.Array  # [B] or [B, T] float32 advantages (§1)
+  weight: jax.Array  # [B, T] float32 behaviour weight w (§3; 1 without a correction)
+  ref_logp: jax.Array | None = None  # [B, T] ℓ^ref (KL in the loss, §4)
+  old_values: jax.Array | None = None  # [B, T] V of the old pass (critic, §2.9)
+  returns: jax.Array | None = None  # [B, T] GAE returns (critic, §2.9)
+  sampler_routing: jax.Array | None = None  # [B, S+T, Lm, K] sampler's experts (MoE)
+  old_routing: jax.Array | None = None  # [B, S+T, Lm, K] old policy's experts (MoE)
+  old_router_logp: jax.Array | None = None  # [B, S+T, Lm, K] old router log-probs of those
+  replay: jax.Array | None = None  # [B, S+T, Lm, K] experts the learner must use (§9 r2/r3)

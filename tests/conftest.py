@@ -65,9 +65,10 @@ def run_steps(config, steps: int = 1):
   import jax
 
   from jaxrl_llm import data, train
+  from jaxrl_llm.rl import init_reference
 
   exp = train.build(config)
-  state = train.with_reference(exp.state, config.kl.beta)
+  state = init_reference(exp.state, config.kl.beta)
   it = data.make_prompt_iterator(exp.task.train_examples(0), config.rl.num_prompts, seed=0)
   states, metrics = [jax.device_get(state)], []
   for i in range(steps):

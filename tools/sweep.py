@@ -152,15 +152,11 @@ def check_fields(config: str, assignments: Sequence[tuple[str, str]]) -> None:
 
 def resolve_config(config: str, overrides: dict[str, str]):
   """The config a run will see, parsed exactly as the trainer parses its flags."""
-  from absl import flags
-  from ml_collections import config_flags
+  from jaxrl_llm import main as trainer_main
 
   argv = ["sweep", f"--config={config}", *(f"--config.{k}={v}" for k, v in overrides.items())]
-  fv = flags.FlagValues()
-  config_flags.DEFINE_config_file("config", None, "", flag_values=fv, sys_argv=argv)
   try:
-    fv(argv)
-    return fv.config
+    return trainer_main.parse_config(argv)
   except Exception as e:
     raise SweepError(f"bad value: {e}") from None
 

@@ -1,4 +1,4 @@
-"""Frozen model hyperparameters (one dataclass, handed to every layer)."""
+"""Frozen model hyperparameters: `ModelConfig` (handed to every layer) and `MoEConfig`."""
 
 from __future__ import annotations
 
@@ -6,9 +6,11 @@ import dataclasses
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 ROPE_SCALINGS = ("none", "linear", "llama3")
+IMPLS = ("ragged", "dense")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,8 +111,6 @@ class ModelConfig:
     """The `MoEConfig` of the MoE layers (None for a dense model)."""
     if not self.moe_num_experts:
       return None
-    from jaxrl_llm.models.moe import MoEConfig
-
     return MoEConfig(
       num_experts=self.moe_num_experts,
       top_k=self.moe_top_k,
@@ -142,3 +142,73 @@ class ModelConfig:
     if unknown:
       raise ValueError(f"unknown model config field(s) {unknown}; allowed: {sorted(fields)}")
     return cls(**d)
+
+
+@dataclasses.dataclass(frozen=True)
+class MoEConfig:
+  """Hyperparameters of one mixture-of-experts feed-forward block.
+
+  With top_k=1 and normalize_gates the single gate is always 1, so the router learns only
+  from the regularisers; use normalize_gates=False for Switch-style top-1 routing.
+  """
+
+  num_experts: int = 8  # routed experts E
+  top_k: int = 2  # experts per token K (1 <= K <= E)
+  expert_mlp_dim: int = 64  # SwiGLU hidden width F of each routed expert
+  num_shared_experts: int = 0  # always-on shared experts (0 = none)
+  shared_mlp_dim: int = 0  # hidden width of one shared expert (0 = expert_mlp_dim)
+  normalize_gates: bool = True  # renormalise the top-k softmax gates to sum to 1 (Mixtral, Qwen3)
+  impl: str = "ragged"  # 'ragged' (dropless grouped matmul) or 'dense' (one-hot reference)
+  aux_loss_coef: float = 0.01  # load-balance loss coefficient (§8)
+  z_loss_coef: float = 0.001  # router z-loss coefficient (§8)
+
+  def __post_init__(self):
+    errors = []
+    if self.num_experts < 1:
+      errors.append(f"moe.num_experts={self.num_experts} must be >= 1")
+    if not 1 <= self.top_k <= max(self.num_experts, 1):
+      errors.append(f"moe.top_k={self.top_k} must be in [1, moe.num_experts={self.num_experts}]")
+    if self.expert_mlp_dim < 1:
+      errors.append(f"moe.expert_mlp_dim={self.expert_mlp_dim} must be >= 1")
+    if self.num_shared_experts < 0:
+      errors.append(f"moe.num_shared_experts={self.num_shared_experts} must be >= 0")
+    if self.shared_mlp_dim < 0:
+      errors.append(f"moe.shared_mlp_dim={self.shared_mlp_dim} must be >= 0 (0 = expert_mlp_dim)")
+    if self.impl not in IMPLS:
+      errors.append(f"moe.impl={self.impl!r} must be one of {list(IMPLS)}")
+    for name in ("aux_loss_coef", "z_loss_coef"):
+      if getattr(self, name) < 0:
+        errors.append(f"moe.{name}={getattr(self, name)} must be >= 0")
+    if errors:
+      raise ValueError("invalid moe config: " + "; ".join(errors))
+
+  @property
+  def shared_hidden_dim(self) -> int:
+    """Hidden width of the fused shared-expert SwiGLU (0 when there are none)."""
+    return self.num_shared_experts * (self.shared_mlp_dim or self.expert_mlp_dim)
+
+  @property
+  def index_dtype(self) -> Any:
+    """The smallest signed integer dtype that holds every expert index."""
+    return index_dtype(self.num_experts)
+
+  def to_dict(self) -> dict[str, Any]:
+    """A JSON-friendly dict."""
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_dict(cls, d: dict[str, Any]) -> MoEConfig:
+    """Builds a config from a dict, naming any unknown field."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - fields)
+    if unknown:
+      raise ValueError(f"unknown moe config field(s) {unknown}; allowed: {sorted(fields)}")
+    return cls(**d)
+
+
+def index_dtype(num_experts: int) -> Any:
+  """int8 / int16 / int32: the smallest that holds indices 0..num_experts-1."""
+  for dtype in (jnp.int8, jnp.int16):
+    if num_experts - 1 <= np.iinfo(dtype).max:
+      return dtype
+  return jnp.int32

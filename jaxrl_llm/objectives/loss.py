@@ -46,7 +46,8 @@ def policy_loss(
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Policy loss aggregate(−sg[w]·J) and its metrics (objectives.md §2, §3, §5, §11).
 
-  objective: a name of `registry.OBJECTIVES`, called with **objective_kwargs (clip widths, …).
+  objective: a name of `registry.OBJECTIVES`, called with **objective_kwargs (its extra inputs
+  and hyperparameters, e.g. clip widths).
   aggregation: a §5 mode. A sequence objective's J_i (gspo, gmpo) is aggregated with
   `aggregate_seq` for "seq_mean"; with a token mode it is broadcast over the sequence's tokens
   first (so "seq_mean_token_mean" is also the sequence mean).
@@ -61,7 +62,7 @@ def policy_loss(
   """
   lookup(dict.fromkeys(AGGREGATION_MODES), aggregation, "aggregation")
   m = check_mask(mask, 2)
-  j, diag = get_objective(objective)(logp, old_logp, adv, m, **objective_kwargs)
+  j, diag = get_objective(objective).fn(logp, old_logp, adv, m, **objective_kwargs)
   if behaviour_weight is None:
     w = jnp.ones(m.shape, jnp.float32)
   else:

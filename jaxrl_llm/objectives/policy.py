@@ -28,6 +28,7 @@ from jaxrl_llm.objectives._common import (
   masked_log_ratio,
   seq_adv,
 )
+from jaxrl_llm.objectives.registry import in_range, register_objective
 
 sg = jax.lax.stop_gradient
 
@@ -62,12 +63,27 @@ def _seq_mean_log(x: jax.Array, m: jax.Array) -> jax.Array:
   return jnp.clip(mean, -LOG_CLAMP, LOG_CLAMP)
 
 
+def _errors(*messages):
+  return [m for m in messages if m]
+
+
+def check_clip(h) -> list[str]:
+  """Range checks of ε_low, ε_high in (0, 1) and of an optional dual clip c > 1."""
+  dual = h.get("dual_clip")
+  return _errors(
+    in_range("clip_low", h["clip_low"], 0.0, 1.0),
+    in_range("clip_high", h["clip_high"], 0.0, 1.0),
+    f"objective.dual_clip={dual} must be > 1 (unset or 0 = off)" if dual and dual <= 1 else None,
+  )
+
+
 def _clipped(r: jax.Array, a: jax.Array, clip_low: float, clip_high: float):
   """min(r A, clip(r, 1−ε_low, 1+ε_high) A) and its low / high clip flags (§2.1, §2.3, §2.4)."""
   j = jnp.minimum(r * a, jnp.clip(r, 1.0 - clip_low, 1.0 + clip_high) * a)
   return j, (r < 1.0 - clip_low) & (a < 0), (r > 1.0 + clip_high) & (a > 0)
 
 
+@register_objective("ppo_clip", check=check_clip)
 def ppo_clip(
   logp: jax.Array,
   old_logp: jax.Array,
@@ -80,13 +96,14 @@ def ppo_clip(
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """PPO/GRPO clipped surrogate min(rA, clip(r, 1−ε_low, 1+ε_high)A) (objectives.md §2.1).
 
-  ε_high > ε_low is DAPO's clip-higher. dual_clip = c > 1 bounds J below by c·A where A < 0.
+  ε_high > ε_low is DAPO's clip-higher. dual_clip = c > 1 bounds J below by c·A where A < 0
+  (None or 0: off).
   """
   m, delta = _prepare(logp, old_logp, mask)
   a = broadcast_adv(adv, m)
   j, low, high = _clipped(jnp.exp(delta), a, clip_low, clip_high)
   extra = {}
-  if dual_clip is not None:
+  if dual_clip:  # None or 0: off
     if dual_clip <= 1.0:
       raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
     dual = (a < 0) & (j < dual_clip * a)
@@ -96,6 +113,7 @@ def ppo_clip(
   return j, _diag(delta, m, low, high, **extra)
 
 
+@register_objective("pg")
 def pg(
   logp: jax.Array, old_logp: jax.Array, adv: jax.Array, mask: jax.Array
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -106,6 +124,7 @@ def pg(
   return j, _diag(delta, m, _no_clip(m), _no_clip(m))
 
 
+@register_objective("gspo", check=check_clip)
 def gspo(
   logp: jax.Array,
   old_logp: jax.Array,
@@ -127,6 +146,7 @@ def gspo(
   return j, _diag(delta, m, low[:, None], high[:, None], seq_ratio=s)
 
 
+@register_objective("gspo_token", check=check_clip)
 def gspo_token(
   logp: jax.Array,
   old_logp: jax.Array,
@@ -150,6 +170,9 @@ def gspo_token(
   return j, _diag(delta, m, low, high, seq_ratio=s_seq)
 
 
+@register_objective(
+  "gmpo", check=lambda h: _errors(in_range("clip_log", h["clip_log"], 0.0, float("inf")))
+)
 def gmpo(
   logp: jax.Array,
   old_logp: jax.Array,
@@ -190,30 +213,39 @@ def router_shift_gamma(
   return sg(jnp.maximum(gamma_min, jnp.exp(-shift)))
 
 
+def _check_rspo(h) -> list[str]:
+  return _errors(*check_clip(h), in_range("gamma_min", h["gamma_min"], 0.0, 1.0, high_open=False))
+
+
+@register_objective("rspo", inputs=("router_logp", "old_router_logp"), check=_check_rspo)
 def rspo(
   logp: jax.Array,
   old_logp: jax.Array,
   adv: jax.Array,
   mask: jax.Array,
   *,
-  router_gamma: jax.Array,
+  router_logp: jax.Array,
+  old_router_logp: jax.Array,
   clip_low: float = 0.2,
   clip_high: float = 0.2,
+  gamma_min: float = 0.1,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """RSPO router-shift-aware sequence surrogate J_i = S_i·A_i (objectives.md §2.8).
 
   W = min(r^{sgn A}, clip(r^{sgn A}, 1 − ε_low, 1 + ε_high)), S_i = (Π_t W γ)^{sgn(A_i)/|o_i|}
-  computed in log space, γ = `router_gamma` [B, T] from `router_shift_gamma` (stop-gradient).
-  Returns J [B]; a [B, T] advantage is reduced to its masked mean.
+  computed in log space, γ = `router_shift_gamma(router_logp, old_router_logp, gamma_min)`
+  [B, T] (stop-gradient) from the router log-probs [B, T, Lm, K] of the old policy's experts at
+  each token's logits position. Returns J [B]; a [B, T] advantage is reduced to its masked mean.
   """
   m, delta = _prepare(logp, old_logp, mask)
+  router_gamma = router_shift_gamma(router_logp, old_router_logp, gamma_min=gamma_min)
   chex.assert_equal_shape([router_gamma, m])
   a = seq_adv(adv, m)
   sgn = jnp.sign(a)[:, None]
   x = sgn * delta  # log r^{sgn A}
   lo, hi = jnp.log1p(-clip_low) if clip_low < 1 else -LOG_CLAMP, jnp.log1p(clip_high)
   log_w = jnp.minimum(x, jnp.clip(x, lo, hi))
-  log_gamma = jnp.log(jnp.where(m > 0, sg(router_gamma), 1.0))
+  log_gamma = jnp.log(jnp.where(m > 0, router_gamma, 1.0))
   s_log = jnp.sign(a) * _seq_mean_log(log_w + log_gamma, m)
   j = jnp.where(m.sum(-1) > 0, a * jnp.exp(s_log), 0.0)
   low = (x < lo) & (sgn < 0)
@@ -223,6 +255,13 @@ def rspo(
   )
 
 
+@register_objective(
+  "cispo",
+  check=lambda h: _errors(
+    in_range("clip_low", h["clip_low"], 0.0, 1.0, high_open=False),
+    in_range("clip_high", h["clip_high"], 0.0, 1.0),
+  ),
+)
 def cispo(
   logp: jax.Array,
   old_logp: jax.Array,
@@ -252,6 +291,13 @@ def cispo(
   return j, _diag(delta, m, low, high, is_weight=jnp.where(m > 0, w, 0.0))
 
 
+@register_objective(
+  "sapo",
+  check=lambda h: _errors(
+    in_range("tau_pos", h["tau_pos"], 0.0, float("inf")),
+    in_range("tau_neg", h["tau_neg"], 0.0, float("inf")),
+  ),
+)
 def sapo(
   logp: jax.Array,
   old_logp: jax.Array,
@@ -273,6 +319,11 @@ def sapo(
   j = jnp.where(m > 0, (4.0 / tau) * gate * a, 0.0)
   weight = jnp.where(m > 0, 4.0 * gate * (1.0 - gate), 0.0)
   return j, _diag(delta, m, _no_clip(m), _no_clip(m), gate_weight=weight)
+
+
+# PPO with a critic (§2.9): the §2.1 surrogate for the policy; the value loss is added by the
+# learner whenever the policy has a value head (the config check ties the head to this name).
+register_objective("ppo_critic", check=check_clip)(ppo_clip)
 
 
 def value_loss(

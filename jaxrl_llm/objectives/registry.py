@@ -2,14 +2,22 @@
 
 Config fields hold these names; `lookup` turns one into its function and rejects an unknown
 name with a ValueError that lists the valid ones, so a config can be validated at start-up.
+
+A §2 objective is registered beside its definition with `@register_objective(name, ...)`: the
+decorated function is the whole plug-in. Its keyword-only parameters with defaults are its
+hyperparameters (the numbers the docs cite); the config section `objective` fills them by name,
+and a field left unset (None) keeps the signature default. Keyword-only parameters without a
+default are extra array inputs that the learner provides by name (declared in `inputs`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from jaxrl_llm.objectives import advantages, policy
+from jaxrl_llm.objectives import advantages
 from jaxrl_llm.objectives.aggregation import AGGREGATION_MODES
 from jaxrl_llm.objectives.corrections import CORRECTION_BASES, GEO_MASK, parse_correction
 from jaxrl_llm.objectives.kl import KL_ESTIMATORS
@@ -25,23 +33,85 @@ ADVANTAGES: Mapping[str, Callable[..., Any]] = {
   "gae": advantages.gae,
 }
 
-# §2. (logp, old_logp, adv, mask, **kwargs) -> (J, diagnostics). `ppo_critic` is §2.1 for the
-# policy (its value loss is `policy.value_loss`); `rspo` (§2.8) needs an MoE policy's router
-# log-probs (`router_gamma`, from `policy.router_shift_gamma`).
-OBJECTIVES: Mapping[str, Callable[..., Any]] = {
-  "ppo_clip": policy.ppo_clip,
-  "pg": policy.pg,
-  "gspo": policy.gspo,
-  "gspo_token": policy.gspo_token,
-  "gmpo": policy.gmpo,
-  "cispo": policy.cispo,
-  "sapo": policy.sapo,
-  "ppo_critic": policy.ppo_clip,
-  "rspo": policy.rspo,
-}
+# Extra inputs an objective may declare; the learner knows how to compute each of them.
+#   router_logp      [B, T, Lm, K] current router log-probs of the old policy's experts (MoE)
+#   old_router_logp  [B, T, Lm, K] the same under the old policy's router
+OBJECTIVE_INPUTS = ("router_logp", "old_router_logp")
 
-# Objectives whose J is one term per sequence ([B]); aggregated as a sequence mean.
-SEQUENCE_OBJECTIVES = frozenset({"gspo", "gmpo", "rspo"})
+Check = Callable[[Mapping[str, Any]], list[str]]
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectiveSpec:
+  """One row of the §2 registry: the surrogate, its extra inputs and its range checks."""
+
+  name: str
+  fn: Callable[..., Any]  # (logp, old_logp, adv, mask, *, **inputs, **hyperparameters)
+  inputs: tuple[str, ...] = ()  # names from OBJECTIVE_INPUTS the learner passes by keyword
+  check: Check | None = None  # resolved hyperparameters -> list of error messages
+
+  @property
+  def hyperparameters(self) -> dict[str, Any]:
+    """The objective's own hyperparameters and their defaults, from its signature."""
+    params = inspect.signature(self.fn).parameters.values()
+    return {
+      p.name: p.default
+      for p in params
+      if p.kind is p.KEYWORD_ONLY and p.default is not p.empty and p.name not in self.inputs
+    }
+
+  def resolve(self, values: Mapping[str, Any]) -> dict[str, Any]:
+    """Hyperparameters with `values` (a config section) over the signature defaults.
+
+    A value that is None (an unset config field) keeps the default; fields of other objectives
+    are ignored, so one config section serves every objective.
+    """
+    out = self.hyperparameters
+    for name in out:
+      if values.get(name) is not None:
+        out[name] = values[name]
+    return out
+
+  def errors(self, hyperparameters: Mapping[str, Any]) -> list[str]:
+    """Range-check messages for resolved hyperparameters (empty when all are valid)."""
+    return self.check(hyperparameters) if self.check else []
+
+
+OBJECTIVES: dict[str, ObjectiveSpec] = {}
+
+
+def register_objective(
+  name: str, *, inputs: tuple[str, ...] = (), check: Check | None = None
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+  """Decorator adding a §2 objective to `OBJECTIVES` under `name` (returns the function).
+
+  `inputs` names the extra array inputs the function takes as keyword-only parameters without
+  defaults; each must be one of OBJECTIVE_INPUTS. `check` validates resolved hyperparameters
+  once at start-up, before anything compiles.
+  """
+  unknown = sorted(set(inputs) - set(OBJECTIVE_INPUTS))
+  if unknown:
+    raise ValueError(
+      f"objective {name!r} declares unknown inputs {unknown}; known: {OBJECTIVE_INPUTS}"
+    )
+
+  def add(fn: Callable[..., Any]) -> Callable[..., Any]:
+    OBJECTIVES[name] = ObjectiveSpec(name=name, fn=fn, inputs=tuple(inputs), check=check)
+    return fn
+
+  return add
+
+
+def in_range(name: str, value: Any, low: float, high: float, *, low_open=True, high_open=True):
+  """An error message if `value` is outside the interval, else None (for objective checks)."""
+  ok = (value > low if low_open else value >= low) and (
+    value < high if high_open else value <= high
+  )
+  if ok:
+    return None
+  lo, hi = "(" if low_open else "[", ")" if high_open else "]"
+  return f"objective.{name}={value} must be in {lo}{low:g}, {high:g}{hi}"
+
 
 CORRECTIONS = (*CORRECTION_BASES, GEO_MASK)  # §3, bases compose with "+geo_mask"
 AGGREGATIONS = AGGREGATION_MODES  # §5
@@ -60,8 +130,8 @@ def get_advantage(name: str) -> Callable[..., Any]:
   return lookup(ADVANTAGES, name, "advantage")
 
 
-def get_objective(name: str) -> Callable[..., Any]:
-  """The §2 policy objective called `name`."""
+def get_objective(name: str) -> ObjectiveSpec:
+  """The registry row of the §2 objective called `name`."""
   return lookup(OBJECTIVES, name, "objective")
 
 

@@ -152,12 +152,19 @@ def test_registry():
   names = {"ppo_clip", "pg", "gspo", "gspo_token", "gmpo", "cispo", "sapo", "ppo_critic", "rspo"}
   assert set(obj.OBJECTIVES) == names
   assert obj.get_advantage("grpo") is obj.grpo
-  assert obj.get_objective("ppo_critic") is obj.ppo_clip
+  assert obj.get_objective("ppo_critic").fn is obj.ppo_clip
   with pytest.raises(ValueError, match=r"valid names: .*ppo_clip"):
     obj.get_objective("ppo")
   with pytest.raises(ValueError, match=r"valid names: .*mean_only"):
     obj.get_advantage("drgrpo")
-  assert obj.get_objective("rspo") is obj.rspo
+  assert obj.get_objective("rspo").fn is obj.rspo
+  assert obj.get_objective("rspo").inputs == ("router_logp", "old_router_logp")
+  assert obj.get_objective("gspo").hyperparameters == {"clip_low": 3e-4, "clip_high": 4e-4}
+  assert obj.get_objective("cispo").resolve({"clip_high": None, "clip_low": 0.5}) == {
+    "clip_low": 0.5,
+    "clip_high": 0.28,
+    "cispo_mask": False,
+  }
   obj.validate("correction", "mis_seq+geo_mask")
   obj.validate("kl", "k3_is")
   obj.validate("aggregation", "seq_mean")

@@ -46,15 +46,14 @@ def test_rspo_value_and_gradient_match_reference():
   )
   np.testing.assert_allclose(gamma, gamma_ref(cur_r, old_r, 0.3), rtol=1e-5)
 
+  router = dict(router_logp=jnp.float32(cur_r), old_router_logp=jnp.float32(old_r), gamma_min=0.3)
+
   def loss(lp):
-    j, _ = policy.rspo(
-      lp, jnp.float32(old), jnp.float32(adv), mask, router_gamma=jnp.float32(gamma)
-    )
+    j, _ = policy.rspo(lp, jnp.float32(old), jnp.float32(adv), mask, **router)
     return jnp.sum(j)
 
-  j, _ = policy.rspo(
-    jnp.float32(logp), jnp.float32(old), jnp.float32(adv), mask, router_gamma=jnp.float32(gamma)
-  )
+  j, diag = policy.rspo(jnp.float32(logp), jnp.float32(old), jnp.float32(adv), mask, **router)
+  np.testing.assert_allclose(np.asarray(diag["router_gamma"])[mask], gamma[mask], rtol=1e-6)
   want = j_rspo_ref(logp, old, adv, mask, gamma)
   np.testing.assert_allclose(np.asarray(j), want, rtol=1e-5, atol=1e-6)
   grad = np.asarray(jax.grad(loss)(jnp.float32(logp)))
@@ -79,13 +78,14 @@ def test_gamma_properties():
 
 def test_rspo_with_unit_gamma_and_no_clipping_is_a_geometric_mean():
   logp, old, adv, mask, _, _ = _inputs(5)
-  ones = np.ones(mask.shape)
+  same = jnp.zeros((*mask.shape, 2, 2), jnp.float32)  # unchanged router: γ = 1
   j, _ = policy.rspo(
     jnp.float32(logp),
     jnp.float32(old),
     jnp.float32(adv),
     mask,
-    router_gamma=jnp.float32(ones),
+    router_logp=same,
+    old_router_logp=same,
     clip_low=0.99,
     clip_high=1e6,
   )

@@ -1,0 +1,115 @@
+"""The learner's loss on one microbatch (spec §2-§5, §8, §9): a module-level pure function.
+
+loss = aggregate(−w·J) [policy, §2/§3/§5] + β·aggregate(k) [KL in the loss, §4]
+       − c_e·aggregate(H) [entropy, §8] + c_v·aggregate(L_V) [critic, §2.9]
+       + MoE auxiliary and z losses [§8]
+Every term is aggregated with the minibatch-level normaliser `norm`, so summing microbatch
+losses gives the minibatch loss exactly (§5).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_llm import objectives
+from jaxrl_llm.models.transformer import Transformer
+from jaxrl_llm.rl import metrics as rl_metrics
+from jaxrl_llm.rl.settings import Settings
+from jaxrl_llm.sampling import Scores, score
+from jaxrl_llm.types import PolicyBatch
+
+Metrics = dict[str, jax.Array]
+
+
+def objective_inputs(spec: objectives.ObjectiveSpec, sc: Scores, mb: PolicyBatch, max_len: int):
+  """The extra inputs a registry row declares, computed from the scores and the batch."""
+  if not spec.inputs:
+    return {}
+  s = mb.prompt_tokens.shape[1]
+  window = slice(s - 1, s - 1 + max_len)  # router log-probs at each completion token's logits
+  available = {
+    "router_logp": lambda: sc.moe.probe_logprobs[:, window],
+    "old_router_logp": lambda: mb.old_router_logp[:, window],
+  }
+  return {name: available[name]() for name in spec.inputs}
+
+
+def policy_term(sc: Scores, mb: PolicyBatch, norm, settings: Settings, max_len: int):
+  """aggregate(−w·J) of the configured objective and its §11 metrics (§2, §3, §5)."""
+  spec = settings.objective.spec
+  loss, metrics = objectives.policy_loss(
+    sc.logp,
+    mb.old_logp,
+    mb.adv,
+    mb.loss_mask,
+    objective=spec.name,
+    aggregation=settings.aggregation.name,
+    behaviour_weight=mb.weight,
+    max_len=max_len,
+    normalizer=norm,
+    **objective_inputs(spec, sc, mb, max_len),
+    **settings.objective.hyperparameters,
+  )
+  ratio = jnp.exp(jnp.clip(sc.logp - mb.old_logp, -20.0, 20.0))
+  ratio_mean = objectives.masked_mean(ratio, mb.loss_mask)
+  metrics["policy/ratio_var"] = jax.lax.stop_gradient(
+    objectives.masked_mean((ratio - ratio_mean) ** 2, mb.loss_mask)
+  )
+  return loss, metrics
+
+
+def add_regularizers(loss, sc: Scores, mb: PolicyBatch, norm, settings: Settings, max_len: int):
+  """`loss` plus the KL in the loss (§4), the entropy bonus (§8) and the critic (§2.9)."""
+  mask, agg_name = mb.loss_mask, settings.aggregation.name
+  agg = lambda x: objectives.aggregate(x, mask, agg_name, max_len=max_len, normalizer=norm)  # noqa: E731
+  metrics = {}
+  kl = settings.kl
+  if kl.beta > 0 and kl.placement == "loss":
+    k = objectives.kl_penalty(sc.logp, mb.ref_logp, mb.old_logp, estimator=kl.name, mask=mask)
+    metrics["kl/loss"] = agg(k)
+    loss = loss + kl.beta * metrics["kl/loss"]
+  entropy = objectives.entropy_from_logits(sc.logits, 1.0)  # of the τ_s-scaled logits
+  if settings.rl.entropy_coef:
+    loss = loss - settings.rl.entropy_coef * agg(entropy)
+  metrics["policy/entropy"] = objectives.masked_mean(jax.lax.stop_gradient(entropy), mask)
+  if sc.values is not None and mb.returns is not None:
+    o = settings.objective
+    vl = objectives.value_loss(sc.values, mb.old_values, mb.returns, mask, o.value_clip)
+    metrics["value/loss"] = agg(vl)
+    loss = loss + o.value_coef * metrics["value/loss"]
+    metrics["value/mean"] = objectives.masked_mean(jax.lax.stop_gradient(sc.values), mask)
+  return loss, metrics
+
+
+def loss(
+  params,
+  mb: PolicyBatch,
+  norm: jax.Array,
+  *,
+  model: Transformer,
+  settings: Settings,
+  temperature: float,
+  max_len: int,
+) -> tuple[jax.Array, Metrics]:
+  """The microbatch loss `(params, mb, norm) -> (loss, metrics)` of spec §2-§5, §8, §9."""
+  probe = "router_logp" in settings.objective.spec.inputs
+  sc = score(
+    model,
+    params,
+    mb.prompt_tokens,
+    mb.prompt_mask,
+    mb.tokens,
+    temperature,
+    routing=mb.replay,
+    probe_experts=mb.old_routing if probe else None,
+  )
+  total, metrics = policy_term(sc, mb, norm, settings, max_len)
+  moe = model.cfg.moe
+  if moe is not None:
+    total = total + moe.aux_loss_coef * sc.moe.aux_loss + moe.z_loss_coef * sc.moe.z_loss
+    metrics.update(rl_metrics.moe_routing(sc.moe, mb))
+  total, reg_metrics = add_regularizers(total, sc, mb, norm, settings, max_len)
+  metrics.update(reg_metrics)
+  metrics["policy/total_loss"] = total
+  return total, metrics

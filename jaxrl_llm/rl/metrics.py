@@ -1,0 +1,135 @@
+"""Metrics of the RL update (spec §11): rollout, routing and the step summary.
+
+All keys are namespaced (`rollout/`, `adv/`, `reward/`, `moe/`, `optim/`, `perf/`, `hist/`,
+`samples/`); scalars become TensorBoard scalars, `hist/` histograms and `samples/` the text table.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxrl_llm import objectives
+from jaxrl_llm.types import PolicyBatch, Rollout
+
+Metrics = dict[str, jax.Array]
+
+
+def rollout_metrics(rollout: Rollout, terms: Metrics, reward, adv, group_size: int) -> Metrics:
+  """Rollout-side scalars of spec §11 (reward, accuracy, lengths, truncation, advantages)."""
+  lengths = rollout.lengths.astype(jnp.float32)
+  ones = jnp.ones_like(lengths)
+  m = {
+    "rollout/reward_mean": jnp.mean(reward),
+    "rollout/reward_std": jnp.std(reward),
+    "rollout/length_mean": jnp.mean(lengths),
+    "rollout/length_min": jnp.min(lengths),
+    "rollout/length_max": jnp.max(lengths),
+    "rollout/truncated_frac": jnp.mean(rollout.truncated.astype(jnp.float32)),
+    "rollout/decode_steps": rollout.decode_steps.astype(jnp.float32),
+    "adv/mean": jnp.mean(adv),
+    "adv/std": jnp.std(adv),
+    "adv/abs_max": jnp.max(jnp.abs(adv)),
+  }
+  for name, value in terms.items():
+    m[f"reward/{name}"] = jnp.mean(value)
+  if "correct" in terms:
+    correct = terms["correct"]
+    m["rollout/accuracy"] = jnp.mean(correct)
+    m["rollout/length_correct_mean"] = objectives.masked_mean(lengths, correct)
+    m["rollout/length_incorrect_mean"] = objectives.masked_mean(lengths, ones - correct)
+  groups = reward.reshape(-1, group_size)
+  m["rollout/zero_std_group_frac"] = jnp.mean(
+    (jnp.max(groups, axis=1) == jnp.min(groups, axis=1)).astype(jnp.float32)
+  )
+  return m
+
+
+def _sets_differ(a: jax.Array, b: jax.Array) -> jax.Array:
+  """[..., K] expert index sets -> [...] bool, True where the sets differ."""
+  return jnp.any(jnp.sort(a, axis=-1) != jnp.sort(b, axis=-1), axis=-1)
+
+
+def moe_routing(moe, mb: PolicyBatch) -> Metrics:
+  """Routing metrics of one learner forward (§9, §11): disagreement with the sampler's and
+  the old policy's expert sets, router preference under replay, aux and z losses."""
+  valid = jnp.concatenate([mb.prompt_mask.astype(jnp.float32), mb.loss_mask], axis=1)[..., None]
+  valid = jnp.broadcast_to(valid, moe.own_differs.shape)  # [B, S+T, Lm]
+  frac = lambda x: objectives.masked_mean(x.astype(jnp.float32), valid)  # noqa: E731
+  return jax.lax.stop_gradient(
+    {
+      "moe/route_disagree_sampler": frac(_sets_differ(moe.routing, mb.sampler_routing)),
+      "moe/route_disagree_old": frac(_sets_differ(moe.routing, mb.old_routing)),
+      "moe/router_prefers_other": frac(moe.own_differs),
+      "moe/aux_loss": moe.aux_loss,
+      "moe/z_loss": moe.z_loss,
+    }
+  )
+
+
+def moe_load(moe) -> Metrics:
+  """Expert load of the old policy on this batch: max/mean per layer and a histogram each."""
+  if moe is None:
+    return {}
+  load = moe.load  # [Lm, E]
+  m = {"moe/load_max_over_mean": jnp.mean(jnp.max(load, -1) / jnp.mean(load, -1))}
+  for i in range(load.shape[0]):
+    m[f"hist/moe_load_layer{i}"] = load[i]
+  return m
+
+
+# Losses add up over microbatches (each is one slice of a minibatch-level sum, §5).
+SUMMED_LOSSES = ("policy/loss", "policy/total_loss", "kl/loss", "value/loss")
+
+
+def microbatch_mean(metrics: Metrics, num_microbatches: int) -> Metrics:
+  """Reduces stacked microbatch metrics: losses are summed, everything else averaged."""
+  out = jax.tree.map(jnp.mean, metrics)
+  for key in SUMMED_LOSSES:
+    if key in out:
+      out[key] = out[key] * num_microbatches
+  return out
+
+
+def update_summary(mb_metrics: Metrics) -> Metrics:
+  """Per-minibatch metrics [E*M] → their means, plus the first minibatch's clip fraction."""
+  out = jax.tree.map(jnp.mean, mb_metrics)
+  out["policy/clip_frac_first_minibatch"] = (
+    mb_metrics["policy/clip_frac_low"][0] + mb_metrics["policy/clip_frac_high"][0]
+  )
+  return out
+
+
+def sequence_advantage(adv: jax.Array, mask: jax.Array) -> jax.Array:
+  """One advantage per sequence [B]: A_i, or the masked token mean of a [B, T] advantage."""
+  return adv if adv.ndim == 1 else jnp.sum(adv * mask, -1) / jnp.maximum(mask.sum(-1), 1.0)
+
+
+def step_summary(
+  rollout: Rollout,
+  reward: jax.Array,
+  seq_adv: jax.Array,
+  *,
+  group_size: int,
+  learner_tokens: int,
+  learning_rate: jax.Array,
+) -> Metrics:
+  """Histograms, the text-table samples and throughput counters of one step (§11)."""
+  n_show = min(8, rollout.lengths.shape[0] // group_size)
+  return {
+    "optim/learning_rate": learning_rate,
+    "perf/generated_tokens": jnp.sum(rollout.lengths).astype(jnp.float32),
+    "perf/learner_tokens": jnp.float32(learner_tokens),
+    "hist/reward": reward,
+    "hist/length": rollout.lengths,
+    "hist/advantage": seq_adv,
+    "samples/prompt": rollout.prompt_tokens[::group_size][:n_show],
+    "samples/tokens": rollout.tokens[::group_size][:n_show],
+    "samples/reward": reward[::group_size][:n_show],
+  }
+
+
+def grad_norm(grads) -> Metrics:
+  """The global gradient norm of one minibatch (before clipping)."""
+  return {"optim/grad_norm": optax.global_norm(grads)}

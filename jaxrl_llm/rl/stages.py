@@ -1,0 +1,201 @@
+"""The learn phase's stages, in the spec's order, as module-level pure functions.
+
+total reward (§6) → group filtering (§7) → loss mask (§0, §6) → old pass (§0, §9) → reference
+pass (§4) → advantages (§1) → behaviour weight (§3) → the `PolicyBatch` the optimiser consumes.
+Each takes arrays and frozen settings and can be tested on small arrays without a model (the
+two passes take the model as an argument).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_llm import objectives
+from jaxrl_llm.rl.settings import (
+  AdvantageSettings,
+  CorrectionSettings,
+  FilteringSettings,
+  KLSettings,
+  ShapingSettings,
+)
+from jaxrl_llm.sampling import Scores, score
+from jaxrl_llm.types import PolicyBatch, Rollout
+
+Metrics = dict[str, jax.Array]
+
+
+def total_reward(
+  rollout: Rollout,
+  terms: dict[str, jax.Array],
+  shaping: ShapingSettings,
+  reward_weights: tuple[tuple[str, float], ...],
+  max_len: int,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """R = Σ_k w_k R^k [B] float32 and the terms, with the soft overlong term added (§6)."""
+  terms = {k: jnp.asarray(v, jnp.float32) for k, v in terms.items()}
+  weights = dict(reward_weights)
+  if shaping.name == "soft_overlong":
+    terms["overlong"] = objectives.soft_overlong(
+      rollout.lengths, rollout.truncated, max_len, shaping.cache_len
+    )
+    weights["overlong"] = shaping.weight
+  reward = sum(w * terms[name] for name, w in weights.items() if w)
+  return jnp.asarray(reward, jnp.float32) * jnp.ones(rollout.lengths.shape, jnp.float32), terms
+
+
+def filter_groups(
+  rollout: Rollout,
+  reward: jax.Array,
+  terms: dict[str, jax.Array],
+  filtering: FilteringSettings,
+  group_size: int,
+  keep_prompts: int,
+) -> tuple[Rollout, jax.Array, dict[str, jax.Array], jax.Array, Metrics]:
+  """Group filtering (§7): returns (rollout, reward, terms, seq_valid [B] bool, metrics).
+
+  Dynamic sampling gathers the first `keep_prompts` groups with reward spread (static shapes);
+  Reinforce-Rej keeps every group and marks zero-spread ones invalid.
+  """
+  num_groups = rollout.lengths.shape[0] // group_size
+  metrics: Metrics = {}
+  if filtering.name == "dynamic_sampling":
+    idx, group_valid, metrics = objectives.dynamic_sampling(reward, group_size, keep_prompts)
+    sampled = rollout.lengths.shape[0]
+    take = lambda x: x[idx] if x.ndim and x.shape[0] == sampled else x  # noqa: E731
+    rollout, reward, terms = jax.tree.map(take, (rollout, reward, terms))
+  elif filtering.name == "reinforce_rej":
+    group_valid = objectives.reinforce_rej(reward, group_size)
+    metrics["filter/zero_std_frac"] = 1.0 - jnp.mean(group_valid.astype(jnp.float32))
+    metrics["filter/groups_used"] = jnp.sum(group_valid.astype(jnp.float32))
+  else:
+    group_valid = jnp.ones((num_groups,), bool)
+  return rollout, reward, terms, objectives.expand_groups(group_valid, group_size), metrics
+
+
+def loss_mask(rollout: Rollout, seq_valid: jax.Array, shaping: ShapingSettings) -> jax.Array:
+  """m [B, T] float32: generated tokens of kept groups, minus truncated ones if filtered (§6)."""
+  mask = rollout.loss_mask * seq_valid[:, None].astype(jnp.float32)
+  if shaping.overlong_filter:
+    mask = objectives.overlong_filter(mask, rollout.truncated)
+  return mask
+
+
+def rescore(model, params, rollout: Rollout, temperature: float, routing=None) -> Scores:
+  """Stop-gradient learner scores of the rollout's completions under `params` (§0)."""
+  return jax.lax.stop_gradient(
+    score(
+      model,
+      params,
+      rollout.prompt_tokens,
+      rollout.prompt_mask,
+      rollout.tokens,
+      temperature,
+      routing=routing,
+    )
+  )
+
+
+def old_pass(model, params, rollout: Rollout, temperature: float, replay: str) -> Scores:
+  """ℓ^old (and V, routing) of the parameters at the start of the update (§0); under r3 the
+  sampler's routing is replayed so ℓ^old uses the experts the sampler used (§9)."""
+  return rescore(model, params, rollout, temperature, rollout.routing if replay == "r3" else None)
+
+
+def reference_pass(
+  model, ref_params, rollout: Rollout, old_logp: jax.Array, mask: jax.Array, temperature: float
+) -> tuple[jax.Array, jax.Array, Metrics]:
+  """ℓ^ref [B, T], the k1 estimate of KL(π_old‖π_ref) per token and its mean (§4)."""
+  ref_logp = rescore(model, ref_params, rollout, temperature).logp
+  k1 = objectives.kl_penalty(old_logp, ref_logp, estimator="k1", mask=mask)
+  return ref_logp, k1, {"kl/ref_kl": jnp.sum(k1 * mask) / jnp.maximum(jnp.sum(mask), 1.0)}
+
+
+def terminal_rewards(reward: jax.Array, lengths: jax.Array, t_max: int) -> jax.Array:
+  """Per-token rewards [B, T] for GAE: the sequence reward on its last token, 0 elsewhere."""
+  last = jnp.clip(lengths - 1, 0, t_max - 1)
+  return jax.nn.one_hot(last, t_max, dtype=jnp.float32) * reward[:, None]
+
+
+def advantages(
+  reward: jax.Array,
+  rollout: Rollout,
+  mask: jax.Array,
+  seq_valid: jax.Array,
+  values: jax.Array | None,
+  kl_tok: jax.Array | None,
+  advantage: AdvantageSettings,
+  kl: KLSettings,
+  group_size: int,
+) -> tuple[jax.Array, jax.Array | None]:
+  """Advantages [B] or [B, T] and GAE returns (None unless `gae`) (§1).
+
+  With the KL in the reward (§4), β·Σ_t k1 is subtracted from R (or β·k1 per token for GAE).
+  """
+  in_reward = kl_tok is not None and kl.placement == "reward"
+  returns = None
+  if advantage.name == "gae":
+    token_r = terminal_rewards(reward, rollout.lengths, mask.shape[1])
+    if in_reward:
+      token_r = token_r - kl.beta * kl_tok * mask
+    adv, returns = objectives.gae(token_r, values, mask, advantage.gamma, advantage.lam)
+  else:
+    if in_reward:
+      reward = reward - kl.beta * jnp.sum(kl_tok * mask, axis=-1)
+    adv = objectives.get_advantage(advantage.name)(reward, group_size, valid=seq_valid)
+  if advantage.whiten:
+    adv = objectives.whiten(adv, mask if adv.ndim == 2 else seq_valid.astype(jnp.float32))
+  return adv, returns
+
+
+def behaviour_weight(
+  old_logp: jax.Array, behaviour_logp: jax.Array, mask: jax.Array, correction: CorrectionSettings
+) -> tuple[jax.Array, Metrics]:
+  """The §3 behaviour weight w [B, T] of the configured correction and its metrics."""
+  return objectives.behaviour_weight(
+    old_logp,
+    behaviour_logp,
+    mask,
+    name=correction.name,
+    cap=correction.cap,
+    geo_low=correction.geo_low,
+    geo_high=correction.geo_high or None,
+  )
+
+
+def policy_batch(
+  rollout: Rollout,
+  mask: jax.Array,
+  old: Scores,
+  adv: jax.Array,
+  weight: jax.Array,
+  *,
+  ref_logp: jax.Array | None,
+  returns: jax.Array | None,
+  replay: str,
+) -> PolicyBatch:
+  """The typed batch of the optimiser steps; routing travels with its sequences (§9)."""
+  moe: dict[str, Any] = {}
+  if old.moe is not None:
+    replayed = {"r2": old.moe.routing, "r3": rollout.routing}.get(replay)
+    moe = dict(
+      sampler_routing=rollout.routing,
+      old_routing=old.moe.routing,
+      old_router_logp=old.moe.used_logprobs,
+      replay=replayed,
+    )
+  return PolicyBatch(
+    prompt_tokens=rollout.prompt_tokens,
+    prompt_mask=rollout.prompt_mask,
+    tokens=rollout.tokens,
+    loss_mask=mask,
+    old_logp=old.logp,
+    adv=adv,
+    weight=weight,
+    ref_logp=ref_logp,
+    old_values=old.values if returns is not None else None,
+    returns=returns,
+    **moe,
+  )

@@ -1,0 +1,220 @@
+"""The fused RL update: sample → score → learn, ONE jitted program with the state donated.
+
+`make_rl_step` binds the static pieces (a `Learner`: model, optimiser, settings) to the
+module-level functions below and jits them once each:
+  step(state, batch, rng)          sampling, a pure-JAX verifier and `learn` in one program
+  sample(state, batch, rng)        the sampler alone (host verifiers score its rollout) ...
+  learn(state, rollout, terms, rng) ... then the learner; the same rng gives the same update
+Nothing leaves the device between generating a token and applying the gradient in `step`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxrl_llm import quant
+from jaxrl_llm.models.transformer import Transformer
+from jaxrl_llm.rl import loss, stages, update
+from jaxrl_llm.rl import metrics as rl_metrics
+from jaxrl_llm.rl.settings import Settings
+from jaxrl_llm.sampling import SamplingConfig, sample
+from jaxrl_llm.types import PromptBatch, Rollout, TrainState
+
+
+@dataclasses.dataclass(frozen=True)
+class Learner:
+  """The static pieces of one RL update (bound once; never traced)."""
+
+  model: Transformer  # the policy (and reference) network
+  sampler_model: Transformer  # the policy network at the sampler's compute dtype
+  optimizer: optax.GradientTransformation
+  schedule: optax.Schedule  # learning rate per optimiser update (for the metrics)
+  sampling: SamplingConfig  # G, T, τ_s and the decoding rule
+  settings: Settings  # every learner config section
+  sampler_dtype: str  # the sampler's copy of the weights: float32 | bfloat16 | int8
+  batch_sharding: NamedSharding  # rows over the `data` mesh axis
+
+  @property
+  def loss_fn(self):
+    """The microbatch loss `(params, mb, norm) -> (loss, metrics)` with everything bound."""
+    return functools.partial(
+      loss.loss,
+      model=self.model,
+      settings=self.settings,
+      temperature=self.sampling.temperature,
+      max_len=self.sampling.max_new_tokens,
+    )
+
+
+def constrain(tree, sharding: NamedSharding):
+  """Pins every non-scalar leaf's rows to the data axis (after gathers that may move them)."""
+  return jax.tree.map(
+    lambda x: jax.lax.with_sharding_constraint(x, sharding) if x.ndim else x, tree
+  )
+
+
+def sample_phase(ctx: Learner, state: TrainState, batch: PromptBatch, rng: jax.Array) -> Rollout:
+  """G completions per prompt from the sampler's copy of the policy (§0: records ℓ^μ)."""
+  sample_key, _ = jax.random.split(rng)
+  policy = quant.sampler_params(state.params, ctx.sampler_dtype)
+  rollout = sample(ctx.sampler_model, policy, batch.tokens, batch.mask, sample_key, ctx.sampling)
+  return constrain(rollout, ctx.batch_sharding)
+
+
+def rewards_and_mask(ctx: Learner, rollout: Rollout, terms):
+  """Total reward (§6), group filtering (§7) and the loss mask m (§0, §6)."""
+  s, g = ctx.settings, ctx.sampling.group_size
+  reward, terms = stages.total_reward(
+    rollout, terms, s.shaping, s.reward_weights, ctx.sampling.max_new_tokens
+  )
+  rollout, reward, terms, seq_valid, metrics = stages.filter_groups(
+    rollout, reward, terms, s.filtering, g, s.rl.num_prompts
+  )
+  rollout = constrain(rollout, ctx.batch_sharding)
+  return rollout, reward, terms, seq_valid, stages.loss_mask(rollout, seq_valid, s.shaping), metrics
+
+
+def make_policy_batch(ctx: Learner, state: TrainState, rollout, reward, seq_valid, mask):
+  """Old pass (§0, §9), reference pass (§4), advantages (§1), behaviour weight (§3)."""
+  s, temp = ctx.settings, ctx.sampling.temperature
+  old = stages.old_pass(ctx.model, state.params, rollout, temp, s.replay.name)
+  metrics = rl_metrics.moe_load(old.moe)
+  ref_logp = kl_tok = None
+  if s.kl.beta > 0:
+    ref_logp, kl_tok, ref_metrics = stages.reference_pass(
+      ctx.model, state.ref_params, rollout, old.logp, mask, temp
+    )
+    metrics.update(ref_metrics)
+  adv, returns = stages.advantages(
+    reward, rollout, mask, seq_valid, old.values, kl_tok, s.advantage, s.kl, ctx.sampling.group_size
+  )
+  weight, behaviour = stages.behaviour_weight(old.logp, rollout.logprobs, mask, s.correction)
+  metrics.update(behaviour)
+  batch = stages.policy_batch(
+    rollout,
+    mask,
+    old,
+    adv,
+    weight,
+    returns=returns,
+    replay=s.replay.name,
+    ref_logp=ref_logp if s.kl.placement == "loss" else None,
+  )
+  return batch, metrics
+
+
+def learn(ctx: Learner, state: TrainState, rollout: Rollout, terms, rng: jax.Array):
+  """The learn phase, the spec's stages in order; returns (new state, metrics)."""
+  s = ctx.settings
+  _, shuffle_key = jax.random.split(rng)
+  rollout, reward, terms, seq_valid, mask, metrics = rewards_and_mask(ctx, rollout, terms)
+  batch, batch_metrics = make_policy_batch(ctx, state, rollout, reward, seq_valid, mask)
+  params, opt_state, mb_metrics = update.optimise(  # §2-§5
+    ctx.loss_fn,
+    ctx.optimizer,
+    state.params,
+    state.opt_state,
+    batch,
+    shuffle_key,
+    rl=s.rl,
+    aggregation=s.aggregation.name,
+    max_len=ctx.sampling.max_new_tokens,
+  )
+  ref_params, opt_state = update.update_reference(  # §4
+    state, params, opt_state, kl=s.kl, optimizer=ctx.optimizer
+  )
+  seq_adv = rl_metrics.sequence_advantage(batch.adv, mask)
+  metrics.update(batch_metrics)
+  metrics.update(step_metrics(ctx, state, rollout, terms, reward, seq_adv, mb_metrics))
+  new_state = state.replace(
+    step=state.step + 1, params=params, opt_state=opt_state, ref_params=ref_params
+  )
+  return new_state, metrics
+
+
+def step_metrics(ctx: Learner, state: TrainState, rollout, terms, reward, seq_adv, mb_metrics):
+  """Rollout, optimiser and summary metrics of one update (§11)."""
+  rl, g = ctx.settings.rl, ctx.sampling.group_size
+  updates_per_step = rl.num_epochs * rl.num_minibatches
+  b, s = rollout.prompt_tokens.shape
+  m = rl_metrics.rollout_metrics(rollout, terms, reward, seq_adv, g)
+  m.update(rl_metrics.update_summary(mb_metrics))
+  m.update(
+    rl_metrics.step_summary(
+      rollout,
+      reward,
+      seq_adv,
+      group_size=g,
+      learner_tokens=b * (ctx.sampling.max_new_tokens + s) * rl.num_epochs,
+      learning_rate=ctx.schedule(state.step * updates_per_step),
+    )
+  )
+  return m
+
+
+def fused_step(ctx: Learner, reward_fn, state: TrainState, batch: PromptBatch, rng: jax.Array):
+  """Sample, score with the pure-JAX verifier `reward_fn`, learn: one RL update."""
+  rollout = sample_phase(ctx, state, batch, rng)
+  g = ctx.sampling.group_size
+  answer = jnp.repeat(batch.answer, g, axis=0)
+  answer_mask = jnp.repeat(batch.answer_mask, g, axis=0)
+  terms = reward_fn(rollout.prompt_tokens, rollout.tokens, rollout.loss_mask, answer, answer_mask)
+  return learn(ctx, state, rollout, terms, rng)
+
+
+@dataclasses.dataclass(frozen=True)
+class RLProgram:
+  """The jitted programs of one RL update (see the module docstring)."""
+
+  step: Callable[..., tuple[TrainState, dict[str, jax.Array]]]
+  sample: Callable[..., Rollout]
+  learn: Callable[..., tuple[TrainState, dict[str, jax.Array]]]
+  learner: Learner
+
+
+def make_rl_step(
+  model: Transformer,
+  optimizer: optax.GradientTransformation,
+  schedule: optax.Schedule,
+  reward_fn: Callable[..., dict[str, jax.Array]] | None,
+  sampling: SamplingConfig,
+  settings: Settings,
+  mesh: Mesh,
+  state_shardings: Any,
+  *,
+  sampler_dtype: str = "float32",
+) -> RLProgram:
+  """Jits the fused step and its sample / learn halves, each once, with explicit shardings.
+
+  `reward_fn(prompt_tokens, completion, completion_mask, answer, answer_mask)` returns named
+  [B] reward terms (a pure-JAX verifier); None serves only the host-reward path.
+  """
+  rows, repl = NamedSharding(mesh, PartitionSpec("data")), NamedSharding(mesh, PartitionSpec())
+  sampler_model = model
+  if sampler_dtype == "bfloat16":
+    sampler_model = Transformer(dataclasses.replace(model.cfg, dtype="bfloat16"))
+  ctx = Learner(model, sampler_model, optimizer, schedule, sampling, settings, sampler_dtype, rows)
+  batch_shardings = PromptBatch(tokens=rows, mask=rows, answer=rows, answer_mask=rows)
+  return RLProgram(
+    step=jax.jit(
+      functools.partial(fused_step, ctx, reward_fn),
+      in_shardings=(state_shardings, batch_shardings, repl),
+      out_shardings=(state_shardings, repl),
+      donate_argnums=(0,),
+    ),
+    sample=jax.jit(
+      functools.partial(sample_phase, ctx), in_shardings=(state_shardings, batch_shardings, repl)
+    ),
+    learn=jax.jit(
+      functools.partial(learn, ctx), out_shardings=(state_shardings, repl), donate_argnums=(0,)
+    ),
+    learner=ctx,
+  )

@@ -1,0 +1,126 @@
+"""Optimiser steps over a `PolicyBatch` and the reference policy's life cycle (spec §4, §5).
+
+`optimise` shuffles the batch once per epoch, splits it into minibatches (a tree map) and runs
+them in a `lax.scan`; each minibatch accumulates its gradient over microbatches in an inner
+`lax.scan` with one minibatch-level normaliser, so the update does not depend on the number
+of microbatches (§5).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxrl_llm import objectives
+from jaxrl_llm.rl import metrics as rl_metrics
+from jaxrl_llm.rl.settings import KLSettings, RLSettings
+from jaxrl_llm.types import PolicyBatch, TrainState
+
+LossFn = Callable[[Any, PolicyBatch, jax.Array], tuple[jax.Array, dict[str, jax.Array]]]
+
+
+def split_leading(tree, parts: int):
+  """Every leaf [N, ...] → [parts, N / parts, ...]."""
+  return jax.tree.map(lambda x: x.reshape(parts, x.shape[0] // parts, *x.shape[1:]), tree)
+
+
+def minibatch_grads(
+  loss_fn: LossFn, params, mb: PolicyBatch, *, aggregation: str, max_len: int, num_microbatches: int
+):
+  """Gradient and metrics of one minibatch, accumulated over its microbatches (§5)."""
+  norm = objectives.normalizer(mb.loss_mask, aggregation, max_len)
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+  def accumulate(grads, micro):
+    (_, metrics), g = grad_fn(params, micro, norm)
+    return jax.tree.map(jnp.add, grads, g), metrics
+
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  grads, metrics = jax.lax.scan(accumulate, zeros, split_leading(mb, num_microbatches))
+  return grads, rl_metrics.microbatch_mean(metrics, num_microbatches)
+
+
+def minibatch_step(
+  carry,
+  mb: PolicyBatch,
+  *,
+  loss_fn: LossFn,
+  optimizer,
+  aggregation: str,
+  max_len: int,
+  num_microbatches: int,
+):
+  """One optimiser step `((params, opt_state), mb) -> ((params, opt_state), metrics)`."""
+  params, opt_state = carry
+  grads, metrics = minibatch_grads(
+    loss_fn, params, mb, aggregation=aggregation, max_len=max_len, num_microbatches=num_microbatches
+  )
+  metrics.update(rl_metrics.grad_norm(grads))
+  updates, opt_state = optimizer.update(grads, opt_state, params)
+  return (optax.apply_updates(params, updates), opt_state), metrics
+
+
+def minibatch_order(key: jax.Array, batch_size: int, rl: RLSettings) -> jax.Array:
+  """Row indices [E*M, B/M]: one permutation per epoch, cut into M minibatches."""
+  perms = jax.vmap(lambda k: jax.random.permutation(k, batch_size))(
+    jax.random.split(key, rl.num_epochs)
+  )  # [E, B]
+  return perms.reshape(rl.num_epochs * rl.num_minibatches, batch_size // rl.num_minibatches)
+
+
+def optimise(
+  loss_fn: LossFn,
+  optimizer,
+  params,
+  opt_state,
+  batch: PolicyBatch,
+  key: jax.Array,
+  *,
+  rl: RLSettings,
+  aggregation: str,
+  max_len: int,
+):
+  """Epochs × minibatches of optimiser steps; returns (params, opt_state, metrics [E*M])."""
+  order = minibatch_order(key, batch.tokens.shape[0], rl)
+  minibatches = jax.tree.map(lambda x: x[order], batch)  # leaves [E*M, B/M, ...]
+  step = functools.partial(
+    minibatch_step,
+    loss_fn=loss_fn,
+    optimizer=optimizer,
+    aggregation=aggregation,
+    max_len=max_len,
+    num_microbatches=rl.num_microbatches,
+  )
+  (params, opt_state), metrics = jax.lax.scan(step, (params, opt_state), minibatches)
+  return params, opt_state, metrics
+
+
+def init_reference(state: TrainState, beta: float) -> TrainState:
+  """Freezes a copy of the current policy as the KL reference (§4); none when β = 0."""
+  if beta <= 0 or state.ref_params is not None:
+    return state
+  return state.replace(ref_params=jax.tree.map(jnp.copy, state.params))
+
+
+def update_reference(state: TrainState, params, opt_state, *, kl: KLSettings, optimizer):
+  """Reference update after the step (§4): frozen, reset every N steps, or EMA.
+
+  Returns (ref_params, opt_state); with `reset_optimizer` a reset also restarts the optimiser.
+  """
+  ref = state.ref_params
+  if ref is None or kl.reference == "frozen":
+    return ref, opt_state
+  if kl.reference == "ema":
+    a = kl.ema
+    return jax.tree.map(lambda r, p: a * p + (1.0 - a) * r, ref, params), opt_state
+  reset = (state.step + 1) % kl.reset_every == 0
+  ref = jax.tree.map(lambda r, p: jnp.where(reset, p, r), ref, params)
+  if kl.reset_optimizer:
+    fresh = optimizer.init(params)
+    opt_state = jax.tree.map(lambda o, f: jnp.where(reset, f, o), opt_state, fresh)
+  return ref, opt_state

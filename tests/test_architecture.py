@@ -1,0 +1,47 @@
+"""Structure the learner keeps: short module-level functions, no deep closures, no cycles."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+PKG = pathlib.Path(__file__).resolve().parents[1] / "jaxrl_llm"
+RL_FILES = sorted((PKG / "rl").glob("*.py"))
+
+
+def _functions(tree: ast.AST, depth: int = 0):
+  """(name, line count, nesting depth) of every def, depth 0 = module level or method."""
+  for node in ast.iter_child_nodes(tree):
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+      yield node.name, node.end_lineno - node.lineno + 1, depth
+      yield from _functions(node, depth + 1)
+    elif isinstance(node, ast.ClassDef):
+      yield from _functions(node, depth)
+    else:
+      yield from _functions(node, depth)
+
+
+@pytest.mark.parametrize("path", RL_FILES, ids=lambda p: p.name)
+def test_learner_functions_are_short_and_closures_shallow(path):
+  for name, lines, depth in _functions(ast.parse(path.read_text())):
+    assert lines <= 60, f"{path.name}:{name} has {lines} lines (limit 60)"
+    assert depth <= 1, f"{path.name}:{name} is nested {depth} levels deep (limit 1)"
+
+
+def test_make_rl_step_fits_one_screen():
+  tree = ast.parse((PKG / "rl" / "step.py").read_text())
+  lengths = {name: lines for name, lines, _ in _functions(tree)}
+  assert lengths["make_rl_step"] <= 50 and lengths["learn"] <= 40
+
+
+def test_model_config_does_not_import_the_moe_layer():
+  source = (PKG / "models" / "config.py").read_text()
+  assert "models.moe" not in source and "import moe" not in source
+
+
+def test_objectives_do_not_import_the_learner():
+  for path in (PKG / "objectives").glob("*.py"):
+    source = path.read_text()
+    assert "jaxrl_llm.rl" not in source and "jaxrl_llm import rl" not in source, path.name
