@@ -71,8 +71,14 @@ def get_config() -> ml_collections.ConfigDict:
   c.advantage = ml_collections.ConfigDict()
   c.advantage.name = "grpo"  # §1: grpo | mean_only | rloo | batch_std | reinforce_baseline | gae
   c.advantage.whiten = False  # whiten advantages over the batch
+  c.advantage.whiten_variance = (
+    "population"  # population: /(std + 1e-6) | unbiased: ·rsqrt(var_{n-1} + 1e-8) (verl)
+  )
   c.advantage.gamma = 1.0  # GAE discount γ (gae only)
   c.advantage.lam = 0.95  # GAE λ (gae only)
+  c.advantage.gae_carry_masked = (
+    False  # gae: carry V and A across masked tokens inside a completion (verl); False resets there
+  )
 
   # The objective's own hyperparameters are unset (None) by default: the selected objective's
   # signature default applies (docs/objectives.md §2 and the README's table cite them), so
@@ -84,10 +90,16 @@ def get_config() -> ml_collections.ConfigDict:
   )
   c.objective.clip_low = placeholder(
     float
-  )  # ε_low, lower ratio clip width (ppo_clip 0.2, gspo 3e-4, cispo 1.0)
+  )  # ε_low, lower ratio clip width (ppo_clip 0.2, gspo 3e-4; cispo's token mask 0.2)
   c.objective.clip_high = placeholder(
     float
-  )  # ε_high, upper ratio clip width (ppo_clip 0.2, gspo 4e-4, cispo 0.28)
+  )  # ε_high, upper ratio clip width (ppo_clip 0.2, gspo 4e-4; cispo's token mask 0.28)
+  c.objective.is_clip_low = placeholder(
+    float
+  )  # ε^IS_low, lower clip of CISPO's IS weight (cispo 1.0 = no floor)
+  c.objective.is_clip_high = placeholder(
+    float
+  )  # ε^IS_high, upper clip of CISPO's IS weight (cispo 0.28)
   c.objective.dual_clip = placeholder(
     float
   )  # dual-clip constant c > 1 for A < 0 (ppo_clip; unset = off)
@@ -103,6 +115,9 @@ def get_config() -> ml_collections.ConfigDict:
 
   c.aggregation = ml_collections.ConfigDict()
   c.aggregation.name = "seq_mean_token_mean"  # §5: token_mean | seq_mean_token_mean | seq_mean_token_sum | seq_mean_token_sum_norm | seq_mean
+  c.aggregation.sum_norm_sequences = (
+    True  # seq_mean_token_sum_norm divides by B'·L_max (§5); False: by L_max only (verl)
+  )
 
   c.correction = ml_collections.ConfigDict()
   c.correction.name = (
@@ -120,12 +135,16 @@ def get_config() -> ml_collections.ConfigDict:
   c.kl.reset_every = 0  # N: copy the policy into the reference every N steps (reset_every)
   c.kl.ema = 0.0  # α: π_ref ← α π_θ + (1 − α) π_ref after every step (ema)
   c.kl.reset_optimizer = False  # also reset optimiser state at each reference reset
+  c.kl.k3_clamp = 0.0  # clip the k3 value to [-c, c] (0 = off, the spec; verl's low_var_kl uses 10)
 
   c.shaping = ml_collections.ConfigDict()
   c.shaping.name = "none"  # §6: none | soft_overlong (DAPO length penalty as a reward term)
   c.shaping.cache_len = 2  # L_cache of the soft overlong punishment (tokens)
   c.shaping.weight = 1.0  # weight of the overlong reward term
-  c.shaping.overlong_filter = False  # truncated completions get no gradient (stay in group stats)
+  c.shaping.overlong_filter = False  # truncated completions get no gradient (§6)
+  c.shaping.overlong_in_group_stats = (
+    True  # with overlong_filter: truncated ones still count in group statistics
+  )
 
   c.replay = ml_collections.ConfigDict()
   c.replay.name = "none"  # §9 routing replay (MoE): none | r2 (old-policy mask) | r3 (sampler mask)

@@ -57,8 +57,8 @@ RECIPES: dict[str, dict[str, Any]] = {
   "cispo": {
     "advantage.name": "grpo",
     "objective.name": "cispo",
-    "objective.clip_low": 1.0,
-    "objective.clip_high": 0.28,
+    "objective.is_clip_low": 1.0,
+    "objective.is_clip_high": 0.28,
     "aggregation.name": "token_mean",
   },
   "sapo": {

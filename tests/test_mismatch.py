@@ -46,13 +46,36 @@ def test_int8_copy_is_per_channel_and_close():
   np.testing.assert_array_equal(q["final_norm"]["scale"], p["final_norm"]["scale"])
 
 
+# A correction that rejects tokens (int8 sampler, tight cap) with KL and entropy terms, whose
+# kept-token normaliser must also be computed once per minibatch (§3, §5).
+REJECTING = {
+  "sampling.param_dtype": "int8",
+  "correction.name": "mis_token+geo_mask",
+  "correction.cap": 1.02,
+  "kl.beta": 0.05,
+  "rl.entropy_coef": 0.01,
+}
+
+
 @pytest.mark.parametrize(
-  "aggregation", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
+  ("aggregation", "extra"),
+  [
+    ("token_mean", {}),
+    ("seq_mean_token_mean", {}),
+    ("seq_mean_token_sum_norm", {}),
+    ("seq_mean_token_sum_norm", {"aggregation.sum_norm_sequences": False}),  # verl's
+    ("token_mean", REJECTING),
+    ("seq_mean_token_mean", REJECTING),
+  ],
+  ids=["token_mean", "seq_mean_token_mean", "sum_norm", "sum_norm_verl", "token_rej", "seq_rej"],
 )
-def test_microbatches_do_not_change_the_update(aggregation):
-  base = {"aggregation.name": aggregation, "rl.num_minibatches": 1, "optim.grad_clip": 0.0}
+def test_microbatches_do_not_change_the_update(aggregation, extra):
+  base = {"aggregation.name": aggregation, "rl.num_minibatches": 1, "optim.grad_clip": 0.0, **extra}
   p1, m1 = _one_step(tiny_config(**base, **{"rl.num_microbatches": 1}))
   p4, m4 = _one_step(tiny_config(**base, **{"rl.num_microbatches": 4}))
+  if extra is REJECTING:
+    assert m1["behaviour/frac_masked_tokens"] > 0  # some tokens are rejected
+    np.testing.assert_allclose(m1["kl/loss"], m4["kl/loss"], rtol=1e-5, atol=1e-7)
   np.testing.assert_allclose(m1["optim/grad_norm"], m4["optim/grad_norm"], rtol=1e-5)
   np.testing.assert_allclose(m1["policy/loss"], m4["policy/loss"], rtol=1e-5, atol=1e-7)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), p1, p4)

@@ -4,9 +4,9 @@ import math
 
 import numpy as np
 import pytest
-from conftest import REPO, tiny_config
+from conftest import REPO, run_steps, tiny_config
 
-from jaxrl_llm import metrics, recipes, train
+from jaxrl_llm import config_lib, metrics, recipes, train
 
 # Tags that only a recipe's own objective / correction / filter / KL produces.
 SPECIFIC_TAGS = {
@@ -56,3 +56,13 @@ def test_recipe_runs_three_steps(name, tmp_path):
   for tag, series in scalars.items():
     assert all(math.isfinite(v) for _, v in series), tag
   assert np.isfinite(result["eval/accuracy"])
+
+
+def test_verl_grpo_config_sets_verls_conventions_and_runs():
+  config = tiny_config("verl_grpo")
+  s = config_lib.learner_settings(config)
+  assert s.objective.hyperparameters == {"clip_low": 0.2, "clip_high": 0.2, "dual_clip": 3.0}
+  assert (s.kl.name, s.kl.beta, s.kl.k3_clamp) == ("k3", 0.001, 10.0)
+  assert (s.aggregation.name, s.advantage.whiten_variance) == ("token_mean", "unbiased")
+  _, metrics = run_steps(config, 1)
+  assert "policy/is_dual_clipped_mean" in metrics[0] and "kl/loss" in metrics[0]

@@ -55,17 +55,17 @@ def test_a_section_with_an_unknown_or_missing_field_is_named():
 @pytest.mark.parametrize(
   ("name", "widths"),
   [
-    ("ppo_clip", (0.2, 0.2)),
-    ("gspo", (3e-4, 4e-4)),
-    ("gspo_token", (3e-4, 4e-4)),
-    ("cispo", (1.0, 0.28)),
+    ("ppo_clip", {"clip_low": 0.2, "clip_high": 0.2}),
+    ("gspo", {"clip_low": 3e-4, "clip_high": 4e-4}),
+    ("gspo_token", {"clip_low": 3e-4, "clip_high": 4e-4}),
+    ("cispo", {"is_clip_low": 1.0, "is_clip_high": 0.28, "clip_low": 0.2, "clip_high": 0.28}),
   ],
 )
 def test_objective_name_on_the_default_config_gets_that_objectives_widths(name, widths):
   argv = ["prog", f"--config={REPO}/configs/default.py", f"--config.objective.name={name}"]
   h = config_lib.learner_settings(main.parse_config(argv)).objective.hyperparameters
-  assert (h["clip_low"], h["clip_high"]) == widths
-  assert h == {**objectives.get_objective(name).hyperparameters, **h}
+  assert {k: h[k] for k in widths} == widths
+  assert h == objectives.get_objective(name).hyperparameters
 
 
 def test_a_recipes_explicit_widths_win_and_a_flag_wins_over_both():

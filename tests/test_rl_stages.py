@@ -90,6 +90,52 @@ def test_loss_mask_drops_filtered_groups_and_truncated_completions():
   np.testing.assert_array_equal(m.sum(-1), [1, 0, 0, 0])
 
 
+def test_stats_rows_drop_truncated_completions_only_when_configured():
+  r = _rollout([1, 4, 2, 4])  # rows 1 and 3 truncated
+  valid = jnp.array([True, True, True, False])
+  keep = stages.stats_rows(r, valid, _settings(**{"shaping.overlong_filter": True}).shaping)
+  np.testing.assert_array_equal(keep, [True, True, True, False])  # default: stay in the stats
+  s = _settings(**{"shaping.overlong_filter": True, "shaping.overlong_in_group_stats": False})
+  np.testing.assert_array_equal(stages.stats_rows(r, valid, s.shaping), [True, False, True, False])
+  s = _settings(**{"shaping.overlong_in_group_stats": False})  # no overlong filtering: no-op
+  np.testing.assert_array_equal(stages.stats_rows(r, valid, s.shaping), valid)
+  # The advantage of the kept row of group 0 then ignores the truncated one.
+  reward = jnp.array([1.0, 0.0, 0.0, 1.0])
+  s = _settings(**{"advantage.name": "mean_only", "shaping.overlong_filter": True})
+  s2 = _settings(
+    **{
+      "advantage.name": "mean_only",
+      "shaping.overlong_filter": True,
+      "shaping.overlong_in_group_stats": False,
+    }
+  )
+  mask = stages.loss_mask(r, jnp.ones(4, bool), s.shaping)
+  adv, _ = stages.advantages(
+    reward,
+    r,
+    mask,
+    stages.stats_rows(r, jnp.ones(4, bool), s.shaping),
+    None,
+    None,
+    s.advantage,
+    s.kl,
+    G,
+  )
+  np.testing.assert_allclose(adv, [0.5, -0.5, -0.5, 0.5])
+  adv, _ = stages.advantages(
+    reward,
+    r,
+    mask,
+    stages.stats_rows(r, jnp.ones(4, bool), s2.shaping),
+    None,
+    None,
+    s2.advantage,
+    s2.kl,
+    G,
+  )
+  np.testing.assert_allclose(adv, [0.0, 0.0, 0.0, 0.0])
+
+
 def test_advantages_group_relative_with_kl_in_the_reward():
   r = _rollout([2, 2, 1, 3])
   mask = r.loss_mask

@@ -11,6 +11,7 @@ from jaxrl_llm.objectives.advantages import (
   grpo,
   mean_only,
   reinforce_baseline,
+  reinforce_pp_baseline,
   rloo,
   whiten,
 )
@@ -95,6 +96,7 @@ __all__ = [
   "ppo_clip",
   "register_objective",
   "reinforce_baseline",
+  "reinforce_pp_baseline",
   "reinforce_rej",
   "rloo",
   "router_shift_gamma",

@@ -24,15 +24,19 @@ def check_float(*arrays: jax.Array) -> None:
     chex.assert_type(a, float)
 
 
-def masked_log_ratio(num: jax.Array, den: jax.Array, mask: jax.Array) -> jax.Array:
-  """num − den in float32, 0 where mask is 0, clamped to ±LOG_CLAMP.
+def masked_diff(num: jax.Array, den: jax.Array, mask: jax.Array) -> jax.Array:
+  """num − den in float32, 0 where mask is 0 (not clamped).
 
   The `where` comes first so that garbage on padded positions (±inf, 1e9) reaches neither the
   value nor the gradient.
   """
   diff = num.astype(jnp.float32) - den.astype(jnp.float32)
-  diff = jnp.where(mask > 0, diff, 0.0)
-  return jnp.clip(diff, -LOG_CLAMP, LOG_CLAMP)
+  return jnp.where(mask > 0, diff, 0.0)
+
+
+def masked_log_ratio(num: jax.Array, den: jax.Array, mask: jax.Array) -> jax.Array:
+  """`masked_diff` clamped to ±LOG_CLAMP: a log-ratio that is safe to exponentiate."""
+  return jnp.clip(masked_diff(num, den, mask), -LOG_CLAMP, LOG_CLAMP)
 
 
 def broadcast_adv(adv: jax.Array, mask: jax.Array) -> jax.Array:

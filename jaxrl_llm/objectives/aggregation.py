@@ -11,7 +11,8 @@ Modes (L the per-token loss, m the mask, |o_i| = Σ_t m, B' = #{i : |o_i| > 0}):
   token_mean               Σ m L / Σ m
   seq_mean_token_mean      (1/B') Σ_i Σ_t m L / |o_i|
   seq_mean_token_sum       (1/B') Σ_i Σ_t m L
-  seq_mean_token_sum_norm  (1/B') Σ_i Σ_t m L / L_max   (L_max = max_len, default T)
+  seq_mean_token_sum_norm  (1/B') Σ_i Σ_t m L / L_max   (L_max = max_len, default T);
+                           with sum_norm_sequences=False: Σ_i Σ_t m L / L_max (verl's form)
   seq_mean                 sequence mean; for a per-sequence term broadcast over its tokens it
                            is seq_mean_token_mean (see also `aggregate_seq` for [B] terms)
 """
@@ -38,11 +39,15 @@ def _check_mode(mode: str) -> None:
     raise ValueError(f"unknown aggregation {mode!r}; valid names: {', '.join(AGGREGATION_MODES)}")
 
 
-def normalizer(mask: jax.Array, mode: str, max_len: int | None = None) -> jax.Array:
+def normalizer(
+  mask: jax.Array, mode: str, max_len: int | None = None, *, sum_norm_sequences: bool = True
+) -> jax.Array:
   """Scalar denominator N of an aggregation mode over a whole minibatch (objectives.md §5).
 
   mask [B, T]; sequences with |o_i| = 0 do not count. max_len (L_max) defaults to T and is
-  only used by `seq_mean_token_sum_norm`.
+  only used by `seq_mean_token_sum_norm`, whose N is B'·L_max, or L_max alone with
+  `sum_norm_sequences=False` (verl's normaliser; still one constant per minibatch, so the
+  gradient does not depend on the number of microbatches).
   """
   _check_mode(mode)
   m = check_mask(mask, 2)
@@ -50,7 +55,8 @@ def normalizer(mask: jax.Array, mode: str, max_len: int | None = None) -> jax.Ar
     return m.sum()
   num_seqs = (m.sum(-1) > 0).astype(jnp.float32).sum()
   if mode == "seq_mean_token_sum_norm":
-    return num_seqs * float(max_len if max_len is not None else m.shape[1])
+    l_max = float(max_len if max_len is not None else m.shape[1])
+    return num_seqs * l_max if sum_norm_sequences else jnp.float32(l_max)
   return num_seqs
 
 
@@ -64,11 +70,13 @@ def aggregate(
   *,
   max_len: int | None = None,
   normalizer: jax.Array | None = None,
+  sum_norm_sequences: bool = True,
 ) -> jax.Array:
   """Aggregates a per-token loss [B, T] to a scalar (objectives.md §5).
 
   `normalizer` is the minibatch-level N from `normalizer(...)`; None computes it from `mask`
-  (the whole minibatch is this call). Masked positions contribute to neither value nor gradient.
+  (the whole minibatch is this call, with `sum_norm_sequences` as in `normalizer`). Masked
+  positions contribute to neither value nor gradient.
   """
   _check_mode(mode)
   chex.assert_rank(per_token_loss, 2)
@@ -76,7 +84,7 @@ def aggregate(
   m = check_mask(mask, 2)
   chex.assert_equal_shape([per_token_loss, m])
   if normalizer is None:
-    normalizer = _normalizer(m, mode, max_len)
+    normalizer = _normalizer(m, mode, max_len, sum_norm_sequences=sum_norm_sequences)
   loss = jnp.where(m > 0, per_token_loss.astype(jnp.float32), 0.0)
   row_sum = loss.sum(-1)
   if mode in ("seq_mean_token_mean", "seq_mean"):

@@ -255,32 +255,40 @@ def rspo(
   )
 
 
-@register_objective(
-  "cispo",
-  check=lambda h: _errors(
+def _check_cispo(h) -> list[str]:
+  return _errors(
+    in_range("is_clip_low", h["is_clip_low"], 0.0, 1.0, high_open=False),
+    in_range("is_clip_high", h["is_clip_high"], 0.0, float("inf")),
     in_range("clip_low", h["clip_low"], 0.0, 1.0, high_open=False),
-    in_range("clip_high", h["clip_high"], 0.0, 1.0),
-  ),
-)
+    in_range("clip_high", h["clip_high"], 0.0, float("inf")),
+  )
+
+
+@register_objective("cispo", check=_check_cispo)
 def cispo(
   logp: jax.Array,
   old_logp: jax.Array,
   adv: jax.Array,
   mask: jax.Array,
   *,
-  clip_low: float = 1.0,
+  is_clip_low: float = 1.0,
+  is_clip_high: float = 0.28,
+  clip_low: float = 0.2,
   clip_high: float = 0.28,
   cispo_mask: bool = False,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """CISPO: J = sg[clip(r, 1−ε_low, 1+ε_high)]·A·ℓ, every token keeps its gradient (§2.6).
+  """CISPO: J = sg[clip(r, 1−ε^IS_low, 1+ε^IS_high)]·A·ℓ, every token keeps its gradient (§2.6).
 
-  The default ε_low = 1 leaves the weight without a lower bound (MiniMax-M1 tunes only the
-  upper one). cispo_mask=True zeroes tokens with A > 0 ∧ r > 1+ε_high or A < 0 ∧ r < 1−ε_low.
+  Two pairs of widths, as in the spec: ε^IS clips the importance weight (default ε^IS_low = 1,
+  no lower bound, and ε^IS_high = 0.28: MiniMax-M1 tunes only the upper one); ε_low / ε_high
+  (0.2 / 0.28) define the unified token mask, which drops tokens with A > 0 ∧ r > 1+ε_high or
+  A < 0 ∧ r < 1−ε_low when cispo_mask=True. The clip-fraction metrics count those tokens
+  (§11), whether or not they are dropped.
   """
   m, delta = _prepare(logp, old_logp, mask)
   a = broadcast_adv(adv, m)
   r = jnp.exp(delta)
-  w = sg(jnp.clip(r, 1.0 - clip_low, 1.0 + clip_high))
+  w = sg(jnp.clip(r, 1.0 - is_clip_low, 1.0 + is_clip_high))
   lp = jnp.where(m > 0, logp.astype(jnp.float32), 0.0)
   j = w * a * lp
   low = (r < 1.0 - clip_low) & (a < 0)

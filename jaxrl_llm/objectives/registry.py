@@ -22,14 +22,16 @@ from jaxrl_llm.objectives.aggregation import AGGREGATION_MODES
 from jaxrl_llm.objectives.corrections import CORRECTION_BASES, GEO_MASK, parse_correction
 from jaxrl_llm.objectives.kl import KL_ESTIMATORS
 
-# §1. All but `gae` share the signature (rewards [B], group_size, *, eps, valid) -> [B];
-# `gae` is token-level: (rewards_tok, values, mask, gamma, lam) -> (advantages, returns).
+# §1. Sequence estimators share the signature (rewards [B], group_size, *, eps, valid) -> [B];
+# `reinforce_pp_baseline` also takes the token mask (`mask=`) and returns [B, T]; `gae` is
+# token-level: (rewards_tok, values, mask, gamma, lam) -> (advantages, returns).
 ADVANTAGES: Mapping[str, Callable[..., Any]] = {
   "grpo": advantages.grpo,
   "mean_only": advantages.mean_only,
   "rloo": advantages.rloo,
   "batch_std": advantages.batch_std,
   "reinforce_baseline": advantages.reinforce_baseline,
+  "reinforce_pp_baseline": advantages.reinforce_pp_baseline,
   "gae": advantages.gae,
 }
 

@@ -1,16 +1,21 @@
-"""The learner's loss on one microbatch (spec §2-§5, §8, §9): a module-level pure function.
+"""The learner's loss on one microbatch (spec §2-§5, §8, §9): module-level pure functions.
 
-loss = aggregate(−w·J) [policy, §2/§3/§5] + β·aggregate(k) [KL in the loss, §4]
-       − c_e·aggregate(H) [entropy, §8] + c_v·aggregate(L_V) [critic, §2.9]
-       + MoE auxiliary and z losses [§8]
-Every term is aggregated with the minibatch-level normaliser `norm`, so summing microbatch
-losses gives the minibatch loss exactly (§5).
+loss = aggregate_m(−w·J)                     policy (§2), behaviour weight w (§3), §5
+       + β·aggregate_m'(k)                   KL in the loss (§4)
+       − c_e·aggregate_m'(H)                 entropy bonus (§8)
+       + c_v·aggregate_m'(L_V)               critic (§2.9)
+       + MoE auxiliary and z losses          (§8)
+m is the loss mask; m' = m·1[w > 0] drops the tokens a behaviour correction rejects, so such a
+token contributes to no term, value or normaliser (§3). Each mask has its own normaliser,
+computed once per optimiser minibatch (`normalizers`), so summing microbatch losses gives the
+minibatch loss exactly (§5).
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 
 from jaxrl_llm import objectives
 from jaxrl_llm.models.transformer import Transformer
@@ -20,6 +25,28 @@ from jaxrl_llm.sampling import Scores, score
 from jaxrl_llm.types import PolicyBatch
 
 Metrics = dict[str, jax.Array]
+
+
+@struct.dataclass
+class Normalizers:
+  """Minibatch-level aggregation normalisers (§5) of the two masks of the loss."""
+
+  policy: jax.Array  # [] of the loss mask m (policy term)
+  kept: jax.Array  # [] of m' = m·1[w > 0] (KL, entropy and value terms)
+
+
+def kept_mask(mb: PolicyBatch) -> jax.Array:
+  """m' = m·1[w > 0] [B, T]: the loss mask without the tokens the correction rejected (§3)."""
+  return mb.loss_mask * (mb.weight > 0).astype(mb.loss_mask.dtype)
+
+
+def normalizers(mb: PolicyBatch, settings: Settings, max_len: int) -> Normalizers:
+  """The §5 normalisers of a whole minibatch, for both masks."""
+  agg = settings.aggregation
+  norm = lambda m: objectives.normalizer(  # noqa: E731
+    m, agg.name, max_len, sum_norm_sequences=agg.sum_norm_sequences
+  )
+  return Normalizers(policy=norm(mb.loss_mask), kept=norm(kept_mask(mb)))
 
 
 def objective_inputs(spec: objectives.ObjectiveSpec, sc: Scores, mb: PolicyBatch, max_len: int):
@@ -35,8 +62,12 @@ def objective_inputs(spec: objectives.ObjectiveSpec, sc: Scores, mb: PolicyBatch
   return {name: available[name]() for name in spec.inputs}
 
 
-def policy_term(sc: Scores, mb: PolicyBatch, norm, settings: Settings, max_len: int):
-  """aggregate(−w·J) of the configured objective and its §11 metrics (§2, §3, §5)."""
+def policy_term(sc: Scores, mb: PolicyBatch, norm: jax.Array, settings: Settings, max_len: int):
+  """aggregate(−w·J) of the configured objective and its §11 metrics (§2, §3, §5).
+
+  For a sequence objective (gspo, gmpo, rspo) a per-token weight w becomes the sequence's
+  weight by its masked mean over the completion (§3; `objectives.policy_loss`).
+  """
   spec = settings.objective.spec
   loss, metrics = objectives.policy_loss(
     sc.logp,
@@ -59,14 +90,19 @@ def policy_term(sc: Scores, mb: PolicyBatch, norm, settings: Settings, max_len: 
   return loss, metrics
 
 
-def add_regularizers(loss, sc: Scores, mb: PolicyBatch, norm, settings: Settings, max_len: int):
-  """`loss` plus the KL in the loss (§4), the entropy bonus (§8) and the critic (§2.9)."""
-  mask, agg_name = mb.loss_mask, settings.aggregation.name
+def add_regularizers(
+  loss, sc: Scores, mb: PolicyBatch, norm: jax.Array, settings: Settings, max_len: int
+):
+  """`loss` plus the KL in the loss (§4), the entropy bonus (§8) and the critic (§2.9), each
+  over the kept mask m' with its own minibatch normaliser `norm`."""
+  mask, agg_name = kept_mask(mb), settings.aggregation.name
   agg = lambda x: objectives.aggregate(x, mask, agg_name, max_len=max_len, normalizer=norm)  # noqa: E731
   metrics = {}
   kl = settings.kl
   if kl.beta > 0 and kl.placement == "loss":
-    k = objectives.kl_penalty(sc.logp, mb.ref_logp, mb.old_logp, estimator=kl.name, mask=mask)
+    k = objectives.kl_penalty(
+      sc.logp, mb.ref_logp, mb.old_logp, estimator=kl.name, mask=mask, k3_clamp=kl.k3_clamp
+    )
     metrics["kl/loss"] = agg(k)
     loss = loss + kl.beta * metrics["kl/loss"]
   entropy = objectives.entropy_from_logits(sc.logits, 1.0)  # of the τ_s-scaled logits
@@ -82,17 +118,31 @@ def add_regularizers(loss, sc: Scores, mb: PolicyBatch, norm, settings: Settings
   return loss, metrics
 
 
+def loss_from_scores(
+  sc: Scores, mb: PolicyBatch, norms: Normalizers, *, settings: Settings, max_len: int, moe=None
+) -> tuple[jax.Array, Metrics]:
+  """The loss and metrics of one microbatch given the learner's scores of it."""
+  total, metrics = policy_term(sc, mb, norms.policy, settings, max_len)
+  if moe is not None:
+    total = total + moe.aux_loss_coef * sc.moe.aux_loss + moe.z_loss_coef * sc.moe.z_loss
+    metrics.update(rl_metrics.moe_routing(sc.moe, mb))
+  total, reg_metrics = add_regularizers(total, sc, mb, norms.kept, settings, max_len)
+  metrics.update(reg_metrics)
+  metrics["policy/total_loss"] = total
+  return total, metrics
+
+
 def loss(
   params,
   mb: PolicyBatch,
-  norm: jax.Array,
+  norms: Normalizers,
   *,
   model: Transformer,
   settings: Settings,
   temperature: float,
   max_len: int,
 ) -> tuple[jax.Array, Metrics]:
-  """The microbatch loss `(params, mb, norm) -> (loss, metrics)` of spec §2-§5, §8, §9."""
+  """The microbatch loss `(params, mb, norms) -> (loss, metrics)` of spec §2-§5, §8, §9."""
   probe = "router_logp" in settings.objective.spec.inputs
   sc = score(
     model,
@@ -104,12 +154,4 @@ def loss(
     routing=mb.replay,
     probe_experts=mb.old_routing if probe else None,
   )
-  total, metrics = policy_term(sc, mb, norm, settings, max_len)
-  moe = model.cfg.moe
-  if moe is not None:
-    total = total + moe.aux_loss_coef * sc.moe.aux_loss + moe.z_loss_coef * sc.moe.z_loss
-    metrics.update(rl_metrics.moe_routing(sc.moe, mb))
-  total, reg_metrics = add_regularizers(total, sc, mb, norm, settings, max_len)
-  metrics.update(reg_metrics)
-  metrics["policy/total_loss"] = total
-  return total, metrics
+  return loss_from_scores(sc, mb, norms, settings=settings, max_len=max_len, moe=model.cfg.moe)

@@ -103,13 +103,16 @@ class AdvantageSettings(Section):
   SECTION: ClassVar[str] = "advantage"
   name: str
   whiten: bool
+  whiten_variance: str
   gamma: float
   lam: float
+  gae_carry_masked: bool
 
   def errors(self) -> list[str]:
-    """A known estimator; γ, λ in [0, 1]."""
+    """A known estimator and whitening variance; γ, λ in [0, 1]."""
     return (
       _name_error("advantage", "advantage", self.name)
+      + _allowed("advantage.whiten_variance", self.whiten_variance, ("population", "unbiased"))
       + _need(0 <= self.gamma <= 1, f"advantage.gamma={self.gamma} must be in [0, 1]")
       + _need(0 <= self.lam <= 1, f"advantage.lam={self.lam} must be in [0, 1]")
     )
@@ -124,6 +127,8 @@ class ObjectiveSettings(Section):
   name: str
   clip_low: float | None
   clip_high: float | None
+  is_clip_low: float | None
+  is_clip_high: float | None
   dual_clip: float | None
   clip_log: float | None
   tau_pos: float | None
@@ -157,6 +162,7 @@ class AggregationSettings(Section):
 
   SECTION: ClassVar[str] = "aggregation"
   name: str
+  sum_norm_sequences: bool
 
   def errors(self) -> list[str]:
     """A known mode."""
@@ -201,12 +207,14 @@ class KLSettings(Section):
   reset_every: int
   ema: float
   reset_optimizer: bool
+  k3_clamp: float
 
   def errors(self) -> list[str]:
-    """Known names; β >= 0; reset period and EMA rate valid for the chosen reference."""
+    """Known names; β, k3 clamp >= 0; reset period and EMA rate valid for the reference."""
     out = _name_error("kl", "kl", self.name) + _need(
       self.beta >= 0, f"kl.beta={self.beta} must be >= 0"
     )
+    out += _need(self.k3_clamp >= 0, f"kl.k3_clamp={self.k3_clamp} must be >= 0 (0 = off)")
     out += _allowed("kl.placement", self.placement, ("loss", "reward"))
     out += _allowed("kl.reference", self.reference, REFERENCES)
     if self.name == "k3_is" and self.placement == "reward":
@@ -234,6 +242,7 @@ class ShapingSettings(Section):
   cache_len: int
   weight: float
   overlong_filter: bool
+  overlong_in_group_stats: bool
 
   def errors(self) -> list[str]:
     """A known shaping name (the cache length is checked against T by config_lib)."""

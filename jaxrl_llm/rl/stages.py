@@ -8,6 +8,7 @@ two passes take the model as an argument).
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import jax
@@ -105,9 +106,16 @@ def old_pass(model, params, rollout: Rollout, temperature: float, replay: str) -
 
 
 def reference_pass(
-  model, ref_params, rollout: Rollout, old_logp: jax.Array, mask: jax.Array, temperature: float
+  model,
+  ref_params,
+  rollout: Rollout,
+  old_logp: jax.Array,
+  mask: jax.Array,
+  temperature: float,
 ) -> tuple[jax.Array, jax.Array, Metrics]:
-  """ℓ^ref [B, T], the k1 estimate of KL(π_old‖π_ref) per token and its mean (§4)."""
+  """ℓ^ref [B, T], the k1 estimate of KL(π_old‖π_ref) per token and its mean (§4).
+
+  k1 is unclamped: with the KL in the reward it is what R loses (§4)."""
   ref_logp = rescore(model, ref_params, rollout, temperature).logp
   k1 = objectives.kl_penalty(old_logp, ref_logp, estimator="k1", mask=mask)
   return ref_logp, k1, {"kl/ref_kl": jnp.sum(k1 * mask) / jnp.maximum(jnp.sum(mask), 1.0)}
@@ -119,11 +127,19 @@ def terminal_rewards(reward: jax.Array, lengths: jax.Array, t_max: int) -> jax.A
   return jax.nn.one_hot(last, t_max, dtype=jnp.float32) * reward[:, None]
 
 
+def stats_rows(rollout: Rollout, seq_valid: jax.Array, shaping: ShapingSettings) -> jax.Array:
+  """[B] bool rows that count in group statistics: kept groups, minus truncated completions
+  when overlong filtering also removes them from the statistics (§6)."""
+  if shaping.overlong_filter and not shaping.overlong_in_group_stats:
+    return seq_valid & ~rollout.truncated.astype(bool)
+  return seq_valid
+
+
 def advantages(
   reward: jax.Array,
   rollout: Rollout,
   mask: jax.Array,
-  seq_valid: jax.Array,
+  valid: jax.Array,
   values: jax.Array | None,
   kl_tok: jax.Array | None,
   advantage: AdvantageSettings,
@@ -132,7 +148,8 @@ def advantages(
 ) -> tuple[jax.Array, jax.Array | None]:
   """Advantages [B] or [B, T] and GAE returns (None unless `gae`) (§1).
 
-  With the KL in the reward (§4), β·Σ_t k1 is subtracted from R (or β·k1 per token for GAE).
+  `valid` [B] marks the rows in the group statistics (`stats_rows`). With the KL in the reward
+  (§4), β·Σ_t k1 is subtracted from R (or β·k1 per token for GAE).
   """
   in_reward = kl_tok is not None and kl.placement == "reward"
   returns = None
@@ -140,13 +157,18 @@ def advantages(
     token_r = terminal_rewards(reward, rollout.lengths, mask.shape[1])
     if in_reward:
       token_r = token_r - kl.beta * kl_tok * mask
-    adv, returns = objectives.gae(token_r, values, mask, advantage.gamma, advantage.lam)
+    adv, returns = objectives.gae(
+      token_r, values, mask, advantage.gamma, advantage.lam, carry_masked=advantage.gae_carry_masked
+    )
   else:
     if in_reward:
       reward = reward - kl.beta * jnp.sum(kl_tok * mask, axis=-1)
-    adv = objectives.get_advantage(advantage.name)(reward, group_size, valid=seq_valid)
+    estimator = objectives.get_advantage(advantage.name)
+    extra = {"mask": mask} if "mask" in inspect.signature(estimator).parameters else {}
+    adv = estimator(reward, group_size, valid=valid, **extra)
   if advantage.whiten:
-    adv = objectives.whiten(adv, mask if adv.ndim == 2 else seq_valid.astype(jnp.float32))
+    where = mask if adv.ndim == 2 else valid.astype(jnp.float32)
+    adv = objectives.whiten(adv, where, variance=advantage.whiten_variance)
   return adv, returns
 
 

@@ -44,7 +44,7 @@ class Learner:
 
   @property
   def loss_fn(self):
-    """The microbatch loss `(params, mb, norm) -> (loss, metrics)` with everything bound."""
+    """The microbatch loss `(params, mb, norms) -> (loss, metrics)` with everything bound."""
     return functools.partial(
       loss.loss,
       model=self.model,
@@ -93,8 +93,9 @@ def make_policy_batch(ctx: Learner, state: TrainState, rollout, reward, seq_vali
       ctx.model, state.ref_params, rollout, old.logp, mask, temp
     )
     metrics.update(ref_metrics)
+  valid = stages.stats_rows(rollout, seq_valid, s.shaping)
   adv, returns = stages.advantages(
-    reward, rollout, mask, seq_valid, old.values, kl_tok, s.advantage, s.kl, ctx.sampling.group_size
+    reward, rollout, mask, valid, old.values, kl_tok, s.advantage, s.kl, ctx.sampling.group_size
   )
   weight, behaviour = stages.behaviour_weight(old.logp, rollout.logprobs, mask, s.correction)
   metrics.update(behaviour)
@@ -124,8 +125,7 @@ def learn(ctx: Learner, state: TrainState, rollout: Rollout, terms, rng: jax.Arr
     state.opt_state,
     batch,
     shuffle_key,
-    rl=s.rl,
-    aggregation=s.aggregation.name,
+    settings=s,
     max_len=ctx.sampling.max_new_tokens,
   )
   ref_params, opt_state = update.update_reference(  # §4

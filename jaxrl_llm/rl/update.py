@@ -16,12 +16,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxrl_llm import objectives
+from jaxrl_llm.rl import loss as rl_loss
 from jaxrl_llm.rl import metrics as rl_metrics
-from jaxrl_llm.rl.settings import KLSettings, RLSettings
+from jaxrl_llm.rl.settings import KLSettings, RLSettings, Settings
 from jaxrl_llm.types import PolicyBatch, TrainState
 
-LossFn = Callable[[Any, PolicyBatch, jax.Array], tuple[jax.Array, dict[str, jax.Array]]]
+LossFn = Callable[[Any, PolicyBatch, rl_loss.Normalizers], tuple[jax.Array, dict[str, jax.Array]]]
 
 
 def split_leading(tree, parts: int):
@@ -29,15 +29,14 @@ def split_leading(tree, parts: int):
   return jax.tree.map(lambda x: x.reshape(parts, x.shape[0] // parts, *x.shape[1:]), tree)
 
 
-def minibatch_grads(
-  loss_fn: LossFn, params, mb: PolicyBatch, *, aggregation: str, max_len: int, num_microbatches: int
-):
+def minibatch_grads(loss_fn: LossFn, params, mb: PolicyBatch, *, settings: Settings, max_len: int):
   """Gradient and metrics of one minibatch, accumulated over its microbatches (§5)."""
-  norm = objectives.normalizer(mb.loss_mask, aggregation, max_len)
+  norms = rl_loss.normalizers(mb, settings, max_len)
+  num_microbatches = settings.rl.num_microbatches
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
   def accumulate(grads, micro):
-    (_, metrics), g = grad_fn(params, micro, norm)
+    (_, metrics), g = grad_fn(params, micro, norms)
     return jax.tree.map(jnp.add, grads, g), metrics
 
   zeros = jax.tree.map(jnp.zeros_like, params)
@@ -46,20 +45,11 @@ def minibatch_grads(
 
 
 def minibatch_step(
-  carry,
-  mb: PolicyBatch,
-  *,
-  loss_fn: LossFn,
-  optimizer,
-  aggregation: str,
-  max_len: int,
-  num_microbatches: int,
+  carry, mb: PolicyBatch, *, loss_fn: LossFn, optimizer, settings: Settings, max_len: int
 ):
   """One optimiser step `((params, opt_state), mb) -> ((params, opt_state), metrics)`."""
   params, opt_state = carry
-  grads, metrics = minibatch_grads(
-    loss_fn, params, mb, aggregation=aggregation, max_len=max_len, num_microbatches=num_microbatches
-  )
+  grads, metrics = minibatch_grads(loss_fn, params, mb, settings=settings, max_len=max_len)
   metrics.update(rl_metrics.grad_norm(grads))
   updates, opt_state = optimizer.update(grads, opt_state, params)
   return (optax.apply_updates(params, updates), opt_state), metrics
@@ -81,20 +71,19 @@ def optimise(
   batch: PolicyBatch,
   key: jax.Array,
   *,
-  rl: RLSettings,
-  aggregation: str,
+  settings: Settings,
   max_len: int,
 ):
   """Epochs × minibatches of optimiser steps; returns (params, opt_state, metrics [E*M])."""
+  rl = settings.rl
   order = minibatch_order(key, batch.tokens.shape[0], rl)
   minibatches = jax.tree.map(lambda x: x[order], batch)  # leaves [E*M, B/M, ...]
   step = functools.partial(
     minibatch_step,
     loss_fn=loss_fn,
     optimizer=optimizer,
-    aggregation=aggregation,
+    settings=settings,
     max_len=max_len,
-    num_microbatches=rl.num_microbatches,
   )
   (params, opt_state), metrics = jax.lax.scan(step, (params, opt_state), minibatches)
   return params, opt_state, metrics

@@ -178,11 +178,23 @@ def j_gmpo_closed_form(logp, old, adv, mask, clip_log=0.4):
   return out
 
 
-def j_cispo(logp, old, adv, mask, base_logp, clip_low=1.0, clip_high=0.28, cispo_mask=False):
-  """sg[clip(r)]·A·ℓ with sg held at base_logp."""
+def j_cispo(
+  logp,
+  old,
+  adv,
+  mask,
+  base_logp,
+  is_clip_low=1.0,
+  is_clip_high=0.28,
+  clip_low=0.2,
+  clip_high=0.28,
+  cispo_mask=False,
+):
+  """sg[clip(r, 1 - eps_IS_low, 1 + eps_IS_high)]·A·ℓ with sg held at base_logp; the optional
+  token mask uses the other pair of widths (§2.6)."""
   a = _adv_tok(adv, mask)
   r0 = np.exp(base_logp - old)
-  j = np.clip(r0, 1 - clip_low, 1 + clip_high) * a * logp
+  j = np.clip(r0, 1 - is_clip_low, 1 + is_clip_high) * a * logp
   if cispo_mask:
     drop = ((a > 0) & (r0 > 1 + clip_high)) | ((a < 0) & (r0 < 1 - clip_low))
     j = np.where(drop, 0.0, j)

@@ -131,3 +131,34 @@ def test_bad_group_size():
     advantages.grpo(jnp.zeros(6), 4)
   with pytest.raises(ValueError, match="rloo"):
     advantages.rloo(jnp.zeros(6), 1)
+
+
+@pytest.mark.parametrize("name", ["grpo", "mean_only", "rloo", "batch_std"])
+def test_rows_outside_the_statistics_are_ignored_within_a_group(name):
+  """§6 `overlong_in_group_stats=False`: an invalid row leaves its group's statistics, as if
+  the group had only its valid rows (n in the mean, n − 1 in the std, n/(n−1) for RLOO)."""
+  rewards = np.array([1.0, 0.0, 5.0, 1.0, 0.0, 0.0, 1.0, 1.0])  # groups of 4
+  valid = np.array([1, 1, 0, 1, 1, 1, 1, 0], bool)
+  fn = getattr(advantages, name)
+  got = np.asarray(fn(jnp.float32(rewards), 4, valid=jnp.asarray(valid)))
+  assert np.all(got[~valid] == 0)
+  for g in range(2):
+    rows = np.arange(4 * g, 4 * g + 4)[valid[4 * g : 4 * g + 4]]
+    r = rewards[rows]
+    c = r - r.mean()
+    want = {
+      "grpo": c / (r.std(ddof=1) + 1e-6),
+      "mean_only": c,
+      "rloo": c * len(r) / (len(r) - 1),
+    }.get(name)
+    if name == "batch_std":
+      want = c / (rewards[valid].std(ddof=1) + 1e-6)
+    np.testing.assert_allclose(got[rows], want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_group_with_one_row_in_the_statistics_gets_zero():
+  rewards = jnp.float32([1.0, 0.0, 3.0, 2.0])
+  valid = jnp.asarray([True, False, True, True])
+  for name in ("grpo", "mean_only", "rloo"):
+    got = np.asarray(getattr(advantages, name)(rewards, 2, valid=valid))
+    assert got[0] == 0.0 and got[1] == 0.0 and np.all(np.isfinite(got)), name

@@ -160,8 +160,10 @@ def test_registry():
   assert obj.get_objective("rspo").fn is obj.rspo
   assert obj.get_objective("rspo").inputs == ("router_logp", "old_router_logp")
   assert obj.get_objective("gspo").hyperparameters == {"clip_low": 3e-4, "clip_high": 4e-4}
-  assert obj.get_objective("cispo").resolve({"clip_high": None, "clip_low": 0.5}) == {
-    "clip_low": 0.5,
+  assert obj.get_objective("cispo").resolve({"clip_high": None, "is_clip_low": 0.5}) == {
+    "is_clip_low": 0.5,
+    "is_clip_high": 0.28,
+    "clip_low": 0.2,
     "clip_high": 0.28,
     "cispo_mask": False,
   }

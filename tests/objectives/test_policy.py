@@ -51,6 +51,11 @@ CASES = [
   ("gmpo", dict(clip_log=0.1), _sg_free(ref.j_gmpo)),
   ("cispo", {}, _with_base(ref.j_cispo)),
   ("cispo", dict(clip_low=0.1, clip_high=0.1, cispo_mask=True), _with_base(ref.j_cispo)),
+  (
+    "cispo",
+    dict(is_clip_low=1.0, is_clip_high=0.1, clip_low=0.2, clip_high=0.28, cispo_mask=True),
+    _with_base(ref.j_cispo),
+  ),
   ("sapo", {}, _sg_free(ref.j_sapo)),
   ("sapo", dict(tau_pos=2.0, tau_neg=3.0), _sg_free(ref.j_sapo)),
 ]
@@ -178,7 +183,8 @@ def test_cispo_keeps_gradient_where_ppo_clip_zeroes_it():
   adv = np.array([1.0, -1.0])
   kw = dict(clip_low=0.2, clip_high=0.2)
   g_ppo = jax.grad(lambda x: policy.ppo_clip(x, f32(old), f32(adv), mask, **kw)[0].sum())(f32(lp))
-  g_cis = jax.grad(lambda x: policy.cispo(x, f32(old), f32(adv), mask, **kw)[0].sum())(f32(lp))
+  cis_kw = dict(is_clip_low=0.2, is_clip_high=0.2)
+  g_cis = jax.grad(lambda x: policy.cispo(x, f32(old), f32(adv), mask, **cis_kw)[0].sum())(f32(lp))
   # PPO zeroes the tokens clipped against the advantage sign (§11 clip-low / clip-high)
   outside = np.array([[True, False, False, False], [False, True, False, False]])
   assert np.all(np.asarray(g_ppo)[outside] == 0)
@@ -251,3 +257,19 @@ def test_padding_garbage_changes_nothing(name, kwargs, garbage):
   np.testing.assert_array_equal(v0, v1)
   np.testing.assert_array_equal(g0, g1)
   assert np.all(np.asarray(g1)[~mask] == 0)
+
+
+def test_cispo_minimax_setting_is_weight_without_floor_and_mask_at_0_8_and_1_28():
+  """IS weight with no lower bound (ε^IS_low = 1), token mask at 1 − 0.2 / 1 + 0.28 (§2.6)."""
+  mask = np.ones((2, 3), bool)
+  old = np.zeros((2, 3))
+  lp = np.log(np.array([[0.5, 0.9, 1.5], [0.5, 0.9, 1.5]]))  # r = 0.5, 0.9, 1.5
+  adv = np.array([1.0, -1.0])
+  j, d = policy.cispo(f32(lp), f32(old), f32(adv), mask, cispo_mask=True)
+  w = np.asarray(d["is_weight"])
+  np.testing.assert_allclose(w, [[0.5, 0.9, 1.28], [0.5, 0.9, 1.28]], rtol=1e-6)  # no floor
+  kept = np.asarray(j) != 0
+  # dropped: A > 0 with r > 1.28 (row 0, token 2); A < 0 with r < 0.8 (row 1, token 0)
+  np.testing.assert_array_equal(kept, [[True, True, False], [False, True, True]])
+  np.testing.assert_array_equal(d["is_clipped_high"], [[0, 0, 1], [0, 0, 0]])
+  np.testing.assert_array_equal(d["is_clipped_low"], [[0, 0, 0], [1, 0, 0]])
