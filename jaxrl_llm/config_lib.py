@@ -127,7 +127,7 @@ def validate(
       f"rl.num_prompts * sampling.group_size = {b} sequences do not split into "
       f"rl.num_minibatches={rl.num_minibatches} equal minibatches"
     )
-  elif rl.num_microbatches >= 1 and mb % rl.num_microbatches:
+  elif rl.num_microbatches >= 1 and mb % rl.num_microbatches:  # 0 = auto picks a divisor
     e.append(
       f"minibatch of {mb} sequences does not split into rl.num_microbatches={rl.num_microbatches}"
     )

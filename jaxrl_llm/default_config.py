@@ -19,6 +19,11 @@ from ml_collections.config_dict import placeholder
 from jaxrl_llm.models.config import ModelConfig
 
 
+def unset(kind: type = float):
+  """A typed field left unset (None): the objective's own signature default applies."""
+  return placeholder(kind)
+
+
 def get_config() -> ml_collections.ConfigDict:
   """Returns the default experiment config."""
   c = ml_collections.ConfigDict()
@@ -65,59 +70,42 @@ def get_config() -> ml_collections.ConfigDict:
   c.rl.num_prompts = 32  # P prompts per RL update (B = P * G sequences)
   c.rl.num_epochs = 1  # passes over each rollout batch
   c.rl.num_minibatches = 2  # optimiser steps per epoch (B must divide evenly)
-  c.rl.num_microbatches = 1  # gradient-accumulation slices per minibatch (same gradient, §5)
+  c.rl.num_microbatches = 0  # gradient-accumulation slices per minibatch (§5); 0 = auto
+  c.rl.microbatch_tokens = 4096  # auto microbatching: max tokens per device per slice
+  c.rl.remat = "auto"  # block remat: auto (full from 1e8 params) | none | full | dots_saveable
+  c.rl.old_pass = "auto"  # auto: ℓ^old = sg[ℓ] when the rollout gets one update | always
   c.rl.entropy_coef = 0.0  # c_e of the entropy bonus (§8)
 
   c.advantage = ml_collections.ConfigDict()
   c.advantage.name = "grpo"  # §1: grpo | mean_only | rloo | batch_std | reinforce_baseline | gae
   c.advantage.whiten = False  # whiten advantages over the batch
-  c.advantage.whiten_variance = (
-    "population"  # population: /(std + 1e-6) | unbiased: ·rsqrt(var_{n-1} + 1e-8) (verl)
-  )
+  c.advantage.whiten_variance = "population"  # population: /(σ + 1e-6) | unbiased (verl)
   c.advantage.gamma = 1.0  # GAE discount γ (gae only)
   c.advantage.lam = 0.95  # GAE λ (gae only)
-  c.advantage.gae_carry_masked = (
-    False  # gae: carry V and A across masked tokens inside a completion (verl); False resets there
-  )
+  c.advantage.gae_carry_masked = False  # gae: carry V, A across masked tokens (verl); False: reset
 
   # The objective's own hyperparameters are unset (None) by default: the selected objective's
   # signature default applies (docs/objectives.md §2 and the README's table cite them), so
   # --config.objective.name=gspo trains GSPO with GSPO's widths. Fields of other objectives are
   # ignored.
   c.objective = ml_collections.ConfigDict()
-  c.objective.name = (
-    "ppo_clip"  # §2: ppo_clip | pg | gspo | gspo_token | gmpo | cispo | sapo | rspo | ppo_critic
-  )
-  c.objective.clip_low = placeholder(
-    float
-  )  # ε_low, lower ratio clip width (ppo_clip 0.2, gspo 3e-4; cispo's token mask 0.2)
-  c.objective.clip_high = placeholder(
-    float
-  )  # ε_high, upper ratio clip width (ppo_clip 0.2, gspo 4e-4; cispo's token mask 0.28)
-  c.objective.is_clip_low = placeholder(
-    float
-  )  # ε^IS_low, lower clip of CISPO's IS weight (cispo 1.0 = no floor)
-  c.objective.is_clip_high = placeholder(
-    float
-  )  # ε^IS_high, upper clip of CISPO's IS weight (cispo 0.28)
-  c.objective.dual_clip = placeholder(
-    float
-  )  # dual-clip constant c > 1 for A < 0 (ppo_clip; unset = off)
-  c.objective.clip_log = placeholder(float)  # δ_c, log-space clip width (gmpo 0.4)
-  c.objective.tau_pos = placeholder(float)  # soft-gate temperature for A > 0 (sapo 1.0)
-  c.objective.tau_neg = placeholder(float)  # soft-gate temperature for A <= 0 (sapo 1.05)
-  c.objective.cispo_mask = placeholder(
-    bool
-  )  # drop clipped tokens of the unified mask (cispo False)
-  c.objective.gamma_min = placeholder(float)  # γ_min floor of the router-shift weight (rspo 0.1)
+  c.objective.name = "ppo_clip"  # §2: ppo_clip | pg | gspo | gspo_token | gmpo | cispo | sapo | ...
+  c.objective.clip_low = unset()  # ε_low (ppo_clip 0.2, gspo 3e-4; cispo's token mask 0.2)
+  c.objective.clip_high = unset()  # ε_high (ppo_clip 0.2, gspo 4e-4; cispo's token mask 0.28)
+  c.objective.is_clip_low = unset()  # ε^IS_low of CISPO's IS weight (1.0 = no floor)
+  c.objective.is_clip_high = unset()  # ε^IS_high of CISPO's IS weight (0.28)
+  c.objective.dual_clip = unset()  # dual-clip c > 1 for A < 0 (ppo_clip; unset = off)
+  c.objective.clip_log = unset()  # δ_c, log-space clip width (gmpo 0.4)
+  c.objective.tau_pos = unset()  # soft-gate temperature for A > 0 (sapo 1.0)
+  c.objective.tau_neg = unset()  # soft-gate temperature for A <= 0 (sapo 1.05)
+  c.objective.cispo_mask = unset(bool)  # cispo: drop tokens outside its mask widths (False)
+  c.objective.gamma_min = unset()  # γ_min floor of the router-shift weight (rspo 0.1)
   c.objective.value_coef = 0.5  # c_v of the clipped value loss (ppo_critic, §2.9)
   c.objective.value_clip = 0.2  # ε_v of the clipped value loss (ppo_critic, §2.9)
 
   c.aggregation = ml_collections.ConfigDict()
   c.aggregation.name = "seq_mean_token_mean"  # §5: token_mean | seq_mean_token_mean | seq_mean_token_sum | seq_mean_token_sum_norm | seq_mean
-  c.aggregation.sum_norm_sequences = (
-    True  # seq_mean_token_sum_norm divides by B'·L_max (§5); False: by L_max only (verl)
-  )
+  c.aggregation.sum_norm_sequences = True  # seq_mean_token_sum_norm: ÷ B'·L_max; False: ÷ L_max
 
   c.correction = ml_collections.ConfigDict()
   c.correction.name = (
@@ -142,9 +130,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.shaping.cache_len = 2  # L_cache of the soft overlong punishment (tokens)
   c.shaping.weight = 1.0  # weight of the overlong reward term
   c.shaping.overlong_filter = False  # truncated completions get no gradient (§6)
-  c.shaping.overlong_in_group_stats = (
-    True  # with overlong_filter: truncated ones still count in group statistics
-  )
+  c.shaping.overlong_in_group_stats = True  # filtered truncated ones stay in group stats
 
   c.replay = ml_collections.ConfigDict()
   c.replay.name = "none"  # §9 routing replay (MoE): none | r2 (old-policy mask) | r3 (sampler mask)

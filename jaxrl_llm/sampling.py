@@ -10,6 +10,7 @@ the full vocabulary; top-k / top-p only restrict which token is drawn.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import chex
@@ -17,12 +18,14 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from jaxrl_llm.kernels import logprobs
 from jaxrl_llm.models.transformer import (
   KVCache,
   MoEOutput,
   Transformer,
   init_cache,
   positions_from_mask,
+  unembed,
 )
 from jaxrl_llm.types import Rollout
 
@@ -183,9 +186,10 @@ class Scores:
   """The learner's view of a batch of completions."""
 
   logp: jax.Array  # [B, T] float32 ℓ of each completion token under logits / τ
-  logits: jax.Array  # [B, T, V] float32 temperature-scaled logits predicting each token
+  entropy: jax.Array  # [B, T] float32 H of the temperature-scaled distribution (§8)
   values: jax.Array | None  # [B, T] value estimate before each token (value head only)
   moe: MoEOutput | None = None  # routing over all S+T positions (MoE only)
+  logits: jax.Array | None = None  # [B, T, V] float32 logits / τ (full_logits=True only)
 
 
 def score(
@@ -198,11 +202,15 @@ def score(
   *,
   routing: jax.Array | None = None,  # [B, S+T, Lm, K] experts to replay (§9)
   probe_experts: jax.Array | None = None,  # [B, S+T, Lm, K] experts whose log-probs to report
+  full_logits: bool = False,  # reference path: materialise and return the [B, T, V] logits
 ) -> Scores:
-  """Learner log-probs ℓ [B, T] (and logits, values) of `tokens` given the prompts.
+  """Learner log-probs ℓ [B, T], entropies (and values) of `tokens` given the prompts.
 
-  One full forward pass over prompt + completion; the log-prob is of the same
-  temperature-scaled full softmax the sampler records (spec §0).
+  One forward pass over prompt + completion; the output layer runs only at the T positions
+  that predict completion tokens, in chunks of positions (`kernels.logprobs`), so no float32
+  [B, S+T, V] (nor, at a large vocabulary, [B, T, V]) logits buffer is made. The log-prob is of
+  the same temperature-scaled full softmax the sampler records (spec §0). `full_logits=True`
+  is the reference path: the whole [B, T, V] logits, also returned.
   """
   chex.assert_equal_shape([prompt_tokens, prompt_mask])
   chex.assert_equal_shape_prefix([prompt_tokens, tokens], 1)
@@ -217,10 +225,15 @@ def score(
     key_valid,
     routing=routing,
     probe_experts=probe_experts,
+    return_hidden=True,
   )
   window = slice(prompt_len - 1, prompt_len - 1 + t_max)  # positions predicting each token
-  logits = out.logits[:, window] / temperature  # [B, T, V]
-  logp_all = jax.nn.log_softmax(logits, axis=-1)
-  logp = jnp.take_along_axis(logp_all, tokens[..., None], axis=-1)[..., 0]
+  hidden = out.hidden[:, window]  # [B, T, D]
+  head = functools.partial(unembed, model.cfg, params)
   values = None if out.values is None else out.values[:, window]
-  return Scores(logp=logp, logits=logits, values=values, moe=out.moe)
+  if full_logits:
+    logp, entropy = logprobs.reference(hidden, head, tokens, temperature)
+    logits = head(hidden) / temperature
+    return Scores(logp=logp, entropy=entropy, values=values, moe=out.moe, logits=logits)
+  logp, entropy = logprobs.select(hidden, head, tokens, temperature, model.cfg.vocab_size)
+  return Scores(logp=logp, entropy=entropy, values=values, moe=out.moe)

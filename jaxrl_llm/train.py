@@ -8,11 +8,13 @@ checkpoint of `workdir` if there is one, else run the supervised warm start (if 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 from collections.abc import Callable
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -216,14 +218,73 @@ def _hf_model_type(path: str) -> str:
   """The `model_type` of a Hugging Face checkpoint directory ("" when not starting from one)."""
   if not path:
     return ""
-  import json
-
   with open(os.path.join(path, "config.json")) as f:
     return str(json.load(f).get("model_type", ""))
 
 
-def build(config: ml_collections.ConfigDict) -> Experiment:
-  """Validates `config` and builds the mesh, task, model, initial state and jitted programs."""
+def _abstract_like(tree, shardings):
+  """ShapeDtypeStructs of `tree` (arrays or structs) carrying `shardings`."""
+  return jax.tree.map(
+    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
+  )
+
+
+def _init_params(model, task, mesh, rules, init_key, *, abstract: bool):
+  """Randomly initialised params straight into their shardings (ShapeDtypeStructs if abstract)."""
+  dummy = jnp.zeros((1, task.prompt_len), jnp.int32)
+  dummy_mask = jnp.ones((1, task.prompt_len), bool)
+  boxed_init = lambda r: model.init(r, dummy, positions_from_mask(dummy_mask), dummy_mask)[  # noqa: E731
+    "params"
+  ]
+  if abstract:
+    boxed = jax.eval_shape(boxed_init, init_key)
+    shardings = sharding.param_shardings(boxed, mesh, rules)
+    return _abstract_like(nn.unbox(boxed), shardings), shardings
+  with mesh:
+    return sharding.init_sharded(boxed_init, init_key, mesh, rules)
+
+
+def _initial_state(config, tx, params, param_shardings, mesh, rng, *, abstract: bool):
+  """The TrainState before any step (abstract: shapes and shardings only, nothing allocated)."""
+  repl = NamedSharding(mesh, PartitionSpec())
+  if not abstract:
+    opt_state = sharding.init_opt_state(tx, params, param_shardings, mesh)
+    return TrainState(
+      step=jax.device_put(jnp.zeros((), jnp.int32), repl),
+      params=params,
+      opt_state=opt_state,
+      ref_params=None,
+      rng=jax.device_put(rng, repl),
+    )
+  opt_abstract = jax.eval_shape(tx.init, params)
+  opt_shardings = optax.tree_map_params(
+    tx, lambda _, s: s, opt_abstract, param_shardings, transform_non_params=lambda _: repl
+  )
+  return TrainState(
+    step=jax.ShapeDtypeStruct((), jnp.int32, sharding=repl),
+    params=params,
+    opt_state=_abstract_like(opt_abstract, opt_shardings),
+    ref_params=params if config.kl.beta > 0 else None,  # the frozen copy the run will make
+    rng=jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=repl),
+  )
+
+
+def _pretrained_config(config):
+  """The ModelConfig of `model.checkpoint`'s config.json, with the config's dtypes."""
+  from jaxrl_llm.models import hf_config
+
+  with open(os.path.join(config.model.checkpoint, "config.json")) as f:
+    mc = hf_config.config_from_hf(json.load(f), source=config.model.checkpoint)
+  return dataclasses.replace(mc, dtype=config.model.dtype, param_dtype=config.model.param_dtype)
+
+
+def build(config: ml_collections.ConfigDict, *, abstract: bool = False) -> Experiment:
+  """Validates `config` and builds the mesh, task, model, initial state and jitted programs.
+
+  With `abstract=True` nothing is allocated or loaded: the state's leaves are
+  ShapeDtypeStructs with their shardings, so the programs can be lowered and compiled ahead of
+  time (`program.step.lower(exp.state, batch, rng).compile()`) to read their memory.
+  """
   config_lib.check_required(config)
   if config.data.train_files:
     task = file_task.build_file_task(config, config.model.checkpoint)
@@ -231,7 +292,11 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
     task = build_task(config)
   mesh = sharding.make_mesh(config.mesh.data, config.mesh.model, expert=config.mesh.expert)
   rules = sharding.rules_from_config(config.mesh.rules)
-  pretrained_cfg, pretrained = _load_pretrained(config, mesh, rules)
+  pretrained_cfg, pretrained = None, None
+  if abstract and config.model.checkpoint:
+    pretrained_cfg = _pretrained_config(config)
+  elif not abstract:
+    pretrained_cfg, pretrained = _load_pretrained(config, mesh, rules)
   config_lib.validate(
     config, num_devices=jax.device_count(), task=task, model_override=pretrained_cfg
   )
@@ -242,18 +307,12 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
   rl = settings.rl
   logging.info("objective %s: %s", settings.objective.name, settings.objective.hyperparameters)
 
-  dummy = jnp.zeros((1, task.prompt_len), jnp.int32)
-  dummy_mask = jnp.ones((1, task.prompt_len), bool)
   rng = jax.random.PRNGKey(config.seed)
   init_key = jax.random.fold_in(rng, 0x5EED)
-  boxed_init = lambda r: model.init(r, dummy, positions_from_mask(dummy_mask), dummy_mask)[  # noqa: E731
-    "params"
-  ]
   if pretrained is not None:
     params, param_shardings = pretrained, jax.tree.map(lambda x: x.sharding, pretrained)
   else:
-    with mesh:
-      params, param_shardings = sharding.init_sharded(boxed_init, init_key, mesh, rules)
+    params, param_shardings = _init_params(model, task, mesh, rules, init_key, abstract=abstract)
   total_updates = config.train.num_steps * rl.num_epochs * rl.num_minibatches
   tx, schedule = make_optimizer(
     config.optim.learning_rate,
@@ -265,14 +324,20 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
     b2=config.optim.b2,
     grad_clip=config.optim.grad_clip,
   )
-  opt_state = sharding.init_opt_state(tx, params, param_shardings, mesh)
-  repl = NamedSharding(mesh, PartitionSpec())
-  state = TrainState(
-    step=jax.device_put(jnp.zeros((), jnp.int32), repl),
-    params=params,
-    opt_state=opt_state,
-    ref_params=None,
-    rng=jax.device_put(rng, repl),
+  state = _initial_state(config, tx, params, param_shardings, mesh, rng, abstract=abstract)
+  num_params = sum(x.size for x in jax.tree.leaves(params))
+  rows = rl.num_prompts * samp.group_size // rl.num_minibatches // mesh.shape["data"]
+  rl = rl.resolved(
+    rows_per_device=max(rows, 1),
+    seq_len=task.prompt_len + samp.max_new_tokens,
+    num_params=num_params,
+  )
+  settings = dataclasses.replace(settings, rl=rl)
+  logging.info(
+    "%.3gM parameters; learner: %d microbatch(es) per minibatch, remat %s",
+    num_params / 1e6,
+    rl.num_microbatches,
+    rl.remat,
   )
   state_shardings = jax.tree.map(lambda x: x.sharding, state)
   program = make_rl_step(
@@ -305,6 +370,19 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
     schedule=schedule,
     batch_sharding=NamedSharding(mesh, PartitionSpec("data")),
     meta=meta,
+  )
+
+
+def abstract_batch(exp: Experiment) -> PromptBatch:
+  """ShapeDtypeStructs of one RL step's prompt batch (for ahead-of-time compilation)."""
+  p = config_lib.num_sampled_prompts(exp.config)
+  s, a = exp.task.prompt_len, getattr(exp.task, "answer_len", 1)
+  shape = lambda n, dt: jax.ShapeDtypeStruct((p, n), dt, sharding=exp.batch_sharding)  # noqa: E731
+  return PromptBatch(
+    tokens=shape(s, jnp.int32),
+    mask=shape(s, jnp.bool_),
+    answer=shape(a, jnp.int32),
+    answer_mask=shape(a, jnp.bool_),
   )
 
 

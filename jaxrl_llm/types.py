@@ -70,9 +70,10 @@ class PolicyBatch:
   prompt_mask: jax.Array  # [B, S] bool
   tokens: jax.Array  # [B, T] int32, the completions
   loss_mask: jax.Array  # [B, T] float32 m: generated tokens of kept groups (§0, §6, §7)
-  old_logp: jax.Array  # [B, T] float32 ℓ^old (stop-gradient)
+  old_logp: jax.Array | None  # [B, T] float32 ℓ^old (None: sg[ℓ] of the learner's pass, §0)
   adv: jax.Array  # [B] or [B, T] float32 advantages (§1)
-  weight: jax.Array  # [B, T] float32 behaviour weight w (§3; 1 without a correction)
+  weight: jax.Array | None  # [B, T] float32 behaviour weight w (§3; None: computed in the loss)
+  behaviour_logp: jax.Array | None = None  # [B, T] ℓ^μ, when w is computed in the loss
   ref_logp: jax.Array | None = None  # [B, T] ℓ^ref (KL in the loss, §4)
   old_values: jax.Array | None = None  # [B, T] V of the old pass (critic, §2.9)
   returns: jax.Array | None = None  # [B, T] GAE returns (critic, §2.9)

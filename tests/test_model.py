@@ -127,7 +127,8 @@ def test_greedy_is_deterministic_and_argmax():
   r1 = sample(model, params, prompt, mask, jax.random.PRNGKey(0), scfg)
   r2 = sample(model, params, prompt, mask, jax.random.PRNGKey(1), scfg)
   np.testing.assert_array_equal(r1.tokens, r2.tokens)
-  logits = score(model, params, r1.prompt_tokens, r1.prompt_mask, r1.tokens, 1.0).logits
+  sc = score(model, params, r1.prompt_tokens, r1.prompt_mask, r1.tokens, 1.0, full_logits=True)
+  logits = sc.logits
   first = np.asarray(jnp.argmax(logits[:, 0], -1))
   np.testing.assert_array_equal(first, np.asarray(r1.tokens[:, 0]))
 

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_llm import default_config, recipes
+from jaxrl_llm import default_config, objectives, recipes
 from jaxrl_llm.rl import Settings, stages
 from jaxrl_llm.rl import loss as rl_loss
 from jaxrl_llm.sampling import Scores
@@ -35,7 +35,8 @@ def _loss(settings, logp, logits, old, mu, adv, mask, ref=None):
     ref_logp=ref,
   )
   norms = rl_loss.normalizers(mb, settings, t)
-  sc = Scores(logp=logp, logits=logits, values=None)
+  entropy = objectives.entropy_from_logits(logits)
+  sc = Scores(logp=logp, entropy=entropy, values=None, logits=logits)
   return rl_loss.loss_from_scores(sc, mb, norms, settings=settings, max_len=t)
 
 

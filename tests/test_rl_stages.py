@@ -179,7 +179,7 @@ def test_terminal_rewards_one_hot_on_the_last_generated_token():
 
 def test_policy_batch_fields_are_none_when_unused():
   r = _rollout([1, 2, 3, 4])
-  old = Scores(logp=jnp.zeros((4, T)), logits=jnp.zeros((4, T, 5)), values=jnp.ones((4, T)))
+  old = Scores(logp=jnp.zeros((4, T)), entropy=jnp.zeros((4, T)), values=jnp.ones((4, T)))
   kw = dict(returns=None, replay="none", ref_logp=None)
   b = stages.policy_batch(r, r.loss_mask, old, jnp.ones(4), jnp.ones((4, T)), **kw)
   assert b.ref_logp is None and b.old_values is None and b.replay is None
@@ -218,6 +218,20 @@ def test_microbatch_metrics_sum_losses_and_average_the_rest():
   assert float(out["policy/loss"]) == 3.0 and float(out["policy/entropy"]) == 2.0
   split = update.split_leading({"x": jnp.arange(12).reshape(6, 2)}, 3)
   assert split["x"].shape == (3, 2, 2)
+  np.testing.assert_array_equal(split["x"][0], [[0, 1], [6, 7]])  # rows 0 and 3: strided
+
+
+def test_auto_microbatches_and_remat_are_resolved_from_the_shape():
+  rl = _settings(**{"rl.microbatch_tokens": 1000}).rl
+  assert (rl.num_microbatches, rl.remat) == (0, "auto")
+  r = rl.resolved(rows_per_device=64, seq_len=100, num_params=10_000)
+  assert (r.num_microbatches, r.remat) == (8, "none")  # 8 rows x 100 tokens <= 1000
+  r = rl.resolved(rows_per_device=6, seq_len=400, num_params=2 * 10**8)
+  assert (r.num_microbatches, r.remat) == (3, "full")  # 2 rows x 400 tokens
+  r = rl.resolved(rows_per_device=6, seq_len=2000, num_params=1)
+  assert r.num_microbatches == 6  # one row per slice even past the budget
+  explicit = _settings(**{"rl.num_microbatches": 2, "rl.remat": "dots_saveable"}).rl
+  assert explicit.resolved(rows_per_device=64, seq_len=100, num_params=1) == explicit
 
 
 def _state(step: int = 0):

@@ -2,7 +2,7 @@
 
 Prints one JSON object: sampler tokens/s, learner tokens/s, RL step time, the share of the
 step spent sampling, compile time, peak memory, and the machine it ran on. The sampler is
-timed alone with the same jitted `sample` the fused step uses; the learner's share is the
+timed alone with the fused step's own sample phase (the sampler's weight copy); the learner's share is the
 rest of the fused step. Timings are medians over `--steps` warm steps.
 """
 
@@ -21,7 +21,6 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from jaxrl_llm import config_lib, data, train
-from jaxrl_llm.sampling import sample
 
 
 def _peak_memory_bytes() -> dict[str, int | None]:
@@ -79,13 +78,14 @@ def bench(config, steps: int) -> dict[str, object]:
     gen_tokens.append(float(m["perf/generated_tokens"]))
   learner_tokens = float(m["perf/learner_tokens"])
 
-  sample_fn = jax.jit(lambda p, b, k: sample(exp.model, p, b.tokens, b.mask, k, samp))
-  jax.block_until_ready(sample_fn(state.params, batches[0], state.rng))
+  # The fused step's own sample phase: the sampler's weight copy (sampling.param_dtype).
+  sample_fn = exp.program.sample
+  jax.block_until_ready(sample_fn(state, batches[0], state.rng))
   sample_times, sample_tokens = [], []
   for i in range(1, steps + 1):
     key = jax.random.fold_in(state.rng, 1000 + i)
     t0 = time.perf_counter()
-    r = jax.block_until_ready(sample_fn(state.params, batches[i], key))
+    r = jax.block_until_ready(sample_fn(state, batches[i], key))
     sample_times.append(time.perf_counter() - t0)
     sample_tokens.append(float(np.sum(r.lengths)))
 

@@ -41,10 +41,11 @@ class MoEOutput:
 class ModelOutput:
   """What one forward pass returns."""
 
-  logits: jax.Array  # [B, Q, V] float32
+  logits: jax.Array | None  # [B, Q, V] float32 (None with return_hidden)
   cache: KVCache | None  # updated cache (None without a cache)
   values: jax.Array | None  # [B, Q] float32 value-head outputs (None without a value head)
   moe: MoEOutput | None = None  # routing of the MoE layers (None for a dense model)
+  hidden: jax.Array | None = None  # [B, Q, D] final-normed hidden states (return_hidden only)
 
 
 @struct.dataclass
@@ -210,10 +211,20 @@ class Block(nn.Module):
     return x + y, keys, values, aux
 
 
+# Rematerialisation of each block in the backward pass: what the forward keeps (jax.checkpoint).
+REMAT_POLICIES = {
+  "none": None,  # no remat: every activation is kept
+  "full": jax.checkpoint_policies.nothing_saveable,  # keep only each block's input
+  "dots_saveable": jax.checkpoint_policies.dots_saveable,  # keep matmul outputs
+  "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
 class Transformer(nn.Module):
   """The policy: token ids -> float32 logits, optionally reading/writing a KV cache."""
 
   cfg: ModelConfig
+  remat: str = "none"  # a REMAT_POLICIES name; applies to full-sequence passes (no cache)
 
   @nn.compact
   def __call__(
@@ -225,8 +236,13 @@ class Transformer(nn.Module):
     cache_index: jax.Array | int = 0,  # cache slot of tokens[:, 0]
     routing: jax.Array | None = None,  # [B, Q, Lm, K] experts to replay (spec §9)
     probe_experts: jax.Array | None = None,  # [B, Q, Lm, K] experts whose log-probs to report
+    return_hidden: bool = False,  # skip the output layer: `unembed` the hidden states later
   ) -> ModelOutput:
-    """Returns float32 logits [B, Q, V], the updated cache and (optionally) values [B, Q]."""
+    """Returns float32 logits [B, Q, V], the updated cache and (optionally) values [B, Q].
+
+    With `return_hidden`, the final-normed hidden states [B, Q, D] instead of the logits, so
+    a caller can unembed only the positions it needs, in chunks (`unembed`).
+    """
     cfg = self.cfg
     embed = nn.Embed(
       cfg.vocab_size,
@@ -253,7 +269,10 @@ class Transformer(nn.Module):
       replay = None
       if is_moe and routing is not None:
         replay = routing[:, :, moe_layers.index(i)]
-      block = Block(cfg, is_moe=is_moe, name=f"layer_{i}")
+      block_cls = Block
+      if self.remat != "none" and cache is None:  # static_argnums counts self: cache_index
+        block_cls = nn.remat(Block, policy=REMAT_POLICIES[self.remat], static_argnums=(6,))
+      block = block_cls(cfg, is_moe=is_moe, name=f"layer_{i}")
       x, keys, values, aux = block(
         x, positions, key_valid, kc, vc, cache_index, replay, token_valid
       )
@@ -262,17 +281,32 @@ class Transformer(nn.Module):
       if aux is not None:
         moe_aux.append(aux)
     x = _norm(cfg, "final_norm")(x)
-    if cfg.tie_embeddings:
-      logits = embed.attend(x)
+    if return_hidden:
+      logits = None
+    elif cfg.tie_embeddings:
+      logits = embed.attend(x).astype(jnp.float32)
     else:
-      logits = _dense(cfg, cfg.vocab_size, (cfg.vocab_size,), ("embed", "vocab"), name="lm_head")(x)
+      lm_head = _dense(cfg, cfg.vocab_size, (cfg.vocab_size,), ("embed", "vocab"), name="lm_head")
+      logits = lm_head(x).astype(jnp.float32)
     new_cache = None if cache is None else KVCache(k=tuple(new_k), v=tuple(new_v))
     values = None
     if cfg.value_head:  # critic on the shared trunk (spec §2.9)
       values = _dense(cfg, 1, (1,), ("embed", None), use_bias=True, name="value_head")(x)
       values = values[..., 0].astype(jnp.float32)
     moe = _collect_moe(moe_aux, probe_experts) if moe_aux else None
-    return ModelOutput(logits=logits.astype(jnp.float32), cache=new_cache, values=values, moe=moe)
+    hidden = x if return_hidden else None
+    return ModelOutput(logits=logits, cache=new_cache, values=values, moe=moe, hidden=hidden)
+
+
+def unembed(cfg: ModelConfig, params, hidden: jax.Array) -> jax.Array:
+  """float32 logits [.., V] of final-normed hidden states [.., D]: the model's output layer
+  (the tied embedding or `lm_head`) applied outside the module, at the compute dtype."""
+  dt = cfg.compute_dtype
+  if cfg.tie_embeddings:
+    w = params["embed"]["embedding"].astype(dt)  # [V, D]
+    return jnp.einsum("...d,vd->...v", hidden.astype(dt), w).astype(jnp.float32)
+  w = params["lm_head"]["kernel"].astype(dt)  # [D, V]
+  return jnp.einsum("...d,dv->...v", hidden.astype(dt), w).astype(jnp.float32)
 
 
 def _collect_moe(aux: list[dict], probe_experts: jax.Array | None) -> MoEOutput:

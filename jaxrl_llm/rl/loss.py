@@ -20,6 +20,7 @@ from flax import struct
 from jaxrl_llm import objectives
 from jaxrl_llm.models.transformer import Transformer
 from jaxrl_llm.rl import metrics as rl_metrics
+from jaxrl_llm.rl import stages
 from jaxrl_llm.rl.settings import Settings
 from jaxrl_llm.sampling import Scores, score
 from jaxrl_llm.types import PolicyBatch
@@ -36,8 +37,27 @@ class Normalizers:
 
 
 def kept_mask(mb: PolicyBatch) -> jax.Array:
-  """m' = m·1[w > 0] [B, T]: the loss mask without the tokens the correction rejected (§3)."""
+  """m' = m·1[w > 0] [B, T]: the loss mask without the tokens the correction rejected (§3).
+
+  Without w in the batch (computed in the loss) the correction never rejects: m' = m.
+  """
+  if mb.weight is None:
+    return mb.loss_mask
   return mb.loss_mask * (mb.weight > 0).astype(mb.loss_mask.dtype)
+
+
+def on_policy_inputs(sc: Scores, mb: PolicyBatch, settings: Settings):
+  """ℓ^old = sg[ℓ] and the §3 weight from it when the batch has no old pass; else as given."""
+  if mb.old_logp is not None:
+    return mb, {}
+  old = jax.lax.stop_gradient(sc.logp)
+  weight, metrics = stages.behaviour_weight(
+    old, mb.behaviour_logp, mb.loss_mask, settings.correction
+  )
+  if mb.ref_logp is not None:
+    k1 = objectives.kl_penalty(old, mb.ref_logp, estimator="k1", mask=mb.loss_mask)
+    metrics["kl/ref_kl"] = objectives.masked_mean(k1, mb.loss_mask)
+  return mb.replace(old_logp=old, weight=weight), metrics
 
 
 def normalizers(mb: PolicyBatch, settings: Settings, max_len: int) -> Normalizers:
@@ -105,7 +125,7 @@ def add_regularizers(
     )
     metrics["kl/loss"] = agg(k)
     loss = loss + kl.beta * metrics["kl/loss"]
-  entropy = objectives.entropy_from_logits(sc.logits, 1.0)  # of the τ_s-scaled logits
+  entropy = sc.entropy  # of the τ_s-scaled distribution, float32
   if settings.rl.entropy_coef:
     loss = loss - settings.rl.entropy_coef * agg(entropy)
   metrics["policy/entropy"] = objectives.masked_mean(jax.lax.stop_gradient(entropy), mask)
@@ -122,7 +142,9 @@ def loss_from_scores(
   sc: Scores, mb: PolicyBatch, norms: Normalizers, *, settings: Settings, max_len: int, moe=None
 ) -> tuple[jax.Array, Metrics]:
   """The loss and metrics of one microbatch given the learner's scores of it."""
+  mb, on_policy_metrics = on_policy_inputs(sc, mb, settings)
   total, metrics = policy_term(sc, mb, norms.policy, settings, max_len)
+  metrics.update(on_policy_metrics)
   if moe is not None:
     total = total + moe.aux_loss_coef * sc.moe.aux_loss + moe.z_loss_coef * sc.moe.z_loss
     metrics.update(rl_metrics.moe_routing(sc.moe, mb))

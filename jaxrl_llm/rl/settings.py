@@ -16,8 +16,12 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from jaxrl_llm import objectives
+from jaxrl_llm.models.transformer import REMAT_POLICIES
 
 _CASTS = {"float": float, "int": int, "bool": bool, "str": str}
+
+REMATS = ("auto", *REMAT_POLICIES)  # rl.remat values
+AUTO_REMAT_PARAMS = 100_000_000  # remat="auto" rematerialises blocks from this many parameters
 
 
 def _coerce(annotation: str, value: Any, where: str) -> Any:
@@ -86,14 +90,47 @@ class RLSettings(Section):
   num_epochs: int
   num_minibatches: int
   num_microbatches: int
+  microbatch_tokens: int
+  remat: str
+  old_pass: str
   entropy_coef: float
 
   def errors(self) -> list[str]:
-    """Counts >= 1 and a non-negative entropy coefficient."""
+    """Counts >= 1 (microbatches >= 0, 0 = auto), a known remat policy, c_e >= 0."""
     out = []
-    for name in ("num_prompts", "num_epochs", "num_minibatches", "num_microbatches"):
+    for name in ("num_prompts", "num_epochs", "num_minibatches", "microbatch_tokens"):
       out += _need(getattr(self, name) >= 1, f"rl.{name}={getattr(self, name)} must be >= 1")
+    out += _need(
+      self.num_microbatches >= 0,
+      f"rl.num_microbatches={self.num_microbatches} must be >= 0 (0 = auto)",
+    )
+    out += _allowed("rl.remat", self.remat, REMATS)
+    out += _allowed("rl.old_pass", self.old_pass, ("auto", "always"))
     return out + _need(self.entropy_coef >= 0, f"rl.entropy_coef={self.entropy_coef} must be >= 0")
+
+  def resolved(self, *, rows_per_device: int, seq_len: int, num_params: int) -> RLSettings:
+    """`auto` choices made concrete for one run (derived values; the config is unchanged).
+
+    num_microbatches=0: the fewest microbatches k dividing a device's minibatch rows with
+    (rows / k)·seq_len <= microbatch_tokens. remat="auto": "full" from 1e8 parameters up
+    (activations dominate there), else "none".
+    """
+    k = self.num_microbatches
+    if k == 0:
+      k = next(
+        (
+          d
+          for d in range(1, rows_per_device + 1)
+          if rows_per_device % d == 0 and rows_per_device // d * seq_len <= self.microbatch_tokens
+        ),
+        rows_per_device,
+      )
+    remat = (
+      self.remat
+      if self.remat != "auto"
+      else ("full" if num_params >= AUTO_REMAT_PARAMS else "none")
+    )
+    return dataclasses.replace(self, num_microbatches=k, remat=remat)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -303,6 +340,23 @@ class Settings:
     }
     weights = tuple(sorted((k, float(v)) for k, v in config.task.reward_weights.items()))
     return cls(**sections, reward_weights=weights)
+
+  def skips_old_pass(self, is_moe: bool) -> bool:
+    """Whether ℓ^old = sg[ℓ] can replace the old-policy forward (§0): one optimiser update per
+    rollout (`rl.old_pass=auto`), and nothing needs ℓ^old before the learner's own forward:
+    no critic (GAE needs V first), no KL in the reward, a correction that never rejects
+    (none, tis_token, tis_seq: its weight is computed in the loss from sg[ℓ]), a dense model
+    (routing replay and RSPO need the old pass's routing)."""
+    base, geo = objectives.parse_correction(self.correction.name)
+    return (
+      self.rl.old_pass == "auto"
+      and self.rl.num_epochs * self.rl.num_minibatches == 1
+      and self.advantage.name != "gae"
+      and not (self.kl.beta > 0 and self.kl.placement == "reward")
+      and base in ("none", "tis_token", "tis_seq")
+      and not geo
+      and not is_moe
+    )
 
   def errors(self) -> list[str]:
     """Every section's own range-check messages."""

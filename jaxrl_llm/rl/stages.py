@@ -190,16 +190,31 @@ def behaviour_weight(
 def policy_batch(
   rollout: Rollout,
   mask: jax.Array,
-  old: Scores,
+  old: Scores | None,
   adv: jax.Array,
-  weight: jax.Array,
+  weight: jax.Array | None,
   *,
   ref_logp: jax.Array | None,
   returns: jax.Array | None,
   replay: str,
 ) -> PolicyBatch:
-  """The typed batch of the optimiser steps; routing travels with its sequences (§9)."""
+  """The typed batch of the optimiser steps; routing travels with its sequences (§9).
+
+  Without an old pass (`old` None) the loss takes ℓ^old = sg[ℓ] and computes w from ℓ^μ.
+  """
   moe: dict[str, Any] = {}
+  if old is None:
+    return PolicyBatch(
+      prompt_tokens=rollout.prompt_tokens,
+      prompt_mask=rollout.prompt_mask,
+      tokens=rollout.tokens,
+      loss_mask=mask,
+      old_logp=None,
+      adv=adv,
+      weight=None,
+      ref_logp=ref_logp,
+      behaviour_logp=rollout.logprobs,
+    )
   if old.moe is not None:
     replayed = {"r2": old.moe.routing, "r3": rollout.routing}.get(replay)
     moe = dict(

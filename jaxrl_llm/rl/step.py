@@ -82,9 +82,26 @@ def rewards_and_mask(ctx: Learner, rollout: Rollout, terms):
   return rollout, reward, terms, seq_valid, stages.loss_mask(rollout, seq_valid, s.shaping), metrics
 
 
+def on_policy_batch(ctx: Learner, state: TrainState, rollout, reward, seq_valid, mask):
+  """The batch without an old pass (ℓ^old = sg[ℓ], §0): w and its metrics come from the loss."""
+  s = ctx.settings
+  ref_logp = None
+  if s.kl.beta > 0:  # in the loss (`skips_old_pass` excludes the reward placement)
+    ref_logp = stages.rescore(ctx.model, state.ref_params, rollout, ctx.sampling.temperature).logp
+  valid = stages.stats_rows(rollout, seq_valid, s.shaping)
+  adv, _ = stages.advantages(
+    reward, rollout, mask, valid, None, None, s.advantage, s.kl, ctx.sampling.group_size
+  )
+  return stages.policy_batch(
+    rollout, mask, None, adv, None, returns=None, replay="none", ref_logp=ref_logp
+  ), {}
+
+
 def make_policy_batch(ctx: Learner, state: TrainState, rollout, reward, seq_valid, mask):
   """Old pass (§0, §9), reference pass (§4), advantages (§1), behaviour weight (§3)."""
   s, temp = ctx.settings, ctx.sampling.temperature
+  if s.skips_old_pass(ctx.model.cfg.moe is not None):
+    return on_policy_batch(ctx, state, rollout, reward, seq_valid, mask)
   old = stages.old_pass(ctx.model, state.params, rollout, temp, s.replay.name)
   metrics = rl_metrics.moe_load(old.moe)
   ref_logp = kl_tok = None
@@ -197,11 +214,16 @@ def make_rl_step(
   `reward_fn(prompt_tokens, completion, completion_mask, answer, answer_mask)` returns named
   [B] reward terms (a pure-JAX verifier); None serves only the host-reward path.
   """
+  if settings.rl.num_microbatches < 1 or settings.rl.remat == "auto":
+    raise ValueError("rl.num_microbatches / rl.remat are 'auto': pass settings.rl.resolved(...)")
   rows, repl = NamedSharding(mesh, PartitionSpec("data")), NamedSharding(mesh, PartitionSpec())
   sampler_model = model
   if sampler_dtype == "bfloat16":
     sampler_model = Transformer(dataclasses.replace(model.cfg, dtype="bfloat16"))
-  ctx = Learner(model, sampler_model, optimizer, schedule, sampling, settings, sampler_dtype, rows)
+  learner_model = Transformer(model.cfg, remat=settings.rl.remat)  # remat acts on gradients only
+  ctx = Learner(
+    learner_model, sampler_model, optimizer, schedule, sampling, settings, sampler_dtype, rows
+  )
   batch_shardings = PromptBatch(tokens=rows, mask=rows, answer=rows, answer_mask=rows)
   return RLProgram(
     step=jax.jit(

@@ -25,8 +25,14 @@ LossFn = Callable[[Any, PolicyBatch, rl_loss.Normalizers], tuple[jax.Array, dict
 
 
 def split_leading(tree, parts: int):
-  """Every leaf [N, ...] → [parts, N / parts, ...]."""
-  return jax.tree.map(lambda x: x.reshape(parts, x.shape[0] // parts, *x.shape[1:]), tree)
+  """Every leaf [N, ...] → [parts, N / parts, ...], slice j holding rows j, j + parts, ...
+
+  Strided, so that each slice of a row-sharded minibatch takes the same number of rows from
+  every device.
+  """
+  return jax.tree.map(
+    lambda x: x.reshape(x.shape[0] // parts, parts, *x.shape[1:]).swapaxes(0, 1), tree
+  )
 
 
 def minibatch_grads(loss_fn: LossFn, params, mb: PolicyBatch, *, settings: Settings, max_len: int):
