@@ -101,8 +101,9 @@ def param_shardings(boxed_abstract: Any, mesh: Mesh, rules) -> Any:
   return nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed_abstract), mesh, rules)
 
 
-def init_opt_state(tx, params: Any, param_shardings: Any, mesh: Mesh):
-  """optax state placed like the params it mirrors; counters and scalars replicated."""
+def opt_state_shardings(tx, params: Any, param_shardings: Any, mesh: Mesh):
+  """(abstract optax state, its shardings): placed like the params it mirrors; counters and
+  scalars replicated. `params` may be arrays or ShapeDtypeStructs."""
   abstract = jax.eval_shape(tx.init, params)
   shardings = optax.tree_map_params(
     tx,
@@ -111,4 +112,10 @@ def init_opt_state(tx, params: Any, param_shardings: Any, mesh: Mesh):
     param_shardings,
     transform_non_params=lambda _: replicated(mesh),
   )
+  return abstract, shardings
+
+
+def init_opt_state(tx, params: Any, param_shardings: Any, mesh: Mesh):
+  """optax state placed like the params it mirrors (`opt_state_shardings`)."""
+  _, shardings = opt_state_shardings(tx, params, param_shardings, mesh)
   return jax.jit(tx.init, out_shardings=shardings)(params)

@@ -256,10 +256,7 @@ def _initial_state(config, tx, params, param_shardings, mesh, rng, *, abstract: 
       ref_params=None,
       rng=jax.device_put(rng, repl),
     )
-  opt_abstract = jax.eval_shape(tx.init, params)
-  opt_shardings = optax.tree_map_params(
-    tx, lambda _, s: s, opt_abstract, param_shardings, transform_non_params=lambda _: repl
-  )
+  opt_abstract, opt_shardings = sharding.opt_state_shardings(tx, params, param_shardings, mesh)
   return TrainState(
     step=jax.ShapeDtypeStruct((), jnp.int32, sharding=repl),
     params=params,

@@ -59,22 +59,16 @@ COMMON: dict[str, object] = {
 }
 
 
-def _parse_value(text: str):
-  for cast in (int, float):
-    try:
-      return cast(text)
-    except ValueError:
-      pass
-  return {"true": True, "false": False}.get(text.lower(), text)
+def shape_config(name: str, overrides: list[str] = ()):
+  """The default config at shape `name` with COMMON and the user's `FIELD=VALUE` overrides,
+  parsed by the trainer's own command-line parser (typed, unknown fields named)."""
+  from jaxrl_llm import main as trainer_main
 
-
-def shape_config(name: str, overrides: dict[str, object]):
-  """The default config at shape `name` with COMMON and the user's overrides."""
-  from jaxrl_llm import default_config, recipes
-
-  config = default_config.get_config()
-  recipes.apply(config, {**COMMON, **SHAPES[name], **overrides})
-  return config
+  config_file = os.path.join(os.path.dirname(__file__), "..", "configs", "default.py")
+  fixed = [f"--config.{k}={v}" for k, v in {**COMMON, **SHAPES[name]}.items()]
+  return trainer_main.parse_config(
+    ["memory_table", f"--config={config_file}", *fixed, *(f"--config.{o}" for o in overrides)]
+  )
 
 
 def compiled_memory(config) -> dict[str, object]:
@@ -110,10 +104,7 @@ def main(argv: list[str]) -> int:
   parser.add_argument("--shapes", default=",".join(SHAPES))
   parser.add_argument("--set", action="append", default=[], help="FIELD=VALUE (repeatable)")
   args = parser.parse_args(argv)
-  overrides = {}
-  for item in args.set:
-    key, _, value = item.partition("=")
-    overrides[key] = _parse_value(value)
+  overrides = args.set
   for name in args.shapes.split(","):
     if name not in SHAPES:
       print(f"unknown shape {name!r}; known: {', '.join(SHAPES)}", file=sys.stderr)

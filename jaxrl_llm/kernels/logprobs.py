@@ -20,6 +20,8 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from jaxrl_llm.objectives.regularizers import entropy_from_logprobs
+
 Unembed = Callable[[jax.Array], jax.Array]
 
 # Bytes of one float32 [B, c, V] logits block the chunked path aims for (per microbatch).
@@ -31,9 +33,7 @@ def _logp_and_entropy(logits: jax.Array, tokens: jax.Array, temperature: float):
   z = logits.astype(jnp.float32) / temperature
   logp_all = jax.nn.log_softmax(z, axis=-1)
   logp = jnp.take_along_axis(logp_all, tokens[..., None], axis=-1)[..., 0]
-  p = jnp.exp(logp_all)
-  entropy = -jnp.sum(p * jnp.where(p > 0, logp_all, 0.0), axis=-1)
-  return logp, entropy
+  return logp, entropy_from_logprobs(logp_all)
 
 
 def reference(hidden: jax.Array, unembed: Unembed, tokens: jax.Array, temperature: float):

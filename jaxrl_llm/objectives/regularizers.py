@@ -19,7 +19,11 @@ def entropy_from_logits(logits: jax.Array, temperature: float = 1.0) -> jax.Arra
   if temperature <= 0:
     raise ValueError(f"temperature must be > 0, got {temperature}")
   z = logits.astype(jnp.float32) / temperature
-  logp = jax.nn.log_softmax(z, axis=-1)
+  return entropy_from_logprobs(jax.nn.log_softmax(z, axis=-1))
+
+
+def entropy_from_logprobs(logp: jax.Array) -> jax.Array:
+  """Entropy H [...] of a float32 log-softmax [..., V] (§8); −inf entries contribute 0."""
   p = jnp.exp(logp)
   safe_logp = jnp.where(p > 0, logp, 0.0)  # no 0·(−inf) in value or gradient
   return -jnp.sum(p * safe_logp, axis=-1)

@@ -117,8 +117,14 @@ def reference_pass(
 
   k1 is unclamped: with the KL in the reward it is what R loses (§4)."""
   ref_logp = rescore(model, ref_params, rollout, temperature).logp
+  k1, metrics = reference_kl(old_logp, ref_logp, mask)
+  return ref_logp, k1, metrics
+
+
+def reference_kl(old_logp: jax.Array, ref_logp: jax.Array, mask: jax.Array):
+  """k1 [B, T] of KL(π_old‖π_ref) per token (unclamped, §4) and its masked mean `kl/ref_kl`."""
   k1 = objectives.kl_penalty(old_logp, ref_logp, estimator="k1", mask=mask)
-  return ref_logp, k1, {"kl/ref_kl": jnp.sum(k1 * mask) / jnp.maximum(jnp.sum(mask), 1.0)}
+  return k1, {"kl/ref_kl": objectives.masked_mean(k1, mask)}
 
 
 def terminal_rewards(reward: jax.Array, lengths: jax.Array, t_max: int) -> jax.Array:
@@ -202,37 +208,26 @@ def policy_batch(
 
   Without an old pass (`old` None) the loss takes ℓ^old = sg[ℓ] and computes w from ℓ^μ.
   """
-  moe: dict[str, Any] = {}
+  extra: dict[str, Any] = {}
   if old is None:
-    return PolicyBatch(
-      prompt_tokens=rollout.prompt_tokens,
-      prompt_mask=rollout.prompt_mask,
-      tokens=rollout.tokens,
-      loss_mask=mask,
-      old_logp=None,
-      adv=adv,
-      weight=None,
-      ref_logp=ref_logp,
-      behaviour_logp=rollout.logprobs,
-    )
-  if old.moe is not None:
-    replayed = {"r2": old.moe.routing, "r3": rollout.routing}.get(replay)
-    moe = dict(
+    extra = dict(behaviour_logp=rollout.logprobs)
+  elif old.moe is not None:
+    extra = dict(
       sampler_routing=rollout.routing,
       old_routing=old.moe.routing,
       old_router_logp=old.moe.used_logprobs,
-      replay=replayed,
+      replay={"r2": old.moe.routing, "r3": rollout.routing}.get(replay),
     )
   return PolicyBatch(
     prompt_tokens=rollout.prompt_tokens,
     prompt_mask=rollout.prompt_mask,
     tokens=rollout.tokens,
     loss_mask=mask,
-    old_logp=old.logp,
+    old_logp=None if old is None else old.logp,
     adv=adv,
     weight=weight,
     ref_logp=ref_logp,
-    old_values=old.values if returns is not None else None,
+    old_values=old.values if old is not None and returns is not None else None,
     returns=returns,
-    **moe,
+    **extra,
   )
