@@ -34,6 +34,7 @@ class Normalizers:
 
   policy: jax.Array  # [] of the loss mask m (policy term)
   kept: jax.Array  # [] of m' = m·1[w > 0] (KL, entropy and value terms)
+  tokens: jax.Array  # [] Σ m, for token means of metrics that add up over microbatches
 
 
 def kept_mask(mb: PolicyBatch) -> jax.Array:
@@ -46,8 +47,12 @@ def kept_mask(mb: PolicyBatch) -> jax.Array:
   return mb.loss_mask * (mb.weight > 0).astype(mb.loss_mask.dtype)
 
 
-def on_policy_inputs(sc: Scores, mb: PolicyBatch, settings: Settings):
-  """ℓ^old = sg[ℓ] and the §3 weight from it when the batch has no old pass; else as given."""
+def on_policy_inputs(sc: Scores, mb: PolicyBatch, norms: Normalizers, settings: Settings):
+  """ℓ^old = sg[ℓ] and the §3 weight from it when the batch has no old pass; else as given.
+
+  `kl/ref_kl` is this microbatch's share of the minibatch token mean (summed over microbatches,
+  `metrics.SUMMED`); the behaviour/* scalars are averaged over microbatches.
+  """
   if mb.old_logp is not None:
     return mb, {}
   old = jax.lax.stop_gradient(sc.logp)
@@ -55,8 +60,8 @@ def on_policy_inputs(sc: Scores, mb: PolicyBatch, settings: Settings):
     old, mb.behaviour_logp, mb.loss_mask, settings.correction
   )
   if mb.ref_logp is not None:
-    k1 = objectives.kl_penalty(old, mb.ref_logp, estimator="k1", mask=mb.loss_mask)
-    metrics["kl/ref_kl"] = objectives.masked_mean(k1, mb.loss_mask)
+    k1, _ = stages.reference_kl(old, mb.ref_logp, mb.loss_mask)
+    metrics["kl/ref_kl"] = jnp.sum(k1 * mb.loss_mask) / jnp.maximum(norms.tokens, 1.0)
   return mb.replace(old_logp=old, weight=weight), metrics
 
 
@@ -66,7 +71,9 @@ def normalizers(mb: PolicyBatch, settings: Settings, max_len: int) -> Normalizer
   norm = lambda m: objectives.normalizer(  # noqa: E731
     m, agg.name, max_len, sum_norm_sequences=agg.sum_norm_sequences
   )
-  return Normalizers(policy=norm(mb.loss_mask), kept=norm(kept_mask(mb)))
+  return Normalizers(
+    policy=norm(mb.loss_mask), kept=norm(kept_mask(mb)), tokens=jnp.sum(mb.loss_mask)
+  )
 
 
 def objective_inputs(spec: objectives.ObjectiveSpec, sc: Scores, mb: PolicyBatch, max_len: int):
@@ -142,7 +149,7 @@ def loss_from_scores(
   sc: Scores, mb: PolicyBatch, norms: Normalizers, *, settings: Settings, max_len: int, moe=None
 ) -> tuple[jax.Array, Metrics]:
   """The loss and metrics of one microbatch given the learner's scores of it."""
-  mb, on_policy_metrics = on_policy_inputs(sc, mb, settings)
+  mb, on_policy_metrics = on_policy_inputs(sc, mb, norms, settings)
   total, metrics = policy_term(sc, mb, norms.policy, settings, max_len)
   metrics.update(on_policy_metrics)
   if moe is not None:

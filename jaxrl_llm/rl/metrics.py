@@ -79,14 +79,14 @@ def moe_load(moe) -> Metrics:
   return m
 
 
-# Losses add up over microbatches (each is one slice of a minibatch-level sum, §5).
-SUMMED_LOSSES = ("policy/loss", "policy/total_loss", "kl/loss", "value/loss")
+# Scalars that add up over microbatches: each is one slice of a minibatch-level sum (§5).
+SUMMED = ("policy/loss", "policy/total_loss", "kl/loss", "value/loss", "kl/ref_kl")
 
 
 def microbatch_mean(metrics: Metrics, num_microbatches: int) -> Metrics:
-  """Reduces stacked microbatch metrics: losses are summed, everything else averaged."""
+  """Reduces stacked microbatch metrics: the SUMMED slices are summed, the rest averaged."""
   out = jax.tree.map(jnp.mean, metrics)
-  for key in SUMMED_LOSSES:
+  for key in SUMMED:
     if key in out:
       out[key] = out[key] * num_microbatches
   return out
