@@ -224,7 +224,7 @@ class Transformer(nn.Module):
   """The policy: token ids -> float32 logits, optionally reading/writing a KV cache."""
 
   cfg: ModelConfig
-  remat: str = "none"  # a REMAT_POLICIES name; applies to full-sequence passes (no cache)
+  remat: str = "none"  # a REMAT_POLICIES name; applies to passes with a static cache_index
 
   @nn.compact
   def __call__(
@@ -270,7 +270,8 @@ class Transformer(nn.Module):
       if is_moe and routing is not None:
         replay = routing[:, :, moe_layers.index(i)]
       block_cls = Block
-      if self.remat != "none" and cache is None:  # static_argnums counts self: cache_index
+      # Not in decode steps (traced cache_index). static_argnums counts self: cache_index.
+      if self.remat != "none" and isinstance(cache_index, int):
         block_cls = nn.remat(Block, policy=REMAT_POLICIES[self.remat], static_argnums=(6,))
       block = block_cls(cfg, is_moe=is_moe, name=f"layer_{i}")
       x, keys, values, aux = block(
