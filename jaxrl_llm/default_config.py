@@ -74,6 +74,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.rl.microbatch_tokens = 4096  # auto microbatching: max tokens per device per slice
   c.rl.remat = "auto"  # block remat: auto (full from 1e8 params) | none | full | dots_saveable
   c.rl.old_pass = "auto"  # auto: ℓ^old = sg[ℓ] when the rollout gets one update | always
+  c.rl.share_prompt = True  # learner passes run each prompt once per group (dense models)
   c.rl.entropy_coef = 0.0  # c_e of the entropy bonus (§8)
 
   c.advantage = ml_collections.ConfigDict()

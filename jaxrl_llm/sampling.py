@@ -77,6 +77,13 @@ def _restrict(logp: jax.Array, top_k: int, top_p: float) -> jax.Array:
   return logp
 
 
+def draw(key: jax.Array, logp: jax.Array, cfg: SamplingConfig) -> jax.Array:
+  """One token per row [B] int32 from the log-probs [B, V] (argmax when `cfg.greedy`)."""
+  if cfg.greedy:
+    return jnp.argmax(logp, axis=-1).astype(jnp.int32)
+  return jax.random.categorical(key, _restrict(logp, cfg.top_k, cfg.top_p)).astype(jnp.int32)
+
+
 def sample(
   model: Transformer,
   params: Any,
@@ -130,11 +137,7 @@ def sample(
   def body(s: _LoopState) -> _LoopState:
     rng, draw_key = jax.random.split(s.rng)
     logp_all = sampling_logprobs(s.logits, cfg.temperature)  # [B, V]
-    if cfg.greedy:
-      token = jnp.argmax(logp_all, axis=-1)
-    else:
-      token = jax.random.categorical(draw_key, _restrict(logp_all, cfg.top_k, cfg.top_p))
-    token = token.astype(jnp.int32)
+    token = draw(draw_key, logp_all, cfg)
     token_logp = jnp.take_along_axis(logp_all, token[:, None], axis=-1)[:, 0]
     active = ~s.done
     token = jnp.where(active, token, cfg.pad_id)
@@ -203,6 +206,7 @@ def score(
   routing: jax.Array | None = None,  # [B, S+T, Lm, K] experts to replay (§9)
   probe_experts: jax.Array | None = None,  # [B, S+T, Lm, K] experts whose log-probs to report
   full_logits: bool = False,  # reference path: materialise and return the [B, T, V] logits
+  group_size: int = 1,  # rows in consecutive blocks of this many share their prompt
 ) -> Scores:
   """Learner log-probs ℓ [B, T], entropies (and values) of `tokens` given the prompts.
 
@@ -211,29 +215,77 @@ def score(
   [B, S+T, V] (nor, at a large vocabulary, [B, T, V]) logits buffer is made. The log-prob is of
   the same temperature-scaled full softmax the sampler records (spec §0). `full_logits=True`
   is the reference path: the whole [B, T, V] logits, also returned.
+
+  `group_size` k > 1 (dense models): rows b·k .. b·k + k - 1 must hold the same prompt; it is
+  run once per block and its keys/values are shared by the block's completions
+  (`_shared_prompt_hidden`). Same result and gradients as k = 1, with 1/k of the prompt work.
   """
   chex.assert_equal_shape([prompt_tokens, prompt_mask])
   chex.assert_equal_shape_prefix([prompt_tokens, tokens], 1)
   prompt_len, t_max = prompt_tokens.shape[1], tokens.shape[1]
-  full = jnp.concatenate([prompt_tokens, tokens], axis=1)
   key_valid = jnp.concatenate([prompt_mask, jnp.ones(tokens.shape, bool)], axis=1)
   positions = positions_from_mask(key_valid)
-  out = model.apply(
-    {"params": params},
-    full,
-    positions,
-    key_valid,
-    routing=routing,
-    probe_experts=probe_experts,
-    return_hidden=True,
-  )
-  window = slice(prompt_len - 1, prompt_len - 1 + t_max)  # positions predicting each token
-  hidden = out.hidden[:, window]  # [B, T, D]
+  if group_size > 1:
+    if model.cfg.moe_layers or routing is not None or probe_experts is not None:
+      raise ValueError("score(group_size > 1) shares prompts for dense models only")
+    hidden, values = _shared_prompt_hidden(
+      model, params, prompt_tokens, tokens, key_valid, positions, group_size
+    )
+    moe = None
+  else:
+    out = model.apply(
+      {"params": params},
+      jnp.concatenate([prompt_tokens, tokens], axis=1),
+      positions,
+      key_valid,
+      routing=routing,
+      probe_experts=probe_experts,
+      return_hidden=True,
+    )
+    window = slice(prompt_len - 1, prompt_len - 1 + t_max)  # positions predicting each token
+    hidden = out.hidden[:, window]  # [B, T, D]
+    values = None if out.values is None else out.values[:, window]
+    moe = out.moe
   head = functools.partial(unembed, model.cfg, params)
-  values = None if out.values is None else out.values[:, window]
   if full_logits:
     logp, entropy = logprobs.reference(hidden, head, tokens, temperature)
     logits = head(hidden) / temperature
-    return Scores(logp=logp, entropy=entropy, values=values, moe=out.moe, logits=logits)
+    return Scores(logp=logp, entropy=entropy, values=values, moe=moe, logits=logits)
   logp, entropy = logprobs.select(hidden, head, tokens, temperature, model.cfg.vocab_size)
-  return Scores(logp=logp, entropy=entropy, values=values, moe=out.moe)
+  return Scores(logp=logp, entropy=entropy, values=values, moe=moe)
+
+
+def _shared_prompt_hidden(model, params, prompt_tokens, tokens, key_valid, positions, k: int):
+  """Hidden states [B, T, D] (and values [B, T]) predicting `tokens`, the prompt run once per
+  block of k rows: a prefill of the B/k prompts, its cache repeated k times, then the
+  completions attend to it from cache slot S on (the sampler's own prefill/decode path)."""
+  b, prompt_len = prompt_tokens.shape
+  if b % k:
+    raise ValueError(f"score: {b} rows are not blocks of group_size={k}")
+  first = lambda x: x.reshape(b // k, k, *x.shape[1:])[:, 0]  # noqa: E731
+  repeat = lambda x: jnp.repeat(x, k, axis=0)  # noqa: E731
+  cache = init_cache(model.cfg, b // k, prompt_len)
+  pre = model.apply(
+    {"params": params},
+    first(prompt_tokens),
+    first(positions[:, :prompt_len]),
+    first(key_valid[:, :prompt_len]),
+    cache=cache,
+    cache_index=0,
+    return_hidden=True,
+  )
+  grow = lambda x: jnp.pad(repeat(x), ((0, 0), (0, tokens.shape[1]), (0, 0), (0, 0)))  # noqa: E731
+  out = model.apply(
+    {"params": params},
+    tokens,
+    positions[:, prompt_len:],
+    key_valid,
+    cache=jax.tree.map(grow, pre.cache),
+    cache_index=prompt_len,
+    return_hidden=True,
+  )
+  hidden = jnp.concatenate([repeat(pre.hidden[:, -1:]), out.hidden[:, :-1]], axis=1)
+  values = None
+  if out.values is not None:
+    values = jnp.concatenate([repeat(pre.values[:, -1:]), out.values[:, :-1]], axis=1)
+  return hidden, values

@@ -13,6 +13,8 @@ minibatch loss exactly (§5).
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 from flax import struct
@@ -161,6 +163,11 @@ def loss_from_scores(
   return total, metrics
 
 
+def prompt_block(prompt_group: int, rows: int) -> int:
+  """Rows per shared-prompt block in a slice of `rows` group-major rows: gcd(G, rows)."""
+  return math.gcd(prompt_group, rows)
+
+
 def loss(
   params,
   mb: PolicyBatch,
@@ -170,8 +177,13 @@ def loss(
   settings: Settings,
   temperature: float,
   max_len: int,
+  prompt_group: int = 1,
 ) -> tuple[jax.Array, Metrics]:
-  """The microbatch loss `(params, mb, norms) -> (loss, metrics)` of spec §2-§5, §8, §9."""
+  """The microbatch loss `(params, mb, norms) -> (loss, metrics)` of spec §2-§5, §8, §9.
+
+  `prompt_group` G > 1: the rows come in blocks of `prompt_block(G, rows)` sharing a prompt
+  (`update.optimise` arranges them so), each prompt run once per block.
+  """
   probe = "router_logp" in settings.objective.spec.inputs
   sc = score(
     model,
@@ -182,5 +194,6 @@ def loss(
     temperature,
     routing=mb.replay,
     probe_experts=mb.old_routing if probe else None,
+    group_size=prompt_block(prompt_group, mb.tokens.shape[0]),
   )
   return loss_from_scores(sc, mb, norms, settings=settings, max_len=max_len, moe=model.cfg.moe)

@@ -93,6 +93,7 @@ class RLSettings(Section):
   microbatch_tokens: int
   remat: str
   old_pass: str
+  share_prompt: bool
   entropy_coef: float
 
   def errors(self) -> list[str]:

@@ -84,8 +84,13 @@ def loss_mask(rollout: Rollout, seq_valid: jax.Array, shaping: ShapingSettings) 
   return mask
 
 
-def rescore(model, params, rollout: Rollout, temperature: float, routing=None) -> Scores:
-  """Stop-gradient learner scores of the rollout's completions under `params` (§0)."""
+def rescore(
+  model, params, rollout: Rollout, temperature: float, routing=None, prompt_group: int = 1
+) -> Scores:
+  """Stop-gradient learner scores of the rollout's completions under `params` (§0).
+
+  `prompt_group` G > 1: the group-major rows' prompts run once per group (`sampling.score`).
+  """
   return jax.lax.stop_gradient(
     score(
       model,
@@ -95,14 +100,18 @@ def rescore(model, params, rollout: Rollout, temperature: float, routing=None) -
       rollout.tokens,
       temperature,
       routing=routing,
+      group_size=prompt_group,
     )
   )
 
 
-def old_pass(model, params, rollout: Rollout, temperature: float, replay: str) -> Scores:
+def old_pass(
+  model, params, rollout: Rollout, temperature: float, replay: str, prompt_group: int = 1
+) -> Scores:
   """ℓ^old (and V, routing) of the parameters at the start of the update (§0); under r3 the
   sampler's routing is replayed so ℓ^old uses the experts the sampler used (§9)."""
-  return rescore(model, params, rollout, temperature, rollout.routing if replay == "r3" else None)
+  routing = rollout.routing if replay == "r3" else None
+  return rescore(model, params, rollout, temperature, routing, prompt_group)
 
 
 def reference_pass(
@@ -112,11 +121,12 @@ def reference_pass(
   old_logp: jax.Array,
   mask: jax.Array,
   temperature: float,
+  prompt_group: int = 1,
 ) -> tuple[jax.Array, jax.Array, Metrics]:
   """ℓ^ref [B, T], the k1 estimate of KL(π_old‖π_ref) per token and its mean (§4).
 
   k1 is unclamped: with the KL in the reward it is what R loses (§4)."""
-  ref_logp = rescore(model, ref_params, rollout, temperature).logp
+  ref_logp = rescore(model, ref_params, rollout, temperature, prompt_group=prompt_group).logp
   k1, metrics = reference_kl(old_logp, ref_logp, mask)
   return ref_logp, k1, metrics
 

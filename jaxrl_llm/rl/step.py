@@ -41,6 +41,7 @@ class Learner:
   settings: Settings  # every learner config section
   sampler_dtype: str  # the sampler's copy of the weights: float32 | bfloat16 | int8
   batch_sharding: NamedSharding  # rows over the `data` mesh axis
+  prompt_group: int = 1  # G when learner passes run each prompt once per group, else 1
 
   @property
   def loss_fn(self):
@@ -51,6 +52,7 @@ class Learner:
       settings=self.settings,
       temperature=self.sampling.temperature,
       max_len=self.sampling.max_new_tokens,
+      prompt_group=self.prompt_group,
     )
 
 
@@ -87,7 +89,9 @@ def on_policy_batch(ctx: Learner, state: TrainState, rollout, reward, seq_valid,
   s = ctx.settings
   ref_logp = None
   if s.kl.beta > 0:  # in the loss (`skips_old_pass` excludes the reward placement)
-    ref_logp = stages.rescore(ctx.model, state.ref_params, rollout, ctx.sampling.temperature).logp
+    ref_logp = stages.rescore(
+      ctx.model, state.ref_params, rollout, ctx.sampling.temperature, prompt_group=ctx.prompt_group
+    ).logp
   valid = stages.stats_rows(rollout, seq_valid, s.shaping)
   adv, _ = stages.advantages(
     reward, rollout, mask, valid, None, None, s.advantage, s.kl, ctx.sampling.group_size
@@ -102,12 +106,12 @@ def make_policy_batch(ctx: Learner, state: TrainState, rollout, reward, seq_vali
   s, temp = ctx.settings, ctx.sampling.temperature
   if s.skips_old_pass(ctx.model.cfg.moe is not None):
     return on_policy_batch(ctx, state, rollout, reward, seq_valid, mask)
-  old = stages.old_pass(ctx.model, state.params, rollout, temp, s.replay.name)
+  old = stages.old_pass(ctx.model, state.params, rollout, temp, s.replay.name, ctx.prompt_group)
   metrics = rl_metrics.moe_load(old.moe)
   ref_logp = kl_tok = None
   if s.kl.beta > 0:
     ref_logp, kl_tok, ref_metrics = stages.reference_pass(
-      ctx.model, state.ref_params, rollout, old.logp, mask, temp
+      ctx.model, state.ref_params, rollout, old.logp, mask, temp, ctx.prompt_group
     )
     metrics.update(ref_metrics)
   valid = stages.stats_rows(rollout, seq_valid, s.shaping)
@@ -144,6 +148,7 @@ def learn(ctx: Learner, state: TrainState, rollout: Rollout, terms, rng: jax.Arr
     shuffle_key,
     settings=s,
     max_len=ctx.sampling.max_new_tokens,
+    prompt_group=ctx.prompt_group,
   )
   ref_params, opt_state = update.update_reference(  # §4
     state, params, opt_state, kl=s.kl, optimizer=ctx.optimizer
@@ -221,8 +226,17 @@ def make_rl_step(
   if sampler_dtype == "bfloat16":
     sampler_model = Transformer(dataclasses.replace(model.cfg, dtype="bfloat16"))
   learner_model = Transformer(model.cfg, remat=settings.rl.remat)  # remat acts on gradients only
+  shared = settings.rl.share_prompt and not model.cfg.moe_layers  # dense models only
   ctx = Learner(
-    learner_model, sampler_model, optimizer, schedule, sampling, settings, sampler_dtype, rows
+    learner_model,
+    sampler_model,
+    optimizer,
+    schedule,
+    sampling,
+    settings,
+    sampler_dtype,
+    rows,
+    prompt_group=sampling.group_size if shared else 1,
   )
   batch_shardings = PromptBatch(tokens=rows, mask=rows, answer=rows, answer_mask=rows)
   return RLProgram(

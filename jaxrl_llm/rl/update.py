@@ -24,21 +24,35 @@ from jaxrl_llm.types import PolicyBatch, TrainState
 LossFn = Callable[[Any, PolicyBatch, rl_loss.Normalizers], tuple[jax.Array, dict[str, jax.Array]]]
 
 
-def split_leading(tree, parts: int):
-  """Every leaf [N, ...] → [parts, N / parts, ...], slice j holding rows j, j + parts, ...
+def split_leading(tree, parts: int, block: int = 1):
+  """Every leaf [N, ...] → [parts, N / parts, ...], slice j holding blocks j, j + parts, ...
+  of `block` consecutive rows.
 
   Strided, so that each slice of a row-sharded minibatch takes the same number of rows from
-  every device.
+  every device; blocks keep rows that share a prompt together.
   """
-  return jax.tree.map(
-    lambda x: x.reshape(x.shape[0] // parts, parts, *x.shape[1:]).swapaxes(0, 1), tree
-  )
+
+  def split(x):
+    n = x.shape[0]
+    x = x.reshape(n // (parts * block), parts, block, *x.shape[1:]).swapaxes(0, 1)
+    return x.reshape(parts, n // parts, *x.shape[3:])
+
+  return jax.tree.map(split, tree)
 
 
-def minibatch_grads(loss_fn: LossFn, params, mb: PolicyBatch, *, settings: Settings, max_len: int):
+def minibatch_grads(
+  loss_fn: LossFn,
+  params,
+  mb: PolicyBatch,
+  *,
+  settings: Settings,
+  max_len: int,
+  prompt_group: int = 1,
+):
   """Gradient and metrics of one minibatch, accumulated over its microbatches (§5)."""
   norms = rl_loss.normalizers(mb, settings, max_len)
   num_microbatches = settings.rl.num_microbatches
+  block = rl_loss.prompt_block(prompt_group, mb.tokens.shape[0] // num_microbatches)
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
   def accumulate(grads, micro):
@@ -46,27 +60,29 @@ def minibatch_grads(loss_fn: LossFn, params, mb: PolicyBatch, *, settings: Setti
     return jax.tree.map(jnp.add, grads, g), metrics
 
   zeros = jax.tree.map(jnp.zeros_like, params)
-  grads, metrics = jax.lax.scan(accumulate, zeros, split_leading(mb, num_microbatches))
+  micro = split_leading(mb, num_microbatches, block)
+  grads, metrics = jax.lax.scan(accumulate, zeros, micro)
   return grads, rl_metrics.microbatch_mean(metrics, num_microbatches)
 
 
-def minibatch_step(
-  carry, mb: PolicyBatch, *, loss_fn: LossFn, optimizer, settings: Settings, max_len: int
-):
-  """One optimiser step `((params, opt_state), mb) -> ((params, opt_state), metrics)`."""
+def minibatch_step(carry, mb: PolicyBatch, *, loss_fn: LossFn, optimizer, **kwargs):
+  """One optimiser step `((params, opt_state), mb) -> ((params, opt_state), metrics)`;
+  `kwargs` are `minibatch_grads`'s."""
   params, opt_state = carry
-  grads, metrics = minibatch_grads(loss_fn, params, mb, settings=settings, max_len=max_len)
+  grads, metrics = minibatch_grads(loss_fn, params, mb, **kwargs)
   metrics.update(rl_metrics.grad_norm(grads))
   updates, opt_state = optimizer.update(grads, opt_state, params)
   return (optax.apply_updates(params, updates), opt_state), metrics
 
 
-def minibatch_order(key: jax.Array, batch_size: int, rl: RLSettings) -> jax.Array:
-  """Row indices [E*M, B/M]: one permutation per epoch, cut into M minibatches."""
-  perms = jax.vmap(lambda k: jax.random.permutation(k, batch_size))(
+def minibatch_order(key: jax.Array, batch_size: int, rl: RLSettings, block: int = 1) -> jax.Array:
+  """Row indices [E*M, B/M]: one permutation per epoch of blocks of `block` consecutive rows
+  (rows sharing a prompt stay together), cut into M minibatches."""
+  perms = jax.vmap(lambda k: jax.random.permutation(k, batch_size // block))(
     jax.random.split(key, rl.num_epochs)
-  )  # [E, B]
-  return perms.reshape(rl.num_epochs * rl.num_minibatches, batch_size // rl.num_minibatches)
+  )  # [E, B / block]
+  rows = (perms[..., None] * block + jnp.arange(block)).reshape(rl.num_epochs, batch_size)
+  return rows.reshape(rl.num_epochs * rl.num_minibatches, batch_size // rl.num_minibatches)
 
 
 def optimise(
@@ -79,10 +95,17 @@ def optimise(
   *,
   settings: Settings,
   max_len: int,
+  prompt_group: int = 1,
 ):
-  """Epochs × minibatches of optimiser steps; returns (params, opt_state, metrics [E*M])."""
+  """Epochs × minibatches of optimiser steps; returns (params, opt_state, metrics [E*M]).
+
+  `prompt_group` G > 1: the batch is group-major and the loss shares each prompt over blocks
+  of gcd(G, microbatch rows) rows, which the shuffle and the microbatch split keep together.
+  """
   rl = settings.rl
-  order = minibatch_order(key, batch.tokens.shape[0], rl)
+  b = batch.tokens.shape[0]
+  block = rl_loss.prompt_block(prompt_group, b // (rl.num_minibatches * rl.num_microbatches))
+  order = minibatch_order(key, b, rl, block)
   minibatches = jax.tree.map(lambda x: x[order], batch)  # leaves [E*M, B/M, ...]
   step = functools.partial(
     minibatch_step,
@@ -90,6 +113,7 @@ def optimise(
     optimizer=optimizer,
     settings=settings,
     max_len=max_len,
+    prompt_group=prompt_group,
   )
   (params, opt_state), metrics = jax.lax.scan(step, (params, opt_state), minibatches)
   return params, opt_state, metrics
