@@ -23,6 +23,7 @@ from jaxrl_llm.models.transformer import (
   KVCache,
   MoEOutput,
   Transformer,
+  grow_cache,
   init_cache,
   positions_from_mask,
   unembed,
@@ -57,11 +58,6 @@ class _LoopState:
   routing: jax.Array | None  # [B, S+T, Lm, K] experts used per processed token (MoE only)
 
 
-def sampling_logprobs(logits: jax.Array, temperature: float) -> jax.Array:
-  """float32 log-softmax of the temperature-scaled logits (spec §0). [..., V] -> [..., V]."""
-  return jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1)
-
-
 def _restrict(logp: jax.Array, top_k: int, top_p: float) -> jax.Array:
   """Sets log-probs outside the top-k / top-p set to -inf (for drawing only). [B, V]."""
   if top_k and top_k < logp.shape[-1]:
@@ -78,7 +74,8 @@ def _restrict(logp: jax.Array, top_k: int, top_p: float) -> jax.Array:
 
 
 def draw(key: jax.Array, logp: jax.Array, cfg: SamplingConfig) -> jax.Array:
-  """One token per row [B] int32 from the log-probs [B, V] (argmax when `cfg.greedy`)."""
+  """One token per row [B] int32 from log-probs [B, V], known up to a per-row constant
+  (argmax when `cfg.greedy`; top-k / top-p restrict the draw)."""
   if cfg.greedy:
     return jnp.argmax(logp, axis=-1).astype(jnp.int32)
   return jax.random.categorical(key, _restrict(logp, cfg.top_k, cfg.top_p)).astype(jnp.int32)
@@ -136,9 +133,11 @@ def sample(
 
   def body(s: _LoopState) -> _LoopState:
     rng, draw_key = jax.random.split(s.rng)
-    logp_all = sampling_logprobs(s.logits, cfg.temperature)  # [B, V]
-    token = draw(draw_key, logp_all, cfg)
-    token_logp = jnp.take_along_axis(logp_all, token[:, None], axis=-1)[:, 0]
+    # ℓ^μ = z_y - logsumexp(z) with z = logits / τ_s: the [B, V] log-softmax is never stored,
+    # and the draw reads z itself (every rule below is invariant to a shift of z).
+    z = s.logits.astype(jnp.float32) / cfg.temperature  # [B, V]
+    token = draw(draw_key, z, cfg)
+    token_logp = jnp.take_along_axis(z, token[:, None], axis=-1)[:, 0] - jax.nn.logsumexp(z, -1)
     active = ~s.done
     token = jnp.where(active, token, cfg.pad_id)
     tokens = s.tokens.at[:, s.step].set(token)
@@ -274,13 +273,12 @@ def _shared_prompt_hidden(model, params, prompt_tokens, tokens, key_valid, posit
     cache_index=0,
     return_hidden=True,
   )
-  grow = lambda x: jnp.pad(repeat(x), ((0, 0), (0, tokens.shape[1]), (0, 0), (0, 0)))  # noqa: E731
   out = model.apply(
     {"params": params},
     tokens,
     positions[:, prompt_len:],
     key_valid,
-    cache=jax.tree.map(grow, pre.cache),
+    cache=grow_cache(jax.tree.map(repeat, pre.cache), tokens.shape[1]),
     cache_index=prompt_len,
     return_hidden=True,
   )

@@ -50,17 +50,31 @@ class ModelOutput:
 
 @struct.dataclass
 class KVCache:
-  """Per-layer key/value cache of a fixed length N (static shape)."""
+  """Per-layer key/value cache of a fixed length N (static shape).
 
-  k: tuple[jax.Array, ...]  # L x [B, N, J, Dh]
-  v: tuple[jax.Array, ...]  # L x [B, N, J, Dh]
+  Heads lead the sequence axis: a decode step's attention is then a batched matmul over
+  (B, J) on contiguous [N, Dh] slices, with no relayout of the cache at every step.
+  """
+
+  k: tuple[jax.Array, ...]  # L x [B, J, N, Dh]
+  v: tuple[jax.Array, ...]  # L x [B, J, N, Dh]
+
+
+CACHE_SEQ_AXIS = 2  # the sequence axis N of each cache array
 
 
 def init_cache(cfg: ModelConfig, batch: int, length: int) -> KVCache:
   """An all-zero cache for `batch` sequences of up to `length` tokens."""
-  shape = (batch, length, cfg.num_kv_heads, cfg.head_dim)
+  shape = (batch, cfg.num_kv_heads, length, cfg.head_dim)
   zeros = tuple(jnp.zeros(shape, cfg.compute_dtype) for _ in range(cfg.num_layers))
   return KVCache(k=zeros, v=zeros)
+
+
+def grow_cache(cache: KVCache, extra: int) -> KVCache:
+  """The cache with `extra` empty slots appended to its sequence axis."""
+  pad = [(0, 0)] * 4
+  pad[CACHE_SEQ_AXIS] = (0, extra)
+  return jax.tree.map(lambda x: jnp.pad(x, pad), cache)
 
 
 def rope_inv_freq(cfg: ModelConfig) -> np.ndarray | None:
@@ -136,7 +150,7 @@ class Attention(nn.Module):
 
   @nn.compact
   def __call__(self, x, positions, key_valid, k_cache, v_cache, cache_index):
-    """x: [B, Q, D]; key_valid: [B, N] bool; caches: [B, N, J, Dh] or None."""
+    """x: [B, Q, D]; key_valid: [B, N] bool; caches: [B, J, N, Dh] or None."""
     cfg = self.cfg
     h, j, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     b = cfg.attention_bias
@@ -151,22 +165,25 @@ class Attention(nn.Module):
     k = rope(k, positions, cfg.rope_theta, inv_freq)
 
     num_q = x.shape[1]
+    k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)  # [B, J, Q, Dh]: the cache layout
     if k_cache is None:  # full-sequence forward: keys are this call's own tokens
       keys, values, q_slot = k, v, jnp.arange(num_q)
     else:  # write this call's keys at cache_index, attend over the whole cache
-      keys = jax.lax.dynamic_update_slice_in_dim(k_cache, k.astype(k_cache.dtype), cache_index, 1)
-      values = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), cache_index, 1)
+      write = lambda c, new: jax.lax.dynamic_update_slice_in_dim(  # noqa: E731
+        c, new.astype(c.dtype), cache_index, CACHE_SEQ_AXIS
+      )
+      keys, values = write(k_cache, k), write(v_cache, v)
       q_slot = cache_index + jnp.arange(num_q)
-    num_k = keys.shape[1]
+    num_k = keys.shape[CACHE_SEQ_AXIS]
     causal = q_slot[:, None] >= jnp.arange(num_k)[None, :]  # [Q, N]
     mask = causal[None, :, :] & key_valid[:, None, :]  # [B, Q, N]
 
     qg = q.reshape(q.shape[0], num_q, j, h // j, dh)  # [B, Q, J, H/J, Dh]
-    scores = jnp.einsum("bqjgd,bkjd->bjgqk", qg, keys.astype(q.dtype)).astype(jnp.float32)
+    scores = jnp.einsum("bqjgd,bjkd->bjgqk", qg, keys.astype(q.dtype)).astype(jnp.float32)
     scores = scores / jnp.sqrt(jnp.float32(dh))
     scores = jnp.where(mask[:, None, None, :, :], scores, _NEG_INF)
     probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-    out = jnp.einsum("bjgqk,bkjd->bqjgd", probs, values.astype(q.dtype))
+    out = jnp.einsum("bjgqk,bjkd->bqjgd", probs, values.astype(q.dtype))
     out = out.reshape(out.shape[0], num_q, h, dh)
     out = _dense(
       cfg, cfg.d_model, (cfg.d_model,), ("heads", "head_dim", "embed"), in_axes=(-2, -1), name="o"
