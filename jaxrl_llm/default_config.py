@@ -64,7 +64,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.sampling.top_k = 0  # draw among the k most likely tokens (0 = off)
   c.sampling.top_p = 1.0  # nucleus sampling mass in (0, 1] (1 = off)
 
-  c.sampling.param_dtype = "float32"  # sampler's copy of the policy: float32 | bfloat16 | int8
+  c.sampling.param_dtype = (
+    "auto"  # sampler weights: auto (GPU/TPU bf16, CPU fp32)|float32|bf16|int8
+  )
 
   c.rl = ml_collections.ConfigDict()
   c.rl.num_prompts = 32  # P prompts per RL update (B = P * G sequences)

@@ -16,7 +16,15 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-SAMPLER_DTYPES = ("float32", "bfloat16", "int8")
+SAMPLER_DTYPES = ("auto", "float32", "bfloat16", "int8")
+
+
+def resolve_sampler_dtype(dtype: str, backend: str | None = None) -> str:
+  """`auto`: bfloat16 on accelerators (decode reads half the bytes), float32 on CPU."""
+  if dtype != "auto":
+    return dtype
+  return "float32" if (backend or jax.default_backend()) == "cpu" else "bfloat16"
+
 
 # Parameter name -> axes reduced to get one scale per output channel. Kernels default to
 # "every axis but the last" (output features last); q/k/v map D -> (heads, head_dim).

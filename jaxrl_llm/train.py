@@ -24,7 +24,7 @@ from absl import logging
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_llm import checkpoint as ckpt_lib
-from jaxrl_llm import config_lib, data, file_task, sharding, tasks
+from jaxrl_llm import config_lib, data, file_task, quant, sharding, tasks
 from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm.models.transformer import Transformer, positions_from_mask
 from jaxrl_llm.optim import make_optimizer
@@ -346,7 +346,7 @@ def build(config: ml_collections.ConfigDict, *, abstract: bool = False) -> Exper
     settings,
     mesh,
     state_shardings,
-    sampler_dtype=config.sampling.param_dtype,
+    sampler_dtype=quant.resolve_sampler_dtype(config.sampling.param_dtype),
   )
   meta = {
     "model": mc.to_dict(),

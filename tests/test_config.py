@@ -24,6 +24,7 @@ from jaxrl_llm import checkpoint, config_lib, train
     ("model.num_kv_heads", 3, "model.num_heads=2 must be a multiple of model.num_kv_heads=3"),
     ("model.vocab_size", 8, "model.vocab_size=8 is smaller than task"),
     ("task.name", "chess", "Unknown task 'chess'"),
+    ("sampling.param_dtype", "fp8", "sampling.param_dtype='fp8'; allowed: auto, float32"),
   ],
 )
 def test_out_of_range_values_are_named(field, value, needle):
@@ -31,6 +32,17 @@ def test_out_of_range_values_are_named(field, value, needle):
   with pytest.raises(ValueError) as err:
     train.build(config)
   assert needle in str(err.value)
+
+
+def test_auto_sampler_weights_are_bf16_on_accelerators_and_fp32_on_cpu():
+  from jaxrl_llm import quant
+
+  assert quant.resolve_sampler_dtype("auto", "gpu") == "bfloat16"
+  assert quant.resolve_sampler_dtype("auto", "tpu") == "bfloat16"
+  assert quant.resolve_sampler_dtype("auto", "cpu") == "float32"
+  assert quant.resolve_sampler_dtype("int8", "gpu") == "int8"
+  exp = train.build(tiny_config())  # auto on this CPU: the sampler runs on the float32 params
+  assert exp.program.learner.sampler_dtype == "float32"
 
 
 def test_every_problem_is_listed_at_once():
