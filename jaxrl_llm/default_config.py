@@ -56,6 +56,7 @@ def get_config() -> ml_collections.ConfigDict:
   # its defaults: a 2-layer, 64-wide dense transformer; override e.g. --config.model.d_model=128.
   c.model = ml_collections.ConfigDict(dataclasses.asdict(ModelConfig()))
   c.model.checkpoint = ""  # Hugging Face checkpoint dir to start from ("" = random init)
+  c.model.attention = "auto"  # auto (cuDNN where it runs, else einsum) | einsum | xla | cudnn
 
   c.sampling = ml_collections.ConfigDict()
   c.sampling.group_size = 8  # G completions per prompt (>= 2 for group advantages)

@@ -219,8 +219,11 @@ def make_rl_step(
   rows, repl = NamedSharding(mesh, PartitionSpec("data")), NamedSharding(mesh, PartitionSpec())
   sampler_model = model
   if sampler_dtype == "bfloat16":
-    sampler_model = Transformer(dataclasses.replace(model.cfg, dtype="bfloat16"))
-  learner_model = Transformer(model.cfg, remat=settings.rl.remat)  # remat acts on gradients only
+    sampler_model = Transformer(
+      dataclasses.replace(model.cfg, dtype="bfloat16"), attention=model.attention
+    )
+  # remat acts on gradients only
+  learner_model = Transformer(model.cfg, remat=settings.rl.remat, attention=model.attention)
   ctx = Learner(
     learner_model, sampler_model, optimizer, schedule, sampling, settings, sampler_dtype, rows
   )
