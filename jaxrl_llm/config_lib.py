@@ -10,6 +10,7 @@ import math
 
 import ml_collections
 
+from jaxrl_llm.kernels import attention
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.quant import SAMPLER_DTYPES
 from jaxrl_llm.rl.settings import Settings
@@ -25,10 +26,14 @@ def _collect(errors: list[str], cond: bool, message: str):
     errors.append(message)
 
 
+# `config.model` fields that are not the architecture: not in ModelConfig nor checkpoint meta.
+RUN_FIELDS = ("checkpoint", "attention")
+
+
 def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
-  """The frozen `ModelConfig` described by `config.model` (without `checkpoint`)."""
+  """The frozen `ModelConfig` described by `config.model` (without `RUN_FIELDS`)."""
   try:
-    return ModelConfig.from_dict({k: v for k, v in config.model.items() if k != "checkpoint"})
+    return ModelConfig.from_dict({k: v for k, v in config.model.items() if k not in RUN_FIELDS})
   except (TypeError, ValueError) as e:
     raise ConfigError(str(e)) from None
 
@@ -85,6 +90,16 @@ def _check_learner(config, e: list[str], mc: ModelConfig | None, t_max: int | No
       1 <= sh.cache_len < t_max,
       f"shaping.cache_len={sh.cache_len} must be in [1, max_new_tokens={t_max})",
     )
+
+
+def _attention_errors(value, mc: ModelConfig) -> list[str]:
+  """A known `model.attention`; 'cudnn' only where cuDNN flash attention can run this model."""
+  if value not in attention.IMPLEMENTATIONS:
+    return [f"model.attention={value!r}; allowed: {', '.join(attention.IMPLEMENTATIONS)}"]
+  refusal = attention.cudnn_refusal(mc.compute_dtype, mc.head_dim) if value == "cudnn" else None
+  if refusal:
+    return [f"model.attention='cudnn' cannot run: {refusal}; use auto, xla or einsum"]
+  return []
 
 
 def check_required(config: ml_collections.ConfigDict) -> None:
@@ -178,6 +193,8 @@ def validate(
   except ConfigError as err:
     e.append(str(err))
     mc = None
+  if mc is not None:
+    e.extend(_attention_errors(config.model.attention, mc))
   if model_override is not None and config.model.value_head:
     e.append("model.value_head with model.checkpoint is not supported (no pretrained value head)")
   if getattr(task, "host_reward", False):

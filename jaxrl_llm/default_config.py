@@ -56,6 +56,7 @@ def get_config() -> ml_collections.ConfigDict:
   # its defaults: a 2-layer, 64-wide dense transformer; override e.g. --config.model.d_model=128.
   c.model = ml_collections.ConfigDict(dataclasses.asdict(ModelConfig()))
   c.model.checkpoint = ""  # Hugging Face checkpoint dir to start from ("" = random init)
+  c.model.attention = "auto"  # auto (cuDNN where it runs, else einsum) | einsum | xla | cudnn
 
   c.sampling = ml_collections.ConfigDict()
   c.sampling.group_size = 8  # G completions per prompt (>= 2 for group advantages)
@@ -76,7 +77,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.rl.microbatch_tokens = 4096  # auto microbatching: max tokens per device per slice
   c.rl.remat = "auto"  # block remat: auto (full from 1e8 params) | none | full | dots_saveable
   c.rl.old_pass = "auto"  # auto: ℓ^old = sg[ℓ] when the rollout gets one update | always
-  c.rl.share_prompt = True  # learner passes run each prompt once per group (dense models)
+  c.rl.share_prompt = "auto"  # prompt once per group in learner passes: auto | always | never
   c.rl.entropy_coef = 0.0  # c_e of the entropy bonus (§8)
 
   c.advantage = ml_collections.ConfigDict()

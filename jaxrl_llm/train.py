@@ -298,7 +298,7 @@ def build(config: ml_collections.ConfigDict, *, abstract: bool = False) -> Exper
     config, num_devices=jax.device_count(), task=task, model_override=pretrained_cfg
   )
   mc = pretrained_cfg or config_lib.model_config(config)
-  model = Transformer(mc)
+  model = Transformer(mc, attention=config.model.attention)
   samp = config_lib.sampling_config(config, task)
   settings = config_lib.learner_settings(config)
   rl = settings.rl

@@ -109,8 +109,12 @@ def test_shared_learner_gives_the_same_update(extra):
   compared there (AdamW's first step flips the sign of near-zero gradient entries)."""
   over = {"rl.num_minibatches": 1, "optim.warmup_steps": 0, **extra}
   steps = 1 if extra else 2
-  shared_states, shared_metrics = run_steps(tiny_config(**over, **{"rl.share_prompt": True}), steps)
-  plain_states, plain_metrics = run_steps(tiny_config(**over, **{"rl.share_prompt": False}), steps)
+  shared_states, shared_metrics = run_steps(
+    tiny_config(**over, **{"rl.share_prompt": "always"}), steps
+  )
+  plain_states, plain_metrics = run_steps(
+    tiny_config(**over, **{"rl.share_prompt": "never"}), steps
+  )
   if not extra:
     jax.tree.map(
       lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),

@@ -7,7 +7,10 @@ axis names (`vocab`, `embed`, `heads`, `kv_heads`, `head_dim`, `mlp`) that
 
 One call signature serves the learner (full sequences, no cache), the sampler's
 prefill (a prompt written into an empty cache) and its decode steps (one token per
-sequence written at `cache_index`).
+sequence written at `cache_index`). Prompts are left-padded: each row of `key_valid` is a run of
+padding (False) then valid keys. `Transformer.attention` picks how attention is computed
+(`jaxrl_llm.kernels.attention`: einsum reference, XLA or cuDNN); it adds no parameters, so any
+choice runs any checkpoint.
 """
 
 from __future__ import annotations
@@ -18,10 +21,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from jaxrl_llm.kernels import attention
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.moe import MoEMLP, gather_expert_logprobs
-
-_NEG_INF = -1e30
 
 
 @struct.dataclass
@@ -147,6 +149,7 @@ class Attention(nn.Module):
   """Grouped-query self-attention with RoPE, optional qkv bias and QK-norm."""
 
   cfg: ModelConfig
+  implementation: str = "auto"  # kernels.attention.IMPLEMENTATIONS (no parameters of its own)
 
   @nn.compact
   def __call__(self, x, positions, key_valid, k_cache, v_cache, cache_index):
@@ -164,27 +167,15 @@ class Attention(nn.Module):
     q = rope(q, positions, cfg.rope_theta, inv_freq)
     k = rope(k, positions, cfg.rope_theta, inv_freq)
 
-    num_q = x.shape[1]
     k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)  # [B, J, Q, Dh]: the cache layout
     if k_cache is None:  # full-sequence forward: keys are this call's own tokens
-      keys, values, q_slot = k, v, jnp.arange(num_q)
+      keys, values, start = k, v, 0
     else:  # write this call's keys at cache_index, attend over the whole cache
       write = lambda c, new: jax.lax.dynamic_update_slice_in_dim(  # noqa: E731
         c, new.astype(c.dtype), cache_index, CACHE_SEQ_AXIS
       )
-      keys, values = write(k_cache, k), write(v_cache, v)
-      q_slot = cache_index + jnp.arange(num_q)
-    num_k = keys.shape[CACHE_SEQ_AXIS]
-    causal = q_slot[:, None] >= jnp.arange(num_k)[None, :]  # [Q, N]
-    mask = causal[None, :, :] & key_valid[:, None, :]  # [B, Q, N]
-
-    qg = q.reshape(q.shape[0], num_q, j, h // j, dh)  # [B, Q, J, H/J, Dh]
-    scores = jnp.einsum("bqjgd,bjkd->bjgqk", qg, keys.astype(q.dtype)).astype(jnp.float32)
-    scores = scores / jnp.sqrt(jnp.float32(dh))
-    scores = jnp.where(mask[:, None, None, :, :], scores, _NEG_INF)
-    probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-    out = jnp.einsum("bjgqk,bjkd->bqjgd", probs, values.astype(q.dtype))
-    out = out.reshape(out.shape[0], num_q, h, dh)
+      keys, values, start = write(k_cache, k), write(v_cache, v), cache_index
+    out = attention.attend(q, keys, values, key_valid, start, self.implementation)  # [B, Q, H, Dh]
     out = _dense(
       cfg, cfg.d_model, (cfg.d_model,), ("heads", "head_dim", "embed"), in_axes=(-2, -1), name="o"
     )(out)
@@ -212,11 +203,12 @@ class Block(nn.Module):
 
   cfg: ModelConfig
   is_moe: bool = False
+  attention: str = "auto"  # kernels.attention.IMPLEMENTATIONS
 
   @nn.compact
   def __call__(self, x, positions, key_valid, k_cache, v_cache, cache_index, replay, token_valid):
     """Returns the new residual stream, this layer's keys and values, and the MoE aux dict."""
-    attn, keys, values = Attention(self.cfg, name="attn")(
+    attn, keys, values = Attention(self.cfg, self.attention, name="attn")(
       _norm(self.cfg, "attn_norm")(x), positions, key_valid, k_cache, v_cache, cache_index
     )
     x = x + attn
@@ -242,13 +234,14 @@ class Transformer(nn.Module):
 
   cfg: ModelConfig
   remat: str = "none"  # a REMAT_POLICIES name; applies to passes with a static cache_index
+  attention: str = "auto"  # kernels.attention.IMPLEMENTATIONS; numerics only, not in the params
 
   @nn.compact
   def __call__(
     self,
     tokens: jax.Array,  # [B, Q] int32
     positions: jax.Array,  # [B, Q] int32 RoPE positions
-    key_valid: jax.Array,  # [B, N] bool: keys that may be attended (N = Q without cache)
+    key_valid: jax.Array,  # [B, N] bool, left-padded: keys that may be attended (N = Q w/o cache)
     cache: KVCache | None = None,
     cache_index: jax.Array | int = 0,  # cache slot of tokens[:, 0]
     routing: jax.Array | None = None,  # [B, Q, Lm, K] experts to replay (spec §9)
@@ -290,7 +283,7 @@ class Transformer(nn.Module):
       # Not in decode steps (traced cache_index). static_argnums counts self: cache_index.
       if self.remat != "none" and isinstance(cache_index, int):
         block_cls = nn.remat(Block, policy=REMAT_POLICIES[self.remat], static_argnums=(6,))
-      block = block_cls(cfg, is_moe=is_moe, name=f"layer_{i}")
+      block = block_cls(cfg, is_moe=is_moe, attention=self.attention, name=f"layer_{i}")
       x, keys, values, aux = block(
         x, positions, key_valid, kc, vc, cache_index, replay, token_valid
       )

@@ -93,7 +93,7 @@ class RLSettings(Section):
   microbatch_tokens: int
   remat: str
   old_pass: str
-  share_prompt: bool
+  share_prompt: str
   entropy_coef: float
 
   def errors(self) -> list[str]:
@@ -107,6 +107,7 @@ class RLSettings(Section):
     )
     out += _allowed("rl.remat", self.remat, REMATS)
     out += _allowed("rl.old_pass", self.old_pass, ("auto", "always"))
+    out += _allowed("rl.share_prompt", self.share_prompt, ("auto", "always", "never"))
     return out + _need(self.entropy_coef >= 0, f"rl.entropy_coef={self.entropy_coef} must be >= 0")
 
   def resolved(self, *, rows_per_device: int, seq_len: int, num_params: int) -> RLSettings:

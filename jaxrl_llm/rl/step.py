@@ -21,6 +21,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_llm import quant
+from jaxrl_llm.kernels import attention
 from jaxrl_llm.models.transformer import Transformer
 from jaxrl_llm.rl import loss, stages, update
 from jaxrl_llm.rl import metrics as rl_metrics
@@ -192,6 +193,20 @@ def fused_step(ctx: Learner, reward_fn, state: TrainState, batch: PromptBatch, r
   return learn(ctx, state, rollout, terms, rng)
 
 
+def shares_prompt(share_prompt: str, model: Transformer) -> bool:
+  """Whether learner passes run each prompt once per group (`rl.share_prompt`).
+
+  Dense models only. `auto` shares unless the full pass gets cuDNN flash attention: the
+  completions' pass from a prefix cache runs einsum attention (cuDNN's causal mask has no
+  offset), whose [B, H, T, S+T] scores cost more at long completions than the prompt saves.
+  """
+  if share_prompt == "never" or model.cfg.moe_layers:
+    return False
+  cfg = model.cfg
+  full_pass = attention.select(model.attention, cfg.compute_dtype, cfg.head_dim, 0)
+  return share_prompt == "always" or full_pass != "cudnn"
+
+
 @dataclasses.dataclass(frozen=True)
 class RLProgram:
   """The jitted programs of one RL update (see the module docstring)."""
@@ -224,9 +239,12 @@ def make_rl_step(
   rows, repl = NamedSharding(mesh, PartitionSpec("data")), NamedSharding(mesh, PartitionSpec())
   sampler_model = model
   if sampler_dtype == "bfloat16":
-    sampler_model = Transformer(dataclasses.replace(model.cfg, dtype="bfloat16"))
-  learner_model = Transformer(model.cfg, remat=settings.rl.remat)  # remat acts on gradients only
-  shared = settings.rl.share_prompt and not model.cfg.moe_layers  # dense models only
+    sampler_model = Transformer(
+      dataclasses.replace(model.cfg, dtype="bfloat16"), attention=model.attention
+    )
+  # remat acts on gradients only
+  learner_model = Transformer(model.cfg, remat=settings.rl.remat, attention=model.attention)
+  shared = shares_prompt(settings.rl.share_prompt, learner_model)
   ctx = Learner(
     learner_model,
     sampler_model,

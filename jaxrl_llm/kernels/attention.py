@@ -1,0 +1,158 @@
+"""Causal grouped-query attention over left-padded rows, by one of several implementations.
+
+Query i of a call sits at cache slot `start + i` and attends key n when n <= start + i and
+`key_valid[b, n]`. Rows are left-padded: each row of `key_valid` is a run of False (padding)
+then True, as `sampling.sample` and `sampling.score` build it. Softmax is float32 whatever the
+compute dtype; a query with no valid key (a padding position) has an unspecified output.
+
+  reference(...)      einsum scores, float32 softmax, `_NEG_INF` masking (the test oracle)
+  xla(...)            `jax.nn.dot_product_attention(implementation="xla")`: `is_causal` plus a
+                      [B, 1, 1, Q] key mask from slot 0, else the full [B, 1, Q, N] boolean mask
+  padded_causal(...)  the cuDNN form: each row rotated so its padding comes last, then causal
+                      attention with per-row sequence lengths (no bias tensor; cuDNN skips the
+                      masked blocks), rotated back
+  select(...)         which one runs for a pass; `attend(...)` runs it
+
+cuDNN flash attention (through `jax.nn.dot_product_attention`) refuses float32 inputs, head
+dims that are not a multiple of 8 or exceed 128 (256 from compute capability 9.0), and a
+boolean mask or bias whose query/key dims are broadcast: a key-padding mask must be
+materialised as a [B, 1, Q, N] bias, whose gradient its backward pass also computes (jax
+0.10). Its causal mask has no diagonal offset and its padding is right-padding (sequence
+lengths). So it serves the passes that start at slot 0 (learner, reference, prefill) through
+sequence lengths after the rotation above, and the other passes keep einsum.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+IMPLEMENTATIONS = ("auto", "einsum", "xla", "cudnn")
+_NEG_INF = -1e30
+
+
+def _starts_at_zero(start) -> bool:
+  """Whether the queries start at a static slot 0 (no cache, or a prefill into one)."""
+  return isinstance(start, int | np.integer) and int(start) == 0
+
+
+def mask(key_valid: jax.Array, num_q: int, start: jax.Array | int) -> jax.Array:
+  """[B, Q, N] bool: causal from slot `start` and valid keys. key_valid: [B, N]."""
+  q_slot = start + jnp.arange(num_q)
+  causal = q_slot[:, None] >= jnp.arange(key_valid.shape[1])[None, :]  # [Q, N]
+  return causal[None, :, :] & key_valid[:, None, :]
+
+
+def _token_major(x: jax.Array, dtype) -> jax.Array:
+  """[B, J, N, Dh] (the cache layout) -> [B, N, J, Dh] (dot_product_attention's) at `dtype`."""
+  return x.swapaxes(1, 2).astype(dtype)
+
+
+def reference(q: jax.Array, keys: jax.Array, values: jax.Array, m: jax.Array) -> jax.Array:
+  """q [B, Q, H, Dh], keys/values [B, J, N, Dh], mask [B, Q, N] -> [B, Q, H, Dh] (einsum)."""
+  b, num_q, h, dh = q.shape
+  j = keys.shape[1]
+  qg = q.reshape(b, num_q, j, h // j, dh)  # [B, Q, J, H/J, Dh]
+  scores = jnp.einsum("bqjgd,bjkd->bjgqk", qg, keys.astype(q.dtype)).astype(jnp.float32)
+  scores = scores / jnp.sqrt(jnp.float32(dh))
+  scores = jnp.where(m[:, None, None, :, :], scores, _NEG_INF)
+  probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+  out = jnp.einsum("bjgqk,bjkd->bqjgd", probs, values.astype(q.dtype))
+  return out.reshape(b, num_q, h, dh)
+
+
+def xla(q, keys, values, key_valid, start):
+  """`jax.nn.dot_product_attention`'s XLA implementation; same arguments as `attend`."""
+  num_q = q.shape[1]
+  keys, values = _token_major(keys, q.dtype), _token_major(values, q.dtype)
+  if _starts_at_zero(start):  # keys past the last query are causally masked: drop them
+    kv_mask = key_valid[:, None, None, :num_q]  # [B, 1, 1, Q]
+    return jax.nn.dot_product_attention(
+      q, keys[:, :num_q], values[:, :num_q], mask=kv_mask, is_causal=True, implementation="xla"
+    )
+  m = mask(key_valid, num_q, start)[:, None]  # [B, 1, Q, N]
+  return jax.nn.dot_product_attention(q, keys, values, mask=m, implementation="xla")
+
+
+def padded_causal(q, keys, values, key_valid, implementation: str = "cudnn"):
+  """Causal attention of Q queries over their own Q keys (slot 0), rows left-padded.
+
+  cuDNN expresses padding only as sequence lengths (valid tokens first) and its causal mask
+  only from slot 0, so each row is rotated left by its padding length p, attended with
+  `is_causal` and lengths Q - p, and rotated back. Exact for left-padded `key_valid`; the
+  padding positions come out as zeros. q: [B, Q, H, Dh]; keys, values: [B, J, >= Q, Dh].
+  """
+  num_q = q.shape[1]
+  keys = _token_major(keys[:, :, :num_q], q.dtype)
+  values = _token_major(values[:, :, :num_q], q.dtype)
+  n_valid = jnp.sum(key_valid[:, :num_q], axis=1, dtype=jnp.int32)  # [B]
+  pad = num_q - n_valid
+  ar = jnp.arange(num_q)[None, :]
+  fwd = ((ar + pad[:, None]) % num_q)[:, :, None, None]  # row slot i <- original slot i + p
+  bwd = ((ar - pad[:, None]) % num_q)[:, :, None, None]
+  rot = lambda x, idx: jnp.take_along_axis(x, idx, axis=1)  # noqa: E731
+  lengths = jnp.maximum(n_valid, 1)  # an all-padding row attends one (padding) key, not none
+  out = jax.nn.dot_product_attention(
+    rot(q, fwd),
+    rot(keys, fwd),
+    rot(values, fwd),
+    is_causal=True,
+    query_seq_lengths=lengths,
+    key_value_seq_lengths=lengths,
+    implementation=implementation,
+  )
+  return rot(out, bwd)
+
+
+def cudnn_refusal(dtype, head_dim: int) -> str | None:
+  """Why cuDNN flash attention cannot run on this backend for this model (None if it can)."""
+  device = jax.devices()[0]
+  version = str(getattr(device.client, "platform_version", "")).lower()
+  if device.platform != "gpu" or "cuda" not in version:
+    return f"it needs a CUDA GPU (the default device is {device.platform})"
+  if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+    return f"it takes bfloat16 or float16 compute, not {jnp.dtype(dtype).name}"
+  capability = tuple(int(x) for x in str(device.compute_capability).split("."))
+  h_max = 256 if capability >= (9, 0) else 128
+  if head_dim % 8 or head_dim > h_max:
+    return f"head_dim={head_dim} must be a multiple of 8 and <= {h_max} on this GPU"
+  return None
+
+
+def select(implementation: str, dtype, head_dim: int, start) -> str:
+  """The implementation one pass runs: einsum | xla | cudnn.
+
+  auto: cuDNN for passes from slot 0 where `cudnn_refusal` finds nothing, else einsum.
+  cudnn: the same passes, and a ValueError where cuDNN cannot run at all. Passes from a later
+  slot (decode steps at a traced `cache_index`, a learner pass from a prefix cache) keep einsum
+  under both: cuDNN has no causal offset, and a decode step (one query per row) is a
+  memory-bound matrix-vector product over the cache that XLA's einsum already reads once.
+  """
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(
+      f"attention={implementation!r} (model.attention); allowed: {', '.join(IMPLEMENTATIONS)}"
+    )
+  if implementation in ("einsum", "xla"):
+    return implementation
+  refusal = cudnn_refusal(dtype, head_dim)
+  if implementation == "cudnn" and refusal:
+    raise ValueError(f"attention='cudnn' (model.attention) cannot run: {refusal}")
+  return "cudnn" if refusal is None and _starts_at_zero(start) else "einsum"
+
+
+def attend(
+  q: jax.Array,  # [B, Q, H, Dh]
+  keys: jax.Array,  # [B, J, N, Dh], the cache layout (N = Q without a cache)
+  values: jax.Array,  # [B, J, N, Dh]
+  key_valid: jax.Array,  # [B, N] bool, left-padded rows
+  start: jax.Array | int,  # slot of query 0: static 0, a static prefix length, or traced
+  implementation: str = "einsum",  # an IMPLEMENTATIONS name
+) -> jax.Array:
+  """Attention output [B, Q, H, Dh] by the implementation `select` picks."""
+  impl = select(implementation, q.dtype, q.shape[-1], start)
+  if impl == "cudnn":
+    return padded_causal(q, keys, values, key_valid, "cudnn")
+  if impl == "xla":
+    return xla(q, keys, values, key_valid, start)
+  return reference(q, keys, values, mask(key_valid, q.shape[1], start))
