@@ -102,7 +102,7 @@ def sample(
   )
   logits, cache = out.logits, out.cache
   repeat = lambda x: jnp.repeat(x, g, axis=0)  # noqa: E731
-  cache = jax.tree.map(repeat, cache)
+  cache = cache.repeat_rows(g)
   routing = None
   if out.moe is not None:  # record the prompt's routing, then each generated token's
     r = out.moe.routing  # [P, S, Lm, K]
