@@ -75,18 +75,25 @@ def check_compatible(
   *,
   workdir: str | None = None,
   step: int | None = None,
+  defaults: Mapping[str, Any] | None = None,
 ) -> None:
   """Raises CheckpointMismatchError if `saved_meta` and `current_meta` differ under `keys`.
 
   Values are compared as JSON (a tuple equals the list it is saved as); the message names the
-  workdir and every differing dotted field with its saved and current value.
+  workdir and every differing dotted field with its saved and current value. `defaults` (same
+  shape as the meta) stand in for fields the saved meta lacks: fields added after it was written.
   """
   saved_flat: dict[str, Any] = {}
   current_flat: dict[str, Any] = {}
+  default_flat: dict[str, Any] = {}
   saved, current = _jsonable(saved_meta), _jsonable(current_meta)
   for key in keys:
     _flatten_json(key, saved.get(key, _MISSING), saved_flat)
     _flatten_json(key, current.get(key, _MISSING), current_flat)
+    if defaults and key in defaults and key in saved:
+      _flatten_json(key, _jsonable(defaults)[key], default_flat)
+  for f, value in default_flat.items():
+    saved_flat.setdefault(f, value)
   diffs = {
     f: (saved_flat.get(f, _MISSING), current_flat.get(f, _MISSING))
     for f in sorted(set(saved_flat) | set(current_flat))
@@ -287,12 +294,14 @@ class Checkpointer:
     *,
     current_meta: Mapping[str, Any] | None = None,
     keys: Sequence[str] = ("model",),
+    meta_defaults: Mapping[str, Any] | None = None,
   ) -> tuple[PyTree, dict[str, Any]]:
     """Restores `step` into `abstract_state`'s structure, dtypes and shardings.
 
     `abstract_state` leaves are `jax.ShapeDtypeStruct`s with `sharding=` (or arrays, whose
     sharding is used). `data_iter`, when given, is set to the saved position in place. With
-    `current_meta`, the saved meta is first checked with `check_compatible(..., keys)`. Raises
+    `current_meta`, the saved meta is first checked with `check_compatible(..., keys)`, where
+    `meta_defaults` stand in for fields an older checkpoint's meta lacks. Raises
     CheckpointMismatchError naming each parameter path whose saved shape differs from the target.
     Returns `(state, meta)`.
     """
@@ -300,7 +309,9 @@ class Checkpointer:
     step_dir = self._step_dir(step)
     meta = self.read_meta(step)
     if current_meta is not None:
-      check_compatible(meta, current_meta, keys, workdir=self.workdir, step=step)
+      check_compatible(
+        meta, current_meta, keys, workdir=self.workdir, step=step, defaults=meta_defaults
+      )
     where = f"checkpoint step {step} in {self.directory}"
     saved_tree = self._manager.item_metadata(step).get("state")
     if saved_tree is not None:

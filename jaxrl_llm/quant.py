@@ -16,6 +16,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jaxrl_llm.models.scan import is_scanned_path
+
 SAMPLER_DTYPES = ("auto", "float32", "bfloat16", "int8")
 
 
@@ -61,9 +63,11 @@ def sampler_params(params: Any, dtype: str) -> Any:
   if dtype == "int8":
 
     def quant(path, x):
-      if x.ndim < 2:  # norms, biases: kept in full precision
+      lead = int(is_scanned_path(path))  # scanned layers: a leading layer axis, kept per layer
+      if x.ndim - lead < 2:  # norms, biases: kept in full precision
         return x
-      return fake_quant_int8(x, _channel_axes(path, x))
+      axes = _channel_axes(path, jax.ShapeDtypeStruct(x.shape[lead:], x.dtype))
+      return fake_quant_int8(x, tuple(a + lead if a >= 0 else a for a in axes))
 
     return jax.tree_util.tree_map_with_path(quant, params)
   raise ValueError(f"sampling.param_dtype={dtype!r}; allowed: {SAMPLER_DTYPES}")

@@ -106,7 +106,7 @@ def sample(
   )
   logits, cache = out.logits, out.cache
   repeat = lambda x: jnp.repeat(x, g, axis=0)  # noqa: E731
-  cache = jax.tree.map(repeat, cache)
+  cache = cache.repeat_rows(g)
   routing = None
   if out.moe is not None:  # record the prompt's routing, then each generated token's
     r = out.moe.routing  # [P, S, Lm, K]
@@ -278,7 +278,7 @@ def _shared_prompt_hidden(model, params, prompt_tokens, tokens, key_valid, posit
     tokens,
     positions[:, prompt_len:],
     key_valid,
-    cache=grow_cache(jax.tree.map(repeat, pre.cache), tokens.shape[1]),
+    cache=grow_cache(pre.cache.repeat_rows(k), tokens.shape[1]),
     cache_index=prompt_len,
     return_hidden=True,
   )

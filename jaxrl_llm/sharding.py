@@ -24,6 +24,7 @@ DEFAULT_RULES: tuple[tuple[str, str | None], ...] = (
   ("kv_heads", None),
   ("head_dim", None),
   ("embed", None),
+  ("layers", None),  # leading axis of scanned layer params (model.scan_layers): never split
 )
 
 

@@ -26,6 +26,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxrl_llm import checkpoint as ckpt_lib
 from jaxrl_llm import config_lib, data, file_task, quant, sharding, tasks
 from jaxrl_llm import metrics as metrics_lib
+from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.transformer import Transformer, positions_from_mask
 from jaxrl_llm.optim import make_optimizer
 from jaxrl_llm.rl import RLProgram, Settings, init_reference, make_rl_step
@@ -210,7 +211,12 @@ def _load_pretrained(config, mesh, rules):
       f"checkpoint (config.json + *.safetensors)"
     )
   return hf.load_checkpoint(
-    path, mesh=mesh, rules=rules, param_dtype=config.model.param_dtype, dtype=config.model.dtype
+    path,
+    mesh=mesh,
+    rules=rules,
+    param_dtype=config.model.param_dtype,
+    dtype=config.model.dtype,
+    scan_layers=config.model.scan_layers,
   )
 
 
@@ -267,12 +273,17 @@ def _initial_state(config, tx, params, param_shardings, mesh, rng, *, abstract: 
 
 
 def _pretrained_config(config):
-  """The ModelConfig of `model.checkpoint`'s config.json, with the config's dtypes."""
+  """The ModelConfig of `model.checkpoint`'s config.json, with the config's dtypes and layout."""
   from jaxrl_llm.models import hf_config
 
   with open(os.path.join(config.model.checkpoint, "config.json")) as f:
     mc = hf_config.config_from_hf(json.load(f), source=config.model.checkpoint)
-  return dataclasses.replace(mc, dtype=config.model.dtype, param_dtype=config.model.param_dtype)
+  return dataclasses.replace(
+    mc,
+    dtype=config.model.dtype,
+    param_dtype=config.model.param_dtype,
+    scan_layers=config.model.scan_layers,
+  )
 
 
 def build(config: ml_collections.ConfigDict, *, abstract: bool = False) -> Experiment:
@@ -439,7 +450,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       state,
       jax.tree.map(lambda x: x.sharding, state),
     )
-    state, _saved_meta = ckpt.restore(latest, abstract, data_iter=train_iter, current_meta=exp.meta)
+    state, _saved_meta = ckpt.restore(
+      latest,
+      abstract,
+      data_iter=train_iter,
+      current_meta=exp.meta,
+      meta_defaults={"model": ModelConfig().to_dict()},  # fields added since it was written
+    )
     logging.info("resumed from %s at step %d", workdir, latest)
   elif config.sft.steps:
     state = init_reference(_sft_phase(exp, writer, tr.log_every), config.kl.beta)

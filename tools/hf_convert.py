@@ -1,13 +1,15 @@
 """Hugging Face checkpoints in and out of the trainer.
 
-  python tools/hf_convert.py import --hf_dir=DIR [--out=CKPT_DIR] [--param_dtype=bfloat16]
+  python tools/hf_convert.py import --hf_dir=DIR [--out=CKPT_DIR] [--param_dtype=bfloat16] \\
+      [--scan_layers]
   python tools/hf_convert.py export --workdir=TRAIN_WORKDIR [--step=N] --out=HF_DIR \\
       [--model_type=qwen2] [--dtype=bfloat16] [--max_shard_bytes=N] [--overwrite]
 
 `import` loads and validates an HF checkpoint directory (config.json + safetensors) and prints
 its ModelConfig, model type and parameter count; with --out it also writes the parameters as an
 orbax checkpoint (`CKPT_DIR/params`, StandardSave) with `CKPT_DIR/meta.json` holding
-{"model": ModelConfig dict, "hf_model_type": ...}.
+{"model": ModelConfig dict, "hf_model_type": ...}. --scan_layers loads them in the scanned layout
+(model.scan_layers: each layer parameter stacked on a leading layer axis).
 
 `export` restores the policy parameters of a trainer checkpoint (`<workdir>/checkpoints/<step>`,
 latest step by default) and writes them as an HF checkpoint. The ModelConfig comes from the
@@ -36,7 +38,9 @@ def cmd_import(args) -> dict:
   """Loads (and validates) an HF directory; optionally writes orbax params + meta.json."""
   from jaxrl_llm.models import hf
 
-  cfg, params = hf.load_checkpoint(args.hf_dir, param_dtype=args.param_dtype)
+  cfg, params = hf.load_checkpoint(
+    args.hf_dir, param_dtype=args.param_dtype, scan_layers=args.scan_layers or None
+  )
   with open(os.path.join(args.hf_dir, "config.json")) as f:
     model_type = json.load(f)["model_type"]
   summary = {
@@ -137,6 +141,7 @@ def main(argv=None) -> dict:
   imp.add_argument("--hf_dir", required=True, help="directory with config.json and safetensors")
   imp.add_argument("--out", default=None, help="write orbax params + meta.json here")
   imp.add_argument("--param_dtype", default=None, choices=["float32", "bfloat16", "float16"])
+  imp.add_argument("--scan_layers", action="store_true", help="scanned layout (model.scan_layers)")
   exp = sub.add_parser("export", help="write a trainer checkpoint's policy as an HF checkpoint")
   exp.add_argument("--workdir", required=True, help="trainer workdir (holds checkpoints/)")
   exp.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")

@@ -47,6 +47,7 @@ class ModelConfig:
   moe_z_loss_coef: float = 0.001  # router z-loss coefficient (§8)
   dtype: str = "float32"  # compute dtype of matmuls (log-softmax is always float32)
   param_dtype: str = "float32"  # storage dtype of parameters
+  scan_layers: bool = False  # blocks under nn.scan, params stacked on a leading "layers" axis
 
   def __post_init__(self):
     errors = []
@@ -93,6 +94,13 @@ class ModelConfig:
         errors.append(f"model.moe_every={self.moe_every} must be in [1, {self.num_layers}]")
       if self.moe_impl not in ("ragged", "dense"):
         errors.append(f"model.moe_impl={self.moe_impl!r} must be 'ragged' or 'dense'")
+      if self.scan_layers and 1 <= self.moe_every <= self.num_layers:
+        if self.num_layers % self.moe_every:
+          errors.append(
+            f"model.scan_layers=True needs model.num_layers={self.num_layers} to be a multiple "
+            f"of model.moe_every={self.moe_every} (each scan step runs moe_every - 1 dense "
+            "blocks and one MoE block); use a multiple or model.scan_layers=False"
+          )
     if errors:
       raise ValueError("invalid model config: " + "; ".join(errors))
 
@@ -129,6 +137,11 @@ class ModelConfig:
     if not self.moe_num_experts:
       return ()
     return tuple(i for i in range(self.num_layers) if i % self.moe_every == self.moe_every - 1)
+
+  @property
+  def scan_period(self) -> int:
+    """Blocks per step of the scan over layers (scan_layers): moe_every for MoE models, else 1."""
+    return self.moe_every if self.moe_num_experts else 1
 
   def to_dict(self) -> dict[str, Any]:
     """A JSON-friendly dict (saved with checkpoints, compared on resume)."""

@@ -12,6 +12,9 @@ Tensor layouts (Hugging Face linear weights are [out, in]; ours are [in, out] sp
   experts.{e}.*     -> moe/{gate,up} [E, D, F], moe/down [E, F, D] (stacked over experts)
   router [E, D]     -> moe/router/kernel [D, E];  lm_head [V, D] -> lm_head/kernel [D, V]
 RoPE is the half-split (rotate_half) convention of both code bases, so q/k need no permutation.
+With scanned layers (`ModelConfig.scan_layers`), layer i's `layer_{i}/X` is slice i // p of
+`layers/block_{i % p}/X` (p = `scan_period`, see `models.scan`): loading stacks the layers on
+device, one parameter at a time; saving takes them off one layer at a time.
 
 The config.json mapping lives in `hf_config`; `save_checkpoint` followed by `load_checkpoint`
 gives back the same ModelConfig and bit-identical parameters.
@@ -37,6 +40,7 @@ from absl import logging
 from jax.sharding import SingleDeviceSharding
 
 from jaxrl_llm import sharding as sharding_lib
+from jaxrl_llm.models import scan as scan_lib
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.hf_config import (
   EXTRA_KEY,
@@ -168,6 +172,32 @@ def _param_map(cfg: ModelConfig, model_type: str) -> list[_Param]:
           True,
         )
   return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+  """One parameter of the model and the `_Param`s it is made of: one, or with scanned layers
+  (`ModelConfig.scan_layers`) one per step of the scan, stacked on a leading layer axis."""
+
+  path: tuple[str, ...]  # our parameter path
+  parts: tuple[_Param, ...]  # in the order of the leading layer axis when `layered`
+  layered: bool = False
+
+
+def _entries(cfg: ModelConfig, params: list[_Param]) -> list[_Entry]:
+  """The parameters of `cfg`'s layout (unrolled or scanned) built from the per-layer map."""
+  if not cfg.scan_layers:
+    return [_Entry(p.path, (p,)) for p in params]
+  out: dict[tuple[str, ...], dict[int, _Param]] = {}
+  plain: list[_Entry] = []
+  for p in params:
+    target = scan_lib.scanned_path(cfg, p.path)
+    if target is None:
+      plain.append(_Entry(p.path, (p,)))
+    else:
+      out.setdefault(target[0], {})[target[1]] = p
+  layered = [_Entry(k, tuple(v[g] for g in sorted(v)), True) for k, v in out.items()]
+  return plain + layered
 
 
 # --------------------------------------------------------------------------- loading
@@ -331,6 +361,15 @@ def _unflatten(flat: dict[tuple[str, ...], Any]) -> dict[str, Any]:
   return out
 
 
+def _read_param(reader: _Reader, p: _Param, shape, target, sharding) -> jax.Array:
+  """One parameter of our layout `shape`, read from its HF tensor(s) into `sharding`."""
+  if p.stacked:
+    host = np.stack([p.to_ours(reader.read(n), shape[1:]).astype(target) for n in p.names])
+  else:
+    host = p.to_ours(reader.read(p.names[0]), shape).astype(target)
+  return jax.make_array_from_callback(shape, sharding, lambda i: host[i])
+
+
 def load_checkpoint(
   path: str | os.PathLike,
   *,
@@ -338,6 +377,7 @@ def load_checkpoint(
   rules: Any = None,
   param_dtype: str | None = None,
   dtype: str | None = None,
+  scan_layers: bool | None = None,
 ) -> tuple[ModelConfig, dict[str, Any]]:
   """Loads a Hugging Face checkpoint directory as (ModelConfig, params).
 
@@ -345,7 +385,8 @@ def load_checkpoint(
   then each is read alone and placed into its sharding on `mesh` under the logical-axis `rules`
   (default `sharding.DEFAULT_RULES`), or on the first local device without a mesh.
   `param_dtype` / `dtype` override the storage / compute dtype (default: float32, or the values
-  saved by `save_checkpoint`).
+  saved by `save_checkpoint`); `scan_layers` the parameter layout (default: unrolled, or the
+  one saved). Scanned, each layer's tensors are placed one layer at a time and stacked on device.
   """
   path = os.fspath(path)
   cfg_file = os.path.join(path, CONFIG_FILE)
@@ -355,9 +396,13 @@ def load_checkpoint(
     raise FileNotFoundError(f"{cfg_file} not found: a Hugging Face checkpoint needs config.json")
   hf = _read_json(cfg_file)
   cfg = config_from_hf(hf, source=cfg_file)
-  overrides = {k: v for k, v in (("param_dtype", param_dtype), ("dtype", dtype)) if v is not None}
+  given = (("param_dtype", param_dtype), ("dtype", dtype), ("scan_layers", scan_layers))
+  overrides = {k: v for k, v in given if v is not None}
   if overrides:
-    cfg = dataclasses.replace(cfg, **overrides)
+    try:
+      cfg = dataclasses.replace(cfg, **overrides)
+    except ValueError as e:
+      raise CheckpointFormatError(f"{cfg_file}: {e}") from None
   params_map = _param_map(cfg, hf["model_type"])
   infos, listing = _tensor_infos(path)
   _check_tensors(params_map, infos, listing, cfg_file, cfg.tie_embeddings)
@@ -373,14 +418,17 @@ def load_checkpoint(
   target = np.dtype(cfg.weight_dtype)
   out: dict[tuple[str, ...], jax.Array] = {}
   with _Reader(infos) as reader:
-    for p in params_map:
-      shape = shapes[p.path]
-      if p.stacked:
-        host = np.stack([p.to_ours(reader.read(n), shape[1:]).astype(target) for n in p.names])
+    for entry in _entries(cfg, params_map):
+      shape, sharding = shapes[entry.path], shardings[entry.path]
+      if entry.layered:  # one layer at a time onto the device, stacked there
+        pieces = [
+          _read_param(reader, p, shape[1:], target, scan_lib.layer_sharding(sharding))
+          for p in entry.parts
+        ]
+        out[entry.path] = jax.jit(jnp.stack, out_shardings=sharding)(pieces)
+        del pieces
       else:
-        host = p.to_ours(reader.read(p.names[0]), shape).astype(target)
-      out[p.path] = jax.make_array_from_callback(shape, shardings[p.path], lambda i, h=host: h[i])
-      del host
+        out[entry.path] = _read_param(reader, entry.parts[0], shape, target, sharding)
   if set(out) != set(shapes):  # the tensor map covers the model exactly
     raise AssertionError(f"parameters not mapped: {sorted(set(shapes) ^ set(out))}")
   return cfg, _unflatten(out)
@@ -425,13 +473,14 @@ def save_checkpoint(
   hf = config_to_hf(cfg, mt, dtype=dtype)
   hf.update(hf_overrides or {})
   params_map = _param_map(cfg, mt)
+  entries = _entries(cfg, params_map)
   flat = _flatten(params)
   shapes = {k: v.shape for k, v in _flatten(nn.unbox(abstract_params(cfg))).items()}
-  for p in params_map:
-    if p.path not in flat or tuple(flat[p.path].shape) != tuple(shapes[p.path]):
-      found = tuple(flat[p.path].shape) if p.path in flat else "absent"
-      raise ValueError(f"params[{'/'.join(p.path)}]: expected shape {shapes[p.path]}, got {found}")
-  extra = sorted("/".join(k) for k in set(flat) - {p.path for p in params_map})
+  for e in entries:
+    if e.path not in flat or tuple(flat[e.path].shape) != tuple(shapes[e.path]):
+      found = tuple(flat[e.path].shape) if e.path in flat else "absent"
+      raise ValueError(f"params[{'/'.join(e.path)}]: expected shape {shapes[e.path]}, got {found}")
+  extra = sorted("/".join(k) for k in set(flat) - {e.path for e in entries})
   if any(not k.startswith("value_head/") for k in extra):
     raise ValueError(f"params hold entries that {mt} cannot store: {extra}")
   if extra:
@@ -464,8 +513,9 @@ def save_checkpoint(
     shards.append(list(current))
     current, size = {}, 0
 
-  for p in params_map:
-    host = _to_host(flat[p.path])
+  for p in params_map:  # in HF order; a scanned parameter one layer at a time off the device
+    at = scan_lib.scanned_path(cfg, p.path) if cfg.scan_layers else None
+    host = _to_host(flat[p.path] if at is None else flat[at[0]][at[1]])
     for e, name in enumerate(p.names):
       t = p.to_hf(host[e] if p.stacked else host).astype(np_dtype)
       if current and size + t.nbytes > max_shard_bytes:

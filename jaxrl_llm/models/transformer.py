@@ -11,6 +11,11 @@ sequence written at `cache_index`). Prompts are left-padded: each row of `key_va
 padding (False) then valid keys. `Transformer.attention` picks how attention is computed
 (`jaxrl_llm.kernels.attention`: einsum reference, XLA or cuDNN); it adds no parameters, so any
 choice runs any checkpoint.
+
+The blocks run unrolled (`layer_{i}` submodules, a tuple of per-layer caches) or, with
+`ModelConfig.scan_layers`, under `nn.scan` (`LayerGroup`; parameters stacked on a leading
+`layers` axis, one stacked cache), so that compile time does not grow with depth; the two give
+the same outputs for the same parameters converted by `models.scan`.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from flax import struct
 from jaxrl_llm.kernels import attention
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.moe import MoEMLP, gather_expert_logprobs
+from jaxrl_llm.models.scan import SCAN_NAME
 
 
 @struct.dataclass
@@ -52,31 +58,53 @@ class ModelOutput:
 
 @struct.dataclass
 class KVCache:
-  """Per-layer key/value cache of a fixed length N (static shape).
+  """Key/value cache of a fixed length N (static shape): per-layer arrays, or stacked ones when
+  the layers are scanned (`ModelConfig.scan_layers`).
 
   Heads lead the sequence axis: a decode step's attention is then a batched matmul over
   (B, J) on contiguous [N, Dh] slices, with no relayout of the cache at every step.
   """
 
-  k: tuple[jax.Array, ...]  # L x [B, J, N, Dh]
-  v: tuple[jax.Array, ...]  # L x [B, J, N, Dh]
+  k: tuple[jax.Array, ...] | jax.Array  # L x [B, J, N, Dh], or [L, B, J, N, Dh] scanned
+  v: tuple[jax.Array, ...] | jax.Array  # L x [B, J, N, Dh], or [L, B, J, N, Dh] scanned
+
+  @property
+  def batch_axis(self) -> int:
+    """The batch axis of the cache's arrays (1 when they are stacked over layers)."""
+    return 0 if isinstance(self.k, tuple) else 1
+
+  @property
+  def seq_axis(self) -> int:
+    """The sequence axis N of the cache's arrays."""
+    return self.batch_axis + CACHE_SEQ_AXIS
+
+  def repeat_rows(self, n: int) -> KVCache:
+    """Each sequence's cache repeated n times in a row (a prompt's cache shared by its group)."""
+    return jax.tree.map(lambda x: jnp.repeat(x, n, axis=self.batch_axis), self)
 
 
-CACHE_SEQ_AXIS = 2  # the sequence axis N of each cache array
+CACHE_SEQ_AXIS = 2  # the sequence axis N of each layer's [B, J, N, Dh] cache array
 
 
 def init_cache(cfg: ModelConfig, batch: int, length: int) -> KVCache:
   """An all-zero cache for `batch` sequences of up to `length` tokens."""
   shape = (batch, cfg.num_kv_heads, length, cfg.head_dim)
+  if cfg.scan_layers:
+    zeros = jnp.zeros((cfg.num_layers, *shape), cfg.compute_dtype)
+    return KVCache(k=zeros, v=zeros)
   zeros = tuple(jnp.zeros(shape, cfg.compute_dtype) for _ in range(cfg.num_layers))
   return KVCache(k=zeros, v=zeros)
 
 
 def grow_cache(cache: KVCache, extra: int) -> KVCache:
   """The cache with `extra` empty slots appended to its sequence axis."""
-  pad = [(0, 0)] * 4
-  pad[CACHE_SEQ_AXIS] = (0, extra)
-  return jax.tree.map(lambda x: jnp.pad(x, pad), cache)
+
+  def grow(x):
+    pad = [(0, 0)] * x.ndim
+    pad[cache.seq_axis] = (0, extra)
+    return jnp.pad(x, pad)
+
+  return jax.tree.map(grow, cache)
 
 
 def rope_inv_freq(cfg: ModelConfig) -> np.ndarray | None:
@@ -229,6 +257,51 @@ REMAT_POLICIES = {
 }
 
 
+class LayerGroup(nn.Module):
+  """`cfg.scan_period` consecutive blocks: one step of the scan over layers (`scan_layers`).
+
+  The last block of the group is MoE in an MoE model. The carry is the residual stream and the
+  stacked [L, B, J, N, Dh] cache, whose layer slices are read and written in place (only the
+  new tokens are written back); the per-step inputs are the group index and the MoE layer's
+  replayed and probed experts; the output is that layer's `_layer_moe` dict (None if dense).
+  """
+
+  cfg: ModelConfig
+  remat: str = "none"  # a REMAT_POLICIES name, applied to each block
+
+  @nn.compact
+  def __call__(self, carry, xs, positions, key_valid, cache_index, token_valid):
+    """carry: (x [B, Q, D], k, v [L, B, J, N, Dh] or None); xs: (group [], replay, probe)."""
+    cfg = self.cfg
+    x, cache_k, cache_v = carry
+    group, replay, probe = xs  # replay, probe: [B, Q, K] or None
+    p, num_q = cfg.scan_period, x.shape[1]
+    block_cls = Block
+    if self.remat != "none":
+      block_cls = nn.remat(Block, policy=REMAT_POLICIES[self.remat], prevent_cse=False)
+    moe = None
+    for j in range(p):
+      is_moe = bool(cfg.moe_num_experts) and j == p - 1
+      layer = group * p + j
+      kc = vc = None
+      if cache_k is not None:
+        kc = jax.lax.dynamic_index_in_dim(cache_k, layer, keepdims=False)
+        vc = jax.lax.dynamic_index_in_dim(cache_v, layer, keepdims=False)
+      block = block_cls(cfg, is_moe=is_moe, name=f"block_{j}")
+      x, keys, values, aux = block(
+        x, positions, key_valid, kc, vc, cache_index, replay if is_moe else None, token_valid
+      )
+      if cache_k is not None:
+        at = (layer, 0, 0, cache_index, 0)  # [L, B, J, N, Dh]
+        new_k = jax.lax.dynamic_slice_in_dim(keys, cache_index, num_q, CACHE_SEQ_AXIS)[None]
+        new_v = jax.lax.dynamic_slice_in_dim(values, cache_index, num_q, CACHE_SEQ_AXIS)[None]
+        cache_k = jax.lax.dynamic_update_slice(cache_k, new_k, at)
+        cache_v = jax.lax.dynamic_update_slice(cache_v, new_v, at)
+      if aux is not None:
+        moe = _layer_moe(aux, probe)
+    return (x, cache_k, cache_v), moe
+
+
 class Transformer(nn.Module):
   """The policy: token ids -> float32 logits, optionally reading/writing a KV cache."""
 
@@ -270,15 +343,45 @@ class Transformer(nn.Module):
       token_valid = key_valid
     else:
       token_valid = jax.lax.dynamic_slice_in_dim(key_valid, cache_index, num_q, axis=1)
-    new_k, new_v, moe_aux = [], [], []
+    if cfg.scan_layers:
+      x, new_cache, moe = self._scanned_layers(
+        x, positions, key_valid, cache, cache_index, routing, probe_experts, token_valid
+      )
+    else:
+      x, new_cache, moe = self._unrolled_layers(
+        x, positions, key_valid, cache, cache_index, routing, probe_experts, token_valid
+      )
+    x = _norm(cfg, "final_norm")(x)
+    if return_hidden:
+      logits = None
+    elif cfg.tie_embeddings:
+      logits = embed.attend(x).astype(jnp.float32)
+    else:
+      lm_head = _dense(cfg, cfg.vocab_size, (cfg.vocab_size,), ("embed", "vocab"), name="lm_head")
+      logits = lm_head(x).astype(jnp.float32)
+    values = None
+    if cfg.value_head:  # critic on the shared trunk (spec §2.9)
+      values = _dense(cfg, 1, (1,), ("embed", None), use_bias=True, name="value_head")(x)
+      values = values[..., 0].astype(jnp.float32)
+    hidden = x if return_hidden else None
+    return ModelOutput(logits=logits, cache=new_cache, values=values, moe=moe, hidden=hidden)
+
+  def _unrolled_layers(
+    self, x, positions, key_valid, cache, cache_index, routing, probe_experts, token_valid
+  ):
+    """The blocks as `layer_{i}` submodules, one Python iteration each."""
+    cfg = self.cfg
+    new_k, new_v, moe_layers_out = [], [], []
     moe_layers = cfg.moe_layers
     for i in range(cfg.num_layers):
       kc = None if cache is None else cache.k[i]
       vc = None if cache is None else cache.v[i]
       is_moe = i in moe_layers
-      replay = None
+      replay = probe = None
       if is_moe and routing is not None:
         replay = routing[:, :, moe_layers.index(i)]
+      if is_moe and probe_experts is not None:
+        probe = probe_experts[:, :, moe_layers.index(i)]
       block_cls = Block
       # Not in decode steps (traced cache_index). static_argnums counts self: cache_index.
       if self.remat != "none" and isinstance(cache_index, int):
@@ -290,23 +393,35 @@ class Transformer(nn.Module):
       new_k.append(keys)
       new_v.append(values)
       if aux is not None:
-        moe_aux.append(aux)
-    x = _norm(cfg, "final_norm")(x)
-    if return_hidden:
-      logits = None
-    elif cfg.tie_embeddings:
-      logits = embed.attend(x).astype(jnp.float32)
-    else:
-      lm_head = _dense(cfg, cfg.vocab_size, (cfg.vocab_size,), ("embed", "vocab"), name="lm_head")
-      logits = lm_head(x).astype(jnp.float32)
+        moe_layers_out.append(_layer_moe(aux, probe))
     new_cache = None if cache is None else KVCache(k=tuple(new_k), v=tuple(new_v))
-    values = None
-    if cfg.value_head:  # critic on the shared trunk (spec §2.9)
-      values = _dense(cfg, 1, (1,), ("embed", None), use_bias=True, name="value_head")(x)
-      values = values[..., 0].astype(jnp.float32)
-    moe = _collect_moe(moe_aux, probe_experts) if moe_aux else None
-    hidden = x if return_hidden else None
-    return ModelOutput(logits=logits, cache=new_cache, values=values, moe=moe, hidden=hidden)
+    moe = None
+    if moe_layers_out:
+      moe = _collect_moe(jax.tree.map(lambda *a: jnp.stack(a), *moe_layers_out))
+    return x, new_cache, moe
+
+  def _scanned_layers(
+    self, x, positions, key_valid, cache, cache_index, routing, probe_experts, token_valid
+  ):
+    """The blocks as one `LayerGroup` scanned over L / scan_period steps (`layers`)."""
+    cfg = self.cfg
+    num_groups = cfg.num_layers // cfg.scan_period
+    remat = self.remat if isinstance(cache_index, int) else "none"  # not in decode steps
+    layer_axis = lambda a: None if a is None else jnp.moveaxis(a, 2, 0)  # noqa: E731
+    xs = (jnp.arange(num_groups), layer_axis(routing), layer_axis(probe_experts))
+    scanned = nn.scan(
+      LayerGroup,
+      variable_axes={"params": 0},
+      split_rngs={"params": True},
+      in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
+      length=num_groups,
+      metadata_params={nn.PARTITION_NAME: SCAN_NAME},
+    )(cfg, remat=remat, name=SCAN_NAME)
+    carry = (x, None, None) if cache is None else (x, cache.k, cache.v)
+    index = jnp.asarray(cache_index, jnp.int32)
+    (x, cache_k, cache_v), moe = scanned(carry, xs, positions, key_valid, index, token_valid)
+    new_cache = None if cache is None else KVCache(k=cache_k, v=cache_v)
+    return x, new_cache, None if moe is None else _collect_moe(moe)
 
 
 def unembed(cfg: ModelConfig, params, hidden: jax.Array) -> jax.Array:
@@ -320,24 +435,31 @@ def unembed(cfg: ModelConfig, params, hidden: jax.Array) -> jax.Array:
   return jnp.einsum("...d,dv->...v", hidden.astype(dt), w).astype(jnp.float32)
 
 
-def _collect_moe(aux: list[dict], probe_experts: jax.Array | None) -> MoEOutput:
-  """Stacks per-layer MoE aux dicts into one `MoEOutput` (layer axis after the token axis)."""
-  routing = jnp.stack([a["topk"] for a in aux], axis=2)  # [B, Q, Lm, K]
-  logprobs = [a["router_logprobs"] for a in aux]  # Lm x [B, Q, E]
-  used = jnp.stack([gather_expert_logprobs(lp, a["topk"]) for lp, a in zip(logprobs, aux)], axis=2)
-  probe = None
-  if probe_experts is not None:
-    probe = jnp.stack(
-      [gather_expert_logprobs(lp, probe_experts[:, :, j]) for j, lp in enumerate(logprobs)], axis=2
-    )
+def _layer_moe(aux: dict, probe: jax.Array | None) -> dict:
+  """One MoE layer's part of `MoEOutput` from its aux dict; probe: [B, Q, K] experts or None."""
+  logprobs = aux["router_logprobs"]  # [B, Q, E]
+  return {
+    "routing": aux["topk"],
+    "used": gather_expert_logprobs(logprobs, aux["topk"]),
+    "probe": None if probe is None else gather_expert_logprobs(logprobs, probe),
+    "differs": aux["route_differs"],
+    "load": aux["load"],
+    "aux_loss": aux["aux_loss"],
+    "z_loss": aux["z_loss"],
+  }
+
+
+def _collect_moe(layers: dict) -> MoEOutput:
+  """`MoEOutput` of `_layer_moe` dicts stacked on a leading Lm axis (moved after the tokens)."""
+  tokens_first = lambda a: None if a is None else jnp.moveaxis(a, 0, 2)  # noqa: E731
   return MoEOutput(
-    routing=routing,
-    used_logprobs=used,
-    probe_logprobs=probe,
-    own_differs=jnp.stack([a["route_differs"] for a in aux], axis=2),
-    load=jnp.stack([a["load"] for a in aux]),
-    aux_loss=jnp.mean(jnp.stack([a["aux_loss"] for a in aux])),
-    z_loss=jnp.mean(jnp.stack([a["z_loss"] for a in aux])),
+    routing=tokens_first(layers["routing"]),  # [B, Q, Lm, K]
+    used_logprobs=tokens_first(layers["used"]),
+    probe_logprobs=tokens_first(layers["probe"]),
+    own_differs=tokens_first(layers["differs"]),  # [B, Q, Lm]
+    load=layers["load"],  # [Lm, E]
+    aux_loss=jnp.mean(layers["aux_loss"]),
+    z_loss=jnp.mean(layers["z_loss"]),
   )
 
 
