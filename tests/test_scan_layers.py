@@ -118,7 +118,7 @@ def test_kv_cache_prefill_and_decode_match_unrolled(name):
     dec = step({"params": p}, nxt, pos[:, 7:8], valid, cache=out.cache)
     caches[c.scan_layers] = (out, dec)
   (pre, dec), (spre, sdec) = caches[False], caches[True]
-  assert sdec.cache.k.shape == (cfg.num_layers, 3, 10, 2, 8)
+  assert sdec.cache.k.shape == (cfg.num_layers, 3, 2, 10, 8)  # [L, B, J, N, Dh]
   _close(spre.logits, pre.logits)
   _close(sdec.logits, dec.logits)
   _trees_close(unscan_cache(sdec.cache), dec.cache)
