@@ -43,10 +43,11 @@ def _batch():
   return prompts, mask, tokens
 
 
+@pytest.mark.parametrize("scan", [False, True])
 @pytest.mark.parametrize("remat", ["none", "full"])
 @pytest.mark.parametrize("k", [2, 4])
-def test_shared_prompt_scores_and_gradients_equal_the_unshared_pass(k, remat):
-  model, params = _model(remat, value_head=True)
+def test_shared_prompt_scores_and_gradients_equal_the_unshared_pass(k, remat, scan):
+  model, params = _model(remat, value_head=True, scan_layers=scan)
   prompts, mask, tokens = _batch()
 
   def objective(p, group_size):
