@@ -2,18 +2,118 @@
 
 import importlib.util
 import json
+import sys
 
-from conftest import REPO, tiny_config
+import pytest
+from conftest import REPO
 
 
-def test_bench_reports_all_measurements():
-  spec = importlib.util.spec_from_file_location("bench", REPO / "tools" / "bench.py")
-  bench = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(bench)
-  result = bench.bench(tiny_config(), steps=2)
+def _load(name):
+  sys.path.insert(0, str(REPO / "tools"))
+  spec = importlib.util.spec_from_file_location(name, REPO / "tools" / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+bench = _load("bench")
+
+
+def test_bench_reports_all_measurements_at_the_tiny_shape():
+  result = bench.run(bench.shape_config("tiny"), steps=2, shape="tiny")
   json.dumps(result)  # serialisable
   for key in ("rl_step_s", "compile_s", "sampler_tokens_per_s", "learner_tokens_per_s"):
     assert result[key] > 0, key
   assert 0 < result["sampling_share_of_step"] <= 1
   assert result["host_peak_rss_bytes"] > 0
   assert result["machine"]["platform"] == "cpu" and result["machine"]["device_count"] == 8
+
+  cfg = result["config"]
+  assert (cfg["prompts"], cfg["group_size"], cfg["max_new_tokens"], cfg["prompt_len"]) == (
+    16,
+    8,
+    16,
+    13,
+  )
+  assert cfg["epochs"] == cfg["minibatches"] == 1 and cfg["full_length"]
+  # Every completion ran to full length: the sampler took all T decode steps.
+  assert result["decode_steps"] == 16
+  assert result["generated_tokens_per_step"] == 16 * 8 * 16
+  assert result["decode_ms_per_step"] == pytest.approx(1e3 * result["sample_s"] / 16)
+  assert result["learner_s"] == pytest.approx(result["rl_step_s"] - result["sample_s"])
+
+  # Bytes a decode step reads: fp32 weights of the whole model; K and V of every layer's full
+  # cache (B rows, S+T slots, 2 kv heads of 32).
+  n = result["params"]["total"]
+  mc = bench.config_lib.model_config(bench.shape_config("tiny"))
+  assert n == bench._count_params(mc)
+  assert result["sampler_weight_bytes"] == 4 * n
+  assert result["kv_cache_bytes_per_decode_step"] == 128 * 4 * 2 * 2 * 32 * (13 + 16) * 4
+  assert result["params"]["body"] == n - 64 * 128  # tied: the embedding is the output layer
+  flops = 6 * result["params"]["body"] * 128 * 29 + 6 * 64 * 128 * 128 * 16
+  flops += 12 * 4 * 4 * 32 * 29 * 128 * 29
+  assert result["learner_flops_per_step"] == pytest.approx(flops)
+  assert result["learner_tflops_per_s"] == pytest.approx(flops / result["learner_s"] / 1e12)
+
+  # A CPU has no spec-sheet limits: the percentages are null.
+  assert result["decode_hbm_roofline_pct"] is None and result["learner_mfu_pct"] is None
+  mem = result["compiled_step_memory"]
+  assert mem["argument_bytes"] > 0 and mem["temp_bytes"] > 0
+  assert "peer" not in result
+
+
+def test_device_limits_come_from_the_table_or_the_flags():
+  h100 = bench.device_limits("gpu", "NVIDIA H100 80GB HBM3")
+  assert (h100["hbm_bytes_per_s"], h100["peak_flops"]) == (3.35e12, 989e12)
+  assert bench.device_limits("gpu", "NVIDIA H200")["hbm_bytes_per_s"] == 4.8e12
+  assert bench.device_limits("tpu", "TPU v5 lite")["peak_flops"] == 197e12
+  measured = bench.device_limits("gpu", "NVIDIA H100 80GB HBM3", 3.0e12, 8.0e14)
+  assert (measured["hbm_bytes_per_s"], measured["peak_flops"]) == (3.0e12, 8.0e14)
+  assert measured["source"]["peak_flops"] == "flag"
+  cpu = bench.device_limits("cpu", "cpu")
+  assert cpu["hbm_bytes_per_s"] is None and cpu["peak_flops"] is None
+  assert bench.device_limits("cpu", "cpu", 1e11, 1e12)["peak_flops"] == 1e12
+  assert bench.device_limits("gpu", "Unknown Accelerator")["peak_flops"] is None
+
+
+@pytest.mark.parametrize("shape", bench.SHAPE_NAMES)
+def test_shapes_and_the_peer_spec_need_no_device(shape):
+  config = bench.shape_config(shape, ["train.num_steps=7"])
+  assert config.train.num_steps == 7
+  assert config.rl.num_epochs == config.rl.num_minibatches == 1
+  spec = bench.peer_spec(config, steps=3)
+  assert spec["prompt_len"] == 13 and spec["steps"] == 3
+  if shape.startswith("qwen"):
+    assert spec["attention_bias"] and spec["compute_dtype"] == "bfloat16"
+    assert spec["param_dtype"] == "float32" and spec["gradient_checkpointing"]
+    assert (spec["prompts"], spec["group_size"]) == (8, 8)
+  else:
+    assert spec["compute_dtype"] == "float32" and not spec["gradient_checkpointing"]
+    assert (spec["prompts"], spec["group_size"]) == (16, 8)
+  rows = spec["prompts"] * spec["group_size"]
+  seq = spec["prompt_len"] + spec["max_new_tokens"]
+  assert rows % spec["microbatches"] == 0
+  assert rows // spec["microbatches"] * seq <= config.rl.microbatch_tokens or (
+    rows == spec["microbatches"]
+  )
+
+
+def test_peer_needs_one_update_per_rollout():
+  config = bench.shape_config("tiny", ["rl.num_minibatches=2"])
+  with pytest.raises(bench.config_lib.ConfigError, match="one optimiser update"):
+    bench.peer_spec(config, steps=1)
+
+
+def test_trl_peer_at_a_micro_shape():
+  pytest.importorskip("trl")
+  micro = ["model.d_model=32", "model.num_layers=1", "model.mlp_dim=64", "rl.num_prompts=2"]
+  micro += ["sampling.group_size=2", "sampling.max_new_tokens=4", "model.attention_bias=True"]
+  config = bench.shape_config("tiny", micro)
+  spec = bench.peer_spec(config, steps=1)
+  result = bench.run_peer("trl", spec, timeout_s=600)
+  assert "error" not in result, result
+  assert result["model_class"] == "Qwen2ForCausalLM"  # qkv bias, as ours
+  assert result["num_params"] == bench._count_params(bench.config_lib.model_config(config))
+  assert result["completion_length_min"] == result["completion_length_max"] == 4
+  assert len(result["step_times_s"]) == 2 and result["step_s"] > 0 and result["sample_s"] > 0
+  assert result["peak_memory_bytes"] > 0

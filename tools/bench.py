@@ -1,26 +1,140 @@
-"""Benchmark the fused RL step: `python tools/bench.py --config=configs/default.py`.
+"""Benchmark the fused RL step, optionally against TRL's GRPOTrainer at the same shape.
 
-Prints one JSON object: sampler tokens/s, learner tokens/s, RL step time, the share of the
-step spent sampling, compile time, peak memory, and the machine it ran on. The sampler is
-timed alone with the fused step's own sample phase (the sampler's weight copy); the learner's share is the
-rest of the fused step. Timings are medians over `--steps` warm steps.
+  python tools/bench.py --config=configs/default.py [--config.rl.num_prompts=64] [--steps=5]
+  python tools/bench.py --shape=medium [--peer=trl] [--set=sampling.param_dtype=bfloat16]
+
+Prints one JSON object. Timings are medians over `--steps` warm steps (after compilation and one
+warm-up step). The sampler is timed alone with the fused step's own sample phase (the sampler's
+copy of the weights, `sampling.param_dtype`); the learner's time is the rest of the fused step
+(reward, advantages, forward/backward, optimiser). Per phase:
+
+  sampler   decode_ms_per_step = sampler time / decode steps taken (the prefill is included),
+            decode_hbm_roofline_pct = (sampler weight bytes + KV-cache bytes read per decode step)
+            / decode step time / the device's HBM bandwidth
+  learner   learner_tflops_per_s and learner_mfu_pct from learner_flops_per_step =
+            6·N_body·B·(S+T) + 6·V·D·B·T + 12·L·H·Dh·(S+T)·B·(S+T) (see `learner_flops`)
+  step      rl_step_s, peak device memory, and the compiled step's argument / output / temp bytes
+
+`--shape` (tiny, medium, qwen2.5-0.5b, qwen2.5-1.5b) benchmarks random-init weights on 13-token
+prompts with every completion at full length (the end-of-sequence id is made unreachable) and
+one optimiser update per rollout. `--peer=trl` first runs tools/peer_trl.py in a subprocess at
+the identical shape (its memory is its own) and adds TRL's numbers and the ratios TRL / ours.
+Device limits come from a table of public spec sheets by `device_kind`, or from
+`--hbm_bytes_per_s` / `--peak_flops` (e.g. measured values); on a CPU the percentages are null
+unless both are given.
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import functools
 import json
 import os
 import platform
 import resource
 import statistics
+import subprocess
+import sys
 import time
 
-import jax
-import numpy as np
-from absl import app, flags
-from ml_collections import config_flags
+_TOOLS = os.path.dirname(os.path.abspath(__file__))
+_REPO = os.path.dirname(_TOOLS)
+for _path in (_REPO, _TOOLS):  # run from a checkout without installing it
+  if _path not in sys.path:
+    sys.path.insert(0, _path)
 
-from jaxrl_llm import config_lib, data, train
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from jaxrl_llm import config_lib, data, quant, train  # noqa: E402
+from jaxrl_llm.rl import make_rl_step  # noqa: E402
+
+# Per-device limits from public spec sheets: (device_kind substring, HBM bytes/s, dense bf16
+# FLOP/s). Matched in order against the lower-cased `device_kind`, so specific names come first.
+DEVICE_LIMITS: tuple[tuple[str, float, float], ...] = (
+  ("h100 pcie", 2.0e12, 756e12),
+  ("h100 nvl", 3.9e12, 835e12),
+  ("h100", 3.35e12, 989e12),  # SXM, "NVIDIA H100 80GB HBM3"
+  ("h200", 4.8e12, 989e12),
+  ("a100", 2.039e12, 312e12),  # 80GB SXM
+  ("tpu v5 lite", 819e9, 197e12),  # v5e
+  ("tpu v5e", 819e9, 197e12),
+  ("tpu v5p", 2.765e12, 459e12),
+  ("tpu v5", 2.765e12, 459e12),  # v5p reports "TPU v5"
+  ("tpu v6 lite", 1.64e12, 918e12),  # v6e (Trillium)
+  ("tpu v6e", 1.64e12, 918e12),
+  ("tpu v4", 1.2e12, 275e12),
+)
+
+# What every --shape runs: random init, 13-token prompts (reverse task, 11 letters), no warm
+# start, no reference model, one device, one optimiser update per rollout.
+RUN: dict[str, object] = {
+  "task.name": "reverse",
+  "task.min_len": 11,
+  "task.max_len": 11,
+  "task.eval_size": 16,
+  "sft.steps": 0,
+  "mesh.data": 1,
+  "rl.num_epochs": 1,
+  "rl.num_minibatches": 1,
+  "kl.beta": 0.0,
+}
+
+
+def _shapes() -> dict[str, dict[str, object]]:
+  import memory_table
+
+  fp32 = {"model.dtype": "float32", "model.param_dtype": "float32"}
+  small = {"rl.num_prompts": 16, "sampling.group_size": 8, **fp32}
+  shapes = {
+    "tiny": {
+      "model.vocab_size": 64,
+      "model.d_model": 128,
+      "model.num_layers": 4,
+      "model.num_heads": 4,
+      "model.num_kv_heads": 2,
+      "model.head_dim": 32,
+      "model.mlp_dim": 512,
+      "sampling.max_new_tokens": 16,
+      **small,
+    },
+    "medium": {
+      "model.vocab_size": 4096,
+      "model.d_model": 256,
+      "model.num_layers": 6,
+      "model.num_heads": 8,
+      "model.num_kv_heads": 4,
+      "model.head_dim": 32,
+      "model.mlp_dim": 1024,
+      "sampling.max_new_tokens": 64,
+      **small,
+    },
+  }
+  for name, fields in memory_table.SHAPES.items():  # 8 x 8, bf16 compute, fp32 params
+    shapes[name] = {**memory_table.COMMON, **fields}
+  return shapes
+
+
+SHAPE_NAMES = ("tiny", "medium", "qwen2.5-0.5b", "qwen2.5-1.5b")
+
+
+def shape_config(name: str, overrides: list[str] = ()):
+  """The default config at benchmark shape `name`, then the user's `FIELD=VALUE` overrides
+  (parsed by the trainer's own command-line parser: typed, unknown fields named)."""
+  from jaxrl_llm import main as trainer_main
+
+  shapes = _shapes()
+  if name not in shapes:
+    raise ValueError(f"unknown shape {name!r}; known: {', '.join(shapes)}")
+  config_file = os.path.join(_REPO, "configs", "default.py")
+  fixed = [f"--config.{k}={v}" for k, v in {**RUN, **shapes[name]}.items()]
+  return trainer_main.parse_config(
+    ["bench", f"--config={config_file}", *fixed, *(f"--config.{o}" for o in overrides)]
+  )
+
+
+# ---- measurements -------------------------------------------------------------------------
 
 
 def _peak_memory_bytes() -> dict[str, int | None]:
@@ -28,8 +142,11 @@ def _peak_memory_bytes() -> dict[str, int | None]:
   dev = jax.devices()[0]
   stats = dev.memory_stats() if hasattr(dev, "memory_stats") else None
   device_peak = stats.get("peak_bytes_in_use") if stats else None
-  host_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-  return {"device_peak_bytes": device_peak, "host_peak_rss_bytes": host_peak}
+  return {"device_peak_bytes": device_peak, "host_peak_rss_bytes": _rss_bytes()}
+
+
+def _rss_bytes() -> int:
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _machine() -> dict[str, object]:
@@ -40,21 +157,128 @@ def _machine() -> dict[str, object]:
     "device_count": jax.device_count(),
     "host": platform.node(),
     "cpu_count": os.cpu_count(),
+    "load_avg_1m": os.getloadavg()[0],  # other work on the machine skews CPU timings
     "processor": platform.processor() or platform.machine(),
     "jax": jax.__version__,
   }
 
 
-def _time(fn, *args) -> float:
-  t0 = time.perf_counter()
-  jax.block_until_ready(fn(*args))
-  return time.perf_counter() - t0
+def device_limits(
+  platform_name: str,
+  device_kind: str,
+  hbm_bytes_per_s: float | None = None,
+  peak_flops: float | None = None,
+) -> dict[str, object]:
+  """HBM bandwidth and dense bf16 peak of one device: flags first, else the spec table
+  (accelerators only: a CPU gets None unless both are given)."""
+  kind = device_kind.lower()
+  row = next((r for r in DEVICE_LIMITS if r[0] in kind), None)
+  if platform_name == "cpu":
+    row = None
+  hbm = hbm_bytes_per_s if hbm_bytes_per_s else (row[1] if row else None)
+  flops = peak_flops if peak_flops else (row[2] if row else None)
+  source = {
+    "hbm_bytes_per_s": "flag" if hbm_bytes_per_s else ("spec sheet" if row else None),
+    "peak_flops": "flag" if peak_flops else ("spec sheet (dense bf16)" if row else None),
+  }
+  return {"hbm_bytes_per_s": hbm, "peak_flops": flops, "source": source}
 
 
-def bench(config, steps: int) -> dict[str, object]:
+def param_counts(params, mc) -> dict[str, int]:
+  """Parameters in all, in the token embedding, in an untied output layer, and the rest (the
+  body: attention, MLP, norms), from the real parameter tree."""
+  total = int(sum(x.size for x in jax.tree.leaves(params)))
+  embedding = int(params["embed"]["embedding"].size)
+  output = 0 if mc.tie_embeddings else int(params["lm_head"]["kernel"].size)
+  return {
+    "total": total,
+    "embedding": embedding,
+    "untied_output_layer": output,
+    "body": total - embedding - output,
+  }
+
+
+FLOPS_FORMULA = (
+  "6*N_body*B*(S+T) + 6*V*D*B*T + 12*L*H*Dh*(S+T)*B*(S+T): forward+backward of the body (N "
+  "without the embedding and output layer) over prompt+completion tokens, the output layer at "
+  "the completion positions only (where the learner computes it), and attention scores over "
+  "the full S+T window (PaLM convention, causal masking not subtracted); model FLOPs, block "
+  "rematerialisation not counted"
+)
+
+
+def learner_flops(mc, body_params: int, b: int, s: int, t: int) -> float:
+  """Model FLOPs of one learner pass over B sequences of S prompt + T completion tokens (see
+  FLOPS_FORMULA): the one forward/backward of a single-update step."""
+  tokens = b * (s + t)
+  body = 6.0 * body_params * tokens
+  head = 6.0 * mc.vocab_size * mc.d_model * b * t
+  attention = 12.0 * mc.num_layers * mc.num_heads * mc.head_dim * (s + t) * tokens
+  return body + head + attention
+
+
+def decode_bytes(sampler_params, sampler_mc, b: int, s: int, t: int) -> dict[str, int]:
+  """Bytes one decode step reads: the sampler's weights (as `quant.sampler_params` makes them;
+  int8 is fake-quantised, so its copy keeps the parameter dtype) and the KV cache, which the
+  attention reads whole (all S+T slots of B rows, K and V, every layer) at every step."""
+  weights = int(sum(x.size * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(sampler_params)))
+  itemsize = np.dtype(sampler_mc.compute_dtype).itemsize
+  kv = b * sampler_mc.num_layers * 2 * sampler_mc.num_kv_heads * sampler_mc.head_dim * (s + t)
+  return {"sampler_weight_bytes": weights, "kv_cache_bytes_per_decode_step": int(kv * itemsize)}
+
+
+def _memory_analysis(compiled) -> dict[str, int] | None:
+  try:
+    mem = compiled.memory_analysis()
+  except Exception:  # not every backend reports one
+    return None
+  if mem is None:
+    return None
+  return {
+    "argument_bytes": int(mem.argument_size_in_bytes),
+    "output_bytes": int(mem.output_size_in_bytes),
+    "temp_bytes": int(mem.temp_size_in_bytes),
+    "alias_bytes": int(mem.alias_size_in_bytes),
+    "generated_code_bytes": int(mem.generated_code_size_in_bytes),
+  }
+
+
+def _pct(num: float | None, den: float | None) -> float | None:
+  return None if not num or not den else 100.0 * num / den
+
+
+def program_for(exp: train.Experiment, full_length: bool):
+  """The experiment's RL programs; with `full_length`, rebuilt with an end-of-sequence id no
+  token can take, so every completion runs to max_new_tokens (fixed work per step)."""
+  if not full_length:
+    return exp.program
+  ctx = exp.program.learner
+  return make_rl_step(
+    exp.model,
+    ctx.optimizer,
+    ctx.schedule,
+    getattr(exp.task, "reward_terms", None),
+    dataclasses.replace(ctx.sampling, eos_id=-1),
+    ctx.settings,
+    exp.mesh,
+    exp.state_shardings,
+    sampler_dtype=ctx.sampler_dtype,
+  )
+
+
+def bench(
+  config,
+  steps: int,
+  *,
+  full_length: bool = True,
+  hbm_bytes_per_s: float | None = None,
+  peak_flops: float | None = None,
+) -> dict[str, object]:
   """Runs `steps` warm fused RL steps and a sampler-only pass; returns the measurements."""
   exp = train.build(config)
-  samp = config_lib.sampling_config(config, exp.task)
+  program = program_for(exp, full_length)
+  ctx = program.learner
+  samp = ctx.sampling
   it = data.make_prompt_iterator(
     exp.task.train_examples(config.seed), config_lib.num_sampled_prompts(config), seed=config.seed
   )
@@ -62,10 +286,16 @@ def bench(config, steps: int) -> dict[str, object]:
   state = exp.state
   if config.kl.beta > 0:
     state = state.replace(ref_params=jax.tree.map(lambda x: x.copy(), state.params))
+  mc = exp.model.cfg
+  counts = param_counts(state.params, mc)
+  sampler_params = jax.eval_shape(
+    functools.partial(quant.sampler_params, dtype=ctx.sampler_dtype), state.params
+  )
 
   t0 = time.perf_counter()
-  compiled = exp.rl_step.lower(state, batches[0], state.rng).compile()
+  compiled = program.step.lower(state, batches[0], state.rng).compile()
   compile_s = time.perf_counter() - t0
+  compiled_memory = _memory_analysis(compiled)
 
   step_times, gen_tokens = [], []
   state, m = compiled(state, batches[0], jax.random.fold_in(state.rng, 0))  # warm-up
@@ -79,49 +309,280 @@ def bench(config, steps: int) -> dict[str, object]:
   learner_tokens = float(m["perf/learner_tokens"])
 
   # The fused step's own sample phase: the sampler's weight copy (sampling.param_dtype).
-  sample_fn = exp.program.sample
+  sample_fn = program.sample
   jax.block_until_ready(sample_fn(state, batches[0], state.rng))
-  sample_times, sample_tokens = [], []
+  sample_times, sample_tokens, decode_steps = [], [], []
   for i in range(1, steps + 1):
     key = jax.random.fold_in(state.rng, 1000 + i)
     t0 = time.perf_counter()
     r = jax.block_until_ready(sample_fn(state, batches[i], key))
     sample_times.append(time.perf_counter() - t0)
     sample_tokens.append(float(np.sum(r.lengths)))
+    decode_steps.append(int(r.decode_steps))
 
   step_s = statistics.median(step_times)
   sample_s = statistics.median(sample_times)
   learn_s = max(step_s - sample_s, 1e-9)
+  b = config_lib.num_sampled_prompts(config) * samp.group_size
+  s, t = exp.task.prompt_len, samp.max_new_tokens
+  steps_taken = int(statistics.median(decode_steps))
+  decode_ms = 1e3 * sample_s / max(steps_taken, 1)
+  read = decode_bytes(sampler_params, ctx.sampler_model.cfg, b, s, t)
+  read["decode_bytes_per_step"] = (
+    read["sampler_weight_bytes"] + read["kv_cache_bytes_per_decode_step"]
+  )
+  flops = learner_flops(mc, counts["body"], b, s, t) * config.rl.num_epochs
+  machine = _machine()
+  limits = device_limits(machine["platform"], machine["device_kind"], hbm_bytes_per_s, peak_flops)
+  hbm, peak = limits["hbm_bytes_per_s"], limits["peak_flops"]
+  achieved_bw = read["decode_bytes_per_step"] / (decode_ms / 1e3) if steps_taken else None
   return {
     "config": {
       "task": config.task.name,
-      "model": config_lib.model_config(config).to_dict(),
+      "model": mc.to_dict(),
       "prompts": config.rl.num_prompts,
-      "group_size": config.sampling.group_size,
-      "max_new_tokens": samp.max_new_tokens,
+      "group_size": samp.group_size,
+      "prompt_len": s,
+      "max_new_tokens": t,
       "epochs": config.rl.num_epochs,
       "minibatches": config.rl.num_minibatches,
+      "microbatches": ctx.settings.rl.num_microbatches,
+      "remat": ctx.settings.rl.remat,
+      "sampler_param_dtype": ctx.sampler_dtype,
+      "sampler_compute_dtype": ctx.sampler_model.cfg.dtype,
+      "full_length": full_length,
     },
     "rl_step_s": step_s,
+    "step_times_s": step_times,
     "compile_s": compile_s,
     "sampler_tokens_per_s": statistics.median(sample_tokens) / sample_s,
     "learner_tokens_per_s": learner_tokens / learn_s,
     "sampling_share_of_step": min(sample_s / step_s, 1.0),
     "generated_tokens_per_step": statistics.median(gen_tokens),
+    "sample_s": sample_s,
+    "learner_s": learn_s,
+    "decode_steps": steps_taken,
+    "decode_ms_per_step": decode_ms,
+    **read,
+    "decode_bytes_per_s": achieved_bw,
+    "decode_hbm_roofline_pct": _pct(achieved_bw, hbm),
+    "params": counts,
+    "learner_tokens_per_step": learner_tokens,
+    "learner_flops_per_step": flops,
+    "learner_flops_formula": FLOPS_FORMULA,
+    "learner_tflops_per_s": flops / learn_s / 1e12,
+    "learner_mfu_pct": _pct(flops / learn_s, peak),
+    "device_limits": limits,
+    "compiled_step_memory": compiled_memory,
     **_peak_memory_bytes(),
-    "machine": _machine(),
+    "machine": machine,
   }
 
 
-def main(argv):
-  """Prints the benchmark result as JSON."""
-  del argv
-  print(json.dumps(bench(flags.FLAGS.config, flags.FLAGS.steps), indent=2))
+# ---- the peer ------------------------------------------------------------------------------
+
+
+def _count_params(mc) -> int:
+  """Parameters of a dense `ModelConfig` (the same as the built tree; for `rl.remat=auto`)."""
+  d, h, j, dh, f = mc.d_model, mc.num_heads, mc.num_kv_heads, mc.head_dim, mc.mlp_dim
+  attn = d * h * dh + 2 * d * j * dh + h * dh * d
+  if mc.attention_bias:
+    attn += h * dh + 2 * j * dh
+  layer = attn + 3 * d * f + 2 * d + (2 * dh if mc.qk_norm else 0)
+  head = 0 if mc.tie_embeddings else d * mc.vocab_size
+  return mc.vocab_size * d + mc.num_layers * layer + d + head + (d + 1 if mc.value_head else 0)
+
+
+def peer_spec(config, steps: int) -> dict[str, object]:
+  """The peer's shape and run, from `config` without touching a device (so that the peer's
+  process can have the accelerator to itself first)."""
+  mc = config_lib.model_config(config)
+  problems = []
+  if mc.moe_num_experts:
+    problems.append("a dense model (model.moe_num_experts=0)")
+  if config.rl.num_epochs != 1 or config.rl.num_minibatches != 1:
+    problems.append("one optimiser update per rollout (rl.num_epochs=1, rl.num_minibatches=1)")
+  if config.kl.beta:
+    problems.append("no reference model (kl.beta=0)")
+  if config.mesh.data not in (1, -1) or config.mesh.model != 1:
+    problems.append("one device (mesh.data=1)")
+  if problems:
+    raise config_lib.ConfigError("--peer needs " + "; ".join(problems))
+  task = train.build_task(config)
+  samp = config_lib.sampling_config(config, task)
+  p, g = config.rl.num_prompts, samp.group_size
+  rl = config_lib.learner_settings(config).rl.resolved(
+    rows_per_device=p * g,
+    seq_len=task.prompt_len + samp.max_new_tokens,
+    num_params=_count_params(mc),
+  )
+  return {
+    "vocab_size": mc.vocab_size,
+    "d_model": mc.d_model,
+    "num_layers": mc.num_layers,
+    "num_heads": mc.num_heads,
+    "num_kv_heads": mc.num_kv_heads,
+    "head_dim": mc.head_dim,
+    "mlp_dim": mc.mlp_dim,
+    "attention_bias": mc.attention_bias,
+    "tie_embeddings": mc.tie_embeddings,
+    "rope_theta": mc.rope_theta,
+    "norm_eps": mc.norm_eps,
+    "prompts": p,
+    "group_size": g,
+    "max_new_tokens": samp.max_new_tokens,
+    "prompt_len": task.prompt_len,
+    "param_dtype": mc.param_dtype,
+    "compute_dtype": mc.dtype,
+    "microbatches": rl.num_microbatches,
+    "gradient_checkpointing": rl.remat != "none",
+    "steps": steps,
+    "warmup": 1,
+    "learning_rate": float(config.optim.learning_rate),
+    "temperature": float(config.sampling.temperature),
+    "seed": int(config.seed),
+  }
+
+
+def run_peer(
+  name: str, spec: dict, python: str | None = None, timeout_s: float | None = None
+) -> dict[str, object]:
+  """Runs tools/peer_<name>.py in its own process; its result, or {"error": ...}."""
+  import peer_trl
+
+  cmd = [
+    python or sys.executable,
+    os.path.join(_TOOLS, f"peer_{name}.py"),
+    "--spec",
+    json.dumps(spec),
+  ]
+  env = dict(os.environ)
+  env.pop("XLA_FLAGS", None)
+  t0 = time.perf_counter()
+  try:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+  except subprocess.TimeoutExpired:
+    return {"name": name, "error": f"timed out after {timeout_s} s"}
+  lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(peer_trl.MARKER)]
+  if proc.returncode != 0 or not lines:
+    tail = (proc.stdout + proc.stderr)[-3000:]
+    return {"name": name, "error": f"exit status {proc.returncode}", "output_tail": tail}
+  result = json.loads(lines[-1][len(peer_trl.MARKER) :])
+  result["wall_s"] = time.perf_counter() - t0
+  return result
+
+
+def compare(ours: dict, peer: dict) -> dict[str, object]:
+  """Ratios peer / ours (above 1: ours is faster or smaller) and what memory was compared."""
+  if "error" in peer:
+    return {}
+  on_device = ours["machine"]["platform"] != "cpu" and ours["device_peak_bytes"] is not None
+  our_peak = ours["device_peak_bytes"] if on_device else ours["host_peak_rss_bytes"]
+  ratios = {
+    "step_time": peer["step_s"] / ours["rl_step_s"],
+    "sample_time": peer["sample_s"] / ours["sample_s"],
+    "learner_time": peer["learner_s"] / ours["learner_s"],
+    "peak_memory": peer["peak_memory_bytes"] / our_peak,
+    "memory_compared": (
+      "device: JAX peak_bytes_in_use vs torch.cuda.max_memory_allocated"
+      if on_device
+      else "host: peak RSS of each process"
+    ),
+  }
+  if not on_device:
+    base = peer.get("host_baseline_rss_bytes")
+    ours_base = ours.get("host_baseline_rss_bytes")
+    if base and ours_base:
+      ratios["peak_memory_above_baseline"] = (peer["peak_memory_bytes"] - base) / max(
+        our_peak - ours_base, 1
+      )
+  return ratios
+
+
+def run(
+  config,
+  steps: int,
+  *,
+  shape: str | None = None,
+  peer: str | None = None,
+  peer_python: str | None = None,
+  peer_timeout_s: float | None = None,
+  **bench_kwargs,
+) -> dict[str, object]:
+  """The peer (if any) first, in its own process, then ours; one JSON-ready result."""
+  baseline = _rss_bytes()
+  peer_result = None
+  if peer:
+    spec = peer_spec(config, steps)
+    peer_result = run_peer(peer, spec, peer_python, peer_timeout_s)
+  result = {"shape": shape, **bench(config, steps, **bench_kwargs)}
+  result["host_baseline_rss_bytes"] = baseline
+  if peer_result is not None:
+    used = (spec["microbatches"], spec["gradient_checkpointing"])
+    ours = (result["config"]["microbatches"], result["config"]["remat"] != "none")
+    if used != ours:
+      peer_result["warning"] = f"peer ran (microbatches, remat) {used}, ours {ours}"
+    peer_result["ratios"] = compare(result, peer_result)
+    if peer_result["ratios"] and "sample_s" in peer_result:
+      flops = result["learner_flops_per_step"]
+      peer_result["learner_tflops_per_s"] = flops / peer_result["learner_s"] / 1e12
+    result["peer"] = peer_result
+  return result
+
+
+def main(argv: list[str]) -> int:
+  """Command line: prints the benchmark result as JSON."""
+  parser = argparse.ArgumentParser(
+    description=__doc__.splitlines()[0],
+    epilog="Other arguments --config.FIELD=VALUE override config fields (as for the trainer).",
+  )
+  parser.add_argument("--config", help="experiment config file (or give --shape)")
+  parser.add_argument("--shape", choices=SHAPE_NAMES, help="benchmark shape (or give --config)")
+  parser.add_argument("--set", action="append", default=[], help="FIELD=VALUE (repeatable)")
+  parser.add_argument("--steps", type=int, default=5, help="warm RL steps to time")
+  parser.add_argument(
+    "--full_length",
+    action="store_true",
+    default=True,
+    help="every completion runs to max_new_tokens, no end-of-sequence (the default)",
+  )
+  parser.add_argument("--nofull_length", dest="full_length", action="store_false")
+  parser.add_argument("--peer", choices=["trl"], help="also run this trainer at the same shape")
+  parser.add_argument("--peer_python", help="Python of the peer (default: this one)")
+  parser.add_argument("--peer_timeout_s", type=float, help="give up on the peer after this long")
+  parser.add_argument("--hbm_bytes_per_s", type=float, help="device HBM bandwidth (default: table)")
+  parser.add_argument("--peak_flops", type=float, help="device peak FLOP/s (default: table)")
+  args, rest = parser.parse_known_args(argv)
+  unknown = [a for a in rest if not a.startswith(("--config.", "--noconfig."))]
+  if unknown:
+    parser.error(f"unrecognised arguments: {' '.join(unknown)}")
+  if bool(args.shape) == bool(args.config):
+    parser.error("give exactly one of --shape and --config")
+  overrides = list(args.set)
+  for a in rest:  # --config.a.b=v -> a.b=v; --noconfig.a.b -> a.b=False
+    overrides.append(a[len("--config.") :] if a.startswith("--config.") else a[10:] + "=False")
+  if args.shape:
+    config = shape_config(args.shape, overrides)
+  else:
+    from jaxrl_llm import main as trainer_main
+
+    config = trainer_main.parse_config(
+      ["bench", f"--config={args.config}", *(f"--config.{o}" for o in overrides)]
+    )
+  result = run(
+    config,
+    args.steps,
+    shape=args.shape,
+    peer=args.peer,
+    peer_python=args.peer_python,
+    peer_timeout_s=args.peer_timeout_s,
+    full_length=args.full_length,
+    hbm_bytes_per_s=args.hbm_bytes_per_s,
+    peak_flops=args.peak_flops,
+  )
+  print(json.dumps(result, indent=2), flush=True)
+  return 0
 
 
 if __name__ == "__main__":
-  # Flags are defined only when run as a program, so importing `bench` defines none.
-  config_flags.DEFINE_config_file("config", None, "Experiment config.", lock_config=True)
-  flags.DEFINE_integer("steps", 5, "Warm RL steps to time.")
-  flags.mark_flags_as_required(["config"])
-  app.run(main)
+  sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,272 @@
+"""TRL's GRPOTrainer at one benchmark shape: the peer of `tools/bench.py --peer=trl`.
+
+  python tools/peer_trl.py --spec='{"vocab_size": 64, "d_model": 128, ...}'
+
+`bench.py` runs this in a subprocess (so its memory is its own) with a JSON spec of the shape
+it benchmarks: the model's dimensions, prompts, group size, new tokens, dtypes, microbatches and
+remat. The policy is a random-init `transformers` Qwen2ForCausalLM (qkv bias) or
+LlamaForCausalLM (no bias) of the same dimensions; the prompts are random token strings of the
+same length; every completion runs to full length (`min_new_tokens = max_new_tokens`, so the
+end-of-sequence token is suppressed); each generation is followed by exactly one optimiser step
+(gradient accumulation over the same number of microbatches as ours, no old-policy pass, no
+reference model); the reward is a constant. The last stdout line is `PEER_RESULT {json}`:
+median warm step time, median generation time, and peak memory (torch.cuda.max_memory_allocated
+on a GPU, peak RSS on a CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+
+MARKER = "PEER_RESULT "
+
+SPEC_FIELDS = (
+  "vocab_size",
+  "d_model",
+  "num_layers",
+  "num_heads",
+  "num_kv_heads",
+  "head_dim",
+  "mlp_dim",
+  "attention_bias",
+  "tie_embeddings",
+  "rope_theta",
+  "norm_eps",
+  "prompts",
+  "group_size",
+  "max_new_tokens",
+  "prompt_len",
+  "param_dtype",  # float32 | bfloat16: the weights (and Adam state) as stored
+  "compute_dtype",  # float32 | bfloat16: bfloat16 = autocast (TRL's bf16=True)
+  "microbatches",  # gradient-accumulation slices of the one optimiser step
+  "gradient_checkpointing",
+  "steps",  # warm steps timed
+  "warmup",  # steps run first and not timed
+  "learning_rate",
+  "temperature",
+  "seed",
+)
+
+
+def _rss_bytes() -> int:
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def build_model(spec: dict):
+  """A random-init causal LM of the spec's dimensions (Qwen2 with qkv bias, else Llama)."""
+  import torch
+  import transformers
+
+  common = {
+    "vocab_size": spec["vocab_size"],
+    "hidden_size": spec["d_model"],
+    "intermediate_size": spec["mlp_dim"],
+    "num_hidden_layers": spec["num_layers"],
+    "num_attention_heads": spec["num_heads"],
+    "num_key_value_heads": spec["num_kv_heads"],
+    "rms_norm_eps": spec["norm_eps"],
+    "tie_word_embeddings": spec["tie_embeddings"],
+    "max_position_embeddings": max(spec["prompt_len"] + spec["max_new_tokens"], 128),
+    "rope_parameters": {"rope_type": "default", "rope_theta": spec["rope_theta"]},
+  }
+  if spec["attention_bias"]:  # Qwen2: bias on q, k, v (not o), like ours
+    cfg = transformers.Qwen2Config(**common, use_sliding_window=False)
+  else:
+    cfg = transformers.LlamaConfig(**common, attention_bias=False, mlp_bias=False)
+  cfg.head_dim = spec["head_dim"]
+  dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[spec["param_dtype"]]
+  torch.manual_seed(spec["seed"])
+  model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+  return model
+
+
+def build_tokenizer(vocab_size: int):
+  """A word-level tokenizer with one word per model token id (`t0` pad, `t2` eos), built
+  locally (nothing is downloaded): a prompt of n words is n tokens."""
+  from tokenizers import Tokenizer, models, pre_tokenizers
+  from transformers import PreTrainedTokenizerFast
+
+  vocab = {f"t{i}": i for i in range(vocab_size)}
+  tok = Tokenizer(models.WordLevel(vocab, unk_token="t1"))
+  tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+  return PreTrainedTokenizerFast(
+    tokenizer_object=tok,
+    pad_token="t0",
+    unk_token="t1",
+    eos_token="t2",
+    padding_side="left",
+    truncation_side="left",
+  )
+
+
+def prompts_dataset(spec: dict, num: int):
+  """`num` prompts of exactly `prompt_len` random tokens (never the pad/unk/eos ids)."""
+  import numpy as np
+  from datasets import Dataset
+
+  rng = np.random.default_rng(spec["seed"])
+  ids = rng.integers(3, spec["vocab_size"], size=(num, spec["prompt_len"]))
+  return Dataset.from_dict({"prompt": [" ".join(f"t{i}" for i in row) for row in ids]})
+
+
+def constant_reward(completions, **kwargs):
+  """The same reward for every completion (the work measured does not depend on it)."""
+  del kwargs
+  return [1.0] * len(completions)
+
+
+def run(spec: dict) -> dict:
+  """Trains `warmup + steps` GRPO steps and returns the timings and peak memory."""
+  import torch
+  import transformers
+  import trl
+  from transformers import TrainerCallback
+  from trl import GRPOConfig, GRPOTrainer
+
+  baseline_rss = _rss_bytes()
+  cuda = torch.cuda.is_available()
+  sync = torch.cuda.synchronize if cuda else (lambda: None)
+  b = spec["prompts"] * spec["group_size"]
+  k = spec["microbatches"]
+  if b % k:
+    raise ValueError(f"{b} sequences do not split into {k} microbatches")
+  total_steps = spec["warmup"] + spec["steps"]
+  bf16 = spec["compute_dtype"] == "bfloat16"
+
+  model = build_model(spec)
+  tokenizer = build_tokenizer(spec["vocab_size"])
+  dataset = prompts_dataset(spec, spec["prompts"] * total_steps)
+  out_dir = tempfile.mkdtemp(prefix="peer_trl_")
+  args = GRPOConfig(
+    output_dir=out_dir,
+    per_device_train_batch_size=b // k,
+    gradient_accumulation_steps=k,
+    steps_per_generation=k,  # one generation of P x G completions per optimiser step
+    num_generations=spec["group_size"],
+    max_completion_length=spec["max_new_tokens"],
+    num_iterations=1,  # one optimiser update per rollout: no old-policy pass
+    beta=0.0,  # no reference model (ours: kl.beta = 0)
+    loss_type="grpo",
+    temperature=spec["temperature"],
+    top_p=1.0,
+    top_k=0,
+    generation_kwargs={"min_new_tokens": spec["max_new_tokens"]},  # every completion full length
+    learning_rate=spec["learning_rate"],
+    lr_scheduler_type="constant",
+    max_steps=total_steps,
+    bf16=bf16,
+    fp16=False,
+    use_cpu=not cuda,
+    gradient_checkpointing=spec["gradient_checkpointing"],
+    logging_strategy="no",
+    save_strategy="no",
+    eval_strategy="no",
+    report_to="none",
+    disable_tqdm=True,
+    dataloader_num_workers=0,
+    log_completions=False,
+    seed=spec["seed"],
+  )
+
+  step_times: list[float] = []
+  gen_times: list[float] = []
+  gen_lengths: list[int] = []
+
+  class StepTimer(TrainerCallback):
+    """Wall time of each optimiser step: generation, scoring, forward/backward, update."""
+
+    def on_step_begin(self, args, state, control, **kwargs):
+      sync()
+      self.t0 = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+      sync()
+      step_times.append(time.perf_counter() - self.t0)
+
+  trainer = GRPOTrainer(
+    model=model,
+    reward_funcs=constant_reward,
+    args=args,
+    train_dataset=dataset,
+    processing_class=tokenizer,
+    callbacks=[StepTimer()],
+  )
+  generate = trainer._generate_single_turn
+
+  def timed_generate(*a, **kw):  # the sampler alone: transformers' generate for the batch
+    sync()
+    t0 = time.perf_counter()
+    out = generate(*a, **kw)
+    sync()
+    gen_times.append(time.perf_counter() - t0)
+    gen_lengths.extend(len(ids) for ids in out[0])
+    return out
+
+  trainer._generate_single_turn = timed_generate
+  if cuda:
+    torch.cuda.reset_peak_memory_stats()
+  trainer.train()
+  warm = slice(spec["warmup"], None)
+  if len(step_times) != total_steps or len(gen_times) != total_steps:
+    raise RuntimeError(
+      f"expected {total_steps} steps with one generation each, timed {len(step_times)} steps "
+      f"and {len(gen_times)} generations"
+    )
+  step_s = statistics.median(step_times[warm])
+  gen_s = statistics.median(gen_times[warm])
+  result = {
+    "name": "trl",
+    "model_class": type(model).__name__,
+    "step_s": step_s,
+    "sample_s": gen_s,
+    "learner_s": max(step_s - gen_s, 1e-9),
+    "decode_ms_per_step": 1e3 * gen_s / spec["max_new_tokens"],
+    "step_times_s": step_times,
+    "completion_length_min": min(gen_lengths),
+    "completion_length_max": max(gen_lengths),
+    "num_params": sum(p.numel() for p in model.parameters()),
+    "host_peak_rss_bytes": _rss_bytes(),
+    "host_baseline_rss_bytes": baseline_rss,
+    "device": torch.cuda.get_device_name() if cuda else "cpu",
+    "torch_threads": torch.get_num_threads(),
+    "versions": {
+      "trl": trl.__version__,
+      "transformers": transformers.__version__,
+      "torch": torch.__version__,
+    },
+    "spec": spec,
+  }
+  if cuda:
+    result["peak_memory_bytes"] = torch.cuda.max_memory_allocated()
+    result["peak_memory_kind"] = "torch.cuda.max_memory_allocated"
+    result["cuda_max_memory_reserved_bytes"] = torch.cuda.max_memory_reserved()
+  else:
+    result["peak_memory_bytes"] = result["host_peak_rss_bytes"]
+    result["peak_memory_kind"] = "peak_rss"
+  return result
+
+
+def main(argv: list[str]) -> int:
+  """Command line: prints `PEER_RESULT {json}` as the last line."""
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--spec", required=True, help="JSON object with the fields SPEC_FIELDS")
+  spec = json.loads(parser.parse_args(argv).spec)
+  missing = [f for f in SPEC_FIELDS if f not in spec]
+  if missing:
+    print(f"spec lacks {missing}", file=sys.stderr)
+    return 2
+  os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+  result = run(spec)
+  print(MARKER + json.dumps(result), flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))
