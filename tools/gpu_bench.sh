@@ -5,7 +5,8 @@
 #
 # For a machine with jax (CUDA), flax, optax, orbax, chex, torch and transformers installed. It
 # first installs, from the wheel folder $WHEELS (default .whl/), only the wheels whose
-# distribution is not installed yet (no index, no dependencies: nothing installed is replaced),
+# distribution is not installed yet, into $SITE (default /tmp/jaxrl_llm_site, put on PYTHONPATH;
+# no index, no dependencies: the machine's own packages are neither replaced nor touched),
 # then runs `tools/bench.py --shape=SHAPE --peer=trl` for each shape. Each shape's JSON goes to
 # stdout (and to $OUT/bench_SHAPE.json when $OUT is set); logs go to stderr.
 # Environment: STEPS (warm steps, default 3), PEER_TIMEOUT_S (default 420), WHEELS, OUT, and
@@ -15,6 +16,9 @@ cd "$(dirname "$0")/.."
 WHEELS=${WHEELS:-.whl}
 STEPS=${STEPS:-3}
 PEER_TIMEOUT_S=${PEER_TIMEOUT_S:-420}
+SITE=${SITE:-/tmp/jaxrl_llm_site}
+export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}"
+export TOKENIZERS_PARALLELISM=false
 SHAPES=("$@")
 [ ${#SHAPES[@]} -eq 0 ] && SHAPES=(qwen2.5-0.5b qwen2.5-1.5b)
 
@@ -32,7 +36,7 @@ PY
   if [ -n "$missing" ]; then
     echo "installing:" $missing >&2
     # shellcheck disable=SC2086
-    python3 -m pip install --quiet --no-deps --no-index $missing >&2
+    python3 -m pip install --quiet --no-deps --no-index --target "$SITE" $missing >&2
   fi
 fi
 python3 - >&2 <<'PY'
@@ -47,8 +51,6 @@ for n in names:
     found[n] = None
 print("versions:", found)
 PY
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-export TOKENIZERS_PARALLELISM=false
 for shape in "${SHAPES[@]}"; do
   echo "== $shape" >&2
   # shellcheck disable=SC2086
