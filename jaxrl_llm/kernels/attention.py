@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 IMPLEMENTATIONS = ("auto", "einsum", "xla", "cudnn")
+SEQ_TILE = 64  # the cuDNN form pads its sequence slots to a multiple of this
 _NEG_INF = -1e30
 
 
@@ -93,16 +94,20 @@ def padded_causal(q, keys, values, key_valid, implementation: str = "cudnn"):
   bwd = ((ar - pad[:, None]) % num_q)[:, :, None, None]
   rot = lambda x, idx: jnp.take_along_axis(x, idx, axis=1)  # noqa: E731
   lengths = jnp.maximum(n_valid, 1)  # an all-padding row attends one (padding) key, not none
+  # cuDNN's backward refuses odd sequence lengths: pad the slots to a multiple of SEQ_TILE at
+  # the end, past every row's length, so the padding is masked and sliced off.
+  extra = -num_q % SEQ_TILE
+  tile = lambda x, idx: jnp.pad(rot(x, idx), ((0, 0), (0, extra), (0, 0), (0, 0)))  # noqa: E731
   out = jax.nn.dot_product_attention(
-    rot(q, fwd),
-    rot(keys, fwd),
-    rot(values, fwd),
+    tile(q, fwd),
+    tile(keys, fwd),
+    tile(values, fwd),
     is_causal=True,
     query_seq_lengths=lengths,
     key_value_seq_lengths=lengths,
     implementation=implementation,
   )
-  return rot(out, bwd)
+  return rot(out[:, :num_q], bwd)
 
 
 def cudnn_refusal(dtype, head_dim: int) -> str | None:

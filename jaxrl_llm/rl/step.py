@@ -217,6 +217,28 @@ class RLProgram:
   learner: Learner
 
 
+def make_learner(model, optimizer, schedule, sampling, settings, sampler_dtype, rows) -> Learner:
+  """The `Learner`: the sampler's network at its dtype, the learner's with its remat policy
+  (which acts on gradients only), and whether learner passes share prompts."""
+  sampler_model = model
+  if sampler_dtype == "bfloat16":
+    sampler_cfg = dataclasses.replace(model.cfg, dtype="bfloat16")
+    sampler_model = Transformer(sampler_cfg, attention=model.attention)
+  learner_model = Transformer(model.cfg, remat=settings.rl.remat, attention=model.attention)
+  shared = shares_prompt(settings.rl.share_prompt, learner_model)
+  return Learner(
+    learner_model,
+    sampler_model,
+    optimizer,
+    schedule,
+    sampling,
+    settings,
+    sampler_dtype,
+    rows,
+    prompt_group=sampling.group_size if shared else 1,
+  )
+
+
 def make_rl_step(
   model: Transformer,
   optimizer: optax.GradientTransformation,
@@ -237,25 +259,7 @@ def make_rl_step(
   if settings.rl.num_microbatches < 1 or settings.rl.remat == "auto":
     raise ValueError("rl.num_microbatches / rl.remat are 'auto': pass settings.rl.resolved(...)")
   rows, repl = NamedSharding(mesh, PartitionSpec("data")), NamedSharding(mesh, PartitionSpec())
-  sampler_model = model
-  if sampler_dtype == "bfloat16":
-    sampler_model = Transformer(
-      dataclasses.replace(model.cfg, dtype="bfloat16"), attention=model.attention
-    )
-  # remat acts on gradients only
-  learner_model = Transformer(model.cfg, remat=settings.rl.remat, attention=model.attention)
-  shared = shares_prompt(settings.rl.share_prompt, learner_model)
-  ctx = Learner(
-    learner_model,
-    sampler_model,
-    optimizer,
-    schedule,
-    sampling,
-    settings,
-    sampler_dtype,
-    rows,
-    prompt_group=sampling.group_size if shared else 1,
-  )
+  ctx = make_learner(model, optimizer, schedule, sampling, settings, sampler_dtype, rows)
   batch_shardings = PromptBatch(tokens=rows, mask=rows, answer=rows, answer_mask=rows)
   return RLProgram(
     step=jax.jit(
