@@ -73,12 +73,25 @@ def _restrict(logp: jax.Array, top_k: int, top_p: float) -> jax.Array:
   return logp
 
 
+def first_argmax(x: jax.Array) -> jax.Array:
+  """`jnp.argmax(x, -1)` as int32 for NaN-free x (the first index of the row maximum), written as
+  a max and a masked min over an iota: two plain reductions, where `argmax`'s variadic
+  (value, index) reduction runs element by element on the CPU backend (7 ms per decode step of
+  128 x 4096 float32 on two cores, against under 1 ms)."""
+  v = x.shape[-1]
+  top = jnp.max(x, axis=-1, keepdims=True)
+  first = jnp.min(jnp.where(x == top, jnp.arange(v, dtype=jnp.int32), v), axis=-1)
+  return jnp.minimum(first, v - 1)  # a NaN row (no element equals its max) -> the last id
+
+
 def draw(key: jax.Array, logp: jax.Array, cfg: SamplingConfig) -> jax.Array:
   """One token per row [B] int32 from log-probs [B, V], known up to a per-row constant
-  (argmax when `cfg.greedy`; top-k / top-p restrict the draw)."""
+  (argmax when `cfg.greedy`; top-k / top-p restrict the draw). The Gumbel-max draw is
+  `jax.random.categorical`'s, token for token: argmax(logp + gumbel(key, [B, V]))."""
   if cfg.greedy:
-    return jnp.argmax(logp, axis=-1).astype(jnp.int32)
-  return jax.random.categorical(key, _restrict(logp, cfg.top_k, cfg.top_p)).astype(jnp.int32)
+    return first_argmax(logp)
+  logp = _restrict(logp, cfg.top_k, cfg.top_p)
+  return first_argmax(logp + jax.random.gumbel(key, logp.shape, logp.dtype))
 
 
 def sample(

@@ -8,7 +8,7 @@ import pytest
 
 from jaxrl_llm.models import ModelConfig, Transformer, init_cache
 from jaxrl_llm.models.transformer import positions_from_mask
-from jaxrl_llm.sampling import SamplingConfig, _restrict, sample, score
+from jaxrl_llm.sampling import SamplingConfig, _restrict, draw, first_argmax, sample, score
 
 VARIANTS = {
   "llama": dict(),
@@ -155,3 +155,17 @@ def test_early_exit_stops_decoding():
   assert int(r.decode_steps) == 1
   np.testing.assert_array_equal(r.lengths, [1, 1, 1])
   assert not np.any(r.truncated)
+
+
+def test_draw_is_categorical_token_for_token_and_first_argmax_keeps_ties():
+  """`draw` gives jax.random.categorical's token for the same key (so a seed's rollouts do not
+  change with the faster argmax), and `first_argmax` is jnp.argmax, ties to the first index."""
+  logits = jax.random.normal(jax.random.PRNGKey(5), (64, 257)) * 3
+  for i in range(5):
+    key = jax.random.PRNGKey(10 + i)
+    want = jax.random.categorical(key, logits)
+    got = draw(key, logits, SamplingConfig(max_new_tokens=1))
+    np.testing.assert_array_equal(got, want)
+  ties = jnp.array([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, 2.0], [-jnp.inf, -1.0, -jnp.inf, -1.0]])
+  np.testing.assert_array_equal(first_argmax(ties), jnp.argmax(ties, -1))
+  np.testing.assert_array_equal(first_argmax(logits), jnp.argmax(logits, -1))
