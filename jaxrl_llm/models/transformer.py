@@ -20,6 +20,8 @@ the same outputs for the same parameters converted by `models.scan`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -159,6 +161,17 @@ def _norm(cfg: ModelConfig, name: str, axis_name: str = "embed") -> nn.RMSNorm:
   )
 
 
+def token_major(fn: Callable[[jax.Array], jax.Array], x: jax.Array, n_in: int = 1) -> jax.Array:
+  """`fn(x)` for a dense layer over x's last `n_in` dims, applied to x with its leading (batch,
+  position) dims merged into one token dim and split again after. The same values; on the CPU
+  backend a matmul with a single free dim needs no transposed copy of its operands in the
+  backward pass (1.5x faster SwiGLU forward + backward, 1.8x the output layer, measured at 32 x
+  64 tokens); elsewhere the reshape is free."""
+  lead = x.shape[: x.ndim - n_in]
+  y = fn(x.reshape(-1, *x.shape[x.ndim - n_in :]))
+  return y.reshape(*lead, *y.shape[1:])
+
+
 def _dense(cfg, features, axes, names, *, use_bias=False, in_axes=-1, name=None, std=None):
   init = nn.initializers.normal(stddev=std) if std else nn.initializers.lecun_normal()
   return nn.DenseGeneral(
@@ -185,9 +198,15 @@ class Attention(nn.Module):
     cfg = self.cfg
     h, j, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     b = cfg.attention_bias
-    q = _dense(cfg, (h, dh), (h, dh), ("embed", "heads", "head_dim"), use_bias=b, name="q")(x)
-    k = _dense(cfg, (j, dh), (j, dh), ("embed", "kv_heads", "head_dim"), use_bias=b, name="k")(x)
-    v = _dense(cfg, (j, dh), (j, dh), ("embed", "kv_heads", "head_dim"), use_bias=b, name="v")(x)
+    q = token_major(
+      _dense(cfg, (h, dh), (h, dh), ("embed", "heads", "head_dim"), use_bias=b, name="q"), x
+    )
+    k = token_major(
+      _dense(cfg, (j, dh), (j, dh), ("embed", "kv_heads", "head_dim"), use_bias=b, name="k"), x
+    )
+    v = token_major(
+      _dense(cfg, (j, dh), (j, dh), ("embed", "kv_heads", "head_dim"), use_bias=b, name="v"), x
+    )
     if cfg.qk_norm:
       q = _norm(cfg, "q_norm", "head_dim")(q)
       k = _norm(cfg, "k_norm", "head_dim")(k)
@@ -204,10 +223,10 @@ class Attention(nn.Module):
       )
       keys, values, start = write(k_cache, k), write(v_cache, v), cache_index
     out = attention.attend(q, keys, values, key_valid, start, self.implementation)  # [B, Q, H, Dh]
-    out = _dense(
+    o = _dense(
       cfg, cfg.d_model, (cfg.d_model,), ("heads", "head_dim", "embed"), in_axes=(-2, -1), name="o"
-    )(out)
-    return out, keys, values
+    )
+    return token_major(o, out, n_in=2), keys, values
 
 
 class MLP(nn.Module):
@@ -219,11 +238,10 @@ class MLP(nn.Module):
   def __call__(self, x):
     """x: [B, N, D] -> [B, N, D]."""
     cfg = self.cfg
-    gate = _dense(cfg, cfg.mlp_dim, (cfg.mlp_dim,), ("embed", "mlp"), name="gate")(x)
-    up = _dense(cfg, cfg.mlp_dim, (cfg.mlp_dim,), ("embed", "mlp"), name="up")(x)
-    return _dense(cfg, cfg.d_model, (cfg.d_model,), ("mlp", "embed"), name="down")(
-      nn.silu(gate) * up
-    )
+    gate = _dense(cfg, cfg.mlp_dim, (cfg.mlp_dim,), ("embed", "mlp"), name="gate")
+    up = _dense(cfg, cfg.mlp_dim, (cfg.mlp_dim,), ("embed", "mlp"), name="up")
+    down = _dense(cfg, cfg.d_model, (cfg.d_model,), ("mlp", "embed"), name="down")
+    return token_major(lambda t: down(nn.silu(gate(t)) * up(t)), x)
 
 
 class Block(nn.Module):
@@ -355,13 +373,14 @@ class Transformer(nn.Module):
     if return_hidden:
       logits = None
     elif cfg.tie_embeddings:
-      logits = embed.attend(x).astype(jnp.float32)
+      logits = token_major(embed.attend, x).astype(jnp.float32)
     else:
       lm_head = _dense(cfg, cfg.vocab_size, (cfg.vocab_size,), ("embed", "vocab"), name="lm_head")
-      logits = lm_head(x).astype(jnp.float32)
+      logits = token_major(lm_head, x).astype(jnp.float32)
     values = None
     if cfg.value_head:  # critic on the shared trunk (spec §2.9)
-      values = _dense(cfg, 1, (1,), ("embed", None), use_bias=True, name="value_head")(x)
+      head = _dense(cfg, 1, (1,), ("embed", None), use_bias=True, name="value_head")
+      values = token_major(head, x)
       values = values[..., 0].astype(jnp.float32)
     hidden = x if return_hidden else None
     return ModelOutput(logits=logits, cache=new_cache, values=values, moe=moe, hidden=hidden)
@@ -430,9 +449,11 @@ def unembed(cfg: ModelConfig, params, hidden: jax.Array) -> jax.Array:
   dt = cfg.compute_dtype
   if cfg.tie_embeddings:
     w = params["embed"]["embedding"].astype(dt)  # [V, D]
-    return jnp.einsum("...d,vd->...v", hidden.astype(dt), w).astype(jnp.float32)
-  w = params["lm_head"]["kernel"].astype(dt)  # [D, V]
-  return jnp.einsum("...d,dv->...v", hidden.astype(dt), w).astype(jnp.float32)
+    layer = lambda x: jnp.einsum("nd,vd->nv", x, w)  # noqa: E731
+  else:
+    w = params["lm_head"]["kernel"].astype(dt)  # [D, V]
+    layer = lambda x: jnp.einsum("nd,dv->nv", x, w)  # noqa: E731
+  return token_major(layer, hidden.astype(dt)).astype(jnp.float32)
 
 
 def _layer_moe(aux: dict, probe: jax.Array | None) -> dict:
