@@ -51,15 +51,19 @@ def _token_major(x: jax.Array, dtype) -> jax.Array:
   return x.swapaxes(1, 2).astype(dtype)
 
 
+def _probs(scores: jax.Array, m: jax.Array, head_dim: int, dtype) -> jax.Array:
+  """Scaled, masked float32 softmax of raw scores [.., N] (m broadcasts to them), at `dtype`."""
+  scores = scores.astype(jnp.float32) / jnp.sqrt(jnp.float32(head_dim))
+  return jax.nn.softmax(jnp.where(m, scores, _NEG_INF), axis=-1).astype(dtype)
+
+
 def reference(q: jax.Array, keys: jax.Array, values: jax.Array, m: jax.Array) -> jax.Array:
   """q [B, Q, H, Dh], keys/values [B, J, N, Dh], mask [B, Q, N] -> [B, Q, H, Dh] (einsum)."""
   b, num_q, h, dh = q.shape
   j = keys.shape[1]
   qg = q.reshape(b, num_q, j, h // j, dh)  # [B, Q, J, H/J, Dh]
-  scores = jnp.einsum("bqjgd,bjkd->bjgqk", qg, keys.astype(q.dtype)).astype(jnp.float32)
-  scores = scores / jnp.sqrt(jnp.float32(dh))
-  scores = jnp.where(m[:, None, None, :, :], scores, _NEG_INF)
-  probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+  scores = jnp.einsum("bqjgd,bjkd->bjgqk", qg, keys.astype(q.dtype))
+  probs = _probs(scores, m[:, None, None, :, :], dh, q.dtype)
   out = jnp.einsum("bjgqk,bjkd->bqjgd", probs, values.astype(q.dtype))
   return out.reshape(b, num_q, h, dh)
 
@@ -72,10 +76,8 @@ def one_query(q: jax.Array, keys: jax.Array, values: jax.Array, m: jax.Array) ->
   b, _, h, dh = q.shape
   j = keys.shape[1]
   qg = q.reshape(b, j, h // j, dh)  # [B, J, G, Dh]
-  scores = jnp.einsum("bjgd,bjkd->bjgk", qg, keys.astype(q.dtype)).astype(jnp.float32)
-  scores = scores / jnp.sqrt(jnp.float32(dh))
-  scores = jnp.where(m[:, :, None, :], scores, _NEG_INF)  # [B, 1, 1, N] over [B, J, G, N]
-  probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+  scores = jnp.einsum("bjgd,bjkd->bjgk", qg, keys.astype(q.dtype))
+  probs = _probs(scores, m[:, :, None, :], dh, q.dtype)  # mask [B, 1, 1, N] over [B, J, G, N]
   out = jnp.einsum("bjgk,bjkd->bjgd", probs, values.astype(q.dtype))
   return out.reshape(b, 1, h, dh)
 
