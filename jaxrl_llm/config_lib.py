@@ -10,6 +10,7 @@ import math
 
 import ml_collections
 
+from jaxrl_llm import sharding
 from jaxrl_llm.kernels import attention
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.quant import SAMPLER_DTYPES
@@ -150,8 +151,15 @@ def validate(
     e.append(
       f"sampling.param_dtype={config.sampling.param_dtype!r}; allowed: {', '.join(SAMPLER_DTYPES)}"
     )
-  inner = max(config.mesh.model, 1) * max(config.mesh.expert, 1)
-  data = config.mesh.data if config.mesh.data != -1 else num_devices // inner
+  m = config.mesh
+  try:
+    sizes = sharding.mesh_shape(
+      num_devices, data=m.data, fsdp=m.get("fsdp", 1), expert=m.expert, model=m.model
+    )
+  except ValueError as err:
+    e.append(str(err))
+    sizes = None
+  data = sizes["data"] * sizes["fsdp"] if sizes else 0  # rows are split over data x fsdp
   if data >= 1 and not e:
     sampled = num_sampled_prompts(config)
     if sampled % data:
@@ -162,7 +170,8 @@ def validate(
       )
       e.append(
         f"{what}={sampled} is not divisible by the {data} data-parallel devices "
-        f"of the mesh (mesh.data={config.mesh.data}); use a multiple of {data}"
+        f"of the mesh (mesh.data x mesh.fsdp = {sizes['data']} x {sizes['fsdp']}); "
+        f"use a multiple of {data}"
       )
     if rl.num_prompts % data:
       e.append(
@@ -195,6 +204,11 @@ def validate(
     mc = None
   if mc is not None:
     e.extend(_attention_errors(config.model.attention, mc))
+  if mc is not None and sizes and mc.d_model % sizes["fsdp"]:
+    e.append(
+      f"mesh.fsdp={sizes['fsdp']} does not divide model.d_model={mc.d_model} (FSDP splits "
+      "every weight along d_model); use a divisor of it"
+    )
   if model_override is not None and config.model.value_head:
     e.append("model.value_head with model.checkpoint is not supported (no pretrained value head)")
   if getattr(task, "host_reward", False):

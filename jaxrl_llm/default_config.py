@@ -168,7 +168,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.train.stop_after_steps = 0  # end this invocation after N steps (time-limited jobs; 0 = off)
 
   c.mesh = ml_collections.ConfigDict()
-  c.mesh.data = -1  # data-parallel devices (-1 = all not used by `model`)
+  c.mesh.data = -1  # data-parallel devices (-1 = all the other axes leave)
+  c.mesh.fsdp = 1  # fully-sharded data parallel: params + optimiser state split (-1 = all left)
   c.mesh.expert = 1  # expert-parallel devices (the `expert` logical axis)
   c.mesh.model = 1  # tensor-parallel devices
   c.mesh.rules = ()  # logical->mesh axis rules, e.g. (("mlp", "model"),); () = built-in table

@@ -58,6 +58,9 @@ class _LoopState:
   routing: jax.Array | None  # [B, S+T, Lm, K] experts used per processed token (MoE only)
 
 
+DECODE_SCOPE = "decode"  # jax.named_scope of the decode while_loop
+
+
 def _restrict(logp: jax.Array, top_k: int, top_p: float) -> jax.Array:
   """Sets log-probs outside the top-k / top-p set to -inf (for drawing only). [B, V]."""
   if top_k and top_k < logp.shape[-1]:
@@ -181,7 +184,8 @@ def sample(
       routing=routing,
     )
 
-  state = jax.lax.while_loop(cond, body, state)
+  with jax.named_scope(DECODE_SCOPE):  # names the loop in the compiled program (HLO tests)
+    state = jax.lax.while_loop(cond, body, state)
   loss_mask = (jnp.arange(t_max)[None, :] < state.lengths[:, None]).astype(jnp.float32)
   return Rollout(
     prompt_tokens=prompt_tokens_b,

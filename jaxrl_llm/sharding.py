@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -12,20 +15,56 @@ import optax
 from absl import logging
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-MESH_AXES = ("data", "expert", "model")
+MESH_AXES = ("data", "fsdp", "expert", "model")
+BATCH_AXES = ("data", "fsdp")  # the mesh axes a batch's rows are split over
 
-# Logical parameter / activation axis -> mesh axis (None = replicated).
-DEFAULT_RULES: tuple[tuple[str, str | None], ...] = (
-  ("batch", "data"),
+# Logical parameter / activation axis -> mesh axis or axes (None = replicated).
+DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
+  ("batch", BATCH_AXES),
+  ("activation_batch", BATCH_AXES),  # rows of the residual stream between blocks
+  ("activation_length", None),
+  ("activation_embed", None),
   ("vocab", "model"),
   ("heads", "model"),
   ("mlp", "model"),
   ("expert", "expert"),
   ("kv_heads", None),
   ("head_dim", None),
-  ("embed", None),
+  ("embed", "fsdp"),  # FSDP: weights split along d_model, gathered where a layer uses them
   ("layers", None),  # leading axis of scanned layer params (model.scan_layers): never split
 )
+
+# The residual stream's logical axes: [B, T, D] rows over the batch axes, the rest whole.
+ACTIVATION = ("activation_batch", "activation_length", "activation_embed")
+
+
+def mesh_shape(
+  num_devices: int, *, data: int = -1, fsdp: int = 1, expert: int = 1, model: int = 1
+) -> dict[str, int]:
+  """The mesh's axis sizes: at most one of `data` / `fsdp` may be -1 (every device the other
+  axes leave). Raises ValueError naming the fields when the sizes do not fit `num_devices`."""
+  sizes = {"data": data, "fsdp": fsdp, "expert": expert, "model": model}
+  free = [k for k, v in sizes.items() if v == -1]
+  if len(free) > 1 or (free and free[0] not in BATCH_AXES):
+    raise ValueError(
+      f"mesh sizes {sizes}: only one of mesh.data / mesh.fsdp may be -1 (all devices left)"
+    )
+  for name, size in sizes.items():
+    if size < 1 and size != -1:
+      raise ValueError(f"mesh.{name}={size} must be >= 1 (or -1 for mesh.data / mesh.fsdp)")
+  fixed = int(np.prod([v for v in sizes.values() if v != -1]))
+  if free:
+    if num_devices % fixed:
+      others = " x ".join(f"mesh.{k}={v}" for k, v in sizes.items() if v != -1)
+      raise ValueError(f"{others} = {fixed} does not divide the {num_devices} devices")
+    sizes[free[0]] = num_devices // fixed
+  total = int(np.prod(list(sizes.values())))
+  if total > num_devices:
+    raise ValueError(
+      " x ".join(f"mesh.{k}={v}" for k, v in sizes.items())
+      + f" = {total} devices, but {num_devices} are available; set mesh.data=-1 to use all"
+    )
+  return sizes
 
 
 def make_mesh(
@@ -34,27 +73,93 @@ def make_mesh(
   devices: Sequence[jax.Device] | None = None,
   *,
   expert: int = 1,
+  fsdp: int = 1,
 ) -> Mesh:
-  """A ('data', 'expert', 'model') mesh; `data=-1` takes every device the others leave."""
+  """A ('data', 'fsdp', 'expert', 'model') mesh (`jax.make_mesh`, which orders the devices by
+  their physical layout). `devices` defaults to `jax.devices()`; pass a TPU topology's devices
+  (`jax.experimental.topologies`) or fake CPU devices to compile for hardware not attached."""
   devices = list(devices if devices is not None else jax.devices())
-  n = len(devices)
-  for name, size in (("model", model), ("expert", expert)):
-    if size < 1:
-      raise ValueError(f"mesh.{name}={size} must be >= 1")
-  inner = model * expert
-  if data == -1:
-    if n % inner:
-      raise ValueError(f"mesh.expert x mesh.model = {inner} does not divide the {n} devices")
-    data = n // inner
-  if data < 1 or data * inner > n:
-    raise ValueError(
-      f"mesh.data={data} x mesh.expert={expert} x mesh.model={model} = {data * inner} devices, "
-      f"but {n} are available; set mesh.data=-1 to use all of them"
-    )
-  if data * inner < n:
-    logging.warning("mesh uses %d of the %d devices", data * inner, n)
-  grid = np.asarray(devices[: data * inner]).reshape(data, expert, model)
-  return Mesh(grid, MESH_AXES)
+  sizes = mesh_shape(len(devices), data=data, fsdp=fsdp, expert=expert, model=model)
+  n = int(np.prod(list(sizes.values())))
+  if n < len(devices):
+    logging.warning("mesh uses %d of the %d devices", n, len(devices))
+  return jax.make_mesh(
+    tuple(sizes[a] for a in MESH_AXES),
+    MESH_AXES,
+    axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES),
+    devices=devices[:n],
+  )
+
+
+def batch_size_divisor(mesh: Mesh) -> int:
+  """How many ways a batch's rows are split (data x fsdp)."""
+  return int(np.prod([mesh.shape[a] for a in BATCH_AXES]))
+
+
+def rows(mesh: Mesh) -> NamedSharding:
+  """Leading (row) dimension over the batch axes, the rest replicated."""
+  return NamedSharding(mesh, PartitionSpec(BATCH_AXES))
+
+
+def without_axis(sharding: NamedSharding, axis: str) -> NamedSharding:
+  """The same sharding with mesh axis `axis` dropped from every dimension (replicated there)."""
+
+  def drop(entry):
+    if entry is None or entry == axis:
+      return None
+    if isinstance(entry, tuple):
+      kept = tuple(a for a in entry if a != axis)
+      return kept if len(kept) > 1 else (kept[0] if kept else None)
+    return entry
+
+  return NamedSharding(sharding.mesh, PartitionSpec(*(drop(e) for e in sharding.spec)))
+
+
+def decode_shardings(param_shardings: Any) -> Any:
+  """The layout the decode loop reads the weights in: FSDP gathered (replicated over `fsdp`),
+  tensor and expert parallelism kept. Resharding to it once per RL step keeps every weight
+  all-gather outside the decode `while_loop`."""
+  return jax.tree.map(lambda s: without_axis(s, "fsdp"), param_shardings)
+
+
+# (mesh, rules) while a program is traced under `activation_rules`; None otherwise.
+_ACTIVE: contextvars.ContextVar[tuple[Mesh, Any] | None] = contextvars.ContextVar(
+  "jaxrl_llm_activation_rules", default=None
+)
+
+
+@contextlib.contextmanager
+def activation_rules(mesh: Mesh, rules):
+  """While tracing inside it, `constrain` pins activations to `rules` on `mesh`."""
+  token = _ACTIVE.set((mesh, rules))
+  try:
+    yield
+  finally:
+    _ACTIVE.reset(token)
+
+
+def constrain(x: jax.Array, logical_axes: tuple[str | None, ...]) -> jax.Array:
+  """`x` constrained to the layout its logical axes map to under the active rules; unchanged
+  outside `activation_rules` (e.g. a model applied on its own)."""
+  active = _ACTIVE.get()
+  if active is None:
+    return x
+  mesh, rules = active
+  spec = nn.logical_to_mesh_axes(logical_axes, rules)
+  return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+
+def traced_with_rules(fn: Callable, mesh: Mesh, rules) -> Callable:
+  """`fn` whose tracing runs inside `activation_rules(mesh, rules)` (wrap before `jax.jit`)."""
+
+  def wrapped(*args, **kwargs):
+    with activation_rules(mesh, rules):
+      return fn(*args, **kwargs)
+
+  inner = fn.func if isinstance(fn, functools.partial) else fn
+  wrapped.__name__ = wrapped.__qualname__ = getattr(inner, "__name__", "program")
+  wrapped.__doc__ = inner.__doc__
+  return wrapped
 
 
 def rules_from_config(rules: Any) -> tuple[tuple[str, str | None], ...]:
@@ -64,11 +169,13 @@ def rules_from_config(rules: Any) -> tuple[tuple[str, str | None], ...]:
   out = []
   for item in rules:
     logical, axis = item
-    if axis is not None and axis not in MESH_AXES:
+    axes = (axis,) if axis is None or isinstance(axis, str) else tuple(axis)
+    if any(a is not None and a not in MESH_AXES for a in axes):
       raise ValueError(
-        f"mesh.rules maps {logical!r} to unknown mesh axis {axis!r}; allowed: {MESH_AXES} or None"
+        f"mesh.rules maps {logical!r} to unknown mesh axis {axis!r}; allowed: {MESH_AXES}, "
+        "a list of them, or None"
       )
-    out.append((str(logical), axis))
+    out.append((str(logical), axis if axis is None or isinstance(axis, str) else axes))
   return tuple(out)
 
 

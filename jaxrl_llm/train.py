@@ -60,6 +60,7 @@ class Experiment:
   schedule: optax.Schedule
   batch_sharding: NamedSharding
   meta: dict
+  rules: tuple = sharding.DEFAULT_RULES  # logical -> mesh axis rules of params and activations
 
   @property
   def settings(self) -> Settings:
@@ -103,7 +104,7 @@ def to_global_batch(np_batch: dict, batch_sharding: NamedSharding) -> PromptBatc
   )
 
 
-def make_eval_fn(model, task, config, mesh):
+def make_eval_fn(model, task, config, mesh, rules=sharding.DEFAULT_RULES):
   """Held-out evaluation: greedy accuracy and pass@k at the sampling temperature.
 
   Sampling is one jitted program; a pure-JAX verifier runs inside it, a host verifier (file
@@ -139,6 +140,7 @@ def make_eval_fn(model, task, config, mesh):
     pk = correct(sampled, batch, k).reshape(-1, k)
     return summarise(correct(greedy, batch, 1), pk, greedy.lengths)
 
+  eval_fn = sharding.traced_with_rules(eval_fn, mesh, rules)
   if not host:
     return jax.jit(eval_fn, out_shardings=repl)
   sample_fn = jax.jit(eval_fn, out_shardings=repl)
@@ -177,11 +179,12 @@ def _sft_phase(exp: Experiment, writer, log_every: int) -> TrainState:
     m = batch.answer_mask.astype(jnp.float32)
     return -jnp.sum(logp * m) / jnp.maximum(jnp.sum(m), 1.0)
 
-  @jax.jit
-  def sft_step(params, opt_state, batch):
+  def sft_update(params, opt_state, batch):
     loss, grads = jax.value_and_grad(loss_fn)(params, batch)
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
+
+  sft_step = jax.jit(sharding.traced_with_rules(sft_update, exp.mesh, exp.rules))
 
   params = exp.state.params
   opt_state = sharding.init_opt_state(
@@ -286,28 +289,43 @@ def _pretrained_config(config):
   )
 
 
-def build(config: ml_collections.ConfigDict, *, abstract: bool = False) -> Experiment:
+def build(
+  config: ml_collections.ConfigDict,
+  *,
+  abstract: bool = False,
+  devices: list[jax.Device] | None = None,
+) -> Experiment:
   """Validates `config` and builds the mesh, task, model, initial state and jitted programs.
 
   With `abstract=True` nothing is allocated or loaded: the state's leaves are
   ShapeDtypeStructs with their shardings, so the programs can be lowered and compiled ahead of
   time (`program.step.lower(exp.state, batch, rng).compile()`) to read their memory.
+  `devices` (default `jax.devices()`) builds the mesh from other devices: fake CPU devices, or
+  a TPU topology's (`jax.experimental.topologies`) for an abstract build compiled for TPU.
   """
   config_lib.check_required(config)
   if config.data.train_files:
     task = file_task.build_file_task(config, config.model.checkpoint)
   else:
     task = build_task(config)
-  mesh = sharding.make_mesh(config.mesh.data, config.mesh.model, expert=config.mesh.expert)
+  devices = list(devices if devices is not None else jax.devices())
+  try:
+    mesh = sharding.make_mesh(
+      config.mesh.data,
+      config.mesh.model,
+      devices,
+      expert=config.mesh.expert,
+      fsdp=config.mesh.fsdp,
+    )
+  except ValueError as err:
+    raise config_lib.ConfigError(str(err)) from None
   rules = sharding.rules_from_config(config.mesh.rules)
   pretrained_cfg, pretrained = None, None
   if abstract and config.model.checkpoint:
     pretrained_cfg = _pretrained_config(config)
   elif not abstract:
     pretrained_cfg, pretrained = _load_pretrained(config, mesh, rules)
-  config_lib.validate(
-    config, num_devices=jax.device_count(), task=task, model_override=pretrained_cfg
-  )
+  config_lib.validate(config, num_devices=len(devices), task=task, model_override=pretrained_cfg)
   mc = pretrained_cfg or config_lib.model_config(config)
   model = Transformer(mc, attention=config.model.attention)
   samp = config_lib.sampling_config(config, task)
@@ -334,7 +352,7 @@ def build(config: ml_collections.ConfigDict, *, abstract: bool = False) -> Exper
   )
   state = _initial_state(config, tx, params, param_shardings, mesh, rng, abstract=abstract)
   num_params = sum(x.size for x in jax.tree.leaves(params))
-  rows = rl.num_prompts * samp.group_size // rl.num_minibatches // mesh.shape["data"]
+  rows = rl.num_prompts * samp.group_size // rl.num_minibatches // sharding.batch_size_divisor(mesh)
   rl = rl.resolved(
     rows_per_device=max(rows, 1),
     seq_len=task.prompt_len + samp.max_new_tokens,
@@ -357,7 +375,8 @@ def build(config: ml_collections.ConfigDict, *, abstract: bool = False) -> Exper
     settings,
     mesh,
     state_shardings,
-    sampler_dtype=quant.resolve_sampler_dtype(config.sampling.param_dtype),
+    sampler_dtype=quant.resolve_sampler_dtype(config.sampling.param_dtype, devices[0].platform),
+    rules=rules,
   )
   meta = {
     "model": mc.to_dict(),
@@ -374,10 +393,11 @@ def build(config: ml_collections.ConfigDict, *, abstract: bool = False) -> Exper
     state=state,
     state_shardings=state_shardings,
     program=program,
-    eval_fn=make_eval_fn(model, task, config, mesh),
+    eval_fn=make_eval_fn(model, task, config, mesh, rules),
     schedule=schedule,
-    batch_sharding=NamedSharding(mesh, PartitionSpec("data")),
+    batch_sharding=sharding.rows(mesh),
     meta=meta,
+    rules=rules,
   )
 
 
@@ -432,7 +452,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       )
     train_iter = exp.task.train_iterator(per_process, config.seed, **shard)
     writer.scalars(0, exp.task.data_stats)  # records read, too long (dropped), kept
-    eval_np = exp.task.eval_batch(multiple_of=exp.mesh.shape["data"])
+    eval_np = exp.task.eval_batch(multiple_of=sharding.batch_size_divisor(exp.mesh))
     eval_answers = eval_np.pop("answer")
   else:
     train_iter = data.make_prompt_iterator(

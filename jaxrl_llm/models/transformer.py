@@ -186,6 +186,19 @@ def _dense(cfg, features, axes, names, *, use_bias=False, in_axes=-1, name=None,
   )
 
 
+# The residual stream's logical axes; `sharding.DEFAULT_RULES` maps the rows over the batch
+# axes. Outside `sharding.activation_rules` (a model applied on its own) nothing is constrained.
+ACTIVATION_AXES = ("activation_batch", "activation_length", "activation_embed")
+
+
+def constrain_activation(x: jax.Array) -> jax.Array:
+  """Pins the residual stream [B, T, D] to its logical layout (rows over data x fsdp), so the
+  partitioner gathers FSDP-sharded weights rather than the activations."""
+  return nn.with_logical_constraint(
+    x, ACTIVATION_AXES, fallback=nn.spmd.RulesFallback.NO_CONSTRAINT
+  )
+
+
 class Attention(nn.Module):
   """Grouped-query self-attention with RoPE, optional qkv bias and QK-norm."""
 
@@ -263,7 +276,7 @@ class Block(nn.Module):
       y, aux = MoEMLP(self.cfg, self.cfg.moe, name="moe")(h, replay=replay, mask=token_valid)
     else:
       y, aux = MLP(self.cfg, name="mlp")(h), None
-    return x + y, keys, values, aux
+    return constrain_activation(x + y), keys, values, aux
 
 
 # Rematerialisation of each block in the backward pass: what the forward keeps (jax.checkpoint).
@@ -355,7 +368,7 @@ class Transformer(nn.Module):
       ),
       name="embed",
     )
-    x = embed(tokens)
+    x = constrain_activation(embed(tokens))
     num_q = tokens.shape[1]
     if cache is None:
       token_valid = key_valid

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxrl_llm import quant
+from jaxrl_llm import quant, sharding
 from jaxrl_llm.kernels import attention
 from jaxrl_llm.models.transformer import Transformer
 from jaxrl_llm.rl import loss, stages, update
@@ -41,8 +41,9 @@ class Learner:
   sampling: SamplingConfig  # G, T, τ_s and the decoding rule
   settings: Settings  # every learner config section
   sampler_dtype: str  # the sampler's copy of the weights: float32 | bfloat16 | int8
-  batch_sharding: NamedSharding  # rows over the `data` mesh axis
+  batch_sharding: NamedSharding  # rows over the batch mesh axes (data x fsdp)
   prompt_group: int = 1  # G when learner passes run each prompt once per group, else 1
+  decode_shardings: Any = None  # the sampler's weight layout (FSDP gathered), None = as stored
 
   @property
   def loss_fn(self):
@@ -68,6 +69,8 @@ def sample_phase(ctx: Learner, state: TrainState, batch: PromptBatch, rng: jax.A
   """G completions per prompt from the sampler's copy of the policy (§0: records ℓ^μ)."""
   sample_key, _ = jax.random.split(rng)
   policy = quant.sampler_params(state.params, ctx.sampler_dtype)
+  if ctx.decode_shardings is not None:  # one gather per RL step, before the decode loop
+    policy = jax.lax.with_sharding_constraint(policy, ctx.decode_shardings)
   rollout = sample(ctx.sampler_model, policy, batch.tokens, batch.mask, sample_key, ctx.sampling)
   return constrain(rollout, ctx.batch_sharding)
 
@@ -217,7 +220,9 @@ class RLProgram:
   learner: Learner
 
 
-def make_learner(model, optimizer, schedule, sampling, settings, sampler_dtype, rows) -> Learner:
+def make_learner(
+  model, optimizer, schedule, sampling, settings, sampler_dtype, rows, decode_shardings=None
+) -> Learner:
   """The `Learner`: the sampler's network at its dtype, the learner's with its remat policy
   (which acts on gradients only), and whether learner passes share prompts."""
   sampler_model = model
@@ -236,6 +241,7 @@ def make_learner(model, optimizer, schedule, sampling, settings, sampler_dtype, 
     sampler_dtype,
     rows,
     prompt_group=sampling.group_size if shared else 1,
+    decode_shardings=decode_shardings,
   )
 
 
@@ -250,6 +256,7 @@ def make_rl_step(
   state_shardings: Any,
   *,
   sampler_dtype: str = "float32",
+  rules=sharding.DEFAULT_RULES,
 ) -> RLProgram:
   """Jits the fused step and its sample / learn halves, each once, with explicit shardings.
 
@@ -258,21 +265,26 @@ def make_rl_step(
   """
   if settings.rl.num_microbatches < 1 or settings.rl.remat == "auto":
     raise ValueError("rl.num_microbatches / rl.remat are 'auto': pass settings.rl.resolved(...)")
-  rows, repl = NamedSharding(mesh, PartitionSpec("data")), NamedSharding(mesh, PartitionSpec())
-  ctx = make_learner(model, optimizer, schedule, sampling, settings, sampler_dtype, rows)
+  rows, repl = sharding.rows(mesh), NamedSharding(mesh, PartitionSpec())
+  decode = sharding.decode_shardings(state_shardings.params)
+  ctx = make_learner(model, optimizer, schedule, sampling, settings, sampler_dtype, rows, decode)
   batch_shardings = PromptBatch(tokens=rows, mask=rows, answer=rows, answer_mask=rows)
+  traced = lambda fn: sharding.traced_with_rules(fn, mesh, rules)  # noqa: E731
   return RLProgram(
     step=jax.jit(
-      functools.partial(fused_step, ctx, reward_fn),
+      traced(functools.partial(fused_step, ctx, reward_fn)),
       in_shardings=(state_shardings, batch_shardings, repl),
       out_shardings=(state_shardings, repl),
       donate_argnums=(0,),
     ),
     sample=jax.jit(
-      functools.partial(sample_phase, ctx), in_shardings=(state_shardings, batch_shardings, repl)
+      traced(functools.partial(sample_phase, ctx)),
+      in_shardings=(state_shardings, batch_shardings, repl),
     ),
     learn=jax.jit(
-      functools.partial(learn, ctx), out_shardings=(state_shardings, repl), donate_argnums=(0,)
+      traced(functools.partial(learn, ctx)),
+      out_shardings=(state_shardings, repl),
+      donate_argnums=(0,),
     ),
     learner=ctx,
   )
