@@ -22,7 +22,19 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and T
 _DISTRIBUTED = flags.DEFINE_bool(
   "distributed", False, "Call jax.distributed.initialize() first (multi-host TPU/GPU jobs)."
 )
-flags.mark_flags_as_required(["config", "workdir"])
+_DRY_RUN = flags.DEFINE_bool(
+  "dry_run",
+  False,
+  "Compile the fused step from shapes alone, print its memory per device against the device's "
+  "capacity and exit (0: fits, 3: does not); nothing is allocated. --workdir is not needed.",
+)
+_DEVICE_MEMORY_GIB = flags.DEFINE_float(
+  "device_memory_gib",
+  None,
+  "With --dry_run: plan against this much memory per device instead of the device's own (e.g. "
+  "80 to plan an H100 run on a CPU machine).",
+)
+flags.mark_flags_as_required(["config"])
 
 
 def main(argv):
@@ -35,8 +47,20 @@ def main(argv):
 
   if _DISTRIBUTED.value:
     jax.distributed.initialize()
-  from jaxrl_llm import checkpoint, train  # heavy imports after flag parsing
+  from jaxrl_llm import checkpoint, plan, train  # heavy imports after flag parsing
 
+  if _DRY_RUN.value:
+    try:
+      gib = _DEVICE_MEMORY_GIB.value
+      capacity = None if gib is None else int(gib * plan.GIB)
+      memory = plan.plan(_CONFIG.value, capacity_bytes=capacity)
+    except config_lib.ConfigError as e:
+      print(f"error: {e}", file=sys.stderr)
+      sys.exit(2)
+    print(f"dry run: {memory.summary()}", flush=True)
+    sys.exit(3 if memory.fits is False else 0)
+  if not _WORKDIR.value:
+    raise app.UsageError("--workdir is required (except with --dry_run)")
   try:
     result = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except (config_lib.ConfigError, checkpoint.CheckpointMismatchError) as e:

@@ -61,6 +61,7 @@ class Experiment:
   batch_sharding: NamedSharding
   meta: dict
   rules: tuple = sharding.DEFAULT_RULES  # logical -> mesh axis rules of params and activations
+  prompt_len: int = 0  # S of the step's prompt batch (the task's, or a memory plan's override)
 
   @property
   def settings(self) -> Settings:
@@ -294,6 +295,7 @@ def build(
   *,
   abstract: bool = False,
   devices: list[jax.Device] | None = None,
+  prompt_len: int | None = None,
 ) -> Experiment:
   """Validates `config` and builds the mesh, task, model, initial state and jitted programs.
 
@@ -302,6 +304,7 @@ def build(
   time (`program.step.lower(exp.state, batch, rng).compile()`) to read their memory.
   `devices` (default `jax.devices()`) builds the mesh from other devices: fake CPU devices, or
   a TPU topology's (`jax.experimental.topologies`) for an abstract build compiled for TPU.
+  `prompt_len` (planning only) sizes the step for prompts of another length than the task's.
   """
   config_lib.check_required(config)
   if config.data.train_files:
@@ -355,7 +358,7 @@ def build(
   rows = rl.num_prompts * samp.group_size // rl.num_minibatches // sharding.batch_size_divisor(mesh)
   rl = rl.resolved(
     rows_per_device=max(rows, 1),
-    seq_len=task.prompt_len + samp.max_new_tokens,
+    seq_len=(prompt_len or task.prompt_len) + samp.max_new_tokens,
     num_params=num_params,
   )
   settings = dataclasses.replace(settings, rl=rl)
@@ -398,13 +401,14 @@ def build(
     batch_sharding=sharding.rows(mesh),
     meta=meta,
     rules=rules,
+    prompt_len=prompt_len or task.prompt_len,
   )
 
 
 def abstract_batch(exp: Experiment) -> PromptBatch:
   """ShapeDtypeStructs of one RL step's prompt batch (for ahead-of-time compilation)."""
   p = config_lib.num_sampled_prompts(exp.config)
-  s, a = exp.task.prompt_len, getattr(exp.task, "answer_len", 1)
+  s, a = exp.prompt_len, getattr(exp.task, "answer_len", 1)
   shape = lambda n, dt: jax.ShapeDtypeStruct((p, n), dt, sharding=exp.batch_sharding)  # noqa: E731
   return PromptBatch(
     tokens=shape(s, jnp.int32),

@@ -1,13 +1,19 @@
 """Compile-only memory of the fused RL step at real model shapes (nothing is allocated).
 
   python tools/memory_table.py --shapes=qwen2.5-0.5b,qwen2.5-1.5b [--set=rl.num_microbatches=4]
+  python tools/memory_table.py --prompt_len=512 --new_tokens=4096 \\
+      --targets=cpu:1,cpu:8:fsdp=8,cpu:8:fsdp=4:model=2,tpu:v5e-8,tpu:v5p-8,tpu:v6e-8 --markdown
 
-For each shape the whole fused step (sampling, verifier, old pass, learner, optimiser) is
-built from abstract state (`train.build(config, abstract=True)`), lowered and compiled for this
-machine's backend, and `compiled.memory_analysis()` is printed: argument, output and temporary
-bytes per device. On a CPU-only machine the CPU backend's plan is an upper-bound proxy for a
-GPU's (the accelerator compilers fuse more); it shows what a change saves without hardware.
-Prints one JSON line per shape.
+For each shape and target the whole fused step (sampling, verifier, old pass, learner,
+optimiser) is built from abstract state (`plan.plan`: `train.build(config, abstract=True)`),
+lowered and compiled, and `compiled.memory_analysis()` is reported per device: argument,
+output, temporary bytes, and the peak (arguments + unaliased outputs + temp) against the
+device's capacity. Targets: `cpu:N[:AXIS=K...]` compiles for N CPU devices (fake ones when
+N > 1) as a proxy for N GPUs of `--capacity_gib` each; `tpu:SLICE[:AXIS=K...]` (v5e-8, v5p-8,
+v6e-8, ...) compiles for that TPU slice through libtpu (`pip install -e '.[tpu]'`) and uses the
+chip's HBM. The mesh is fsdp over all N devices unless axes are given. On a CPU-only machine the
+CPU backend's plan is an upper-bound proxy for a GPU's (GPU compilers fuse more). One JSON line
+per row; `--markdown` adds the table.
 """
 
 from __future__ import annotations
@@ -16,7 +22,10 @@ import argparse
 import json
 import os
 import sys
-import time
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _REPO not in sys.path:  # run from a checkout without installing it
+  sys.path.insert(0, _REPO)
 
 # Qwen2.5 shapes: the model fields the memory depends on (weights are never materialised).
 SHAPES: dict[str, dict[str, object]] = {
@@ -42,6 +51,18 @@ SHAPES: dict[str, dict[str, object]] = {
     "model.mlp_dim": 8960,
     "model.attention_bias": True,
     "model.tie_embeddings": True,
+    "sampling.max_new_tokens": 512,
+  },
+  "qwen2.5-7b": {
+    "model.vocab_size": 152064,
+    "model.d_model": 3584,
+    "model.num_layers": 28,
+    "model.num_heads": 28,
+    "model.num_kv_heads": 4,
+    "model.head_dim": 128,
+    "model.mlp_dim": 18944,
+    "model.attention_bias": True,
+    "model.tie_embeddings": False,
     "sampling.max_new_tokens": 512,
   },
 }
@@ -71,53 +92,129 @@ def shape_config(name: str, overrides: list[str] = ()):
   )
 
 
-def compiled_memory(config) -> dict[str, object]:
-  """Compile the fused step from abstract state; its memory analysis and compile time."""
+def parse_target(spec: str) -> tuple[str, str, dict[str, int]]:
+  """`cpu:8:fsdp=4:model=2` -> ("cpu", "8", {"data": 1, "fsdp": 4, "model": 2})."""
+  kind, _, rest = spec.partition(":")
+  name, *axes = rest.split(":") if rest else ["1"]
+  if kind not in ("cpu", "tpu"):
+    raise ValueError(f"target {spec!r}: starts with cpu: or tpu:")
+  mesh = {"data": 1, "fsdp": -1}
+  for item in axes:
+    axis, _, size = item.partition("=")
+    if axis not in ("data", "fsdp", "expert", "model") or not size.lstrip("-").isdigit():
+      raise ValueError(f"target {spec!r}: {item!r} is not AXIS=SIZE (data, fsdp, expert, model)")
+    mesh[axis] = int(size)
+  return kind, name, mesh
+
+
+def target_devices(kind: str, name: str):
+  """The devices a target compiles for (the first N CPU devices, or a TPU slice's)."""
   import jax
 
-  from jaxrl_llm import train
+  from jaxrl_llm import plan
 
-  exp = train.build(config, abstract=True)
-  t0 = time.perf_counter()
-  rng = jax.ShapeDtypeStruct((2,), jax.numpy.uint32)
-  lowered = exp.program.step.lower(exp.state, train.abstract_batch(exp), rng)
-  compiled = lowered.compile()
-  mem = compiled.memory_analysis()
-  gib = 2**30
-  out = {
-    "argument_gib": mem.argument_size_in_bytes / gib,
-    "output_gib": mem.output_size_in_bytes / gib,
-    "temp_gib": mem.temp_size_in_bytes / gib,
-    "alias_gib": mem.alias_size_in_bytes / gib,
-    "compile_s": time.perf_counter() - t0,
-    "backend": jax.default_backend(),
+  if kind == "tpu":
+    return plan.tpu_slice_devices(name)
+  n = int(name)
+  if jax.device_count() < n:
+    raise RuntimeError(f"cpu:{n} needs {n} CPU devices; this process has {jax.device_count()}")
+  return jax.devices()[:n]
+
+
+def row(shape: str, target: str, overrides: list[str], prompt_len, new_tokens, capacity_gib):
+  """One table row: the plan of `shape` on `target` as a JSON-able dict."""
+  from jaxrl_llm import plan
+
+  kind, name, mesh = parse_target(target)
+  extra = [f"mesh.{k}={v}" for k, v in mesh.items()]
+  if new_tokens:
+    extra.append(f"sampling.max_new_tokens={new_tokens}")
+  config = shape_config(shape, [*extra, *overrides])
+  out = {"shape": shape, "target": target, "overrides": overrides}
+  try:
+    devices = target_devices(kind, name)
+  except RuntimeError as err:
+    return {**out, "skipped": str(err)}
+  capacity = int(capacity_gib * plan.GIB) if kind == "cpu" else None
+  p = plan.plan(config, devices, prompt_len=prompt_len, capacity_bytes=capacity)
+  gib = plan.GIB
+  return {
+    **out,
+    "prompt_len": prompt_len or None,
+    "new_tokens": config.sampling.max_new_tokens,
+    "sequences": config.rl.num_prompts * config.sampling.group_size,
+    "mesh": p.mesh,
+    "device_kind": p.device_kind,
+    "argument_gib": p.argument_bytes / gib,
+    "output_gib": p.output_bytes / gib,
+    "alias_gib": p.alias_bytes / gib,
+    "temp_gib": p.temp_bytes / gib,
+    "peak_estimate_gib": p.peak_bytes / gib,
+    "capacity_gib": None if p.capacity_bytes is None else p.capacity_bytes / gib,
+    "fits": p.fits,
+    "compile_s": p.compile_s,
   }
-  out["peak_estimate_gib"] = (
-    out["argument_gib"] + out["output_gib"] - out["alias_gib"] + out["temp_gib"]
-  )
-  return out
+
+
+def markdown(rows: list[dict]) -> str:
+  """The rows as the README's table."""
+  lines = [
+    "| shape | target | mesh | arguments | temp | peak per device | capacity | fits |",
+    "|---|---|---|---|---|---|---|---|",
+  ]
+  for r in rows:
+    if "skipped" in r:
+      lines.append(f"| {r['shape']} | {r['target']} | – | – | – | – | – | {r['skipped']} |")
+      continue
+    mesh = " x ".join(f"{k} {v}" for k, v in r["mesh"].items() if v > 1) or "1 device"
+    cap = "–" if r["capacity_gib"] is None else f"{r['capacity_gib']:.1f} GiB"
+    lines.append(
+      f"| {r['shape']} | {r['target']} | {mesh} | {r['argument_gib']:.1f} GiB | "
+      f"{r['temp_gib']:.1f} GiB | {r['peak_estimate_gib']:.1f} GiB | {cap} | "
+      f"{'yes' if r['fits'] else 'no'} |"
+    )
+  return "\n".join(lines)
 
 
 def main(argv: list[str]) -> int:
-  """Command line: one JSON line per shape."""
+  """Command line: one JSON line per (shape, target)."""
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--shapes", default=",".join(SHAPES))
+  parser.add_argument("--targets", default="cpu:1", help="comma-separated, see the docstring")
+  parser.add_argument("--prompt_len", type=int, default=0, help="prompt tokens (0: 13)")
+  parser.add_argument("--new_tokens", type=int, default=0, help="0: the shape's own")
+  parser.add_argument(
+    "--capacity_gib", type=float, default=80e9 / 2**30, help="per device for cpu targets (80 GB)"
+  )
+  parser.add_argument("--markdown", action="store_true", help="print the table at the end")
   parser.add_argument("--set", action="append", default=[], help="FIELD=VALUE (repeatable)")
   args = parser.parse_args(argv)
-  overrides = args.set
-  for name in args.shapes.split(","):
+  shapes, targets = args.shapes.split(","), args.targets.split(",")
+  for name in shapes:
     if name not in SHAPES:
       print(f"unknown shape {name!r}; known: {', '.join(SHAPES)}", file=sys.stderr)
       return 2
-    result = {
-      "shape": name,
-      "overrides": overrides,
-      **compiled_memory(shape_config(name, overrides)),
-    }
-    print(json.dumps(result), flush=True)
+  try:
+    parsed = [parse_target(t) for t in targets]
+  except ValueError as err:
+    print(err, file=sys.stderr)
+    return 2
+  most = max([int(n) for k, n, _ in parsed if k == "cpu"] or [1])
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  if most > 1:  # fake CPU devices; set before JAX starts
+    os.environ["XLA_FLAGS"] = (
+      os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={most}"
+    )
+  rows = []
+  for shape in shapes:
+    for target in targets:
+      r = row(shape, target, args.set, args.prompt_len, args.new_tokens, args.capacity_gib)
+      rows.append(r)
+      print(json.dumps(r), flush=True)
+  if args.markdown:
+    print(markdown(rows))
   return 0
 
 
 if __name__ == "__main__":
-  os.environ.setdefault("JAX_PLATFORMS", "cpu")
   sys.exit(main(sys.argv[1:]))

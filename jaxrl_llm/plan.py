@@ -1,0 +1,148 @@
+"""Memory plans compiled ahead of time: will this run fit, before anything is allocated?
+
+The whole fused step is built from abstract state (`train.build(config, abstract=True)`),
+lowered and compiled for a set of devices (this machine's, fake CPU devices, or a TPU slice's
+from `jax.experimental.topologies`), and its `memory_analysis()` gives the bytes per device.
+Nothing is initialised, loaded or placed. Used by `--dry_run` and `tools/memory_table.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+import jax
+import ml_collections
+
+GIB = 2**30
+
+# HBM per chip of TPU generations, by `device_kind` substring (lower case, specific first):
+# public spec sheets. Devices that report `memory_stats()` (GPUs) use their own limit.
+TPU_HBM_BYTES: tuple[tuple[str, int], ...] = (
+  ("v5 lite", 16 * GIB),  # v5e
+  ("v5e", 16 * GIB),
+  ("v6 lite", 32 * GIB),  # v6e (Trillium)
+  ("v6e", 32 * GIB),
+  ("v5p", 95 * GIB),
+  ("v5", 95 * GIB),  # v5p reports "TPU v5"
+  ("v4", 32 * GIB),
+)
+
+# Slice names users rent -> (topology name for `get_topology_desc`, chips).
+TPU_SLICES: dict[str, tuple[str, int]] = {
+  "v5e-4": ("v5e:2x2", 4),
+  "v5e-8": ("v5e:2x4", 8),
+  "v5p-8": ("v5p:2x2x1", 4),  # 8 TensorCores = 4 chips (megacore)
+  "v6e-4": ("v6e:2x2", 4),
+  "v6e-8": ("v6e:2x4", 8),
+}
+
+
+def tpu_slice_devices(name: str) -> list[jax.Device]:
+  """The devices of TPU slice `name` (e.g. "v5e-8", or a topology like "v5e:2x2") to compile
+  for on any machine. Needs libtpu (`pip install -e '.[tpu]'`); raises RuntimeError if absent."""
+  from jax.experimental import topologies
+
+  topology = TPU_SLICES.get(name, (name, 0))[0]
+  try:
+    import libtpu  # noqa: F401
+  except ImportError as err:
+    raise RuntimeError(
+      f"compiling for TPU slice {name!r} needs libtpu: pip install -e '.[tpu]'"
+    ) from err
+  os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")  # no metadata server off a TPU VM
+  return list(topologies.get_topology_desc(topology_name=topology, platform="tpu").devices)
+
+
+def device_capacity(device: jax.Device) -> int | None:
+  """Memory one device can hold, in bytes: its own `memory_stats()` limit where it reports one
+  (GPUs), the spec sheet's HBM for TPUs, the host's physical memory for a CPU; None if unknown."""
+  if device.platform == "cpu":
+    try:
+      return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+      return None
+  try:
+    stats = device.memory_stats()
+  except Exception:  # topology devices have no runtime behind them
+    stats = None
+  if stats and stats.get("bytes_limit"):
+    return int(stats["bytes_limit"])
+  kind = device.device_kind.lower()
+  return next((b for k, b in TPU_HBM_BYTES if k in kind), None)
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+  """Compile-only bytes per device of the fused step, and what the devices can hold."""
+
+  argument_bytes: int  # state + batch resident before the step
+  output_bytes: int
+  alias_bytes: int  # outputs written into donated arguments
+  temp_bytes: int  # XLA's scratch: activations, KV cache, gradients, gathered weights
+  capacity_bytes: int | None  # per device; None when unknown (CPU)
+  device_kind: str
+  num_devices: int
+  mesh: dict[str, int]
+  compile_s: float
+
+  @property
+  def peak_bytes(self) -> int:
+    """Arguments + outputs not aliased to them + temp: the step's peak per device."""
+    return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
+
+  @property
+  def fits(self) -> bool | None:
+    """Whether the peak is within the capacity (None when the capacity is unknown)."""
+    return None if self.capacity_bytes is None else self.peak_bytes <= self.capacity_bytes
+
+  def summary(self) -> str:
+    """One line: the peak against the capacity, and the verdict."""
+    mesh = " x ".join(f"{k}={v}" for k, v in self.mesh.items() if v > 1) or "one device"
+    need = (
+      f"{human_bytes(self.peak_bytes)} per device (arguments "
+      f"{human_bytes(self.argument_bytes)} + temp {human_bytes(self.temp_bytes)}) on "
+      f"{self.num_devices} x {self.device_kind} ({mesh})"
+    )
+    if self.capacity_bytes is None:
+      return f"the fused step needs {need}; the device reports no memory limit"
+    verdict = "fits in" if self.fits else "does NOT fit in"
+    return f"the fused step needs {need}: {verdict} {human_bytes(self.capacity_bytes)} per device"
+
+
+def human_bytes(n: float) -> str:
+  """`n` bytes in GiB (MiB below 1 GiB), one decimal."""
+  return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
+
+
+def plan(
+  config: ml_collections.ConfigDict,
+  devices: list[jax.Device] | None = None,
+  *,
+  prompt_len: int | None = None,
+  capacity_bytes: int | None = None,
+) -> MemoryPlan:
+  """Builds `config` abstractly on `devices` (default: this machine's) and compiles the fused
+  step; `prompt_len` sizes prompts other than the task's, `capacity_bytes` overrides the
+  device's own capacity (e.g. to plan a GPU run on a CPU machine)."""
+  from jaxrl_llm import train  # the trainer imports this module's callers, not the reverse
+
+  devices = list(devices if devices is not None else jax.devices())
+  exp = train.build(config, abstract=True, devices=devices, prompt_len=prompt_len)
+  t0 = time.perf_counter()
+  repl = jax.sharding.NamedSharding(exp.mesh, jax.sharding.PartitionSpec())
+  rng = jax.ShapeDtypeStruct((2,), jax.numpy.uint32, sharding=repl)
+  compiled = exp.program.step.lower(exp.state, train.abstract_batch(exp), rng).compile()
+  mem = compiled.memory_analysis()
+  return MemoryPlan(
+    argument_bytes=int(mem.argument_size_in_bytes),
+    output_bytes=int(mem.output_size_in_bytes),
+    alias_bytes=int(mem.alias_size_in_bytes),
+    temp_bytes=int(mem.temp_size_in_bytes),
+    capacity_bytes=capacity_bytes if capacity_bytes is not None else device_capacity(devices[0]),
+    device_kind=devices[0].device_kind,
+    num_devices=exp.mesh.size,
+    mesh=dict(exp.mesh.shape),
+    compile_s=time.perf_counter() - t0,
+  )
