@@ -9,7 +9,9 @@ Nothing is initialised, loaded or placed. Used by `--dry_run` and `tools/memory_
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import re
 import time
 
 import jax
@@ -86,6 +88,7 @@ class MemoryPlan:
   num_devices: int
   mesh: dict[str, int]
   compile_s: float
+  refused: str = ""  # the compiler's out-of-memory message when it refused the program (TPU)
 
   @property
   def peak_bytes(self) -> int:
@@ -95,6 +98,8 @@ class MemoryPlan:
   @property
   def fits(self) -> bool | None:
     """Whether the peak is within the capacity (None when the capacity is unknown)."""
+    if self.refused:
+      return False
     return None if self.capacity_bytes is None else self.peak_bytes <= self.capacity_bytes
 
   def summary(self) -> str:
@@ -107,6 +112,8 @@ class MemoryPlan:
     )
     if self.capacity_bytes is None:
       return f"the fused step needs {need}; the device reports no memory limit"
+    if self.refused:
+      return f"the fused step needs {need}: does NOT fit (the compiler: {self.refused})"
     verdict = "fits in" if self.fits else "does NOT fit in"
     return f"the fused step needs {need}: {verdict} {human_bytes(self.capacity_bytes)} per device"
 
@@ -133,16 +140,45 @@ def plan(
   t0 = time.perf_counter()
   repl = jax.sharding.NamedSharding(exp.mesh, jax.sharding.PartitionSpec())
   rng = jax.ShapeDtypeStruct((2,), jax.numpy.uint32, sharding=repl)
-  compiled = exp.program.step.lower(exp.state, train.abstract_batch(exp), rng).compile()
+  batch = train.abstract_batch(exp)
+  common = {
+    "capacity_bytes": capacity_bytes if capacity_bytes is not None else device_capacity(devices[0]),
+    "device_kind": devices[0].device_kind,
+    "num_devices": exp.mesh.size,
+    "mesh": dict(exp.mesh.shape),
+  }
+  try:
+    compiled = exp.program.step.lower(exp.state, batch, rng).compile()
+  except jax.errors.JaxRuntimeError as err:  # TPU compilers refuse what exceeds the HBM
+    message = str(err)
+    if "RESOURCE_EXHAUSTED" not in message:
+      raise
+    args = shard_bytes((exp.state, batch, rng))
+    temp = re.search(r"temporaries \(([\d.]+)G\)", message)
+    return MemoryPlan(
+      argument_bytes=args,
+      output_bytes=args,
+      alias_bytes=args,
+      temp_bytes=int(float(temp.group(1)) * GIB) if temp else 0,
+      compile_s=time.perf_counter() - t0,
+      refused=message.split("RESOURCE_EXHAUSTED:", 1)[1].strip().splitlines()[0],
+      **common,
+    )
   mem = compiled.memory_analysis()
   return MemoryPlan(
     argument_bytes=int(mem.argument_size_in_bytes),
     output_bytes=int(mem.output_size_in_bytes),
     alias_bytes=int(mem.alias_size_in_bytes),
     temp_bytes=int(mem.temp_size_in_bytes),
-    capacity_bytes=capacity_bytes if capacity_bytes is not None else device_capacity(devices[0]),
-    device_kind=devices[0].device_kind,
-    num_devices=exp.mesh.size,
-    mesh=dict(exp.mesh.shape),
     compile_s=time.perf_counter() - t0,
+    **common,
   )
+
+
+def shard_bytes(tree) -> int:
+  """Bytes one device holds of a tree of sharded ShapeDtypeStructs (its largest shard each)."""
+  total = 0
+  for x in jax.tree.leaves(tree):
+    shape = x.sharding.shard_shape(x.shape) if getattr(x, "sharding", None) else x.shape
+    total += math.prod(shape) * jax.numpy.dtype(x.dtype).itemsize
+  return total

@@ -149,6 +149,21 @@ def constrain(x: jax.Array, logical_axes: tuple[str | None, ...]) -> jax.Array:
   return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
 
+def constrain_rows(tree, axis: int = 0):
+  """Every leaf's dimension `axis` (its rows) over the batch axes under the active rules, the
+  rest replicated; leaves with no such dimension are left alone. Unchanged outside
+  `activation_rules`."""
+
+  def one(x):
+    if x.ndim <= axis:
+      return x
+    names = [None] * x.ndim
+    names[axis] = "batch"
+    return constrain(x, tuple(names))
+
+  return jax.tree.map(one, tree)
+
+
 def traced_with_rules(fn: Callable, mesh: Mesh, rules) -> Callable:
   """`fn` whose tracing runs inside `activation_rules(mesh, rules)` (wrap before `jax.jit`)."""
 

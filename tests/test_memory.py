@@ -1,13 +1,16 @@
-"""Ahead-of-time compilation from abstract state (tools/memory_table.py)."""
+"""Ahead-of-time compilation from abstract state (`plan`, `--dry_run`, tools/memory_table.py)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 
 import jax
+import pytest
 from conftest import REPO, tiny_config
 
-from jaxrl_llm import train
+from jaxrl_llm import plan, train
 from jaxrl_llm.rl import init_reference
 
 sys.path.insert(0, str(REPO / "tools"))
@@ -26,6 +29,48 @@ def test_abstract_state_matches_the_real_one_and_allocates_nothing():
 
 
 def test_the_fused_step_compiles_from_abstract_state_and_reports_memory():
-  result = memory_table.compiled_memory(tiny_config())
-  assert result["temp_gib"] > 0 and result["argument_gib"] > 0
-  assert result["peak_estimate_gib"] >= result["temp_gib"]
+  p = plan.plan(tiny_config())
+  assert p.temp_bytes > 0 and p.argument_bytes > 0
+  assert p.peak_bytes >= p.temp_bytes
+  assert p.capacity_bytes and p.capacity_bytes > 2**30  # the host's memory on a CPU
+  assert p.fits is True
+  assert "fits in" in p.summary() and "1 x cpu (one device)" in p.summary()
+
+
+def test_fsdp_plan_holds_an_eighth_of_the_state_per_device():
+  one = plan.plan(tiny_config(**{"rl.num_prompts": 8}), jax.devices()[:1])
+  eight = plan.plan(tiny_config(**{"rl.num_prompts": 8, "mesh.data": 1, "mesh.fsdp": 8}))
+  assert eight.mesh == {"data": 1, "fsdp": 8, "expert": 1, "model": 1}
+  # Params and Adam moments dominate the arguments; only scalars stay replicated.
+  assert eight.argument_bytes < one.argument_bytes / 6
+
+
+def test_dry_run_says_in_one_line_that_a_config_does_not_fit():
+  cmd = [
+    sys.executable,
+    "-m",
+    "jaxrl_llm.main",
+    "--config=configs/default.py",
+    "--dry_run",
+    "--device_memory_gib=0.001",
+  ]
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 3, proc.stderr[-2000:]
+  lines = proc.stdout.strip().splitlines()
+  assert len(lines) == 1, proc.stdout
+  assert lines[0].startswith("dry run: the fused step needs ")
+  assert "does NOT fit in 1.0 MiB per device" in lines[0]
+
+
+def test_memory_table_targets_parse_and_bad_ones_are_named():
+  assert memory_table.parse_target("cpu:8:fsdp=4:model=2") == (
+    "cpu",
+    "8",
+    {"data": 1, "fsdp": 4, "model": 2},
+  )
+  assert memory_table.parse_target("tpu:v5e-8") == ("tpu", "v5e-8", {"data": 1, "fsdp": -1})
+  with pytest.raises(ValueError, match="'fsdp' is not AXIS=SIZE"):
+    memory_table.parse_target("cpu:8:fsdp")
+  with pytest.raises(ValueError, match="starts with cpu: or tpu:"):
+    memory_table.parse_target("gpu:8")

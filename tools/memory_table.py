@@ -152,6 +152,7 @@ def row(shape: str, target: str, overrides: list[str], prompt_len, new_tokens, c
     "peak_estimate_gib": p.peak_bytes / gib,
     "capacity_gib": None if p.capacity_bytes is None else p.capacity_bytes / gib,
     "fits": p.fits,
+    "refused": p.refused or None,
     "compile_s": p.compile_s,
   }
 

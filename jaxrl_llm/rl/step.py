@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -221,16 +222,34 @@ class RLProgram:
 
 
 def make_learner(
-  model, optimizer, schedule, sampling, settings, sampler_dtype, rows, decode_shardings=None
+  model,
+  optimizer,
+  schedule,
+  sampling,
+  settings,
+  sampler_dtype,
+  rows,
+  decode_shardings=None,
+  batch_shards: int = 1,
 ) -> Learner:
   """The `Learner`: the sampler's network at its dtype, the learner's with its remat policy
-  (which acts on gradients only), and whether learner passes share prompts."""
+  (which acts on gradients only), and how many rows share a prompt in learner passes.
+
+  A shared prompt block never straddles devices: it is gcd(G, rows one device holds of a
+  microbatch), so each of the `batch_shards` devices runs whole blocks of its own rows."""
   sampler_model = model
   if sampler_dtype == "bfloat16":
     sampler_cfg = dataclasses.replace(model.cfg, dtype="bfloat16")
     sampler_model = Transformer(sampler_cfg, attention=model.attention)
   learner_model = Transformer(model.cfg, remat=settings.rl.remat, attention=model.attention)
   shared = shares_prompt(settings.rl.share_prompt, learner_model)
+  rl = settings.rl
+  device_micro_rows = max(
+    rl.num_prompts
+    * sampling.group_size
+    // (rl.num_minibatches * rl.num_microbatches * batch_shards),
+    1,
+  )
   return Learner(
     learner_model,
     sampler_model,
@@ -240,7 +259,7 @@ def make_learner(
     settings,
     sampler_dtype,
     rows,
-    prompt_group=sampling.group_size if shared else 1,
+    prompt_group=math.gcd(sampling.group_size, device_micro_rows) if shared else 1,
     decode_shardings=decode_shardings,
   )
 
@@ -267,7 +286,17 @@ def make_rl_step(
     raise ValueError("rl.num_microbatches / rl.remat are 'auto': pass settings.rl.resolved(...)")
   rows, repl = sharding.rows(mesh), NamedSharding(mesh, PartitionSpec())
   decode = sharding.decode_shardings(state_shardings.params)
-  ctx = make_learner(model, optimizer, schedule, sampling, settings, sampler_dtype, rows, decode)
+  ctx = make_learner(
+    model,
+    optimizer,
+    schedule,
+    sampling,
+    settings,
+    sampler_dtype,
+    rows,
+    decode,
+    batch_shards=sharding.batch_size_divisor(mesh),
+  )
   batch_shardings = PromptBatch(tokens=rows, mask=rows, answer=rows, answer_mask=rows)
   traced = lambda fn: sharding.traced_with_rules(fn, mesh, rules)  # noqa: E731
   return RLProgram(

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxrl_llm import sharding
 from jaxrl_llm.rl import loss as rl_loss
 from jaxrl_llm.rl import metrics as rl_metrics
 from jaxrl_llm.rl.settings import KLSettings, RLSettings, Settings
@@ -56,11 +57,12 @@ def minibatch_grads(
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
   def accumulate(grads, micro):
+    micro = sharding.constrain_rows(micro)  # each device computes its own rows
     (_, metrics), g = grad_fn(params, micro, norms)
     return jax.tree.map(jnp.add, grads, g), metrics
 
   zeros = jax.tree.map(jnp.zeros_like, params)
-  micro = split_leading(mb, num_microbatches, block)
+  micro = sharding.constrain_rows(split_leading(mb, num_microbatches, block), axis=1)
   grads, metrics = jax.lax.scan(accumulate, zeros, micro)
   return grads, rl_metrics.microbatch_mean(metrics, num_microbatches)
 
@@ -107,6 +109,7 @@ def optimise(
   block = rl_loss.prompt_block(prompt_group, b // (rl.num_minibatches * rl.num_microbatches))
   order = minibatch_order(key, b, rl, block)
   minibatches = jax.tree.map(lambda x: x[order], batch)  # leaves [E*M, B/M, ...]
+  minibatches = sharding.constrain_rows(minibatches, axis=1)
   step = functools.partial(
     minibatch_step,
     loss_fn=loss_fn,

@@ -1,0 +1,43 @@
+"""The whole fused step compiled ahead of time for a TPU slice (v5e 2x2) on a CPU machine.
+
+Needs libtpu (`pip install -e '.[tpu]'`), which gives TPU devices to compile for through
+`jax.experimental.topologies`; nothing runs on a TPU and nothing is allocated.
+"""
+
+import jax
+import pytest
+from conftest import tiny_config
+
+pytest.importorskip(
+  "libtpu", reason="compiling for a TPU topology needs libtpu: pip install -e '.[tpu]'"
+)
+
+from jaxrl_llm import hlo, plan, sampling, train
+
+CONFIG = {"rl.num_prompts": 8, "mesh.data": 1, "mesh.fsdp": -1}
+
+
+@pytest.fixture(scope="module")
+def v5e_2x2():
+  return plan.tpu_slice_devices("v5e:2x2")
+
+
+def test_fused_step_fits_a_v5e_chip(v5e_2x2):
+  assert len(v5e_2x2) == 4 and v5e_2x2[0].platform == "tpu"
+  p = plan.plan(tiny_config(**CONFIG), v5e_2x2)
+  assert p.mesh["fsdp"] == 4 and p.num_devices == 4
+  assert p.device_kind.startswith("TPU v5")
+  assert p.capacity_bytes == 16 * plan.GIB  # the chip's HBM, from the spec table
+  assert 0 < p.temp_bytes and 0 < p.peak_bytes <= p.capacity_bytes and p.fits
+
+
+def test_tpu_decode_loop_gathers_no_weights(v5e_2x2):
+  exp = train.build(tiny_config(**CONFIG), abstract=True, devices=v5e_2x2)
+  text = (
+    exp.program.step.lower(exp.state, train.abstract_batch(exp), jax.random.PRNGKey(0))
+    .compile()
+    .as_text()
+  )
+  loop = hlo.loop_instructions(text, sampling.DECODE_SCOPE)
+  assert len(loop) > 50
+  assert hlo.collectives(loop, "all-gather") == []
