@@ -46,8 +46,9 @@ def test_fsdp_mesh_matches_one_device(mesh, one_device):
   ref_states, ref_metrics = one_device
   for a, b in zip(ref_metrics, metrics):
     np.testing.assert_array_equal(a["samples/tokens"], b["samples/tokens"])
+    rtol = 1e-3  # after Adam's first minibatch step: see test_train's mesh test
     for key in ("policy/loss", "optim/grad_norm", "policy/entropy", "rollout/reward_mean"):
-      np.testing.assert_allclose(a[key], b[key], rtol=2e-4, atol=1e-6, err_msg=key)
+      np.testing.assert_allclose(a[key], b[key], rtol=rtol, atol=1e-6, err_msg=key)
   jax.tree.map(
     lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-3, atol=1e-5),
     ref_states[-1].params,

@@ -111,8 +111,12 @@ def test_eight_device_mesh_matches_single_device():
   for a, b in zip(m1, m8):
     np.testing.assert_array_equal(a["samples/tokens"], b["samples/tokens"])
     np.testing.assert_array_equal(a["hist/reward"], b["hist/reward"])
+    # Each device computes its own rows (other matmul shapes, other float32 rounding); Adam's
+    # first update ~ lr * sign(g) turns that into O(lr) parameter differences where g ~ 0,
+    # which every metric after the first minibatch sees: the parameters' tolerance.
+    rtol = 1e-3
     for key in ("policy/loss", "optim/grad_norm", "policy/entropy", "adv/std"):
-      np.testing.assert_allclose(a[key], b[key], rtol=2e-4, atol=1e-6, err_msg=key)
+      np.testing.assert_allclose(a[key], b[key], rtol=rtol, atol=1e-6, err_msg=key)
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-3, atol=1e-5), p1, p8)
 
 
