@@ -31,6 +31,7 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
   ("kv_heads", None),
   ("head_dim", None),
   ("embed", "fsdp"),  # FSDP: weights split along d_model, gathered where a layer uses them
+  ("norm", None),  # RMSNorm scales (d_model): replicated
   ("layers", None),  # leading axis of scanned layer params (model.scan_layers): never split
 )
 

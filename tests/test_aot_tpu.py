@@ -4,9 +4,14 @@ Needs libtpu (`pip install -e '.[tpu]'`), which gives TPU devices to compile for
 `jax.experimental.topologies`; nothing runs on a TPU and nothing is allocated.
 """
 
+import os
+
 import jax
 import pytest
 from conftest import tiny_config
+
+# pytest-xdist workers may each load libtpu for a topology; none claims a chip.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 pytest.importorskip(
   "libtpu", reason="compiling for a TPU topology needs libtpu: pip install -e '.[tpu]'"

@@ -13,7 +13,9 @@ def _one_step(config):
   return states[-1].params, metrics[-1]
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
+@pytest.mark.parametrize(
+  "dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.slow), "int8"]
+)
 def test_sampler_precision_drives_mismatch_metrics(dtype):
   config = tiny_config(**{"sampling.param_dtype": dtype, "correction.name": "tis_token"})
   _, m = _one_step(config)
@@ -59,12 +61,14 @@ REJECTING = {
 
 @pytest.mark.parametrize(
   ("aggregation", "extra"),
-  [
+  [  # two in the default tier, the other aggregations in the slow one
     ("token_mean", {}),
-    ("seq_mean_token_mean", {}),
-    ("seq_mean_token_sum_norm", {}),
-    ("seq_mean_token_sum_norm", {"aggregation.sum_norm_sequences": False}),  # verl's
-    ("token_mean", REJECTING),
+    pytest.param("seq_mean_token_mean", {}, marks=pytest.mark.slow),
+    pytest.param("seq_mean_token_sum_norm", {}, marks=pytest.mark.slow),
+    pytest.param(  # verl's
+      "seq_mean_token_sum_norm", {"aggregation.sum_norm_sequences": False}, marks=pytest.mark.slow
+    ),
+    pytest.param("token_mean", REJECTING, marks=pytest.mark.slow),
     ("seq_mean_token_mean", REJECTING),
   ],
   ids=["token_mean", "seq_mean_token_mean", "sum_norm", "sum_norm_verl", "token_rej", "seq_rej"],

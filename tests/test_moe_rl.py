@@ -142,7 +142,7 @@ def _step_metrics(config, steps=1):
 MOE = {"model.moe_num_experts": 4, "model.moe_top_k": 2, "model.moe_expert_mlp_dim": 32}
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+@pytest.mark.parametrize("dtype", [pytest.param("bfloat16", marks=pytest.mark.slow), "int8"])
 def test_low_precision_sampler_routing_disagreement(dtype):
   free = tiny_config(**MOE, **{"sampling.param_dtype": dtype, "replay.name": "none"})
   _, (m,) = _step_metrics(free)

@@ -42,7 +42,29 @@ def test_rspo_needs_a_moe_model():
     train.build(tiny_config("rspo", **{"model.moe_num_experts": 0}))
 
 
-@pytest.mark.parametrize("name", sorted(SPECIFIC_TAGS))
+# Recipes whose objective, correction and filter the default-run recipes and the unit tests
+# (tests/objectives, test_rl_loss) already cover; their end-to-end runs are in the slow tier.
+SLOW_RECIPES = {
+  "dr_grpo",
+  "gmpo",
+  "cispo",
+  "sapo",
+  "deepseek_v32",
+  "rloo",
+  "lite_ppo",
+  "moe_grpo",
+  "moe_gspo",
+  "moe_rspo",
+}
+
+
+@pytest.mark.parametrize(
+  "name",
+  [
+    pytest.param(n, marks=pytest.mark.slow) if n in SLOW_RECIPES else n
+    for n in sorted(SPECIFIC_TAGS)
+  ],
+)
 def test_recipe_runs_three_steps(name, tmp_path):
   config = tiny_config(
     name,

@@ -45,7 +45,7 @@ def _batch():
 
 @pytest.mark.parametrize("scan", [False, True])
 @pytest.mark.parametrize("remat", ["none", "full"])
-@pytest.mark.parametrize("k", [2, 4])
+@pytest.mark.parametrize("k", [pytest.param(2, marks=pytest.mark.slow), 4])
 def test_shared_prompt_scores_and_gradients_equal_the_unshared_pass(k, remat, scan):
   model, params = _model(remat, value_head=True, scan_layers=scan)
   prompts, mask, tokens = _batch()

@@ -151,7 +151,9 @@ def rope(
   return out.astype(x.dtype)
 
 
-def _norm(cfg: ModelConfig, name: str, axis_name: str = "embed") -> nn.RMSNorm:
+def _norm(cfg: ModelConfig, name: str, axis_name: str = "norm") -> nn.RMSNorm:
+  """RMSNorm; its scale's logical axis `norm` (d_model) stays whole: tiny, and splitting it
+  over `fsdp` would reshard every normed activation."""
   return nn.RMSNorm(
     epsilon=cfg.norm_eps,
     dtype=cfg.compute_dtype,
