@@ -33,7 +33,8 @@ def test_fused_step_fits_a_v5e_chip(v5e_2x2):
   assert p.mesh["fsdp"] == 4 and p.num_devices == 4
   assert p.device_kind.startswith("TPU v5")
   assert p.capacity_bytes == 16 * plan.GIB  # the chip's HBM, from the spec table
-  assert 0 < p.temp_bytes and 0 < p.peak_bytes <= p.capacity_bytes and p.fits
+  # (A program this small may need no temp buffer at all on a TPU.)
+  assert p.argument_bytes > 0 and 0 < p.peak_bytes <= p.capacity_bytes and p.fits
 
 
 def test_tpu_decode_loop_gathers_no_weights(v5e_2x2):

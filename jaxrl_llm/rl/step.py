@@ -222,21 +222,14 @@ class RLProgram:
 
 
 def make_learner(
-  model,
-  optimizer,
-  schedule,
-  sampling,
-  settings,
-  sampler_dtype,
-  rows,
-  decode_shardings=None,
-  batch_shards: int = 1,
+  model, optimizer, schedule, sampling, settings, sampler_dtype, mesh, param_shardings
 ) -> Learner:
-  """The `Learner`: the sampler's network at its dtype, the learner's with its remat policy
-  (which acts on gradients only), and how many rows share a prompt in learner passes.
+  """The `Learner`: the sampler's network at its dtype and weight layout (`param_shardings`
+  with FSDP gathered), the learner's with its remat policy (which acts on gradients only), and
+  how many rows share a prompt in learner passes.
 
-  A shared prompt block never straddles devices: it is gcd(G, rows one device holds of a
-  microbatch), so each of the `batch_shards` devices runs whole blocks of its own rows."""
+  A shared prompt block never straddles devices: it is gcd(G, rows one device of the `mesh`
+  holds of a microbatch), so each device runs whole blocks of its own rows."""
   sampler_model = model
   if sampler_dtype == "bfloat16":
     sampler_cfg = dataclasses.replace(model.cfg, dtype="bfloat16")
@@ -244,12 +237,8 @@ def make_learner(
   learner_model = Transformer(model.cfg, remat=settings.rl.remat, attention=model.attention)
   shared = shares_prompt(settings.rl.share_prompt, learner_model)
   rl = settings.rl
-  device_micro_rows = max(
-    rl.num_prompts
-    * sampling.group_size
-    // (rl.num_minibatches * rl.num_microbatches * batch_shards),
-    1,
-  )
+  slices = rl.num_minibatches * rl.num_microbatches * sharding.batch_size_divisor(mesh)
+  device_micro_rows = max(rl.num_prompts * sampling.group_size // slices, 1)
   return Learner(
     learner_model,
     sampler_model,
@@ -258,9 +247,9 @@ def make_learner(
     sampling,
     settings,
     sampler_dtype,
-    rows,
+    sharding.rows(mesh),
     prompt_group=math.gcd(sampling.group_size, device_micro_rows) if shared else 1,
-    decode_shardings=decode_shardings,
+    decode_shardings=sharding.decode_shardings(param_shardings),
   )
 
 
@@ -285,17 +274,8 @@ def make_rl_step(
   if settings.rl.num_microbatches < 1 or settings.rl.remat == "auto":
     raise ValueError("rl.num_microbatches / rl.remat are 'auto': pass settings.rl.resolved(...)")
   rows, repl = sharding.rows(mesh), NamedSharding(mesh, PartitionSpec())
-  decode = sharding.decode_shardings(state_shardings.params)
   ctx = make_learner(
-    model,
-    optimizer,
-    schedule,
-    sampling,
-    settings,
-    sampler_dtype,
-    rows,
-    decode,
-    batch_shards=sharding.batch_size_divisor(mesh),
+    model, optimizer, schedule, sampling, settings, sampler_dtype, mesh, state_shardings.params
   )
   batch_shardings = PromptBatch(tokens=rows, mask=rows, answer=rows, answer_mask=rows)
   traced = lambda fn: sharding.traced_with_rules(fn, mesh, rules)  # noqa: E731
