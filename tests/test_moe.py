@@ -44,10 +44,11 @@ def _np_softmax(z):
   return np.exp(z) / np.exp(z).sum(-1, keepdims=True)
 
 
+@pytest.mark.parametrize("impl", ["ragged", "portable"])
 @pytest.mark.parametrize("top_k", [1, 2])
 @pytest.mark.parametrize("shared", [0, 1])
-def test_ragged_matches_dense_values_and_gradients(top_k, shared):
-  ragged, params, x = _build(top_k=top_k, num_shared_experts=shared, impl="ragged")
+def test_ragged_matches_dense_values_and_gradients(top_k, shared, impl):
+  ragged, params, x = _build(top_k=top_k, num_shared_experts=shared, impl=impl)
   dense = _with(ragged, impl="dense")
   w = jax.random.normal(jax.random.PRNGKey(7), (B, N, D))
 
@@ -88,7 +89,7 @@ def test_replay_of_own_routing_is_exact(impl, normalize):
   assert not np.any(aux2["route_differs"])
 
 
-@pytest.mark.parametrize("impl", ["ragged", "dense"])
+@pytest.mark.parametrize("impl", ["ragged", "portable", "dense"])
 def test_replay_uses_given_experts(impl):
   module, params, x = _build(impl=impl, num_shared_experts=1, seed=3)
   _, aux = module.apply({"params": params}, x)

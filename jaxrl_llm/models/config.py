@@ -10,7 +10,7 @@ import numpy as np
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 ROPE_SCALINGS = ("none", "linear", "llama3")
-IMPLS = ("ragged", "dense")
+IMPLS = ("ragged", "portable", "auto", "dense")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +42,7 @@ class ModelConfig:
   moe_num_shared_experts: int = 0  # always-on shared experts (DeepSeek / Qwen-MoE style)
   moe_shared_mlp_dim: int = 0  # hidden width of one shared expert (0 = moe_expert_mlp_dim)
   moe_normalize_gates: bool = True  # renormalise top-k gates to sum to 1 (Mixtral, Qwen3-MoE)
-  moe_impl: str = "ragged"  # ragged (dropless grouped matmul) | dense (one-hot reference)
+  moe_impl: str = "ragged"  # ragged (lax.ragged_dot) | portable (tiled, O(rows) memory) | auto | dense (one-hot reference)
   moe_aux_loss_coef: float = 0.01  # load-balance loss coefficient (§8)
   moe_z_loss_coef: float = 0.001  # router z-loss coefficient (§8)
   dtype: str = "float32"  # compute dtype of matmuls (log-softmax is always float32)
@@ -92,8 +92,8 @@ class ModelConfig:
         )
       if not 1 <= self.moe_every <= self.num_layers:
         errors.append(f"model.moe_every={self.moe_every} must be in [1, {self.num_layers}]")
-      if self.moe_impl not in ("ragged", "dense"):
-        errors.append(f"model.moe_impl={self.moe_impl!r} must be 'ragged' or 'dense'")
+      if self.moe_impl not in IMPLS:
+        errors.append(f"model.moe_impl={self.moe_impl!r}; allowed: {', '.join(IMPLS)}")
       if self.scan_layers and 1 <= self.moe_every <= self.num_layers:
         if self.num_layers % self.moe_every:
           errors.append(

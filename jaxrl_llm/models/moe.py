@@ -7,9 +7,13 @@ added to the output. Besides the output it returns the routing (`topk`, the rout
 logits and log-probs) and the regularisers of objectives.md §8; given a recorded routing
 it replays it (§9).
 
-Two implementations give the same values and gradients:
+The implementations give the same values and gradients:
   - `ragged` (dropless): the N·K (token, expert) assignments are sorted by expert and run
-    through `jax.lax.ragged_dot`, one group per expert; no capacity, no dropped tokens.
+    through `jax.lax.ragged_dot`, one group per expert; no capacity, no dropped tokens. A
+    grouped kernel on TPU; XLA expands it to a dense rows x (experts x width) matmul on CPU/GPU.
+  - `portable`: the same sorted assignments through `kernels.grouped.grouped_matmul` (tiles of
+    one expert each under a `lax.scan`, its own gradient): O(rows x width) memory anywhere.
+  - `auto`: `ragged` on TPU, `portable` elsewhere.
   - `dense`: every expert is applied to every token and the results are combined with a
     [B, N, E] gate matrix. E times the compute; the reference for tests.
 
@@ -23,11 +27,14 @@ Parameters and their logical axes:
 
 from __future__ import annotations
 
+import functools
+
 import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jaxrl_llm.kernels import grouped
 from jaxrl_llm.models.config import IMPLS, ModelConfig, MoEConfig, index_dtype  # noqa: F401
 
 
@@ -89,21 +96,35 @@ def _experts_dense(x, idx, gates, w_gate, w_up, w_down):
   return jnp.einsum("bne,bned->bnd", combine, out.astype(jnp.float32))  # [B, N, D] float32
 
 
-def _experts_ragged(x, idx, gates, w_gate, w_up, w_down):
-  """Dropless: sort the N·K assignments by expert and run one ragged matmul per weight."""
+def _experts_ragged(x, idx, gates, w_gate, w_up, w_down, matmul=jax.lax.ragged_dot):
+  """Dropless: sort the N·K assignments by expert and run one grouped matmul per weight
+  (`jax.lax.ragged_dot`, or `kernels.grouped.grouped_matmul` for the portable path)."""
   b, n, d = x.shape
   e, k = w_gate.shape[0], idx.shape[-1]
   flat_idx = idx.reshape(-1)  # [B·N·K], assignment a = token·K + slot
   order = jnp.argsort(flat_idx, stable=True)  # assignments grouped by expert
   group_sizes = jnp.bincount(flat_idx, length=e).astype(jnp.int32)  # [E]
   xs = x.reshape(b * n, d)[order // k]  # [B·N·K, D] token rows, sorted by expert
-  h = nn.silu(jax.lax.ragged_dot(xs, w_gate, group_sizes)) * jax.lax.ragged_dot(
-    xs, w_up, group_sizes
-  )
-  out = jax.lax.ragged_dot(h, w_down, group_sizes)  # [B·N·K, D] sorted
+  h = nn.silu(matmul(xs, w_gate, group_sizes)) * matmul(xs, w_up, group_sizes)
+  out = matmul(h, w_down, group_sizes)  # [B·N·K, D] sorted
   inverse = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
   out = out[inverse].reshape(b, n, k, d).astype(jnp.float32)  # back to assignment order
   return jnp.einsum("bnk,bnkd->bnd", gates, out)  # [B, N, D] float32
+
+
+EXPERTS = {
+  "ragged": _experts_ragged,
+  "portable": functools.partial(_experts_ragged, matmul=grouped.grouped_matmul),
+  "dense": _experts_dense,
+}
+
+
+def resolve_impl(impl: str, backend: str | None = None) -> str:
+  """`auto`: `ragged` where `jax.lax.ragged_dot` lowers to a grouped kernel (TPU), else
+  `portable` (XLA expands ragged_dot to a dense E x rows product on CPU and GPU)."""
+  if impl != "auto":
+    return impl
+  return "ragged" if (backend or jax.default_backend()) == "tpu" else "portable"
 
 
 class MoEMLP(nn.Module):
@@ -176,7 +197,7 @@ class MoEMLP(nn.Module):
     w_up = expert_param("up", (e, d, f), ("expert", "embed", "mlp"))
     w_down = expert_param("down", (e, f, d), ("expert", "mlp", "embed"))
     dt = cfg.compute_dtype
-    experts = _experts_ragged if moe.impl == "ragged" else _experts_dense
+    experts = EXPERTS[resolve_impl(moe.impl)]
     y = experts(x.astype(dt), idx, gates, w_gate.astype(dt), w_up.astype(dt), w_down.astype(dt))
     y = y.astype(dt)
     if moe.num_shared_experts:
