@@ -56,19 +56,6 @@ def test_fsdp_mesh_matches_one_device(mesh, one_device):
   )
 
 
-def test_fsdp_step_compiles_once():
-  from jaxrl_llm import data
-
-  config = tiny_config(**BASE, **MESHES["fsdp8"])
-  exp = train.build(config)
-  it = data.make_prompt_iterator(exp.task.train_examples(0), config.rl.num_prompts, seed=0)
-  state = exp.state
-  for i in range(3):
-    batch = train.to_global_batch(next(it), exp.batch_sharding)
-    state, _ = exp.rl_step(state, batch, jax.random.fold_in(state.rng, i))
-  assert exp.rl_step._cache_size() == 1
-
-
 def _compiled_step_text(exp, ctx=None) -> str:
   """HLO of the fused step compiled from abstract state (optionally with another Learner)."""
   batch, key = train.abstract_batch(exp), jax.random.PRNGKey(0)

@@ -139,6 +139,20 @@ def _step_metrics(config, steps=1):
   return states[-1], metrics
 
 
+def _assert_same_runs(run_a, run_b, keys, rtol):
+  """Two `_step_metrics` runs agree: tokens exactly, `keys` at `rtol`, parameters at 1e-3."""
+  (state_a, metrics_a), (state_b, metrics_b) = run_a, run_b
+  for a, b in zip(metrics_a, metrics_b):
+    np.testing.assert_array_equal(a["samples/tokens"], b["samples/tokens"])
+    for key in keys:
+      np.testing.assert_allclose(a[key], b[key], rtol=rtol, atol=1e-6, err_msg=key)
+  jax.tree.map(
+    lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-3, atol=1e-5),
+    jax.device_get(state_a.params),
+    jax.device_get(state_b.params),
+  )
+
+
 MOE = {"model.moe_num_experts": 4, "model.moe_top_k": 2, "model.moe_expert_mlp_dim": 32}
 
 
@@ -164,15 +178,8 @@ def test_moe_step_sharded_over_experts_matches_single_device():
   assert w.sharding.spec[0] == "expert"
   assert len({d.id for d in w.sharding.device_set}) == 8
   assert w.addressable_shards[0].data.shape[0] == 1  # 4 experts over 4 expert-parallel devices
-  for a, b in zip(m1, m8):
-    np.testing.assert_array_equal(a["samples/tokens"], b["samples/tokens"])
-    for key in ("policy/loss", "optim/grad_norm", "moe/aux_loss", "moe/route_disagree_old"):
-      np.testing.assert_allclose(a[key], b[key], rtol=2e-4, atol=1e-6, err_msg=key)
-  jax.tree.map(
-    lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-3, atol=1e-5),
-    jax.device_get(s1.params),
-    jax.device_get(s8.params),
-  )
+  keys = ("policy/loss", "optim/grad_norm", "moe/aux_loss", "moe/route_disagree_old")
+  _assert_same_runs((s1, m1), (s8, m8), keys, rtol=2e-4)
 
 
 def test_portable_grouped_matmul_gives_the_ragged_step():
@@ -181,12 +188,5 @@ def test_portable_grouped_matmul_gives_the_ragged_step():
   portable = tiny_config(**MOE, **{"replay.name": "r3", "model.moe_impl": "portable"})
   s1, m1 = _step_metrics(ragged, 2)
   s2, m2 = _step_metrics(portable, 2)
-  for a, b in zip(m1, m2):
-    np.testing.assert_array_equal(a["samples/tokens"], b["samples/tokens"])
-    for key in ("policy/loss", "optim/grad_norm", "moe/aux_loss", "policy/entropy"):
-      np.testing.assert_allclose(a[key], b[key], rtol=1e-3, atol=1e-6, err_msg=key)
-  jax.tree.map(
-    lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-3, atol=1e-5),
-    jax.device_get(s1.params),
-    jax.device_get(s2.params),
-  )
+  keys = ("policy/loss", "optim/grad_norm", "moe/aux_loss", "policy/entropy")
+  _assert_same_runs((s1, m1), (s2, m2), keys, rtol=1e-3)

@@ -88,8 +88,11 @@ def test_resume_reproduces_uninterrupted_run(tmp_path):
       assert got[step] == want[step], (tag, step, got[step], want[step])
 
 
-def test_rl_step_compiles_once():
-  config = tiny_config()
+@pytest.mark.parametrize(
+  "mesh", [{}, {"mesh.data": 1, "mesh.fsdp": 8, "rl.num_prompts": 8}], ids=["one", "fsdp8"]
+)
+def test_rl_step_compiles_once(mesh):
+  config = tiny_config(**mesh)
   exp = train.build(config)
   it = data.make_prompt_iterator(exp.task.train_examples(0), config.rl.num_prompts, seed=0)
   state = exp.state
