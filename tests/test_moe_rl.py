@@ -10,6 +10,7 @@ from conftest import run_steps, tiny_config
 from jaxrl_llm import objectives, train
 from jaxrl_llm.models import ModelConfig, Transformer
 from jaxrl_llm.models.transformer import positions_from_mask
+from jaxrl_llm.rl import stages
 from jaxrl_llm.sampling import SamplingConfig, sample, score
 
 
@@ -190,3 +191,27 @@ def test_portable_grouped_matmul_gives_the_ragged_step():
   s2, m2 = _step_metrics(portable, 2)
   keys = ("policy/loss", "optim/grad_norm", "moe/aux_loss", "policy/entropy")
   _assert_same_runs((s1, m1), (s2, m2), keys, rtol=1e-3)
+
+
+@pytest.mark.parametrize("replay", ["none", "r3"])
+def test_old_pass_in_slices_equals_one_pass(replay):
+  """The old pass scored in slices (the learner's microbatches) gives the one-pass scores,
+  routing, load and z-loss; the strided split/merge round-trips rows and prompt blocks."""
+  model, params, prompt, mask = _moe_model()
+  params = _perturb_routers(params, 0.3)  # the learner's router differs from the sampler's
+  r = _rollout(model, params, prompt, mask)  # 12 rows
+  one = stages.old_pass(model, params, r, 1.0, replay)
+  for chunks in (2, 3):
+    parts = stages.old_pass(model, params, r, 1.0, replay, chunks=chunks)
+    for got, want in ((parts.logp, one.logp), (parts.entropy, one.entropy)):
+      np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(parts.moe.routing, one.moe.routing)
+    np.testing.assert_array_equal(parts.moe.own_differs, one.moe.own_differs)
+    np.testing.assert_allclose(parts.moe.used_logprobs, one.moe.used_logprobs, atol=1e-5)
+    np.testing.assert_allclose(parts.moe.load, one.moe.load, atol=1e-6)
+    np.testing.assert_allclose(parts.moe.z_loss, one.moe.z_loss, rtol=1e-5)
+  rows = jnp.arange(24).reshape(12, 2)
+  for block in (1, 2):
+    split = stages.split_leading(rows, 3, block)
+    assert split.shape == (3, 4, 2)
+    np.testing.assert_array_equal(stages.merge_leading(split, block), rows)

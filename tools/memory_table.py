@@ -27,7 +27,18 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:  # run from a checkout without installing it
   sys.path.insert(0, _REPO)
 
-# Qwen2.5 shapes: the model fields the memory depends on (weights are never materialised).
+_SMALL: dict[str, object] = {  # a Qwen-vocabulary 8-layer d512 body
+  "model.vocab_size": 151936,
+  "model.d_model": 512,
+  "model.num_layers": 8,
+  "model.num_heads": 8,
+  "model.num_kv_heads": 2,
+  "model.head_dim": 64,
+  "model.tie_embeddings": True,
+  "sampling.max_new_tokens": 256,
+}
+
+# Qwen2.5 shapes (and MoE ones): the model fields the memory depends on (weights are never materialised).
 SHAPES: dict[str, dict[str, object]] = {
   "qwen2.5-0.5b": {
     "model.vocab_size": 151936,
@@ -63,6 +74,46 @@ SHAPES: dict[str, dict[str, object]] = {
     "model.mlp_dim": 18944,
     "model.attention_bias": True,
     "model.tie_embeddings": False,
+    "sampling.max_new_tokens": 512,
+  },
+  # The mixture-of-experts acceptance pair: 64 experts top-8 of width 256 (active width 2048)
+  # against the dense twin with mlp_dim 2048, R3 replay.
+  "moe-e64": {
+    **_SMALL,
+    "model.moe_num_experts": 64,
+    "model.moe_top_k": 8,
+    "model.moe_expert_mlp_dim": 256,
+    "replay.name": "r3",
+  },
+  "dense-e64-twin": {**_SMALL, "model.mlp_dim": 2048},
+  "qwen3-30b-a3b": {
+    "model.vocab_size": 151936,
+    "model.d_model": 2048,
+    "model.num_layers": 48,
+    "model.num_heads": 32,
+    "model.num_kv_heads": 4,
+    "model.head_dim": 128,
+    "model.qk_norm": True,
+    "model.tie_embeddings": False,
+    "model.moe_num_experts": 128,
+    "model.moe_top_k": 8,
+    "model.moe_expert_mlp_dim": 768,
+    "replay.name": "r3",
+    "sampling.max_new_tokens": 512,
+  },
+  "mixtral-8x7b": {
+    "model.vocab_size": 32000,
+    "model.d_model": 4096,
+    "model.num_layers": 32,
+    "model.num_heads": 32,
+    "model.num_kv_heads": 8,
+    "model.head_dim": 128,
+    "model.rope_theta": 1e6,
+    "model.tie_embeddings": False,
+    "model.moe_num_experts": 8,
+    "model.moe_top_k": 2,
+    "model.moe_expert_mlp_dim": 14336,
+    "replay.name": "r3",
     "sampling.max_new_tokens": 512,
   },
 }

@@ -6,6 +6,12 @@ backend: the rows (sorted by group) are laid out so that each group starts on a 
 and a `lax.scan` over tiles multiplies each tile by its group's weight. Its gradient is its own
 (`jax.custom_vjp`): the backward scans the same tiles for dx and accumulates dW per group, so
 no per-tile copy of a weight is ever kept. `jax.lax.ragged_dot` is the reference (tests).
+
+`grouped_swiglu` is the whole routed SwiGLU of a mixture-of-experts layer in the same tiles,
+fused: each tile gathers its tokens' rows, runs gate/up/down with its expert's weights and
+adds the gate-weighted result into the tokens' outputs. Neither the K-times-expanded token rows
+nor the hidden activations of all assignments exist at once: memory is O(tokens x d_model)
+plus one tile, and the backward recomputes each tile's activations.
 """
 
 from __future__ import annotations
@@ -97,3 +103,118 @@ def grouped_matmul(
   x_pad = jnp.zeros((m_pad, k), x.dtype).at[dest].set(x, mode="drop")
   y_pad = _tiled(x_pad.reshape(m_pad // tile, tile, k), w, tile_group)
   return y_pad.reshape(m_pad, -1).at[dest].get(mode="fill", fill_value=0)
+
+
+def _swiglu_layout(idx: jax.Array, num_experts: int, tile: int):
+  """(token of each padded row [tiles, tile] (T past the end), assignment of each padded row
+  (A past the end), expert of each tile, tiles holding rows) for idx [T, K].
+
+  Assignments a = t·K + k are sorted by expert; experts outside [0, E) are dropped."""
+  t, k = idx.shape
+  flat = idx.reshape(-1).astype(jnp.int32)
+  order = jnp.argsort(flat, stable=True)  # assignments grouped by expert (dropped ones last)
+  sizes = jnp.zeros((num_experts,), jnp.int32).at[flat].add(1, mode="drop")
+  dest, tile_group, m_pad = _layout(sizes, t * k, tile)
+  assignment = jnp.full((m_pad,), t * k, jnp.int32).at[dest].set(order, mode="drop")
+  token = jnp.where(assignment < t * k, assignment // k, t)
+  used = -(-jnp.sum(((sizes + tile - 1) // tile) * tile) // tile)
+  shape = (m_pad // tile, tile)
+  return token.reshape(shape), assignment.reshape(shape), tile_group, used
+
+
+def _swiglu_tile(x_t, g, w_gate, w_up, w_down):
+  """One tile: (a, b, h, out) of SwiGLU x_t [t, D] through expert g; a, b, out float32."""
+  a = jnp.dot(x_t, w_gate[g], preferred_element_type=jnp.float32)
+  b = jnp.dot(x_t, w_up[g], preferred_element_type=jnp.float32)
+  h = (jax.nn.silu(a) * b).astype(x_t.dtype)
+  return a, b, h, jnp.dot(h, w_down[g], preferred_element_type=jnp.float32)
+
+
+@jax.custom_vjp
+def _fused(x, gate_tiles, w_gate, w_up, w_down, token_tiles, tile_group, used):
+  """y [T, D] float32 = Σ over a token's assignments of gate · SwiGLU_expert(x[token])."""
+
+  def step(y, inputs):
+    i, tok, gate, g = inputs
+
+    def run(y):
+      _, _, _, out = _swiglu_tile(x.at[tok].get(mode="fill", fill_value=0), g, w_gate, w_up, w_down)
+      return y.at[tok].add(gate[:, None] * out, mode="drop")
+
+    return jax.lax.cond(i < used, run, lambda y: y, y), None
+
+  tiles = jnp.arange(token_tiles.shape[0])
+  y0 = jnp.zeros(x.shape, jnp.float32)
+  return jax.lax.scan(step, y0, (tiles, token_tiles, gate_tiles, tile_group))[0]
+
+
+def _fused_fwd(x, gate_tiles, w_gate, w_up, w_down, token_tiles, tile_group, used):
+  y = _fused(x, gate_tiles, w_gate, w_up, w_down, token_tiles, tile_group, used)
+  return y, (x, gate_tiles, w_gate, w_up, w_down, token_tiles, tile_group, used)
+
+
+def _fused_bwd(residuals, dy):
+  x, gate_tiles, w_gate, w_up, w_down, token_tiles, tile_group, used = residuals
+  f32 = lambda w: jnp.zeros(w.shape, jnp.float32)  # noqa: E731
+
+  def step(carry, inputs):
+    i, tok, gate, g = inputs
+
+    def run(carry):
+      dx, dwg, dwu, dwd = carry
+      x_t = x.at[tok].get(mode="fill", fill_value=0)
+      a, b, h, out = _swiglu_tile(x_t, g, w_gate, w_up, w_down)
+      dy_t = dy.at[tok].get(mode="fill", fill_value=0)  # [t, D] float32
+      d_gate = jnp.sum(dy_t * out, axis=-1)
+      d_out = (dy_t * gate[:, None]).astype(x.dtype)
+      dwd = dwd.at[g].add(jnp.dot(h.T, d_out, preferred_element_type=jnp.float32))
+      dh = jnp.dot(d_out, w_down[g].T, preferred_element_type=jnp.float32)
+      sig = jax.nn.sigmoid(a)
+      da = (dh * b * sig * (1 + a * (1 - sig))).astype(x.dtype)
+      db = (dh * a * sig).astype(x.dtype)
+      dx_t = jnp.dot(da, w_gate[g].T, preferred_element_type=jnp.float32)
+      dx_t += jnp.dot(db, w_up[g].T, preferred_element_type=jnp.float32)
+      dx = dx.at[tok].add(dx_t, mode="drop")
+      dwg = dwg.at[g].add(jnp.dot(x_t.T, da, preferred_element_type=jnp.float32))
+      dwu = dwu.at[g].add(jnp.dot(x_t.T, db, preferred_element_type=jnp.float32))
+      return (dx, dwg, dwu, dwd), d_gate
+
+    def skip(carry):
+      return carry, jnp.zeros(tok.shape, jnp.float32)
+
+    return jax.lax.cond(i < used, run, skip, carry)
+
+  tiles = jnp.arange(token_tiles.shape[0])
+  carry0 = (f32(x), f32(w_gate), f32(w_up), f32(w_down))
+  (dx, dwg, dwu, dwd), d_gate = jax.lax.scan(
+    step, carry0, (tiles, token_tiles, gate_tiles, tile_group)
+  )
+  cast = lambda d, like: d.astype(like.dtype)  # noqa: E731
+  grads = (cast(dx, x), d_gate, cast(dwg, w_gate), cast(dwu, w_up), cast(dwd, w_down))
+  return (*grads, None, None, None)
+
+
+_fused.defvjp(_fused_fwd, _fused_bwd)
+
+
+@functools.partial(jax.jit, static_argnames=("tile",))
+def grouped_swiglu(
+  x: jax.Array,
+  idx: jax.Array,
+  gates: jax.Array,
+  w_gate: jax.Array,
+  w_up: jax.Array,
+  w_down: jax.Array,
+  *,
+  tile: int | None = None,
+) -> jax.Array:
+  """Routed SwiGLU experts of x [T, D]: Σ_k gates[t, k] · SwiGLU_{idx[t, k]}(x[t]) -> [T, D]
+  float32, with w_gate / w_up [E, D, F] and w_down [E, F, D] (x's dtype in the matmuls,
+  float32 accumulation and activations). Experts outside [0, E) contribute nothing (their
+  assignments are dropped). Gradients for x, gates and the weights (not idx)."""
+  t, k = idx.shape
+  e = w_gate.shape[0]
+  tile = tile or tile_rows(t * k, e)
+  token_tiles, assignment, tile_group, used = _swiglu_layout(idx, e, tile)
+  gate_tiles = gates.reshape(-1).at[assignment].get(mode="fill", fill_value=0)
+  return _fused(x, gate_tiles, w_gate, w_up, w_down, token_tiles, tile_group, used)

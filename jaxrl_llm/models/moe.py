@@ -11,8 +11,9 @@ The implementations give the same values and gradients:
   - `ragged` (dropless): the N·K (token, expert) assignments are sorted by expert and run
     through `jax.lax.ragged_dot`, one group per expert; no capacity, no dropped tokens. A
     grouped kernel on TPU; XLA expands it to a dense rows x (experts x width) matmul on CPU/GPU.
-  - `portable`: the same sorted assignments through `kernels.grouped.grouped_matmul` (tiles of
-    one expert each under a `lax.scan`, its own gradient): O(rows x width) memory anywhere.
+  - `portable`: the same sorted assignments in tiles of one expert each under a `lax.scan`
+    (`kernels.grouped.grouped_swiglu`, its own gradient): each tile gathers its tokens, runs
+    gate/up/down and adds the gated output back; O(tokens x d_model) memory on any backend.
   - `auto`: `ragged` on TPU, `portable` elsewhere.
   - `dense`: every expert is applied to every token and the results are combined with a
     [B, N, E] gate matrix. E times the compute; the reference for tests.
@@ -26,8 +27,6 @@ Parameters and their logical axes:
 """
 
 from __future__ import annotations
-
-import functools
 
 import chex
 import flax.linen as nn
@@ -98,7 +97,7 @@ def _experts_dense(x, idx, gates, w_gate, w_up, w_down):
 
 def _experts_ragged(x, idx, gates, w_gate, w_up, w_down, matmul=jax.lax.ragged_dot):
   """Dropless: sort the N·K assignments by expert and run one grouped matmul per weight
-  (`jax.lax.ragged_dot`, or `kernels.grouped.grouped_matmul` for the portable path)."""
+  (`jax.lax.ragged_dot`; `kernels.grouped.grouped_matmul` computes the same)."""
   b, n, d = x.shape
   e, k = w_gate.shape[0], idx.shape[-1]
   flat_idx = idx.reshape(-1)  # [B·N·K], assignment a = token·K + slot
@@ -112,9 +111,20 @@ def _experts_ragged(x, idx, gates, w_gate, w_up, w_down, matmul=jax.lax.ragged_d
   return jnp.einsum("bnk,bnkd->bnd", gates, out)  # [B, N, D] float32
 
 
+def _experts_portable(x, idx, gates, w_gate, w_up, w_down):
+  """Dropless, fused: `kernels.grouped.grouped_swiglu` gathers each tile of one expert's
+  assignments, runs its SwiGLU and adds the gated result into the tokens' rows."""
+  b, n, d = x.shape
+  k = idx.shape[-1]
+  y = grouped.grouped_swiglu(
+    x.reshape(b * n, d), idx.reshape(b * n, k), gates.reshape(b * n, k), w_gate, w_up, w_down
+  )
+  return y.reshape(b, n, d)  # float32
+
+
 EXPERTS = {
   "ragged": _experts_ragged,
-  "portable": functools.partial(_experts_ragged, matmul=grouped.grouped_matmul),
+  "portable": _experts_portable,
   "dense": _experts_dense,
 }
 

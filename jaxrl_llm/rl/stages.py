@@ -9,12 +9,13 @@ two passes take the model as an argument).
 from __future__ import annotations
 
 import inspect
+import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from jaxrl_llm import objectives
+from jaxrl_llm import objectives, sharding
 from jaxrl_llm.rl.settings import (
   AdvantageSettings,
   CorrectionSettings,
@@ -84,34 +85,111 @@ def loss_mask(rollout: Rollout, seq_valid: jax.Array, shaping: ShapingSettings) 
   return mask
 
 
+def split_leading(tree, parts: int, block: int = 1):
+  """Every leaf [N, ...] → [parts, N / parts, ...], slice j holding blocks j, j + parts, ...
+  of `block` consecutive rows.
+
+  Strided, so that each slice of a row-sharded minibatch takes the same number of rows from
+  every device; blocks keep rows that share a prompt together.
+  """
+
+  def split(x):
+    n = x.shape[0]
+    x = x.reshape(n // (parts * block), parts, block, *x.shape[1:]).swapaxes(0, 1)
+    return x.reshape(parts, n // parts, *x.shape[3:])
+
+  return jax.tree.map(split, tree)
+
+
+def merge_leading(tree, block: int = 1):
+  """The inverse of `split_leading`: every leaf [parts, N / parts, ...] → [N, ...]."""
+
+  def merge(x):
+    parts, rows = x.shape[:2]
+    x = x.reshape(parts, rows // block, block, *x.shape[2:]).swapaxes(0, 1)
+    return x.reshape(parts * rows, *x.shape[3:])
+
+  return jax.tree.map(merge, tree)
+
+
 def rescore(
-  model, params, rollout: Rollout, temperature: float, routing=None, prompt_group: int = 1
+  model,
+  params,
+  rollout: Rollout,
+  temperature: float,
+  routing=None,
+  prompt_group: int = 1,
+  chunks: int = 1,
 ) -> Scores:
   """Stop-gradient learner scores of the rollout's completions under `params` (§0).
 
   `prompt_group` G > 1: the group-major rows' prompts run once per group (`sampling.score`).
+  `chunks` > 1: the rows are scored in that many slices, one after another under a
+  `lax.map` (the learner's microbatches: the same activation memory as one of them), each
+  slice taking the same rows of every device. Per-token outputs are exactly those of one
+  pass; the MoE load and z-loss are the token-weighted means of the slices' (= the whole
+  batch's); the load-balance loss is the slices' token-weighted mean (no stage reads it).
   """
-  return jax.lax.stop_gradient(
-    score(
-      model,
-      params,
-      rollout.prompt_tokens,
-      rollout.prompt_mask,
-      rollout.tokens,
-      temperature,
-      routing=routing,
-      group_size=prompt_group,
+  whole = (rollout.prompt_tokens, rollout.prompt_mask, rollout.tokens, routing)
+  if chunks == 1:
+    return jax.lax.stop_gradient(_score(model, params, *whole, temperature, prompt_group))
+  block = math.gcd(prompt_group, rollout.tokens.shape[0] // chunks)
+  sliced = sharding.constrain_rows(split_leading(whole, chunks, block), axis=1)
+
+  def one(part):
+    sc = _score(model, params, *part, temperature, prompt_group)
+    tokens = jnp.sum(part[1]) + part[2].size  # valid prompt + completion positions
+    return jax.lax.stop_gradient(sc), tokens.astype(jnp.float32)
+
+  scores, tokens = jax.lax.map(one, sliced)
+  moe = scores.moe
+  scores = scores.replace(moe=None)
+  out = merge_leading(scores, block)
+  if moe is not None:
+    w = tokens / jnp.sum(tokens)  # [chunks]
+    mean = lambda x: jnp.tensordot(w, x, axes=1)  # noqa: E731
+    rows = merge_leading(
+      (moe.routing, moe.used_logprobs, moe.probe_logprobs, moe.own_differs), block
     )
+    moe = moe.replace(
+      routing=rows[0],
+      used_logprobs=rows[1],
+      probe_logprobs=rows[2],
+      own_differs=rows[3],
+      load=mean(moe.load),
+      aux_loss=mean(moe.aux_loss),
+      z_loss=mean(moe.z_loss),
+    )
+  return out.replace(moe=moe)
+
+
+def _score(model, params, prompt_tokens, prompt_mask, tokens, routing, temperature, group):
+  """`sampling.score` of one slice of rows."""
+  return score(
+    model,
+    params,
+    prompt_tokens,
+    prompt_mask,
+    tokens,
+    temperature,
+    routing=routing,
+    group_size=group,
   )
 
 
 def old_pass(
-  model, params, rollout: Rollout, temperature: float, replay: str, prompt_group: int = 1
+  model,
+  params,
+  rollout: Rollout,
+  temperature: float,
+  replay: str,
+  prompt_group: int = 1,
+  chunks: int = 1,
 ) -> Scores:
   """ℓ^old (and V, routing) of the parameters at the start of the update (§0); under r3 the
   sampler's routing is replayed so ℓ^old uses the experts the sampler used (§9)."""
   routing = rollout.routing if replay == "r3" else None
-  return rescore(model, params, rollout, temperature, routing, prompt_group)
+  return rescore(model, params, rollout, temperature, routing, prompt_group, chunks)
 
 
 def reference_pass(
@@ -122,11 +200,14 @@ def reference_pass(
   mask: jax.Array,
   temperature: float,
   prompt_group: int = 1,
+  chunks: int = 1,
 ) -> tuple[jax.Array, jax.Array, Metrics]:
   """ℓ^ref [B, T], the k1 estimate of KL(π_old‖π_ref) per token and its mean (§4).
 
   k1 is unclamped: with the KL in the reward it is what R loses (§4)."""
-  ref_logp = rescore(model, ref_params, rollout, temperature, prompt_group=prompt_group).logp
+  ref_logp = rescore(
+    model, ref_params, rollout, temperature, prompt_group=prompt_group, chunks=chunks
+  ).logp
   k1, metrics = reference_kl(old_logp, ref_logp, mask)
   return ref_logp, k1, metrics
 

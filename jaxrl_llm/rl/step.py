@@ -47,6 +47,13 @@ class Learner:
   decode_shardings: Any = None  # the sampler's weight layout (FSDP gathered), None = as stored
 
   @property
+  def score_chunks(self) -> int:
+    """Slices of the batch the old and reference passes score one after another: as many as
+    the learner's microbatches over all minibatches, so a pass holds one microbatch's
+    activations (the learner's own bound)."""
+    return self.settings.rl.num_minibatches * self.settings.rl.num_microbatches
+
+  @property
   def loss_fn(self):
     """The microbatch loss `(params, mb, norms) -> (loss, metrics)` with everything bound."""
     return functools.partial(
@@ -95,7 +102,12 @@ def on_policy_batch(ctx: Learner, state: TrainState, rollout, reward, seq_valid,
   ref_logp = None
   if s.kl.beta > 0:  # in the loss (`skips_old_pass` excludes the reward placement)
     ref_logp = stages.rescore(
-      ctx.model, state.ref_params, rollout, ctx.sampling.temperature, prompt_group=ctx.prompt_group
+      ctx.model,
+      state.ref_params,
+      rollout,
+      ctx.sampling.temperature,
+      prompt_group=ctx.prompt_group,
+      chunks=ctx.score_chunks,
     ).logp
   valid = stages.stats_rows(rollout, seq_valid, s.shaping)
   adv, _ = stages.advantages(
@@ -111,12 +123,14 @@ def make_policy_batch(ctx: Learner, state: TrainState, rollout, reward, seq_vali
   s, temp = ctx.settings, ctx.sampling.temperature
   if s.skips_old_pass(ctx.model.cfg.moe is not None):
     return on_policy_batch(ctx, state, rollout, reward, seq_valid, mask)
-  old = stages.old_pass(ctx.model, state.params, rollout, temp, s.replay.name, ctx.prompt_group)
+  old = stages.old_pass(
+    ctx.model, state.params, rollout, temp, s.replay.name, ctx.prompt_group, ctx.score_chunks
+  )
   metrics = rl_metrics.moe_load(old.moe)
   ref_logp = kl_tok = None
   if s.kl.beta > 0:
     ref_logp, kl_tok, ref_metrics = stages.reference_pass(
-      ctx.model, state.ref_params, rollout, old.logp, mask, temp, ctx.prompt_group
+      ctx.model, state.ref_params, rollout, old.logp, mask, temp, ctx.prompt_group, ctx.score_chunks
     )
     metrics.update(ref_metrics)
   valid = stages.stats_rows(rollout, seq_valid, s.shaping)

@@ -20,25 +20,10 @@ from jaxrl_llm import sharding
 from jaxrl_llm.rl import loss as rl_loss
 from jaxrl_llm.rl import metrics as rl_metrics
 from jaxrl_llm.rl.settings import KLSettings, RLSettings, Settings
+from jaxrl_llm.rl.stages import split_leading
 from jaxrl_llm.types import PolicyBatch, TrainState
 
 LossFn = Callable[[Any, PolicyBatch, rl_loss.Normalizers], tuple[jax.Array, dict[str, jax.Array]]]
-
-
-def split_leading(tree, parts: int, block: int = 1):
-  """Every leaf [N, ...] → [parts, N / parts, ...], slice j holding blocks j, j + parts, ...
-  of `block` consecutive rows.
-
-  Strided, so that each slice of a row-sharded minibatch takes the same number of rows from
-  every device; blocks keep rows that share a prompt together.
-  """
-
-  def split(x):
-    n = x.shape[0]
-    x = x.reshape(n // (parts * block), parts, block, *x.shape[1:]).swapaxes(0, 1)
-    return x.reshape(parts, n // parts, *x.shape[3:])
-
-  return jax.tree.map(split, tree)
 
 
 def minibatch_grads(
