@@ -160,6 +160,13 @@ def validate(
     e.append(str(err))
     sizes = None
   data = sizes["data"] * sizes["fsdp"] if sizes else 0  # rows are split over data x fsdp
+  if sizes and sizes["expert"] > 1:
+    experts = model_override.moe_num_experts if model_override else config.model.moe_num_experts
+    if experts % sizes["expert"]:
+      e.append(
+        f"model.moe_num_experts={experts} is not divisible by mesh.expert={sizes['expert']} "
+        "(each expert-parallel device holds the same number of experts)"
+      )
   if data >= 1 and not e:
     sampled = num_sampled_prompts(config)
     if sampled % data:

@@ -139,6 +139,18 @@ def activation_rules(mesh: Mesh, rules):
     _ACTIVE.reset(token)
 
 
+def active_mesh() -> tuple[Mesh, tuple[str, ...]] | None:
+  """(mesh, the mesh axes the residual stream's rows are split over) while tracing under
+  `activation_rules`; None outside."""
+  active = _ACTIVE.get()
+  if active is None:
+    return None
+  mesh, rules = active
+  spec = nn.logical_to_mesh_axes(("activation_batch",), rules)[0]
+  axes = () if spec is None else ((spec,) if isinstance(spec, str) else tuple(spec))
+  return mesh, axes
+
+
 def constrain(x: jax.Array, logical_axes: tuple[str | None, ...]) -> jax.Array:
   """`x` constrained to the layout its logical axes map to under the active rules; unchanged
   outside `activation_rules` (e.g. a model applied on its own)."""

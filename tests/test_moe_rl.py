@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from conftest import run_steps, tiny_config
 
-from jaxrl_llm import objectives, train
+from jaxrl_llm import hlo, objectives, train
 from jaxrl_llm.models import ModelConfig, Transformer
 from jaxrl_llm.models.transformer import positions_from_mask
 from jaxrl_llm.rl import stages
@@ -168,19 +168,40 @@ def test_low_precision_sampler_routing_disagreement(dtype):
   assert m["moe/router_prefers_other"] > 0  # the learner's router would have chosen otherwise
 
 
-def test_moe_step_sharded_over_experts_matches_single_device():
-  one = tiny_config(**MOE, **{"replay.name": "r2", "rl.num_prompts": 8})
-  eight = tiny_config(
-    **MOE, **{"replay.name": "r2", "rl.num_prompts": 8, "mesh.data": 2, "mesh.expert": 4}
-  )
-  s1, m1 = _step_metrics(one, 2)
-  s8, m8 = _step_metrics(eight, 2)
-  w = train.build(eight).state.params["layer_0"]["moe"]["gate"]  # the step keeps this sharding
+EP = {**MOE, "model.moe_num_experts": 8, "replay.name": "r2", "rl.num_prompts": 8}
+
+
+@pytest.mark.parametrize(
+  "mesh,impl",
+  [
+    ({"mesh.expert": 8}, "ragged"),
+    ({"mesh.expert": 4, "mesh.data": 2}, "portable"),
+    pytest.param({"mesh.expert": 8}, "portable", marks=pytest.mark.slow),
+    pytest.param({"mesh.expert": 4, "mesh.data": 2}, "ragged", marks=pytest.mark.slow),
+    pytest.param({"mesh.expert": 2, "mesh.fsdp": 4}, "portable", marks=pytest.mark.slow),
+  ],
+)
+def test_expert_parallel_step_equals_one_device(mesh, impl):
+  """Experts split over the `expert` axis, tokens dispatched and returned by all-to-all: two
+  fused steps (sampling with routing, R2 replay, learner) equal one device's."""
+  one = tiny_config(**EP, **{"model.moe_impl": impl})
+  many = tiny_config(**EP, **mesh, **{"model.moe_impl": impl})
+  exp = train.build(many, abstract=True)
+  w = exp.state.params["layer_0"]["moe"]["gate"]
   assert w.sharding.spec[0] == "expert"
-  assert len({d.id for d in w.sharding.device_set}) == 8
-  assert w.addressable_shards[0].data.shape[0] == 1  # 4 experts over 4 expert-parallel devices
+  assert w.sharding.shard_shape(w.shape)[0] == 8 // mesh["mesh.expert"]
+  text = exp.program.step.lower(exp.state, train.abstract_batch(exp), jax.random.PRNGKey(0))
+  everything = [i for insts in hlo.computations(text.compile().as_text()).values() for i in insts]
+  assert hlo.collectives(everything, "all-to-all")
   keys = ("policy/loss", "optim/grad_norm", "moe/aux_loss", "moe/route_disagree_old")
-  _assert_same_runs((s1, m1), (s8, m8), keys, rtol=2e-4)
+  _assert_same_runs(_step_metrics(one, 2), _step_metrics(many, 2), keys, rtol=2e-4)
+
+
+def test_expert_count_must_divide_over_the_expert_axis():
+  with pytest.raises(
+    ValueError, match=r"model.moe_num_experts=4 is not divisible by mesh.expert=8"
+  ):
+    train.build(tiny_config(**MOE, **{"mesh.expert": 8}), abstract=True)
 
 
 def test_portable_grouped_matmul_gives_the_ragged_step():

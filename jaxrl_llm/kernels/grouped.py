@@ -122,6 +122,24 @@ def _swiglu_layout(idx: jax.Array, num_experts: int, tile: int):
   return token.reshape(shape), assignment.reshape(shape), tile_group, used
 
 
+def _varying_like(value: jax.Array, *like: jax.Array) -> jax.Array:
+  """`value` typed as varying over every manual mesh axis that `like` vary over (inside
+  `shard_map`), so a scan carry started from it keeps its type; `value` itself elsewhere."""
+  axes = set()
+  for x in like:
+    axes |= set(getattr(getattr(jax.typeof(x), "mat", None), "varying", ()))
+  return jax.lax.pcast(value, tuple(sorted(axes)), to="varying") if axes else value
+
+
+def _summed_like(ct: jax.Array, primal: jax.Array) -> jax.Array:
+  """A cotangent summed over the manual mesh axes it varies over and `primal` does not (inside
+  `shard_map`: the gradient of a weight replicated over the data axes is the sum of every data
+  shard's part); `ct` itself elsewhere."""
+  varying = lambda x: set(getattr(getattr(jax.typeof(x), "mat", None), "varying", ()))  # noqa: E731
+  extra = tuple(sorted(varying(ct) - varying(primal)))
+  return jax.lax.psum(ct, extra) if extra else ct
+
+
 def _swiglu_tile(x_t, g, w_gate, w_up, w_down):
   """One tile: (a, b, h, out) of SwiGLU x_t [t, D] through expert g; a, b, out float32."""
   a = jnp.dot(x_t, w_gate[g], preferred_element_type=jnp.float32)
@@ -144,7 +162,7 @@ def _fused(x, gate_tiles, w_gate, w_up, w_down, token_tiles, tile_group, used):
     return jax.lax.cond(i < used, run, lambda y: y, y), None
 
   tiles = jnp.arange(token_tiles.shape[0])
-  y0 = jnp.zeros(x.shape, jnp.float32)
+  y0 = _varying_like(jnp.zeros(x.shape, jnp.float32), x, gate_tiles, token_tiles)
   return jax.lax.scan(step, y0, (tiles, token_tiles, gate_tiles, tile_group))[0]
 
 
@@ -155,7 +173,7 @@ def _fused_fwd(x, gate_tiles, w_gate, w_up, w_down, token_tiles, tile_group, use
 
 def _fused_bwd(residuals, dy):
   x, gate_tiles, w_gate, w_up, w_down, token_tiles, tile_group, used = residuals
-  f32 = lambda w: jnp.zeros(w.shape, jnp.float32)  # noqa: E731
+  f32 = lambda w: _varying_like(jnp.zeros(w.shape, jnp.float32), dy, x, gate_tiles)  # noqa: E731
 
   def step(carry, inputs):
     i, tok, gate, g = inputs
@@ -180,7 +198,7 @@ def _fused_bwd(residuals, dy):
       return (dx, dwg, dwu, dwd), d_gate
 
     def skip(carry):
-      return carry, jnp.zeros(tok.shape, jnp.float32)
+      return carry, _varying_like(jnp.zeros(tok.shape, jnp.float32), dy, x, gate_tiles)
 
     return jax.lax.cond(i < used, run, skip, carry)
 
@@ -189,8 +207,14 @@ def _fused_bwd(residuals, dy):
   (dx, dwg, dwu, dwd), d_gate = jax.lax.scan(
     step, carry0, (tiles, token_tiles, gate_tiles, tile_group)
   )
-  cast = lambda d, like: d.astype(like.dtype)  # noqa: E731
-  grads = (cast(dx, x), d_gate, cast(dwg, w_gate), cast(dwu, w_up), cast(dwd, w_down))
+  cast = lambda d, like: _summed_like(d, like).astype(like.dtype)  # noqa: E731
+  grads = (
+    cast(dx, x),
+    cast(d_gate, gate_tiles),
+    cast(dwg, w_gate),
+    cast(dwu, w_up),
+    cast(dwd, w_down),
+  )
   return (*grads, None, None, None)
 
 

@@ -28,11 +28,16 @@ Parameters and their logical axes:
 
 from __future__ import annotations
 
+import functools
+
 import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec
 
+from jaxrl_llm import sharding
 from jaxrl_llm.kernels import grouped
 from jaxrl_llm.models.config import IMPLS, ModelConfig, MoEConfig, index_dtype  # noqa: F401
 
@@ -102,7 +107,7 @@ def _experts_ragged(x, idx, gates, w_gate, w_up, w_down, matmul=jax.lax.ragged_d
   e, k = w_gate.shape[0], idx.shape[-1]
   flat_idx = idx.reshape(-1)  # [B·N·K], assignment a = token·K + slot
   order = jnp.argsort(flat_idx, stable=True)  # assignments grouped by expert
-  group_sizes = jnp.bincount(flat_idx, length=e).astype(jnp.int32)  # [E]
+  group_sizes = jnp.bincount(flat_idx, length=e).astype(jnp.int32)  # [E]; others dropped
   xs = x.reshape(b * n, d)[order // k]  # [B·N·K, D] token rows, sorted by expert
   h = nn.silu(matmul(xs, w_gate, group_sizes)) * matmul(xs, w_up, group_sizes)
   out = matmul(h, w_down, group_sizes)  # [B·N·K, D] sorted
@@ -127,6 +132,70 @@ EXPERTS = {
   "portable": _experts_portable,
   "dense": _experts_dense,
 }
+
+
+def _dispatch(x, idx, gates, w_gate, w_up, w_down, *, experts, ep: int):
+  """One device's part of expert parallelism (inside `shard_map`): its tokens' assignments go
+  to the devices holding their experts by all-to-all, run there, and come back.
+
+  x [t, D], idx / gates [t, K] (experts >= E mark padding), w_* the device's E/ep experts.
+  Buffers are static and dropless: each of the ep destinations gets room for all t·K
+  assignments (the worst case: every token routed to one device's experts)."""
+  t, k = idx.shape
+  local = w_gate.shape[0]
+  flat = idx.reshape(-1).astype(jnp.int32)
+  order = jnp.argsort(flat, stable=True)  # assignments by expert, hence by destination
+  dest = flat[order] // local  # ep for padding: dropped below
+  counts = jnp.zeros((ep + 1,), jnp.int32).at[dest].add(1)
+  slot = jnp.arange(t * k) - (jnp.cumsum(counts) - counts)[dest]  # place in dest's block
+  send = jnp.zeros((ep, t * k, x.shape[-1]), x.dtype).at[dest, slot].set(x[order // k], mode="drop")
+  send_ids = (
+    jnp.full((ep, t * k), local, jnp.int32).at[dest, slot].set(flat[order] % local, mode="drop")
+  )
+  recv = jax.lax.all_to_all(send, "expert", 0, 0)  # recv[j]: what device j sends here
+  recv_ids = jax.lax.all_to_all(send_ids, "expert", 0, 0)
+  rows = recv.reshape(1, ep * t * k, -1)
+  ones = jnp.ones((1, ep * t * k, 1), jnp.float32)
+  out = experts(rows, recv_ids.reshape(1, -1, 1), ones, w_gate, w_up, w_down)  # padding -> 0
+  back = jax.lax.all_to_all(out.astype(x.dtype).reshape(ep, t * k, -1), "expert", 0, 0)
+  mine = back.at[dest, slot].get(mode="fill", fill_value=0)  # [t·K, D] in sorted order
+  per_slot = jnp.zeros(mine.shape, jnp.float32).at[order].set(mine.astype(jnp.float32))
+  return jnp.einsum("tk,tkd->td", gates, per_slot.reshape(t, k, -1))
+
+
+def experts_parallel(x, idx, gates, w_gate, w_up, w_down, *, experts, mesh, batch_axes):
+  """Routed experts sharded over the `expert` mesh axis: each batch shard's tokens are split
+  over the expert-parallel devices, dispatched to their experts' devices and returned by
+  all-to-all (`_dispatch` under `jax.shard_map`); y [B, N, D] float32, as `experts` gives.
+
+  The rest of the layer keeps its layout: rows over `batch_axes`, replicated over `expert`."""
+  b, n, d = x.shape
+  e, ep = w_gate.shape[0], mesh.shape["expert"]
+  shards = int(np.prod([mesh.shape[a] for a in batch_axes]))
+  per_shard = b // shards * n  # tokens of one batch shard
+  t = -(-per_shard // ep)  # tokens per device
+
+  def split(a, fill):  # [B, N, ...] -> [shards·ep·t, ...]: rows over batch axes x expert
+    a = a.reshape(shards, per_shard, *a.shape[2:])
+    pad = [(0, 0), (0, ep * t - per_shard)] + [(0, 0)] * (a.ndim - 2)
+    return jnp.pad(a, pad, constant_values=fill).reshape(shards * ep * t, *a.shape[2:])
+
+  rows = PartitionSpec((*batch_axes, "expert"))
+  fn = jax.shard_map(
+    functools.partial(_dispatch, experts=experts, ep=ep),
+    mesh=mesh,
+    in_specs=(
+      rows,
+      rows,
+      rows,
+      PartitionSpec("expert"),
+      PartitionSpec("expert"),
+      PartitionSpec("expert"),
+    ),
+    out_specs=rows,
+  )
+  y = fn(split(x, 0), split(idx.astype(jnp.int32), e), split(gates, 0), w_gate, w_up, w_down)
+  return y.reshape(shards, ep * t, d)[:, :per_shard].reshape(b, n, d)
 
 
 def resolve_impl(impl: str, backend: str | None = None) -> str:
@@ -207,7 +276,17 @@ class MoEMLP(nn.Module):
     w_up = expert_param("up", (e, d, f), ("expert", "embed", "mlp"))
     w_down = expert_param("down", (e, f, d), ("expert", "mlp", "embed"))
     dt = cfg.compute_dtype
-    experts = EXPERTS[resolve_impl(moe.impl)]
+    impl = resolve_impl(moe.impl)
+    experts = EXPERTS[impl]
+    active = sharding.active_mesh()
+    if active is not None and active[0].shape["expert"] > 1 and impl != "dense":
+      mesh, batch_axes = active
+      experts = functools.partial(
+        experts_parallel,
+        experts=experts,
+        mesh=mesh,
+        batch_axes=tuple(a for a in batch_axes if a != "expert"),
+      )
     y = experts(x.astype(dt), idx, gates, w_gate.astype(dt), w_up.astype(dt), w_down.astype(dt))
     y = y.astype(dt)
     if moe.num_shared_experts:
