@@ -76,12 +76,14 @@ def check_compatible(
   workdir: str | None = None,
   step: int | None = None,
   defaults: Mapping[str, Any] | None = None,
+  ignore: Sequence[str] = (),
 ) -> None:
   """Raises CheckpointMismatchError if `saved_meta` and `current_meta` differ under `keys`.
 
   Values are compared as JSON (a tuple equals the list it is saved as); the message names the
   workdir and every differing dotted field with its saved and current value. `defaults` (same
   shape as the meta) stand in for fields the saved meta lacks: fields added after it was written.
+  `ignore`: dotted fields that choose how a result is computed, not what (never compared).
   """
   saved_flat: dict[str, Any] = {}
   current_flat: dict[str, Any] = {}
@@ -97,7 +99,7 @@ def check_compatible(
   diffs = {
     f: (saved_flat.get(f, _MISSING), current_flat.get(f, _MISSING))
     for f in sorted(set(saved_flat) | set(current_flat))
-    if saved_flat.get(f, _MISSING) != current_flat.get(f, _MISSING)
+    if saved_flat.get(f, _MISSING) != current_flat.get(f, _MISSING) and f not in ignore
   }
   if not diffs:
     return
@@ -295,13 +297,15 @@ class Checkpointer:
     current_meta: Mapping[str, Any] | None = None,
     keys: Sequence[str] = ("model",),
     meta_defaults: Mapping[str, Any] | None = None,
+    meta_ignore: Sequence[str] = (),
   ) -> tuple[PyTree, dict[str, Any]]:
     """Restores `step` into `abstract_state`'s structure, dtypes and shardings.
 
     `abstract_state` leaves are `jax.ShapeDtypeStruct`s with `sharding=` (or arrays, whose
     sharding is used). `data_iter`, when given, is set to the saved position in place. With
     `current_meta`, the saved meta is first checked with `check_compatible(..., keys)`, where
-    `meta_defaults` stand in for fields an older checkpoint's meta lacks. Raises
+    `meta_defaults` stand in for fields an older checkpoint's meta lacks and `meta_ignore`
+    fields are not compared. Raises
     CheckpointMismatchError naming each parameter path whose saved shape differs from the target.
     Returns `(state, meta)`.
     """
@@ -310,7 +314,13 @@ class Checkpointer:
     meta = self.read_meta(step)
     if current_meta is not None:
       check_compatible(
-        meta, current_meta, keys, workdir=self.workdir, step=step, defaults=meta_defaults
+        meta,
+        current_meta,
+        keys,
+        workdir=self.workdir,
+        step=step,
+        defaults=meta_defaults,
+        ignore=meta_ignore,
       )
     where = f"checkpoint step {step} in {self.directory}"
     saved_tree = self._manager.item_metadata(step).get("state")

@@ -159,7 +159,7 @@ def validate(
   except ValueError as err:
     e.append(str(err))
     sizes = None
-  data = sizes["data"] * sizes["fsdp"] if sizes else 0  # rows are split over data x fsdp
+  data = sizes["data"] * sizes["fsdp"] * sizes["expert"] if sizes else 0  # rows' devices
   if sizes and sizes["expert"] > 1:
     experts = model_override.moe_num_experts if model_override else config.model.moe_num_experts
     if experts % sizes["expert"]:
@@ -177,7 +177,8 @@ def validate(
       )
       e.append(
         f"{what}={sampled} is not divisible by the {data} data-parallel devices "
-        f"of the mesh (mesh.data x mesh.fsdp = {sizes['data']} x {sizes['fsdp']}); "
+        f"of the mesh (mesh.data x mesh.fsdp x mesh.expert = "
+        f"{sizes['data']} x {sizes['fsdp']} x {sizes['expert']}); "
         f"use a multiple of {data}"
       )
     if rl.num_prompts % data:

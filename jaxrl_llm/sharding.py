@@ -16,7 +16,9 @@ from absl import logging
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 MESH_AXES = ("data", "fsdp", "expert", "model")
-BATCH_AXES = ("data", "fsdp")  # the mesh axes a batch's rows are split over
+# The mesh axes a batch's rows are split over. The expert axis is one of them: outside the
+# experts each expert-parallel device works on its own rows (nothing is replicated over it).
+BATCH_AXES = ("data", "fsdp", "expert")
 
 # Logical parameter / activation axis -> mesh axis or axes (None = replicated).
 DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
@@ -46,7 +48,7 @@ def mesh_shape(
   axes leave). Raises ValueError naming the fields when the sizes do not fit `num_devices`."""
   sizes = {"data": data, "fsdp": fsdp, "expert": expert, "model": model}
   free = [k for k, v in sizes.items() if v == -1]
-  if len(free) > 1 or (free and free[0] not in BATCH_AXES):
+  if len(free) > 1 or (free and free[0] not in ("data", "fsdp")):
     raise ValueError(
       f"mesh sizes {sizes}: only one of mesh.data / mesh.fsdp may be -1 (all devices left)"
     )
@@ -93,7 +95,7 @@ def make_mesh(
 
 
 def batch_size_divisor(mesh: Mesh) -> int:
-  """How many ways a batch's rows are split (data x fsdp)."""
+  """How many ways a batch's rows are split (data x fsdp x expert)."""
   return int(np.prod([mesh.shape[a] for a in BATCH_AXES]))
 
 

@@ -290,6 +290,10 @@ def _pretrained_config(config):
   )
 
 
+# Model fields that pick an implementation, not the function: a run resumes across them.
+NUMERICS_ONLY = ("model.moe_impl",)
+
+
 def build(
   config: ml_collections.ConfigDict,
   *,
@@ -480,6 +484,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       data_iter=train_iter,
       current_meta=exp.meta,
       meta_defaults={"model": ModelConfig().to_dict()},  # fields added since it was written
+      meta_ignore=NUMERICS_ONLY,
     )
     logging.info("resumed from %s at step %d", workdir, latest)
   elif config.sft.steps:

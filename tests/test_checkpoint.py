@@ -13,7 +13,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxrl_llm import checkpoint
+from jaxrl_llm import checkpoint, train
 from jaxrl_llm.types import TrainState
 
 META = {"model": {"num_layers": 2, "d_model": 16, "dims": (4, 3)}, "task": "addition"}
@@ -158,6 +158,17 @@ def test_check_compatible_reports_missing_and_extra_fields():
   }
   assert str(err.value).startswith("workdir /x holds a checkpoint of a model/task with")
   checkpoint.check_compatible(saved, {**current, "model": saved["model"]}, keys=("model",))
+
+
+def test_numerics_only_fields_are_not_compared():
+  saved = {"model": {"num_layers": 2, "moe_impl": "ragged"}}
+  current = {"model": {"num_layers": 2, "moe_impl": "auto"}}
+  with pytest.raises(checkpoint.CheckpointMismatchError, match=r"model\.moe_impl"):
+    checkpoint.check_compatible(saved, current)
+  checkpoint.check_compatible(saved, current, ignore=train.NUMERICS_ONLY)
+  other = {"model": {"num_layers": 3, "moe_impl": "auto"}}
+  with pytest.raises(checkpoint.CheckpointMismatchError, match=r"model\.num_layers"):
+    checkpoint.check_compatible(saved, other, ignore=train.NUMERICS_ONLY)
 
 
 def test_shape_mismatch_names_parameter_paths(tmp_path):

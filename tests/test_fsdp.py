@@ -105,5 +105,7 @@ def test_mesh_config_errors_name_the_fields():
   with pytest.raises(config_lib.ConfigError, match=r"mesh.fsdp=8 does not divide model.d_model=36"):
     config_lib.validate(config, num_devices=8)
   config = tiny_config(**{"mesh.data": 2, "mesh.fsdp": 2, "rl.num_prompts": 6})
-  with pytest.raises(config_lib.ConfigError, match=r"mesh.data x mesh.fsdp = 2 x 2"):
+  with pytest.raises(
+    config_lib.ConfigError, match=r"mesh.data x mesh.fsdp x mesh.expert = 2 x 2 x 1"
+  ):
     config_lib.validate(config, num_devices=8)

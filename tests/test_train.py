@@ -88,6 +88,28 @@ def test_resume_reproduces_uninterrupted_run(tmp_path):
       assert got[step] == want[step], (tag, step, got[step], want[step])
 
 
+@pytest.mark.slow
+def test_moe_run_resumes_under_another_expert_implementation(tmp_path):
+  """`model.moe_impl` picks how, not what: a run saved under `ragged` resumes under `portable`
+  (the default `auto` on CPU) and continues as the uninterrupted run, to float32 rounding."""
+  moe = {
+    "model.moe_num_experts": 4,
+    "model.moe_top_k": 2,
+    "model.moe_expert_mlp_dim": 32,
+    "train.checkpoint_every": 2,
+  }
+  _run(tiny_config(**moe, **{"model.moe_impl": "ragged"}), tmp_path / "straight")
+  stop = {"train.stop_after_steps": 2, "model.moe_impl": "ragged"}
+  _run(tiny_config(**moe, **stop), tmp_path / "resumed")
+  _run(tiny_config(**moe, **{"model.moe_impl": "portable"}), tmp_path / "resumed")
+  a = metrics.read_scalars(str(tmp_path / "straight"))
+  b = metrics.read_scalars(str(tmp_path / "resumed"))
+  for tag in ("policy/loss", "optim/grad_norm", "moe/aux_loss"):
+    want, got = dict(a[tag]), dict(b[tag])
+    assert sorted(got) == sorted(want) == [1, 2, 3, 4]
+    np.testing.assert_allclose([got[s] for s in want], list(want.values()), rtol=1e-3, atol=1e-6)
+
+
 @pytest.mark.parametrize(
   "mesh", [{}, {"mesh.data": 1, "mesh.fsdp": 8, "rl.num_prompts": 8}], ids=["one", "fsdp8"]
 )

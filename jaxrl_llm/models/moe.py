@@ -136,12 +136,15 @@ EXPERTS = {
 
 def _dispatch(x, idx, gates, w_gate, w_up, w_down, *, experts, ep: int):
   """One device's part of expert parallelism (inside `shard_map`): its tokens' assignments go
-  to the devices holding their experts by all-to-all, run there, and come back.
+  to the devices holding their experts by all-to-all, run there, and come back. With one
+  expert-parallel device (ep = 1) the device runs its tokens through its experts directly.
 
   x [t, D], idx / gates [t, K] (experts >= E mark padding), w_* the device's E/ep experts.
   Buffers are static and dropless: each of the ep destinations gets room for all t·K
   assignments (the worst case: every token routed to one device's experts)."""
   t, k = idx.shape
+  if ep == 1:
+    return experts(x[None], idx[None], gates[None], w_gate, w_up, w_down)[0]
   local = w_gate.shape[0]
   flat = idx.reshape(-1).astype(jnp.int32)
   order = jnp.argsort(flat, stable=True)  # assignments by expert, hence by destination
@@ -164,11 +167,10 @@ def _dispatch(x, idx, gates, w_gate, w_up, w_down, *, experts, ep: int):
 
 
 def experts_parallel(x, idx, gates, w_gate, w_up, w_down, *, experts, mesh, batch_axes):
-  """Routed experts sharded over the `expert` mesh axis: each batch shard's tokens are split
-  over the expert-parallel devices, dispatched to their experts' devices and returned by
-  all-to-all (`_dispatch` under `jax.shard_map`); y [B, N, D] float32, as `experts` gives.
-
-  The rest of the layer keeps its layout: rows over `batch_axes`, replicated over `expert`."""
+  """Routed experts under `jax.shard_map`: every device routes its own tokens (the rows over
+  `batch_axes` x `expert`), and with experts sharded over the `expert` mesh axis dispatches
+  them to their experts' devices and back by all-to-all (`_dispatch`); y [B, N, D] float32,
+  as `experts` gives. Weights are gathered over the other axes (one layer at a time)."""
   b, n, d = x.shape
   e, ep = w_gate.shape[0], mesh.shape["expert"]
   shards = int(np.prod([mesh.shape[a] for a in batch_axes]))
@@ -279,8 +281,8 @@ class MoEMLP(nn.Module):
     impl = resolve_impl(moe.impl)
     experts = EXPERTS[impl]
     active = sharding.active_mesh()
-    if active is not None and active[0].shape["expert"] > 1 and impl != "dense":
-      mesh, batch_axes = active
+    if active is not None and impl != "dense" and active[0].size > 1:
+      mesh, batch_axes = active  # each device routes its own rows (and dispatches them)
       experts = functools.partial(
         experts_parallel,
         experts=experts,

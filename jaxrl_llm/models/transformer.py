@@ -194,7 +194,7 @@ ACTIVATION_AXES = ("activation_batch", "activation_length", "activation_embed")
 
 
 def constrain_activation(x: jax.Array) -> jax.Array:
-  """Pins the residual stream [B, T, D] to its logical layout (rows over data x fsdp), so the
+  """Pins the residual stream [B, T, D] to its logical layout (rows over data x fsdp x expert), so the
   partitioner gathers FSDP-sharded weights rather than the activations."""
   return nn.with_logical_constraint(
     x, ACTIVATION_AXES, fallback=nn.spmd.RulesFallback.NO_CONSTRAINT

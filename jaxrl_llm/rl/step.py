@@ -42,7 +42,7 @@ class Learner:
   sampling: SamplingConfig  # G, T, τ_s and the decoding rule
   settings: Settings  # every learner config section
   sampler_dtype: str  # the sampler's copy of the weights: float32 | bfloat16 | int8
-  batch_sharding: NamedSharding  # rows over the batch mesh axes (data x fsdp)
+  batch_sharding: NamedSharding  # rows over the batch mesh axes (data x fsdp x expert)
   prompt_group: int = 1  # G when learner passes run each prompt once per group, else 1
   decode_shardings: Any = None  # the sampler's weight layout (FSDP gathered), None = as stored
 
