@@ -153,6 +153,12 @@ def active_mesh() -> tuple[Mesh, tuple[str, ...]] | None:
   return mesh, axes
 
 
+def logical_spec(logical_axes: tuple[str | None, ...]) -> PartitionSpec | None:
+  """The mesh layout `logical_axes` map to under the active rules; None outside them."""
+  active = _ACTIVE.get()
+  return None if active is None else nn.logical_to_mesh_axes(logical_axes, active[1])
+
+
 def constrain(x: jax.Array, logical_axes: tuple[str | None, ...]) -> jax.Array:
   """`x` constrained to the layout its logical axes map to under the active rules; unchanged
   outside `activation_rules` (e.g. a model applied on its own)."""

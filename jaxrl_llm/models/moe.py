@@ -134,7 +134,19 @@ EXPERTS = {
 }
 
 
-def _dispatch(x, idx, gates, w_gate, w_up, w_down, *, experts, ep: int):
+def _gathered(w: jax.Array, spec: PartitionSpec) -> jax.Array:
+  """A device's block of a weight laid out as `spec`, gathered over every mesh axis but
+  `expert` (inside `shard_map`). The result is typed invariant over those axes, so its
+  gradient is summed over them and each device keeps its block: sharded like the weight."""
+  for dim, entry in enumerate(spec):
+    names = (entry,) if isinstance(entry, str) else tuple(entry or ())
+    others = tuple(a for a in names if a != "expert")
+    if others:
+      w = jax.lax.all_gather(w, others, axis=dim, tiled=True, to="invarying")
+  return w
+
+
+def _dispatch(x, idx, gates, w_gate, w_up, w_down, *, experts, ep: int, specs):
   """One device's part of expert parallelism (inside `shard_map`): its tokens' assignments go
   to the devices holding their experts by all-to-all, run there, and come back. With one
   expert-parallel device (ep = 1) the device runs its tokens through its experts directly.
@@ -142,6 +154,7 @@ def _dispatch(x, idx, gates, w_gate, w_up, w_down, *, experts, ep: int):
   x [t, D], idx / gates [t, K] (experts >= E mark padding), w_* the device's E/ep experts.
   Buffers are static and dropless: each of the ep destinations gets room for all t·K
   assignments (the worst case: every token routed to one device's experts)."""
+  w_gate, w_up, w_down = (_gathered(w, p) for w, p in zip((w_gate, w_up, w_down), specs))
   t, k = idx.shape
   if ep == 1:
     return experts(x[None], idx[None], gates[None], w_gate, w_up, w_down)[0]
@@ -170,7 +183,8 @@ def experts_parallel(x, idx, gates, w_gate, w_up, w_down, *, experts, mesh, batc
   """Routed experts under `jax.shard_map`: every device routes its own tokens (the rows over
   `batch_axes` x `expert`), and with experts sharded over the `expert` mesh axis dispatches
   them to their experts' devices and back by all-to-all (`_dispatch`); y [B, N, D] float32,
-  as `experts` gives. Weights are gathered over the other axes (one layer at a time)."""
+  as `experts` gives. Weights enter in their own layout and are gathered inside over every
+  axis but `expert` (one layer at a time), so their gradients leave sharded as they are."""
   b, n, d = x.shape
   e, ep = w_gate.shape[0], mesh.shape["expert"]
   shards = int(np.prod([mesh.shape[a] for a in batch_axes]))
@@ -183,17 +197,14 @@ def experts_parallel(x, idx, gates, w_gate, w_up, w_down, *, experts, mesh, batc
     return jnp.pad(a, pad, constant_values=fill).reshape(shards * ep * t, *a.shape[2:])
 
   rows = PartitionSpec((*batch_axes, "expert"))
+  specs = tuple(
+    sharding.logical_spec(axes) or PartitionSpec("expert")
+    for axes in (("expert", "embed", "mlp"), ("expert", "embed", "mlp"), ("expert", "mlp", "embed"))
+  )
   fn = jax.shard_map(
-    functools.partial(_dispatch, experts=experts, ep=ep),
+    functools.partial(_dispatch, experts=experts, ep=ep, specs=specs),
     mesh=mesh,
-    in_specs=(
-      rows,
-      rows,
-      rows,
-      PartitionSpec("expert"),
-      PartitionSpec("expert"),
-      PartitionSpec("expert"),
-    ),
+    in_specs=(rows, rows, rows, *specs),
     out_specs=rows,
   )
   y = fn(split(x, 0), split(idx.astype(jnp.int32), e), split(gates, 0), w_gate, w_up, w_down)
@@ -278,9 +289,10 @@ class MoEMLP(nn.Module):
     w_up = expert_param("up", (e, d, f), ("expert", "embed", "mlp"))
     w_down = expert_param("down", (e, f, d), ("expert", "mlp", "embed"))
     dt = cfg.compute_dtype
-    impl = resolve_impl(moe.impl)
-    experts = EXPERTS[impl]
     active = sharding.active_mesh()
+    # `auto` follows the devices the program is compiled for (a TPU slice from a CPU host too).
+    impl = resolve_impl(moe.impl, active[0].devices.flat[0].platform if active else None)
+    experts = EXPERTS[impl]
     if active is not None and impl != "dense" and active[0].size > 1:
       mesh, batch_axes = active  # each device routes its own rows (and dispatches them)
       experts = functools.partial(
