@@ -118,11 +118,24 @@ def without_axis(sharding: NamedSharding, axis: str) -> NamedSharding:
   return NamedSharding(sharding.mesh, PartitionSpec(*(drop(e) for e in sharding.spec)))
 
 
+EXPERT_WEIGHTS = ("gate", "up", "down")  # a MoE layer's stacked expert weights (under `moe`)
+
+
 def decode_shardings(param_shardings: Any) -> Any:
   """The layout the decode loop reads the weights in: FSDP gathered (replicated over `fsdp`),
   tensor and expert parallelism kept. Resharding to it once per RL step keeps every weight
-  all-gather outside the decode `while_loop`."""
-  return jax.tree.map(lambda s: without_axis(s, "fsdp"), param_shardings)
+  all-gather outside the decode `while_loop`. Routed experts' weights are the exception: they
+  keep their stored layout (a whole bf16 copy of every expert on every device is what does
+  not fit at MoE sizes), and each MoE layer gathers its experts' FSDP shards where it runs;
+  `mesh.expert` splits them without any gather."""
+
+  def layout(path, s):
+    keys = [getattr(k, "key", None) for k in path]
+    if len(keys) >= 2 and keys[-2] == "moe" and keys[-1] in EXPERT_WEIGHTS:
+      return s
+    return without_axis(s, "fsdp")
+
+  return jax.tree_util.tree_map_with_path(layout, param_shardings)
 
 
 # (mesh, rules) while a program is traced under `activation_rules`; None otherwise.

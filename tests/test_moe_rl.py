@@ -193,6 +193,11 @@ def test_expert_parallel_step_equals_one_device(mesh, impl):
   ep = mesh.get("mesh.expert", 1)
   assert w.sharding.shard_shape(w.shape)[0] == 8 // ep
   assert w.sharding.shard_shape(w.shape)[1] == 32 // mesh.get("mesh.fsdp", 1)
+  # The sampler reads the experts in their stored layout (no whole copy of every expert);
+  # the other weights are FSDP-gathered once per step.
+  decode = exp.program.learner.decode_shardings["layer_0"]
+  assert decode["moe"]["gate"].spec == w.sharding.spec
+  assert "fsdp" not in str(decode["attn"]["q"]["kernel"].spec)
   text = exp.program.step.lower(exp.state, train.abstract_batch(exp), jax.random.PRNGKey(0))
   everything = [i for insts in hlo.computations(text.compile().as_text()).values() for i in insts]
   dispatch = [i for i in hlo.collectives(everything, "all-to-all") if "moe" in i.op_name]
