@@ -32,7 +32,9 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
   ("expert", "expert"),
   ("kv_heads", None),
   ("head_dim", None),
-  ("embed", "fsdp"),  # FSDP: weights split along d_model, gathered where a layer uses them
+  # FSDP: weights split along d_model, gathered where a layer uses them; over the expert axis
+  # too, except in the routed experts' weights, whose first dimension already takes it.
+  ("embed", ("fsdp", "expert")),
   ("norm", None),  # RMSNorm scales (d_model): replicated
   ("layers", None),  # leading axis of scanned layer params (model.scan_layers): never split
 )
@@ -122,8 +124,8 @@ EXPERT_WEIGHTS = ("gate", "up", "down")  # a MoE layer's stacked expert weights 
 
 
 def decode_shardings(param_shardings: Any) -> Any:
-  """The layout the decode loop reads the weights in: FSDP gathered (replicated over `fsdp`),
-  tensor and expert parallelism kept. Resharding to it once per RL step keeps every weight
+  """The layout the decode loop reads the weights in: FSDP gathered (replicated over `fsdp`
+  and `expert`, which also splits d_model), tensor parallelism kept. Resharding to it once per RL step keeps every weight
   all-gather outside the decode `while_loop`. Routed experts' weights are the exception: they
   keep their stored layout (a whole bf16 copy of every expert on every device is what does
   not fit at MoE sizes), and each MoE layer gathers its experts' FSDP shards where it runs;
@@ -133,7 +135,7 @@ def decode_shardings(param_shardings: Any) -> Any:
     keys = [getattr(k, "key", None) for k in path]
     if len(keys) >= 2 and keys[-2] == "moe" and keys[-1] in EXPERT_WEIGHTS:
       return s
-    return without_axis(s, "fsdp")
+    return without_axis(without_axis(s, "fsdp"), "expert")
 
   return jax.tree_util.tree_map_with_path(layout, param_shardings)
 
@@ -161,7 +163,7 @@ def active_mesh() -> tuple[Mesh, tuple[str, ...]] | None:
   if active is None:
     return None
   mesh, rules = active
-  spec = nn.logical_to_mesh_axes(("activation_batch",), rules)[0]
+  spec = mesh_axes(("activation_batch",), rules)[0]
   axes = () if spec is None else ((spec,) if isinstance(spec, str) else tuple(spec))
   return mesh, axes
 
@@ -169,7 +171,7 @@ def active_mesh() -> tuple[Mesh, tuple[str, ...]] | None:
 def logical_spec(logical_axes: tuple[str | None, ...]) -> PartitionSpec | None:
   """The mesh layout `logical_axes` map to under the active rules; None outside them."""
   active = _ACTIVE.get()
-  return None if active is None else nn.logical_to_mesh_axes(logical_axes, active[1])
+  return None if active is None else mesh_axes(logical_axes, active[1])
 
 
 def constrain(x: jax.Array, logical_axes: tuple[str | None, ...]) -> jax.Array:
@@ -179,7 +181,7 @@ def constrain(x: jax.Array, logical_axes: tuple[str | None, ...]) -> jax.Array:
   if active is None:
     return x
   mesh, rules = active
-  spec = nn.logical_to_mesh_axes(logical_axes, rules)
+  spec = mesh_axes(logical_axes, rules)
   return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
 
@@ -228,10 +230,36 @@ def rules_from_config(rules: Any) -> tuple[tuple[str, str | None], ...]:
   return tuple(out)
 
 
+def mesh_axes(logical_axes: Sequence[str | None], rules) -> PartitionSpec:
+  """The PartitionSpec of logical axis names under `rules`. A mesh axis serves one dimension
+  only: where a rule names mesh axes an earlier dimension already uses, those are left out and
+  the rest kept (Flax's own resolution drops the whole entry)."""
+  table: dict[str, Any] = {}
+  for logical, axes in rules:
+    table.setdefault(logical, axes)  # the first rule for a name wins
+  used: set[str] = set()
+  spec = []
+  for name in logical_axes:
+    axes = table.get(name) if name is not None else None
+    axes = () if axes is None else ((axes,) if isinstance(axes, str) else tuple(axes))
+    kept = tuple(a for a in axes if a not in used)
+    used.update(kept)
+    spec.append(None if not kept else (kept[0] if len(kept) == 1 else kept))
+  return PartitionSpec(*spec)
+
+
+def mesh_shardings(logical_specs: Any, mesh: Mesh, rules) -> Any:
+  """NamedShardings of a tree of logical PartitionSpecs (`nn.get_partition_spec`)."""
+  return jax.tree.map(
+    lambda p: NamedSharding(mesh, mesh_axes(tuple(p), rules)),
+    logical_specs,
+    is_leaf=lambda x: isinstance(x, PartitionSpec),
+  )
+
+
 def logical_sharding(mesh: Mesh, rules, *logical_axes: str | None) -> NamedSharding:
   """NamedSharding for an array whose dimensions carry the given logical names."""
-  spec = nn.logical_to_mesh_axes(logical_axes, rules)
-  return NamedSharding(mesh, spec)
+  return NamedSharding(mesh, mesh_axes(logical_axes, rules))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
@@ -248,14 +276,14 @@ def init_sharded(boxed_init: Callable[[jax.Array], Any], rng: jax.Array, mesh: M
   """
   abstract = jax.eval_shape(boxed_init, rng)
   specs = nn.get_partition_spec(abstract)
-  shardings = nn.logical_to_mesh_sharding(specs, mesh, rules)
+  shardings = mesh_shardings(specs, mesh, rules)
   params = jax.jit(lambda r: nn.unbox(boxed_init(r)), out_shardings=shardings)(rng)
   return params, shardings
 
 
 def param_shardings(boxed_abstract: Any, mesh: Mesh, rules) -> Any:
   """Shardings for an abstract boxed parameter tree (from `jax.eval_shape`)."""
-  return nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed_abstract), mesh, rules)
+  return mesh_shardings(nn.get_partition_spec(boxed_abstract), mesh, rules)
 
 
 def opt_state_shardings(tx, params: Any, param_shardings: Any, mesh: Mesh):

@@ -30,7 +30,7 @@ def test_fsdp_mesh_matches_one_device(mesh, one_device):
   config = tiny_config(**BASE, **MESHES[mesh])
   exp = train.build(config)
   gate = exp.state.params["layer_0"]["mlp"]["gate"]["kernel"]  # [D, F] = [32, 64]
-  want = PartitionSpec("fsdp", "model")
+  want = PartitionSpec(("fsdp", "expert"), "model")  # d_model over fsdp (and expert: 1 here)
   assert gate.sharding.spec == want
   d, f = gate.shape
   model = MESHES[mesh].get("mesh.model", 1)

@@ -216,9 +216,9 @@ def test_load_onto_mesh_places_each_param_in_its_sharding():
   ):
     assert x.sharding.is_equivalent_to(s, x.ndim), path
   layer = params["layer_0"]
-  assert layer["attn"]["q"]["kernel"].sharding.spec == P("fsdp", "model", None)
+  assert layer["attn"]["q"]["kernel"].sharding.spec == P(("fsdp", "expert"), "model", None)
   assert layer["moe"]["gate"].sharding.spec == P("expert", "fsdp", "model")
-  assert layer["moe"]["router"]["kernel"].sharding.spec == P("fsdp", "expert")
+  assert layer["moe"]["router"]["kernel"].sharding.spec == P(("fsdp", "expert"), None)
   assert params["embed"]["embedding"].sharding.spec == P("model", "fsdp")
   shard = layer["moe"]["down"].addressable_shards[0].data
   assert shard.shape == (4 // 2, 16 // 2, 32)  # [E/expert, F/model, D]

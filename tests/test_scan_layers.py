@@ -81,7 +81,7 @@ def test_layout_matches_the_scanned_init_and_converts_back_exactly(name):
   assert specs["attn"]["q"]["kernel"] == P("layers", "embed", "heads", "head_dim")
   mesh = sharding.make_mesh(data=2, model=2, expert=2)
   s = sharding.param_shardings(boxed, mesh, sharding.DEFAULT_RULES)["layers"]["block_0"]
-  assert s["attn"]["q"]["kernel"].spec == P(None, "fsdp", "model", None)
+  assert s["attn"]["q"]["kernel"].spec == P(None, ("fsdp", "expert"), "model", None)
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -242,7 +242,7 @@ def test_hf_import_scanned_onto_a_mesh():
   mesh = sharding.make_mesh(data=2, model=2, expert=2)
   cfg, params = hf.load_checkpoint(FIXTURES / "qwen3_moe", mesh=mesh, scan_layers=True)
   block = params["layers"]["block_0"]
-  assert block["attn"]["q"]["kernel"].sharding.spec == P(None, "fsdp", "model", None)
+  assert block["attn"]["q"]["kernel"].sharding.spec == P(None, ("fsdp", "expert"), "model", None)
   assert block["moe"]["gate"].sharding.spec == P(None, "expert", "fsdp", "model")
   _, plain = hf.load_checkpoint(FIXTURES / "qwen3_moe")
   want = scan_params(dataclasses.replace(cfg, scan_layers=False), plain)
