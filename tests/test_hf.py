@@ -219,7 +219,7 @@ def test_load_onto_mesh_places_each_param_in_its_sharding():
   assert layer["attn"]["q"]["kernel"].sharding.spec == P(("fsdp", "expert"), "model", None)
   assert layer["moe"]["gate"].sharding.spec == P("expert", "fsdp", "model")
   assert layer["moe"]["router"]["kernel"].sharding.spec == P(("fsdp", "expert"), None)
-  assert params["embed"]["embedding"].sharding.spec == P("model", "fsdp")
+  assert params["embed"]["embedding"].sharding.spec == P("model", ("fsdp", "expert"))
   shard = layer["moe"]["down"].addressable_shards[0].data
   assert shard.shape == (4 // 2, 16 // 2, 32)  # [E/expert, F/model, D]
   _assert_trees_equal(jax.device_get(params), jax.device_get(_load("qwen3_moe")[1]))
