@@ -58,7 +58,11 @@ MOE = {
 }
 
 
-@pytest.mark.parametrize("mesh", [{"mesh.expert": 4, "mesh.fsdp": 1}, {}], ids=["expert4", "fsdp4"])
+@pytest.mark.parametrize(
+  "mesh",
+  [{"mesh.expert": 4, "mesh.fsdp": 1}, pytest.param({}, marks=pytest.mark.slow)],
+  ids=["expert4", "fsdp4"],
+)
 def test_moe_step_compiles_for_a_v5e_slice(v5e_2x2, mesh):
   """The MoE fused step (R3) for v5e 2x2: `auto` takes `jax.lax.ragged_dot` (a grouped kernel
   on TPU) and, with experts over 4 chips, dispatches tokens by all-to-all."""

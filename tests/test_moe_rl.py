@@ -179,7 +179,8 @@ EP = {**MOE, "model.moe_num_experts": 8, "replay.name": "r2", "rl.num_prompts": 
     pytest.param({"mesh.expert": 8}, "portable", marks=pytest.mark.slow),
     pytest.param({"mesh.expert": 4, "mesh.data": 2}, "ragged", marks=pytest.mark.slow),
     pytest.param({"mesh.expert": 2, "mesh.fsdp": 4}, "portable", marks=pytest.mark.slow),
-    ({"mesh.fsdp": 8}, "portable"),  # no expert parallelism: each device routes its own rows
+    # No expert parallelism: each device routes its own rows.
+    pytest.param({"mesh.fsdp": 8}, "portable", marks=pytest.mark.slow),
   ],
 )
 def test_expert_parallel_step_equals_one_device(mesh, impl):

@@ -21,23 +21,38 @@ def test_beta_zero_has_no_reference_model():
 
 
 def test_frozen_reference_stays_at_the_initial_policy():
-  history = _run(tiny_config(**{"kl.beta": 0.05}), 2)
+  # The untrained tiny policy earns no reward (zero advantages): the entropy bonus moves it.
+  history = _run(tiny_config(**{"kl.beta": 0.05, "rl.entropy_coef": 0.01}), 2)
   assert _equal(history[-1].ref_params, history[0].params)
   assert not _equal(history[-1].params, history[0].params)
 
 
 def test_reset_every_copies_the_policy():
   history = _run(
-    tiny_config(**{"kl.beta": 0.05, "kl.reference": "reset_every", "kl.reset_every": 2}), 3
+    tiny_config(
+      **{
+        "kl.beta": 0.05,
+        "kl.reference": "reset_every",
+        "kl.reset_every": 2,
+        "rl.entropy_coef": 0.01,
+      }
+    ),
+    3,
   )
   assert _equal(history[1].ref_params, history[0].params)  # step 1: not yet
   assert _equal(history[2].ref_params, history[2].params)  # step 2: reset to the policy
   assert _equal(history[3].ref_params, history[2].params)  # step 3: held until the next reset
+  assert not _equal(history[3].params, history[2].params)  # (while the policy moves)
 
 
 def test_ema_reference():
   alpha = 0.25
-  history = _run(tiny_config(**{"kl.beta": 0.05, "kl.reference": "ema", "kl.ema": alpha}), 2)
+  history = _run(
+    tiny_config(
+      **{"kl.beta": 0.05, "kl.reference": "ema", "kl.ema": alpha, "rl.entropy_coef": 0.01}
+    ),
+    2,
+  )
   for prev, cur in itertools.pairwise(history):
     want = jax.tree.map(lambda r, p: alpha * p + (1 - alpha) * r, prev.ref_params, cur.params)
     jax.tree.map(
