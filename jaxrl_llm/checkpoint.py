@@ -28,6 +28,7 @@ from typing import Any
 
 import grain
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
@@ -36,6 +37,23 @@ PyTree = Any
 
 _COMMIT_FILE = "commit_success.txt"
 _TMP_SUFFIX = ocp.path.atomicity.TMP_DIR_SUFFIX  # '.orbax-checkpoint-tmp'
+
+
+class NonFiniteStateError(RuntimeError):
+  """A state with NaN or inf values was about to be saved (it never is)."""
+
+
+def non_finite_paths(tree: PyTree) -> list[str]:
+  """Key paths of the floating-point leaves of `tree` that hold a NaN or inf."""
+  leaves = [
+    (path, x)
+    for path, x in jax.tree_util.tree_leaves_with_path(tree)
+    if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.inexact)
+  ]
+  if not leaves:
+    return []
+  finite = jax.device_get([jnp.all(jnp.isfinite(x)) for _, x in leaves])
+  return [jax.tree_util.keystr(p) for (p, _), ok in zip(leaves, finite) if not ok]
 
 
 class CheckpointMismatchError(ValueError):
@@ -265,6 +283,13 @@ class Checkpointer:
       return False
     if not (force or self._manager.should_save(step)):
       return False
+    bad = non_finite_paths(state)
+    if bad:
+      raise NonFiniteStateError(
+        f"refusing to save step {step} in {self.directory}: {len(bad)} array(s) hold NaN or "
+        f"inf ({', '.join(bad[:5])}{', ...' if len(bad) > 5 else ''}); the checkpoints already "
+        "on disk are kept"
+      )
     items = {
       "state": ocp.args.StandardSave(state),
       "meta": ocp.args.JsonSave(_jsonable(meta)),

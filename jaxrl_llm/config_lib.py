@@ -202,6 +202,36 @@ def validate(
     f"optim.learning_rate={config.optim.learning_rate} must be > 0",
   )
   _collect(e, config.optim.grad_clip >= 0, f"optim.grad_clip={config.optim.grad_clip} must be >= 0")
+  for name in ("b1", "b2"):
+    value = config.optim[name]
+    _collect(e, 0 <= value < 1, f"optim.{name}={value} must be in [0, 1) (Adam's moment decay)")
+  _collect(
+    e,
+    config.optim.warmup_steps >= 0,
+    f"optim.warmup_steps={config.optim.warmup_steps} must be >= 0",
+  )
+  _collect(
+    e,
+    config.optim.weight_decay >= 0,
+    f"optim.weight_decay={config.optim.weight_decay} must be >= 0",
+  )
+  _collect(
+    e, config.sft.learning_rate > 0, f"sft.learning_rate={config.sft.learning_rate} must be > 0"
+  )
+  _collect(e, tr.max_to_keep >= 1, f"train.max_to_keep={tr.max_to_keep} must be >= 1")
+  _collect(
+    e,
+    tr.max_skipped_updates >= 1,
+    f"train.max_skipped_updates={tr.max_skipped_updates} must be >= 1",
+  )
+  timeout = config.data.get("verifier_timeout_s", 1.0)
+  _collect(e, timeout > 0, f"data.verifier_timeout_s={timeout} must be > 0")
+  if (model_override.param_dtype if model_override else config.model.param_dtype) == "float16":
+    e.append(
+      "model.param_dtype='float16' is refused: Adam's small updates underflow in float16 and "
+      "the run turns NaN; keep float32 (or bfloat16) parameters and set model.dtype=float16 "
+      "for float16 compute"
+    )
   _collect(
     e, 0 <= config.optim.decay_to <= 1, f"optim.decay_to={config.optim.decay_to} must be in [0, 1]"
   )

@@ -163,7 +163,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.train.pass_k = 4  # k of the pass@k evaluation (sampled at τ_s)
   c.train.log_every = 10  # scalar summaries / progress line period
   c.train.checkpoint_every = 250  # orbax checkpoint period (RL steps); also at the end
-  c.train.max_to_keep = 2  # checkpoints kept on disk
+  c.train.max_to_keep = 2  # checkpoints kept on disk (>= 1)
+  c.train.max_skipped_updates = 10  # stop after this many consecutive non-finite updates
   c.train.text_samples = 8  # completions shown in the TensorBoard text summary
   c.train.stop_after_steps = 0  # end this invocation after N steps (time-limited jobs; 0 = off)
 

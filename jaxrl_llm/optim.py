@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import optax
 
 
@@ -27,3 +29,22 @@ def make_optimizer(
   parts = [optax.clip_by_global_norm(grad_clip)] if grad_clip > 0 else []
   parts.append(optax.adamw(schedule, b1=b1, b2=b2, weight_decay=weight_decay))
   return optax.chain(*parts), schedule
+
+
+def all_finite(*trees) -> jax.Array:
+  """[] bool: whether every floating-point value in `trees` is finite (None leaves skipped)."""
+  leaves = [x for x in jax.tree.leaves(trees) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+  if not leaves:
+    return jnp.asarray(True)
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
+
+
+def guarded_update(tx: optax.GradientTransformation, grads, opt_state, params, loss=None):
+  """One optimiser step that is skipped when the loss, the gradient, the update or the new
+  parameters hold a non-finite value: parameters and optimiser state then stay as they were.
+  Returns (params, opt_state, skipped [] int32: 1 if skipped)."""
+  updates, new_state = tx.update(grads, opt_state, params)
+  new_params = optax.apply_updates(params, updates)
+  ok = all_finite(loss, grads, updates, new_params)
+  keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)  # noqa: E731
+  return keep(new_params, params), keep(new_state, opt_state), (~ok).astype(jnp.int32)

@@ -28,7 +28,7 @@ from jaxrl_llm import config_lib, data, file_task, quant, sharding, tasks
 from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.transformer import Transformer, positions_from_mask
-from jaxrl_llm.optim import make_optimizer
+from jaxrl_llm.optim import guarded_update, make_optimizer
 from jaxrl_llm.rl import RLProgram, Settings, init_reference, make_rl_step
 from jaxrl_llm.sampling import sample, score
 from jaxrl_llm.types import PromptBatch, TrainState
@@ -182,8 +182,8 @@ def _sft_phase(exp: Experiment, writer, log_every: int) -> TrainState:
 
   def sft_update(params, opt_state, batch):
     loss, grads = jax.value_and_grad(loss_fn)(params, batch)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
+    params, opt_state, skipped = guarded_update(tx, grads, opt_state, params, loss)
+    return params, opt_state, loss, skipped
 
   sft_step = jax.jit(sharding.traced_with_rules(sft_update, exp.mesh, exp.rules))
 
@@ -192,14 +192,60 @@ def _sft_phase(exp: Experiment, writer, log_every: int) -> TrainState:
     tx, params, jax.tree.map(lambda x: x.sharding, params), exp.mesh
   )
   t0 = time.time()
+  guard = SkipGuard(config.train.max_skipped_updates, "sft")
   for i in range(steps):
     batch = to_global_batch(next(it), exp.batch_sharding)
-    params, opt_state, loss = sft_step(params, opt_state, batch)
+    params, opt_state, loss, skipped = sft_step(params, opt_state, batch)
+    guard.update(i + 1, int(skipped), updates=1)
     if (i + 1) % log_every == 0 or i + 1 == steps:
       loss = float(loss)
-      writer.scalars(i + 1, {"sft/loss": loss, "sft/learning_rate": float(schedule(i))})
+      scalars = {"sft/loss": loss, "sft/learning_rate": float(schedule(i))}
+      scalars["sft/skipped_updates"] = float(guard.total)
+      writer.scalars(i + 1, scalars)
+      guard.finite_metrics(scalars)
       logging.info("sft %d/%d loss %.4f (%.1fs)", i + 1, steps, loss, time.time() - t0)
   return exp.state.replace(params=params)
+
+
+class NonFiniteError(RuntimeError):
+  """The run stopped: too many consecutive optimiser updates were non-finite."""
+
+
+class SkipGuard:
+  """Counts optimiser updates the step skipped for a non-finite loss, gradient or update, and
+  stops the run (NonFiniteError) after `limit` consecutive ones."""
+
+  def __init__(self, limit: int, phase: str):
+    self.limit, self.phase = limit, phase
+    self.consecutive = self.total = 0
+    self.last_finite: dict[str, float] = {}
+
+  def update(self, step: int, skipped: int, updates: int) -> None:
+    """Adds one step's `skipped` of its `updates`; raises once `limit` in a row were skipped."""
+    self.total += skipped
+    self.consecutive = self.consecutive + skipped if skipped == updates else skipped
+    if skipped:
+      logging.warning(
+        "%s step %d: %d of %d optimiser updates skipped (non-finite loss, gradient or update)",
+        self.phase,
+        step,
+        skipped,
+        updates,
+      )
+    if self.consecutive >= self.limit:
+      shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted(self.last_finite.items())[:12])
+      raise NonFiniteError(
+        f"{self.phase} step {step}: {self.consecutive} consecutive optimiser updates had a "
+        f"non-finite loss, gradient or update and were skipped (train.max_skipped_updates="
+        f"{self.limit}); parameters and optimiser state are those of the last finite update "
+        f"and no non-finite state was saved. Last finite metrics: {shown or 'none logged'}. "
+        "Lower the learning rate, keep optim.grad_clip > 0, or use float32 parameters."
+      )
+
+  def finite_metrics(self, scalars: dict[str, float]) -> None:
+    """Remembers `scalars` of a logged step if they are all finite (shown when stopping)."""
+    if all(np.isfinite(v) for v in scalars.values()):
+      self.last_finite = dict(scalars)
 
 
 def _load_pretrained(config, mesh, rules):
@@ -450,91 +496,99 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   tr = config.train
   writer = metrics_lib.SummaryWriter(workdir)
   ckpt = ckpt_lib.Checkpointer(workdir, save_every=tr.checkpoint_every, max_to_keep=tr.max_to_keep)
-  per_process = config_lib.num_sampled_prompts(config) // jax.process_count()
-  shard = {"shard_index": jax.process_index(), "shard_count": jax.process_count()}
-  if exp.host_reward:
-    if jax.process_count() > 1:
-      raise NotImplementedError(
-        "the host-reward path (data.train_files) runs on a single process for now; use one "
-        "host (all its local devices) or a built-in pure-JAX task"
-      )
-    train_iter = exp.task.train_iterator(per_process, config.seed, **shard)
-    writer.scalars(0, exp.task.data_stats)  # records read, too long (dropped), kept
-    eval_np = exp.task.eval_batch(multiple_of=sharding.batch_size_divisor(exp.mesh))
-    eval_answers = eval_np.pop("answer")
-  else:
-    train_iter = data.make_prompt_iterator(
-      exp.task.train_examples(config.seed), per_process, seed=config.seed, **shard
-    )
-    eval_np, eval_answers = exp.task.eval_examples(), None
-  eval_batch = to_global_batch(eval_np, exp.batch_sharding)
-  eval_key = jax.random.PRNGKey(config.seed + 7)
-
-  state = init_reference(exp.state, config.kl.beta)
-  latest = ckpt.latest_step()
-  if latest is not None:
-    abstract = jax.tree.map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-      state,
-      jax.tree.map(lambda x: x.sharding, state),
-    )
-    state, _saved_meta = ckpt.restore(
-      latest,
-      abstract,
-      data_iter=train_iter,
-      current_meta=exp.meta,
-      meta_defaults={"model": ModelConfig().to_dict()},  # fields added since it was written
-      meta_ignore=NUMERICS_ONLY,
-    )
-    logging.info("resumed from %s at step %d", workdir, latest)
-  elif config.sft.steps:
-    state = init_reference(_sft_phase(exp, writer, tr.log_every), config.kl.beta)
-
-  start = int(state.step)
-  last_eval: dict[str, float] = {}
-
-  def evaluate(step: int):
-    nonlocal last_eval
-    args = (eval_answers,) if exp.host_reward else ()
-    m = metrics_lib.flatten_metrics(exp.eval_fn(state.params, eval_batch, eval_key, *args))
-    writer.scalars(step, m)
-    last_eval = m
-    logging.info("eval step %d: %s", step, "  ".join(f"{k}={v:.3f}" for k, v in m.items()))
-
-  if start == 0:
-    evaluate(0)
-  t_start, t_last, last_logged = time.time(), time.time(), start
-  end = tr.num_steps
-  if tr.stop_after_steps:
-    end = min(end, start + tr.stop_after_steps)
-  for step in range(start, end):
-    np_batch = next(train_iter)
-    rng = jax.random.fold_in(state.rng, step)
+  try:
+    per_process = config_lib.num_sampled_prompts(config) // jax.process_count()
+    shard = {"shard_index": jax.process_index(), "shard_count": jax.process_count()}
     if exp.host_reward:
-      state, metrics = host_reward_step(exp, state, np_batch, rng)
+      if jax.process_count() > 1:
+        raise NotImplementedError(
+          "the host-reward path (data.train_files) runs on a single process for now; use one "
+          "host (all its local devices) or a built-in pure-JAX task"
+        )
+      train_iter = exp.task.train_iterator(per_process, config.seed, **shard)
+      writer.scalars(0, exp.task.data_stats)  # records read, too long (dropped), kept
+      eval_np = exp.task.eval_batch(multiple_of=sharding.batch_size_divisor(exp.mesh))
+      eval_answers = eval_np.pop("answer")
     else:
-      state, metrics = exp.rl_step(state, to_global_batch(np_batch, exp.batch_sharding), rng)
-    done = step + 1
-    if done % tr.log_every == 0 or done == tr.num_steps:
-      m = jax.device_get(metrics)
-      now = time.time()
-      dt = (now - t_last) / max(done - last_logged, 1)
-      t_last, last_logged = now, done
-      scalars = {k: float(v) for k, v in m.items() if np.ndim(v) == 0}
-      scalars["perf/step_time_s"] = dt
-      scalars["perf/generated_tokens_per_s"] = scalars["perf/generated_tokens"] / dt
-      scalars["perf/learner_tokens_per_s"] = scalars["perf/learner_tokens"] / dt
-      writer.scalars(done, scalars)
-      writer.histograms(done, {k[len("hist/") :]: v for k, v in m.items() if k.startswith("hist/")})
-      writer.text(done, "samples", _text_summary(exp.task, m, tr.text_samples))
-      shown = {k: scalars[k] for k in PROGRESS_KEYS if k in scalars}
-      logging.info(
-        metrics_lib.format_progress(done, tr.num_steps, now - t_start, shown, start_step=start)
+      train_iter = data.make_prompt_iterator(
+        exp.task.train_examples(config.seed), per_process, seed=config.seed, **shard
       )
-    if done % tr.eval_every == 0 or done == tr.num_steps:
-      evaluate(done)
-    ckpt.save(done, state, data_iter=train_iter, meta=exp.meta, force=done in (end, tr.num_steps))
-  ckpt.wait()
-  ckpt.close()
-  writer.close()
+      eval_np, eval_answers = exp.task.eval_examples(), None
+    eval_batch = to_global_batch(eval_np, exp.batch_sharding)
+    eval_key = jax.random.PRNGKey(config.seed + 7)
+
+    state = init_reference(exp.state, config.kl.beta)
+    latest = ckpt.latest_step()
+    if latest is not None:
+      abstract = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        state,
+        jax.tree.map(lambda x: x.sharding, state),
+      )
+      state, _saved_meta = ckpt.restore(
+        latest,
+        abstract,
+        data_iter=train_iter,
+        current_meta=exp.meta,
+        meta_defaults={"model": ModelConfig().to_dict()},  # fields added since it was written
+        meta_ignore=NUMERICS_ONLY,
+      )
+      logging.info("resumed from %s at step %d", workdir, latest)
+    elif config.sft.steps:
+      state = init_reference(_sft_phase(exp, writer, tr.log_every), config.kl.beta)
+
+    start = int(state.step)
+    last_eval: dict[str, float] = {}
+
+    def evaluate(step: int):
+      nonlocal last_eval
+      args = (eval_answers,) if exp.host_reward else ()
+      m = metrics_lib.flatten_metrics(exp.eval_fn(state.params, eval_batch, eval_key, *args))
+      writer.scalars(step, m)
+      last_eval = m
+      logging.info("eval step %d: %s", step, "  ".join(f"{k}={v:.3f}" for k, v in m.items()))
+
+    if start == 0:
+      evaluate(0)
+    t_start, t_last, last_logged = time.time(), time.time(), start
+    end = tr.num_steps
+    if tr.stop_after_steps:
+      end = min(end, start + tr.stop_after_steps)
+    guard = SkipGuard(tr.max_skipped_updates, "rl")
+    updates_per_step = config.rl.num_epochs * config.rl.num_minibatches
+    for step in range(start, end):
+      np_batch = next(train_iter)
+      rng = jax.random.fold_in(state.rng, step)
+      if exp.host_reward:
+        state, metrics = host_reward_step(exp, state, np_batch, rng)
+      else:
+        state, metrics = exp.rl_step(state, to_global_batch(np_batch, exp.batch_sharding), rng)
+      done = step + 1
+      guard.update(done, int(metrics["optim/skipped_updates"]), updates=updates_per_step)
+      if done % tr.log_every == 0 or done == tr.num_steps:
+        m = jax.device_get(metrics)
+        now = time.time()
+        dt = (now - t_last) / max(done - last_logged, 1)
+        t_last, last_logged = now, done
+        scalars = {k: float(v) for k, v in m.items() if np.ndim(v) == 0}
+        scalars["perf/step_time_s"] = dt
+        scalars["perf/generated_tokens_per_s"] = scalars["perf/generated_tokens"] / dt
+        scalars["perf/learner_tokens_per_s"] = scalars["perf/learner_tokens"] / dt
+        writer.scalars(done, scalars)
+        guard.finite_metrics(scalars)
+        writer.histograms(
+          done, {k[len("hist/") :]: v for k, v in m.items() if k.startswith("hist/")}
+        )
+        writer.text(done, "samples", _text_summary(exp.task, m, tr.text_samples))
+        shown = {k: scalars[k] for k in PROGRESS_KEYS if k in scalars}
+        logging.info(
+          metrics_lib.format_progress(done, tr.num_steps, now - t_start, shown, start_step=start)
+        )
+      if done % tr.eval_every == 0 or done == tr.num_steps:
+        evaluate(done)
+      ckpt.save(done, state, data_iter=train_iter, meta=exp.meta, force=done in (end, tr.num_steps))
+    ckpt.wait()
+  finally:
+    ckpt.close()  # pending saves finish (or fail) before the error propagates
+    writer.close()
   return last_eval

@@ -95,6 +95,8 @@ def microbatch_mean(metrics: Metrics, num_microbatches: int) -> Metrics:
 def update_summary(mb_metrics: Metrics) -> Metrics:
   """Per-minibatch metrics [E*M] → their means, plus the first minibatch's clip fraction."""
   out = jax.tree.map(jnp.mean, mb_metrics)
+  if "optim/skipped_updates" in mb_metrics:  # a count over the step's updates
+    out["optim/skipped_updates"] = jnp.sum(mb_metrics["optim/skipped_updates"])
   out["policy/clip_frac_first_minibatch"] = (
     mb_metrics["policy/clip_frac_low"][0] + mb_metrics["policy/clip_frac_high"][0]
   )

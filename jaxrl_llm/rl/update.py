@@ -14,9 +14,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import optax
 
-from jaxrl_llm import sharding
+from jaxrl_llm import optim, sharding
 from jaxrl_llm.rl import loss as rl_loss
 from jaxrl_llm.rl import metrics as rl_metrics
 from jaxrl_llm.rl.settings import KLSettings, RLSettings, Settings
@@ -54,12 +53,16 @@ def minibatch_grads(
 
 def minibatch_step(carry, mb: PolicyBatch, *, loss_fn: LossFn, optimizer, **kwargs):
   """One optimiser step `((params, opt_state), mb) -> ((params, opt_state), metrics)`;
-  `kwargs` are `minibatch_grads`'s."""
+  `kwargs` are `minibatch_grads`'s. A non-finite loss, gradient or update skips the step
+  (`optim.guarded_update`), counted in `optim/skipped_updates`."""
   params, opt_state = carry
   grads, metrics = minibatch_grads(loss_fn, params, mb, **kwargs)
   metrics.update(rl_metrics.grad_norm(grads))
-  updates, opt_state = optimizer.update(grads, opt_state, params)
-  return (optax.apply_updates(params, updates), opt_state), metrics
+  params, opt_state, skipped = optim.guarded_update(
+    optimizer, grads, opt_state, params, metrics["policy/total_loss"]
+  )
+  metrics["optim/skipped_updates"] = skipped.astype(jnp.float32)
+  return (params, opt_state), metrics
 
 
 def minibatch_order(key: jax.Array, batch_size: int, rl: RLSettings, block: int = 1) -> jax.Array:
