@@ -200,7 +200,10 @@ def _load(logdir: str) -> event_accumulator.EventAccumulator:
 def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
   """Reads every scalar in `logdir`'s event files: tag -> [(step, value)] in step order."""
   acc = _load(logdir)
-  return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+  return {  # event files of the same second may load in either order: sort (stably) by step
+    tag: sorted(((e.step, e.value) for e in acc.Scalars(tag)), key=lambda sv: sv[0])
+    for tag in acc.Tags()["scalars"]
+  }
 
 
 def read_tags(logdir: str) -> dict[str, Any]:

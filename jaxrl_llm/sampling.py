@@ -223,6 +223,7 @@ def score(
   probe_experts: jax.Array | None = None,  # [B, S+T, Lm, K] experts whose log-probs to report
   full_logits: bool = False,  # reference path: materialise and return the [B, T, V] logits
   group_size: int = 1,  # rows in consecutive blocks of this many share their prompt
+  completion_mask: jax.Array | None = None,  # [B, T] real completion tokens (MoE statistics)
 ) -> Scores:
   """Learner log-probs ℓ [B, T], entropies (and values) of `tokens` given the prompts.
 
@@ -230,7 +231,9 @@ def score(
   that predict completion tokens, in chunks of positions (`kernels.logprobs`), so no float32
   [B, S+T, V] (nor, at a large vocabulary, [B, T, V]) logits buffer is made. The log-prob is of
   the same temperature-scaled full softmax the sampler records (spec §0). `full_logits=True`
-  is the reference path: the whole [B, T, V] logits, also returned.
+  is the reference path: the whole [B, T, V] logits, also returned. `completion_mask`
+  (default: every position) marks the completion tokens that are real (through EOS): with the
+  prompt mask it is what MoE load and regularisers count (§8); log-probs do not depend on it.
 
   `group_size` k > 1 (dense models): rows b·k .. b·k + k - 1 must hold the same prompt; it is
   run once per block and its keys/values are shared by the block's completions
@@ -257,6 +260,9 @@ def score(
       routing=routing,
       probe_experts=probe_experts,
       return_hidden=True,
+      token_valid=None
+      if completion_mask is None
+      else jnp.concatenate([prompt_mask, completion_mask > 0], axis=1),
     )
     window = slice(prompt_len - 1, prompt_len - 1 + t_max)  # positions predicting each token
     hidden = out.hidden[:, window]  # [B, T, D]

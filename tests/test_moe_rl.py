@@ -174,7 +174,7 @@ EP = {**MOE, "model.moe_num_experts": 8, "replay.name": "r2", "rl.num_prompts": 
 @pytest.mark.parametrize(
   "mesh,impl",
   [
-    ({"mesh.expert": 8}, "ragged"),
+    pytest.param({"mesh.expert": 8}, "ragged", marks=pytest.mark.slow),
     ({"mesh.expert": 4, "mesh.data": 2}, "portable"),
     pytest.param({"mesh.expert": 8}, "portable", marks=pytest.mark.slow),
     pytest.param({"mesh.expert": 4, "mesh.data": 2}, "ragged", marks=pytest.mark.slow),
@@ -246,3 +246,20 @@ def test_old_pass_in_slices_equals_one_pass(replay):
     split = stages.split_leading(rows, 3, block)
     assert split.shape == (3, 4, 2)
     np.testing.assert_array_equal(stages.merge_leading(split, block), rows)
+
+
+def test_moe_statistics_count_real_tokens_only():
+  """Padding after EOS changes neither the log-probs nor, given the completion mask, the MoE
+  load, load-balance loss or z-loss (§8); without the mask the pads would be counted."""
+  model, params, prompt, mask = _moe_model()
+  p, m = prompt[:1], mask[:1]
+  short = jnp.asarray([[8, 9, 2]])
+  padded = jnp.asarray([[8, 9, 2, 0, 0, 0, 0, 0]])
+  real = lambda t: (jnp.arange(t.shape[1]) < 3)[None].astype(jnp.float32)  # noqa: E731
+  a = score(model, params, p, m, short, 1.0, completion_mask=real(short))
+  b = score(model, params, p, m, padded, 1.0, completion_mask=real(padded))
+  np.testing.assert_allclose(a.logp, b.logp[:, :3], rtol=1e-6, atol=1e-6)
+  for key in ("load", "aux_loss", "z_loss"):
+    np.testing.assert_allclose(getattr(a.moe, key), getattr(b.moe, key), rtol=1e-5, err_msg=key)
+  counted = score(model, params, p, m, padded, 1.0)  # every position counted
+  assert not np.allclose(counted.moe.z_loss, a.moe.z_loss)

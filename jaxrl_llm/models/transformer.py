@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -353,11 +354,14 @@ class Transformer(nn.Module):
     routing: jax.Array | None = None,  # [B, Q, Lm, K] experts to replay (spec §9)
     probe_experts: jax.Array | None = None,  # [B, Q, Lm, K] experts whose log-probs to report
     return_hidden: bool = False,  # skip the output layer: `unembed` the hidden states later
+    token_valid: jax.Array | None = None,  # [B, Q] bool: tokens counted in MoE load / aux / z
   ) -> ModelOutput:
     """Returns float32 logits [B, Q, V], the updated cache and (optionally) values [B, Q].
 
     With `return_hidden`, the final-normed hidden states [B, Q, D] instead of the logits, so
-    a caller can unembed only the positions it needs, in chunks (`unembed`).
+    a caller can unembed only the positions it needs, in chunks (`unembed`). `token_valid`
+    (default: the queries' `key_valid`) marks the real tokens, the only ones MoE statistics
+    count (§8).
     """
     cfg = self.cfg
     embed = nn.Embed(
@@ -372,7 +376,9 @@ class Transformer(nn.Module):
     )
     x = constrain_activation(embed(tokens))
     num_q = tokens.shape[1]
-    if cache is None:
+    if token_valid is not None:
+      chex.assert_shape(token_valid, tokens.shape)
+    elif cache is None:
       token_valid = key_valid
     else:
       token_valid = jax.lax.dynamic_slice_in_dim(key_valid, cache_index, num_q, axis=1)

@@ -195,5 +195,6 @@ def loss(
     routing=mb.replay,
     probe_experts=mb.old_routing if probe else None,
     group_size=prompt_block(prompt_group, mb.tokens.shape[0]),
+    completion_mask=mb.loss_mask if model.cfg.moe_layers else None,
   )
   return loss_from_scores(sc, mb, norms, settings=settings, max_len=max_len, moe=model.cfg.moe)

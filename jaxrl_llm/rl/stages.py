@@ -130,7 +130,9 @@ def rescore(
   pass; the MoE load and z-loss are the token-weighted means of the slices' (= the whole
   batch's); the load-balance loss is the slices' token-weighted mean (no stage reads it).
   """
+  is_moe = bool(model.cfg.moe_layers)
   whole = (rollout.prompt_tokens, rollout.prompt_mask, rollout.tokens, routing)
+  whole += (rollout.loss_mask if is_moe else None,)
   if chunks == 1:
     return jax.lax.stop_gradient(_score(model, params, *whole, temperature, prompt_group))
   block = math.gcd(prompt_group, rollout.tokens.shape[0] // chunks)
@@ -138,7 +140,8 @@ def rescore(
 
   def one(part):
     sc = _score(model, params, *part, temperature, prompt_group)
-    tokens = jnp.sum(part[1]) + part[2].size  # valid prompt + completion positions
+    completion = part[2].size if part[4] is None else jnp.sum(part[4] > 0)
+    tokens = jnp.sum(part[1]) + completion  # real prompt + completion tokens
     return jax.lax.stop_gradient(sc), tokens.astype(jnp.float32)
 
   scores, tokens = jax.lax.map(one, sliced)
@@ -163,17 +166,18 @@ def rescore(
   return out.replace(moe=moe)
 
 
-def _score(model, params, prompt_tokens, prompt_mask, tokens, routing, temperature, group):
-  """`sampling.score` of one slice of rows."""
+def _score(model, params, prompt_tokens, prompt_mask, tokens, routing, completion, temp, group):
+  """`sampling.score` of one slice of rows (MoE statistics over its real tokens)."""
   return score(
     model,
     params,
     prompt_tokens,
     prompt_mask,
     tokens,
-    temperature,
+    temp,
     routing=routing,
     group_size=group,
+    completion_mask=completion,
   )
 
 
