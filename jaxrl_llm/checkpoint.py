@@ -33,6 +33,8 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
+from jaxrl_llm import optim
+
 PyTree = Any
 
 _COMMIT_FILE = "commit_success.txt"
@@ -52,14 +54,11 @@ def non_finite_paths(tree: PyTree) -> list[str]:
   ]
   if not leaves:
     return []
-  finite = jax.device_get(_all_finite_each([x for _, x in leaves]))
+  finite = jax.device_get(_finite_leaves([x for _, x in leaves]))
   return [jax.tree_util.keystr(p) for (p, _), ok in zip(leaves, finite) if not ok]
 
 
-@jax.jit
-def _all_finite_each(leaves: list[jax.Array]) -> jax.Array:
-  """[len(leaves)] bool: whether each array is all finite (one program for the whole list)."""
-  return jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves])
+_finite_leaves = jax.jit(optim.finite_leaves)  # one program for the whole list
 
 
 class CheckpointMismatchError(ValueError):

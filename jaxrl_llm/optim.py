@@ -31,12 +31,16 @@ def make_optimizer(
   return optax.chain(*parts), schedule
 
 
+def finite_leaves(tree) -> jax.Array:
+  """[n] bool: for each floating-point leaf of `tree` (None leaves skipped), whether it holds
+  only finite values."""
+  leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+  return jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]) if leaves else jnp.ones(0, bool)
+
+
 def all_finite(*trees) -> jax.Array:
-  """[] bool: whether every floating-point value in `trees` is finite (None leaves skipped)."""
-  leaves = [x for x in jax.tree.leaves(trees) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
-  if not leaves:
-    return jnp.asarray(True)
-  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
+  """[] bool: whether every floating-point value in `trees` is finite."""
+  return jnp.all(finite_leaves(trees))
 
 
 def guarded_update(tx: optax.GradientTransformation, grads, opt_state, params, loss=None):

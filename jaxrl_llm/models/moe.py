@@ -100,7 +100,7 @@ def _experts_dense(x, idx, gates, w_gate, w_up, w_down):
   return jnp.einsum("bne,bned->bnd", combine, out.astype(jnp.float32))  # [B, N, D] float32
 
 
-def _experts_ragged(x, idx, gates, w_gate, w_up, w_down, matmul=jax.lax.ragged_dot):
+def _experts_ragged(x, idx, gates, w_gate, w_up, w_down):
   """Dropless: sort the N·K assignments by expert and run one grouped matmul per weight
   (`jax.lax.ragged_dot`; `kernels.grouped.grouped_matmul` computes the same)."""
   b, n, d = x.shape
@@ -109,8 +109,9 @@ def _experts_ragged(x, idx, gates, w_gate, w_up, w_down, matmul=jax.lax.ragged_d
   order = jnp.argsort(flat_idx, stable=True)  # assignments grouped by expert
   group_sizes = jnp.bincount(flat_idx, length=e).astype(jnp.int32)  # [E]; others dropped
   xs = x.reshape(b * n, d)[order // k]  # [B·N·K, D] token rows, sorted by expert
-  h = nn.silu(matmul(xs, w_gate, group_sizes)) * matmul(xs, w_up, group_sizes)
-  out = matmul(h, w_down, group_sizes)  # [B·N·K, D] sorted
+  ragged = jax.lax.ragged_dot
+  h = nn.silu(ragged(xs, w_gate, group_sizes)) * ragged(xs, w_up, group_sizes)
+  out = ragged(h, w_down, group_sizes)  # [B·N·K, D] sorted
   inverse = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
   out = out[inverse].reshape(b, n, k, d).astype(jnp.float32)  # back to assignment order
   return jnp.einsum("bnk,bnkd->bnd", gates, out)  # [B, N, D] float32
