@@ -1,10 +1,16 @@
-"""The portable grouped matmul: `jax.lax.ragged_dot`'s values and gradients in O(rows) memory."""
+"""The grouped matmuls: `jax.lax.ragged_dot`'s values and gradients in O(rows) memory (the
+portable tiles here, the Hopper kernels under the Pallas GPU interpreter)."""
+
+import functools
+import types
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax._src.pallas.mosaic_gpu.interpret.params import force_gpu_interpret_mode
 
+from jaxrl_llm.kernels import grouped
 from jaxrl_llm.kernels.grouped import grouped_matmul, grouped_swiglu, tile_rows
 from jaxrl_llm.models.moe import EXPERTS, _experts_dense, resolve_impl
 
@@ -75,6 +81,63 @@ def test_tile_follows_the_mean_group_size_and_auto_picks_by_backend():
   assert resolve_impl("auto", "tpu") == "ragged"
   assert resolve_impl("auto", "cpu") == resolve_impl("auto", "gpu") == "portable"
   assert resolve_impl("dense", "tpu") == "dense"
+  # Hopper picks the Mosaic GPU kernels when they accept the dtype and widths; others do not.
+  hopper = types.SimpleNamespace(platform="gpu", compute_capability="9.0")
+  ampere = types.SimpleNamespace(platform="gpu", compute_capability="8.0")
+  assert resolve_impl("auto", hopper, jnp.bfloat16, (1024, 384)) == "kernel"
+  assert resolve_impl("auto", hopper, jnp.float32, (1024, 384)) == "portable"
+  assert resolve_impl("auto", hopper, jnp.bfloat16, (1024, 100)) == "portable"
+  assert resolve_impl("auto", ampere, jnp.bfloat16, (1024, 384)) == "portable"
+
+
+@pytest.mark.parametrize(
+  "device, dtype, dims, why",
+  [
+    ("cpu", jnp.bfloat16, (64,), "NVIDIA Hopper GPUs only"),
+    (types.SimpleNamespace(platform="gpu", compute_capability="8.6"), jnp.bfloat16, (64,), "9.x"),
+    (types.SimpleNamespace(platform="gpu", compute_capability="9.0"), jnp.float32, (64,), "bf"),
+    (types.SimpleNamespace(platform="gpu", compute_capability="9.0"), jnp.bfloat16, (96,), "64"),
+  ],
+)
+def test_explicit_kernel_where_it_cannot_run_names_why(device, dtype, dims, why):
+  if isinstance(device, str):
+    device = jax.devices()[0]  # this machine's CPU
+  with pytest.raises(ValueError, match=r"moe_impl='kernel'.*" + why + r".*Allowed"):
+    resolve_impl("kernel", device, dtype, dims)
+
+
+@pytest.mark.parametrize(
+  "sizes",
+  [[37, 0, 100, 63], [0, 0, 200, 0], [0, 0, 0, 0], [50, 50, 50, 20]],  # empty, hot, none, < M
+  ids=["random-with-empty", "one-hot-expert", "no-rows", "rows-past-the-groups"],
+)
+def test_mosaic_gpu_kernel_equals_ragged_dot_in_the_interpreter(sizes):
+  """The Hopper forward kernel, run by the Pallas GPU interpreter on CPU, gives
+  `jax.lax.ragged_dot`'s values; the custom gradient gives its gradients. (The interpreter
+  cannot run the two backward kernels: `transpose_rhs` and the transposed kernel's layout
+  casts do not lower on CPU, so here the backward uses their reference forms.)"""
+  m, k, n = 200, 128, 192
+  kx, kw, kc = jax.random.split(jax.random.PRNGKey(sum(sizes)), 3)
+  x = jax.random.normal(kx, (m, k), jnp.bfloat16)
+  w = jax.random.normal(kw, (4, k, n), jnp.bfloat16)
+  c = jax.random.normal(kc, (m, n), jnp.float32)
+  sizes = jnp.asarray(sizes, jnp.int32)
+
+  def loss(fn):
+    return lambda x, w: jnp.sum(c * fn(x, w, sizes).astype(jnp.float32))
+
+  kernel = functools.partial(grouped.kernel_matmul, ops="mgpu_forward")
+  with force_gpu_interpret_mode():
+    y = jax.jit(kernel)(x, w, sizes)
+    grads = jax.jit(jax.grad(loss(kernel), argnums=(0, 1)))(x, w)
+  ref = jax.lax.ragged_dot(x, w, sizes)
+  ref_grads = jax.grad(loss(jax.lax.ragged_dot), argnums=(0, 1))(x, w)
+  np.testing.assert_allclose(np.asarray(y, np.float32), np.asarray(ref, np.float32), rtol=1e-2)
+  assert not np.any(np.asarray(y)[int(jnp.sum(sizes)) :])  # rows past the groups are zero
+  for got, want in zip(grads, ref_grads):
+    np.testing.assert_allclose(
+      np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=2e-2, atol=2e-2
+    )
 
 
 def _swiglu_case(idx, t=None, d=16, f=12, e=6, dtype=jnp.float32, seed=0):

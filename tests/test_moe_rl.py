@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import run_steps, tiny_config
+from jax._src.pallas.mosaic_gpu.interpret.params import force_gpu_interpret_mode
 
 from jaxrl_llm import hlo, objectives, train
 from jaxrl_llm.models import ModelConfig, Transformer
@@ -222,6 +223,20 @@ def test_portable_grouped_matmul_gives_the_ragged_step():
   s2, m2 = _step_metrics(portable, 2)
   keys = ("policy/loss", "optim/grad_norm", "moe/aux_loss", "policy/entropy")
   _assert_same_runs((s1, m1), (s2, m2), keys, rtol=1e-3)
+
+
+@pytest.mark.slow  # 46 s: the interpreter runs every kernel block through host callbacks
+def test_hopper_kernel_gives_the_ragged_step_in_the_gpu_interpreter():
+  """The whole fused MoE step (R3 replay, bf16) with `moe_impl=kernel`, its forward grouped
+  matmuls run by the Pallas GPU interpreter, equals `ragged`'s."""
+  wide = {**MOE, "model.d_model": 64, "model.moe_expert_mlp_dim": 64, "model.dtype": "bfloat16"}
+  ragged = tiny_config(**wide, **{"replay.name": "r3", "model.moe_impl": "ragged"})
+  kernel = tiny_config(**wide, **{"replay.name": "r3", "model.moe_impl": "kernel"})
+  s1, m1 = _step_metrics(ragged, 2)
+  with force_gpu_interpret_mode():
+    s2, m2 = _step_metrics(kernel, 2)
+  keys = ("policy/loss", "optim/grad_norm", "moe/aux_loss", "policy/entropy")
+  _assert_same_runs((s1, m1), (s2, m2), keys, rtol=2e-2)
 
 
 @pytest.mark.parametrize("replay", ["none", "r3"])

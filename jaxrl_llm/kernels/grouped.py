@@ -20,6 +20,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def tile_rows(num_rows: int, num_groups: int, max_tile: int = 64) -> int:
@@ -242,3 +243,140 @@ def grouped_swiglu(
   token_tiles, assignment, tile_group, used = _swiglu_layout(idx, e, tile)
   gate_tiles = gates.reshape(-1).at[assignment].get(mode="fill", fill_value=0)
   return _fused(x, gate_tiles, w_gate, w_up, w_down, token_tiles, tile_group, used)
+
+
+# --- The Hopper kernel path: Mosaic GPU grouped matmuls shipped with JAX. ---------------------
+
+KERNEL_BLOCK_K = 64  # contraction block of the Mosaic GPU kernels (128-byte swizzle in bf16)
+KERNEL_DTYPES = ("bfloat16", "float16")  # wgmma operand types the kernels accept
+
+
+def interpreting() -> bool:
+  """Whether Pallas kernels run in the interpreter (`force_gpu_interpret_mode`, tests)."""
+  from jax._src import config  # the interpreter switch has no public getter
+
+  return config.pallas_tpu_interpret_mode_context_manager.value is not None
+
+
+def kernel_unsupported(device, dtype, dims: tuple[int, ...]) -> str | None:
+  """Why the Mosaic GPU grouped matmul cannot run here (None when it can): it needs a Hopper
+  GPU (compute capability 9.x), a 16-bit compute dtype and every matmul width (d_model,
+  expert width) a multiple of 64."""
+  if device is None or device.platform != "gpu":
+    platform = "none" if device is None else device.platform
+    return f"it runs on NVIDIA Hopper GPUs only (this program is compiled for {platform})"
+  capability = str(getattr(device, "compute_capability", ""))
+  if not capability.startswith("9"):
+    return f"it needs a Hopper GPU (compute capability 9.x); this one reports {capability!r}"
+  if jnp.dtype(dtype).name not in KERNEL_DTYPES:
+    return f"it needs model.compute_dtype in {KERNEL_DTYPES}, not {jnp.dtype(dtype).name}"
+  bad = [n for n in dims if n % KERNEL_BLOCK_K]
+  if bad:
+    return f"every matmul width must be a multiple of {KERNEL_BLOCK_K}; got {bad}"
+  return None
+
+
+def _blocks(n: int) -> dict[str, int]:
+  """Block sizes for an output width n (the family measured fastest on an H100 at E=64,
+  K=1024, N=384: block_m 128, block_n 192 or 128, block_k 64, 4 stages, 2 column blocks)."""
+  block_n = next(b for b in (192, 128, 64) if n % b == 0)
+  return dict(
+    block_m=128,
+    block_n=block_n,
+    block_k=KERNEL_BLOCK_K,
+    max_concurrent_steps=4,
+    grid_block_n=2 if n % (2 * block_n) == 0 else 1,
+  )
+
+
+def _mgpu_forward(x, w, group_sizes):
+  """x [M, K] rows sorted by group @ w[g] [K, N] -> [M, N] on the Mosaic GPU kernel."""
+  from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
+
+  return ragged_dot_mgpu.ragged_dot(x, w, group_sizes=group_sizes, **_blocks(w.shape[2]))
+
+
+def _mgpu_input_grad(dy, w, group_sizes):
+  """dy [M, N] @ w[g].T -> [M, K], reading w in place (`transpose_rhs`)."""
+  from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
+
+  blocks = _blocks(w.shape[1])
+  return ragged_dot_mgpu.ragged_dot(dy, w, group_sizes=group_sizes, transpose_rhs=True, **blocks)
+
+
+def _mgpu_weight_grad(x, dy, group_sizes):
+  """dW[g] = x[rows of g].T @ dy[rows of g] -> [G, K, N] (`transposed_ragged_dot`)."""
+  from jax.experimental.pallas.ops.gpu import transposed_ragged_dot_mgpu
+
+  k, n = x.shape[1], dy.shape[1]
+  return transposed_ragged_dot_mgpu.transposed_ragged_dot(
+    x,
+    dy,
+    group_sizes=group_sizes,
+    block_m=next(b for b in (128, 64) if k % b == 0),
+    block_n=next(b for b in (128, 64) if n % b == 0),
+    block_k=KERNEL_BLOCK_K,
+    max_concurrent_steps=2,
+    grid_block_n=1,
+  )
+
+
+def _reference_input_grad(dy, w, group_sizes):
+  """`jax.lax.ragged_dot` form of `_mgpu_input_grad` (oracle; the interpreter cannot run the
+  transposed-operand kernel)."""
+  return jax.lax.ragged_dot(dy, jnp.swapaxes(w, 1, 2), group_sizes)
+
+
+def _reference_weight_grad(x, dy, group_sizes):
+  """`jax.lax.ragged_dot_general` form of `_mgpu_weight_grad` (oracle)."""
+  dims = jax.lax.RaggedDotDimensionNumbers(
+    dot_dimension_numbers=(((0,), (0,)), ((), ())),
+    lhs_ragged_dimensions=[0],
+    rhs_group_dimensions=[],
+  )
+  return jax.lax.ragged_dot_general(x, dy, group_sizes, ragged_dot_dimension_numbers=dims)
+
+
+KERNEL_OPS = {
+  "mgpu": (_mgpu_forward, _mgpu_input_grad, _mgpu_weight_grad),
+  # Forward on the Mosaic GPU kernel, gradients by the reference: what the CPU interpreter can
+  # run (it lowers neither `transpose_rhs` nor the transposed kernel's layout casts).
+  "mgpu_forward": (_mgpu_forward, _reference_input_grad, _reference_weight_grad),
+}
+
+
+KERNEL_BLOCK_M = 128  # rows per block; the rows are padded to a multiple of it
+
+
+def kernel_matmul(x: jax.Array, w: jax.Array, group_sizes: jax.Array, ops: str = "mgpu"):
+  """Grouped matmul on the Mosaic GPU kernels: x [M, K] (rows sorted by group; rows past
+  sum(group_sizes) give zeros) @ w[g] [G, K, N] -> [M, N] in x's dtype. Its gradient is its
+  own: dx by the same kernel against w read transposed, dW by the transposed grouped kernel,
+  so memory stays O(rows x width) (`jax.lax.ragged_dot` on GPU holds rows x G·N)."""
+  m = x.shape[0]
+  pad = -m % KERNEL_BLOCK_M  # every block the kernel reads lies inside the buffer
+  y = _kernel_matmul(jnp.pad(x, ((0, pad), (0, 0))), w, group_sizes.astype(jnp.int32), ops)[:m]
+  used = jnp.arange(m) < jnp.sum(group_sizes)  # the kernel leaves other rows unwritten
+  return jnp.where(used[:, None], y, jnp.zeros((), y.dtype))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _kernel_matmul(x, w, group_sizes, ops):
+  """`kernel_matmul` on rows padded to whole blocks."""
+  return KERNEL_OPS[ops][0](x, w, group_sizes)
+
+
+def _kernel_fwd(x, w, group_sizes, ops):
+  return _kernel_matmul(x, w, group_sizes, ops), (x, w, group_sizes)
+
+
+def _kernel_bwd(ops, residuals, dy):
+  x, w, group_sizes = residuals
+  _, input_grad, weight_grad = KERNEL_OPS[ops]
+  dy = dy.astype(x.dtype)
+  dx = input_grad(dy, w, group_sizes).astype(x.dtype)
+  dw = weight_grad(x, dy, group_sizes).astype(w.dtype)
+  return dx, dw, np.zeros(group_sizes.shape, jax.dtypes.float0)
+
+
+_kernel_matmul.defvjp(_kernel_fwd, _kernel_bwd)

@@ -100,7 +100,7 @@ def _experts_dense(x, idx, gates, w_gate, w_up, w_down):
   return jnp.einsum("bne,bned->bnd", combine, out.astype(jnp.float32))  # [B, N, D] float32
 
 
-def _experts_ragged(x, idx, gates, w_gate, w_up, w_down):
+def _experts_ragged(x, idx, gates, w_gate, w_up, w_down, *, matmul=jax.lax.ragged_dot):
   """Dropless: sort the N·K assignments by expert and run one grouped matmul per weight
   (`jax.lax.ragged_dot`; `kernels.grouped.grouped_matmul` computes the same)."""
   b, n, d = x.shape
@@ -109,9 +109,8 @@ def _experts_ragged(x, idx, gates, w_gate, w_up, w_down):
   order = jnp.argsort(flat_idx, stable=True)  # assignments grouped by expert
   group_sizes = jnp.bincount(flat_idx, length=e).astype(jnp.int32)  # [E]; others dropped
   xs = x.reshape(b * n, d)[order // k]  # [B·N·K, D] token rows, sorted by expert
-  ragged = jax.lax.ragged_dot
-  h = nn.silu(ragged(xs, w_gate, group_sizes)) * ragged(xs, w_up, group_sizes)
-  out = ragged(h, w_down, group_sizes)  # [B·N·K, D] sorted
+  h = nn.silu(matmul(xs, w_gate, group_sizes)) * matmul(xs, w_up, group_sizes)
+  out = matmul(h, w_down, group_sizes)  # [B·N·K, D] sorted
   inverse = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
   out = out[inverse].reshape(b, n, k, d).astype(jnp.float32)  # back to assignment order
   return jnp.einsum("bnk,bnkd->bnd", gates, out)  # [B, N, D] float32
@@ -128,7 +127,15 @@ def _experts_portable(x, idx, gates, w_gate, w_up, w_down):
   return y.reshape(b, n, d)  # float32
 
 
+def _experts_kernel(x, idx, gates, w_gate, w_up, w_down, *, ops="mgpu"):
+  """Dropless, as `ragged`, on the Mosaic GPU grouped matmuls (`kernels.grouped.kernel_matmul`,
+  Hopper GPUs; ops="mgpu_forward" is what the Pallas GPU interpreter runs on CPU, for tests)."""
+  matmul = functools.partial(grouped.kernel_matmul, ops=ops)
+  return _experts_ragged(x, idx, gates, w_gate, w_up, w_down, matmul=matmul)
+
+
 EXPERTS = {
+  "kernel": _experts_kernel,
   "ragged": _experts_ragged,
   "portable": _experts_portable,
   "dense": _experts_dense,
@@ -212,12 +219,30 @@ def experts_parallel(x, idx, gates, w_gate, w_up, w_down, *, experts, mesh, batc
   return y.reshape(shards, ep * t, d)[:, :per_shard].reshape(b, n, d)
 
 
-def resolve_impl(impl: str, backend: str | None = None) -> str:
-  """`auto`: `ragged` where `jax.lax.ragged_dot` lowers to a grouped kernel (TPU), else
-  `portable` (XLA expands ragged_dot to a dense E x rows product on CPU and GPU)."""
+def resolve_impl(impl: str, device=None, dtype=jnp.bfloat16, dims: tuple[int, ...] = ()) -> str:
+  """The expert implementation for `impl` on `device` (a jax Device or a platform name; None:
+  the default backend's first device). `auto`: `ragged` on TPU (`jax.lax.ragged_dot` lowers
+  to a grouped kernel there), `kernel` on Hopper GPUs when the Mosaic GPU kernels accept
+  `dtype` and the widths `dims`, else `portable` (XLA expands ragged_dot to a dense E x rows
+  product on CPU and other GPUs). An explicit `kernel` where it cannot run is an error naming
+  why, except under the Pallas GPU interpreter (tests)."""
+  if device is None:
+    device = jax.devices()[0]
+  if isinstance(device, str):
+    platform, device = device, None
+  else:
+    platform = device.platform
+  why = grouped.kernel_unsupported(device, dtype, dims)
+  if impl == "kernel" and why is not None and not grouped.interpreting():
+    raise ValueError(
+      f"model.moe_impl='kernel' cannot run here: {why}. Allowed on this backend: "
+      "auto, portable, ragged, dense"
+    )
   if impl != "auto":
     return impl
-  return "ragged" if (backend or jax.default_backend()) == "tpu" else "portable"
+  if platform == "tpu":
+    return "ragged"
+  return "kernel" if why is None else "portable"
 
 
 class MoEMLP(nn.Module):
@@ -292,8 +317,11 @@ class MoEMLP(nn.Module):
     dt = cfg.compute_dtype
     active = sharding.active_mesh()
     # `auto` follows the devices the program is compiled for (a TPU slice from a CPU host too).
-    impl = resolve_impl(moe.impl, active[0].devices.flat[0].platform if active else None)
+    device = active[0].devices.flat[0] if active else None
+    impl = resolve_impl(moe.impl, device, dt, (d, f))
     experts = EXPERTS[impl]
+    if impl == "kernel" and (device or jax.devices()[0]).platform != "gpu":
+      experts = functools.partial(experts, ops="mgpu_forward")  # the GPU interpreter (tests)
     if active is not None and impl != "dense" and active[0].size > 1:
       mesh, batch_axes = active  # each device routes its own rows (and dispatches them)
       experts = functools.partial(
