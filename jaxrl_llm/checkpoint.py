@@ -15,7 +15,14 @@ Atomicity: a step directory counts only once orbax has finalised it (it holds
 `commit_success.txt`); a crash mid-save leaves `<step>.orbax-checkpoint-tmp` or a step directory
 without the marker, which is never listed, restored or removed by retention. Before re-saving such
 a step the leftover is renamed aside (`<step>.uncommitted-<time>` / `<step>.partial-<time>`)
-rather than deleted (orbax would delete it) unless it is empty.
+rather than deleted (orbax would delete it) unless it is empty. Leftovers of steps older than the
+newest committed step are removed (a newer complete checkpoint supersedes them).
+
+Integrity: once a step is committed, process 0 writes `<step>/checksums.json`, the size and
+CRC-32 of every file of the step. `restore_latest` checks it before loading: a step whose files
+changed, vanished or were truncated (or that fails to load) is skipped for the newest one that
+verifies, and the bad steps are renamed `<step>.corrupt-<time>` (never deleted). When no step
+verifies, nothing is moved and the restore stops with the reasons.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -39,6 +47,68 @@ PyTree = Any
 
 _COMMIT_FILE = "commit_success.txt"
 _TMP_SUFFIX = ocp.path.atomicity.TMP_DIR_SUFFIX  # '.orbax-checkpoint-tmp'
+
+
+_MANIFEST = "checksums.json"
+_LEFTOVER_LABELS = ("partial", "uncommitted", _TMP_SUFFIX.lstrip("."))
+
+
+class CorruptCheckpointError(RuntimeError):
+  """No committed checkpoint step could be verified and loaded; `problems` maps step -> why."""
+
+  def __init__(self, message: str, problems: Mapping[int, str] | None = None):
+    super().__init__(message)
+    self.problems = dict(problems or {})
+
+
+def _crc32(path: epath.Path, chunk: int = 1 << 22) -> int:
+  crc = 0
+  with path.open("rb") as f:
+    while block := f.read(chunk):
+      crc = zlib.crc32(block, crc)
+  return crc
+
+
+def _files(root: epath.Path) -> list[epath.Path]:
+  out = []
+  for p in root.iterdir():
+    if p.is_dir():
+      out.extend(_files(p))
+    elif p.name != _MANIFEST:
+      out.append(p)
+  return out
+
+
+def write_manifest(step_dir: epath.Path) -> None:
+  """Writes `<step_dir>/checksums.json`: {relative path: [size, crc32]} of every file in it."""
+  root = epath.Path(step_dir)
+  entries = {
+    str(p.relative_to(root)): [p.stat().length, _crc32(p)] for p in sorted(_files(root), key=str)
+  }
+  tmp = root / f".{_MANIFEST}.tmp"
+  tmp.write_text(json.dumps({"format": "crc32", "files": entries}, indent=0))
+  tmp.rename(root / _MANIFEST)
+
+
+def verify_manifest(step_dir: epath.Path) -> str | None:
+  """Why `step_dir` does not match its checksums (None: it does, or it has no manifest)."""
+  root = epath.Path(step_dir)
+  manifest = root / _MANIFEST
+  if not manifest.exists():
+    return None
+  try:
+    entries = json.loads(manifest.read_text())["files"]
+  except (ValueError, KeyError, TypeError) as e:
+    return f"its {_MANIFEST} is unreadable ({e})"
+  for rel, (size, crc) in entries.items():
+    path = root / rel
+    if not path.exists():
+      return f"{rel} is missing"
+    if path.stat().length != size:
+      return f"{rel} has {path.stat().length} bytes, {size} were written"
+    if _crc32(path) != crc:
+      return f"{rel} does not match its checksum"
+  return None
 
 
 class NonFiniteStateError(RuntimeError):
@@ -221,12 +291,42 @@ class Checkpointer:
     self._manager = ocp.CheckpointManager(
       self.directory, options=options, handler_registry=registry
     )
+    self._unverified: set[int] = set()  # committed by this process, checksums not yet written
+    self.clean_leftovers()
     if leftovers := self.uncommitted_dirs():
       logging.warning(
         "%s holds unfinished checkpoint directories (ignored, kept on disk): %s",
         self.directory,
         ", ".join(p.name for p in leftovers),
       )
+
+  def clean_leftovers(self) -> list[str]:
+    """Removes unfinished saves (`<s>.partial-*`, `<s>.uncommitted-*`, `<s>.orbax-checkpoint-tmp`)
+    of steps older than the newest committed step; returns the names removed (process 0)."""
+    latest = self._manager.latest_step()
+    if latest is None or jax.process_index() != 0 or not self.directory.exists():
+      return []
+    removed = []
+    for p in self.directory.iterdir():
+      head, _, tail = p.name.partition(".")
+      if not (p.is_dir() and head.isdigit() and int(head) < latest):
+        continue
+      if any(tail.startswith(label) for label in _LEFTOVER_LABELS):
+        p.rmtree()
+        removed.append(p.name)
+    if removed:
+      logging.info("removed unfinished saves superseded by step %d: %s", latest, removed)
+    return removed
+
+  def _write_manifests(self) -> None:
+    """Writes the checksums of this process's committed steps that lack them (process 0)."""
+    committed = set(self._manager.all_steps())
+    for step in sorted(self._unverified & committed):
+      if jax.process_index() == 0:
+        step_dir = self.directory / str(step)
+        if not (step_dir / _MANIFEST).exists():
+          write_manifest(step_dir)
+    self._unverified.clear()  # written, or deleted by retention before it was
 
   def all_steps(self) -> list[int]:
     """Steps of all committed checkpoints, ascending."""
@@ -302,7 +402,13 @@ class Checkpointer:
     if data_iter is not None:
       items["data"] = grain.checkpoint.CheckpointSave(data_iter)
     self._set_aside(step)
-    return self._manager.save(step, args=ocp.args.Composite(**items), force=True)
+    if self._manager.is_saving_in_progress():
+      self._manager.wait_until_finished()  # the previous step commits; then its checksums
+    self._write_manifests()
+    saved = self._manager.save(step, args=ocp.args.Composite(**items), force=True)
+    if saved:
+      self._unverified.add(step)
+    return saved
 
   def _step_dir(self, step: int) -> epath.Path:
     if step not in self._manager.all_steps():
@@ -370,13 +476,71 @@ class Checkpointer:
       raise CheckpointMismatchError(f"{where} could not be restored into the target: {e}") from e
     return restored.state, meta
 
+  def restore_latest(
+    self, abstract_state: PyTree, data_iter: Any = None, **kwargs
+  ) -> tuple[int, PyTree, dict[str, Any]] | None:
+    """Restores the newest committed step that verifies: `(step, state, meta)`, or None when
+    there is no checkpoint. `kwargs` go to `restore`.
+
+    A step whose checksums do not match, or that fails to load for another reason than a
+    config or shape mismatch (`CheckpointMismatchError`, raised at once: it is the config that
+    is wrong, not the files), is skipped for the next older one, with a warning naming it.
+    Once one loads, the newer bad steps are renamed `<step>.corrupt-<time>` (never deleted).
+    When none loads, nothing is renamed and `CorruptCheckpointError` lists every step's reason.
+    """
+    steps = self.all_steps()
+    if not steps:
+      return None
+    problems: dict[int, str] = {}
+    for step in reversed(steps):
+      why = verify_manifest(self.directory / str(step))
+      if why is None:
+        try:
+          state, meta = self.restore(step, abstract_state, data_iter, **kwargs)
+        except CheckpointMismatchError:
+          raise
+        except Exception as e:  # unreadable files: corruption the checksums could not see
+          why = f"it failed to load ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
+      if why is not None:
+        logging.warning("checkpoint step %d in %s is unusable: %s", step, self.directory, why)
+        problems[step] = why
+        continue
+      for bad in problems:
+        self._set_corrupt_aside(bad)
+      return step, state, meta
+    listing = "; ".join(f"step {s}: {why}" for s, why in problems.items())
+    raise CorruptCheckpointError(
+      f"no checkpoint in {self.directory} can be loaded ({listing}). Nothing was moved or "
+      "deleted; restore the files, move the bad steps out of the directory to start over, or "
+      "use a new --workdir",
+      problems,
+    )
+
+  def _set_corrupt_aside(self, step: int) -> None:
+    """Renames the committed step `step` to `<step>.corrupt-<time>` (process 0)."""
+    if jax.process_index() == 0:
+      path = self.directory / str(step)
+      base = f"{step}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}"
+      target, n = self.directory / base, 1
+      while target.exists():
+        target, n = self.directory / f"{base}-{n}", n + 1
+      logging.warning("moving unusable checkpoint step %d aside to %s", step, target)
+      path.rename(target)
+    self._manager.reload()
+
   def wait(self) -> None:
-    """Blocks until every pending asynchronous save is committed."""
+    """Blocks until every pending asynchronous save is committed (and its checksums written)."""
     self._manager.wait_until_finished()
+    self._write_manifests()
+    self.clean_leftovers()
 
   def close(self) -> None:
-    """Waits for pending saves and releases the manager."""
-    self._manager.close()
+    """Waits for pending saves, writes their checksums and releases the manager."""
+    try:
+      self._manager.wait_until_finished()
+      self._write_manifests()
+    finally:
+      self._manager.close()
 
   def __enter__(self) -> Checkpointer:
     return self

@@ -5,6 +5,7 @@ Any config field can be overridden, e.g. `--config.objective.clip_high=0.28`.
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import logging as std_logging
 import os
@@ -34,7 +35,53 @@ _DEVICE_MEMORY_GIB = flags.DEFINE_float(
   "With --dry_run: plan against this much memory per device instead of the device's own (e.g. "
   "80 to plan an H100 run on a CPU machine).",
 )
+_DEBUG = flags.DEFINE_bool(
+  "debug", False, "Show the full traceback of a known failure instead of its one-line error."
+)
 flags.mark_flags_as_required(["config"])
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+  """Failure classes whose message says what was wrong and what is allowed (exit code 2)."""
+  from jaxrl_llm import checkpoint, datasets, train
+  from jaxrl_llm.models import hf_config
+
+  return (
+    config_lib.ConfigError,
+    checkpoint.CheckpointMismatchError,
+    checkpoint.CorruptCheckpointError,
+    checkpoint.NonFiniteStateError,
+    train.NonFiniteError,
+    hf_config.CheckpointFormatError,
+    *getattr(datasets, "USER_ERRORS", ()),
+  )
+
+
+def _disk_full(err: BaseException) -> OSError | None:
+  """The 'no space left on device' error anywhere in `err`'s chain of causes, if any."""
+  seen = set()
+  while err is not None and id(err) not in seen:
+    seen.add(id(err))
+    if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+      return err
+    if "No space left on device" in str(err):
+      return OSError(errno.ENOSPC, str(err).splitlines()[0][:300])
+    err = err.__cause__ or err.__context__
+  return None
+
+
+def explain(err: BaseException) -> str | None:
+  """The one-line `error: ...` for a known failure class, or None for an unexpected error."""
+  if isinstance(err, _user_errors()):
+    return f"error: {err}"
+  full = _disk_full(err)
+  if full is not None:
+    where = f" ({full.filename})" if getattr(full, "filename", None) else ""
+    return (
+      f"error: disk full{where}: {full.strerror or full}. The checkpoints committed before it "
+      "are intact; free space (or point --workdir at a larger disk) and relaunch to resume"
+    )
+  return None
 
 
 def main(argv):
@@ -42,12 +89,12 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.INFO)
-  quiet_library_logs()
+  quiet_library_logs(tracebacks=_DEBUG.value)
   import jax
 
   if _DISTRIBUTED.value:
     jax.distributed.initialize()
-  from jaxrl_llm import checkpoint, plan, train  # heavy imports after flag parsing
+  from jaxrl_llm import plan, train  # heavy imports after flag parsing
 
   if _DRY_RUN.value:
     try:
@@ -63,23 +110,35 @@ def main(argv):
     raise app.UsageError("--workdir is required (except with --dry_run)")
   try:
     result = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-  except (config_lib.ConfigError, checkpoint.CheckpointMismatchError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+  except Exception as e:
+    line = explain(e)
+    if line is None or _DEBUG.value:
+      raise
+    print(line, file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(2)  # skip interpreter teardown: an aborted async save must not print more
   logging.info("final eval: %s", result)
 
 
 class _LibraryInfoFilter(std_logging.Filter):
-  """Drops INFO chatter of the checkpoint and data libraries (warnings still pass)."""
+  """Drops INFO chatter of the checkpoint and data libraries (warnings still pass) and, unless
+  `tracebacks`, the tracebacks their background threads log: the error reaches the main thread,
+  which reports it (one line for a known failure, the full traceback otherwise)."""
+
+  def __init__(self, tracebacks: bool = False):
+    super().__init__()
+    self.tracebacks = tracebacks
 
   def filter(self, record: std_logging.LogRecord) -> bool:
     noisy = any(f"{os.sep}{lib}{os.sep}" in record.pathname for lib in ("orbax", "grain"))
+    if noisy and record.exc_info and not self.tracebacks:
+      record.exc_info, record.exc_text = None, None
     return record.levelno >= std_logging.WARNING or not noisy
 
 
-def quiet_library_logs() -> None:
+def quiet_library_logs(tracebacks: bool = False) -> None:
   """Keeps the training log readable: progress lines, not library internals."""
-  std_logging.getLogger("absl").addFilter(_LibraryInfoFilter())
+  std_logging.getLogger("absl").addFilter(_LibraryInfoFilter(tracebacks))
 
 
 def check_overrides(argv: list[str]) -> None:

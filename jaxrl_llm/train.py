@@ -518,24 +518,23 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     eval_key = jax.random.PRNGKey(config.seed + 7)
 
     state = init_reference(exp.state, config.kl.beta)
-    latest = ckpt.latest_step()
-    if latest is not None:
-      abstract = jax.tree.map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-        state,
-        jax.tree.map(lambda x: x.sharding, state),
-      )
-      state, _saved_meta = ckpt.restore(
-        latest,
-        abstract,
-        data_iter=train_iter,
-        current_meta=exp.meta,
-        meta_defaults={"model": ModelConfig().to_dict()},  # fields added since it was written
-        meta_ignore=NUMERICS_ONLY,
-      )
+    abstract = jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state
+    )
+    resumed = ckpt.restore_latest(  # the newest step that verifies; bad ones set aside
+      abstract,
+      data_iter=train_iter,
+      current_meta=exp.meta,
+      meta_defaults={"model": ModelConfig().to_dict()},  # fields added since it was written
+      meta_ignore=NUMERICS_ONLY,
+    )
+    if resumed is not None:
+      latest, state, _saved_meta = resumed
       logging.info("resumed from %s at step %d", workdir, latest)
     elif config.sft.steps:
       state = init_reference(_sft_phase(exp, writer, tr.log_every), config.kl.beta)
+      # The warm start is a checkpoint of its own (step 0): a relaunch does not redo it.
+      ckpt.save(0, state, data_iter=train_iter, meta=exp.meta, force=True)
 
     start = int(state.step)
     last_eval: dict[str, float] = {}

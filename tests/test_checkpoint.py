@@ -252,19 +252,107 @@ def test_unfinished_checkpoints_are_ignored_and_kept(tmp_path):
   with checkpoint.Checkpointer(tmp_path, save_every=1, max_to_keep=1) as ckpt:
     assert ckpt.latest_step() == 4 and ckpt.all_steps() == [4]
     assert [p.name for p in ckpt.uncommitted_dirs()] == ["5", "6.orbax-checkpoint-tmp", "7"]
-    for step in (5, 6, 7):
-      assert ckpt.save(step, state, meta=META)
-      ckpt.wait()
+    assert ckpt.save(5, state, meta=META)
+    ckpt.wait()
+    # Moved aside, not deleted, while no newer step supersedes it.
+    (aside5,) = [p for p in root.iterdir() if p.name.startswith("5.uncommitted-")]
+    assert (aside5 / "state").read_bytes() == b"data"
+    assert ckpt.save(6, state, meta=META)
+    ckpt.wait()
+    (aside6,) = [p for p in root.iterdir() if p.name.startswith("6.partial-")]
+    assert (aside6 / "state" / "blob").read_bytes() == b"half"
+    assert not aside5.exists()  # superseded by the committed step 6: removed
+    assert ckpt.save(7, state, meta=META)
+    ckpt.wait()
     assert ckpt.all_steps() == [7]
     restored, _ = ckpt.restore(7, _abstract(state))
   _assert_bit_exact(restored, state)
   names = sorted(p.name for p in root.iterdir())
-  assert "7" in names and "4" not in names  # retention still works on committed steps
-  (aside5,) = [n for n in names if n.startswith("5.uncommitted-")]
-  (aside6,) = [n for n in names if n.startswith("6.partial-")]
-  assert (root / aside5 / "state").read_bytes() == b"data"
-  assert (root / aside6 / "state" / "blob").read_bytes() == b"half"
-  assert not any(n.startswith("7.") for n in names)  # the empty one was simply replaced
+  assert names == ["7"]  # retention works; leftovers older than 7 are gone; 7 was replaced
+
+
+def _byte_files(step_dir):
+  """The files of a step's array data, largest first."""
+  files = [p for p in (step_dir / "state").rglob("*") if p.is_file()]
+  return sorted(files, key=lambda p: -p.stat().st_size)
+
+
+def _flip_byte(path, offset=None):
+  data = bytearray(path.read_bytes())
+  i = len(data) // 2 if offset is None else offset
+  data[i] ^= 0xFF
+  path.write_bytes(bytes(data))
+
+
+CORRUPTIONS = {
+  "flipped-array-byte": lambda d: _flip_byte(_byte_files(d)[0]),
+  "truncated-array-file": lambda d: _byte_files(d)[0].write_bytes(b""),
+  "emptied-ocdbt-manifest": lambda d: next((d / "state").rglob("manifest.ocdbt")).write_bytes(b""),
+  "garbage-metadata": lambda d: (d / "state" / "_METADATA").write_bytes(b"{not json"),
+  "meta-deleted": lambda d: __import__("shutil").rmtree(d / "meta"),
+  "checksums-garbage": lambda d: (d / "checksums.json").write_text("]["),
+}
+
+
+def _three_steps(tmp_path):
+  states = {s: _state(steps=s) for s in (2, 4, 6)}
+  with checkpoint.Checkpointer(tmp_path, save_every=1, max_to_keep=3) as ckpt:
+    for s, st in states.items():
+      ckpt.save(s, st, meta=META)
+  return states
+
+
+@pytest.mark.parametrize("corrupt", list(CORRUPTIONS))
+def test_a_corrupted_latest_step_falls_back_to_the_newest_that_verifies(tmp_path, corrupt):
+  states = _three_steps(tmp_path)
+  root = tmp_path / "checkpoints"
+  assert all((root / str(s) / "checksums.json").exists() for s in states)
+  CORRUPTIONS[corrupt](root / "6")
+  before = sorted(str(p.relative_to(root / "6")) for p in (root / "6").rglob("*"))
+  with checkpoint.Checkpointer(tmp_path, save_every=1, max_to_keep=3) as ckpt:
+    step, restored, meta = ckpt.restore_latest(_abstract(states[4]), current_meta=META)
+    assert step == 4 and ckpt.all_steps() == [2, 4]
+    _assert_bit_exact(restored, states[4])
+    assert meta["task"] == "addition"
+    # The run goes on: step 6 is saved again next to the bad copy.
+    assert ckpt.save(6, states[6], meta=META)
+  (aside,) = [p for p in root.iterdir() if p.name.startswith("6.corrupt-")]
+  assert sorted(str(p.relative_to(aside)) for p in aside.rglob("*")) == before  # kept whole
+  with checkpoint.Checkpointer(tmp_path, save_every=1, max_to_keep=3) as ckpt:
+    assert ckpt.restore_latest(_abstract(states[6]))[0] == 6
+
+
+def test_a_step_without_checksums_that_fails_to_load_falls_back_too(tmp_path):
+  """A kill between commit and checksums leaves a step unverifiable: loading is the check."""
+  states = _three_steps(tmp_path)
+  step_dir = tmp_path / "checkpoints" / "6"
+  (step_dir / "checksums.json").unlink()
+  next((step_dir / "state").rglob("manifest.ocdbt")).write_bytes(b"")
+  with checkpoint.Checkpointer(tmp_path, save_every=1, max_to_keep=3) as ckpt:
+    step, restored, _ = ckpt.restore_latest(_abstract(states[4]))
+  assert step == 4
+  _assert_bit_exact(restored, states[4])
+
+
+def test_when_no_step_verifies_the_restore_stops_and_moves_nothing(tmp_path):
+  states = _three_steps(tmp_path)
+  root = tmp_path / "checkpoints"
+  for s in states:
+    _flip_byte(_byte_files(root / str(s))[0])
+  with checkpoint.Checkpointer(tmp_path, save_every=1, max_to_keep=3) as ckpt:
+    with pytest.raises(checkpoint.CorruptCheckpointError, match=r"step 6: .*step 4: .*step 2:"):
+      ckpt.restore_latest(_abstract(states[6]))
+    assert ckpt.all_steps() == [2, 4, 6]
+  assert sorted(p.name for p in root.iterdir()) == ["2", "4", "6"]
+
+
+def test_a_config_mismatch_is_not_taken_for_corruption(tmp_path):
+  states = _three_steps(tmp_path)
+  other = {**META, "model": {**META["model"], "num_layers": 3}}
+  with checkpoint.Checkpointer(tmp_path, save_every=1, max_to_keep=3) as ckpt:
+    with pytest.raises(checkpoint.CheckpointMismatchError, match="num_layers"):
+      ckpt.restore_latest(_abstract(states[6]), current_meta=other)
+    assert ckpt.all_steps() == [2, 4, 6]
 
 
 def test_meta_must_be_json(tmp_path):

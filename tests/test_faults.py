@@ -2,12 +2,17 @@
 that keeps producing them stops with a clear message (objectives.md §5 applies finite updates
 only); numeric config fields with a range are validated before anything compiles."""
 
+import os
+import shutil
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import tiny_config
+from conftest import REPO, tiny_config
 
 from jaxrl_llm import checkpoint, config_lib, metrics, optim, train
 
@@ -107,3 +112,119 @@ def test_out_of_range_numbers_stop_at_start_up_naming_the_field(field):
   value, message = BAD_NUMBERS[field]
   with pytest.raises(config_lib.ConfigError, match=message):
     config_lib.validate(tiny_config(**{field: value}), num_devices=8)
+
+
+# ---- Process-level faults: the real command line, real files. ------------------------------
+
+TINY_CLI = (
+  "--config.model.d_model=32",
+  "--config.model.mlp_dim=64",
+  "--config.model.num_heads=2",
+  "--config.model.num_kv_heads=1",
+  "--config.rl.num_prompts=4",
+  "--config.sampling.group_size=4",
+  "--config.rl.num_minibatches=2",
+  "--config.task.eval_size=16",
+  "--config.train.eval_every=100",
+  "--config.train.log_every=1",
+  "--config.train.pass_k=2",
+  "--config.mesh.data=1",
+)
+
+
+def _cli(workdir, *args, timeout=300):
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  cmd = [sys.executable, "-m", "jaxrl_llm.main", "--config=configs/default.py"]
+  cmd += [f"--workdir={workdir}", *TINY_CLI, *args]
+  return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  """A 3 MiB tmpfs (skipped where this user may not mount one)."""
+  mount = tmp_path / "disk"
+  mount.mkdir()
+  proc = subprocess.run(
+    ["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount)], capture_output=True
+  )
+  if proc.returncode != 0:
+    pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.decode().strip()}")
+  yield mount
+  subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_ends_in_one_clear_line_and_keeps_the_last_checkpoint(small_disk):
+  """Each checkpoint of the tiny model takes ~0.9 MiB: the fourth save cannot fit in 3 MiB."""
+  workdir = small_disk / "run"
+  proc = _cli(
+    workdir,
+    "--config.sft.steps=0",
+    "--config.train.num_steps=40",
+    "--config.train.checkpoint_every=1",
+    "--config.train.max_to_keep=100",
+  )
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  assert lines[-1].startswith("error: disk full"), lines[-5:]
+  assert "relaunch to resume" in lines[-1]
+  assert "Traceback" not in proc.stderr
+  with checkpoint.Checkpointer(workdir, save_every=1) as ckpt:
+    steps = ckpt.all_steps()
+    assert steps, "no checkpoint committed before the disk filled"
+    state = train.build(tiny_config()).state
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+    step, _, _ = ckpt.restore_latest(abstract)
+  assert step == steps[-1]
+
+
+@pytest.mark.slow  # ~1 min: three launches of the command line
+def test_a_corrupted_latest_checkpoint_is_set_aside_and_the_run_resumes(tmp_path):
+  workdir = tmp_path / "run"
+  stop = ("--config.sft.steps=0", "--config.train.num_steps=6", "--config.train.checkpoint_every=2")
+  first = _cli(workdir, *stop, "--config.train.stop_after_steps=4")
+  assert first.returncode == 0, first.stderr[-3000:]
+  root = workdir / "checkpoints"
+  data = max((p for p in (root / "4" / "state").rglob("*") if p.is_file()), key=os.path.getsize)
+  blob = bytearray(data.read_bytes())
+  blob[len(blob) // 2] ^= 0xFF
+  data.write_bytes(bytes(blob))
+  second = _cli(workdir, *stop)
+  assert second.returncode == 0, second.stderr[-3000:]
+  assert "checkpoint step 4" in second.stderr and "does not match its checksum" in second.stderr
+  assert "resumed from" in second.stderr and "at step 2" in second.stderr
+  names = sorted(p.name for p in root.iterdir())
+  assert any(n.startswith("4.corrupt-") for n in names) and "6" in names
+  # Every remaining step corrupted: the relaunch stops with one line and moves nothing.
+  for step in ("2", "4", "6"):
+    if (root / step).exists():
+      f = max((p for p in (root / step / "state").rglob("*") if p.is_file()), key=os.path.getsize)
+      f.write_bytes(b"")
+  before = sorted(p.name for p in root.iterdir())
+  third = _cli(workdir, *stop)
+  assert third.returncode == 2
+  assert third.stderr.strip().splitlines()[-1].startswith("error: no checkpoint in")
+  assert sorted(p.name for p in root.iterdir()) == before
+
+
+def test_the_sft_warm_start_is_checkpointed_and_not_redone(tmp_path):
+  """The warm start is saved as step 0: a run killed before its first RL checkpoint resumes
+  from it (no second warm start) and ends where an uninterrupted run ends."""
+  config = tiny_config(**{"sft.steps": 3, "train.num_steps": 2, "train.max_to_keep": 5})
+  straight, killed = tmp_path / "straight", tmp_path / "killed"
+  train.train_and_evaluate(config, str(straight))
+  train.train_and_evaluate(config, str(killed))
+  shutil.rmtree(killed / "checkpoints" / "2")  # as if killed before the first RL save
+  shutil.rmtree(killed / "checkpoints" / "0.orbax-checkpoint-tmp", ignore_errors=True)
+  train.train_and_evaluate(config, str(killed))
+  sft_logged = [s for s, _ in metrics.read_scalars(str(killed))["sft/loss"]]
+  assert sft_logged == [1, 2, 3]  # logged once: the relaunch did not redo the warm start
+  abstract = jax.tree.map(
+    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), train.build(config).state
+  )
+  states = []
+  for workdir in (straight, killed):
+    with checkpoint.Checkpointer(workdir, save_every=1) as ckpt:
+      assert ckpt.all_steps() == [0, 2]
+      states.append(ckpt.restore(2, abstract)[0])
+  for a, b in zip(jax.tree.leaves(states[0].params), jax.tree.leaves(states[1].params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
