@@ -189,6 +189,12 @@ def validate(
       e.append(f"minibatch of {mb} sequences is not divisible by the {data} data-parallel devices")
     if config.sft.steps and config.sft.batch_size % data:
       e.append(f"sft.batch_size={config.sft.batch_size} is not divisible by {data} devices")
+    eval_size = config.task.get("eval_size", 0)
+    if not config.data.get("train_files") and eval_size % data:  # file evals are padded
+      e.append(
+        f"task.eval_size={eval_size} is not divisible by the {data} data-parallel devices; "
+        f"use a multiple of {data}"
+      )
   for name in ("num_steps", "eval_every", "log_every", "checkpoint_every"):
     _collect(e, tr[name] >= 1, f"train.{name}={tr[name]} must be >= 1")
   _collect(
@@ -224,6 +230,32 @@ def validate(
     tr.max_skipped_updates >= 1,
     f"train.max_skipped_updates={tr.max_skipped_updates} must be >= 1",
   )
+  _collect(
+    e, config.task.get("digits", 1) >= 1, f"task.digits={config.task.get('digits')} must be >= 1"
+  )
+  _collect(e, config.sft.batch_size >= 1, f"sft.batch_size={config.sft.batch_size} must be >= 1")
+  _collect(e, tr.text_samples >= 0, f"train.text_samples={tr.text_samples} must be >= 0")
+  _collect(e, 0 <= config.kl.ema <= 1, f"kl.ema={config.kl.ema} must be in [0, 1]")
+  _collect(
+    e, config.shaping.cache_len >= 0, f"shaping.cache_len={config.shaping.cache_len} must be >= 0"
+  )
+  _collect(
+    e,
+    config.filtering.oversample >= 1,
+    f"filtering.oversample={config.filtering.oversample} must be >= 1 (it draws ceil(k * P) "
+    "prompt groups to keep P)",
+  )
+  d = config.data
+  _collect(e, 0 <= d.eval_fraction < 1, f"data.eval_fraction={d.eval_fraction} must be in [0, 1)")
+  _collect(e, d.prompt_len >= 1, f"data.prompt_len={d.prompt_len} must be >= 1")
+  from jaxrl_llm import text, verifiers  # light modules; imported here to keep this one lean
+
+  if d.template not in text.PROMPT_TEMPLATES:
+    e.append(f"data.template={d.template!r}; allowed: {', '.join(sorted(text.PROMPT_TEMPLATES))}")
+  if d.correct_term not in verifiers.REWARD_FNS:
+    e.append(
+      f"data.correct_term={d.correct_term!r}; allowed: {', '.join(sorted(verifiers.REWARD_FNS))}"
+    )
   timeout = config.data.get("verifier_timeout_s", 1.0)
   _collect(e, timeout > 0, f"data.verifier_timeout_s={timeout} must be > 0")
   if (model_override.param_dtype if model_override else config.model.param_dtype) == "float16":

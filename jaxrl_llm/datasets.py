@@ -6,6 +6,11 @@
       train, tokenizer, template="qwen_math", prompt_len=256, batch_size=32, seed=0,
       shard_index=jax.process_index(), shard_count=jax.process_count())
 
+Rows whose reference answer is null, NaN or empty are skipped when the files are read and
+counted in ``Records.skipped`` (``{'skipped_null_answer': n}``); the iterator's stats repeat the
+count. Special-token strings inside a record's text (``<|im_end|>``, ...) are encoded as plain
+text unless ``special_tokens_in_text`` is set, so a record cannot write control tokens.
+
 Batches are dicts of numpy arrays:
 
   tokens  [P, S] int32    rendered prompt, left-padded with ``tokenizer.pad_id``
@@ -25,6 +30,7 @@ import glob
 import gzip
 import hashlib
 import json
+import math
 import numbers
 import pathlib
 from collections.abc import Mapping, Sequence
@@ -38,7 +44,44 @@ from jaxrl_llm import data, text
 
 SUPPORTED_EXTENSIONS = (".jsonl", ".jsonl.gz", ".parquet")
 BATCH_KEYS = ("tokens", "mask", "answer", "index")
+SKIP_KEYS = ("skipped_null_answer",)  # counts of rows dropped while reading, in Records.skipped
 _MISSING = object()
+
+
+class DataError(ValueError):
+  """A dataset file or record that cannot be used; the message names the file (and line)."""
+
+
+USER_ERRORS = (DataError,)  # failure classes the command line reports as one line
+
+
+def _check_text(where: str, field: str, value: str) -> None:
+  """Refuses text that cannot be encoded (a lone surrogate such as an escaped \\udc80)."""
+  try:
+    value.encode("utf-8")
+  except UnicodeEncodeError as e:
+    bad = value[e.start : e.end].encode("unicode_escape").decode()
+    raise DataError(
+      f"{where}: field {field!r} holds {bad!r} at character {e.start}, which is not valid "
+      "Unicode text (a lone surrogate); fix or drop the record"
+    ) from None
+
+
+class Records(list):
+  """A list of records that also carries ``skipped``: ``{key: rows dropped}`` for ``SKIP_KEYS``
+  (rows of the files read that did not become records)."""
+
+  def __init__(
+    self, records: Sequence[dict[str, Any]] = (), skipped: Mapping[str, int] | None = None
+  ):
+    super().__init__(records)
+    self.skipped = {k: int((skipped or {}).get(k, 0)) for k in SKIP_KEYS}
+
+
+def skip_counts(records: Sequence[dict[str, Any]]) -> dict[str, int]:
+  """``records.skipped`` for ``Records``, zeros for any other sequence."""
+  skipped = getattr(records, "skipped", None) or {}
+  return {k: int(skipped.get(k, 0)) for k in SKIP_KEYS}
 
 
 # ---- loading ----------------------------------------------------------------------------------
@@ -60,7 +103,7 @@ def _expand(files: Sequence[str] | str) -> list[str]:
         raise FileNotFoundError(f"Dataset file {f} does not exist.")
       out.append(f)
   if not out:
-    raise ValueError("No dataset files given.")
+    raise DataError("No dataset files given.")
   return out
 
 
@@ -82,6 +125,16 @@ def _lookup(record: Mapping[str, Any], path: str) -> Any:
   return value
 
 
+def _is_null_answer(value: Any) -> bool:
+  """Whether a reference answer is missing in substance: None, a NaN or blank text."""
+  if value is None:
+    return True
+  if isinstance(value, str):
+    return not value.strip()
+  real = isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral)
+  return real and math.isnan(value)
+
+
 def _answer_text(value: Any) -> str:
   """Reference answers become strings: text as is, numbers via str, anything else as JSON."""
   if isinstance(value, str):
@@ -98,16 +151,21 @@ def _jsonl_rows(path: str):
     with opener(path, "rt", encoding="utf-8") as f:
       lines = list(f)
   except (OSError, UnicodeDecodeError, EOFError) as e:
-    raise ValueError(f"{path}: could not read the file as UTF-8 text: {e}") from e
+    raise DataError(f"{path}: could not read the file as UTF-8 text: {e}") from e
   for line_no, line in enumerate(lines, start=1):
     if not line.strip():
       continue
     try:
       row = json.loads(line)
     except json.JSONDecodeError as e:
-      raise ValueError(f"{path}:{line_no}: not valid JSON ({e.msg}): {line[:80]!r}") from e
+      raise DataError(f"{path}:{line_no}: not valid JSON ({e.msg}): {line[:80]!r}") from e
+    except RecursionError:
+      raise DataError(
+        f"{path}:{line_no}: JSON nested too deeply to read ({len(line)} characters); records "
+        "are flat objects with a prompt and an answer field"
+      ) from None
     if not isinstance(row, dict):
-      raise ValueError(f"{path}:{line_no}: expected a JSON object, found {type(row).__name__}.")
+      raise DataError(f"{path}:{line_no}: expected a JSON object, found {type(row).__name__}.")
     yield f"{path}:{line_no}", row, sorted(row)
 
 
@@ -119,7 +177,7 @@ def _parquet_rows(path: str, fields: Sequence[str]):
   try:
     pf = pq.ParquetFile(path)
   except Exception as e:  # pyarrow raises several error types for a bad file
-    raise ValueError(f"{path}: not a readable Parquet file: {e}") from e
+    raise DataError(f"{path}: not a readable Parquet file: {e}") from e
   names = pf.schema_arrow.names
   wanted = {f if f in names else f.split(".")[0] for f in fields}
   columns = [n for n in names if n in wanted]
@@ -134,7 +192,7 @@ def _file_kind(path: str) -> str:
   for ext in SUPPORTED_EXTENSIONS:
     if path.endswith(ext):
       return ext
-  raise ValueError(
+  raise DataError(
     f"{path}: unsupported file type; supported extensions: {', '.join(SUPPORTED_EXTENSIONS)}."
   )
 
@@ -145,53 +203,78 @@ def load_records(
   prompt_field: str = "prompt",
   answer_field: str | None = "answer",
   metadata_fields: Sequence[str] = (),
-) -> list[dict[str, Any]]:
+) -> Records:
   """Reads prompt records from JSONL (``.jsonl``, ``.jsonl.gz``) and Parquet files.
 
   Each record becomes ``{'prompt': str, 'answer': str, <metadata field>: value, ...}``. Fields
   are names or dotted paths into nested values (``'messages.0.content'``, ``'info.level'``);
   file names may be glob patterns. ``answer_field=None`` gives every record an empty answer.
-  Errors name the file and line (or Parquet row): invalid JSON, a missing field (listing the
-  fields the record has), a prompt that is not a non-empty string; and an empty result.
+  Rows whose answer is None (JSON null, Parquet null), NaN or blank text are skipped, with a
+  warning per file, and counted in the result's ``skipped['skipped_null_answer']``; when every
+  row is skipped that is an error naming the files and the field. Errors name the file and
+  line (or Parquet row): invalid JSON, a missing field (listing the fields the record has), a
+  prompt that is not a non-empty string; and an empty result.
   """
   paths = _expand(files)
   fields = [prompt_field, *([answer_field] if answer_field else []), *metadata_fields]
   clash = set(metadata_fields) & {*BATCH_KEYS, "prompt"}
   if clash:
-    raise ValueError(
+    raise DataError(
       f"metadata_fields {sorted(clash)} clash with the keys 'prompt' and {BATCH_KEYS}."
     )
   records = []
+  null_answers: dict[str, int] = {}  # path -> rows skipped for a null answer
   for path in paths:
     kind = _file_kind(path)
     rows = _parquet_rows(path, fields) if kind == ".parquet" else _jsonl_rows(path)
+    num_rows = num_null = 0
     for where, row, has in rows:
+      num_rows += 1
       values = {}
       for field in fields:
         value = _lookup(row, field)
         if value is _MISSING:
-          raise ValueError(f"{where}: record has no field {field!r}; its fields are {has}.")
+          raise DataError(f"{where}: record has no field {field!r}; its fields are {has}.")
         values[field] = value
       prompt = values[prompt_field]
       if not isinstance(prompt, str):
         hint = ""
         if isinstance(prompt, list):
           hint = f" (for chat-style records point prompt_field at the text, e.g. '{prompt_field}.0.content')"
-        raise ValueError(
+        raise DataError(
           f"{where}: prompt field {prompt_field!r} holds a {type(prompt).__name__}, "
           f"not a string{hint}."
         )
       if not prompt.strip():
-        raise ValueError(f"{where}: prompt field {prompt_field!r} is empty.")
+        raise DataError(f"{where}: prompt field {prompt_field!r} is empty.")
+      _check_text(where, prompt_field, prompt)
+      if answer_field and _is_null_answer(values[answer_field]):
+        num_null += 1
+        continue
       record = {
         "prompt": prompt,
         "answer": _answer_text(values[answer_field]) if answer_field else "",
       }
+      _check_text(where, answer_field or "answer", record["answer"])
       record.update({f: values[f] for f in metadata_fields})
       records.append(record)
+    if num_null:
+      null_answers[path] = num_null
+      logging.warning(
+        "%s: skipped %d of %d rows whose answer field %r is null, NaN or empty.",
+        path,
+        num_null,
+        num_rows,
+        answer_field,
+      )
+  if not records and null_answers:
+    raise DataError(
+      f"Every row of the dataset files {sorted(null_answers)} has a null, NaN or empty answer "
+      f"in the answer field {answer_field!r}; no records are left (check the answer field)."
+    )
   if not records:
-    raise ValueError(f"No records in the dataset files {paths}.")
-  return records
+    raise DataError(f"No records in the dataset files {paths}.")
+  return Records(records, skipped={"skipped_null_answer": sum(null_answers.values())})
 
 
 # ---- splits -----------------------------------------------------------------------------------
@@ -218,13 +301,15 @@ def train_eval_split(
   below the fraction: the split is the same in every run and process, and identical prompts
   always land on the same side. With ``eval_files`` all ``records`` train and the eval records
   are loaded from those files (``load_kwargs`` go to ``load_records``). Neither gives
-  ``(records, [])``.
+  ``(records, [])``. Both sides are ``Records``; the train side keeps the skip counts of
+  ``records`` (rows skipped in the files they were read from), the eval side has those of
+  ``eval_files`` (zeros for a fraction split).
   """
   if eval_files is not None and eval_fraction:
-    raise ValueError("Give either eval_fraction or eval_files, not both.")
+    raise DataError("Give either eval_fraction or eval_files, not both.")
   if not 0.0 <= eval_fraction < 1.0:
-    raise ValueError(f"eval_fraction must be in [0, 1), got {eval_fraction}.")
-  records = list(records)
+    raise DataError(f"eval_fraction must be in [0, 1), got {eval_fraction}.")
+  records = Records(records, skipped=skip_counts(records))
   if eval_files is not None:
     evals = load_records(eval_files, **load_kwargs)
     overlap = len({r["prompt"] for r in records} & {r["prompt"] for r in evals})
@@ -232,12 +317,12 @@ def train_eval_split(
       logging.warning("%d eval prompts also appear in the training records.", overlap)
     return records, evals
   if not eval_fraction:
-    return records, []
+    return records, Records()
   to_eval = [_hash_unit(r["prompt"], seed) < eval_fraction for r in records]
-  train = [r for r, e in zip(records, to_eval) if not e]
-  evals = [r for r, e in zip(records, to_eval) if e]
+  train = Records([r for r, e in zip(records, to_eval) if not e], skipped=records.skipped)
+  evals = Records([r for r, e in zip(records, to_eval) if e])
   if not train or not evals:
-    raise ValueError(
+    raise DataError(
       f"eval_fraction={eval_fraction} split {len(records)} records into {len(train)} train and "
       f"{len(evals)} eval; both sides need at least one record."
     )
@@ -275,6 +360,23 @@ def _stack_rows(rows: Sequence[dict[str, Any]]) -> dict[str, np.ndarray]:
   return out
 
 
+def _warn_special_tokens(
+  records: Sequence[dict[str, Any]], tokenizer: text.HFTokenizer, in_text: bool
+) -> None:
+  """Logs how many prompts hold special-token strings, and how they were encoded."""
+  found = [f for r in records if (f := tokenizer.find_special_tokens(r["prompt"]))]
+  if found:
+    logging.warning(
+      "%d of %d prompts hold special-token strings (e.g. %r), encoded as %s "
+      "(data.special_tokens_in_text=%s).",
+      len(found),
+      len(records),
+      found[0][0],
+      "control tokens" if in_text else "plain text",
+      in_text,
+    )
+
+
 def tokenize_records(
   records: Sequence[dict[str, Any]],
   tokenizer: text.HFTokenizer,
@@ -282,17 +384,22 @@ def tokenize_records(
   template: str = "plain",
   prompt_len: int,
   system: str | None = None,
+  special_tokens_in_text: bool = False,
 ) -> tuple[dict[str, np.ndarray], dict[str, int]]:
   """Renders and tokenizes records, dropping prompts longer than ``prompt_len`` tokens.
 
+  Special-token strings inside a record's prompt (or ``system``) are encoded as plain text;
+  only the control tokens a chat template writes around the messages are special-token ids.
+  ``special_tokens_in_text=True`` encodes them as control tokens instead.
+
   Returns (example arrays with the batch keys of this module, one row per kept record, and
-  stats ``{'num_records', 'num_too_long', 'num_kept'}``).
+  stats ``{'num_records', 'num_too_long', 'num_kept', *SKIP_KEYS}``; the skip counts are those
+  ``records`` carries as ``Records``, else zeros).
   """
   if not records:
-    raise ValueError("records is empty.")
-  prompts = [
-    text.render_prompt(r["prompt"], template, tokenizer=tokenizer, system=system) for r in records
-  ]
+    raise DataError("records is empty.")
+  render = text.render_prompt if special_tokens_in_text else text.render_prompt_parts
+  prompts = [render(r["prompt"], template, tokenizer=tokenizer, system=system) for r in records]
   specials = not text.uses_chat_template(template)
   tokens, mask, too_long = tokenizer.encode_batch(
     prompts,
@@ -306,19 +413,22 @@ def tokenize_records(
     "num_records": len(records),
     "num_too_long": int(too_long.sum()),
     "num_kept": int(keep.size),
+    **skip_counts(records),
   }
   logging.info(
     "Prompt dataset (template %r, prompt_len %d): %d records, %d longer than prompt_len "
-    "dropped, %d kept.",
+    "dropped, %d kept; %d rows skipped for a null answer when read.",
     template,
     prompt_len,
     stats["num_records"],
     stats["num_too_long"],
     stats["num_kept"],
+    stats["skipped_null_answer"],
   )
+  _warn_special_tokens(records, tokenizer, special_tokens_in_text)
   if keep.size == 0:
     shortest = min(len(tokenizer.encode(p, add_special_tokens=specials)) for p in prompts)
-    raise ValueError(
+    raise DataError(
       f"All {len(records)} prompts are longer than prompt_len={prompt_len} tokens after "
       f"rendering with template {template!r} (shortest: {shortest} tokens); raise prompt_len."
     )
@@ -348,6 +458,7 @@ def make_text_prompt_iterator(
   shuffle: bool = True,
   num_epochs: int | None = None,
   system: str | None = None,
+  special_tokens_in_text: bool = False,
 ) -> tuple[grain.DatasetIterator, dict[str, int]]:
   """Checkpointable iterator of tokenized prompt batches (keys in the module docstring).
 
@@ -355,14 +466,21 @@ def make_text_prompt_iterator(
   by the chat templates), left-padded to ``prompt_len`` and those that do not fit are dropped
   (counted in the returned stats). The rest follows ``data.make_prompt_iterator``: shuffle by
   ``seed`` each epoch, repeat ``num_epochs`` (None = forever), take shard ``shard_index`` of
-  ``shard_count`` (disjoint within an epoch), batch with the remainder dropped.
+  ``shard_count`` (disjoint within an epoch), batch with the remainder dropped. Special-token
+  strings in the records' text are plain text unless ``special_tokens_in_text`` (see
+  ``tokenize_records``); the stats include the records' skip counts (``SKIP_KEYS``).
   """
   examples, stats = tokenize_records(
-    records, tokenizer, template=template, prompt_len=prompt_len, system=system
+    records,
+    tokenizer,
+    template=template,
+    prompt_len=prompt_len,
+    system=system,
+    special_tokens_in_text=special_tokens_in_text,
   )
   per_shard = stats["num_kept"] // max(shard_count, 1)
   if batch_size > per_shard:
-    raise ValueError(
+    raise DataError(
       f"batch_size={batch_size} exceeds the {per_shard} prompts per shard: {stats['num_kept']} "
       f"of {stats['num_records']} records fit prompt_len={prompt_len} "
       f"({stats['num_too_long']} too long), over {shard_count} shard(s)."

@@ -47,6 +47,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.data.answer_field = "answer"  # record field holding the reference answer
   c.data.template = "qwen_math"  # prompt template: plain | r1 | qwen_math | chat | qwen_math_chat
   c.data.system_prompt = ""  # system message for chat templates ("" = none)
+  c.data.special_tokens_in_text = False  # special-token strings in prompts become control ids
   c.data.prompt_len = 256  # S: prompt tokens (longer prompts are filtered and counted)
   c.data.tokenizer = ""  # tokenizer dir or tokenizer.json ("" = model.checkpoint's)
   c.data.correct_term = "math_correct"  # host reward term that defines accuracy

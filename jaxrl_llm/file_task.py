@@ -36,6 +36,7 @@ class FileTask:
   timeout_s: float = 5.0  # per-call verifier time limit
   eval_size: int = 256  # held-out prompts evaluated
   correct_term: str = "math_correct"  # the reward term that defines accuracy
+  special_tokens_in_text: bool = False  # special-token strings in prompts become control ids
 
   name = "files"
   host_reward = True
@@ -53,6 +54,7 @@ class FileTask:
       shard_index=shard_index,
       shard_count=shard_count,
       system=self.system,
+      special_tokens_in_text=self.special_tokens_in_text,
     )
     self.data_stats = {f"data/{k}": float(v) for k, v in stats.items()}
     return it
@@ -65,6 +67,7 @@ class FileTask:
       template=self.template,
       prompt_len=self.prompt_len,
       system=self.system,
+      special_tokens_in_text=self.special_tokens_in_text,
     )
     n = min(len(examples["tokens"]), self.eval_size)
     n -= n % multiple_of
@@ -87,8 +90,10 @@ class FileTask:
     fns = dict(self.reward_fns)
     if self.correct_term not in fns:
       fns[self.correct_term] = verifiers.get_reward_fn(self.correct_term)
+    # Worker processes (kept between steps): a verifier that hangs is killed at the time limit,
+    # scored 0 and counted in `verifier/timeouts`, which the step logs with its metrics.
     terms, stats = verifiers.score_batch(
-      texts, [str(r) for r in references], terms=fns, timeout_s=self.timeout_s
+      texts, [str(r) for r in references], terms=fns, timeout_s=self.timeout_s, executor="process"
     )
     terms["correct"] = terms[self.correct_term]  # accuracy metrics read `correct`
     return terms, stats
@@ -130,7 +135,7 @@ def build_file_task(config, tokenizer_dir: str) -> FileTask:
     **fields,
   )
   if not evaluation:
-    raise ValueError(
+    raise datasets.DataError(
       "the evaluation split is empty: set data.eval_files or a data.eval_fraction > 0"
     )
   weights = dict(config.task.reward_weights)
@@ -147,4 +152,5 @@ def build_file_task(config, tokenizer_dir: str) -> FileTask:
     timeout_s=d.verifier_timeout_s,
     eval_size=config.task.eval_size,
     correct_term=d.correct_term,
+    special_tokens_in_text=d.special_tokens_in_text,
   )

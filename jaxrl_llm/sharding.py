@@ -217,8 +217,13 @@ def rules_from_config(rules: Any) -> tuple[tuple[str, str | None], ...]:
   """Normalises a config's rule table ([[logical, mesh_axis_or_None], ...])."""
   if not rules:
     return DEFAULT_RULES
+  shape = "a list of [logical_axis, mesh_axis | [mesh_axes] | None] pairs"
+  if isinstance(rules, str) or not isinstance(rules, Sequence):
+    raise ValueError(f"mesh.rules={rules!r} must be {shape}")
   out = []
   for item in rules:
+    if isinstance(item, str) or not isinstance(item, Sequence) or len(item) != 2:
+      raise ValueError(f"mesh.rules entry {item!r} must be a pair; mesh.rules is {shape}")
     logical, axis = item
     axes = (axis,) if axis is None or isinstance(axis, str) else tuple(axis)
     if any(a is not None and a not in MESH_AXES for a in axes):

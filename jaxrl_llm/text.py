@@ -4,6 +4,8 @@
 model directory keeps beside it (``tokenizer_config.json``, ``generation_config.json``).
 ``apply_chat_template`` renders a model's Jinja chat template in a sandbox, and
 ``render_prompt`` turns a dataset question into prompt text with one of ``PROMPT_TEMPLATES``.
+``render_prompt_parts`` does the same but keeps apart the control tokens the template writes,
+so that special-token strings inside a record's text are encoded as plain text.
 
 Needs the optional packages ``tokenizers`` and ``jinja2``; both are imported lazily, so this
 module can be imported without them.
@@ -15,6 +17,7 @@ import datetime
 import functools
 import json
 import pathlib
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -64,6 +67,18 @@ def _pick_chat_template(value: Any) -> str | None:
     if named:
       return next(iter(named.values()))
   raise ValueError(f"Cannot read chat_template from a {type(value).__name__}.")
+
+
+def _joined(text: str | Sequence[str]) -> str:
+  """A string, or the text of ``render_prompt_parts`` parts."""
+  return text if isinstance(text, str) else "".join(text)
+
+
+def _encodings(tok: Any, texts: list[str], add_special_tokens: bool) -> list[Any]:
+  """``tokenizers`` encodings of ``texts`` (one batch call; a single text encoded directly)."""
+  if len(texts) == 1:
+    return [tok.encode(texts[0], add_special_tokens=add_special_tokens)]
+  return tok.encode_batch(texts, add_special_tokens=add_special_tokens) if texts else []
 
 
 class HFTokenizer:
@@ -240,14 +255,109 @@ class HFTokenizer:
       ids = [self._bos_id, *ids]
     return ids
 
-  def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-    """Token ids of ``text``. Special-token strings in the text (e.g. ``<|im_end|>``) map to
-    their ids. ``add_special_tokens`` runs the tokenizer's post-processor and prepends bos when
-    ``add_bos_token`` is set; leave it off for text rendered by a chat template, which writes
-    its own special tokens."""
-    return self._finish(
-      list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids), add_special_tokens
+  @functools.cached_property
+  def special_tokens(self) -> tuple[str, ...]:
+    """The special (control) token strings of the vocabulary, longest first."""
+    added = self._tok.get_added_tokens_decoder().values()
+    return tuple(
+      sorted({t.content for t in added if t.special and t.content}, key=lambda t: (-len(t), t))
     )
+
+  @functools.cached_property
+  def _special_pattern(self) -> re.Pattern | None:
+    """Matches a special token as the tokenizer does, with the whitespace that an ``lstrip`` /
+    ``rstrip`` token absorbs; None when the vocabulary has no special tokens."""
+    added = [t for t in self._tok.get_added_tokens_decoder().values() if t.special and t.content]
+    alternatives = [
+      (r"\s*" if t.lstrip else "") + re.escape(t.content) + (r"\s*" if t.rstrip else "")
+      for t in sorted(added, key=lambda t: -len(t.content))
+    ]
+    return re.compile("|".join(alternatives)) if alternatives else None
+
+  @functools.cached_property
+  def _special_finder(self) -> re.Pattern | None:
+    """Matches any special-token string exactly (longest first); None when there are none."""
+    if not self.special_tokens:
+      return None
+    return re.compile("|".join(re.escape(t) for t in self.special_tokens))
+
+  def find_special_tokens(self, text: str) -> list[str]:
+    """The special-token strings that occur in ``text``, in order (``[]`` for plain text)."""
+    return [] if self._special_finder is None else self._special_finder.findall(text)
+
+  @functools.cached_property
+  def _plain(self) -> Any:
+    """A copy of the tokenizer that encodes special-token strings as plain text."""
+    from tokenizers import Tokenizer
+
+    plain = Tokenizer.from_str(self._tok.to_str())
+    plain.encode_special_tokens = True
+    return plain
+
+  def split_at_special_tokens(self, text: str) -> list[str]:
+    """``text`` split around the special tokens the tokenizer finds in it:
+    ``[text, special, text, ..., special, text]`` (odd items are special tokens)."""
+    if self._special_pattern is None:
+      return [text]
+    parts, start = [], 0
+    for m in self._special_pattern.finditer(text):
+      parts += [text[start : m.start()], m.group()]
+      start = m.end()
+    parts.append(text[start:])
+    return parts
+
+  def _encode_many(
+    self, items: Sequence[str | Sequence[str]], add_special_tokens: bool, split_special_tokens: bool
+  ) -> list[list[int]]:
+    """Ids of each item: a string, or parts ``[text, control, ..., text]`` as from
+    ``render_prompt_parts`` (text parts plain text, control parts special tokens)."""
+    whole: dict[int, str] = {}
+    split: dict[int, list[str]] = {}
+    for k, item in enumerate(items):
+      if isinstance(item, str):
+        whole[k] = item
+        continue
+      parts = list(item)
+      if len(parts) % 2 != 1:
+        raise ValueError(f"item {k}: parts must alternate text and control tokens, got {item!r}.")
+      joined = "".join(parts)
+      if len(self.split_at_special_tokens(joined)) == len(parts):
+        whole[k] = joined  # no special-token string inside the text: encode as one string
+      else:
+        split[k] = parts
+    out: list[list[int]] = [[] for _ in items]
+    tok = self._plain if split_special_tokens else self._tok
+    for k, enc in zip(whole, _encodings(tok, list(whole.values()), add_special_tokens)):
+      out[k] = list(enc.ids)
+    if split:
+      from tokenizers import Encoding
+
+      texts = _encodings(self._plain, [p for ps in split.values() for p in ps[0::2]], False)
+      controls = _encodings(self._tok, [p for ps in split.values() for p in ps[1::2]], False)
+      texts, controls = iter(texts), iter(controls)
+      for k, parts in split.items():
+        pieces = [next(controls) if j % 2 else next(texts) for j in range(len(parts))]
+        if add_special_tokens:
+          merged = Encoding.merge(pieces, growing_offsets=True)
+          out[k] = list(self._tok.post_process(merged, None, True).ids)
+        else:
+          out[k] = [i for piece in pieces for i in piece.ids]
+    return [self._finish(ids, add_special_tokens) for ids in out]
+
+  def encode(
+    self,
+    text: str | Sequence[str],
+    add_special_tokens: bool = False,
+    *,
+    split_special_tokens: bool = False,
+  ) -> list[int]:
+    """Token ids of ``text``. Special-token strings in the text (e.g. ``<|im_end|>``) map to
+    their ids, unless ``split_special_tokens``, which encodes them as plain text. ``text`` may
+    also be parts from ``render_prompt_parts``: text parts are encoded as plain text, control
+    parts as special tokens. ``add_special_tokens`` runs the tokenizer's post-processor and
+    prepends bos when ``add_bos_token`` is set; leave it off for text rendered by a chat
+    template, which writes its own special tokens."""
+    return self._encode_many([text], add_special_tokens, split_special_tokens)[0]
 
   def decode(
     self,
@@ -265,14 +375,16 @@ class HFTokenizer:
 
   def encode_batch(
     self,
-    texts: Sequence[str],
+    texts: Sequence[str | Sequence[str]],
     length: int,
     *,
     left_pad: bool = True,
     add_special_tokens: bool = False,
     overflow: str = "error",
+    split_special_tokens: bool = False,
   ) -> tuple[np.ndarray, ...]:
-    """Encodes texts into a padded ``[N, length]`` block.
+    """Encodes texts (strings or ``render_prompt_parts`` parts, as in ``encode``) into a padded
+    ``[N, length]`` block.
 
     Returns ``(ids [N, L] int32, mask [N, L] bool)`` with ``pad_id`` outside the mask; the
     padding goes on the left when ``left_pad`` (prompts) else on the right. A text longer than
@@ -284,8 +396,7 @@ class HFTokenizer:
       raise ValueError(f"overflow must be one of {OVERFLOW_POLICIES}, got {overflow!r}.")
     if length < 1:
       raise ValueError(f"length must be >= 1, got {length}.")
-    encs = self._tok.encode_batch(list(texts), add_special_tokens=add_special_tokens)
-    seqs = [self._finish(list(e.ids), add_special_tokens) for e in encs]
+    seqs = self._encode_many(texts, add_special_tokens, split_special_tokens)
     lens = np.asarray([len(s) for s in seqs], np.int64)
     too_long = lens > length
     if overflow == "error" and too_long.any():
@@ -293,7 +404,7 @@ class HFTokenizer:
       raise ValueError(
         f"{int(too_long.sum())} of {len(seqs)} texts are longer than length={length} tokens "
         f"(longest: {int(lens.max())}); first is row {first} ({lens[first]} tokens): "
-        f"{texts[first][:80]!r}. Raise the length or pass overflow='drop'."
+        f"{_joined(texts[first])[:80]!r}. Raise the length or pass overflow='drop'."
       )
     kept = [s for s, t in zip(seqs, too_long) if not t]
     ids = np.full((len(kept), length), self.pad_id, np.int32)
@@ -476,3 +587,58 @@ def render_prompt(
   messages = [{"role": "system", "content": system}] if system else []
   messages.append({"role": "user", "content": text})
   return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+
+
+def _unused_char(*texts: str) -> str:
+  """A private-use character that occurs in none of ``texts``."""
+  for code in range(0xE000, 0xF900):
+    c = chr(code)
+    if not any(c in t for t in texts):
+      return c
+  raise ValueError("Every private-use character occurs in the prompt text.")
+
+
+def render_prompt_parts(
+  question: str,
+  template_name: str,
+  *,
+  tokenizer: HFTokenizer | None = None,
+  system: str | None = None,
+) -> list[str]:
+  """``render_prompt`` split around the control tokens the template itself writes.
+
+  Returns ``[text, control, text, ..., control, text]``, whose concatenation is
+  ``render_prompt(question, ...)``: odd items are the special tokens a chat template puts
+  around the messages, even items text. A special-token string inside ``question`` or
+  ``system`` (e.g. ``<|im_end|>``) stays inside a text part, so ``HFTokenizer.encode`` encodes
+  it as plain text and a data record cannot open a turn of its own. Templates other than the
+  chat ones write no control tokens and give ``[text]``.
+  """
+  if template_name not in CHAT_PROMPT_TEMPLATES or tokenizer is None:
+    return [render_prompt(question, template_name, tokenizer=tokenizer, system=system)]
+  contents = [question, system or ""]
+  if not any(tokenizer.find_special_tokens(c) for c in contents):
+    rendered = render_prompt(question, template_name, tokenizer=tokenizer, system=system)
+    return tokenizer.split_at_special_tokens(rendered)
+  # Stand-ins for the special-token strings of the contents, so that the rendered text's only
+  # special tokens are the template's; the stand-ins are put back in the text parts.
+  specials = tokenizer.special_tokens
+  mark = _unused_char(*contents, tokenizer.chat_template or "")
+  index = {t: k for k, t in enumerate(specials)}
+
+  def hide(s: str) -> str:
+    return tokenizer._special_finder.sub(lambda m: f"{mark}{index[m.group()]}{mark}", s)
+
+  rendered = render_prompt(
+    hide(question), template_name, tokenizer=tokenizer, system=hide(system) if system else system
+  )
+  parts = tokenizer.split_at_special_tokens(rendered)
+  stand_in = re.compile(f"{mark}(\\d+){mark}")
+  parts[0::2] = [stand_in.sub(lambda m: specials[int(m.group(1))], p) for p in parts[0::2]]
+  if any(mark in p for p in parts):
+    raise ValueError(
+      f"The chat template of {tokenizer.source} altered the message text in a way that hides "
+      "where its special-token strings are; set data.special_tokens_in_text=True to encode "
+      "them as control tokens."
+    )
+  return parts

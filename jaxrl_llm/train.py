@@ -360,7 +360,10 @@ def build(
   if config.data.train_files:
     task = file_task.build_file_task(config, config.model.checkpoint)
   else:
-    task = build_task(config)
+    try:
+      task = build_task(config)
+    except ValueError as err:
+      raise config_lib.ConfigError(f"invalid task config (task.*): {err}") from None
   devices = list(devices if devices is not None else jax.devices())
   try:
     mesh = sharding.make_mesh(
@@ -372,7 +375,10 @@ def build(
     )
   except ValueError as err:
     raise config_lib.ConfigError(str(err)) from None
-  rules = sharding.rules_from_config(config.mesh.rules)
+  try:
+    rules = sharding.rules_from_config(config.mesh.rules)
+  except ValueError as err:
+    raise config_lib.ConfigError(str(err)) from None
   pretrained_cfg, pretrained = None, None
   if abstract and config.model.checkpoint:
     pretrained_cfg = _pretrained_config(config)

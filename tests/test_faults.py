@@ -114,6 +114,39 @@ def test_out_of_range_numbers_stop_at_start_up_naming_the_field(field):
     config_lib.validate(tiny_config(**{field: value}), num_devices=8)
 
 
+# Every section: each value stops `train.build` (before anything compiles) with a ConfigError
+# naming the field.
+BAD_CONFIGS = [
+  ("task.name", "nope"), ("task.digits", 0), ("task.min_len", 0), ("task.max_len", 1),
+  ("task.eval_size", 0), ("data.eval_fraction", 1.5), ("data.template", "nope"),
+  ("data.prompt_len", 0), ("data.correct_term", "math_corect"), ("model.d_model", 0),
+  ("model.num_layers", 0), ("model.vocab_size", 0), ("model.dtype", "float8"),
+  ("model.attention", "flash"), ("model.rope_theta", -1.0), ("model.moe_num_experts", -1),
+  ("sampling.group_size", 1), ("sampling.temperature", 0.0), ("sampling.top_p", 1.5),
+  ("sampling.top_k", -1), ("sampling.max_new_tokens", -1), ("sampling.param_dtype", "int4"),
+  ("rl.num_prompts", 0), ("rl.num_epochs", 0), ("rl.num_minibatches", 3),
+  ("rl.num_microbatches", -1), ("rl.remat", "some"), ("rl.old_pass", "never"),
+  ("rl.share_prompt", "x"), ("rl.microbatch_tokens", 0), ("advantage.name", "nope"),
+  ("advantage.gamma", 1.5), ("advantage.lam", -0.1), ("advantage.whiten_variance", "x"),
+  ("objective.name", "nope"), ("objective.clip_low", -0.1), ("objective.clip_high", -1.0),
+  ("objective.dual_clip", 0.5), ("aggregation.name", "nope"), ("correction.name", "nope"),
+  ("correction.cap", 0.0), ("kl.name", "k9"), ("kl.beta", -1.0), ("kl.placement", "x"),
+  ("kl.reference", "x"), ("kl.ema", 2.0), ("shaping.name", "x"), ("shaping.cache_len", -1),
+  ("replay.name", "r9"), ("filtering.name", "x"), ("filtering.oversample", 0.5),
+  ("optim.learning_rate", 0.0), ("optim.decay_to", -0.5), ("optim.grad_clip", -1.0),
+  ("sft.steps", -1), ("sft.batch_size", 0), ("train.num_steps", 0), ("train.eval_every", 0),
+  ("train.pass_k", 0), ("train.text_samples", -1), ("train.stop_after_steps", -1),
+  ("mesh.data", 3), ("mesh.fsdp", 0), ("mesh.expert", 3), ("mesh.rules", ("notapair",)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("field, value", BAD_CONFIGS, ids=[f for f, _ in BAD_CONFIGS])
+def test_bad_config_values_stop_before_compiling_naming_the_field(field, value):
+  with pytest.raises(config_lib.ConfigError) as err:
+    train.build(tiny_config(**{field: value}), abstract=True)
+  assert field.split(".")[-1] in str(err.value), str(err.value)
+
+
 # ---- Process-level faults: the real command line, real files. ------------------------------
 
 TINY_CLI = (

@@ -250,10 +250,14 @@ def test_is_equivalent_math_verify(pred, ref, expected):
 
 
 @pytest.mark.skipif(not HAS_MATH_VERIFY, reason="math-verify is not installed")
-def test_math_verify_term_runs_in_worker_threads():
-  # math_verify's own SIGALRM timeouts only work on the main thread; score_batch's apply instead.
+@pytest.mark.parametrize("executor", ["thread", "process"])
+def test_math_verify_term_runs_in_workers(executor):
+  # math_verify's own SIGALRM timeouts only work on a main thread (a process worker's is one);
+  # in worker threads score_batch's timeout applies instead.
   terms = {"mv": V.get_reward_fn("math_verify_correct")}
-  scores, stats = V.score_batch([r"\boxed{\dfrac{1}{2}}", "#### 3"], ["0.5", "4"], terms=terms)
+  scores, stats = V.score_batch(
+    [r"\boxed{\dfrac{1}{2}}", "#### 3"], ["0.5", "4"], terms=terms, executor=executor
+  )
   np.testing.assert_array_equal(scores["mv"], [1, 0])
   assert stats["verifier/errors"] == 0
 

@@ -1,11 +1,13 @@
 """Host-side verifiers that score decoded completions (run outside jit).
 
-`math` extracts and compares answers; `rewards` turns them into reward terms and scores batches
-robustly (errors and timeouts score 0.0 and are counted). `get_reward_fn(name)` looks up a
-two-argument term `fn(completion, reference) -> float` by name.
+`math` extracts and compares answers (refusing over-long or too deeply nested input before
+parsing it); `rewards` turns them into reward terms and scores batches robustly in worker
+processes (errors and timeouts score 0.0 and are counted; a hung call's worker is killed).
+`get_reward_fn(name)` looks up a two-argument term `fn(completion, reference) -> float` by name.
 """
 
 from jaxrl_llm.verifiers.math import (
+  brace_depth,
   extract_answer,
   extract_boxed,
   extract_gsm8k,
@@ -13,6 +15,7 @@ from jaxrl_llm.verifiers.math import (
   is_equivalent,
   normalize,
   parse_number,
+  within_limits,
 )
 from jaxrl_llm.verifiers.rewards import (
   RewardFn,
@@ -26,7 +29,9 @@ from jaxrl_llm.verifiers.rewards import (
   math_verify_correct,
   reference_answer,
   score_batch,
+  shutdown_workers,
   think_format,
+  worker_pids,
 )
 
 REWARD_FNS: dict[str, RewardFn] = {
@@ -53,6 +58,7 @@ def get_reward_fn(name: str) -> RewardFn:
 __all__ = [
   "REWARD_FNS",
   "RewardFn",
+  "brace_depth",
   "correctness_reward",
   "extract_answer",
   "extract_boxed",
@@ -71,5 +77,8 @@ __all__ = [
   "parse_number",
   "reference_answer",
   "score_batch",
+  "shutdown_workers",
   "think_format",
+  "within_limits",
+  "worker_pids",
 ]

@@ -4,6 +4,12 @@ Pure Python over decoded strings; nothing here is jitted. The built-in checker c
 numerically where both sides parse as numbers (integers and fractions exactly, decimals and
 scientific notation with a relative tolerance) and otherwise as normalised strings; the optional
 `math_verify` backend hands the comparison to the `math-verify` package when it is installed.
+
+Hostile inputs are cut short before any parsing: an answer is read from the last
+`ANSWER_WINDOW_CHARS` characters of a completion only, and a window or answer that is too long
+(`MAX_ANSWER_CHARS`) or nests braces too deep (`MAX_BRACE_DEPTH`) is no answer. Every scan is
+linear in its input. The built-in checker never evaluates powers, factorials or binomials (it
+compares them as strings), so no answer can make it compute a huge number.
 """
 
 from __future__ import annotations
@@ -20,56 +26,102 @@ _EXTRACT_MODES = ("auto", "boxed", "gsm8k", "last_number")
 _BACKENDS = ("builtin", "math_verify")
 _MINUS = "\u2212"  # the Unicode minus sign, as in "−3"
 
+# Input limits, checked before any parsing (see `within_limits`).
+MAX_TEXT_CHARS = 1_000_000  # a longer completion scores 0 in every built-in reward, unread
+ANSWER_WINDOW_CHARS = 10_000  # a completion's answer is read from its last this many characters
+MAX_ANSWER_CHARS = 2_000  # a longer answer (or reference answer) is not compared
+MAX_BRACE_DEPTH = 32  # text whose braces nest deeper is not parsed
+
+_BRACE_TOKEN_RE = re.compile(r"\\.|[{}]", re.DOTALL)  # an escape pair, or a brace
+_BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])(?P<ws>[ \t]*)")
+_BOX_TOKEN_RE = re.compile(r"[^\s$]+")
+
 # ---------------------------------------------------------------------------------------------
 # Extraction
 # ---------------------------------------------------------------------------------------------
 
 
+def brace_depth(text: str) -> int:
+  """The deepest nesting of unescaped `{}` in `text` (one linear pass)."""
+  depth = deepest = 0
+  for m in _BRACE_TOKEN_RE.finditer(text):
+    c = text[m.start()]
+    if c == "{":
+      depth += 1
+      deepest = max(deepest, depth)
+    elif c == "}" and depth:
+      depth -= 1
+  return deepest
+
+
+def within_limits(
+  text: str, max_chars: int = MAX_ANSWER_CHARS, max_depth: int = MAX_BRACE_DEPTH
+) -> bool:
+  """Whether `text` is at most `max_chars` long with braces nested at most `max_depth` deep.
+
+  The guard every built-in verifier applies before parsing; linear in `len(text)`, and
+  constant time for a text that is too long.
+  """
+  if len(text) > max_chars:
+    return False
+  return text.count("{") <= max_depth or brace_depth(text) <= max_depth
+
+
+def _brace_pairs(text: str) -> dict[int, int]:
+  """Index of the matching `}` for every balanced `{` (escaped `\\{`/`\\}` ignored): one pass."""
+  pairs, stack = {}, []
+  for m in _BRACE_TOKEN_RE.finditer(text):
+    i = m.start()
+    if text[i] == "{":
+      stack.append(i)
+    elif text[i] == "}" and stack:
+      pairs[stack.pop()] = i
+  return pairs
+
+
 def _match_brace(text: str, open_idx: int) -> int | None:
   """Index of the `}` matching the `{` at `open_idx` (escaped `\\{`/`\\}` ignored), or None."""
   depth = 0
-  i = open_idx
-  while i < len(text):
-    c = text[i]
-    if c == "\\":
-      i += 2
-      continue
+  for m in _BRACE_TOKEN_RE.finditer(text, open_idx):
+    c = text[m.start()]
     if c == "{":
       depth += 1
     elif c == "}":
       depth -= 1
       if depth == 0:
-        return i
-    i += 1
+        return m.start()
   return None
 
 
 def extract_boxed(text: str) -> list[str]:
-  """All `\\boxed{...}` / `\\fbox{...}` contents in order (nested braces, `\\boxed 5` form)."""
-  out = []
-  pattern = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
+  """All `\\boxed{...}` / `\\fbox{...}` contents in order (nested braces, `\\boxed 5` form).
+
+  Linear in `len(text)`: braces are matched in one pass, however many boxes there are.
+  """
+  out: list[str] = []
+  pairs = None
   pos = 0
   while True:
-    m = pattern.search(text, pos)
+    m = _BOX_RE.search(text, pos)
     if m is None:
       return out
     i = m.end()
-    while i < len(text) and text[i] in " \t":
-      i += 1
     if i < len(text) and text[i] == "{":
-      end = _match_brace(text, i)
+      if pairs is None:
+        pairs = _brace_pairs(text)
+      end = pairs.get(i)
       if end is None:  # unbalanced: no answer here
         pos = i + 1
         continue
       out.append(text[i + 1 : end].strip())
       pos = end + 1
-    elif i > m.end():  # `\boxed 5`: the next whitespace-delimited token
-      tok = re.match(r"[^\s$]+", text[i:])
+    elif m.group("ws"):  # `\boxed 5`: the next whitespace-delimited token
+      tok = _BOX_TOKEN_RE.match(text, i)
       if tok is None:
         pos = i
         continue
       out.append(tok.group(0).rstrip(".,;"))
-      pos = i + tok.end()
+      pos = tok.end()
     else:
       pos = i
 
@@ -107,9 +159,16 @@ def extract_last_number(text: str) -> str | None:
 
 
 def extract_answer(text: str, mode: str = "auto") -> str | None:
-  """The final answer of a completion: 'auto' = last boxed → GSM8K `####` → last number."""
+  """The final answer of a completion: 'auto' = last boxed → GSM8K `####` → last number.
+
+  Only the last `ANSWER_WINDOW_CHARS` characters are read, and a window whose braces nest
+  deeper than `MAX_BRACE_DEPTH` has no answer (None), so the cost is bounded for any input.
+  """
   if mode not in _EXTRACT_MODES:
     raise ValueError(f"extract mode {mode!r} is not one of {_EXTRACT_MODES}")
+  text = text[-ANSWER_WINDOW_CHARS:]
+  if not within_limits(text, max_chars=ANSWER_WINDOW_CHARS):
+    return None
   if mode in ("auto", "boxed"):
     boxed = [b for b in extract_boxed(text) if b]
     if boxed:
@@ -257,18 +316,28 @@ def _divide(a: Number | None, b: Number | None) -> Number | None:
   return float(a) / float(b)
 
 
+def _strip_outer_braces(s: str) -> str:
+  """`{{x}}` → `x`: drops redundant outer brace pairs (linear, one matching pass)."""
+  if not (s.startswith("{") and s.endswith("}")):
+    return s
+  pairs, n, k = _brace_pairs(s), len(s), 0
+  while k < n - 1 - k and pairs.get(k) == n - 1 - k:
+    k += 1
+  return s[k : n - k]
+
+
 def _parse_normalized(s: str) -> Number | None:
   """Parses an already normalised (whitespace-free) string as a number, or None."""
-  s = s.strip()
-  while s.startswith("{") and s.endswith("}") and _match_brace(s, 0) == len(s) - 1:
-    s = s[1:-1]
+  if len(s) > MAX_ANSWER_CHARS:
+    return None
+  s = _strip_outer_braces(s.strip())
   sign = 1
   if s and s[0] in "+-":
     sign = -1 if s[0] == "-" else 1
     s = s[1:]
   if _THOUSANDS_RE.match(s):
     s = s.replace(",", "")
-  if not s or len(s) > 4000:
+  if not s:
     return None
   try:
     value = _parse_unsigned(s)
@@ -281,7 +350,7 @@ def _parse_normalized(s: str) -> Number | None:
 
 def parse_number(s: str) -> Number | None:
   """`s` as a number: Fraction for integers and fractions, float for decimals; else None."""
-  if s is None:
+  if s is None or not within_limits(str(s)):
     return None
   return _parse_normalized(normalize(s))
 
@@ -290,7 +359,10 @@ def _numbers_equal(a: Number, b: Number, rel_tol: float) -> bool:
   """Exact for two Fractions, `math.isclose` (abs floor 1e-12) once either is a float."""
   if isinstance(a, Fraction) and isinstance(b, Fraction):
     return a == b
-  return math.isclose(float(a), float(b), rel_tol=rel_tol, abs_tol=1e-12)
+  try:
+    return math.isclose(float(a), float(b), rel_tol=rel_tol, abs_tol=1e-12)
+  except OverflowError:  # a Fraction beyond float range against a float
+    return False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -387,11 +459,17 @@ def _math_verify_equivalent(pred: str, ref: str) -> bool:
 def is_equivalent(
   pred: str | None, ref: str | None, *, rel_tol: float = 1e-6, backend: str = "builtin"
 ) -> bool:
-  """Whether the answer `pred` matches `ref` (0.5 == 1/2 == \\frac{1}{2}; "2, 3" == "3,2")."""
+  """Whether the answer `pred` matches `ref` (0.5 == 1/2 == \\frac{1}{2}; "2, 3" == "3,2").
+
+  False without parsing when either side fails `within_limits` (too long or too deeply nested).
+  """
   if backend not in _BACKENDS:
     raise ValueError(f"backend {backend!r} is not one of {_BACKENDS}")
   if pred is None or ref is None:
     return False
+  pred, ref = str(pred), str(ref)
+  if not (within_limits(pred) and within_limits(ref)):
+    return False
   if backend == "math_verify":
-    return _math_verify_equivalent(str(pred), str(ref))
-  return _builtin_equivalent(str(pred), str(ref), rel_tol)
+    return _math_verify_equivalent(pred, ref)
+  return _builtin_equivalent(pred, ref, rel_tol)

@@ -1,0 +1,307 @@
+"""Verifiers that cannot hang: real worker processes killed on timeout, a kept pool, input guards.
+
+Everything here runs real processes (no mocks). Hanging terms spin in C holding their GIL, which
+no thread timeout can stop; the process executor must kill them and replace its pool.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pathlib
+import random
+import string
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from jaxrl_llm import verifiers as V
+from jaxrl_llm.verifiers import math as M
+from jaxrl_llm.verifiers import rewards as R
+
+HAS_MATH_VERIFY = importlib.util.find_spec("math_verify") is not None
+EXPLOSIVE = [
+  r"\boxed{9^{9^{9^{9}}}}",
+  r"\boxed{1000000000!}",
+  r"\boxed{(x+1)^{100000}}",
+  r"\boxed{\binom{10^9}{5*10^8}}",
+]
+
+# ---- terms (top-level, so that worker processes can unpickle them) -------------------------
+
+
+def _spins_on_hang(completion: str, reference: str) -> float:
+  """On 'hang': writes this process's pid to the file `reference`, then spins in C for hours."""
+  if "hang" in completion:
+    pathlib.Path(reference).write_text(str(os.getpid()))
+    sum(range(10**13))  # one C call: holds the GIL and never checks for signals
+  return 1.0
+
+
+def _dies_on_die(completion: str, reference: str) -> float:
+  """On 'die': the worker process exits at once (as after a segfault)."""
+  if "die" in completion:
+    os._exit(3)
+  return 1.0
+
+
+def _box(inner: str) -> str:
+  return r"\boxed{" + inner + "}"
+
+
+def _nested(depth: int, core: str = "1") -> str:
+  return "{" * depth + core + "}" * depth
+
+
+def _gone(pid: int, within_s: float = 10.0) -> bool:
+  """Whether process `pid` disappears within `within_s` seconds."""
+  deadline = time.monotonic() + within_s
+  while time.monotonic() < deadline:
+    try:
+      os.kill(pid, 0)
+    except ProcessLookupError:
+      return True
+    time.sleep(0.01)
+  return False
+
+
+# ---- the process executor: default, kills hung calls, keeps its pool ------------------------
+
+
+def test_hung_call_is_killed_through_the_default_executor(tmp_path):
+  pidfile = tmp_path / "pid"
+  t0 = time.monotonic()
+  scores, stats = V.score_batch(
+    ["ok", "hang", "ok"], [str(pidfile)] * 3, terms={"spin": _spins_on_hang}, timeout_s=0.5
+  )
+  elapsed = time.monotonic() - t0
+  np.testing.assert_array_equal(scores["spin"], [1, 0, 1])
+  assert stats["verifier/timeouts/spin"] == 1 and stats["verifier/timeouts"] == 1
+  assert stats["verifier/errors"] == 0
+  assert elapsed < 30.0  # the call alone would spin for hours; a thread would never return
+  assert _gone(int(pidfile.read_text()))  # the worker that ran it was killed (and reaped)
+
+
+def test_kept_pool_is_reused_across_batches_and_replaced_after_a_timeout(tmp_path):
+  quick = {"correct": V.math_correct}
+  completions, references = [_box(str(i)) for i in range(8)], [str(i) for i in range(8)]
+  scores, _ = V.score_batch(completions, references, terms=quick, max_workers=2)
+  np.testing.assert_array_equal(scores["correct"], [1] * 8)
+  first = R.worker_pids()
+  assert 1 <= len(first) <= 2
+  V.score_batch(completions, references, terms=quick, max_workers=2)
+  assert R.worker_pids() == first  # the same worker processes served the second batch
+
+  _, stats = V.score_batch(
+    ["hang"], [str(tmp_path / "pid")], terms={"spin": _spins_on_hang}, timeout_s=0.3, max_workers=2
+  )
+  assert stats["verifier/timeouts"] == 1
+  assert all(_gone(pid) for pid in first)  # the whole pool was killed...
+  scores, stats = V.score_batch(completions, references, terms=quick, max_workers=2)
+  np.testing.assert_array_equal(scores["correct"], [1] * 8)
+  assert stats["verifier/timeouts"] == 0 and stats["verifier/errors"] == 0
+  replaced = R.worker_pids()
+  assert replaced and not set(replaced) & set(first)  # ...and a fresh one took its place
+
+
+def test_calls_sharing_a_task_with_a_hung_call_run_again_untimed(tmp_path):
+  # 40 calls on one worker travel 8 to a task; the hung call's task-mates that had already
+  # returned lose their results with the killed worker, run again, and are not timeouts.
+  completions = ["ok"] * 40
+  completions[5] = "hang"
+  scores, stats = V.score_batch(
+    completions,
+    [str(tmp_path / "pid")] * 40,
+    terms={"spin": _spins_on_hang},
+    timeout_s=0.5,
+    max_workers=1,
+  )
+  np.testing.assert_array_equal(scores["spin"], [0 if c == "hang" else 1 for c in completions])
+  assert stats["verifier/timeouts"] == 1 and stats["verifier/errors"] == 0
+
+
+def test_dead_worker_counts_as_an_error_and_the_pool_is_replaced():
+  terms = {"die": _dies_on_die}
+  scores, stats = V.score_batch(["die"], [""], terms=terms, max_workers=2)
+  assert scores["die"][0] == 0 and stats["verifier/errors"] == 1
+  scores, stats = V.score_batch(["fine"] * 4, [""] * 4, terms=terms, max_workers=2)
+  np.testing.assert_array_equal(scores["die"], [1] * 4)
+  assert stats["verifier/errors"] == 0
+
+
+def test_concurrent_batches_each_get_correct_scores():
+  terms = {"correct": V.math_correct}
+  results = {}
+
+  def run(k):
+    completions = [_box(str(k * 100 + i)) for i in range(20)]
+    refs = [str(k * 100 + i) if i % 2 else "-1" for i in range(20)]
+    results[k] = V.score_batch(completions, refs, terms=terms, max_workers=2)
+
+  threads = [threading.Thread(target=run, args=(k,)) for k in range(3)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  for scores, stats in results.values():
+    np.testing.assert_array_equal(scores["correct"], [i % 2 for i in range(20)])
+    assert stats["verifier/errors"] == 0 and stats["verifier/timeouts"] == 0
+
+
+def test_shutdown_workers_stops_the_kept_pool():
+  V.score_batch(["a", "b"], ["a", "b"], terms={"c": V.math_correct}, max_workers=2)
+  pids = R.worker_pids()
+  assert pids
+  R.shutdown_workers()
+  assert R.worker_pids() == [] and all(_gone(pid) for pid in pids)
+
+
+# ---- guards before parsing --------------------------------------------------------------------
+
+
+def test_guard_rejects_deep_nesting_and_long_answers():
+  limit = M.MAX_BRACE_DEPTH
+  assert M.brace_depth("a{b{c}d}{e}") == 2
+  assert M.brace_depth(r"\{\{\{1\}\}\}") == 0  # escaped braces do not nest
+  assert M.brace_depth("}}}{") == 1  # stray closing braces are ignored
+  assert M.within_limits(_nested(limit))
+  assert not M.within_limits(_nested(limit + 1))
+  assert M.within_limits("1" * M.MAX_ANSWER_CHARS)
+  assert not M.within_limits("1" * (M.MAX_ANSWER_CHARS + 1))
+  assert not V.is_equivalent(_nested(limit + 1), _nested(limit + 1))  # refused, even if equal
+  assert V.parse_number(_nested(limit + 1)) is None
+
+
+def test_rewards_apply_the_guards():
+  limit = M.MAX_BRACE_DEPTH
+  # The box adds one level: an answer nested to the limit still parses, one more does not.
+  assert V.math_correct(_box(_nested(limit - 1)), "1") == 1.0
+  assert V.math_correct(_box(_nested(limit)), "1") == 0.0
+  # A braced group renders as its contents: redundant braces are stripped (in linear time).
+  assert V.math_correct(r"\boxed{{{1}}}", "1") == 1.0
+  # The answer is read from the tail; far earlier text does not matter, however long.
+  assert V.math_correct("so on " * 20_000 + _box("7"), "7") == 1.0
+  assert V.extract_answer(_box("7") + "." * M.ANSWER_WINDOW_CHARS) is None
+  # A completion beyond MAX_TEXT_CHARS scores 0 in every built-in term, unread.
+  huge = "x" * M.MAX_TEXT_CHARS + r"<think>a</think> \boxed{7}" + "\n#### 7"
+  for name in V.REWARD_FNS:
+    if name != "math_verify_correct":
+      assert V.get_reward_fn(name)(huge, "7") == 0.0, name
+
+
+def test_extract_boxed_is_unchanged_by_the_linear_matcher():
+  text = r"a \boxed{x^{2}} \boxed{\{1\}} \fbox 5, \boxed{ {{3}} } \boxed{open"
+  assert V.extract_boxed(text) == ["x^{2}", r"\{1\}", "5", "{{3}}"]
+  assert V.extract_boxed(r"\boxed{" * 5000) == []  # unbalanced boxes: no answer, one pass
+  assert V.extract_boxed(r"\boxed{\boxed{1}}") == [r"\boxed{1}"]
+
+
+def test_hostile_payloads_score_zero_within_the_time_limit():
+  rnd = random.Random(0)
+  noise = "".join(
+    rnd.choice(string.ascii_letters + string.digits + " {}\\^_.,") for _ in range(1 << 20)
+  )
+  payloads = [_box(_nested(n)) for n in (2_000, 8_000, 32_000, 499_000)]  # 4 KB ... 1 MB
+  payloads += [noise[: 1 << 14], noise, r"\boxed{" * 100_000, "1" + ",111" * 200_000]
+  payloads += EXPLOSIVE
+  terms = {n: V.get_reward_fn(n) for n in ("math_correct", "math_format_boxed", "gsm8k_correct")}
+  scores, stats = V.score_batch(payloads, ["2"] * len(payloads), terms=terms, timeout_s=5.0)
+  # Before the guards, math_correct took 92 s on the 64 KB nesting alone.
+  assert stats["verifier/timeouts"] == 0 and stats["verifier/errors"] == 0
+  np.testing.assert_array_equal(scores["math_correct"], 0)
+  np.testing.assert_array_equal(scores["gsm8k_correct"], 0)
+
+
+def test_explosive_payloads_are_compared_as_strings_by_the_builtin_checker():
+  for p in EXPLOSIVE:
+    assert V.math_correct(p, "1") == 0.0
+    assert V.math_correct(p, p) == 1.0  # the same expression matches itself, unevaluated
+  assert not V.is_equivalent("1e400", "9" * 1000)  # beyond float range: no OverflowError
+
+
+@pytest.mark.skipif(not HAS_MATH_VERIFY, reason="math-verify is not installed")
+def test_explosive_payloads_through_math_verify_are_timed_out():
+  t0 = time.monotonic()
+  scores, stats = V.score_batch(
+    EXPLOSIVE,
+    ["1"] * len(EXPLOSIVE),
+    terms={"mv": V.math_verify_correct},
+    timeout_s=2.0,
+    max_workers=len(EXPLOSIVE),
+  )
+  # Through a thread, 9^{9^{9^{9}}} never returned (150 s and counting).
+  assert time.monotonic() - t0 < 60.0
+  np.testing.assert_array_equal(scores["mv"], 0)
+  assert stats["verifier/timeouts"] == len(EXPLOSIVE) and stats["verifier/errors"] == 0
+
+
+# ---- the trainer's host-reward path -----------------------------------------------------------
+
+
+def test_file_task_reports_verifier_timeouts(tmp_path):
+  # Imported here: worker processes import this module to find its terms, and should not pay
+  # for the tokenizer and data stack.
+  from text_fixtures import build_bpe_tokenizer
+
+  from jaxrl_llm.file_task import FileTask
+  from jaxrl_llm.text import HFTokenizer
+
+  tok = HFTokenizer.from_dir(build_bpe_tokenizer(tmp_path / "tok"))
+  rows = [tok.encode("hang"), tok.encode(r"so \boxed{1}")]
+  width = max(map(len, rows)) + 1
+  eos = tok.encode("<|endoftext|>")[0]
+  completions = np.array([r + [eos] * (width - len(r)) for r in rows], np.int32)
+  task = FileTask(
+    tokenizer=tok,
+    train_records=[],
+    eval_records=[],
+    template="plain",
+    prompt_len=8,
+    max_new_tokens=width,
+    reward_fns={"spin": _spins_on_hang},
+    timeout_s=0.5,
+  )
+  terms, stats = task.host_reward_terms(completions, [str(tmp_path / "pid"), "1"])
+  np.testing.assert_array_equal(terms["spin"], [0, 1])
+  np.testing.assert_array_equal(terms["correct"], [0, 1])
+  # train.host_reward_step logs these stats with the step's metrics.
+  assert stats["verifier/timeouts"] == 1 and stats["verifier/timeouts/spin"] == 1
+
+
+# ---- leaks -------------------------------------------------------------------------------------
+
+
+def _open_fds() -> int:
+  return len(os.listdir("/proc/self/fd"))
+
+
+def _children() -> list[int]:
+  psutil = pytest.importorskip("psutil")
+  return sorted(p.pid for p in psutil.Process().children(recursive=True))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+def test_a_thousand_hostile_calls_leak_no_process_or_file_descriptor(tmp_path):
+  terms = {"correct": V.math_correct, "spin": _spins_on_hang}
+  ok = ([_box("1")] * 8, ["1"] * 8)
+  V.score_batch(*ok, terms=terms, max_workers=2)  # the kept pool, at full strength
+  fds, children = _open_fds(), _children()
+  hostile = [_box(_nested(40_000)), r"\boxed{" * 20_000, *EXPLOSIVE, _box("1"), "x" * 70_000]
+  calls = 0
+  for k in range(21):
+    completions = [hostile[(k + i) % len(hostile)] for i in range(24)]
+    if k % 4 == 0:
+      completions[k % 24] = "hang"  # every fourth batch kills and replaces the pool
+    _, stats = V.score_batch(
+      completions, [str(tmp_path / "pid")] * 24, terms=terms, timeout_s=0.5, max_workers=2
+    )
+    calls += 24 * len(terms)
+    assert stats["verifier/errors"] == 0
+    assert stats["verifier/timeouts"] == (k % 4 == 0)
+  assert calls >= 1_000  # 21 batches x 24 hostile completions x 2 terms
+  V.score_batch(*ok, terms=terms, max_workers=2)  # the last pool back to full strength
+  assert _open_fds() <= fds + 2
+  assert len(_children()) <= len(children)
