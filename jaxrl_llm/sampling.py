@@ -55,10 +55,13 @@ class _LoopState:
   logits: jax.Array  # [B, V] float32, next-token logits
   cache: KVCache
   rng: jax.Array
-  routing: jax.Array | None  # [B, S+T, Lm, K] experts used per processed token (MoE only)
+  routing: (
+    jax.Array | None
+  )  # [B, S+T, Lm, K] experts used per processed token (MoE only; -1: never reached)
 
 
 DECODE_SCOPE = "decode"  # jax.named_scope of the decode while_loop
+NEVER_ROUTED = -1  # routing entry of a token slot the decode loop never reached
 
 
 def _restrict(logp: jax.Array, top_k: int, top_p: float) -> jax.Array:
@@ -126,7 +129,9 @@ def sample(
   routing = None
   if out.moe is not None:  # record the prompt's routing, then each generated token's
     r = out.moe.routing  # [P, S, Lm, K]
-    pad = jnp.zeros((num_prompts, t_max, *r.shape[2:]), r.dtype)
+    # Slots the loop never reaches (it stops once every row has ended) keep the sentinel -1:
+    # replay there falls back to the router's own choice, and no statistic counts them.
+    pad = jnp.full((num_prompts, t_max, *r.shape[2:]), NEVER_ROUTED, r.dtype)
     routing = repeat(jnp.concatenate([r, pad], axis=1))
   key_valid = repeat(key_valid)
   next_pos = repeat(positions[:, -1] + 1)  # [B]

@@ -261,3 +261,56 @@ def test_the_sft_warm_start_is_checkpointed_and_not_redone(tmp_path):
       states.append(ckpt.restore(2, abstract)[0])
   for a, b in zip(jax.tree.leaves(states[0].params), jax.tree.leaves(states[1].params)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def _parquet(path, table):
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+
+  pq.write_table(pa.table(table), path)
+  return path
+
+
+BAD_FILES = {
+  "non-utf8": (
+    lambda p: p.with_suffix(".jsonl").write_bytes(b'{"prompt": "caf\xe9", "answer": "1"}\n'),
+    r"bad\.jsonl: could not read the file as UTF-8",
+  ),
+  "deep-nesting": (
+    lambda p: p.with_suffix(".jsonl").write_text(
+      '{"prompt": "q", "answer": ' + "[" * 100_000 + "]" * 100_000 + "}\n"
+    ),
+    r"bad\.jsonl:1: JSON nested too deeply",
+  ),
+  "lone-surrogate": (
+    lambda p: p.with_suffix(".jsonl").write_text('{"prompt": "q \\udc80", "answer": "1"}\n'),
+    r"bad\.jsonl:1: field 'prompt' holds '\\\\udc80'",
+  ),
+  "10MB-line": (
+    lambda p: p.with_suffix(".jsonl").write_text('{"prompt": "' + "x" * 10_000_000 + '"\n'),
+    r"bad\.jsonl:1: not valid JSON",
+  ),
+  "parquet-wrong-schema": (
+    lambda p: _parquet(p.with_suffix(".parquet"), {"question": ["q"], "answer": ["1"]}),
+    r"bad\.parquet.*'prompt'",
+  ),
+  "parquet-prompt-not-text": (
+    lambda p: _parquet(p.with_suffix(".parquet"), {"prompt": [1, 2], "answer": ["1", "2"]}),
+    r"bad\.parquet.*prompt field 'prompt' holds a int",
+  ),
+  "all-answers-null": (
+    lambda p: p.with_suffix(".jsonl").write_text('{"prompt": "q", "answer": null}\n'),
+    r"bad\.jsonl.*null, NaN or empty answer",
+  ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_FILES))
+def test_bad_data_files_stop_with_the_file_named(tmp_path, case):
+  from jaxrl_llm import datasets
+
+  write, message = BAD_FILES[case]
+  write(tmp_path / "bad")
+  (path,) = list(tmp_path.iterdir())
+  with pytest.raises(datasets.DataError, match=message):
+    datasets.load_records([str(path)])

@@ -70,6 +70,25 @@ def test_sampler_records_routing_of_every_processed_token():
   np.testing.assert_array_equal(np.asarray(sc.moe.routing)[valid], np.asarray(r.routing)[valid])
 
 
+def test_slots_the_decode_loop_never_reaches_hold_the_routing_sentinel():
+  """One prompt, near-greedy sampling, and its greedy first token as EOS: every row ends after
+  one step, so the loop stops and slots 2..8 are never routed (-1, never expert 0). Replaying
+  that routing uses the router's own choice there and counts no disagreement."""
+  model, params, prompt, mask = _moe_model()
+  prompt, mask = jnp.repeat(prompt[1:2], 4, axis=0), jnp.repeat(mask[1:2], 4, axis=0)
+  first = score(model, params, prompt, mask, jnp.zeros((4, 1), jnp.int32), 1.0, full_logits=True)
+  greedy = int(jnp.argmax(first.logits[0, 0]))
+  cfg = SamplingConfig(max_new_tokens=8, group_size=2, eos_id=greedy, temperature=1e-4)
+  r = jax.jit(lambda p, k: sample(model, p, prompt, mask, k, cfg))(params, jax.random.PRNGKey(5))
+  routing = np.asarray(r.routing)
+  assert np.all(np.asarray(r.tokens)[:, 0] == greedy)
+  assert np.all(routing[:, 6 + 1 :] == -1) and np.all(routing[:, : 6 + 1] >= 0)
+  own = score(model, params, r.prompt_tokens, r.prompt_mask, r.tokens, 1.0)
+  replayed = score(model, params, r.prompt_tokens, r.prompt_mask, r.tokens, 1.0, routing=r.routing)
+  np.testing.assert_array_equal(np.asarray(replayed.logp), np.asarray(own.logp))
+  assert not np.any(np.asarray(replayed.moe.own_differs))
+
+
 @pytest.mark.parametrize("top_k", [1, 2])
 def test_r3_replay_reproduces_sampler_logprobs_after_router_change(top_k):
   model, params, prompt, mask = _moe_model(top_k=top_k)

@@ -272,7 +272,8 @@ class MoEMLP(nn.Module):
     'route_differs' [B, N] bool, whether the router's own top-k set differs from the replayed
     set (all False without replay; §9 metric).
 
-    Replay (§9): the experts in `replay` are used, with gates recomputed from the current
+    Replay (§9): the experts in `replay` are used (tokens whose entry is negative, slots the
+    sampler never reached, use the router's own choice), with gates recomputed from the current
     router logits by the same normalisation as unreplayed routing (softmax over the replayed
     experts' logits when `normalize_gates`), so the router still receives gradient.
     """
@@ -301,8 +302,10 @@ class MoEMLP(nn.Module):
       differs = jnp.zeros((b, n), bool)
     else:
       chex.assert_shape(replay, (b, n, k))
-      idx = replay.astype(jnp.int32)
-      differs = jnp.any(jnp.sort(own_idx, axis=-1) != jnp.sort(idx, axis=-1), axis=-1)
+      replay = replay.astype(jnp.int32)
+      recorded = jnp.all(replay >= 0, axis=-1)  # a negative entry: a slot never routed (-1)
+      idx = jnp.where(recorded[..., None], replay, own_idx)
+      differs = recorded & jnp.any(jnp.sort(own_idx, axis=-1) != jnp.sort(idx, axis=-1), axis=-1)
     gates = _gates(logits, idx, moe.normalize_gates)  # [B, N, K] float32
 
     # Experts: SwiGLU weights stacked on a leading expert axis, fan-in = D (or F for down).
