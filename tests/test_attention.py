@@ -245,7 +245,9 @@ def test_cudnn_bf16_matches_einsum():
   assert e_k <= 2 * e_k_bf16 + 1e-2, (e_k, e_k_bf16)
 
 
-@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (4, 2), (6, 1)])
+@pytest.mark.parametrize(
+  "heads,kv_heads", [pytest.param(4, 4, marks=pytest.mark.slow), (4, 2), (6, 1)]
+)
 def test_one_query_form_matches_reference_values_and_gradients(heads, kv_heads):
   """The decode-step einsums (query axis dropped) equal the reference at Q = 1: values and the
   gradients through q, keys and values, with masked slots and a fully padded row."""

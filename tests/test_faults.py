@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -314,3 +315,72 @@ def test_bad_data_files_stop_with_the_file_named(tmp_path, case):
   (path,) = list(tmp_path.iterdir())
   with pytest.raises(datasets.DataError, match=message):
     datasets.load_records([str(path)])
+
+
+def _committed(root):
+  if not root.exists():
+    return set()
+  return {
+    int(p.name) for p in root.iterdir() if p.name.isdigit() and (p / "commit_success.txt").exists()
+  }
+
+
+def _launch(workdir, *args):
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  cmd = [sys.executable, "-m", "jaxrl_llm.main", "--config=configs/default.py"]
+  cmd += [f"--workdir={workdir}", *TINY_CLI, *args]
+  return subprocess.Popen(
+    cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+  )
+
+
+@pytest.mark.slow  # ~6 min: a dozen launches of the command line
+def test_kill_9_at_random_points_and_mid_save_resumes_to_the_uninterrupted_result(tmp_path):
+  """SIGKILL ten times (half the kills the moment a save's temporary directory appears, half
+  at random times), relaunching each time: every relaunch resumes from the newest step
+  committed before the kill (at most one checkpoint interval lost), and the final parameters
+  equal an uninterrupted run's bit for bit."""
+  run = ("--config.sft.steps=0", "--config.train.num_steps=12", "--config.train.checkpoint_every=1")
+  straight = tmp_path / "straight"
+  proc = _launch(straight, *run)
+  assert proc.wait(timeout=600) == 0, proc.stderr.read()[-3000:]
+  killed = tmp_path / "killed"
+  root = killed / "checkpoints"
+  rng = np.random.default_rng(0)
+  mid_save = 0
+  for i in range(10):
+    proc = _launch(killed, *run)
+    deadline = time.monotonic() + (rng.uniform(5, 25) if i % 2 else 120)
+    while proc.poll() is None and time.monotonic() < deadline:
+      if (
+        i % 2 == 0
+        and root.exists()
+        and any(".orbax-checkpoint-tmp" in p.name for p in root.iterdir())
+      ):
+        mid_save += 1
+        break
+      time.sleep(0.005)
+    before = _committed(root)
+    proc.kill()
+    proc.wait()
+    if before and max(before) == 12:
+      break  # finished before the kill
+    relaunch = _launch(killed, *run, "--config.train.stop_after_steps=1")
+    err = relaunch.communicate(timeout=600)[1]
+    assert relaunch.returncode == 0, err[-3000:]
+    if before:
+      resumed = int(err.split("at step ")[1].split()[0]) if "resumed from" in err else 0
+      assert resumed >= max(before), (resumed, sorted(before))
+  assert mid_save >= 3, mid_save
+  final = _launch(killed, *run)
+  assert final.wait(timeout=600) == 0, final.stderr.read()[-3000:]
+  config = tiny_config()
+  abstract = jax.tree.map(
+    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), train.build(config).state
+  )
+  states = []
+  for workdir in (straight, killed):
+    with checkpoint.Checkpointer(workdir, save_every=1) as ckpt:
+      states.append(ckpt.restore(12, abstract)[0])
+  for a, b in zip(jax.tree.leaves(states[0]), jax.tree.leaves(states[1])):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -25,7 +25,10 @@ def one_device():
   return run_steps(tiny_config(**BASE, **{"mesh.data": 1}), 2)
 
 
-@pytest.mark.parametrize("mesh", list(MESHES))
+@pytest.mark.parametrize(
+  "mesh",
+  [pytest.param("fsdp8", marks=pytest.mark.slow), "fsdp4_model2"],  # 4x2 covers both
+)
 def test_fsdp_mesh_matches_one_device(mesh, one_device):
   config = tiny_config(**BASE, **MESHES[mesh])
   exp = train.build(config)
@@ -71,7 +74,14 @@ def _compiled_step_text(exp, ctx=None) -> str:
   return jitted.lower(exp.state, batch, key).compile().as_text()
 
 
-@pytest.mark.parametrize("mesh,scan", [("fsdp8", False), ("fsdp8", True), ("fsdp4_model2", False)])
+@pytest.mark.parametrize(
+  "mesh,scan",
+  [
+    ("fsdp8", False),
+    pytest.param("fsdp8", True, marks=pytest.mark.slow),
+    pytest.param("fsdp4_model2", False, marks=pytest.mark.slow),
+  ],
+)
 def test_decode_loop_gathers_no_weights(mesh, scan):
   exp = train.build(
     tiny_config(**BASE, **MESHES[mesh], **{"model.scan_layers": scan}), abstract=True

@@ -14,7 +14,12 @@ def _one_step(config):
 
 
 @pytest.mark.parametrize(
-  "dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.slow), "int8"]
+  "dtype",
+  [
+    pytest.param("float32", marks=pytest.mark.slow),
+    pytest.param("bfloat16", marks=pytest.mark.slow),
+    "int8",
+  ],
 )
 def test_sampler_precision_drives_mismatch_metrics(dtype):
   config = tiny_config(**{"sampling.param_dtype": dtype, "correction.name": "tis_token"})
@@ -61,8 +66,8 @@ REJECTING = {
 
 @pytest.mark.parametrize(
   ("aggregation", "extra"),
-  [  # two in the default tier, the other aggregations in the slow one
-    ("token_mean", {}),
+  [  # one in the default tier, the other aggregations in the slow one
+    pytest.param("token_mean", {}, marks=pytest.mark.slow),
     pytest.param("seq_mean_token_mean", {}, marks=pytest.mark.slow),
     pytest.param("seq_mean_token_sum_norm", {}, marks=pytest.mark.slow),
     pytest.param(  # verl's

@@ -55,6 +55,9 @@ SLOW_RECIPES = {
   "moe_grpo",
   "moe_gspo",
   "moe_rspo",
+  "rspo",  # the MoE router-shift path runs in moe_default too
+  "gspo",  # sequence ratios: tests/test_rl_settings.py runs gspo from the command line
+  "olmo3",
 }
 
 

@@ -43,7 +43,7 @@ def _batch():
   return prompts, mask, tokens
 
 
-@pytest.mark.parametrize("scan", [False, True])
+@pytest.mark.parametrize("scan", [False, pytest.param(True, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("remat", ["none", "full"])
 @pytest.mark.parametrize("k", [pytest.param(2, marks=pytest.mark.slow), 4])
 def test_shared_prompt_scores_and_gradients_equal_the_unshared_pass(k, remat, scan):
@@ -100,7 +100,7 @@ def test_block_shuffle_and_split_keep_prompt_blocks_together():
 @pytest.mark.parametrize(
   "extra",
   [
-    {},  # one microbatch: blocks of G = 4
+    pytest.param({}, marks=pytest.mark.slow),  # one microbatch: blocks of G = 4
     {"rl.num_microbatches": 2, "kl.beta": 0.05, "rl.old_pass": "always"},  # blocks of 2 rows
   ],
 )
