@@ -10,6 +10,7 @@ import importlib.util
 import logging as std_logging
 import os
 import sys
+import threading
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -21,7 +22,14 @@ _CONFIG = config_flags.DEFINE_config_file(
 )
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and TensorBoard logs.")
 _DISTRIBUTED = flags.DEFINE_bool(
-  "distributed", False, "Call jax.distributed.initialize() first (multi-host TPU/GPU jobs)."
+  "distributed",
+  False,
+  "Join a multi-process job first (jax.distributed.initialize; the coordinator comes from the "
+  "platform, or from JAXRL_LLM_COORDINATOR/_NUM_PROCESSES/_PROCESS_ID as tools/launch_local.py "
+  "sets them).",
+)
+_JOIN_TIMEOUT_S = flags.DEFINE_integer(
+  "join_timeout_s", 300, "With --distributed: give up joining the job after this many seconds."
 )
 _DRY_RUN = flags.DEFINE_bool(
   "dry_run",
@@ -43,11 +51,12 @@ flags.mark_flags_as_required(["config"])
 
 def _user_errors() -> tuple[type[BaseException], ...]:
   """Failure classes whose message says what was wrong and what is allowed (exit code 2)."""
-  from jaxrl_llm import checkpoint, datasets, train
+  from jaxrl_llm import checkpoint, datasets, distributed, train
   from jaxrl_llm.models import hf_config
 
   return (
     config_lib.ConfigError,
+    distributed.DistributedError,
     checkpoint.CheckpointMismatchError,
     checkpoint.CorruptCheckpointError,
     checkpoint.NonFiniteStateError,
@@ -90,10 +99,15 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.INFO)
   quiet_library_logs(tracebacks=_DEBUG.value)
-  import jax
+
+  from jaxrl_llm import distributed
 
   if _DISTRIBUTED.value:
-    jax.distributed.initialize()
+    try:
+      distributed.initialize(_JOIN_TIMEOUT_S.value)
+    except distributed.DistributedError as e:
+      print(f"error: {e}", file=sys.stderr, flush=True)
+      sys.exit(2)
   from jaxrl_llm import plan, train  # heavy imports after flag parsing
 
   if _DRY_RUN.value:
@@ -130,15 +144,30 @@ class _LibraryInfoFilter(std_logging.Filter):
     self.tracebacks = tracebacks
 
   def filter(self, record: std_logging.LogRecord) -> bool:
-    noisy = any(f"{os.sep}{lib}{os.sep}" in record.pathname for lib in ("orbax", "grain"))
-    if noisy and record.exc_info and not self.tracebacks:
+    libs = ("orbax", "grain", "asyncio", "concurrent")
+    noisy = any(f"{os.sep}{lib}{os.sep}" in record.pathname for lib in libs)
+    if noisy and not self.tracebacks:
       record.exc_info, record.exc_text = None, None
+      message = record.getMessage()
+      if "Traceback (most recent call last)" in message:
+        record.msg, record.args = message.split("Traceback (most recent call last)")[0], None
     return record.levelno >= std_logging.WARNING or not noisy
 
 
 def quiet_library_logs(tracebacks: bool = False) -> None:
-  """Keeps the training log readable: progress lines, not library internals."""
-  std_logging.getLogger("absl").addFilter(_LibraryInfoFilter(tracebacks))
+  """Keeps the training log readable: progress lines, not library internals. Unless
+  `tracebacks`, an exception escaping a library's background thread is one log line too."""
+  quiet = _LibraryInfoFilter(tracebacks)
+  std_logging.getLogger("absl").addFilter(quiet)
+  for handler in std_logging.getLogger().handlers:  # records of every logger pass these
+    handler.addFilter(quiet)
+  if not tracebacks:
+
+    def one_line(args: threading.ExceptHookArgs) -> None:
+      name = args.thread.name if args.thread else "?"
+      logging.error("thread %s stopped: %s: %s", name, args.exc_type.__name__, args.exc_value)
+
+    threading.excepthook = one_line
 
 
 def check_overrides(argv: list[str]) -> None:

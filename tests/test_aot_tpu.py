@@ -60,7 +60,7 @@ MOE = {
 
 @pytest.mark.parametrize(
   "mesh",
-  [{"mesh.expert": 4, "mesh.fsdp": 1}, pytest.param({}, marks=pytest.mark.slow)],
+  [pytest.param(m, marks=pytest.mark.slow) for m in ({"mesh.expert": 4, "mesh.fsdp": 1}, {})],
   ids=["expert4", "fsdp4"],
 )
 def test_moe_step_compiles_for_a_v5e_slice(v5e_2x2, mesh):

@@ -19,6 +19,7 @@ def _load(name):
 bench = _load("bench")
 
 
+@pytest.mark.slow  # ~30 s: a whole benchmark run
 def test_bench_reports_all_measurements_at_the_tiny_shape():
   result = bench.run(bench.shape_config("tiny"), steps=2, shape="tiny")
   json.dumps(result)  # serialisable

@@ -66,7 +66,7 @@ REJECTING = {
 
 @pytest.mark.parametrize(
   ("aggregation", "extra"),
-  [  # one in the default tier, the other aggregations in the slow one
+  [  # all in the slow tier (microbatching is also covered by test_share_prompt)
     pytest.param("token_mean", {}, marks=pytest.mark.slow),
     pytest.param("seq_mean_token_mean", {}, marks=pytest.mark.slow),
     pytest.param("seq_mean_token_sum_norm", {}, marks=pytest.mark.slow),
@@ -74,7 +74,7 @@ REJECTING = {
       "seq_mean_token_sum_norm", {"aggregation.sum_norm_sequences": False}, marks=pytest.mark.slow
     ),
     pytest.param("token_mean", REJECTING, marks=pytest.mark.slow),
-    ("seq_mean_token_mean", REJECTING),
+    pytest.param("seq_mean_token_mean", REJECTING, marks=pytest.mark.slow),
   ],
   ids=["token_mean", "seq_mean_token_mean", "sum_norm", "sum_norm_verl", "token_rej", "seq_rej"],
 )

@@ -177,7 +177,9 @@ def _assert_same_runs(run_a, run_b, keys, rtol):
 MOE = {"model.moe_num_experts": 4, "model.moe_top_k": 2, "model.moe_expert_mlp_dim": 32}
 
 
-@pytest.mark.parametrize("dtype", [pytest.param("bfloat16", marks=pytest.mark.slow), "int8"])
+@pytest.mark.parametrize(
+  "dtype", [pytest.param(d, marks=pytest.mark.slow) for d in ("bfloat16", "int8")]
+)
 def test_low_precision_sampler_routing_disagreement(dtype):
   free = tiny_config(**MOE, **{"sampling.param_dtype": dtype, "replay.name": "none"})
   _, (m,) = _step_metrics(free)
@@ -195,7 +197,7 @@ EP = {**MOE, "model.moe_num_experts": 8, "replay.name": "r2", "rl.num_prompts": 
   "mesh,impl",
   [
     pytest.param({"mesh.expert": 8}, "ragged", marks=pytest.mark.slow),
-    ({"mesh.expert": 4, "mesh.data": 2}, "portable"),
+    pytest.param({"mesh.expert": 4, "mesh.data": 2}, "portable", marks=pytest.mark.slow),
     pytest.param({"mesh.expert": 8}, "portable", marks=pytest.mark.slow),
     pytest.param({"mesh.expert": 4, "mesh.data": 2}, "ragged", marks=pytest.mark.slow),
     pytest.param({"mesh.expert": 2, "mesh.fsdp": 4}, "portable", marks=pytest.mark.slow),

@@ -58,6 +58,7 @@ SLOW_RECIPES = {
   "rspo",  # the MoE router-shift path runs in moe_default too
   "gspo",  # sequence ratios: tests/test_rl_settings.py runs gspo from the command line
   "olmo3",
+  "ppo",  # the critic path: tests/test_rl_loss.py and test_rl_settings.py
 }
 
 
