@@ -41,7 +41,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
-from jaxrl_llm import optim
+from jaxrl_llm import distributed, optim
 
 PyTree = Any
 
@@ -526,6 +526,7 @@ class Checkpointer:
         target, n = self.directory / f"{base}-{n}", n + 1
       logging.warning("moving unusable checkpoint step %d aside to %s", step, target)
       path.rename(target)
+    distributed.barrier(f"checkpoint-corrupt-{step}")  # every process sees it gone
     self._manager.reload()
 
   def wait(self) -> None:

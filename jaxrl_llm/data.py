@@ -75,8 +75,10 @@ def make_prompt_iterator(
   """Checkpointable iterator of batches ``{key: [batch_size, ...] numpy array}``.
 
   Pipeline: source → shuffle(seed) (reshuffled each epoch) → repeat(num_epochs; None repeats
-  forever) → this shard's every ``shard_count``-th element → batch(drop_remainder=True). All
-  shards must use the same seed; their streams are then disjoint within each epoch.
+  forever) → global batch of ``batch_size * shard_count`` rows (drop_remainder=True) → this
+  shard's contiguous block of ``batch_size`` rows. All shards must use the same seed: they then
+  read disjoint blocks of the same global batches, so the global batch (the rows assembled over
+  the processes, in process order) does not depend on the number of processes.
 
   Args:
     examples: dict of numpy arrays sharing the leading dimension N (e.g. a task's
@@ -97,7 +99,7 @@ def make_prompt_iterator(
       f"{shard_index}, shard_count={shard_count}."
     )
   per_shard = n // shard_count
-  if batch_size < 1 or batch_size > per_shard:
+  if batch_size < 1 or batch_size > per_shard:  # a global batch must fit in the data
     raise ValueError(
       f"batch_size must be in [1, {per_shard}] (N={n} rows over {shard_count} shard(s)); "
       f"got {batch_size}."
@@ -111,8 +113,10 @@ def make_prompt_iterator(
   if shuffle:
     ds = ds.shuffle(seed=seed)
   ds = ds.repeat(num_epochs)
-  ds = ds[shard_index::shard_count]
-  ds = ds.batch(batch_size, drop_remainder=True, batch_fn=batch_fn)
+  ds = ds.batch(batch_size * shard_count, drop_remainder=True, batch_fn=batch_fn)
+  if shard_count > 1:
+    block = slice(shard_index * batch_size, (shard_index + 1) * batch_size)
+    ds = ds.map(lambda batch: {k: v[block] for k, v in batch.items()})
   # Data is already in memory: read in the calling thread, no prefetch threads.
   read_options = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
   return iter(ds.to_iter_dataset(read_options))

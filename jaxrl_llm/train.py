@@ -21,10 +21,11 @@ import ml_collections
 import numpy as np
 import optax
 from absl import logging
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_llm import checkpoint as ckpt_lib
-from jaxrl_llm import config_lib, data, file_task, quant, sharding, tasks
+from jaxrl_llm import config_lib, data, distributed, file_task, quant, sharding, tasks
 from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.transformer import Transformer, positions_from_mask
@@ -475,12 +476,23 @@ def abstract_batch(exp: Experiment) -> PromptBatch:
 
 
 def host_reward_step(exp: Experiment, state: TrainState, np_batch: dict, rng: jax.Array):
-  """One RL update with host verifiers: jitted sampler → decode + verify → jitted learner."""
+  """One RL update with host verifiers: jitted sampler → decode + verify → jitted learner.
+
+  Each process decodes and scores its own rows (its prompts' groups); the learner gets the
+  global reward terms. Verifier counts are summed over processes."""
   batch = to_global_batch(np_batch, exp.batch_sharding)
   rollout = exp.program.sample(state, batch, rng)
-  completions = np.asarray(jax.device_get(rollout.tokens))
+  completions = distributed.local_rows(rollout.tokens)
   references = np.repeat(np.asarray(np_batch["answer"]), exp.config.sampling.group_size)
   terms, stats = exp.task.host_reward_terms(completions, references)
+  if jax.process_count() > 1:
+    terms = {
+      k: jax.make_array_from_process_local_data(exp.batch_sharding, np.asarray(v, np.float32))
+      for k, v in terms.items()
+    }
+    keys = sorted(stats)
+    summed = multihost_utils.process_allgather(np.asarray([stats[k] for k in keys], np.float64))
+    stats = dict(zip(keys, np.sum(np.asarray(summed), axis=0)))
   state, metrics = exp.program.learn(state, rollout, terms, rng)
   metrics = dict(metrics)
   metrics.update({k: np.float32(v) for k, v in stats.items()})
@@ -498,6 +510,10 @@ def _text_summary(task, m: dict, limit: int) -> str:
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Runs the experiment in `workdir` (resuming from its latest checkpoint); returns last eval."""
+  try:
+    distributed.check_same_config(config)
+  except ValueError as err:
+    raise config_lib.ConfigError(str(err)) from None
   exp = build(config)
   tr = config.train
   writer = metrics_lib.SummaryWriter(workdir)
@@ -506,11 +522,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     per_process = config_lib.num_sampled_prompts(config) // jax.process_count()
     shard = {"shard_index": jax.process_index(), "shard_count": jax.process_count()}
     if exp.host_reward:
-      if jax.process_count() > 1:
-        raise NotImplementedError(
-          "the host-reward path (data.train_files) runs on a single process for now; use one "
-          "host (all its local devices) or a built-in pure-JAX task"
-        )
       train_iter = exp.task.train_iterator(per_process, config.seed, **shard)
       writer.scalars(0, exp.task.data_stats)  # records read, too long (dropped), kept
       eval_np = exp.task.eval_batch(multiple_of=sharding.batch_size_divisor(exp.mesh))
@@ -520,7 +531,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         exp.task.train_examples(config.seed), per_process, seed=config.seed, **shard
       )
       eval_np, eval_answers = exp.task.eval_examples(), None
-    eval_batch = to_global_batch(eval_np, exp.batch_sharding)
+    # Every process holds the whole evaluation set and feeds its own block of rows.
+    own = distributed.process_slice(len(eval_np["tokens"]))
+    eval_batch = to_global_batch({k: v[own] for k, v in eval_np.items()}, exp.batch_sharding)
     eval_key = jax.random.PRNGKey(config.seed + 7)
 
     state = init_reference(exp.state, config.kl.beta)
@@ -571,7 +584,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       done = step + 1
       guard.update(done, int(metrics["optim/skipped_updates"]), updates=updates_per_step)
       if done % tr.log_every == 0 or done == tr.num_steps:
-        m = jax.device_get(metrics)
+        m = distributed.host_values(metrics)  # per-row arrays gathered from every process
         now = time.time()
         dt = (now - t_last) / max(done - last_logged, 1)
         t_last, last_logged = now, done

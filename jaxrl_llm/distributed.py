@@ -1,0 +1,125 @@
+"""Several processes, one global mesh: joining the job, checking it is one job, moving rows.
+
+A multi-process run starts the same command on every host (`--distributed`). On TPU pods and
+SLURM/GPU clusters `jax.distributed.initialize()` finds its peers by itself; elsewhere (and in
+`tools/launch_local.py`, which rehearses a pod on one machine with fake CPU devices) the
+coordinator is given by the environment:
+
+  JAXRL_LLM_COORDINATOR   host:port of process 0's coordinator service
+  JAXRL_LLM_NUM_PROCESSES number of processes
+  JAXRL_LLM_PROCESS_ID    this process's index
+
+On CPU the cross-process collectives are gloo's. Every process then sees every device
+(`jax.devices()`), builds the same mesh, feeds its own rows of each batch
+(`jax.make_array_from_process_local_data`) and reads back its own rows (`local_rows`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+ENV_COORDINATOR = "JAXRL_LLM_COORDINATOR"
+ENV_NUM_PROCESSES = "JAXRL_LLM_NUM_PROCESSES"
+ENV_PROCESS_ID = "JAXRL_LLM_PROCESS_ID"
+
+
+class DistributedError(RuntimeError):
+  """The processes of a multi-process run could not form one job."""
+
+
+def initialize(timeout_s: int = 300) -> None:
+  """Joins the multi-process job (`jax.distributed.initialize`), from the environment's
+  coordinator when `JAXRL_LLM_COORDINATOR` is set, else by the platform's own discovery.
+  Raises DistributedError naming the coordinator and the time waited when it fails."""
+  address = os.environ.get(ENV_COORDINATOR)
+  kwargs: dict = {"initialization_timeout": int(timeout_s)}
+  where = "the platform's coordinator"
+  if address:
+    try:
+      kwargs.update(
+        coordinator_address=address,
+        num_processes=int(os.environ[ENV_NUM_PROCESSES]),
+        process_id=int(os.environ[ENV_PROCESS_ID]),
+      )
+    except (KeyError, ValueError) as e:
+      raise DistributedError(
+        f"{ENV_COORDINATOR}={address} needs {ENV_NUM_PROCESSES} and {ENV_PROCESS_ID} set to "
+        f"integers too ({e})"
+      ) from None
+    where = (
+      f"the coordinator at {address} (process {kwargs['process_id']} of {kwargs['num_processes']})"
+    )
+    if jax.config.jax_platforms in ("cpu", None) or "cpu" in str(jax.config.jax_platforms):
+      jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  try:
+    jax.distributed.initialize(**kwargs)
+  except Exception as e:  # the runtime raises several types; all mean the same to a user
+    first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+    raise DistributedError(
+      f"could not join the multi-process job through {where} within {timeout_s} s: {first}. "
+      "Start the same command on every process, check the address and port, and that "
+      "process 0 runs"
+    ) from None
+
+
+def config_digest(config) -> str:
+  """A SHA-256 of the resolved config (every field, sorted): equal configs, equal digests."""
+  text = json.dumps(json.loads(config.to_json_best_effort()), sort_keys=True)
+  return hashlib.sha256(text.encode()).hexdigest()
+
+
+def check_same_config(config) -> None:
+  """Raises ValueError when the processes of the job were started with different configs."""
+  if jax.process_count() == 1:
+    return
+  digest = np.frombuffer(bytes.fromhex(config_digest(config)), np.uint8)
+  every = np.asarray(multihost_utils.process_allgather(digest))  # [processes, 32]
+  differ = [i for i in range(len(every)) if not np.array_equal(every[i], every[0])]
+  if differ:
+    raise ValueError(
+      f"processes {differ} were started with a config that differs from process 0's (config "
+      f"digest {bytes(every[differ[0]]).hex()[:12]} vs {bytes(every[0]).hex()[:12]}); start "
+      "every process with the same command and overrides"
+    )
+
+
+def local_rows(x: jax.Array) -> np.ndarray:
+  """This process's rows of an array sharded over its leading (row) axis, in row order; a
+  fully addressable array is returned whole."""
+  if x.is_fully_addressable:
+    return np.asarray(jax.device_get(x))
+  shards: dict[int, np.ndarray] = {}
+  for shard in x.addressable_shards:
+    start = shard.index[0].start or 0
+    shards.setdefault(start, np.asarray(shard.data))  # copies over other axes are equal
+  return np.concatenate([shards[s] for s in sorted(shards)], axis=0)
+
+
+def host_values(tree):
+  """`jax.device_get` that also reads arrays spread over several processes: those are
+  gathered whole on every process (a collective: every process must call it)."""
+
+  def get(x):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+      return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return jax.device_get(x)
+
+  return jax.tree.map(get, tree)
+
+
+def process_slice(num_rows: int) -> slice:
+  """The rows of a batch of `num_rows` that this process feeds (equal contiguous blocks)."""
+  per = num_rows // jax.process_count()
+  return slice(jax.process_index() * per, (jax.process_index() + 1) * per)
+
+
+def barrier(name: str) -> None:
+  """Waits until every process reaches `name` (no-op on one process)."""
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(name)

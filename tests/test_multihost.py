@@ -1,0 +1,217 @@
+"""Several processes, one global mesh (`tools/launch_local.py`): 2 processes x 4 fake CPU
+devices give the metrics and parameters of 1 process x 8 devices; checkpoints written by all
+processes together resume after every process is killed; the host-reward path scores each
+process's rows; mismatched configs and an unreachable coordinator stop with one clear line."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import jax
+import numpy as np
+import pytest
+from conftest import REPO, tiny_config
+from text_fixtures import build_bpe_tokenizer, write_math_jsonl
+
+from jaxrl_llm import checkpoint, metrics, train
+
+pytestmark = pytest.mark.slow  # each case launches the command line several times
+
+TINY = {
+  "model.d_model": 32,
+  "model.mlp_dim": 64,
+  "model.num_heads": 2,
+  "model.num_kv_heads": 1,
+  "rl.num_prompts": 8,
+  "sampling.group_size": 4,
+  "rl.num_minibatches": 2,
+  "task.eval_size": 16,
+  "train.eval_every": 100,
+  "train.log_every": 1,
+  "train.pass_k": 2,
+  "sft.steps": 0,
+  "mesh.data": -1,
+}
+COMPARED = ("policy/loss", "optim/grad_norm", "rollout/reward_mean", "policy/entropy")
+
+
+def _config_file(tmp_path, extra: dict, name="cfg.py", body: str = "") -> str:
+  """A config file: configs/default.py with `TINY`, `extra` and `body` applied."""
+  path = tmp_path / name
+  sets = "\n".join(f"  c.{k} = {v!r}" for k, v in {**TINY, **extra}.items())
+  path.write_text(
+    textwrap.dedent(
+      f"""\
+      import importlib.util
+      import ml_collections
+
+      def get_config():
+        spec = importlib.util.spec_from_file_location("d", {str(REPO / "configs" / "default.py")!r})
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        c = module.get_config()
+      """
+    )
+    + sets
+    + "\n"
+    + textwrap.indent(textwrap.dedent(body), "  ")
+    + "\n  return c\n"
+  )
+  return str(path)
+
+
+def _launch(processes, config, workdir, *args, wait=True):
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  cmd = [
+    sys.executable,
+    str(REPO / "tools" / "launch_local.py"),
+    f"--processes={processes}",
+    f"--devices_per_process={8 // processes}",
+    "--",
+    sys.executable,
+    "-m",
+    "jaxrl_llm.main",
+    f"--config={config}",
+    f"--workdir={workdir}",
+    "--distributed",
+    *args,
+  ]
+  proc = subprocess.Popen(
+    cmd,
+    cwd=REPO,
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+    start_new_session=True,
+  )
+  if not wait:
+    return proc
+  out = proc.communicate(timeout=900)[0]
+  return proc.returncode, out
+
+
+def _final_params(workdir, step, config):
+  abstract = train.build(config, abstract=True).state  # shardings over this process's devices
+  with checkpoint.Checkpointer(workdir, save_every=1) as ckpt:
+    return ckpt.restore(step, abstract)[0].params
+
+
+def _assert_same_runs(a, b, steps, config, keys=COMPARED):
+  sa, sb = metrics.read_scalars(str(a)), metrics.read_scalars(str(b))
+  for key in keys:
+    va, vb = [v for s, v in sa[key]], [v for s, v in sb[key]]
+    assert len(va) == len(vb) == steps, key
+    np.testing.assert_allclose(va, vb, rtol=2e-5, atol=1e-6, err_msg=key)
+  pa, pb = _final_params(a, steps, config), _final_params(b, steps, config)
+  for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
+
+
+def _tiny_config(**extra):
+  return tiny_config(**{**TINY, **extra})
+
+
+def test_two_processes_equal_one_process_and_resume_after_a_kill(tmp_path):
+  run = {"train.num_steps": 6, "train.checkpoint_every": 2}
+  config = _config_file(tmp_path, run)
+  one, two, killed = tmp_path / "one", tmp_path / "two", tmp_path / "killed"
+  rc, out = _launch(1, config, one)
+  assert rc == 0, out[-4000:]
+  rc, out = _launch(2, config, two)
+  assert rc == 0, out[-4000:]
+  assert "[1]" in out and "[0]" in out
+  _assert_same_runs(one, two, 6, _tiny_config(**run))
+  # TensorBoard events come from process 0 only: one event file per run.
+  assert len([p for p in two.iterdir() if p.name.startswith("events.")]) == 1
+
+  # Kill every process once step 4 is committed, relaunch, and end where `two` ended.
+  proc = _launch(2, config, killed, wait=False)
+  root = killed / "checkpoints"
+  deadline = time.monotonic() + 600
+  while not (root / "4" / "commit_success.txt").exists() and time.monotonic() < deadline:
+    assert proc.poll() is None, proc.stdout.read()[-4000:]
+    time.sleep(0.05)
+  os.killpg(proc.pid, signal.SIGKILL)
+  proc.wait()
+  rc, out = _launch(2, config, killed)
+  assert rc == 0, out[-4000:]
+  assert "resumed from" in out
+  pa, pb = _final_params(two, 6, _tiny_config(**run)), _final_params(killed, 6, _tiny_config(**run))
+  for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_host_reward_path_runs_on_two_processes(tmp_path):
+  tok = build_bpe_tokenizer(tmp_path / "tok")
+  write_math_jsonl(tmp_path / "math.jsonl", n=48)
+  extra = {
+    "data.train_files": str(tmp_path / "math.jsonl"),
+    "data.tokenizer": str(tok),
+    "data.template": "qwen_math_chat",
+    "data.prompt_len": 128,
+    "data.eval_fraction": 0.25,
+    "sampling.max_new_tokens": 12,
+    "model.vocab_size": 512,
+    "task.eval_size": 8,
+    "train.num_steps": 3,
+    "train.eval_every": 3,
+    "train.checkpoint_every": 3,
+  }
+  body = 'c.task.reward_weights = ml_collections.ConfigDict({"math_correct": 1.0, "math_format_boxed": 0.5})'
+  config = _config_file(tmp_path, extra, body=body)
+  one, two = tmp_path / "one", tmp_path / "two"
+  for n, workdir in ((1, one), (2, two)):
+    rc, out = _launch(n, config, workdir)
+    assert rc == 0, out[-4000:]
+  sa, sb = metrics.read_scalars(str(one)), metrics.read_scalars(str(two))
+  for key in ("policy/loss", "rollout/reward_mean", "reward/math_format_boxed", "verifier/errors"):
+    np.testing.assert_allclose(
+      [v for _, v in sa[key]], [v for _, v in sb[key]], rtol=2e-5, atol=1e-6, err_msg=key
+    )
+  assert sa["eval/accuracy"] == sb["eval/accuracy"]
+
+
+def test_processes_started_with_different_configs_stop_with_a_clear_line(tmp_path):
+  config = _config_file(tmp_path, {"train.num_steps": 2})
+  port = 20000 + os.getpid() % 20000
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  procs = []
+  for i, seed in enumerate((0, 1)):
+    penv = dict(
+      env,
+      JAXRL_LLM_COORDINATOR=f"localhost:{port}",
+      JAXRL_LLM_NUM_PROCESSES="2",
+      JAXRL_LLM_PROCESS_ID=str(i),
+      XLA_FLAGS="--xla_force_host_platform_device_count=4",
+      JAX_PLATFORMS="cpu",
+    )
+    cmd = [sys.executable, "-m", "jaxrl_llm.main", f"--config={config}"]
+    cmd += [f"--workdir={tmp_path / 'run'}", "--distributed", f"--config.seed={seed}"]
+    procs.append(subprocess.Popen(cmd, cwd=REPO, env=penv, stderr=subprocess.PIPE, text=True))
+  errs = [p.communicate(timeout=300)[1] for p in procs]
+  for p, err in zip(procs, errs):
+    assert p.returncode == 2, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: processes [1] were started with a config that differs"), last
+
+
+def test_an_unreachable_coordinator_stops_with_a_clear_line(tmp_path):
+  config = _config_file(tmp_path, {"train.num_steps": 2})
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env.update(
+    JAXRL_LLM_COORDINATOR="localhost:9",  # process 1 of 2: waits for a process 0 that never runs
+    JAXRL_LLM_NUM_PROCESSES="2",
+    JAXRL_LLM_PROCESS_ID="1",
+    JAX_PLATFORMS="cpu",
+  )
+  cmd = [sys.executable, "-m", "jaxrl_llm.main", f"--config={config}"]
+  cmd += [f"--workdir={tmp_path / 'run'}", "--distributed", "--join_timeout_s=5"]
+  proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last.startswith("error: could not join the multi-process job through the coordinator")
+  assert "localhost:9" in last and "within 5 s" in last
