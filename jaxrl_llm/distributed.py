@@ -19,6 +19,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
+import threading
 
 import jax
 import numpy as np
@@ -57,15 +59,32 @@ def initialize(timeout_s: int = 300) -> None:
     )
     if jax.config.jax_platforms in ("cpu", None) or "cpu" in str(jax.config.jax_platforms):
       jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  advice = (
+    "Start the same command on every process, check the address and port, and that process 0 runs"
+  )
+
+  def give_up() -> None:  # the runtime aborts the process itself when its own limit passes
+    sys.stderr.write(
+      f"error: could not join the multi-process job through {where} within {timeout_s} s. "
+      f"{advice}\n"
+    )
+    sys.stderr.flush()
+    os._exit(2)
+
+  watchdog = threading.Timer(timeout_s, give_up)
+  watchdog.daemon = True
+  watchdog.start()
+  kwargs["initialization_timeout"] = int(timeout_s) + 60  # the watchdog speaks first
   try:
     jax.distributed.initialize(**kwargs)
   except Exception as e:  # the runtime raises several types; all mean the same to a user
     first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
     raise DistributedError(
       f"could not join the multi-process job through {where} within {timeout_s} s: {first}. "
-      "Start the same command on every process, check the address and port, and that "
-      "process 0 runs"
+      f"{advice}"
     ) from None
+  finally:
+    watchdog.cancel()
 
 
 def config_digest(config) -> str:
