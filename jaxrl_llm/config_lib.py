@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import ml_collections
 
 from jaxrl_llm import sharding
@@ -159,6 +160,12 @@ def validate(
   except ValueError as err:
     e.append(str(err))
     sizes = None
+  if sizes and jax.process_count() > 1 and math.prod(sizes.values()) != num_devices:
+    e.append(
+      " x ".join(f"mesh.{k}={v}" for k, v in sizes.items())
+      + f" does not use all {num_devices} devices of the {jax.process_count()} processes; a "
+      "multi-process mesh must span every device (mesh.data=-1 fills it)"
+    )
   data = sizes["data"] * sizes["fsdp"] * sizes["expert"] if sizes else 0  # rows' devices
   if sizes and sizes["expert"] > 1:
     experts = model_override.moe_num_experts if model_override else config.model.moe_num_experts

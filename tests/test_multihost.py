@@ -115,18 +115,21 @@ def _tiny_config(**extra):
   return tiny_config(**{**TINY, **extra})
 
 
-def test_two_processes_equal_one_process_and_resume_after_a_kill(tmp_path):
+@pytest.mark.parametrize("processes", [2, 4])
+def test_several_processes_equal_one_process_and_resume_after_a_kill(tmp_path, processes):
   run = {"train.num_steps": 6, "train.checkpoint_every": 2}
   config = _config_file(tmp_path, run)
-  one, two, killed = tmp_path / "one", tmp_path / "two", tmp_path / "killed"
+  one, two, killed = tmp_path / "one", tmp_path / "many", tmp_path / "killed"
   rc, out = _launch(1, config, one)
   assert rc == 0, out[-4000:]
-  rc, out = _launch(2, config, two)
+  rc, out = _launch(processes, config, two)
   assert rc == 0, out[-4000:]
-  assert "[1]" in out and "[0]" in out
+  assert all(f"[{i}]" in out for i in range(processes))
   _assert_same_runs(one, two, 6, _tiny_config(**run))
   # TensorBoard events come from process 0 only: one event file per run.
   assert len([p for p in two.iterdir() if p.name.startswith("events.")]) == 1
+  if processes != 2:
+    return
 
   # Kill every process once step 4 is committed, relaunch, and end where `two` ended.
   proc = _launch(2, config, killed, wait=False)
@@ -197,6 +200,15 @@ def test_processes_started_with_different_configs_stop_with_a_clear_line(tmp_pat
     assert p.returncode == 2, err[-3000:]
     last = err.strip().splitlines()[-1]
     assert last.startswith("error: processes [1] were started with a config that differs"), last
+
+
+def test_a_mesh_that_does_not_divide_the_devices_stops_every_process(tmp_path):
+  config = _config_file(tmp_path, {"train.num_steps": 2, "mesh.data": 3})
+  rc, out = _launch(2, config, tmp_path / "run")
+  assert rc == 2, out[-3000:]
+  for i in (0, 1):
+    mine = [line for line in out.splitlines() if line.startswith(f"[{i}] ")]
+    assert "mesh" in mine[-1] and "8" in mine[-1], mine[-3:]
 
 
 def test_an_unreachable_coordinator_stops_with_a_clear_line(tmp_path):
