@@ -169,6 +169,11 @@ def quiet_library_logs(tracebacks: bool = False) -> None:
 
     threading.excepthook = one_line
 
+    def unraisable(args) -> None:  # e.g. a save's callback firing after its event loop closed
+      logging.warning("ignored in %r: %s: %s", args.object, args.exc_type.__name__, args.exc_value)
+
+    sys.unraisablehook = unraisable
+
 
 def check_overrides(argv: list[str]) -> None:
   """Fails with a clear message when a `--config.a.b=v` flag names a field the config lacks."""
