@@ -281,6 +281,10 @@ def validate(
     mc = None
   if mc is not None:
     e.extend(_attention_errors(config.model.attention, mc))
+    try:
+      mc.moe  # noqa: B018 - builds (and checks) the MoE layers' config
+    except ValueError as err:  # fields named moe.<x> are model.moe_<x> in the config
+      e.append(str(err).replace("moe.", "model.moe_"))
   if mc is not None and sizes and mc.d_model % sizes["fsdp"]:
     e.append(
       f"mesh.fsdp={sizes['fsdp']} does not divide model.d_model={mc.d_model} (FSDP splits "
