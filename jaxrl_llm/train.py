@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
@@ -24,8 +25,8 @@ from absl import logging
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxrl_llm import __version__, config_lib, data, distributed, file_task, quant, sharding, tasks
 from jaxrl_llm import checkpoint as ckpt_lib
-from jaxrl_llm import config_lib, data, distributed, file_task, quant, sharding, tasks
 from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.transformer import Transformer, positions_from_mask
@@ -508,6 +509,59 @@ def _text_summary(task, m: dict, limit: int) -> str:
   return "\n".join(rows)
 
 
+def _commit() -> str | None:
+  """The git commit of the installed package's checkout, when it is one."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  try:
+    out = subprocess.run(
+      ["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+    )
+  except (OSError, subprocess.SubprocessError):
+    return None
+  return out.stdout.strip() or None
+
+
+def record_run(config: ml_collections.ConfigDict, workdir: str, writer, step: int) -> str | None:
+  """Records the run's resolved config in `workdir` (process 0): `config.json` with every field
+  after overrides plus the package version and commit, JAX version, backend and device count,
+  and the same fields as a TensorBoard text table (tag `config`). A resumed run with the same
+  config writes nothing; one with a changed config writes `config.resume-<step>.json` (and a
+  new table at `step`). Returns the file written, or None."""
+  if jax.process_index() != 0:
+    return None
+  fields = json.loads(config.to_json_best_effort())
+  path = os.path.join(workdir, "config.json")
+  if os.path.exists(path):
+    with open(path) as f:
+      if json.load(f).get("config") == fields:
+        return None
+    path = os.path.join(workdir, f"config.resume-{step}.json")
+  record = {
+    "config": fields,
+    "jaxrl_llm": __version__,
+    "commit": _commit(),
+    "jax": jax.__version__,
+    "backend": jax.default_backend(),
+    "devices": jax.device_count(),
+    "processes": jax.process_count(),
+    "step": step,
+    "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+  }
+  os.makedirs(workdir, exist_ok=True)
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(record, f, indent=2, sort_keys=True)
+  os.replace(tmp, path)
+  flat: dict[str, object] = {}
+  ckpt_lib._flatten_json("", fields, flat)
+  rows = ["| field | value |", "|---|---|"]
+  rows += [f"| `{k}` | `{json.dumps(v)}` |" for k, v in sorted(flat.items())]
+  rows.append(f"\n{os.path.basename(path)}: jaxrl_llm {__version__}, JAX {jax.__version__}, ")
+  rows[-1] += f"{record['backend']} x {record['devices']} devices, commit {record['commit']}"
+  writer.text(step, "config", "\n".join(rows))
+  return path
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Runs the experiment in `workdir` (resuming from its latest checkpoint); returns last eval."""
   try:
@@ -556,6 +610,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       ckpt.save(0, state, data_iter=train_iter, meta=exp.meta, force=True)
 
     start = int(state.step)
+    record_run(config, workdir, writer, start)
     last_eval: dict[str, float] = {}
 
     def evaluate(step: int):

@@ -192,3 +192,24 @@ def test_host_reward_path_matches_fused_step():
   for key in ("policy/loss", "optim/grad_norm", "rollout/accuracy", "adv/std"):
     np.testing.assert_allclose(m_h[key], m_f[key], rtol=1e-6, err_msg=key)
   jax.tree.map(np.testing.assert_array_equal, params_h, jax.device_get(state_f.params))
+
+
+def test_the_run_records_its_config_once(tmp_path):
+  """config.json holds every resolved field and the provenance; TensorBoard gets the table;
+  a resume with the same config adds nothing, one with a changed config adds its own record."""
+  import json
+
+  config = tiny_config(**{"train.num_steps": 2, "objective.clip_high": 0.28})
+  train.train_and_evaluate(config, str(tmp_path))
+  record = json.loads((tmp_path / "config.json").read_text())
+  assert record["config"]["objective"]["clip_high"] == 0.28
+  assert record["config"]["train"]["num_steps"] == 2
+  assert record["jax"] == jax.__version__ and record["devices"] == jax.device_count()
+  assert "config" in metrics.read_tags(str(tmp_path))["tensors"]
+  train.train_and_evaluate(config, str(tmp_path))  # finished: resumes at step 2, same config
+  assert sorted(p.name for p in tmp_path.glob("config*.json")) == ["config.json"]
+  longer = tiny_config(**{"train.num_steps": 4, "objective.clip_high": 0.28})
+  train.train_and_evaluate(longer, str(tmp_path))
+  resumed = json.loads((tmp_path / "config.resume-2.json").read_text())
+  assert resumed["config"]["train"]["num_steps"] == 4 and resumed["step"] == 2
+  assert json.loads((tmp_path / "config.json").read_text()) == record  # the first is kept
