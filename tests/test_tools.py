@@ -195,5 +195,12 @@ def test_compare_summaries():
   assert compare.summarize(series) == {"final": 0.5, "final_step": 15, "best": 0.7, "best_step": 5}
   assert compare.summarize(series, minimize=True)["best"] == 0.1
   assert compare.summarize([]) is None
+  assert compare.summarize(series, best=False)["best"] is None
+  # A best only where a direction is better: accuracy up, loss and KL down; entropy, clip
+  # fraction and length have none.
+  assert compare.direction("eval/accuracy") == compare.direction("eval/pass@4") == "max"
+  assert compare.direction("policy/loss") == compare.direction("kl/ref_kl") == "min"
+  for tag in ("policy/entropy", "policy/clip_frac_high", "rollout/length_mean"):
+    assert compare.direction(tag) is None
   tags = ["eval/accuracy", "eval/pass@4", "policy/loss"]
   assert compare.expand_tags(["eval/*", "x/y"], tags) == ["eval/accuracy", "eval/pass@4", "x/y"]

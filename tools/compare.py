@@ -56,14 +56,31 @@ def expand_tags(patterns: Sequence[str], available: Sequence[str]) -> list[str]:
   return out
 
 
+MAXIMIZE = ("*accuracy*", "*pass@*", "*reward*")  # tags where more is better
+MINIMIZE = ("*loss*", "*kl*", "*skipped*", "*errors*", "*timeouts*")  # tags where less is better
+
+
+def direction(tag: str, maximize=MAXIMIZE, minimize=MINIMIZE) -> str | None:
+  """'max', 'min' or None (no "best" for tags like entropy, length or clip fraction, where
+  neither direction is better in general)."""
+  if any(fnmatch.fnmatchcase(tag, p) for p in minimize):
+    return "min"
+  if any(fnmatch.fnmatchcase(tag, p) for p in maximize):
+    return "max"
+  return None
+
+
 def summarize(
-  series: Sequence[tuple[int, float]], minimize: bool = False
+  series: Sequence[tuple[int, float]], minimize: bool = False, *, best: bool = True
 ) -> dict[str, float | int] | None:
-  """Final and best value of one tag's `[(step, value)]` (non-finite values never best)."""
+  """Final and best value of one tag's `[(step, value)]` (non-finite values never best);
+  with `best=False` the best value and step are None."""
   if not series:
     return None
   final_step, final = series[-1]
   finite = [(s, v) for s, v in series if math.isfinite(v)]
+  if not best:
+    return {"final": final, "final_step": final_step, "best": None, "best_step": None}
   if finite:
     pick = min if minimize else max
     best_step, best = pick(finite, key=lambda sv: sv[1])
@@ -99,10 +116,12 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str
 def compare(
   root: str,
   tags: Sequence[str] = DEFAULT_TAGS,
-  minimize: Sequence[str] = ("*loss*",),
+  minimize: Sequence[str] = MINIMIZE,
   sort: str | None = None,
+  maximize: Sequence[str] = MAXIMIZE,
 ) -> tuple[list[str], list[list[object]]]:
-  """Reads every run under `root`; returns (header, rows) of final/best values per tag."""
+  """Reads every run under `root`; returns (header, rows) of final/best values per tag. A
+  tag's best is its maximum or minimum by `direction`; tags of neither kind have no best."""
   runs = {run_name(root, d): read_run(d) for d in find_runs(root)}
   available = sorted({t for scalars in runs.values() for t in scalars})
   tags = expand_tags(tags, available)
@@ -113,8 +132,8 @@ def compare(
   for name, scalars in runs.items():
     row: list[object] = [name, last_step(scalars)]
     for tag in tags:
-      lower = any(fnmatch.fnmatchcase(tag, p) for p in minimize)
-      s = summarize(scalars.get(tag, []), minimize=lower) or {}
+      way = direction(tag, maximize, minimize)
+      s = summarize(scalars.get(tag, []), minimize=way == "min", best=way is not None) or {}
       row += [s.get("final"), s.get("best"), s.get("best_step")]
     rows.append(row)
   if sort:
@@ -149,8 +168,14 @@ def main(argv: Sequence[str] | None = None) -> int:
   )
   p.add_argument(
     "--minimize",
-    default="*loss*",
+    default=",".join(MINIMIZE),
     help="Tag patterns whose best value is the minimum (default: %(default)s).",
+  )
+  p.add_argument(
+    "--maximize",
+    default=",".join(MAXIMIZE),
+    help="Tag patterns whose best value is the maximum; other tags get no best (default: "
+    "%(default)s).",
   )
   p.add_argument("--sort", default=None, help="Sort rows by this tag's final value, largest first.")
   p.add_argument("--csv", default=None, help="Also write the table to this CSV file.")
@@ -159,7 +184,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"error: --root {args.root!r} is not a directory", file=sys.stderr)
     return 2
   try:
-    header, rows = compare(args.root, _split(args.tags), _split(args.minimize), args.sort)
+    header, rows = compare(
+      args.root, _split(args.tags), _split(args.minimize), args.sort, _split(args.maximize)
+    )
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
