@@ -11,6 +11,7 @@ import logging as std_logging
 import os
 import sys
 import threading
+import time
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -122,6 +123,7 @@ def main(argv):
     sys.exit(3 if memory.fits is False else 0)
   if not _WORKDIR.value:
     raise app.UsageError("--workdir is required (except with --dry_run)")
+  started = time.time()
   try:
     result = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except Exception as e:
@@ -131,7 +133,11 @@ def main(argv):
     print(line, file=sys.stderr, flush=True)
     sys.stdout.flush()
     os._exit(2)  # skip interpreter teardown: an aborted async save must not print more
-  logging.info("final eval: %s", result)
+  from jaxrl_llm import metrics
+
+  shown = "  ".join(f"{k}={v:.4g}" for k, v in sorted(result.items())) or "(no evaluation)"
+  took = metrics.format_duration(time.time() - started)
+  logging.info("final eval: %s; wall time %s; workdir %s", shown, took, _WORKDIR.value)
 
 
 class _LibraryInfoFilter(std_logging.Filter):

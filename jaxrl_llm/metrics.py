@@ -33,17 +33,20 @@ class SummaryWriter:
   """
 
   def __init__(self, logdir: str, *, flush_secs: float = 30.0, max_queue: int = 100):
-    """Opens a new event file in `logdir` (on process 0 only)."""
+    """A writer for `logdir` (process 0 only). Its event file is opened by the first write, so
+    a run that writes nothing (e.g. relaunched when finished) leaves no empty file."""
     self.logdir = os.fspath(logdir)
     self._writer = None
-    if jax.process_index() == 0:
-      os.makedirs(self.logdir, exist_ok=True)
-      self._writer = EventFileWriter(self.logdir, max_queue_size=max_queue, flush_secs=flush_secs)
+    self._enabled = jax.process_index() == 0
+    self._options = {"max_queue_size": max_queue, "flush_secs": flush_secs}
     self._tags_with_metadata: set[str] = set()
 
   def _write(self, step: int, values: list[summary_pb2.Summary.Value]) -> None:
-    if self._writer is None or not values:
+    if not self._enabled or not values:
       return
+    if self._writer is None:
+      os.makedirs(self.logdir, exist_ok=True)
+      self._writer = EventFileWriter(self.logdir, **self._options)
     event = event_pb2.Event(
       wall_time=time.time(), step=int(step), summary=summary_pb2.Summary(value=values)
     )
@@ -58,7 +61,7 @@ class SummaryWriter:
 
   def scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
     """Writes one event holding every scalar of `scalars` (tag -> number) at `step`."""
-    if self._writer is None:
+    if not self._enabled:
       return
     host = jax.device_get(dict(scalars))
     values = [
@@ -74,7 +77,7 @@ class SummaryWriter:
 
     Non-finite entries are left out of the buckets.
     """
-    if self._writer is None:
+    if not self._enabled:
       return
     host = jax.device_get(dict(arrays))
     values = []
@@ -86,7 +89,7 @@ class SummaryWriter:
 
   def text(self, step: int, tag: str, markdown: str) -> None:
     """Writes `markdown` under `tag` at `step` (shown rendered in TensorBoard's TEXT tab)."""
-    if self._writer is None:
+    if not self._enabled:
       return
     tensor = tensor_util.make_tensor_proto(np.array(markdown, dtype=np.object_))
     md = self._metadata_once(tag, text_metadata.create_summary_metadata)
@@ -102,6 +105,7 @@ class SummaryWriter:
     if self._writer is not None:
       self._writer.close()
       self._writer = None
+    self._enabled = False
 
   def __enter__(self) -> SummaryWriter:
     return self

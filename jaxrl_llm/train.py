@@ -621,6 +621,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       last_eval = m
       logging.info("eval step %d: %s", step, "  ".join(f"{k}={v:.3f}" for k, v in m.items()))
 
+    if start >= tr.num_steps:  # a finished workdir: report its last evaluation, write nothing
+      logging.info(
+        "%s already holds step %d of train.num_steps=%d: nothing to train",
+        workdir,
+        start,
+        tr.num_steps,
+      )
+      saved = metrics_lib.read_scalars(workdir) if jax.process_index() == 0 else {}
+      return {k: v[-1][1] for k, v in saved.items() if k.startswith("eval/") and v}
     if start == 0:
       evaluate(0)
     t_start, t_last, last_logged = time.time(), time.time(), start

@@ -196,17 +196,21 @@ def test_host_reward_path_matches_fused_step():
 
 def test_the_run_records_its_config_once(tmp_path):
   """config.json holds every resolved field and the provenance; TensorBoard gets the table;
-  a resume with the same config adds nothing, one with a changed config adds its own record."""
+  a relaunch of a finished run reports its last evaluation and writes nothing (no empty event
+  file); one with a changed config adds its own record."""
   import json
 
   config = tiny_config(**{"train.num_steps": 2, "objective.clip_high": 0.28})
-  train.train_and_evaluate(config, str(tmp_path))
+  first = train.train_and_evaluate(config, str(tmp_path))
   record = json.loads((tmp_path / "config.json").read_text())
   assert record["config"]["objective"]["clip_high"] == 0.28
   assert record["config"]["train"]["num_steps"] == 2
   assert record["jax"] == jax.__version__ and record["devices"] == jax.device_count()
   assert "config" in metrics.read_tags(str(tmp_path))["tensors"]
-  train.train_and_evaluate(config, str(tmp_path))  # finished: resumes at step 2, same config
+  events = sorted(p.name for p in tmp_path.glob("events.*"))
+  again = train.train_and_evaluate(config, str(tmp_path))  # finished: nothing to train
+  assert again == first and "eval/accuracy" in again  # the last evaluation, read back
+  assert sorted(p.name for p in tmp_path.glob("events.*")) == events  # no empty event file
   assert sorted(p.name for p in tmp_path.glob("config*.json")) == ["config.json"]
   longer = tiny_config(**{"train.num_steps": 4, "objective.clip_high": 0.28})
   train.train_and_evaluate(longer, str(tmp_path))
