@@ -150,13 +150,15 @@ class _LibraryInfoFilter(std_logging.Filter):
     self.tracebacks = tracebacks
 
   def filter(self, record: std_logging.LogRecord) -> bool:
-    libs = ("orbax", "grain", "asyncio", "concurrent")
+    libs = ("orbax", "grain", "asyncio", "concurrent", "tensorboard")
     noisy = any(f"{os.sep}{lib}{os.sep}" in record.pathname for lib in libs)
     if noisy and not self.tracebacks:
       record.exc_info, record.exc_text = None, None
       message = record.getMessage()
       if "Traceback (most recent call last)" in message:
         record.msg, record.args = message.split("Traceback (most recent call last)")[0], None
+    if record.pathname.endswith("xla_bridge.py") and record.levelno < std_logging.WARNING:
+      return False  # e.g. "Unable to initialize backend 'tpu'" on a machine without one
     return record.levelno >= std_logging.WARNING or not noisy
 
 

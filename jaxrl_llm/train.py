@@ -562,6 +562,25 @@ def record_run(config: ml_collections.ConfigDict, workdir: str, writer, step: in
   return path
 
 
+def log_banner(exp: Experiment, workdir: str) -> None:
+  """The run's first lines: what runs where, and how to watch it."""
+  params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(exp.state.params))
+  mesh = " x ".join(f"{k}={v}" for k, v in exp.mesh.shape.items() if v > 1) or "one device"
+  device = jax.devices()[0]
+  logging.info(
+    "jaxrl_llm %s | JAX %s | %s (%s) x %d devices, %d process(es) | mesh %s | %.3gM parameters",
+    __version__,
+    jax.__version__,
+    device.platform,
+    device.device_kind,
+    jax.device_count(),
+    jax.process_count(),
+    mesh,
+    params / 1e6,
+  )
+  logging.info("workdir %s | watch it: tensorboard --logdir %s", workdir, workdir)
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Runs the experiment in `workdir` (resuming from its latest checkpoint); returns last eval."""
   try:
@@ -569,6 +588,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   except ValueError as err:
     raise config_lib.ConfigError(str(err)) from None
   exp = build(config)
+  log_banner(exp, workdir)
   tr = config.train
   writer = metrics_lib.SummaryWriter(workdir)
   ckpt = ckpt_lib.Checkpointer(workdir, save_every=tr.checkpoint_every, max_to_keep=tr.max_to_keep)
