@@ -348,6 +348,13 @@ class Checkpointer:
         out.append(p)
     return sorted(out, key=lambda p: p.name)
 
+  def _free_name(self, base: str) -> epath.Path:
+    """`<checkpoints>/<base>`, or `<base>-<n>` when that exists (a name to move a step to)."""
+    target, n = self.directory / base, 1
+    while target.exists():
+      target, n = self.directory / f"{base}-{n}", n + 1
+    return target
+
   def _set_aside(self, step: int) -> None:
     """Moves an unfinished directory of `step` out of orbax's way (deleting it only if empty)."""
     if jax.process_index() != 0:
@@ -362,10 +369,7 @@ class Checkpointer:
       if not any(path.iterdir()):
         path.rmdir()
         continue
-      target = self.directory / f"{step}.{label}-{stamp}"
-      n = 1
-      while target.exists():
-        target, n = self.directory / f"{step}.{label}-{stamp}-{n}", n + 1
+      target = self._free_name(f"{step}.{label}-{stamp}")
       logging.warning("moving unfinished checkpoint %s aside to %s", path, target)
       path.rename(target)
 
@@ -520,10 +524,7 @@ class Checkpointer:
     """Renames the committed step `step` to `<step>.corrupt-<time>` (process 0)."""
     if jax.process_index() == 0:
       path = self.directory / str(step)
-      base = f"{step}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}"
-      target, n = self.directory / base, 1
-      while target.exists():
-        target, n = self.directory / f"{base}-{n}", n + 1
+      target = self._free_name(f"{step}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}")
       logging.warning("moving unusable checkpoint step %d aside to %s", step, target)
       path.rename(target)
     distributed.barrier(f"checkpoint-corrupt-{step}")  # every process sees it gone
