@@ -44,6 +44,12 @@ _DEVICE_MEMORY_GIB = flags.DEFINE_float(
   "With --dry_run: plan against this much memory per device instead of the device's own (e.g. "
   "80 to plan an H100 run on a CPU machine).",
 )
+_HPARAMS = flags.DEFINE_list(
+  "hparams",
+  None,
+  "Config fields to list as HParams columns in TensorBoard beside the built-in ones (default: "
+  "the fields set on the command line; tools/sweep.py passes the fields it varies).",
+)
 _DEBUG = flags.DEFINE_bool(
   "debug", False, "Show the full traceback of a known failure instead of its one-line error."
 )
@@ -125,7 +131,7 @@ def main(argv):
     raise app.UsageError("--workdir is required (except with --dry_run)")
   started = time.time()
   try:
-    result = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    result = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value, hparam_fields=hparam_fields())
   except Exception as e:
     line = explain(e)
     if line is None or _DEBUG.value:
@@ -210,6 +216,27 @@ def check_overrides(argv: list[str]) -> None:
           f"allowed: {allowed}"
         )
       node, seen = node[part], [*seen, part]
+
+
+def hparam_fields() -> list[str]:
+  """`--hparams`, else the config fields set on the command line; each must name a field."""
+  fields = _HPARAMS.value if _HPARAMS.value is not None else overridden_fields(sys.argv)
+  for field in fields:
+    node = _CONFIG.value
+    for part in field.split("."):
+      if not hasattr(node, "keys") or part not in node:
+        raise config_lib.ConfigError(f"--hparams names {field!r}, which is not a config field")
+      node = node[part]
+  return fields
+
+
+def overridden_fields(argv: list[str]) -> list[str]:
+  """The config fields that `--config.a.b=v` / `--noconfig.a.b` flags of `argv` set, in order."""
+  fields = []
+  for arg in argv:
+    if arg.startswith(("--config.", "--noconfig.")):
+      fields.append(arg.split("=", 1)[0].split(".", 1)[1])
+  return list(dict.fromkeys(fields))
 
 
 def parse_config(argv: list[str]):

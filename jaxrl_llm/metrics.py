@@ -8,10 +8,11 @@ writes. The `read_*` helpers read event files back with tensorboard's own `Event
 
 from __future__ import annotations
 
+import collections
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -19,6 +20,9 @@ import numpy as np
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.plugins.histogram import metadata as histogram_metadata
+from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
+from tensorboard.plugins.hparams import metadata as hparams_metadata
+from tensorboard.plugins.hparams import summary_v2 as hparams_summary
 from tensorboard.plugins.text import metadata as text_metadata
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 from tensorboard.util import tensor_util
@@ -95,6 +99,51 @@ class SummaryWriter:
     md = self._metadata_once(tag, text_metadata.create_summary_metadata)
     self._write(step, [summary_pb2.Summary.Value(tag=tag, metadata=md, tensor=tensor)])
 
+  def hparams(
+    self,
+    hparams: Mapping[str, bool | int | float | str],
+    metrics: Sequence[tuple[str, str, str]],
+    *,
+    trial_id: str,
+    start_time: float,
+  ) -> None:
+    """Writes an HParams session for this run: the experiment's columns (`hparams` names and
+    `metrics` as (tag, display name, description)) and the session's values, at step 0.
+
+    TensorBoard's HParams tab lists every run of a logdir that holds one, with the final
+    value of each metric tag the run itself logged.
+    """
+    if not self._enabled:
+      return
+    columns = [hparams_summary.HParam(name) for name in hparams]
+    declared = [
+      hparams_summary.Metric(tag, display_name=name, description=text)
+      for tag, name, text in metrics
+    ]
+    experiment = hparams_summary.hparams_config_pb(columns, declared, time_created_secs=start_time)
+    session = hparams_summary.hparams_pb(
+      dict(hparams), trial_id=trial_id, start_time_secs=start_time
+    )
+    self._write(0, list(experiment.value) + list(session.value))
+
+  def session_end(self, step: int, status: str = "success") -> None:
+    """Marks the HParams session ended with `status` (success | failure | running)."""
+    if not self._enabled:
+      return
+    code = {
+      "success": api_pb2.STATUS_SUCCESS,
+      "failure": api_pb2.STATUS_FAILURE,
+      "running": api_pb2.STATUS_RUNNING,
+    }[status]
+    end = plugin_data_pb2.SessionEndInfo(status=code, end_time_secs=time.time())
+    md = hparams_metadata.create_summary_metadata(
+      plugin_data_pb2.HParamsPluginData(session_end_info=end)
+    )
+    empty = tensor_util.make_tensor_proto(np.array("", dtype=np.object_))  # as hparams_pb writes
+    tag = hparams_metadata.SESSION_END_INFO_TAG
+    value = summary_pb2.Summary.Value(tag=tag, metadata=md, tensor=empty)
+    self._write(step, [value])
+
   def flush(self) -> None:
     """Writes pending events to disk."""
     if self._writer is not None:
@@ -168,32 +217,57 @@ def format_duration(seconds: float) -> str:
   return f"{total // 3600}:{total % 3600 // 60:02d}:{total % 60:02d}"
 
 
-def format_progress(
-  step: int,
-  total_steps: int,
-  elapsed_s: float,
-  metrics: Mapping[str, float] | None = None,
-  *,
-  start_step: int = 0,
-) -> str:
-  """One-line progress: step, percent, steps/s, elapsed, ETA (h:mm:ss) and `metrics`.
+SHORT_NAMES = {  # progress-line names of the main scalars (TensorBoard has every tag in full)
+  "rollout/reward_mean": "reward",
+  "rollout/accuracy": "acc",
+  "rollout/length_mean": "len",
+  "policy/entropy": "ent",
+  "policy/clip_frac": "clip",
+  "kl/ref_kl": "kl",
+}
 
-  `elapsed_s` is the time spent since `start_step` (the step training resumed at), so the rate
-  and ETA ignore steps done before a restart.
-  """
-  done = step - start_step
-  rate = done / elapsed_s if elapsed_s > 0 and done > 0 else float("nan")
-  eta = (total_steps - step) / rate if rate > 0 else float("nan")
-  pct = 100.0 * step / total_steps if total_steps > 0 else 100.0
-  parts = [
-    f"step {step}/{total_steps} ({pct:.1f}%)",
-    f"{rate:.3g} steps/s" if math.isfinite(rate) else "? steps/s",
-    f"elapsed {format_duration(elapsed_s)}",
-    f"ETA {format_duration(eta)}",
-  ]
-  if metrics:
-    parts.append(" ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
-  return " | ".join(parts)
+
+class Progress:
+  """Steps/s and ETA of a loop from a recent window of its steps, so a first step that
+  compiles (or a slow start) does not skew them; and a progress line that fits a terminal."""
+
+  def __init__(self, total_steps: int, window: int = 5):
+    self.total_steps = total_steps
+    self._marks: collections.deque[tuple[int, float]] = collections.deque(maxlen=window + 1)
+
+  def mark(self, step: int, now: float | None = None) -> None:
+    """Records that `step` finished at `now` (default: the current time). Mark the first step
+    after compilation as the start."""
+    self._marks.append((step, time.time() if now is None else now))
+
+  @property
+  def rate(self) -> float:
+    """Steps per second over the window; nan until two marks exist."""
+    if len(self._marks) < 2:
+      return float("nan")
+    (s0, t0), (s1, t1) = self._marks[0], self._marks[-1]
+    return (s1 - s0) / (t1 - t0) if t1 > t0 and s1 > s0 else float("nan")
+
+  @property
+  def eta_s(self) -> float:
+    """Seconds left at the window's rate; nan while unknown."""
+    if not self._marks:
+      return float("nan")
+    rate = self.rate
+    return (self.total_steps - self._marks[-1][0]) / rate if rate > 0 else float("nan")
+
+  def line(self, step: int, metrics: Mapping[str, float] | None = None) -> str:
+    """`step 100/1000 (10%) 12.3 steps/s ETA 0:01:14 | reward 0.52 acc 0.41 ...`: the
+    scalars of `metrics` named in SHORT_NAMES, 3 significant digits."""
+    pct = 100.0 * step / self.total_steps if self.total_steps > 0 else 100.0
+    rate = self.rate
+    speed = f"{rate:.3g} steps/s" if math.isfinite(rate) else "? steps/s"
+    head = f"step {step}/{self.total_steps} ({pct:.0f}%) {speed} ETA {format_duration(self.eta_s)}"
+    metrics = metrics or {}
+    shown = [f"{short} {metrics[tag]:.3g}" for tag, short in SHORT_NAMES.items() if tag in metrics]
+    if metrics.get("optim/skipped_updates"):
+      shown.append(f"skipped {metrics['optim/skipped_updates']:.0f}")
+    return " | ".join([head, " ".join(shown)]) if shown else head
 
 
 def _load(logdir: str) -> event_accumulator.EventAccumulator:
@@ -234,6 +308,71 @@ def read_histograms(logdir: str) -> dict[str, list[tuple[int, np.ndarray]]]:
     tag: [(e.step, tensor_util.make_ndarray(e.tensor_proto)) for e in acc.Tensors(tag)]
     for tag in _plugin_tags(acc).get(histogram_metadata.PLUGIN_NAME, [])
   }
+
+
+def read_hparams(logdir: str) -> dict[str, Any]:
+  """The HParams plugin data of `logdir`'s event files: {'hparams': {name: value},
+  'sessions': starts written, 'metrics': [tag, ...] and 'columns': [name, ...] (the
+  experiment's declared columns), 'status': 'success' | 'failure' | 'running' when ended}.
+  Empty when the run wrote no session."""
+  acc = _load(logdir)
+  out: dict[str, Any] = {}
+  for tag in _plugin_tags(acc).get(hparams_metadata.PLUGIN_NAME, []):
+    content = acc.SummaryMetadata(tag).plugin_data.content
+    data = plugin_data_pb2.HParamsPluginData.FromString(content)
+    kind = data.WhichOneof("data")
+    if kind == "session_start_info":
+      hp = data.session_start_info.hparams
+      out["hparams"] = {k: _hparam_value(v) for k, v in hp.items()}
+      out["sessions"] = len(acc.Tensors(tag))  # session starts written (1 for one run)
+    elif kind == "experiment":
+      out["metrics"] = [m.name.tag for m in data.experiment.metric_infos]
+      out["columns"] = [h.name for h in data.experiment.hparam_infos]
+    elif kind == "session_end_info":
+      status = data.session_end_info.status
+      out["status"] = api_pb2.Status.Name(status).removeprefix("STATUS_").lower()
+  return out
+
+
+def hparams_table(root: str) -> list[dict[str, Any]]:
+  """The session groups TensorBoard's HParams tab shows for `--logdir=root`, computed by the
+  hparams plugin's own backend: one {'name', 'hparams': {..}, 'metrics': {tag: value},
+  'status'} per run that wrote a session (metric values are each tag's last value)."""
+  from tensorboard import context as tb_context
+  from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+  from tensorboard.plugins import base_plugin
+  from tensorboard.plugins.hparams import backend_context, list_session_groups
+
+  mux = plugin_event_multiplexer.EventMultiplexer()
+  mux.AddRunsFromDirectory(os.fspath(root))
+  mux.Reload()
+  provider = data_provider.MultiplexerDataProvider(mux, os.fspath(root))
+  tb = base_plugin.TBContext(logdir=os.fspath(root), multiplexer=mux, data_provider=provider)
+  statuses = [api_pb2.STATUS_UNKNOWN, api_pb2.STATUS_SUCCESS]
+  statuses += [api_pb2.STATUS_FAILURE, api_pb2.STATUS_RUNNING]
+  request = api_pb2.ListSessionGroupsRequest(
+    start_index=0, slice_size=100_000, allowed_statuses=statuses
+  )
+  handler = list_session_groups.Handler(
+    tb_context.RequestContext(), backend_context.Context(tb), "", request
+  )
+  rows = []
+  for group in handler.run().session_groups:
+    status = [api_pb2.Status.Name(s.status).removeprefix("STATUS_").lower() for s in group.sessions]
+    rows.append(
+      {
+        "name": group.name,
+        "hparams": {k: _hparam_value(v) for k, v in group.hparams.items()},
+        "metrics": {m.name.tag: m.value for m in group.metric_values},
+        "status": status[0] if len(status) == 1 else status,
+      }
+    )
+  return sorted(rows, key=lambda r: r["name"])
+
+
+def _hparam_value(value) -> Any:
+  kind = value.WhichOneof("kind")
+  return None if kind is None else getattr(value, kind)
 
 
 def read_text(logdir: str) -> dict[str, list[tuple[int, str]]]:

@@ -12,7 +12,7 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -25,7 +25,17 @@ from absl import logging
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxrl_llm import __version__, config_lib, data, distributed, file_task, quant, sharding, tasks
+from jaxrl_llm import (
+  __version__,
+  config_lib,
+  data,
+  distributed,
+  file_task,
+  metric_info,
+  quant,
+  sharding,
+  tasks,
+)
 from jaxrl_llm import checkpoint as ckpt_lib
 from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm.models.config import ModelConfig
@@ -35,15 +45,23 @@ from jaxrl_llm.rl import RLProgram, Settings, init_reference, make_rl_step
 from jaxrl_llm.sampling import sample, score
 from jaxrl_llm.types import PromptBatch, TrainState
 
-PROGRESS_KEYS = (
-  "rollout/reward_mean",
-  "rollout/accuracy",
-  "rollout/length_mean",
-  "policy/entropy",
-  "policy/clip_frac_high",
-  "policy/approx_kl",
-  "optim/grad_norm",
-  "perf/step_time_s",
+HPARAM_FIELDS = (  # the HParams columns of every run (plus any field set on the command line)
+  "objective.name",
+  "aggregation.name",
+  "advantage.name",
+  "objective.clip_low",
+  "objective.clip_high",
+  "sampling.temperature",
+  "sampling.group_size",
+  "rl.num_prompts",
+  "optim.learning_rate",
+  "kl.beta",
+  "kl.name",
+  "correction.name",
+  "task.name",
+  "model.num_layers",
+  "model.d_model",
+  "seed",
 )
 
 
@@ -157,8 +175,12 @@ def make_eval_fn(model, task, config, mesh, rules=sharding.DEFAULT_RULES):
   return host_eval
 
 
-def _sft_phase(exp: Experiment, writer, log_every: int) -> TrainState:
-  """Supervised warm start on prompt → reference answer (logged under sft/)."""
+def _sft_phase(exp: Experiment, workdir: str, log_every: int) -> TrainState:
+  """Supervised warm start on prompt → reference answer.
+
+  Logged under `sft/` in its own TensorBoard run, `<workdir>/sft`, with its own step axis
+  (1..sft.steps): RL steps in `<workdir>` then start at 0 and compare cleanly across runs.
+  """
   config, task, model = exp.config, exp.task, exp.model
   steps = config.sft.steps
   tx, schedule = make_optimizer(
@@ -195,6 +217,8 @@ def _sft_phase(exp: Experiment, writer, log_every: int) -> TrainState:
   )
   t0 = time.time()
   guard = SkipGuard(config.train.max_skipped_updates, "sft")
+  writer = metrics_lib.SummaryWriter(os.path.join(workdir, "sft"))
+  logging.info("supervised warm start: %d steps (events in %s)", steps, writer.logdir)
   for i in range(steps):
     batch = to_global_batch(next(it), exp.batch_sharding)
     params, opt_state, loss, skipped = sft_step(params, opt_state, batch)
@@ -206,6 +230,7 @@ def _sft_phase(exp: Experiment, writer, log_every: int) -> TrainState:
       writer.scalars(i + 1, scalars)
       guard.finite_metrics(scalars)
       logging.info("sft %d/%d loss %.4f (%.1fs)", i + 1, steps, loss, time.time() - t0)
+  writer.close()
   return exp.state.replace(params=params)
 
 
@@ -521,17 +546,49 @@ def _commit() -> str | None:
   return out.stdout.strip() or None
 
 
-def record_run(config: ml_collections.ConfigDict, workdir: str, writer, step: int) -> str | None:
+def run_hparams(
+  config: ml_collections.ConfigDict, exp: Experiment | None = None, extra: Sequence[str] = ()
+) -> dict[str, bool | int | float | str]:
+  """The run's HParams: `HPARAM_FIELDS` plus the fields named in `extra` (e.g. those a sweep
+  sets), with the objective's clip widths resolved to the values it uses, and the parameter
+  count when `exp` is given. Unset fields read 'default'."""
+  resolved = config_lib.learner_settings(config).objective.hyperparameters
+  out: dict[str, bool | int | float | str] = {}
+  for field in dict.fromkeys([*HPARAM_FIELDS, *extra]):
+    node = config
+    for part in field.split("."):
+      node = node[part]
+    if field.startswith("objective.") and field.split(".", 1)[1] in resolved:
+      node = resolved[field.split(".", 1)[1]]
+    if isinstance(node, (bool, int, float, str)):
+      out[field] = node
+    else:
+      out[field] = "default" if node is None else json.dumps(node)
+  if exp is not None:
+    out["params"] = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(exp.state.params))
+  return out
+
+
+def record_run(
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  writer,
+  step: int,
+  hparams: Mapping[str, bool | int | float | str] | None = None,
+) -> str | None:
   """Records the run's resolved config in `workdir` (process 0): `config.json` with every field
   after overrides plus the package version and commit, JAX version, backend and device count,
-  and the same fields as a TensorBoard text table (tag `config`). A resumed run with the same
-  config writes nothing; one with a changed config writes `config.resume-<step>.json` (and a
-  new table at `step`). Returns the file written, or None."""
+  the same fields as a TensorBoard text table (tag `config`), and `hparams` as the run's
+  HParams session (metrics: `metric_info.HPARAMS_METRICS`). A resumed run with the same config
+  writes nothing; one with a changed config writes `config.resume-<step>.json` (and a new
+  table at `step`; the HParams session stays the first one). Returns the file written, or
+  None."""
   if jax.process_index() != 0:
     return None
   fields = json.loads(config.to_json_best_effort())
   path = os.path.join(workdir, "config.json")
-  if os.path.exists(path):
+  first = not os.path.exists(path)
+  if not first:
     with open(path) as f:
       if json.load(f).get("config") == fields:
         return None
@@ -559,16 +616,40 @@ def record_run(config: ml_collections.ConfigDict, workdir: str, writer, step: in
   rows.append(f"\n{os.path.basename(path)}: jaxrl_llm {__version__}, JAX {jax.__version__}, ")
   rows[-1] += f"{record['backend']} x {record['devices']} devices, commit {record['commit']}"
   writer.text(step, "config", "\n".join(rows))
+  if first and hparams:
+    declared = [
+      (tag, name, metric_info.info(tag).meaning if metric_info.info(tag) else "")
+      for tag, name in metric_info.HPARAMS_METRICS
+    ]
+    trial = os.path.basename(os.path.normpath(workdir))
+    writer.hparams(hparams, declared, trial_id=trial, start_time=time.time())
   return path
+
+
+def parameter_counts(exp: Experiment) -> tuple[int, int]:
+  """(total, active per token) parameter counts: a MoE layer's experts count top_k / E."""
+  mc = exp.model.cfg
+  total = active = 0
+  for path, x in jax.tree_util.tree_leaves_with_path(exp.state.params):
+    n = int(np.prod(x.shape))
+    keys = [getattr(k, "key", "") for k in path]
+    total += n
+    if mc.moe_num_experts and "moe" in keys and keys[-1] in ("gate", "up", "down"):
+      n = n * mc.moe_top_k // mc.moe_num_experts
+    active += n
+  return total, active
 
 
 def log_banner(exp: Experiment, workdir: str) -> None:
   """The run's first lines: what runs where, and how to watch it."""
-  params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(exp.state.params))
+  total, active = parameter_counts(exp)
+  params = f"{total / 1e6:.3g}M parameters"
+  if active != total:
+    params += f" ({active / 1e6:.3g}M active per token)"
   mesh = " x ".join(f"{k}={v}" for k, v in exp.mesh.shape.items() if v > 1) or "one device"
   device = jax.devices()[0]
   logging.info(
-    "jaxrl_llm %s | JAX %s | %s (%s) x %d devices, %d process(es) | mesh %s | %.3gM parameters",
+    "jaxrl_llm %s | JAX %s | %s (%s) x %d devices, %d process(es) | mesh %s | %s",
     __version__,
     jax.__version__,
     device.platform,
@@ -576,13 +657,18 @@ def log_banner(exp: Experiment, workdir: str) -> None:
     jax.device_count(),
     jax.process_count(),
     mesh,
-    params / 1e6,
+    params,
   )
   logging.info("workdir %s | watch it: tensorboard --logdir %s", workdir, workdir)
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-  """Runs the experiment in `workdir` (resuming from its latest checkpoint); returns last eval."""
+def train_and_evaluate(
+  config: ml_collections.ConfigDict, workdir: str, *, hparam_fields: Sequence[str] = ()
+) -> dict[str, float]:
+  """Runs the experiment in `workdir` (resuming from its latest checkpoint); returns the last
+  evaluation. `hparam_fields`: config fields to list in the HParams view beside
+  `HPARAM_FIELDS` (the command line passes the fields it overrides)."""
+  wall_start = time.time()
   try:
     distributed.check_same_config(config)
   except ValueError as err:
@@ -625,21 +711,25 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       latest, state, _saved_meta = resumed
       logging.info("resumed from %s at step %d", workdir, latest)
     elif config.sft.steps:
-      state = init_reference(_sft_phase(exp, writer, tr.log_every), config.kl.beta)
+      state = init_reference(_sft_phase(exp, workdir, tr.log_every), config.kl.beta)
       # The warm start is a checkpoint of its own (step 0): a relaunch does not redo it.
       ckpt.save(0, state, data_iter=train_iter, meta=exp.meta, force=True)
 
     start = int(state.step)
-    record_run(config, workdir, writer, start)
+    record_run(config, workdir, writer, start, run_hparams(config, exp, hparam_fields))
     last_eval: dict[str, float] = {}
+    evals: list[tuple[int, dict[str, float]]] = []
 
     def evaluate(step: int):
       nonlocal last_eval
       args = (eval_answers,) if exp.host_reward else ()
+      t = time.time()
       m = metrics_lib.flatten_metrics(exp.eval_fn(state.params, eval_batch, eval_key, *args))
       writer.scalars(step, m)
       last_eval = m
-      logging.info("eval step %d: %s", step, "  ".join(f"{k}={v:.3f}" for k, v in m.items()))
+      evals.append((step, m))
+      shown = " ".join(f"{k.removeprefix('eval/')} {v:.3g}" for k, v in m.items())
+      logging.info("eval step %d: %s (%.1fs)", step, shown, time.time() - t)
 
     if start >= tr.num_steps:  # a finished workdir: report its last evaluation, write nothing
       logging.info(
@@ -652,12 +742,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       return {k: v[-1][1] for k, v in saved.items() if k.startswith("eval/") and v}
     if start == 0:
       evaluate(0)
-    t_start, t_last, last_logged = time.time(), time.time(), start
     end = tr.num_steps
     if tr.stop_after_steps:
       end = min(end, start + tr.stop_after_steps)
     guard = SkipGuard(tr.max_skipped_updates, "rl")
     updates_per_step = config.rl.num_epochs * config.rl.num_minibatches
+    progress = metrics_lib.Progress(tr.num_steps)
+    t_loop, t_last, last_logged, tokens = time.time(), time.time(), start, 0.0
+    logging.info("compiling the RL step (its first run includes compilation) ...")
     for step in range(start, end):
       np_batch = next(train_iter)
       rng = jax.random.fold_in(state.rng, step)
@@ -667,11 +759,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         state, metrics = exp.rl_step(state, to_global_batch(np_batch, exp.batch_sharding), rng)
       done = step + 1
       guard.update(done, int(metrics["optim/skipped_updates"]), updates=updates_per_step)
+      if step > start:  # tokens/s of the steady state, as the rate
+        tokens += float(metrics["perf/generated_tokens"])
+      if step == start:  # compile + first update: excluded from the rate and ETA
+        t_compiled = time.time()
+        progress.mark(done, t_compiled)
+        logging.info("RL step compiled; first update done in %.1fs", t_compiled - t_loop)
       if done % tr.log_every == 0 or done == tr.num_steps:
         m = distributed.host_values(metrics)  # per-row arrays gathered from every process
         now = time.time()
         dt = (now - t_last) / max(done - last_logged, 1)
         t_last, last_logged = now, done
+        if done > start + 1:
+          progress.mark(done, now)
         scalars = {k: float(v) for k, v in m.items() if np.ndim(v) == 0}
         scalars["perf/step_time_s"] = dt
         scalars["perf/generated_tokens_per_s"] = scalars["perf/generated_tokens"] / dt
@@ -682,15 +782,54 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           done, {k[len("hist/") :]: v for k, v in m.items() if k.startswith("hist/")}
         )
         writer.text(done, "samples", _text_summary(exp.task, m, tr.text_samples))
-        shown = {k: scalars[k] for k in PROGRESS_KEYS if k in scalars}
-        logging.info(
-          metrics_lib.format_progress(done, tr.num_steps, now - t_start, shown, start_step=start)
-        )
+        logging.info(progress.line(done, scalars))
       if done % tr.eval_every == 0 or done == tr.num_steps:
         evaluate(done)
       ckpt.save(done, state, data_iter=train_iter, meta=exp.meta, force=done in (end, tr.num_steps))
     ckpt.wait()
+    if end == tr.num_steps:
+      writer.session_end(end)
+    times = (time.time() - wall_start, t_compiled, time.time())
+    log_summary(workdir, str(ckpt.directory), start, end, *times, tokens, evals)
   finally:
     ckpt.close()  # pending saves finish (or fail) before the error propagates
     writer.close()
   return last_eval
+
+
+def log_summary(
+  workdir: str,
+  checkpoints: str,
+  start: int,
+  end: int,
+  wall_s: float,
+  t_compiled: float,
+  t_end: float,
+  tokens: float,
+  evals: Sequence[tuple[int, Mapping[str, float]]],
+) -> None:
+  """The run's last lines: steps, wall time, RL steps/s and generated tokens/s after
+  compilation, first and final evaluation, and where checkpoints and events are."""
+  steady = max(t_end - t_compiled, 1e-9)
+  logging.info(
+    "trained RL steps %d..%d in %s wall time | %.3g steps/s, %.3g generated tokens/s after the "
+    "first (compiling) step",
+    start,
+    end,
+    metrics_lib.format_duration(wall_s),
+    (end - start - 1) / steady if end - start > 1 else float("nan"),
+    tokens / steady if end - start > 1 else float("nan"),
+  )
+  if evals:
+    (s0, first), (s1, last) = evals[0], evals[-1]
+    pairs = [
+      f"{k.removeprefix('eval/')} {first[k]:.3g} -> {v:.3g}" for k, v in last.items() if k in first
+    ]
+    if s1 != s0:
+      logging.info("eval from step %d to %d: %s", s0, s1, ", ".join(pairs))
+  logging.info(
+    "checkpoints in %s | events in %s: tensorboard --logdir %s",
+    checkpoints,
+    workdir,
+    workdir,
+  )

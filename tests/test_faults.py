@@ -252,7 +252,7 @@ def test_the_sft_warm_start_is_checkpointed_and_not_redone(tmp_path):
   shutil.copytree(straight, killed)
   shutil.rmtree(killed / "checkpoints" / "2")  # as if killed before the first RL save
   train.train_and_evaluate(config, str(killed))
-  sft_logged = [s for s, _ in metrics.read_scalars(str(killed))["sft/loss"]]
+  sft_logged = [s for s, _ in metrics.read_scalars(str(killed / "sft"))["sft/loss"]]
   assert sft_logged == [1, 2, 3]  # logged once: the relaunch did not redo the warm start
   abstract = jax.tree.map(
     lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), train.build(config).state

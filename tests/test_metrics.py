@@ -129,12 +129,24 @@ def test_flatten_metrics():
     metrics.flatten_metrics({"rollout": {"x": jnp.ones(2)}})
 
 
-def test_format_progress():
-  line = metrics.format_progress(100, 1000, 50.0, {"rollout/reward_mean": 0.123456})
-  assert line == (
-    "step 100/1000 (10.0%) | 2 steps/s | elapsed 0:00:50 | ETA 0:07:30 | rollout/reward_mean=0.1235"
-  )
-  resumed = metrics.format_progress(600, 1000, 100.0, start_step=500)
-  assert "1 steps/s" in resumed and "ETA 0:06:40" in resumed
-  assert "ETA ?" in metrics.format_progress(0, 10, 0.0)
+def test_progress_rate_and_eta_come_from_a_recent_window():
+  """The first (compiling) step is not in the rate; the ETA follows recent steps only."""
+  progress = metrics.Progress(1000, window=2)
+  assert "? steps/s" in progress.line(1) and "ETA ?" in progress.line(1)
+  progress.mark(1, now=100.0)  # first update done after 100 s of compiling
+  progress.mark(11, now=101.0)  # then 10 steps/s
+  assert progress.rate == pytest.approx(10.0)
+  assert progress.eta_s == pytest.approx(98.9)
+  progress.mark(21, now=103.0)
+  progress.mark(31, now=105.0)  # slowed to 5 steps/s: the window (2 intervals) forgets the start
+  assert progress.rate == pytest.approx(5.0) and progress.eta_s == pytest.approx(193.8)
+  scalars = {
+    "rollout/reward_mean": 0.123456,
+    "policy/clip_frac": 0.02,
+    "optim/skipped_updates": 0.0,
+  }
+  scalars.update({f"other/tag_{i}": 1.0 for i in range(40)})  # full metrics go to TensorBoard
+  line = progress.line(31, scalars)
+  assert line == "step 31/1000 (3%) 5 steps/s ETA 0:03:14 | reward 0.123 clip 0.02"
+  assert "skipped 2" in progress.line(31, {**scalars, "optim/skipped_updates": 2.0})
   assert metrics.format_duration(3 * 3600 + 62) == "3:01:02"

@@ -150,6 +150,22 @@ def test_resume_with_other_settings_is_refused(tiny_sweep, capsys):
   assert capsys.readouterr().out.count("skip (complete)") == 2
 
 
+def test_sweep_fills_the_hparams_view(tiny_sweep):
+  """TensorBoard's HParams tab on the sweep root (its plugin's own backend): one row per run,
+  the swept fields as columns with each run's values, final metrics as values."""
+  root, _, _ = tiny_sweep
+  table = metrics.hparams_table(str(root))
+  assert [r["name"] for r in table] == sorted(_names())
+  for row, clip in zip(table, CLIPS):
+    assert row["hparams"]["objective.clip_high"] == pytest.approx(float(clip))
+    assert row["hparams"]["seed"] == 0 and row["hparams"]["objective.name"] == "ppo_clip"
+    assert "train.num_steps" not in row["hparams"]  # fixed by --set: not a column
+    assert row["status"] == "success"
+    final = metrics.read_scalars(str(root / row["name"]))
+    for tag in ("eval/accuracy", "rollout/reward_mean", "policy/entropy", "policy/clip_frac"):
+      assert row["metrics"][tag] == pytest.approx(final[tag][-1][1])
+
+
 def test_compare_prints_both_runs(tiny_sweep, tmp_path):
   root, _, _ = tiny_sweep
   out = tmp_path / "out.csv"
@@ -190,17 +206,30 @@ def test_failed_runs_are_reported_and_the_sweep_goes_on(tmp_path):
     assert log.strip().splitlines()[-1] in proc.stderr  # the tail of the log is shown
 
 
+def test_compare_table_fits_the_width_in_blocks():
+  header = ["run", "step"] + [f"some/long_metric_name_{i} final" for i in range(12)]
+  rows = [[f"objective.clip_high=0.{i}", 100] + [0.123456 * j for j in range(12)] for i in range(3)]
+  text = compare.format_blocks(header, rows, width=120)
+  lines = text.splitlines()
+  assert max(map(len, lines)) <= 120 and text.count("run ") > 1  # several blocks
+  for h in header[2:]:
+    assert text.count(h) == 1  # every column shown exactly once
+  assert compare.format_blocks(header, rows, width=0) == compare.format_table(header, rows)
+
+
 def test_compare_summaries():
   series = [(0, 0.1), (5, 0.7), (10, float("nan")), (15, 0.5)]
   assert compare.summarize(series) == {"final": 0.5, "final_step": 15, "best": 0.7, "best_step": 5}
   assert compare.summarize(series, minimize=True)["best"] == 0.1
   assert compare.summarize([]) is None
   assert compare.summarize(series, best=False)["best"] is None
-  # A best only where a direction is better: accuracy up, loss and KL down; entropy, clip
-  # fraction and length have none.
+  # A best only where the metric declares a direction: accuracy up, SFT loss, KL and skips
+  # down; entropy, clip fraction, length and the policy-gradient loss have none.
   assert compare.direction("eval/accuracy") == compare.direction("eval/pass@4") == "max"
-  assert compare.direction("policy/loss") == compare.direction("kl/ref_kl") == "min"
-  for tag in ("policy/entropy", "policy/clip_frac_high", "rollout/length_mean"):
+  assert compare.direction("sft/loss") == compare.direction("kl/ref_kl") == "min"
+  assert compare.direction("optim/skipped_updates") == "min"
+  for tag in ("policy/entropy", "policy/clip_frac", "rollout/length_mean", "policy/loss"):
     assert compare.direction(tag) is None
+  assert compare.direction("policy/entropy", maximize=["policy/*"]) == "max"  # user override
   tags = ["eval/accuracy", "eval/pass@4", "policy/loss"]
   assert compare.expand_tags(["eval/*", "x/y"], tags) == ["eval/accuracy", "eval/pass@4", "x/y"]

@@ -45,9 +45,14 @@ def test_tensorboard_has_the_required_tags(tiny_run):
     "perf/step_time_s",
     "eval/accuracy",
     "eval/pass@2",
-    "sft/loss",
+    "policy/clip_frac",
   }
   assert required <= scalars, sorted(required - scalars)
+  # The warm start is its own TensorBoard run with its own step axis; the RL run has no sft/.
+  assert not any(t.startswith("sft/") for t in scalars)
+  sft = metrics.read_scalars(str(workdir / "sft"))
+  assert [s for s, _ in sft["sft/loss"]] == [1, 2, 3]
+  assert min(s for series in metrics.read_scalars(str(workdir)).values() for s, _ in series) == 0
   plugins = tags["plugins"]
   assert {"reward", "length", "advantage"} <= set(plugins["histograms"])
   assert "samples" in plugins["text"]
@@ -207,13 +212,22 @@ def test_the_run_records_its_config_once(tmp_path):
   assert record["config"]["train"]["num_steps"] == 2
   assert record["jax"] == jax.__version__ and record["devices"] == jax.device_count()
   assert "config" in metrics.read_tags(str(tmp_path))["tensors"]
+  hp = metrics.read_hparams(str(tmp_path))  # the HParams session, as TensorBoard reads it
+  assert set(train.HPARAM_FIELDS) <= set(hp["hparams"]) and hp["status"] == "success"
+  assert hp["hparams"]["objective.clip_high"] == pytest.approx(0.28)
+  assert hp["hparams"]["objective.clip_low"] == pytest.approx(0.2)  # the objective's default
+  assert hp["hparams"]["params"] > 0 and "eval/accuracy" in hp["metrics"]
   events = sorted(p.name for p in tmp_path.glob("events.*"))
   again = train.train_and_evaluate(config, str(tmp_path))  # finished: nothing to train
   assert again == first and "eval/accuracy" in again  # the last evaluation, read back
   assert sorted(p.name for p in tmp_path.glob("events.*")) == events  # no empty event file
   assert sorted(p.name for p in tmp_path.glob("config*.json")) == ["config.json"]
   longer = tiny_config(**{"train.num_steps": 4, "objective.clip_high": 0.28})
-  train.train_and_evaluate(longer, str(tmp_path))
+  final = train.train_and_evaluate(longer, str(tmp_path))
   resumed = json.loads((tmp_path / "config.resume-2.json").read_text())
   assert resumed["config"]["train"]["num_steps"] == 4 and resumed["step"] == 2
   assert json.loads((tmp_path / "config.json").read_text()) == record  # the first is kept
+  assert metrics.read_hparams(str(tmp_path))["sessions"] == 1  # a resume adds no session
+  table = metrics.hparams_table(str(tmp_path))  # what TensorBoard's HParams tab shows
+  assert len(table) == 1 and table[0]["status"] == "success"
+  assert table[0]["metrics"]["eval/accuracy"] == pytest.approx(final["eval/accuracy"])

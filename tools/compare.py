@@ -3,7 +3,10 @@
 Every directory under `--root` that holds TensorBoard event files is a run (a sweep's workdirs,
 or any set of trainer workdirs). Prints one row per run with the final and best value of each
 tag; `--csv` also writes the table as CSV. Tags may be glob patterns (`--tags='eval/*'`).
-"Best" is the maximum, or the minimum for tags matching `--minimize`.
+"Best" follows each metric's declared direction (`jaxrl_llm/metric_info.py`): the maximum
+for accuracy or reward, the minimum for skipped updates or timeouts, none for entropy, length or
+clip fraction; `--maximize`/`--minimize` override it. The table is split into blocks of columns
+that fit `--width` (120) characters.
 
 TensorBoard shows the same runs side by side: `tensorboard --logdir /tmp/sweep`.
 """
@@ -17,6 +20,8 @@ import math
 import os
 import sys
 from collections.abc import Sequence
+
+from jaxrl_llm import metric_info  # no JAX: keeps --help fast
 
 DEFAULT_TAGS = ("eval/accuracy", "eval/pass@*", "rollout/reward_mean")
 EVENT_PREFIX = "events.out.tfevents."
@@ -56,18 +61,15 @@ def expand_tags(patterns: Sequence[str], available: Sequence[str]) -> list[str]:
   return out
 
 
-MAXIMIZE = ("*accuracy*", "*pass@*", "*reward*")  # tags where more is better
-MINIMIZE = ("*loss*", "*kl*", "*skipped*", "*errors*", "*timeouts*")  # tags where less is better
-
-
-def direction(tag: str, maximize=MAXIMIZE, minimize=MINIMIZE) -> str | None:
-  """'max', 'min' or None (no "best" for tags like entropy, length or clip fraction, where
-  neither direction is better in general)."""
+def direction(tag: str, maximize: Sequence[str] = (), minimize: Sequence[str] = ()) -> str | None:
+  """'max', 'min' or None for `tag`: the user's `maximize`/`minimize` glob patterns first, then
+  the direction the metric declares (`jaxrl_llm.metric_info`). Tags like entropy, length or
+  clip fraction declare none: neither direction is better in general, so they get no best."""
   if any(fnmatch.fnmatchcase(tag, p) for p in minimize):
     return "min"
   if any(fnmatch.fnmatchcase(tag, p) for p in maximize):
     return "max"
-  return None
+  return metric_info.direction(tag)
 
 
 def summarize(
@@ -113,12 +115,42 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str
   return "\n".join(lines)
 
 
+def format_blocks(
+  header: Sequence[str], rows: Sequence[Sequence[object]], width: int = 120, keep: int = 2
+) -> str:
+  """`format_table`, split into blocks of columns that each fit `width` characters (0: no
+  limit); every block repeats the first `keep` columns (run and step)."""
+  if width <= 0 or len(format_table(header, rows).splitlines()[0]) <= width:
+    return format_table(header, rows)
+  blocks: list[list[int]] = []
+  for i in range(keep, len(header)):
+    trial = (blocks[-1] if blocks else []) + [i]
+    cols = list(range(keep)) + trial
+    fits = (
+      len(
+        format_table([header[c] for c in cols], [[r[c] for c in cols] for r in rows]).splitlines()[
+          1
+        ]
+      )
+      <= width
+    )
+    if blocks and fits:
+      blocks[-1].append(i)
+    else:
+      blocks.append([i])
+  out = []
+  for block in blocks:
+    cols = list(range(keep)) + block
+    out.append(format_table([header[c] for c in cols], [[r[c] for c in cols] for r in rows]))
+  return "\n\n".join(out)
+
+
 def compare(
   root: str,
   tags: Sequence[str] = DEFAULT_TAGS,
-  minimize: Sequence[str] = MINIMIZE,
+  minimize: Sequence[str] = (),
   sort: str | None = None,
-  maximize: Sequence[str] = MAXIMIZE,
+  maximize: Sequence[str] = (),
 ) -> tuple[list[str], list[list[object]]]:
   """Reads every run under `root`; returns (header, rows) of final/best values per tag. A
   tag's best is its maximum or minimum by `direction`; tags of neither kind have no best."""
@@ -168,14 +200,20 @@ def main(argv: Sequence[str] | None = None) -> int:
   )
   p.add_argument(
     "--minimize",
-    default=",".join(MINIMIZE),
-    help="Tag patterns whose best value is the minimum (default: %(default)s).",
+    default="",
+    help="Tag patterns whose best value is the minimum (default: each metric's own direction).",
   )
   p.add_argument(
     "--maximize",
-    default=",".join(MAXIMIZE),
-    help="Tag patterns whose best value is the maximum; other tags get no best (default: "
-    "%(default)s).",
+    default="",
+    help="Tag patterns whose best value is the maximum (default: each metric's own direction).",
+  )
+  p.add_argument(
+    "--width",
+    type=int,
+    default=120,
+    help="Terminal table width: wider tables are split into blocks of columns (default: "
+    "%(default)s; 0 for one block).",
   )
   p.add_argument("--sort", default=None, help="Sort rows by this tag's final value, largest first.")
   p.add_argument("--csv", default=None, help="Also write the table to this CSV file.")
@@ -195,7 +233,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1
   # The terminal table leaves out best_step; the CSV keeps every column.
   shown = [i for i, h in enumerate(header) if not h.endswith(" best_step")]
-  print(format_table([header[i] for i in shown], [[r[i] for i in shown] for r in rows]))
+  print(
+    format_blocks([header[i] for i in shown], [[r[i] for i in shown] for r in rows], args.width)
+  )
   if args.csv:
     write_csv(args.csv, header, rows)
     print(f"wrote {args.csv}")

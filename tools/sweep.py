@@ -130,14 +130,17 @@ def run_name(params: dict[str, str]) -> str:
   return name
 
 
-def trainer_argv(config: str, workdir: str, overrides: dict[str, str]) -> list[str]:
-  """The trainer command of one run."""
+def trainer_argv(
+  config: str, workdir: str, overrides: dict[str, str], swept: Sequence[str] = ()
+) -> list[str]:
+  """The trainer command of one run; `swept` fields become its HParams columns."""
   return [
     sys.executable,
     *TRAINER,
     f"--config={config}",
     f"--workdir={workdir}",
     *(f"--config.{k}={v}" for k, v in overrides.items()),
+    *([f"--hparams={','.join(swept)}"] if swept else []),
   ]
 
 
@@ -201,7 +204,7 @@ def plan(
         workdir=workdir,
         params=params,
         overrides=overrides,
-        argv=trainer_argv(config, workdir, overrides),
+        argv=trainer_argv(config, workdir, overrides, list(params)),
         final_step=int(cfg.train.num_steps),
       )
     )

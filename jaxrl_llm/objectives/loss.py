@@ -18,6 +18,9 @@ _SPECIAL = ("ratio", "log_ratio", "is_clipped_low", "is_clipped_high")
 def _reduce_diagnostics(diag: dict[str, jax.Array], m: jax.Array) -> dict[str, jax.Array]:
   seq_valid = m.sum(-1) > 0
   out = {
+    "policy/clip_frac": masked_mean(
+      jnp.maximum(diag["is_clipped_low"], diag["is_clipped_high"]), m
+    ),
     "policy/clip_frac_low": masked_mean(diag["is_clipped_low"], m),
     "policy/clip_frac_high": masked_mean(diag["is_clipped_high"], m),
     "policy/ratio_mean": masked_mean(diag["ratio"], m),
@@ -56,8 +59,8 @@ def policy_loss(
   normalizer: the minibatch-level normaliser for gradient accumulation, from
   `aggregation.normalizer(minibatch_mask, aggregation, max_len)`.
 
-  Metrics (stop-gradient scalars over masked tokens): policy/loss, policy/clip_frac_low,
-  policy/clip_frac_high, policy/ratio_mean, policy/ratio_min, policy/ratio_max,
+  Metrics (stop-gradient scalars over masked tokens): policy/loss, policy/clip_frac
+  (either bound), policy/clip_frac_low, policy/clip_frac_high, policy/ratio_mean, policy/ratio_min, policy/ratio_max,
   policy/approx_kl (mean −Δ), and policy/<key>_mean for objective-specific diagnostics.
   """
   lookup(dict.fromkeys(AGGREGATION_MODES), aggregation, "aggregation")

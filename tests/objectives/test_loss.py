@@ -70,6 +70,7 @@ def test_policy_loss_metrics():
   want = {
     "policy/clip_frac_low": np.mean((r < 0.9) & (a < 0)),
     "policy/clip_frac_high": np.mean((r > 1.25) & (a > 0)),
+    "policy/clip_frac": np.mean(((r < 0.9) & (a < 0)) | ((r > 1.25) & (a > 0))),
     "policy/ratio_mean": r.mean(),
     "policy/ratio_min": r.min(),
     "policy/ratio_max": r.max(),
