@@ -26,7 +26,7 @@ class MetricInfo:
 
 
 METRICS: tuple[MetricInfo, ...] = (
-  MetricInfo("eval/accuracy", MAX, "greedy accuracy on the held-out set", "", "val-core/*/acc"),
+  MetricInfo("eval/accuracy", MAX, "greedy accuracy on the held-out set"),
   MetricInfo("eval/pass@*", MAX, "pass@k on the held-out set (k samples per prompt)"),
   MetricInfo("eval/sample_accuracy", MAX, "accuracy of sampled held-out completions"),
   MetricInfo("eval/length_mean", None, "mean length of greedy held-out completions"),
@@ -75,7 +75,7 @@ METRICS: tuple[MetricInfo, ...] = (
   MetricInfo("reward/*", MAX, "mean of one reward term", "rewards/<func>/mean"),
   MetricInfo("adv/mean", None, "mean advantage", "", "critic/advantages/mean"),
   MetricInfo("adv/std", None, "std of advantages"),
-  MetricInfo("adv/abs_max", None, "largest |advantage|", "", "critic/advantages/max"),
+  MetricInfo("adv/abs_max", None, "largest absolute advantage", "", "critic/advantages/max"),
   MetricInfo("policy/loss", None, "policy loss (objective only)", "loss", "actor/pg_loss"),
   MetricInfo("policy/total_loss", None, "loss with KL and regularisers"),
   MetricInfo(
@@ -106,18 +106,13 @@ METRICS: tuple[MetricInfo, ...] = (
     "policy/approx_kl", None, "k1 KL of old to new policy over the update", "", "actor/ppo_kl"
   ),
   MetricInfo("policy/*_mean", None, "objective-specific means (seq ratio, IS weight, gates)"),
-  MetricInfo(
-    "behaviour/kl_k3",
-    MIN,
-    "k3 KL between the sampler and the learner",
-    "",
-    "training/rollout_probs_diff_mean",
-  ),
+  MetricInfo("behaviour/kl_k3", MIN, "k3 KL between the sampler and the learner"),
   MetricInfo(
     "behaviour/mismatch_*",
     MIN,
-    "|log-prob of learner - sampler| per token",
+    "absolute log-prob difference of learner and sampler per token (verl: in probabilities)",
     "sampling/sampling_logp_difference/*",
+    "training/rollout_probs_diff_*",
   ),
   MetricInfo(
     "behaviour/rho_*",
@@ -172,3 +167,17 @@ def direction(tag: str) -> str | None:
   """'max' (higher is better), 'min' (lower is better) or None (neither, or unknown)."""
   entry = info(tag)
   return entry.direction if entry else None
+
+
+def mapping_table() -> str:
+  """The README's markdown table: each metric with a peer name, its direction and meaning."""
+  arrow = {MAX: "higher", MIN: "lower", None: "neither"}
+  rows = [
+    "| this project | TRL GRPOTrainer | verl | better | meaning |",
+    "|---|---|---|---|---|",
+  ]
+  for m in METRICS:
+    if m.trl or m.verl:
+      trl, verl = (f"`{n}`" if n else "-" for n in (m.trl, m.verl))
+      rows.append(f"| `{m.pattern}` | {trl} | {verl} | {arrow[m.direction]} | {m.meaning} |")
+  return "\n".join(rows)

@@ -150,3 +150,19 @@ def test_progress_rate_and_eta_come_from_a_recent_window():
   assert line == "step 31/1000 (3%) 5 steps/s ETA 0:03:14 | reward 0.123 clip 0.02"
   assert "skipped 2" in progress.line(31, {**scalars, "optim/skipped_updates": 2.0})
   assert metrics.format_duration(3 * 3600 + 62) == "3:01:02"
+
+
+def test_every_logged_tag_declares_itself_and_the_readme_maps_the_peers():
+  """Each tag a real run writes has a metric_info entry (meaning, direction); the README's
+  TRL/verl table is the registry's own."""
+  from conftest import REPO
+
+  from jaxrl_llm import metric_info
+
+  readme = (REPO / "README.md").read_text()
+  assert metric_info.mapping_table() in readme
+  for tag in ("eval/accuracy", "rollout/truncated_frac", "policy/clip_frac", "sft/loss"):
+    assert metric_info.info(tag) is not None
+  assert metric_info.direction("eval/pass@8") == "max"
+  assert metric_info.direction("verifier/timeouts/math_correct") == "min"
+  assert metric_info.direction("policy/entropy") is None

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import REPO, run_steps, tiny_config
 
-from jaxrl_llm import data, metrics, train
+from jaxrl_llm import data, metric_info, metrics, train
 
 
 def _run(config, workdir):
@@ -50,6 +50,7 @@ def test_tensorboard_has_the_required_tags(tiny_run):
   assert required <= scalars, sorted(required - scalars)
   # The warm start is its own TensorBoard run with its own step axis; the RL run has no sft/.
   assert not any(t.startswith("sft/") for t in scalars)
+  assert [t for t in scalars if metric_info.info(t) is None] == []  # every tag is declared
   sft = metrics.read_scalars(str(workdir / "sft"))
   assert [s for s, _ in sft["sft/loss"]] == [1, 2, 3]
   assert min(s for series in metrics.read_scalars(str(workdir)).values() for s, _ in series) == 0
