@@ -207,6 +207,9 @@ def validate(
   _collect(
     e, tr.stop_after_steps >= 0, f"train.stop_after_steps={tr.stop_after_steps} must be >= 0"
   )
+  _collect(
+    e, tr.profile_steps >= 0, f"train.profile_steps={tr.profile_steps} must be >= 0 (0 = off)"
+  )
   _collect(e, tr.pass_k >= 1, f"train.pass_k={tr.pass_k} must be >= 1")
   _collect(e, config.sft.steps >= 0, f"sft.steps={config.sft.steps} must be >= 0")
   _collect(

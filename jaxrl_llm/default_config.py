@@ -168,6 +168,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.train.max_skipped_updates = 10  # stop after this many consecutive non-finite updates
   c.train.text_samples = 8  # completions shown in the TensorBoard text summary
   c.train.stop_after_steps = 0  # end this invocation after N steps (time-limited jobs; 0 = off)
+  c.train.profile_steps = 0  # trace N RL steps after the compiling one (TensorBoard Profile tab)
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = -1  # data-parallel devices (-1 = all the other axes leave)

@@ -750,7 +750,11 @@ def train_and_evaluate(
     progress = metrics_lib.Progress(tr.num_steps)
     t_loop, t_last, last_logged, tokens = time.time(), time.time(), start, 0.0
     logging.info("compiling the RL step (its first run includes compilation) ...")
+    profiling = False
     for step in range(start, end):
+      if tr.profile_steps and step == start + 1 and jax.process_index() == 0:
+        jax.profiler.start_trace(workdir)  # <workdir>/plugins/profile/<time>/ (Profile tab)
+        profiling = True
       np_batch = next(train_iter)
       rng = jax.random.fold_in(state.rng, step)
       if exp.host_reward:
@@ -761,6 +765,11 @@ def train_and_evaluate(
       guard.update(done, int(metrics["optim/skipped_updates"]), updates=updates_per_step)
       if step > start:  # tokens/s of the steady state, as the rate
         tokens += float(metrics["perf/generated_tokens"])
+      if profiling and (done == start + 1 + tr.profile_steps or done == end):
+        jax.block_until_ready(state)
+        jax.profiler.stop_trace()
+        profiling = False
+        logging.info("profiled steps %d..%d into %s/plugins/profile", start + 2, done, workdir)
       if step == start:  # compile + first update: excluded from the rate and ETA
         t_compiled = time.time()
         progress.mark(done, t_compiled)

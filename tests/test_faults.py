@@ -138,6 +138,7 @@ BAD_CONFIGS = [
   ("optim.learning_rate", 0.0), ("optim.decay_to", -0.5), ("optim.grad_clip", -1.0),
   ("sft.steps", -1), ("sft.batch_size", 0), ("train.num_steps", 0), ("train.eval_every", 0),
   ("train.pass_k", 0), ("train.text_samples", -1), ("train.stop_after_steps", -1),
+  ("train.profile_steps", -1),
   ("mesh.data", 3), ("mesh.fsdp", 0), ("mesh.expert", 3), ("mesh.rules", ("notapair",)),
 ]  # fmt: skip
 

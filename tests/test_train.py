@@ -232,3 +232,13 @@ def test_the_run_records_its_config_once(tmp_path):
   table = metrics.hparams_table(str(tmp_path))  # what TensorBoard's HParams tab shows
   assert len(table) == 1 and table[0]["status"] == "success"
   assert table[0]["metrics"]["eval/accuracy"] == pytest.approx(final["eval/accuracy"])
+
+
+def test_profile_steps_write_a_trace_for_the_profile_tab(tmp_path):
+  """`train.profile_steps` traces RL steps after the compiling one with jax.profiler."""
+  train.train_and_evaluate(
+    tiny_config(**{"train.num_steps": 3, "train.profile_steps": 1}), str(tmp_path)
+  )
+  traces = list((tmp_path / "plugins" / "profile").glob("*/*.xplane.pb"))
+  assert len(traces) == 1 and traces[0].stat().st_size > 0
+  assert metrics.read_scalars(str(tmp_path))["eval/accuracy"][-1][0] == 3  # the run went on
