@@ -1,0 +1,220 @@
+"""tools/plot.py: grouping and aggregation on synthetic runs, errors, and figures of a real sweep."""
+
+import json
+import os
+import subprocess
+import sys
+
+import matplotlib
+import numpy as np
+import pytest
+from conftest import REPO
+from matplotlib import colors as mcolors
+from matplotlib import image as mimage
+from test_tools import CONFIG, TINY  # the tiny, fast sweep settings of tools/sweep.py's tests
+
+from jaxrl_llm import metrics
+
+sys.path.insert(0, str(REPO / "tools"))
+import plot
+
+BASE = {0.2: 0.1, 0.28: 0.5}  # arm -> accuracy at step 0, seed 0
+SEEDS = (0, 1, 2)
+STEPS = (0, 1, 2, 3)
+
+
+def _accuracy(clip, seed, step):
+  return BASE[clip] + 0.1 * seed + 0.01 * step
+
+
+def _write_run(workdir, clip, seed, config=True):
+  """A run with known scalars: accuracy = BASE + 0.1*seed + 0.01*step, entropy = 2 - step/10,
+  and its warm start's sft/loss = 1 + seed at step 5 in `<workdir>/sft`."""
+  with metrics.SummaryWriter(str(workdir)) as w:
+    for step in STEPS:
+      w.scalars(
+        step, {"eval/accuracy": _accuracy(clip, seed, step), "policy/entropy": 2 - step / 10}
+      )
+  with metrics.SummaryWriter(str(workdir / "sft")) as w:  # the warm start's own run, merged
+    w.scalars(5, {"sft/loss": 1.0 + seed})
+  if config:
+    fields = {
+      "objective": {"clip_high": clip, "clip_low": None},
+      "sampling": {"temperature": 1.0},
+      "mesh": {"rules": []},
+      "seed": seed,
+      "train": {"num_steps": 3, "stop_after_steps": seed},  # differs, but changes no result
+    }
+    (workdir / "config.json").write_text(json.dumps({"config": fields, "step": 0}))
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+  """2 arms (objective.clip_high) x 3 seeds with config.json, under one root."""
+  root = tmp_path_factory.mktemp("synthetic")
+  for clip in BASE:
+    for seed in SEEDS:
+      _write_run(root / f"clip{clip}_s{seed}", clip, seed)
+  return root
+
+
+def test_arms_mean_and_band_over_seeds(synthetic):
+  runs, grid_fields = plot.load_runs([str(synthetic)])
+  assert len(runs) == 6 and {r.source for r in runs} == {"config.json"} and grid_fields == []
+  assert all(r.scalars["sft/loss"] == [(5, 1.0 + r.params["seed"])] for r in runs)  # <run>/sft
+  assert plot.swept_fields(runs) == ["objective.clip_high"]  # not seed, not stop_after_steps
+  arms, curves = plot.curves_data(runs, ["eval/accuracy", "policy/*"])
+  assert [a.label for a in arms] == ["clip_high=0.2", "clip_high=0.28"]
+  assert [a.seeds for a in arms] == [list(SEEDS)] * 2
+  assert list(curves) == ["eval/accuracy", "policy/entropy"]
+  for clip, curve in zip(BASE, curves["eval/accuracy"]):
+    assert curve.n == 3 and curve.steps.tolist() == list(STEPS)
+    want = [[_accuracy(clip, s, t) for t in STEPS] for s in SEEDS]
+    np.testing.assert_allclose(curve.values, want, rtol=1e-6)  # float32 in the event file
+    np.testing.assert_allclose(curve.mean, [BASE[clip] + 0.1 + 0.01 * t for t in STEPS], rtol=1e-6)
+    np.testing.assert_allclose(curve.lo, [BASE[clip] + 0.01 * t for t in STEPS], rtol=1e-6)
+    np.testing.assert_allclose(curve.hi, [BASE[clip] + 0.2 + 0.01 * t for t in STEPS], rtol=1e-6)
+  _, std = plot.curves_data(runs, ["eval/accuracy"], band="std")
+  c = std["eval/accuracy"][1]
+  np.testing.assert_allclose(c.hi - c.mean, [0.1] * 4, rtol=1e-5)  # sample std of 0, 0.1, 0.2
+  np.testing.assert_allclose(c.mean - c.lo, [0.1] * 4, rtol=1e-5)
+  # --where keeps one arm; --group_by=run puts every run in its own arm (nothing averaged).
+  arms, curves = plot.curves_data(runs, ["eval/accuracy"], where=["clip_high=0.28"])
+  assert [a.label for a in arms] == ["clip_high=0.28"] and curves["eval/accuracy"][0].n == 3
+  arms, _ = plot.curves_data(runs, ["eval/accuracy"], group_by=["run"])
+  assert len(arms) == 6 and all(len(a.runs) == 1 for a in arms)
+
+
+def test_smoothing_is_tensorboards_debiased_ema(synthetic):
+  np.testing.assert_allclose(plot.ema([1.0, 2.0, float("nan"), 4.0], 0.5), [1, 5 / 3, np.nan, 3])
+  np.testing.assert_allclose(plot.ema([3.0] * 5, 0.9), [3.0] * 5)  # no bias toward 0
+  runs, _ = plot.load_runs([str(synthetic)])
+  _, curves = plot.curves_data(runs, ["eval/accuracy"], smooth=0.5)
+  raw = [BASE[0.2] + 0.1 + 0.01 * t for t in STEPS]  # the mean is linear, so EMA commutes
+  np.testing.assert_allclose(curves["eval/accuracy"][0].mean, plot.ema(raw, 0.5), rtol=1e-6)
+
+
+def test_heatmap_data_is_the_final_value_over_seeds(synthetic):
+  runs, _ = plot.load_runs([str(synthetic)])
+  grid = plot.heatmap_data(runs, "eval/accuracy", x="clip_high")
+  assert grid.x == "objective.clip_high" and grid.y is None and grid.xs == [0.2, 0.28]
+  final = [BASE[c] + 0.1 + 0.03 for c in BASE]  # mean over seeds at step 3
+  np.testing.assert_allclose(grid.mean, [final], rtol=1e-6)
+  np.testing.assert_allclose(grid.std, [[0.1, 0.1]], rtol=1e-5)
+  assert grid.n.tolist() == [[3, 3]]
+
+
+def test_settings_from_sweep_json_or_workdir_names_group_alike(tmp_path):
+  """Runs without config.json: the overrides in sweep.json, else the field=value workdir name."""
+  names = [f"objective.clip_high={c},seed={s}" for c in BASE for s in SEEDS]
+  for name in names:
+    clip, seed = (float(p.split("=")[1]) for p in name.split(","))
+    _write_run(tmp_path / name, clip, int(seed), config=False)
+  record = {
+    "grid": {"objective.clip_high": ["0.2", "0.28"], "seed": ["0", "1", "2"]},
+    "runs": [{"name": n, "params": dict(p.split("=") for p in n.split(","))} for n in names],
+  }
+  (tmp_path / "sweep.json").write_text(json.dumps(record))
+  for source in ("sweep.json", "name"):
+    runs, grid_fields = plot.load_runs([str(tmp_path)])
+    assert {r.source for r in runs} == {source}
+    arms, curves = plot.curves_data(runs, ["eval/accuracy"], grid_fields=grid_fields)
+    assert [a.label for a in arms] == ["clip_high=0.2", "clip_high=0.28"]
+    assert [a.seeds for a in arms] == [list(SEEDS)] * 2
+    np.testing.assert_allclose(curves["eval/accuracy"][1].mean[-1], 0.5 + 0.1 + 0.03, rtol=1e-6)
+    (tmp_path / "sweep.json").unlink(missing_ok=True)
+
+
+def test_config_json_wins_over_run_json_and_a_disagreement_is_reported(tmp_path, capsys):
+  _write_run(tmp_path / "r", 0.2, 0)
+  overrides = {"objective.clip_high": "0.28", "seed": "0", "train.stop_after_steps": "9"}
+  (tmp_path / "r" / "run.json").write_text(json.dumps({"overrides": overrides}))
+  (run,), _ = plot.load_runs([str(tmp_path)])
+  assert run.source == "config.json" and run.params["objective.clip_high"] == 0.2
+  err = capsys.readouterr().err
+  assert "config.json has objective.clip_high=0.2 but run.json 0.28" in err
+  assert "stop_after_steps" not in err  # a field that may change between invocations
+
+
+@pytest.mark.parametrize(
+  "args, message",
+  [
+    (["curves", "{empty}"], "error: no TensorBoard event files under"),
+    (["curves", "{root}", "--tags=eval/acuracy"], "did you mean eval/accuracy? available: eval/"),
+    (["heatmap", "{root}", "--x=sampling.temperature"], "is not swept (every run has 1.0)"),
+    (["heatmap", "{root}", "--x=rl.clip_high"], "did you mean objective.clip_high?"),
+    (["heatmap", "{root}", "--x=clip_high", "--y=seed"], "seeds are averaged over"),
+    (["curves", "{root}", "--where=clip_high=0.3"], "matches no run (objective.clip_high is one"),
+    (["curves", "{root}", "--smooth=1"], "--smooth must be in [0, 1)"),
+  ],
+)
+def test_errors_are_one_line_with_exit_status_2(synthetic, tmp_path, capsys, args, message):
+  (tmp_path / "empty").mkdir()
+  argv = [a.format(root=synthetic, empty=tmp_path / "empty") for a in args]
+  assert plot.main([*argv, f"--out={tmp_path / 'x.png'}"]) == 2
+  err = capsys.readouterr().err
+  assert message in err and err.count("\n") == 1, err
+  assert not (tmp_path / "x.png").exists()
+
+
+# ----------------------------------------------------------------------------- a real sweep
+
+
+def _tool(name, *args):
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  cmd = [sys.executable, str(REPO / "tools" / f"{name}.py"), *args]
+  return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+
+
+@pytest.fixture(scope="module")
+def real_sweep(tmp_path_factory):
+  """A real 2-point, 1-seed sweep of the tiny config (temperature differs, so do the metrics)."""
+  root = tmp_path_factory.mktemp("sweep")
+  grid = ["--grid=sampling.temperature=0.7,1.0", "--grid=objective.clip_high=0.2"]
+  proc = _tool("sweep", CONFIG, f"--root={root}", *grid, "--seeds=0", *TINY, "--parallel=2")
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+  return root
+
+
+def _png(path, width, height):
+  assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  img = mimage.imread(str(path))
+  assert img.shape[:2] == (height, width), img.shape
+  assert img[..., :3].var() > 0  # not blank
+  return img[..., :3]
+
+
+def _has_color(img, color, tol=0.02):
+  return bool((np.abs(img - np.array(mcolors.to_rgb(color))).max(axis=-1) < tol).any())
+
+
+def test_figures_of_a_real_sweep(real_sweep, tmp_path):
+  root = real_sweep
+  out = tmp_path / "curves.png"
+  tags = "--tags=policy/entropy,rollout/length_mean,eval/accuracy"
+  proc = _tool("plot", "curves", str(root), tags, f"--out={out}", "--size=9x6", "--dpi=60")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "2 arm(s)" in proc.stdout and "temperature=0.7: 1 run(s), seeds 0" in proc.stdout
+  img = _png(out, 540, 360)
+  assert _has_color(img, "tab:blue") and _has_color(img, "tab:orange")  # one line per arm
+
+  heat = tmp_path / "heat.png"
+  xy = ["--x=sampling.temperature", "--y=objective.clip_high"]  # clip_high: a 1-value grid field
+  proc = _tool("plot", "heatmap", str(root), "--tag=policy/entropy", *xy, f"--out={heat}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  img = _png(heat, 550, 300)  # default size: 5.5 x 3 inches at 100 dpi
+  cmap = matplotlib.colormaps["viridis"]
+  assert _has_color(img, cmap(0.0)[:3]) and _has_color(img, cmap(1.0)[:3])  # two unequal cells
+
+  # The data behind the figures: arms from each run's config.json, values from its event file.
+  runs, grid_fields = plot.load_runs([str(root)])
+  assert {r.source for r in runs} == {"config.json"}
+  assert grid_fields == ["sampling.temperature", "objective.clip_high", "seed"]
+  grid = plot.heatmap_data(
+    runs, "policy/entropy", "temperature", "clip_high", grid_fields=grid_fields
+  )
+  assert grid.xs == [0.7, 1.0] and grid.ys == [0.2] and grid.n.tolist() == [[1, 1]]
+  for j, temp in enumerate(("0.7", "1.0")):
+    run = root / f"sampling.temperature={temp},objective.clip_high=0.2,seed=0"
+    assert grid.mean[0, j] == metrics.read_scalars(str(run))["policy/entropy"][-1][1]
+  assert grid.mean[0, 0] != grid.mean[0, 1]
