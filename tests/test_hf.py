@@ -2,15 +2,20 @@
 
 The fixtures under tests/fixtures/hf/ were written by tools/make_hf_fixtures.py (which needs
 torch and transformers; these tests need neither): tiny random checkpoints of every supported
-architecture with the transformers model's logits and greedy continuation on a left-padded batch.
+architecture with the transformers model's logits and greedy continuation on a left-padded batch;
+the llama one also holds a tokenizer and a generation_config.json, which an export must keep.
+`tools/hf_convert.py` is run as a subprocess on broken copies of them: each failure must be one
+`error:` line naming the file and the field or tensor, with exit code 2 and no traceback.
 """
 
 import dataclasses
 import functools
 import json
+import os
 import pathlib
 import re
 import shutil
+import subprocess
 import sys
 
 import flax.linen as nn
@@ -419,5 +424,409 @@ def test_convert_cli_import_and_export(tmp_path, capsys):
   cfg2, params2 = hf.load_checkpoint(out)
   assert cfg2 == cfg
   _assert_trees_equal(params2, params)
-  with pytest.raises(SystemExit, match="no step 7"):
+  with pytest.raises(hf_convert.ConvertError, match="no step 7"):
     hf_convert.main(["export", f"--workdir={workdir}", "--step=7", f"--out={out}"])
+
+
+# ----------------------------------------------------------------------------- export metadata
+
+_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def _json(path) -> dict:
+  return json.loads(pathlib.Path(path).read_text())
+
+
+def _export(src: pathlib.Path, out: pathlib.Path, **kwargs) -> pathlib.Path:
+  """Imports the HF directory `src` and exports it to `out` with `src` as the source."""
+  cfg, params = hf.load_checkpoint(src)
+  mt = _json(src / "config.json")["model_type"]
+  hf.save_checkpoint(out, cfg, params, model_type=mt, source=src, **kwargs)
+  return out
+
+
+def _model_files(path: pathlib.Path) -> dict[str, bytes]:
+  """The generation config and tokenizer files of a directory, by name."""
+  names = (hf.GENERATION_CONFIG_FILE, *hf.TOKENIZER_FILES)
+  return {n: (path / n).read_bytes() for n in names if (path / n).is_file()}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_round_trip_keeps_context_length_rope_token_ids_and_model_files(name, tmp_path):
+  src = FIXTURES / name
+  first = _export(src, tmp_path / "first")
+  second = _export(first, tmp_path / "second")  # import -> export of the export
+  want, got = _json(src / "config.json"), _json(first / "config.json")
+  for key in hf.CARRIED_FIELDS:
+    assert got[key] == want[key], key
+  rope = want["rope_parameters"]
+  assert got["rope_parameters"] == rope and got["rope_theta"] == rope["rope_theta"]
+  scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
+  assert got["rope_scaling"] == (None if rope["rope_type"] == "default" else scaling)
+  gen = _json(first / hf.GENERATION_CONFIG_FILE)
+  if (src / hf.GENERATION_CONFIG_FILE).exists():  # kept as it was, sampling fields included
+    assert gen == _json(src / hf.GENERATION_CONFIG_FILE)
+  else:  # built from config.json's ids
+    assert gen == {k: want[k] for k in _IDS if want[k] is not None}
+  tokenizer = {n: b for n, b in _model_files(src).items() if n != hf.GENERATION_CONFIG_FILE}
+  assert {n: b for n, b in _model_files(first).items() if n in tokenizer} == tokenizer
+  assert set(_model_files(first)) == {hf.GENERATION_CONFIG_FILE, *tokenizer}
+  # Re-importing the export gives the same model and the same metadata; a second export of it
+  # writes the same files.
+  assert hf.load_checkpoint(first)[0] == _load(name)[0]
+  a, b = hf.read_source(src), hf.read_source(first)
+  assert (b.model_type, b.tokenizer_files) == (a.model_type, a.tokenizer_files)
+  assert b.fields == a.fields
+  for f in ("config.json", *_model_files(first)):
+    assert (second / f).read_bytes() == (first / f).read_bytes(), f
+  assert set(_model_files(second)) == set(_model_files(first))
+
+
+def test_exported_tokenizer_and_generation_config_read_back():
+  from jaxrl_llm.text import HFTokenizer
+
+  src = FIXTURES / "llama"
+  gen = _json(src / hf.GENERATION_CONFIG_FILE)
+  assert gen["temperature"] == 0.6 and gen["top_p"] == 0.9 and gen["do_sample"] is True
+  assert _json(src / "config.json")["pad_token_id"] == 0
+  tok = HFTokenizer.from_dir(src)
+  assert (tok.vocab_size, tok.bos_id, tok.eos_ids, tok.pad_id) == (64, 1, (2, 3), 0)
+
+
+def test_llama_export_tokenizer_matches_the_source(tmp_path):
+  from jaxrl_llm.text import HFTokenizer
+
+  out = _export(FIXTURES / "llama", tmp_path / "out")
+  a, b = HFTokenizer.from_dir(FIXTURES / "llama"), HFTokenizer.from_dir(out)
+  assert repr(a) == repr(b)
+  text = "the quick brown fox"
+  assert a.encode(text) == b.encode(text) and b.decode(b.encode(text)) == text
+
+
+def test_export_carries_edited_fields_and_builds_a_generation_config(tmp_path):
+  src = _copy("qwen2", tmp_path)
+  cfg = json.loads((src / "config.json").read_text())
+  del cfg["rope_parameters"]  # the transformers 4 spelling
+  cfg.update(
+    max_position_embeddings=4096,
+    bos_token_id=5,
+    eos_token_id=[6, 7],
+    pad_token_id=8,
+    rope_theta=1e6,
+    rope_scaling={"type": "linear", "factor": 2.0},
+  )
+  (src / "config.json").write_text(json.dumps(cfg))
+  out = _export(src, tmp_path / "out")
+  got = _json(out / "config.json")
+  assert (got["max_position_embeddings"], got["rope_theta"]) == (4096, 1e6)
+  assert [got[k] for k in _IDS] == [5, [6, 7], 8]
+  assert got["rope_scaling"] == {"rope_type": "linear", "factor": 2.0}
+  assert got["rope_parameters"] == {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}
+  assert _json(out / hf.GENERATION_CONFIG_FILE) == {
+    "bos_token_id": 5,
+    "eos_token_id": [6, 7],
+    "pad_token_id": 8,
+  }
+  assert not any((out / n).exists() for n in hf.TOKENIZER_FILES)
+  # An explicit context length and config.json overrides win; the generation config follows.
+  _export(src, out, overwrite=True, max_position_embeddings=8192, hf_overrides={"eos_token_id": 9})
+  assert _json(out / "config.json")["max_position_embeddings"] == 8192
+  assert _json(out / hf.GENERATION_CONFIG_FILE)["eos_token_id"] == 9
+
+
+def test_export_without_a_source(tmp_path):
+  cfg, params = _load("qwen2")
+  hf.save_checkpoint(tmp_path / "a", cfg, params)
+  got = _json(tmp_path / "a" / "config.json")
+  assert got["max_position_embeddings"] == 32768  # Qwen2Config's default: nothing else known
+  assert [got[k] for k in _IDS] == [None, None, None]
+  assert _json(tmp_path / "a" / hf.GENERATION_CONFIG_FILE) == {}
+  hf.save_checkpoint(
+    tmp_path / "b", cfg, params, max_position_embeddings=1000, tokenizer=FIXTURES / "llama"
+  )
+  assert _json(tmp_path / "b" / "config.json")["max_position_embeddings"] == 1000
+  tokenizer = {n: b for n, b in _model_files(FIXTURES / "llama").items() if n in hf.TOKENIZER_FILES}
+  assert {n: b for n, b in _model_files(tmp_path / "b").items() if n in tokenizer} == tokenizer
+  hf.save_checkpoint(tmp_path / "c", cfg, params, tokenizer=FIXTURES / "llama" / "tokenizer.json")
+  assert set(_model_files(tmp_path / "c")) == {"tokenizer.json", hf.GENERATION_CONFIG_FILE}
+  (tmp_path / "empty").mkdir()
+  with pytest.raises(FileNotFoundError, match="holds none of the tokenizer files"):
+    hf.save_checkpoint(tmp_path / "d", cfg, params, tokenizer=tmp_path / "empty")
+  with pytest.raises(ValueError, match="max_position_embeddings=0 must be an int >= 1"):
+    hf.save_checkpoint(tmp_path / "d", cfg, params, max_position_embeddings=0)
+  assert not (tmp_path / "d").exists()  # checked before anything is written
+
+
+@pytest.mark.parametrize(
+  "file, changes, message",
+  [
+    ("config.json", {"eos_token_id": "x"}, "config.json: eos_token_id='x' is not a token id"),
+    ("config.json", {"pad_token_id": [0]}, "config.json: pad_token_id=[0] is not a token id"),
+    (
+      "config.json",
+      {"max_position_embeddings": 0},
+      "config.json: max_position_embeddings=0 is not a positive integer",
+    ),
+    ("generation_config.json", {"bos_token_id": -1}, "generation_config.json: bos_token_id=-1"),
+  ],
+)
+def test_malformed_source_metadata_is_named(file, changes, message, tmp_path):
+  src = _copy("llama", tmp_path)
+  content = _json(src / file)
+  content.update(changes)
+  (src / file).write_text(json.dumps(content))
+  with pytest.raises(hf.CheckpointFormatError, match=re.escape(message)):
+    hf.read_source(src)
+
+
+def test_transformers_reads_the_export(tmp_path):
+  transformers = pytest.importorskip("transformers")
+  src = FIXTURES / "llama"
+  out = _export(src, tmp_path / "out")
+  want, got = (
+    transformers.AutoConfig.from_pretrained(src),
+    transformers.AutoConfig.from_pretrained(out),
+  )
+  for key in hf.CARRIED_FIELDS:
+    assert getattr(got, key) == getattr(want, key), key
+  gen = transformers.GenerationConfig.from_pretrained(out)
+  assert (gen.temperature, gen.top_p, gen.eos_token_id, gen.pad_token_id) == (0.6, 0.9, [2, 3], 0)
+  text = "the lazy dog"
+  ids = transformers.AutoTokenizer.from_pretrained(out)(text)["input_ids"]
+  assert ids == transformers.AutoTokenizer.from_pretrained(src)(text)["input_ids"]
+
+
+# ----------------------------------------------------------------------------- command-line errors
+
+
+def _trainer_workdir(path: pathlib.Path, name: str, *, source="", model=None) -> pathlib.Path:
+  """A trainer-style workdir: a checkpoint of fixture `name`'s params at step 3 with the meta
+  the trainer writes, and the run record `config.json` naming `source` as model.checkpoint."""
+  from jaxrl_llm.checkpoint import Checkpointer
+  from jaxrl_llm.types import TrainState
+
+  cfg, params = _load(name)
+  state = TrainState(
+    step=jnp.zeros((), jnp.int32),
+    params=params,
+    opt_state=(),
+    ref_params=None,
+    rng=jax.random.PRNGKey(0),
+  )
+  meta = {
+    "model": (model or cfg).to_dict(),
+    "hf_model_type": MANIFEST["fixtures"][name]["model_type"],
+  }
+  with Checkpointer(str(path), save_every=1, async_save=False) as ckpt:
+    ckpt.save(3, state, meta=meta, force=True)
+  record = {"config": {"model": {"checkpoint": str(source)}, "data": {"tokenizer": ""}}}
+  (path / "config.json").write_text(json.dumps(record))
+  return path
+
+
+@pytest.fixture(scope="module")
+def llama_run(tmp_path_factory):
+  """(workdir of a run started from a copy of the llama fixture, that copy)."""
+  root = tmp_path_factory.mktemp("llama_run")
+  src = root / "llama"
+  shutil.copytree(FIXTURES / "llama", src)
+  return _trainer_workdir(root / "run", "llama", source=src), src
+
+
+def test_convert_cli_export_keeps_the_run_s_source_metadata(llama_run, tmp_path):
+  sys.path.insert(0, str(TOOLS))
+  import hf_convert
+
+  workdir, src = llama_run
+  summary = hf_convert.main(["export", f"--workdir={workdir}", f"--out={tmp_path / 'a'}"])
+  assert summary["hf_source"] == str(src) and summary["hf_model_type"] == "llama"
+  assert _model_files(tmp_path / "a") == _model_files(src)
+  for key in hf.CARRIED_FIELDS:
+    assert _json(tmp_path / "a" / "config.json")[key] == _json(src / "config.json")[key], key
+  _assert_trees_equal(hf.load_checkpoint(tmp_path / "a")[1], _load("llama")[1])
+  args = ["export", f"--workdir={workdir}", "--hf_source=none", f"--out={tmp_path / 'b'}"]
+  hf_convert.main(args)
+  assert [_json(tmp_path / "b" / "config.json")[k] for k in _IDS] == [None, None, None]
+  assert set(_model_files(tmp_path / "b")) == {hf.GENERATION_CONFIG_FILE}
+  hf_convert.main(["export", f"--workdir={workdir}", "--tokenizer=none", f"--out={tmp_path / 'c'}"])
+  assert _model_files(tmp_path / "c") == {
+    hf.GENERATION_CONFIG_FILE: (src / hf.GENERATION_CONFIG_FILE).read_bytes()
+  }
+  summary = hf_convert.main(["import", f"--hf_dir={src}", f"--out={tmp_path / 'o'}"])
+  assert summary["carried"]["config"]["eos_token_id"] == 2
+  assert summary["carried"]["tokenizer_files"][0] == "tokenizer.json"
+  assert _json(tmp_path / "o" / "meta.json")["hf_source"] == str(src)
+
+
+def _cli_error(*args: str) -> str:
+  """Runs tools/hf_convert.py, which must fail with exit code 2 and exactly one `error:` line
+  and no traceback; returns that line."""
+  proc = subprocess.run(
+    [sys.executable, str(TOOLS / "hf_convert.py"), *args],
+    capture_output=True,
+    text=True,
+    timeout=120,
+    env={**os.environ, "JAX_PLATFORMS": "cpu"},
+  )
+  assert proc.returncode == 2, proc.stderr
+  assert "Traceback" not in proc.stderr, proc.stderr
+  errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1, proc.stderr
+  return errors[0]
+
+
+def _replace_tensor(path: pathlib.Path, name: str, value) -> None:
+  tensors = load_file(path / "model.safetensors")
+  if value is None:
+    del tensors[name]
+  else:
+    tensors[name] = value
+  save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+
+
+def _truncate(path: pathlib.Path) -> None:
+  data = (path / "model.safetensors").read_bytes()
+  (path / "model.safetensors").write_bytes(data[: len(data) - 1000])
+
+
+@pytest.mark.parametrize(
+  "breaks, expected",
+  [
+    pytest.param(
+      lambda p: (p / "config.json").unlink(), "{p}/config.json not found", id="no_config"
+    ),
+    pytest.param(
+      lambda p: (p / "config.json").write_text("{not json"),
+      "{p}/config.json: not valid JSON (Expecting property name",
+      id="config_not_json",
+    ),
+    pytest.param(
+      lambda p: _edit_config(p, model_type="gpt2"),
+      "{p}/config.json: model_type='gpt2' is not supported",
+      id="unknown_model_type",
+    ),
+    pytest.param(
+      lambda p: _edit_config(p, hidden_size="32"),
+      "{p}/config.json: hidden_size='32' is not an integer",
+      id="field_type",
+    ),
+    pytest.param(
+      lambda p: _replace_tensor(p, "model.layers.1.mlp.up_proj.weight", None),
+      "{p}/model.safetensors: missing tensor 'model.layers.1.mlp.up_proj.weight'",
+      id="missing_tensor",
+    ),
+    pytest.param(
+      lambda p: _replace_tensor(p, "model.norm.weight", np.ones(31, np.float32)),
+      "{p}/model.safetensors: tensor 'model.norm.weight' has shape [31], but {p}/config.json "
+      "(hidden_size=32) implies [32]",
+      id="wrong_shape",
+    ),
+    pytest.param(
+      _truncate,
+      "{p}/model.safetensors: cannot read the safetensors header (Error while deserializing "
+      "header: incomplete metadata",
+      id="truncated",
+    ),
+  ],
+)
+def test_convert_cli_import_errors_are_one_line(breaks, expected, tmp_path):
+  path = _copy("qwen2", tmp_path)
+  breaks(path)
+  line = _cli_error("import", f"--hf_dir={path}")
+  assert expected.format(p=path) in line, line
+
+
+def _no_checkpoints(workdir, tmp):
+  return [
+    f"--workdir={tmp}"
+  ], f"error: {tmp}: has no checkpoints/ directory (not a trainer workdir?)"
+
+
+def _bad_model_type(workdir, tmp):
+  return ["--model_type=gpt2"], "error: model_type='gpt2' is not supported"
+
+
+def _out_under_a_file(workdir, tmp):
+  (tmp / "file").write_text("")
+  return [f"--out={tmp / 'file' / 'sub'}"], f"Not a directory: '{tmp / 'file' / 'sub'}'"
+
+
+def _bad_source_token_id(workdir, tmp):
+  bad = _copy("llama", tmp)
+  _edit_config(bad, eos_token_id="</s>")
+  return [f"--hf_source={bad}"], f"error: {bad}/config.json: eos_token_id='</s>' is not a token id"
+
+
+def _source_generation_config_not_json(workdir, tmp):
+  bad = _copy("llama", tmp)
+  (bad / "generation_config.json").write_text("[1, 2")
+  return [f"--hf_source={bad}"], f"error: {bad}/generation_config.json: not valid JSON"
+
+
+def _lost_source(workdir, tmp):
+  record = _json(workdir / "config.json")
+  record["config"]["model"]["checkpoint"] = str(tmp / "gone")
+  shutil.copytree(workdir, tmp / "run")
+  (tmp / "run" / "config.json").write_text(json.dumps(record))
+  expected = f"error: {tmp / 'run'}/config.json: model.checkpoint='{tmp / 'gone'}'"
+  return [f"--workdir={tmp / 'run'}"], expected
+
+
+def _output_holds_weights(workdir, tmp):
+  (tmp / "out").mkdir()
+  (tmp / "out" / "model.safetensors").write_bytes(b"")
+  return [f"--out={tmp / 'out'}"], f"error: {tmp / 'out'} already holds weights"
+
+
+@pytest.mark.parametrize(
+  "case",
+  [
+    _no_checkpoints,
+    _bad_model_type,
+    _out_under_a_file,
+    _bad_source_token_id,
+    _source_generation_config_not_json,
+    _lost_source,
+    _output_holds_weights,
+  ],
+)
+def test_convert_cli_export_errors_are_one_line(case, llama_run, tmp_path):
+  workdir, _ = llama_run
+  args, expected = case(workdir, tmp_path)
+  defaults = {"--workdir": f"--workdir={workdir}", "--out": f"--out={tmp_path / 'new'}"}
+  given = {a.split("=")[0] for a in args}
+  line = _cli_error("export", *args, *(v for k, v in defaults.items() if k not in given))
+  assert expected in line, line
+
+
+def test_convert_cli_export_names_a_misshaped_parameter(tmp_path):
+  cfg = _load("qwen2")[0]
+  workdir = _trainer_workdir(tmp_path / "run", "qwen2", model=dataclasses.replace(cfg, mlp_dim=48))
+  line = _cli_error("export", f"--workdir={workdir}", f"--out={tmp_path / 'out'}")
+  assert line == (
+    f"error: {workdir}/checkpoints/3/state: parameter params/layer_0/mlp/down/kernel has shape "
+    f"[64, 32], but the 'model' field of {workdir}/checkpoints/3/meta implies [48, 32]"
+  )
+
+
+def test_convert_cli_debug_shows_the_traceback(tmp_path):
+  proc = subprocess.run(
+    [sys.executable, str(TOOLS / "hf_convert.py"), "import", f"--hf_dir={tmp_path}", "--debug"],
+    capture_output=True,
+    text=True,
+    timeout=120,
+    env={**os.environ, "JAX_PLATFORMS": "cpu"},
+  )
+  assert proc.returncode == 2 and "Traceback" in proc.stderr
+  assert proc.stderr.strip().splitlines()[-1] == (
+    f"error: {tmp_path}/config.json not found: a Hugging Face checkpoint needs config.json"
+  )
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+def test_convert_cli_names_an_unwritable_output_directory(llama_run, tmp_path):
+  workdir, _ = llama_run
+  locked = tmp_path / "locked"
+  locked.mkdir(mode=0o555)
+  line = _cli_error("export", f"--workdir={workdir}", f"--out={locked / 'out'}")
+  assert f"Permission denied: '{locked / 'out'}'" in line

@@ -1,31 +1,51 @@
 """Hugging Face checkpoints in and out of the trainer.
 
   python tools/hf_convert.py import --hf_dir=DIR [--out=CKPT_DIR] [--param_dtype=bfloat16] \\
-      [--scan_layers]
+      [--scan_layers] [--debug]
   python tools/hf_convert.py export --workdir=TRAIN_WORKDIR [--step=N] --out=HF_DIR \\
-      [--model_type=qwen2] [--dtype=bfloat16] [--max_shard_bytes=N] [--overwrite]
+      [--model_type=qwen2] [--dtype=bfloat16] [--max_shard_bytes=N] [--overwrite] \\
+      [--hf_source=DIR|none] [--tokenizer=DIR|FILE|none] [--max_position_embeddings=N] [--debug]
 
 `import` loads and validates an HF checkpoint directory (config.json + safetensors) and prints
-its ModelConfig, model type and parameter count; with --out it also writes the parameters as an
-orbax checkpoint (`CKPT_DIR/params`, StandardSave) with `CKPT_DIR/meta.json` holding
-{"model": ModelConfig dict, "hf_model_type": ...}. --scan_layers loads them in the scanned layout
-(model.scan_layers: each layer parameter stacked on a leading layer axis).
+its ModelConfig, model type, parameter count and the metadata an export carries over (context
+length, token ids, generation_config.json, tokenizer files); with --out it also writes the
+parameters as an orbax checkpoint (`CKPT_DIR/params`, StandardSave) with `CKPT_DIR/meta.json`
+holding {"model": ModelConfig dict, "hf_model_type": ..., "hf_source": DIR}. --scan_layers loads
+them in the scanned layout (model.scan_layers: each layer parameter stacked on a leading layer
+axis).
 
 `export` restores the policy parameters of a trainer checkpoint (`<workdir>/checkpoints/<step>`,
 latest step by default) and writes them as an HF checkpoint. The ModelConfig comes from the
 checkpoint's meta ('model'); the HF model type from --model_type, else the meta's
-'hf_model_type', else the architecture (qwen3_moe / mixtral / qwen3 / qwen2 / llama). Tokenizer
-files are not written: copy them from the model the run started from.
+'hf_model_type', else the source's, else the architecture (qwen3_moe / mixtral / qwen3 / qwen2 /
+llama). The source is the HF directory the run started from: --hf_source, else the
+`model.checkpoint` recorded in `<workdir>/config.json` (none for a randomly initialised model).
+From it the export keeps max_position_embeddings, the bos / eos / pad token ids,
+generation_config.json and the tokenizer files; --tokenizer (default: the run's
+`data.tokenizer`, else the source's) picks other tokenizer files. A model with no source gets
+the model type's default max_position_embeddings unless --max_position_embeddings is given.
+
+Bad input (a missing or malformed file, field or tensor) ends with one line on stderr,
+`error: <file>: <what is wrong>`, and exit code 2; --debug also prints the traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
+import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+EXIT_BAD_INPUT = 2
+NONE = "none"  # --hf_source / --tokenizer value that turns the default off
+
+
+class ConvertError(Exception):
+  """Bad input to a sub-command (reported as one `error:` line, exit code 2)."""
 
 
 def _param_count(params) -> int:
@@ -38,36 +58,73 @@ def cmd_import(args) -> dict:
   """Loads (and validates) an HF directory; optionally writes orbax params + meta.json."""
   from jaxrl_llm.models import hf
 
+  out = os.path.abspath(args.out) if args.out else None
+  if out and os.path.exists(os.path.join(out, "params")):
+    raise ConvertError(f"{out}/params: already exists; choose a new --out")
   cfg, params = hf.load_checkpoint(
     args.hf_dir, param_dtype=args.param_dtype, scan_layers=args.scan_layers or None
   )
-  with open(os.path.join(args.hf_dir, "config.json")) as f:
-    model_type = json.load(f)["model_type"]
+  source = hf.read_source(args.hf_dir)
   summary = {
     "hf_dir": os.path.abspath(args.hf_dir),
-    "hf_model_type": model_type,
+    "hf_model_type": source.model_type,
     "num_params": _param_count(params),
+    "carried": {
+      "config": source.fields,
+      "generation_config": source.generation_config,
+      "tokenizer_files": list(source.tokenizer_files),
+    },
     "model": cfg.to_dict(),
   }
-  if args.out:
+  if out:
     import orbax.checkpoint as ocp
 
-    out = os.path.abspath(args.out)
-    if os.path.exists(os.path.join(out, "params")):
-      raise SystemExit(f"{out}/params already exists; choose a new --out")
     os.makedirs(out, exist_ok=True)
     with ocp.StandardCheckpointer() as ckptr:
       ckptr.save(os.path.join(out, "params"), params)
       ckptr.wait_until_finished()
+    meta = {
+      "model": cfg.to_dict(),
+      "hf_model_type": source.model_type,
+      "hf_source": os.path.abspath(args.hf_dir),
+    }
     with open(os.path.join(out, "meta.json"), "w") as f:
-      json.dump({"model": cfg.to_dict(), "hf_model_type": model_type}, f, indent=2)
+      json.dump(meta, f, indent=2)
     summary["out"] = out
   print(json.dumps(summary, indent=2))
   return summary
 
 
+def _check_saved_params(path: str, target, where: str) -> None:
+  """Raises ConvertError naming the first parameter whose saved shape differs from `target`."""
+  import jax
+  import orbax.checkpoint as ocp
+
+  with ocp.PyTreeCheckpointer() as ckptr:
+    saved = ckptr.metadata(path)
+  saved = getattr(saved, "item_metadata", saved)  # StepMetadata (orbax >= 0.11) or the tree
+  saved = getattr(saved, "tree", saved)
+  if not isinstance(saved, dict) or "params" not in saved:
+    raise ConvertError(f"{path}: holds no 'params' tree")
+  key = lambda p: jax.tree_util.keystr(p, simple=True, separator="/")  # noqa: E731
+  have = {key(p): x for p, x in jax.tree_util.tree_flatten_with_path(saved["params"])[0]}
+  for p, want in jax.tree_util.tree_flatten_with_path(target)[0]:
+    name = key(p)
+    if name not in have:
+      raise ConvertError(f"{path}: parameter params/{name} is missing ({where} implies it)")
+    shape = tuple(getattr(have[name], "shape", ()) or ())
+    if shape != tuple(want.shape):
+      raise ConvertError(
+        f"{path}: parameter params/{name} has shape {list(shape)}, but {where} implies "
+        f"{list(want.shape)}"
+      )
+
+
 def restore_params(workdir: str, step: int | None = None):
-  """(ModelConfig, params, meta, step) of a trainer checkpoint; only the params are read."""
+  """(ModelConfig, params, meta, step) of a trainer checkpoint; only the params are read.
+
+  Raises ConvertError naming the directory, step or parameter that is missing or misshaped.
+  """
   import flax.linen as nn
   import jax
   import orbax.checkpoint as ocp
@@ -77,27 +134,36 @@ def restore_params(workdir: str, step: int | None = None):
   from jaxrl_llm.models.config import ModelConfig
 
   if not os.path.isdir(os.path.join(workdir, "checkpoints")):
-    raise SystemExit(f"{workdir} has no checkpoints/ directory (not a trainer workdir?)")
+    raise ConvertError(f"{workdir}: has no checkpoints/ directory (not a trainer workdir?)")
   ckpt = Checkpointer(workdir, save_every=0, async_save=False)
-  steps = ckpt.all_steps()
-  if not steps:
-    raise SystemExit(f"{workdir}/checkpoints holds no committed checkpoint")
-  step = steps[-1] if step is None else step
-  if step not in steps:
-    raise SystemExit(f"{workdir}/checkpoints has no step {step}; available steps: {steps}")
-  meta = ckpt.read_meta(step)
-  ckpt.close()
+  try:
+    steps = ckpt.all_steps()
+    if not steps:
+      raise ConvertError(f"{workdir}/checkpoints: holds no committed checkpoint")
+    step = steps[-1] if step is None else step
+    if step not in steps:
+      raise ConvertError(
+        f"{workdir}/checkpoints: has no step {step}; available steps: {list(steps)}"
+      )
+    meta = ckpt.read_meta(step)
+  finally:
+    ckpt.close()
+  where = f"{workdir}/checkpoints/{step}/meta"
   if "model" not in meta:
-    raise SystemExit(f"checkpoint step {step} of {workdir} has no 'model' in its meta")
-  cfg = ModelConfig.from_dict(meta["model"])
+    raise ConvertError(f"{where}: has no 'model' field")
+  try:
+    cfg = ModelConfig.from_dict(meta["model"])
+  except (TypeError, ValueError) as e:
+    raise ConvertError(f"{where}: field 'model' is not a valid model config ({e})") from None
   device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   target = jax.tree.map(
     lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
     nn.unbox(hf.abstract_params(cfg)),
   )
+  path = os.path.join(workdir, "checkpoints", str(step), "state")
+  _check_saved_params(path, target, f"the 'model' field of {where}")
   item = {"params": target}
   restore_args = ocp.checkpoint_utils.construct_restore_args(item)
-  path = os.path.join(workdir, "checkpoints", str(step), "state")
   with ocp.PyTreeCheckpointer() as ckptr:
     restored = ckptr.restore(
       path, args=ocp.args.PyTreeRestore(item, restore_args=restore_args, partial_restore=True)
@@ -105,12 +171,67 @@ def restore_params(workdir: str, step: int | None = None):
   return cfg, restored["params"], meta, step
 
 
+def recorded_inputs(workdir: str) -> tuple[str, str]:
+  """(model.checkpoint, data.tokenizer) of the run config recorded in `<workdir>/config.json`;
+  empty strings for a field, or both when the file is absent."""
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    return "", ""
+  try:
+    with open(path, encoding="utf-8") as f:
+      record = json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise ConvertError(f"{path}: not valid JSON ({e})") from None
+  config = record.get("config") if isinstance(record, dict) else None
+  if not isinstance(config, dict):
+    raise ConvertError(f"{path}: has no 'config' object (not a run record?)")
+  model, data = config.get("model") or {}, config.get("data") or {}
+  return str(model.get("checkpoint") or ""), str(data.get("tokenizer") or "")
+
+
+def _resolve_inputs(args):
+  """(HFSource or None, tokenizer path or None) of an export: the flags', else the run's."""
+  from jaxrl_llm.models import hf
+
+  recorded_source, recorded_tokenizer = recorded_inputs(args.workdir)
+  record = os.path.join(args.workdir, "config.json")
+  source = None
+  if args.hf_source and args.hf_source != NONE:
+    source = hf.read_source(args.hf_source)
+  elif not args.hf_source and recorded_source:
+    if not os.path.isdir(recorded_source):
+      raise ConvertError(
+        f"{record}: model.checkpoint={recorded_source!r} (the run's source checkpoint) is not a "
+        f"directory any more; pass --hf_source=DIR (a copy of it) or --hf_source={NONE}"
+      )
+    source = hf.read_source(recorded_source)
+  tokenizer = None
+  if args.tokenizer and args.tokenizer != NONE:
+    tokenizer = args.tokenizer
+  elif not args.tokenizer and recorded_tokenizer:
+    if not os.path.exists(recorded_tokenizer):
+      raise ConvertError(
+        f"{record}: data.tokenizer={recorded_tokenizer!r} (the run's tokenizer) does not exist "
+        f"any more; pass --tokenizer=DIR or --tokenizer={NONE}"
+      )
+    tokenizer = recorded_tokenizer
+  if args.tokenizer == NONE and source is not None:
+    source = dataclasses.replace(source, tokenizer_files=())
+  return source, tokenizer
+
+
 def cmd_export(args) -> dict:
   """Writes the params of a trainer checkpoint as an HF checkpoint directory."""
   from jaxrl_llm.models import hf
 
+  source, tokenizer = _resolve_inputs(args)
   cfg, params, meta, step = restore_params(args.workdir, args.step)
-  model_type = args.model_type or meta.get("hf_model_type") or hf.default_model_type(cfg)
+  model_type = (
+    args.model_type
+    or meta.get("hf_model_type")
+    or (source.model_type if source is not None else None)
+    or hf.default_model_type(cfg)
+  )
   model_type = hf.save_checkpoint(
     args.out,
     cfg,
@@ -119,12 +240,16 @@ def cmd_export(args) -> dict:
     dtype=args.dtype,
     max_shard_bytes=args.max_shard_bytes,
     overwrite=args.overwrite,
+    source=source,
+    tokenizer=tokenizer,
+    max_position_embeddings=args.max_position_embeddings,
   )
   summary = {
     "workdir": os.path.abspath(args.workdir),
     "step": step,
     "out": os.path.abspath(args.out),
     "hf_model_type": model_type,
+    "hf_source": source.path if source is not None else None,
     "dtype": args.dtype,
     "num_params": _param_count(params),
     "files": sorted(os.listdir(args.out)),
@@ -133,16 +258,18 @@ def cmd_export(args) -> dict:
   return summary
 
 
-def main(argv=None) -> dict:
-  """Parses the sub-command and runs it; returns its summary dict."""
+def build_parser() -> argparse.ArgumentParser:
+  """The command-line parser of both sub-commands."""
+  common = argparse.ArgumentParser(add_help=False)
+  common.add_argument("--debug", action="store_true", help="print the traceback of an error")
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   sub = p.add_subparsers(dest="command", required=True)
-  imp = sub.add_parser("import", help="validate / inspect an HF checkpoint directory")
+  imp = sub.add_parser("import", parents=[common], help="validate / inspect an HF checkpoint")
   imp.add_argument("--hf_dir", required=True, help="directory with config.json and safetensors")
   imp.add_argument("--out", default=None, help="write orbax params + meta.json here")
   imp.add_argument("--param_dtype", default=None, choices=["float32", "bfloat16", "float16"])
   imp.add_argument("--scan_layers", action="store_true", help="scanned layout (model.scan_layers)")
-  exp = sub.add_parser("export", help="write a trainer checkpoint's policy as an HF checkpoint")
+  exp = sub.add_parser("export", parents=[common], help="write a trainer policy as HF checkpoint")
   exp.add_argument("--workdir", required=True, help="trainer workdir (holds checkpoints/)")
   exp.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
   exp.add_argument("--out", required=True, help="HF checkpoint directory to write")
@@ -150,9 +277,60 @@ def main(argv=None) -> dict:
   exp.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
   exp.add_argument("--max_shard_bytes", type=int, default=5 * 2**30)
   exp.add_argument("--overwrite", action="store_true", help="replace weights already in --out")
-  args = p.parse_args(argv)
+  exp.add_argument(
+    "--hf_source",
+    default=None,
+    help="HF directory the run started from (default: the workdir's recorded model.checkpoint; "
+    f"{NONE}: no source)",
+  )
+  exp.add_argument(
+    "--tokenizer",
+    default=None,
+    help="tokenizer directory or tokenizer.json to copy (default: the run's data.tokenizer, "
+    f"else the source's files; {NONE}: copy none)",
+  )
+  exp.add_argument(
+    "--max_position_embeddings",
+    type=int,
+    default=None,
+    help="context length for config.json (default: the source's, else the model type's)",
+  )
+  return p
+
+
+def main(argv=None) -> dict:
+  """Parses the sub-command and runs it; returns its summary dict (errors are raised)."""
+  args = build_parser().parse_args(argv)
   return cmd_import(args) if args.command == "import" else cmd_export(args)
 
 
+def one_line(e: BaseException) -> str:
+  """The message of `e` on one line (a multi-line list of problems joined with '; ')."""
+  from jaxrl_llm.models.hf_config import CheckpointFormatError
+
+  lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+  msg = ""
+  for line in lines:
+    msg += line if not msg else (" " if msg.endswith(":") else "; ") + line
+  msg = msg or repr(e)
+  known = (ConvertError, CheckpointFormatError, OSError, ValueError)
+  if not isinstance(e, known):
+    msg = f"{type(e).__name__}: {msg} (--debug shows the traceback)"
+  return msg
+
+
+def cli(argv=None) -> int:
+  """Runs `main`; bad input prints one `error:` line to stderr and returns exit code 2."""
+  argv = sys.argv[1:] if argv is None else list(argv)
+  try:
+    main(argv)
+  except Exception as e:
+    if "--debug" in argv:
+      traceback.print_exc()
+    print(f"error: {one_line(e)}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+  return 0
+
+
 if __name__ == "__main__":
-  main()
+  sys.exit(cli())

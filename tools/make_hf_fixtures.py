@@ -12,11 +12,18 @@ writes `reference.npz` next to it:
   greedy   [B, T] int32  `generate(do_sample=False)` continuation (KV cache, no EOS)
 
 `manifest.json` records the torch / transformers versions and what each fixture exercises.
+The fixtures in `TOKENIZER_FIXTURES` also get the files of a model directory beside the weights:
+a tiny BPE `tokenizer.json` (as many ids as the model's vocabulary), `tokenizer_config.json`,
+`special_tokens_map.json`, `chat_template.jinja` and a `generation_config.json` with token ids
+and sampling defaults (written by `write_model_files`, with the `tokenizers` package only).
 
   python tools/make_hf_fixtures.py [--out=tests/fixtures/hf] [--check_export]
+  python tools/make_hf_fixtures.py --model_files_only   # needs neither torch nor transformers
 
---check_export also loads every fixture with `jaxrl_llm.models.hf`, exports it again and checks
-that transformers reads the export back to the same logits.
+--check_export also loads every fixture with `jaxrl_llm.models.hf`, exports it again (with the
+fixture as its source) and checks that transformers reads the export back to the same logits,
+generation config and tokenizer. --model_files_only rewrites only the tokenizer and generation
+files of the `TOKENIZER_FIXTURES`.
 """
 
 from __future__ import annotations
@@ -29,21 +36,25 @@ import sys
 import tempfile
 
 import numpy as np
-import torch
-import transformers
+
+try:  # only --model_files_only runs without them
+  import torch
+  import transformers
+except ImportError:
+  torch = transformers = None
 
 VOCAB, HIDDEN, LAYERS, HEADS, KV_HEADS, INTER = 64, 32, 2, 4, 2, 64
 BATCH, PROMPT_LEN, NEW_TOKENS = 3, 7, 6
 PADS = (0, 2, 4)  # left padding of each row
-V5 = int(transformers.__version__.split(".")[0]) >= 5
 
 # name -> (model type, config kwargs, save options, what it exercises)
 FIXTURES = {
   "llama": (
     "llama",
-    {"rope_theta": 5e5, "tie_word_embeddings": False},
+    {"rope_theta": 5e5, "tie_word_embeddings": False, "pad_token_id": 0},
     {"max_shard_size": "40KB"},
-    "rope_theta 5e5, untied lm_head, sharded safetensors with an index",
+    "rope_theta 5e5, untied lm_head, sharded safetensors with an index, bos/eos/pad ids, "
+    "tokenizer files and a generation_config.json",
   ),
   "llama3_rope_bf16": (
     "llama",
@@ -58,7 +69,7 @@ FIXTURES = {
         "original_max_position_embeddings": 256,
       },
     },
-    {"dtype": torch.bfloat16},
+    {"dtype": "bfloat16"},
     "Llama 3.1 RoPE scaling, tied embeddings, bfloat16 weights",
   ),
   "qwen2": (
@@ -106,6 +117,30 @@ FIXTURES = {
   ),
 }
 
+# Fixtures written with the files of a model directory: name -> generation_config.json. Its
+# token ids are those of `SPECIAL_TOKENS`; the sampling fields are those of a chat model.
+TOKENIZER_FIXTURES = {
+  "llama": {
+    "bos_token_id": 1,
+    "do_sample": True,
+    "eos_token_id": [2, 3],
+    "pad_token_id": 0,
+    "temperature": 0.6,
+    "top_p": 0.9,
+  },
+}
+SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<|eot_id|>")  # ids 0, 1, 2, 3
+CHAT_TEMPLATE = (
+  "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|eot_id|>"
+  "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+_CORPUS = (
+  "the quick brown fox jumps over the lazy dog",
+  "pack my box with five dozen liquor jugs",
+  "how vexingly quick daft zebras jump",
+  "the five boxing wizards jump quickly",
+) * 8
+
 _CONFIGS = {
   "llama": "LlamaConfig",
   "qwen2": "Qwen2Config",
@@ -115,11 +150,57 @@ _CONFIGS = {
 }
 
 
+def write_model_files(path: str, generation_config: dict) -> None:
+  """Writes the tokenizer files and `generation_config` of a model directory into `path`.
+
+  The tokenizer is a BPE (SentencePiece-style `▁` word marks, `<s>` prepended) trained on a few
+  pangrams up to exactly `VOCAB` ids, the first ones `SPECIAL_TOKENS`.
+  """
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+  tok = Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.Metaspace()
+  tok.decoder = decoders.Metaspace()
+  trainer = trainers.BpeTrainer(
+    vocab_size=VOCAB, special_tokens=list(SPECIAL_TOKENS), show_progress=False
+  )
+  tok.train_from_iterator(_CORPUS, trainer)
+  if tok.get_vocab_size() != VOCAB:
+    raise RuntimeError(f"tokenizer has {tok.get_vocab_size()} ids, not {VOCAB}")
+  if [tok.token_to_id(t) for t in SPECIAL_TOKENS] != list(range(len(SPECIAL_TOKENS))):
+    raise RuntimeError("the special tokens do not have ids 0, 1, 2, ...")
+  bos, eos, pad = "<s>", "</s>", "<pad>"
+  tok.post_processor = processors.TemplateProcessing(
+    single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tok.token_to_id(bos))]
+  )
+  os.makedirs(path, exist_ok=True)
+  tok.save(os.path.join(path, "tokenizer.json"))
+  specials = {"bos_token": bos, "eos_token": eos, "pad_token": pad}
+  tokenizer_config = {
+    **specials,
+    "add_bos_token": True,
+    "add_eos_token": False,
+    "clean_up_tokenization_spaces": False,
+    "model_max_length": 2048,
+    "tokenizer_class": "PreTrainedTokenizerFast",
+  }
+  for name, content in (
+    ("tokenizer_config.json", tokenizer_config),
+    ("special_tokens_map.json", specials),
+    ("generation_config.json", generation_config),
+  ):
+    with open(os.path.join(path, name), "w") as f:
+      json.dump(content, f, indent=2, sort_keys=True)
+      f.write("\n")
+  with open(os.path.join(path, "chat_template.jinja"), "w") as f:
+    f.write(CHAT_TEMPLATE + "\n")
+
+
 def make_config(model_type: str, kwargs: dict):
   """A tiny transformers config (RoPE keyword spelled for the installed major version)."""
   kwargs = dict(kwargs)
   scaling = kwargs.pop("rope_scaling", None)
-  if V5:
+  if int(transformers.__version__.split(".")[0]) >= 5:
     theta = kwargs.pop("rope_theta", None)
     if scaling or theta:
       params = dict(scaling or {"rope_type": "default"})
@@ -204,7 +285,7 @@ def build(name: str, out_dir: str, seed: int) -> dict:
   """Writes one fixture directory; returns its manifest entry."""
   model_type, kwargs, save_opts, what = FIXTURES[name]
   path = os.path.join(out_dir, name)
-  dtype = save_opts.get("dtype")
+  dtype = getattr(torch, save_opts["dtype"]) if "dtype" in save_opts else None
   for attempt in range(20):  # re-draw until no decision is a near tie
     gen = torch.Generator().manual_seed(seed + 1000 * attempt)
     torch.manual_seed(seed + 1000 * attempt)
@@ -241,6 +322,8 @@ def build(name: str, out_dir: str, seed: int) -> dict:
     raise RuntimeError(f"{name}: generate() differs from the full-forward greedy loop")
   if os.path.exists(os.path.join(path, "generation_config.json")):
     os.remove(os.path.join(path, "generation_config.json"))
+  if name in TOKENIZER_FIXTURES:
+    write_model_files(path, TOKENIZER_FIXTURES[name])
   valid = mask.bool().numpy()
   np.savez_compressed(
     os.path.join(path, "reference.npz"),
@@ -252,25 +335,39 @@ def build(name: str, out_dir: str, seed: int) -> dict:
   return {
     "model_type": model_type,
     "exercises": what,
-    "dtype": str(dtype or torch.float32).replace("torch.", ""),
+    "dtype": save_opts.get("dtype", "float32"),
     "seed": seed + 1000 * attempt,
     "decision_margin": round(margin, 4),
   }
 
 
 def check_export(out_dir: str) -> None:
-  """Our import -> export must read back into transformers with the same logits."""
+  """Our import -> export must read back into transformers with the same logits, token ids,
+  generation config and tokenizer."""
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   from jaxrl_llm.models import hf
 
   for name in FIXTURES:
-    ref = np.load(os.path.join(out_dir, name, "reference.npz"))
-    cfg, params = hf.load_checkpoint(os.path.join(out_dir, name))
+    src = os.path.join(out_dir, name)
+    ref = np.load(os.path.join(src, "reference.npz"))
+    cfg, params = hf.load_checkpoint(src)
     with tempfile.TemporaryDirectory() as tmp:
-      hf.save_checkpoint(tmp, cfg, params, model_type=FIXTURES[name][0], max_shard_bytes=40_000)
+      hf.save_checkpoint(
+        tmp, cfg, params, model_type=FIXTURES[name][0], max_shard_bytes=40_000, source=src
+      )
       model = transformers.AutoModelForCausalLM.from_pretrained(
         tmp, attn_implementation="eager", dtype=torch.float32
       ).eval()
+      for key in hf.CARRIED_FIELDS:
+        want = transformers.AutoConfig.from_pretrained(src).to_dict().get(key)
+        assert model.config.to_dict().get(key) == want, (name, key)
+      if name in TOKENIZER_FIXTURES:
+        gen = transformers.GenerationConfig.from_pretrained(tmp).to_dict()
+        for key, want in TOKENIZER_FIXTURES[name].items():
+          assert gen[key] == want, (name, key, gen[key])
+        text = "the lazy fox"
+        ids = transformers.AutoTokenizer.from_pretrained(tmp)(text)["input_ids"]
+        assert ids == transformers.AutoTokenizer.from_pretrained(src)(text)["input_ids"], name
     tokens, mask = torch.from_numpy(ref["tokens"]).long(), torch.from_numpy(ref["mask"]).long()
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():
@@ -286,7 +383,16 @@ def main(argv=None) -> None:
   parser.add_argument("--out", default=os.path.join("tests", "fixtures", "hf"))
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--check_export", action="store_true")
+  parser.add_argument(
+    "--model_files_only", action="store_true", help="rewrite only the tokenizer/generation files"
+  )
   args = parser.parse_args(argv)
+  if args.model_files_only:
+    for name, generation_config in TOKENIZER_FIXTURES.items():
+      write_model_files(os.path.join(args.out, name), generation_config)
+    return
+  if torch is None:
+    raise SystemExit("torch and transformers are needed (except for --model_files_only)")
   torch.use_deterministic_algorithms(True)
   os.makedirs(args.out, exist_ok=True)
   manifest = {

@@ -17,7 +17,10 @@ With scanned layers (`ModelConfig.scan_layers`), layer i's `layer_{i}/X` is slic
 device, one parameter at a time; saving takes them off one layer at a time.
 
 The config.json mapping lives in `hf_config`; `save_checkpoint` followed by `load_checkpoint`
-gives back the same ModelConfig and bit-identical parameters.
+gives back the same ModelConfig and bit-identical parameters. What a directory holds beside the
+architecture (context length and special token ids in config.json, generation_config.json, the
+tokenizer files) is read by `read_source`; `save_checkpoint(..., source=...)` writes it back, so
+a model imported from a directory exports with the same metadata and tokenizer.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import dataclasses
 import glob
 import json
 import os
+import shutil
 import struct
 from collections.abc import Mapping
 from typing import Any
@@ -43,9 +47,11 @@ from jaxrl_llm import sharding as sharding_lib
 from jaxrl_llm.models import scan as scan_lib
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.hf_config import (
+  CARRIED_FIELDS,
   EXTRA_KEY,
   MODEL_TYPES,
   CheckpointFormatError,
+  carried_fields,
   config_from_hf,
   config_to_hf,
   default_model_type,
@@ -53,20 +59,39 @@ from jaxrl_llm.models.hf_config import (
 from jaxrl_llm.models.transformer import Transformer
 
 __all__ = [
+  "CARRIED_FIELDS",
   "EXTRA_KEY",
   "MODEL_TYPES",
+  "TOKENIZER_FILES",
   "CheckpointFormatError",
+  "HFSource",
   "abstract_params",
+  "carried_fields",
   "config_from_hf",
   "config_to_hf",
   "default_model_type",
   "load_checkpoint",
+  "read_source",
   "save_checkpoint",
 ]
 
 CONFIG_FILE = "config.json"
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+GENERATION_CONFIG_FILE = "generation_config.json"
+# Tokenizer files of a model directory (fast and slow tokenizers, chat templates): an export
+# copies those the source directory holds.
+TOKENIZER_FILES = (
+  "tokenizer.json",
+  "tokenizer_config.json",
+  "special_tokens_map.json",
+  "added_tokens.json",
+  "tokenizer.model",
+  "vocab.json",
+  "merges.txt",
+  "chat_template.jinja",
+  "chat_template.json",
+)
 _FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some old checkpoints carry
 
@@ -210,11 +235,12 @@ class _TensorInfo:
   dtype: str  # safetensors dtype name: F32, BF16, I32, ...
 
 
-def _read_json(path: str) -> dict[str, Any]:
+def _read_json(path: str) -> Any:
+  """The JSON value of `path`; CheckpointFormatError naming the file if it is not JSON."""
   try:
-    with open(path) as f:
+    with open(path, encoding="utf-8") as f:
       return json.load(f)
-  except json.JSONDecodeError as e:
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
     raise CheckpointFormatError(f"{path}: not valid JSON ({e})") from None
 
 
@@ -225,7 +251,8 @@ def _tensor_infos(path: str) -> tuple[dict[str, _TensorInfo], str]:
   index, single = os.path.join(path, INDEX_FILE), os.path.join(path, SINGLE_FILE)
   weight_map = None
   if os.path.exists(index):
-    weight_map = _read_json(index).get("weight_map")
+    listed = _read_json(index)
+    weight_map = listed.get("weight_map") if isinstance(listed, dict) else None
     if not isinstance(weight_map, dict):
       raise CheckpointFormatError(f"{index}: has no 'weight_map' dict")
     files, listing = sorted(set(weight_map.values())), index
@@ -434,6 +461,97 @@ def load_checkpoint(
   return cfg, _unflatten(out)
 
 
+# --------------------------------------------------------------------------- source metadata
+
+
+@dataclasses.dataclass(frozen=True)
+class HFSource:
+  """What an export carries over from the Hugging Face directory a model was imported from."""
+
+  path: str  # the directory
+  model_type: Any  # its config.json's model_type (as written there)
+  fields: dict[str, Any]  # the `CARRIED_FIELDS` its config.json holds
+  generation_config: dict[str, Any] | None  # its generation_config.json, if it has one
+  tokenizer_files: tuple[str, ...]  # the `TOKENIZER_FILES` it holds
+
+
+def _tokenizer_files(path: str) -> tuple[str, ...]:
+  return tuple(n for n in TOKENIZER_FILES if os.path.isfile(os.path.join(path, n)))
+
+
+def read_source(path: str | os.PathLike) -> HFSource:
+  """Reads the metadata of a Hugging Face directory that `save_checkpoint` carries over.
+
+  Only config.json is required (its weights are not read). Raises FileNotFoundError or
+  CheckpointFormatError naming the file (and field) that is missing or malformed.
+  """
+  path = os.fspath(path)
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f"{path}: no such Hugging Face checkpoint directory")
+  cfg_file = os.path.join(path, CONFIG_FILE)
+  if not os.path.exists(cfg_file):
+    raise FileNotFoundError(f"{cfg_file} not found: a Hugging Face checkpoint needs config.json")
+  hf = _read_json(cfg_file)
+  fields = carried_fields(hf, source=cfg_file)
+  gen_file = os.path.join(path, GENERATION_CONFIG_FILE)
+  generation = None
+  if os.path.exists(gen_file):
+    generation = _read_json(gen_file)
+    if not isinstance(generation, dict):
+      raise CheckpointFormatError(
+        f"{gen_file}: holds a JSON {type(generation).__name__}, not an object"
+      )
+    carried_fields(
+      {k: v for k, v in generation.items() if k != "max_position_embeddings"}, source=gen_file
+    )
+  return HFSource(path, hf.get("model_type"), fields, generation, _tokenizer_files(path))
+
+
+def _generation_config(hf: Mapping[str, Any], source: HFSource | None) -> dict[str, Any]:
+  """The source's generation_config.json (or an empty one) with the token ids it lacks taken
+  from the exported config.json."""
+  out = dict(source.generation_config or {}) if source is not None else {}
+  for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+    if out.get(key) is None and hf.get(key) is not None:
+      out[key] = hf[key]
+  return out
+
+
+def _tokenizer_sources(
+  tokenizer: str | os.PathLike | None, source: HFSource | None
+) -> list[tuple[str, str]]:
+  """(file to copy, name in the export) of each tokenizer file an export writes."""
+  if tokenizer is None:
+    if source is None:
+      return []
+    return [(os.path.join(source.path, n), n) for n in source.tokenizer_files]
+  tokenizer = os.fspath(tokenizer)
+  if os.path.isfile(tokenizer):
+    return [(tokenizer, TOKENIZER_FILES[0])]
+  if not os.path.isdir(tokenizer):
+    raise FileNotFoundError(f"{tokenizer}: no such tokenizer directory or file")
+  names = _tokenizer_files(tokenizer)
+  if not names:
+    raise FileNotFoundError(
+      f"{tokenizer}: holds none of the tokenizer files {list(TOKENIZER_FILES)}"
+    )
+  return [(os.path.join(tokenizer, n), n) for n in names]
+
+
+def _write_json(path: str, content: Mapping[str, Any]) -> None:
+  """Writes `content` as indented JSON with sorted keys and a final newline."""
+  with open(path, "w") as f:
+    json.dump(content, f, indent=2, sort_keys=True)
+    f.write("\n")
+
+
+def _copy(src: str, dst: str) -> None:
+  """Copies file `src` to `dst` (nothing to do when both are the same file)."""
+  if os.path.exists(dst) and os.path.samefile(src, dst):
+    return
+  shutil.copyfile(src, dst)
+
+
 # --------------------------------------------------------------------------- saving
 
 _SAVE_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
@@ -458,20 +576,50 @@ def save_checkpoint(
   max_shard_bytes: int = 5 * 2**30,
   hf_overrides: Mapping[str, Any] | None = None,
   overwrite: bool = False,
+  source: str | os.PathLike | HFSource | None = None,
+  tokenizer: str | os.PathLike | None = None,
+  max_position_embeddings: int | None = None,
 ) -> str:
   """Writes `params` of `cfg` as a Hugging Face checkpoint directory; returns its model type.
 
   `model_type` defaults to `default_model_type(cfg)`. Tensors are stored as `dtype`, in shards of
-  at most `max_shard_bytes` (with an index file when there are several). `hf_overrides` are
-  merged into config.json (e.g. token ids, max_position_embeddings). A value head is not
+  at most `max_shard_bytes` (with an index file when there are several). A value head is not
   exported. Refuses a directory that already holds weights unless `overwrite`.
+
+  `source` is the Hugging Face directory the model was imported from (or its `read_source`):
+  its max_position_embeddings and bos / eos / pad token ids go into config.json, its
+  generation_config.json is kept (token ids it lacks are filled in from config.json) and its
+  tokenizer files are copied. `tokenizer` (a directory, or a tokenizer.json file) replaces the
+  source's tokenizer files. Without a source the token ids are null and max_position_embeddings
+  is the model type's default, unless `max_position_embeddings` is given (it also overrides the
+  source's). `hf_overrides` are merged into config.json last. generation_config.json is always
+  written, with the token ids config.json holds.
   """
   path = os.fspath(path)
   if dtype not in _SAVE_DTYPES:
     raise ValueError(f"dtype={dtype!r} must be one of {list(_SAVE_DTYPES)}")
+  if max_position_embeddings is not None and not (
+    isinstance(max_position_embeddings, int)
+    and not isinstance(max_position_embeddings, bool)
+    and max_position_embeddings >= 1
+  ):
+    raise ValueError(f"max_position_embeddings={max_position_embeddings!r} must be an int >= 1")
+  if source is not None and not isinstance(source, HFSource):
+    source = read_source(source)
+  fields = dict(source.fields) if source is not None else {}
   mt = model_type or default_model_type(cfg)
-  hf = config_to_hf(cfg, mt, dtype=dtype)
+  max_pos = max_position_embeddings or fields.get("max_position_embeddings")
+  if max_pos is None:
+    logging.warning(
+      "no context length known for this model: config.json gets %s's default "
+      "max_position_embeddings (pass max_position_embeddings or the source checkpoint)",
+      mt,
+    )
+  hf = config_to_hf(cfg, mt, dtype=dtype, max_position_embeddings=max_pos)
+  hf.update({k: fields.get(k) for k in CARRIED_FIELDS if k != "max_position_embeddings"})
   hf.update(hf_overrides or {})
+  generation = _generation_config(hf, source)
+  tokenizer_files = _tokenizer_sources(tokenizer, source)
   params_map = _param_map(cfg, mt)
   entries = _entries(cfg, params_map)
   flat = _flatten(params)
@@ -536,6 +684,8 @@ def save_checkpoint(
       weight_map = {t: names[i] for i, shard in enumerate(shards) for t in shard}
       with open(os.path.join(path, INDEX_FILE), "w") as f:
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
-    with open(os.path.join(path, CONFIG_FILE), "w") as f:
-      json.dump(hf, f, indent=2, sort_keys=True)
+    _write_json(os.path.join(path, GENERATION_CONFIG_FILE), generation)
+    for src, name in tokenizer_files:
+      _copy(src, os.path.join(path, name))
+    _write_json(os.path.join(path, CONFIG_FILE), hf)
   return mt

@@ -35,6 +35,23 @@ _DEFAULT_MAX_POS = {
   "mixtral": 131072,
 }
 _FIELDS = {f.name for f in dataclasses.fields(ModelConfig)}
+# config.json fields that an export copies from the checkpoint the model was imported from.
+CARRIED_FIELDS = ("max_position_embeddings", "bos_token_id", "eos_token_id", "pad_token_id")
+_INT_FIELDS = (
+  "vocab_size",
+  "hidden_size",
+  "intermediate_size",
+  "num_hidden_layers",
+  "num_attention_heads",
+  "num_key_value_heads",
+  "head_dim",
+  "num_experts",
+  "num_local_experts",
+  "num_experts_per_tok",
+  "moe_intermediate_size",
+  "decoder_sparse_step",
+)
+_FLOAT_FIELDS = ("rms_norm_eps", "rope_theta", "router_aux_loss_coef")
 
 
 class CheckpointFormatError(ValueError):
@@ -99,6 +116,25 @@ def _moe_every(hf: Mapping[str, Any], num_layers: int, errors: list[str]) -> int
   return None
 
 
+def _is_int(v: Any) -> bool:
+  """Whether a JSON value is an integer (a float with an integral value counts; a bool does not)."""
+  return not isinstance(v, bool) and (
+    isinstance(v, int) or (isinstance(v, float) and v.is_integer())
+  )
+
+
+def _check_types(hf: Mapping[str, Any], source: str) -> None:
+  """Raises CheckpointFormatError naming the first numeric field that holds something else."""
+  for key in _INT_FIELDS + _FLOAT_FIELDS:
+    v = hf.get(key)
+    if v is None:
+      continue
+    if key in _INT_FIELDS and not _is_int(v):
+      raise CheckpointFormatError(f"{source}: {key}={v!r} is not an integer")
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+      raise CheckpointFormatError(f"{source}: {key}={v!r} is not a number")
+
+
 def _hf_fields(hf: Mapping[str, Any], source: str) -> tuple[dict[str, Any], dict[str, Any]]:
   """(fields fixed by config.json, HF-derived defaults that the `jaxrl_llm` extras may override)."""
   mt = hf.get("model_type")
@@ -106,6 +142,7 @@ def _hf_fields(hf: Mapping[str, Any], source: str) -> tuple[dict[str, Any], dict
     raise CheckpointFormatError(
       f"{source}: model_type={mt!r} is not supported; supported model types: {list(MODEL_TYPES)}"
     )
+  _check_types(hf, source)
   missing = [
     k
     for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
@@ -190,8 +227,22 @@ def config_from_hf(hf_config: Mapping[str, Any], *, source: str = "config.json")
 
   Raises CheckpointFormatError naming `source` and the field for unsupported features.
   """
-  hard, soft = _hf_fields(hf_config, source)
-  extras = dict(hf_config.get(EXTRA_KEY) or {})
+  if not isinstance(hf_config, Mapping):
+    raise CheckpointFormatError(
+      f"{source}: holds a JSON {type(hf_config).__name__}, not an object of config fields"
+    )
+  try:
+    hard, soft = _hf_fields(hf_config, source)
+  except CheckpointFormatError:
+    raise
+  except (TypeError, ValueError, AttributeError) as e:  # e.g. a string where a number belongs
+    raise CheckpointFormatError(
+      f"{source}: a field holds a value of the wrong type ({e})"
+    ) from None
+  extras = hf_config.get(EXTRA_KEY) or {}
+  if not isinstance(extras, Mapping):
+    raise CheckpointFormatError(f"{source}: {EXTRA_KEY}={extras!r} is not an object")
+  extras = dict(extras)
   unknown = sorted(set(extras) - _FIELDS)
   if unknown:
     raise CheckpointFormatError(f"{source}: unknown field(s) {unknown} under {EXTRA_KEY!r}")
@@ -205,6 +256,38 @@ def config_from_hf(hf_config: Mapping[str, Any], *, source: str = "config.json")
     raise CheckpointFormatError(f"{source}: {e}") from None
 
 
+def _check_token_id(key: str, v: Any, source: str) -> None:
+  """Raises CheckpointFormatError unless `v` is null, an id >= 0 or (eos only) a list of ids."""
+  ids = v if isinstance(v, list) and key == "eos_token_id" else [v]
+  if v is None or (ids and all(_is_int(i) and i >= 0 for i in ids)):
+    return
+  what = "a token id >= 0, a list of them or null" if key == "eos_token_id" else "a token id >= 0"
+  raise CheckpointFormatError(f"{source}: {key}={v!r} is not {what}")
+
+
+def carried_fields(hf_config: Mapping[str, Any], *, source: str = "config.json") -> dict[str, Any]:
+  """The `CARRIED_FIELDS` of a config.json dict (those it holds), checked.
+
+  Raises CheckpointFormatError naming `source` and the field when a token id is not a
+  non-negative integer (`eos_token_id` may be a list of them) or max_position_embeddings is not
+  a positive integer.
+  """
+  if not isinstance(hf_config, Mapping):
+    raise CheckpointFormatError(
+      f"{source}: holds a JSON {type(hf_config).__name__}, not an object of config fields"
+    )
+  out = {k: hf_config[k] for k in CARRIED_FIELDS if k in hf_config}
+  for key, v in out.items():
+    if key == "max_position_embeddings":
+      if v is not None and not (_is_int(v) and v >= 1):
+        raise CheckpointFormatError(f"{source}: {key}={v!r} is not a positive integer")
+      if v is not None:
+        out[key] = int(v)
+    else:
+      _check_token_id(key, v, source)
+  return out
+
+
 def default_model_type(cfg: ModelConfig) -> str:
   """The HF model type whose architecture matches `cfg` most directly."""
   if cfg.moe_num_experts:
@@ -214,8 +297,18 @@ def default_model_type(cfg: ModelConfig) -> str:
   return "qwen2" if cfg.attention_bias else "llama"
 
 
-def config_to_hf(cfg: ModelConfig, model_type: str | None = None, *, dtype: str = "float32"):
-  """The config.json dict of `cfg` as `model_type`; raises ValueError if it cannot express it."""
+def config_to_hf(
+  cfg: ModelConfig,
+  model_type: str | None = None,
+  *,
+  dtype: str = "float32",
+  max_position_embeddings: int | None = None,
+):
+  """The config.json dict of `cfg` as `model_type`; raises ValueError if it cannot express it.
+
+  ModelConfig records no context length: `max_position_embeddings` defaults to the one the
+  reference configuration class of `model_type` assumes when config.json omits it.
+  """
   mt = model_type or default_model_type(cfg)
   if mt not in MODEL_TYPES:
     raise ValueError(f"model_type={mt!r} is not supported; supported: {list(MODEL_TYPES)}")
@@ -257,7 +350,7 @@ def config_to_hf(cfg: ModelConfig, model_type: str | None = None, *, dtype: str 
     "num_key_value_heads": cfg.num_kv_heads,
     "head_dim": cfg.head_dim,
     "hidden_act": "silu",
-    "max_position_embeddings": _DEFAULT_MAX_POS[mt],
+    "max_position_embeddings": max_position_embeddings or _DEFAULT_MAX_POS[mt],
     "rms_norm_eps": cfg.norm_eps,
     # Both spellings: `rope_theta` + `rope_scaling` (transformers 4) and `rope_parameters` (5).
     "rope_theta": cfg.rope_theta,
