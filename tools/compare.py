@@ -27,11 +27,15 @@ DEFAULT_TAGS = ("eval/accuracy", "eval/pass@*", "rollout/reward_mean")
 EVENT_PREFIX = "events.out.tfevents."
 
 
-def find_runs(root: str) -> list[str]:
-  """Directories under `root` (itself included) holding event files, sorted."""
+SKIPPED = ("checkpoints", "sft", "plugins")  # a run's own subfolders: not runs of their own
+
+
+def find_runs(root: str, skip: Sequence[str] = SKIPPED) -> list[str]:
+  """Directories under `root` (itself included) holding event files, sorted; a run's
+  checkpoints, warm-start (`sft`) and profile folders (`skip`) are not searched."""
   runs = []
   for dirpath, dirnames, filenames in os.walk(root):
-    dirnames[:] = sorted(d for d in dirnames if d != "checkpoints")
+    dirnames[:] = sorted(d for d in dirnames if d not in skip)
     if any(f.startswith(EVENT_PREFIX) for f in filenames):
       runs.append(dirpath)
   return sorted(runs)

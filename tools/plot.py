@@ -202,7 +202,7 @@ def workdirs(path: str) -> dict[str, list[str]]:
   holds event files; else it is a run by itself."""
   top = os.path.normpath(path)
   owner: dict[str, str] = {}
-  for d in map(os.path.normpath, compare.find_runs(path)):  # sorted: parents come first
+  for d in map(os.path.normpath, compare.find_runs(path, skip=("checkpoints",))):  # parents first
     probe, found = d, None
     while found is None:
       if any(os.path.exists(os.path.join(probe, f)) for f in ("config.json", "run.json")):
