@@ -23,6 +23,11 @@ CRC-32 of every file of the step. `restore_latest` checks it before loading: a s
 changed, vanished or were truncated (or that fails to load) is skipped for the newest one that
 verifies, and the bad steps are renamed `<step>.corrupt-<time>` (never deleted). When no step
 verifies, nothing is moved and the restore stops with the reasons.
+
+Storage: every file operation goes through `jaxrl_llm.paths` (`etils.epath`), so the workdir may
+be a `gs://` URL as well as a local path; orbax writes the arrays there with tensorstore. On an
+object store a rename copies and deletes object by object: a step moved aside part-way by a crash
+is found again (uncommitted, or failing its checksums) and moved aside on the next launch.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
-from jaxrl_llm import distributed, optim
+from jaxrl_llm import distributed, optim, paths
 
 PyTree = Any
 
@@ -61,51 +66,41 @@ class CorruptCheckpointError(RuntimeError):
     self.problems = dict(problems or {})
 
 
-def _crc32(path: epath.Path, chunk: int = 1 << 22) -> int:
+def _crc32(path: paths.PathLike, chunk: int = 1 << 22) -> int:
   crc = 0
-  with path.open("rb") as f:
+  with paths.as_path(path).open("rb") as f:
     while block := f.read(chunk):
       crc = zlib.crc32(block, crc)
   return crc
 
 
 def _files(root: epath.Path) -> list[epath.Path]:
-  out = []
-  for p in root.iterdir():
-    if p.is_dir():
-      out.extend(_files(p))
-    elif p.name != _MANIFEST:
-      out.append(p)
-  return out
+  return [p for p in paths.files_under(root) if p.name != _MANIFEST]
 
 
-def write_manifest(step_dir: epath.Path) -> None:
+def write_manifest(step_dir: paths.PathLike) -> None:
   """Writes `<step_dir>/checksums.json`: {relative path: [size, crc32]} of every file in it."""
-  root = epath.Path(step_dir)
-  entries = {
-    str(p.relative_to(root)): [p.stat().length, _crc32(p)] for p in sorted(_files(root), key=str)
-  }
-  tmp = root / f".{_MANIFEST}.tmp"
-  tmp.write_text(json.dumps({"format": "crc32", "files": entries}, indent=0))
-  tmp.rename(root / _MANIFEST)
+  root = paths.as_path(step_dir)
+  entries = {str(p.relative_to(root)): [paths.size(p), _crc32(p)] for p in _files(root)}
+  paths.write_text(root / _MANIFEST, json.dumps({"format": "crc32", "files": entries}, indent=0))
 
 
-def verify_manifest(step_dir: epath.Path) -> str | None:
+def verify_manifest(step_dir: paths.PathLike) -> str | None:
   """Why `step_dir` does not match its checksums (None: it does, or it has no manifest)."""
-  root = epath.Path(step_dir)
+  root = paths.as_path(step_dir)
   manifest = root / _MANIFEST
-  if not manifest.exists():
+  if not paths.exists(manifest):
     return None
   try:
-    entries = json.loads(manifest.read_text())["files"]
+    entries = json.loads(paths.read_text(manifest))["files"]
   except (ValueError, KeyError, TypeError) as e:
     return f"its {_MANIFEST} is unreadable ({e})"
   for rel, (size, crc) in entries.items():
     path = root / rel
-    if not path.exists():
+    if not paths.exists(path):
       return f"{rel} is missing"
-    if path.stat().length != size:
-      return f"{rel} has {path.stat().length} bytes, {size} were written"
+    if (found := paths.size(path)) != size:
+      return f"{rel} has {found} bytes, {size} were written"
     if _crc32(path) != crc:
       return f"{rel} does not match its checksum"
   return None
@@ -261,7 +256,7 @@ class Checkpointer:
   ):
     """Opens (creating if needed) the checkpoint directory of `workdir`."""
     self.workdir = os.fspath(workdir)
-    self.directory = epath.Path(self.workdir) / "checkpoints"
+    self.directory = paths.as_path(self.workdir) / "checkpoints"
     policies = [ocp.checkpoint_managers.PreemptionCheckpointingPolicy()]
     if save_every > 0:
       policies.append(ocp.checkpoint_managers.FixedIntervalPolicy(save_every))
@@ -304,15 +299,15 @@ class Checkpointer:
     """Removes unfinished saves (`<s>.partial-*`, `<s>.uncommitted-*`, `<s>.orbax-checkpoint-tmp`)
     of steps older than the newest committed step; returns the names removed (process 0)."""
     latest = self._manager.latest_step()
-    if latest is None or jax.process_index() != 0 or not self.directory.exists():
+    if latest is None or jax.process_index() != 0:
       return []
     removed = []
-    for p in self.directory.iterdir():
+    for p in paths.listdir(self.directory):
       head, _, tail = p.name.partition(".")
-      if not (p.is_dir() and head.isdigit() and int(head) < latest):
+      if not (head.isdigit() and int(head) < latest):
         continue
-      if any(tail.startswith(label) for label in _LEFTOVER_LABELS):
-        p.rmtree()
+      if any(tail.startswith(label) for label in _LEFTOVER_LABELS) and paths.is_dir(p):
+        paths.remove_tree(p)
         removed.append(p.name)
     if removed:
       logging.info("removed unfinished saves superseded by step %d: %s", latest, removed)
@@ -324,7 +319,7 @@ class Checkpointer:
     for step in sorted(self._unverified & committed):
       if jax.process_index() == 0:
         step_dir = self.directory / str(step)
-        if not (step_dir / _MANIFEST).exists():
+        if not paths.exists(step_dir / _MANIFEST):
           write_manifest(step_dir)
     self._unverified.clear()  # written, or deleted by retention before it was
 
@@ -338,20 +333,17 @@ class Checkpointer:
 
   def uncommitted_dirs(self) -> list[epath.Path]:
     """Directories under `checkpoints/` that look like steps but were never committed."""
-    if not self.directory.exists():
-      return []
     committed = {str(s) for s in self._manager.all_steps()}
-    out = []
-    for p in self.directory.iterdir():
-      head = p.name.split(".", 1)[0]
-      if p.is_dir() and head.isdigit() and p.name not in committed:
-        out.append(p)
-    return sorted(out, key=lambda p: p.name)
+    return [
+      p
+      for p in paths.listdir(self.directory)
+      if p.name.split(".", 1)[0].isdigit() and p.name not in committed and paths.is_dir(p)
+    ]
 
   def _free_name(self, base: str) -> epath.Path:
     """`<checkpoints>/<base>`, or `<base>-<n>` when that exists (a name to move a step to)."""
     target, n = self.directory / base, 1
-    while target.exists():
+    while paths.exists(target):
       target, n = self.directory / f"{base}-{n}", n + 1
     return target
 
@@ -364,14 +356,14 @@ class Checkpointer:
       (self.directory / str(step), "uncommitted"),
       (self.directory / f"{step}{_TMP_SUFFIX}", "partial"),
     ):
-      if not path.exists():
+      if not paths.exists(path):
         continue
-      if not any(path.iterdir()):
-        path.rmdir()
+      if not paths.listdir(path):
+        paths.remove_tree(path)
         continue
       target = self._free_name(f"{step}.{label}-{stamp}")
       logging.warning("moving unfinished checkpoint %s aside to %s", path, target)
-      path.rename(target)
+      paths.rename(path, target)
 
   def save(
     self,
@@ -468,7 +460,7 @@ class Checkpointer:
       _check_tree(saved_tree.tree, abstract_state, where)
     items = {"state": ocp.args.StandardRestore(abstract_state)}
     if data_iter is not None:
-      if not (step_dir / "data").exists():
+      if not paths.exists(step_dir / "data"):
         raise CheckpointMismatchError(
           f"{where} has no data-iterator state; it was saved without data_iter, so pass "
           "data_iter=None to restore it (the data pipeline then restarts from its beginning)."
@@ -526,7 +518,7 @@ class Checkpointer:
       path = self.directory / str(step)
       target = self._free_name(f"{step}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}")
       logging.warning("moving unusable checkpoint step %d aside to %s", step, target)
-      path.rename(target)
+      paths.rename(path, target)
     distributed.barrier(f"checkpoint-corrupt-{step}")  # every process sees it gone
     self._manager.reload()
 

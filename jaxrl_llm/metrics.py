@@ -1,16 +1,21 @@
 """TensorBoard metrics without TensorFlow, and small helpers for logging progress.
 
-`SummaryWriter` writes TensorBoard event files with tensorboard's own `EventFileWriter` and
+`SummaryWriter` writes TensorBoard event files with tensorboard's own record framing and
 protos; histograms and text carry the plugin metadata of TensorBoard's HISTOGRAMS and TEXT
 dashboards (the same protos `tensorboard.plugins.*.summary_v2.*_pb` build). Only process 0
-writes. The `read_*` helpers read event files back with tensorboard's own `EventAccumulator`.
+writes. Files go through `jaxrl_llm.paths`, so the logdir may be a gs:// URL (TensorBoard's own
+`EventFileWriter` cannot append to an object without TensorFlow: each flush would replace the
+file). The `read_*` helpers read event files back with tensorboard's own `EventAccumulator`,
+which reads gs:// through fsspec.
 """
 
 from __future__ import annotations
 
 import collections
+import itertools
 import math
 import os
+import socket
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -24,10 +29,76 @@ from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
 from tensorboard.plugins.hparams import metadata as hparams_metadata
 from tensorboard.plugins.hparams import summary_v2 as hparams_summary
 from tensorboard.plugins.text import metadata as text_metadata
-from tensorboard.summary.writer.event_file_writer import EventFileWriter
+from tensorboard.summary.writer.record_writer import RecordWriter
 from tensorboard.util import tensor_util
 
+from jaxrl_llm import paths
+
 DEFAULT_BUCKETS = 30  # TensorBoard's own default bucket count for histograms
+_FILE_IDS = itertools.count()
+
+
+class EventFile:
+  """Writes `Event` protos to TensorBoard event files in `logdir` (a local path or a URL).
+
+  The records and the first event (the file version) are those of tensorboard's
+  `EventFileWriter`, written synchronously through `paths.AppendFile`. A local file is flushed
+  after every event. An object store cannot append, so each flush rewrites the whole object: it
+  is flushed every `flush_secs` or `max_queue` events, and past `rollover_bytes` the next event
+  starts a new file (`file_index` counts them).
+  """
+
+  def __init__(
+    self, logdir: str, *, flush_secs: float, max_queue: int, rollover_bytes: int = 8 << 20
+  ):
+    """A writer for `logdir`; its first file is created by the first event."""
+    self.logdir = paths.as_path(logdir)
+    self.file_index = 0
+    self._remote = paths.is_remote(self.logdir)
+    self._flush_secs, self._max_queue, self._rollover = flush_secs, max_queue, rollover_bytes
+    self._file: paths.AppendFile | None = None
+    self._records: RecordWriter | None = None
+    self._pending, self._flushed_at = 0, time.monotonic()
+
+  def _open(self) -> RecordWriter:
+    # tensorboard's EventFileWriter naming: time, host, process, a counter of this process.
+    name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}"
+    name += f".{next(_FILE_IDS)}"
+    self._file = paths.AppendFile(self.logdir / name)
+    self._records = RecordWriter(self._file)
+    version = event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2")
+    self._records.write(version.SerializeToString())
+    self.flush()
+    return self._records
+
+  def add_event(self, event: event_pb2.Event) -> None:
+    """Appends `event`, flushing when due."""
+    records = self._records if self._records is not None else self._open()
+    records.write(event.SerializeToString())
+    self._pending += 1
+    due = (
+      self._pending >= self._max_queue or time.monotonic() - self._flushed_at >= self._flush_secs
+    )
+    if not self._remote or due:
+      self.flush()
+    if self._remote and self._file.size >= self._rollover:
+      self._close_file()
+      self.file_index += 1
+
+  def flush(self) -> None:
+    """Makes every event written so far visible in the event file."""
+    if self._file is not None:
+      self._file.flush()
+    self._pending, self._flushed_at = 0, time.monotonic()
+
+  def _close_file(self) -> None:
+    if self._file is not None:
+      self._file.close()
+    self._file = self._records = None
+
+  def close(self) -> None:
+    """Flushes and closes the current file."""
+    self._close_file()
 
 
 class SummaryWriter:
@@ -36,21 +107,28 @@ class SummaryWriter:
   On processes other than 0 every method is a no-op, so all processes may call it.
   """
 
-  def __init__(self, logdir: str, *, flush_secs: float = 30.0, max_queue: int = 100):
-    """A writer for `logdir` (process 0 only). Its event file is opened by the first write, so
-    a run that writes nothing (e.g. relaunched when finished) leaves no empty file."""
+  def __init__(
+    self,
+    logdir: str,
+    *,
+    flush_secs: float = 30.0,
+    max_queue: int = 100,
+    rollover_bytes: int = 8 << 20,
+  ):
+    """A writer for `logdir` (process 0 only), a local path or a gs:// URL. Its event file is
+    opened by the first write, so a run that writes nothing (e.g. relaunched when finished)
+    leaves no empty file. `flush_secs`, `max_queue` and `rollover_bytes`: see `EventFile`."""
     self.logdir = os.fspath(logdir)
-    self._writer = None
+    self._writer = EventFile(
+      logdir, flush_secs=flush_secs, max_queue=max_queue, rollover_bytes=rollover_bytes
+    )
     self._enabled = jax.process_index() == 0
-    self._options = {"max_queue_size": max_queue, "flush_secs": flush_secs}
     self._tags_with_metadata: set[str] = set()
+    self._metadata_file = 0  # the event file `_tags_with_metadata` refers to
 
   def _write(self, step: int, values: list[summary_pb2.Summary.Value]) -> None:
     if not self._enabled or not values:
       return
-    if self._writer is None:
-      os.makedirs(self.logdir, exist_ok=True)
-      self._writer = EventFileWriter(self.logdir, **self._options)
     event = event_pb2.Event(
       wall_time=time.time(), step=int(step), summary=summary_pb2.Summary(value=values)
     )
@@ -58,6 +136,9 @@ class SummaryWriter:
 
   def _metadata_once(self, tag: str, make_metadata) -> summary_pb2.SummaryMetadata | None:
     # Like TensorFlow's writer: plugin metadata only on the first value of a tag per file.
+    if self._metadata_file != self._writer.file_index:
+      self._tags_with_metadata.clear()
+      self._metadata_file = self._writer.file_index
     if tag in self._tags_with_metadata:
       return None
     self._tags_with_metadata.add(tag)
@@ -145,15 +226,12 @@ class SummaryWriter:
     self._write(step, [value])
 
   def flush(self) -> None:
-    """Writes pending events to disk."""
-    if self._writer is not None:
-      self._writer.flush()
+    """Writes pending events to the event file."""
+    self._writer.flush()
 
   def close(self) -> None:
     """Flushes and closes the event file; later calls are no-ops."""
-    if self._writer is not None:
-      self._writer.close()
-      self._writer = None
+    self._writer.close()
     self._enabled = False
 
   def __enter__(self) -> SummaryWriter:

@@ -32,6 +32,7 @@ from jaxrl_llm import (
   distributed,
   file_task,
   metric_info,
+  paths,
   quant,
   sharding,
   tasks,
@@ -217,7 +218,7 @@ def _sft_phase(exp: Experiment, workdir: str, log_every: int) -> TrainState:
   )
   t0 = time.time()
   guard = SkipGuard(config.train.max_skipped_updates, "sft")
-  writer = metrics_lib.SummaryWriter(os.path.join(workdir, "sft"))
+  writer = metrics_lib.SummaryWriter(paths.join(workdir, "sft"))
   logging.info("supervised warm start: %d steps (events in %s)", steps, writer.logdir)
   for i in range(steps):
     batch = to_global_batch(next(it), exp.batch_sharding)
@@ -586,13 +587,12 @@ def record_run(
   if jax.process_index() != 0:
     return None
   fields = json.loads(config.to_json_best_effort())
-  path = os.path.join(workdir, "config.json")
-  first = not os.path.exists(path)
+  path = paths.join(workdir, "config.json")
+  first = not paths.exists(path)
   if not first:
-    with open(path) as f:
-      if json.load(f).get("config") == fields:
-        return None
-    path = os.path.join(workdir, f"config.resume-{step}.json")
+    if json.loads(paths.read_text(path)).get("config") == fields:
+      return None
+    path = paths.join(workdir, f"config.resume-{step}.json")
   record = {
     "config": fields,
     "jaxrl_llm": __version__,
@@ -604,16 +604,13 @@ def record_run(
     "step": step,
     "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
   }
-  os.makedirs(workdir, exist_ok=True)
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(record, f, indent=2, sort_keys=True)
-  os.replace(tmp, path)
+  paths.makedirs(workdir)
+  paths.write_text(path, json.dumps(record, indent=2, sort_keys=True))
   flat: dict[str, object] = {}
   ckpt_lib._flatten_json("", fields, flat)
   rows = ["| field | value |", "|---|---|"]
   rows += [f"| `{k}` | `{json.dumps(v)}` |" for k, v in sorted(flat.items())]
-  rows.append(f"\n{os.path.basename(path)}: jaxrl_llm {__version__}, JAX {jax.__version__}, ")
+  rows.append(f"\n{paths.as_path(path).name}: jaxrl_llm {__version__}, JAX {jax.__version__}, ")
   rows[-1] += f"{record['backend']} x {record['devices']} devices, commit {record['commit']}"
   writer.text(step, "config", "\n".join(rows))
   if first and hparams:
@@ -621,7 +618,7 @@ def record_run(
       (tag, name, metric_info.info(tag).meaning if metric_info.info(tag) else "")
       for tag, name in metric_info.HPARAMS_METRICS
     ]
-    trial = os.path.basename(os.path.normpath(workdir))
+    trial = paths.as_path(workdir).name
     writer.hparams(hparams, declared, trial_id=trial, start_time=time.time())
   return path
 
