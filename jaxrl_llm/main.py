@@ -6,6 +6,7 @@ Any config field can be overridden, e.g. `--config.objective.clip_high=0.28`.
 from __future__ import annotations
 
 import errno
+import glob
 import importlib.util
 import logging as std_logging
 import os
@@ -100,11 +101,39 @@ def explain(err: BaseException) -> str | None:
   return None
 
 
+def _accelerator_vendors() -> set[str]:
+  """PCI vendor ids of this machine's devices (Linux; empty elsewhere)."""
+  vendors = set()
+  for path in glob.glob("/sys/bus/pci/devices/*/vendor"):
+    try:
+      with open(path) as f:
+        vendors.add(f.read().strip().lower())
+    except OSError:
+      continue
+  return vendors
+
+
+def use_cpu_without_accelerators() -> bool:
+  """With no platform chosen (`JAX_PLATFORMS`) and neither a TPU (PCI vendor 0x1ae0) nor an
+  NVIDIA GPU (0x10de) on the machine, runs JAX on its CPU backend alone: an installed libtpu is
+  then not probed, and prints no TPU start-up errors. Returns whether it did."""
+  import jax
+
+  if os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms:
+    return False
+  if {"0x1ae0", "0x10de"} & _accelerator_vendors() or glob.glob("/dev/nvidia*"):
+    return False
+  jax.config.update("jax_platforms", "cpu")
+  return True
+
+
 def main(argv):
   """Parses flags and runs `train.train_and_evaluate`."""
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.INFO)
+  if not _DRY_RUN.value:  # a dry run may compile for a TPU slice through libtpu
+    use_cpu_without_accelerators()
   quiet_library_logs(tracebacks=_DEBUG.value)
 
   from jaxrl_llm import distributed
@@ -156,7 +185,7 @@ class _LibraryInfoFilter(std_logging.Filter):
     self.tracebacks = tracebacks
 
   def filter(self, record: std_logging.LogRecord) -> bool:
-    libs = ("orbax", "grain", "asyncio", "concurrent", "tensorboard")
+    libs = ("orbax", "grain", "asyncio", "concurrent", "tensorboard", "fsspec", "gcsfs")
     noisy = any(f"{os.sep}{lib}{os.sep}" in record.pathname for lib in libs)
     if noisy and not self.tracebacks:
       record.exc_info, record.exc_text = None, None

@@ -20,7 +20,8 @@ The server started here adds to `gcp-storage-emulator` what these clients need a
   media uploads and deletes, and the `x-goog-generation` header on reads: tensorstore's OCDBT
   (orbax's array format) reads an object's generation from that header and updates its manifest
   with conditional writes, which fail with "Malformed StorageGeneration" without it.
-Run `python tests/gcs_emulator.py BUCKET` to serve by hand: it prints the port.
+Run `python tests/gcs_emulator.py BUCKET` to serve by hand: it prints the port and, on a
+terminal, the `export` lines that point another shell's trainer at it.
 """
 
 from __future__ import annotations
@@ -96,14 +97,7 @@ class GcsEmulator:
         time.sleep(0.05)
 
   def _point_libraries(self) -> None:
-    env = {
-      "STORAGE_EMULATOR_HOST": self.endpoint,
-      "FSSPEC_GCS_TOKEN": "anon",
-      "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
-      "NO_GCE_CHECK": "true",
-      "TENSORSTORE_GCS_HTTP_URL": self.endpoint,
-      "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator",
-    }
+    env = emulator_env(self.endpoint)
     self._saved_env = {k: os.environ.get(k) for k in _ENV_VARS}
     os.environ.update(env)
 
@@ -159,6 +153,19 @@ class GcsEmulator:
 
   def __exit__(self, *exc) -> None:
     self.stop()
+
+
+def emulator_env(endpoint: str) -> dict[str, str]:
+  """The environment that points a process's gcsfs, etils.epath, TensorBoard and tensorstore
+  at the emulator at `endpoint` (enough for a separate trainer process)."""
+  return {
+    "STORAGE_EMULATOR_HOST": endpoint,
+    "FSSPEC_GCS_TOKEN": "anon",
+    "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+    "NO_GCE_CHECK": "true",
+    "TENSORSTORE_GCS_HTTP_URL": endpoint,
+    "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator",
+  }
 
 
 def _serve(bucket: str) -> None:
@@ -249,7 +256,11 @@ def _serve(bucket: str) -> None:
   storage = Storage(use_memory_fs=True)
   buckets.create_bucket(bucket, storage)
   httpd = Server(("127.0.0.1", 0), partial(emulator.RequestHandler, storage))
-  print(httpd.server_address[1], flush=True)
+  port = httpd.server_address[1]
+  print(port, flush=True)
+  if sys.stdout.isatty():  # by hand: what to paste into the shell that runs the trainer
+    for k, v in emulator_env(f"http://127.0.0.1:{port}").items():
+      print(f"export {k}={v}", flush=True)
   httpd.serve_forever()
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import REPO, run_steps, tiny_config
 
-from jaxrl_llm import data, metric_info, metrics, train
+from jaxrl_llm import data, main, metric_info, metrics, train
 
 
 def _run(config, workdir):
@@ -165,11 +165,17 @@ def test_cli_runs_and_writes_checkpoint(tmp_path):
     "--config.rl.num_prompts=4",
     "--config.train.log_every=1",
   ]
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as a user
+  # One CPU device and no platform chosen, as a user runs it (conftest picks the CPU for tests).
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
   proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "step 2/2" in proc.stderr
   assert (tmp_path / "checkpoints" / "2").is_dir()
+  lines = proc.stderr.splitlines()
+  if not {"0x1ae0", "0x10de"} & main._accelerator_vendors():  # a machine like CI's
+    assert not [line for line in lines if "TPU" in line or "libtpu" in line], lines[:5]
+  assert "jaxrl_llm" in next(line for line in lines if "train.py" in line and "|" in line)
+  assert "final eval: eval/accuracy=" in lines[-1] and "wall time" in lines[-1]
 
 
 def test_host_reward_path_matches_fused_step():
