@@ -1,8 +1,7 @@
 """TensorBoard metrics without TensorFlow, and small helpers for logging progress.
 
 `SummaryWriter` writes TensorBoard event files with tensorboard's own record framing and
-protos; histograms and text carry the plugin metadata of TensorBoard's HISTOGRAMS and TEXT
-dashboards (the same protos `tensorboard.plugins.*.summary_v2.*_pb` build). Only process 0
+summary builders (`histogram_pb`, `text_pb`, `hparams_pb`, `hparams_config_pb`). Only process 0
 writes. Files go through `jaxrl_llm.paths`, so the logdir may be a gs:// URL (TensorBoard's own
 `EventFileWriter` cannot append to an object without TensorFlow: each flush would replace the
 file). The `read_*` helpers read event files back with tensorboard's own `EventAccumulator`,
@@ -25,10 +24,12 @@ import numpy as np
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.plugins.histogram import metadata as histogram_metadata
+from tensorboard.plugins.histogram import summary_v2 as histogram_summary
 from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
 from tensorboard.plugins.hparams import metadata as hparams_metadata
 from tensorboard.plugins.hparams import summary_v2 as hparams_summary
 from tensorboard.plugins.text import metadata as text_metadata
+from tensorboard.plugins.text import summary_v2 as text_summary
 from tensorboard.summary.writer.record_writer import RecordWriter
 from tensorboard.util import tensor_util
 
@@ -123,8 +124,6 @@ class SummaryWriter:
       logdir, flush_secs=flush_secs, max_queue=max_queue, rollover_bytes=rollover_bytes
     )
     self._enabled = jax.process_index() == 0
-    self._tags_with_metadata: set[str] = set()
-    self._metadata_file = 0  # the event file `_tags_with_metadata` refers to
 
   def _write(self, step: int, values: list[summary_pb2.Summary.Value]) -> None:
     if not self._enabled or not values:
@@ -133,16 +132,6 @@ class SummaryWriter:
       wall_time=time.time(), step=int(step), summary=summary_pb2.Summary(value=values)
     )
     self._writer.add_event(event)
-
-  def _metadata_once(self, tag: str, make_metadata) -> summary_pb2.SummaryMetadata | None:
-    # Like TensorFlow's writer: plugin metadata only on the first value of a tag per file.
-    if self._metadata_file != self._writer.file_index:
-      self._tags_with_metadata.clear()
-      self._metadata_file = self._writer.file_index
-    if tag in self._tags_with_metadata:
-      return None
-    self._tags_with_metadata.add(tag)
-    return make_metadata(display_name=None, description=None)
 
   def scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
     """Writes one event holding every scalar of `scalars` (tag -> number) at `step`."""
@@ -167,18 +156,15 @@ class SummaryWriter:
     host = jax.device_get(dict(arrays))
     values = []
     for tag, array in host.items():
-      tensor = tensor_util.make_tensor_proto(histogram_buckets(array, buckets), dtype=np.float64)
-      md = self._metadata_once(tag, histogram_metadata.create_summary_metadata)
-      values.append(summary_pb2.Summary.Value(tag=tag, metadata=md, tensor=tensor))
+      x = np.asarray(array, dtype=np.float64).ravel()
+      values += histogram_summary.histogram_pb(tag, x[np.isfinite(x)], buckets=buckets).value
     self._write(step, values)
 
   def text(self, step: int, tag: str, markdown: str) -> None:
     """Writes `markdown` under `tag` at `step` (shown rendered in TensorBoard's TEXT tab)."""
     if not self._enabled:
       return
-    tensor = tensor_util.make_tensor_proto(np.array(markdown, dtype=np.object_))
-    md = self._metadata_once(tag, text_metadata.create_summary_metadata)
-    self._write(step, [summary_pb2.Summary.Value(tag=tag, metadata=md, tensor=tensor)])
+    self._write(step, list(text_summary.text_pb(tag, markdown).value))
 
   def hparams(
     self,
@@ -239,26 +225,6 @@ class SummaryWriter:
 
   def __exit__(self, *exc) -> None:
     self.close()
-
-
-def histogram_buckets(data: Any, buckets: int = DEFAULT_BUCKETS) -> np.ndarray:
-  """Returns TensorBoard's `[buckets, 3]` histogram (left edge, right edge, count) of `data`.
-
-  Same layout and edge cases as `tensorboard.plugins.histogram.summary_v2.histogram_pb`, in
-  O(size) memory: equal-width buckets from min to max; all-equal data has every edge at the value
-  and the whole count in the last bucket; empty data gives zeros.
-  """
-  x = np.asarray(data, dtype=np.float64).ravel()
-  x = x[np.isfinite(x)]
-  if buckets <= 0 or x.size == 0:
-    return np.zeros((max(buckets, 0), 3))
-  lo, hi = float(x.min()), float(x.max())
-  if lo == hi:
-    counts = np.zeros(buckets)
-    counts[-1] = x.size
-    return np.stack([np.full(buckets, lo), np.full(buckets, lo), counts], axis=1)
-  counts, edges = np.histogram(x, bins=buckets, range=(lo, hi))
-  return np.stack([edges[:-1], edges[1:], counts.astype(np.float64)], axis=1)
 
 
 def _to_float(key: str, value: Any) -> float:
