@@ -121,3 +121,27 @@ def test_objective_range_checks_run_at_start_up_and_name_the_field():
   config_lib.validate(
     tiny_config(**{"objective.name": "gspo", "objective.clip_log": -1.0}), num_devices=1
   )
+
+
+def test_generated_tokens_count_the_groups_dynamic_sampling_drops():
+  """`perf/generated_tokens` counts every sampled row, the oversampled groups that §7 filters
+  away included (the rollout/* statistics describe the kept batch)."""
+  import jax
+  import numpy as np
+  from conftest import tiny_config
+
+  from jaxrl_llm import config_lib, data, train
+  from jaxrl_llm.rl import init_reference
+
+  config = tiny_config(**{"filtering.name": "dynamic_sampling", "filtering.oversample": 2.0})
+  exp = train.build(config)
+  state = init_reference(exp.state, config.kl.beta)
+  sampled = config_lib.num_sampled_prompts(config)
+  assert sampled == 2 * config.rl.num_prompts
+  it = data.make_prompt_iterator(exp.task.train_examples(0), sampled, seed=0)
+  batch, rng = train.to_global_batch(next(it), exp.batch_sharding), jax.random.PRNGKey(3)
+  rollout = jax.device_get(exp.program.sample(state, batch, rng))
+  _, m = jax.device_get(exp.rl_step(state, batch, rng))
+  assert len(rollout.lengths) == sampled * config.sampling.group_size
+  assert m["perf/generated_tokens"] == np.sum(rollout.lengths)
+  assert m["perf/generated_tokens"] > np.sum(m["hist/length"])  # the kept rows are fewer

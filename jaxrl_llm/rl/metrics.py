@@ -121,7 +121,7 @@ def step_summary(
   n_show = min(8, rollout.lengths.shape[0] // group_size)
   return {
     "optim/learning_rate": learning_rate,
-    "perf/generated_tokens": jnp.sum(rollout.lengths).astype(jnp.float32),
+    "perf/generated_tokens": jnp.sum(rollout.lengths).astype(jnp.float32),  # learn: pre-filter
     "perf/learner_tokens": jnp.float32(learner_tokens),
     "hist/reward": reward,
     "hist/length": rollout.lengths,

@@ -156,6 +156,7 @@ def learn(ctx: Learner, state: TrainState, rollout: Rollout, terms, rng: jax.Arr
   """The learn phase, the spec's stages in order; returns (new state, metrics)."""
   s = ctx.settings
   _, shuffle_key = jax.random.split(rng)
+  generated = jnp.sum(rollout.lengths).astype(jnp.float32)  # every row, those §7 drops too
   rollout, reward, terms, seq_valid, mask, metrics = rewards_and_mask(ctx, rollout, terms)
   batch, batch_metrics = make_policy_batch(ctx, state, rollout, reward, seq_valid, mask)
   params, opt_state, mb_metrics = update.optimise(  # §2-§5
@@ -175,6 +176,7 @@ def learn(ctx: Learner, state: TrainState, rollout: Rollout, terms, rng: jax.Arr
   seq_adv = rl_metrics.sequence_advantage(batch.adv, mask)
   metrics.update(batch_metrics)
   metrics.update(step_metrics(ctx, state, rollout, terms, reward, seq_adv, mb_metrics))
+  metrics["perf/generated_tokens"] = generated
   new_state = state.replace(
     step=state.step + 1, params=params, opt_state=opt_state, ref_params=ref_params
   )
