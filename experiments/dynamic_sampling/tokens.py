@@ -6,12 +6,12 @@
 Each run's generated tokens are rebuilt from its event file and config:
   sampled completions per RL step = ceil(k·P)·G with dynamic sampling (k = filtering.oversample),
   P·G without; exact.
-  generated tokens per step = perf/generated_tokens · sampled rows / kept rows. The trainer's
-  perf/generated_tokens sums the lengths of the rollout *after* group filtering (the P·G kept
-  rows), so under dynamic sampling it leaves out the discarded groups; scaling by
-  ceil(k·P)/P assumes discarded completions are as long as kept ones (on this task every
-  completion is 2-6 tokens, mean ~5.9). Logged every train.log_every steps; the value at a
+  generated tokens per step = perf/generated_tokens, the lengths of every sampled row, the
+  groups that filtering discards included. Logged every train.log_every steps; the value at a
   logged step stands for the steps since the previous one.
+  For comparison, the estimate used before the trainer counted discarded groups:
+  rollout/length_mean (the kept rows) x sampled rows, i.e. discarded completions assumed as
+  long as kept ones.
 Arms: (filtering.name, train.num_steps). Cells: mean ± std over seeds.
 """
 
@@ -35,15 +35,23 @@ def run_tokens(cfg, scalars):
     sampled = math.ceil(cfg["filtering.oversample"] * p)
   else:
     sampled = p
-  scale = sampled / p
   gen = scalars["perf/generated_tokens"]
   steps = np.array([0] + [s for s, _ in gen], dtype=np.float64)
-  per_step = np.array([v for _, v in gen]) * scale
+  per_step = np.array([v for _, v in gen])
   cum = np.concatenate([[0.0], np.cumsum(per_step * np.diff(steps))])
   ev = scalars["eval/accuracy"]
   es = np.array([s for s, _ in ev], dtype=np.float64)
   acc = np.array([v for _, v in ev])
   return es, acc, np.interp(es, steps, cum), sampled * g
+
+
+def run_lengths(cfg, scalars, rows):
+  """(generated tokens per logged update, per sampled completion, mean kept length, exact/est)."""
+  gen = np.array([v for _, v in scalars["perf/generated_tokens"]])
+  kept = np.array([v for _, v in scalars["rollout/length_mean"]])
+  steps = np.array([0] + [s for s, _ in scalars["perf/generated_tokens"]], dtype=np.float64)
+  w = np.diff(steps)
+  return gen.mean(), gen.mean() / rows, kept.mean(), (gen * w).sum() / (kept * rows * w).sum()
 
 
 def first_reach(x, acc, level):
@@ -70,10 +78,12 @@ def main():
   budgets = [float(b) * 1e6 for b in args.budgets.split(",")]
   levels = [float(x) for x in args.levels.split(",")]
   arms: dict[tuple, list] = {}
+  lengths: dict[tuple, list] = {}
   for d in seed_table.find_runs(args.root):
     cfg, scalars = seed_table.load(d)
     key = (cfg["filtering.name"], cfg["train.num_steps"])
     arms.setdefault(key, []).append(run_tokens(cfg, scalars))
+    lengths.setdefault(key, []).append(run_lengths(cfg, scalars, arms[key][-1][3]))
   arms = dict(sorted(arms.items()))
 
   print(
@@ -116,6 +126,25 @@ def main():
         f"{sum(t is not None for t in toks)}/{len(runs)}",
       ]
     print(f"| {name} | {steps} | " + " | ".join(cells) + " |")
+
+  print(
+    "\ngenerated tokens per RL update (mean over logged updates), per sampled completion, "
+    "mean length of the kept completions (rollout/length_mean), and exact total / the "
+    "kept-length estimate (kept mean length x sampled rows), mean ± std over seeds\n"
+  )
+  print(
+    "| filtering | RL steps | tokens / update | tokens / sampled completion | "
+    "kept completion length | exact / estimate |"
+  )
+  print("|" + "---|" * 6)
+  for key in arms:
+    cols = list(zip(*lengths[key], strict=True))
+    fmts = ("{:.0f}", "{:.3f}", "{:.3f}", "{:.4f}")
+    print(
+      f"| {key[0]} | {key[1]} | "
+      + " | ".join(ms(list(c), f) for c, f in zip(cols, fmts, strict=True))
+      + " |"
+    )
 
   if args.out:
     import matplotlib
