@@ -59,6 +59,7 @@ SLOW_RECIPES = {
   "gspo",  # sequence ratios: tests/test_rl_settings.py runs gspo from the command line
   "olmo3",
   "ppo",  # the critic path: tests/test_rl_loss.py and test_rl_settings.py
+  "grpo",  # the default config with KL on: tests/test_train.py's tiny run has every grpo tag
 }
 
 

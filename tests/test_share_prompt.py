@@ -46,6 +46,7 @@ def _batch():
 @pytest.mark.parametrize("scan", [False, pytest.param(True, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("remat", [pytest.param("none", marks=pytest.mark.slow), "full"])
 @pytest.mark.parametrize("k", [pytest.param(2, marks=pytest.mark.slow), 4])
+@pytest.mark.slow  # the default tier keeps the update-level equality below
 def test_shared_prompt_scores_and_gradients_equal_the_unshared_pass(k, remat, scan):
   model, params = _model(remat, value_head=True, scan_layers=scan)
   prompts, mask, tokens = _batch()

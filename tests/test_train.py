@@ -135,6 +135,7 @@ def _steps(mesh_data: int, n: int = 2):
   return states[-1].params, metrics
 
 
+@pytest.mark.slow  # the default tier keeps fsdp4 x model2 == one device (tests/test_fsdp.py)
 def test_eight_device_mesh_matches_single_device():
   assert jax.device_count() == 8
   p1, m1 = _steps(1)
@@ -212,8 +213,11 @@ def test_the_run_records_its_config_once(tmp_path):
   file); one with a changed config adds its own record."""
   import json
 
-  config = tiny_config(**{"train.num_steps": 2, "objective.clip_high": 0.28})
+  profile = {"train.profile_steps": 1}  # a jax.profiler trace of step 2 (Profile tab)
+  config = tiny_config(**{"train.num_steps": 2, "objective.clip_high": 0.28, **profile})
   first = train.train_and_evaluate(config, str(tmp_path))
+  traces = list((tmp_path / "plugins" / "profile").glob("*/*.xplane.pb"))
+  assert len(traces) == 1 and traces[0].stat().st_size > 0
   record = json.loads((tmp_path / "config.json").read_text())
   assert record["config"]["objective"]["clip_high"] == 0.28
   assert record["config"]["train"]["num_steps"] == 2
@@ -229,7 +233,7 @@ def test_the_run_records_its_config_once(tmp_path):
   assert again == first and "eval/accuracy" in again  # the last evaluation, read back
   assert sorted(p.name for p in tmp_path.glob("events.*")) == events  # no empty event file
   assert sorted(p.name for p in tmp_path.glob("config*.json")) == ["config.json"]
-  longer = tiny_config(**{"train.num_steps": 4, "objective.clip_high": 0.28})
+  longer = tiny_config(**{"train.num_steps": 4, "objective.clip_high": 0.28, **profile})
   final = train.train_and_evaluate(longer, str(tmp_path))
   resumed = json.loads((tmp_path / "config.resume-2.json").read_text())
   assert resumed["config"]["train"]["num_steps"] == 4 and resumed["step"] == 2
@@ -238,13 +242,3 @@ def test_the_run_records_its_config_once(tmp_path):
   table = metrics.hparams_table(str(tmp_path))  # what TensorBoard's HParams tab shows
   assert len(table) == 1 and table[0]["status"] == "success"
   assert table[0]["metrics"]["eval/accuracy"] == pytest.approx(final["eval/accuracy"])
-
-
-def test_profile_steps_write_a_trace_for_the_profile_tab(tmp_path):
-  """`train.profile_steps` traces RL steps after the compiling one with jax.profiler."""
-  train.train_and_evaluate(
-    tiny_config(**{"train.num_steps": 3, "train.profile_steps": 1}), str(tmp_path)
-  )
-  traces = list((tmp_path / "plugins" / "profile").glob("*/*.xplane.pb"))
-  assert len(traces) == 1 and traces[0].stat().st_size > 0
-  assert metrics.read_scalars(str(tmp_path))["eval/accuracy"][-1][0] == 3  # the run went on
