@@ -3,12 +3,7 @@
 # 8 optimiser updates per rollout (2 epochs x 4 minibatches) so that the clip is active.
 # Outputs go under $ROOT (default /tmp/jaxrl_experiments/clip_higher); figures into this folder.
 set -euo pipefail
-HERE=$(cd "$(dirname "$0")" && pwd)
-cd "$HERE/../.."
-ROOT=${ROOT:-/tmp/jaxrl_experiments/clip_higher}
-# Persistent XLA cache: the seeds of an arm compile the same programs once (results unchanged).
-export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$ROOT.jax_cache}
-export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0.5
+source "$(dirname "$0")/../study_env.sh"  # HERE, ROOT, the XLA cache; cd to the repo
 
 # seed is the outer grid axis, so every arm's first seed compiles and the later ones hit the cache
 python tools/sweep.py --config=configs/default.py --root="$ROOT" --parallel=2 \

@@ -3,11 +3,7 @@
 # {0.7, 1.0, 1.3} x 3 seeds on the default config, shortened to 200 RL updates.
 # Outputs go under $ROOT (default /tmp/jaxrl_experiments/clip_temperature_sweep); figures here.
 set -euo pipefail
-HERE=$(cd "$(dirname "$0")" && pwd)
-cd "$HERE/../.."
-ROOT=${ROOT:-/tmp/jaxrl_experiments/clip_temperature_sweep}
-export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$ROOT.jax_cache}
-export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0.5
+source "$(dirname "$0")/../study_env.sh"  # HERE, ROOT, the XLA cache; cd to the repo
 
 python tools/sweep.py --config=configs/default.py --root="$ROOT" --parallel=2 \
   --grid=seed=0,1,2 --grid=objective.clip_high=0.2,0.28,0.4 --grid=sampling.temperature=0.7,1.0,1.3 \

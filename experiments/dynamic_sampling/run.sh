@@ -4,11 +4,7 @@
 # number of updates) and for 600 updates (about the same number of generated tokens), 3 seeds.
 # Outputs go under $ROOT (default /tmp/jaxrl_experiments/dynamic_sampling); figures here.
 set -euo pipefail
-HERE=$(cd "$(dirname "$0")" && pwd)
-cd "$HERE/../.."
-ROOT=${ROOT:-/tmp/jaxrl_experiments/dynamic_sampling}
-export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$ROOT.jax_cache}
-export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0.5
+source "$(dirname "$0")/../study_env.sh"  # HERE, ROOT, the XLA cache; cd to the repo
 LOG=train.eval_every=25,train.log_every=5
 
 python tools/sweep.py --config=configs/default.py --root="$ROOT/dynamic_sampling" --parallel=2 \

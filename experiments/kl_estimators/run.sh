@@ -4,11 +4,7 @@
 # sampler, kl.beta=0.1, kl.name=k3 vs k3_is, plus a kl.beta=0 reference, 3 seeds, 400 RL updates.
 # Outputs go under $ROOT (default /tmp/jaxrl_experiments/kl_estimators); figures here.
 set -euo pipefail
-HERE=$(cd "$(dirname "$0")" && pwd)
-cd "$HERE/../.."
-ROOT=${ROOT:-/tmp/jaxrl_experiments/kl_estimators}
-export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$ROOT.jax_cache}
-export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0.5
+source "$(dirname "$0")/../study_env.sh"  # HERE, ROOT, the XLA cache; cd to the repo
 mkdir -p "$ROOT"
 
 # Part A

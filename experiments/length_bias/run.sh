@@ -5,11 +5,7 @@
 # completions can run past the answer.
 # Outputs go under $ROOT (default /tmp/jaxrl_experiments/length_bias); figures here.
 set -euo pipefail
-HERE=$(cd "$(dirname "$0")" && pwd)
-cd "$HERE/../.."
-ROOT=${ROOT:-/tmp/jaxrl_experiments/length_bias}
-export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$ROOT.jax_cache}
-export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0.5
+source "$(dirname "$0")/../study_env.sh"  # HERE, ROOT, the XLA cache; cd to the repo
 COMMON=sampling.max_new_tokens=16,train.num_steps=500,train.eval_every=50,train.log_every=10
 
 for arm in grpo:seq_mean_token_mean mean_only:seq_mean_token_sum_norm grpo:token_mean; do

@@ -5,11 +5,7 @@
 # 3 seeds each, default task and model, 400 RL updates.
 # Outputs go under $ROOT (default /tmp/jaxrl_experiments/mismatch_corrections); figures here.
 set -euo pipefail
-HERE=$(cd "$(dirname "$0")" && pwd)
-cd "$HERE/../.."
-ROOT=${ROOT:-/tmp/jaxrl_experiments/mismatch_corrections}
-export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$ROOT.jax_cache}
-export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0.5
+source "$(dirname "$0")/../study_env.sh"  # HERE, ROOT, the XLA cache; cd to the repo
 STEPS=train.num_steps=400,train.eval_every=50,train.log_every=10
 
 python tools/sweep.py --config=configs/default.py --root="$ROOT/int8" --parallel=2 \

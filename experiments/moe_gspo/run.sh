@@ -4,11 +4,7 @@
 # (3 of them off-policy), 3 seeds, 400 RL updates.
 # Outputs go under $ROOT (default /tmp/jaxrl_experiments/moe_gspo); figures here.
 set -euo pipefail
-HERE=$(cd "$(dirname "$0")" && pwd)
-cd "$HERE/../.."
-ROOT=${ROOT:-/tmp/jaxrl_experiments/moe_gspo}
-export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$ROOT.jax_cache}
-export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0.5
+source "$(dirname "$0")/../study_env.sh"  # HERE, ROOT, the XLA cache; cd to the repo
 COMMON=sampling.param_dtype=bfloat16,rl.num_minibatches=4,train.num_steps=400,train.eval_every=50,train.log_every=10
 
 # GRPO (configs/moe_default.py: grpo advantage, ppo_clip 0.2/0.2, seq_mean_token_mean) with
