@@ -154,7 +154,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.optim.grad_clip = 1.0  # global-norm gradient clipping (0 = off)
 
   c.sft = ml_collections.ConfigDict()
-  c.sft.steps = 70  # supervised warm-start steps before RL (0 = none); logged under sft/
+  c.sft.steps = 70  # supervised warm-start steps before RL (0 = none); logged in <workdir>/sft
   c.sft.batch_size = 64  # sequences per supervised step
   c.sft.learning_rate = 3e-3  # peak learning rate of the warm start
 

@@ -615,8 +615,7 @@ def record_run(
   writer.text(step, "config", "\n".join(rows))
   if first and hparams:
     declared = [
-      (tag, name, metric_info.info(tag).meaning if metric_info.info(tag) else "")
-      for tag, name in metric_info.HPARAMS_METRICS
+      (tag, name, metric_info.info(tag).meaning) for tag, name in metric_info.HPARAMS_METRICS
     ]
     trial = paths.as_path(workdir).name
     writer.hparams(hparams, declared, trial_id=trial, start_time=time.time())
