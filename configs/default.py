@@ -1,8 +1,8 @@
 """The embedded default: GRPO (no KL) teaches a tiny transformer to reverse strings on a CPU.
 
-Every field is defined and commented in `jaxrl_llm/default_config.py`.
+Every field is defined and commented in its section's dataclass (`jaxrl_llm/config/`).
 """
 
-from jaxrl_llm.default_config import get_config
+from jaxrl_llm.config import get_config
 
 __all__ = ["get_config"]

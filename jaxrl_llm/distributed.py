@@ -17,7 +17,6 @@ On CPU the cross-process collectives are gloo's. Every process then sees every d
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import sys
 import threading
@@ -88,9 +87,9 @@ def initialize(timeout_s: int = 300) -> None:
 
 
 def config_digest(config) -> str:
-  """A SHA-256 of the resolved config (every field, sorted): equal configs, equal digests."""
-  text = json.dumps(json.loads(config.to_json_best_effort()), sort_keys=True)
-  return hashlib.sha256(text.encode()).hexdigest()
+  """A SHA-256 of the resolved config (a `config.Config`; every field, sorted): equal
+  configs, equal digests."""
+  return hashlib.sha256(config.to_json().encode()).hexdigest()
 
 
 def check_same_config(config) -> None:

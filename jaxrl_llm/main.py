@@ -17,7 +17,7 @@ import time
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from jaxrl_llm import config_lib
+from jaxrl_llm.config import ConfigError, parse
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Experiment config file.", lock_config=True
@@ -59,16 +59,16 @@ flags.mark_flags_as_required(["config"])
 
 def _user_errors() -> tuple[type[BaseException], ...]:
   """Failure classes whose message says what was wrong and what is allowed (exit code 2)."""
-  from jaxrl_llm import checkpoint, datasets, distributed, train
+  from jaxrl_llm import checkpoint, datasets, distributed, run
   from jaxrl_llm.models import hf_config
 
   return (
-    config_lib.ConfigError,
+    ConfigError,
     distributed.DistributedError,
     checkpoint.CheckpointMismatchError,
     checkpoint.CorruptCheckpointError,
     checkpoint.NonFiniteStateError,
-    train.NonFiniteError,
+    run.NonFiniteError,
     hf_config.CheckpointFormatError,
     *getattr(datasets, "USER_ERRORS", ()),
   )
@@ -128,7 +128,7 @@ def use_cpu_without_accelerators() -> bool:
 
 
 def main(argv):
-  """Parses flags and runs `train.train_and_evaluate`."""
+  """Parses flags, turns the config into its typed tree once, and runs the experiment."""
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.INFO)
@@ -144,14 +144,14 @@ def main(argv):
     except distributed.DistributedError as e:
       print(f"error: {e}", file=sys.stderr, flush=True)
       sys.exit(2)
-  from jaxrl_llm import plan, train  # heavy imports after flag parsing
+  from jaxrl_llm import plan, run  # heavy imports after flag parsing
 
   if _DRY_RUN.value:
     try:
       gib = _DEVICE_MEMORY_GIB.value
       capacity = None if gib is None else int(gib * plan.GIB)
-      memory = plan.plan(_CONFIG.value, capacity_bytes=capacity)
-    except config_lib.ConfigError as e:
+      memory = plan.plan(parse(_CONFIG.value), capacity_bytes=capacity)
+    except ConfigError as e:
       print(f"error: {e}", file=sys.stderr)
       sys.exit(2)
     print(f"dry run: {memory.summary()}", flush=True)
@@ -160,7 +160,8 @@ def main(argv):
     raise app.UsageError("--workdir is required (except with --dry_run)")
   started = time.time()
   try:
-    result = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value, hparam_fields=hparam_fields())
+    cfg = parse(_CONFIG.value)
+    result = run.train_and_evaluate(cfg, _WORKDIR.value, hparam_fields=hparam_fields())
   except Exception as e:
     line = explain(e)
     if line is None or _DEBUG.value:
@@ -230,7 +231,7 @@ def check_overrides(argv: list[str]) -> None:
     spec.loader.exec_module(module)
     config = module.get_config(arg) if arg else module.get_config()
   except Exception as e:
-    raise config_lib.ConfigError(f"cannot load config file {file!r}: {e}") from None
+    raise ConfigError(f"cannot load config file {file!r}: {e}") from None
   for arg in argv:
     if not arg.startswith("--config.") and not arg.startswith("--noconfig."):
       continue
@@ -240,7 +241,7 @@ def check_overrides(argv: list[str]) -> None:
       if not hasattr(node, "keys") or part not in node:
         where = ".".join(seen) or "the top level"
         allowed = sorted(node.keys()) if hasattr(node, "keys") else []
-        raise config_lib.ConfigError(
+        raise ConfigError(
           f"unknown config field {field!r} in {arg!r}: {where} has no field {part!r}; "
           f"allowed: {allowed}"
         )
@@ -254,7 +255,7 @@ def hparam_fields() -> list[str]:
     node = _CONFIG.value
     for part in field.split("."):
       if not hasattr(node, "keys") or part not in node:
-        raise config_lib.ConfigError(f"--hparams names {field!r}, which is not a config field")
+        raise ConfigError(f"--hparams names {field!r}, which is not a config field")
       node = node[part]
   return fields
 
@@ -286,7 +287,7 @@ def parse_config(argv: list[str]):
 def _parse_flags(argv: list[str]) -> list[str]:
   try:
     check_overrides(argv)
-  except config_lib.ConfigError as e:
+  except ConfigError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
   return flags.FLAGS(argv)

@@ -8,17 +8,18 @@ import optax
 
 
 def make_optimizer(
+  *,
   learning_rate: float,
   total_updates: int,
-  *,
-  warmup_steps: int = 0,
-  decay_to: float = 0.1,
-  weight_decay: float = 0.0,
-  b1: float = 0.9,
-  b2: float = 0.999,
-  grad_clip: float = 1.0,
+  warmup_steps: int,
+  decay_to: float,
+  weight_decay: float,
+  b1: float,
+  b2: float,
+  grad_clip: float,
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """AdamW with linear warmup + cosine decay and global-norm clipping; returns (tx, schedule)."""
+  """AdamW with linear warmup + cosine decay and global-norm clipping; returns (tx, schedule).
+  Every argument is a field of `config.OptimSettings` (no defaults of its own)."""
   schedule = optax.warmup_cosine_decay_schedule(
     init_value=0.0 if warmup_steps else learning_rate,
     peak_value=learning_rate,

@@ -1,6 +1,6 @@
 """Memory plans compiled ahead of time: will this run fit, before anything is allocated?
 
-The whole fused step is built from abstract state (`train.build(config, abstract=True)`),
+The whole fused step is built from abstract state (`run.build(config, abstract=True)`),
 lowered and compiled for a set of devices (this machine's, fake CPU devices, or a TPU slice's
 from `jax.experimental.topologies`), and its `memory_analysis()` gives the bytes per device.
 Nothing is initialised, loaded or placed. Used by `--dry_run` and `tools/memory_table.py`.
@@ -15,7 +15,6 @@ import re
 import time
 
 import jax
-import ml_collections
 
 GIB = 2**30
 
@@ -124,23 +123,23 @@ def human_bytes(n: float) -> str:
 
 
 def plan(
-  config: ml_collections.ConfigDict,
+  config,
   devices: list[jax.Device] | None = None,
   *,
   prompt_len: int | None = None,
   capacity_bytes: int | None = None,
 ) -> MemoryPlan:
-  """Builds `config` abstractly on `devices` (default: this machine's) and compiles the fused
+  """Builds `config` (a `config.Config`, or a ConfigDict) abstractly on `devices` (default: this machine's) and compiles the fused
   step; `prompt_len` sizes prompts other than the task's, `capacity_bytes` overrides the
   device's own capacity (e.g. to plan a GPU run on a CPU machine)."""
-  from jaxrl_llm import train  # the trainer imports this module's callers, not the reverse
+  from jaxrl_llm import run  # the run imports this module's callers, not the reverse
 
   devices = list(devices if devices is not None else jax.devices())
-  exp = train.build(config, abstract=True, devices=devices, prompt_len=prompt_len)
+  exp = run.build(config, abstract=True, devices=devices, prompt_len=prompt_len)
   t0 = time.perf_counter()
   repl = jax.sharding.NamedSharding(exp.mesh, jax.sharding.PartitionSpec())
   rng = jax.ShapeDtypeStruct((2,), jax.numpy.uint32, sharding=repl)
-  batch = train.abstract_batch(exp)
+  batch = run.abstract_batch(exp)
   common = {
     "capacity_bytes": capacity_bytes if capacity_bytes is not None else device_capacity(devices[0]),
     "device_kind": devices[0].device_kind,

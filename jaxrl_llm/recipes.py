@@ -11,7 +11,7 @@ from typing import Any
 
 import ml_collections
 
-from jaxrl_llm import default_config
+from jaxrl_llm.config import default_config
 
 # name -> {"section.field": value}; unlisted fields keep the default config's values.
 RECIPES: dict[str, dict[str, Any]] = {
@@ -157,12 +157,12 @@ def get_config(name: str) -> ml_collections.ConfigDict:
   """The default config with recipe `name` of spec §10 (or an MoE config) applied."""
   if name in MOE_CONFIGS:
     base, extra = MOE_CONFIGS[name]
-    config = default_config.get_config() if base == "default" else get_config(base)
+    config = default_config() if base == "default" else get_config(base)
     apply(config, {**MOE_MODEL, **extra})
     return config
   if name not in RECIPES:
     valid = sorted([*RECIPES, *MOE_CONFIGS])
     raise ValueError(f"unknown recipe {name!r}; valid names: {', '.join(valid)}")
-  config = default_config.get_config()
+  config = default_config()
   apply(config, RECIPES[name])
   return config

@@ -11,6 +11,8 @@ import pathlib
 
 import pytest
 
+from jaxrl_llm.run import build, to_global_batch
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -64,15 +66,15 @@ def run_steps(config, steps: int = 1):
   """
   import jax
 
-  from jaxrl_llm import data, train
+  from jaxrl_llm import data
   from jaxrl_llm.rl import init_reference
 
-  exp = train.build(config)
+  exp = build(config)
   state = init_reference(exp.state, config.kl.beta)
   it = data.make_prompt_iterator(exp.task.train_examples(0), config.rl.num_prompts, seed=0)
   states, metrics = [jax.device_get(state)], []
   for i in range(steps):
-    batch = train.to_global_batch(next(it), exp.batch_sharding)
+    batch = to_global_batch(next(it), exp.batch_sharding)
     state, m = exp.rl_step(state, batch, jax.random.fold_in(state.rng, i))
     states.append(jax.device_get(state))
     metrics.append(jax.device_get(m))

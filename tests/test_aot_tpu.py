@@ -17,7 +17,8 @@ pytest.importorskip(
   "libtpu", reason="compiling for a TPU topology needs libtpu: pip install -e '.[tpu]'"
 )
 
-from jaxrl_llm import hlo, plan, sampling, train
+from jaxrl_llm import hlo, plan, sampling
+from jaxrl_llm.run import abstract_batch, build
 
 CONFIG = {"rl.num_prompts": 8, "mesh.data": 1, "mesh.fsdp": -1}
 
@@ -38,9 +39,9 @@ def test_fused_step_fits_a_v5e_chip(v5e_2x2):
 
 
 def test_tpu_decode_loop_gathers_no_weights(v5e_2x2):
-  exp = train.build(tiny_config(**CONFIG), abstract=True, devices=v5e_2x2)
+  exp = build(tiny_config(**CONFIG), abstract=True, devices=v5e_2x2)
   text = (
-    exp.program.step.lower(exp.state, train.abstract_batch(exp), jax.random.PRNGKey(0))
+    exp.program.step.lower(exp.state, abstract_batch(exp), jax.random.PRNGKey(0))
     .compile()
     .as_text()
   )
@@ -67,8 +68,8 @@ def test_moe_step_compiles_for_a_v5e_slice(v5e_2x2, mesh):
   """The MoE fused step (R3) for v5e 2x2: `auto` takes `jax.lax.ragged_dot` (a grouped kernel
   on TPU) and, with experts over 4 chips, dispatches tokens by all-to-all."""
   config = tiny_config(**{**CONFIG, **MOE, **mesh})
-  exp = train.build(config, abstract=True, devices=v5e_2x2)
-  lowered = exp.program.step.lower(exp.state, train.abstract_batch(exp), jax.random.PRNGKey(0))
+  exp = build(config, abstract=True, devices=v5e_2x2)
+  lowered = exp.program.step.lower(exp.state, abstract_batch(exp), jax.random.PRNGKey(0))
   assert "ragged_dot" in lowered.as_text()  # the TPU grouped matmul, not the portable tiles
   compiled = lowered.compile()
   everything = [i for insts in hlo.computations(compiled.as_text()).values() for i in insts]

@@ -46,7 +46,7 @@ def test_bench_reports_all_measurements_at_the_tiny_shape():
   # Bytes a decode step reads: fp32 weights of the whole model; K and V of every layer's full
   # cache (B rows, S+T slots, 2 kv heads of 32).
   n = result["params"]["total"]
-  mc = bench.config_lib.model_config(bench.shape_config("tiny"))
+  mc = bench.parse(bench.shape_config("tiny")).model.arch
   assert n == bench._count_params(mc)
   assert result["sampler_weight_bytes"] == 4 * n
   assert result["kv_cache_bytes_per_decode_step"] == 128 * 4 * 2 * 2 * 32 * (13 + 16) * 4
@@ -101,7 +101,7 @@ def test_shapes_and_the_peer_spec_need_no_device(shape):
 
 def test_peer_needs_one_update_per_rollout():
   config = bench.shape_config("tiny", ["rl.num_minibatches=2"])
-  with pytest.raises(bench.config_lib.ConfigError, match="one optimiser update"):
+  with pytest.raises(bench.ConfigError, match="one optimiser update"):
     bench.peer_spec(config, steps=1)
 
 
@@ -114,7 +114,7 @@ def test_trl_peer_at_a_micro_shape():
   result = bench.run_peer("trl", spec, timeout_s=600)
   assert "error" not in result, result
   assert result["model_class"] == "Qwen2ForCausalLM"  # qkv bias, as ours
-  assert result["num_params"] == bench._count_params(bench.config_lib.model_config(config))
+  assert result["num_params"] == bench._count_params(bench.parse(config).model.arch)
   assert result["completion_length_min"] == result["completion_length_max"] == 4
   assert len(result["step_times_s"]) == 2 and result["step_s"] > 0 and result["sample_s"] > 0
   assert result["peak_memory_bytes"] > 0

@@ -7,7 +7,9 @@ import sys
 import pytest
 from conftest import REPO, tiny_config
 
-from jaxrl_llm import checkpoint, config_lib, train
+from jaxrl_llm import checkpoint
+from jaxrl_llm.config import ConfigError
+from jaxrl_llm.run import build, train_and_evaluate
 
 
 @pytest.mark.parametrize(
@@ -30,7 +32,7 @@ from jaxrl_llm import checkpoint, config_lib, train
 def test_out_of_range_values_are_named(field, value, needle):
   config = tiny_config(**{field: value})
   with pytest.raises(ValueError) as err:
-    train.build(config)
+    build(config)
   assert needle in str(err.value)
 
 
@@ -41,28 +43,28 @@ def test_auto_sampler_weights_are_bf16_on_accelerators_and_fp32_on_cpu():
   assert quant.resolve_sampler_dtype("auto", "tpu") == "bfloat16"
   assert quant.resolve_sampler_dtype("auto", "cpu") == "float32"
   assert quant.resolve_sampler_dtype("int8", "gpu") == "int8"
-  exp = train.build(tiny_config())  # auto on this CPU: the sampler runs on the float32 params
+  exp = build(tiny_config())  # auto on this CPU: the sampler runs on the float32 params
   assert exp.program.learner.sampler_dtype == "float32"
 
 
 def test_every_problem_is_listed_at_once():
   config = tiny_config(**{"sampling.temperature": 0.0, "objective.clip_low": 2.0})
-  with pytest.raises(config_lib.ConfigError) as err:
-    train.build(config)
+  with pytest.raises(ConfigError) as err:
+    build(config)
   assert "sampling.temperature" in str(err.value) and "objective.clip_low" in str(err.value)
 
 
 def test_batch_not_divisible_by_mesh():
   config = tiny_config(**{"mesh.data": -1, "rl.num_prompts": 6})  # 8 fake devices
-  with pytest.raises(config_lib.ConfigError, match=r"rl\.num_prompts=6 is not divisible by the 8"):
-    train.build(config)
+  with pytest.raises(ConfigError, match=r"rl\.num_prompts=6 is not divisible by the 8"):
+    build(config)
 
 
 def test_incompatible_checkpoint_in_workdir(tmp_path):
-  train.train_and_evaluate(tiny_config(**{"train.num_steps": 2}), str(tmp_path))
+  train_and_evaluate(tiny_config(**{"train.num_steps": 2}), str(tmp_path))
   bigger = tiny_config(**{"train.num_steps": 4, "model.num_layers": 3})
   with pytest.raises(checkpoint.CheckpointMismatchError) as err:
-    train.train_and_evaluate(bigger, str(tmp_path))
+    train_and_evaluate(bigger, str(tmp_path))
   msg = str(err.value)
   assert "num_layers" in msg and str(tmp_path) in msg
   assert (tmp_path / "checkpoints" / "2").is_dir()  # nothing saved was lost

@@ -16,7 +16,9 @@ import optax
 import pytest
 from conftest import REPO, tiny_config
 
-from jaxrl_llm import checkpoint, config_lib, metrics, optim, train
+from jaxrl_llm import checkpoint, metrics, optim
+from jaxrl_llm.config import ConfigError, validate
+from jaxrl_llm.run import NonFiniteError, build, train_and_evaluate
 
 
 def _tx():
@@ -70,14 +72,14 @@ def test_a_run_that_keeps_diverging_stops_and_saves_only_finite_state(tmp_path):
       "train.num_steps": 8,
     }
   )
-  with pytest.raises(train.NonFiniteError, match=r"rl step 3: 5 consecutive optimiser updates"):
-    train.train_and_evaluate(config, str(tmp_path))
+  with pytest.raises(NonFiniteError, match=r"rl step 3: 5 consecutive optimiser updates"):
+    train_and_evaluate(config, str(tmp_path))
   logged = metrics.read_scalars(str(tmp_path))
   assert max(v for _, v in logged["optim/skipped_updates"]) == 2  # both updates of a step
   with checkpoint.Checkpointer(str(tmp_path), save_every=1) as ckpt:
     steps = ckpt.all_steps()
     assert steps
-    exp = train.build(config, abstract=True)
+    exp = build(config, abstract=True)
     for step in steps:
       state, _ = ckpt.restore(step, exp.state)
       assert not checkpoint.non_finite_paths(state)
@@ -112,11 +114,11 @@ BAD_NUMBERS = {
 @pytest.mark.parametrize("field", list(BAD_NUMBERS))
 def test_out_of_range_numbers_stop_at_start_up_naming_the_field(field):
   value, message = BAD_NUMBERS[field]
-  with pytest.raises(config_lib.ConfigError, match=message):
-    config_lib.validate(tiny_config(**{field: value}), num_devices=8)
+  with pytest.raises(ConfigError, match=message):
+    validate(tiny_config(**{field: value}), num_devices=8)
 
 
-# Every section: each value stops `train.build` (before anything compiles) with a ConfigError
+# Every section: each value stops `build` (before anything compiles) with a ConfigError
 # naming the field.
 BAD_CONFIGS = [
   ("task.name", "nope"), ("task.digits", 0), ("task.min_len", 0), ("task.max_len", 1),
@@ -145,8 +147,8 @@ BAD_CONFIGS = [
 
 @pytest.mark.parametrize("field, value", BAD_CONFIGS, ids=[f for f, _ in BAD_CONFIGS])
 def test_bad_config_values_stop_before_compiling_naming_the_field(field, value):
-  with pytest.raises(config_lib.ConfigError) as err:
-    train.build(tiny_config(**{field: value}), abstract=True)
+  with pytest.raises(ConfigError) as err:
+    build(tiny_config(**{field: value}), abstract=True)
   assert field.split(".")[-1] in str(err.value), str(err.value)
 
 
@@ -209,7 +211,7 @@ def test_a_full_disk_ends_in_one_clear_line_and_keeps_the_last_checkpoint(small_
   with checkpoint.Checkpointer(workdir, save_every=1) as ckpt:
     steps = ckpt.all_steps()
     assert steps, "no checkpoint committed before the disk filled"
-    state = train.build(tiny_config()).state
+    state = build(tiny_config()).state
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
     step, _, _ = ckpt.restore_latest(abstract)
   assert step == steps[-1]
@@ -249,15 +251,13 @@ def test_the_sft_warm_start_is_checkpointed_and_not_redone(tmp_path):
   from it (no second warm start) and ends where an uninterrupted run ends."""
   config = tiny_config(**{"sft.steps": 3, "train.num_steps": 2, "train.max_to_keep": 5})
   straight, killed = tmp_path / "straight", tmp_path / "killed"
-  train.train_and_evaluate(config, str(straight))
+  train_and_evaluate(config, str(straight))
   shutil.copytree(straight, killed)
   shutil.rmtree(killed / "checkpoints" / "2")  # as if killed before the first RL save
-  train.train_and_evaluate(config, str(killed))
+  train_and_evaluate(config, str(killed))
   sft_logged = [s for s, _ in metrics.read_scalars(str(killed / "sft"))["sft/loss"]]
   assert sft_logged == [1, 2, 3]  # logged once: the relaunch did not redo the warm start
-  abstract = jax.tree.map(
-    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), train.build(config).state
-  )
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), build(config).state)
   states = []
   for workdir in (straight, killed):
     with checkpoint.Checkpointer(workdir, save_every=1) as ckpt:
@@ -378,9 +378,7 @@ def test_kill_9_at_random_points_and_mid_save_resumes_to_the_uninterrupted_resul
   final = _launch(killed, *run)
   assert final.wait(timeout=600) == 0, final.stderr.read()[-3000:]
   config = tiny_config()
-  abstract = jax.tree.map(
-    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), train.build(config).state
-  )
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), build(config).state)
   states = []
   for workdir in (straight, killed):
     with checkpoint.Checkpointer(workdir, save_every=1) as ckpt:

@@ -8,7 +8,8 @@ import pytest
 from conftest import tiny_config
 from text_fixtures import build_bpe_tokenizer, write_math_jsonl
 
-from jaxrl_llm import metrics, train, verifiers
+from jaxrl_llm import metrics, verifiers
+from jaxrl_llm.run import build, host_reward_step, to_global_batch, train_and_evaluate
 
 
 def _parity(completion: str, reference: str) -> float:
@@ -47,7 +48,7 @@ def file_config(tmp_path):
 
 def test_host_reward_rewards_are_the_verifiers(file_config):
   config, records = file_config
-  exp = train.build(config)
+  exp = build(config)
   assert exp.host_reward and exp.task.tokenizer.vocab_size <= 512
   exp.task.reward_fns["math_format_boxed"] = _parity
   it = exp.task.train_iterator(config.rl.num_prompts, config.seed)
@@ -58,10 +59,10 @@ def test_host_reward_rewards_are_the_verifiers(file_config):
   g = config.sampling.group_size
   # The same sampling the step will do (sample does not donate the state).
   rollout = exp.program.sample(
-    exp.state, train.to_global_batch(np_batch, exp.batch_sharding), jax.random.PRNGKey(0)
+    exp.state, to_global_batch(np_batch, exp.batch_sharding), jax.random.PRNGKey(0)
   )
   texts = exp.task.decode(np.asarray(rollout.tokens))
-  state, m = train.host_reward_step(exp, exp.state, np_batch, jax.random.PRNGKey(0))
+  state, m = host_reward_step(exp, exp.state, np_batch, jax.random.PRNGKey(0))
   m = jax.device_get(m)
   # Every reward equals the verifiers applied to the decoded sampled text.
   refs = np.repeat(np_batch["answer"], g)
@@ -78,14 +79,14 @@ def test_host_reward_rewards_are_the_verifiers(file_config):
 
 def test_verifier_failures_are_counted_not_fatal(file_config):
   config, _ = file_config
-  exp = train.build(config)
+  exp = build(config)
   exp.task.reward_fns["math_format_boxed"] = _flaky
   np_batch = next(exp.task.train_iterator(config.rl.num_prompts, config.seed))
-  batch = train.to_global_batch(np_batch, exp.batch_sharding)
+  batch = to_global_batch(np_batch, exp.batch_sharding)
   texts = exp.task.decode(
     np.asarray(exp.program.sample(exp.state, batch, jax.random.PRNGKey(1)).tokens)
   )
-  _, m = train.host_reward_step(exp, exp.state, np_batch, jax.random.PRNGKey(1))
+  _, m = host_reward_step(exp, exp.state, np_batch, jax.random.PRNGKey(1))
   m = jax.device_get(m)
   assert np.isfinite(m["policy/loss"])
   assert m["verifier/errors"] == sum("1" in t for t in texts) > 0
@@ -93,7 +94,7 @@ def test_verifier_failures_are_counted_not_fatal(file_config):
 
 def test_file_dataset_trains_three_steps(file_config, tmp_path):
   config, _ = file_config
-  result = train.train_and_evaluate(config, str(tmp_path / "run"))
+  result = train_and_evaluate(config, str(tmp_path / "run"))
   scalars = metrics.read_scalars(str(tmp_path / "run"))
   for tag in (
     "reward/math_correct",

@@ -9,8 +9,10 @@ import pytest
 from conftest import run_steps, tiny_config
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxrl_llm import config_lib, hlo, sampling, sharding, train
+from jaxrl_llm import hlo, sampling, sharding
+from jaxrl_llm.config import ConfigError, validate
 from jaxrl_llm.rl import step as rl_step
+from jaxrl_llm.run import abstract_batch, build
 
 MESHES = {
   "fsdp8": {"mesh.data": 1, "mesh.fsdp": 8},
@@ -31,7 +33,7 @@ def one_device():
 )
 def test_fsdp_mesh_matches_one_device(mesh, one_device):
   config = tiny_config(**BASE, **MESHES[mesh])
-  exp = train.build(config)
+  exp = build(config)
   gate = exp.state.params["layer_0"]["mlp"]["gate"]["kernel"]  # [D, F] = [32, 64]
   want = PartitionSpec(("fsdp", "expert"), "model")  # d_model over fsdp (and expert: 1 here)
   assert gate.sharding.spec == want
@@ -61,7 +63,7 @@ def test_fsdp_mesh_matches_one_device(mesh, one_device):
 
 def _compiled_step_text(exp, ctx=None) -> str:
   """HLO of the fused step compiled from abstract state (optionally with another Learner)."""
-  batch, key = train.abstract_batch(exp), jax.random.PRNGKey(0)
+  batch, key = abstract_batch(exp), jax.random.PRNGKey(0)
   if ctx is None:
     return exp.program.step.lower(exp.state, batch, key).compile().as_text()
   fn = functools.partial(rl_step.fused_step, ctx, exp.task.reward_terms)
@@ -83,9 +85,7 @@ def _compiled_step_text(exp, ctx=None) -> str:
   ],
 )
 def test_decode_loop_gathers_no_weights(mesh, scan):
-  exp = train.build(
-    tiny_config(**BASE, **MESHES[mesh], **{"model.scan_layers": scan}), abstract=True
-  )
+  exp = build(tiny_config(**BASE, **MESHES[mesh], **{"model.scan_layers": scan}), abstract=True)
   text = _compiled_step_text(exp)
   loop = hlo.loop_instructions(text, sampling.DECODE_SCOPE)
   assert len(loop) > 100  # the whole decode step's model forward is in there
@@ -112,10 +112,8 @@ def test_mesh_config_errors_name_the_fields():
     "model": 2,
   }
   config = tiny_config(**{"mesh.data": 1, "mesh.fsdp": 8, "model.d_model": 36})
-  with pytest.raises(config_lib.ConfigError, match=r"mesh.fsdp=8 does not divide model.d_model=36"):
-    config_lib.validate(config, num_devices=8)
+  with pytest.raises(ConfigError, match=r"mesh.fsdp=8 does not divide model.d_model=36"):
+    validate(config, num_devices=8)
   config = tiny_config(**{"mesh.data": 2, "mesh.fsdp": 2, "rl.num_prompts": 6})
-  with pytest.raises(
-    config_lib.ConfigError, match=r"mesh.data x mesh.fsdp x mesh.expert = 2 x 2 x 1"
-  ):
-    config_lib.validate(config, num_devices=8)
+  with pytest.raises(ConfigError, match=r"mesh.data x mesh.fsdp x mesh.expert = 2 x 2 x 1"):
+    validate(config, num_devices=8)

@@ -10,17 +10,19 @@ import jax
 import pytest
 from conftest import REPO, tiny_config
 
-from jaxrl_llm import plan, train
+from jaxrl_llm import plan
 from jaxrl_llm.rl import init_reference
 
 sys.path.insert(0, str(REPO / "tools"))
 import memory_table
 
+from jaxrl_llm.run import build
+
 
 def test_abstract_state_matches_the_real_one_and_allocates_nothing():
   config = tiny_config(**{"kl.beta": 0.04})
-  real = train.build(config)
-  abstract = train.build(config, abstract=True)
+  real = build(config)
+  abstract = build(config, abstract=True)
   leaves = jax.tree.leaves(abstract.state)
   assert all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
   real_state = init_reference(real.state, config.kl.beta)

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 from conftest import run_steps, tiny_config
 
-from jaxrl_llm import quant, train
+from jaxrl_llm import quant
+from jaxrl_llm.run import build
 
 
 def _one_step(config):
@@ -37,7 +38,7 @@ def test_sampler_precision_drives_mismatch_metrics(dtype):
 
 def test_int8_copy_is_per_channel_and_close():
   config = tiny_config()
-  exp = train.build(config)
+  exp = build(config)
   p = exp.state.params
   q = quant.sampler_params(p, "int8")
   w, wq = (

@@ -8,10 +8,11 @@ import pytest
 from conftest import run_steps, tiny_config
 from jax._src.pallas.mosaic_gpu.interpret.params import force_gpu_interpret_mode
 
-from jaxrl_llm import hlo, objectives, train
+from jaxrl_llm import hlo, objectives
 from jaxrl_llm.models import ModelConfig, Transformer
 from jaxrl_llm.models.transformer import positions_from_mask
 from jaxrl_llm.rl import stages
+from jaxrl_llm.run import abstract_batch, build
 from jaxrl_llm.sampling import SamplingConfig, sample, score
 
 
@@ -211,7 +212,7 @@ def test_expert_parallel_step_equals_one_device(mesh, impl):
   replay, learner) equal one device's."""
   one = tiny_config(**EP, **{"model.moe_impl": impl})
   many = tiny_config(**EP, **mesh, **{"model.moe_impl": impl})
-  exp = train.build(many, abstract=True)
+  exp = build(many, abstract=True)
   w = exp.state.params["layer_0"]["moe"]["gate"]
   ep = mesh.get("mesh.expert", 1)
   assert w.sharding.shard_shape(w.shape)[0] == 8 // ep
@@ -221,7 +222,7 @@ def test_expert_parallel_step_equals_one_device(mesh, impl):
   decode = exp.program.learner.decode_shardings["layer_0"]
   assert decode["moe"]["gate"].spec == w.sharding.spec
   assert "fsdp" not in str(decode["attn"]["q"]["kernel"].spec)
-  text = exp.program.step.lower(exp.state, train.abstract_batch(exp), jax.random.PRNGKey(0))
+  text = exp.program.step.lower(exp.state, abstract_batch(exp), jax.random.PRNGKey(0))
   everything = [i for insts in hlo.computations(text.compile().as_text()).values() for i in insts]
   dispatch = [i for i in hlo.collectives(everything, "all-to-all") if "moe" in i.op_name]
   assert bool(dispatch) == (ep > 1)
@@ -233,7 +234,7 @@ def test_expert_count_must_divide_over_the_expert_axis():
   with pytest.raises(
     ValueError, match=r"model.moe_num_experts=4 is not divisible by mesh.expert=8"
   ):
-    train.build(tiny_config(**MOE, **{"mesh.expert": 8}), abstract=True)
+    build(tiny_config(**MOE, **{"mesh.expert": 8}), abstract=True)
 
 
 def test_portable_grouped_matmul_gives_the_ragged_step():

@@ -16,7 +16,8 @@ import pytest
 from conftest import REPO, tiny_config
 from text_fixtures import build_bpe_tokenizer, write_math_jsonl
 
-from jaxrl_llm import checkpoint, metrics, train
+from jaxrl_llm import checkpoint, metrics
+from jaxrl_llm.run import build
 
 pytestmark = pytest.mark.slow  # each case launches the command line several times
 
@@ -95,7 +96,7 @@ def _launch(processes, config, workdir, *args, wait=True):
 
 
 def _final_params(workdir, step, config):
-  abstract = train.build(config, abstract=True).state  # shardings over this process's devices
+  abstract = build(config, abstract=True).state  # shardings over this process's devices
   with checkpoint.Checkpointer(workdir, save_every=1) as ckpt:
     return ckpt.restore(step, abstract)[0].params
 

@@ -6,8 +6,9 @@ import jax
 import numpy as np
 from conftest import REPO, tiny_config
 
-from jaxrl_llm import checkpoint, metrics, train
+from jaxrl_llm import checkpoint, metrics
 from jaxrl_llm.models import hf
+from jaxrl_llm.run import build, train_and_evaluate
 
 FIXTURE = REPO / "tests" / "fixtures" / "hf" / "qwen2"
 
@@ -16,7 +17,7 @@ def test_rl_starts_from_imported_checkpoint_and_exports(tmp_path):
   config = tiny_config(
     **{"model.checkpoint": str(FIXTURE), "train.num_steps": 2, "sft.steps": 3, "sft.batch_size": 8}
   )
-  exp = train.build(config)
+  exp = build(config)
   cfg, params = hf.load_checkpoint(FIXTURE)
   assert exp.model.cfg == cfg  # the checkpoint's architecture, not config.model's
   jax.tree.map(
@@ -24,7 +25,7 @@ def test_rl_starts_from_imported_checkpoint_and_exports(tmp_path):
   )
 
   workdir = tmp_path / "run"
-  train.train_and_evaluate(config, str(workdir))
+  train_and_evaluate(config, str(workdir))
   assert metrics.read_scalars(str(workdir))["policy/loss"][-1][0] == 2
   meta = checkpoint.Checkpointer(str(workdir), save_every=1).read_meta(2)
   assert meta["hf_model_type"] == "qwen2" and meta["model"]["attention_bias"] is True

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 from conftest import REPO, run_steps, tiny_config
 
-from jaxrl_llm import config_lib, metrics, recipes, train
+from jaxrl_llm import metrics, recipes
+from jaxrl_llm.config import parse
+from jaxrl_llm.run import build, train_and_evaluate
 
 # Tags that only a recipe's own objective / correction / filter / KL produces.
 SPECIFIC_TAGS = {
@@ -39,7 +41,7 @@ def test_every_recipe_has_a_config_file():
 
 def test_rspo_needs_a_moe_model():
   with pytest.raises(ValueError, match="needs a mixture-of-experts policy"):
-    train.build(tiny_config("rspo", **{"model.moe_num_experts": 0}))
+    build(tiny_config("rspo", **{"model.moe_num_experts": 0}))
 
 
 # Recipes whose objective, correction and filter the default-run recipes and the unit tests
@@ -75,7 +77,7 @@ def test_recipe_runs_three_steps(name, tmp_path):
     name,
     **{"train.num_steps": 3, "train.eval_every": 3, "train.checkpoint_every": 3},
   )
-  result = train.train_and_evaluate(config, str(tmp_path))
+  result = train_and_evaluate(config, str(tmp_path))
   scalars = metrics.read_scalars(str(tmp_path))
   for tag in SPECIFIC_TAGS[name]:
     assert tag in scalars, (tag, sorted(scalars))
@@ -87,7 +89,7 @@ def test_recipe_runs_three_steps(name, tmp_path):
 
 def test_verl_grpo_config_sets_verls_conventions_and_runs():
   config = tiny_config("verl_grpo")
-  s = config_lib.learner_settings(config)
+  s = parse(config).learner
   assert s.objective.hyperparameters == {"clip_low": 0.2, "clip_high": 0.2, "dual_clip": 3.0}
   assert (s.kl.name, s.kl.beta, s.kl.k3_clamp) == ("k3", 0.001, 10.0)
   assert (s.aggregation.name, s.advantage.whiten_variance) == ("token_mean", "unbiased")

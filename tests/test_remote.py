@@ -11,7 +11,8 @@ import pytest
 from conftest import tiny_config
 from gcs_emulator import GcsEmulator
 
-from jaxrl_llm import checkpoint, metrics, paths, train
+from jaxrl_llm import checkpoint, metrics, paths
+from jaxrl_llm.run import train_and_evaluate
 
 pytest.importorskip("gcsfs")
 pytest.importorskip("gcp_storage_emulator")
@@ -131,14 +132,14 @@ def test_checkpoints_on_a_bucket_verify_and_move_bad_steps_aside(gcs, in_tmp_cwd
 def test_a_run_in_a_bucket_writes_events_config_and_checkpoints_and_resumes(gcs, in_tmp_cwd):
   workdir = gcs.url("run")
   config = tiny_config(**{"train.checkpoint_every": 2, "train.stop_after_steps": 2})
-  train.train_and_evaluate(config, workdir)  # steps 1-2 of 4
+  train_and_evaluate(config, workdir)  # steps 1-2 of 4
   with checkpoint.Checkpointer(workdir, save_every=2) as ckpt:
     assert ckpt.all_steps() == [2]
   record = json.loads(paths.read_text(paths.join(workdir, "config.json")))
   assert record["config"]["train"]["num_steps"] == 4 and record["step"] == 0
   assert max(s for s, _ in metrics.read_scalars(workdir)["rollout/reward_mean"]) == 2
 
-  result = train.train_and_evaluate(config, workdir)  # resumes at step 2: steps 3-4
+  result = train_and_evaluate(config, workdir)  # resumes at step 2: steps 3-4
   with checkpoint.Checkpointer(workdir, save_every=2) as ckpt:
     assert ckpt.all_steps() == [2, 4]
     assert all(checkpoint.verify_manifest(ckpt.directory / str(s)) is None for s in (2, 4))
@@ -155,7 +156,7 @@ def test_a_run_in_a_bucket_writes_events_config_and_checkpoints_and_resumes(gcs,
   assert "reward" in tags["plugins"]["histograms"]
 
   # Relaunched when finished: its last evaluation, read back from the bucket; nothing written.
-  again = train.train_and_evaluate(config, workdir)
+  again = train_and_evaluate(config, workdir)
   assert again["eval/accuracy"] == result["eval/accuracy"]
   assert {p.name for p in paths.listdir(workdir)} == names
   assert os.listdir(in_tmp_cwd) == []  # nothing local named after the URL

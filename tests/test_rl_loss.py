@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_llm import default_config, objectives, recipes
+from jaxrl_llm import objectives, recipes
+from jaxrl_llm.config import default_config
 from jaxrl_llm.rl import Settings, stages
 from jaxrl_llm.rl import loss as rl_loss
 from jaxrl_llm.sampling import Scores
@@ -15,7 +16,7 @@ from jaxrl_llm.types import PolicyBatch
 
 
 def _settings(recipe: str | None = None, **overrides) -> Settings:
-  c = recipes.get_config(recipe) if recipe else default_config.get_config()
+  c = recipes.get_config(recipe) if recipe else default_config()
   recipes.apply(c, overrides)
   return Settings.from_config(c)
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from conftest import run_steps, tiny_config
 
-from jaxrl_llm import config_lib
+from jaxrl_llm.config import parse
 
 CASES = {
   "grpo": ("default", {}),
@@ -23,8 +23,8 @@ def test_skipping_the_old_pass_gives_the_same_update(case):
   over = {"rl.num_minibatches": 1, "optim.warmup_steps": 0, **extra}
   skip = tiny_config(base, **over)
   full = tiny_config(base, **over, **{"rl.old_pass": "always"})
-  assert config_lib.learner_settings(skip).skips_old_pass(is_moe=False)
-  assert not config_lib.learner_settings(full).skips_old_pass(is_moe=False)
+  assert parse(skip).learner.skips_old_pass(is_moe=False)
+  assert not parse(full).learner.skips_old_pass(is_moe=False)
   s_states, s_metrics = run_steps(skip, 2)
   f_states, f_metrics = run_steps(full, 2)
   jax.tree.map(
@@ -50,7 +50,5 @@ def test_skipping_the_old_pass_gives_the_same_update(case):
 )
 def test_the_old_pass_stays_where_something_needs_it(extra):
   config = tiny_config(**{"rl.num_minibatches": 1, **extra})
-  assert not config_lib.learner_settings(config).skips_old_pass(is_moe=False)
-  assert not config_lib.learner_settings(tiny_config(**{"rl.num_minibatches": 1})).skips_old_pass(
-    is_moe=True
-  )
+  assert not parse(config).learner.skips_old_pass(is_moe=False)
+  assert not parse(tiny_config(**{"rl.num_minibatches": 1})).learner.skips_old_pass(is_moe=True)

@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 from conftest import REPO, tiny_config
 
-from jaxrl_llm import config_lib, data, default_config, main, objectives, train
+from jaxrl_llm import data, main, objectives
+from jaxrl_llm.config import ConfigError, default_config, parse, validate
+from jaxrl_llm.config.learner import Section
 from jaxrl_llm.rl import Settings
-from jaxrl_llm.rl.settings import Section
+from jaxrl_llm.run import build, to_global_batch
 
 
 def _sections():
@@ -25,31 +27,31 @@ def _sections():
 def test_each_settings_dataclass_has_exactly_its_config_sections_keys(section):
   cls = _sections()[section]
   assert issubclass(cls, Section) and cls.SECTION == section
-  config_keys = set(default_config.get_config()[section].keys())
-  assert {f.name for f in dataclasses.fields(cls)} == config_keys
+  config_keys = set(default_config()[section].keys())
+  assert set(cls().to_dict()) == config_keys
 
 
 def test_settings_are_built_under_the_configs_own_names():
-  c = default_config.get_config()
+  c = default_config()
   c.kl.reference, c.kl.reset_every, c.rl.entropy_coef = "reset_every", 3, 1  # int -> float
   s = Settings.from_config(c)
   assert s.kl.reference == "reset_every" and s.kl.reset_every == 3
   assert s.rl.entropy_coef == 1.0 and isinstance(s.rl.entropy_coef, float)
-  assert s.objective.clip_low is None  # unset: the objective's default applies
+  assert s.objective.get("clip_low") is None  # unset: the objective's default applies
   assert s.reward_weights == (("correct", 1.0), ("format", 0.0))
   hash(s)  # frozen and hashable: static for jit
 
 
 def test_a_section_with_an_unknown_or_missing_field_is_named():
-  c = default_config.get_config()
+  c = default_config()
   c.kl.unlock()
   c.kl.bogus = 1.0
-  with pytest.raises(config_lib.ConfigError, match=r"'kl'.*unknown fields \['bogus'\]"):
-    config_lib.learner_settings(c)
-  c = default_config.get_config()
+  with pytest.raises(ConfigError, match=r"'kl'.*unknown fields \['bogus'\]"):
+    parse(c)
+  c = default_config()
   del c.shaping["cache_len"]
-  with pytest.raises(config_lib.ConfigError, match=r"'shaping'.*missing fields \['cache_len'\]"):
-    config_lib.learner_settings(c)
+  with pytest.raises(ConfigError, match=r"'shaping'.*missing fields \['cache_len'\]"):
+    parse(c)
 
 
 @pytest.mark.parametrize(
@@ -63,18 +65,18 @@ def test_a_section_with_an_unknown_or_missing_field_is_named():
 )
 def test_objective_name_on_the_default_config_gets_that_objectives_widths(name, widths):
   argv = ["prog", f"--config={REPO}/configs/default.py", f"--config.objective.name={name}"]
-  h = config_lib.learner_settings(main.parse_config(argv)).objective.hyperparameters
+  h = parse(main.parse_config(argv)).learner.objective.hyperparameters
   assert {k: h[k] for k in widths} == widths
   assert h == objectives.get_objective(name).hyperparameters
 
 
 def test_a_recipes_explicit_widths_win_and_a_flag_wins_over_both():
-  parse = lambda *a: config_lib.learner_settings(main.parse_config(["prog", *a])).objective  # noqa: E731
-  dapo = parse(f"--config={REPO}/configs/dapo.py", "--config.objective.name=gspo")
+  objective = lambda *a: parse(main.parse_config(["prog", *a])).objective  # noqa: E731
+  dapo = objective(f"--config={REPO}/configs/dapo.py", "--config.objective.name=gspo")
   assert (dapo.hyperparameters["clip_low"], dapo.hyperparameters["clip_high"]) == (0.2, 0.28)
-  gspo = parse(f"--config={REPO}/configs/gspo.py", "--config.objective.clip_high=0.01")
+  gspo = objective(f"--config={REPO}/configs/gspo.py", "--config.objective.clip_high=0.01")
   assert (gspo.hyperparameters["clip_low"], gspo.hyperparameters["clip_high"]) == (3e-4, 0.01)
-  sapo = parse(f"--config={REPO}/configs/default.py", "--config.objective.name=sapo")
+  sapo = objective(f"--config={REPO}/configs/default.py", "--config.objective.name=sapo")
   assert sapo.hyperparameters == {"tau_pos": 1.0, "tau_neg": 1.05}
 
 
@@ -92,10 +94,10 @@ def test_gspo_from_the_command_line_trains_with_gspo_widths():
     "--config.task.eval_size=8",
     "--config.mesh.data=1",
   ]
-  exp = train.build(main.parse_config(argv))
+  exp = build(main.parse_config(argv))
   assert exp.meta["objective"] == {"name": "gspo", "clip_low": 3e-4, "clip_high": 4e-4}
   it = data.make_prompt_iterator(exp.task.train_examples(0), 4, seed=0)
-  batch = train.to_global_batch(next(it), exp.batch_sharding)
+  batch = to_global_batch(next(it), exp.batch_sharding)
   rng = jax.random.PRNGKey(1)
   rollout = exp.program.sample(exp.state, batch, rng)
   correct = jnp.tile(jnp.array([1.0, 0.0, 0.0, 1.0]), 4)  # rewards with spread in every group
@@ -110,17 +112,13 @@ def test_gspo_from_the_command_line_trains_with_gspo_widths():
 
 def test_objective_range_checks_run_at_start_up_and_name_the_field():
   c = tiny_config(**{"objective.name": "gmpo", "objective.clip_log": -1.0})
-  with pytest.raises(
-    config_lib.ConfigError, match=r"objective.clip_log=-1.0 must be in \(0, inf\)"
-  ):
-    config_lib.validate(c, num_devices=1)
+  with pytest.raises(ConfigError, match=r"objective.clip_log=-1.0 must be in \(0, inf\)"):
+    validate(c, num_devices=1)
   c = tiny_config(**{"objective.dual_clip": 0.5})
-  with pytest.raises(config_lib.ConfigError, match=r"objective\.dual_clip=0\.5 must be > 1"):
-    config_lib.validate(c, num_devices=1)
+  with pytest.raises(ConfigError, match=r"objective\.dual_clip=0\.5 must be > 1"):
+    validate(c, num_devices=1)
   # A width of another objective is ignored: gspo does not read clip_log.
-  config_lib.validate(
-    tiny_config(**{"objective.name": "gspo", "objective.clip_log": -1.0}), num_devices=1
-  )
+  validate(tiny_config(**{"objective.name": "gspo", "objective.clip_log": -1.0}), num_devices=1)
 
 
 def test_generated_tokens_count_the_groups_dynamic_sampling_drops():
@@ -130,16 +128,16 @@ def test_generated_tokens_count_the_groups_dynamic_sampling_drops():
   import numpy as np
   from conftest import tiny_config
 
-  from jaxrl_llm import config_lib, data, train
+  from jaxrl_llm import data
   from jaxrl_llm.rl import init_reference
 
   config = tiny_config(**{"filtering.name": "dynamic_sampling", "filtering.oversample": 2.0})
-  exp = train.build(config)
+  exp = build(config)
   state = init_reference(exp.state, config.kl.beta)
-  sampled = config_lib.num_sampled_prompts(config)
+  sampled = parse(config).sampled_prompts
   assert sampled == 2 * config.rl.num_prompts
   it = data.make_prompt_iterator(exp.task.train_examples(0), sampled, seed=0)
-  batch, rng = train.to_global_batch(next(it), exp.batch_sharding), jax.random.PRNGKey(3)
+  batch, rng = to_global_batch(next(it), exp.batch_sharding), jax.random.PRNGKey(3)
   rollout = jax.device_get(exp.program.sample(state, batch, rng))
   _, m = jax.device_get(exp.rl_step(state, batch, rng))
   assert len(rollout.lengths) == sampled * config.sampling.group_size

@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from jaxrl_llm import default_config
+from jaxrl_llm.config import default_config
 from jaxrl_llm.rl import Settings, init_reference, stages, update
 from jaxrl_llm.rl import metrics as rl_metrics
 from jaxrl_llm.sampling import Scores
@@ -20,7 +20,7 @@ G, T = 2, 4
 
 
 def _settings(**overrides) -> Settings:
-  c = default_config.get_config()
+  c = default_config()
   for key, value in overrides.items():
     section, field = key.split(".")
     c[section][field] = value

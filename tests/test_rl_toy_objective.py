@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 from conftest import run_steps, tiny_config
 
-from jaxrl_llm import config_lib, data, objectives, train
+from jaxrl_llm import data, objectives
+from jaxrl_llm.config import ConfigError, validate
+from jaxrl_llm.run import build, to_global_batch
 
 
 def toy_scaled_pg(logp, old_logp, adv, mask, *, clip_high: float = 0.5):
@@ -36,7 +38,7 @@ def toy():
 
 def test_a_registered_toy_objective_runs_one_fused_step(toy):
   c = tiny_config(**{"objective.name": toy})
-  config_lib.validate(c, num_devices=8)
+  validate(c, num_devices=8)
   _, metrics = run_steps(c, 1)
   m = metrics[0]
   assert float(m["policy/toy_scale_mean"]) == pytest.approx(0.5)  # its signature default
@@ -45,9 +47,9 @@ def test_a_registered_toy_objective_runs_one_fused_step(toy):
 
 def _grad_norm(config) -> float:
   """Gradient norm of one learn phase on a sampled rollout with rewards that have spread."""
-  exp = train.build(config)
+  exp = build(config)
   it = data.make_prompt_iterator(exp.task.train_examples(0), config.rl.num_prompts, seed=0)
-  batch = train.to_global_batch(next(it), exp.batch_sharding)
+  batch = to_global_batch(next(it), exp.batch_sharding)
   rng = jax.random.PRNGKey(3)
   rollout = exp.program.sample(exp.state, batch, rng)
   correct = jnp.tile(jnp.array([1.0, 0.0, 0.0, 1.0]), config.rl.num_prompts)
@@ -63,5 +65,5 @@ def test_a_toy_objectives_hyperparameter_comes_from_the_config_and_is_checked(to
   assert default > 0
   assert scaled / default == pytest.approx(4.0, rel=1e-4)
   bad = tiny_config(**{"objective.name": toy, "objective.clip_high": -1.0})
-  with pytest.raises(config_lib.ConfigError, match=r"objective\.clip_high=-1\.0 must be > 0"):
-    config_lib.validate(bad, num_devices=8)
+  with pytest.raises(ConfigError, match=r"objective\.clip_high=-1\.0 must be > 0"):
+    validate(bad, num_devices=8)

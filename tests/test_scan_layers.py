@@ -20,7 +20,8 @@ from conftest import run_steps, tiny_config
 from jax.sharding import PartitionSpec as P
 from safetensors.numpy import load_file
 
-from jaxrl_llm import checkpoint, config_lib, sharding
+from jaxrl_llm import checkpoint, sharding
+from jaxrl_llm.config import ConfigError, parse, validate
 from jaxrl_llm.models import ModelConfig, Transformer, hf, init_cache
 from jaxrl_llm.models.scan import scan_cache, scan_params, unscan_cache, unscan_params
 from jaxrl_llm.models.transformer import REMAT_POLICIES, positions_from_mask
@@ -265,8 +266,8 @@ def test_layers_that_cannot_be_scanned_are_refused_with_the_fields_named():
       "model.moe_every": 2,
     }
   )
-  with pytest.raises(config_lib.ConfigError, match=r"multiple of model\.moe_every=2"):
-    config_lib.validate(c, num_devices=1)
+  with pytest.raises(ConfigError, match=r"multiple of model\.moe_every=2"):
+    validate(c, num_devices=1)
 
 
 def test_checkpoint_meta_from_before_the_field_reads_as_unrolled():
@@ -286,7 +287,7 @@ def test_checkpoint_meta_from_before_the_field_reads_as_unrolled():
 
 def test_config_field_reaches_the_model_and_an_rl_step_runs():
   c = tiny_config(**{"model.scan_layers": True, "train.num_steps": 1})
-  assert config_lib.model_config(c).scan_layers
+  assert parse(c).model.arch.scan_layers
   states, metrics = run_steps(c, steps=1)
   assert "layers" in states[0].params and "layer_0" not in states[0].params
   assert np.isfinite(float(metrics[0]["policy/loss"]))

@@ -10,10 +10,10 @@ import pytest
 from conftest import run_steps, tiny_config
 
 from jaxrl_llm import sampling
+from jaxrl_llm.config.learner import RLSettings
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.transformer import Transformer
 from jaxrl_llm.rl import update
-from jaxrl_llm.rl.settings import RLSettings
 
 P, G, S, T = 3, 4, 5, 6
 

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 from conftest import REPO, run_steps, tiny_config
 
-from jaxrl_llm import data, main, metric_info, metrics, train
+from jaxrl_llm import data, main, metric_info, metrics
+from jaxrl_llm.run import HPARAM_FIELDS, build, to_global_batch, train_and_evaluate
 
 
 def _run(config, workdir):
-  return train.train_and_evaluate(config, str(workdir))
+  return train_and_evaluate(config, str(workdir))
 
 
 @pytest.fixture(scope="module")
@@ -121,11 +122,11 @@ def test_moe_run_resumes_under_another_expert_implementation(tmp_path):
 )
 def test_rl_step_compiles_once(mesh):
   config = tiny_config(**mesh)
-  exp = train.build(config)
+  exp = build(config)
   it = data.make_prompt_iterator(exp.task.train_examples(0), config.rl.num_prompts, seed=0)
   state = exp.state
   for i in range(3):
-    batch = train.to_global_batch(next(it), exp.batch_sharding)
+    batch = to_global_batch(next(it), exp.batch_sharding)
     state, _ = exp.rl_step(state, batch, jax.random.fold_in(state.rng, i))
   assert exp.rl_step._cache_size() == 1
 
@@ -175,16 +176,16 @@ def test_cli_runs_and_writes_checkpoint(tmp_path):
   lines = proc.stderr.splitlines()
   if not {"0x1ae0", "0x10de"} & main._accelerator_vendors():  # a machine like CI's
     assert not [line for line in lines if "TPU" in line or "libtpu" in line], lines[:5]
-  assert "jaxrl_llm" in next(line for line in lines if "train.py" in line and "|" in line)
+  assert "jaxrl_llm" in next(line for line in lines if "record.py" in line and "|" in line)
   assert "final eval: eval/accuracy=" in lines[-1] and "wall time" in lines[-1]
 
 
 def test_host_reward_path_matches_fused_step():
   """sample → rewards on the host → learn gives the fused step's update for the same rewards."""
   config = tiny_config()
-  exp = train.build(config)
+  exp = build(config)
   it = data.make_prompt_iterator(exp.task.train_examples(0), config.rl.num_prompts, seed=0)
-  batch = train.to_global_batch(next(it), exp.batch_sharding)
+  batch = to_global_batch(next(it), exp.batch_sharding)
   rng = jax.random.fold_in(exp.state.rng, 0)
   g = config.sampling.group_size
 
@@ -198,7 +199,7 @@ def test_host_reward_path_matches_fused_step():
   state_h, m_h = exp.program.learn(exp.state, rollout, terms, rng)
   m_h, params_h = jax.device_get(m_h), jax.device_get(state_h.params)
 
-  exp2 = train.build(config)
+  exp2 = build(config)
   state_f, m_f = exp2.rl_step(exp2.state, batch, rng)
   m_f = jax.device_get(m_f)
   np.testing.assert_array_equal(m_h["hist/reward"], m_f["hist/reward"])
@@ -215,7 +216,7 @@ def test_the_run_records_its_config_once(tmp_path):
 
   profile = {"train.profile_steps": 1}  # a jax.profiler trace of step 2 (Profile tab)
   config = tiny_config(**{"train.num_steps": 2, "objective.clip_high": 0.28, **profile})
-  first = train.train_and_evaluate(config, str(tmp_path))
+  first = train_and_evaluate(config, str(tmp_path))
   traces = list((tmp_path / "plugins" / "profile").glob("*/*.xplane.pb"))
   assert len(traces) == 1 and traces[0].stat().st_size > 0
   record = json.loads((tmp_path / "config.json").read_text())
@@ -224,17 +225,17 @@ def test_the_run_records_its_config_once(tmp_path):
   assert record["jax"] == jax.__version__ and record["devices"] == jax.device_count()
   assert "config" in metrics.read_tags(str(tmp_path))["tensors"]
   hp = metrics.read_hparams(str(tmp_path))  # the HParams session, as TensorBoard reads it
-  assert set(train.HPARAM_FIELDS) <= set(hp["hparams"]) and hp["status"] == "success"
+  assert set(HPARAM_FIELDS) <= set(hp["hparams"]) and hp["status"] == "success"
   assert hp["hparams"]["objective.clip_high"] == pytest.approx(0.28)
   assert hp["hparams"]["objective.clip_low"] == pytest.approx(0.2)  # the objective's default
   assert hp["hparams"]["params"] > 0 and "eval/accuracy" in hp["metrics"]
   events = sorted(p.name for p in tmp_path.glob("events.*"))
-  again = train.train_and_evaluate(config, str(tmp_path))  # finished: nothing to train
+  again = train_and_evaluate(config, str(tmp_path))  # finished: nothing to train
   assert again == first and "eval/accuracy" in again  # the last evaluation, read back
   assert sorted(p.name for p in tmp_path.glob("events.*")) == events  # no empty event file
   assert sorted(p.name for p in tmp_path.glob("config*.json")) == ["config.json"]
   longer = tiny_config(**{"train.num_steps": 4, "objective.clip_high": 0.28, **profile})
-  final = train.train_and_evaluate(longer, str(tmp_path))
+  final = train_and_evaluate(longer, str(tmp_path))
   resumed = json.loads((tmp_path / "config.resume-2.json").read_text())
   assert resumed["config"]["train"]["num_steps"] == 4 and resumed["step"] == 2
   assert json.loads((tmp_path / "config.json").read_text()) == record  # the first is kept

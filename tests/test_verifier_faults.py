@@ -266,7 +266,7 @@ def test_file_task_reports_verifier_timeouts(tmp_path):
   terms, stats = task.host_reward_terms(completions, [str(tmp_path / "pid"), "1"])
   np.testing.assert_array_equal(terms["spin"], [0, 1])
   np.testing.assert_array_equal(terms["correct"], [0, 1])
-  # train.host_reward_step logs these stats with the step's metrics.
+  # host_reward_step logs these stats with the step's metrics.
   assert stats["verifier/timeouts"] == 1 and stats["verifier/timeouts/spin"] == 1
 
 

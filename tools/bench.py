@@ -47,8 +47,10 @@ for _path in (_REPO, _TOOLS):  # run from a checkout without installing it
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jaxrl_llm import config_lib, data, quant, train  # noqa: E402
+from jaxrl_llm import data, quant  # noqa: E402
+from jaxrl_llm.config import ConfigError, parse  # noqa: E402
 from jaxrl_llm.rl import make_rl_step  # noqa: E402
+from jaxrl_llm.run import Experiment, build, build_task, to_global_batch  # noqa: E402
 
 # Per-device limits from public spec sheets: (device_kind substring, HBM bytes/s, dense bf16
 # FLOP/s). Matched in order against the lower-cased `device_kind`, so specific names come first.
@@ -247,7 +249,7 @@ def _pct(num: float | None, den: float | None) -> float | None:
   return None if not num or not den else 100.0 * num / den
 
 
-def program_for(exp: train.Experiment, full_length: bool):
+def program_for(exp: Experiment, full_length: bool):
   """The experiment's RL programs; with `full_length`, rebuilt with an end-of-sequence id no
   token can take, so every completion runs to max_new_tokens (fixed work per step)."""
   if not full_length:
@@ -275,14 +277,15 @@ def bench(
   peak_flops: float | None = None,
 ) -> dict[str, object]:
   """Runs `steps` warm fused RL steps and a sampler-only pass; returns the measurements."""
-  exp = train.build(config)
+  config = parse(config)
+  exp = build(config)
   program = program_for(exp, full_length)
   ctx = program.learner
   samp = ctx.sampling
   it = data.make_prompt_iterator(
-    exp.task.train_examples(config.seed), config_lib.num_sampled_prompts(config), seed=config.seed
+    exp.task.train_examples(config.seed), config.sampled_prompts, seed=config.seed
   )
-  batches = [train.to_global_batch(next(it), exp.batch_sharding) for _ in range(steps + 1)]
+  batches = [to_global_batch(next(it), exp.batch_sharding) for _ in range(steps + 1)]
   state = exp.state
   if config.kl.beta > 0:
     state = state.replace(ref_params=jax.tree.map(lambda x: x.copy(), state.params))
@@ -323,7 +326,7 @@ def bench(
   step_s = statistics.median(step_times)
   sample_s = statistics.median(sample_times)
   learn_s = max(step_s - sample_s, 1e-9)
-  b = config_lib.num_sampled_prompts(config) * samp.group_size
+  b = config.sampled_prompts * samp.group_size
   s, t = exp.task.prompt_len, samp.max_new_tokens
   steps_taken = int(statistics.median(decode_steps))
   decode_ms = 1e3 * sample_s / max(steps_taken, 1)
@@ -396,7 +399,8 @@ def _count_params(mc) -> int:
 def peer_spec(config, steps: int) -> dict[str, object]:
   """The peer's shape and run, from `config` without touching a device (so that the peer's
   process can have the accelerator to itself first)."""
-  mc = config_lib.model_config(config)
+  config = parse(config)
+  mc = config.model.arch
   problems = []
   if mc.moe_num_experts:
     problems.append("a dense model (model.moe_num_experts=0)")
@@ -407,11 +411,11 @@ def peer_spec(config, steps: int) -> dict[str, object]:
   if config.mesh.data not in (1, -1) or config.mesh.model != 1:
     problems.append("one device (mesh.data=1)")
   if problems:
-    raise config_lib.ConfigError("--peer needs " + "; ".join(problems))
-  task = train.build_task(config)
-  samp = config_lib.sampling_config(config, task)
+    raise ConfigError("--peer needs " + "; ".join(problems))
+  task = build_task(config)
+  samp = config.sampling.sampler(task)
   p, g = config.rl.num_prompts, samp.group_size
-  rl = config_lib.learner_settings(config).rl.resolved(
+  rl = config.rl.resolved(
     rows_per_device=p * g,
     seq_len=task.prompt_len + samp.max_new_tokens,
     num_params=_count_params(mc),

@@ -5,7 +5,7 @@
       --targets=cpu:1,cpu:8:fsdp=8,cpu:8:fsdp=4:model=2,tpu:v5e-8,tpu:v5p-8,tpu:v6e-8 --markdown
 
 For each shape and target the whole fused step (sampling, verifier, old pass, learner,
-optimiser) is built from abstract state (`plan.plan`: `train.build(config, abstract=True)`),
+optimiser) is built from abstract state (`plan.plan`: `build(config, abstract=True)`),
 lowered and compiled, and `compiled.memory_analysis()` is reported per device: argument,
 output, temporary bytes, and the peak (arguments + unaliased outputs + temp) against the
 device's capacity. Targets: `cpu:N[:AXIS=K...]` compiles for N CPU devices (fake ones when

@@ -39,6 +39,8 @@ from typing import Any
 
 import compare  # tools/compare.py, next to this file
 
+from jaxrl_llm.config import ConfigError
+
 TRAINER = ("-m", "jaxrl_llm.main")
 SUMMARY_TAGS = ("eval/accuracy", "eval/pass@*", "rollout/reward_mean")
 _COMMIT_FILE = "commit_success.txt"  # a checkpoint step counts once orbax has committed it
@@ -458,8 +460,6 @@ def main(argv: Sequence[str] | None = None) -> int:
   )
   args = p.parse_args(argv)
 
-  from jaxrl_llm import config_lib
-
   try:
     if args.parallel < 1:
       raise SweepError(f"--parallel must be >= 1, got {args.parallel}")
@@ -475,7 +475,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         + "\n".join(lines)
         + "\nuse another --root, remove those workdirs, or pass --allow_changed to resume them"
       )
-  except (SweepError, config_lib.ConfigError) as e:
+  except (SweepError, ConfigError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
 

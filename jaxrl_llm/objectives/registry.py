@@ -51,16 +51,28 @@ class ObjectiveSpec:
   fn: Callable[..., Any]  # (logp, old_logp, adv, mask, *, **inputs, **hyperparameters)
   inputs: tuple[str, ...] = ()  # names from OBJECTIVE_INPUTS the learner passes by keyword
   check: Check | None = None  # resolved hyperparameters -> list of error messages
+  docs: tuple[tuple[str, str], ...] = ()  # (hyperparameter, its one-line meaning)
 
   @property
   def hyperparameters(self) -> dict[str, Any]:
     """The objective's own hyperparameters and their defaults, from its signature."""
+    return {p.name: p.default for p in self._hyper_params()}
+
+  def kinds(self) -> dict[str, type]:
+    """{hyperparameter: the Python type its annotation names} (float | None -> float)."""
+    out = {}
+    for p in self._hyper_params():
+      base = next(k.strip() for k in str(p.annotation).split("|") if k.strip() != "None")
+      out[p.name] = {"float": float, "int": int, "bool": bool, "str": str}.get(base, float)
+    return out
+
+  def _hyper_params(self) -> list[inspect.Parameter]:
     params = inspect.signature(self.fn).parameters.values()
-    return {
-      p.name: p.default
+    return [
+      p
       for p in params
       if p.kind is p.KEYWORD_ONLY and p.default is not p.empty and p.name not in self.inputs
-    }
+    ]
 
   def resolve(self, values: Mapping[str, Any]) -> dict[str, Any]:
     """Hyperparameters with `values` (a config section) over the signature defaults.
@@ -83,13 +95,18 @@ OBJECTIVES: dict[str, ObjectiveSpec] = {}
 
 
 def register_objective(
-  name: str, *, inputs: tuple[str, ...] = (), check: Check | None = None
+  name: str,
+  *,
+  inputs: tuple[str, ...] = (),
+  check: Check | None = None,
+  docs: Mapping[str, str] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
   """Decorator adding a §2 objective to `OBJECTIVES` under `name` (returns the function).
 
   `inputs` names the extra array inputs the function takes as keyword-only parameters without
   defaults; each must be one of OBJECTIVE_INPUTS. `check` validates resolved hyperparameters
-  once at start-up, before anything compiles.
+  once at start-up, before anything compiles. `docs` gives a hyperparameter of a new name its
+  one-line meaning (the config reference shows it, with each objective's default).
   """
   unknown = sorted(set(inputs) - set(OBJECTIVE_INPUTS))
   if unknown:
@@ -98,10 +115,30 @@ def register_objective(
     )
 
   def add(fn: Callable[..., Any]) -> Callable[..., Any]:
-    OBJECTIVES[name] = ObjectiveSpec(name=name, fn=fn, inputs=tuple(inputs), check=check)
+    OBJECTIVES[name] = ObjectiveSpec(
+      name=name, fn=fn, inputs=tuple(inputs), check=check, docs=tuple((docs or {}).items())
+    )
     return fn
 
   return add
+
+
+def hyperparameter_kinds() -> dict[str, type]:
+  """{name: type} of every registered objective's hyperparameters (the `objective` config
+  section's fields besides its name and the critic's)."""
+  out: dict[str, type] = {}
+  for spec in OBJECTIVES.values():
+    out.update({k: v for k, v in spec.kinds().items() if k not in out})
+  return out
+
+
+def hyperparameter_doc(name: str) -> str:
+  """A hyperparameter's meaning (from the objectives that document it) and its default in
+  each registered objective that takes it, e.g. 'ε_high (ppo_clip 0.2, gspo 0.0004)'."""
+  meaning = next((d for s in OBJECTIVES.values() for k, d in s.docs if k == name), "")
+  takes = [s for s in OBJECTIVES.values() if name in s.hyperparameters]
+  defaults = [f"{s.name} {s.hyperparameters[name]}" for s in takes]
+  return f"{meaning} ({', '.join(defaults)})".strip()
 
 
 def in_range(name: str, value: Any, low: float, high: float, *, low_open=True, high_open=True):

@@ -8,7 +8,7 @@ metrics.py   rollout, routing and step metrics
 settings.py  frozen per-section settings built from the config
 """
 
-from jaxrl_llm.rl.settings import Settings
+from jaxrl_llm.config.learner import Settings
 from jaxrl_llm.rl.step import Learner, RLProgram, make_rl_step
 from jaxrl_llm.rl.update import init_reference
 

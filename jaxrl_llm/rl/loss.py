@@ -20,10 +20,10 @@ import jax.numpy as jnp
 from flax import struct
 
 from jaxrl_llm import objectives
+from jaxrl_llm.config.learner import Settings
 from jaxrl_llm.models.transformer import Transformer
 from jaxrl_llm.rl import metrics as rl_metrics
 from jaxrl_llm.rl import stages
-from jaxrl_llm.rl.settings import Settings
 from jaxrl_llm.sampling import Scores, score
 from jaxrl_llm.types import PolicyBatch
 

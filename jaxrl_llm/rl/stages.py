@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_llm import objectives, sharding
-from jaxrl_llm.rl.settings import (
+from jaxrl_llm.config.learner import (
   AdvantageSettings,
   CorrectionSettings,
   FilteringSettings,

@@ -22,11 +22,11 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_llm import quant, sharding
+from jaxrl_llm.config.learner import Settings
 from jaxrl_llm.kernels import attention
 from jaxrl_llm.models.transformer import Transformer
 from jaxrl_llm.rl import loss, stages, update
 from jaxrl_llm.rl import metrics as rl_metrics
-from jaxrl_llm.rl.settings import Settings
 from jaxrl_llm.sampling import SamplingConfig, sample
 from jaxrl_llm.types import PromptBatch, Rollout, TrainState
 

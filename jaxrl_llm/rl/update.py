@@ -16,9 +16,9 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_llm import optim, sharding
+from jaxrl_llm.config.learner import KLSettings, RLSettings, Settings
 from jaxrl_llm.rl import loss as rl_loss
 from jaxrl_llm.rl import metrics as rl_metrics
-from jaxrl_llm.rl.settings import KLSettings, RLSettings, Settings
 from jaxrl_llm.rl.stages import split_leading
 from jaxrl_llm.types import PolicyBatch, TrainState
 

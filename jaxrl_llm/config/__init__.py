@@ -1,0 +1,29 @@
+"""The typed settings tree: one frozen dataclass per config section.
+
+fields.py    the Section mixin: coercion from ml-collections values, field comments, checks
+learner.py   the learner's sections (rl, advantage, objective, ..., filtering) and `Settings`
+sections.py  task, data, model, sampling, optim, sft, train, mesh
+tree.py      `Config` (the whole tree), `parse` (ConfigDict -> Config, once, at the entry
+             point), `default_config` (the embedded default, generated from the dataclasses)
+             and `reference` (the README's config reference)
+checks.py    the checks that span sections or need the devices, the task or the model
+"""
+
+from jaxrl_llm.config.checks import check, validate
+from jaxrl_llm.config.fields import ConfigError
+from jaxrl_llm.config.learner import Settings
+from jaxrl_llm.config.tree import Config, default_config, parse, reference
+
+get_config = default_config  # configs/default.py's entry: the embedded default experiment
+
+__all__ = [
+  "Config",
+  "ConfigError",
+  "Settings",
+  "check",
+  "default_config",
+  "get_config",
+  "parse",
+  "reference",
+  "validate",
+]

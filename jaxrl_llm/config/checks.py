@@ -1,0 +1,177 @@
+"""The checks that span sections, or need what only the run knows (its devices, its task, the
+model a checkpoint holds). Each section checks its own ranges; these run once more, before
+anything compiles, and name every field involved."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+
+from jaxrl_llm.config.fields import ConfigError, need
+from jaxrl_llm.config.tree import Config
+from jaxrl_llm.kernels import attention
+from jaxrl_llm.models.config import ModelConfig
+
+
+def check(cfg: Config, *, num_devices: int, task=None, model: ModelConfig | None = None) -> None:
+  """Raises ConfigError listing every cross-section problem of `cfg` on `num_devices` devices
+  with `task` (when built) and `model` (the architecture that will run: the checkpoint's when
+  starting from one, else `cfg.model.arch`)."""
+  mc = model or cfg.model.arch
+  errors = _batch(cfg) + _model(cfg, mc) + _learner(cfg, mc, task)
+  errors += _devices(cfg, mc, num_devices) if not errors else []
+  if task is not None:
+    errors += _task(cfg, mc, task)
+  if errors:
+    raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+
+
+def _batch(cfg: Config) -> list[str]:
+  """B = P·G splits into the minibatches, a minibatch into its microbatches."""
+  rl, b = cfg.rl, cfg.rl.num_prompts * cfg.sampling.group_size
+  if b % rl.num_minibatches:
+    return [
+      f"rl.num_prompts * sampling.group_size = {b} sequences do not split into "
+      f"rl.num_minibatches={rl.num_minibatches} equal minibatches"
+    ]
+  mb = b // rl.num_minibatches
+  if rl.num_microbatches >= 1 and mb % rl.num_microbatches:  # 0 = auto picks a divisor
+    return [
+      f"minibatch of {mb} sequences does not split into rl.num_microbatches={rl.num_microbatches}"
+    ]
+  return []
+
+
+def _model(cfg: Config, mc: ModelConfig) -> list[str]:
+  """What the architecture that will run allows: cuDNN attention, the MoE layers, a value head
+  and the learner's MoE-only objectives."""
+  out = []
+  refusal = attention.cudnn_refusal(mc.compute_dtype, mc.head_dim)
+  if cfg.model.attention == "cudnn" and refusal:
+    out.append(f"model.attention='cudnn' cannot run: {refusal}; use auto, xla or einsum")
+  try:
+    mc.moe  # noqa: B018 - builds (and checks) the MoE layers' config
+  except ValueError as err:  # fields named moe.<x> are model.moe_<x> in the config
+    out.append(str(err).replace("moe.", "model.moe_"))
+  if cfg.model.checkpoint and cfg.model.arch.value_head:
+    out.append("model.value_head with model.checkpoint is not supported (no pretrained value head)")
+  is_moe = mc.moe_num_experts > 0
+  if cfg.objective.name == "rspo" and not is_moe:
+    out.append(
+      "objective.name='rspo' (§2.8) needs a mixture-of-experts policy: set model.moe_num_experts > 0"
+    )
+  if cfg.replay.name in ("r2", "r3") and not is_moe:
+    out.append(
+      f"replay.name={cfg.replay.name!r} replays MoE routing: set model.moe_num_experts > 0"
+    )
+  if cfg.objective.name == "ppo_critic" and not mc.value_head:
+    out.append("objective.name='ppo_critic' needs a value head: set model.value_head=True")
+  return out
+
+
+def _learner(cfg: Config, mc: ModelConfig, task) -> list[str]:
+  """The critic pairs with GAE; prompt files need a budget and no warm start; L_cache < T."""
+  out, critic, advantage = [], cfg.objective.name == "ppo_critic", cfg.advantage.name
+  if critic and advantage != "gae":
+    out.append(
+      f"objective.name='ppo_critic' uses GAE advantages: set advantage.name='gae' (got {advantage!r})"
+    )
+  if advantage == "gae" and not critic:
+    out.append(
+      "advantage.name='gae' needs a critic: use objective.name='ppo_critic' with model.value_head=True"
+    )
+  if cfg.uses_files:
+    t = cfg.sampling.max_new_tokens
+    out += need(t >= 1, "sampling.max_new_tokens must be >= 1 with data.train_files")
+    out += need(
+      cfg.sft.steps == 0, "sft.steps must be 0 with data.train_files (no warm start on files)"
+    )
+  sh = cfg.shaping
+  if sh.name == "soft_overlong" and task is not None:
+    t_max = cfg.sampling.max_new_tokens or task.max_new_tokens
+    out += need(
+      1 <= sh.cache_len < t_max,
+      f"shaping.cache_len={sh.cache_len} must be in [1, max_new_tokens={t_max})",
+    )
+  return out
+
+
+def _devices(cfg: Config, mc: ModelConfig, num_devices: int) -> list[str]:
+  """The mesh fits the devices, and every batch splits over the rows' devices."""
+  try:
+    sizes = cfg.mesh.sizes(num_devices)
+  except ValueError as err:
+    return [str(err)]
+  out = []
+  if jax.process_count() > 1 and math.prod(sizes.values()) != num_devices:
+    out.append(
+      " x ".join(f"mesh.{k}={v}" for k, v in sizes.items())
+      + f" does not use all {num_devices} devices of the {jax.process_count()} processes; a "
+      "multi-process mesh must span every device (mesh.data=-1 fills it)"
+    )
+  if sizes["expert"] > 1 and mc.moe_num_experts % sizes["expert"]:
+    out.append(
+      f"model.moe_num_experts={mc.moe_num_experts} is not divisible by mesh.expert="
+      f"{sizes['expert']} (each expert-parallel device holds the same number of experts)"
+    )
+  if mc.d_model % sizes["fsdp"]:
+    out.append(
+      f"mesh.fsdp={sizes['fsdp']} does not divide model.d_model={mc.d_model} (FSDP splits "
+      "every weight along d_model); use a divisor of it"
+    )
+  return out + ([] if out else _rows(cfg, sizes))
+
+
+def _rows(cfg: Config, sizes: dict[str, int]) -> list[str]:
+  """Sampled prompts, P, minibatches, SFT batches and the built-in eval set split over the
+  data-parallel devices (mesh.data x mesh.fsdp x mesh.expert)."""
+  data = sizes["data"] * sizes["fsdp"] * sizes["expert"]
+  rl, out, sampled = cfg.rl, [], cfg.sampled_prompts
+  if sampled % data:
+    what = (
+      "ceil(filtering.oversample * rl.num_prompts)"
+      if sampled != rl.num_prompts
+      else "rl.num_prompts"
+    )
+    out.append(
+      f"{what}={sampled} is not divisible by the {data} data-parallel devices of the mesh "
+      f"(mesh.data x mesh.fsdp x mesh.expert = {sizes['data']} x {sizes['fsdp']} x "
+      f"{sizes['expert']}); use a multiple of {data}"
+    )
+  if rl.num_prompts % data:
+    out.append(
+      f"rl.num_prompts={rl.num_prompts} is not divisible by the {data} data-parallel devices"
+    )
+  mb = rl.num_prompts * cfg.sampling.group_size // rl.num_minibatches
+  out += need(
+    mb % data == 0,
+    f"minibatch of {mb} sequences is not divisible by the {data} data-parallel devices",
+  )
+  if cfg.sft.steps and cfg.sft.batch_size % data:
+    out.append(f"sft.batch_size={cfg.sft.batch_size} is not divisible by {data} devices")
+  if not cfg.uses_files and cfg.task.eval_size % data:  # file evals are padded
+    out.append(
+      f"task.eval_size={cfg.task.eval_size} is not divisible by the {data} data-parallel "
+      f"devices; use a multiple of {data}"
+    )
+  return out
+
+
+def _task(cfg: Config, mc: ModelConfig, task) -> list[str]:
+  """The model's vocabulary holds the task's tokens."""
+  vocab = task.tokenizer.vocab_size
+  return need(
+    vocab <= mc.vocab_size,
+    f"model.vocab_size={mc.vocab_size} is smaller than task {task.name!r}'s vocabulary of "
+    f"{vocab} tokens",
+  )
+
+
+def validate(config, *, num_devices: int, task=None, model: ModelConfig | None = None) -> Config:
+  """`parse` then `check`: the tree of a ConfigDict (or tree) valid on `num_devices` devices."""
+  from jaxrl_llm.config.tree import parse
+
+  cfg = parse(config)
+  check(cfg, num_devices=num_devices, task=task, model=model)
+  return cfg

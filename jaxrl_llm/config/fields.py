@@ -1,0 +1,115 @@
+"""What every settings section is built from: a frozen dataclass whose fields are the config
+section's fields, each with its default and a one-line comment written after it (the only place
+a field is documented), coerced from the user's ml-collections values and range-checked."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import re
+import textwrap
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+_CASTS = {"float": float, "int": int, "bool": bool, "str": str}
+_FIELD_LINE = re.compile(r"^  (\w+): [^#]*?(?:#\s*(.*))?$")
+
+
+class ConfigError(ValueError):
+  """A config value is missing, unknown or out of range."""
+
+
+def coerce(annotation: str, value: Any, where: str) -> Any:
+  """`value` as the annotated type ("float", "int | None", ...), or a ValueError naming it."""
+  kinds = [k.strip() for k in annotation.split("|")]
+  if value is None:
+    if "None" in kinds:
+      return None
+    raise ValueError(f"{where} must be set (got None)")
+  base = next(k for k in kinds if k != "None")
+  if base not in _CASTS:  # tuples and other structured fields are kept as given
+    return value
+  if base == "bool" and not isinstance(value, bool | int):
+    raise ValueError(f"{where}={value!r} must be a bool")
+  try:
+    return _CASTS[base](value)
+  except (TypeError, ValueError):
+    raise ValueError(f"{where}={value!r} must be a {base}") from None
+
+
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+  """The comment written after each field of dataclass `cls` in its source ("" if none)."""
+  source = textwrap.dedent(inspect.getsource(cls))
+  docs = {}
+  for line in source.splitlines():
+    match = _FIELD_LINE.match(line)
+    if match:
+      docs[match.group(1)] = (match.group(2) or "").strip()
+  return {f.name: docs.get(f.name, "") for f in dataclasses.fields(cls)}
+
+
+def need(ok: bool, message: str) -> list[str]:
+  """[message] unless `ok` (the building block of range checks)."""
+  return [] if ok else [message]
+
+
+def allowed(field: str, value: str, choices: tuple[str, ...]) -> list[str]:
+  """An error naming `field`, its value and the allowed names, unless `value` is one of them."""
+  return [] if value in choices else [f"{field}={value!r}; allowed: {', '.join(choices)}"]
+
+
+def at_least(section: str, obj: Any, low: float, *names: str, note: str = "") -> list[str]:
+  """Errors for each field of `names` below `low` (`note` is appended, e.g. '(0 = off)')."""
+  out = []
+  for name in names:
+    value = getattr(obj, name)
+    out += need(value >= low, f"{section}.{name}={value} must be >= {low:g}{note}")
+  return out
+
+
+class Section:
+  """Mixin of a settings section: built from a config section with exactly its fields."""
+
+  SECTION: ClassVar[str]
+
+  @classmethod
+  def from_section(cls, section: Mapping[str, Any]):
+    """The settings of `section` (a ConfigDict or dict); ValueError on missing/unknown keys."""
+    fields = {f.name: f.type for f in dataclasses.fields(cls)}
+    given = dict(section.items())
+    unknown, missing = sorted(set(given) - set(fields)), sorted(set(fields) - set(given))
+    if unknown or missing:
+      raise ValueError(
+        f"config section {cls.SECTION!r}: unknown fields {unknown}, missing fields {missing}; "
+        f"allowed: {sorted(fields)}"
+      )
+    return cls(**{k: coerce(t, given[k], f"{cls.SECTION}.{k}") for k, t in fields.items()})
+
+  @classmethod
+  def defaults(cls) -> dict[str, Any]:
+    """{field: default} in declaration order (the embedded default config's section)."""
+    return {f.name: f.default for f in dataclasses.fields(cls)}
+
+  @classmethod
+  def docs(cls) -> dict[str, str]:
+    """{field: its one-line comment}."""
+    return field_docs(cls)
+
+  @classmethod
+  def kinds(cls) -> dict[str, type]:
+    """{field: the Python type of its values} (placeholders of unset fields use it)."""
+    out = {}
+    for f in dataclasses.fields(cls):
+      base = next(k.strip() for k in str(f.type).split("|") if k.strip() != "None")
+      out[f.name] = _CASTS.get(base, object)
+    return out
+
+  def to_dict(self) -> dict[str, Any]:
+    """The section as the config's JSON would hold it."""
+    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+  def errors(self) -> list[str]:
+    """Range-check messages of this section alone (empty when valid)."""
+    return []

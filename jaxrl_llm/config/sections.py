@@ -1,0 +1,278 @@
+"""The run's sections besides the learner's: task, data, model, sampling, optimiser, warm
+start, loop and mesh. Each field's comment is its documentation (the README's config
+reference and `--help`-style listings are generated from it)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from jaxrl_llm import sharding
+from jaxrl_llm.config.fields import Section, allowed, at_least, field_docs, need
+from jaxrl_llm.kernels import attention
+from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.quant import SAMPLER_DTYPES
+from jaxrl_llm.sampling import SamplingConfig
+
+REWARD_WEIGHTS = (("correct", 1.0), ("format", 0.0))  # the built-in tasks' reward terms
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSettings(Section):
+  """`task`: the built-in verifiable task (its fields go to the task's constructor) and the
+  weights of the reward terms."""
+
+  SECTION: ClassVar[str] = "task"
+  name: str = "reverse"  # built-in verifiable task: reverse | addition | sort
+  digits: int = 2  # addition: operands in [0, 10**digits)
+  min_len: int = 2  # reverse: shortest string
+  max_len: int = 5  # reverse: longest string
+  eval_size: int = 256  # held-out evaluation prompts (disjoint from training prompts)
+  reward_weights: tuple[tuple[str, float], ...] = REWARD_WEIGHTS  # R = Σ w_k R^k (§6), by term
+
+  @classmethod
+  def from_section(cls, section: Mapping[str, Any]) -> TaskSettings:
+    """The section, with the reward weights as (term, weight) pairs."""
+    given = dict(section.items())
+    weights = given.get("reward_weights")
+    if hasattr(weights, "items"):
+      given["reward_weights"] = tuple((str(k), float(v)) for k, v in weights.items())
+    return super().from_section(given)
+
+  def to_dict(self) -> dict[str, Any]:
+    """The section as the config holds it (the reward weights as a mapping)."""
+    return super().to_dict() | {"reward_weights": dict(self.reward_weights)}
+
+  @property
+  def task_fields(self) -> dict[str, Any]:
+    """The fields handed to the built-in task's constructor (and recorded in checkpoints)."""
+    return {k: v for k, v in super().to_dict().items() if k not in ("name", "reward_weights")}
+
+  def errors(self) -> list[str]:
+    """digits >= 1, eval_size >= 1, some non-zero reward weight."""
+    out = at_least("task", self, 1, "digits", "eval_size")
+    weights = [w for _, w in self.reward_weights]
+    return out + need(any(weights), "task.reward_weights are all 0: the reward would be constant")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSettings(Section):
+  """`data`: prompt files with host-verified answers (empty `train_files`: the built-in task)."""
+
+  SECTION: ClassVar[str] = "data"
+  train_files: str = ""  # JSONL/Parquet files or globs, comma-separated ("" = built-in task)
+  eval_files: str = ""  # held-out files ("" = split data.eval_fraction off the train files)
+  eval_fraction: float = 0.05  # share of train records held out (hash of the prompt)
+  prompt_field: str = "prompt"  # record field holding the question (dotted paths allowed)
+  answer_field: str = "answer"  # record field holding the reference answer
+  template: str = "qwen_math"  # prompt template: plain | r1 | qwen_math | chat | qwen_math_chat
+  system_prompt: str = ""  # system message for chat templates ("" = none)
+  special_tokens_in_text: bool = False  # special-token strings in prompts become control ids
+  prompt_len: int = 256  # S: prompt tokens (longer prompts are filtered and counted)
+  tokenizer: str = ""  # tokenizer dir or tokenizer.json ("" = model.checkpoint's)
+  correct_term: str = "math_correct"  # host reward term that defines accuracy
+  verifier_timeout_s: float = 5.0  # per-completion verifier time limit (failures score 0)
+
+  def errors(self) -> list[str]:
+    """Held-out share in [0, 1), S >= 1, a known template and accuracy term, a time limit."""
+    from jaxrl_llm import text, verifiers  # light modules; imported here to keep this one lean
+
+    out = need(
+      0 <= self.eval_fraction < 1, f"data.eval_fraction={self.eval_fraction} must be in [0, 1)"
+    )
+    out += at_least("data", self, 1, "prompt_len")
+    out += allowed("data.template", self.template, tuple(sorted(text.PROMPT_TEMPLATES)))
+    out += allowed("data.correct_term", self.correct_term, tuple(sorted(verifiers.REWARD_FNS)))
+    timeout = self.verifier_timeout_s
+    return out + need(timeout > 0, f"data.verifier_timeout_s={timeout} must be > 0")
+
+
+RUN_FIELDS = ("checkpoint", "attention")  # model.* fields that are not the architecture
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSettings(Section):
+  """`model`: the architecture (every `ModelConfig` field, commented in models/config.py), the
+  checkpoint to start from and the attention implementation."""
+
+  SECTION: ClassVar[str] = "model"
+  checkpoint: str = ""  # Hugging Face checkpoint dir to start from ("" = random init)
+  attention: str = "auto"  # auto (cuDNN where it runs, else einsum) | einsum | xla | cudnn
+  arch: ModelConfig = ModelConfig()  # the architecture: the other model.* fields
+
+  @classmethod
+  def from_section(cls, section: Mapping[str, Any]) -> ModelSettings:
+    """Splits the section into the architecture and the run fields."""
+    given = dict(section.items())
+    arch = ModelConfig.from_dict({k: v for k, v in given.items() if k not in RUN_FIELDS})
+    run = {k: str(given.get(k, getattr(cls, k))) for k in RUN_FIELDS}
+    return cls(**run, arch=arch)
+
+  def to_dict(self) -> dict[str, Any]:
+    """The flat section: the architecture's fields, then the run fields."""
+    return self.arch.to_dict() | {k: getattr(self, k) for k in RUN_FIELDS}
+
+  @classmethod
+  def docs(cls) -> dict[str, str]:
+    """The architecture's comments and the run fields'."""
+    own = field_docs(cls)
+    return field_docs(ModelConfig) | {k: own[k] for k in RUN_FIELDS}
+
+  def errors(self) -> list[str]:
+    """A known attention implementation; no float16 parameters."""
+    out = allowed("model.attention", self.attention, attention.IMPLEMENTATIONS)
+    if self.arch.param_dtype == "float16":
+      out.append(
+        "model.param_dtype='float16' is refused: Adam's small updates underflow in float16 and "
+        "the run turns NaN; keep float32 (or bfloat16) parameters and set model.dtype=float16 "
+        "for float16 compute"
+      )
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingSettings(Section):
+  """`sampling`: the rollout's group size, budget and decoding, and the sampler's weights."""
+
+  SECTION: ClassVar[str] = "sampling"
+  group_size: int = 8  # G completions per prompt (>= 2 for group advantages)
+  max_new_tokens: int = 0  # T completion budget; 0 = the task's default
+  temperature: float = 1.0  # τ_s > 0; recorded log-probs are of logits / τ_s (§0)
+  top_k: int = 0  # draw among the k most likely tokens (0 = off)
+  top_p: float = 1.0  # nucleus sampling mass in (0, 1] (1 = off)
+  param_dtype: str = "auto"  # sampler weights: auto (GPU/TPU bf16, CPU fp32)|float32|bf16|int8
+
+  def errors(self) -> list[str]:
+    """G >= 2, τ_s > 0, top-p in (0, 1], top-k and T >= 0, a known sampler dtype."""
+    out = need(
+      self.group_size >= 2,
+      f"sampling.group_size={self.group_size} must be >= 2 (group advantages need a group)",
+    )
+    out += need(self.temperature > 0, f"sampling.temperature={self.temperature} must be > 0")
+    out += need(0 < self.top_p <= 1, f"sampling.top_p={self.top_p} must be in (0, 1]")
+    out += at_least("sampling", self, 0, "top_k", note=" (0 = off)")
+    out += at_least("sampling", self, 0, "max_new_tokens")
+    return out + allowed("sampling.param_dtype", self.param_dtype, SAMPLER_DTYPES)
+
+  def sampler(self, task, *, greedy: bool = False, group_size: int | None = None):
+    """The static `SamplingConfig` of the RL sampler (or an evaluation sampler) for `task`."""
+    return SamplingConfig(
+      max_new_tokens=self.max_new_tokens or task.max_new_tokens,
+      group_size=group_size or self.group_size,
+      temperature=self.temperature,
+      top_k=self.top_k,
+      top_p=self.top_p,
+      greedy=greedy,
+      eos_id=task.tokenizer.eos_id,
+      pad_id=task.tokenizer.pad_id,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimSettings(Section):
+  """`optim`: AdamW with linear warmup, cosine decay and global-norm clipping (RL phase)."""
+
+  SECTION: ClassVar[str] = "optim"
+  learning_rate: float = 3e-4  # peak AdamW learning rate of the RL phase
+  warmup_steps: int = 10  # linear warmup (optimiser updates)
+  decay_to: float = 0.1  # cosine decays to this fraction of the peak
+  weight_decay: float = 0.0  # AdamW decoupled weight decay
+  b1: float = 0.9  # Adam β1
+  b2: float = 0.99  # Adam β2
+  grad_clip: float = 1.0  # global-norm gradient clipping (0 = off)
+
+  def errors(self) -> list[str]:
+    """A positive rate, non-negative warmup, decay and clip, moment decays in [0, 1)."""
+    lr = self.learning_rate
+    out = need(lr > 0, f"optim.learning_rate={lr} must be > 0")
+    out += at_least("optim", self, 0, "grad_clip", "warmup_steps", "weight_decay")
+    for name in ("b1", "b2"):
+      value = getattr(self, name)
+      out += need(0 <= value < 1, f"optim.{name}={value} must be in [0, 1) (Adam's moment decay)")
+    return out + need(0 <= self.decay_to <= 1, f"optim.decay_to={self.decay_to} must be in [0, 1]")
+
+  def build(self, total_updates: int):
+    """(optax transformation, learning-rate schedule) over `total_updates` updates."""
+    from jaxrl_llm.optim import make_optimizer
+
+    return make_optimizer(total_updates=total_updates, **self.to_dict())
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTSettings(Section):
+  """`sft`: the supervised warm start on prompt → reference answer before RL."""
+
+  SECTION: ClassVar[str] = "sft"
+  steps: int = 70  # supervised warm-start steps before RL (0 = none); logged in <workdir>/sft
+  batch_size: int = 64  # sequences per supervised step
+  learning_rate: float = 3e-3  # peak learning rate of the warm start
+
+  def errors(self) -> list[str]:
+    """steps >= 0, batch >= 1, a positive rate."""
+    out = at_least("sft", self, 0, "steps") + at_least("sft", self, 1, "batch_size")
+    return out + need(self.learning_rate > 0, f"sft.learning_rate={self.learning_rate} must be > 0")
+
+  def optimizer(self, optim: OptimSettings) -> OptimSettings:
+    """The warm start's optimiser: the RL phase's moments and clipping, its own peak rate,
+    warmup over the first tenth (at most 10 steps), decay to 0.1 and no weight decay."""
+    warmup = min(10, self.steps // 10)
+    return dataclasses.replace(
+      optim, learning_rate=self.learning_rate, warmup_steps=warmup, decay_to=0.1, weight_decay=0.0
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSettings(Section):
+  """`train`: the loop's length, evaluation, logging, checkpoints and guards."""
+
+  SECTION: ClassVar[str] = "train"
+  num_steps: int = 1000  # RL updates
+  eval_every: int = 100  # held-out evaluation period (RL steps); also at start and end
+  pass_k: int = 4  # k of the pass@k evaluation (sampled at τ_s)
+  log_every: int = 10  # scalar summaries / progress line period
+  checkpoint_every: int = 250  # orbax checkpoint period (RL steps); also at the end
+  max_to_keep: int = 2  # checkpoints kept on disk (>= 1)
+  max_skipped_updates: int = 10  # stop after this many consecutive non-finite updates
+  text_samples: int = 8  # completions shown in the TensorBoard text summary
+  stop_after_steps: int = 0  # end this invocation after N steps (time-limited jobs; 0 = off)
+  profile_steps: int = 0  # trace N RL steps after the compiling one (TensorBoard Profile tab)
+
+  def errors(self) -> list[str]:
+    """Periods, k and limits >= 1; optional counts >= 0."""
+    out = at_least("train", self, 1, "num_steps", "eval_every", "log_every", "checkpoint_every")
+    out += at_least("train", self, 0, "stop_after_steps")
+    out += at_least("train", self, 0, "profile_steps", note=" (0 = off)")
+    out += at_least("train", self, 1, "pass_k", "max_to_keep", "max_skipped_updates")
+    return out + at_least("train", self, 0, "text_samples")
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSettings(Section):
+  """`mesh`: the device mesh's axis sizes and the logical → mesh axis rules."""
+
+  SECTION: ClassVar[str] = "mesh"
+  data: int = -1  # data-parallel devices (-1 = all the other axes leave)
+  fsdp: int = 1  # fully-sharded data parallel: params + optimiser state split (-1 = all left)
+  expert: int = 1  # expert-parallel devices (the `expert` logical axis)
+  model: int = 1  # tensor-parallel devices
+  rules: tuple = ()  # logical->mesh axis rules, e.g. (("mlp", "model"),); () = built-in table
+
+  def errors(self) -> list[str]:
+    """A well-formed rule table (the sizes are checked against the devices)."""
+    try:
+      sharding.rules_from_config(self.rules)
+    except ValueError as e:
+      return [str(e)]
+    return []
+
+  @property
+  def rule_table(self) -> tuple[tuple[str, Any], ...]:
+    """The logical → mesh axis rules (the built-in table when none are configured)."""
+    return sharding.rules_from_config(self.rules)
+
+  def sizes(self, num_devices: int) -> dict[str, int]:
+    """The axis sizes on `num_devices` devices (ValueError naming the fields if they misfit)."""
+    return sharding.mesh_shape(
+      num_devices, data=self.data, fsdp=self.fsdp, expert=self.expert, model=self.model
+    )

@@ -1,0 +1,210 @@
+"""`Config`, the typed settings tree of one run, and `parse`, which builds it from the user's
+ml-collections ConfigDict once, at the entry point. Nothing below the entry point reads a
+ConfigDict: every module gets the sections (or the one value) it needs from the tree."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from typing import Any
+
+import ml_collections
+from ml_collections.config_dict import placeholder
+
+from jaxrl_llm.config.fields import ConfigError, field_docs
+from jaxrl_llm.config.learner import (
+  LEARNER_SECTIONS,
+  AdvantageSettings,
+  AggregationSettings,
+  CorrectionSettings,
+  FilteringSettings,
+  KLSettings,
+  ObjectiveSettings,
+  ReplaySettings,
+  RLSettings,
+  Settings,
+  ShapingSettings,
+)
+from jaxrl_llm.config.sections import (
+  DataSettings,
+  MeshSettings,
+  ModelSettings,
+  OptimSettings,
+  SamplingSettings,
+  SFTSettings,
+  TaskSettings,
+  TrainSettings,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """Every setting of a run: one frozen section per config section (fields, defaults,
+  comments and range checks live in the section's dataclass)."""
+
+  seed: int = 0  # one PRNG key per run; step keys are fold_in(key, step)
+  task: TaskSettings = TaskSettings()
+  data: DataSettings = DataSettings()
+  model: ModelSettings = ModelSettings()
+  sampling: SamplingSettings = SamplingSettings()
+  rl: RLSettings = RLSettings()
+  advantage: AdvantageSettings = AdvantageSettings()
+  objective: ObjectiveSettings = ObjectiveSettings()
+  aggregation: AggregationSettings = AggregationSettings()
+  correction: CorrectionSettings = CorrectionSettings()
+  kl: KLSettings = KLSettings()
+  shaping: ShapingSettings = ShapingSettings()
+  replay: ReplaySettings = ReplaySettings()
+  filtering: FilteringSettings = FilteringSettings()
+  optim: OptimSettings = OptimSettings()
+  sft: SFTSettings = SFTSettings()
+  train: TrainSettings = TrainSettings()
+  mesh: MeshSettings = MeshSettings()
+
+  @classmethod
+  def sections(cls) -> dict[str, type]:
+    """{section name: its dataclass}, in the config's order."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.name != "seed"}
+
+  @property
+  def learner(self) -> Settings:
+    """The learner's settings (the sections the fused step is built from)."""
+    weights = tuple(sorted(self.task.reward_weights))
+    return Settings(**{n: getattr(self, n) for n in LEARNER_SECTIONS}, reward_weights=weights)
+
+  @property
+  def uses_files(self) -> bool:
+    """Whether prompts come from files (host verifiers) rather than the built-in task."""
+    return bool(self.data.train_files)
+
+  @property
+  def sampled_prompts(self) -> int:
+    """Prompts drawn per RL update: P, or ceil(k·P) under dynamic sampling (§7)."""
+    return self.learner.sampled_prompts
+
+  def to_dict(self) -> dict[str, Any]:
+    """The tree as the user's config writes it (the JSON of `config.json`)."""
+    return {"seed": self.seed} | {n: getattr(self, n).to_dict() for n in self.sections()}
+
+  def flat(self) -> dict[str, Any]:
+    """{dotted field: value} of every field (mappings such as the reward weights expanded)."""
+    out: dict[str, Any] = {"seed": self.seed}
+    for name in self.sections():
+      for key, value in getattr(self, name).to_dict().items():
+        items = value.items() if isinstance(value, dict) else [(None, value)]
+        out |= {".".join(filter(None, (name, key, sub))): v for sub, v in items}
+    return out
+
+  def to_json(self) -> str:
+    """`to_dict` as sorted JSON (the same text in every process of a job)."""
+    return json.dumps(self.to_dict(), sort_keys=True)
+
+  def value(self, path: str) -> Any:
+    """The value of a dotted field (`objective.clip_high`); an objective's hyperparameter is
+    resolved to what the selected objective uses."""
+    if path == "seed":
+      return self.seed
+    section, name = path.split(".", 1)
+    if section == "objective" and name in self.objective.hyperparameters:
+      return self.objective.hyperparameters[name]
+    return self.to_dict()[section][name]
+
+  def errors(self) -> list[str]:
+    """Every section's own range-check messages."""
+    return [e for n in self.sections() for e in getattr(self, n).errors()]
+
+
+def check_required(config: ml_collections.ConfigDict) -> None:
+  """Fails naming every field an experiment file left as "REQUIRED" (paths the user must give)."""
+  missing = []
+
+  def visit(node, prefix):
+    for key, value in node.items():
+      if hasattr(value, "items"):
+        visit(value, f"{prefix}{key}.")
+      elif value == "REQUIRED":
+        missing.append(f"{prefix}{key}")
+
+  visit(config, "")
+  if missing:
+    flags = " ".join(f"--config.{m}=..." for m in missing)
+    raise ConfigError(f"this config needs {', '.join(missing)}; pass {flags}")
+
+
+def parse(config: ml_collections.ConfigDict | Config) -> Config:
+  """The typed tree of an experiment ConfigDict, range-checked section by section; raises
+  ConfigError listing every problem (before anything is built). A `Config` is returned as is."""
+  if isinstance(config, Config):
+    return config
+  check_required(config)
+  unknown = sorted(set(config.keys()) - {"seed", *Config.sections()})
+  errors = [f"unknown config section(s) {unknown}; allowed: {sorted(Config.sections())}"]
+  errors = errors if unknown else []
+  sections = {}
+  for name, cls in Config.sections().items():
+    try:
+      sections[name] = cls.from_section(config[name])
+    except (KeyError, TypeError, ValueError) as e:
+      message = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+      errors.append(f"config section {name!r}: missing" if isinstance(e, KeyError) else message)
+  if errors:
+    raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+  tree = Config(seed=int(config.seed), **sections)
+  errors = tree.errors()
+  if errors:
+    raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+  return tree
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """The embedded default experiment, generated from the dataclasses' defaults (unset fields
+  are typed placeholders, so `--config.objective.clip_high=0.28` is accepted)."""
+  tree = Config()
+  out = ml_collections.ConfigDict()
+  out.seed = tree.seed
+  for name, cls in Config.sections().items():
+    values = getattr(tree, name).to_dict()
+    kinds = _kinds(name, cls)
+    section = ml_collections.ConfigDict()
+    for key, value in values.items():
+      if value is None:
+        value = placeholder(kinds[key])
+      elif isinstance(value, dict):
+        value = ml_collections.ConfigDict(value)
+      section[key] = value
+    out[name] = section
+  return out
+
+
+def _kinds(name: str, cls: type) -> dict[str, type]:
+  """{field: value type} of a section (objective: its registered hyperparameters' types)."""
+  if name == "objective":
+    from jaxrl_llm import objectives
+
+    return objectives.hyperparameter_kinds()
+  return cls.kinds()
+
+
+def reference() -> list[tuple[str, Any, str]]:
+  """(field, default, comment) of every config field: the README's config reference."""
+  from jaxrl_llm import objectives
+
+  tree, rows = Config(), [("seed", 0, field_docs(Config)["seed"])]
+  for name, cls in Config.sections().items():
+    docs = cls.docs()
+    for key, value in getattr(tree, name).to_dict().items():
+      doc = docs.get(key) or (objectives.hyperparameter_doc(key) if name == "objective" else "")
+      rows.append((f"{name}.{key}", value, doc))
+  return rows
+
+
+def reference_markdown() -> str:
+  """The config reference as a markdown table (the README's, kept equal by a test)."""
+  rows = ["| field | default | meaning |", "|---|---|---|"]
+  for field, default, doc in reference():
+    shown = json.dumps(default, ensure_ascii=False) if default is not None else "unset"
+    meaning = doc.replace("|", "\\|")  # a literal bar inside a table cell
+    rows.append(f"| `{field}` | `{shown}` | {meaning} |")
+  return "\n".join(rows)

@@ -1,0 +1,36 @@
+"""A run of the trainer, one job per file.
+
+assemble.py    mesh, task, model, initial state and the jitted programs (`build`)
+evaluate.py    held-out evaluation (greedy accuracy, pass@k)
+warm_start.py  the supervised warm start before RL
+loop.py        `train_and_evaluate`: restore or warm start, RL updates, evaluation, checkpoints
+guard.py       the non-finite guard (skipped updates, `NonFiniteError`)
+record.py      config.json, the config table and HParams, the banner and the closing summary
+"""
+
+from jaxrl_llm.run.assemble import (
+  Experiment,
+  abstract_batch,
+  build,
+  build_task,
+  host_reward_step,
+  to_global_batch,
+)
+from jaxrl_llm.run.guard import NonFiniteError, SkipGuard
+from jaxrl_llm.run.loop import train_and_evaluate
+from jaxrl_llm.run.record import HPARAM_FIELDS, record_run, run_hparams
+
+__all__ = [
+  "HPARAM_FIELDS",
+  "Experiment",
+  "NonFiniteError",
+  "SkipGuard",
+  "abstract_batch",
+  "build",
+  "build_task",
+  "host_reward_step",
+  "record_run",
+  "run_hparams",
+  "to_global_batch",
+  "train_and_evaluate",
+]

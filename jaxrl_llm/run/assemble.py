@@ -1,0 +1,333 @@
+"""Assembly of a run from its settings tree: the mesh, the task, the model (random or from a
+Hugging Face checkpoint), the initial state straight into its shardings, and the jitted
+programs (the fused RL step, or sample → host verifiers → learn, and the evaluation)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import logging
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxrl_llm import data, distributed, file_task, quant, sharding, tasks
+from jaxrl_llm.config import Config, ConfigError, Settings, check, parse
+from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.models.transformer import Transformer, positions_from_mask
+from jaxrl_llm.rl import RLProgram, make_rl_step
+from jaxrl_llm.types import PromptBatch, TrainState
+
+# Model fields that pick an implementation, not the function: a run resumes across them.
+NUMERICS_ONLY = ("model.moe_impl",)
+
+
+@dataclasses.dataclass
+class Experiment:
+  """Everything built from a config, before any step runs (static pieces + initial state)."""
+
+  config: Config
+  mesh: Mesh
+  task: Any  # a `tasks.Task` (in-graph verifier) or a `file_task.FileTask` (host verifiers)
+  model: Transformer
+  state: TrainState
+  state_shardings: TrainState  # a TrainState of NamedShardings
+  program: RLProgram
+  eval_fn: Callable[..., dict[str, Any]]
+  schedule: optax.Schedule
+  batch_sharding: NamedSharding
+  meta: dict
+  rules: tuple = sharding.DEFAULT_RULES  # logical -> mesh axis rules of params and activations
+  prompt_len: int = 0  # S of the step's prompt batch (the task's, or a memory plan's override)
+
+  @property
+  def settings(self) -> Settings:
+    """The learner's frozen settings (objective hyperparameters resolved)."""
+    return self.program.learner.settings
+
+  @property
+  def rl_step(self):
+    """The fused jitted update `(state, batch, rng) -> (state, metrics)`."""
+    return self.program.step
+
+  @property
+  def host_reward(self) -> bool:
+    """Whether rewards come from host verifiers (sample -> host -> learn)."""
+    return getattr(self.task, "host_reward", False)
+
+  def update(self, state: TrainState, np_batch: dict, rng: jax.Array):
+    """One RL update on a host batch of this process's prompts: the fused step, or
+    sample → host verifiers → learn for a task whose verifiers run on the host."""
+    if self.host_reward:
+      return host_reward_step(self, state, np_batch, rng)
+    return self.rl_step(state, to_global_batch(np_batch, self.batch_sharding), rng)
+
+
+def to_global_batch(np_batch: dict, batch_sharding: NamedSharding) -> PromptBatch:
+  """Host numpy batch (this process's rows) -> globally sharded `PromptBatch`.
+
+  Batches of text prompts carry string answers for host verifiers; those stay on the host and
+  the device batch gets an empty answer.
+  """
+  if np_batch.get("answer") is None or np.asarray(np_batch["answer"]).dtype == object:
+    n = len(np_batch["tokens"])
+    np_batch = {
+      "tokens": np_batch["tokens"],
+      "mask": np_batch["mask"],
+      "answer": np.zeros((n, 1), np.int32),
+      "answer_mask": np.zeros((n, 1), bool),
+    }
+  pb = data.to_prompt_batch(np_batch)
+  return jax.tree.map(
+    lambda x: jax.make_array_from_process_local_data(batch_sharding, np.asarray(x)), pb
+  )
+
+
+def host_reward_step(exp: Experiment, state: TrainState, np_batch: dict, rng: jax.Array):
+  """One RL update with host verifiers: jitted sampler → decode + verify → jitted learner.
+
+  Each process decodes and scores its own rows (its prompts' groups); the learner gets the
+  global reward terms. Verifier counts are summed over processes."""
+  batch = to_global_batch(np_batch, exp.batch_sharding)
+  rollout = exp.program.sample(state, batch, rng)
+  completions = distributed.local_rows(rollout.tokens)
+  references = np.repeat(np.asarray(np_batch["answer"]), exp.config.sampling.group_size)
+  terms, stats = exp.task.host_reward_terms(completions, references)
+  if jax.process_count() > 1:
+    terms = {
+      k: jax.make_array_from_process_local_data(exp.batch_sharding, np.asarray(v, np.float32))
+      for k, v in terms.items()
+    }
+    keys = sorted(stats)
+    summed = multihost_utils.process_allgather(np.asarray([stats[k] for k in keys], np.float64))
+    stats = dict(zip(keys, np.sum(np.asarray(summed), axis=0)))
+  state, metrics = exp.program.learn(state, rollout, terms, rng)
+  metrics = dict(metrics)
+  metrics.update({k: np.float32(v) for k, v in stats.items()})
+  return state, metrics
+
+
+def build_task(cfg: Config):
+  """The run's task: prompt files with host verifiers, or the built-in task of `cfg.task`."""
+  if cfg.uses_files:
+    return file_task.build_file_task(cfg, cfg.model.checkpoint)
+  try:
+    return tasks.get_task(cfg.task.name, **cfg.task.task_fields)
+  except ValueError as err:
+    raise ConfigError(f"invalid task config (task.*): {err}") from None
+
+
+def _mesh(cfg: Config, devices: list[jax.Device]) -> tuple[Mesh, tuple]:
+  """The device mesh and the logical -> mesh axis rules."""
+  m = cfg.mesh
+  try:
+    mesh = sharding.make_mesh(m.data, m.model, devices, expert=m.expert, fsdp=m.fsdp)
+  except ValueError as err:
+    raise ConfigError(str(err)) from None
+  return mesh, m.rule_table
+
+
+def _pretrained_config(cfg: Config) -> ModelConfig:
+  """The ModelConfig of `model.checkpoint`'s config.json, with the config's dtypes and layout."""
+  from jaxrl_llm.models import hf_config
+
+  with open(os.path.join(cfg.model.checkpoint, "config.json")) as f:
+    mc = hf_config.config_from_hf(json.load(f), source=cfg.model.checkpoint)
+  arch = cfg.model.arch
+  return dataclasses.replace(
+    mc, dtype=arch.dtype, param_dtype=arch.param_dtype, scan_layers=arch.scan_layers
+  )
+
+
+def _load_pretrained(cfg: Config, mesh: Mesh, rules) -> tuple[ModelConfig, Any]:
+  """(ModelConfig, params) of `model.checkpoint` (a Hugging Face directory)."""
+  from jaxrl_llm.models import hf
+
+  path, arch = cfg.model.checkpoint, cfg.model.arch
+  if not os.path.isdir(path):
+    raise ConfigError(
+      f"model.checkpoint={path!r} is not a directory; point it at a local Hugging Face "
+      f"checkpoint (config.json + *.safetensors)"
+    )
+  return hf.load_checkpoint(
+    path,
+    mesh=mesh,
+    rules=rules,
+    param_dtype=arch.param_dtype,
+    dtype=arch.dtype,
+    scan_layers=arch.scan_layers,
+  )
+
+
+def _hf_model_type(path: str) -> str:
+  """The `model_type` of a Hugging Face checkpoint directory ("" when not starting from one)."""
+  if not path:
+    return ""
+  with open(os.path.join(path, "config.json")) as f:
+    return str(json.load(f).get("model_type", ""))
+
+
+def _abstract_like(tree, shardings):
+  """ShapeDtypeStructs of `tree` (arrays or structs) carrying `shardings`."""
+  return jax.tree.map(
+    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
+  )
+
+
+def _init_params(model, task, mesh, rules, init_key, *, abstract: bool):
+  """Randomly initialised params straight into their shardings (ShapeDtypeStructs if abstract)."""
+  dummy = jnp.zeros((1, task.prompt_len), jnp.int32)
+  dummy_mask = jnp.ones((1, task.prompt_len), bool)
+  boxed_init = lambda r: model.init(r, dummy, positions_from_mask(dummy_mask), dummy_mask)[  # noqa: E731
+    "params"
+  ]
+  if abstract:
+    boxed = jax.eval_shape(boxed_init, init_key)
+    shardings = sharding.param_shardings(boxed, mesh, rules)
+    return _abstract_like(nn.unbox(boxed), shardings), shardings
+  with mesh:
+    return sharding.init_sharded(boxed_init, init_key, mesh, rules)
+
+
+def _initial_state(cfg: Config, tx, params, param_shardings, mesh, rng, *, abstract: bool):
+  """The TrainState before any step (abstract: shapes and shardings only, nothing allocated)."""
+  repl = NamedSharding(mesh, PartitionSpec())
+  if not abstract:
+    opt_state = sharding.init_opt_state(tx, params, param_shardings, mesh)
+    return TrainState(
+      step=jax.device_put(jnp.zeros((), jnp.int32), repl),
+      params=params,
+      opt_state=opt_state,
+      ref_params=None,
+      rng=jax.device_put(rng, repl),
+    )
+  opt_abstract, opt_shardings = sharding.opt_state_shardings(tx, params, param_shardings, mesh)
+  return TrainState(
+    step=jax.ShapeDtypeStruct((), jnp.int32, sharding=repl),
+    params=params,
+    opt_state=_abstract_like(opt_abstract, opt_shardings),
+    ref_params=params if cfg.kl.beta > 0 else None,  # the frozen copy the run will make
+    rng=jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=repl),
+  )
+
+
+def _model(cfg: Config, task, mesh, rules, *, abstract: bool, devices) -> tuple:
+  """(ModelConfig, Transformer, params, their shardings), after the config's cross checks."""
+  pretrained_cfg, pretrained = None, None
+  if abstract and cfg.model.checkpoint:
+    pretrained_cfg = _pretrained_config(cfg)
+  elif not abstract and cfg.model.checkpoint:
+    pretrained_cfg, pretrained = _load_pretrained(cfg, mesh, rules)
+  check(cfg, num_devices=len(devices), task=task, model=pretrained_cfg)
+  mc = pretrained_cfg or cfg.model.arch
+  model = Transformer(mc, attention=cfg.model.attention)
+  if pretrained is not None:
+    return mc, model, pretrained, jax.tree.map(lambda x: x.sharding, pretrained)
+  init_key = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), 0x5EED)
+  params, shardings = _init_params(model, task, mesh, rules, init_key, abstract=abstract)
+  return mc, model, params, shardings
+
+
+def _learner_settings(cfg: Config, params, mesh, seq_len: int, samp) -> Settings:
+  """The learner settings with the `auto` microbatching and remat made concrete."""
+  settings = cfg.learner
+  rl = settings.rl
+  num_params = sum(x.size for x in jax.tree.leaves(params))
+  rows = rl.num_prompts * samp.group_size // rl.num_minibatches // sharding.batch_size_divisor(mesh)
+  rl = rl.resolved(rows_per_device=max(rows, 1), seq_len=seq_len, num_params=num_params)
+  logging.info(
+    "%.3gM parameters; learner: %d microbatch(es) per minibatch, remat %s",
+    num_params / 1e6,
+    rl.num_microbatches,
+    rl.remat,
+  )
+  return dataclasses.replace(settings, rl=rl)
+
+
+def _meta(cfg: Config, mc: ModelConfig, settings: Settings) -> dict:
+  """What a checkpoint records of the run, to refuse resuming it under another one."""
+  return {
+    "model": mc.to_dict(),
+    "hf_model_type": _hf_model_type(cfg.model.checkpoint),
+    "objective": {"name": settings.objective.name, **settings.objective.hyperparameters},
+    "task": cfg.task.task_fields | {"name": cfg.task.name, "data": cfg.data.train_files},
+  }
+
+
+def build(
+  config: Config | Any,
+  *,
+  abstract: bool = False,
+  devices: list[jax.Device] | None = None,
+  prompt_len: int | None = None,
+) -> Experiment:
+  """Builds the mesh, task, model, initial state and jitted programs of a run (`config`: its
+  `Config`, or an experiment ConfigDict, parsed here).
+
+  With `abstract=True` nothing is allocated or loaded: the state's leaves are
+  ShapeDtypeStructs with their shardings, so the programs can be lowered and compiled ahead of
+  time (`program.step.lower(exp.state, batch, rng).compile()`) to read their memory.
+  `devices` (default `jax.devices()`) builds the mesh from other devices: fake CPU devices, or
+  a TPU topology's (`jax.experimental.topologies`) for an abstract build compiled for TPU.
+  `prompt_len` (planning only) sizes the step for prompts of another length than the task's.
+  """
+  cfg = parse(config)
+  task = build_task(cfg)
+  devices = list(devices if devices is not None else jax.devices())
+  mesh, rules = _mesh(cfg, devices)
+  mc, model, params, param_shardings = _model(
+    cfg, task, mesh, rules, abstract=abstract, devices=devices
+  )
+  samp = cfg.sampling.sampler(task)
+  logging.info("objective %s: %s", cfg.objective.name, cfg.objective.hyperparameters)
+  rl = cfg.rl
+  tx, schedule = cfg.optim.build(cfg.train.num_steps * rl.num_epochs * rl.num_minibatches)
+  rng = jax.random.PRNGKey(cfg.seed)
+  state = _initial_state(cfg, tx, params, param_shardings, mesh, rng, abstract=abstract)
+  seq_len = (prompt_len or task.prompt_len) + samp.max_new_tokens
+  settings = _learner_settings(cfg, params, mesh, seq_len, samp)
+  state_shardings = jax.tree.map(lambda x: x.sharding, state)
+  sampler_dtype = quant.resolve_sampler_dtype(cfg.sampling.param_dtype, devices[0].platform)
+  reward_fn = getattr(task, "reward_terms", None)
+  program = make_rl_step(
+    model, tx, schedule, reward_fn, samp, settings, mesh, state_shardings,
+    sampler_dtype=sampler_dtype, rules=rules,
+  )  # fmt: skip
+  from jaxrl_llm.run.evaluate import make_eval_fn
+
+  return Experiment(
+    config=cfg,
+    mesh=mesh,
+    task=task,
+    model=model,
+    state=state,
+    state_shardings=state_shardings,
+    program=program,
+    eval_fn=make_eval_fn(model, task, cfg, mesh, rules),
+    schedule=schedule,
+    batch_sharding=sharding.rows(mesh),
+    meta=_meta(cfg, mc, settings),
+    rules=rules,
+    prompt_len=prompt_len or task.prompt_len,
+  )
+
+
+def abstract_batch(exp: Experiment) -> PromptBatch:
+  """ShapeDtypeStructs of one RL step's prompt batch (for ahead-of-time compilation)."""
+  p = exp.config.sampled_prompts
+  s, a = exp.prompt_len, getattr(exp.task, "answer_len", 1)
+  shape = lambda n, dt: jax.ShapeDtypeStruct((p, n), dt, sharding=exp.batch_sharding)  # noqa: E731
+  return PromptBatch(
+    tokens=shape(s, jnp.int32),
+    mask=shape(s, jnp.bool_),
+    answer=shape(a, jnp.int32),
+    answer_mask=shape(a, jnp.bool_),
+  )

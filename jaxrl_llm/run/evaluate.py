@@ -1,0 +1,68 @@
+"""Held-out evaluation: greedy accuracy, pass@k and sample accuracy at the sampling
+temperature, and the greedy completions' length."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from jaxrl_llm import sharding
+from jaxrl_llm.config import Config
+from jaxrl_llm.sampling import sample
+from jaxrl_llm.types import PromptBatch
+
+
+def _summarise(acc, pk, lengths, k: int) -> dict:
+  """The evaluation's scalars from per-prompt correctness (greedy [P], sampled [P, k])."""
+  return {
+    "eval/accuracy": jnp.mean(acc),
+    f"eval/pass@{k}": jnp.mean(jnp.max(pk, axis=1)),
+    "eval/sample_accuracy": jnp.mean(pk),
+    "eval/length_mean": jnp.mean(lengths.astype(jnp.float32)),
+  }
+
+
+def _correct(task, rollout, batch: PromptBatch, g: int):
+  """The in-graph verifier's `correct` term of each of `g` completions per prompt."""
+  answer = jnp.repeat(batch.answer, g, axis=0)
+  answer_mask = jnp.repeat(batch.answer_mask, g, axis=0)
+  terms = task.reward_terms(
+    rollout.prompt_tokens, rollout.tokens, rollout.loss_mask, answer, answer_mask
+  )
+  return terms["correct"]
+
+
+def make_eval_fn(model, task, cfg: Config, mesh, rules=sharding.DEFAULT_RULES):
+  """Held-out evaluation `(params, batch, rng[, answers]) -> metrics`: greedy accuracy and
+  pass@k at the sampling temperature.
+
+  Sampling is one jitted program; a pure-JAX verifier runs inside it, a host verifier (file
+  tasks) scores the decoded completions afterwards (then `answers` are the references).
+  """
+  greedy_cfg = cfg.sampling.sampler(task, greedy=True, group_size=1)
+  k = cfg.train.pass_k
+  passk_cfg = cfg.sampling.sampler(task, group_size=max(k, 1))
+  repl = NamedSharding(mesh, PartitionSpec())
+  host = getattr(task, "host_reward", False)
+
+  def eval_fn(params, batch: PromptBatch, rng):
+    greedy = sample(model, params, batch.tokens, batch.mask, rng, greedy_cfg)
+    sampled = sample(model, params, batch.tokens, batch.mask, rng, passk_cfg)
+    if host:
+      return greedy.tokens, sampled.tokens, greedy.lengths
+    pk = _correct(task, sampled, batch, k).reshape(-1, k)
+    return _summarise(_correct(task, greedy, batch, 1), pk, greedy.lengths, k)
+
+  jitted = jax.jit(sharding.traced_with_rules(eval_fn, mesh, rules), out_shardings=repl)
+  if not host:
+    return jitted
+
+  def host_eval(params, batch, rng, answers):
+    greedy, sampled, lengths = jax.device_get(jitted(params, batch, rng))
+    acc, _ = task.host_reward_terms(greedy, answers)
+    pk, _ = task.host_reward_terms(sampled, np.repeat(answers, k))
+    return _summarise(acc["correct"], pk["correct"].reshape(-1, k), lengths, k)
+
+  return host_eval

@@ -1,0 +1,201 @@
+"""What a run says about itself: `config.json`, the config text table and the HParams session
+in TensorBoard, the start banner and the closing summary on the terminal."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+
+import jax
+import numpy as np
+from absl import logging
+
+from jaxrl_llm import __version__, metric_info, paths
+from jaxrl_llm import metrics as metrics_lib
+from jaxrl_llm.config import Config
+
+HPARAM_FIELDS = (  # the HParams columns of every run (plus any field set on the command line)
+  "objective.name",
+  "aggregation.name",
+  "advantage.name",
+  "objective.clip_low",
+  "objective.clip_high",
+  "sampling.temperature",
+  "sampling.group_size",
+  "rl.num_prompts",
+  "optim.learning_rate",
+  "kl.beta",
+  "kl.name",
+  "correction.name",
+  "task.name",
+  "model.num_layers",
+  "model.d_model",
+  "seed",
+)
+
+
+def _commit() -> str | None:
+  """The git commit of the installed package's checkout, when it is one."""
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  try:
+    out = subprocess.run(
+      ["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+    )
+  except (OSError, subprocess.SubprocessError):
+    return None
+  return out.stdout.strip() or None
+
+
+def run_hparams(
+  cfg: Config, params=None, extra: Sequence[str] = ()
+) -> dict[str, bool | int | float | str]:
+  """The run's HParams: `HPARAM_FIELDS` plus the fields named in `extra` (e.g. those a sweep
+  sets), with the objective's clip widths resolved to the values it uses, and the parameter
+  count when `params` is given. Unset fields read 'default'."""
+  out: dict[str, bool | int | float | str] = {}
+  for field in dict.fromkeys([*HPARAM_FIELDS, *extra]):
+    node = cfg.value(field)
+    if isinstance(node, bool | int | float | str):
+      out[field] = node
+    else:
+      out[field] = "default" if node is None else json.dumps(node)
+  if params is not None:
+    out["params"] = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+  return out
+
+
+def _config_table(cfg: Config, record: Mapping, name: str) -> str:
+  """The config as a markdown table of dotted fields, and where and with what it ran."""
+  rows = ["| field | value |", "|---|---|"]
+  rows += [f"| `{k}` | `{json.dumps(v)}` |" for k, v in sorted(cfg.flat().items())]
+  rows.append(f"\n{name}: jaxrl_llm {__version__}, JAX {jax.__version__}, ")
+  rows[-1] += f"{record['backend']} x {record['devices']} devices, commit {record['commit']}"
+  return "\n".join(rows)
+
+
+def record_run(
+  cfg: Config,
+  workdir: str,
+  writer,
+  step: int,
+  hparams: Mapping[str, bool | int | float | str] | None = None,
+) -> str | None:
+  """Records the run's resolved config in `workdir` (process 0): `config.json` with every field
+  after overrides plus the package version and commit, JAX version, backend and device count,
+  the same fields as a TensorBoard text table (tag `config`), and `hparams` as the run's
+  HParams session (metrics: `metric_info.HPARAMS_METRICS`). A resumed run with the same config
+  writes nothing; one with a changed config writes `config.resume-<step>.json` (and a new
+  table at `step`; the HParams session stays the first one). Returns the file written, or
+  None."""
+  if jax.process_index() != 0:
+    return None
+  fields = json.loads(cfg.to_json())
+  path = paths.join(workdir, "config.json")
+  first = not paths.exists(path)
+  if not first:
+    if json.loads(paths.read_text(path)).get("config") == fields:
+      return None
+    path = paths.join(workdir, f"config.resume-{step}.json")
+  record = {
+    "config": fields,
+    "jaxrl_llm": __version__,
+    "commit": _commit(),
+    "jax": jax.__version__,
+    "backend": jax.default_backend(),
+    "devices": jax.device_count(),
+    "processes": jax.process_count(),
+    "step": step,
+    "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+  }
+  paths.makedirs(workdir)
+  paths.write_text(path, json.dumps(record, indent=2, sort_keys=True))
+  writer.text(step, "config", _config_table(cfg, record, paths.as_path(path).name))
+  if first and hparams:
+    declared = [
+      (tag, name, metric_info.info(tag).meaning) for tag, name in metric_info.HPARAMS_METRICS
+    ]
+    trial = paths.as_path(workdir).name
+    writer.hparams(hparams, declared, trial_id=trial, start_time=time.time())
+  return path
+
+
+def parameter_counts(params, mc) -> tuple[int, int]:
+  """(total, active per token) parameter counts: a MoE layer's experts count top_k / E."""
+  total = active = 0
+  for path, x in jax.tree_util.tree_leaves_with_path(params):
+    n = int(np.prod(x.shape))
+    keys = [getattr(k, "key", "") for k in path]
+    total += n
+    if mc.moe_num_experts and "moe" in keys and keys[-1] in ("gate", "up", "down"):
+      n = n * mc.moe_top_k // mc.moe_num_experts
+    active += n
+  return total, active
+
+
+def log_banner(params, mc, mesh, workdir: str) -> None:
+  """The run's first lines: what runs where, and how to watch it."""
+  total, active = parameter_counts(params, mc)
+  shown = f"{total / 1e6:.3g}M parameters"
+  if active != total:
+    shown += f" ({active / 1e6:.3g}M active per token)"
+  axes = " x ".join(f"{k}={v}" for k, v in mesh.shape.items() if v > 1) or "one device"
+  device = jax.devices()[0]
+  logging.info(
+    "jaxrl_llm %s | JAX %s | %s (%s) x %d devices, %d process(es) | mesh %s | %s",
+    __version__,
+    jax.__version__,
+    device.platform,
+    device.device_kind,
+    jax.device_count(),
+    jax.process_count(),
+    axes,
+    shown,
+  )
+  logging.info("workdir %s | watch it: tensorboard --logdir %s", workdir, workdir)
+
+
+def text_summary(task, m: Mapping, limit: int) -> str:
+  """A markdown table of the first `limit` sampled prompts, completions and rewards."""
+  prompts, comps, rewards = m["samples/prompt"], m["samples/tokens"], m["samples/reward"]
+  rows = ["| prompt | completion | reward |", "|---|---|---|"]
+  for p, c, r in list(zip(prompts, comps, rewards))[:limit]:
+    prompt_str, comp_str = task.describe(p, c)
+    rows.append(f"| `{prompt_str}` | `{comp_str}` | {float(r):.2f} |")
+  return "\n".join(rows)
+
+
+def log_summary(
+  workdir: str,
+  checkpoints: str,
+  span: tuple[int, int],
+  times: tuple[float, float, float],
+  tokens: float,
+  evals: Sequence[tuple[int, Mapping[str, float]]],
+) -> None:
+  """The run's last lines: steps, wall time, RL steps/s and generated tokens/s after
+  compilation (`times` = wall seconds, compiled at, ended at), first and final evaluation,
+  and where checkpoints and events are."""
+  (start, end), (wall_s, t_compiled, t_end) = span, times
+  steady = max(t_end - t_compiled, 1e-9)
+  logging.info(
+    "trained RL steps %d..%d in %s wall time | %.3g steps/s, %.3g generated tokens/s after the "
+    "first (compiling) step",
+    start,
+    end,
+    metrics_lib.format_duration(wall_s),
+    (end - start - 1) / steady if end - start > 1 else float("nan"),
+    tokens / steady if end - start > 1 else float("nan"),
+  )
+  if evals:
+    (s0, first), (s1, last) = evals[0], evals[-1]
+    pairs = [
+      f"{k.removeprefix('eval/')} {first[k]:.3g} -> {v:.3g}" for k, v in last.items() if k in first
+    ]
+    if s1 != s0:
+      logging.info("eval from step %d to %d: %s", s0, s1, ", ".join(pairs))
+  logging.info(
+    "checkpoints in %s | events in %s: tensorboard --logdir %s", checkpoints, workdir, workdir
+  )

@@ -1,0 +1,115 @@
+"""The typed settings tree: every section a frozen dataclass that owns its fields, defaults,
+comments and checks; the embedded default config generated from it; an objective's
+hyperparameters declared by the objective alone."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import numpy as np
+import pytest
+from conftest import REPO, load_config, run_steps
+
+from jaxrl_llm import main, objectives
+from jaxrl_llm.config import Config, ConfigError, default_config, parse, reference
+from jaxrl_llm.config.fields import field_docs
+
+FROZEN = json.loads((REPO / "tests" / "fixtures" / "default_config_before.json").read_text())
+
+
+def _as_json(config) -> dict:
+  return json.loads(config.to_json_best_effort())
+
+
+def test_the_generated_default_equals_the_tree_before_it():
+  """Every field of the hand-written default config (frozen before the tree replaced it) is
+  generated once, with the same default value, and nothing else is."""
+  assert _as_json(default_config()) == FROZEN["default"]
+
+
+@pytest.mark.parametrize("name", sorted(k for k in FROZEN if k != "default"))
+def test_every_experiment_file_gives_the_config_it_gave_before(name):
+  assert _as_json(load_config(name.removeprefix("configs/").removesuffix(".py"))) == FROZEN[name]
+
+
+def test_parsing_keeps_every_field_and_value():
+  config = default_config()
+  config.objective.clip_high, config.sampling.temperature = 0.28, 0.7
+  tree = parse(config)
+  assert json.loads(tree.to_json()) == _as_json(config)
+  assert tree.objective.hyperparameters["clip_high"] == 0.28 and tree.sampling.temperature == 0.7
+  assert tree.value("objective.clip_low") == 0.2  # resolved: ppo_clip's own default
+  hash(tree)  # frozen and hashable
+
+
+def test_every_field_has_one_comment():
+  rows = reference()
+  assert len(rows) == len({field for field, _, _ in rows}) > 150
+  undocumented = [field for field, _, doc in rows if not doc]
+  assert not undocumented
+  assert field_docs(Config)["seed"].startswith("one PRNG key per run")
+
+
+def test_the_readme_config_reference_is_generated_from_the_dataclasses():
+  readme = (REPO / "README.md").read_text()
+  start, end = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
+  assert start in readme and end in readme
+  shown = readme.split(start)[1].split(end)[0].strip()
+  from jaxrl_llm.config.tree import reference_markdown
+
+  assert shown == reference_markdown().strip()
+
+
+@pytest.mark.parametrize(
+  ("field", "value", "message"),
+  [
+    ("sampling.temperature", 0.0, r"sampling\.temperature=0\.0 must be > 0"),
+    ("optim.b2", 1.0, r"optim\.b2=1\.0 must be in \[0, 1\)"),
+    ("train.max_to_keep", 0, r"train\.max_to_keep=0 must be >= 1"),
+    ("data.template", "nope", r"data\.template='nope'; allowed: "),
+    ("kl.ema", 2.0, r"kl\.ema=2\.0 must be in \[0, 1\]"),
+  ],
+)
+def test_each_section_checks_its_own_fields_when_parsed(field, value, message):
+  config = default_config()
+  section, name = field.split(".")
+  config[section][name] = value
+  with pytest.raises(ConfigError, match=message):
+    parse(config)
+
+
+@pytest.fixture
+def plugin():
+  """tests/plugin_objective.py's objective, registered for one test and removed after it."""
+  sys.path.insert(0, str(REPO / "tests"))
+  yield REPO / "tests" / "fixtures" / "plugin_config.py"
+  objectives.OBJECTIVES.pop("tilted_pg", None)
+  sys.modules.pop("plugin_objective", None)
+  sys.path.remove(str(REPO / "tests"))
+
+
+def test_an_objective_with_a_new_hyperparameter_is_one_module(plugin):
+  """A module outside the package registers `tilted_pg` with a hyperparameter named `tilt`;
+  the command line sets it, and a fused step trains with it. Nothing else declares `tilt`."""
+  assert "tilt" not in objectives.hyperparameter_kinds()
+  argv = ["prog", f"--config={plugin}", "--config.objective.name=tilted_pg"]
+  argv += ["--config.objective.tilt=0.5", "--config.sft.steps=0", "--config.rl.num_prompts=4"]
+  argv += ["--config.sampling.group_size=4", "--config.task.eval_size=16", "--config.mesh.data=1"]
+  config = main.parse_config(argv)
+  tree = parse(config)
+  assert tree.objective.hyperparameters == {"tilt": 0.5}
+  assert dict(r[::2] for r in reference())["objective.tilt"].startswith("τ of tilted_pg")
+  _, metrics = run_steps(config, 1)
+  assert float(metrics[0]["policy/tilt_mean"]) == pytest.approx(0.5)
+  assert np.isfinite(float(metrics[0]["policy/loss"]))
+  with pytest.raises(ConfigError, match=r"cannot be|unknown config field 'objective\.tlit'"):
+    main.parse_config([*argv, "--config.objective.tlit=0.5"])
+
+
+def test_packaging_source_names_no_removed_module():
+  """The settings have one home: nothing imports the modules the tree replaced."""
+  gone = re.compile(r"\b(config_lib|default_config\.get_config|jaxrl_llm\.train\b|rl\.settings)")
+  for path in [*(REPO / "jaxrl_llm").rglob("*.py"), *(REPO / "tools").glob("*.py")]:
+    assert not gone.search(path.read_text()), path
