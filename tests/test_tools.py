@@ -14,6 +14,7 @@ from jaxrl_llm import checkpoint, metrics
 
 sys.path.insert(0, str(REPO / "tools"))
 import compare
+import same_behaviour
 import sweep
 
 CLIPS = ("0.2", "0.28")
@@ -233,3 +234,20 @@ def test_compare_summaries():
   assert compare.direction("policy/entropy", maximize=["policy/*"]) == "max"  # user override
   tags = ["eval/accuracy", "eval/pass@4", "policy/loss"]
   assert compare.expand_tags(["eval/*", "x/y"], tags) == ["eval/accuracy", "eval/pass@4", "x/y"]
+
+
+def test_same_behaviour_compares_every_step_but_wall_clock_tags(capsys):
+  nan = float("nan")
+  before = {".:eval/accuracy": {0: [0.5], 5: [0.6]}, "sft:sft/loss": {1: [1.0], 2: [nan]}}
+  before[".:perf/step_time_s"] = {1: [0.1]}
+  after = {k: dict(v) for k, v in before.items()} | {".:perf/step_time_s": {1: [0.3]}}
+  assert same_behaviour.report("r", before, after)  # NaN equals NaN; timings are not compared
+  assert "equal: 4 values of 2 tags" in capsys.readouterr().out
+  after["sft:sft/loss"] = {1: [1.0], 2: [0.9]}
+  after[".:eval/accuracy"] = {0: [0.5], 5: [0.6, 0.6]}  # a step logged twice differs
+  assert not same_behaviour.report("r", before, after)
+  out = capsys.readouterr().out
+  assert ".: step 5, tag eval/accuracy: before=0.6 after=0.6, 0.6" in out
+  assert "sft: step 2, tag sft/loss: before=nan after=0.9" in out
+  assert same_behaviour.excluded("perf/generated_tokens_per_s")
+  assert not same_behaviour.excluded("perf/generated_tokens")
