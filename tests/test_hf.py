@@ -118,6 +118,9 @@ def test_configs_map_every_feature():
   mixtral = cfgs["mixtral"]
   assert (mixtral.rope_theta, mixtral.norm_eps, mixtral.moe_expert_mlp_dim) == (1e6, 1e-5, 64)
   assert mixtral.moe_normalize_gates and mixtral.moe_layers == (0, 1)
+  mistral = cfgs["mistral"]
+  assert (mistral.head_dim, mistral.rope_theta, mistral.tie_embeddings) == (16, 1e4, False)
+  assert not (mistral.attention_bias or mistral.qk_norm or mistral.moe_num_experts)
 
 
 def _assert_trees_equal(a, b):
@@ -344,6 +347,7 @@ def _hf_config(**changes):
     ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "rope_parameters.rope_type='yarn'"),
     ({"use_sliding_window": True}, "use_sliding_window=True"),
     ({"model_type": "mixtral", "sliding_window": 4096}, "sliding_window=4096"),
+    ({"model_type": "mistral", "sliding_window": 4096}, "sliding_window=4096"),
     ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
     ({"attention_bias": True}, "attention_bias=True"),
     ({"num_hidden_layers": 4, "mlp_only_layers": [1]}, "mlp_only_layers=[1]"),
@@ -354,6 +358,33 @@ def test_unsupported_features_name_the_field(changes, field):
   with pytest.raises(hf.CheckpointFormatError, match="unsupported") as e:
     hf.config_from_hf(_hf_config(**changes), source="x/config.json")
   assert field in str(e.value) and str(e.value).startswith("x/config.json")
+
+
+def test_mistral_sliding_window_defaults_as_its_reference_class():
+  mistral = _json(FIXTURES / "mistral" / "config.json")
+  del mistral["sliding_window"]  # MistralConfig's default is 4096: a window, refused
+  with pytest.raises(hf.CheckpointFormatError) as e:
+    hf.config_from_hf(mistral, source="x/config.json")
+  assert "unsupported mistral config: sliding_window omitted (mistral's default is 4096)" in str(
+    e.value
+  )
+  cfg = _load("mistral")[0]
+  exported = hf.config_to_hf(cfg, "mistral")
+  assert exported["sliding_window"] is None and exported["architectures"] == ["MistralForCausalLM"]
+  assert hf.config_from_hf(exported) == cfg
+
+
+def test_default_model_type_follows_the_features():
+  base = ModelConfig(moe_num_experts=0)
+  for changes, want in (
+    ({}, "llama"),  # not mistral: llama comes first in the table
+    ({"attention_bias": True}, "qwen2"),
+    ({"qk_norm": True}, "qwen3"),
+    ({"qk_norm": True, "attention_bias": True}, "qwen3"),  # no family has both
+    ({"moe_num_experts": 4}, "mixtral"),
+    ({"moe_num_experts": 4, "qk_norm": True}, "qwen3_moe"),
+  ):
+    assert hf.default_model_type(dataclasses.replace(base, **changes)) == want, changes
 
 
 def test_older_config_spellings_and_sparse_step():

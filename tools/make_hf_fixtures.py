@@ -118,6 +118,12 @@ FIXTURES = {
     {},
     "w1/w3/w2 experts, block_sparse_moe router, default rope_theta 1e6 and eps 1e-5",
   ),
+  "mistral": (
+    "mistral",
+    {"sliding_window": None, "head_dim": 16, "tie_word_embeddings": False},
+    {},
+    "sliding_window null, explicit head_dim 16 != hidden/heads, untied lm_head",
+  ),
 }
 
 # Fixtures written with the files of a model directory: name -> generation_config.json. Its

@@ -218,6 +218,12 @@ FAMILIES: tuple[Family, ...] = (
     ),
     window_key="sliding_window",
   ),
+  Family(
+    "mistral",
+    "MistralForCausalLM",
+    {"max_position_embeddings": 131072, "sliding_window": 4096},
+    window_key="sliding_window",
+  ),
 )
 BY_MODEL_TYPE: Mapping[str, Family] = types.MappingProxyType({f.model_type: f for f in FAMILIES})
 MODEL_TYPES = tuple(BY_MODEL_TYPE)
