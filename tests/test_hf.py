@@ -374,6 +374,46 @@ def test_mistral_sliding_window_defaults_as_its_reference_class():
   assert hf.config_from_hf(exported) == cfg
 
 
+_OPTIONAL = (
+  ("num_key_value_heads",),
+  ("head_dim",),
+  ("rms_norm_eps",),
+  ("rope_parameters", "rope_theta"),
+  ("tie_word_embeddings",),
+  ("num_experts_per_tok",),
+  ("num_experts", "num_local_experts"),
+  ("norm_topk_prob",),
+)
+
+
+@pytest.mark.parametrize("model_type", hf.MODEL_TYPES)
+def test_omitted_fields_read_as_the_reference_config_class_reads_them(model_type):
+  transformers = pytest.importorskip("transformers")
+  name = next(n for n in NAMES if MANIFEST["fixtures"][n]["model_type"] == model_type)
+  # 32 heads and 16 experts, so that every family's default number of key/value heads divides
+  # them and its default top-k fits.
+  base = {**_json(FIXTURES / name / "config.json"), "hidden_size": 512, "num_attention_heads": 32}
+  if "num_local_experts" in base:
+    base["num_local_experts"] = 16
+  for omitted in _OPTIONAL:
+    fields = {k: v for k, v in base.items() if k not in omitted}
+    ours = hf.config_from_hf(fields)
+    ref = transformers.AutoConfig.for_model(**fields)
+    head_dim = getattr(ref, "head_dim", None) or ref.hidden_size // ref.num_attention_heads
+    assert (ours.num_kv_heads, ours.head_dim) == (ref.num_key_value_heads, head_dim), omitted
+    assert ours.norm_eps == ref.rms_norm_eps, omitted
+    assert ours.rope_theta == ref.rope_parameters["rope_theta"], omitted
+    assert ours.tie_embeddings == ref.tie_word_embeddings, omitted
+    if ours.moe_num_experts:
+      experts = getattr(ref, "num_experts", None) or ref.num_local_experts
+      assert (ours.moe_num_experts, ours.moe_top_k) == (experts, ref.num_experts_per_tok), omitted
+      assert ours.moe_normalize_gates == getattr(ref, "norm_topk_prob", True), omitted
+  # An export without a known context length gets the reference class's default.
+  exported = hf.config_to_hf(hf.config_from_hf(base), model_type)
+  default = transformers.AutoConfig.for_model(model_type).max_position_embeddings
+  assert exported["max_position_embeddings"] == default
+
+
 def test_default_model_type_follows_the_features():
   base = ModelConfig(moe_num_experts=0)
   for changes, want in (

@@ -132,7 +132,9 @@ class Family:
   model_type: str  # config.json's model_type
   architecture: str  # config.json's architectures[0]: the transformers model class
   # The reference configuration class's values of the optional config.json fields we read
-  # (rope_theta, rms_norm_eps, max_position_embeddings, num_experts_per_tok, ...).
+  # (rope_theta, rms_norm_eps, max_position_embeddings, num_experts_per_tok, ...), beside
+  # `COMMON_DEFAULTS`; num_key_value_heads and head_dim only where they are not derived (from
+  # num_attention_heads and hidden_size / num_attention_heads, as a null value always is).
   defaults: Mapping[str, Any]
   qkv_bias: bool = False  # q/k/v projections always have biases (no config.json field for it)
   qk_norm: bool = False  # RMSNorm on per-head queries and keys
@@ -174,21 +176,26 @@ FAMILIES: tuple[Family, ...] = (
   Family(
     "qwen2",
     "Qwen2ForCausalLM",
-    {"max_position_embeddings": 32768},
+    {"max_position_embeddings": 32768, "num_key_value_heads": 32},
     qkv_bias=True,
     window_key=_QWEN_WINDOW,
   ),
   Family(
     "qwen3",
     "Qwen3ForCausalLM",
-    {"max_position_embeddings": 40960},
+    {"max_position_embeddings": 32768, "num_key_value_heads": 32, "head_dim": 128},
     qk_norm=True,
     window_key=_QWEN_WINDOW,
   ),
   Family(
     "qwen3_moe",
     "Qwen3MoeForCausalLM",
-    {"max_position_embeddings": 32768, "num_experts_per_tok": 8},
+    {
+      "max_position_embeddings": 32768,
+      "num_key_value_heads": 4,
+      "num_experts": 128,
+      "num_experts_per_tok": 8,
+    },
     qk_norm=True,
     experts=Experts(
       "mlp",
@@ -207,6 +214,8 @@ FAMILIES: tuple[Family, ...] = (
       "max_position_embeddings": 131072,
       "rope_theta": 1e6,
       "rms_norm_eps": 1e-5,
+      "num_key_value_heads": 8,
+      "num_local_experts": 8,
     },
     experts=Experts(
       "block_sparse_moe",
@@ -221,7 +230,7 @@ FAMILIES: tuple[Family, ...] = (
   Family(
     "mistral",
     "MistralForCausalLM",
-    {"max_position_embeddings": 131072, "sliding_window": 4096},
+    {"max_position_embeddings": 131072, "num_key_value_heads": 8, "sliding_window": 4096},
     window_key="sliding_window",
   ),
 )

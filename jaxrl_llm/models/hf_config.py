@@ -125,6 +125,13 @@ def _get(hf: Mapping[str, Any], fam: Family, key: str) -> Any:
   return fam.default(key) if v is None else v
 
 
+def _optional(hf: Mapping[str, Any], fam: Family, key: str, null: Any) -> Any:
+  """config.json's `key`: the family's reference default where it is absent, `null` where it is
+  null (or where the family has no default)."""
+  v = hf[key] if key in hf else fam.default(key)
+  return null if v is None else v
+
+
 def _family(hf: Mapping[str, Any], source: str) -> Family:
   """The family of config.json's model_type; CheckpointFormatError listing them if unsupported."""
   mt = hf.get("model_type")
@@ -196,8 +203,8 @@ def _attention_fields(hf: Mapping[str, Any], fam: Family) -> dict[str, Any]:
     "d_model": d,
     "num_layers": int(hf["num_hidden_layers"]),
     "num_heads": h,
-    "num_kv_heads": int(_get(hf, fam, "num_key_value_heads") or h),
-    "head_dim": int(_get(hf, fam, "head_dim") or d // h),
+    "num_kv_heads": int(_optional(hf, fam, "num_key_value_heads", h)),
+    "head_dim": int(_optional(hf, fam, "head_dim", d // h)),
     "norm_eps": float(_get(hf, fam, "rms_norm_eps")),
     "attention_bias": fam.qkv_bias,
     "qk_norm": fam.qk_norm,
@@ -207,14 +214,17 @@ def _attention_fields(hf: Mapping[str, Any], fam: Family) -> dict[str, Any]:
   }
 
 
-def _num_experts(hf: Mapping[str, Any]) -> int:
-  """Routed experts per MoE layer, under either spelling (0: none)."""
+def _num_experts(hf: Mapping[str, Any], fam: Family) -> int:
+  """Routed experts per MoE layer, under either spelling (0: none); the family's default where
+  config.json has neither."""
+  if fam.experts is not None and not {"num_experts", "num_local_experts"} & set(hf):
+    return int(fam.default(fam.experts.count_key))
   return int(hf.get("num_experts") or hf.get("num_local_experts") or 0)
 
 
 def _moe_layers(hf: Mapping[str, Any], fam: Family, errors: list[str]) -> int | None:
   """Our `moe_every` for the family's MoE layers (None: a dense model)."""
-  if fam.experts is None or not _num_experts(hf):
+  if fam.experts is None or not _num_experts(hf, fam):
     return None
   if not fam.experts.layer_pattern:
     return 1
@@ -233,7 +243,7 @@ def _mlp_fields(
   k = int(_get(hf, fam, "num_experts_per_tok"))
   hard: dict[str, Any] = {
     "moe_normalize_gates": bool(_get(hf, fam, ex.normalize_key)) if ex.normalize_key else True,
-    "moe_num_experts": _num_experts(hf),
+    "moe_num_experts": _num_experts(hf, fam),
     "moe_top_k": k,
     "moe_expert_mlp_dim": expert_dim,
     "moe_every": moe_every,
