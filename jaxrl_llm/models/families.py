@@ -125,6 +125,21 @@ def _expert_tensors(ex: Experts) -> list[Tensor]:
   return out
 
 
+# Reference defaults that a row's `defaults` need not repeat.
+COMMON_DEFAULTS: Mapping[str, Any] = types.MappingProxyType(
+  {
+    "rope_theta": 10_000.0,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+    "num_experts_per_tok": 2,
+    "norm_topk_prob": False,
+    "router_aux_loss_coef": 0.001,
+    "use_sliding_window": False,
+    "sliding_window": None,
+  }
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class Family:
   """A Hugging Face model family: everything about it that import and export depend on."""
@@ -155,19 +170,6 @@ class Family:
     return self.defaults.get(key)
 
 
-# Reference defaults that a row's `defaults` need not repeat.
-COMMON_DEFAULTS: Mapping[str, Any] = types.MappingProxyType(
-  {
-    "rope_theta": 10_000.0,
-    "rms_norm_eps": 1e-6,
-    "tie_word_embeddings": False,
-    "num_experts_per_tok": 2,
-    "norm_topk_prob": False,
-    "router_aux_loss_coef": 0.001,
-    "use_sliding_window": False,
-    "sliding_window": None,
-  }
-)
 _QWEN_WINDOW = "use_sliding_window"
 
 # In `hf_config.default_model_type`'s order of preference: the first that fits a model wins.
@@ -198,10 +200,10 @@ FAMILIES: tuple[Family, ...] = (
     },
     qk_norm=True,
     experts=Experts(
-      "mlp",
-      ("gate_proj", "up_proj", "down_proj"),
-      "num_experts",
-      "moe_intermediate_size",
+      block="mlp",
+      projections=("gate_proj", "up_proj", "down_proj"),
+      count_key="num_experts",
+      dim_key="moe_intermediate_size",
       normalize_key="norm_topk_prob",
       layer_pattern=True,
     ),
@@ -218,10 +220,10 @@ FAMILIES: tuple[Family, ...] = (
       "num_local_experts": 8,
     },
     experts=Experts(
-      "block_sparse_moe",
-      ("w1", "w3", "w2"),
-      "num_local_experts",
-      "intermediate_size",
+      block="block_sparse_moe",
+      projections=("w1", "w3", "w2"),
+      count_key="num_local_experts",
+      dim_key="intermediate_size",
       normalize_key=None,
       layer_pattern=False,
     ),
