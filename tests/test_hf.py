@@ -118,6 +118,9 @@ def test_configs_map_every_feature():
   mixtral = cfgs["mixtral"]
   assert (mixtral.rope_theta, mixtral.norm_eps, mixtral.moe_expert_mlp_dim) == (1e6, 1e-5, 64)
   assert mixtral.moe_normalize_gates and mixtral.moe_layers == (0, 1)
+  mistral = cfgs["mistral"]
+  assert (mistral.head_dim, mistral.rope_theta, mistral.tie_embeddings) == (16, 1e4, False)
+  assert not (mistral.attention_bias or mistral.qk_norm or mistral.moe_num_experts)
 
 
 def _assert_trees_equal(a, b):
@@ -344,6 +347,7 @@ def _hf_config(**changes):
     ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "rope_parameters.rope_type='yarn'"),
     ({"use_sliding_window": True}, "use_sliding_window=True"),
     ({"model_type": "mixtral", "sliding_window": 4096}, "sliding_window=4096"),
+    ({"model_type": "mistral", "sliding_window": 4096}, "sliding_window=4096"),
     ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
     ({"attention_bias": True}, "attention_bias=True"),
     ({"num_hidden_layers": 4, "mlp_only_layers": [1]}, "mlp_only_layers=[1]"),
@@ -354,6 +358,73 @@ def test_unsupported_features_name_the_field(changes, field):
   with pytest.raises(hf.CheckpointFormatError, match="unsupported") as e:
     hf.config_from_hf(_hf_config(**changes), source="x/config.json")
   assert field in str(e.value) and str(e.value).startswith("x/config.json")
+
+
+def test_mistral_sliding_window_defaults_as_its_reference_class():
+  mistral = _json(FIXTURES / "mistral" / "config.json")
+  del mistral["sliding_window"]  # MistralConfig's default is 4096: a window, refused
+  with pytest.raises(hf.CheckpointFormatError) as e:
+    hf.config_from_hf(mistral, source="x/config.json")
+  assert "unsupported mistral config: sliding_window omitted (mistral's default is 4096)" in str(
+    e.value
+  )
+  cfg = _load("mistral")[0]
+  exported = hf.config_to_hf(cfg, "mistral")
+  assert exported["sliding_window"] is None and exported["architectures"] == ["MistralForCausalLM"]
+  assert hf.config_from_hf(exported) == cfg
+
+
+_OPTIONAL = (
+  ("num_key_value_heads",),
+  ("head_dim",),
+  ("rms_norm_eps",),
+  ("rope_parameters", "rope_theta"),
+  ("tie_word_embeddings",),
+  ("num_experts_per_tok",),
+  ("num_experts", "num_local_experts"),
+  ("norm_topk_prob",),
+)
+
+
+@pytest.mark.parametrize("model_type", hf.MODEL_TYPES)
+def test_omitted_fields_read_as_the_reference_config_class_reads_them(model_type):
+  transformers = pytest.importorskip("transformers")
+  name = next(n for n in NAMES if MANIFEST["fixtures"][n]["model_type"] == model_type)
+  # 32 heads and 16 experts, so that every family's default number of key/value heads divides
+  # them and its default top-k fits.
+  base = {**_json(FIXTURES / name / "config.json"), "hidden_size": 512, "num_attention_heads": 32}
+  if "num_local_experts" in base:
+    base["num_local_experts"] = 16
+  for omitted in _OPTIONAL:
+    fields = {k: v for k, v in base.items() if k not in omitted}
+    ours = hf.config_from_hf(fields)
+    ref = transformers.AutoConfig.for_model(**fields)
+    head_dim = getattr(ref, "head_dim", None) or ref.hidden_size // ref.num_attention_heads
+    assert (ours.num_kv_heads, ours.head_dim) == (ref.num_key_value_heads, head_dim), omitted
+    assert ours.norm_eps == ref.rms_norm_eps, omitted
+    assert ours.rope_theta == ref.rope_parameters["rope_theta"], omitted
+    assert ours.tie_embeddings == ref.tie_word_embeddings, omitted
+    if ours.moe_num_experts:
+      experts = getattr(ref, "num_experts", None) or ref.num_local_experts
+      assert (ours.moe_num_experts, ours.moe_top_k) == (experts, ref.num_experts_per_tok), omitted
+      assert ours.moe_normalize_gates == getattr(ref, "norm_topk_prob", True), omitted
+  # An export without a known context length gets the reference class's default.
+  exported = hf.config_to_hf(hf.config_from_hf(base), model_type)
+  default = transformers.AutoConfig.for_model(model_type).max_position_embeddings
+  assert exported["max_position_embeddings"] == default
+
+
+def test_default_model_type_follows_the_features():
+  base = ModelConfig(moe_num_experts=0)
+  for changes, want in (
+    ({}, "llama"),  # not mistral: llama comes first in the table
+    ({"attention_bias": True}, "qwen2"),
+    ({"qk_norm": True}, "qwen3"),
+    ({"qk_norm": True, "attention_bias": True}, "qwen3"),  # no family has both
+    ({"moe_num_experts": 4}, "mixtral"),
+    ({"moe_num_experts": 4, "qk_norm": True}, "qwen3_moe"),
+  ):
+    assert hf.default_model_type(dataclasses.replace(base, **changes)) == want, changes
 
 
 def test_older_config_spellings_and_sparse_step():

@@ -273,7 +273,9 @@ def build_parser() -> argparse.ArgumentParser:
   exp.add_argument("--workdir", required=True, help="trainer workdir (holds checkpoints/)")
   exp.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
   exp.add_argument("--out", required=True, help="HF checkpoint directory to write")
-  exp.add_argument("--model_type", default=None, help="llama, qwen2, qwen3, qwen3_moe, mixtral")
+  exp.add_argument(
+    "--model_type", default=None, help="HF model_type: a family of jaxrl_llm/models/families.py"
+  )
   exp.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
   exp.add_argument("--max_shard_bytes", type=int, default=5 * 2**30)
   exp.add_argument("--overwrite", action="store_true", help="replace weights already in --out")

@@ -17,13 +17,16 @@ a tiny BPE `tokenizer.json` (as many ids as the model's vocabulary), `tokenizer_
 `special_tokens_map.json`, `chat_template.jinja` and a `generation_config.json` with token ids
 and sampling defaults (written by `write_model_files`, with the `tokenizers` package only).
 
-  python tools/make_hf_fixtures.py [--out=tests/fixtures/hf] [--check_export]
+  python tools/make_hf_fixtures.py [--out=tests/fixtures/hf] [--only=NAME,...] [--check_export]
   python tools/make_hf_fixtures.py --model_files_only   # needs neither torch nor transformers
 
---check_export also loads every fixture with `jaxrl_llm.models.hf`, exports it again (with the
-fixture as its source) and checks that transformers reads the export back to the same logits,
-generation config and tokenizer. --model_files_only rewrites only the tokenizer and generation
-files of the `TOKENIZER_FIXTURES`.
+--only rebuilds the named fixtures and keeps the others with their manifest entries (a rebuilt
+entry records its torch / transformers versions where they differ from the manifest's); a
+fixture's seed is fixed by its place in `FIXTURES`, so new ones go at the end. --check_export
+also loads every fixture with `jaxrl_llm.models.hf`, exports it again (with the fixture as its
+source) and checks that transformers reads the export back to the same logits, generation config
+and tokenizer. --model_files_only rewrites only the tokenizer and generation files of the
+`TOKENIZER_FIXTURES`.
 """
 
 from __future__ import annotations
@@ -115,6 +118,12 @@ FIXTURES = {
     {},
     "w1/w3/w2 experts, block_sparse_moe router, default rope_theta 1e6 and eps 1e-5",
   ),
+  "mistral": (
+    "mistral",
+    {"sliding_window": None, "head_dim": 16, "tie_word_embeddings": False},
+    {},
+    "sliding_window null, explicit head_dim 16 != hidden/heads, untied lm_head",
+  ),
 }
 
 # Fixtures written with the files of a model directory: name -> generation_config.json. Its
@@ -140,14 +149,6 @@ _CORPUS = (
   "how vexingly quick daft zebras jump",
   "the five boxing wizards jump quickly",
 ) * 8
-
-_CONFIGS = {
-  "llama": "LlamaConfig",
-  "qwen2": "Qwen2Config",
-  "qwen3": "Qwen3Config",
-  "qwen3_moe": "Qwen3MoeConfig",
-  "mixtral": "MixtralConfig",
-}
 
 
 def write_model_files(path: str, generation_config: dict) -> None:
@@ -209,8 +210,8 @@ def make_config(model_type: str, kwargs: dict):
       kwargs["rope_parameters"] = params
   elif scaling:
     kwargs["rope_scaling"] = scaling
-  cls = getattr(transformers, _CONFIGS[model_type])
-  return cls(
+  return transformers.AutoConfig.for_model(
+    model_type,
     vocab_size=VOCAB,
     hidden_size=HIDDEN,
     num_hidden_layers=LAYERS,
@@ -377,12 +378,40 @@ def check_export(out_dir: str) -> None:
     assert diff <= 1e-4, name
 
 
+def start_manifest(out_dir: str, names: list[str]) -> tuple[dict, dict]:
+  """(manifest, fields for each rebuilt entry): a new manifest when all fixtures are built, else
+  the existing one, whose other entries stay; rebuilt entries record the torch / transformers
+  versions that made them where those differ from the manifest's."""
+  versions = {
+    "transformers_version": transformers.__version__,
+    "torch_version": torch.__version__.split("+")[0],
+  }
+  fresh = {
+    **versions,
+    "batch": {"rows": BATCH, "prompt_len": PROMPT_LEN, "left_pad": list(PADS)},
+    "new_tokens": NEW_TOKENS,
+    "fixtures": {},
+  }
+  path = os.path.join(out_dir, "manifest.json")
+  if set(names) == set(FIXTURES) or not os.path.exists(path):
+    return fresh, {}
+  with open(path) as f:
+    old = json.load(f)
+  if (old.get("batch"), old.get("new_tokens")) != (fresh["batch"], fresh["new_tokens"]):
+    raise SystemExit(f"{path} was made with another batch shape: rebuild every fixture")
+  same = all(old.get(k) == v for k, v in versions.items())
+  return old, {} if same else versions
+
+
 def main(argv=None) -> None:
-  """Writes all fixtures (and optionally checks our export against transformers)."""
+  """Writes the fixtures (and optionally checks our export against transformers)."""
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", default=os.path.join("tests", "fixtures", "hf"))
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--check_export", action="store_true")
+  parser.add_argument(
+    "--only", default="", help="comma-separated fixtures to rebuild (the others are kept)"
+  )
   parser.add_argument(
     "--model_files_only", action="store_true", help="rewrite only the tokenizer/generation files"
   )
@@ -393,18 +422,20 @@ def main(argv=None) -> None:
     return
   if torch is None:
     raise SystemExit("torch and transformers are needed (except for --model_files_only)")
+  names = args.only.split(",") if args.only else list(FIXTURES)
+  unknown = sorted(set(names) - set(FIXTURES))
+  if unknown:
+    raise SystemExit(f"--only: unknown fixture(s) {unknown}; known: {list(FIXTURES)}")
   torch.use_deterministic_algorithms(True)
   os.makedirs(args.out, exist_ok=True)
-  manifest = {
-    "transformers_version": transformers.__version__,
-    "torch_version": torch.__version__.split("+")[0],
-    "batch": {"rows": BATCH, "prompt_len": PROMPT_LEN, "left_pad": list(PADS)},
-    "new_tokens": NEW_TOKENS,
-    "fixtures": {},
-  }
-  for i, name in enumerate(FIXTURES):
-    manifest["fixtures"][name] = build(name, args.out, args.seed + i)
+  manifest, versions = start_manifest(args.out, names)
+  for name in names:  # each fixture's seed is fixed by its place in FIXTURES
+    manifest["fixtures"][name] = {
+      **build(name, args.out, args.seed + list(FIXTURES).index(name)),
+      **versions,
+    }
     print(f"{name}: {manifest['fixtures'][name]}")
+  manifest["fixtures"] = {n: manifest["fixtures"][n] for n in FIXTURES if n in manifest["fixtures"]}
   with open(os.path.join(args.out, "manifest.json"), "w") as f:
     json.dump(manifest, f, indent=2)
     f.write("\n")

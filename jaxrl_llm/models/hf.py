@@ -1,4 +1,4 @@
-"""Import and export of Hugging Face checkpoints: Llama, Qwen2, Qwen3, Qwen3-MoE and Mixtral.
+"""Import and export of Hugging Face checkpoints of the families in `families.FAMILIES`.
 
 A checkpoint directory holds `config.json` and either `model.safetensors` or shards
 `model-0000i-of-0000n.safetensors` listed in `model.safetensors.index.json`. Loading validates
@@ -12,6 +12,7 @@ Tensor layouts (Hugging Face linear weights are [out, in]; ours are [in, out] sp
   experts.{e}.*     -> moe/{gate,up} [E, D, F], moe/down [E, F, D] (stacked over experts)
   router [E, D]     -> moe/router/kernel [D, E];  lm_head [V, D] -> lm_head/kernel [D, V]
 RoPE is the half-split (rotate_half) convention of both code bases, so q/k need no permutation.
+Each family's tensor names and shapes come from its row's tensor map (`families.Tensor`).
 With scanned layers (`ModelConfig.scan_layers`), layer i's `layer_{i}/X` is slice i // p of
 `layers/block_{i % p}/X` (p = `scan_period`, see `models.scan`): loading stacks the layers on
 device, one parameter at a time; saving takes them off one layer at a time.
@@ -29,6 +30,7 @@ import contextlib
 import dataclasses
 import glob
 import json
+import math
 import os
 import shutil
 import struct
@@ -46,6 +48,7 @@ from jax.sharding import SingleDeviceSharding
 from jaxrl_llm import sharding as sharding_lib
 from jaxrl_llm.models import scan as scan_lib
 from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.models.families import BY_MODEL_TYPE, Family, Tensor
 from jaxrl_llm.models.hf_config import (
   CARRIED_FIELDS,
   EXTRA_KEY,
@@ -121,81 +124,54 @@ class _Param:
     return np.ascontiguousarray(p.reshape(self.hf_shape))
 
 
-def _param_map(cfg: ModelConfig, model_type: str) -> list[_Param]:
-  """Every parameter of `cfg` (value head excepted) with its HF tensor names and shapes."""
-  d, v, h, j, dh = cfg.d_model, cfg.vocab_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-  mixtral = model_type == "mixtral"
+def _shape_values(cfg: ModelConfig, fam: Family) -> dict[str, int]:
+  """The config.json fields that tensor shapes are made of, as `cfg` sets them for `fam`."""
   vals = {
-    "vocab_size": v,
-    "hidden_size": d,
-    "num_attention_heads": h,
-    "num_key_value_heads": j,
-    "head_dim": dh,
-    "intermediate_size": cfg.moe_expert_mlp_dim if mixtral else cfg.mlp_dim,
-    "moe_intermediate_size": cfg.moe_expert_mlp_dim,
-    "num_experts": cfg.moe_num_experts,
-    "num_local_experts": cfg.moe_num_experts,
+    "vocab_size": cfg.vocab_size,
+    "hidden_size": cfg.d_model,
+    "num_attention_heads": cfg.num_heads,
+    "num_key_value_heads": cfg.num_kv_heads,
+    "head_dim": cfg.head_dim,
+    "intermediate_size": cfg.mlp_dim,
   }
-  out: list[_Param] = []
+  if fam.experts is not None:  # Mixtral's expert width is its intermediate_size
+    vals.update({fam.experts.count_key: cfg.moe_num_experts})
+    vals.update({fam.experts.dim_key: cfg.moe_expert_mlp_dim})
+  return vals
 
-  def add(path, names, shape, fields, linear=False):
-    names = (names,) if isinstance(names, str) else tuple(names)
-    described = ", ".join(f"{n}={vals[n]}" for n in fields)
-    stacked = path.split("/")[-2] == "moe" and "router" not in path
-    out.append(_Param(tuple(path.split("/")), names, shape, described, linear, stacked))
 
-  add("embed/embedding", "model.embed_tokens.weight", (v, d), ("vocab_size", "hidden_size"))
-  add("final_norm/scale", "model.norm.weight", (d,), ("hidden_size",))
-  if not cfg.tie_embeddings:
-    add("lm_head/kernel", "lm_head.weight", (v, d), ("vocab_size", "hidden_size"), True)
-  q_fields = ("num_attention_heads", "head_dim", "hidden_size")
-  kv_fields = ("num_key_value_heads", "head_dim", "hidden_size")
-  e, fx = cfg.moe_num_experts, cfg.moe_expert_mlp_dim
-  num_e = "num_local_experts" if mixtral else "num_experts"
-  expert_fields = (
-    num_e,
-    "intermediate_size" if mixtral else "moe_intermediate_size",
-    "hidden_size",
-  )
-  router_fields = (num_e, "hidden_size")
-  dense_fields = ("intermediate_size", "hidden_size")
-  expert_names = {"gate": "w1", "up": "w3", "down": "w2"} if mixtral else None
+def _holds(cfg: ModelConfig, t: Tensor, layer: int | None) -> bool:
+  """Whether the model of `cfg` has tensor `t` (in `layer`, for a per-layer tensor)."""
+  return {
+    "always": True,
+    "untied": not cfg.tie_embeddings,
+    "attention_bias": cfg.attention_bias,
+    "qk_norm": cfg.qk_norm,
+    "dense": layer not in cfg.moe_layers,
+    "moe": layer in cfg.moe_layers,
+  }[t.when]
+
+
+def _param(t: Tensor, vals: Mapping[str, int], layer: int | None, num_experts: int) -> _Param:
+  """Tensor `t` (of `layer`, for a per-layer tensor) as a `_Param` with concrete names and shape."""
+  stacked = "{e}" in t.hf
+  names = tuple(t.hf.format(i=layer, e=e) for e in range(num_experts if stacked else 1))
+  shape = tuple(math.prod(vals[f] for f in dim.split("*")) for dim in t.shape)
+  described = ", ".join(f"{n}={vals[n]}" for n in t.fields)
+  path = tuple(t.ours.format(i=layer).split("/"))
+  return _Param(path, names, shape, described, t.linear, stacked)
+
+
+def _param_map(cfg: ModelConfig, fam: Family) -> list[_Param]:
+  """Every parameter of `cfg` (value head excepted) with its HF tensor names and shapes, in the
+  order of the family's tensor map: the model's own tensors, then layer by layer."""
+  vals, e = _shape_values(cfg, fam), cfg.moe_num_experts
+  per_layer = [t for t in fam.tensors if "{i}" in t.hf]
+  out = [
+    _param(t, vals, None, e) for t in fam.tensors if "{i}" not in t.hf and _holds(cfg, t, None)
+  ]
   for i in range(cfg.num_layers):
-    hf, us = f"model.layers.{i}.", f"layer_{i}/"
-    att = hf + "self_attn."
-    add(us + "attn_norm/scale", hf + "input_layernorm.weight", (d,), ("hidden_size",))
-    add(us + "mlp_norm/scale", hf + "post_attention_layernorm.weight", (d,), ("hidden_size",))
-    for w, heads, fields in (("q", h, q_fields), ("k", j, kv_fields), ("v", j, kv_fields)):
-      add(f"{us}attn/{w}/kernel", f"{att}{w}_proj.weight", (heads * dh, d), fields, True)
-      if cfg.attention_bias:
-        add(f"{us}attn/{w}/bias", f"{att}{w}_proj.bias", (heads * dh,), fields)
-    add(us + "attn/o/kernel", att + "o_proj.weight", (d, h * dh), q_fields, True)
-    if cfg.qk_norm:
-      for w in ("q", "k"):
-        add(f"{us}attn/{w}_norm/scale", f"{att}{w}_norm.weight", (dh,), ("head_dim",))
-    if i in cfg.moe_layers:
-      moe = hf + ("block_sparse_moe." if mixtral else "mlp.")
-      add(
-        us + "moe/router/kernel",
-        moe + "gate.weight",
-        (e, d),
-        router_fields,
-        True,
-      )
-      for w, shape in (("gate", (fx, d)), ("up", (fx, d)), ("down", (d, fx))):
-        name = expert_names[w] if mixtral else f"{w}_proj"
-        experts = [f"{moe}experts.{x}.{name}.weight" for x in range(e)]
-        add(f"{us}moe/{w}", experts, shape, expert_fields, True)
-    else:
-      f = cfg.mlp_dim
-      for w, shape in (("gate", (f, d)), ("up", (f, d)), ("down", (d, f))):
-        add(
-          f"{us}mlp/{w}/kernel",
-          f"{hf}mlp.{w}_proj.weight",
-          shape,
-          dense_fields,
-          True,
-        )
+    out += [_param(t, vals, i, e) for t in per_layer if _holds(cfg, t, i)]
   return out
 
 
@@ -397,6 +373,49 @@ def _read_param(reader: _Reader, p: _Param, shape, target, sharding) -> jax.Arra
   return jax.make_array_from_callback(shape, sharding, lambda i: host[i])
 
 
+def _config_json(path: str, no_dir: str) -> tuple[str, Any]:
+  """(path, JSON value) of the config.json of directory `path`; FileNotFoundError `no_dir` when
+  there is no such directory, or naming config.json when it lacks one."""
+  if not os.path.isdir(path):
+    raise FileNotFoundError(no_dir)
+  cfg_file = os.path.join(path, CONFIG_FILE)
+  if not os.path.exists(cfg_file):
+    raise FileNotFoundError(f"{cfg_file} not found: a Hugging Face checkpoint needs config.json")
+  return cfg_file, _read_json(cfg_file)
+
+
+def _load_config(path: str, overrides: Mapping[str, Any]) -> tuple[ModelConfig, Family, str]:
+  """(ModelConfig with `overrides`, family, config.json path) of checkpoint directory `path`."""
+  cfg_file, hf = _config_json(path, f"{path}: no such checkpoint directory")
+  cfg = config_from_hf(hf, source=cfg_file)
+  if overrides:
+    try:
+      cfg = dataclasses.replace(cfg, **overrides)
+    except ValueError as e:
+      raise CheckpointFormatError(f"{cfg_file}: {e}") from None
+  return cfg, BY_MODEL_TYPE[hf["model_type"]], cfg_file
+
+
+def _placements(cfg: ModelConfig, mesh, rules) -> tuple[dict, dict]:
+  """(shape, sharding) of every parameter of `cfg`, by path: on `mesh` under the logical-axis
+  `rules`, or without a mesh on the first local device."""
+  abstract = abstract_params(cfg)
+  shapes = {k: v.shape for k, v in _flatten(nn.unbox(abstract)).items()}
+  if mesh is None:
+    return shapes, dict.fromkeys(shapes, SingleDeviceSharding(jax.local_devices()[0]))
+  rules = sharding_lib.rules_from_config(rules)
+  return shapes, _flatten(sharding_lib.param_shardings(abstract, mesh, rules))
+
+
+def _read_entry(reader: _Reader, entry: _Entry, shape, target, sharding) -> jax.Array:
+  """One parameter of our layout; a layered one read a layer at a time, stacked on device."""
+  if not entry.layered:
+    return _read_param(reader, entry.parts[0], shape, target, sharding)
+  layer = scan_lib.layer_sharding(sharding)
+  pieces = [_read_param(reader, p, shape[1:], target, layer) for p in entry.parts]
+  return jax.jit(jnp.stack, out_shardings=sharding)(pieces)
+
+
 def load_checkpoint(
   path: str | os.PathLike,
   *,
@@ -416,46 +435,18 @@ def load_checkpoint(
   one saved). Scanned, each layer's tensors are placed one layer at a time and stacked on device.
   """
   path = os.fspath(path)
-  cfg_file = os.path.join(path, CONFIG_FILE)
-  if not os.path.isdir(path):
-    raise FileNotFoundError(f"{path}: no such checkpoint directory")
-  if not os.path.exists(cfg_file):
-    raise FileNotFoundError(f"{cfg_file} not found: a Hugging Face checkpoint needs config.json")
-  hf = _read_json(cfg_file)
-  cfg = config_from_hf(hf, source=cfg_file)
   given = (("param_dtype", param_dtype), ("dtype", dtype), ("scan_layers", scan_layers))
-  overrides = {k: v for k, v in given if v is not None}
-  if overrides:
-    try:
-      cfg = dataclasses.replace(cfg, **overrides)
-    except ValueError as e:
-      raise CheckpointFormatError(f"{cfg_file}: {e}") from None
-  params_map = _param_map(cfg, hf["model_type"])
+  cfg, fam, cfg_file = _load_config(path, {k: v for k, v in given if v is not None})
+  params_map = _param_map(cfg, fam)
   infos, listing = _tensor_infos(path)
   _check_tensors(params_map, infos, listing, cfg_file, cfg.tie_embeddings)
 
-  abstract = abstract_params(cfg)
-  if mesh is not None:
-    rules = sharding_lib.rules_from_config(rules)
-    shardings = _flatten(sharding_lib.param_shardings(abstract, mesh, rules))
-  else:
-    device = SingleDeviceSharding(jax.local_devices()[0])
-    shardings = {k: device for k in _flatten(nn.unbox(abstract))}
-  shapes = {k: v.shape for k, v in _flatten(nn.unbox(abstract)).items()}
+  shapes, shardings = _placements(cfg, mesh, rules)
   target = np.dtype(cfg.weight_dtype)
   out: dict[tuple[str, ...], jax.Array] = {}
   with _Reader(infos) as reader:
-    for entry in _entries(cfg, params_map):
-      shape, sharding = shapes[entry.path], shardings[entry.path]
-      if entry.layered:  # one layer at a time onto the device, stacked there
-        pieces = [
-          _read_param(reader, p, shape[1:], target, scan_lib.layer_sharding(sharding))
-          for p in entry.parts
-        ]
-        out[entry.path] = jax.jit(jnp.stack, out_shardings=sharding)(pieces)
-        del pieces
-      else:
-        out[entry.path] = _read_param(reader, entry.parts[0], shape, target, sharding)
+    for e in _entries(cfg, params_map):
+      out[e.path] = _read_entry(reader, e, shapes[e.path], target, shardings[e.path])
   if set(out) != set(shapes):  # the tensor map covers the model exactly
     raise AssertionError(f"parameters not mapped: {sorted(set(shapes) ^ set(out))}")
   return cfg, _unflatten(out)
@@ -486,12 +477,7 @@ def read_source(path: str | os.PathLike) -> HFSource:
   CheckpointFormatError naming the file (and field) that is missing or malformed.
   """
   path = os.fspath(path)
-  if not os.path.isdir(path):
-    raise FileNotFoundError(f"{path}: no such Hugging Face checkpoint directory")
-  cfg_file = os.path.join(path, CONFIG_FILE)
-  if not os.path.exists(cfg_file):
-    raise FileNotFoundError(f"{cfg_file} not found: a Hugging Face checkpoint needs config.json")
-  hf = _read_json(cfg_file)
+  cfg_file, hf = _config_json(path, f"{path}: no such Hugging Face checkpoint directory")
   fields = carried_fields(hf, source=cfg_file)
   gen_file = os.path.join(path, GENERATION_CONFIG_FILE)
   generation = None
@@ -566,6 +552,130 @@ def _to_host(x: Any) -> np.ndarray:
   return np.asarray(x)
 
 
+def _check_save_args(dtype: str, max_position_embeddings: Any) -> None:
+  """Raises ValueError for a storage dtype or context length that `save_checkpoint` refuses."""
+  if dtype not in _SAVE_DTYPES:
+    raise ValueError(f"dtype={dtype!r} must be one of {list(_SAVE_DTYPES)}")
+  if max_position_embeddings is not None and not (
+    isinstance(max_position_embeddings, int)
+    and not isinstance(max_position_embeddings, bool)
+    and max_position_embeddings >= 1
+  ):
+    raise ValueError(f"max_position_embeddings={max_position_embeddings!r} must be an int >= 1")
+
+
+def _export_config(
+  cfg: ModelConfig,
+  mt: str,
+  source: HFSource | None,
+  dtype: str,
+  max_position_embeddings: int | None,
+  hf_overrides: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+  """The config.json of an export: `cfg` as `mt`, the source's carried fields, the overrides."""
+  fields = dict(source.fields) if source is not None else {}
+  max_pos = max_position_embeddings or fields.get("max_position_embeddings")
+  if max_pos is None:
+    logging.warning(
+      "no context length known for this model: config.json gets %s's default "
+      "max_position_embeddings (pass max_position_embeddings or the source checkpoint)",
+      mt,
+    )
+  hf = config_to_hf(cfg, mt, dtype=dtype, max_position_embeddings=max_pos)
+  hf.update({k: fields.get(k) for k in CARRIED_FIELDS if k != "max_position_embeddings"})
+  hf.update(hf_overrides or {})
+  return hf
+
+
+def _check_params(cfg: ModelConfig, flat: Mapping, entries: list[_Entry], mt: str) -> None:
+  """Raises ValueError naming a parameter of the wrong shape, a missing one or one that `mt`
+  cannot store (a value head is only warned about: it is not exported)."""
+  shapes = {k: v.shape for k, v in _flatten(nn.unbox(abstract_params(cfg))).items()}
+  for e in entries:
+    if e.path not in flat or tuple(flat[e.path].shape) != tuple(shapes[e.path]):
+      found = tuple(flat[e.path].shape) if e.path in flat else "absent"
+      raise ValueError(f"params[{'/'.join(e.path)}]: expected shape {shapes[e.path]}, got {found}")
+  extra = sorted("/".join(k) for k in set(flat) - {e.path for e in entries})
+  if any(not k.startswith("value_head/") for k in extra):
+    raise ValueError(f"params hold entries that {mt} cannot store: {extra}")
+  if extra:
+    logging.warning("not exporting the value head (%s)", ", ".join(extra))
+
+
+def _clear_weights(path: str, overwrite: bool, writer: bool) -> None:
+  """Refuses a directory holding weights unless `overwrite`; then (`writer` only) creates it and
+  removes the old weights."""
+  old = glob.glob(os.path.join(path, "model*.safetensors")) + glob.glob(
+    os.path.join(path, INDEX_FILE)
+  )
+  if old and not overwrite:
+    raise FileExistsError(f"{path} already holds weights ({sorted(old)}); pass overwrite=True")
+  if writer:
+    os.makedirs(path, exist_ok=True)
+    for f in old:
+      os.remove(f)
+
+
+class _ShardWriter:
+  """Collects tensors into safetensors shards of at most `max_bytes` (written by the `writer`
+  process only); `close` gives them Hugging Face's names and writes the index if there are several."""
+
+  def __init__(self, path: str, max_bytes: int, writer: bool):
+    self.path, self.max_bytes, self.writer = path, max_bytes, writer
+    self.shards: list[list[str]] = []
+    self.current: dict[str, np.ndarray] = {}
+    self.size = self.total = 0
+
+  def add(self, name: str, t: np.ndarray) -> None:
+    """Adds tensor `name`, starting a new shard first if it would overflow the current one."""
+    if self.current and self.size + t.nbytes > self.max_bytes:
+      self._flush()
+    self.current[name] = t
+    self.size += t.nbytes
+    self.total += t.nbytes
+
+  def _flush(self) -> None:
+    from safetensors.numpy import save_file
+
+    if not self.current:
+      return
+    if self.writer:
+      tmp = os.path.join(self.path, f"shard-{len(self.shards)}.tmp")
+      save_file(self.current, tmp, metadata={"format": "pt"})
+    self.shards.append(list(self.current))
+    self.current, self.size = {}, 0
+
+  def close(self) -> None:
+    """Writes the last shard, renames them all and writes the index."""
+    self._flush()
+    if not self.writer:
+      return
+    n = len(self.shards)
+    names = (
+      [SINGLE_FILE] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+    )
+    for i, name in enumerate(names):
+      os.replace(os.path.join(self.path, f"shard-{i}.tmp"), os.path.join(self.path, name))
+    if n > 1:
+      weight_map = {t: names[i] for i, shard in enumerate(self.shards) for t in shard}
+      with open(os.path.join(self.path, INDEX_FILE), "w") as f:
+        json.dump({"metadata": {"total_size": self.total}, "weight_map": weight_map}, f, indent=2)
+
+
+def _write_params(
+  shards: _ShardWriter, cfg: ModelConfig, params_map: list[_Param], flat: Mapping, dtype: str
+) -> None:
+  """Adds every HF tensor to `shards` in HF order, a scanned parameter one layer at a time off
+  the device."""
+  np_dtype = _SAVE_DTYPES[dtype]
+  for p in params_map:
+    at = scan_lib.scanned_path(cfg, p.path) if cfg.scan_layers else None
+    host = _to_host(flat[p.path] if at is None else flat[at[0]][at[1]])
+    for e, name in enumerate(p.names):
+      shards.add(name, p.to_hf(host[e] if p.stacked else host).astype(np_dtype))
+    del host
+
+
 def save_checkpoint(
   path: str | os.PathLike,
   cfg: ModelConfig,
@@ -596,94 +706,23 @@ def save_checkpoint(
   written, with the token ids config.json holds.
   """
   path = os.fspath(path)
-  if dtype not in _SAVE_DTYPES:
-    raise ValueError(f"dtype={dtype!r} must be one of {list(_SAVE_DTYPES)}")
-  if max_position_embeddings is not None and not (
-    isinstance(max_position_embeddings, int)
-    and not isinstance(max_position_embeddings, bool)
-    and max_position_embeddings >= 1
-  ):
-    raise ValueError(f"max_position_embeddings={max_position_embeddings!r} must be an int >= 1")
+  _check_save_args(dtype, max_position_embeddings)
   if source is not None and not isinstance(source, HFSource):
     source = read_source(source)
-  fields = dict(source.fields) if source is not None else {}
   mt = model_type or default_model_type(cfg)
-  max_pos = max_position_embeddings or fields.get("max_position_embeddings")
-  if max_pos is None:
-    logging.warning(
-      "no context length known for this model: config.json gets %s's default "
-      "max_position_embeddings (pass max_position_embeddings or the source checkpoint)",
-      mt,
-    )
-  hf = config_to_hf(cfg, mt, dtype=dtype, max_position_embeddings=max_pos)
-  hf.update({k: fields.get(k) for k in CARRIED_FIELDS if k != "max_position_embeddings"})
-  hf.update(hf_overrides or {})
+  hf = _export_config(cfg, mt, source, dtype, max_position_embeddings, hf_overrides)
   generation = _generation_config(hf, source)
   tokenizer_files = _tokenizer_sources(tokenizer, source)
-  params_map = _param_map(cfg, mt)
-  entries = _entries(cfg, params_map)
+  params_map = _param_map(cfg, BY_MODEL_TYPE[mt])
   flat = _flatten(params)
-  shapes = {k: v.shape for k, v in _flatten(nn.unbox(abstract_params(cfg))).items()}
-  for e in entries:
-    if e.path not in flat or tuple(flat[e.path].shape) != tuple(shapes[e.path]):
-      found = tuple(flat[e.path].shape) if e.path in flat else "absent"
-      raise ValueError(f"params[{'/'.join(e.path)}]: expected shape {shapes[e.path]}, got {found}")
-  extra = sorted("/".join(k) for k in set(flat) - {e.path for e in entries})
-  if any(not k.startswith("value_head/") for k in extra):
-    raise ValueError(f"params hold entries that {mt} cannot store: {extra}")
-  if extra:
-    logging.warning("not exporting the value head (%s)", ", ".join(extra))
+  _check_params(cfg, flat, _entries(cfg, params_map), mt)
 
   writer = jax.process_index() == 0
-  old = glob.glob(os.path.join(path, "model*.safetensors")) + glob.glob(
-    os.path.join(path, INDEX_FILE)
-  )
-  if old and not overwrite:
-    raise FileExistsError(f"{path} already holds weights ({sorted(old)}); pass overwrite=True")
+  _clear_weights(path, overwrite, writer)
+  shards = _ShardWriter(path, max_shard_bytes, writer)
+  _write_params(shards, cfg, params_map, flat, dtype)
+  shards.close()
   if writer:
-    os.makedirs(path, exist_ok=True)
-    for f in old:
-      os.remove(f)
-
-  from safetensors.numpy import save_file
-
-  np_dtype = _SAVE_DTYPES[dtype]
-  shards: list[list[str]] = []
-  current: dict[str, np.ndarray] = {}
-  size = total = 0
-
-  def flush():
-    nonlocal current, size
-    if not current:
-      return
-    if writer:
-      save_file(current, os.path.join(path, f"shard-{len(shards)}.tmp"), metadata={"format": "pt"})
-    shards.append(list(current))
-    current, size = {}, 0
-
-  for p in params_map:  # in HF order; a scanned parameter one layer at a time off the device
-    at = scan_lib.scanned_path(cfg, p.path) if cfg.scan_layers else None
-    host = _to_host(flat[p.path] if at is None else flat[at[0]][at[1]])
-    for e, name in enumerate(p.names):
-      t = p.to_hf(host[e] if p.stacked else host).astype(np_dtype)
-      if current and size + t.nbytes > max_shard_bytes:
-        flush()
-      current[name] = t
-      size += t.nbytes
-      total += t.nbytes
-    del host
-  flush()
-  if writer:
-    n = len(shards)
-    names = (
-      [SINGLE_FILE] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
-    )
-    for i, name in enumerate(names):
-      os.replace(os.path.join(path, f"shard-{i}.tmp"), os.path.join(path, name))
-    if n > 1:
-      weight_map = {t: names[i] for i, shard in enumerate(shards) for t in shard}
-      with open(os.path.join(path, INDEX_FILE), "w") as f:
-        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
     _write_json(os.path.join(path, GENERATION_CONFIG_FILE), generation)
     for src, name in tokenizer_files:
       _copy(src, os.path.join(path, name))

@@ -1,9 +1,10 @@
-"""Hugging Face config.json <-> ModelConfig for Llama, Qwen2, Qwen3, Qwen3-MoE and Mixtral.
+"""Hugging Face config.json <-> ModelConfig for the families of `families` (Llama, Qwen2, ...).
 
 Reads both spellings of RoPE settings (`rope_theta` + `rope_scaling` of transformers 4,
 `rope_parameters` of transformers 5) and writes both. ModelConfig fields that config.json has no
 name for (moe_impl, the z-loss coefficient, dtypes, ...) are written under the `jaxrl_llm` key
-and restored on import, so a config survives export and import unchanged.
+and restored on import, so a config survives export and import unchanged. Everything that differs
+between families comes from their `families.Family` rows.
 """
 
 from __future__ import annotations
@@ -14,26 +15,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.models.families import BY_MODEL_TYPE, FAMILIES, MODEL_TYPES, Family
 
-MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral")
 EXTRA_KEY = "jaxrl_llm"  # config.json key holding the ModelConfig fields HF has no name for
-_ARCHITECTURES = {
-  "llama": "LlamaForCausalLM",
-  "qwen2": "Qwen2ForCausalLM",
-  "qwen3": "Qwen3ForCausalLM",
-  "qwen3_moe": "Qwen3MoeForCausalLM",
-  "mixtral": "MixtralForCausalLM",
-}
-# Defaults of the reference configuration classes, used when config.json omits a field.
-_DEFAULT_THETA = {"mixtral": 1e6}
-_DEFAULT_EPS = {"mixtral": 1e-5}
-_DEFAULT_MAX_POS = {
-  "llama": 2048,
-  "qwen2": 32768,
-  "qwen3": 40960,
-  "qwen3_moe": 32768,
-  "mixtral": 131072,
-}
 _FIELDS = {f.name for f in dataclasses.fields(ModelConfig)}
 # config.json fields that an export copies from the checkpoint the model was imported from.
 CARRIED_FIELDS = ("max_position_embeddings", "bos_token_id", "eos_token_id", "pad_token_id")
@@ -61,14 +45,14 @@ class CheckpointFormatError(ValueError):
 # --------------------------------------------------------------------------- configs
 
 
-def _rope_fields(hf: Mapping[str, Any], mt: str, errors: list[str]) -> dict[str, Any]:
+def _rope_fields(hf: Mapping[str, Any], fam: Family, errors: list[str]) -> dict[str, Any]:
   """RoPE fields from `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling` (4)."""
   key = "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"
   rp = hf.get(key) or {}
   if not isinstance(rp, Mapping) or any(isinstance(v, Mapping) for v in rp.values()):
     errors.append(f"{key}={rp!r} (per-layer-type RoPE parameters are not supported)")
     return {}
-  theta = rp.get("rope_theta", hf.get("rope_theta")) or _DEFAULT_THETA.get(mt, 10_000.0)
+  theta = rp.get("rope_theta", hf.get("rope_theta")) or fam.default("rope_theta")
   out: dict[str, Any] = {"rope_theta": float(theta)}
   partial = rp.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
   if partial not in (None, 1, 1.0):
@@ -135,91 +119,159 @@ def _check_types(hf: Mapping[str, Any], source: str) -> None:
       raise CheckpointFormatError(f"{source}: {key}={v!r} is not a number")
 
 
-def _hf_fields(hf: Mapping[str, Any], source: str) -> tuple[dict[str, Any], dict[str, Any]]:
-  """(fields fixed by config.json, HF-derived defaults that the `jaxrl_llm` extras may override)."""
+def _get(hf: Mapping[str, Any], fam: Family, key: str) -> Any:
+  """config.json's `key`, or the family's reference default where it is absent or null."""
+  v = hf.get(key)
+  return fam.default(key) if v is None else v
+
+
+def _optional(hf: Mapping[str, Any], fam: Family, key: str, null: Any) -> Any:
+  """config.json's `key`: the family's reference default where it is absent, `null` where it is
+  null (or where the family has no default)."""
+  v = hf[key] if key in hf else fam.default(key)
+  return null if v is None else v
+
+
+def _family(hf: Mapping[str, Any], source: str) -> Family:
+  """The family of config.json's model_type; CheckpointFormatError listing them if unsupported."""
   mt = hf.get("model_type")
-  if mt not in MODEL_TYPES:
+  if not isinstance(mt, str) or mt not in BY_MODEL_TYPE:
     raise CheckpointFormatError(
       f"{source}: model_type={mt!r} is not supported; supported model types: {list(MODEL_TYPES)}"
     )
-  _check_types(hf, source)
+  return BY_MODEL_TYPE[mt]
+
+
+def _check_required(hf: Mapping[str, Any], fam: Family, source: str) -> None:
+  """Raises CheckpointFormatError naming the fields config.json must hold but lacks."""
   missing = [
     k
     for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
     if hf.get(k) is None
   ]
-  if missing or (hf.get("intermediate_size") is None and mt != "qwen3_moe"):
+  # The MLP width: intermediate_size, unless the family's experts have a width field of their own.
+  own_width = fam.experts is not None and fam.experts.dim_key != "intermediate_size"
+  if missing or (hf.get("intermediate_size") is None and not own_width):
     raise CheckpointFormatError(
-      f"{source}: required field(s) {missing or ['intermediate_size']} missing (model_type={mt})"
+      f"{source}: required field(s) {missing or ['intermediate_size']} missing "
+      f"(model_type={fam.model_type})"
     )
+
+
+def _window_error(hf: Mapping[str, Any], fam: Family) -> str | None:
+  """What turns on sliding-window attention in config.json (None: nothing does)."""
+  key = fam.window_key
+  if key is None:
+    return None
+  value = hf[key] if key in hf else fam.default(key)
+  if value is None or value is False:
+    return None
+  if isinstance(value, bool):
+    return f"{key}=True (sliding-window attention is not supported)"
+  what = f"{key}={value}" if key in hf else f"{key} omitted ({fam.model_type}'s default is {value})"
+  return (
+    f"{what} (sliding-window attention is not supported; set it to null in config.json if "
+    "sequences never exceed it)"
+  )
+
+
+def _unsupported(hf: Mapping[str, Any], fam: Family) -> list[str]:
+  """The config.json settings of features that ModelConfig cannot express."""
   errors: list[str] = []
   if hf.get("hidden_act", "silu") != "silu":
     errors.append(f"hidden_act={hf['hidden_act']!r} (only 'silu' / SwiGLU is supported)")
-  if mt in ("qwen2", "qwen3", "qwen3_moe") and hf.get("use_sliding_window"):
-    errors.append("use_sliding_window=True (sliding-window attention is not supported)")
-  if mt == "mixtral" and hf.get("sliding_window") is not None:
-    errors.append(
-      f"sliding_window={hf['sliding_window']} (sliding-window attention is not supported; set it "
-      "to null in config.json if sequences never exceed it)"
-    )
+  window = _window_error(hf, fam)
+  if window:
+    errors.append(window)
   layer_types = set(hf.get("layer_types") or []) - {"full_attention"}
   if layer_types:
     errors.append(f"layer_types holds {sorted(layer_types)} (only 'full_attention' is supported)")
-  if mt != "qwen2" and hf.get("attention_bias"):
-    errors.append(f"attention_bias=True ({mt} puts a bias on o_proj too, which is not supported)")
+  if not fam.qkv_bias and hf.get("attention_bias"):
+    errors.append(
+      f"attention_bias=True ({fam.model_type} puts a bias on o_proj too, which is not supported)"
+    )
   if hf.get("mlp_bias"):
     errors.append("mlp_bias=True (biases on the MLP are not supported)")
+  return errors
 
-  d, h, nl = int(hf["hidden_size"]), int(hf["num_attention_heads"]), int(hf["num_hidden_layers"])
-  head_dim = hf.get("head_dim") or d // h
-  k = int(hf.get("num_experts_per_tok") or (8 if mt == "qwen3_moe" else 2))
-  hard: dict[str, Any] = {
+
+def _attention_fields(hf: Mapping[str, Any], fam: Family) -> dict[str, Any]:
+  """The ModelConfig fields of the embedding, attention and norms."""
+  d, h = int(hf["hidden_size"]), int(hf["num_attention_heads"])
+  return {
     "vocab_size": int(hf["vocab_size"]),
     "d_model": d,
-    "num_layers": nl,
+    "num_layers": int(hf["num_hidden_layers"]),
     "num_heads": h,
-    "num_kv_heads": int(hf.get("num_key_value_heads") or h),
-    "head_dim": int(head_dim),
-    "norm_eps": float(hf.get("rms_norm_eps") or _DEFAULT_EPS.get(mt, 1e-6)),
-    "attention_bias": mt == "qwen2",
-    "qk_norm": mt in ("qwen3", "qwen3_moe"),
-    "tie_embeddings": bool(hf.get("tie_word_embeddings", False)),
+    "num_kv_heads": int(_optional(hf, fam, "num_key_value_heads", h)),
+    "head_dim": int(_optional(hf, fam, "head_dim", d // h)),
+    "norm_eps": float(_get(hf, fam, "rms_norm_eps")),
+    "attention_bias": fam.qkv_bias,
+    "qk_norm": fam.qk_norm,
+    "tie_embeddings": bool(_get(hf, fam, "tie_word_embeddings")),
     "value_head": False,
     "rope_scaling": "none",
   }
-  hard.update(_rope_fields(hf, mt, errors))
-  soft: dict[str, Any] = {}
-  num_experts = int(hf.get("num_experts") or hf.get("num_local_experts") or 0)
-  moe_every = None
-  if mt == "mixtral":
-    moe_every = 1
-  elif mt == "qwen3_moe" and num_experts:
-    moe_every = _moe_every(hf, nl, errors)
-  if errors:
-    raise CheckpointFormatError(f"{source}: unsupported {mt} config: " + "; ".join(errors))
-  if mt == "mixtral":
-    expert_dim = int(hf["intermediate_size"])
-    hard.update(moe_normalize_gates=True)
-    soft["mlp_dim"] = expert_dim  # unused: every Mixtral layer is MoE
-  elif mt == "qwen3_moe" and moe_every:
-    expert_dim = int(hf.get("moe_intermediate_size") or hf.get("intermediate_size"))
-    hard["moe_normalize_gates"] = bool(hf.get("norm_topk_prob", False))
-    dense = hf.get("intermediate_size")
-    (hard if moe_every > 1 else soft)["mlp_dim"] = int(dense or expert_dim)
-  else:
-    hard["mlp_dim"] = int(hf.get("intermediate_size") or hf.get("moe_intermediate_size"))
-    hard["moe_num_experts"] = 0
-    return hard, soft
-  hard.update(
-    moe_num_experts=num_experts,
-    moe_top_k=k,
-    moe_expert_mlp_dim=expert_dim,
-    moe_every=moe_every,
-    moe_num_shared_experts=0,
-  )
+
+
+def _num_experts(hf: Mapping[str, Any], fam: Family) -> int:
+  """Routed experts per MoE layer, under either spelling (0: none); the family's default where
+  config.json has neither."""
+  if fam.experts is not None and not {"num_experts", "num_local_experts"} & set(hf):
+    return int(fam.default(fam.experts.count_key))
+  return int(hf.get("num_experts") or hf.get("num_local_experts") or 0)
+
+
+def _moe_layers(hf: Mapping[str, Any], fam: Family, errors: list[str]) -> int | None:
+  """Our `moe_every` for the family's MoE layers (None: a dense model)."""
+  if fam.experts is None or not _num_experts(hf, fam):
+    return None
+  if not fam.experts.layer_pattern:
+    return 1
+  return _moe_every(hf, int(hf["num_hidden_layers"]), errors)
+
+
+def _mlp_fields(
+  hf: Mapping[str, Any], fam: Family, moe_every: int | None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+  """(fixed, overridable) ModelConfig fields of the feed-forward blocks."""
+  if not moe_every:
+    mlp_dim = int(hf.get("intermediate_size") or hf.get("moe_intermediate_size"))
+    return {"mlp_dim": mlp_dim, "moe_num_experts": 0}, {}
+  ex = fam.experts
+  expert_dim = int(hf.get(ex.dim_key) or hf.get("intermediate_size"))
+  k = int(_get(hf, fam, "num_experts_per_tok"))
+  hard: dict[str, Any] = {
+    "moe_normalize_gates": bool(_get(hf, fam, ex.normalize_key)) if ex.normalize_key else True,
+    "moe_num_experts": _num_experts(hf, fam),
+    "moe_top_k": k,
+    "moe_expert_mlp_dim": expert_dim,
+    "moe_every": moe_every,
+    "moe_num_shared_experts": 0,
+  }
   # HF's load-balance loss is K times ours (its expert loads sum to K, ours to 1).
-  soft["moe_aux_loss_coef"] = float(hf.get("router_aux_loss_coef", 0.001)) * k
+  soft = {"moe_aux_loss_coef": float(_get(hf, fam, "router_aux_loss_coef")) * k}
+  # The dense layers' width; unused when every layer is MoE.
+  dense = hf.get("intermediate_size") if ex.dim_key != "intermediate_size" else None
+  (hard if moe_every > 1 else soft)["mlp_dim"] = int(dense or expert_dim)
   return hard, soft
+
+
+def _hf_fields(hf: Mapping[str, Any], source: str) -> tuple[dict[str, Any], dict[str, Any]]:
+  """(fields fixed by config.json, HF-derived defaults that the `jaxrl_llm` extras may override)."""
+  fam = _family(hf, source)
+  _check_types(hf, source)
+  _check_required(hf, fam, source)
+  errors = _unsupported(hf, fam)
+  hard = _attention_fields(hf, fam)
+  hard.update(_rope_fields(hf, fam, errors))
+  moe_every = _moe_layers(hf, fam, errors)
+  if errors:
+    raise CheckpointFormatError(
+      f"{source}: unsupported {fam.model_type} config: " + "; ".join(errors)
+    )
+  mlp_hard, soft = _mlp_fields(hf, fam, moe_every)
+  return {**hard, **mlp_hard}, soft
 
 
 def config_from_hf(hf_config: Mapping[str, Any], *, source: str = "config.json") -> ModelConfig:
@@ -288,13 +340,91 @@ def carried_fields(hf_config: Mapping[str, Any], *, source: str = "config.json")
   return out
 
 
+def _features(cfg: ModelConfig, fam: Family) -> tuple[tuple[str, bool, bool], ...]:
+  """(feature, whether `cfg` has it, whether `fam` has it) for each feature of a family row."""
+  return (
+    ("attention_bias", cfg.attention_bias, fam.qkv_bias),
+    ("qk_norm", cfg.qk_norm, fam.qk_norm),
+    ("MoE layers (moe_num_experts > 0)", bool(cfg.moe_num_experts), fam.experts is not None),
+  )
+
+
 def default_model_type(cfg: ModelConfig) -> str:
-  """The HF model type whose architecture matches `cfg` most directly."""
-  if cfg.moe_num_experts:
-    return "qwen3_moe" if cfg.qk_norm else "mixtral"
-  if cfg.qk_norm:
-    return "qwen3"
-  return "qwen2" if cfg.attention_bias else "llama"
+  """The HF model type whose architecture matches `cfg` most directly.
+
+  The first family in `FAMILIES` with the features of `cfg`; where none has them all, the one
+  that differs least, MoE layers counting first, then QK-norm, then attention biases.
+  """
+  mismatch = lambda fam: tuple(have != wanted for _, have, wanted in _features(cfg, fam))[::-1]  # noqa: E731
+  return min(FAMILIES, key=mismatch).model_type
+
+
+def _inexpressible(cfg: ModelConfig, fam: Family) -> list[str]:
+  """What `cfg` has that `fam`'s config.json cannot express (or lacks that it needs)."""
+  mt = fam.model_type
+  errors = [
+    f"{mt} {'needs' if wanted else 'cannot have'} {name}"
+    for name, have, wanted in _features(cfg, fam)
+    if have != wanted
+  ]
+  if not cfg.moe_num_experts:
+    return errors
+  if cfg.moe_num_shared_experts:
+    errors.append(
+      f"{mt} has no shared experts (moe_num_shared_experts={cfg.moe_num_shared_experts})"
+    )
+  ex = fam.experts
+  if ex is not None:
+    fixed = []  # what the family's config.json has no field for
+    if not ex.layer_pattern:
+      fixed.append(("moe_every=1", cfg.moe_every == 1))
+    if ex.normalize_key is None:
+      fixed.append(("moe_normalize_gates=True", cfg.moe_normalize_gates))
+    if not all(ok for _, ok in fixed):
+      errors.append(f"{mt} needs " + " and ".join(name for name, _ in fixed))
+  return errors
+
+
+def _rope_hf(cfg: ModelConfig) -> dict[str, Any]:
+  """The RoPE fields of config.json, in both spellings: `rope_theta` + `rope_scaling`
+  (transformers 4) and `rope_parameters` (5)."""
+  rope: dict[str, Any] = {"rope_type": "default"}
+  if cfg.rope_scaling != "none":
+    rope = {"rope_type": cfg.rope_scaling, "factor": cfg.rope_scaling_factor}
+    if cfg.rope_scaling == "llama3":
+      rope.update(
+        low_freq_factor=cfg.rope_low_freq_factor,
+        high_freq_factor=cfg.rope_high_freq_factor,
+        original_max_position_embeddings=cfg.rope_original_max_len,
+      )
+  return {
+    "rope_theta": cfg.rope_theta,
+    "rope_scaling": None if cfg.rope_scaling == "none" else dict(rope),
+    "rope_parameters": {**rope, "rope_theta": cfg.rope_theta},
+  }
+
+
+def _feature_hf(cfg: ModelConfig, fam: Family) -> dict[str, Any]:
+  """The config.json fields of the family's features: biases, sliding window, experts."""
+  out: dict[str, Any] = {}
+  if not fam.qkv_bias:
+    out["attention_bias"] = False
+  if fam.window_key is not None:  # its flag off, or (where the field is the size) no window
+    out.update({fam.window_key: False, "sliding_window": None})
+  ex = fam.experts
+  if ex is None:
+    return out
+  out.update({ex.count_key: cfg.moe_num_experts, ex.dim_key: cfg.moe_expert_mlp_dim})
+  if ex.normalize_key is not None:
+    out[ex.normalize_key] = cfg.moe_normalize_gates
+  if ex.layer_pattern:
+    out.update(decoder_sparse_step=cfg.moe_every, mlp_only_layers=[])
+  out.update(
+    num_experts_per_tok=cfg.moe_top_k,
+    router_aux_loss_coef=cfg.moe_aux_loss_coef / cfg.moe_top_k,
+    output_router_logits=False,
+  )
+  return out
 
 
 def config_to_hf(
@@ -310,76 +440,31 @@ def config_to_hf(
   reference configuration class of `model_type` assumes when config.json omits it.
   """
   mt = model_type or default_model_type(cfg)
-  if mt not in MODEL_TYPES:
+  if mt not in BY_MODEL_TYPE:
     raise ValueError(f"model_type={mt!r} is not supported; supported: {list(MODEL_TYPES)}")
-  errors = []
-  moe = bool(cfg.moe_num_experts)
-  for name, have, wanted in (
-    ("attention_bias", cfg.attention_bias, mt == "qwen2"),
-    ("qk_norm", cfg.qk_norm, mt in ("qwen3", "qwen3_moe")),
-    ("MoE layers (moe_num_experts > 0)", moe, mt in ("qwen3_moe", "mixtral")),
-  ):
-    if have != wanted:
-      errors.append(f"{mt} {'needs' if wanted else 'cannot have'} {name}")
-  if moe and cfg.moe_num_shared_experts:
-    errors.append(
-      f"{mt} has no shared experts (moe_num_shared_experts={cfg.moe_num_shared_experts})"
-    )
-  if mt == "mixtral" and moe and (cfg.moe_every != 1 or not cfg.moe_normalize_gates):
-    errors.append("mixtral needs moe_every=1 and moe_normalize_gates=True")
+  fam = BY_MODEL_TYPE[mt]
+  errors = _inexpressible(cfg, fam)
   if errors:
     raise ValueError(f"cannot export this model as model_type={mt!r}: " + "; ".join(errors))
-
-  rope: dict[str, Any] = {"rope_type": "default"}
-  if cfg.rope_scaling != "none":
-    rope = {"rope_type": cfg.rope_scaling, "factor": cfg.rope_scaling_factor}
-    if cfg.rope_scaling == "llama3":
-      rope.update(
-        low_freq_factor=cfg.rope_low_freq_factor,
-        high_freq_factor=cfg.rope_high_freq_factor,
-        original_max_position_embeddings=cfg.rope_original_max_len,
-      )
   hf: dict[str, Any] = {
-    "architectures": [_ARCHITECTURES[mt]],
+    "architectures": [fam.architecture],
     "model_type": mt,
     "vocab_size": cfg.vocab_size,
     "hidden_size": cfg.d_model,
-    "intermediate_size": cfg.moe_expert_mlp_dim if mt == "mixtral" else cfg.mlp_dim,
+    "intermediate_size": cfg.mlp_dim,  # Mixtral's experts' width replaces it (`_feature_hf`)
     "num_hidden_layers": cfg.num_layers,
     "num_attention_heads": cfg.num_heads,
     "num_key_value_heads": cfg.num_kv_heads,
     "head_dim": cfg.head_dim,
     "hidden_act": "silu",
-    "max_position_embeddings": max_position_embeddings or _DEFAULT_MAX_POS[mt],
+    "max_position_embeddings": max_position_embeddings or fam.default("max_position_embeddings"),
     "rms_norm_eps": cfg.norm_eps,
-    # Both spellings: `rope_theta` + `rope_scaling` (transformers 4) and `rope_parameters` (5).
-    "rope_theta": cfg.rope_theta,
-    "rope_scaling": None if cfg.rope_scaling == "none" else dict(rope),
-    "rope_parameters": {**rope, "rope_theta": cfg.rope_theta},
+    **_rope_hf(cfg),
     "tie_word_embeddings": cfg.tie_embeddings,
     "torch_dtype": dtype,
     "use_cache": True,
+    **_feature_hf(cfg, fam),
   }
-  if mt != "qwen2":
-    hf["attention_bias"] = False
-  if mt in ("qwen2", "qwen3", "qwen3_moe"):
-    hf.update(use_sliding_window=False, sliding_window=None)
-  if mt == "mixtral":
-    hf.update(sliding_window=None, num_local_experts=cfg.moe_num_experts)
-  if mt == "qwen3_moe":
-    hf.update(
-      num_experts=cfg.moe_num_experts,
-      moe_intermediate_size=cfg.moe_expert_mlp_dim,
-      norm_topk_prob=cfg.moe_normalize_gates,
-      decoder_sparse_step=cfg.moe_every,
-      mlp_only_layers=[],
-    )
-  if moe:
-    hf.update(
-      num_experts_per_tok=cfg.moe_top_k,
-      router_aux_loss_coef=cfg.moe_aux_loss_coef / cfg.moe_top_k,
-      output_router_logits=False,
-    )
   hard, _ = _hf_fields(hf, "config_to_hf")
   ours = cfg.to_dict()
   hf[EXTRA_KEY] = {k: v for k, v in ours.items() if k not in hard}
