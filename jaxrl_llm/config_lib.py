@@ -258,10 +258,12 @@ def validate(
   d = config.data
   _collect(e, 0 <= d.eval_fraction < 1, f"data.eval_fraction={d.eval_fraction} must be in [0, 1)")
   _collect(e, d.prompt_len >= 1, f"data.prompt_len={d.prompt_len} must be >= 1")
-  from jaxrl_llm import text, verifiers  # light modules; imported here to keep this one lean
+  from jaxrl_llm.data import templates, verifiers  # light; imported here to keep this one lean
 
-  if d.template not in text.PROMPT_TEMPLATES:
-    e.append(f"data.template={d.template!r}; allowed: {', '.join(sorted(text.PROMPT_TEMPLATES))}")
+  if d.template not in templates.PROMPT_TEMPLATES:
+    e.append(
+      f"data.template={d.template!r}; allowed: {', '.join(sorted(templates.PROMPT_TEMPLATES))}"
+    )
   if d.correct_term not in verifiers.REWARD_FNS:
     e.append(
       f"data.correct_term={d.correct_term!r}; allowed: {', '.join(sorted(verifiers.REWARD_FNS))}"

@@ -28,17 +28,15 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxrl_llm import (
   __version__,
   config_lib,
-  data,
   distributed,
-  file_task,
   metric_info,
   paths,
   quant,
   sharding,
-  tasks,
 )
 from jaxrl_llm import checkpoint as ckpt_lib
 from jaxrl_llm import metrics as metrics_lib
+from jaxrl_llm.data import file_task, pipeline, tasks
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.transformer import Transformer, positions_from_mask
 from jaxrl_llm.optim import guarded_update, make_optimizer
@@ -120,7 +118,7 @@ def to_global_batch(np_batch: dict, batch_sharding: NamedSharding) -> PromptBatc
       "answer": np.zeros((n, 1), np.int32),
       "answer_mask": np.zeros((n, 1), bool),
     }
-  pb = data.to_prompt_batch(np_batch)
+  pb = pipeline.to_prompt_batch(np_batch)
   return jax.tree.map(
     lambda x: jax.make_array_from_process_local_data(batch_sharding, np.asarray(x)), pb
   )
@@ -192,7 +190,7 @@ def _sft_phase(exp: Experiment, workdir: str, log_every: int) -> TrainState:
     b2=config.optim.b2,
     grad_clip=config.optim.grad_clip,
   )
-  it = data.make_prompt_iterator(
+  it = pipeline.make_prompt_iterator(
     task.train_examples(config.seed + 1),
     config.sft.batch_size // jax.process_count(),
     seed=config.seed + 1,
@@ -683,7 +681,7 @@ def train_and_evaluate(
       eval_np = exp.task.eval_batch(multiple_of=sharding.batch_size_divisor(exp.mesh))
       eval_answers = eval_np.pop("answer")
     else:
-      train_iter = data.make_prompt_iterator(
+      train_iter = pipeline.make_prompt_iterator(
         exp.task.train_examples(config.seed), per_process, seed=config.seed, **shard
       )
       eval_np, eval_answers = exp.task.eval_examples(), None

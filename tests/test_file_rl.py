@@ -8,7 +8,8 @@ import pytest
 from conftest import tiny_config
 from text_fixtures import build_bpe_tokenizer, write_math_jsonl
 
-from jaxrl_llm import metrics, train, verifiers
+from jaxrl_llm import metrics, train
+from jaxrl_llm.data import verifiers
 
 
 def _parity(completion: str, reference: str) -> float:

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from conftest import REPO, tiny_config
 
-from jaxrl_llm import config_lib, data, default_config, main, objectives, train
+from jaxrl_llm import config_lib, default_config, main, objectives, train
+from jaxrl_llm.data import pipeline
 from jaxrl_llm.rl import Settings
 from jaxrl_llm.rl.settings import Section
 
@@ -94,7 +95,7 @@ def test_gspo_from_the_command_line_trains_with_gspo_widths():
   ]
   exp = train.build(main.parse_config(argv))
   assert exp.meta["objective"] == {"name": "gspo", "clip_low": 3e-4, "clip_high": 4e-4}
-  it = data.make_prompt_iterator(exp.task.train_examples(0), 4, seed=0)
+  it = pipeline.make_prompt_iterator(exp.task.train_examples(0), 4, seed=0)
   batch = train.to_global_batch(next(it), exp.batch_sharding)
   rng = jax.random.PRNGKey(1)
   rollout = exp.program.sample(exp.state, batch, rng)
@@ -130,7 +131,8 @@ def test_generated_tokens_count_the_groups_dynamic_sampling_drops():
   import numpy as np
   from conftest import tiny_config
 
-  from jaxrl_llm import config_lib, data, train
+  from jaxrl_llm import config_lib, train
+  from jaxrl_llm.data import pipeline
   from jaxrl_llm.rl import init_reference
 
   config = tiny_config(**{"filtering.name": "dynamic_sampling", "filtering.oversample": 2.0})
@@ -138,7 +140,7 @@ def test_generated_tokens_count_the_groups_dynamic_sampling_drops():
   state = init_reference(exp.state, config.kl.beta)
   sampled = config_lib.num_sampled_prompts(config)
   assert sampled == 2 * config.rl.num_prompts
-  it = data.make_prompt_iterator(exp.task.train_examples(0), sampled, seed=0)
+  it = pipeline.make_prompt_iterator(exp.task.train_examples(0), sampled, seed=0)
   batch, rng = train.to_global_batch(next(it), exp.batch_sharding), jax.random.PRNGKey(3)
   rollout = jax.device_get(exp.program.sample(state, batch, rng))
   _, m = jax.device_get(exp.rl_step(state, batch, rng))

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from conftest import run_steps, tiny_config
 
-from jaxrl_llm import config_lib, data, objectives, train
+from jaxrl_llm import config_lib, objectives, train
+from jaxrl_llm.data import pipeline
 
 
 def toy_scaled_pg(logp, old_logp, adv, mask, *, clip_high: float = 0.5):
@@ -46,7 +47,7 @@ def test_a_registered_toy_objective_runs_one_fused_step(toy):
 def _grad_norm(config) -> float:
   """Gradient norm of one learn phase on a sampled rollout with rewards that have spread."""
   exp = train.build(config)
-  it = data.make_prompt_iterator(exp.task.train_examples(0), config.rl.num_prompts, seed=0)
+  it = pipeline.make_prompt_iterator(exp.task.train_examples(0), config.rl.num_prompts, seed=0)
   batch = train.to_global_batch(next(it), exp.batch_sharding)
   rng = jax.random.PRNGKey(3)
   rollout = exp.program.sample(exp.state, batch, rng)

@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxrl_llm.tasks import AdditionTask, CharTokenizer, ReverseTask, SortTask, get_task
+from jaxrl_llm.data.tasks import AdditionTask, CharTokenizer, ReverseTask, SortTask, get_task
 
 TOK = CharTokenizer()
 TASK_NAMES = ["addition", "reverse", "sort"]

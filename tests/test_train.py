@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from conftest import REPO, run_steps, tiny_config
 
-from jaxrl_llm import data, main, metric_info, metrics, train
+from jaxrl_llm import main, metric_info, metrics, train
+from jaxrl_llm.data import pipeline
 
 
 def _run(config, workdir):
@@ -122,7 +123,7 @@ def test_moe_run_resumes_under_another_expert_implementation(tmp_path):
 def test_rl_step_compiles_once(mesh):
   config = tiny_config(**mesh)
   exp = train.build(config)
-  it = data.make_prompt_iterator(exp.task.train_examples(0), config.rl.num_prompts, seed=0)
+  it = pipeline.make_prompt_iterator(exp.task.train_examples(0), config.rl.num_prompts, seed=0)
   state = exp.state
   for i in range(3):
     batch = train.to_global_batch(next(it), exp.batch_sharding)
@@ -183,7 +184,7 @@ def test_host_reward_path_matches_fused_step():
   """sample → rewards on the host → learn gives the fused step's update for the same rewards."""
   config = tiny_config()
   exp = train.build(config)
-  it = data.make_prompt_iterator(exp.task.train_examples(0), config.rl.num_prompts, seed=0)
+  it = pipeline.make_prompt_iterator(exp.task.train_examples(0), config.rl.num_prompts, seed=0)
   batch = train.to_global_batch(next(it), exp.batch_sharding)
   rng = jax.random.fold_in(exp.state.rng, 0)
   g = config.sampling.group_size

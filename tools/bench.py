@@ -47,7 +47,8 @@ for _path in (_REPO, _TOOLS):  # run from a checkout without installing it
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jaxrl_llm import config_lib, data, quant, train  # noqa: E402
+from jaxrl_llm import config_lib, quant, train  # noqa: E402
+from jaxrl_llm.data import pipeline  # noqa: E402
 from jaxrl_llm.rl import make_rl_step  # noqa: E402
 
 # Per-device limits from public spec sheets: (device_kind substring, HBM bytes/s, dense bf16
@@ -279,7 +280,7 @@ def bench(
   program = program_for(exp, full_length)
   ctx = program.learner
   samp = ctx.sampling
-  it = data.make_prompt_iterator(
+  it = pipeline.make_prompt_iterator(
     exp.task.train_examples(config.seed), config_lib.num_sampled_prompts(config), seed=config.seed
   )
   batches = [train.to_global_batch(next(it), exp.batch_sharding) for _ in range(steps + 1)]

@@ -6,7 +6,7 @@ import dataclasses
 
 import numpy as np
 
-from jaxrl_llm.tasks.base import Task
+from jaxrl_llm.data.tasks.base import Task
 
 LETTERS = "abcdefghij"
 _DIGITS_TO_LETTERS = str.maketrans("0123456789", LETTERS)

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_llm.tasks.tokenizer import CharTokenizer
+from jaxrl_llm.data.tasks.tokenizer import CharTokenizer
 
 # Problem spaces up to this size are enumerated; larger ones are sampled.
 MAX_ENUMERATED_PROBLEMS = 1 << 22

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from jaxrl_llm.tasks.base import Task
+from jaxrl_llm.data.tasks.base import Task
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,7 +5,7 @@ every term on every (completion, reference) pair in a pool of workers; a call th
 something that is not a finite number, or runs past `timeout_s` scores 0.0 for that term and is
 counted in the returned stats. Verifier failures never raise out of `score_batch`. The built-in
 terms also refuse over-long or too deeply nested input before parsing it (see
-`jaxrl_llm.verifiers.math`), so they stay fast on any text.
+`jaxrl_llm.data.verifiers.math`), so they stay fast on any text.
 
 Executors:
   * `'process'` (default): a `ProcessPoolExecutor` (forkserver/spawn start, never plain fork, so
@@ -47,7 +47,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from jaxrl_llm.verifiers import math as vmath
+from jaxrl_llm.data.verifiers import math as vmath
 
 logger = logging.getLogger(__name__)
 RewardFn = Callable[[str, str], float]
@@ -74,7 +74,7 @@ def correctness_reward(
   """1.0 when the answer extracted from `completion` is equivalent to `reference`, else 0.0.
 
   A completion over `MAX_TEXT_CHARS`, and an answer window or answer over the size and brace
-  depth limits of `jaxrl_llm.verifiers.math`, score 0.0 without being parsed.
+  depth limits of `jaxrl_llm.data.verifiers.math`, score 0.0 without being parsed.
   """
   if len(completion) > vmath.MAX_TEXT_CHARS:
     return 0.0

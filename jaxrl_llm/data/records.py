@@ -20,8 +20,8 @@ Batches are dicts of numpy arrays:
   <field> [P]             each metadata field (numeric dtype when every value is a number,
                           else object)
 
-The iterator is the one ``jaxrl_llm.data.make_prompt_iterator`` builds, so it is saved and
-restored with ``grain.checkpoint.CheckpointSave`` / ``CheckpointRestore`` like the task pipeline.
+The iterator is the one ``pipeline.make_prompt_iterator`` builds, so it is saved and restored
+with ``grain.checkpoint.CheckpointSave`` / ``CheckpointRestore`` like the task pipeline.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ import grain
 import numpy as np
 from absl import logging
 
-from jaxrl_llm import data, text
+from jaxrl_llm.data import pipeline, templates
+from jaxrl_llm.data.tokenizers import HFTokenizer
 
 SUPPORTED_EXTENSIONS = (".jsonl", ".jsonl.gz", ".parquet")
 BATCH_KEYS = ("tokens", "mask", "answer", "index")
@@ -361,7 +362,7 @@ def _stack_rows(rows: Sequence[dict[str, Any]]) -> dict[str, np.ndarray]:
 
 
 def _warn_special_tokens(
-  records: Sequence[dict[str, Any]], tokenizer: text.HFTokenizer, in_text: bool
+  records: Sequence[dict[str, Any]], tokenizer: HFTokenizer, in_text: bool
 ) -> None:
   """Logs how many prompts hold special-token strings, and how they were encoded."""
   found = [f for r in records if (f := tokenizer.find_special_tokens(r["prompt"]))]
@@ -379,7 +380,7 @@ def _warn_special_tokens(
 
 def tokenize_records(
   records: Sequence[dict[str, Any]],
-  tokenizer: text.HFTokenizer,
+  tokenizer: HFTokenizer,
   *,
   template: str = "plain",
   prompt_len: int,
@@ -398,9 +399,9 @@ def tokenize_records(
   """
   if not records:
     raise DataError("records is empty.")
-  render = text.render_prompt if special_tokens_in_text else text.render_prompt_parts
+  render = templates.render_prompt if special_tokens_in_text else templates.render_prompt_parts
   prompts = [render(r["prompt"], template, tokenizer=tokenizer, system=system) for r in records]
-  specials = not text.uses_chat_template(template)
+  specials = not templates.uses_chat_template(template)
   tokens, mask, too_long = tokenizer.encode_batch(
     prompts,
     prompt_len,
@@ -447,7 +448,7 @@ def tokenize_records(
 
 def make_text_prompt_iterator(
   records: Sequence[dict[str, Any]],
-  tokenizer: text.HFTokenizer,
+  tokenizer: HFTokenizer,
   *,
   template: str = "plain",
   prompt_len: int,
@@ -462,13 +463,14 @@ def make_text_prompt_iterator(
 ) -> tuple[grain.DatasetIterator, dict[str, int]]:
   """Checkpointable iterator of tokenized prompt batches (keys in the module docstring).
 
-  Prompts are rendered with the named template (``text.PROMPT_TEMPLATES``; ``system`` is used
-  by the chat templates), left-padded to ``prompt_len`` and those that do not fit are dropped
-  (counted in the returned stats). The rest follows ``data.make_prompt_iterator``: shuffle by
-  ``seed`` each epoch, repeat ``num_epochs`` (None = forever), take shard ``shard_index`` of
-  ``shard_count`` (disjoint within an epoch), batch with the remainder dropped. Special-token
-  strings in the records' text are plain text unless ``special_tokens_in_text`` (see
-  ``tokenize_records``); the stats include the records' skip counts (``SKIP_KEYS``).
+  Prompts are rendered with the named template (``templates.PROMPT_TEMPLATES``; ``system`` is
+  used by the chat templates), left-padded to ``prompt_len`` and those that do not fit are
+  dropped (counted in the returned stats). The rest follows ``pipeline.make_prompt_iterator``:
+  shuffle by ``seed`` each epoch, repeat ``num_epochs`` (None = forever), take shard
+  ``shard_index`` of ``shard_count`` (disjoint within an epoch), batch with the remainder
+  dropped. Special-token strings in the records' text are plain text unless
+  ``special_tokens_in_text`` (see ``tokenize_records``); the stats include the records' skip
+  counts (``SKIP_KEYS``).
   """
   examples, stats = tokenize_records(
     records,
@@ -485,7 +487,7 @@ def make_text_prompt_iterator(
       f"of {stats['num_records']} records fit prompt_len={prompt_len} "
       f"({stats['num_too_long']} too long), over {shard_count} shard(s)."
     )
-  it = data.make_prompt_iterator(
+  it = pipeline.make_prompt_iterator(
     examples,
     batch_size,
     seed,

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from jaxrl_llm.tasks.addition import AdditionTask
-from jaxrl_llm.tasks.base import Task
-from jaxrl_llm.tasks.reverse import ReverseTask
-from jaxrl_llm.tasks.sort import SortTask
-from jaxrl_llm.tasks.tokenizer import CharTokenizer
+from jaxrl_llm.data.tasks.addition import AdditionTask
+from jaxrl_llm.data.tasks.base import Task
+from jaxrl_llm.data.tasks.reverse import ReverseTask
+from jaxrl_llm.data.tasks.sort import SortTask
+from jaxrl_llm.data.tasks.tokenizer import CharTokenizer
 
 TASKS: dict[str, type[Task]] = {
   AdditionTask.name: AdditionTask,

@@ -2,8 +2,8 @@
 
 A `FileTask` plays the role of a built-in task for real data: it renders prompts with a
 template, tokenizes them (left-padded, over-long prompts filtered and counted), feeds them
-through grain, and scores decoded completions on the host with the verifiers of
-`jaxrl_llm.verifiers` (exceptions and timeouts score 0 and are counted, never crash the run).
+through grain, and scores decoded completions on the host with the verifiers of `verifiers`
+(exceptions and timeouts score 0 and are counted, never crash the run).
 Training then uses the host-reward path of `rl.RLProgram`: jitted sampler → host
 verifiers → jitted learner, with the same objectives and metrics as the fused step.
 """
@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from jaxrl_llm import datasets, verifiers
-from jaxrl_llm.text import HFTokenizer
+from jaxrl_llm.data import records, verifiers
+from jaxrl_llm.data.tokenizers import HFTokenizer
 
 
 @dataclasses.dataclass
@@ -28,7 +28,7 @@ class FileTask:
   tokenizer: HFTokenizer
   train_records: list[dict[str, Any]]
   eval_records: list[dict[str, Any]]
-  template: str  # prompt template name (jaxrl_llm.text.PROMPT_TEMPLATES)
+  template: str  # prompt template name (templates.PROMPT_TEMPLATES)
   prompt_len: int  # S: prompts are left-padded to this many tokens
   max_new_tokens: int  # T: completion budget
   reward_fns: dict[str, Callable[[str, str], float]]  # name -> verifier(completion, reference)
@@ -44,7 +44,7 @@ class FileTask:
 
   def train_iterator(self, batch_size: int, seed: int, shard_index: int = 0, shard_count: int = 1):
     """The grain iterator of training prompt batches (checkpointable)."""
-    it, stats = datasets.make_text_prompt_iterator(
+    it, stats = records.make_text_prompt_iterator(
       self.train_records,
       self.tokenizer,
       template=self.template,
@@ -61,7 +61,7 @@ class FileTask:
 
   def eval_batch(self, multiple_of: int = 1) -> dict[str, np.ndarray]:
     """Up to `eval_size` held-out prompts (a multiple of `multiple_of`), tokenized."""
-    examples, _ = datasets.tokenize_records(
+    examples, _ = records.tokenize_records(
       self.eval_records[: self.eval_size * 2],
       self.tokenizer,
       template=self.template,
@@ -125,17 +125,17 @@ def build_file_task(config, tokenizer_dir: str) -> FileTask:
     HFTokenizer.from_dir(tok_path) if os.path.isdir(tok_path) else HFTokenizer.from_file(tok_path)
   )
   fields = {"prompt_field": d.prompt_field, "answer_field": d.answer_field}
-  records = datasets.load_records(_split_files(d.train_files), **fields)
+  loaded = records.load_records(_split_files(d.train_files), **fields)
   eval_files = _split_files(d.eval_files) or None
-  train, evaluation = datasets.train_eval_split(
-    records,
+  train, evaluation = records.train_eval_split(
+    loaded,
     eval_fraction=0.0 if eval_files else d.eval_fraction,
     eval_files=eval_files,
     seed=config.seed,
     **fields,
   )
   if not evaluation:
-    raise datasets.DataError(
+    raise records.DataError(
       "the evaluation split is empty: set data.eval_files or a data.eval_fraction > 0"
     )
   weights = dict(config.task.reward_weights)
