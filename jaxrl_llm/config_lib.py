@@ -297,7 +297,7 @@ def validate(
     )
   if model_override is not None and config.model.value_head:
     e.append("model.value_head with model.checkpoint is not supported (no pretrained value head)")
-  if getattr(task, "host_reward", False):
+  if task is not None and task.rewards_on_host:
     _collect(e, s.max_new_tokens >= 1, "sampling.max_new_tokens must be >= 1 with data.train_files")
     _collect(
       e, config.sft.steps == 0, "sft.steps must be 0 with data.train_files (no warm start on files)"

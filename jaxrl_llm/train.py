@@ -37,6 +37,7 @@ from jaxrl_llm import (
 from jaxrl_llm import checkpoint as ckpt_lib
 from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm.data import file_task, pipeline, tasks
+from jaxrl_llm.data.task import Task
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.transformer import Transformer, positions_from_mask
 from jaxrl_llm.optim import guarded_update, make_optimizer
@@ -70,7 +71,7 @@ class Experiment:
 
   config: ml_collections.ConfigDict
   mesh: Mesh
-  task: tasks.Task | file_task.FileTask
+  task: Task
   model: Transformer
   state: TrainState
   state_shardings: TrainState  # a TrainState of NamedShardings
@@ -92,10 +93,12 @@ class Experiment:
     """The fused jitted update `(state, batch, rng) -> (state, metrics)`."""
     return self.program.step
 
-  @property
-  def host_reward(self) -> bool:
-    """Whether rewards come from host verifiers (sample -> host -> learn)."""
-    return getattr(self.task, "host_reward", False)
+  def update(self, state: TrainState, np_batch: dict, rng: jax.Array):
+    """One RL update on this process's host batch: the fused step, or, for a task scored on
+    the host, sample -> host verifiers -> learn (`host_reward_step`)."""
+    if self.task.rewards_on_host:
+      return host_reward_step(self, state, np_batch, rng)
+    return self.rl_step(state, to_global_batch(np_batch, self.batch_sharding), rng)
 
 
 def build_task(config):
@@ -128,13 +131,14 @@ def make_eval_fn(model, task, config, mesh, rules=sharding.DEFAULT_RULES):
   """Held-out evaluation: greedy accuracy and pass@k at the sampling temperature.
 
   Sampling is one jitted program; a pure-JAX verifier runs inside it, a host verifier (file
-  tasks) scores the decoded completions afterwards.
+  tasks) scores the decoded completions afterwards. Returns `eval_fn(params, batch, rng,
+  answers)`: `answers` are the eval set's host reference answers (None for in-graph tasks).
   """
   greedy_cfg = config_lib.sampling_config(config, task, greedy=True, group_size=1)
   k = config.train.pass_k
   passk_cfg = config_lib.sampling_config(config, task, group_size=max(k, 1))
   repl = NamedSharding(mesh, PartitionSpec())
-  host = getattr(task, "host_reward", False)
+  host = task.rewards_on_host
 
   def correct(rollout, batch, g):
     answer = jnp.repeat(batch.answer, g, axis=0)
@@ -161,8 +165,9 @@ def make_eval_fn(model, task, config, mesh, rules=sharding.DEFAULT_RULES):
     return summarise(correct(greedy, batch, 1), pk, greedy.lengths)
 
   eval_fn = sharding.traced_with_rules(eval_fn, mesh, rules)
-  if not host:
-    return jax.jit(eval_fn, out_shardings=repl)
+  if not host:  # the answers are token arrays in `batch`, checked in-graph
+    in_graph = jax.jit(eval_fn, out_shardings=repl)
+    return lambda params, batch, rng, answers=None: in_graph(params, batch, rng)
   sample_fn = jax.jit(eval_fn, out_shardings=repl)
 
   def host_eval(params, batch, rng, answers):
@@ -190,10 +195,9 @@ def _sft_phase(exp: Experiment, workdir: str, log_every: int) -> TrainState:
     b2=config.optim.b2,
     grad_clip=config.optim.grad_clip,
   )
-  it = pipeline.make_prompt_iterator(
-    task.train_examples(config.seed + 1),
+  it = task.train_iterator(
     config.sft.batch_size // jax.process_count(),
-    seed=config.seed + 1,
+    config.seed + 1,
     shard_index=jax.process_index(),
     shard_count=jax.process_count(),
   )
@@ -455,7 +459,7 @@ def build(
     model,
     tx,
     schedule,
-    getattr(task, "reward_terms", None),
+    task.reward_terms,
     samp,
     settings,
     mesh,
@@ -490,7 +494,7 @@ def build(
 def abstract_batch(exp: Experiment) -> PromptBatch:
   """ShapeDtypeStructs of one RL step's prompt batch (for ahead-of-time compilation)."""
   p = config_lib.num_sampled_prompts(exp.config)
-  s, a = exp.prompt_len, getattr(exp.task, "answer_len", 1)
+  s, a = exp.prompt_len, exp.task.answer_len
   shape = lambda n, dt: jax.ShapeDtypeStruct((p, n), dt, sharding=exp.batch_sharding)  # noqa: E731
   return PromptBatch(
     tokens=shape(s, jnp.int32),
@@ -675,16 +679,9 @@ def train_and_evaluate(
   try:
     per_process = config_lib.num_sampled_prompts(config) // jax.process_count()
     shard = {"shard_index": jax.process_index(), "shard_count": jax.process_count()}
-    if exp.host_reward:
-      train_iter = exp.task.train_iterator(per_process, config.seed, **shard)
-      writer.scalars(0, exp.task.data_stats)  # records read, too long (dropped), kept
-      eval_np = exp.task.eval_batch(multiple_of=sharding.batch_size_divisor(exp.mesh))
-      eval_answers = eval_np.pop("answer")
-    else:
-      train_iter = pipeline.make_prompt_iterator(
-        exp.task.train_examples(config.seed), per_process, seed=config.seed, **shard
-      )
-      eval_np, eval_answers = exp.task.eval_examples(), None
+    train_iter = exp.task.train_iterator(per_process, config.seed, **shard)
+    writer.scalars(0, exp.task.data_stats)  # file data: records read, too long (dropped), kept
+    eval_np, eval_answers = exp.task.eval_set(multiple_of=sharding.batch_size_divisor(exp.mesh))
     # Every process holds the whole evaluation set and feeds its own block of rows.
     own = distributed.process_slice(len(eval_np["tokens"]))
     eval_batch = to_global_batch({k: v[own] for k, v in eval_np.items()}, exp.batch_sharding)
@@ -716,9 +713,8 @@ def train_and_evaluate(
 
     def evaluate(step: int):
       nonlocal last_eval
-      args = (eval_answers,) if exp.host_reward else ()
       t = time.time()
-      m = metrics_lib.flatten_metrics(exp.eval_fn(state.params, eval_batch, eval_key, *args))
+      m = metrics_lib.flatten_metrics(exp.eval_fn(state.params, eval_batch, eval_key, eval_answers))
       writer.scalars(step, m)
       last_eval = m
       evals.append((step, m))
@@ -751,10 +747,7 @@ def train_and_evaluate(
         profiling = True
       np_batch = next(train_iter)
       rng = jax.random.fold_in(state.rng, step)
-      if exp.host_reward:
-        state, metrics = host_reward_step(exp, state, np_batch, rng)
-      else:
-        state, metrics = exp.rl_step(state, to_global_batch(np_batch, exp.batch_sharding), rng)
+      state, metrics = exp.update(state, np_batch, rng)
       done = step + 1
       guard.update(done, int(metrics["optim/skipped_updates"]), updates=updates_per_step)
       if step > start:  # tokens/s of the steady state, as the rate

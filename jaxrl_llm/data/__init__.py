@@ -1,5 +1,6 @@
 """The data side of training: tasks, prompts, tokenizers and the verifiers that score answers.
 
+  task.py        `Task`: the one interface the training loop uses, for every kind of task
   tasks/         built-in synthetic tasks (reverse, addition, sort) with in-graph JAX verifiers,
                  their character tokenizer and registry (`get_task`)
   file_task.py   `FileTask`: prompts read from JSONL / Parquet files, scored by host verifiers

@@ -1,6 +1,6 @@
 """Prompts from JSONL / Parquet files, a Hugging Face tokenizer, and host-side verifiers.
 
-A `FileTask` plays the role of a built-in task for real data: it renders prompts with a
+A `FileTask` is the `Task` of real data: it renders prompts with a
 template, tokenizes them (left-padded, over-long prompts filtered and counted), feeds them
 through grain, and scores decoded completions on the host with the verifiers of `verifiers`
 (exceptions and timeouts score 0 and are counted, never crash the run).
@@ -18,12 +18,13 @@ from typing import Any
 import numpy as np
 
 from jaxrl_llm.data import records, verifiers
+from jaxrl_llm.data.task import Task
 from jaxrl_llm.data.tokenizers import HFTokenizer
 
 
 @dataclasses.dataclass
-class FileTask:
-  """A prompt dataset read from files, scored by named host verifiers."""
+class FileTask(Task):
+  """A prompt dataset read from files, scored by named host verifiers (rewards on the host)."""
 
   tokenizer: HFTokenizer
   train_records: list[dict[str, Any]]
@@ -39,7 +40,9 @@ class FileTask:
   special_tokens_in_text: bool = False  # special-token strings in prompts become control ids
 
   name = "files"
-  host_reward = True
+  rewards_on_host = True  # host_reward_terms scores decoded completions
+  reward_terms = None  # no in-graph verifier
+  answer_len = 1  # the reference answers stay on the host; the device batch holds a [P, 1] stub
   data_stats: dict[str, float] = dataclasses.field(default_factory=dict)  # filled by train_iterator
 
   def train_iterator(self, batch_size: int, seed: int, shard_index: int = 0, shard_count: int = 1):
@@ -59,8 +62,9 @@ class FileTask:
     self.data_stats = {f"data/{k}": float(v) for k, v in stats.items()}
     return it
 
-  def eval_batch(self, multiple_of: int = 1) -> dict[str, np.ndarray]:
-    """Up to `eval_size` held-out prompts (a multiple of `multiple_of`), tokenized."""
+  def eval_set(self, multiple_of: int = 1) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Up to `eval_size` held-out prompts (a multiple of `multiple_of`), tokenized, and their
+    reference answers (the batch's ``answer`` column, taken out of it)."""
     examples, _ = records.tokenize_records(
       self.eval_records[: self.eval_size * 2],
       self.tokenizer,
@@ -76,7 +80,8 @@ class FileTask:
         f"no evaluation prompt fits data.prompt_len={self.prompt_len} in a multiple of "
         f"{multiple_of} devices; add eval data or raise data.prompt_len"
       )
-    return {k: v[:n] for k, v in examples.items()}
+    batch = {k: v[:n] for k, v in examples.items()}
+    return batch, batch.pop("answer")
 
   def decode(self, tokens: np.ndarray) -> list[str]:
     """Completion token rows [B, T] -> text (cut at the first stop token)."""
