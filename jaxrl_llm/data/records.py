@@ -198,6 +198,58 @@ def _file_kind(path: str) -> str:
   )
 
 
+def _check_prompt(where: str, prompt: Any, prompt_field: str) -> str:
+  """A record's prompt: DataError unless it is a non-empty string of valid text."""
+  if not isinstance(prompt, str):
+    hint = ""
+    if isinstance(prompt, list):
+      hint = (
+        f" (for chat-style records point prompt_field at the text, e.g. '{prompt_field}.0.content')"
+      )
+    raise DataError(
+      f"{where}: prompt field {prompt_field!r} holds a {type(prompt).__name__}, not a string{hint}."
+    )
+  if not prompt.strip():
+    raise DataError(f"{where}: prompt field {prompt_field!r} is empty.")
+  _check_text(where, prompt_field, prompt)
+  return prompt
+
+
+def _file_records(
+  path: str,
+  fields: Sequence[str],
+  *,
+  prompt_field: str,
+  answer_field: str | None,
+  metadata_fields: Sequence[str],
+) -> tuple[list[dict[str, Any]], int, int]:
+  """(records, rows read, rows skipped for a null answer) of one dataset file."""
+  kind = _file_kind(path)
+  rows = _parquet_rows(path, fields) if kind == ".parquet" else _jsonl_rows(path)
+  records = []
+  num_rows = num_null = 0
+  for where, row, has in rows:
+    num_rows += 1
+    values = {}
+    for field in fields:
+      value = _lookup(row, field)
+      if value is _MISSING:
+        raise DataError(f"{where}: record has no field {field!r}; its fields are {has}.")
+      values[field] = value
+    prompt = _check_prompt(where, values[prompt_field], prompt_field)
+    if answer_field and _is_null_answer(values[answer_field]):
+      num_null += 1
+      continue
+    record = {
+      "prompt": prompt,
+      "answer": _answer_text(values[answer_field]) if answer_field else "",
+    }
+    _check_text(where, answer_field or "answer", record["answer"])
+    record.update({f: values[f] for f in metadata_fields})
+    records.append(record)
+  return records, num_rows, num_null
+
+
 def load_records(
   files: Sequence[str] | str,
   *,
@@ -226,39 +278,14 @@ def load_records(
   records = []
   null_answers: dict[str, int] = {}  # path -> rows skipped for a null answer
   for path in paths:
-    kind = _file_kind(path)
-    rows = _parquet_rows(path, fields) if kind == ".parquet" else _jsonl_rows(path)
-    num_rows = num_null = 0
-    for where, row, has in rows:
-      num_rows += 1
-      values = {}
-      for field in fields:
-        value = _lookup(row, field)
-        if value is _MISSING:
-          raise DataError(f"{where}: record has no field {field!r}; its fields are {has}.")
-        values[field] = value
-      prompt = values[prompt_field]
-      if not isinstance(prompt, str):
-        hint = ""
-        if isinstance(prompt, list):
-          hint = f" (for chat-style records point prompt_field at the text, e.g. '{prompt_field}.0.content')"
-        raise DataError(
-          f"{where}: prompt field {prompt_field!r} holds a {type(prompt).__name__}, "
-          f"not a string{hint}."
-        )
-      if not prompt.strip():
-        raise DataError(f"{where}: prompt field {prompt_field!r} is empty.")
-      _check_text(where, prompt_field, prompt)
-      if answer_field and _is_null_answer(values[answer_field]):
-        num_null += 1
-        continue
-      record = {
-        "prompt": prompt,
-        "answer": _answer_text(values[answer_field]) if answer_field else "",
-      }
-      _check_text(where, answer_field or "answer", record["answer"])
-      record.update({f: values[f] for f in metadata_fields})
-      records.append(record)
+    read, num_rows, num_null = _file_records(
+      path,
+      fields,
+      prompt_field=prompt_field,
+      answer_field=answer_field,
+      metadata_fields=metadata_fields,
+    )
+    records.extend(read)
     if num_null:
       null_answers[path] = num_null
       logging.warning(
@@ -378,6 +405,38 @@ def _warn_special_tokens(
     )
 
 
+def _log_tokenized(template: str, prompt_len: int, stats: Mapping[str, int]) -> None:
+  """Logs how many records were tokenized, dropped as too long, kept and skipped when read."""
+  logging.info(
+    "Prompt dataset (template %r, prompt_len %d): %d records, %d longer than prompt_len "
+    "dropped, %d kept; %d rows skipped for a null answer when read.",
+    template,
+    prompt_len,
+    stats["num_records"],
+    stats["num_too_long"],
+    stats["num_kept"],
+    stats["skipped_null_answer"],
+  )
+
+
+def _kept_examples(
+  records: Sequence[dict[str, Any]], keep: np.ndarray, tokens: np.ndarray, mask: np.ndarray
+) -> dict[str, np.ndarray]:
+  """Example arrays of the kept records (rows ``keep`` of ``records``, tokenized as
+  ``tokens`` / ``mask``): the batch keys plus a column per metadata field."""
+  kept = [records[i] for i in keep]
+  examples = {
+    "tokens": tokens,
+    "mask": mask,
+    "answer": _object_column([r["answer"] for r in kept]),
+    "index": keep.astype(np.int64),
+  }
+  for key in records[0]:
+    if key not in ("prompt", "answer"):
+      examples[key] = _column([r.get(key) for r in kept])
+  return examples
+
+
 def tokenize_records(
   records: Sequence[dict[str, Any]],
   tokenizer: HFTokenizer,
@@ -416,16 +475,7 @@ def tokenize_records(
     "num_kept": int(keep.size),
     **skip_counts(records),
   }
-  logging.info(
-    "Prompt dataset (template %r, prompt_len %d): %d records, %d longer than prompt_len "
-    "dropped, %d kept; %d rows skipped for a null answer when read.",
-    template,
-    prompt_len,
-    stats["num_records"],
-    stats["num_too_long"],
-    stats["num_kept"],
-    stats["skipped_null_answer"],
-  )
+  _log_tokenized(template, prompt_len, stats)
   _warn_special_tokens(records, tokenizer, special_tokens_in_text)
   if keep.size == 0:
     shortest = min(len(tokenizer.encode(p, add_special_tokens=specials)) for p in prompts)
@@ -433,17 +483,7 @@ def tokenize_records(
       f"All {len(records)} prompts are longer than prompt_len={prompt_len} tokens after "
       f"rendering with template {template!r} (shortest: {shortest} tokens); raise prompt_len."
     )
-  kept = [records[i] for i in keep]
-  examples = {
-    "tokens": tokens,
-    "mask": mask,
-    "answer": _object_column([r["answer"] for r in kept]),
-    "index": keep.astype(np.int64),
-  }
-  for key in records[0]:
-    if key not in ("prompt", "answer"):
-      examples[key] = _column([r.get(key) for r in kept])
-  return examples, stats
+  return _kept_examples(records, keep, tokens, mask), stats
 
 
 def make_text_prompt_iterator(
