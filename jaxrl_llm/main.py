@@ -59,7 +59,8 @@ flags.mark_flags_as_required(["config"])
 
 def _user_errors() -> tuple[type[BaseException], ...]:
   """Failure classes whose message says what was wrong and what is allowed (exit code 2)."""
-  from jaxrl_llm import checkpoint, datasets, distributed, run
+  from jaxrl_llm import checkpoint, distributed, run
+  from jaxrl_llm.data import records
   from jaxrl_llm.models import hf_config
 
   return (
@@ -70,7 +71,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     checkpoint.NonFiniteStateError,
     run.NonFiniteError,
     hf_config.CheckpointFormatError,
-    *getattr(datasets, "USER_ERRORS", ()),
+    *records.USER_ERRORS,
   )
 
 

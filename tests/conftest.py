@@ -66,12 +66,12 @@ def run_steps(config, steps: int = 1):
   """
   import jax
 
-  from jaxrl_llm import data
+  from jaxrl_llm.data import pipeline
   from jaxrl_llm.rl import init_reference
 
   exp = build(config)
   state = init_reference(exp.state, config.kl.beta)
-  it = data.make_prompt_iterator(exp.task.train_examples(0), config.rl.num_prompts, seed=0)
+  it = pipeline.make_prompt_iterator(exp.task.train_examples(0), config.rl.num_prompts, seed=0)
   states, metrics = [jax.device_get(state)], []
   for i in range(steps):
     batch = to_global_batch(next(it), exp.batch_sharding)

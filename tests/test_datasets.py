@@ -12,7 +12,9 @@ import orbax.checkpoint as ocp
 import pytest
 from text_fixtures import build_bpe_tokenizer, write_math_jsonl
 
-from jaxrl_llm import datasets, text
+from jaxrl_llm.data import records as records_lib
+from jaxrl_llm.data import templates
+from jaxrl_llm.data.tokenizers import HFTokenizer
 
 pytest.importorskip("tokenizers")
 
@@ -21,7 +23,7 @@ IM_START, IM_END = 1, 2  # control-token ids in the fixture tokenizer
 
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory):
-  return text.HFTokenizer.from_dir(build_bpe_tokenizer(tmp_path_factory.mktemp("bpe")))
+  return HFTokenizer.from_dir(build_bpe_tokenizer(tmp_path_factory.mktemp("bpe")))
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +55,7 @@ def _write_jsonl(path, rows):
 
 def test_load_jsonl_with_metadata_and_gzip(math, tmp_path):
   path, raw = math
-  records = datasets.load_records([str(path)], metadata_fields=("level", "id"))
+  records = records_lib.load_records([str(path)], metadata_fields=("level", "id"))
   assert len(records) == 36
   assert records[3] == {
     "prompt": raw[3]["prompt"],
@@ -65,7 +67,7 @@ def test_load_jsonl_with_metadata_and_gzip(math, tmp_path):
   gz = tmp_path / "math.jsonl.gz"
   with gzip.open(gz, "wt", encoding="utf-8") as f:
     f.write(path.read_text())
-  assert datasets.load_records(str(gz), metadata_fields=("level", "id")) == records
+  assert records_lib.load_records(str(gz), metadata_fields=("level", "id")) == records
 
 
 def test_custom_and_nested_fields(tmp_path):
@@ -79,7 +81,7 @@ def test_custom_and_nested_fields(tmp_path):
   ]
   rows[2]["reward_model"]["ground_truth"] = ["7", "seven"]  # non-string answers become JSON
   path = _write_jsonl(tmp_path / "chat.jsonl", rows)
-  records = datasets.load_records(
+  records = records_lib.load_records(
     [path],
     prompt_field="messages.0.content",
     answer_field="reward_model.ground_truth",
@@ -88,7 +90,7 @@ def test_custom_and_nested_fields(tmp_path):
   assert [r["prompt"] for r in records] == ["Q0?", "Q1?", "Q2?", "Q3?"]
   assert [r["answer"] for r in records] == ["0", "10", '["7", "seven"]', "30"]
   assert records[0]["info.src"] == "gsm"
-  no_answer = datasets.load_records([path], prompt_field="messages.0.content", answer_field=None)
+  no_answer = records_lib.load_records([path], prompt_field="messages.0.content", answer_field=None)
   assert no_answer[1] == {"prompt": "Q1?", "answer": ""}
 
 
@@ -108,7 +110,7 @@ def test_parquet_and_globs(tmp_path, math):
       }
     )
     pq.write_table(table, tmp_path / f"train-{part:02d}.parquet")
-  records = datasets.load_records(
+  records = records_lib.load_records(
     [str(tmp_path / "train-*.parquet")],
     prompt_field="question",
     answer_field="solution",
@@ -122,20 +124,20 @@ def test_parquet_and_globs(tmp_path, math):
     match=r"train-00\.parquet row 0: record has no field 'extra\.x'; its fields are "
     r"\['question', 'solution', 'extra', 'unused'\]",
   ):
-    datasets.load_records(
+    records_lib.load_records(
       [tmp_path / "train-00.parquet"],
       prompt_field="question",
       answer_field="solution",
       metadata_fields=("extra.x",),
     )
   with pytest.raises(ValueError, match=r"train-00\.parquet row 0: record has no field 'prompt'"):
-    datasets.load_records([str(tmp_path / "train-00.parquet")])
+    records_lib.load_records([str(tmp_path / "train-00.parquet")])
   with pytest.raises(FileNotFoundError, match="No files match"):
-    datasets.load_records([str(tmp_path / "eval-*.parquet")])
+    records_lib.load_records([str(tmp_path / "eval-*.parquet")])
   bad = tmp_path / "bad.parquet"
   bad.write_text("not parquet")
   with pytest.raises(ValueError, match=r"bad\.parquet: not a readable Parquet file"):
-    datasets.load_records([bad])
+    records_lib.load_records([bad])
 
 
 def test_malformed_files_name_file_and_line(tmp_path):
@@ -158,26 +160,26 @@ def test_malformed_files_name_file_and_line(tmp_path):
   for rows, pattern in cases:
     path = _write_jsonl(tmp_path / "broken.jsonl", rows)
     with pytest.raises(ValueError, match=pattern):
-      datasets.load_records([path])
+      records_lib.load_records([path])
   empty = tmp_path / "empty.jsonl"
   empty.write_text("\n\n")
   with pytest.raises(ValueError, match=r"No records in the dataset files \[.*empty\.jsonl'\]"):
-    datasets.load_records([empty])
+    records_lib.load_records([empty])
   csv = tmp_path / "data.csv"
   csv.write_text("prompt,answer\n")
   with pytest.raises(
     ValueError,
     match=r"data\.csv: unsupported file type; supported extensions: \.jsonl, \.jsonl\.gz, \.parquet",
   ):
-    datasets.load_records([csv])
+    records_lib.load_records([csv])
   latin = tmp_path / "latin.jsonl.gz"
   latin.write_bytes(b"not gzip")
   with pytest.raises(ValueError, match=r"latin\.jsonl\.gz: could not read"):
-    datasets.load_records([latin])
+    records_lib.load_records([latin])
   with pytest.raises(FileNotFoundError, match=r"missing\.jsonl does not exist"):
-    datasets.load_records([tmp_path / "missing.jsonl"])
+    records_lib.load_records([tmp_path / "missing.jsonl"])
   with pytest.raises(ValueError, match="clash with the keys"):
-    datasets.load_records([empty], metadata_fields=("index",))
+    records_lib.load_records([empty], metadata_fields=("index",))
 
 
 def test_null_nan_and_empty_answers_are_skipped_and_counted(tmp_path, tok, caplog):
@@ -194,28 +196,28 @@ def test_null_nan_and_empty_answers_are_skipped_and_counted(tmp_path, tok, caplo
   path = _write_jsonl(tmp_path / "nulls.jsonl", rows)
   assert "NaN" in path.read_text()
   with caplog.at_level(logging.WARNING):
-    records = datasets.load_records([path])
+    records = records_lib.load_records([path])
   assert [r["answer"] for r in records] == ["2", "0", "False", "14.0"]
-  assert isinstance(records, datasets.Records)
+  assert isinstance(records, records_lib.Records)
   assert records.skipped == {"skipped_null_answer": 4}
   assert any(
     "nulls.jsonl: skipped 4 of 8 rows whose answer field 'answer'" in m for m in caplog.messages
   )
   # No answer field: nothing is an answer, nothing is skipped.
-  assert len(datasets.load_records([path], answer_field=None)) == 8
+  assert len(records_lib.load_records([path], answer_field=None)) == 8
 
   # The count follows the train side of a split into the iterator's stats.
-  train, evals = datasets.train_eval_split(records, eval_fraction=0.5, seed=0)
+  train, evals = records_lib.train_eval_split(records, eval_fraction=0.5, seed=0)
   assert train.skipped == {"skipped_null_answer": 4} and evals.skipped["skipped_null_answer"] == 0
-  _, stats = datasets.make_text_prompt_iterator(
+  _, stats = records_lib.make_text_prompt_iterator(
     records, tok, template="plain", prompt_len=16, batch_size=2, seed=0
   )
   assert stats["skipped_null_answer"] == 4 and stats["num_records"] == 4
   ev = _write_jsonl(tmp_path / "eval.jsonl", [rows[0], rows[1]])
-  train, evals = datasets.train_eval_split(records, eval_files=[ev], seed=0)
+  train, evals = records_lib.train_eval_split(records, eval_files=[ev], seed=0)
   assert train.skipped["skipped_null_answer"] == 4 and evals.skipped["skipped_null_answer"] == 1
   # Plain lists (records built in code) report zero.
-  assert datasets.skip_counts(list(records)) == {"skipped_null_answer": 0}
+  assert records_lib.skip_counts(list(records)) == {"skipped_null_answer": 0}
 
   # Every row skipped: an error naming the file and the field.
   all_null = _write_jsonl(
@@ -224,12 +226,12 @@ def test_null_nan_and_empty_answers_are_skipped_and_counted(tmp_path, tok, caplo
   with pytest.raises(
     ValueError, match=r"all_null\.jsonl'\] has a null, NaN or empty answer in the answer field 'a'"
   ):
-    datasets.load_records([all_null], prompt_field="q", answer_field="a")
+    records_lib.load_records([all_null], prompt_field="q", answer_field="a")
   # Beside a file with answers, a file without any is skipped whole and warned about.
   no_answers = _write_jsonl(tmp_path / "no_answers.jsonl", rows[1:3])
   caplog.clear()
   with caplog.at_level(logging.WARNING):
-    both = datasets.load_records([no_answers, path])
+    both = records_lib.load_records([no_answers, path])
   assert both == records and both.skipped == {"skipped_null_answer": 6}
   assert any("no_answers.jsonl: skipped 2 of 2 rows" in m for m in caplog.messages)
 
@@ -247,15 +249,15 @@ def test_parquet_null_and_nan_answers_are_skipped(tmp_path):
   )
   path = tmp_path / "answers.parquet"
   pq.write_table(table, path)
-  records = datasets.load_records([path], prompt_field="question", answer_field="solution")
+  records = records_lib.load_records([path], prompt_field="question", answer_field="solution")
   assert [r["answer"] for r in records] == ["2", "8"]
   assert records.skipped == {"skipped_null_answer": 2}
-  numeric = datasets.load_records([path], prompt_field="question", answer_field="value")
+  numeric = records_lib.load_records([path], prompt_field="question", answer_field="value")
   assert [r["answer"] for r in numeric] == ["2.0", "4.0"]
   assert numeric.skipped == {"skipped_null_answer": 2}
   pq.write_table(table.slice(1, 2), tmp_path / "no_answers.parquet")
   with pytest.raises(ValueError, match=r"no_answers\.parquet'\] .* answer field 'solution'"):
-    datasets.load_records(
+    records_lib.load_records(
       [tmp_path / "no_answers.parquet"], prompt_field="question", answer_field="solution"
     )
 
@@ -265,32 +267,32 @@ def test_parquet_null_and_nan_answers_are_skipped(tmp_path):
 
 def test_hash_split_is_deterministic_and_keeps_duplicates_together(math):
   path, _ = math
-  records = datasets.load_records([path])
+  records = records_lib.load_records([path])
   records = records + [dict(r) for r in records[:6]]  # duplicated prompts
-  train, evals = datasets.train_eval_split(records, eval_fraction=0.25, seed=0)
+  train, evals = records_lib.train_eval_split(records, eval_fraction=0.25, seed=0)
   assert len(train) + len(evals) == len(records) and evals
   assert not {r["prompt"] for r in train} & {r["prompt"] for r in evals}
-  again = datasets.train_eval_split(list(reversed(records)), eval_fraction=0.25, seed=0)
+  again = records_lib.train_eval_split(list(reversed(records)), eval_fraction=0.25, seed=0)
   assert {r["prompt"] for r in again[1]} == {r["prompt"] for r in evals}  # order-independent
-  other = datasets.train_eval_split(records, eval_fraction=0.25, seed=1)
+  other = records_lib.train_eval_split(records, eval_fraction=0.25, seed=1)
   assert {r["prompt"] for r in other[1]} != {r["prompt"] for r in evals}
   # The hash is fixed (blake2b keyed by the seed), not Python's per-process hash().
-  assert datasets._hash_unit("What is 2+2?", 0) == pytest.approx(0.969539638141, abs=1e-12)
-  assert datasets.train_eval_split(records, seed=0) == (records, [])
+  assert records_lib._hash_unit("What is 2+2?", 0) == pytest.approx(0.969539638141, abs=1e-12)
+  assert records_lib.train_eval_split(records, seed=0) == (records, [])
   with pytest.raises(ValueError, match="eval_fraction must be in"):
-    datasets.train_eval_split(records, eval_fraction=1.0, seed=0)
+    records_lib.train_eval_split(records, eval_fraction=1.0, seed=0)
 
 
 def test_split_with_eval_files(math, tmp_path):
   path, _ = math
-  records = datasets.load_records([path])
+  records = records_lib.load_records([path])
   ev = _write_jsonl(tmp_path / "eval.jsonl", [{"q": "What is 9+9?", "a": 18}])
-  train, evals = datasets.train_eval_split(
+  train, evals = records_lib.train_eval_split(
     records, eval_files=[ev], seed=0, prompt_field="q", answer_field="a"
   )
   assert train == records and evals == [{"prompt": "What is 9+9?", "answer": "18"}]
   with pytest.raises(ValueError, match="not both"):
-    datasets.train_eval_split(records, eval_files=[ev], eval_fraction=0.1, seed=0)
+    records_lib.train_eval_split(records, eval_files=[ev], eval_fraction=0.1, seed=0)
 
 
 # ---- tokenized iterator -----------------------------------------------------------------------
@@ -298,8 +300,8 @@ def test_split_with_eval_files(math, tmp_path):
 
 def test_batches_tokens_answers_and_metadata(math, tok):
   path, _ = math
-  records = datasets.load_records([path], metadata_fields=("level",))
-  it, stats = datasets.make_text_prompt_iterator(
+  records = records_lib.load_records([path], metadata_fields=("level",))
+  it, stats = records_lib.make_text_prompt_iterator(
     records, tok, template="qwen_math", prompt_len=80, batch_size=8, seed=0
   )
   assert stats == {
@@ -320,10 +322,10 @@ def test_batches_tokens_answers_and_metadata(math, tok):
     batch["tokens"], batch["mask"], batch["index"], batch["answer"], batch["level"]
   ):
     r = records[i]
-    assert tok.decode(row[m]) == text.render_prompt(r["prompt"], "qwen_math")
+    assert tok.decode(row[m]) == templates.render_prompt(r["prompt"], "qwen_math")
     assert isinstance(answer, str) and answer == r["answer"] and level == r["level"]
 
-  chat_it, _ = datasets.make_text_prompt_iterator(
+  chat_it, _ = records_lib.make_text_prompt_iterator(
     records, tok, template="chat", prompt_len=64, batch_size=4, seed=0, system="Be exact."
   )
   chat = next(chat_it)
@@ -334,12 +336,12 @@ def test_batches_tokens_answers_and_metadata(math, tok):
 
 def test_too_long_prompts_are_filtered_and_counted(math, tok):
   path, _ = math
-  records = datasets.load_records([path])
+  records = records_lib.load_records([path])
   lens = np.asarray([len(tok.encode(r["prompt"])) for r in records])
   prompt_len = int(np.median(lens))
   expected_long = int((lens > prompt_len).sum())
   assert 0 < expected_long < len(records)
-  it, stats = datasets.make_text_prompt_iterator(
+  it, stats = records_lib.make_text_prompt_iterator(
     records, tok, prompt_len=prompt_len, batch_size=4, seed=0, num_epochs=1, shuffle=False
   )
   assert stats == {
@@ -353,9 +355,11 @@ def test_too_long_prompts_are_filtered_and_counted(math, tok):
   np.testing.assert_array_equal(seen, kept[: len(seen)])
   assert len(seen) == (len(kept) // 4) * 4  # remainder dropped
   with pytest.raises(ValueError, match=r"All 36 prompts are longer than prompt_len=2"):
-    datasets.make_text_prompt_iterator(records, tok, prompt_len=2, batch_size=4, seed=0)
+    records_lib.make_text_prompt_iterator(records, tok, prompt_len=2, batch_size=4, seed=0)
   with pytest.raises(ValueError, match=rf"{36 - expected_long} of 36 records fit"):
-    datasets.make_text_prompt_iterator(records, tok, prompt_len=prompt_len, batch_size=40, seed=0)
+    records_lib.make_text_prompt_iterator(
+      records, tok, prompt_len=prompt_len, batch_size=40, seed=0
+    )
 
 
 def test_special_tokens_in_records_are_plain_text(tmp_path, tok):
@@ -364,12 +368,12 @@ def test_special_tokens_in_records_are_plain_text(tmp_path, tok):
     tmp_path / "inject.jsonl",
     [{"prompt": injected, "answer": "4"}, {"prompt": "What is 3+3?", "answer": "6"}],
   )
-  records = datasets.load_records([path])
+  records = records_lib.load_records([path])
   head = "<|im_start|>system\nBe exact.<|im_end|>\n<|im_start|>user\n"
   tail = "<|im_end|>\n<|im_start|>assistant\n"
 
   def rows(**kwargs):
-    examples, _ = datasets.tokenize_records(
+    examples, _ = records_lib.tokenize_records(
       records, tok, template="chat", prompt_len=96, system="Be exact.", **kwargs
     )
     return [t[m].tolist() for t, m in zip(examples["tokens"], examples["mask"])]
@@ -380,12 +384,12 @@ def test_special_tokens_in_records_are_plain_text(tmp_path, tok):
   # The template's own markers are control ids; the record's text is plain text between them.
   assert plain == tok.encode(head) + content + tok.encode(tail)
   assert [plain.count(IM_START), plain.count(IM_END)] == [3, 2]
-  assert tok.decode(plain, skip_special_tokens=False) == text.render_prompt(
+  assert tok.decode(plain, skip_special_tokens=False) == templates.render_prompt(
     injected, "chat", tokenizer=tok, system="Be exact."
   )
   # A record without special-token strings is encoded exactly as before.
   assert clean == tok.encode(
-    text.render_prompt("What is 3+3?", "chat", tokenizer=tok, system="Be exact.")
+    templates.render_prompt("What is 3+3?", "chat", tokenizer=tok, system="Be exact.")
   )
 
   # The switch restores control tokens from the text (here: a second system turn).
@@ -394,18 +398,20 @@ def test_special_tokens_in_records_are_plain_text(tmp_path, tok):
   assert [controls.count(IM_START), controls.count(IM_END)] == [4, 3]
   assert clean_again == clean
   # Non-chat templates: the whole prompt is plain text.
-  examples, _ = datasets.tokenize_records(records, tok, template="qwen_math", prompt_len=96)
+  examples, _ = records_lib.tokenize_records(records, tok, template="qwen_math", prompt_len=96)
   first = examples["tokens"][0][examples["mask"][0]].tolist()
-  assert first == tok.encode(text.render_prompt(injected, "qwen_math"), split_special_tokens=True)
+  assert first == tok.encode(
+    templates.render_prompt(injected, "qwen_math"), split_special_tokens=True
+  )
   assert not {IM_START, IM_END} & set(first)
 
 
 def test_iterator_is_deterministic_and_resumes(math, tok, tmp_path):
   path, _ = math
-  records = datasets.load_records([path], metadata_fields=("level",))
+  records = records_lib.load_records([path], metadata_fields=("level",))
 
   def make(seed=3):
-    return datasets.make_text_prompt_iterator(
+    return records_lib.make_text_prompt_iterator(
       records, tok, template="r1", prompt_len=300, batch_size=6, seed=seed
     )[0]
 
@@ -438,10 +444,10 @@ def test_iterator_is_deterministic_and_resumes(math, tok, tmp_path):
 
 def test_shards_are_disjoint(math, tok):
   path, _ = math
-  records = datasets.load_records([path])
+  records = records_lib.load_records([path])
   seen = []
   for shard in range(3):
-    it, _ = datasets.make_text_prompt_iterator(
+    it, _ = records_lib.make_text_prompt_iterator(
       records,
       tok,
       prompt_len=64,

@@ -311,13 +311,13 @@ BAD_FILES = {
 
 @pytest.mark.parametrize("case", list(BAD_FILES))
 def test_bad_data_files_stop_with_the_file_named(tmp_path, case):
-  from jaxrl_llm import datasets
+  from jaxrl_llm.data import records
 
   write, message = BAD_FILES[case]
   write(tmp_path / "bad")
   (path,) = list(tmp_path.iterdir())
-  with pytest.raises(datasets.DataError, match=message):
-    datasets.load_records([str(path)])
+  with pytest.raises(records.DataError, match=message):
+    records.load_records([str(path)])
 
 
 def _committed(root):

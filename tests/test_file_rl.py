@@ -8,7 +8,9 @@ import pytest
 from conftest import tiny_config
 from text_fixtures import build_bpe_tokenizer, write_math_jsonl
 
-from jaxrl_llm import metrics, verifiers
+from jaxrl_llm import metrics
+from jaxrl_llm.data import file_task, verifiers
+from jaxrl_llm.data.task import Task
 from jaxrl_llm.run import build, host_reward_step, to_global_batch, train_and_evaluate
 
 
@@ -46,10 +48,25 @@ def file_config(tmp_path):
   return c, records
 
 
+def test_file_task_implements_the_task_interface(file_config):
+  """Rewards on the host; train_iterator fills data_stats; eval_set takes the reference
+  answers out of the batch and trims it to a multiple of the devices."""
+  config, records = file_config
+  task = file_task.build_file_task(config, "")
+  assert isinstance(task, Task) and task.rewards_on_host
+  assert task.reward_terms is None and callable(task.host_reward_terms)
+  assert task.answer_len == 1 and task.data_stats == {}
+  batch = next(task.train_iterator(4, config.seed))
+  assert task.data_stats["data/num_kept"] > 0 and len(batch["tokens"]) == 4
+  ev, answers = task.eval_set(multiple_of=3)
+  assert "answer" not in ev and len(answers) == len(ev["tokens"]) and len(answers) % 3 == 0
+  assert set(answers) <= {r["answer"] for r in records}
+
+
 def test_host_reward_rewards_are_the_verifiers(file_config):
   config, records = file_config
   exp = build(config)
-  assert exp.host_reward and exp.task.tokenizer.vocab_size <= 512
+  assert exp.task.rewards_on_host and exp.task.tokenizer.vocab_size <= 512
   exp.task.reward_fns["math_format_boxed"] = _parity
   it = exp.task.train_iterator(config.rl.num_prompts, config.seed)
   np_batch = next(it)

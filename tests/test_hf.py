@@ -554,7 +554,7 @@ def test_round_trip_keeps_context_length_rope_token_ids_and_model_files(name, tm
 
 
 def test_exported_tokenizer_and_generation_config_read_back():
-  from jaxrl_llm.text import HFTokenizer
+  from jaxrl_llm.data.tokenizers import HFTokenizer
 
   src = FIXTURES / "llama"
   gen = _json(src / hf.GENERATION_CONFIG_FILE)
@@ -565,7 +565,7 @@ def test_exported_tokenizer_and_generation_config_read_back():
 
 
 def test_llama_export_tokenizer_matches_the_source(tmp_path):
-  from jaxrl_llm.text import HFTokenizer
+  from jaxrl_llm.data.tokenizers import HFTokenizer
 
   out = _export(FIXTURES / "llama", tmp_path / "out")
   a, b = HFTokenizer.from_dir(FIXTURES / "llama"), HFTokenizer.from_dir(out)

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 from conftest import REPO, tiny_config
 
-from jaxrl_llm import data, main, objectives
+from jaxrl_llm import main, objectives
 from jaxrl_llm.config import ConfigError, default_config, parse, validate
 from jaxrl_llm.config.learner import Section
+from jaxrl_llm.data import pipeline
 from jaxrl_llm.rl import Settings
 from jaxrl_llm.run import build, to_global_batch
 
@@ -96,7 +97,7 @@ def test_gspo_from_the_command_line_trains_with_gspo_widths():
   ]
   exp = build(main.parse_config(argv))
   assert exp.meta["objective"] == {"name": "gspo", "clip_low": 3e-4, "clip_high": 4e-4}
-  it = data.make_prompt_iterator(exp.task.train_examples(0), 4, seed=0)
+  it = pipeline.make_prompt_iterator(exp.task.train_examples(0), 4, seed=0)
   batch = to_global_batch(next(it), exp.batch_sharding)
   rng = jax.random.PRNGKey(1)
   rollout = exp.program.sample(exp.state, batch, rng)
@@ -128,7 +129,7 @@ def test_generated_tokens_count_the_groups_dynamic_sampling_drops():
   import numpy as np
   from conftest import tiny_config
 
-  from jaxrl_llm import data
+  from jaxrl_llm.data import pipeline
   from jaxrl_llm.rl import init_reference
 
   config = tiny_config(**{"filtering.name": "dynamic_sampling", "filtering.oversample": 2.0})
@@ -136,7 +137,7 @@ def test_generated_tokens_count_the_groups_dynamic_sampling_drops():
   state = init_reference(exp.state, config.kl.beta)
   sampled = parse(config).sampled_prompts
   assert sampled == 2 * config.rl.num_prompts
-  it = data.make_prompt_iterator(exp.task.train_examples(0), sampled, seed=0)
+  it = pipeline.make_prompt_iterator(exp.task.train_examples(0), sampled, seed=0)
   batch, rng = to_global_batch(next(it), exp.batch_sharding), jax.random.PRNGKey(3)
   rollout = jax.device_get(exp.program.sample(state, batch, rng))
   _, m = jax.device_get(exp.rl_step(state, batch, rng))

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from conftest import run_steps, tiny_config
 
-from jaxrl_llm import data, objectives
+from jaxrl_llm import objectives
 from jaxrl_llm.config import ConfigError, validate
+from jaxrl_llm.data import pipeline
 from jaxrl_llm.run import build, to_global_batch
 
 
@@ -48,7 +49,7 @@ def test_a_registered_toy_objective_runs_one_fused_step(toy):
 def _grad_norm(config) -> float:
   """Gradient norm of one learn phase on a sampled rollout with rewards that have spread."""
   exp = build(config)
-  it = data.make_prompt_iterator(exp.task.train_examples(0), config.rl.num_prompts, seed=0)
+  it = pipeline.make_prompt_iterator(exp.task.train_examples(0), config.rl.num_prompts, seed=0)
   batch = to_global_batch(next(it), exp.batch_sharding)
   rng = jax.random.PRNGKey(3)
   rollout = exp.program.sample(exp.state, batch, rng)

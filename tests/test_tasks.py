@@ -6,7 +6,9 @@ import jax
 import numpy as np
 import pytest
 
-from jaxrl_llm.tasks import AdditionTask, CharTokenizer, ReverseTask, SortTask, get_task
+from jaxrl_llm.data import pipeline
+from jaxrl_llm.data.task import Task
+from jaxrl_llm.data.tasks import AdditionTask, CharTokenizer, ReverseTask, SortTask, get_task
 
 TOK = CharTokenizer()
 TASK_NAMES = ["addition", "reverse", "sort"]
@@ -91,6 +93,28 @@ def test_static_sizes():
     111_100,
   )
   hash(add), hash(rev)  # usable as static jit arguments
+
+
+@pytest.mark.parametrize("name", TASK_NAMES)
+def test_builtin_tasks_implement_the_task_interface(name):
+  """Rewards in-graph; train_iterator is the grain pipeline over train_examples(seed) in the
+  same order, per shard; eval_set is eval_examples() with no host answers."""
+  task = get_task(name)
+  assert isinstance(task, Task) and not task.rewards_on_host
+  assert callable(task.reward_terms) and task.host_reward_terms is None
+  assert task.data_stats == {}
+  shard = {"shard_index": 1, "shard_count": 2}
+  got = task.train_iterator(4, 3, **shard)
+  want = pipeline.make_prompt_iterator(task.train_examples(3), 4, seed=3, **shard)
+  for _ in range(3):
+    a, b = next(got), next(want)
+    assert a.keys() == b.keys()
+    for key in a:
+      np.testing.assert_array_equal(a[key], b[key])
+  ev, answers = task.eval_set(multiple_of=8)
+  assert answers is None
+  for key, value in task.eval_examples().items():
+    np.testing.assert_array_equal(ev[key], value)
 
 
 @pytest.mark.parametrize("name", TASK_NAMES)

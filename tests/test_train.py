@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from conftest import REPO, run_steps, tiny_config
 
-from jaxrl_llm import data, main, metric_info, metrics
+from jaxrl_llm import main, metric_info, metrics
+from jaxrl_llm.data import pipeline
 from jaxrl_llm.run import HPARAM_FIELDS, build, to_global_batch, train_and_evaluate
 
 
@@ -123,7 +124,7 @@ def test_moe_run_resumes_under_another_expert_implementation(tmp_path):
 def test_rl_step_compiles_once(mesh):
   config = tiny_config(**mesh)
   exp = build(config)
-  it = data.make_prompt_iterator(exp.task.train_examples(0), config.rl.num_prompts, seed=0)
+  it = pipeline.make_prompt_iterator(exp.task.train_examples(0), config.rl.num_prompts, seed=0)
   state = exp.state
   for i in range(3):
     batch = to_global_batch(next(it), exp.batch_sharding)
@@ -184,7 +185,7 @@ def test_host_reward_path_matches_fused_step():
   """sample → rewards on the host → learn gives the fused step's update for the same rewards."""
   config = tiny_config()
   exp = build(config)
-  it = data.make_prompt_iterator(exp.task.train_examples(0), config.rl.num_prompts, seed=0)
+  it = pipeline.make_prompt_iterator(exp.task.train_examples(0), config.rl.num_prompts, seed=0)
   batch = to_global_batch(next(it), exp.batch_sharding)
   rng = jax.random.fold_in(exp.state.rng, 0)
   g = config.sampling.group_size

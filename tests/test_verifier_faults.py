@@ -17,9 +17,9 @@ import time
 import numpy as np
 import pytest
 
-from jaxrl_llm import verifiers as V
-from jaxrl_llm.verifiers import math as M
-from jaxrl_llm.verifiers import rewards as R
+from jaxrl_llm.data import verifiers as V
+from jaxrl_llm.data.verifiers import math as M
+from jaxrl_llm.data.verifiers import rewards as R
 
 HAS_MATH_VERIFY = importlib.util.find_spec("math_verify") is not None
 EXPLOSIVE = [
@@ -245,8 +245,8 @@ def test_file_task_reports_verifier_timeouts(tmp_path):
   # for the tokenizer and data stack.
   from text_fixtures import build_bpe_tokenizer
 
-  from jaxrl_llm.file_task import FileTask
-  from jaxrl_llm.text import HFTokenizer
+  from jaxrl_llm.data.file_task import FileTask
+  from jaxrl_llm.data.tokenizers import HFTokenizer
 
   tok = HFTokenizer.from_dir(build_bpe_tokenizer(tmp_path / "tok"))
   rows = [tok.encode("hang"), tok.encode(r"so \boxed{1}")]

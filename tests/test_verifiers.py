@@ -11,8 +11,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from jaxrl_llm import verifiers as V
-from jaxrl_llm.verifiers import rewards as R
+from jaxrl_llm.data import verifiers as V
+from jaxrl_llm.data.verifiers import rewards as R
 
 HAS_MATH_VERIFY = importlib.util.find_spec("math_verify") is not None
 

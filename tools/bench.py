@@ -47,8 +47,9 @@ for _path in (_REPO, _TOOLS):  # run from a checkout without installing it
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jaxrl_llm import data, quant  # noqa: E402
+from jaxrl_llm import quant  # noqa: E402
 from jaxrl_llm.config import ConfigError, parse  # noqa: E402
+from jaxrl_llm.data import pipeline  # noqa: E402
 from jaxrl_llm.rl import make_rl_step  # noqa: E402
 from jaxrl_llm.run import Experiment, build, build_task, to_global_batch  # noqa: E402
 
@@ -282,8 +283,8 @@ def bench(
   program = program_for(exp, full_length)
   ctx = program.learner
   samp = ctx.sampling
-  it = data.make_prompt_iterator(
-    exp.task.train_examples(config.seed), config.sampled_prompts, seed=config.seed
+  it = pipeline.make_prompt_iterator(
+    exp.task.train_examples(config.seed), parse(config).sampled_prompts, seed=config.seed
   )
   batches = [to_global_batch(next(it), exp.batch_sharding) for _ in range(steps + 1)]
   state = exp.state

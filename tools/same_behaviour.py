@@ -66,10 +66,10 @@ def load_config(path: pathlib.Path):
 def freeze_configs(out: str) -> None:
   """Writes the default config and every configs/*.py of this tree to `out` as sorted JSON."""
   sys.path.insert(0, str(ROOT))
-  from jaxrl_llm import default_config
+  from jaxrl_llm.config import default_config
 
   plain = lambda c: json.loads(c.to_json_best_effort())  # noqa: E731
-  frozen = {"default": plain(default_config.get_config())}
+  frozen = {"default": plain(default_config())}
   for path in sorted((ROOT / "configs").glob("*.py")):
     frozen[f"configs/{path.name}"] = plain(load_config(path))
   pathlib.Path(out).write_text(json.dumps(frozen, sort_keys=True, indent=2) + "\n")

@@ -76,13 +76,13 @@ class DataSettings(Section):
 
   def errors(self) -> list[str]:
     """Held-out share in [0, 1), S >= 1, a known template and accuracy term, a time limit."""
-    from jaxrl_llm import text, verifiers  # light modules; imported here to keep this one lean
+    from jaxrl_llm.data import templates, verifiers  # light; imported here to keep this lean
 
     out = need(
       0 <= self.eval_fraction < 1, f"data.eval_fraction={self.eval_fraction} must be in [0, 1)"
     )
     out += at_least("data", self, 1, "prompt_len")
-    out += allowed("data.template", self.template, tuple(sorted(text.PROMPT_TEMPLATES)))
+    out += allowed("data.template", self.template, tuple(sorted(templates.PROMPT_TEMPLATES)))
     out += allowed("data.correct_term", self.correct_term, tuple(sorted(verifiers.REWARD_FNS)))
     timeout = self.verifier_timeout_s
     return out + need(timeout > 0, f"data.verifier_timeout_s={timeout} must be > 0")

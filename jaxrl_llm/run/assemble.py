@@ -19,8 +19,10 @@ from absl import logging
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxrl_llm import data, distributed, file_task, quant, sharding, tasks
+from jaxrl_llm import distributed, quant, sharding
 from jaxrl_llm.config import Config, ConfigError, Settings, check, parse
+from jaxrl_llm.data import file_task, pipeline, tasks
+from jaxrl_llm.data.task import Task
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.transformer import Transformer, positions_from_mask
 from jaxrl_llm.rl import RLProgram, make_rl_step
@@ -36,7 +38,7 @@ class Experiment:
 
   config: Config
   mesh: Mesh
-  task: Any  # a `tasks.Task` (in-graph verifier) or a `file_task.FileTask` (host verifiers)
+  task: Task  # in-graph verifiers (built-in tasks) or host verifiers (prompt files)
   model: Transformer
   state: TrainState
   state_shardings: TrainState  # a TrainState of NamedShardings
@@ -58,15 +60,10 @@ class Experiment:
     """The fused jitted update `(state, batch, rng) -> (state, metrics)`."""
     return self.program.step
 
-  @property
-  def host_reward(self) -> bool:
-    """Whether rewards come from host verifiers (sample -> host -> learn)."""
-    return getattr(self.task, "host_reward", False)
-
   def update(self, state: TrainState, np_batch: dict, rng: jax.Array):
     """One RL update on a host batch of this process's prompts: the fused step, or
     sample → host verifiers → learn for a task whose verifiers run on the host."""
-    if self.host_reward:
+    if self.task.rewards_on_host:
       return host_reward_step(self, state, np_batch, rng)
     return self.rl_step(state, to_global_batch(np_batch, self.batch_sharding), rng)
 
@@ -85,7 +82,7 @@ def to_global_batch(np_batch: dict, batch_sharding: NamedSharding) -> PromptBatc
       "answer": np.zeros((n, 1), np.int32),
       "answer_mask": np.zeros((n, 1), bool),
     }
-  pb = data.to_prompt_batch(np_batch)
+  pb = pipeline.to_prompt_batch(np_batch)
   return jax.tree.map(
     lambda x: jax.make_array_from_process_local_data(batch_sharding, np.asarray(x)), pb
   )
@@ -296,7 +293,7 @@ def build(
   settings = _learner_settings(cfg, params, mesh, seq_len, samp)
   state_shardings = jax.tree.map(lambda x: x.sharding, state)
   sampler_dtype = quant.resolve_sampler_dtype(cfg.sampling.param_dtype, devices[0].platform)
-  reward_fn = getattr(task, "reward_terms", None)
+  reward_fn = task.reward_terms  # None when the verifiers run on the host
   program = make_rl_step(
     model, tx, schedule, reward_fn, samp, settings, mesh, state_shardings,
     sampler_dtype=sampler_dtype, rules=rules,
@@ -323,7 +320,7 @@ def build(
 def abstract_batch(exp: Experiment) -> PromptBatch:
   """ShapeDtypeStructs of one RL step's prompt batch (for ahead-of-time compilation)."""
   p = exp.config.sampled_prompts
-  s, a = exp.prompt_len, getattr(exp.task, "answer_len", 1)
+  s, a = exp.prompt_len, exp.task.answer_len
   shape = lambda n, dt: jax.ShapeDtypeStruct((p, n), dt, sharding=exp.batch_sharding)  # noqa: E731
   return PromptBatch(
     tokens=shape(s, jnp.int32),

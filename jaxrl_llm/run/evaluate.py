@@ -35,17 +35,18 @@ def _correct(task, rollout, batch: PromptBatch, g: int):
 
 
 def make_eval_fn(model, task, cfg: Config, mesh, rules=sharding.DEFAULT_RULES):
-  """Held-out evaluation `(params, batch, rng[, answers]) -> metrics`: greedy accuracy and
+  """Held-out evaluation `(params, batch, rng, answers) -> metrics`: greedy accuracy and
   pass@k at the sampling temperature.
 
   Sampling is one jitted program; a pure-JAX verifier runs inside it, a host verifier (file
-  tasks) scores the decoded completions afterwards (then `answers` are the references).
+  tasks) scores the decoded completions afterwards: `answers` are the eval set's host
+  reference answers (None for in-graph tasks, whose answers are token arrays in `batch`).
   """
   greedy_cfg = cfg.sampling.sampler(task, greedy=True, group_size=1)
   k = cfg.train.pass_k
   passk_cfg = cfg.sampling.sampler(task, group_size=max(k, 1))
   repl = NamedSharding(mesh, PartitionSpec())
-  host = getattr(task, "host_reward", False)
+  host = task.rewards_on_host
 
   def eval_fn(params, batch: PromptBatch, rng):
     greedy = sample(model, params, batch.tokens, batch.mask, rng, greedy_cfg)
@@ -57,7 +58,7 @@ def make_eval_fn(model, task, cfg: Config, mesh, rules=sharding.DEFAULT_RULES):
 
   jitted = jax.jit(sharding.traced_with_rules(eval_fn, mesh, rules), out_shardings=repl)
   if not host:
-    return jitted
+    return lambda params, batch, rng, answers=None: jitted(params, batch, rng)
 
   def host_eval(params, batch, rng, answers):
     greedy, sampled, lengths = jax.device_get(jitted(params, batch, rng))

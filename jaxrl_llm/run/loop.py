@@ -16,7 +16,7 @@ import numpy as np
 from absl import logging
 
 from jaxrl_llm import checkpoint as ckpt_lib
-from jaxrl_llm import data, distributed, sharding
+from jaxrl_llm import distributed, sharding
 from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm.config import Config, ConfigError, parse
 from jaxrl_llm.models.config import ModelConfig
@@ -32,11 +32,7 @@ class Evaluator:
 
   def __init__(self, exp: Experiment, writer):
     cfg, task = exp.config, exp.task
-    if exp.host_reward:
-      eval_np = task.eval_batch(multiple_of=sharding.batch_size_divisor(exp.mesh))
-      self.args = (eval_np.pop("answer"),)
-    else:
-      eval_np, self.args = task.eval_examples(), ()
+    eval_np, self.answers = task.eval_set(multiple_of=sharding.batch_size_divisor(exp.mesh))
     # Every process holds the whole evaluation set and feeds its own block of rows.
     own = distributed.process_slice(len(eval_np["tokens"]))
     self.batch = to_global_batch({k: v[own] for k, v in eval_np.items()}, exp.batch_sharding)
@@ -47,7 +43,7 @@ class Evaluator:
   def __call__(self, step: int, params) -> dict[str, float]:
     """Evaluates `params`, writes and logs the scalars at `step`."""
     t = time.time()
-    m = self.exp.eval_fn(params, self.batch, self.key, *self.args)
+    m = self.exp.eval_fn(params, self.batch, self.key, self.answers)
     m = metrics_lib.flatten_metrics(m)
     self.writer.scalars(step, m)
     self.history.append((step, m))
@@ -61,12 +57,9 @@ def _train_iterator(exp: Experiment, writer):
   cfg = exp.config
   per_process = cfg.sampled_prompts // jax.process_count()
   shard = {"shard_index": jax.process_index(), "shard_count": jax.process_count()}
-  if exp.host_reward:
-    it = exp.task.train_iterator(per_process, cfg.seed, **shard)
-    writer.scalars(0, exp.task.data_stats)  # records read, too long (dropped), kept
-    return it
-  examples = exp.task.train_examples(cfg.seed)
-  return data.make_prompt_iterator(examples, per_process, seed=cfg.seed, **shard)
+  it = exp.task.train_iterator(per_process, cfg.seed, **shard)
+  writer.scalars(0, exp.task.data_stats)  # file data: records read, too long (dropped), kept
+  return it
 
 
 def _initial_state(exp: Experiment, ckpt, train_iter, workdir: str):

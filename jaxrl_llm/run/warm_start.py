@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
-from jaxrl_llm import data, paths, sharding
 from jaxrl_llm import metrics as metrics_lib
+from jaxrl_llm import paths, sharding
 from jaxrl_llm.optim import guarded_update
 from jaxrl_llm.run.assemble import Experiment, to_global_batch
 from jaxrl_llm.run.guard import SkipGuard
@@ -44,10 +44,9 @@ def warm_start(exp: Experiment, workdir: str) -> TrainState:
   cfg = exp.config
   steps, log_every = cfg.sft.steps, cfg.train.log_every
   tx, schedule = cfg.sft.optimizer(cfg.optim).build(steps)
-  it = data.make_prompt_iterator(
-    exp.task.train_examples(cfg.seed + 1),
+  it = exp.task.train_iterator(
     cfg.sft.batch_size // jax.process_count(),
-    seed=cfg.seed + 1,
+    cfg.seed + 1,
     shard_index=jax.process_index(),
     shard_count=jax.process_count(),
   )

@@ -6,7 +6,7 @@ processes (errors and timeouts score 0.0 and are counted; a hung call's worker i
 `get_reward_fn(name)` looks up a two-argument term `fn(completion, reference) -> float` by name.
 """
 
-from jaxrl_llm.verifiers.math import (
+from jaxrl_llm.data.verifiers.math import (
   brace_depth,
   extract_answer,
   extract_boxed,
@@ -17,7 +17,7 @@ from jaxrl_llm.verifiers.math import (
   parse_number,
   within_limits,
 )
-from jaxrl_llm.verifiers.rewards import (
+from jaxrl_llm.data.verifiers.rewards import (
   RewardFn,
   correctness_reward,
   format_reward,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-from jaxrl_llm.tasks.strings import LetterStringTask
+from jaxrl_llm.data.tasks.strings import LetterStringTask
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,14 +6,14 @@ import dataclasses
 
 import numpy as np
 
-from jaxrl_llm.tasks.base import Task
+from jaxrl_llm.data.tasks.base import BuiltinTask
 
 LETTERS = "abcdefghij"
 _DIGITS_TO_LETTERS = str.maketrans("0123456789", LETTERS)
 
 
 @dataclasses.dataclass(frozen=True)
-class LetterStringTask(Task):
+class LetterStringTask(BuiltinTask):
   """Problems are all strings over ``LETTERS`` with length in ``[min_len, max_len]``.
 
   Index ``i`` enumerates shorter strings first; within a length, the string is ``i``'s offset

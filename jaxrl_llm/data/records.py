@@ -20,8 +20,8 @@ Batches are dicts of numpy arrays:
   <field> [P]             each metadata field (numeric dtype when every value is a number,
                           else object)
 
-The iterator is the one ``jaxrl_llm.data.make_prompt_iterator`` builds, so it is saved and
-restored with ``grain.checkpoint.CheckpointSave`` / ``CheckpointRestore`` like the task pipeline.
+The iterator is the one ``pipeline.make_prompt_iterator`` builds, so it is saved and restored
+with ``grain.checkpoint.CheckpointSave`` / ``CheckpointRestore`` like the task pipeline.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ import grain
 import numpy as np
 from absl import logging
 
-from jaxrl_llm import data, text
+from jaxrl_llm.data import pipeline, templates
+from jaxrl_llm.data.tokenizers import HFTokenizer
 
 SUPPORTED_EXTENSIONS = (".jsonl", ".jsonl.gz", ".parquet")
 BATCH_KEYS = ("tokens", "mask", "answer", "index")
@@ -197,6 +198,58 @@ def _file_kind(path: str) -> str:
   )
 
 
+def _check_prompt(where: str, prompt: Any, prompt_field: str) -> str:
+  """A record's prompt: DataError unless it is a non-empty string of valid text."""
+  if not isinstance(prompt, str):
+    hint = ""
+    if isinstance(prompt, list):
+      hint = (
+        f" (for chat-style records point prompt_field at the text, e.g. '{prompt_field}.0.content')"
+      )
+    raise DataError(
+      f"{where}: prompt field {prompt_field!r} holds a {type(prompt).__name__}, not a string{hint}."
+    )
+  if not prompt.strip():
+    raise DataError(f"{where}: prompt field {prompt_field!r} is empty.")
+  _check_text(where, prompt_field, prompt)
+  return prompt
+
+
+def _file_records(
+  path: str,
+  fields: Sequence[str],
+  *,
+  prompt_field: str,
+  answer_field: str | None,
+  metadata_fields: Sequence[str],
+) -> tuple[list[dict[str, Any]], int, int]:
+  """(records, rows read, rows skipped for a null answer) of one dataset file."""
+  kind = _file_kind(path)
+  rows = _parquet_rows(path, fields) if kind == ".parquet" else _jsonl_rows(path)
+  records = []
+  num_rows = num_null = 0
+  for where, row, has in rows:
+    num_rows += 1
+    values = {}
+    for field in fields:
+      value = _lookup(row, field)
+      if value is _MISSING:
+        raise DataError(f"{where}: record has no field {field!r}; its fields are {has}.")
+      values[field] = value
+    prompt = _check_prompt(where, values[prompt_field], prompt_field)
+    if answer_field and _is_null_answer(values[answer_field]):
+      num_null += 1
+      continue
+    record = {
+      "prompt": prompt,
+      "answer": _answer_text(values[answer_field]) if answer_field else "",
+    }
+    _check_text(where, answer_field or "answer", record["answer"])
+    record.update({f: values[f] for f in metadata_fields})
+    records.append(record)
+  return records, num_rows, num_null
+
+
 def load_records(
   files: Sequence[str] | str,
   *,
@@ -225,39 +278,14 @@ def load_records(
   records = []
   null_answers: dict[str, int] = {}  # path -> rows skipped for a null answer
   for path in paths:
-    kind = _file_kind(path)
-    rows = _parquet_rows(path, fields) if kind == ".parquet" else _jsonl_rows(path)
-    num_rows = num_null = 0
-    for where, row, has in rows:
-      num_rows += 1
-      values = {}
-      for field in fields:
-        value = _lookup(row, field)
-        if value is _MISSING:
-          raise DataError(f"{where}: record has no field {field!r}; its fields are {has}.")
-        values[field] = value
-      prompt = values[prompt_field]
-      if not isinstance(prompt, str):
-        hint = ""
-        if isinstance(prompt, list):
-          hint = f" (for chat-style records point prompt_field at the text, e.g. '{prompt_field}.0.content')"
-        raise DataError(
-          f"{where}: prompt field {prompt_field!r} holds a {type(prompt).__name__}, "
-          f"not a string{hint}."
-        )
-      if not prompt.strip():
-        raise DataError(f"{where}: prompt field {prompt_field!r} is empty.")
-      _check_text(where, prompt_field, prompt)
-      if answer_field and _is_null_answer(values[answer_field]):
-        num_null += 1
-        continue
-      record = {
-        "prompt": prompt,
-        "answer": _answer_text(values[answer_field]) if answer_field else "",
-      }
-      _check_text(where, answer_field or "answer", record["answer"])
-      record.update({f: values[f] for f in metadata_fields})
-      records.append(record)
+    read, num_rows, num_null = _file_records(
+      path,
+      fields,
+      prompt_field=prompt_field,
+      answer_field=answer_field,
+      metadata_fields=metadata_fields,
+    )
+    records.extend(read)
     if num_null:
       null_answers[path] = num_null
       logging.warning(
@@ -361,7 +389,7 @@ def _stack_rows(rows: Sequence[dict[str, Any]]) -> dict[str, np.ndarray]:
 
 
 def _warn_special_tokens(
-  records: Sequence[dict[str, Any]], tokenizer: text.HFTokenizer, in_text: bool
+  records: Sequence[dict[str, Any]], tokenizer: HFTokenizer, in_text: bool
 ) -> None:
   """Logs how many prompts hold special-token strings, and how they were encoded."""
   found = [f for r in records if (f := tokenizer.find_special_tokens(r["prompt"]))]
@@ -377,9 +405,41 @@ def _warn_special_tokens(
     )
 
 
+def _log_tokenized(template: str, prompt_len: int, stats: Mapping[str, int]) -> None:
+  """Logs how many records were tokenized, dropped as too long, kept and skipped when read."""
+  logging.info(
+    "Prompt dataset (template %r, prompt_len %d): %d records, %d longer than prompt_len "
+    "dropped, %d kept; %d rows skipped for a null answer when read.",
+    template,
+    prompt_len,
+    stats["num_records"],
+    stats["num_too_long"],
+    stats["num_kept"],
+    stats["skipped_null_answer"],
+  )
+
+
+def _kept_examples(
+  records: Sequence[dict[str, Any]], keep: np.ndarray, tokens: np.ndarray, mask: np.ndarray
+) -> dict[str, np.ndarray]:
+  """Example arrays of the kept records (rows ``keep`` of ``records``, tokenized as
+  ``tokens`` / ``mask``): the batch keys plus a column per metadata field."""
+  kept = [records[i] for i in keep]
+  examples = {
+    "tokens": tokens,
+    "mask": mask,
+    "answer": _object_column([r["answer"] for r in kept]),
+    "index": keep.astype(np.int64),
+  }
+  for key in records[0]:
+    if key not in ("prompt", "answer"):
+      examples[key] = _column([r.get(key) for r in kept])
+  return examples
+
+
 def tokenize_records(
   records: Sequence[dict[str, Any]],
-  tokenizer: text.HFTokenizer,
+  tokenizer: HFTokenizer,
   *,
   template: str = "plain",
   prompt_len: int,
@@ -398,9 +458,9 @@ def tokenize_records(
   """
   if not records:
     raise DataError("records is empty.")
-  render = text.render_prompt if special_tokens_in_text else text.render_prompt_parts
+  render = templates.render_prompt if special_tokens_in_text else templates.render_prompt_parts
   prompts = [render(r["prompt"], template, tokenizer=tokenizer, system=system) for r in records]
-  specials = not text.uses_chat_template(template)
+  specials = not templates.uses_chat_template(template)
   tokens, mask, too_long = tokenizer.encode_batch(
     prompts,
     prompt_len,
@@ -415,16 +475,7 @@ def tokenize_records(
     "num_kept": int(keep.size),
     **skip_counts(records),
   }
-  logging.info(
-    "Prompt dataset (template %r, prompt_len %d): %d records, %d longer than prompt_len "
-    "dropped, %d kept; %d rows skipped for a null answer when read.",
-    template,
-    prompt_len,
-    stats["num_records"],
-    stats["num_too_long"],
-    stats["num_kept"],
-    stats["skipped_null_answer"],
-  )
+  _log_tokenized(template, prompt_len, stats)
   _warn_special_tokens(records, tokenizer, special_tokens_in_text)
   if keep.size == 0:
     shortest = min(len(tokenizer.encode(p, add_special_tokens=specials)) for p in prompts)
@@ -432,22 +483,12 @@ def tokenize_records(
       f"All {len(records)} prompts are longer than prompt_len={prompt_len} tokens after "
       f"rendering with template {template!r} (shortest: {shortest} tokens); raise prompt_len."
     )
-  kept = [records[i] for i in keep]
-  examples = {
-    "tokens": tokens,
-    "mask": mask,
-    "answer": _object_column([r["answer"] for r in kept]),
-    "index": keep.astype(np.int64),
-  }
-  for key in records[0]:
-    if key not in ("prompt", "answer"):
-      examples[key] = _column([r.get(key) for r in kept])
-  return examples, stats
+  return _kept_examples(records, keep, tokens, mask), stats
 
 
 def make_text_prompt_iterator(
   records: Sequence[dict[str, Any]],
-  tokenizer: text.HFTokenizer,
+  tokenizer: HFTokenizer,
   *,
   template: str = "plain",
   prompt_len: int,
@@ -462,13 +503,14 @@ def make_text_prompt_iterator(
 ) -> tuple[grain.DatasetIterator, dict[str, int]]:
   """Checkpointable iterator of tokenized prompt batches (keys in the module docstring).
 
-  Prompts are rendered with the named template (``text.PROMPT_TEMPLATES``; ``system`` is used
-  by the chat templates), left-padded to ``prompt_len`` and those that do not fit are dropped
-  (counted in the returned stats). The rest follows ``data.make_prompt_iterator``: shuffle by
-  ``seed`` each epoch, repeat ``num_epochs`` (None = forever), take shard ``shard_index`` of
-  ``shard_count`` (disjoint within an epoch), batch with the remainder dropped. Special-token
-  strings in the records' text are plain text unless ``special_tokens_in_text`` (see
-  ``tokenize_records``); the stats include the records' skip counts (``SKIP_KEYS``).
+  Prompts are rendered with the named template (``templates.PROMPT_TEMPLATES``; ``system`` is
+  used by the chat templates), left-padded to ``prompt_len`` and those that do not fit are
+  dropped (counted in the returned stats). The rest follows ``pipeline.make_prompt_iterator``:
+  shuffle by ``seed`` each epoch, repeat ``num_epochs`` (None = forever), take shard
+  ``shard_index`` of ``shard_count`` (disjoint within an epoch), batch with the remainder
+  dropped. Special-token strings in the records' text are plain text unless
+  ``special_tokens_in_text`` (see ``tokenize_records``); the stats include the records' skip
+  counts (``SKIP_KEYS``).
   """
   examples, stats = tokenize_records(
     records,
@@ -485,7 +527,7 @@ def make_text_prompt_iterator(
       f"of {stats['num_records']} records fit prompt_len={prompt_len} "
       f"({stats['num_too_long']} too long), over {shard_count} shard(s)."
     )
-  it = data.make_prompt_iterator(
+  it = pipeline.make_prompt_iterator(
     examples,
     batch_size,
     seed,

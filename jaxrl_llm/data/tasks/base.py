@@ -1,4 +1,4 @@
-"""The verifiable-task interface shared by the built-in synthetic tasks.
+"""`BuiltinTask`: the base class of the built-in synthetic tasks (a `data.task.Task`).
 
 A task is a frozen (hashable) dataclass that owns a finite, indexable space of problems. Each
 problem index maps to a prompt text and a reference answer text. A fixed hash of the problem's
@@ -12,6 +12,8 @@ Example arrays (numpy, one row per problem):
   mask         [N, S] bool   True on bos and prompt characters
   answer       [N, A] int32  ``answer <eos> <pad>…``, right-padded to ``answer_len``
   answer_mask  [N, A] bool   True on answer characters and the eos
+
+Rewards are computed in-graph: ``reward_terms`` is a pure-JAX verifier of these arrays.
 """
 
 from __future__ import annotations
@@ -22,11 +24,14 @@ import zlib
 from typing import ClassVar
 
 import chex
+import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_llm.tasks.tokenizer import CharTokenizer
+from jaxrl_llm.data import pipeline
+from jaxrl_llm.data.task import Task
+from jaxrl_llm.data.tasks.tokenizer import CharTokenizer
 
 # Problem spaces up to this size are enumerated; larger ones are sampled.
 MAX_ENUMERATED_PROBLEMS = 1 << 22
@@ -45,8 +50,12 @@ def _mix64(x: np.ndarray, salt: int) -> np.ndarray:
 
 
 @dataclasses.dataclass(frozen=True)
-class Task(abc.ABC):
+class BuiltinTask(Task):
   """Base class of a synthetic verifiable task (prompt source plus a pure-JAX verifier).
+
+  Each task defines ``prompt_len`` (S: bos + longest prompt text) and ``answer_len`` (A:
+  longest answer text + eos) of the `Task` interface, and ``num_problems``, ``answer_chars``
+  and ``render`` below.
 
   Attributes:
     eval_size: number of held-out problems in ``eval_examples()`` (fewer if the held-out part
@@ -58,6 +67,8 @@ class Task(abc.ABC):
   """
 
   name: ClassVar[str] = "task"
+  rewards_on_host: ClassVar[bool] = False  # reward_terms runs inside the jitted step
+  host_reward_terms: ClassVar[None] = None
 
   eval_size: int = 256
   train_size: int | None = None
@@ -74,17 +85,7 @@ class Task(abc.ABC):
         f"{self.name}: holdout_fraction must be in (0, 1), got {self.holdout_fraction}."
       )
 
-  # ---- what each task defines -------------------------------------------------------------
-
-  @property
-  @abc.abstractmethod
-  def prompt_len(self) -> int:
-    """S: static prompt length (bos + longest prompt text)."""
-
-  @property
-  @abc.abstractmethod
-  def answer_len(self) -> int:
-    """A: static answer length (longest answer text + eos)."""
+  # ---- what each task defines (and prompt_len, answer_len) ---------------------------------
 
   @property
   @abc.abstractmethod
@@ -177,6 +178,32 @@ class Task(abc.ABC):
   def eval_examples(self) -> dict[str, np.ndarray]:
     """Deterministic evaluation example arrays drawn from the held-out problems."""
     return self.examples(self.eval_indices())
+
+  # ---- the Task interface's data side -----------------------------------------------------
+
+  @property
+  def data_stats(self) -> dict[str, float]:
+    """No statistics: problems are generated, none are read or dropped."""
+    return {}
+
+  def train_iterator(
+    self, batch_size: int, seed: int, shard_index: int = 0, shard_count: int = 1
+  ) -> grain.DatasetIterator:
+    """The grain iterator over ``train_examples(seed)``, shuffled by ``seed`` (see
+    `pipeline.make_prompt_iterator`)."""
+    return pipeline.make_prompt_iterator(
+      self.train_examples(seed),
+      batch_size,
+      seed=seed,
+      shard_index=shard_index,
+      shard_count=shard_count,
+    )
+
+  def eval_set(self, multiple_of: int = 1) -> tuple[dict[str, np.ndarray], None]:
+    """(``eval_examples()``, None): the answers are token arrays, checked in-graph. The set
+    is fixed: ``multiple_of`` is not applied."""
+    del multiple_of
+    return self.eval_examples(), None
 
   # ---- verifier ---------------------------------------------------------------------------
 

@@ -7,11 +7,11 @@ from typing import ClassVar
 
 import numpy as np
 
-from jaxrl_llm.tasks.base import Task
+from jaxrl_llm.data.tasks.base import BuiltinTask
 
 
 @dataclasses.dataclass(frozen=True)
-class AdditionTask(Task):
+class AdditionTask(BuiltinTask):
   """Adds two integers drawn uniformly from ``[0, 10**digits)``.
 
   Problem index ``i`` is the pair ``(i // 10**digits, i % 10**digits)``; numbers are written

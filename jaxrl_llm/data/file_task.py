@@ -1,9 +1,9 @@
 """Prompts from JSONL / Parquet files, a Hugging Face tokenizer, and host-side verifiers.
 
-A `FileTask` plays the role of a built-in task for real data: it renders prompts with a
+A `FileTask` is the `Task` of real data: it renders prompts with a
 template, tokenizes them (left-padded, over-long prompts filtered and counted), feeds them
-through grain, and scores decoded completions on the host with the verifiers of
-`jaxrl_llm.verifiers` (exceptions and timeouts score 0 and are counted, never crash the run).
+through grain, and scores decoded completions on the host with the verifiers of `verifiers`
+(exceptions and timeouts score 0 and are counted, never crash the run).
 Training then uses the host-reward path of `rl.RLProgram`: jitted sampler → host
 verifiers → jitted learner, with the same objectives and metrics as the fused step.
 """
@@ -17,18 +17,19 @@ from typing import Any
 
 import numpy as np
 
-from jaxrl_llm import datasets, verifiers
-from jaxrl_llm.text import HFTokenizer
+from jaxrl_llm.data import records, verifiers
+from jaxrl_llm.data.task import Task
+from jaxrl_llm.data.tokenizers import HFTokenizer
 
 
 @dataclasses.dataclass
-class FileTask:
-  """A prompt dataset read from files, scored by named host verifiers."""
+class FileTask(Task):
+  """A prompt dataset read from files, scored by named host verifiers (rewards on the host)."""
 
   tokenizer: HFTokenizer
   train_records: list[dict[str, Any]]
   eval_records: list[dict[str, Any]]
-  template: str  # prompt template name (jaxrl_llm.text.PROMPT_TEMPLATES)
+  template: str  # prompt template name (templates.PROMPT_TEMPLATES)
   prompt_len: int  # S: prompts are left-padded to this many tokens
   max_new_tokens: int  # T: completion budget
   reward_fns: dict[str, Callable[[str, str], float]]  # name -> verifier(completion, reference)
@@ -39,12 +40,14 @@ class FileTask:
   special_tokens_in_text: bool = False  # special-token strings in prompts become control ids
 
   name = "files"
-  host_reward = True
+  rewards_on_host = True  # host_reward_terms scores decoded completions
+  reward_terms = None  # no in-graph verifier
+  answer_len = 1  # the reference answers stay on the host; the device batch holds a [P, 1] stub
   data_stats: dict[str, float] = dataclasses.field(default_factory=dict)  # filled by train_iterator
 
   def train_iterator(self, batch_size: int, seed: int, shard_index: int = 0, shard_count: int = 1):
     """The grain iterator of training prompt batches (checkpointable)."""
-    it, stats = datasets.make_text_prompt_iterator(
+    it, stats = records.make_text_prompt_iterator(
       self.train_records,
       self.tokenizer,
       template=self.template,
@@ -59,9 +62,10 @@ class FileTask:
     self.data_stats = {f"data/{k}": float(v) for k, v in stats.items()}
     return it
 
-  def eval_batch(self, multiple_of: int = 1) -> dict[str, np.ndarray]:
-    """Up to `eval_size` held-out prompts (a multiple of `multiple_of`), tokenized."""
-    examples, _ = datasets.tokenize_records(
+  def eval_set(self, multiple_of: int = 1) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Up to `eval_size` held-out prompts (a multiple of `multiple_of`), tokenized, and their
+    reference answers (the batch's ``answer`` column, taken out of it)."""
+    examples, _ = records.tokenize_records(
       self.eval_records[: self.eval_size * 2],
       self.tokenizer,
       template=self.template,
@@ -76,7 +80,8 @@ class FileTask:
         f"no evaluation prompt fits data.prompt_len={self.prompt_len} in a multiple of "
         f"{multiple_of} devices; add eval data or raise data.prompt_len"
       )
-    return {k: v[:n] for k, v in examples.items()}
+    batch = {k: v[:n] for k, v in examples.items()}
+    return batch, batch.pop("answer")
 
   def decode(self, tokens: np.ndarray) -> list[str]:
     """Completion token rows [B, T] -> text (cut at the first stop token)."""
@@ -125,17 +130,17 @@ def build_file_task(config, tokenizer_dir: str) -> FileTask:
     HFTokenizer.from_dir(tok_path) if os.path.isdir(tok_path) else HFTokenizer.from_file(tok_path)
   )
   fields = {"prompt_field": d.prompt_field, "answer_field": d.answer_field}
-  records = datasets.load_records(_split_files(d.train_files), **fields)
+  loaded = records.load_records(_split_files(d.train_files), **fields)
   eval_files = _split_files(d.eval_files) or None
-  train, evaluation = datasets.train_eval_split(
-    records,
+  train, evaluation = records.train_eval_split(
+    loaded,
     eval_fraction=0.0 if eval_files else d.eval_fraction,
     eval_files=eval_files,
     seed=config.seed,
     **fields,
   )
   if not evaluation:
-    raise datasets.DataError(
+    raise records.DataError(
       "the evaluation split is empty: set data.eval_files or a data.eval_fraction > 0"
     )
   weights = dict(config.task.reward_weights)

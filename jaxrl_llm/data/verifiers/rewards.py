@@ -5,7 +5,7 @@ every term on every (completion, reference) pair in a pool of workers; a call th
 something that is not a finite number, or runs past `timeout_s` scores 0.0 for that term and is
 counted in the returned stats. Verifier failures never raise out of `score_batch`. The built-in
 terms also refuse over-long or too deeply nested input before parsing it (see
-`jaxrl_llm.verifiers.math`), so they stay fast on any text.
+`jaxrl_llm.data.verifiers.math`), so they stay fast on any text.
 
 Executors:
   * `'process'` (default): a `ProcessPoolExecutor` (forkserver/spawn start, never plain fork, so
@@ -47,7 +47,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from jaxrl_llm.verifiers import math as vmath
+from jaxrl_llm.data.verifiers import math as vmath
 
 logger = logging.getLogger(__name__)
 RewardFn = Callable[[str, str], float]
@@ -74,7 +74,7 @@ def correctness_reward(
   """1.0 when the answer extracted from `completion` is equivalent to `reference`, else 0.0.
 
   A completion over `MAX_TEXT_CHARS`, and an answer window or answer over the size and brace
-  depth limits of `jaxrl_llm.verifiers.math`, score 0.0 without being parsed.
+  depth limits of `jaxrl_llm.data.verifiers.math`, score 0.0 without being parsed.
   """
   if len(completion) > vmath.MAX_TEXT_CHARS:
     return 0.0
@@ -460,91 +460,109 @@ class _Runner:
     return pending
 
   def run(self, tasks, scores, errors, timeouts) -> None:
-    """Runs every task, filling `scores`, `errors` and `timeouts` in place.
+    """Runs every task, filling `scores`, `errors` and `timeouts` in place."""
+    self.scores, self.errors, self.timeouts = scores, errors, timeouts
+    self.logged: set[str] = set()  # terms whose first failure was logged
+    self.pending: dict = {}  # call id -> (its future, (name, index))
+    self.abandoned: list[cf.Future] = []  # timed-out thread calls that are still running
+    self.pool, shared = _checkout(self.kind, self.workers)
+    try:
+      self.pending = self._submit_all(self.pool, tasks)
+      if self.pool.broken and shared:  # the kept pool died while idle: start afresh once
+        self.pool.close(kill=True)
+        self.pool = _Pool(self.kind, self.workers)
+        self.pending = self._submit_all(self.pool, [task for _, task in self.pending.values()])
+      self._wait()
+    finally:
+      # Hung or interrupted process calls are killed (and a kept pool with them); thread calls
+      # are left to finish. An idle kept pool stays for the next batch.
+      if self.kind == "thread":
+        self.pool.close(kill=True)
+      else:
+        _checkin(self.pool, shared=shared, kill=bool(self.pending or self.abandoned))
+
+  def _wait(self) -> None:
+    """Collects results until no call is pending, timing the calls that run.
 
     `started` holds the calls running now, with the time the parent saw each start; a call
     that returned stays pending until its task's results arrive, but is no longer timed.
     """
-    timeout_s, kind = self.timeout_s, self.kind
-    pool, shared = _checkout(kind, self.workers)
-    pending: dict = {}
-    abandoned: list[cf.Future] = []  # timed-out thread calls that are still running
+    timeout_s = self.timeout_s
+    self.started: dict[int, float] = {}  # running call id → when the parent saw it start
+    poll = 0.02 if timeout_s is None else min(0.02, max(timeout_s / 20, 1e-3))
+    next_check = time.monotonic() + poll
+    while self.pending:
+      self._collect(self._finished(next_check))
+      now = time.monotonic()
+      if now < next_check:
+        continue
+      next_check = now + poll
+      for call_id in self.pool.started_calls():
+        if call_id in self.pending:
+          self.started.setdefault(call_id, now)
+          # The call before it in its task has returned: its clock stops.
+          self.started.pop(self.previous.pop(call_id, -1), None)
+      if timeout_s is not None:
+        self._expire(now)
+
+  def _finished(self, until: float) -> list[tuple[cf.Future, list[int]]]:
+    """The (future, call ids) of the tasks that finished, waiting for one until `until`."""
     try:
-      pending = self._submit_all(pool, tasks)
-      if pool.broken and shared:  # the kept pool died while idle: start afresh once
-        pool.close(kill=True)
-        pool = _Pool(kind, self.workers)
-        pending = self._submit_all(pool, [task for _, task in pending.values()])
-      started: dict[int, float] = {}  # running call id → when the parent saw it start
-      logged: set[str] = set()
-      poll = 0.02 if timeout_s is None else min(0.02, max(timeout_s / 20, 1e-3))
-      next_check = time.monotonic() + poll
-      while pending:
-        try:
-          finished = [self.done.get(timeout=max(next_check - time.monotonic(), 0.0))]
-          while not self.done.empty():
-            finished.append(self.done.get())
-        except queue.Empty:
-          finished = []
-        for fut, ids in finished:
-          if not any(c in pending for c in ids):  # a task from a pool that was given up
-            continue
-          try:
-            results = fut.result()
-          except BaseException as e:  # the task as a whole failed (or was cancelled)
-            if isinstance(e, KeyboardInterrupt):
-              raise
-            if isinstance(e, cf.BrokenExecutor):
-              pool.broken = True  # a worker died: the pool is replaced after this batch
-            results = [(c, 0.0, repr(e)) for c in ids]
-          for call_id, value, error in results:
-            if call_id not in pending:
-              continue
-            _, (name, i) = pending.pop(call_id)
-            started.pop(call_id, None)
-            if error is None:
-              scores[name][i] = value
-              continue
-            errors[name] += 1
-            if name not in logged:
-              logged.add(name)
-              logger.warning("reward term %r failed on item %d: %s", name, i, error)
-        now = time.monotonic()
-        if now < next_check:
+      finished = [self.done.get(timeout=max(until - time.monotonic(), 0.0))]
+      while not self.done.empty():
+        finished.append(self.done.get())
+    except queue.Empty:
+      finished = []
+    return finished
+
+  def _collect(self, finished: list[tuple[cf.Future, list[int]]]) -> None:
+    """Records the results of finished tasks: scores, or errors (logged once per term)."""
+    for fut, ids in finished:
+      if not any(c in self.pending for c in ids):  # a task from a pool that was given up
+        continue
+      try:
+        results = fut.result()
+      except BaseException as e:  # the task as a whole failed (or was cancelled)
+        if isinstance(e, KeyboardInterrupt):
+          raise
+        if isinstance(e, cf.BrokenExecutor):
+          self.pool.broken = True  # a worker died: the pool is replaced after this batch
+        results = [(c, 0.0, repr(e)) for c in ids]
+      for call_id, value, error in results:
+        if call_id not in self.pending:
           continue
-        next_check = now + poll
-        for call_id in pool.started_calls():
-          if call_id in pending:
-            started.setdefault(call_id, now)
-            # The call before it in its task has returned: its clock stops.
-            started.pop(self.previous.pop(call_id, -1), None)
-        if timeout_s is None:
+        _, (name, i) = self.pending.pop(call_id)
+        self.started.pop(call_id, None)
+        if error is None:
+          self.scores[name][i] = value
           continue
-        expired = [
-          c for c, t0 in started.items() if now - t0 > timeout_s and not pending[c][0].done()
-        ]
-        if not expired:
-          continue
-        for call_id in expired:
-          fut, (name, _) = pending.pop(call_id)
-          del started[call_id]
-          timeouts[name] += 1
-          abandoned.append(fut)
-        abandoned = [f for f in abandoned if not f.done()]
-        if kind == "process" or len(abandoned) >= self.workers:
-          # Processes: kill the hung workers. Threads: every worker is stuck, so start afresh.
-          # Either way, whatever has not finished is resubmitted under a fresh clock (calls
-          # that shared a task with a hung call run again: their results died with it).
-          rest = [task for _, task in pending.values()]
-          pool.close(kill=True)
-          pool = _Pool(kind, self.workers)
-          pending = self._submit_all(pool, rest)
-          started.clear()
-          abandoned = []
-    finally:
-      # Hung or interrupted process calls are killed (and a kept pool with them); thread calls
-      # are left to finish. An idle kept pool stays for the next batch.
-      if kind == "thread":
-        pool.close(kill=True)
-      else:
-        _checkin(pool, shared=shared, kill=bool(pending or abandoned))
+        self.errors[name] += 1
+        if name not in self.logged:
+          self.logged.add(name)
+          logger.warning("reward term %r failed on item %d: %s", name, i, error)
+
+  def _expire(self, now: float) -> None:
+    """Times out the calls running longer than `timeout_s`: each scores 0.0 and is counted."""
+    expired = [
+      c
+      for c, t0 in self.started.items()
+      if now - t0 > self.timeout_s and not self.pending[c][0].done()
+    ]
+    if not expired:
+      return
+    for call_id in expired:
+      fut, (name, _) = self.pending.pop(call_id)
+      del self.started[call_id]
+      self.timeouts[name] += 1
+      self.abandoned.append(fut)
+    self.abandoned = [f for f in self.abandoned if not f.done()]
+    if self.kind == "process" or len(self.abandoned) >= self.workers:
+      # Processes: kill the hung workers. Threads: every worker is stuck, so start afresh.
+      # Either way, whatever has not finished is resubmitted under a fresh clock (calls
+      # that shared a task with a hung call run again: their results died with it).
+      rest = [task for _, task in self.pending.values()]
+      self.pool.close(kill=True)
+      self.pool = _Pool(self.kind, self.workers)
+      self.pending = self._submit_all(self.pool, rest)
+      self.started.clear()
+      self.abandoned = []

@@ -1,27 +1,27 @@
-"""Built-in synthetic verifiable tasks and their registry."""
+"""Built-in synthetic verifiable tasks (in-graph JAX verifiers) and their registry."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from jaxrl_llm.tasks.addition import AdditionTask
-from jaxrl_llm.tasks.base import Task
-from jaxrl_llm.tasks.reverse import ReverseTask
-from jaxrl_llm.tasks.sort import SortTask
-from jaxrl_llm.tasks.tokenizer import CharTokenizer
+from jaxrl_llm.data.tasks.addition import AdditionTask
+from jaxrl_llm.data.tasks.base import BuiltinTask
+from jaxrl_llm.data.tasks.reverse import ReverseTask
+from jaxrl_llm.data.tasks.sort import SortTask
+from jaxrl_llm.data.tasks.tokenizer import CharTokenizer
 
-TASKS: dict[str, type[Task]] = {
+TASKS: dict[str, type[BuiltinTask]] = {
   AdditionTask.name: AdditionTask,
   ReverseTask.name: ReverseTask,
   SortTask.name: SortTask,
 }
 
 
-def _init_fields(cls: type[Task]) -> set[str]:
+def _init_fields(cls: type[BuiltinTask]) -> set[str]:
   return {f.name for f in dataclasses.fields(cls) if f.init}
 
 
-def get_task(name: str, **kwargs) -> Task:
+def get_task(name: str, **kwargs) -> BuiltinTask:
   """Builds the registered task ``name`` with its keyword hyperparameters.
 
   Hyperparameters that belong only to other registered tasks (e.g. ``min_len`` when building
@@ -41,4 +41,12 @@ def get_task(name: str, **kwargs) -> Task:
   return cls(**{k: v for k, v in kwargs.items() if k in own})
 
 
-__all__ = ["TASKS", "AdditionTask", "CharTokenizer", "ReverseTask", "SortTask", "Task", "get_task"]
+__all__ = [
+  "TASKS",
+  "AdditionTask",
+  "BuiltinTask",
+  "CharTokenizer",
+  "ReverseTask",
+  "SortTask",
+  "get_task",
+]
