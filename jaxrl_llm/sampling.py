@@ -111,90 +111,18 @@ def sample(
   """Samples G completions per prompt; returns a `Rollout` of B = P * G rows (group-major)."""
   chex.assert_rank([prompt_tokens, prompt_mask], 2)
   chex.assert_equal_shape([prompt_tokens, prompt_mask])
-  num_prompts, prompt_len = prompt_tokens.shape
-  g, t_max = cfg.group_size, cfg.max_new_tokens
-  b = num_prompts * g
-  total = prompt_len + t_max
-
-  # Prefill each prompt once, then share its cache across the group.
-  key_valid = jnp.concatenate([prompt_mask, jnp.ones((num_prompts, t_max), bool)], axis=1)
-  positions = positions_from_mask(prompt_mask)
-  cache = init_cache(model.cfg, num_prompts, total)
-  out = model.apply(
-    {"params": params}, prompt_tokens, positions, key_valid, cache=cache, cache_index=0
+  prompt_len, t_max = prompt_tokens.shape[1], cfg.max_new_tokens
+  state, key_valid, next_pos, prompt_rows = _prefill(
+    model, params, prompt_tokens, prompt_mask, rng, cfg
   )
-  logits, cache = out.logits, out.cache
-  repeat = lambda x: jnp.repeat(x, g, axis=0)  # noqa: E731
-  cache = cache.repeat_rows(g)
-  routing = None
-  if out.moe is not None:  # record the prompt's routing, then each generated token's
-    r = out.moe.routing  # [P, S, Lm, K]
-    # Slots the loop never reaches (it stops once every row has ended) keep the sentinel -1:
-    # replay there falls back to the router's own choice, and no statistic counts them.
-    pad = jnp.full((num_prompts, t_max, *r.shape[2:]), NEVER_ROUTED, r.dtype)
-    routing = repeat(jnp.concatenate([r, pad], axis=1))
-  key_valid = repeat(key_valid)
-  next_pos = repeat(positions[:, -1] + 1)  # [B]
-  prompt_tokens_b, prompt_mask_b = repeat(prompt_tokens), repeat(prompt_mask)
-
-  state = _LoopState(
-    step=jnp.zeros((), jnp.int32),
-    tokens=jnp.full((b, t_max), cfg.pad_id, jnp.int32),
-    logprobs=jnp.zeros((b, t_max), jnp.float32),
-    done=jnp.zeros((b,), bool),
-    lengths=jnp.zeros((b,), jnp.int32),
-    logits=repeat(logits[:, -1]),
-    cache=cache,
-    rng=rng,
-    routing=routing,
-  )
-
-  def cond(s: _LoopState) -> jax.Array:
-    return (s.step < t_max) & ~jnp.all(s.done)
-
-  def body(s: _LoopState) -> _LoopState:
-    rng, draw_key = jax.random.split(s.rng)
-    # ℓ^μ = z_y - logsumexp(z) with z = logits / τ_s: the [B, V] log-softmax is never stored,
-    # and the draw reads z itself (every rule below is invariant to a shift of z).
-    z = s.logits.astype(jnp.float32) / cfg.temperature  # [B, V]
-    token = draw(draw_key, z, cfg)
-    token_logp = jnp.take_along_axis(z, token[:, None], axis=-1)[:, 0] - jax.nn.logsumexp(z, -1)
-    active = ~s.done
-    token = jnp.where(active, token, cfg.pad_id)
-    tokens = s.tokens.at[:, s.step].set(token)
-    logprobs = s.logprobs.at[:, s.step].set(jnp.where(active, token_logp, 0.0))
-    done = s.done | (token == cfg.eos_id)
-    out = model.apply(
-      {"params": params},
-      token[:, None],
-      (next_pos + s.step)[:, None],
-      key_valid,
-      cache=s.cache,
-      cache_index=prompt_len + s.step,
-    )
-    routing = s.routing
-    if routing is not None:
-      routing = jax.lax.dynamic_update_slice_in_dim(
-        routing, out.moe.routing, prompt_len + s.step, axis=1
-      )
-    return _LoopState(
-      step=s.step + 1,
-      tokens=tokens,
-      logprobs=logprobs,
-      done=done,
-      lengths=s.lengths + active.astype(jnp.int32),
-      logits=out.logits[:, 0],
-      cache=out.cache,
-      rng=rng,
-      routing=routing,
-    )
-
+  cond = functools.partial(_decoding, t_max)
+  body = functools.partial(_decode_step, model, params, cfg, key_valid, next_pos, prompt_len)
   with jax.named_scope(DECODE_SCOPE):  # names the loop in the compiled program (HLO tests)
     state = jax.lax.while_loop(cond, body, state)
   loss_mask = (jnp.arange(t_max)[None, :] < state.lengths[:, None]).astype(jnp.float32)
   return Rollout(
-    prompt_tokens=prompt_tokens_b,
-    prompt_mask=prompt_mask_b,
+    prompt_tokens=prompt_rows[0],
+    prompt_mask=prompt_rows[1],
     tokens=state.tokens,
     loss_mask=loss_mask,
     lengths=state.lengths,
@@ -202,6 +130,97 @@ def sample(
     logprobs=state.logprobs,
     decode_steps=state.step,
     routing=state.routing,
+  )
+
+
+def _prefill(model, params, prompt_tokens, prompt_mask, rng, cfg: SamplingConfig):
+  """Prefills each prompt [P, S] once and shares its cache across its group of G rows. Returns
+  the decode loop's first state, the keys' validity [B, S+T], the position of each row's first
+  completion token [B] and the rows' prompts (tokens, mask) [B, S]."""
+  num_prompts, prompt_len = prompt_tokens.shape
+  g, t_max = cfg.group_size, cfg.max_new_tokens
+  key_valid = jnp.concatenate([prompt_mask, jnp.ones((num_prompts, t_max), bool)], axis=1)
+  positions = positions_from_mask(prompt_mask)
+  cache = init_cache(model.cfg, num_prompts, prompt_len + t_max)
+  out = model.apply(
+    {"params": params}, prompt_tokens, positions, key_valid, cache=cache, cache_index=0
+  )
+  repeat = lambda x: jnp.repeat(x, g, axis=0)  # noqa: E731
+  cache = out.cache.repeat_rows(g)
+  routing = None
+  if out.moe is not None:  # record the prompt's routing, then each generated token's
+    r = out.moe.routing  # [P, S, Lm, K]
+    # Slots the loop never reaches (it stops once every row has ended) keep the sentinel -1:
+    # replay there falls back to the router's own choice, and no statistic counts them.
+    pad = jnp.full((num_prompts, t_max, *r.shape[2:]), NEVER_ROUTED, r.dtype)
+    routing = repeat(jnp.concatenate([r, pad], axis=1))
+  key_valid, next_pos = repeat(key_valid), repeat(positions[:, -1] + 1)
+  prompt_rows = repeat(prompt_tokens), repeat(prompt_mask)
+  b = num_prompts * g
+  state = _LoopState(
+    step=jnp.zeros((), jnp.int32),
+    tokens=jnp.full((b, t_max), cfg.pad_id, jnp.int32),
+    logprobs=jnp.zeros((b, t_max), jnp.float32),
+    done=jnp.zeros((b,), bool),
+    lengths=jnp.zeros((b,), jnp.int32),
+    logits=repeat(out.logits[:, -1]),
+    cache=cache,
+    rng=rng,
+    routing=routing,
+  )
+  return state, key_valid, next_pos, prompt_rows
+
+
+def _decoding(t_max: int, s: _LoopState) -> jax.Array:
+  """The decode loop's condition: steps left and a row still running."""
+  return (s.step < t_max) & ~jnp.all(s.done)
+
+
+def _decode_step(
+  model: Transformer,
+  params: Any,
+  cfg: SamplingConfig,
+  key_valid: jax.Array,  # [B, S+T] bool
+  next_pos: jax.Array,  # [B] position of each row's first completion token
+  prompt_len: int,
+  s: _LoopState,
+) -> _LoopState:
+  """One decode step: draws each running row's token, records its sampling log-prob (spec §0)
+  and runs it through the model, writing its keys/values (and routing) at slot S + step."""
+  rng, draw_key = jax.random.split(s.rng)
+  # ℓ^μ = z_y - logsumexp(z) with z = logits / τ_s: the [B, V] log-softmax is never stored,
+  # and the draw reads z itself (every rule below is invariant to a shift of z).
+  z = s.logits.astype(jnp.float32) / cfg.temperature  # [B, V]
+  token = draw(draw_key, z, cfg)
+  token_logp = jnp.take_along_axis(z, token[:, None], axis=-1)[:, 0] - jax.nn.logsumexp(z, -1)
+  active = ~s.done
+  token = jnp.where(active, token, cfg.pad_id)
+  tokens = s.tokens.at[:, s.step].set(token)
+  logprobs = s.logprobs.at[:, s.step].set(jnp.where(active, token_logp, 0.0))
+  done = s.done | (token == cfg.eos_id)
+  out = model.apply(
+    {"params": params},
+    token[:, None],
+    (next_pos + s.step)[:, None],
+    key_valid,
+    cache=s.cache,
+    cache_index=prompt_len + s.step,
+  )
+  routing = s.routing
+  if routing is not None:
+    routing = jax.lax.dynamic_update_slice_in_dim(
+      routing, out.moe.routing, prompt_len + s.step, axis=1
+    )
+  return _LoopState(
+    step=s.step + 1,
+    tokens=tokens,
+    logprobs=logprobs,
+    done=done,
+    lengths=s.lengths + active.astype(jnp.int32),
+    logits=out.logits[:, 0],
+    cache=out.cache,
+    rng=rng,
+    routing=routing,
   )
 
 
@@ -246,7 +265,6 @@ def score(
   """
   chex.assert_equal_shape([prompt_tokens, prompt_mask])
   chex.assert_equal_shape_prefix([prompt_tokens, tokens], 1)
-  prompt_len, t_max = prompt_tokens.shape[1], tokens.shape[1]
   key_valid = jnp.concatenate([prompt_mask, jnp.ones(tokens.shape, bool)], axis=1)
   positions = positions_from_mask(key_valid)
   if group_size > 1:
@@ -257,22 +275,10 @@ def score(
     )
     moe = None
   else:
-    out = model.apply(
-      {"params": params},
-      jnp.concatenate([prompt_tokens, tokens], axis=1),
-      positions,
-      key_valid,
-      routing=routing,
-      probe_experts=probe_experts,
-      return_hidden=True,
-      token_valid=None
-      if completion_mask is None
-      else jnp.concatenate([prompt_mask, completion_mask > 0], axis=1),
+    prompt = (prompt_tokens, prompt_mask)
+    hidden, values, moe = _full_hidden(
+      model, params, prompt, tokens, completion_mask, key_valid, positions, routing, probe_experts
     )
-    window = slice(prompt_len - 1, prompt_len - 1 + t_max)  # positions predicting each token
-    hidden = out.hidden[:, window]  # [B, T, D]
-    values = None if out.values is None else out.values[:, window]
-    moe = out.moe
   head = functools.partial(unembed, model.cfg, params)
   if full_logits:
     logp, entropy = logprobs.reference(hidden, head, tokens, temperature)
@@ -280,6 +286,32 @@ def score(
     return Scores(logp=logp, entropy=entropy, values=values, moe=moe, logits=logits)
   logp, entropy = logprobs.select(hidden, head, tokens, temperature, model.cfg.vocab_size)
   return Scores(logp=logp, entropy=entropy, values=values, moe=moe)
+
+
+def _full_hidden(
+  model, params, prompt, tokens, completion_mask, key_valid, positions, routing, probe_experts
+):
+  """Hidden states [B, T, D] (and values [B, T]) predicting `tokens`, and the MoE routing over
+  all S+T positions: one forward pass over prompt + completion, each row on its own. prompt:
+  (tokens, mask) [B, S]; MoE statistics count the prompt's and `completion_mask`'s tokens."""
+  prompt_tokens, prompt_mask = prompt
+  prompt_len, t_max = prompt_tokens.shape[1], tokens.shape[1]
+  out = model.apply(
+    {"params": params},
+    jnp.concatenate([prompt_tokens, tokens], axis=1),
+    positions,
+    key_valid,
+    routing=routing,
+    probe_experts=probe_experts,
+    return_hidden=True,
+    token_valid=None
+    if completion_mask is None
+    else jnp.concatenate([prompt_mask, completion_mask > 0], axis=1),
+  )
+  window = slice(prompt_len - 1, prompt_len - 1 + t_max)  # positions predicting each token
+  hidden = out.hidden[:, window]  # [B, T, D]
+  values = None if out.values is None else out.values[:, window]
+  return hidden, values, out.moe
 
 
 def _shared_prompt_hidden(model, params, prompt_tokens, tokens, key_valid, positions, k: int):

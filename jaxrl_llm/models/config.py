@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 import jax.numpy as jnp
 import numpy as np
@@ -12,10 +12,33 @@ _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.floa
 ROPE_SCALINGS = ("none", "linear", "llama3")
 IMPLS = ("auto", "kernel", "ragged", "portable", "dense")
 
+_Config = TypeVar("_Config", bound="_DictConfig")
+
+
+class _DictConfig:
+  """`to_dict` / `from_dict` of a frozen config dataclass; `KIND` names it in errors."""
+
+  KIND: ClassVar[str]
+
+  def to_dict(self) -> dict[str, Any]:
+    """A JSON-friendly dict (a model config's is saved with checkpoints, compared on resume)."""
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_dict(cls: type[_Config], d: dict[str, Any]) -> _Config:
+    """Builds a config from a dict, naming any unknown field."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - fields)
+    if unknown:
+      raise ValueError(f"unknown {cls.KIND} config field(s) {unknown}; allowed: {sorted(fields)}")
+    return cls(**d)
+
 
 @dataclasses.dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(_DictConfig):
   """Decoder-only transformer of the Llama / Qwen family."""
+
+  KIND: ClassVar[str] = "model"
 
   vocab_size: int = 32  # number of token ids (embedding rows)
   d_model: int = 64  # residual stream width D
@@ -143,27 +166,16 @@ class ModelConfig:
     """Blocks per step of the scan over layers (scan_layers): moe_every for MoE models, else 1."""
     return self.moe_every if self.moe_num_experts else 1
 
-  def to_dict(self) -> dict[str, Any]:
-    """A JSON-friendly dict (saved with checkpoints, compared on resume)."""
-    return dataclasses.asdict(self)
-
-  @classmethod
-  def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
-    """Builds a config from a dict, naming any unknown field."""
-    fields = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(d) - fields)
-    if unknown:
-      raise ValueError(f"unknown model config field(s) {unknown}; allowed: {sorted(fields)}")
-    return cls(**d)
-
 
 @dataclasses.dataclass(frozen=True)
-class MoEConfig:
+class MoEConfig(_DictConfig):
   """Hyperparameters of one mixture-of-experts feed-forward block.
 
   With top_k=1 and normalize_gates the single gate is always 1, so the router learns only
   from the regularisers; use normalize_gates=False for Switch-style top-1 routing.
   """
+
+  KIND: ClassVar[str] = "moe"
 
   num_experts: int = 8  # routed experts E
   top_k: int = 2  # experts per token K (1 <= K <= E)
@@ -204,19 +216,6 @@ class MoEConfig:
   def index_dtype(self) -> Any:
     """The smallest signed integer dtype that holds every expert index."""
     return index_dtype(self.num_experts)
-
-  def to_dict(self) -> dict[str, Any]:
-    """A JSON-friendly dict."""
-    return dataclasses.asdict(self)
-
-  @classmethod
-  def from_dict(cls, d: dict[str, Any]) -> MoEConfig:
-    """Builds a config from a dict, naming any unknown field."""
-    fields = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(d) - fields)
-    if unknown:
-      raise ValueError(f"unknown moe config field(s) {unknown}; allowed: {sorted(fields)}")
-    return cls(**d)
 
 
 def index_dtype(num_experts: int) -> Any:

@@ -245,6 +245,85 @@ def resolve_impl(impl: str, device=None, dtype=jnp.bfloat16, dims: tuple[int, ..
   return "kernel" if why is None else "portable"
 
 
+def _router(cfg: ModelConfig, num_experts: int) -> nn.Dense:
+  """The float32 router D -> E (its kernel stored at `cfg.weight_dtype`)."""
+  return nn.Dense(
+    num_experts,
+    use_bias=False,
+    dtype=jnp.float32,
+    param_dtype=cfg.weight_dtype,
+    kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(), ("embed", "expert")),
+    name="router",
+  )
+
+
+def _route(logits: jax.Array, k: int, replay: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+  """Experts idx [B, N, K] int32 to use and whether the router's own top-k set differs, [B, N]
+  bool (§9). Without `replay` the router's top-k; with it the replayed experts, except on
+  tokens with a negative entry (slots never routed), which keep the router's choice."""
+  b, n = logits.shape[:2]
+  _, own_idx = jax.lax.top_k(logits, k)  # [B, N, K] int32
+  if replay is None:
+    return own_idx, jnp.zeros((b, n), bool)
+  chex.assert_shape(replay, (b, n, k))
+  replay = replay.astype(jnp.int32)
+  recorded = jnp.all(replay >= 0, axis=-1)  # a negative entry: a slot never routed (-1)
+  idx = jnp.where(recorded[..., None], replay, own_idx)
+  differs = recorded & jnp.any(jnp.sort(own_idx, axis=-1) != jnp.sort(idx, axis=-1), axis=-1)
+  return idx, differs
+
+
+def _expert_params(module: nn.Module, e: int, d: int, f: int):
+  """The routed experts' SwiGLU weights gate, up [E, D, F] and down [E, F, D] of `module` (an
+  `MoEMLP`, inside its compact call), stacked on a leading expert axis; fan-in D (F for down)."""
+  init = nn.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0,))
+  dtype = module.cfg.weight_dtype
+  return tuple(
+    module.param(name, nn.with_logical_partitioning(init, axes), shape, dtype)
+    for name, shape, axes in (
+      ("gate", (e, d, f), ("expert", "embed", "mlp")),
+      ("up", (e, d, f), ("expert", "embed", "mlp")),
+      ("down", (e, f, d), ("expert", "mlp", "embed")),
+    )
+  )
+
+
+def _experts_for(impl: str, dtype, dims: tuple[int, ...]):
+  """The routed-experts function of `impl` (an `EXPERTS` entry, `resolve_impl`d for the devices
+  the program is compiled for: a TPU slice from a CPU host too), under `experts_parallel` when
+  tracing on a mesh of several devices."""
+  active = sharding.active_mesh()
+  device = active[0].devices.flat[0] if active else None
+  impl = resolve_impl(impl, device, dtype, dims)
+  experts = EXPERTS[impl]
+  if impl == "kernel" and (device or jax.devices()[0]).platform != "gpu":
+    experts = functools.partial(experts, ops="mgpu_forward")  # the GPU interpreter (tests)
+  if active is not None and impl != "dense" and active[0].size > 1:
+    mesh, batch_axes = active  # each device routes its own rows (and dispatches them)
+    experts = functools.partial(
+      experts_parallel,
+      experts=experts,
+      mesh=mesh,
+      batch_axes=tuple(a for a in batch_axes if a != "expert"),
+    )
+  return experts
+
+
+def _regularisers(logits, logprobs, idx, mask, e: int, k: int):
+  """(load [E], aux_loss, z_loss) of §8 over the valid tokens of `mask` [B, N]: the stop-gradient
+  fraction of valid assignments per expert, E·Σ_e load_e·mean router prob_e and the mean of
+  logsumexp(logits)²."""
+  valid = mask.astype(jnp.float32)  # [B, N]
+  num_valid = jnp.maximum(jnp.sum(valid), 1.0)
+  assigned = jnp.sum(jax.nn.one_hot(idx, e, dtype=jnp.float32), axis=-2)  # [B, N, E]
+  load = jax.lax.stop_gradient(jnp.einsum("bn,bne->e", valid, assigned) / (num_valid * k))
+  mean_prob = jnp.einsum("bn,bne->e", valid, jnp.exp(logprobs)) / num_valid  # [E]
+  aux_loss = e * jnp.sum(load * mean_prob)
+  z = jax.nn.logsumexp(logits, axis=-1)  # [B, N]
+  z_loss = jnp.sum(valid * z**2) / num_valid
+  return load, aux_loss, z_loss
+
+
 class MoEMLP(nn.Module):
   """Top-k routed SwiGLU experts plus optional shared experts (objectives.md §8, §9).
 
@@ -286,68 +365,20 @@ class MoEMLP(nn.Module):
       mask = jnp.ones((b, n), bool)
     chex.assert_shape(mask, (b, n))
 
-    # Router, float32 throughout.
-    logits = nn.Dense(
-      e,
-      use_bias=False,
-      dtype=jnp.float32,
-      param_dtype=cfg.weight_dtype,
-      kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(), ("embed", "expert")),
-      name="router",
-    )(x.astype(jnp.float32))  # [B, N, E]
+    logits = _router(cfg, e)(x.astype(jnp.float32))  # [B, N, E], float32 throughout
     logprobs = jax.nn.log_softmax(logits, axis=-1)
-    _, own_idx = jax.lax.top_k(logits, k)  # [B, N, K] int32
-    if replay is None:
-      idx = own_idx
-      differs = jnp.zeros((b, n), bool)
-    else:
-      chex.assert_shape(replay, (b, n, k))
-      replay = replay.astype(jnp.int32)
-      recorded = jnp.all(replay >= 0, axis=-1)  # a negative entry: a slot never routed (-1)
-      idx = jnp.where(recorded[..., None], replay, own_idx)
-      differs = recorded & jnp.any(jnp.sort(own_idx, axis=-1) != jnp.sort(idx, axis=-1), axis=-1)
+    idx, differs = _route(logits, k, replay)
     gates = _gates(logits, idx, moe.normalize_gates)  # [B, N, K] float32
 
-    # Experts: SwiGLU weights stacked on a leading expert axis, fan-in = D (or F for down).
-    init = nn.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0,))
-
-    def expert_param(name, shape, axes):
-      return self.param(name, nn.with_logical_partitioning(init, axes), shape, cfg.weight_dtype)
-
-    w_gate = expert_param("gate", (e, d, f), ("expert", "embed", "mlp"))
-    w_up = expert_param("up", (e, d, f), ("expert", "embed", "mlp"))
-    w_down = expert_param("down", (e, f, d), ("expert", "mlp", "embed"))
+    w_gate, w_up, w_down = _expert_params(self, e, d, f)
     dt = cfg.compute_dtype
-    active = sharding.active_mesh()
-    # `auto` follows the devices the program is compiled for (a TPU slice from a CPU host too).
-    device = active[0].devices.flat[0] if active else None
-    impl = resolve_impl(moe.impl, device, dt, (d, f))
-    experts = EXPERTS[impl]
-    if impl == "kernel" and (device or jax.devices()[0]).platform != "gpu":
-      experts = functools.partial(experts, ops="mgpu_forward")  # the GPU interpreter (tests)
-    if active is not None and impl != "dense" and active[0].size > 1:
-      mesh, batch_axes = active  # each device routes its own rows (and dispatches them)
-      experts = functools.partial(
-        experts_parallel,
-        experts=experts,
-        mesh=mesh,
-        batch_axes=tuple(a for a in batch_axes if a != "expert"),
-      )
+    experts = _experts_for(moe.impl, dt, (d, f))
     y = experts(x.astype(dt), idx, gates, w_gate.astype(dt), w_up.astype(dt), w_down.astype(dt))
     y = y.astype(dt)
     if moe.num_shared_experts:
       y = y + _SwiGLU(cfg, moe.shared_hidden_dim, name="shared")(x.astype(dt))
 
-    # Regularisers (§8) over valid tokens only.
-    valid = mask.astype(jnp.float32)  # [B, N]
-    num_valid = jnp.maximum(jnp.sum(valid), 1.0)
-    assigned = jnp.sum(jax.nn.one_hot(idx, e, dtype=jnp.float32), axis=-2)  # [B, N, E]
-    load = jax.lax.stop_gradient(jnp.einsum("bn,bne->e", valid, assigned) / (num_valid * k))
-    mean_prob = jnp.einsum("bn,bne->e", valid, jnp.exp(logprobs)) / num_valid  # [E]
-    aux_loss = e * jnp.sum(load * mean_prob)
-    z = jax.nn.logsumexp(logits, axis=-1)  # [B, N]
-    z_loss = jnp.sum(valid * z**2) / num_valid
-
+    load, aux_loss, z_loss = _regularisers(logits, logprobs, idx, mask, e, k)
     aux = {
       "topk": idx.astype(moe.index_dtype),
       "router_logits": logits,

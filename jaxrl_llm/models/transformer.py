@@ -175,6 +175,20 @@ def token_major(fn: Callable[[jax.Array], jax.Array], x: jax.Array, n_in: int = 
   return y.reshape(*lead, *y.shape[1:])
 
 
+def _embed(cfg: ModelConfig) -> nn.Embed:
+  """The token embedding [V, D] (normal, std D^-1/2); also the output layer when tied."""
+  return nn.Embed(
+    cfg.vocab_size,
+    cfg.d_model,
+    dtype=cfg.compute_dtype,
+    param_dtype=cfg.weight_dtype,
+    embedding_init=nn.with_logical_partitioning(
+      nn.initializers.normal(stddev=cfg.d_model**-0.5), ("vocab", "embed")
+    ),
+    name="embed",
+  )
+
+
 def _dense(cfg, features, axes, names, *, use_bias=False, in_axes=-1, name=None, std=None):
   init = nn.initializers.normal(stddev=std) if std else nn.initializers.lecun_normal()
   return nn.DenseGeneral(
@@ -364,16 +378,7 @@ class Transformer(nn.Module):
     count (§8).
     """
     cfg = self.cfg
-    embed = nn.Embed(
-      cfg.vocab_size,
-      cfg.d_model,
-      dtype=cfg.compute_dtype,
-      param_dtype=cfg.weight_dtype,
-      embedding_init=nn.with_logical_partitioning(
-        nn.initializers.normal(stddev=cfg.d_model**-0.5), ("vocab", "embed")
-      ),
-      name="embed",
-    )
+    embed = _embed(cfg)
     x = constrain_activation(embed(tokens))
     num_q = tokens.shape[1]
     if token_valid is not None:

@@ -39,27 +39,31 @@ def masked_log_ratio(num: jax.Array, den: jax.Array, mask: jax.Array) -> jax.Arr
   return jnp.clip(masked_diff(num, den, mask), -LOG_CLAMP, LOG_CLAMP)
 
 
-def broadcast_adv(adv: jax.Array, mask: jax.Array) -> jax.Array:
-  """Advantages [B] or [B, T] → [B, T] float32 (A_{i,t} = A_i, spec §1)."""
+def _checked_adv(adv: jax.Array, mask: jax.Array) -> jax.Array:
+  """Asserts floating advantages [B] or [B, T] that fit the mask [B, T]; returns them float32."""
   chex.assert_rank(adv, {1, 2})
   check_float(adv)
   adv = adv.astype(jnp.float32)
   if adv.ndim == 1:
     chex.assert_shape(adv, (mask.shape[0],))
+  else:
+    chex.assert_equal_shape([adv, mask])
+  return adv
+
+
+def broadcast_adv(adv: jax.Array, mask: jax.Array) -> jax.Array:
+  """Advantages [B] or [B, T] → [B, T] float32 (A_{i,t} = A_i, spec §1)."""
+  adv = _checked_adv(adv, mask)
+  if adv.ndim == 1:
     return jnp.broadcast_to(adv[:, None], mask.shape)
-  chex.assert_equal_shape([adv, mask])
   return adv
 
 
 def seq_adv(adv: jax.Array, mask: jax.Array) -> jax.Array:
   """Advantages [B] or [B, T] → one A_i per sequence [B] (masked token mean for [B, T])."""
-  chex.assert_rank(adv, {1, 2})
-  check_float(adv)
-  adv = adv.astype(jnp.float32)
+  adv = _checked_adv(adv, mask)
   if adv.ndim == 1:
-    chex.assert_shape(adv, (mask.shape[0],))
     return adv
-  chex.assert_equal_shape([adv, mask])
   lengths = mask.sum(-1)
   return jnp.where(mask > 0, adv, 0.0).sum(-1) / jnp.maximum(lengths, 1.0)
 

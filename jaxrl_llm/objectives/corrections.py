@@ -84,46 +84,80 @@ def behaviour_weight(
 
   delta = masked_log_ratio(old, beh, m)  # [B, T]
   rho = jnp.exp(delta)
-  log_cap = math.log(cap)
   seq_sum = jnp.where(m > 0, delta, 0.0).sum(-1, keepdims=True)  # [B, 1]
-  seq_exp = jnp.exp(jnp.clip(seq_sum, -LOG_CLAMP, LOG_CLAMP))
-  no = jnp.zeros(m.shape, bool)
-
-  if base == "none":
-    w, truncated, rejected = jnp.ones_like(rho), no, no
-  elif base == "tis_token":
-    w, truncated, rejected = jnp.minimum(rho, cap), delta > log_cap, no
-  elif base == "tis_seq":
-    w = jnp.broadcast_to(jnp.minimum(seq_exp, cap), m.shape)
-    truncated, rejected = jnp.broadcast_to(seq_sum > log_cap, m.shape), no
-  elif base == "mis_token":
-    rejected = delta > log_cap
-    w, truncated = jnp.where(rejected, 0.0, rho), no
-  else:  # mis_seq
-    rejected = jnp.broadcast_to(seq_sum > log_cap, m.shape)
-    w, truncated = jnp.where(rejected, 0.0, jnp.broadcast_to(seq_exp, m.shape)), no
-
+  w, truncated, rejected = _base_weight(base, delta, rho, seq_sum, m, cap)
   if geo:
-    lengths = m.sum(-1, keepdims=True)
-    seq_mean = seq_sum / jnp.maximum(lengths, 1.0)
-    high = cap if geo_high is None else geo_high
-    out = seq_mean > math.log(high)
-    if geo_low > 0:
-      out = out | (seq_mean < math.log(geo_low))
-    rejected = rejected | jnp.broadcast_to(out, m.shape)
-    w = jnp.where(rejected, 0.0, w)
+    w, rejected = _geo_mask(w, rejected, seq_sum, m, cap, geo_low, geo_high)
 
   valid = m > 0
   w = jax.lax.stop_gradient(jnp.where(valid, w, 0.0))
   rejected = rejected & valid
+  return w, _metrics(old, beh, m, valid, delta, rho, w, truncated, rejected)
 
+
+def _base_weight(
+  base: str, delta: jax.Array, rho: jax.Array, seq_sum: jax.Array, m: jax.Array, cap: float
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """The base correction's weight [B, T] and which tokens it truncated / rejected ([B, T] bool)
+  (objectives.md §3). seq_sum [B, 1]: Σ_t m δ^μ per sequence."""
+  log_cap = math.log(cap)
+  seq_exp = jnp.exp(jnp.clip(seq_sum, -LOG_CLAMP, LOG_CLAMP))
+  no = jnp.zeros(m.shape, bool)
+  if base == "none":
+    return jnp.ones_like(rho), no, no
+  if base == "tis_token":
+    return jnp.minimum(rho, cap), delta > log_cap, no
+  if base == "tis_seq":
+    w = jnp.broadcast_to(jnp.minimum(seq_exp, cap), m.shape)
+    return w, jnp.broadcast_to(seq_sum > log_cap, m.shape), no
+  if base == "mis_token":
+    rejected = delta > log_cap
+    return jnp.where(rejected, 0.0, rho), no, rejected
+  rejected = jnp.broadcast_to(seq_sum > log_cap, m.shape)  # mis_seq
+  return jnp.where(rejected, 0.0, jnp.broadcast_to(seq_exp, m.shape)), no, rejected
+
+
+def _geo_mask(
+  w: jax.Array,
+  rejected: jax.Array,
+  seq_sum: jax.Array,
+  m: jax.Array,
+  cap: float,
+  geo_low: float,
+  geo_high: float | None,
+) -> tuple[jax.Array, jax.Array]:
+  """(w, rejected) with the geometric mask applied: sequences whose exp(mean_t δ^μ) lies outside
+  [geo_low, geo_high or cap] are rejected on every token, w = 0 there (objectives.md §3)."""
+  lengths = m.sum(-1, keepdims=True)
+  seq_mean = seq_sum / jnp.maximum(lengths, 1.0)
+  high = cap if geo_high is None else geo_high
+  out = seq_mean > math.log(high)
+  if geo_low > 0:
+    out = out | (seq_mean < math.log(geo_low))
+  rejected = rejected | jnp.broadcast_to(out, m.shape)
+  return jnp.where(rejected, 0.0, w), rejected
+
+
+def _metrics(
+  old: jax.Array,
+  beh: jax.Array,
+  m: jax.Array,
+  valid: jax.Array,
+  delta: jax.Array,
+  rho: jax.Array,
+  w: jax.Array,
+  truncated: jax.Array,
+  rejected: jax.Array,
+) -> dict[str, jax.Array]:
+  """The behaviour/* metrics of `behaviour_weight` (objectives.md §3) from the final weight w and
+  the valid tokens' (valid = m > 0) truncated / rejected flags."""
   seq_nonempty = m.sum(-1) > 0
   seq_rejected = seq_nonempty & (rejected.sum(-1) == m.sum(-1))
   n_tok = m.sum()
   p_old = jnp.exp(jnp.minimum(jnp.where(valid, old, 0.0), LOG_CLAMP))
   p_beh = jnp.exp(jnp.minimum(jnp.where(valid, beh, 0.0), LOG_CLAMP))
   mismatch = jnp.abs(p_old - p_beh)
-  metrics = {
+  return {
     "behaviour/rho_mean": masked_mean(rho, m),
     "behaviour/rho_max": masked_max(rho, m),
     "behaviour/frac_truncated": masked_mean(truncated.astype(jnp.float32), m),
@@ -136,4 +170,3 @@ def behaviour_weight(
     "behaviour/mismatch_max": masked_max(mismatch, m),
     "behaviour/kl_k3": masked_mean(rho - delta - 1.0, m),
   }
-  return w, metrics
