@@ -216,9 +216,7 @@ class KLSettings(Section):
   reset_every: int = 0  # N: copy the policy into the reference every N steps (reset_every)
   ema: float = 0.0  # α: π_ref ← α π_θ + (1 − α) π_ref after every step (ema)
   reset_optimizer: bool = False  # also reset optimiser state at each reference reset
-  k3_clamp: float = (
-    0.0  # clip the k3 value to [-c, c] (0 = off, the spec; verl's low_var_kl uses 10)
-  )
+  k3_clamp: float = 0.0  # clip k3 to [-c, c] (0 = off, the spec; verl's low_var_kl: 10)
 
   def errors(self) -> list[str]:
     """Known names; β, k3 clamp >= 0; reset period and EMA rate valid for the reference."""

@@ -83,7 +83,15 @@ def _clipped(r: jax.Array, a: jax.Array, clip_low: float, clip_high: float):
   return j, (r < 1.0 - clip_low) & (a < 0), (r > 1.0 + clip_high) & (a > 0)
 
 
-@register_objective("ppo_clip", check=check_clip)
+@register_objective(
+  "ppo_clip",
+  check=check_clip,
+  docs={
+    "clip_low": "ε_low: the ratio is clipped below at 1 − ε_low",
+    "clip_high": "ε_high: the ratio is clipped above at 1 + ε_high (clip-higher: > ε_low)",
+    "dual_clip": "dual-clip c > 1 bounding the loss for A < 0 (unset = off)",
+  },
+)
 def ppo_clip(
   logp: jax.Array,
   old_logp: jax.Array,
@@ -128,7 +136,7 @@ def pg(
 def gspo(
   logp: jax.Array,
   old_logp: jax.Array,
-  adv: jax.Array,
+  adv: jax.Array,  # [B] (a [B, T] advantage is reduced to its masked mean)
   mask: jax.Array,
   *,
   clip_low: float = 3e-4,
@@ -150,7 +158,7 @@ def gspo(
 def gspo_token(
   logp: jax.Array,
   old_logp: jax.Array,
-  adv: jax.Array,
+  adv: jax.Array,  # [B] or token-level [B, T]
   mask: jax.Array,
   *,
   clip_low: float = 3e-4,
@@ -171,7 +179,9 @@ def gspo_token(
 
 
 @register_objective(
-  "gmpo", check=lambda h: _errors(in_range("clip_log", h["clip_log"], 0.0, float("inf")))
+  "gmpo",
+  check=lambda h: _errors(in_range("clip_log", h["clip_log"], 0.0, float("inf"))),
+  docs={"clip_log": "δ_c: log-space clip width of the geometric-mean ratio"},
 )
 def gmpo(
   logp: jax.Array,
@@ -217,7 +227,12 @@ def _check_rspo(h) -> list[str]:
   return _errors(*check_clip(h), in_range("gamma_min", h["gamma_min"], 0.0, 1.0, high_open=False))
 
 
-@register_objective("rspo", inputs=("router_logp", "old_router_logp"), check=_check_rspo)
+@register_objective(
+  "rspo",
+  inputs=("router_logp", "old_router_logp"),
+  check=_check_rspo,
+  docs={"gamma_min": "γ_min: floor of the router-shift weight"},
+)
 def rspo(
   logp: jax.Array,
   old_logp: jax.Array,
@@ -264,7 +279,15 @@ def _check_cispo(h) -> list[str]:
   )
 
 
-@register_objective("cispo", check=_check_cispo)
+@register_objective(
+  "cispo",
+  check=_check_cispo,
+  docs={
+    "is_clip_low": "ε^IS_low of CISPO's clipped IS weight (1.0 = no floor)",
+    "is_clip_high": "ε^IS_high of CISPO's clipped IS weight",
+    "cispo_mask": "drop tokens outside CISPO's token-mask widths clip_low / clip_high",
+  },
+)
 def cispo(
   logp: jax.Array,
   old_logp: jax.Array,
@@ -305,6 +328,10 @@ def cispo(
     in_range("tau_pos", h["tau_pos"], 0.0, float("inf")),
     in_range("tau_neg", h["tau_neg"], 0.0, float("inf")),
   ),
+  docs={
+    "tau_pos": "soft-gate temperature of SAPO for A > 0",
+    "tau_neg": "soft-gate temperature of SAPO for A <= 0",
+  },
 )
 def sapo(
   logp: jax.Array,
