@@ -31,14 +31,6 @@ def test_learner_functions_are_short_and_closures_shallow(path):
     assert depth <= 1, f"{path.name}:{name} is nested {depth} levels deep (limit 1)"
 
 
-@pytest.mark.parametrize(
-  "path", sorted((PKG / "data").rglob("*.py")), ids=lambda p: str(p.relative_to(PKG))
-)
-def test_data_functions_are_short(path):
-  for name, lines, _ in _functions(ast.parse(path.read_text())):
-    assert lines <= 60, f"{path.name}:{name} has {lines} lines (limit 60)"
-
-
 def test_make_rl_step_fits_one_screen():
   tree = ast.parse((PKG / "rl" / "step.py").read_text())
   lengths = {name: lines for name, lines, _ in _functions(tree)}
