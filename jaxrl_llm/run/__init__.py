@@ -9,6 +9,7 @@ record.py      config.json, the config table and HParams, the banner and the clo
 """
 
 from jaxrl_llm.run.assemble import (
+  NUMERICS_ONLY,
   Experiment,
   abstract_batch,
   build,
@@ -22,6 +23,7 @@ from jaxrl_llm.run.record import HPARAM_FIELDS, record_run, run_hparams
 
 __all__ = [
   "HPARAM_FIELDS",
+  "NUMERICS_ONLY",
   "Experiment",
   "NonFiniteError",
   "SkipGuard",
