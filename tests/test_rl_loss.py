@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jaxrl_llm import objectives, recipes
-from jaxrl_llm.config import default_config
+from jaxrl_llm.config import default_config, parse
 from jaxrl_llm.rl import Settings, stages
 from jaxrl_llm.rl import loss as rl_loss
 from jaxrl_llm.sampling import Scores
@@ -18,7 +18,7 @@ from jaxrl_llm.types import PolicyBatch
 def _settings(recipe: str | None = None, **overrides) -> Settings:
   c = recipes.get_config(recipe) if recipe else default_config()
   recipes.apply(c, overrides)
-  return Settings.from_config(c)
+  return parse(c).learner
 
 
 def _loss(settings, logp, logits, old, mu, adv, mask, ref=None):

@@ -35,7 +35,7 @@ def test_each_settings_dataclass_has_exactly_its_config_sections_keys(section):
 def test_settings_are_built_under_the_configs_own_names():
   c = default_config()
   c.kl.reference, c.kl.reset_every, c.rl.entropy_coef = "reset_every", 3, 1  # int -> float
-  s = Settings.from_config(c)
+  s = parse(c).learner
   assert s.kl.reference == "reset_every" and s.kl.reset_every == 3
   assert s.rl.entropy_coef == 1.0 and isinstance(s.rl.entropy_coef, float)
   assert s.objective.get("clip_low") is None  # unset: the objective's default applies

@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from jaxrl_llm.config import default_config
+from jaxrl_llm.config import default_config, parse
 from jaxrl_llm.rl import Settings, init_reference, stages, update
 from jaxrl_llm.rl import metrics as rl_metrics
 from jaxrl_llm.sampling import Scores
@@ -24,7 +24,7 @@ def _settings(**overrides) -> Settings:
   for key, value in overrides.items():
     section, field = key.split(".")
     c[section][field] = value
-  return Settings.from_config(c)
+  return parse(c).learner
 
 
 def _rollout(lengths, truncated=None) -> Rollout:

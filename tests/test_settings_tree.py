@@ -104,7 +104,7 @@ def test_an_objective_with_a_new_hyperparameter_is_one_module(plugin):
   _, metrics = run_steps(config, 1)
   assert float(metrics[0]["policy/tilt_mean"]) == pytest.approx(0.5)
   assert np.isfinite(float(metrics[0]["policy/loss"]))
-  with pytest.raises(ConfigError, match=r"cannot be|unknown config field 'objective\.tlit'"):
+  with pytest.raises(ConfigError, match=r"unknown config field 'objective\.tlit'"):
     main.parse_config([*argv, "--config.objective.tlit=0.5"])
 
 

@@ -9,7 +9,7 @@ import math
 import jax
 
 from jaxrl_llm.config.fields import ConfigError, need
-from jaxrl_llm.config.tree import Config
+from jaxrl_llm.config.tree import Config, parse
 from jaxrl_llm.kernels import attention
 from jaxrl_llm.models.config import ModelConfig
 
@@ -170,8 +170,6 @@ def _task(cfg: Config, mc: ModelConfig, task) -> list[str]:
 
 def validate(config, *, num_devices: int, task=None, model: ModelConfig | None = None) -> Config:
   """`parse` then `check`: the tree of a ConfigDict (or tree) valid on `num_devices` devices."""
-  from jaxrl_llm.config.tree import parse
-
   cfg = parse(config)
   check(cfg, num_devices=num_devices, task=task, model=model)
   return cfg

@@ -314,13 +314,6 @@ class Settings:
   filtering: FilteringSettings
   reward_weights: tuple[tuple[str, float], ...]  # §6 weights of the task's reward terms
 
-  @classmethod
-  def from_config(cls, config) -> Settings:
-    """The learner settings of an experiment ConfigDict (or of a parsed `Config`)."""
-    from jaxrl_llm.config.tree import parse
-
-    return parse(config).learner
-
   @property
   def sampled_prompts(self) -> int:
     """Prompts drawn per RL update: P, or ceil(k·P) under dynamic sampling (§7)."""

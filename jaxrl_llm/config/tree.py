@@ -109,7 +109,7 @@ class Config:
     section, name = path.split(".", 1)
     if section == "objective" and name in self.objective.hyperparameters:
       return self.objective.hyperparameters[name]
-    return self.to_dict()[section][name]
+    return getattr(self, section).to_dict()[name]
 
   def errors(self) -> list[str]:
     """Every section's own range-check messages."""

@@ -207,7 +207,7 @@ def render_prompt_parts(
   index = {t: k for k, t in enumerate(specials)}
 
   def hide(s: str) -> str:
-    return tokenizer._special_finder.sub(lambda m: f"{mark}{index[m.group()]}{mark}", s)
+    return tokenizer.replace_special_tokens(s, lambda t: f"{mark}{index[t]}{mark}")
 
   rendered = render_prompt(
     hide(question), template_name, tokenizer=tokenizer, system=hide(system) if system else system

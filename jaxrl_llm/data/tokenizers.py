@@ -280,6 +280,12 @@ class HFTokenizer:
       return None
     return re.compile("|".join(re.escape(t) for t in self.special_tokens))
 
+  def replace_special_tokens(self, text: str, replace) -> str:
+    """``text`` with each special-token string ``t`` replaced by ``replace(t)``."""
+    if self._special_finder is None:
+      return text
+    return self._special_finder.sub(lambda m: replace(m.group()), text)
+
   def find_special_tokens(self, text: str) -> list[str]:
     """The special-token strings that occur in ``text``, in order (``[]`` for plain text)."""
     return [] if self._special_finder is None else self._special_finder.findall(text)

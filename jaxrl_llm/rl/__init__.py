@@ -5,7 +5,7 @@ stages.py    reward, filtering, old / reference passes, advantages, behaviour we
 update.py    epochs × minibatches × microbatches of optimiser steps; the reference policy
 loss.py      the microbatch loss
 metrics.py   rollout, routing and step metrics
-settings.py  frozen per-section settings built from the config
+(its settings, `Settings`, are the learner's sections of the tree in jaxrl_llm/config/learner.py)
 """
 
 from jaxrl_llm.config.learner import Settings

@@ -26,6 +26,7 @@ from jaxrl_llm.data.task import Task
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.transformer import Transformer, positions_from_mask
 from jaxrl_llm.rl import RLProgram, make_rl_step
+from jaxrl_llm.run.evaluate import make_eval_fn
 from jaxrl_llm.types import PromptBatch, TrainState
 
 # Model fields that pick an implementation, not the function: a run resumes across them.
@@ -298,8 +299,6 @@ def build(
     model, tx, schedule, reward_fn, samp, settings, mesh, state_shardings,
     sampler_dtype=sampler_dtype, rules=rules,
   )  # fmt: skip
-  from jaxrl_llm.run.evaluate import make_eval_fn
-
   return Experiment(
     config=cfg,
     mesh=mesh,
