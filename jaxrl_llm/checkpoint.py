@@ -32,6 +32,7 @@ is found again (uncommitted, or failing its checksums) and moved aside on the ne
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -154,6 +155,16 @@ def _jsonable(meta: Mapping[str, Any] | None) -> dict[str, Any]:
     return json.loads(json.dumps(dict(meta or {})))
   except TypeError as e:
     raise TypeError(f"checkpoint meta must be JSON-serialisable: {e}") from e
+
+
+@dataclasses.dataclass(frozen=True)
+class MetaCheck:
+  """What a restore holds the saved meta against (compared by `check_compatible`)."""
+
+  current: Mapping[str, Any]  # the running config's meta
+  keys: Sequence[str] = ("model",)  # top-level meta fields that must match
+  defaults: Mapping[str, Any] | None = None  # stand-ins for fields an older meta lacks
+  ignore: Sequence[str] = ()  # dotted fields that are never compared
 
 
 def check_compatible(
@@ -426,33 +437,28 @@ class Checkpointer:
     abstract_state: PyTree,
     data_iter: Any = None,
     *,
-    current_meta: Mapping[str, Any] | None = None,
-    keys: Sequence[str] = ("model",),
-    meta_defaults: Mapping[str, Any] | None = None,
-    meta_ignore: Sequence[str] = (),
+    expect: MetaCheck | None = None,
   ) -> tuple[PyTree, dict[str, Any]]:
     """Restores `step` into `abstract_state`'s structure, dtypes and shardings.
 
     `abstract_state` leaves are `jax.ShapeDtypeStruct`s with `sharding=` (or arrays, whose
     sharding is used). `data_iter`, when given, is set to the saved position in place. With
-    `current_meta`, the saved meta is first checked with `check_compatible(..., keys)`, where
-    `meta_defaults` stand in for fields an older checkpoint's meta lacks and `meta_ignore`
-    fields are not compared. Raises
+    `expect`, the saved meta is first checked against it (`check_compatible`). Raises
     CheckpointMismatchError naming each parameter path whose saved shape differs from the target.
     Returns `(state, meta)`.
     """
     step = int(step)
     step_dir = self._step_dir(step)
     meta = self.read_meta(step)
-    if current_meta is not None:
+    if expect is not None:
       check_compatible(
         meta,
-        current_meta,
-        keys,
+        expect.current,
+        expect.keys,
         workdir=self.workdir,
         step=step,
-        defaults=meta_defaults,
-        ignore=meta_ignore,
+        defaults=expect.defaults,
+        ignore=expect.ignore,
       )
     where = f"checkpoint step {step} in {self.directory}"
     saved_tree = self._manager.item_metadata(step).get("state")

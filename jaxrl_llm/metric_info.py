@@ -25,122 +25,71 @@ class MetricInfo:
   verl: str = ""  # verl's name for the same quantity ("" when it logs none)
 
 
-METRICS: tuple[MetricInfo, ...] = (
-  MetricInfo("eval/accuracy", MAX, "greedy accuracy on the held-out set"),
-  MetricInfo("eval/pass@*", MAX, "pass@k on the held-out set (k samples per prompt)"),
-  MetricInfo("eval/sample_accuracy", MAX, "accuracy of sampled held-out completions"),
-  MetricInfo("eval/length_mean", None, "mean length of greedy held-out completions"),
-  MetricInfo(
-    "rollout/reward_mean", MAX, "mean reward of the sampled group", "reward", "critic/score/mean"
-  ),
-  MetricInfo("rollout/reward_std", None, "std of rewards over the batch", "reward_std"),
-  MetricInfo("rollout/accuracy", MAX, "fraction of sampled completions judged correct"),
-  MetricInfo(
-    "rollout/length_mean",
-    None,
-    "mean completion length",
-    "completions/mean_length",
-    "response_length/mean",
-  ),
-  MetricInfo(
-    "rollout/length_max",
-    None,
-    "longest completion",
-    "completions/max_length",
-    "response_length/max",
-  ),
-  MetricInfo(
-    "rollout/length_min",
-    None,
-    "shortest completion",
-    "completions/min_length",
-    "response_length/min",
-  ),
-  MetricInfo("rollout/length_correct_mean", None, "mean length of correct completions"),
-  MetricInfo("rollout/length_incorrect_mean", None, "mean length of incorrect completions"),
-  MetricInfo(
-    "rollout/truncated_frac",
-    MIN,
-    "fraction of completions cut at the length limit",
-    "completions/clipped_ratio",
-    "response_length/clip_ratio",
-  ),
-  MetricInfo(
-    "rollout/zero_std_group_frac",
-    MIN,
-    "fraction of groups whose rewards are all equal (no signal)",
-    "frac_reward_zero_std",
-  ),
-  MetricInfo("rollout/decode_steps", None, "decode loop iterations this step"),
-  MetricInfo("reward/*", MAX, "mean of one reward term", "rewards/<func>/mean"),
-  MetricInfo("adv/mean", None, "mean advantage", "", "critic/advantages/mean"),
-  MetricInfo("adv/std", None, "std of advantages"),
-  MetricInfo("adv/abs_max", None, "largest absolute advantage", "", "critic/advantages/max"),
-  MetricInfo("policy/loss", None, "policy loss (objective only)", "loss", "actor/pg_loss"),
-  MetricInfo("policy/total_loss", None, "loss with KL and regularisers"),
-  MetricInfo(
-    "policy/entropy", None, "mean token entropy of the policy", "entropy", "actor/entropy"
-  ),
-  MetricInfo(
-    "policy/clip_frac",
-    None,
-    "fraction of tokens clipped (low or high)",
-    "clip_ratio/region_mean",
-    "actor/pg_clipfrac",
-  ),
-  MetricInfo(
-    "policy/clip_frac_low",
-    None,
-    "tokens clipped below (r < 1-eps_low, A < 0)",
-    "clip_ratio/low_mean",
-  ),
-  MetricInfo(
-    "policy/clip_frac_high",
-    None,
-    "tokens clipped above (r > 1+eps_high, A > 0)",
-    "clip_ratio/high_mean",
-  ),
-  MetricInfo("policy/clip_frac_first_minibatch", None, "clip fraction of the first minibatch"),
-  MetricInfo("policy/ratio_*", None, "importance ratio statistics (new / old policy)"),
-  MetricInfo(
-    "policy/approx_kl", None, "k1 KL of old to new policy over the update", "", "actor/ppo_kl"
-  ),
-  MetricInfo("policy/*_mean", None, "objective-specific means (seq ratio, IS weight, gates)"),
-  MetricInfo("behaviour/kl_k3", MIN, "k3 KL between the sampler and the learner"),
-  MetricInfo(
-    "behaviour/mismatch_*",
-    MIN,
-    "absolute log-prob difference of learner and sampler per token (verl: in probabilities)",
-    "sampling/sampling_logp_difference/*",
-    "training/rollout_probs_diff_*",
-  ),
-  MetricInfo(
-    "behaviour/rho_*",
-    None,
-    "behaviour importance ratio statistics",
-    "sampling/importance_sampling_ratio/*",
-  ),
-  MetricInfo("behaviour/*", None, "behaviour correction statistics (§3)"),
-  MetricInfo("kl/ref_kl", MIN, "k1 KL to the reference policy", "kl", "actor/kl_loss"),
-  MetricInfo("kl/loss", None, "the configured KL estimator's value"),
-  MetricInfo("filter/*", None, "dynamic sampling statistics (§7)"),
-  MetricInfo("value/loss", MIN, "critic loss (PPO)", "", "critic/vf_loss"),
-  MetricInfo("value/*", None, "critic statistics (PPO)", "", "critic/values/mean"),
-  MetricInfo("moe/route_disagree_*", MIN, "share of routing choices that differ between passes"),
-  MetricInfo("moe/*", None, "router statistics"),
-  MetricInfo("optim/grad_norm", None, "global gradient norm", "grad_norm", "actor/grad_norm"),
-  MetricInfo("optim/learning_rate", None, "learning rate", "learning_rate", "actor/lr"),
-  MetricInfo("optim/skipped_updates", MIN, "non-finite updates skipped so far"),
-  MetricInfo("verifier/errors*", MIN, "reward terms that raised"),
-  MetricInfo("verifier/timeouts*", MIN, "reward terms that hit the time limit"),
-  MetricInfo("verifier/*", None, "verifier statistics"),
-  MetricInfo("data/*", None, "data loading statistics"),
-  MetricInfo("perf/step_time_s", MIN, "seconds per RL update", "step_time", "timing_s/step"),
-  MetricInfo("perf/*_per_s", MAX, "throughput", "", "perf/throughput"),
-  MetricInfo("perf/*", None, "token counts", "num_tokens", "perf/total_num_tokens"),
-  MetricInfo("sft/loss", MIN, "supervised warm-start loss (its own run: <workdir>/sft)"),
-  MetricInfo("sft/*", None, "supervised warm-start statistics"),
-)
+# pattern | direction (max, min or -) | meaning | TRL's name | verl's name ("-": none)
+_TABLE = """
+eval/accuracy                    | max | greedy accuracy on the held-out set | - | -
+eval/pass@*                      | max | pass@k on the held-out set (k samples per prompt) | - | -
+eval/sample_accuracy             | max | accuracy of sampled held-out completions | - | -
+eval/length_mean                 | -   | mean length of greedy held-out completions | - | -
+rollout/reward_mean              | max | mean reward of the sampled group | reward | critic/score/mean
+rollout/reward_std               | -   | std of rewards over the batch | reward_std | -
+rollout/accuracy                 | max | fraction of sampled completions judged correct | - | -
+rollout/length_mean              | -   | mean completion length | completions/mean_length | response_length/mean
+rollout/length_max               | -   | longest completion | completions/max_length | response_length/max
+rollout/length_min               | -   | shortest completion | completions/min_length | response_length/min
+rollout/length_correct_mean      | -   | mean length of correct completions | - | -
+rollout/length_incorrect_mean    | -   | mean length of incorrect completions | - | -
+rollout/truncated_frac           | min | fraction of completions cut at the length limit | completions/clipped_ratio | response_length/clip_ratio
+rollout/zero_std_group_frac      | min | fraction of groups whose rewards are all equal (no signal) | frac_reward_zero_std | -
+rollout/decode_steps             | -   | decode loop iterations this step | - | -
+reward/*                         | max | mean of one reward term | rewards/<func>/mean | -
+adv/mean                         | -   | mean advantage | - | critic/advantages/mean
+adv/std                          | -   | std of advantages | - | -
+adv/abs_max                      | -   | largest absolute advantage | - | critic/advantages/max
+policy/loss                      | -   | policy loss (objective only) | loss | actor/pg_loss
+policy/total_loss                | -   | loss with KL and regularisers | - | -
+policy/entropy                   | -   | mean token entropy of the policy | entropy | actor/entropy
+policy/clip_frac                 | -   | fraction of tokens clipped (low or high) | clip_ratio/region_mean | actor/pg_clipfrac
+policy/clip_frac_low             | -   | tokens clipped below (r < 1-eps_low, A < 0) | clip_ratio/low_mean | -
+policy/clip_frac_high            | -   | tokens clipped above (r > 1+eps_high, A > 0) | clip_ratio/high_mean | -
+policy/clip_frac_first_minibatch | -   | clip fraction of the first minibatch | - | -
+policy/ratio_*                   | -   | importance ratio statistics (new / old policy) | - | -
+policy/approx_kl                 | -   | k1 KL of old to new policy over the update | - | actor/ppo_kl
+policy/*_mean                    | -   | objective-specific means (seq ratio, IS weight, gates) | - | -
+behaviour/kl_k3                  | min | k3 KL between the sampler and the learner | - | -
+behaviour/mismatch_*             | min | absolute log-prob difference of learner and sampler per token (verl: in probabilities) | sampling/sampling_logp_difference/* | training/rollout_probs_diff_*
+behaviour/rho_*                  | -   | behaviour importance ratio statistics | sampling/importance_sampling_ratio/* | -
+behaviour/*                      | -   | behaviour correction statistics (§3) | - | -
+kl/ref_kl                        | min | k1 KL to the reference policy | kl | actor/kl_loss
+kl/loss                          | -   | the configured KL estimator's value | - | -
+filter/*                         | -   | dynamic sampling statistics (§7) | - | -
+value/loss                       | min | critic loss (PPO) | - | critic/vf_loss
+value/*                          | -   | critic statistics (PPO) | - | critic/values/mean
+moe/route_disagree_*             | min | share of routing choices that differ between passes | - | -
+moe/*                            | -   | router statistics | - | -
+optim/grad_norm                  | -   | global gradient norm | grad_norm | actor/grad_norm
+optim/learning_rate              | -   | learning rate | learning_rate | actor/lr
+optim/skipped_updates            | min | non-finite updates skipped so far | - | -
+verifier/errors*                 | min | reward terms that raised | - | -
+verifier/timeouts*               | min | reward terms that hit the time limit | - | -
+verifier/*                       | -   | verifier statistics | - | -
+data/*                           | -   | data loading statistics | - | -
+perf/step_time_s                 | min | seconds per RL update | step_time | timing_s/step
+perf/*_per_s                     | max | throughput | - | perf/throughput
+perf/*                           | -   | token counts | num_tokens | perf/total_num_tokens
+sft/loss                         | min | supervised warm-start loss (its own run: <workdir>/sft) | - | -
+sft/*                            | -   | supervised warm-start statistics | - | -
+"""
+
+
+def _row(line: str) -> MetricInfo:
+  pattern, way, meaning, trl, verl = (cell.strip() for cell in line.split("|"))
+  return MetricInfo(
+    pattern, None if way == "-" else way, meaning, *("" if n == "-" else n for n in (trl, verl))
+  )
+
+
+METRICS: tuple[MetricInfo, ...] = tuple(_row(line) for line in _TABLE.strip().splitlines())
 
 # Metrics the HParams view lists for every run (tag, display name).
 HPARAMS_METRICS: tuple[tuple[str, str], ...] = (

@@ -135,10 +135,10 @@ def test_incompatible_meta_raises_helpful_error(tmp_path):
     ckpt.wait()
     # Same config (tuples compare equal to the lists JSON gives back); other keys are ignored.
     other_task = {**META, "task": "sort"}
-    ckpt.restore(2, _abstract(state), current_meta=other_task)
+    ckpt.restore(2, _abstract(state), expect=checkpoint.MetaCheck(other_task))
     current = {**META, "model": {**META["model"], "num_layers": 4}}
     with pytest.raises(checkpoint.CheckpointMismatchError) as err:
-      ckpt.restore(2, _abstract(state), current_meta=current)
+      ckpt.restore(2, _abstract(state), expect=checkpoint.MetaCheck(current))
   msg = str(err.value)
   assert f"workdir {tmp_path}" in msg
   assert "model.num_layers=2" in msg and "model.num_layers=4" in msg
@@ -311,7 +311,9 @@ def test_a_corrupted_latest_step_falls_back_to_the_newest_that_verifies(tmp_path
   CORRUPTIONS[corrupt](root / "6")
   before = sorted(str(p.relative_to(root / "6")) for p in (root / "6").rglob("*"))
   with checkpoint.Checkpointer(tmp_path, save_every=1, max_to_keep=3) as ckpt:
-    step, restored, meta = ckpt.restore_latest(_abstract(states[4]), current_meta=META)
+    step, restored, meta = ckpt.restore_latest(
+      _abstract(states[4]), expect=checkpoint.MetaCheck(META)
+    )
     assert step == 4 and ckpt.all_steps() == [2, 4]
     _assert_bit_exact(restored, states[4])
     assert meta["task"] == "addition"
@@ -352,7 +354,7 @@ def test_a_config_mismatch_is_not_taken_for_corruption(tmp_path):
   other = {**META, "model": {**META["model"], "num_layers": 3}}
   with checkpoint.Checkpointer(tmp_path, save_every=1, max_to_keep=3) as ckpt:
     with pytest.raises(checkpoint.CheckpointMismatchError, match="num_layers"):
-      ckpt.restore_latest(_abstract(states[6]), current_meta=other)
+      ckpt.restore_latest(_abstract(states[6]), expect=checkpoint.MetaCheck(other))
     assert ckpt.all_steps() == [2, 4, 6]
 
 

@@ -73,9 +73,11 @@ def _initial_state(exp: Experiment, ckpt, train_iter, workdir: str):
   resumed = ckpt.restore_latest(
     abstract,
     data_iter=train_iter,
-    current_meta=exp.meta,
-    meta_defaults={"model": ModelConfig().to_dict()},  # fields added since it was written
-    meta_ignore=NUMERICS_ONLY,
+    expect=ckpt_lib.MetaCheck(
+      exp.meta,
+      defaults={"model": ModelConfig().to_dict()},  # fields added since it was written
+      ignore=NUMERICS_ONLY,
+    ),
   )
   if resumed is not None:
     latest, state, _ = resumed
