@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Mapping
 from typing import Any
 
 import chex
@@ -45,6 +46,15 @@ class SamplingConfig:
   pad_id: int = 0  # id written after EOS
 
 
+PER_RUN_FIELDS = ("temperature", "top_p", "top_k")  # what a pack may vary per run
+
+
+def with_values(cfg: SamplingConfig, values: Mapping[str, Any] | None) -> SamplingConfig:
+  """`cfg` with a pack's per-run `sampling.*` values (traced scalars) in place; None: `cfg`."""
+  own = {f: values[f"sampling.{f}"] for f in PER_RUN_FIELDS if f"sampling.{f}" in (values or {})}
+  return dataclasses.replace(cfg, **own) if own else cfg
+
+
 @struct.dataclass
 class _LoopState:
   step: jax.Array  # [] int32, decode steps taken
@@ -65,18 +75,38 @@ NEVER_ROUTED = -1  # routing entry of a token slot the decode loop never reached
 
 
 def _restrict(logp: jax.Array, top_k: int, top_p: float) -> jax.Array:
-  """Sets log-probs outside the top-k / top-p set to -inf (for drawing only). [B, V]."""
+  """Sets log-probs outside the top-k / top-p set to -inf (for drawing only). [B, V].
+
+  `top_k` / `top_p` may be traced (per-run values of a pack): both sets are then computed and
+  each applied where its value turns it on, with the same operations as the static path."""
+  if isinstance(top_k, jax.Array) or isinstance(top_p, jax.Array):
+    return _restrict_per_run(logp, jnp.asarray(top_k), jnp.asarray(top_p))
   if top_k and top_k < logp.shape[-1]:
     kth = jax.lax.top_k(logp, top_k)[0][:, -1:]
     logp = jnp.where(logp >= kth, logp, -jnp.inf)
   if top_p < 1.0:
-    sorted_logp = jnp.sort(logp, axis=-1)[:, ::-1]
-    probs = jax.nn.softmax(sorted_logp, axis=-1)
-    mass_before = jnp.cumsum(probs, axis=-1) - probs  # mass of strictly more likely tokens
-    keep_sorted = mass_before < top_p
-    cutoff = jnp.min(jnp.where(keep_sorted, sorted_logp, jnp.inf), axis=-1, keepdims=True)
-    logp = jnp.where(logp >= cutoff, logp, -jnp.inf)
+    logp = _nucleus(logp, top_p)
   return logp
+
+
+def _nucleus(logp: jax.Array, top_p) -> jax.Array:
+  """`logp` with the tokens outside the smallest set of mass >= top_p set to -inf."""
+  sorted_logp = jnp.sort(logp, axis=-1)[:, ::-1]
+  probs = jax.nn.softmax(sorted_logp, axis=-1)
+  mass_before = jnp.cumsum(probs, axis=-1) - probs  # mass of strictly more likely tokens
+  keep_sorted = mass_before < top_p
+  cutoff = jnp.min(jnp.where(keep_sorted, sorted_logp, jnp.inf), axis=-1, keepdims=True)
+  return jnp.where(logp >= cutoff, logp, -jnp.inf)
+
+
+def _restrict_per_run(logp: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+  """`_restrict` for traced values: top-k by a sort and a dynamic index, then the nucleus."""
+  v = logp.shape[-1]
+  sorted_logp = jnp.sort(logp, axis=-1)[:, ::-1]
+  kth = jax.lax.dynamic_index_in_dim(sorted_logp, jnp.clip(top_k, 1, v) - 1, axis=1)
+  on_k = (top_k > 0) & (top_k < v)
+  logp = jnp.where(on_k & (logp < kth), -jnp.inf, logp)
+  return jnp.where(top_p < 1.0, _nucleus(logp, top_p), logp)
 
 
 def first_argmax(x: jax.Array) -> jax.Array:

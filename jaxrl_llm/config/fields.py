@@ -12,6 +12,8 @@ import textwrap
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+import jax
+
 _CASTS = {"float": float, "int": int, "bool": bool, "str": str}
 _FIELD_LINE = re.compile(r"^  (\w+): [^#]*?(?:#\s*(.*))?$")
 
@@ -67,6 +69,12 @@ def at_least(section: str, obj: Any, low: float, *names: str, note: str = "") ->
     value = getattr(obj, name)
     out += need(value >= low, f"{section}.{name}={value} must be >= {low:g}{note}")
   return out
+
+
+def is_on(coef: Any) -> bool:
+  """Whether a coefficient turns its term on (> 0). A traced value is a per-run value of a
+  pack, whose runs all agree on it being on (`run.pack` refuses to mix 0 with > 0)."""
+  return isinstance(coef, jax.Array) or coef > 0
 
 
 class Section:

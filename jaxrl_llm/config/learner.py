@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from jaxrl_llm import objectives
-from jaxrl_llm.config.fields import Section, allowed, at_least, coerce, need
+from jaxrl_llm.config.fields import Section, allowed, at_least, coerce, is_on, need
 from jaxrl_llm.models.transformer import REMAT_POLICIES
 
 REMATS = ("auto", *REMAT_POLICIES)  # rl.remat values
@@ -322,6 +322,23 @@ class Settings:
       return math.ceil(self.filtering.oversample * p)
     return p
 
+  def with_values(self, values: Mapping[str, Any]) -> Settings:
+    """These settings with a pack's per-run values (dotted field -> traced scalar) in place of
+    the fields they name; fields of other sections are left to their owners."""
+    out = self
+    for field, value in values.items():
+      section, name = field.split(".", 1)
+      if section not in LEARNER_SECTIONS:
+        continue
+      sec = getattr(out, section)
+      if section == "objective" and name not in ("value_coef", "value_clip"):
+        kept = tuple((k, v) for k, v in sec.values if k != name)
+        sec = dataclasses.replace(sec, values=(*kept, (name, value)))
+      else:
+        sec = dataclasses.replace(sec, **{name: value})
+      out = dataclasses.replace(out, **{section: sec})
+    return out
+
   def skips_old_pass(self, is_moe: bool) -> bool:
     """Whether ℓ^old = sg[ℓ] can replace the old-policy forward (§0): one optimiser update per
     rollout (`rl.old_pass=auto`), and nothing needs ℓ^old before the learner's own forward:
@@ -333,7 +350,7 @@ class Settings:
       self.rl.old_pass == "auto"
       and self.rl.num_epochs * self.rl.num_minibatches == 1
       and self.advantage.name != "gae"
-      and not (self.kl.beta > 0 and self.kl.placement == "reward")
+      and not (is_on(self.kl.beta) and self.kl.placement == "reward")
       and base in ("none", "tis_token", "tis_seq")
       and not geo
       and not is_moe

@@ -258,7 +258,9 @@ def rspo(
   a = seq_adv(adv, m)
   sgn = jnp.sign(a)[:, None]
   x = sgn * delta  # log r^{sgn A}
-  lo, hi = jnp.log1p(-clip_low) if clip_low < 1 else -LOG_CLAMP, jnp.log1p(clip_high)
+  no_floor = clip_low >= 1  # ε_low >= 1: no lower clip (may be a per-run traced value)
+  lo = jnp.where(no_floor, -LOG_CLAMP, jnp.log1p(-jnp.where(no_floor, 0.0, clip_low)))
+  hi = jnp.log1p(clip_high)
   log_w = jnp.minimum(x, jnp.clip(x, lo, hi))
   log_gamma = jnp.log(jnp.where(m > 0, router_gamma, 1.0))
   s_log = jnp.sign(a) * _seq_mean_log(log_w + log_gamma, m)

@@ -21,10 +21,11 @@ def soft_overlong(
   """
   chex.assert_rank([lengths, truncated], 1)
   chex.assert_equal_shape([lengths, truncated])
-  if not 0 < cache_len <= max_len:
+  traced = isinstance(cache_len, jax.Array)  # a per-run value of a pack (checked by its config)
+  if not traced and not 0 < cache_len <= max_len:
     raise ValueError(f"cache_len must be in (0, max_len={max_len}], got {cache_len}")
   n = lengths.astype(jnp.float32)
-  start = float(max_len - cache_len)
+  start = (max_len - cache_len).astype(jnp.float32) if traced else float(max_len - cache_len)
   r = jnp.where(n <= start, 0.0, (start - n) / cache_len)
   r = jnp.maximum(r, -1.0)  # lengths beyond max_len cannot occur; keep the range [−1, 0]
   return jnp.where(truncated.astype(bool), -1.0, r)

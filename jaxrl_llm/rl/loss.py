@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from jaxrl_llm import objectives
+from jaxrl_llm.config.fields import is_on
 from jaxrl_llm.config.learner import Settings
 from jaxrl_llm.models.transformer import Transformer
 from jaxrl_llm.rl import metrics as rl_metrics
@@ -128,14 +129,14 @@ def add_regularizers(
   agg = lambda x: objectives.aggregate(x, mask, agg_name, max_len=max_len, normalizer=norm)  # noqa: E731
   metrics = {}
   kl = settings.kl
-  if kl.beta > 0 and kl.placement == "loss":
+  if is_on(kl.beta) and kl.placement == "loss":
     k = objectives.kl_penalty(
       sc.logp, mb.ref_logp, mb.old_logp, estimator=kl.name, mask=mask, k3_clamp=kl.k3_clamp
     )
     metrics["kl/loss"] = agg(k)
     loss = loss + kl.beta * metrics["kl/loss"]
   entropy = sc.entropy  # of the τ_s-scaled distribution, float32
-  if settings.rl.entropy_coef:
+  if is_on(settings.rl.entropy_coef):
     loss = loss - settings.rl.entropy_coef * agg(entropy)
   metrics["policy/entropy"] = objectives.masked_mean(jax.lax.stop_gradient(entropy), mask)
   if sc.values is not None and mb.returns is not None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -22,12 +22,14 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_llm import quant, sharding
+from jaxrl_llm.config.fields import is_on
 from jaxrl_llm.config.learner import Settings
 from jaxrl_llm.kernels import attention
 from jaxrl_llm.models.transformer import Transformer
 from jaxrl_llm.rl import loss, stages, update
 from jaxrl_llm.rl import metrics as rl_metrics
 from jaxrl_llm.sampling import SamplingConfig, sample
+from jaxrl_llm.sampling import with_values as with_sampling_values
 from jaxrl_llm.types import PromptBatch, Rollout, TrainState
 
 
@@ -45,6 +47,23 @@ class Learner:
   batch_sharding: NamedSharding  # rows over the batch mesh axes (data x fsdp x expert)
   prompt_group: int = 1  # G when learner passes run each prompt once per group, else 1
   decode_shardings: Any = None  # the sampler's weight layout (FSDP gathered), None = as stored
+  rebuild_optimizer: Callable[[Any], tuple] | None = None  # peak rate -> (optimizer, schedule)
+
+  def with_values(self, values: Mapping[str, jax.Array] | None) -> Learner:
+    """This learner with a pack's per-run values (dotted config field -> traced scalar) in
+    place of the settings they name (see `run.pack.PACKABLE`); None: itself."""
+    if not values:
+      return self
+    optimizer, schedule = self.optimizer, self.schedule
+    if "optim.learning_rate" in values:
+      optimizer, schedule = self.rebuild_optimizer(values["optim.learning_rate"])
+    return dataclasses.replace(
+      self,
+      sampling=with_sampling_values(self.sampling, values),
+      settings=self.settings.with_values(values),
+      optimizer=optimizer,
+      schedule=schedule,
+    )
 
   @property
   def score_chunks(self) -> int:
@@ -73,8 +92,11 @@ def constrain(tree, sharding: NamedSharding):
   )
 
 
-def sample_phase(ctx: Learner, state: TrainState, batch: PromptBatch, rng: jax.Array) -> Rollout:
+def sample_phase(
+  ctx: Learner, state: TrainState, batch: PromptBatch, rng: jax.Array, values=None
+) -> Rollout:
   """G completions per prompt from the sampler's copy of the policy (§0: records ℓ^μ)."""
+  ctx = ctx.with_values(values)
   sample_key, _ = jax.random.split(rng)
   policy = quant.sampler_params(state.params, ctx.sampler_dtype)
   if ctx.decode_shardings is not None:  # one gather per RL step, before the decode loop
@@ -100,7 +122,7 @@ def on_policy_batch(ctx: Learner, state: TrainState, rollout, reward, seq_valid,
   """The batch without an old pass (ℓ^old = sg[ℓ], §0): w and its metrics come from the loss."""
   s = ctx.settings
   ref_logp = None
-  if s.kl.beta > 0:  # in the loss (`skips_old_pass` excludes the reward placement)
+  if is_on(s.kl.beta):  # in the loss (`skips_old_pass` excludes the reward placement)
     ref_logp = stages.rescore(
       ctx.model,
       state.ref_params,
@@ -128,7 +150,7 @@ def make_policy_batch(ctx: Learner, state: TrainState, rollout, reward, seq_vali
   )
   metrics = rl_metrics.moe_load(old.moe)
   ref_logp = kl_tok = None
-  if s.kl.beta > 0:
+  if is_on(s.kl.beta):
     ref_logp, kl_tok, ref_metrics = stages.reference_pass(
       ctx.model, state.ref_params, rollout, old.logp, mask, temp, ctx.prompt_group, ctx.score_chunks
     )
@@ -152,8 +174,9 @@ def make_policy_batch(ctx: Learner, state: TrainState, rollout, reward, seq_vali
   return batch, metrics
 
 
-def learn(ctx: Learner, state: TrainState, rollout: Rollout, terms, rng: jax.Array):
+def learn(ctx: Learner, state: TrainState, rollout: Rollout, terms, rng: jax.Array, values=None):
   """The learn phase, the spec's stages in order; returns (new state, metrics)."""
+  ctx = ctx.with_values(values)
   s = ctx.settings
   _, shuffle_key = jax.random.split(rng)
   generated = jnp.sum(rollout.lengths).astype(jnp.float32)  # every row, those §7 drops too
@@ -203,8 +226,12 @@ def step_metrics(ctx: Learner, state: TrainState, rollout, terms, reward, seq_ad
   return m
 
 
-def fused_step(ctx: Learner, reward_fn, state: TrainState, batch: PromptBatch, rng: jax.Array):
-  """Sample, score with the pure-JAX verifier `reward_fn`, learn: one RL update."""
+def fused_step(
+  ctx: Learner, reward_fn, state: TrainState, batch: PromptBatch, rng: jax.Array, values=None
+):
+  """Sample, score with the pure-JAX verifier `reward_fn`, learn: one RL update. `values`:
+  a pack's per-run settings (dotted field -> traced scalar), None for a single run."""
+  ctx = ctx.with_values(values)
   rollout = sample_phase(ctx, state, batch, rng)
   g = ctx.sampling.group_size
   answer = jnp.repeat(batch.answer, g, axis=0)
@@ -281,11 +308,15 @@ def make_rl_step(
   *,
   sampler_dtype: str = "float32",
   rules=sharding.DEFAULT_RULES,
+  rebuild_optimizer: Callable[[Any], tuple] | None = None,
+  runs: int = 0,
 ) -> RLProgram:
   """Jits the fused step and its sample / learn halves, each once, with explicit shardings.
 
   `reward_fn(prompt_tokens, completion, completion_mask, answer, answer_mask)` returns named
   [B] reward terms (a pure-JAX verifier); None serves only the host-reward path.
+  `runs` > 0: the programs of a pack (`run.pack`), vmapped over a leading runs axis of every
+  argument, with a last argument `values` of per-run settings (`Learner.with_values`).
   """
   if settings.rl.num_microbatches < 1 or settings.rl.remat == "auto":
     raise ValueError("rl.num_microbatches / rl.remat are 'auto': pass settings.rl.resolved(...)")
@@ -293,8 +324,11 @@ def make_rl_step(
   ctx = make_learner(
     model, optimizer, schedule, sampling, settings, sampler_dtype, mesh, state_shardings.params
   )
+  ctx = dataclasses.replace(ctx, rebuild_optimizer=rebuild_optimizer)
   batch_shardings = PromptBatch(tokens=rows, mask=rows, answer=rows, answer_mask=rows)
   traced = lambda fn: sharding.traced_with_rules(fn, mesh, rules)  # noqa: E731
+  if runs:
+    return _packed_program(ctx, reward_fn, traced)
   return RLProgram(
     step=jax.jit(
       traced(functools.partial(fused_step, ctx, reward_fn)),
@@ -311,5 +345,17 @@ def make_rl_step(
       out_shardings=(state_shardings, repl),
       donate_argnums=(0,),
     ),
+    learner=ctx,
+  )
+
+
+def _packed_program(ctx: Learner, reward_fn, traced) -> RLProgram:
+  """The programs of a pack: each vmapped over the runs axis of (state, batch | rollout, ...,
+  rng, values), jitted once for every run of the pack."""
+  packed = lambda fn: traced(jax.vmap(fn))  # noqa: E731
+  return RLProgram(
+    step=jax.jit(packed(functools.partial(fused_step, ctx, reward_fn)), donate_argnums=(0,)),
+    sample=jax.jit(packed(functools.partial(sample_phase, ctx))),
+    learn=jax.jit(packed(functools.partial(learn, ctx)), donate_argnums=(0,)),
     learner=ctx,
   )

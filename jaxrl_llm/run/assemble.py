@@ -229,9 +229,26 @@ def _model(cfg: Config, task, mesh, rules, *, abstract: bool, devices) -> tuple:
   model = Transformer(mc, attention=cfg.model.attention)
   if pretrained is not None:
     return mc, model, pretrained, jax.tree.map(lambda x: x.sharding, pretrained)
-  init_key = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), 0x5EED)
-  params, shardings = _init_params(model, task, mesh, rules, init_key, abstract=abstract)
+  params, shardings = _init_params(model, task, mesh, rules, _init_key(cfg), abstract=abstract)
   return mc, model, params, shardings
+
+
+def _init_key(cfg: Config) -> jax.Array:
+  """The key of the random parameter initialisation (from `seed`)."""
+  return jax.random.fold_in(jax.random.PRNGKey(cfg.seed), 0x5EED)
+
+
+def initial_state(exp: Experiment, cfg: Config) -> TrainState:
+  """The fresh state of run `cfg`, one of a pack sharing `exp`'s programs: parameters from
+  its own seed (or `exp`'s pretrained ones), a fresh optimiser state and its own key."""
+  params = exp.state.params
+  param_shardings = exp.state_shardings.params
+  if not cfg.model.checkpoint and cfg.seed != exp.config.seed:
+    params, _ = _init_params(
+      exp.model, exp.task, exp.mesh, exp.rules, _init_key(cfg), abstract=False
+    )
+  tx, rng = exp.program.learner.optimizer, jax.random.PRNGKey(cfg.seed)
+  return _initial_state(cfg, tx, params, param_shardings, exp.mesh, rng, abstract=False)
 
 
 def _learner_settings(cfg: Config, params, mesh, seq_len: int, samp) -> Settings:
@@ -266,6 +283,7 @@ def build(
   abstract: bool = False,
   devices: list[jax.Device] | None = None,
   prompt_len: int | None = None,
+  runs: int = 0,
 ) -> Experiment:
   """Builds the mesh, task, model, initial state and jitted programs of a run (`config`: its
   `Config`, or an experiment ConfigDict, parsed here).
@@ -276,6 +294,8 @@ def build(
   `devices` (default `jax.devices()`) builds the mesh from other devices: fake CPU devices, or
   a TPU topology's (`jax.experimental.topologies`) for an abstract build compiled for TPU.
   `prompt_len` (planning only) sizes the step for prompts of another length than the task's.
+  `runs` > 0 builds the programs of a pack of that many runs (`run.pack`); the state is then
+  the first run's, which the pack stacks with the others'.
   """
   cfg = parse(config)
   task = build_task(cfg)
@@ -287,7 +307,9 @@ def build(
   samp = cfg.sampling.sampler(task)
   logging.info("objective %s: %s", cfg.objective.name, cfg.objective.hyperparameters)
   rl = cfg.rl
-  tx, schedule = cfg.optim.build(cfg.train.num_steps * rl.num_epochs * rl.num_minibatches)
+  total_updates = cfg.train.num_steps * rl.num_epochs * rl.num_minibatches
+  tx, schedule = cfg.optim.build(total_updates)
+  rebuild = lambda lr: dataclasses.replace(cfg.optim, learning_rate=lr).build(total_updates)  # noqa: E731
   rng = jax.random.PRNGKey(cfg.seed)
   state = _initial_state(cfg, tx, params, param_shardings, mesh, rng, abstract=abstract)
   seq_len = (prompt_len or task.prompt_len) + samp.max_new_tokens
@@ -297,7 +319,7 @@ def build(
   reward_fn = task.reward_terms  # None when the verifiers run on the host
   program = make_rl_step(
     model, tx, schedule, reward_fn, samp, settings, mesh, state_shardings,
-    sampler_dtype=sampler_dtype, rules=rules,
+    sampler_dtype=sampler_dtype, rules=rules, rebuild_optimizer=rebuild, runs=runs,
   )  # fmt: skip
   return Experiment(
     config=cfg,

@@ -10,7 +10,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxrl_llm import sharding
 from jaxrl_llm.config import Config
-from jaxrl_llm.sampling import sample
+from jaxrl_llm.sampling import sample, with_values
 from jaxrl_llm.types import PromptBatch
 
 
@@ -35,8 +35,9 @@ def _correct(task, rollout, batch: PromptBatch, g: int):
 
 
 def make_eval_fn(model, task, cfg: Config, mesh, rules=sharding.DEFAULT_RULES):
-  """Held-out evaluation `(params, batch, rng, answers) -> metrics`: greedy accuracy and
-  pass@k at the sampling temperature.
+  """Held-out evaluation `(params, batch, rng, answers, values=None) -> metrics`: greedy
+  accuracy and pass@k at the sampling temperature (`values`: a packed run's own sampling
+  values, traced, in place of the config's).
 
   Sampling is one jitted program; a pure-JAX verifier runs inside it, a host verifier (file
   tasks) scores the decoded completions afterwards: `answers` are the eval set's host
@@ -48,9 +49,9 @@ def make_eval_fn(model, task, cfg: Config, mesh, rules=sharding.DEFAULT_RULES):
   repl = NamedSharding(mesh, PartitionSpec())
   host = task.rewards_on_host
 
-  def eval_fn(params, batch: PromptBatch, rng):
-    greedy = sample(model, params, batch.tokens, batch.mask, rng, greedy_cfg)
-    sampled = sample(model, params, batch.tokens, batch.mask, rng, passk_cfg)
+  def eval_fn(params, batch: PromptBatch, rng, values):
+    greedy = sample(model, params, batch.tokens, batch.mask, rng, with_values(greedy_cfg, values))
+    sampled = sample(model, params, batch.tokens, batch.mask, rng, with_values(passk_cfg, values))
     if host:
       return greedy.tokens, sampled.tokens, greedy.lengths
     pk = _correct(task, sampled, batch, k).reshape(-1, k)
@@ -58,10 +59,10 @@ def make_eval_fn(model, task, cfg: Config, mesh, rules=sharding.DEFAULT_RULES):
 
   jitted = jax.jit(sharding.traced_with_rules(eval_fn, mesh, rules), out_shardings=repl)
   if not host:
-    return lambda params, batch, rng, answers=None: jitted(params, batch, rng)
+    return lambda params, batch, rng, answers=None, values=None: jitted(params, batch, rng, values)
 
-  def host_eval(params, batch, rng, answers):
-    greedy, sampled, lengths = jax.device_get(jitted(params, batch, rng))
+  def host_eval(params, batch, rng, answers, values=None):
+    greedy, sampled, lengths = jax.device_get(jitted(params, batch, rng, values))
     acc, _ = task.host_reward_terms(greedy, answers)
     pk, _ = task.host_reward_terms(sampled, np.repeat(answers, k))
     return _summarise(acc["correct"], pk["correct"].reshape(-1, k), lengths, k)

@@ -30,8 +30,9 @@ from jaxrl_llm.run.warm_start import warm_start
 class Evaluator:
   """The held-out set on the devices and the evaluations made so far."""
 
-  def __init__(self, exp: Experiment, writer):
+  def __init__(self, exp: Experiment, writer, values=None):
     cfg, task = exp.config, exp.task
+    self.values = values  # a packed run's own sampling values (None: the config's)
     eval_np, self.answers = task.eval_set(multiple_of=sharding.batch_size_divisor(exp.mesh))
     # Every process holds the whole evaluation set and feeds its own block of rows.
     own = distributed.process_slice(len(eval_np["tokens"]))
@@ -43,7 +44,7 @@ class Evaluator:
   def __call__(self, step: int, params) -> dict[str, float]:
     """Evaluates `params`, writes and logs the scalars at `step`."""
     t = time.time()
-    m = self.exp.eval_fn(params, self.batch, self.key, self.answers)
+    m = self.exp.eval_fn(params, self.batch, self.key, self.answers, self.values)
     m = metrics_lib.flatten_metrics(m)
     self.writer.scalars(step, m)
     self.history.append((step, m))
@@ -52,7 +53,7 @@ class Evaluator:
     return m
 
 
-def _train_iterator(exp: Experiment, writer):
+def train_iterator(exp: Experiment, writer):
   """This process's share of the prompts of every RL update, resumable."""
   cfg = exp.config
   per_process = cfg.sampled_prompts // jax.process_count()
@@ -88,7 +89,7 @@ def _initial_state(exp: Experiment, ckpt, train_iter, workdir: str):
   return state
 
 
-def _finished(workdir: str, start: int, num_steps: int) -> dict[str, float]:
+def finished_run(workdir: str, start: int, num_steps: int) -> dict[str, float]:
   """A finished workdir's last evaluation (nothing is written)."""
   logging.info(
     "%s already holds step %d of train.num_steps=%d: nothing to train", workdir, start, num_steps
@@ -100,8 +101,9 @@ def _finished(workdir: str, start: int, num_steps: int) -> dict[str, float]:
 class Logger:
   """The loop's clock and its logged steps: scalars, histograms, samples, progress line."""
 
-  def __init__(self, exp: Experiment, writer, guard: SkipGuard, start: int):
+  def __init__(self, exp: Experiment, writer, guard: SkipGuard, start: int, name: str = ""):
     self.exp, self.writer, self.guard, self.start = exp, writer, guard, start
+    self.prefix = f"[{name}] " if name else ""  # a packed run's lines start with its name
     self.progress = metrics_lib.Progress(exp.config.train.num_steps)
     self.t_loop = self.t_last = self.t_compiled = time.time()
     self.last_logged, self.tokens = start, 0.0
@@ -134,7 +136,7 @@ class Logger:
     self.writer.histograms(done, hists)
     limit = self.exp.config.train.text_samples
     self.writer.text(done, "samples", record.text_summary(self.exp.task, m, limit))
-    logging.info(self.progress.line(done, scalars))
+    logging.info(self.prefix + self.progress.line(done, scalars))
 
 
 class Profiler:
@@ -199,14 +201,14 @@ def train_and_evaluate(
   tr, writer = cfg.train, metrics_lib.SummaryWriter(workdir)
   ckpt = ckpt_lib.Checkpointer(workdir, save_every=tr.checkpoint_every, max_to_keep=tr.max_to_keep)
   try:
-    train_iter = _train_iterator(exp, writer)
+    train_iter = train_iterator(exp, writer)
     evaluate = Evaluator(exp, writer)
     state = _initial_state(exp, ckpt, train_iter, workdir)
     start = int(state.step)
     hparams = record.run_hparams(cfg, exp.state.params, hparam_fields)
     record.record_run(cfg, workdir, writer, start, hparams)
     if start >= tr.num_steps:  # a finished workdir: report its last evaluation, write nothing
-      return _finished(workdir, start, tr.num_steps)
+      return finished_run(workdir, start, tr.num_steps)
     if start == 0:
       evaluate(0, state.params)
     logger = Logger(exp, writer, SkipGuard(tr.max_skipped_updates, "rl"), start)

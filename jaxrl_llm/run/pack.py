@@ -1,0 +1,216 @@
+"""A pack: the runs of a sweep trained together as one program.
+
+The runs of a clip x temperature x seed grid differ only in values, not in the program's
+shapes, so one jitted step serves them all: the train state gains a leading runs axis
+(parameters, optimiser state, PRNG keys), the step is vmapped over it, and each field the grid
+varies enters the step as a traced per-run value (`Learner.with_values`) instead of a
+compile-time constant. `PACKABLE` names those fields; a grid over any other field (objective
+name, model shape, group size, ...) changes the program and is refused with one line.
+
+Each run stays a run for the user: its own TensorBoard folder `ROOT/<name>` (config.json,
+config Text, HParams with the varied fields), its own progress line and evaluations. The pack
+checkpoints as a whole in `ROOT/checkpoints` (every run's state and data position) and resumes
+from there; `take_out` writes one run's state as a workdir of its own, to continue alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import grain
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_llm import objectives
+from jaxrl_llm.config import Config, ConfigError, parse
+from jaxrl_llm.data.pipeline import PROMPT_KEYS
+from jaxrl_llm.run.assemble import Experiment, build, initial_state
+from jaxrl_llm.types import PromptBatch
+
+# Fields a pack may vary besides the objective's hyperparameters (see `packable_fields`).
+_PER_RUN = (
+  "sampling.temperature",
+  "sampling.top_p",
+  "sampling.top_k",
+  "optim.learning_rate",
+  "kl.beta",
+  "rl.entropy_coef",
+  "shaping.weight",
+  "shaping.cache_len",
+)
+_NOT_PER_RUN = ("dual_clip", "cispo_mask")  # switch a term on or off: they change the program
+_SWITCHES = ("kl.beta",)  # a pack's runs must agree on these being 0 or > 0
+
+
+def packable_fields() -> tuple[str, ...]:
+  """Every field a pack may vary: `seed`, the sampling, optimiser and regulariser values of
+  `_PER_RUN`, and every registered objective's numeric hyperparameters."""
+  hyper = [
+    f"objective.{name}"
+    for name, kind in objectives.hyperparameter_kinds().items()
+    if kind is float and name not in _NOT_PER_RUN
+  ]
+  return ("seed", *_PER_RUN, *hyper)
+
+
+def varied_fields(configs: Sequence[Config]) -> tuple[str, ...]:
+  """The fields whose values differ between `configs`, in the config's order."""
+  flats = [c.flat() for c in configs]
+  return tuple(k for k in flats[0] if any(f.get(k) != flats[0][k] for f in flats[1:]))
+
+
+def check_packable(configs: Sequence[Config]) -> tuple[str, ...]:
+  """The varied fields of `configs`; raises ConfigError (one line) if one is not packable."""
+  varied = varied_fields(configs)
+  allowed = packable_fields()
+  bad = [f for f in varied if f not in allowed]
+  if bad:
+    raise ConfigError(
+      f"a pack cannot vary {', '.join(bad)}: it changes the program; run those as separate "
+      f"sweeps or packs (packable fields: {', '.join(allowed)})"
+    )
+  for field in _SWITCHES:
+    on = {c.value(field) > 0 for c in configs}
+    if field in varied and len(on) > 1:
+      raise ConfigError(
+        f"a pack's runs must all have {field} > 0 or all {field} = 0 (it switches a term on); "
+        "run the two kinds as separate packs"
+      )
+  return varied
+
+
+def run_values(configs: Sequence[Config], varied: Sequence[str]) -> dict[str, jax.Array]:
+  """{field: [R] array} of every varied field the step reads (all but `seed`)."""
+  out = {}
+  for field in varied:
+    if field == "seed":
+      continue
+    vals = [c.value(field) for c in configs]
+    dtype = jnp.int32 if all(isinstance(v, int) for v in vals) else jnp.float32
+    out[field] = jnp.asarray(vals, dtype)
+  return out
+
+
+def run_name(cfg: Config, varied: Sequence[str]) -> str:
+  """A run's folder name: `field=value,...` over the varied fields (`run` when none)."""
+  return ",".join(f"{f}={cfg.value(f)}" for f in varied) or "run"
+
+
+@dataclasses.dataclass
+class Pack:
+  """The runs of a pack and the programs and initial state they share."""
+
+  exp: Experiment  # the programs (vmapped) and the first run's pieces
+  configs: list[Config]  # one per run
+  names: list[str]  # each run's folder name under the pack's root
+  varied: tuple[str, ...]  # the fields that differ between runs
+  values: dict[str, jax.Array]  # [R] per-run value of each varied field but seed
+  state: Any  # the runs' fresh states stacked on a leading axis
+
+  @property
+  def size(self) -> int:
+    """How many runs the pack holds."""
+    return len(self.configs)
+
+  def run(self, r: int) -> Experiment:
+    """Run `r` as an `Experiment` view: its config; the pack's task, mesh and programs."""
+    return dataclasses.replace(self.exp, config=self.configs[r])
+
+  def run_values(self, r: int) -> dict[str, jax.Array]:
+    """Run `r`'s own per-run values (0-d arrays)."""
+    return {k: v[r] for k, v in self.values.items()}
+
+  def meta(self) -> dict:
+    """What the pack's checkpoints record: the first run's meta and every run's values."""
+    runs = [{f: c.value(f) for f in self.varied} for c in self.configs]
+    return {**self.exp.meta, "pack": {"names": self.names, "runs": runs}}
+
+
+def build_pack(configs: Sequence[Any], names: Sequence[str] | None = None, *, devices=None) -> Pack:
+  """Builds a pack from the configs of its runs (`Config`s or ConfigDicts, parsed here)."""
+  configs = [parse(c) for c in configs]
+  if not configs:
+    raise ConfigError("a pack needs at least one run")
+  varied = check_packable(configs)
+  if configs[0].uses_files:
+    raise ConfigError(
+      "a pack trains built-in tasks only for now (data.train_files is set); run prompt-file "
+      "sweeps as separate runs (tools/sweep.py without --packed)"
+    )
+  exp = build(configs[0], devices=devices, runs=len(configs))
+  if exp.mesh.devices.size != 1:
+    raise ConfigError(
+      f"a pack runs on one device for now; this mesh has {exp.mesh.devices.size} (set "
+      "mesh.data=1, or sweep without --packed)"
+    )
+  names = list(names) if names is not None else [run_name(c, varied) for c in configs]
+  if len(set(names)) != len(names):
+    raise ConfigError(f"the runs of a pack need distinct names, got {names}")
+  states = [exp.state] + [initial_state(exp, c) for c in configs[1:]]
+  return Pack(exp, configs, names, varied, run_values(configs, varied), stack(states))
+
+
+def stack(trees: Sequence[Any]) -> Any:
+  """The trees stacked on a new leading axis (None leaves stay None)."""
+  return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
+def unstack(tree: Any, r: int) -> Any:
+  """Run `r`'s slice of a stacked tree."""
+  return jax.tree.map(lambda x: x[r], tree)
+
+
+class PackIterator:
+  """The runs' prompt iterators as one: `next` stacks one batch of each on a leading axis; its
+  state (saved by grain's checkpoint handler with the pack) is every run's position."""
+
+  def __init__(self, iterators: Sequence[Any]):
+    self.iterators = list(iterators)
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    batches = [next(it) for it in self.iterators]
+    return {k: np.stack([np.asarray(b[k]) for b in batches]) for k in batches[0]}
+
+  def get_state(self) -> bytes:
+    """Every run's iterator state, as JSON bytes."""
+    states = [_iterator_state(it) for it in self.iterators]
+    return json.dumps(states).encode()
+
+  def set_state(self, state: bytes) -> None:
+    """Sets every run's iterator to its saved position."""
+    states = json.loads(state)
+    if len(states) != len(self.iterators):
+      raise ConfigError(
+        f"the checkpoint holds the data positions of {len(states)} runs; this pack has "
+        f"{len(self.iterators)}: resume with the same grid, or use a new root"
+      )
+    for it, s in zip(self.iterators, states, strict=True):
+      it.set_state(s if isinstance(it, grain.DatasetIterator) else s.encode())
+
+  def start_prefetch(self) -> None:
+    """Starts each iterator's prefetch (grain calls this after a restore)."""
+    for it in self.iterators:
+      if hasattr(it, "start_prefetch"):
+        it.start_prefetch()
+
+
+def _iterator_state(it: Any) -> Any:
+  state = it.get_state()
+  return state.decode() if isinstance(state, bytes) else state
+
+
+def packed_keys(keys: jax.Array, step: int) -> jax.Array:
+  """Each run's key of RL step `step`: `fold_in(run key, step)`, as a single run draws it."""
+  return jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, step)
+
+
+def batch_to_device(np_batch: Mapping[str, np.ndarray]) -> PromptBatch:
+  """A stacked host batch [R, P, ...] -> the pack's `PromptBatch` on its device."""
+  return PromptBatch(**{k: jnp.asarray(np_batch[k]) for k in PROMPT_KEYS})

@@ -1,0 +1,164 @@
+"""`train_pack(configs, root)`: the loop of a pack (see `run.pack`), run for run as
+`train_and_evaluate` runs one: each run's events, evaluations and summary in `ROOT/<name>`, the
+pack's checkpoints in `ROOT/checkpoints`."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+from absl import logging
+
+from jaxrl_llm import checkpoint as ckpt_lib
+from jaxrl_llm import metrics as metrics_lib
+from jaxrl_llm import paths
+from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.rl import init_reference
+from jaxrl_llm.run import record
+from jaxrl_llm.run.assemble import NUMERICS_ONLY
+from jaxrl_llm.run.guard import SkipGuard
+from jaxrl_llm.run.loop import Evaluator, Logger, finished_run, train_iterator
+from jaxrl_llm.run.pack import (
+  Pack,
+  PackIterator,
+  batch_to_device,
+  build_pack,
+  packed_keys,
+  stack,
+  unstack,
+)
+from jaxrl_llm.run.warm_start import warm_start
+
+
+@dataclasses.dataclass
+class _Run:
+  """One run of a pack as its user sees it: its folder, events, evaluations and log lines."""
+
+  name: str
+  workdir: str
+  writer: Any
+  evaluate: Evaluator
+  logger: Logger | None = None
+
+
+def _open_runs(pack: Pack, root: str) -> list[_Run]:
+  runs = []
+  for r, name in enumerate(pack.names):
+    workdir = paths.join(root, name)
+    writer = metrics_lib.SummaryWriter(workdir)
+    evaluate = Evaluator(pack.run(r), writer, values=pack.run_values(r))
+    runs.append(_Run(name, workdir, writer, evaluate))
+  return runs
+
+
+def _warm_started(pack: Pack, runs: list[_Run]):
+  """Every run's state after the supervised warm start, run once per seed (it depends on
+  nothing else a pack may vary); its events are in the first such run's `sft` folder."""
+  by_seed, states = {}, []
+  for r, cfg in enumerate(pack.configs):
+    own = unstack(pack.state, r)
+    if cfg.seed not in by_seed:
+      view = dataclasses.replace(pack.run(r), state=own)
+      by_seed[cfg.seed] = warm_start(view, runs[r].workdir).params
+    states.append(own.replace(params=by_seed[cfg.seed]))
+  return stack(states)
+
+
+def _initial_state(pack: Pack, ckpt, data: PackIterator, runs: list[_Run], root: str):
+  """The pack's newest checkpoint that verifies, else the warm start (saved as step 0), else
+  the fresh state; a checkpoint of another grid or model is refused with one line."""
+  beta = pack.configs[0].kl.beta
+  state = init_reference(pack.state, beta)
+  abstract = jax.tree.map(
+    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state
+  )
+  expect = ckpt_lib.MetaCheck(
+    pack.meta(),
+    keys=("model", "pack"),
+    defaults={"model": ModelConfig().to_dict()},
+    ignore=NUMERICS_ONLY,
+  )
+  resumed = ckpt.restore_latest(abstract, data_iter=data, expect=expect)
+  if resumed is not None:
+    logging.info("resumed the pack in %s at step %d", root, resumed[0])
+    return resumed[1]
+  if pack.configs[0].sft.steps:
+    state = init_reference(_warm_started(pack, runs), beta)
+    ckpt.save(0, state, data_iter=data, meta=pack.meta(), force=True)
+  return state
+
+
+def _loop(pack: Pack, state, data: PackIterator, ckpt, runs: list[_Run]):
+  """RL updates of every run from the pack's step to the end of this invocation."""
+  cfg = pack.configs[0]
+  tr, start = cfg.train, int(state.step[0])
+  end = min(tr.num_steps, start + tr.stop_after_steps) if tr.stop_after_steps else tr.num_steps
+  updates = cfg.rl.num_epochs * cfg.rl.num_minibatches
+  logging.info("compiling the packed RL step of %d runs ...", pack.size)
+  for step in range(start, end):
+    batch = batch_to_device(next(data))
+    keys = packed_keys(state.rng, step)
+    state, metrics = pack.exp.program.step(state, batch, keys, pack.values)
+    done, host = step + 1, jax.device_get(metrics)
+    for r, run in enumerate(runs):
+      own = {k: v[r] for k, v in host.items()}
+      run.logger.guard.update(done, int(own["optim/skipped_updates"]), updates=updates)
+      run.logger.step(done, own)
+    if done % tr.eval_every == 0 or done == tr.num_steps:
+      for r, run in enumerate(runs):
+        run.evaluate(done, unstack(state.params, r))
+    ckpt.save(done, state, data_iter=data, meta=pack.meta(), force=done in (end, tr.num_steps))
+  return state, end
+
+
+def train_pack(
+  configs: Sequence[Any],
+  root: str,
+  *,
+  names: Sequence[str] | None = None,
+  hparam_fields: Sequence[str] = (),
+) -> dict[str, dict[str, float]]:
+  """Trains the runs `configs` (Configs or ConfigDicts) as one pack in `root`, resuming from
+  its latest checkpoint; returns each run's last evaluation by name. `hparam_fields`: fields
+  to list in the HParams view beside `record.HPARAM_FIELDS` and the varied ones."""
+  wall_start = time.time()
+  pack = build_pack(configs, names)
+  exp, tr = pack.exp, pack.configs[0].train
+  record.log_banner(exp.state.params, exp.model.cfg, exp.mesh, root)
+  logging.info("a pack of %d runs varying %s", pack.size, ", ".join(pack.varied) or "nothing")
+  runs = _open_runs(pack, root)
+  ckpt = ckpt_lib.Checkpointer(root, save_every=tr.checkpoint_every, max_to_keep=tr.max_to_keep)
+  try:
+    data = PackIterator([train_iterator(pack.run(r), run.writer) for r, run in enumerate(runs)])
+    state = _initial_state(pack, ckpt, data, runs, root)
+    start = int(state.step[0])
+    for r, run in enumerate(runs):
+      fields = [*hparam_fields, *pack.varied]
+      hparams = record.run_hparams(pack.configs[r], exp.state.params, fields)
+      record.record_run(pack.configs[r], run.workdir, run.writer, start, hparams)
+    if start >= tr.num_steps:
+      return {run.name: finished_run(run.workdir, start, tr.num_steps) for run in runs}
+    for r, run in enumerate(runs):
+      run.logger = Logger(
+        pack.run(r), run.writer, SkipGuard(tr.max_skipped_updates, "rl"), start, run.name
+      )
+      if start == 0:
+        run.evaluate(0, unstack(state.params, r))
+    state, end = _loop(pack, state, data, ckpt, runs)
+    ckpt.wait()
+    for run in runs:
+      if end == tr.num_steps:
+        run.writer.session_end(end)
+      times = (time.time() - wall_start, run.logger.t_compiled, time.time())
+      record.log_summary(
+        run.workdir, str(ckpt.directory), (start, end), times, run.logger.tokens,
+        run.evaluate.history,
+      )  # fmt: skip
+  finally:
+    ckpt.close()
+    for run in runs:
+      run.writer.close()
+  return {run.name: run.evaluate.history[-1][1] if run.evaluate.history else {} for run in runs}
