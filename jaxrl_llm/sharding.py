@@ -15,7 +15,10 @@ import optax
 from absl import logging
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-MESH_AXES = ("data", "fsdp", "expert", "model")
+# `runs`: the runs of a pack (`run.pack`), each group of devices along it training its own
+# runs; 1 for a single run, whose arrays never name it.
+MESH_AXES = ("runs", "data", "fsdp", "expert", "model")
+RUNS_AXIS = "runs"
 # The mesh axes a batch's rows are split over. The expert axis is one of them: outside the
 # experts each expert-parallel device works on its own rows (nothing is replicated over it).
 BATCH_AXES = ("data", "fsdp", "expert")
@@ -44,11 +47,17 @@ ACTIVATION = ("activation_batch", "activation_length", "activation_embed")
 
 
 def mesh_shape(
-  num_devices: int, *, data: int = -1, fsdp: int = 1, expert: int = 1, model: int = 1
+  num_devices: int,
+  *,
+  data: int = -1,
+  fsdp: int = 1,
+  expert: int = 1,
+  model: int = 1,
+  runs: int = 1,
 ) -> dict[str, int]:
   """The mesh's axis sizes: at most one of `data` / `fsdp` may be -1 (every device the other
   axes leave). Raises ValueError naming the fields when the sizes do not fit `num_devices`."""
-  sizes = {"data": data, "fsdp": fsdp, "expert": expert, "model": model}
+  sizes = {"runs": runs, "data": data, "fsdp": fsdp, "expert": expert, "model": model}
   free = [k for k, v in sizes.items() if v == -1]
   if len(free) > 1 or (free and free[0] not in ("data", "fsdp")):
     raise ValueError(
@@ -79,12 +88,13 @@ def make_mesh(
   *,
   expert: int = 1,
   fsdp: int = 1,
+  runs: int = 1,
 ) -> Mesh:
-  """A ('data', 'fsdp', 'expert', 'model') mesh (`jax.make_mesh`, which orders the devices by
+  """A ('runs', 'data', 'fsdp', 'expert', 'model') mesh (`jax.make_mesh`, which orders the devices by
   their physical layout). `devices` defaults to `jax.devices()`; pass a TPU topology's devices
   (`jax.experimental.topologies`) or fake CPU devices to compile for hardware not attached."""
   devices = list(devices if devices is not None else jax.devices())
-  sizes = mesh_shape(len(devices), data=data, fsdp=fsdp, expert=expert, model=model)
+  sizes = mesh_shape(len(devices), data=data, fsdp=fsdp, expert=expert, model=model, runs=runs)
   n = int(np.prod(list(sizes.values())))
   if n < len(devices):
     logging.warning("mesh uses %d of the %d devices", n, len(devices))

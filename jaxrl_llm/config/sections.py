@@ -256,6 +256,7 @@ class MeshSettings(Section):
   fsdp: int = 1  # fully-sharded data parallel: params + optimiser state split (-1 = all left)
   expert: int = 1  # expert-parallel devices (the `expert` logical axis)
   model: int = 1  # tensor-parallel devices
+  runs: int = 1  # a pack's device groups: each trains its share of the runs (1 = single run)
   rules: tuple = ()  # logical->mesh axis rules, e.g. (("mlp", "model"),); () = built-in table
 
   def errors(self) -> list[str]:
@@ -274,5 +275,10 @@ class MeshSettings(Section):
   def sizes(self, num_devices: int) -> dict[str, int]:
     """The axis sizes on `num_devices` devices (ValueError naming the fields if they misfit)."""
     return sharding.mesh_shape(
-      num_devices, data=self.data, fsdp=self.fsdp, expert=self.expert, model=self.model
+      num_devices,
+      data=self.data,
+      fsdp=self.fsdp,
+      expert=self.expert,
+      model=self.model,
+      runs=self.runs,
     )

@@ -328,7 +328,7 @@ def make_rl_step(
   batch_shardings = PromptBatch(tokens=rows, mask=rows, answer=rows, answer_mask=rows)
   traced = lambda fn: sharding.traced_with_rules(fn, mesh, rules)  # noqa: E731
   if runs:
-    return _packed_program(ctx, reward_fn, traced)
+    return _packed_program(ctx, reward_fn, traced, mesh, state_shardings)
   return RLProgram(
     step=jax.jit(
       traced(functools.partial(fused_step, ctx, reward_fn)),
@@ -349,12 +349,28 @@ def make_rl_step(
   )
 
 
-def _packed_program(ctx: Learner, reward_fn, traced) -> RLProgram:
+def packed_sharding(one_run: NamedSharding) -> NamedSharding:
+  """The sharding of a pack's array whose runs axis comes first and each run's slice is laid
+  out as `one_run`: the runs axis over the mesh's `runs` axis."""
+  return NamedSharding(one_run.mesh, PartitionSpec(sharding.RUNS_AXIS, *one_run.spec))
+
+
+def _packed_program(ctx: Learner, reward_fn, traced, mesh: Mesh, state_shardings) -> RLProgram:
   """The programs of a pack: each vmapped over the runs axis of (state, batch | rollout, ...,
-  rng, values), jitted once for every run of the pack."""
-  packed = lambda fn: traced(jax.vmap(fn))  # noqa: E731
+  rng, values), that axis over the mesh's `runs` axis (inner constraints gain it too), jitted
+  once for every run of the pack."""
+  packed = lambda fn: traced(jax.vmap(fn, spmd_axis_name=sharding.RUNS_AXIS))  # noqa: E731
+  states = jax.tree.map(packed_sharding, state_shardings)
+  per_run = packed_sharding(NamedSharding(mesh, PartitionSpec()))
+  rows = packed_sharding(sharding.rows(mesh))
+  batch = PromptBatch(tokens=rows, mask=rows, answer=rows, answer_mask=rows)
   return RLProgram(
-    step=jax.jit(packed(functools.partial(fused_step, ctx, reward_fn)), donate_argnums=(0,)),
+    step=jax.jit(
+      packed(functools.partial(fused_step, ctx, reward_fn)),
+      in_shardings=(states, batch, per_run, per_run),
+      out_shardings=(states, per_run),
+      donate_argnums=(0,),
+    ),
     sample=jax.jit(packed(functools.partial(sample_phase, ctx))),
     learn=jax.jit(packed(functools.partial(learn, ctx)), donate_argnums=(0,)),
     learner=ctx,

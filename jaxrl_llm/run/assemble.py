@@ -127,7 +127,7 @@ def _mesh(cfg: Config, devices: list[jax.Device]) -> tuple[Mesh, tuple]:
   """The device mesh and the logical -> mesh axis rules."""
   m = cfg.mesh
   try:
-    mesh = sharding.make_mesh(m.data, m.model, devices, expert=m.expert, fsdp=m.fsdp)
+    mesh = sharding.make_mesh(m.data, m.model, devices, expert=m.expert, fsdp=m.fsdp, runs=m.runs)
   except ValueError as err:
     raise ConfigError(str(err)) from None
   return mesh, m.rule_table
@@ -298,6 +298,11 @@ def build(
   the first run's, which the pack stacks with the others'.
   """
   cfg = parse(config)
+  if cfg.mesh.runs > 1 and not runs:
+    raise ConfigError(
+      f"mesh.runs={cfg.mesh.runs} splits a pack's runs over device groups; a single run needs "
+      "mesh.runs=1 (train packs with tools/sweep.py --packed)"
+    )
   task = build_task(cfg)
   devices = list(devices if devices is not None else jax.devices())
   mesh, rules = _mesh(cfg, devices)
@@ -329,7 +334,7 @@ def build(
     state=state,
     state_shardings=state_shardings,
     program=program,
-    eval_fn=make_eval_fn(model, task, cfg, mesh, rules),
+    eval_fn=make_eval_fn(model, task, cfg, mesh, rules, runs),
     schedule=schedule,
     batch_sharding=sharding.rows(mesh),
     meta=_meta(cfg, mc, settings),

@@ -34,7 +34,7 @@ def _correct(task, rollout, batch: PromptBatch, g: int):
   return terms["correct"]
 
 
-def make_eval_fn(model, task, cfg: Config, mesh, rules=sharding.DEFAULT_RULES):
+def make_eval_fn(model, task, cfg: Config, mesh, rules=sharding.DEFAULT_RULES, runs: int = 0):
   """Held-out evaluation `(params, batch, rng, answers, values=None) -> metrics`: greedy
   accuracy and pass@k at the sampling temperature (`values`: a packed run's own sampling
   values, traced, in place of the config's).
@@ -42,6 +42,8 @@ def make_eval_fn(model, task, cfg: Config, mesh, rules=sharding.DEFAULT_RULES):
   Sampling is one jitted program; a pure-JAX verifier runs inside it, a host verifier (file
   tasks) scores the decoded completions afterwards: `answers` are the eval set's host
   reference answers (None for in-graph tasks, whose answers are token arrays in `batch`).
+  `runs` > 0: a pack's evaluation, vmapped over the runs axis of params, rng and values (the
+  batch is shared); in-graph tasks only.
   """
   greedy_cfg = cfg.sampling.sampler(task, greedy=True, group_size=1)
   k = cfg.train.pass_k
@@ -57,6 +59,9 @@ def make_eval_fn(model, task, cfg: Config, mesh, rules=sharding.DEFAULT_RULES):
     pk = _correct(task, sampled, batch, k).reshape(-1, k)
     return _summarise(_correct(task, greedy, batch, 1), pk, greedy.lengths, k)
 
+  if runs:
+    packed = jax.vmap(eval_fn, in_axes=(0, None, 0, 0), spmd_axis_name=sharding.RUNS_AXIS)
+    return jax.jit(sharding.traced_with_rules(packed, mesh, rules), out_shardings=repl)
   jitted = jax.jit(sharding.traced_with_rules(eval_fn, mesh, rules), out_shardings=repl)
   if not host:
     return lambda params, batch, rng, answers=None, values=None: jitted(params, batch, rng, values)

@@ -30,9 +30,8 @@ from jaxrl_llm.run.warm_start import warm_start
 class Evaluator:
   """The held-out set on the devices and the evaluations made so far."""
 
-  def __init__(self, exp: Experiment, writer, values=None):
+  def __init__(self, exp: Experiment, writer):
     cfg, task = exp.config, exp.task
-    self.values = values  # a packed run's own sampling values (None: the config's)
     eval_np, self.answers = task.eval_set(multiple_of=sharding.batch_size_divisor(exp.mesh))
     # Every process holds the whole evaluation set and feeds its own block of rows.
     own = distributed.process_slice(len(eval_np["tokens"]))
@@ -44,7 +43,7 @@ class Evaluator:
   def __call__(self, step: int, params) -> dict[str, float]:
     """Evaluates `params`, writes and logs the scalars at `step`."""
     t = time.time()
-    m = self.exp.eval_fn(params, self.batch, self.key, self.answers, self.values)
+    m = self.exp.eval_fn(params, self.batch, self.key, self.answers)
     m = metrics_lib.flatten_metrics(m)
     self.writer.scalars(step, m)
     self.history.append((step, m))

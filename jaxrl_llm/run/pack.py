@@ -24,10 +24,12 @@ import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxrl_llm import objectives
+from jaxrl_llm import objectives, sharding
 from jaxrl_llm.config import Config, ConfigError, parse
 from jaxrl_llm.data.pipeline import PROMPT_KEYS
+from jaxrl_llm.rl.step import packed_sharding
 from jaxrl_llm.run.assemble import Experiment, build, initial_state
 from jaxrl_llm.types import PromptBatch
 
@@ -111,6 +113,11 @@ class Pack:
   values: dict[str, jax.Array]  # [R] per-run value of each varied field but seed
   state: Any  # the runs' fresh states stacked on a leading axis
 
+  def stacked(self, states: Sequence[Any]) -> Any:
+    """The runs' states (no reference copy yet) stacked into the pack's state shardings."""
+    shardings = jax.tree.map(packed_sharding, self.exp.state_shardings)
+    return jax.device_put(stack(states), shardings)
+
   @property
   def size(self) -> int:
     """How many runs the pack holds."""
@@ -119,10 +126,6 @@ class Pack:
   def run(self, r: int) -> Experiment:
     """Run `r` as an `Experiment` view: its config; the pack's task, mesh and programs."""
     return dataclasses.replace(self.exp, config=self.configs[r])
-
-  def run_values(self, r: int) -> dict[str, jax.Array]:
-    """Run `r`'s own per-run values (0-d arrays)."""
-    return {k: v[r] for k, v in self.values.items()}
 
   def meta(self) -> dict:
     """What the pack's checkpoints record: the first run's meta and every run's values."""
@@ -142,16 +145,26 @@ def build_pack(configs: Sequence[Any], names: Sequence[str] | None = None, *, de
       "sweeps as separate runs (tools/sweep.py without --packed)"
     )
   exp = build(configs[0], devices=devices, runs=len(configs))
-  if exp.mesh.devices.size != 1:
+  groups = exp.mesh.shape[sharding.RUNS_AXIS]
+  if len(configs) % groups:
     raise ConfigError(
-      f"a pack runs on one device for now; this mesh has {exp.mesh.devices.size} (set "
-      "mesh.data=1, or sweep without --packed)"
+      f"mesh.runs={groups} does not divide the pack's {len(configs)} runs; use a divisor of "
+      f"{len(configs)} (each device group trains runs / mesh.runs of them)"
     )
+  if jax.process_count() > 1:
+    raise ConfigError("a pack runs in one process for now; sweep without --packed on a pod")
   names = list(names) if names is not None else [run_name(c, varied) for c in configs]
   if len(set(names)) != len(names):
     raise ConfigError(f"the runs of a pack need distinct names, got {names}")
-  states = [exp.state] + [initial_state(exp, c) for c in configs[1:]]
-  return Pack(exp, configs, names, varied, run_values(configs, varied), stack(states))
+  values = jax.device_put(run_values(configs, varied), per_run_sharding(exp.mesh))
+  pack = Pack(exp, configs, names, varied, values, None)
+  pack.state = pack.stacked([exp.state] + [initial_state(exp, c) for c in configs[1:]])
+  return pack
+
+
+def per_run_sharding(mesh) -> NamedSharding:
+  """A pack's [R, ...] array with each run's slice whole on its device group."""
+  return packed_sharding(NamedSharding(mesh, PartitionSpec()))
 
 
 def stack(trees: Sequence[Any]) -> Any:
@@ -206,11 +219,14 @@ def _iterator_state(it: Any) -> Any:
   return state.decode() if isinstance(state, bytes) else state
 
 
-def packed_keys(keys: jax.Array, step: int) -> jax.Array:
+@jax.jit
+def packed_keys(keys: jax.Array, step) -> jax.Array:
   """Each run's key of RL step `step`: `fold_in(run key, step)`, as a single run draws it."""
   return jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, step)
 
 
-def batch_to_device(np_batch: Mapping[str, np.ndarray]) -> PromptBatch:
-  """A stacked host batch [R, P, ...] -> the pack's `PromptBatch` on its device."""
-  return PromptBatch(**{k: jnp.asarray(np_batch[k]) for k in PROMPT_KEYS})
+def batch_to_device(np_batch: Mapping[str, np.ndarray], mesh) -> PromptBatch:
+  """A stacked host batch [R, P, ...] -> the pack's `PromptBatch`: runs over the mesh's runs
+  axis, each run's rows over its batch axes."""
+  rows = packed_sharding(sharding.rows(mesh))
+  return PromptBatch(**{k: jax.device_put(np.asarray(np_batch[k]), rows) for k in PROMPT_KEYS})

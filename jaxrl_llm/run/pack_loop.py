@@ -10,24 +10,25 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from absl import logging
 
 from jaxrl_llm import checkpoint as ckpt_lib
 from jaxrl_llm import metrics as metrics_lib
-from jaxrl_llm import paths
+from jaxrl_llm import paths, sharding
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.rl import init_reference
 from jaxrl_llm.run import record
-from jaxrl_llm.run.assemble import NUMERICS_ONLY
+from jaxrl_llm.run.assemble import NUMERICS_ONLY, to_global_batch
 from jaxrl_llm.run.guard import SkipGuard
-from jaxrl_llm.run.loop import Evaluator, Logger, finished_run, train_iterator
+from jaxrl_llm.run.loop import Logger, finished_run, train_iterator
 from jaxrl_llm.run.pack import (
   Pack,
   PackIterator,
   batch_to_device,
   build_pack,
   packed_keys,
-  stack,
+  per_run_sharding,
   unstack,
 )
 from jaxrl_llm.run.warm_start import warm_start
@@ -40,18 +41,37 @@ class _Run:
   name: str
   workdir: str
   writer: Any
-  evaluate: Evaluator
+  history: list = dataclasses.field(default_factory=list)  # (step, eval scalars)
   logger: Logger | None = None
 
 
+class PackEvaluator:
+  """The held-out set on the devices, evaluated for every run of the pack in one program;
+  each run's scalars go to its own events and history."""
+
+  def __init__(self, pack: Pack, runs: list[_Run]):
+    exp = pack.exp
+    eval_np, _ = exp.task.eval_set(multiple_of=sharding.batch_size_divisor(exp.mesh))
+    self.batch = to_global_batch(eval_np, exp.batch_sharding)
+    keys = [jax.random.PRNGKey(c.seed + 7) for c in pack.configs]  # a single run's eval key
+    self.keys = jax.device_put(jnp.stack(keys), per_run_sharding(exp.mesh))
+    self.pack, self.runs = pack, runs
+
+  def __call__(self, step: int, params) -> None:
+    """Evaluates every run's `params` (stacked), writes and logs each run's scalars."""
+    t = time.time()
+    m = jax.device_get(self.pack.exp.eval_fn(params, self.batch, self.keys, self.pack.values))
+    for r, run in enumerate(self.runs):
+      own = metrics_lib.flatten_metrics({k: v[r] for k, v in m.items()})
+      run.writer.scalars(step, own)
+      run.history.append((step, own))
+      shown = " ".join(f"{k.removeprefix('eval/')} {v:.3g}" for k, v in own.items())
+      logging.info("[%s] eval step %d: %s", run.name, step, shown)
+    logging.info("evaluated %d runs in %.1fs", len(self.runs), time.time() - t)
+
+
 def _open_runs(pack: Pack, root: str) -> list[_Run]:
-  runs = []
-  for r, name in enumerate(pack.names):
-    workdir = paths.join(root, name)
-    writer = metrics_lib.SummaryWriter(workdir)
-    evaluate = Evaluator(pack.run(r), writer, values=pack.run_values(r))
-    runs.append(_Run(name, workdir, writer, evaluate))
-  return runs
+  return [_Run(name, paths.join(root, name), None) for name in pack.names]
 
 
 def _warm_started(pack: Pack, runs: list[_Run]):
@@ -64,7 +84,7 @@ def _warm_started(pack: Pack, runs: list[_Run]):
       view = dataclasses.replace(pack.run(r), state=own)
       by_seed[cfg.seed] = warm_start(view, runs[r].workdir).params
     states.append(own.replace(params=by_seed[cfg.seed]))
-  return stack(states)
+  return pack.stacked(states)
 
 
 def _initial_state(pack: Pack, ckpt, data: PackIterator, runs: list[_Run], root: str):
@@ -91,7 +111,7 @@ def _initial_state(pack: Pack, ckpt, data: PackIterator, runs: list[_Run], root:
   return state
 
 
-def _loop(pack: Pack, state, data: PackIterator, ckpt, runs: list[_Run]):
+def _loop(pack: Pack, state, data: PackIterator, ckpt, runs: list[_Run], evaluate):
   """RL updates of every run from the pack's step to the end of this invocation."""
   cfg = pack.configs[0]
   tr, start = cfg.train, int(state.step[0])
@@ -99,7 +119,7 @@ def _loop(pack: Pack, state, data: PackIterator, ckpt, runs: list[_Run]):
   updates = cfg.rl.num_epochs * cfg.rl.num_minibatches
   logging.info("compiling the packed RL step of %d runs ...", pack.size)
   for step in range(start, end):
-    batch = batch_to_device(next(data))
+    batch = batch_to_device(next(data), pack.exp.mesh)
     keys = packed_keys(state.rng, step)
     state, metrics = pack.exp.program.step(state, batch, keys, pack.values)
     done, host = step + 1, jax.device_get(metrics)
@@ -108,8 +128,7 @@ def _loop(pack: Pack, state, data: PackIterator, ckpt, runs: list[_Run]):
       run.logger.guard.update(done, int(own["optim/skipped_updates"]), updates=updates)
       run.logger.step(done, own)
     if done % tr.eval_every == 0 or done == tr.num_steps:
-      for r, run in enumerate(runs):
-        run.evaluate(done, unstack(state.params, r))
+      evaluate(done, state.params)
     ckpt.save(done, state, data_iter=data, meta=pack.meta(), force=done in (end, tr.num_steps))
   return state, end
 
@@ -130,6 +149,8 @@ def train_pack(
   record.log_banner(exp.state.params, exp.model.cfg, exp.mesh, root)
   logging.info("a pack of %d runs varying %s", pack.size, ", ".join(pack.varied) or "nothing")
   runs = _open_runs(pack, root)
+  for run in runs:
+    run.writer = metrics_lib.SummaryWriter(run.workdir)
   ckpt = ckpt_lib.Checkpointer(root, save_every=tr.checkpoint_every, max_to_keep=tr.max_to_keep)
   try:
     data = PackIterator([train_iterator(pack.run(r), run.writer) for r, run in enumerate(runs)])
@@ -141,13 +162,13 @@ def train_pack(
       record.record_run(pack.configs[r], run.workdir, run.writer, start, hparams)
     if start >= tr.num_steps:
       return {run.name: finished_run(run.workdir, start, tr.num_steps) for run in runs}
+    evaluate = PackEvaluator(pack, runs)
+    if start == 0:
+      evaluate(0, state.params)
     for r, run in enumerate(runs):
-      run.logger = Logger(
-        pack.run(r), run.writer, SkipGuard(tr.max_skipped_updates, "rl"), start, run.name
-      )
-      if start == 0:
-        run.evaluate(0, unstack(state.params, r))
-    state, end = _loop(pack, state, data, ckpt, runs)
+      guard = SkipGuard(tr.max_skipped_updates, "rl")
+      run.logger = Logger(pack.run(r), run.writer, guard, start, run.name)
+    state, end = _loop(pack, state, data, ckpt, runs, evaluate)
     ckpt.wait()
     for run in runs:
       if end == tr.num_steps:
@@ -155,10 +176,10 @@ def train_pack(
       times = (time.time() - wall_start, run.logger.t_compiled, time.time())
       record.log_summary(
         run.workdir, str(ckpt.directory), (start, end), times, run.logger.tokens,
-        run.evaluate.history,
+        run.history,
       )  # fmt: skip
   finally:
     ckpt.close()
     for run in runs:
       run.writer.close()
-  return {run.name: run.evaluate.history[-1][1] if run.evaluate.history else {} for run in runs}
+  return {run.name: run.history[-1][1] if run.history else {} for run in runs}
