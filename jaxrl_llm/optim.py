@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -20,16 +22,31 @@ def make_optimizer(
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """AdamW with linear warmup + cosine decay and global-norm clipping; returns (tx, schedule).
   Every argument is a field of `config.OptimSettings` (no defaults of its own)."""
-  schedule = optax.warmup_cosine_decay_schedule(
-    init_value=0.0 if warmup_steps else learning_rate,
-    peak_value=learning_rate,
-    warmup_steps=warmup_steps,
-    decay_steps=max(total_updates, warmup_steps + 1),
-    end_value=learning_rate * decay_to,
+  shape = functools.partial(
+    _warmup_cosine, warmup_steps=warmup_steps, total_updates=total_updates, decay_to=decay_to
   )
+  if isinstance(learning_rate, jax.Array):  # a pack's per-run rate, traced: optax's schedules
+    unit = shape(1.0)  # branch on their peak in Python, so the peak scales a unit schedule
+    schedule = lambda count: learning_rate * unit(count)  # noqa: E731
+  else:
+    schedule = shape(learning_rate)
   parts = [optax.clip_by_global_norm(grad_clip)] if grad_clip > 0 else []
   parts.append(optax.adamw(schedule, b1=b1, b2=b2, weight_decay=weight_decay))
   return optax.chain(*parts), schedule
+
+
+def _warmup_cosine(
+  peak: float, *, warmup_steps: int, total_updates: int, decay_to: float
+) -> optax.Schedule:
+  """Linear warmup from 0 (none when `warmup_steps` is 0) to `peak`, cosine decay to
+  `decay_to` x `peak` at `total_updates`."""
+  return optax.warmup_cosine_decay_schedule(
+    init_value=0.0 if warmup_steps else peak,
+    peak_value=peak,
+    warmup_steps=warmup_steps,
+    decay_steps=max(total_updates, warmup_steps + 1),
+    end_value=peak * decay_to,
+  )
 
 
 def finite_leaves(tree) -> jax.Array:

@@ -315,8 +315,7 @@ def make_rl_step(
 
   `reward_fn(prompt_tokens, completion, completion_mask, answer, answer_mask)` returns named
   [B] reward terms (a pure-JAX verifier); None serves only the host-reward path.
-  `runs` > 0: the programs of a pack (`run.pack`), vmapped over a leading runs axis of every
-  argument, with a last argument `values` of per-run settings (`Learner.with_values`).
+  `runs` > 0: a pack's programs, vmapped over a runs axis (`_packed_program`).
   """
   if settings.rl.num_microbatches < 1 or settings.rl.remat == "auto":
     raise ValueError("rl.num_microbatches / rl.remat are 'auto': pass settings.rl.resolved(...)")

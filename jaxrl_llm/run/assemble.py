@@ -123,9 +123,14 @@ def build_task(cfg: Config):
     raise ConfigError(f"invalid task config (task.*): {err}") from None
 
 
-def _mesh(cfg: Config, devices: list[jax.Device]) -> tuple[Mesh, tuple]:
-  """The device mesh and the logical -> mesh axis rules."""
+def _mesh(cfg: Config, devices: list[jax.Device], runs: int) -> tuple[Mesh, tuple]:
+  """The device mesh and the logical -> mesh axis rules (a runs axis only for a pack)."""
   m = cfg.mesh
+  if m.runs > 1 and not runs:
+    raise ConfigError(
+      f"mesh.runs={m.runs} splits a pack's runs over device groups; a single run needs "
+      "mesh.runs=1 (train packs with tools/sweep.py --packed)"
+    )
   try:
     mesh = sharding.make_mesh(m.data, m.model, devices, expert=m.expert, fsdp=m.fsdp, runs=m.runs)
   except ValueError as err:
@@ -251,6 +256,14 @@ def initial_state(exp: Experiment, cfg: Config) -> TrainState:
   return _initial_state(cfg, tx, params, param_shardings, exp.mesh, rng, abstract=False)
 
 
+def _optimizer(cfg: Config):
+  """(optimiser, schedule, peak rate -> both): the last builds a packed run's own."""
+  total_updates = cfg.train.num_steps * cfg.rl.num_epochs * cfg.rl.num_minibatches
+  tx, schedule = cfg.optim.build(total_updates)
+  rebuild = lambda lr: dataclasses.replace(cfg.optim, learning_rate=lr).build(total_updates)  # noqa: E731
+  return tx, schedule, rebuild
+
+
 def _learner_settings(cfg: Config, params, mesh, seq_len: int, samp) -> Settings:
   """The learner settings with the `auto` microbatching and remat made concrete."""
   settings = cfg.learner
@@ -267,12 +280,13 @@ def _learner_settings(cfg: Config, params, mesh, seq_len: int, samp) -> Settings
   return dataclasses.replace(settings, rl=rl)
 
 
-def _meta(cfg: Config, mc: ModelConfig, settings: Settings) -> dict:
-  """What a checkpoint records of the run, to refuse resuming it under another one."""
+def run_meta(cfg: Config, mc: ModelConfig) -> dict:
+  """What a checkpoint records of the run `cfg` (of model `mc`), to refuse resuming it under
+  another one."""
   return {
     "model": mc.to_dict(),
     "hf_model_type": _hf_model_type(cfg.model.checkpoint),
-    "objective": {"name": settings.objective.name, **settings.objective.hyperparameters},
+    "objective": {"name": cfg.objective.name, **cfg.objective.hyperparameters},
     "task": cfg.task.task_fields | {"name": cfg.task.name, "data": cfg.data.train_files},
   }
 
@@ -298,23 +312,15 @@ def build(
   the first run's, which the pack stacks with the others'.
   """
   cfg = parse(config)
-  if cfg.mesh.runs > 1 and not runs:
-    raise ConfigError(
-      f"mesh.runs={cfg.mesh.runs} splits a pack's runs over device groups; a single run needs "
-      "mesh.runs=1 (train packs with tools/sweep.py --packed)"
-    )
   task = build_task(cfg)
   devices = list(devices if devices is not None else jax.devices())
-  mesh, rules = _mesh(cfg, devices)
+  mesh, rules = _mesh(cfg, devices, runs)
   mc, model, params, param_shardings = _model(
     cfg, task, mesh, rules, abstract=abstract, devices=devices
   )
   samp = cfg.sampling.sampler(task)
   logging.info("objective %s: %s", cfg.objective.name, cfg.objective.hyperparameters)
-  rl = cfg.rl
-  total_updates = cfg.train.num_steps * rl.num_epochs * rl.num_minibatches
-  tx, schedule = cfg.optim.build(total_updates)
-  rebuild = lambda lr: dataclasses.replace(cfg.optim, learning_rate=lr).build(total_updates)  # noqa: E731
+  tx, schedule, rebuild = _optimizer(cfg)
   rng = jax.random.PRNGKey(cfg.seed)
   state = _initial_state(cfg, tx, params, param_shardings, mesh, rng, abstract=abstract)
   seq_len = (prompt_len or task.prompt_len) + samp.max_new_tokens
@@ -337,7 +343,7 @@ def build(
     eval_fn=make_eval_fn(model, task, cfg, mesh, rules, runs),
     schedule=schedule,
     batch_sharding=sharding.rows(mesh),
-    meta=_meta(cfg, mc, settings),
+    meta=run_meta(cfg, mc),
     rules=rules,
     prompt_len=prompt_len or task.prompt_len,
   )

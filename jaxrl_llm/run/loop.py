@@ -52,14 +52,12 @@ class Evaluator:
     return m
 
 
-def train_iterator(exp: Experiment, writer):
+def train_iterator(exp: Experiment):
   """This process's share of the prompts of every RL update, resumable."""
   cfg = exp.config
   per_process = cfg.sampled_prompts // jax.process_count()
   shard = {"shard_index": jax.process_index(), "shard_count": jax.process_count()}
-  it = exp.task.train_iterator(per_process, cfg.seed, **shard)
-  writer.scalars(0, exp.task.data_stats)  # file data: records read, too long (dropped), kept
-  return it
+  return exp.task.train_iterator(per_process, cfg.seed, **shard)
 
 
 def _initial_state(exp: Experiment, ckpt, train_iter, workdir: str):
@@ -200,7 +198,8 @@ def train_and_evaluate(
   tr, writer = cfg.train, metrics_lib.SummaryWriter(workdir)
   ckpt = ckpt_lib.Checkpointer(workdir, save_every=tr.checkpoint_every, max_to_keep=tr.max_to_keep)
   try:
-    train_iter = train_iterator(exp, writer)
+    train_iter = train_iterator(exp)
+    writer.scalars(0, exp.task.data_stats)  # file data: records read, too long (dropped), kept
     evaluate = Evaluator(exp, writer)
     state = _initial_state(exp, ckpt, train_iter, workdir)
     start = int(state.step)

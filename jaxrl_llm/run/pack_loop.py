@@ -16,10 +16,11 @@ from absl import logging
 from jaxrl_llm import checkpoint as ckpt_lib
 from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm import paths, sharding
+from jaxrl_llm.config import ConfigError
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.rl import init_reference
 from jaxrl_llm.run import record
-from jaxrl_llm.run.assemble import NUMERICS_ONLY, to_global_batch
+from jaxrl_llm.run.assemble import NUMERICS_ONLY, run_meta, to_global_batch
 from jaxrl_llm.run.guard import SkipGuard
 from jaxrl_llm.run.loop import Logger, finished_run, train_iterator
 from jaxrl_llm.run.pack import (
@@ -70,10 +71,6 @@ class PackEvaluator:
     logging.info("evaluated %d runs in %.1fs", len(self.runs), time.time() - t)
 
 
-def _open_runs(pack: Pack, root: str) -> list[_Run]:
-  return [_Run(name, paths.join(root, name), None) for name in pack.names]
-
-
 def _warm_started(pack: Pack, runs: list[_Run]):
   """Every run's state after the supervised warm start, run once per seed (it depends on
   nothing else a pack may vary); its events are in the first such run's `sft` folder."""
@@ -87,11 +84,10 @@ def _warm_started(pack: Pack, runs: list[_Run]):
   return pack.stacked(states)
 
 
-def _initial_state(pack: Pack, ckpt, data: PackIterator, runs: list[_Run], root: str):
-  """The pack's newest checkpoint that verifies, else the warm start (saved as step 0), else
-  the fresh state; a checkpoint of another grid or model is refused with one line."""
-  beta = pack.configs[0].kl.beta
-  state = init_reference(pack.state, beta)
+def _restore(pack: Pack, ckpt, data: PackIterator):
+  """The pack's newest checkpoint that verifies (state, data positions), or None; one of
+  another grid or model is refused with one line."""
+  state = init_reference(pack.state, pack.configs[0].kl.beta)
   abstract = jax.tree.map(
     lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state
   )
@@ -102,11 +98,19 @@ def _initial_state(pack: Pack, ckpt, data: PackIterator, runs: list[_Run], root:
     ignore=NUMERICS_ONLY,
   )
   resumed = ckpt.restore_latest(abstract, data_iter=data, expect=expect)
-  if resumed is not None:
-    logging.info("resumed the pack in %s at step %d", root, resumed[0])
-    return resumed[1]
+  return None if resumed is None else resumed[1]
+
+
+def _initial_state(pack: Pack, ckpt, data: PackIterator, runs: list[_Run], root: str):
+  """The pack's newest checkpoint, else the warm start (saved as step 0), else the fresh
+  state."""
+  state = _restore(pack, ckpt, data)
+  if state is not None:
+    logging.info("resumed the pack in %s at step %d", root, int(state.step[0]))
+    return state
+  state = init_reference(pack.state, pack.configs[0].kl.beta)
   if pack.configs[0].sft.steps:
-    state = init_reference(_warm_started(pack, runs), beta)
+    state = init_reference(_warm_started(pack, runs), pack.configs[0].kl.beta)
     ckpt.save(0, state, data_iter=data, meta=pack.meta(), force=True)
   return state
 
@@ -133,6 +137,30 @@ def _loop(pack: Pack, state, data: PackIterator, ckpt, runs: list[_Run], evaluat
   return state, end
 
 
+def _open_runs(pack: Pack, runs: list[_Run], start: int, hparam_fields: Sequence[str]) -> None:
+  """Each run's events (data statistics, config record, HParams with the varied fields) and
+  its logger from step `start`."""
+  exp, tr = pack.exp, pack.configs[0].train
+  fields = [*hparam_fields, *pack.varied]
+  for r, run in enumerate(runs):
+    run.writer = metrics_lib.SummaryWriter(run.workdir)
+    run.writer.scalars(0, exp.task.data_stats)
+    hparams = record.run_hparams(pack.configs[r], exp.state.params, fields)
+    record.record_run(pack.configs[r], run.workdir, run.writer, start, hparams)
+    guard = SkipGuard(tr.max_skipped_updates, "rl")
+    run.logger = Logger(pack.run(r), run.writer, guard, start, run.name)
+
+
+def _close_runs(runs: list[_Run], ckpt, span: tuple[int, int], wall_start: float, last: int):
+  """Each run's session end (when the pack reached `last`) and closing summary."""
+  for run in runs:
+    if span[1] == last:
+      run.writer.session_end(last)
+    times = (time.time() - wall_start, run.logger.t_compiled, time.time())
+    tokens = run.logger.tokens
+    record.log_summary(run.workdir, str(ckpt.directory), span, times, tokens, run.history)
+
+
 def train_pack(
   configs: Sequence[Any],
   root: str,
@@ -145,41 +173,59 @@ def train_pack(
   to list in the HParams view beside `record.HPARAM_FIELDS` and the varied ones."""
   wall_start = time.time()
   pack = build_pack(configs, names)
-  exp, tr = pack.exp, pack.configs[0].train
-  record.log_banner(exp.state.params, exp.model.cfg, exp.mesh, root)
+  tr = pack.configs[0].train
+  record.log_banner(pack.exp.state.params, pack.exp.model.cfg, pack.exp.mesh, root)
   logging.info("a pack of %d runs varying %s", pack.size, ", ".join(pack.varied) or "nothing")
-  runs = _open_runs(pack, root)
-  for run in runs:
-    run.writer = metrics_lib.SummaryWriter(run.workdir)
+  runs = [_Run(name, paths.join(root, name), None) for name in pack.names]
   ckpt = ckpt_lib.Checkpointer(root, save_every=tr.checkpoint_every, max_to_keep=tr.max_to_keep)
   try:
-    data = PackIterator([train_iterator(pack.run(r), run.writer) for r, run in enumerate(runs)])
-    state = _initial_state(pack, ckpt, data, runs, root)
+    data = PackIterator([train_iterator(pack.run(r)) for r in range(pack.size)])
+    state = _initial_state(pack, ckpt, data, runs, root)  # another grid: refused here
     start = int(state.step[0])
-    for r, run in enumerate(runs):
-      fields = [*hparam_fields, *pack.varied]
-      hparams = record.run_hparams(pack.configs[r], exp.state.params, fields)
-      record.record_run(pack.configs[r], run.workdir, run.writer, start, hparams)
+    _open_runs(pack, runs, start, hparam_fields)
     if start >= tr.num_steps:
       return {run.name: finished_run(run.workdir, start, tr.num_steps) for run in runs}
     evaluate = PackEvaluator(pack, runs)
     if start == 0:
       evaluate(0, state.params)
-    for r, run in enumerate(runs):
-      guard = SkipGuard(tr.max_skipped_updates, "rl")
-      run.logger = Logger(pack.run(r), run.writer, guard, start, run.name)
     state, end = _loop(pack, state, data, ckpt, runs, evaluate)
     ckpt.wait()
-    for run in runs:
-      if end == tr.num_steps:
-        run.writer.session_end(end)
-      times = (time.time() - wall_start, run.logger.t_compiled, time.time())
-      record.log_summary(
-        run.workdir, str(ckpt.directory), (start, end), times, run.logger.tokens,
-        run.history,
-      )  # fmt: skip
+    _close_runs(runs, ckpt, (start, end), wall_start, tr.num_steps)
   finally:
     ckpt.close()
     for run in runs:
-      run.writer.close()
+      if run.writer is not None:
+        run.writer.close()
   return {run.name: run.history[-1][1] if run.history else {} for run in runs}
+
+
+def take_out(
+  configs: Sequence[Any], root: str, name: str, workdir: str, *, names: Sequence[str] | None = None
+) -> int:
+  """Writes run `name` of the pack in `root` (built from `configs` and `names` as trained) as
+  a single run's workdir: its events and config, and its state and data position at the
+  pack's newest checkpoint, which `train_and_evaluate(its config, workdir)` (or the command
+  line) continues alone. Returns that step; nothing in `root` changes."""
+  pack = build_pack(configs, names)
+  if name not in pack.names:
+    raise ConfigError(f"the pack in {root} has no run {name!r}; its runs: {pack.names}")
+  r, tr = pack.names.index(name), pack.configs[0].train
+  data = PackIterator([train_iterator(pack.run(i)) for i in range(pack.size)])
+  with ckpt_lib.Checkpointer(root, save_every=tr.checkpoint_every) as ckpt:
+    state = _restore(pack, ckpt, data)
+  if state is None:
+    raise ConfigError(f"{root} holds no checkpoint of this pack to take run {name!r} out of")
+  step, cfg = int(state.step[r]), pack.configs[r]
+  shardings = pack.exp.state_shardings
+  if state.ref_params is not None:
+    shardings = shardings.replace(ref_params=shardings.params)
+  own = jax.device_put(unstack(state, r), shardings)
+  for f in paths.files_under(paths.join(root, name)):  # its events, config and warm start
+    target = paths.as_path(workdir) / f.relative_to(paths.as_path(paths.join(root, name)))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    f.copy(target, overwrite=True)
+  meta = run_meta(cfg, pack.exp.model.cfg)
+  with ckpt_lib.Checkpointer(workdir, save_every=tr.checkpoint_every) as out:
+    out.save(step, own, data_iter=data.iterators[r], meta=meta, force=True)
+  logging.info("took run %s out of the pack in %s at step %d into %s", name, root, step, workdir)
+  return step
