@@ -9,12 +9,15 @@ Nothing is initialised, loaded or placed. Used by `--dry_run` and `tools/memory_
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import re
 import time
+from collections.abc import Sequence
 
 import jax
+import jax.numpy as jnp
 
 GIB = 2**30
 
@@ -88,6 +91,7 @@ class MemoryPlan:
   mesh: dict[str, int]
   compile_s: float
   refused: str = ""  # the compiler's out-of-memory message when it refused the program (TPU)
+  runs: int = 0  # runs of a pack (0: a single run)
 
   @property
   def peak_bytes(self) -> int:
@@ -109,12 +113,13 @@ class MemoryPlan:
       f"{human_bytes(self.argument_bytes)} + temp {human_bytes(self.temp_bytes)}) on "
       f"{self.num_devices} x {self.device_kind} ({mesh})"
     )
+    step = f"the packed step of {self.runs} runs" if self.runs else "the fused step"
     if self.capacity_bytes is None:
-      return f"the fused step needs {need}; the device reports no memory limit"
+      return f"{step} needs {need}; the device reports no memory limit"
     if self.refused:
-      return f"the fused step needs {need}: does NOT fit (the compiler: {self.refused})"
+      return f"{step} needs {need}: does NOT fit (the compiler: {self.refused})"
     verdict = "fits in" if self.fits else "does NOT fit in"
-    return f"the fused step needs {need}: {verdict} {human_bytes(self.capacity_bytes)} per device"
+    return f"{step} needs {need}: {verdict} {human_bytes(self.capacity_bytes)} per device"
 
 
 def human_bytes(n: float) -> str:
@@ -128,31 +133,37 @@ def plan(
   *,
   prompt_len: int | None = None,
   capacity_bytes: int | None = None,
+  runs: int = 0,
+  varied: Sequence[str] = ("objective.clip_high", "sampling.temperature"),
 ) -> MemoryPlan:
   """Builds `config` (a `config.Config`, or a ConfigDict) abstractly on `devices` (default: this machine's) and compiles the fused
   step; `prompt_len` sizes prompts other than the task's, `capacity_bytes` overrides the
-  device's own capacity (e.g. to plan a GPU run on a CPU machine)."""
+  device's own capacity (e.g. to plan a GPU run on a CPU machine). `runs` > 0 plans a pack
+  of that many runs (`run.pack`) varying the fields `varied`."""
   from jaxrl_llm import run  # the run imports this module's callers, not the reverse
 
   devices = list(devices if devices is not None else jax.devices())
-  exp = run.build(config, abstract=True, devices=devices, prompt_len=prompt_len)
+  exp = run.build(config, abstract=True, devices=devices, prompt_len=prompt_len, runs=runs)
   t0 = time.perf_counter()
   repl = jax.sharding.NamedSharding(exp.mesh, jax.sharding.PartitionSpec())
-  rng = jax.ShapeDtypeStruct((2,), jax.numpy.uint32, sharding=repl)
-  batch = run.abstract_batch(exp)
+  args = (exp.state, run.abstract_batch(exp), jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=repl))
+  if runs:
+    values = {f: jax.ShapeDtypeStruct((), jnp.float32, sharding=repl) for f in varied}
+    args = jax.tree.map(functools.partial(_packed, runs), (*args, values))
   common = {
     "capacity_bytes": capacity_bytes if capacity_bytes is not None else device_capacity(devices[0]),
     "device_kind": devices[0].device_kind,
     "num_devices": exp.mesh.size,
     "mesh": dict(exp.mesh.shape),
+    "runs": runs,
   }
   try:
-    compiled = exp.program.step.lower(exp.state, batch, rng).compile()
+    compiled = exp.program.step.lower(*args).compile()
   except jax.errors.JaxRuntimeError as err:  # TPU compilers refuse what exceeds the HBM
     message = str(err)
     if "RESOURCE_EXHAUSTED" not in message:
       raise
-    args = shard_bytes((exp.state, batch, rng))
+    args = shard_bytes(args)
     temp = re.search(r"temporaries \(([\d.]+)G\)", message)
     return MemoryPlan(
       argument_bytes=args,
@@ -172,6 +183,13 @@ def plan(
     compile_s=time.perf_counter() - t0,
     **common,
   )
+
+
+def _packed(runs: int, x: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
+  """A pack's abstract argument: `runs` of `x` on a leading axis over the mesh's runs axis."""
+  from jaxrl_llm.rl.step import packed_sharding
+
+  return jax.ShapeDtypeStruct((runs, *x.shape), x.dtype, sharding=packed_sharding(x.sharding))
 
 
 def shard_bytes(tree) -> int:

@@ -251,3 +251,34 @@ def test_same_behaviour_compares_every_step_but_wall_clock_tags(capsys):
   assert "sft: step 2, tag sft/loss: before=nan after=0.9" in out
   assert same_behaviour.excluded("perf/generated_tokens_per_s")
   assert not same_behaviour.excluded("perf/generated_tokens")
+
+
+def test_a_packed_sweep_trains_every_grid_point_in_one_program(tmp_path):
+  root = tmp_path / "packed"
+  args = [CONFIG, f"--root={root}", GRID, "--seeds=0,1", *TINY, "--packed"]
+  proc, _ = _tool("sweep", *args)
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+  names = [f"objective.clip_high={c},seed={s}" for c in CLIPS for s in (0, 1)]
+  assert sorted(p.name for p in root.iterdir()) == sorted([*names, "checkpoints", "sweep.json"])
+  assert sweep.committed_steps(str(root)) == [2]  # the pack checkpoints as a whole
+  record = json.loads((root / "sweep.json").read_text())
+  assert record["packed"] and [r["status"] for r in record["runs"]] == ["done"] * 4
+  for name in names:
+    assert [s for s, _ in metrics.read_scalars(str(root / name))["eval/accuracy"]] == [0, 2]
+    hparams = metrics.read_hparams(str(root / name))["hparams"]
+    assert f"objective.clip_high={hparams['objective.clip_high']:g}" in name
+    assert f"[{name}] " in proc.stderr  # its own progress lines
+  again, _ = _tool("sweep", *args)  # finished: nothing to train, the same table
+  assert again.returncode == 0 and "nothing to train" in again.stderr
+
+
+def test_a_packed_dry_run_plans_the_pack_or_names_the_packable_fields(tmp_path):
+  args = [CONFIG, f"--root={tmp_path / 'p'}", GRID, "--seeds=0,1", *TINY, "--packed", "--dry_run"]
+  proc, _ = _tool("sweep", *args)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "a pack of 4 runs varying seed, objective.clip_high" in proc.stdout
+  assert "dry run: the packed step of 4 runs needs" in proc.stdout
+  bad, _ = _tool("sweep", *args, "--grid=rl.num_epochs=1,2")
+  assert bad.returncode == 2 and not (tmp_path / "p").exists()
+  (line,) = [x for x in bad.stderr.splitlines() if x.startswith("error:")]
+  assert "rl.num_epochs" in line and "packable fields: seed" in line

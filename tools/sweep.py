@@ -1,8 +1,9 @@
-"""Hyperparameter sweeps: one `python -m jaxrl_llm.main` subprocess per grid point.
+"""Hyperparameter sweeps: one `python -m jaxrl_llm.main` subprocess per grid point, or with
+`--packed` every grid point in one program (a pack, `jaxrl_llm/run/pack.py`).
 
   python tools/sweep.py --config=configs/default.py --root=/tmp/sweep \\
       --grid='objective.clip_high=0.2,0.28' --grid='sampling.temperature=0.7,1.0' \\
-      [--set='train.num_steps=200'] [--seeds=0,1] [--parallel=1] [--dry_run]
+      [--set='train.num_steps=200'] [--seeds=0,1] [--parallel=1] [--packed] [--dry_run]
 
 Runs the Cartesian product of the `--grid` values (and `--seeds`), each in its own workdir
 `ROOT/<field>=<value>,...[,seed=<s>]` with the command a user would type by hand:
@@ -16,6 +17,13 @@ output goes to `<workdir>/run.log` and its overrides to `<workdir>/run.json` (a 
 resumed with different overrides unless `--allow_changed`). `ROOT/sweep.json` records the runs and
 their status; a summary table is printed at the end. A failed run is reported with the tail of
 its log and the sweep goes on; the exit status is 1 if any run failed.
+
+With `--packed`, the runs train together in this process: each keeps its folder
+`ROOT/<name>` (events, config.json, HParams), the pack checkpoints in `ROOT/checkpoints` and
+resumes from there when the same command is run again; `--dry_run` checks that the grid packs
+and prints the packed step's memory per device (compile only). A grid over a field that changes
+the program (objective name, model shape, group size, ...) is refused with one line naming the
+packable fields.
 
 Compare runs with `python tools/compare.py --root=ROOT` or `tensorboard --logdir ROOT`.
 """
@@ -358,15 +366,7 @@ class Sweep:
     self.save()
 
   def _read_metrics(self, run: Run) -> None:
-    try:
-      scalars = compare.read_run(run.workdir)
-    except Exception as e:  # a run that failed early may have no readable events
-      print(f"  cannot read scalars of {run.name}: {e}", file=sys.stderr)
-      return
-    run.last_step = compare.last_step(scalars)
-    for tag in compare.expand_tags(SUMMARY_TAGS, sorted(scalars)):
-      if scalars.get(tag):
-        run.metrics[tag] = scalars[tag][-1][1]
+    read_metrics(run)
 
   def _poll(self) -> None:
     for entry in list(self._running):
@@ -416,6 +416,72 @@ class Sweep:
       self._poll()
 
 
+def read_metrics(run: Run) -> None:
+  """Fills `run.last_step` and `run.metrics` (the last value of each summary tag)."""
+  try:
+    scalars = compare.read_run(run.workdir)
+  except Exception as e:  # a run that failed early may have no readable events
+    print(f"  cannot read scalars of {run.name}: {e}", file=sys.stderr)
+    return
+  run.last_step = compare.last_step(scalars)
+  for tag in compare.expand_tags(SUMMARY_TAGS, sorted(scalars)):
+    if scalars.get(tag):
+      run.metrics[tag] = scalars[tag][-1][1]
+
+
+# ----------------------------------------------------------------------------- packs
+
+
+def _pack_configs(config: str, runs: Sequence[Run]):
+  return [resolve_config(config, r.overrides) for r in runs]
+
+
+def dry_run_packed(config: str, runs: Sequence[Run]) -> int:
+  """Checks that the grid packs and plans the packed step's memory (compile only)."""
+  from jaxrl_llm import plan as plan_lib
+  from jaxrl_llm.config import parse
+  from jaxrl_llm.run.pack import check_packable
+
+  configs = [parse(c) for c in _pack_configs(config, runs)]
+  varied = check_packable(configs)
+  print(f"a pack of {len(runs)} runs varying {', '.join(varied) or 'nothing'}:")
+  for run in runs:
+    print(f"  {run.name}")
+  traced = [f for f in varied if f != "seed"]
+  memory = plan_lib.plan(configs[0], runs=len(runs), varied=traced)
+  print(f"dry run: {memory.summary()}", flush=True)
+  return 3 if memory.fits is False else 0
+
+
+def run_packed(config: str, runs: Sequence[Run], root: str, spec: dict[str, Any]) -> int:
+  """Trains the grid as one pack in `root` (resuming it), records sweep.json; exit status."""
+  from absl import logging
+
+  from jaxrl_llm import main as trainer_main
+
+  trainer_main.use_cpu_without_accelerators()  # as the trainer's command line does
+  logging.set_verbosity(logging.INFO)  # the runs' progress lines
+  from jaxrl_llm.run.pack_loop import train_pack
+
+  configs, t0 = _pack_configs(config, runs), time.time()
+  names, swept = [r.name for r in runs], list(runs[0].params)
+  try:
+    train_pack(configs, root, names=names, hparam_fields=swept)
+    status = "done" if runs[0].final_step in committed_steps(root) else "incomplete"
+  except Exception as e:
+    line = trainer_main.explain(e)
+    if line is None or isinstance(e, ConfigError):
+      raise
+    print(line, file=sys.stderr, flush=True)
+    status = "failed"
+  for run in runs:
+    run.status, run.elapsed_s = status, round(time.time() - t0, 1)
+    read_metrics(run)
+  record = {**spec, "packed": True, "updated": time.strftime("%Y-%m-%d %H:%M:%S")}
+  _write_json(os.path.join(root, "sweep.json"), {**record, "runs": [r.to_json() for r in runs]})
+  return 1 if status == "failed" else 0
+
+
 # ----------------------------------------------------------------------------- reporting
 
 
@@ -452,6 +518,12 @@ def main(argv: Sequence[str] | None = None) -> int:
   )
   p.add_argument("--seeds", default=None, help="Comma-separated seeds, e.g. 0,1 (a grid axis).")
   p.add_argument("--parallel", type=int, default=1, help="Runs at once (default 1).")
+  p.add_argument(
+    "--packed",
+    action="store_true",
+    help="Train the grid as one pack: one program, the runs vmapped (every varied field "
+    "packable; see jaxrl_llm/run/pack.py).",
+  )
   p.add_argument("--dry_run", action="store_true", help="Print the runs and commands; run nothing.")
   p.add_argument(
     "--allow_changed",
@@ -479,6 +551,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"error: {e}", file=sys.stderr)
     return 2
 
+  if args.packed and args.dry_run:
+    try:
+      return dry_run_packed(absolute_config(args.config), runs)
+    except ConfigError as e:
+      print(f"error: {e}", file=sys.stderr)
+      return 2
   if args.dry_run:
     for i, run in enumerate(runs):
       steps = committed_steps(run.workdir)
@@ -499,6 +577,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     "parallel": args.parallel,
     "command": shlex.join([sys.executable, sys.argv[0], *(sys.argv[1:] if argv is None else argv)]),
   }
+  if args.packed:
+    try:
+      rc = run_packed(spec["config"], runs, spec["root"], spec)
+    except ConfigError as e:
+      print(f"error: {e}", file=sys.stderr)
+      return 2
+    print()
+    print(summary_table(runs))
+    return rc
   sweep = Sweep(runs, args.root, spec, parallel=args.parallel)
   previous = signal.signal(signal.SIGTERM, _raise_interrupt)
   try:
