@@ -1,0 +1,131 @@
+"""Benchmark a pack of N runs against the same N runs one after another, in one invocation.
+
+  python tools/bench_pack.py [--shape=default] [--runs=8,16] [--steps=3]
+
+For each N: the packed step of N runs (a clip_high x temperature x seed grid) and the single
+run's fused step are each compiled, run once, then timed over `--steps` steps (medians). The
+sequential cost of N runs is N x the single step (and N compilations); the packed one is one
+step (and one compilation). Prints one JSON object per N: the step times, the steady-state
+speed-up `N x single / packed`, the compile times, and the compile-only memory per device of the
+packed step against one run's (`plan.plan`). `--shape`: `default` (configs/default.py) or a
+shape of tools/bench.py (tiny, medium, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import sys
+import time
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(_REPO, "tools"))
+
+import bench  # noqa: E402  (tools/bench.py, next to this file)
+import jax  # noqa: E402
+
+from jaxrl_llm import plan  # noqa: E402
+from jaxrl_llm.config import parse  # noqa: E402
+from jaxrl_llm.rl import init_reference  # noqa: E402
+from jaxrl_llm.run import build, to_global_batch  # noqa: E402
+from jaxrl_llm.run.loop import train_iterator  # noqa: E402
+from jaxrl_llm.run.pack import PackIterator, batch_to_device, build_pack, packed_keys  # noqa: E402
+
+
+def base_config(shape: str):
+  """The config of `shape` ('default': configs/default.py; else a tools/bench.py shape)."""
+  if shape == "default":
+    from jaxrl_llm.config import default_config
+
+    return default_config()
+  return bench.shape_config(shape)
+
+
+def grid(config, n: int) -> list:
+  """`n` runs of `config`: clip_high x temperature x seed, as many as needed."""
+  points = itertools.product((0.2, 0.28), (0.7, 1.0), range(n))
+  out = []
+  for clip, temp, seed in itertools.islice(points, n):
+    c = config.copy_and_resolve_references()
+    c.objective.clip_high, c.sampling.temperature, c.seed = clip, temp, seed
+    out.append(c)
+  return out
+
+
+def _timed(step, state, batches, steps: int):
+  """(first call s, median of `steps` later calls s, state) of `step(state, batch, i)`."""
+  times = []
+  for i in range(steps + 1):
+    t = time.perf_counter()
+    state, metrics = step(state, next(batches), i)
+    jax.block_until_ready(metrics)
+    times.append(time.perf_counter() - t)
+  return times[0], statistics.median(times[1:]), state
+
+
+def time_single(config, steps: int) -> tuple[float, float]:
+  """(compile + first step s, steady step s) of one run's fused step."""
+  exp = build(config)
+  state = init_reference(exp.state, exp.config.kl.beta)
+  it = train_iterator(exp)
+  batches = (to_global_batch(b, exp.batch_sharding) for b in it)
+
+  def step(state, batch, i):
+    return exp.rl_step(state, batch, jax.random.fold_in(state.rng, i))
+
+  first, steady, _ = _timed(step, state, batches, steps)
+  return first, steady
+
+
+def time_pack(configs, steps: int) -> tuple[float, float]:
+  """(compile + first step s, steady step s) of the packed step of `configs`."""
+  pack = build_pack(configs)
+  state = init_reference(pack.state, pack.configs[0].kl.beta)
+  data = PackIterator([train_iterator(pack.run(r)) for r in range(pack.size)])
+  batches = (batch_to_device(b, pack.exp.mesh) for b in data)
+
+  def step(state, batch, i):
+    return pack.exp.program.step(state, batch, packed_keys(state.rng, i), pack.values)
+
+  first, steady, _ = _timed(step, state, batches, steps)
+  return first, steady
+
+
+def main(argv=None) -> int:
+  """Command line entry point."""
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  p.add_argument("--shape", default="default")
+  p.add_argument("--runs", default="8,16", help="Comma-separated pack sizes.")
+  p.add_argument("--steps", type=int, default=3, help="Timed steps after the first.")
+  args = p.parse_args(argv)
+  config = base_config(args.shape)
+  config.mesh.data = 1
+  single_first, single = time_single(config, args.steps)
+  one = plan.plan(parse(config), devices=jax.devices()[:1])
+  device = jax.devices()[0]
+  for n in (int(x) for x in args.runs.split(",")):
+    configs = grid(config, n)
+    pack_first, packed = time_pack(configs, args.steps)
+    memory = plan.plan(parse(configs[0]), devices=jax.devices()[:1], runs=n)
+    result = {
+      "shape": args.shape,
+      "runs": n,
+      "device": f"{device.platform} {device.device_kind} (cpu_count={os.cpu_count()})",
+      "single_step_s": round(single, 4),
+      "packed_step_s": round(packed, 4),
+      "speedup_steady": round(n * single / packed, 2),
+      "single_compile_and_first_step_s": round(single_first, 2),
+      "packed_compile_and_first_step_s": round(pack_first, 2),
+      "single_peak_bytes": one.peak_bytes,
+      "packed_peak_bytes": memory.peak_bytes,
+      "memory_ratio": round(memory.peak_bytes / one.peak_bytes, 2),
+    }
+    print(json.dumps(result), flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
