@@ -191,3 +191,19 @@ def test_the_packable_fields_cover_the_sweep_fields():
   ):
     assert f in fields
   assert "objective.name" not in fields and "sampling.group_size" not in fields
+
+
+def test_a_pack_over_a_runs_axis_equals_its_runs_alone(tmp_path):
+  """8 fake CPU devices, runs=4 x data=2: each device pair trains one run of the pack, which
+  equals that run trained alone on data=2 (scalars at every step, final parameters)."""
+  grid = [
+    {"objective.clip_high": c, "sampling.temperature": t} for c in (0.2, 0.28) for t in (0.7, 1.0)
+  ]
+  common = {"train.num_steps": 2, "train.eval_every": 2, "mesh.data": 2}
+  configs = [tiny_config(**{**common, **point}) for point in grid]
+  packed = [tiny_config(**{**common, **point, "mesh.runs": 4}) for point in grid]
+  train_pack(packed, str(tmp_path / "pack"), names=_names(configs))
+  for r, (config, name) in enumerate(zip(configs, _names(configs), strict=True)):
+    train_and_evaluate(config, str(tmp_path / name))
+    _assert_same_scalars(_scalars(tmp_path / "pack" / name), _scalars(tmp_path / name))
+    _assert_same_params(_params(tmp_path / "pack", 2, r), _params(tmp_path / name, 2))

@@ -8,7 +8,8 @@ For each shape and target the whole fused step (sampling, verifier, old pass, le
 optimiser) is built from abstract state (`plan.plan`: `build(config, abstract=True)`),
 lowered and compiled, and `compiled.memory_analysis()` is reported per device: argument,
 output, temporary bytes, and the peak (arguments + unaliased outputs + temp) against the
-device's capacity. Targets: `cpu:N[:AXIS=K...]` compiles for N CPU devices (fake ones when
+device's capacity (`--runs=N`: the packed step of a pack of N runs, `run/pack.py`).
+Targets: `cpu:N[:AXIS=K...]` compiles for N CPU devices (fake ones when
 N > 1) as a proxy for N GPUs of `--capacity_gib` each; `tpu:SLICE[:AXIS=K...]` (v5e-8, v5p-8,
 v6e-8, ...) compiles for that TPU slice through libtpu (`pip install -e '.[tpu]'`) and uses the
 chip's HBM. The mesh is fsdp over all N devices unless axes are given. On a CPU-only machine the
@@ -152,8 +153,10 @@ def parse_target(spec: str) -> tuple[str, str, dict[str, int]]:
   mesh = {"data": 1, "fsdp": -1}
   for item in axes:
     axis, _, size = item.partition("=")
-    if axis not in ("data", "fsdp", "expert", "model") or not size.lstrip("-").isdigit():
-      raise ValueError(f"target {spec!r}: {item!r} is not AXIS=SIZE (data, fsdp, expert, model)")
+    if axis not in ("runs", "data", "fsdp", "expert", "model") or not size.lstrip("-").isdigit():
+      raise ValueError(
+        f"target {spec!r}: {item!r} is not AXIS=SIZE (runs, data, fsdp, expert, model)"
+      )
     mesh[axis] = int(size)
   return kind, name, mesh
 
@@ -172,8 +175,11 @@ def target_devices(kind: str, name: str):
   return jax.devices()[:n]
 
 
-def row(shape: str, target: str, overrides: list[str], prompt_len, new_tokens, capacity_gib):
-  """One table row: the plan of `shape` on `target` as a JSON-able dict."""
+def row(
+  shape: str, target: str, overrides: list[str], prompt_len, new_tokens, capacity_gib, runs=0
+):
+  """One table row: the plan of `shape` on `target` (a pack of `runs` runs when > 0) as a
+  JSON-able dict."""
   from jaxrl_llm import plan
 
   kind, name, mesh = parse_target(target)
@@ -181,13 +187,13 @@ def row(shape: str, target: str, overrides: list[str], prompt_len, new_tokens, c
   if new_tokens:
     extra.append(f"sampling.max_new_tokens={new_tokens}")
   config = shape_config(shape, [*extra, *overrides])
-  out = {"shape": shape, "target": target, "overrides": overrides}
+  out = {"shape": shape, "target": target, "overrides": overrides, "runs": runs or None}
   try:
     devices = target_devices(kind, name)
   except RuntimeError as err:
     return {**out, "skipped": str(err)}
   capacity = int(capacity_gib * plan.GIB) if kind == "cpu" else None
-  p = plan.plan(config, devices, prompt_len=prompt_len, capacity_bytes=capacity)
+  p = plan.plan(config, devices, prompt_len=prompt_len, capacity_bytes=capacity, runs=runs)
   gib = plan.GIB
   return {
     **out,
@@ -239,6 +245,13 @@ def main(argv: list[str]) -> int:
     "--capacity_gib", type=float, default=80e9 / 2**30, help="per device for cpu targets (80 GB)"
   )
   parser.add_argument("--markdown", action="store_true", help="print the table at the end")
+  parser.add_argument(
+    "--runs",
+    type=int,
+    default=0,
+    help="plan a pack of this many runs (0: one run); with a "
+    "target axis runs=K the pack's runs are split over K device groups",
+  )
   parser.add_argument("--set", action="append", default=[], help="FIELD=VALUE (repeatable)")
   args = parser.parse_args(argv)
   shapes, targets = args.shapes.split(","), args.targets.split(",")
@@ -260,7 +273,9 @@ def main(argv: list[str]) -> int:
   rows = []
   for shape in shapes:
     for target in targets:
-      r = row(shape, target, args.set, args.prompt_len, args.new_tokens, args.capacity_gib)
+      r = row(
+        shape, target, args.set, args.prompt_len, args.new_tokens, args.capacity_gib, args.runs
+      )
       rows.append(r)
       print(json.dumps(r), flush=True)
   if args.markdown:
