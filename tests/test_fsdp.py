@@ -106,6 +106,7 @@ def test_mesh_config_errors_name_the_fields():
   with pytest.raises(ValueError, match=r"mesh.fsdp=3 .*does not divide the 8 devices"):
     sharding.mesh_shape(8, data=-1, fsdp=3)
   assert sharding.mesh_shape(8, data=1, fsdp=-1, model=2) == {
+    "runs": 1,
     "data": 1,
     "fsdp": 4,
     "expert": 1,

@@ -42,7 +42,7 @@ def test_the_fused_step_compiles_from_abstract_state_and_reports_memory():
 def test_fsdp_plan_holds_an_eighth_of_the_state_per_device():
   one = plan.plan(tiny_config(**{"rl.num_prompts": 8}), jax.devices()[:1])
   eight = plan.plan(tiny_config(**{"rl.num_prompts": 8, "mesh.data": 1, "mesh.fsdp": 8}))
-  assert eight.mesh == {"data": 1, "fsdp": 8, "expert": 1, "model": 1}
+  assert eight.mesh == {"runs": 1, "data": 1, "fsdp": 8, "expert": 1, "model": 1}
   # Params and Adam moments dominate the arguments; only scalars stay replicated.
   assert eight.argument_bytes < one.argument_bytes / 6
 
