@@ -16,7 +16,8 @@ from etils import epath
 
 from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm.config import ConfigError, parse
-from jaxrl_llm.run import build, train_and_evaluate
+from jaxrl_llm.rl import init_reference
+from jaxrl_llm.run import build, to_global_batch, train_and_evaluate
 from jaxrl_llm.run.loop import train_iterator
 from jaxrl_llm.run.pack import (
   PackIterator,
@@ -25,6 +26,7 @@ from jaxrl_llm.run.pack import (
   packable_fields,
   packed_keys,
   run_name,
+  unstack,
   varied_fields,
 )
 from jaxrl_llm.run.pack_loop import take_out, train_pack
@@ -193,17 +195,71 @@ def test_the_packable_fields_cover_the_sweep_fields():
   assert "objective.name" not in fields and "sampling.group_size" not in fields
 
 
-def test_a_pack_over_a_runs_axis_equals_its_runs_alone(tmp_path):
+def _single_steps(config, steps: int):
+  """(metrics of each of `steps` fused steps, final params) of `config` trained alone."""
+  exp = build(config)
+  state, it = init_reference(exp.state, exp.config.kl.beta), train_iterator(exp)
+  out = []
+  for i in range(steps):
+    batch = to_global_batch(next(it), exp.batch_sharding)
+    state, m = exp.rl_step(state, batch, jax.random.fold_in(state.rng, i))
+    out.append(jax.device_get(m))
+  return out, jax.device_get(state.params)
+
+
+def _packed_steps(configs, steps: int):
+  """The metrics of `steps` packed steps of `configs`, per run."""
+  pack = build_pack(configs)
+  state = init_reference(pack.state, pack.configs[0].kl.beta)
+  data = PackIterator([train_iterator(pack.run(r)) for r in range(pack.size)])
+  out = []
+  for i in range(steps):
+    batch = batch_to_device(next(data), pack.exp.mesh)
+    state, m = pack.exp.program.step(state, batch, packed_keys(state.rng, i), pack.values)
+    out.append(jax.device_get(m))
+  params = jax.device_get(state.params)
+  return [([unstack(m, r) for m in out], unstack(params, r)) for r in range(pack.size)]
+
+
+def _assert_same_steps(packed, configs, steps: int):
+  for config, (own, params) in zip(configs, packed, strict=True):
+    alone, alone_params = _single_steps(config, steps)
+    for got, want in zip(own, alone, strict=True):
+      assert set(got) == set(want)
+      for tag in want:
+        np.testing.assert_allclose(got[tag], want[tag], rtol=1e-5, atol=1e-5, err_msg=tag)
+    _assert_same_params(params, alone_params)
+
+
+def test_every_kind_of_packable_field_gives_each_run_its_own_value():
+  """top-k / top-p (traced, on in one run and off in the other), the KL and entropy
+  coefficients and the overlong shaping, packed, equal each run alone step by step."""
+  common = {"kl.beta": 0.01, "shaping.name": "soft_overlong", "sampling.max_new_tokens": 8}
+  grid = (
+    {"sampling.top_k": 0, "sampling.top_p": 0.9, "kl.beta": 0.01, "rl.entropy_coef": 0.0,
+     "shaping.weight": 1.0, "shaping.cache_len": 2},
+    {"sampling.top_k": 5, "sampling.top_p": 1.0, "kl.beta": 0.05, "rl.entropy_coef": 0.01,
+     "shaping.weight": 0.5, "shaping.cache_len": 4},
+  )  # fmt: skip
+  configs = [tiny_config(**{**common, **point}) for point in grid]
+  _assert_same_steps(_packed_steps(configs, 2), configs, 2)
+
+
+def test_a_pack_over_a_runs_axis_equals_its_runs_alone():
   """8 fake CPU devices, runs=4 x data=2: each device pair trains one run of the pack, which
-  equals that run trained alone on data=2 (scalars at every step, final parameters)."""
+  equals that run trained alone on data=2 (metrics of every step, final parameters)."""
   grid = [
     {"objective.clip_high": c, "sampling.temperature": t} for c in (0.2, 0.28) for t in (0.7, 1.0)
   ]
-  common = {"train.num_steps": 2, "train.eval_every": 2, "mesh.data": 2}
-  configs = [tiny_config(**{**common, **point}) for point in grid]
-  packed = [tiny_config(**{**common, **point, "mesh.runs": 4}) for point in grid]
-  train_pack(packed, str(tmp_path / "pack"), names=_names(configs))
-  for r, (config, name) in enumerate(zip(configs, _names(configs), strict=True)):
-    train_and_evaluate(config, str(tmp_path / name))
-    _assert_same_scalars(_scalars(tmp_path / "pack" / name), _scalars(tmp_path / name))
-    _assert_same_params(_params(tmp_path / "pack", 2, r), _params(tmp_path / name, 2))
+  configs = [tiny_config(**{"mesh.data": 2, **point}) for point in grid]
+  packed = [tiny_config(**{"mesh.data": 2, "mesh.runs": 4, **point}) for point in grid]
+  _assert_same_steps(_packed_steps(packed, 2), configs, 2)
+
+
+@pytest.mark.parametrize(("top_k", "top_p"), [(0, 1.0), (5, 1.0), (0, 0.8), (5, 0.8), (64, 0.5)])
+def test_traced_top_k_and_top_p_restrict_as_the_static_ones(top_k, top_p):
+  from jaxrl_llm.sampling import _restrict
+
+  logp = jax.nn.log_softmax(jax.random.normal(jax.random.PRNGKey(0), (4, 64)) * 3)
+  traced = jax.jit(lambda x, k, p: _restrict(x, k, p))(logp, top_k, top_p)
+  np.testing.assert_array_equal(traced, _restrict(logp, top_k, top_p))

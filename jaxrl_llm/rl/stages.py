@@ -44,7 +44,8 @@ def total_reward(
       rollout.lengths, rollout.truncated, max_len, shaping.cache_len
     )
     weights["overlong"] = shaping.weight
-  reward = sum(w * terms[name] for name, w in weights.items() if w)
+  used = {k: w for k, w in weights.items() if isinstance(w, jax.Array) or w}  # traced: per run
+  reward = sum(w * terms[name] for name, w in used.items())
   return jnp.asarray(reward, jnp.float32) * jnp.ones(rollout.lengths.shape, jnp.float32), terms
 
 
