@@ -263,3 +263,24 @@ def test_traced_top_k_and_top_p_restrict_as_the_static_ones(top_k, top_p):
   logp = jax.nn.log_softmax(jax.random.normal(jax.random.PRNGKey(0), (4, 64)) * 3)
   traced = jax.jit(lambda x, k, p: _restrict(x, k, p))(logp, top_k, top_p)
   np.testing.assert_array_equal(traced, _restrict(logp, top_k, top_p))
+
+
+@pytest.mark.slow
+def test_the_default_configs_2x2x2_grid_packed_equals_each_run_alone(tmp_path):
+  """The acceptance grid on the default config itself (warm start included, 6 RL steps):
+  clip_high x temperature x seed, every run of the pack against the run alone."""
+  from jaxrl_llm.config import default_config
+
+  def config(clip, temp, seed):
+    c = default_config()
+    c.objective.clip_high, c.sampling.temperature, c.seed = clip, temp, seed
+    c.train.num_steps, c.train.eval_every, c.train.log_every, c.mesh.data = 6, 3, 1, 1
+    return c
+
+  configs = [config(c, t, s) for c in (0.2, 0.28) for t in (0.7, 1.0) for s in (0, 1)]
+  names = _names(configs)
+  train_pack(configs, str(tmp_path / "pack"))
+  for r, (c, name) in enumerate(zip(configs, names, strict=True)):
+    train_and_evaluate(c, str(tmp_path / name))
+    _assert_same_scalars(_scalars(tmp_path / "pack" / name), _scalars(tmp_path / name))
+    _assert_same_params(_params(tmp_path / "pack", 6, r), _params(tmp_path / name, 6))
