@@ -284,3 +284,11 @@ def test_the_default_configs_2x2x2_grid_packed_equals_each_run_alone(tmp_path):
     train_and_evaluate(c, str(tmp_path / name))
     _assert_same_scalars(_scalars(tmp_path / "pack" / name), _scalars(tmp_path / name))
     _assert_same_params(_params(tmp_path / "pack", 6, r), _params(tmp_path / name, 6))
+
+
+@pytest.mark.slow
+def test_a_pack_of_moe_runs_equals_each_run_alone():
+  """The MoE default (routing recorded by the sampler, the old pass, grouped experts), packed
+  over clip_high, step by step against the single runs."""
+  configs = [tiny_config("moe_default", **{"objective.clip_high": c}) for c in (0.2, 0.28)]
+  _assert_same_steps(_packed_steps(configs, 2), configs, 2)
