@@ -37,6 +37,7 @@ TPU_HBM_BYTES: tuple[tuple[str, int], ...] = (
 TPU_SLICES: dict[str, tuple[str, int]] = {
   "v5e-4": ("v5e:2x2", 4),
   "v5e-8": ("v5e:2x4", 8),
+  "v5e-64": ("v5e:8x8", 64),
   "v5p-8": ("v5p:2x2x1", 4),  # 8 TensorCores = 4 chips (megacore)
   "v6e-4": ("v6e:2x2", 4),
   "v6e-8": ("v6e:2x4", 8),
