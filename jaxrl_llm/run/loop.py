@@ -47,9 +47,23 @@ class Evaluator:
     m = metrics_lib.flatten_metrics(m)
     self.writer.scalars(step, m)
     self.history.append((step, m))
-    shown = " ".join(f"{k.removeprefix('eval/')} {v:.3g}" for k, v in m.items())
-    logging.info("eval step %d: %s (%.1fs)", step, shown, time.time() - t)
+    logging.info("eval step %d: %s (%.1fs)", step, eval_line(m), time.time() - t)
     return m
+
+
+def eval_line(m: dict[str, float]) -> str:
+  """An evaluation's scalars as one log line: `accuracy 0.5 pass@4 0.75 ...`."""
+  return " ".join(f"{k.removeprefix('eval/')} {v:.3g}" for k, v in m.items())
+
+
+def resume_target(state, meta: dict, keys: Sequence[str] = ("model",)):
+  """(abstract `state`, MetaCheck of `meta` under `keys`): what a resume restores into and
+  holds the saved meta against (model fields added since an old checkpoint default)."""
+  abstract = jax.tree.map(
+    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state
+  )
+  defaults = {"model": ModelConfig().to_dict()}  # fields added since it was written
+  return abstract, ckpt_lib.MetaCheck(meta, keys=keys, defaults=defaults, ignore=NUMERICS_ONLY)
 
 
 def train_iterator(exp: Experiment):
@@ -65,18 +79,8 @@ def _initial_state(exp: Experiment, ckpt, train_iter, workdir: str):
   step 0, so a relaunch does not redo it), else the fresh state."""
   beta = exp.config.kl.beta
   state = init_reference(exp.state, beta)
-  abstract = jax.tree.map(
-    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state
-  )
-  resumed = ckpt.restore_latest(
-    abstract,
-    data_iter=train_iter,
-    expect=ckpt_lib.MetaCheck(
-      exp.meta,
-      defaults={"model": ModelConfig().to_dict()},  # fields added since it was written
-      ignore=NUMERICS_ONLY,
-    ),
-  )
+  abstract, expect = resume_target(state, exp.meta)
+  resumed = ckpt.restore_latest(abstract, data_iter=train_iter, expect=expect)
   if resumed is not None:
     latest, state, _ = resumed
     logging.info("resumed from %s at step %d", workdir, latest)

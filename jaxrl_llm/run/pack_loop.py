@@ -17,12 +17,11 @@ from jaxrl_llm import checkpoint as ckpt_lib
 from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm import paths, sharding
 from jaxrl_llm.config import ConfigError
-from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.rl import init_reference
 from jaxrl_llm.run import record
-from jaxrl_llm.run.assemble import NUMERICS_ONLY, run_meta, to_global_batch
+from jaxrl_llm.run.assemble import run_meta, to_global_batch
 from jaxrl_llm.run.guard import SkipGuard
-from jaxrl_llm.run.loop import Logger, finished_run, train_iterator
+from jaxrl_llm.run.loop import Logger, eval_line, finished_run, resume_target, train_iterator
 from jaxrl_llm.run.pack import (
   Pack,
   PackIterator,
@@ -66,8 +65,7 @@ class PackEvaluator:
       own = metrics_lib.flatten_metrics({k: v[r] for k, v in m.items()})
       run.writer.scalars(step, own)
       run.history.append((step, own))
-      shown = " ".join(f"{k.removeprefix('eval/')} {v:.3g}" for k, v in own.items())
-      logging.info("[%s] eval step %d: %s", run.name, step, shown)
+      logging.info("[%s] eval step %d: %s", run.name, step, eval_line(own))
     logging.info("evaluated %d runs in %.1fs", len(self.runs), time.time() - t)
 
 
@@ -88,15 +86,7 @@ def _restore(pack: Pack, ckpt, data: PackIterator):
   """The pack's newest checkpoint that verifies (state, data positions), or None; one of
   another grid or model is refused with one line."""
   state = init_reference(pack.state, pack.configs[0].kl.beta)
-  abstract = jax.tree.map(
-    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state
-  )
-  expect = ckpt_lib.MetaCheck(
-    pack.meta(),
-    keys=("model", "pack"),
-    defaults={"model": ModelConfig().to_dict()},
-    ignore=NUMERICS_ONLY,
-  )
+  abstract, expect = resume_target(state, pack.meta(), keys=("model", "pack"))
   resumed = ckpt.restore_latest(abstract, data_iter=data, expect=expect)
   return None if resumed is None else resumed[1]
 
