@@ -6,6 +6,8 @@ warm_start.py  the supervised warm start before RL
 loop.py        `train_and_evaluate`: restore or warm start, RL updates, evaluation, checkpoints
 guard.py       the non-finite guard (skipped updates, `NonFiniteError`)
 record.py      config.json, the config table and HParams, the banner and the closing summary
+pack.py        a sweep's runs as one program: packable fields, per-run values, the runs axis
+pack_loop.py   `train_pack` (the loop of a pack, run for run) and `take_out`
 """
 
 from jaxrl_llm.run.assemble import (
