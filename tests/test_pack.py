@@ -6,6 +6,8 @@ its orbax checkpoint.
 """
 
 import json
+import pathlib
+import sys
 
 import jax
 import numpy as np
@@ -16,6 +18,7 @@ from etils import epath
 
 from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm.config import ConfigError, parse
+from jaxrl_llm.models import hf
 from jaxrl_llm.rl import init_reference
 from jaxrl_llm.run import build, to_global_batch, train_and_evaluate
 from jaxrl_llm.run.loop import train_iterator
@@ -138,6 +141,18 @@ def _check_resume_and_take_out(tmp_path, root, names):
     _assert_same_params(_params(killed, STEPS, r), _params(root, STEPS, r))
   _assert_same_scalars(_scalars(tmp_path / "out"), _scalars(killed / names[1]))
   _assert_same_params(_params(tmp_path / "out", STEPS), _params(killed, STEPS, 1))
+  _check_hugging_face_export(tmp_path / "out", tmp_path / "hf", _params(killed, STEPS, 1))
+
+
+def _check_hugging_face_export(workdir, out, params):
+  """The run taken out converts to a Hugging Face checkpoint that holds its parameters."""
+  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tools"))
+  import hf_convert
+
+  summary = hf_convert.main(["export", f"--workdir={workdir}", f"--out={out}"])
+  assert summary["step"] == STEPS
+  _, exported = hf.load_checkpoint(out)
+  _assert_same_params(exported, params)
 
 
 def test_the_packed_step_compiles_once():
