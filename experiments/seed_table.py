@@ -1,12 +1,14 @@
-"""Mean ± std over seeds of scalar tags, per arm, as a Markdown table (shared by the studies).
+"""Per-seed values, means and bootstrap 95% intervals of scalar tags, per arm, as Markdown tables
+(shared by the studies).
 
   python experiments/seed_table.py --root=/tmp/jaxrl_experiments/clip_higher \\
       --group_by=objective.clip_high \\
-      --cols='eval/accuracy@0,eval/accuracy@200,eval/accuracy@final,policy/entropy@avg:300-400'
+      --cols='eval/accuracy@0,eval/accuracy@final,policy/entropy@avg:300-400' \\
+      --baseline=0.2 --expect='policy/entropy@final:+'
 
-Every directory under --root holding a `config.json` (written by the trainer) is a run; its
-settings are that file's resolved config. Runs are grouped into arms by the --group_by fields
-(the seeds of an arm are averaged). A column is `TAG@WHAT`:
+Every directory under --root holding a `config.json` (written by the trainer, a pack's runs
+included) is a run; its settings are that file's resolved config. Runs are grouped into arms by
+the --group_by fields. A column is `TAG@WHAT`:
 
   TAG@final        the run's last logged value
   TAG@STEP         the value logged at STEP (the last one logged at or before it)
@@ -14,8 +16,11 @@ settings are that file's resolved config. Runs are grouped into arms by the --gr
   TAG@avg:A-B      the mean of the values logged at steps A <= step <= B
   TAG@sum          the sum of all logged values (e.g. counts)
 
-Each cell is mean ± sample std (ddof = 1) over the arm's runs, then `(n)` when an arm has a
-number of runs other than the most common one. `--csv` also writes one row per run.
+The first table gives each arm's mean over seeds with its 95% interval (`stats.interval`). With
+--baseline (the baseline arm's --group_by values, comma-separated), a second table gives each
+other arm's paired difference to the baseline over the seeds both ran, with its interval, and
+with --expect `COL:+` or `COL:-` (the sign a claim predicts) the verdict it supports:
+reproduced, refuted or inconclusive. --per_seed prints every run's values; --csv writes them.
 """
 
 from __future__ import annotations
@@ -23,11 +28,13 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import os
 import sys
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import study_stats as stats  # experiments/study_stats.py
 
 
 def flatten(tree, prefix=""):
@@ -78,15 +85,48 @@ def value(series, what):
   return float(vals[sel][-1]) if sel.any() else None
 
 
-def fmt(x):
-  if x is None or not math.isfinite(x):
-    return "-"
-  a = abs(x)
-  if a == 0:
-    return "0"
-  if a >= 1000 or a < 1e-3:
-    return f"{x:.2e}"
-  return f"{x:.3f}" if a < 10 else f"{x:.1f}"
+def _arms(root, fields, cols):
+  """{arm key: {seed: [value of each column]}} and the per-run rows."""
+  arms: dict[tuple, dict[int, list]] = {}
+  per_run = []
+  for d in find_runs(root):
+    cfg, scalars = load(d)
+    key = tuple(str(cfg.get(f)) for f in fields)
+    row = [value(scalars.get(c.rsplit("@", 1)[0], []), c.rsplit("@", 1)[1]) for c in cols]
+    arms.setdefault(key, {})[int(cfg.get("seed", 0))] = row
+    per_run.append((os.path.relpath(d, root), cfg.get("seed"), key, row))
+  return arms, per_run
+
+
+def _table(header, rows):
+  print("| " + " | ".join(header) + " |")
+  print("|" + "---|" * len(header))
+  for row in rows:
+    print("| " + " | ".join(row) + " |")
+  print()
+
+
+def _differences(arms, fields, cols, baseline, expect):
+  base = arms.get(baseline)
+  if base is None:
+    raise SystemExit(f"error: --baseline={','.join(baseline)} is no arm; arms: {sorted(arms)}")
+  print(f"paired difference to the baseline ({', '.join(fields)} = {', '.join(baseline)})\n")
+  rows = []
+  for key, runs in arms.items():
+    if key == baseline:
+      continue
+    cells = []
+    for j, col in enumerate(cols):
+      diff = stats.paired_difference(
+        {s: r[j] for s, r in runs.items() if r[j] is not None},
+        {s: r[j] for s, r in base.items() if r[j] is not None},
+      )
+      cell = f"{diff} (n={diff.n})"
+      if col in expect:
+        cell += " " + stats.verdict(diff, expect[col])
+      cells.append(cell)
+    rows.append([*key, *cells])
+  _table([*fields, *cols], rows)
 
 
 def main(argv=None):
@@ -94,40 +134,35 @@ def main(argv=None):
   p.add_argument("--root", required=True)
   p.add_argument("--group_by", required=True, help="comma-separated config fields")
   p.add_argument("--cols", required=True, help="comma-separated TAG@WHAT columns")
+  p.add_argument("--baseline", default=None, help="the baseline arm's --group_by values")
+  p.add_argument("--expect", default="", help="comma-separated COL:+ or COL:- (a claim's sign)")
+  p.add_argument("--per_seed", action="store_true", help="also print every run's values")
   p.add_argument("--csv", default=None, help="also write one row per run to this file")
   args = p.parse_args(argv)
   fields = [f.strip() for f in args.group_by.split(",") if f.strip()]
   cols = [c.strip() for c in args.cols.split(",") if c.strip()]
-  arms: dict[tuple, list] = {}
-  per_run = []
-  for d in find_runs(args.root):
-    cfg, scalars = load(d)
-    key = tuple(cfg.get(f) for f in fields)
-    row = [value(scalars.get(c.rsplit("@", 1)[0], []), c.rsplit("@", 1)[1]) for c in cols]
-    arms.setdefault(key, []).append(row)
-    per_run.append((os.path.relpath(d, args.root), cfg.get("seed"), key, row))
+  expect = {}
+  for item in filter(None, args.expect.split(",")):
+    col, sign = item.rsplit(":", 1)
+    if col not in cols or sign not in "+-":
+      raise SystemExit(f"error: --expect={item}: want COL:+ or COL:- with COL one of --cols")
+    expect[col] = 1 if sign == "+" else -1
+  arms, per_run = _arms(args.root, fields, cols)
   if not arms:
     print(f"error: no runs (config.json) under {args.root}", file=sys.stderr)
     return 1
-  counts = [len(v) for v in arms.values()]
-  usual = max(set(counts), key=counts.count)
-  print(f"mean ± std over seeds (n = {usual} per arm unless marked); {args.root}\n")
-  print("| " + " | ".join([*fields, "n", *cols]) + " |")
-  print("|" + "---|" * (len(fields) + 1 + len(cols)))
-  for key in arms:
-    rows = arms[key]
-    cells = []
-    for j in range(len(cols)):
-      xs = [r[j] for r in rows if r[j] is not None]
-      if not xs:
-        cells.append("-")
-      elif len(xs) == 1:
-        cells.append(fmt(xs[0]))
-      else:
-        cells.append(f"{fmt(np.mean(xs))} ± {fmt(np.std(xs, ddof=1))}")
-      if xs and len(xs) != usual:
-        cells[-1] += f" ({len(xs)})"
-    print("| " + " | ".join([str(k) for k in key] + [str(len(rows))] + cells) + " |")
+  print(f"mean over seeds [bootstrap 95% interval]; {args.root}\n")
+  rows = []
+  for key, runs in arms.items():
+    cells = [str(stats.interval([r[j] for r in runs.values()])) for j in range(len(cols))]
+    rows.append([*key, str(len(runs)), *cells])
+  _table([*fields, "seeds", *cols], rows)
+  if args.baseline is not None:
+    _differences(arms, fields, cols, tuple(args.baseline.split(",")), expect)
+  if args.per_seed:
+    rows = [[name, str(seed), *[stats._fmt(np.nan if x is None else x) for x in row]]
+            for name, seed, _, row in per_run]  # fmt: skip
+    _table(["run", "seed", *cols], rows)
   if args.csv:
     with open(args.csv, "w", newline="") as f:
       w = csv.writer(f)

@@ -69,7 +69,9 @@ def test_registry():
   assert isinstance(get_task("addition", digits=3), AdditionTask)
   assert isinstance(get_task("reverse"), ReverseTask)
   assert isinstance(get_task("sort"), SortTask)
-  with pytest.raises(ValueError, match=r"valid task names: \['addition', 'reverse', 'sort'\]"):
+  with pytest.raises(
+    ValueError, match=r"valid task names: \['addition', 'countdown', 'reverse', 'sort'\]"
+  ):
     get_task("multiply")
   with pytest.raises(ValueError, match=r"unknown arguments \['digitz'\]"):
     get_task("addition", digitz=3)

@@ -24,8 +24,10 @@ class TaskSettings(Section):
   weights of the reward terms."""
 
   SECTION: ClassVar[str] = "task"
-  name: str = "reverse"  # built-in verifiable task: reverse | addition | sort
+  name: str = "reverse"  # built-in verifiable task: reverse | addition | sort | countdown
   digits: int = 2  # addition: operands in [0, 10**digits)
+  numbers: int = 3  # countdown: digits 1-9 given to reach the target with + - *
+  wrong_traces: float = 0.0  # countdown: fraction of warm-start traces made wrong
   min_len: int = 2  # reverse: shortest string
   max_len: int = 5  # reverse: longest string
   eval_size: int = 256  # held-out evaluation prompts (disjoint from training prompts)

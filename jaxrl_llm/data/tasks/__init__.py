@@ -6,12 +6,14 @@ import dataclasses
 
 from jaxrl_llm.data.tasks.addition import AdditionTask
 from jaxrl_llm.data.tasks.base import BuiltinTask
+from jaxrl_llm.data.tasks.countdown import CountdownTask
 from jaxrl_llm.data.tasks.reverse import ReverseTask
 from jaxrl_llm.data.tasks.sort import SortTask
 from jaxrl_llm.data.tasks.tokenizer import CharTokenizer
 
 TASKS: dict[str, type[BuiltinTask]] = {
   AdditionTask.name: AdditionTask,
+  CountdownTask.name: CountdownTask,
   ReverseTask.name: ReverseTask,
   SortTask.name: SortTask,
 }
@@ -46,6 +48,7 @@ __all__ = [
   "AdditionTask",
   "BuiltinTask",
   "CharTokenizer",
+  "CountdownTask",
   "ReverseTask",
   "SortTask",
   "get_task",

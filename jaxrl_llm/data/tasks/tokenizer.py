@@ -11,7 +11,7 @@ PAD_ID = 0
 BOS_ID = 1
 EOS_ID = 2
 # Every character any built-in task can emit, in id order after the three special ids.
-ALPHABET = "0123456789+=>:abcdefghij ,"
+ALPHABET = "0123456789+=>:abcdefghij ,-*"
 
 
 @dataclasses.dataclass(frozen=True)

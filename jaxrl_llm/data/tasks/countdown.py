@@ -1,0 +1,194 @@
+"""Countdown task: ``<bos>538>23`` → any expression of the given digits that makes the target,
+e.g. ``5*3+8`` or ``8*3-5*...``; then eos.
+
+What it makes possible that the exact-match tasks do not: many different completions are
+correct (orders, subsets and operators of the digits), and they differ in length (3 to
+``2n - 1`` characters), so a policy can keep several strategies alive or collapse onto one,
+and its correct and wrong answers can grow or shrink. The verifier evaluates the expression,
+so the reference answer is only a *trace* for the supervised warm start, and a fraction of
+those traces can be made wrong (``wrong_traces``) to warm-start a policy that still fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import ClassVar
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jaxrl_llm.data.tasks.base import BuiltinTask, _mix64
+
+OPS = "+-*"
+MAX_TARGET = 99  # targets are written with two digits
+
+
+def _recipes(n: int) -> list[tuple[tuple[int, ...], tuple[str, ...]]]:
+  """Every (order of 2..n of the n digit slots, operators between them)."""
+  out = []
+  for k in range(2, n + 1):
+    for order in itertools.permutations(range(n), k):
+      out.extend((order, ops) for ops in itertools.product(OPS, repeat=k - 1))
+  return out
+
+
+def evaluate(digits: list[int], ops: list[str]) -> int:
+  """Left-to-right value of ``d0 op0 d1 op1 d2 ...`` (no operator precedence)."""
+  value = digits[0]
+  for op, d in zip(ops, digits[1:]):
+    value = value + d if op == "+" else value - d if op == "-" else value * d
+  return value
+
+
+@dataclasses.dataclass(frozen=True)
+class CountdownTask(BuiltinTask):
+  """Reach a target in [0, 99] from ``numbers`` digits 1-9, each used at most once, with
+  ``+ - *`` evaluated left to right (a calculator chain: ``2+3*4`` is 20).
+
+  Problem index ``i`` is a digit tuple (``i % 9**n``) and a recipe (``i // 9**n``: an order of
+  2..n of the digits and the operators between them). The recipe's value is the target; a
+  recipe whose value falls outside [0, 99] is replaced by the sum of the first two digits, so
+  every problem has a solution and its trace. Problems with the same digits (as a multiset) and
+  target share a split key. With ``numbers=3``: 729 digit tuples x 72 recipes, S = 7, A = 6.
+
+  Attributes:
+    numbers: how many digits the prompt gives (2..5).
+    wrong_traces: fraction of training problems whose trace (the warm start's target) has its
+      last operator changed, so it usually misses the target. Evaluation traces are never
+      changed; the reward never reads a trace.
+  """
+
+  name: ClassVar[str] = "countdown"
+
+  numbers: int = 3
+  wrong_traces: float = 0.0
+
+  def __post_init__(self):
+    super().__post_init__()
+    if not 2 <= self.numbers <= 5:
+      raise ValueError(f"countdown: numbers must be in [2, 5], got {self.numbers}.")
+    if not 0.0 <= self.wrong_traces <= 1.0:
+      raise ValueError(f"countdown: wrong_traces must be in [0, 1], got {self.wrong_traces}.")
+
+  @property
+  def prompt_len(self) -> int:
+    """S = bos + digits + '>' + two target digits."""
+    return self.numbers + 4
+
+  @property
+  def answer_len(self) -> int:
+    """A = the longest expression (every digit used) + eos."""
+    return 2 * self.numbers
+
+  @property
+  def num_problems(self) -> int:
+    """Digit tuples x recipes."""
+    return 9**self.numbers * len(_recipes(self.numbers))
+
+  @property
+  def answer_chars(self) -> str:
+    """Digits 1-9 and the operators."""
+    return "123456789" + OPS
+
+  def _problems(self, index: np.ndarray) -> tuple[np.ndarray, list, np.ndarray]:
+    """(digits [N, n], recipes, targets [N]) of problem indices."""
+    n = self.numbers
+    tuples, which = np.divmod(np.asarray(index, np.int64), 9**n)[::-1]
+    digits = np.stack([(tuples // 9**j) % 9 + 1 for j in range(n)], -1)
+    table = _recipes(n)
+    recipes, targets = [], []
+    for row, r in zip(digits.tolist(), which.tolist()):
+      order, ops = table[r]
+      value = evaluate([row[j] for j in order], list(ops))
+      if not 0 <= value <= MAX_TARGET:
+        order, ops, value = (0, 1), ("+",), row[0] + row[1]
+      recipes.append((order, ops))
+      targets.append(value)
+    return digits, recipes, np.asarray(targets, np.int64)
+
+  def split_key(self, index: np.ndarray) -> np.ndarray:
+    """The sorted digits and the target, so reordered copies land on the same side."""
+    digits, _, targets = self._problems(index)
+    key = np.zeros(len(targets), np.int64)
+    for column in np.sort(digits, -1).T:
+      key = key * 10 + column
+    return key * 100 + targets
+
+  def render(self, index: np.ndarray) -> tuple[list[str], list[str]]:
+    """``"538>23"`` prompts and recipe traces (some made wrong on the training side)."""
+    index = np.asarray(index, np.int64)
+    digits, recipes, targets = self._problems(index)
+    wrong = (_mix64(index, 0x7A11) >> np.uint64(11)).astype(np.float64) * 2.0**-53
+    wrong = (wrong < self.wrong_traces) & ~self.is_held_out(index)
+    prompts, answers = [], []
+    for row, (order, ops), t, w in zip(digits.tolist(), recipes, targets.tolist(), wrong):
+      ops = list(ops)
+      if w:  # the next operator in "+-*" order
+        ops[-1] = OPS[(OPS.index(ops[-1]) + 1) % len(OPS)]
+      prompts.append("".join(map(str, row)) + f">{t:02d}")
+      answers.append(str(row[order[0]]) + "".join(o + str(row[j]) for o, j in zip(ops, order[1:])))
+    return prompts, answers
+
+  def reward_terms(
+    self,
+    prompt_tokens: jax.Array,
+    completion: jax.Array,
+    completion_mask: jax.Array,
+    answer: jax.Array,
+    answer_mask: jax.Array,
+  ) -> dict[str, jax.Array]:
+    """Pure-JAX verifier: per-sequence reward terms, each [B] float32.
+
+    ``format``: the body (up to the first eos) is ``digit (op digit)*`` and ends with an eos.
+    ``correct``: well-formed, uses each given digit at most as often as the prompt gives it, and
+    evaluates (left to right) to the target. ``partial``: for a well-formed expression of the
+    given digits, ``1 - min(|value - target|, 10) / 10``, else 0. The trace (``answer``) is not
+    read.
+    """
+    chex.assert_rank([prompt_tokens, completion, completion_mask], 2)
+    chex.assert_equal_shape([completion, completion_mask])
+    del answer, answer_mask
+    tok, n = self.tokenizer, self.numbers
+    b, t = completion.shape
+    digit_of = jnp.full((tok.vocab_size,), -1, jnp.int32)
+    digit_of = digit_of.at[jnp.asarray(tok.ids_of("0123456789"))].set(jnp.arange(10))
+    given = digit_of[prompt_tokens[:, -(n + 3) : -3]]  # [B, n]
+    target = digit_of[prompt_tokens[:, -2]] * 10 + digit_of[prompt_tokens[:, -1]]  # [B]
+
+    tokens = jnp.where(completion_mask > 0, completion, tok.pad_id)
+    is_eos = tokens == tok.eos_id
+    terminated = is_eos.any(-1)
+    length = jnp.where(terminated, jnp.argmax(is_eos, -1), t)  # [B]
+    pos = jnp.arange(t)[None, :]
+    body = pos < length[:, None]
+    value_of = digit_of[tokens]  # [B, T], -1 off digits
+    op_of = (
+      jnp.zeros((tok.vocab_size,), jnp.int32)
+      .at[jnp.asarray(tok.ids_of(OPS))]
+      .set(jnp.arange(1, len(OPS) + 1))[tokens]
+    )  # [B, T]: 1 '+', 2 '-', 3 '*', 0 otherwise
+    even = pos % 2 == 0
+    grammar = jnp.where(even, value_of >= 1, op_of > 0) | ~body
+    well_formed = terminated & (length % 2 == 1) & (length <= 2 * n - 1) & grammar.all(-1)
+
+    used = jax.nn.one_hot(jnp.where(body & even, value_of, -1), 10, dtype=jnp.int32).sum(1)
+    have = jax.nn.one_hot(given, 10, dtype=jnp.int32).sum(1)  # [B, 10]
+    legal = well_formed & jnp.all(used <= have, -1)
+
+    def chain(carry, x):
+      value, op = carry
+      d, o, k = x
+      step = jnp.select([op == 1, op == 2, op == 3], [value + d, value - d, value * d], d)
+      value = jnp.where((k % 2 == 0) & (k < length), step, value)
+      return (value, jnp.where(o > 0, o, op)), None
+
+    xs = (value_of.T, op_of.T, jnp.arange(t))
+    (value, _), _ = lax.scan(chain, (jnp.zeros((b,), jnp.int32), jnp.zeros((b,), jnp.int32)), xs)
+    correct = legal & (value == target)
+    partial = jnp.where(legal, (10 - jnp.minimum(jnp.abs(value - target), 10)) / 10, 0.0)
+    out = {"correct": correct, "format": well_formed, "partial": partial}
+    return {k: v.astype(jnp.float32) for k, v in out.items()}

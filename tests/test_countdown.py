@@ -1,0 +1,123 @@
+"""The countdown task: its in-graph verifier on hand cases, its split, its traces, and a warm
+start of the real model that reaches the accuracy its config states."""
+
+from __future__ import annotations
+
+import collections
+
+import jax
+import numpy as np
+import pytest
+
+from jaxrl_llm.data.task import Task
+from jaxrl_llm.data.tasks import CharTokenizer, CountdownTask, get_task
+from jaxrl_llm.data.tasks.countdown import evaluate
+
+TOK = CharTokenizer()
+
+
+def _terms(task, prompt: str, completions: list[str], t: int = 8, eos: bool = True):
+  """The verifier's terms of `completions` (each ended by an eos unless `eos` is False)."""
+  tokens, _ = TOK.encode_batch(
+    [prompt] * len(completions), task.prompt_len, bos=True, eos=False, left_pad=True
+  )
+  comp, mask = TOK.encode_batch(completions, t, bos=False, eos=eos, left_pad=False)
+  answer, answer_mask = TOK.encode_batch(
+    [""] * len(completions), task.answer_len, bos=False, eos=True, left_pad=False
+  )
+  out = jax.jit(task.reward_terms)(tokens, comp, mask.astype(np.float32), answer, answer_mask)
+  return {k: np.asarray(v) for k, v in out.items()}
+
+
+def test_the_verifier_accepts_every_expression_that_makes_the_target():
+  task = get_task("countdown")  # 538>23: 5*3+8 = 23, 3*5+8, 8+3*5 = 55 (left to right)
+  cases = {
+    "5*3+8": 1,  # a trace-like answer
+    "3*5+8": 1,  # another order
+    "8+5*3": 0,  # 39, left to right
+    "8*3-5+": 0,  # ends in an operator
+    "8*3-1": 0,  # 1 is not given
+    "5*5-2": 0,  # 5 used twice, given once
+    "5*3+8+": 0,
+    "23": 0,  # the target, not an expression of the digits
+    "": 0,
+  }
+  r = _terms(task, "538>23", list(cases))
+  np.testing.assert_array_equal(r["correct"], list(cases.values()))
+  np.testing.assert_array_equal(r["format"], [1, 1, 1, 0, 1, 1, 0, 0, 0])
+  np.testing.assert_allclose(r["partial"][:3], [1.0, 1.0, 0.0])
+  assert r["partial"][4] == 0.0  # a digit not given earns nothing
+  # 8*3-5 = 19: four from the target.
+  np.testing.assert_allclose(_terms(task, "538>23", ["8*3-5"])["partial"], [0.6])
+
+
+def test_the_verifier_needs_an_eos_and_reads_nothing_after_it():
+  task = get_task("countdown")
+  assert _terms(task, "538>23", ["5*3+8"], eos=False)["correct"][0] == 0
+  comp, mask = TOK.encode_batch(["5*3+8"], 8, bos=False, eos=True, left_pad=False)
+  comp[0, 6:] = TOK.ids_of("*9")  # junk after the eos
+  tokens, _ = TOK.encode_batch(["538>23"], task.prompt_len, bos=True, eos=False, left_pad=True)
+  out = task.reward_terms(tokens, comp, np.ones_like(mask, np.float32), comp[:, :6], mask[:, :6])
+  assert float(out["correct"][0]) == 1.0
+
+
+def test_repeated_digits_may_be_used_as_often_as_given():
+  task = get_task("countdown", numbers=4)
+  r = _terms(task, "7713>49", ["7*7", "7*7*1", "7*7*7"], t=10)
+  np.testing.assert_array_equal(r["correct"], [1, 1, 0])
+
+
+def test_countdown_implements_the_task_interface_with_a_disjoint_split():
+  task = get_task("countdown")
+  assert isinstance(task, Task) and isinstance(task, CountdownTask)
+  assert (task.prompt_len, task.answer_len, task.num_problems) == (7, 6, 729 * 72)
+  ev, answers = task.eval_set()
+  assert answers is None and ev["tokens"].shape == (256, 7)
+  train = task.train_examples(0)
+  eval_keys = {(r.tobytes()) for r in ev["tokens"]}
+  assert not eval_keys & {r.tobytes() for r in train["tokens"]}
+  # Same multiset of digits and target: the same side of the split.
+  index = np.arange(task.num_problems)
+  digits, _, targets = task._problems(index)
+  canon = np.sort(digits, -1) @ np.array([100, 10, 1]) * 100 + targets
+  held = task.is_held_out(index)
+  for key in np.unique(canon)[:500]:
+    assert len(set(held[canon == key].tolist())) == 1
+
+
+@pytest.mark.parametrize("wrong", [0.0, 0.3])
+def test_traces_are_diverse_solutions_and_wrong_at_the_stated_rate(wrong):
+  """Every trace is an expression of the given digits; held-out traces all make their target,
+  training traces miss it at about the `wrong_traces` rate (a changed operator can still hit)."""
+  task = get_task("countdown", wrong_traces=wrong)
+  for examples, rate in ((task.eval_examples(), 0.0), (task.train_examples(0), wrong)):
+    prompts = [TOK.decode(r).split(">") for r in examples["tokens"]]
+    traces = [TOK.decode(r) for r in examples["answer"]]
+    hits = []
+    for (given, target), trace in zip(prompts, traces, strict=True):
+      digits, ops = trace[::2], trace[1::2]
+      assert not collections.Counter(digits) - collections.Counter(given), (given, trace)
+      hits.append(evaluate([int(d) for d in digits], list(ops)) == int(target))
+    missed = 1 - np.mean(hits)
+    assert rate - 0.06 <= missed <= rate + 0.01, (rate, missed)
+    assert {len(trace) for trace in traces} == {3, 5}  # answers of different lengths
+    shapes = {trace.translate(str.maketrans("", "", "123456789")) for trace in traces}
+    assert len(shapes) == 12  # every operator pattern of two and three digits
+
+
+def test_a_warm_start_on_countdown_leaves_room_to_fail(tmp_path):
+  """The default model, warm-started for 300 steps on traces of which 30% are wrong, answers
+  held-out problems well above chance (0.15 <= greedy accuracy) and far from perfect (< 0.6,
+  pass@4 below 0.8): a policy with room to fail and to improve (read back from its events)."""
+  from jaxrl_llm import metrics as metrics_lib
+  from jaxrl_llm.config import default_config
+  from jaxrl_llm.run import train_and_evaluate
+
+  config = default_config()
+  config.task.name, config.task.wrong_traces, config.sft.steps = "countdown", 0.3, 300
+  config.train.num_steps, config.train.eval_every, config.mesh.data = 1, 1, 1
+  train_and_evaluate(config, str(tmp_path))
+  scalars = metrics_lib.read_scalars(str(tmp_path))
+  accuracy, pass_k = scalars["eval/accuracy"][0], scalars["eval/pass@4"][0]
+  assert accuracy[0] == pass_k[0] == 0
+  assert 0.15 <= accuracy[1] < 0.6 and pass_k[1] < 0.8, (accuracy, pass_k)
