@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Runs every study (its sweep, tables and figures), one after the other, from the repository.
+# Each study writes under $ROOT_BASE/<study> (default /tmp/jaxrl_experiments) and puts its
+# figures in its own folder; `STUDIES="clip_higher length_bias" bash experiments/run_all.sh`
+# runs some of them. A study that fails is reported and the others still run.
+set -uo pipefail
+cd "$(dirname "$0")"
+ROOT_BASE=${ROOT_BASE:-/tmp/jaxrl_experiments}
+STUDIES=${STUDIES:-$(for d in */run.sh; do dirname "$d"; done)}
+failed=()
+for study in $STUDIES; do
+  echo "== $study"
+  start=$(date +%s)
+  if ROOT="$ROOT_BASE/$study" bash "$study/run.sh" > "$study/tables.md.new" 2> "$ROOT_BASE.$study.log"; then
+    mv "$study/tables.md.new" "$study/tables.md"
+    echo "   done in $(( $(date +%s) - start )) s: $study/tables.md"
+  else
+    rm -f "$study/tables.md.new"
+    failed+=("$study")
+    echo "   FAILED (log: $ROOT_BASE.$study.log)"
+  fi
+done
+[ ${#failed[@]} -eq 0 ] || { echo "failed: ${failed[*]}" >&2; exit 1; }
