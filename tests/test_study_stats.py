@@ -1,6 +1,6 @@
-"""The studies' statistics (experiments/study_stats.py, experiments/seed_table.py): bootstrap
-intervals that cover the mean they estimate, paired differences and the verdicts they support,
-and the seed table read from a real pack's TensorBoard events."""
+"""The studies' statistics (experiments/study_stats.py): bootstrap intervals that cover the mean
+they estimate, paired differences and the verdicts they support. The seed table over a real
+pack's TensorBoard events is checked in tests/test_tools.py."""
 
 import pathlib
 import sys

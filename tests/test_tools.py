@@ -270,6 +270,28 @@ def test_a_packed_sweep_trains_every_grid_point_in_one_program(tmp_path):
     assert f"[{name}] " in proc.stderr  # its own progress lines
   again, _ = _tool("sweep", *args)  # finished: nothing to train, the same table
   assert again.returncode == 0 and "nothing to train" in again.stderr
+  _check_the_seed_table_reads_the_pack(root, names)
+
+
+def _check_the_seed_table_reads_the_pack(root, names):
+  """experiments/seed_table.py over the pack's run folders: an arm per clip width with both
+  seeds, each run's own final accuracy, and the paired difference to the baseline arm."""
+  cmd = [sys.executable, str(REPO / "experiments" / "seed_table.py"), f"--root={root}"]
+  cmd += ["--group_by=objective.clip_high", "--cols=eval/accuracy@final", "--per_seed"]
+  cmd += [f"--baseline={CLIPS[0]}", "--expect=eval/accuracy@final:+"]
+  proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  tables = [[line.strip("| ").split(" | ") for line in block.splitlines()[2:]]
+            for block in proc.stdout.split("\n\n") if block.startswith("| ")]  # fmt: skip
+  arms, diffs, runs = tables
+  assert sorted(r[0] for r in arms) == sorted(CLIPS) and all(r[1] == "2" for r in arms)
+  for name in names:
+    (run,) = [r for r in runs if r[0] == name]
+    want = metrics.read_scalars(str(root / name))["eval/accuracy"][-1][1]
+    assert float(run[2]) == pytest.approx(want, abs=1e-3)
+  ((clip, diff),) = diffs
+  assert clip == CLIPS[1]
+  assert "(n=2)" in diff and any(w in diff for w in ("reproduced", "refuted", "inconclusive"))
 
 
 def test_a_packed_dry_run_plans_the_pack_or_names_the_packable_fields(tmp_path):

@@ -133,15 +133,9 @@ class CountdownTask(BuiltinTask):
       answers.append(str(row[order[0]]) + "".join(o + str(row[j]) for o, j in zip(ops, order[1:])))
     return prompts, answers
 
-  def reward_terms(
-    self,
-    prompt_tokens: jax.Array,
-    completion: jax.Array,
-    completion_mask: jax.Array,
-    answer: jax.Array,
-    answer_mask: jax.Array,
-  ) -> dict[str, jax.Array]:
-    """Pure-JAX verifier: per-sequence reward terms, each [B] float32.
+  def reward_terms(self, prompt_tokens, completion, completion_mask, answer, answer_mask):
+    """Pure-JAX verifier (the arguments of `BuiltinTask.reward_terms`): per-sequence reward
+    terms, each [B] float32.
 
     ``format``: the body (up to the first eos) is ``digit (op digit)*`` and ends with an eos.
     ``correct``: well-formed, uses each given digit at most as often as the prompt gives it, and
