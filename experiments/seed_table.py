@@ -160,7 +160,7 @@ def main(argv=None):
   if args.baseline is not None:
     _differences(arms, fields, cols, tuple(args.baseline.split(",")), expect)
   if args.per_seed:
-    rows = [[name, str(seed), *[stats._fmt(np.nan if x is None else x) for x in row]]
+    rows = [[name, str(seed), *[stats.fmt(np.nan if x is None else x) for x in row]]
             for name, seed, _, row in per_run]  # fmt: skip
     _table(["run", "seed", *cols], rows)
   if args.csv:

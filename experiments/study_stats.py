@@ -32,7 +32,7 @@ class Interval:
     return 1 if self.low > 0 else -1 if self.high < 0 else 0
 
   def __str__(self) -> str:
-    return f"{_fmt(self.mean)} [{_fmt(self.low)}, {_fmt(self.high)}]"
+    return f"{fmt(self.mean)} [{fmt(self.low)}, {fmt(self.high)}]"
 
 
 def interval(values: Sequence[float], seed: int = 0) -> Interval:
@@ -72,7 +72,8 @@ def verdict(difference: Interval, expected: int) -> str:
   return "reproduced" if side == expected else "refuted"
 
 
-def _fmt(x: float) -> str:
+def fmt(x: float) -> str:
+  """A table cell: 3 decimals, 1 at 10 or more, exponent form below 1e-3 or from 1000."""
   if not np.isfinite(x):
     return "-"
   a = abs(x)

@@ -47,7 +47,6 @@ def test_paired_differences_give_the_verdict_their_interval_supports(shift, word
   assert diff.n == 16
   got = study_stats.verdict(diff, expected=+1)
   if word is None:
-    assert got in ("inconclusive", "reproduced", "refuted")
     assert diff.low < 0.1 and diff.high > -0.1
   else:
     assert got == word

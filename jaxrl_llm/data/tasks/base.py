@@ -118,7 +118,11 @@ class BuiltinTask(Task):
 
   def is_held_out(self, index: np.ndarray) -> np.ndarray:
     """Bool [N]: whether each problem index belongs to the held-out (evaluation) part."""
-    h = _mix64(self.split_key(np.asarray(index, np.int64)), self._salt)
+    return self.key_held_out(self.split_key(np.asarray(index, np.int64)))
+
+  def key_held_out(self, key: np.ndarray) -> np.ndarray:
+    """Bool [N]: whether each split key belongs to the held-out part."""
+    h = _mix64(key, self._salt)
     return (h >> np.uint64(11)).astype(np.float64) * 2.0**-53 < self.holdout_fraction
 
   def _sample(self, rng: np.random.Generator, size: int, held_out: bool) -> np.ndarray:

@@ -12,6 +12,7 @@ those traces can be made wrong (``wrong_traces``) to warm-start a policy that st
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from typing import ClassVar
 
@@ -27,6 +28,7 @@ OPS = "+-*"
 MAX_TARGET = 99  # targets are written with two digits
 
 
+@functools.cache
 def _recipes(n: int) -> list[tuple[tuple[int, ...], tuple[str, ...]]]:
   """Every (order of 2..n of the n digit slots, operators between them)."""
   out = []
@@ -42,6 +44,14 @@ def evaluate(digits: list[int], ops: list[str]) -> int:
   for op, d in zip(ops, digits[1:]):
     value = value + d if op == "+" else value - d if op == "-" else value * d
   return value
+
+
+def _key(digits: np.ndarray, targets: np.ndarray) -> np.ndarray:
+  """Split keys [N]: the sorted digits [N, n] and the target [N] as one integer."""
+  key = np.zeros(len(targets), np.int64)
+  for column in np.sort(digits, -1).T:
+    key = key * 10 + column
+  return key * 100 + targets
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,17 +123,14 @@ class CountdownTask(BuiltinTask):
   def split_key(self, index: np.ndarray) -> np.ndarray:
     """The sorted digits and the target, so reordered copies land on the same side."""
     digits, _, targets = self._problems(index)
-    key = np.zeros(len(targets), np.int64)
-    for column in np.sort(digits, -1).T:
-      key = key * 10 + column
-    return key * 100 + targets
+    return _key(digits, targets)
 
   def render(self, index: np.ndarray) -> tuple[list[str], list[str]]:
     """``"538>23"`` prompts and recipe traces (some made wrong on the training side)."""
     index = np.asarray(index, np.int64)
     digits, recipes, targets = self._problems(index)
     wrong = (_mix64(index, 0x7A11) >> np.uint64(11)).astype(np.float64) * 2.0**-53
-    wrong = (wrong < self.wrong_traces) & ~self.is_held_out(index)
+    wrong = (wrong < self.wrong_traces) & ~self.key_held_out(_key(digits, targets))
     prompts, answers = [], []
     for row, (order, ops), t, w in zip(digits.tolist(), recipes, targets.tolist(), wrong):
       ops = list(ops)
