@@ -38,7 +38,7 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from jaxrl_llm import sharding
-from jaxrl_llm.kernels import grouped
+from jaxrl_llm.kernels import grouped, verify
 from jaxrl_llm.models.config import IMPLS, ModelConfig, MoEConfig, index_dtype  # noqa: F401
 
 
@@ -223,7 +223,8 @@ def resolve_impl(impl: str, device=None, dtype=jnp.bfloat16, dims: tuple[int, ..
   """The expert implementation for `impl` on `device` (a jax Device or a platform name; None:
   the default backend's first device). `auto`: `ragged` on TPU (`jax.lax.ragged_dot` lowers
   to a grouped kernel there), `kernel` on Hopper GPUs when the Mosaic GPU kernels accept
-  `dtype` and the widths `dims`, else `portable` (XLA expands ragged_dot to a dense E x rows
+  `dtype` and the widths `dims` and their checks pass on this device (`verify.choose`, once
+  per process), else `portable` (XLA expands ragged_dot to a dense E x rows
   product on CPU and other GPUs). An explicit `kernel` where it cannot run is an error naming
   why, except under the Pallas GPU interpreter (tests)."""
   if device is None:
@@ -242,7 +243,7 @@ def resolve_impl(impl: str, device=None, dtype=jnp.bfloat16, dims: tuple[int, ..
     return impl
   if platform == "tpu":
     return "ragged"
-  return "kernel" if why is None else "portable"
+  return verify.choose("moe_kernel", "kernel", "portable") if why is None else "portable"
 
 
 def _router(cfg: ModelConfig, num_experts: int) -> nn.Dense:

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Everything issue "every fast path verified on the card" measures, in one call on a GPU machine,
+# most important first, each step under its own time limit and within an overall deadline:
+#
+#   BUDGET_S=540 bash tools/gpu_card.sh [STEP ...]
+#
+# Steps (default: all, in this order): checks (tools/device_check.py), grouped
+# (tools/bench_grouped.py at E=64, M=16,384, K=1024, N=384), qwen05 (tools/bench.py at
+# qwen2.5-0.5b against TRL, with a profile of one warm step), moe (moe-e64 and its dense twin),
+# decode (qwen2.5-0.5b's sampler with the whole-cache decode, kv_block=0, for before/after),
+# qwen15 (qwen2.5-1.5b, ours), qwen15_trl (qwen2.5-1.5b against TRL). Wheels in $WHEELS
+# (default .whl/) not installed on the machine go to $SITE first. Results go to $OUT (or
+# /tmp/gpu_card): one file per step; a step that fails or runs out of time leaves its log.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu_card}
+BUDGET_S=${BUDGET_S:-540}
+WHEELS=${WHEELS:-.whl}
+SITE=${SITE:-/tmp/jaxrl_llm_site}
+mkdir -p "$OUT"
+START=$(date +%s)
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+if [ -d "$WHEELS" ] && ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$SITE" "$WHEELS"/*.whl >&2 || echo "wheel install failed" >&2
+fi
+export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}"
+
+# step NAME LIMIT_S CMD...: runs CMD with stdout to $OUT/NAME.out, stderr to $OUT/NAME.log,
+# under min(LIMIT_S, what is left of BUDGET_S); prints one line of how it ended.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  local left=$((BUDGET_S - ($(date +%s) - START)))
+  if [ "$left" -lt 20 ]; then
+    echo "== $name: skipped, ${left}s left"
+    return
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  local t0
+  t0=$(date +%s)
+  timeout --kill-after=5 "$limit" "$@" >"$OUT/$name.out" 2>"$OUT/$name.log"
+  local rc=$?
+  echo "== $name: rc=$rc in $(($(date +%s) - t0))s (limit ${limit}s)"
+  tail -c 1500 "$OUT/$name.out"
+  [ "$rc" -ne 0 ] && tail -n 8 "$OUT/$name.log"
+}
+
+want() { [ ${#STEPS[@]} -eq 0 ] || [[ " ${STEPS[*]} " == *" $1 "* ]]; }
+STEPS=("$@")
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader || true
+python3 -c "import jax, jaxlib; print('jax', jax.__version__, jax.devices())"
+want checks && step checks 150 python3 tools/device_check.py --json="$OUT/checks.json"
+want grouped && step grouped 90 python3 tools/bench_grouped.py --rows=16384 --k=1024 --n=384 \
+  --experts=64 --iters=20
+want qwen05 && step qwen05 270 python3 tools/bench.py --shape=qwen2.5-0.5b --steps=3 \
+  --peer=trl --peer_timeout_s=170 --profile_dir=/tmp/profile_qwen05
+want qwen05 && step qwen05_profile 40 python3 tools/trace_summary.py /tmp/profile_qwen05 --top=12
+want moe && step moe 110 python3 tools/bench.py --shape=moe-e64 --steps=2
+want moe && step dense_twin 80 python3 tools/bench.py --shape=dense-e64-twin --steps=2
+want decode && step decode 100 python3 tools/bench.py --shape=qwen2.5-0.5b --steps=2 \
+  --set=sampling.kv_block=0
+want qwen15 && step qwen15 200 python3 tools/bench.py --shape=qwen2.5-1.5b --steps=2
+want qwen15_trl && step qwen15_trl 300 python3 tools/bench.py --shape=qwen2.5-1.5b --steps=2 \
+  --peer=trl --peer_timeout_s=240
+echo "== done in $(($(date +%s) - START))s"
