@@ -2,9 +2,12 @@
 
 `sample` is a pure function of (params, prompts, rng), callable inside the fused RL step.
 Each prompt is prefilled once and its cache is shared by its G completions. The loop exits
-early once every sequence has emitted EOS. While drawing tokens it records, per token, the
-log-prob of the *sampling distribution* (spec §0): log-softmax of logits / temperature over
-the full vocabulary; top-k / top-p only restrict which token is drawn.
+early once every sequence has emitted EOS. The decode runs in static stages of
+`SamplingConfig.kv_block` steps, one `while_loop` each, whose attention reads only the first
+S + (k+1)·kv_block cache slots (all its steps can have filled), not the whole S+T cache. While
+drawing tokens it records, per token, the log-prob of the *sampling distribution* (spec §0):
+log-softmax of logits / temperature over the full vocabulary; top-k / top-p only restrict which
+token is drawn.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ class SamplingConfig:
   greedy: bool = False  # argmax decoding (evaluation); log-probs still use τ_s
   eos_id: int = 2  # end-of-sequence token id
   pad_id: int = 0  # id written after EOS
+  kv_block: int = 128  # decode stage length: attention reads S + (k+1)·kv_block slots (0 = S+T)
 
 
 PER_RUN_FIELDS = ("temperature", "top_p", "top_k")  # what a pack may vary per run
@@ -145,10 +149,12 @@ def sample(
   state, key_valid, next_pos, prompt_rows = _prefill(
     model, params, prompt_tokens, prompt_mask, rng, cfg
   )
-  cond = functools.partial(_decoding, t_max)
-  body = functools.partial(_decode_step, model, params, cfg, key_valid, next_pos, prompt_len)
-  with jax.named_scope(DECODE_SCOPE):  # names the loop in the compiled program (HLO tests)
-    state = jax.lax.while_loop(cond, body, state)
+  with jax.named_scope(DECODE_SCOPE):  # names the loops in the compiled program (HLO tests)
+    for end in decode_stages(t_max, cfg.kv_block):  # static: the attention's key count
+      cond = functools.partial(_decoding, end)
+      visible = key_valid[:, : prompt_len + end]  # its width is the slots the attention reads
+      body = functools.partial(_decode_step, model, params, cfg, visible, next_pos, prompt_len)
+      state = jax.lax.while_loop(cond, body, state)
   loss_mask = (jnp.arange(t_max)[None, :] < state.lengths[:, None]).astype(jnp.float32)
   return Rollout(
     prompt_tokens=prompt_rows[0],
@@ -161,6 +167,14 @@ def sample(
     decode_steps=state.step,
     routing=state.routing,
   )
+
+
+def decode_stages(t_max: int, kv_block: int) -> tuple[int, ...]:
+  """The decode stages' ends in steps: kv_block, 2·kv_block, ..., T (one stage, (T,), when
+  kv_block is 0 or >= T). Steps [end_{k-1}, end_k) attend over S + end_k cache slots."""
+  if kv_block <= 0 or kv_block >= t_max:
+    return (t_max,)
+  return (*range(kv_block, t_max, kv_block), t_max)
 
 
 def _prefill(model, params, prompt_tokens, prompt_mask, rng, cfg: SamplingConfig):
@@ -201,16 +215,16 @@ def _prefill(model, params, prompt_tokens, prompt_mask, rng, cfg: SamplingConfig
   return state, key_valid, next_pos, prompt_rows
 
 
-def _decoding(t_max: int, s: _LoopState) -> jax.Array:
-  """The decode loop's condition: steps left and a row still running."""
-  return (s.step < t_max) & ~jnp.all(s.done)
+def _decoding(end: int, s: _LoopState) -> jax.Array:
+  """A decode stage's condition: steps left in the stage (before `end`) and a row running."""
+  return (s.step < end) & ~jnp.all(s.done)
 
 
 def _decode_step(
   model: Transformer,
   params: Any,
   cfg: SamplingConfig,
-  key_valid: jax.Array,  # [B, S+T] bool
+  key_valid: jax.Array,  # [B, S+end] bool: the stage's visible slots (the attention's keys)
   next_pos: jax.Array,  # [B] position of each row's first completion token
   prompt_len: int,
   s: _LoopState,

@@ -3,7 +3,10 @@
 import importlib.util
 import json
 import sys
+import types
 
+import jax
+import numpy as np
 import pytest
 from conftest import REPO
 
@@ -56,11 +59,42 @@ def test_bench_reports_all_measurements_at_the_tiny_shape():
   assert result["learner_flops_per_step"] == pytest.approx(flops)
   assert result["learner_tflops_per_s"] == pytest.approx(flops / result["learner_s"] / 1e12)
 
+  # The honest floor: the KV slots filled by step i (S + i + 1), averaged over the 16 steps,
+  # and what the staged attention reads (kv_block 128 >= T: one stage over all S+T slots).
+  slot = 128 * 4 * 2 * 2 * 32 * 4
+  assert result["config"]["kv_block"] == 128
+  assert result["kv_filled_bytes_per_decode_step"] == slot * (13 + 17 / 2)
+  assert result["kv_read_bytes_per_decode_step"] == result["kv_cache_bytes_per_decode_step"]
+  assert result["kv_filled_bytes_per_decode_step"] < result["kv_cache_bytes_per_decode_step"]
+  filled = result["decode_filled_bytes_per_step"]
+  assert filled == 4 * n + result["kv_filled_bytes_per_decode_step"]
+  assert filled < result["decode_bytes_per_step"]
+
   # A CPU has no spec-sheet limits: the percentages are null.
   assert result["decode_hbm_roofline_pct"] is None and result["learner_mfu_pct"] is None
+  assert "decode_filled_floor_pct" in result and result["decode_filled_floor_pct"] is None
   mem = result["compiled_step_memory"]
   assert mem["argument_bytes"] > 0 and mem["temp_bytes"] > 0
   assert "peer" not in result
+
+
+def test_decode_bytes_count_the_whole_cache_the_filled_slots_and_the_staged_reads():
+  """S = 3, T = 5, 4 steps taken, stages of 2 steps (ends 2, 4, 5): step i fills S + i + 1
+  slots (4, 5, 6, 7: mean 5.5) and reads S + its stage's end (5, 5, 7, 7: mean 6), of S+T = 8."""
+  mc = types.SimpleNamespace(compute_dtype="float32", num_layers=2, num_kv_heads=1, head_dim=4)
+  params = {"w": jax.ShapeDtypeStruct((10, 3), np.float32)}
+  got = bench.decode_bytes(params, mc, 2, 3, 5, steps=4, kv_block=2)
+  slot = 2 * 2 * 2 * 1 * 4 * 4  # B rows, L layers, K and V, J heads, Dh, float32
+  assert got == {
+    "sampler_weight_bytes": 120,
+    "kv_cache_bytes_per_decode_step": slot * 8,
+    "kv_filled_bytes_per_decode_step": slot * 5.5,
+    "kv_read_bytes_per_decode_step": slot * 6,
+  }
+  whole = bench.decode_bytes(params, mc, 2, 3, 5, steps=4, kv_block=0)
+  assert whole["kv_read_bytes_per_decode_step"] == whole["kv_cache_bytes_per_decode_step"]
+  full = bench.decode_bytes(params, mc, 2, 3, 5)  # steps 0: all T = 5 (mean fill S + 3)
+  assert full["kv_filled_bytes_per_decode_step"] == slot * 6
 
 
 def test_device_limits_come_from_the_table_or_the_flags():

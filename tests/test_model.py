@@ -8,7 +8,15 @@ import pytest
 
 from jaxrl_llm.models import ModelConfig, Transformer, init_cache
 from jaxrl_llm.models.transformer import positions_from_mask
-from jaxrl_llm.sampling import SamplingConfig, _restrict, draw, first_argmax, sample, score
+from jaxrl_llm.sampling import (
+  SamplingConfig,
+  _restrict,
+  decode_stages,
+  draw,
+  first_argmax,
+  sample,
+  score,
+)
 
 VARIANTS = {
   "llama": dict(),
@@ -169,3 +177,29 @@ def test_draw_is_categorical_token_for_token_and_first_argmax_keeps_ties():
   ties = jnp.array([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, 2.0], [-jnp.inf, -1.0, -jnp.inf, -1.0]])
   np.testing.assert_array_equal(first_argmax(ties), jnp.argmax(ties, -1))
   np.testing.assert_array_equal(first_argmax(logits), jnp.argmax(logits, -1))
+
+
+def _staged_rollouts(model, params, prompt, mask, t_max, blocks, **kw):
+  """One jitted rollout per kv_block in `blocks` from the same key: {kv_block: Rollout}."""
+  out = {}
+  for c in blocks:
+    scfg = SamplingConfig(max_new_tokens=t_max, group_size=2, eos_id=-1, kv_block=c, **kw)
+    fn = jax.jit(lambda p, k, scfg=scfg: sample(model, p, prompt, mask, k, scfg))
+    out[c] = fn(params, jax.random.PRNGKey(7))
+  return out
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_decode_stages_read_filled_slots_and_sample_the_same(scan_layers):
+  """kv_block 0 (the whole cache), 3 (stages of 3 steps over T = 8: 3, 6, 8, the last one
+  short) and 16 (one stage) give the same tokens and log-probs: the slots a stage leaves out are
+  masked ones, which weigh exactly 0 (a shorter softmax sum may round its last bit apart)."""
+  assert decode_stages(8, 0) == decode_stages(8, 16) == (8,)
+  assert decode_stages(8, 3) == (3, 6, 8) and decode_stages(8, 4) == (4, 8)
+  _cfg, model, params, prompt, mask = _setup(scan_layers=scan_layers, num_layers=2)
+  runs = _staged_rollouts(model, params, prompt, mask, 8, (0, 3, 16), temperature=0.9)
+  np.testing.assert_array_equal(runs[16].logprobs, runs[0].logprobs)  # the same program
+  for c in (3, 16):
+    np.testing.assert_array_equal(runs[c].tokens, runs[0].tokens)
+    np.testing.assert_allclose(runs[c].logprobs, runs[0].logprobs, rtol=1e-6, atol=1e-6)
+    assert int(runs[c].decode_steps) == 8

@@ -90,6 +90,21 @@ def test_slots_the_decode_loop_never_reaches_hold_the_routing_sentinel():
   assert not np.any(np.asarray(replayed.moe.own_differs))
 
 
+def test_decode_stages_record_the_same_routing():
+  """Decode stages (kv_block 3 over T = 8, and one stage of 16) sample the same tokens, log-probs
+  and routing as the whole-cache decode (kv_block 0)."""
+  model, params, prompt, mask = _moe_model()
+  runs = {}
+  for c in (0, 3, 16):
+    cfg = SamplingConfig(max_new_tokens=8, group_size=2, eos_id=-1, kv_block=c)
+    fn = jax.jit(lambda p, k, cfg=cfg: sample(model, p, prompt, mask, k, cfg))
+    runs[c] = fn(params, jax.random.PRNGKey(5))
+  for c in (3, 16):
+    np.testing.assert_array_equal(runs[c].tokens, runs[0].tokens)
+    np.testing.assert_array_equal(runs[c].routing, runs[0].routing)
+    np.testing.assert_allclose(runs[c].logprobs, runs[0].logprobs, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("top_k", [1, 2])
 def test_r3_replay_reproduces_sampler_logprobs_after_router_change(top_k):
   model, params, prompt, mask = _moe_model(top_k=top_k)

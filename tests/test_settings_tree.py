@@ -18,7 +18,11 @@ from jaxrl_llm.config.fields import field_docs
 
 FROZEN = json.loads((REPO / "tests" / "fixtures" / "default_config_before.json").read_text())
 # Fields added after the freeze, with their defaults (every other field must be as it was).
-ADDED = {"mesh": {"runs": 1}, "task": {"numbers": 3, "wrong_traces": 0.0}}
+ADDED = {
+  "mesh": {"runs": 1},
+  "task": {"numbers": 3, "wrong_traces": 0.0},
+  "sampling": {"kv_block": 128},
+}
 
 
 def _then_and_since(frozen: dict) -> dict:

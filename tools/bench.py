@@ -2,6 +2,7 @@
 
   python tools/bench.py --config=configs/default.py [--config.rl.num_prompts=64] [--steps=5]
   python tools/bench.py --shape=medium [--peer=trl] [--set=sampling.param_dtype=bfloat16]
+  python tools/bench.py --shape=qwen2.5-0.5b --profile_dir=DIR   # + a traced warm step
 
 Prints one JSON object. Timings are medians over `--steps` warm steps (after compilation and one
 warm-up step). The sampler is timed alone with the fused step's own sample phase (the sampler's
@@ -9,8 +10,11 @@ copy of the weights, `sampling.param_dtype`); the learner's time is the rest of 
 (reward, advantages, forward/backward, optimiser). Per phase:
 
   sampler   decode_ms_per_step = sampler time / decode steps taken (the prefill is included),
-            decode_hbm_roofline_pct = (sampler weight bytes + KV-cache bytes read per decode step)
-            / decode step time / the device's HBM bandwidth
+            decode_hbm_roofline_pct = (sampler weight bytes + the whole static KV cache's
+            bytes, S+T slots) / decode step time / the device's HBM bandwidth;
+            decode_filled_floor_pct, the honest floor: the same with only the KV slots filled
+            (S + i + 1 at step i, averaged over the steps taken: kv_filled_bytes_per_decode_step);
+            kv_read_bytes_per_decode_step is what the staged attention reads (`sampling.kv_block`)
   learner   learner_tflops_per_s and learner_mfu_pct from learner_flops_per_step =
             6·N_body·B·(S+T) + 6·V·D·B·T + 12·L·H·Dh·(S+T)·B·(S+T) (see `learner_flops`)
   step      rl_step_s, peak device memory, and the compiled step's argument / output / temp bytes
@@ -47,7 +51,7 @@ for _path in (_REPO, _TOOLS):  # run from a checkout without installing it
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jaxrl_llm import quant  # noqa: E402
+from jaxrl_llm import quant, sampling  # noqa: E402
 from jaxrl_llm.config import ConfigError, parse  # noqa: E402
 from jaxrl_llm.data import pipeline  # noqa: E402
 from jaxrl_llm.rl import make_rl_step  # noqa: E402
@@ -119,7 +123,7 @@ def _shapes() -> dict[str, dict[str, object]]:
   return shapes
 
 
-SHAPE_NAMES = ("tiny", "medium", "qwen2.5-0.5b", "qwen2.5-1.5b")
+SHAPE_NAMES = ("tiny", "medium", "qwen2.5-0.5b", "qwen2.5-1.5b", "moe-e64", "dense-e64-twin")
 
 
 def shape_config(name: str, overrides: list[str] = ()):
@@ -220,14 +224,27 @@ def learner_flops(mc, body_params: int, b: int, s: int, t: int) -> float:
   return body + head + attention
 
 
-def decode_bytes(sampler_params, sampler_mc, b: int, s: int, t: int) -> dict[str, int]:
-  """Bytes one decode step reads: the sampler's weights (as `quant.sampler_params` makes them;
-  int8 is fake-quantised, so its copy keeps the parameter dtype) and the KV cache, which the
-  attention reads whole (all S+T slots of B rows, K and V, every layer) at every step."""
+def decode_bytes(
+  sampler_params, sampler_mc, b: int, s: int, t: int, steps: int = 0, kv_block: int = 0
+) -> dict[str, int]:
+  """Bytes a decode step reads: the sampler's weights (as `quant.sampler_params` makes them;
+  int8 is fake-quantised, so its copy keeps the parameter dtype) and K and V of B rows, every
+  layer, over: the whole static cache (S+T slots, `kv_cache_bytes_per_decode_step`); the slots
+  filled (S + i + 1 at step i, `kv_filled_bytes_per_decode_step`) and the slots the staged
+  attention reads (S + the end of step i's stage of `kv_block` steps,
+  `kv_read_bytes_per_decode_step`), both averaged over the `steps` decode steps taken (0: T)."""
   weights = int(sum(x.size * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(sampler_params)))
   itemsize = np.dtype(sampler_mc.compute_dtype).itemsize
-  kv = b * sampler_mc.num_layers * 2 * sampler_mc.num_kv_heads * sampler_mc.head_dim * (s + t)
-  return {"sampler_weight_bytes": weights, "kv_cache_bytes_per_decode_step": int(kv * itemsize)}
+  slot = b * sampler_mc.num_layers * 2 * sampler_mc.num_kv_heads * sampler_mc.head_dim * itemsize
+  n = steps or t
+  ends = sampling.decode_stages(t, kv_block)
+  read = [s + next(e for e in ends if i < e) for i in range(n)]  # slots step i attends
+  return {
+    "sampler_weight_bytes": weights,
+    "kv_cache_bytes_per_decode_step": int(slot * (s + t)),
+    "kv_filled_bytes_per_decode_step": round(slot * (s + (n + 1) / 2)),
+    "kv_read_bytes_per_decode_step": round(slot * sum(read) / n),
+  }
 
 
 def _memory_analysis(compiled) -> dict[str, int] | None:
@@ -276,6 +293,7 @@ def bench(
   full_length: bool = True,
   hbm_bytes_per_s: float | None = None,
   peak_flops: float | None = None,
+  profile_dir: str | None = None,
 ) -> dict[str, object]:
   """Runs `steps` warm fused RL steps and a sampler-only pass; returns the measurements."""
   config = parse(config)
@@ -311,6 +329,10 @@ def bench(
     step_times.append(time.perf_counter() - t0)
     gen_tokens.append(float(m["perf/generated_tokens"]))
   learner_tokens = float(m["perf/learner_tokens"])
+  if profile_dir:  # one more warm step under the profiler (tools/trace_summary.py reads it)
+    with jax.profiler.trace(profile_dir, create_perfetto_trace=True):
+      state, m = compiled(state, batches[1], jax.random.fold_in(state.rng, 10_000))
+      jax.block_until_ready(m)
 
   # The fused step's own sample phase: the sampler's weight copy (sampling.param_dtype).
   sample_fn = program.sample
@@ -331,15 +353,16 @@ def bench(
   s, t = exp.task.prompt_len, samp.max_new_tokens
   steps_taken = int(statistics.median(decode_steps))
   decode_ms = 1e3 * sample_s / max(steps_taken, 1)
-  read = decode_bytes(sampler_params, ctx.sampler_model.cfg, b, s, t)
-  read["decode_bytes_per_step"] = (
-    read["sampler_weight_bytes"] + read["kv_cache_bytes_per_decode_step"]
-  )
+  read = decode_bytes(sampler_params, ctx.sampler_model.cfg, b, s, t, steps_taken, samp.kv_block)
+  weights = read["sampler_weight_bytes"]
+  read["decode_bytes_per_step"] = weights + read["kv_cache_bytes_per_decode_step"]
+  read["decode_filled_bytes_per_step"] = weights + read["kv_filled_bytes_per_decode_step"]
   flops = learner_flops(mc, counts["body"], b, s, t) * config.rl.num_epochs
   machine = _machine()
   limits = device_limits(machine["platform"], machine["device_kind"], hbm_bytes_per_s, peak_flops)
   hbm, peak = limits["hbm_bytes_per_s"], limits["peak_flops"]
-  achieved_bw = read["decode_bytes_per_step"] / (decode_ms / 1e3) if steps_taken else None
+  per_s = lambda n: n / (decode_ms / 1e3) if steps_taken else None  # noqa: E731
+  achieved_bw = per_s(read["decode_bytes_per_step"])
   return {
     "config": {
       "task": config.task.name,
@@ -355,6 +378,7 @@ def bench(
       "sampler_param_dtype": ctx.sampler_dtype,
       "sampler_compute_dtype": ctx.sampler_model.cfg.dtype,
       "full_length": full_length,
+      "kv_block": samp.kv_block,
     },
     "rl_step_s": step_s,
     "step_times_s": step_times,
@@ -370,6 +394,7 @@ def bench(
     **read,
     "decode_bytes_per_s": achieved_bw,
     "decode_hbm_roofline_pct": _pct(achieved_bw, hbm),
+    "decode_filled_floor_pct": _pct(per_s(read["decode_filled_bytes_per_step"]), hbm),
     "params": counts,
     "learner_tokens_per_step": learner_tokens,
     "learner_flops_per_step": flops,
@@ -557,6 +582,7 @@ def main(argv: list[str]) -> int:
   parser.add_argument("--peer_timeout_s", type=float, help="give up on the peer after this long")
   parser.add_argument("--hbm_bytes_per_s", type=float, help="device HBM bandwidth (default: table)")
   parser.add_argument("--peak_flops", type=float, help="device peak FLOP/s (default: table)")
+  parser.add_argument("--profile_dir", help="trace one more warm fused step into this directory")
   args, rest = parser.parse_known_args(argv)
   unknown = [a for a in rest if not a.startswith(("--config.", "--noconfig."))]
   if unknown:
@@ -584,6 +610,7 @@ def main(argv: list[str]) -> int:
     full_length=args.full_length,
     hbm_bytes_per_s=args.hbm_bytes_per_s,
     peak_flops=args.peak_flops,
+    profile_dir=args.profile_dir,
   )
   print(json.dumps(result, indent=2), flush=True)
   return 0

@@ -6,9 +6,9 @@
 #
 # Steps (default: all, in this order): checks (tools/device_check.py), grouped
 # (tools/bench_grouped.py at E=64, M=16,384, K=1024, N=384), qwen05 (tools/bench.py at
-# qwen2.5-0.5b against TRL, with a profile of one warm step), moe (moe-e64 and its dense twin),
-# decode (qwen2.5-0.5b's sampler with the whole-cache decode, kv_block=0, for before/after),
-# qwen15 (qwen2.5-1.5b, ours), qwen15_trl (qwen2.5-1.5b against TRL). Wheels in $WHEELS
+# qwen2.5-0.5b against TRL, with a profile of one warm step), qwen15 (qwen2.5-1.5b, ours),
+# decode (qwen2.5-0.5b with the whole-cache decode, kv_block=0: the before of the staged
+# decode), moe (moe-e64 and its dense twin), qwen15_trl (qwen2.5-1.5b against TRL). Wheels in $WHEELS
 # (default .whl/) not installed on the machine go to $SITE first. Results go to $OUT (or
 # /tmp/gpu_card): one file per step; a step that fails or runs out of time leaves its log.
 set -uo pipefail
@@ -19,7 +19,8 @@ WHEELS=${WHEELS:-.whl}
 SITE=${SITE:-/tmp/jaxrl_llm_site}
 mkdir -p "$OUT"
 START=$(date +%s)
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+# No preallocation: the TRL peer shares the card with our process, and the peaks are real use.
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false XLA_PYTHON_CLIENT_PREALLOCATE=false
 if [ -d "$WHEELS" ] && ls "$WHEELS"/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "$SITE" "$WHEELS"/*.whl >&2 || echo "wheel install failed" >&2
@@ -56,11 +57,11 @@ want grouped && step grouped 90 python3 tools/bench_grouped.py --rows=16384 --k=
 want qwen05 && step qwen05 270 python3 tools/bench.py --shape=qwen2.5-0.5b --steps=3 \
   --peer=trl --peer_timeout_s=170 --profile_dir=/tmp/profile_qwen05
 want qwen05 && step qwen05_profile 40 python3 tools/trace_summary.py /tmp/profile_qwen05 --top=12
-want moe && step moe 110 python3 tools/bench.py --shape=moe-e64 --steps=2
-want moe && step dense_twin 80 python3 tools/bench.py --shape=dense-e64-twin --steps=2
+want qwen15 && step qwen15 200 python3 tools/bench.py --shape=qwen2.5-1.5b --steps=2
 want decode && step decode 100 python3 tools/bench.py --shape=qwen2.5-0.5b --steps=2 \
   --set=sampling.kv_block=0
-want qwen15 && step qwen15 200 python3 tools/bench.py --shape=qwen2.5-1.5b --steps=2
+want moe && step moe 110 python3 tools/bench.py --shape=moe-e64 --steps=2
+want moe && step dense_twin 80 python3 tools/bench.py --shape=dense-e64-twin --steps=2
 want qwen15_trl && step qwen15_trl 300 python3 tools/bench.py --shape=qwen2.5-1.5b --steps=2 \
   --peer=trl --peer_timeout_s=240
 echo "== done in $(($(date +%s) - START))s"

@@ -144,9 +144,10 @@ class SamplingSettings(Section):
   top_k: int = 0  # draw among the k most likely tokens (0 = off)
   top_p: float = 1.0  # nucleus sampling mass in (0, 1] (1 = off)
   param_dtype: str = "auto"  # sampler weights: auto (GPU/TPU bf16, CPU fp32)|float32|bf16|int8
+  kv_block: int = 128  # decode stages of this many steps read only filled KV slots (0 = all S+T)
 
   def errors(self) -> list[str]:
-    """G >= 2, τ_s > 0, top-p in (0, 1], top-k and T >= 0, a known sampler dtype."""
+    """G >= 2, τ_s > 0, top-p in (0, 1], top-k, T and kv_block >= 0, a known sampler dtype."""
     out = need(
       self.group_size >= 2,
       f"sampling.group_size={self.group_size} must be >= 2 (group advantages need a group)",
@@ -154,7 +155,7 @@ class SamplingSettings(Section):
     out += need(self.temperature > 0, f"sampling.temperature={self.temperature} must be > 0")
     out += need(0 < self.top_p <= 1, f"sampling.top_p={self.top_p} must be in (0, 1]")
     out += at_least("sampling", self, 0, "top_k", note=" (0 = off)")
-    out += at_least("sampling", self, 0, "max_new_tokens")
+    out += at_least("sampling", self, 0, "max_new_tokens", "kv_block")
     return out + allowed("sampling.param_dtype", self.param_dtype, SAMPLER_DTYPES)
 
   def sampler(self, task, *, greedy: bool = False, group_size: int | None = None):
@@ -168,6 +169,7 @@ class SamplingSettings(Section):
       greedy=greedy,
       eos_id=task.tokenizer.eos_id,
       pad_id=task.tokenizer.pad_id,
+      kv_block=self.kv_block,
     )
 
 

@@ -147,7 +147,8 @@ def cudnn_refusal(dtype, head_dim: int) -> str | None:
 def select(implementation: str, dtype, head_dim: int, start) -> str:
   """The implementation one pass runs: einsum | xla | cudnn.
 
-  auto: cuDNN for passes from slot 0 where `cudnn_refusal` finds nothing, else einsum.
+  auto: cuDNN for passes from slot 0 where `cudnn_refusal` finds nothing and its check
+  (`verify.choose`, once per process) passes on this device, else einsum.
   cudnn: the same passes, and a ValueError where cuDNN cannot run at all. Passes from a later
   slot (decode steps at a traced `cache_index`, a learner pass from a prefix cache) keep einsum
   under both: cuDNN has no causal offset, and a decode step (one query per row) is a
@@ -162,6 +163,10 @@ def select(implementation: str, dtype, head_dim: int, start) -> str:
   refusal = cudnn_refusal(dtype, head_dim)
   if implementation == "cudnn" and refusal:
     raise ValueError(f"attention='cudnn' (model.attention) cannot run: {refusal}")
+  if refusal is None and _starts_at_zero(start) and implementation == "auto":
+    from jaxrl_llm.kernels import verify  # verify imports this module
+
+    return verify.choose("cudnn_attention", "cudnn", "einsum")
   return "cudnn" if refusal is None and _starts_at_zero(start) else "einsum"
 
 

@@ -7,10 +7,11 @@ axis names (`vocab`, `embed`, `heads`, `kv_heads`, `head_dim`, `mlp`) that
 
 One call signature serves the learner (full sequences, no cache), the sampler's
 prefill (a prompt written into an empty cache) and its decode steps (one token per
-sequence written at `cache_index`). Prompts are left-padded: each row of `key_valid` is a run of
-padding (False) then valid keys. `Transformer.attention` picks how attention is computed
-(`jaxrl_llm.kernels.attention`: einsum reference, XLA or cuDNN); it adds no parameters, so any
-choice runs any checkpoint.
+sequence written at `cache_index`; the attention reads only the first N cache slots, N the
+static width of `key_valid`, which may be under the cache's length). Prompts are left-padded:
+each row of `key_valid` is a run of padding (False) then valid keys. `Transformer.attention`
+picks how attention is computed (`jaxrl_llm.kernels.attention`: einsum reference, XLA or
+cuDNN); it adds no parameters, so any choice runs any checkpoint.
 
 The blocks run unrolled (`layer_{i}` submodules, a tuple of per-layer caches) or, with
 `ModelConfig.scan_layers`, under `nn.scan` (`LayerGroup`; parameters stacked on a leading
@@ -224,7 +225,9 @@ class Attention(nn.Module):
 
   @nn.compact
   def __call__(self, x, positions, key_valid, k_cache, v_cache, cache_index):
-    """x: [B, Q, D]; key_valid: [B, N] bool; caches: [B, J, N, Dh] or None."""
+    """x: [B, Q, D]; key_valid: [B, N] bool; caches: [B, J, >= N, Dh] or None. Attention reads
+    the first N cache slots (N, key_valid's static width, may be under the cache's length);
+    the whole updated cache is returned."""
     cfg = self.cfg
     h, j, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     b = cfg.attention_bias
@@ -247,12 +250,14 @@ class Attention(nn.Module):
     k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)  # [B, J, Q, Dh]: the cache layout
     if k_cache is None:  # full-sequence forward: keys are this call's own tokens
       keys, values, start = k, v, 0
-    else:  # write this call's keys at cache_index, attend over the whole cache
+    else:  # write this call's keys at cache_index, attend over the first N = key_valid slots
       write = lambda c, new: jax.lax.dynamic_update_slice_in_dim(  # noqa: E731
         c, new.astype(c.dtype), cache_index, CACHE_SEQ_AXIS
       )
       keys, values, start = write(k_cache, k), write(v_cache, v), cache_index
-    out = attention.attend(q, keys, values, key_valid, start, self.implementation)  # [B, Q, H, Dh]
+    n = key_valid.shape[1]  # static: the slots attended (a no-op slice at the cache's length)
+    seen = lambda c: jax.lax.slice_in_dim(c, 0, n, axis=CACHE_SEQ_AXIS)  # noqa: E731
+    out = attention.attend(q, seen(keys), seen(values), key_valid, start, self.implementation)
     o = _dense(
       cfg, cfg.d_model, (cfg.d_model,), ("heads", "head_dim", "embed"), in_axes=(-2, -1), name="o"
     )
@@ -363,7 +368,7 @@ class Transformer(nn.Module):
     tokens: jax.Array,  # [B, Q] int32
     positions: jax.Array,  # [B, Q] int32 RoPE positions
     key_valid: jax.Array,  # [B, N] bool, left-padded: keys that may be attended (N = Q w/o cache)
-    cache: KVCache | None = None,
+    cache: KVCache | None = None,  # N slots or more: attention reads only the first N
     cache_index: jax.Array | int = 0,  # cache slot of tokens[:, 0]
     routing: jax.Array | None = None,  # [B, Q, Lm, K] experts to replay (spec §9)
     probe_experts: jax.Array | None = None,  # [B, Q, Lm, K] experts whose log-probs to report
