@@ -229,3 +229,31 @@ def test_fused_swiglu_memory_is_tokens_times_width():
   assert fused < weight_grads + 4 * tokens, fused
   ragged = temp_mib("ragged")
   assert ragged > 10 * fused, (ragged, fused)
+
+
+def test_rows_the_backward_kernel_leaves_unwritten_never_reach_the_gradient():
+  """The Hopper input-gradient kernel writes only the rows inside the groups (on an H200 the
+  rest came back non-finite). `kernel_matmul`'s backward zeroes them: here an input-gradient
+  op that fills those rows with NaN, as unwritten memory may hold, gives the reference's dx."""
+
+  def unwritten_rows(dy, w, group_sizes):
+    dx = grouped._reference_input_grad(dy, w, group_sizes)
+    inside = jnp.arange(dx.shape[0]) < jnp.sum(group_sizes)
+    return jnp.where(inside[:, None], dx, jnp.nan)
+
+  weight_grad = grouped.KERNEL_OPS["mgpu_forward"][2]
+  grouped.KERNEL_OPS["unwritten_rows"] = (jax.lax.ragged_dot, unwritten_rows, weight_grad)
+  try:
+    m, k, n = 200, 64, 64
+    kx, kw, kc = jax.random.split(jax.random.PRNGKey(7), 3)
+    x = jax.random.normal(kx, (m, k), jnp.float32)
+    w = jax.random.normal(kw, (3, k, n), jnp.float32)
+    c = jax.random.normal(kc, (m, n), jnp.float32)
+    sizes = jnp.asarray([50, 0, 90], jnp.int32)  # 60 rows past the groups, 56 rows of padding
+    kernel = functools.partial(grouped.kernel_matmul, ops="unwritten_rows")
+    got = jax.grad(lambda x: jnp.sum(c * kernel(x, w, sizes)))(x)
+    want = jax.grad(lambda x: jnp.sum(c * jax.lax.ragged_dot(x, w, sizes)))(x)
+  finally:
+    del grouped.KERNEL_OPS["unwritten_rows"]
+  assert np.all(np.isfinite(np.asarray(got)))
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
