@@ -10,7 +10,8 @@
 # decode (qwen2.5-0.5b with the whole-cache decode, kv_block=0: the before of the staged
 # decode), moe (moe-e64 and its dense twin), qwen15_trl (qwen2.5-1.5b against TRL). Wheels in $WHEELS
 # (default .whl/) not installed on the machine go to $SITE first. Results go to $OUT (or
-# /tmp/gpu_card): one file per step; a step that fails or runs out of time leaves its log.
+# /tmp/gpu_card): every step's stdout in results.txt and its stderr in logs.txt, each headed by
+# the step's name and exit status (a device call brings back only a few files).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_card}
@@ -40,11 +41,14 @@ step() {
   [ "$limit" -gt "$left" ] && limit=$left
   local t0
   t0=$(date +%s)
-  timeout --kill-after=5 "$limit" "$@" >"$OUT/$name.out" 2>"$OUT/$name.log"
+  timeout --kill-after=5 "$limit" "$@" >"/tmp/gpu_card_$name.out" 2>"/tmp/gpu_card_$name.log"
   local rc=$?
   echo "== $name: rc=$rc in $(($(date +%s) - t0))s (limit ${limit}s)"
-  tail -c 1500 "$OUT/$name.out"
-  [ "$rc" -ne 0 ] && tail -n 8 "$OUT/$name.log"
+  # Two files for every step together: a device call brings back only a few files.
+  { echo "== $name rc=$rc"; cat "/tmp/gpu_card_$name.out"; } >>"$OUT/results.txt"
+  { echo "== $name rc=$rc"; grep -v '^    @' "/tmp/gpu_card_$name.log"; } >>"$OUT/logs.txt"
+  tail -c 1500 "/tmp/gpu_card_$name.out"
+  [ "$rc" -ne 0 ] && grep -v '^    @' "/tmp/gpu_card_$name.log" | tail -n 8
 }
 
 want() { [ ${#STEPS[@]} -eq 0 ] || [[ " ${STEPS[*]} " == *" $1 "* ]]; }

@@ -65,7 +65,7 @@ class ModelConfig(_DictConfig):
   moe_num_shared_experts: int = 0  # always-on shared experts (DeepSeek / Qwen-MoE style)
   moe_shared_mlp_dim: int = 0  # hidden width of one shared expert (0 = moe_expert_mlp_dim)
   moe_normalize_gates: bool = True  # renormalise top-k gates to sum to 1 (Mixtral, Qwen3-MoE)
-  moe_impl: str = "auto"  # auto (ragged on TPU, kernel on Hopper GPUs, else portable) | kernel (Mosaic GPU grouped matmuls) | ragged (lax.ragged_dot) | portable (fused tiles) | dense (one-hot reference); not part of the checkpoint
+  moe_impl: str = "auto"  # auto (ragged on TPU, kernel on Hopper GPUs where its checks pass, else portable) | kernel (Mosaic GPU grouped matmuls) | ragged (lax.ragged_dot) | portable (fused tiles) | dense (one-hot reference); not part of the checkpoint
   moe_aux_loss_coef: float = 0.01  # load-balance loss coefficient (§8)
   moe_z_loss_coef: float = 0.001  # router z-loss coefficient (§8)
   dtype: str = "float32"  # compute dtype of matmuls (log-softmax is always float32)
