@@ -600,18 +600,9 @@ def main(argv: list[str]) -> int:
     config = trainer_main.parse_config(
       ["bench", f"--config={args.config}", *(f"--config.{o}" for o in overrides)]
     )
-  result = run(
-    config,
-    args.steps,
-    shape=args.shape,
-    peer=args.peer,
-    peer_python=args.peer_python,
-    peer_timeout_s=args.peer_timeout_s,
-    full_length=args.full_length,
-    hbm_bytes_per_s=args.hbm_bytes_per_s,
-    peak_flops=args.peak_flops,
-    profile_dir=args.profile_dir,
-  )
+  passed = ("shape", "peer", "peer_python", "peer_timeout_s", "full_length", "hbm_bytes_per_s")
+  passed += ("peak_flops", "profile_dir")
+  result = run(config, args.steps, **{name: getattr(args, name) for name in passed})
   print(json.dumps(result, indent=2), flush=True)
   return 0
 

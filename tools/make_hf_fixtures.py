@@ -210,16 +210,10 @@ def make_config(model_type: str, kwargs: dict):
       kwargs["rope_parameters"] = params
   elif scaling:
     kwargs["rope_scaling"] = scaling
+  dims = dict(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS)
+  dims.update(num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, intermediate_size=INTER)
   return transformers.AutoConfig.for_model(
-    model_type,
-    vocab_size=VOCAB,
-    hidden_size=HIDDEN,
-    num_hidden_layers=LAYERS,
-    num_attention_heads=HEADS,
-    num_key_value_heads=KV_HEADS,
-    intermediate_size=INTER,
-    attn_implementation="eager",
-    **kwargs,
+    model_type, attn_implementation="eager", **dims, **kwargs
   )
 
 

@@ -93,15 +93,9 @@ def _clipped(r: jax.Array, a: jax.Array, clip_low: float, clip_high: float):
   },
 )
 def ppo_clip(
-  logp: jax.Array,
-  old_logp: jax.Array,
-  adv: jax.Array,
-  mask: jax.Array,
-  *,
-  clip_low: float = 0.2,
-  clip_high: float = 0.2,
-  dual_clip: float | None = None,
-) -> tuple[jax.Array, dict[str, jax.Array]]:
+  logp: jax.Array, old_logp: jax.Array, adv: jax.Array, mask: jax.Array, *,
+  clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: float | None = None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:  # fmt: skip
   """PPO/GRPO clipped surrogate min(rA, clip(r, 1−ε_low, 1+ε_high)A) (objectives.md §2.1).
 
   ε_high > ε_low is DAPO's clip-higher. dual_clip = c > 1 bounds J below by c·A where A < 0
@@ -234,17 +228,10 @@ def _check_rspo(h) -> list[str]:
   docs={"gamma_min": "γ_min: floor of the router-shift weight"},
 )
 def rspo(
-  logp: jax.Array,
-  old_logp: jax.Array,
-  adv: jax.Array,
-  mask: jax.Array,
-  *,
-  router_logp: jax.Array,
-  old_router_logp: jax.Array,
-  clip_low: float = 0.2,
-  clip_high: float = 0.2,
-  gamma_min: float = 0.1,
-) -> tuple[jax.Array, dict[str, jax.Array]]:
+  logp: jax.Array, old_logp: jax.Array, adv: jax.Array, mask: jax.Array, *,
+  router_logp: jax.Array, old_router_logp: jax.Array,
+  clip_low: float = 0.2, clip_high: float = 0.2, gamma_min: float = 0.1,
+) -> tuple[jax.Array, dict[str, jax.Array]]:  # fmt: skip
   """RSPO router-shift-aware sequence surrogate J_i = S_i·A_i (objectives.md §2.8).
 
   W = min(r^{sgn A}, clip(r^{sgn A}, 1 − ε_low, 1 + ε_high)), S_i = (Π_t W γ)^{sgn(A_i)/|o_i|}
@@ -281,27 +268,19 @@ def _check_cispo(h) -> list[str]:
   )
 
 
-@register_objective(
-  "cispo",
-  check=_check_cispo,
-  docs={
-    "is_clip_low": "ε^IS_low of CISPO's clipped IS weight (1.0 = no floor)",
-    "is_clip_high": "ε^IS_high of CISPO's clipped IS weight",
-    "cispo_mask": "drop tokens outside CISPO's token-mask widths clip_low / clip_high",
-  },
-)
+_CISPO_DOCS = {
+  "is_clip_low": "ε^IS_low of CISPO's clipped IS weight (1.0 = no floor)",
+  "is_clip_high": "ε^IS_high of CISPO's clipped IS weight",
+  "cispo_mask": "drop tokens outside CISPO's token-mask widths clip_low / clip_high",
+}
+
+
+@register_objective("cispo", check=_check_cispo, docs=_CISPO_DOCS)
 def cispo(
-  logp: jax.Array,
-  old_logp: jax.Array,
-  adv: jax.Array,
-  mask: jax.Array,
-  *,
-  is_clip_low: float = 1.0,
-  is_clip_high: float = 0.28,
-  clip_low: float = 0.2,
-  clip_high: float = 0.28,
-  cispo_mask: bool = False,
-) -> tuple[jax.Array, dict[str, jax.Array]]:
+  logp: jax.Array, old_logp: jax.Array, adv: jax.Array, mask: jax.Array, *,
+  is_clip_low: float = 1.0, is_clip_high: float = 0.28, clip_low: float = 0.2,
+  clip_high: float = 0.28, cispo_mask: bool = False,
+) -> tuple[jax.Array, dict[str, jax.Array]]:  # fmt: skip
   """CISPO: J = sg[clip(r, 1−ε^IS_low, 1+ε^IS_high)]·A·ℓ, every token keeps its gradient (§2.6).
 
   Two pairs of widths, as in the spec: ε^IS clips the importance weight (default ε^IS_low = 1,
