@@ -4,12 +4,15 @@ The policy starts far from perfect (greedy accuracy about 0.25 after its warm st
 traces it imitated wrong) on a task where many answers of different lengths are correct, so
 entropy, length and strategy can move under RL. `configs/countdown.py` is the CPU setting (a
 study's 16-run pack in minutes on 2 cores); `configs/countdown.py:gpu` the larger setting for a
-GPU: four digits, a 4-layer d_model 256 policy (3.2M parameters), more prompts and steps.
+GPU: four digits, a 4-layer d_model 256 policy (3.2M parameters), more prompts and steps;
+`configs/countdown.py:moe` the CPU setting's mixture-of-experts twin (`recipes.MOE_MODEL`: 4
+routed experts of width 64, top-2, in every layer, R3 replay), for the MoE studies.
 """
 
+from jaxrl_llm import recipes
 from jaxrl_llm.config import default_config
 
-SETTINGS = ("cpu", "gpu")
+SETTINGS = ("cpu", "gpu", "moe")
 
 
 def get_config(setting: str = "cpu"):
@@ -25,4 +28,6 @@ def get_config(setting: str = "cpu"):
     c.model.d_model, c.model.mlp_dim, c.model.num_layers = 256, 1024, 4
     c.model.num_heads, c.model.num_kv_heads, c.model.head_dim = 8, 4, 32
     c.rl.num_prompts, c.sft.steps, c.train.num_steps = 64, 1000, 1000
+  if setting == "moe":
+    recipes.apply(c, recipes.MOE_MODEL)
   return c

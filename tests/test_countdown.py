@@ -4,6 +4,7 @@ start of the real model that reaches the accuracy its config states."""
 from __future__ import annotations
 
 import collections
+import pathlib
 
 import jax
 import numpy as np
@@ -121,3 +122,18 @@ def test_a_warm_start_on_countdown_leaves_room_to_fail(tmp_path):
   accuracy, pass_k = scalars["eval/accuracy"][0], scalars["eval/pass@4"][0]
   assert accuracy[0] == pass_k[0] == 0
   assert 0.15 <= accuracy[1] < 0.6 and pass_k[1] < 0.8, (accuracy, pass_k)
+
+
+@pytest.mark.parametrize("setting", ["cpu", "gpu", "moe"])
+def test_every_setting_of_the_testbed_config_parses(setting):
+  """`configs/countdown.py:SETTING` through the trainer's own parser: the countdown task with
+  wrong traces in each; the MoE twin has the CPU setting's body with routed experts."""
+  from jaxrl_llm import main as trainer_main
+
+  path = str(pathlib.Path(__file__).parents[1] / "configs" / "countdown.py")
+  config = trainer_main.parse_config(["t", f"--config={path}:{setting}"])
+  assert config.task.name == "countdown" and config.task.wrong_traces == 0.3
+  assert config.model.moe_num_experts == (4 if setting == "moe" else 0)
+  assert config.model.d_model == (256 if setting == "gpu" else 64)
+  with pytest.raises(ValueError, match="the settings are cpu"):
+    trainer_main.parse_config(["t", f"--config={path}:tpu"])

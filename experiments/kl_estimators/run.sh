@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # kl_estimators: Part A (exact, seconds): bias and variance of each KL estimator's gradient under a
 # mismatched behaviour policy, by enumeration over a categorical policy. Part B (training): an int8
-# sampler, kl.beta=0.1, kl.name=k3 vs k3_is, plus a kl.beta=0 reference, 3 seeds, 400 RL updates.
+# sampler, kl.beta=0.1, kl.name=k3 vs k3_is, plus a kl.beta=0 reference, 8 seeds, 300 RL updates.
 # Outputs go under $ROOT (default /tmp/jaxrl_experiments/kl_estimators); figures here.
 set -euo pipefail
 source "$(dirname "$0")/../study_env.sh"  # HERE, ROOT, the XLA cache; cd to the repo
@@ -10,15 +10,19 @@ mkdir -p "$ROOT"
 # Part A
 python experiments/kl_estimators/exact_bias.py --instances=200 | tee "$HERE/exact_bias.md"
 
-# Part B
-COMMON=sampling.param_dtype=int8,train.num_steps=400,train.eval_every=50,train.log_every=10
-python tools/sweep.py --config=configs/default.py --root="$ROOT/beta0.1" --parallel=2 \
-  --grid=seed=0,1,2 --grid=kl.name=k3,k3_is --set=kl.beta=0.1 --set=$COMMON
-python tools/sweep.py --config=configs/default.py --root="$ROOT/beta0" --parallel=2 \
-  --grid=seed=0,1,2 --set=kl.beta=0.0 --set=$COMMON
+# Part B: on the countdown testbed (configs/countdown.py), an int8 sampler, kl.beta=0.1 with k3
+# or k3_is, and a kl.beta=0 reference, 8 seeds each, 300 RL updates; each arm its own pack.
+for arm in 0.1:k3 0.1:k3_is 0.0:k3; do
+  beta=${arm%%:*} est=${arm##*:}
+  python tools/sweep.py --config=configs/countdown.py --root="$ROOT/$beta,$est" --packed \
+    --seeds=0,1,2,3,4,5,6,7 --set=kl.beta=$beta,kl.name=$est,sampling.param_dtype=int8 \
+    --set=train.num_steps=300 > "$ROOT.$beta,$est.log" 2>&1
+done
 
 G=kl.beta,kl.name
+COLS=eval/accuracy@0,eval/accuracy@150,eval/accuracy@final,kl/ref_kl@150,kl/ref_kl@final
+COLS=$COLS,kl/ref_kl@avg,policy/entropy@final,behaviour/kl_k3@avg
 python experiments/seed_table.py --root="$ROOT" --group_by=$G --csv="$ROOT/training.csv" \
-  --cols=eval/accuracy@100,eval/accuracy@200,eval/accuracy@final,kl/ref_kl@100,kl/ref_kl@200,kl/ref_kl@final,kl/ref_kl@avg,policy/entropy@final,behaviour/kl_k3@avg
-python tools/plot.py curves "$ROOT" --group_by=$G --band=std --size=9x3.6 --dpi=70 \
-  --tags=eval/accuracy,kl/ref_kl --out="$HERE/training.png"
+  --cols=$COLS --baseline=0.1,k3 --per_seed --expect=kl/ref_kl@final:-
+python tools/plot.py curves "$ROOT" --group_by=$G --band=minmax --size=9x3.6 --dpi=70 \
+  --tags=eval/accuracy,kl/ref_kl --out="$HERE/training.png" > /dev/null
