@@ -2,7 +2,9 @@
 # Runs every study (its sweep, tables and figures), one after the other, from the repository.
 # Each study writes under $ROOT_BASE/<study> (default /tmp/jaxrl_experiments) and puts its
 # figures in its own folder; `STUDIES="clip_higher length_bias" bash experiments/run_all.sh`
-# runs some of them. A study that fails is reported and the others still run.
+# runs some of them. A study that fails is reported and the others still run. Where a study's
+# tables.md existed, the new one is compared with it first (compare_tables.py: every mean within
+# the old interval's half-width) and the summary line printed; `git diff` shows the rest.
 set -uo pipefail
 cd "$(dirname "$0")"
 ROOT_BASE=${ROOT_BASE:-/tmp/jaxrl_experiments}
@@ -12,6 +14,9 @@ for study in $STUDIES; do
   echo "== $study"
   start=$(date +%s)
   if ROOT="$ROOT_BASE/$study" bash "$study/run.sh" > "$study/tables.md.new" 2> "$ROOT_BASE.$study.log"; then
+    if [ -f "$study/tables.md" ]; then  # against the committed tables (compare_tables.py)
+      echo "   against the previous tables: $(python compare_tables.py "$study/tables.md" "$study/tables.md.new" | tail -n 1)"
+    fi
     mv "$study/tables.md.new" "$study/tables.md"
     echo "   done in $(( $(date +%s) - start )) s: $study/tables.md"
   else

@@ -52,3 +52,22 @@ def test_paired_differences_give_the_verdict_their_interval_supports(shift, word
     assert got == word
   unpaired = study_stats.interval(list(arm.values())[:16])
   assert unpaired.high - unpaired.low > 5 * (diff.high - diff.low)
+
+
+def test_compare_tables_holds_means_to_the_committed_intervals():
+  import compare_tables
+
+  committed = (
+    "| arm | seeds | acc |\n|---|---|---|\n| a | 8 | 0.500 [0.400, 0.600] |\n\n"
+    "| run | seed | acc |\n|---|---|---|\n| a,seed=0 | 0 | 0.5 |\n"
+  )
+  within = committed.replace("0.500 [0.400, 0.600]", "0.549 [0.450, 0.650]")
+  problems, counts = compare_tables.compare(committed, within)
+  assert not problems and counts == {"means": 1, "within": 1, "single": 3, "single_equal": 3}
+  outside = committed.replace("0.500 [0.400, 0.600]", "0.651 [0.600, 0.700]").replace(
+    "0.5 |", "0.6 |"
+  )
+  problems, counts = compare_tables.compare(committed, outside)
+  assert len(problems) == 1 and "0.651" in problems[0] and counts["single_equal"] == 2
+  problems, _ = compare_tables.compare(committed, committed.replace("| a | 8", "| b | 8"))
+  assert problems and problems[0].startswith("missing")

@@ -1,0 +1,83 @@
+"""Whether a study's regenerated tables reproduce its committed ones, within the seeds' own
+variation.
+
+  python experiments/compare_tables.py COMMITTED.md NEW.md
+
+Every cell of the form `mean [low, high]` (a mean over seeds with its bootstrap 95% interval, as
+`seed_table.py` prints it) is matched by table, row and column. A regenerated mean reproduces
+the committed one when it lies within the committed interval's half-width of it: the tolerance
+is the seeds' own variation, as the interval states it. Per-seed cells (single numbers) are
+counted as equal or not, for information. Prints one line per cell out of tolerance and a
+summary; exit status 1 if any mean is out of tolerance or a committed cell is missing.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+
+_CELL = re.compile(r"^(-?[\d.e+-]+) \[(-?[\d.e+-]+), (-?[\d.e+-]+)\]")
+
+
+def tables(text: str) -> dict[tuple[int, str, str], str]:
+  """{(table number, row label, column header): cell} of every Markdown table in `text`."""
+  cells: dict[tuple[int, str, str], str] = {}
+  header, number = None, -1
+  for line in text.splitlines():
+    if not line.startswith("|"):
+      header = None
+      continue
+    parts = [p.strip() for p in line.strip().strip("|").split("|")]
+    if header is None:
+      header, number = parts, number + 1
+    elif not set("".join(parts)) <= set("-: "):
+      for name, cell in zip(header[1:], parts[1:], strict=False):
+        cells[(number, parts[0], name)] = cell
+  return cells
+
+
+def compare(committed: str, new: str) -> tuple[list[str], dict[str, int]]:
+  """Lines naming each mean out of tolerance (or missing), and counts of what was compared."""
+  old_cells, new_cells = tables(committed), tables(new)
+  problems, counts = [], {"means": 0, "within": 0, "single": 0, "single_equal": 0}
+  for key, cell in old_cells.items():
+    match = _CELL.match(cell)
+    got = new_cells.get(key)
+    if got is None:
+      problems.append(f"missing: table {key[0]}, row {key[1]!r}, column {key[2]!r}")
+      continue
+    if match is None:
+      counts["single"] += 1
+      counts["single_equal"] += got == cell
+      continue
+    mean, low, high = (float(x) for x in match.groups())
+    new_match = _CELL.match(got)
+    counts["means"] += 1
+    tolerance = (high - low) / 2
+    if new_match and abs(float(new_match.group(1)) - mean) <= tolerance + 1e-12:
+      counts["within"] += 1
+    else:
+      problems.append(
+        f"table {key[0]}, {key[1]!r}, {key[2]!r}: {got!r} vs {cell!r} (±{tolerance:.3g})"
+      )
+  return problems, counts
+
+
+def main(argv: list[str]) -> int:
+  """Compare two tables files; print the summary; 1 if a mean is out of tolerance."""
+  if len(argv) != 2:
+    print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
+    return 2
+  with open(argv[0]) as f, open(argv[1]) as g:
+    problems, counts = compare(f.read(), g.read())
+  for line in problems:
+    print(line)
+  print(
+    f"{counts['within']}/{counts['means']} means within the committed interval's half-width; "
+    f"{counts['single_equal']}/{counts['single']} other cells identical"
+  )
+  return int(bool(problems))
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))
