@@ -286,12 +286,17 @@ def parse_config(argv: list[str]):
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, with a bad override (unknown field, wrong type) as one error line."""
   try:
     check_overrides(argv)
+    return flags.FLAGS(argv)
   except ConfigError as e:
     print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
-  return flags.FLAGS(argv)
+  except flags.Error as e:  # e.g. --config.train.num_steps=abc: not an int
+    print(
+      f"error: {e} (a --config.FIELD=VALUE takes the type of the field's default)", file=sys.stderr
+    )
+  sys.exit(2)
 
 
 def run():

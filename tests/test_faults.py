@@ -138,7 +138,9 @@ BAD_CONFIGS = [
   ("correction.cap", 0.0), ("kl.name", "k9"), ("kl.beta", -1.0), ("kl.placement", "x"),
   ("kl.reference", "x"), ("kl.ema", 2.0), ("shaping.name", "x"), ("shaping.cache_len", -1),
   ("replay.name", "r9"), ("filtering.name", "x"), ("filtering.oversample", 0.5),
-  ("optim.learning_rate", 0.0), ("optim.decay_to", -0.5), ("optim.grad_clip", -1.0),
+  ("optim.learning_rate", 0.0), ("optim.learning_rate", float("inf")),
+  ("optim.learning_rate", float("nan")), ("objective.clip_high", float("inf")),
+  ("sampling.temperature", float("-inf")), ("optim.decay_to", -0.5), ("optim.grad_clip", -1.0),
   ("sft.steps", -1), ("sft.batch_size", 0), ("train.num_steps", 0), ("train.eval_every", 0),
   ("train.pass_k", 0), ("train.text_samples", -1), ("train.stop_after_steps", -1),
   ("train.profile_steps", -1),
@@ -154,6 +156,7 @@ def test_bad_config_values_stop_before_compiling_naming_the_field(field, value):
 
 
 # ---- Process-level faults: the real command line, real files. ------------------------------
+
 
 TINY_CLI = (
   "--config.model.d_model=32",
@@ -176,6 +179,19 @@ def _cli(workdir, *args, timeout=300):
   cmd = [sys.executable, "-m", "jaxrl_llm.main", "--config=configs/default.py"]
   cmd += [f"--workdir={workdir}", *TINY_CLI, *args]
   return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize(
+  "override",
+  ["train.num_steps=abc", "train.num_steps=2.5", "sampling.top_p=[0.5]", "advantage.whiten=maybe"],
+)
+def test_a_wrong_typed_override_is_one_error_line_and_exit_2(tmp_path, override):
+  field = override.split("=")[0]
+  proc = _cli(tmp_path / "w", f"--config.{override}", timeout=120)
+  assert proc.returncode == 2, proc.stderr
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error:") and field in lines[0], lines
+  assert not (tmp_path / "w").exists()  # nothing started
 
 
 @pytest.fixture

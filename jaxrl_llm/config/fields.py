@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import math
 import re
 import textwrap
 from collections.abc import Mapping
@@ -23,7 +24,8 @@ class ConfigError(ValueError):
 
 
 def coerce(annotation: str, value: Any, where: str) -> Any:
-  """`value` as the annotated type ("float", "int | None", ...), or a ValueError naming it."""
+  """`value` as the annotated type ("float", "int | None", ...), or a ValueError naming it
+  (a float must be finite: inf and nan are refused everywhere)."""
   kinds = [k.strip() for k in annotation.split("|")]
   if value is None:
     if "None" in kinds:
@@ -35,9 +37,12 @@ def coerce(annotation: str, value: Any, where: str) -> Any:
   if base == "bool" and not isinstance(value, bool | int):
     raise ValueError(f"{where}={value!r} must be a bool")
   try:
-    return _CASTS[base](value)
+    out = _CASTS[base](value)
   except (TypeError, ValueError):
     raise ValueError(f"{where}={value!r} must be a {base}") from None
+  if base == "float" and not math.isfinite(out):
+    raise ValueError(f"{where}={value!r} must be a finite number")
+  return out
 
 
 @functools.cache
