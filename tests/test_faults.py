@@ -182,6 +182,25 @@ def _cli(workdir, *args, timeout=300):
 
 
 @pytest.mark.parametrize(
+  "case, field",
+  [("missing-file", "data.train_files"), ("glob-matches-nothing", "data.train_files"),
+   ("missing-tokenizer", "data.tokenizer")],
+)  # fmt: skip
+def test_a_missing_data_file_or_tokenizer_is_one_error_line(tmp_path, case, field):
+  data = tmp_path / "ok.jsonl"
+  data.write_text('{"prompt": "1+1", "answer": "2"}\n')
+  args = {
+    "missing-file": [f"--config.data.train_files={tmp_path / 'nope.jsonl'}"],
+    "glob-matches-nothing": [f"--config.data.train_files={tmp_path / 'nope*.jsonl'}"],
+    "missing-tokenizer": [f"--config.data.train_files={data}", "--config.data.tokenizer=/nope"],
+  }[case]
+  proc = _cli(tmp_path / "w", *args, timeout=200)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last.startswith(f"error: {field}=") and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
   "override",
   ["train.num_steps=abc", "train.num_steps=2.5", "sampling.top_p=[0.5]", "advantage.whiten=maybe"],
 )

@@ -117,28 +117,39 @@ def _split_files(spec: str) -> list[str]:
   return [f.strip() for f in spec.split(",") if f.strip()]
 
 
-def build_file_task(config, tokenizer_dir: str) -> FileTask:
-  """The `FileTask` described by `config.data` (files, fields, template, verifiers)."""
-  d = config.data
-  tok_path = d.tokenizer or tokenizer_dir
-  if not tok_path:
-    raise ValueError(
+def _tokenizer(path: str) -> HFTokenizer:
+  """The tokenizer at `path` (a directory holding tokenizer.json, or the file), or one
+  `DataError` naming `data.tokenizer` and what it must be."""
+  if not path:
+    raise records.DataError(
       "data.tokenizer is empty and there is no model.checkpoint to take the tokenizer from; "
       "set --config.data.tokenizer=DIR (a directory with tokenizer.json)"
     )
-  tokenizer = (
-    HFTokenizer.from_dir(tok_path) if os.path.isdir(tok_path) else HFTokenizer.from_file(tok_path)
-  )
+  try:
+    return HFTokenizer.from_dir(path) if os.path.isdir(path) else HFTokenizer.from_file(path)
+  except (FileNotFoundError, ValueError) as e:
+    raise records.DataError(
+      f"data.tokenizer={path!r}: {e} (a directory holding tokenizer.json, or that file)"
+    ) from e
+
+
+def build_file_task(config, tokenizer_dir: str) -> FileTask:
+  """The `FileTask` described by `config.data` (files, fields, template, verifiers)."""
+  d = config.data
   fields = {"prompt_field": d.prompt_field, "answer_field": d.answer_field}
-  loaded = records.load_records(_split_files(d.train_files), **fields)
+  try:  # the files first: a missing file is named before anything else is asked of the user
+    loaded = records.load_records(_split_files(d.train_files), **fields)
+  except FileNotFoundError as e:
+    raise records.DataError(f"data.train_files={d.train_files!r}: {e}") from e
+  tokenizer = _tokenizer(d.tokenizer or tokenizer_dir)
   eval_files = _split_files(d.eval_files) or None
-  train, evaluation = records.train_eval_split(
-    loaded,
-    eval_fraction=0.0 if eval_files else d.eval_fraction,
-    eval_files=eval_files,
-    seed=config.seed,
-    **fields,
-  )
+  share = 0.0 if eval_files else d.eval_fraction
+  try:
+    train, evaluation = records.train_eval_split(
+      loaded, eval_fraction=share, eval_files=eval_files, seed=config.seed, **fields
+    )
+  except FileNotFoundError as e:
+    raise records.DataError(f"data.eval_files={d.eval_files!r}: {e}") from e
   if not evaluation:
     raise records.DataError(
       "the evaluation split is empty: set data.eval_files or a data.eval_fraction > 0"
