@@ -128,6 +128,33 @@ def use_cpu_without_accelerators() -> bool:
   return True
 
 
+def workdir_problem(workdir: str) -> str | None:
+  """Why a local `workdir` cannot hold a run (a file on its path, no write permission, a
+  read-only file system), creating it if needed; None when it can (object stores: None)."""
+  from jaxrl_llm import paths
+
+  if paths.is_remote(workdir):
+    return None
+  try:
+    os.makedirs(workdir, exist_ok=True)
+  except FileExistsError:
+    return "it is a file, not a directory; give a directory (it is created if missing)"
+  except NotADirectoryError:
+    return "a file stands on its path; give a directory path whose parents are directories"
+  except OSError as e:
+    return f"cannot create it: {e.strerror or e}; give a writable directory"
+  if not os.path.isdir(workdir):
+    return "it is a file, not a directory; give a directory (it is created if missing)"
+  probe = os.path.join(workdir, f".write_test.{os.getpid()}")
+  try:
+    with open(probe, "w"):
+      pass
+    os.remove(probe)
+  except OSError as e:  # EROFS, EACCES, ENOSPC...
+    return f"cannot write in it: {e.strerror or e}; give a writable directory"
+  return None
+
+
 def main(argv):
   """Parses flags, turns the config into its typed tree once, and runs the experiment."""
   if len(argv) > 1:
@@ -159,6 +186,10 @@ def main(argv):
     sys.exit(3 if memory.fits is False else 0)
   if not _WORKDIR.value:
     raise app.UsageError("--workdir is required (except with --dry_run)")
+  problem = workdir_problem(_WORKDIR.value)
+  if problem:
+    print(f"error: --workdir={_WORKDIR.value}: {problem}", file=sys.stderr, flush=True)
+    sys.exit(2)
   started = time.time()
   try:
     cfg = parse(_CONFIG.value)

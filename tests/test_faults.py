@@ -227,6 +227,36 @@ def small_disk(tmp_path):
   subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
+@pytest.fixture
+def read_only_dir(tmp_path):
+  """A read-only tmpfs (skipped where this user may not mount one)."""
+  mount = tmp_path / "ro"
+  mount.mkdir()
+  proc = subprocess.run(
+    ["mount", "-t", "tmpfs", "-o", "ro", "tmpfs", str(mount)], capture_output=True
+  )
+  if proc.returncode != 0:
+    pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.decode().strip()}")
+  yield mount
+  subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.mark.parametrize("kind", ["file", "under-a-file", "read-only"])
+def test_a_workdir_that_cannot_hold_a_run_is_one_error_line_at_start_up(tmp_path, kind, request):
+  a_file = tmp_path / "a_file"
+  a_file.write_text("not a directory")
+  workdir = {
+    "file": a_file,
+    "under-a-file": a_file / "run",
+    "read-only": request.getfixturevalue("read_only_dir") / "run" if kind == "read-only" else None,
+  }[kind]
+  proc = _cli(workdir, timeout=120)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith(f"error: --workdir={workdir}: "), lines
+  assert a_file.read_text() == "not a directory"
+
+
 def test_a_full_disk_ends_in_one_clear_line_and_keeps_the_last_checkpoint(small_disk):
   """Each checkpoint of the tiny model takes ~0.9 MiB: the fourth save cannot fit in 3 MiB."""
   workdir = small_disk / "run"
