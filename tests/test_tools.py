@@ -186,6 +186,13 @@ def test_compare_prints_both_runs(tiny_sweep, tmp_path):
     assert float(r["rollout/reward_mean best"]) >= float(r["rollout/reward_mean final"])
 
 
+def test_compare_names_a_mistyped_tag_and_the_tag_it_meant(tiny_sweep):
+  root, _, _ = tiny_sweep
+  proc, _ = _tool("compare", f"--root={root}", "--tags=eval/acuracy")
+  assert proc.returncode == 2 and not proc.stdout.strip()
+  assert "'eval/acuracy' is in no run" in proc.stderr and "eval/accuracy" in proc.stderr
+
+
 def test_failed_runs_are_reported_and_the_sweep_goes_on(tmp_path):
   root = tmp_path / "bad"
   # Both values pass the field check but the trainer rejects them at start-up.

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import difflib
 import fnmatch
 import math
 import os
@@ -161,6 +162,13 @@ def compare(
   runs = {run_name(root, d): read_run(d) for d in find_runs(root)}
   available = sorted({t for scalars in runs.values() for t in scalars})
   tags = expand_tags(tags, available)
+  unknown = [t for t in tags if t not in available]
+  if runs and unknown:  # in no run at all: a typo, most likely
+    near = difflib.get_close_matches(unknown[0], available, n=3)
+    hint = (
+      f"; did you mean {' or '.join(near)}?" if near else f"; available: {', '.join(available)}"
+    )
+    raise ValueError(f"tag {unknown[0]!r} is in no run under {root}{hint}")
   header = ["run", "step"]
   for tag in tags:
     header += [f"{tag} final", f"{tag} best", f"{tag} best_step"]
