@@ -100,7 +100,7 @@ class ModelSettings(Section):
 
   SECTION: ClassVar[str] = "model"
   checkpoint: str = ""  # Hugging Face checkpoint dir to start from ("" = random init)
-  attention: str = "auto"  # auto (cuDNN where it runs and its check passes, else einsum) | einsum | xla | cudnn
+  attention: str = "auto"  # auto (cuDNN where verified, else einsum) | einsum | xla | cudnn
   arch: ModelConfig = ModelConfig()  # the architecture: the other model.* fields
 
   @classmethod
