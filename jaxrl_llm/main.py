@@ -194,6 +194,10 @@ def main(argv):
   try:
     cfg = parse(_CONFIG.value)
     result = run.train_and_evaluate(cfg, _WORKDIR.value, hparam_fields=hparam_fields())
+  except run.Preempted as e:  # SIGTERM: the step was saved; a scheduler may relaunch
+    print(f"{e}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(143)  # 128 + SIGTERM, as if the signal had ended the process
   except Exception as e:
     line = explain(e)
     if line is None or _DEBUG.value:

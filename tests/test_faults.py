@@ -3,7 +3,9 @@ that keeps producing them stops with a clear message (objectives.md §5 applies 
 only); numeric config fields with a range are validated before anything compiles."""
 
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -451,6 +453,48 @@ def test_kill_9_at_random_points_and_mid_save_resumes_to_the_uninterrupted_resul
       states.append(ckpt.restore(40, abstract)[0])
   for a, b in zip(jax.tree.leaves(states[0]), jax.tree.leaves(states[1])):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def _wait_for(proc, pattern: str, timeout: float = 300) -> str:
+  """Reads `proc`'s stderr until a line matches `pattern`; returns what it read."""
+  seen, deadline = [], time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    line = proc.stderr.readline()
+    if not line:
+      break
+    seen.append(line)
+    if re.search(pattern, line):
+      return "".join(seen)
+  raise AssertionError(f"no line matching {pattern!r}:\n" + "".join(seen)[-3000:])
+
+
+@pytest.mark.parametrize("when", ["mid-run", pytest.param("mid-save", marks=pytest.mark.slow)])
+def test_sigterm_saves_the_step_it_finished_and_the_relaunch_resumes_from_it(tmp_path, when):
+  """A scheduler's SIGTERM (preemption): the run saves the step it has just finished, prints
+  one line and exits 143; relaunching the same command resumes from that step and finishes.
+  `mid-save` sends it the moment a periodic save's temporary directory appears."""
+  run = ("--config.sft.steps=0", "--config.train.num_steps=400")
+  run += ("--config.train.checkpoint_every=" + ("1" if when == "mid-save" else "1000"),)
+  workdir = tmp_path / "w"
+  root = workdir / "checkpoints"
+  proc = _launch(workdir, *run)
+  _wait_for(proc, r"step \d+/400")
+  if when == "mid-save":
+    while not any(".orbax-checkpoint-tmp" in p.name for p in root.iterdir()):
+      time.sleep(0.001)
+  proc.send_signal(signal.SIGTERM)
+  err = proc.communicate(timeout=300)[1]
+  assert proc.returncode == 143, err[-3000:]
+  last = err.strip().splitlines()[-1]
+  match = re.match(r"stopped by SIGTERM after step (\d+): checkpoint \1 is saved in ", last)
+  assert match, err[-3000:]
+  step = int(match.group(1))
+  assert 0 < step < 400 and max(_committed(root)) == step
+  relaunch = _launch(workdir, *run, "--config.train.stop_after_steps=2")
+  err = relaunch.communicate(timeout=300)[1]
+  assert relaunch.returncode == 0, err[-3000:]
+  assert "resumed from" in err and f"at step {step}" in err, err[-3000:]
+  assert max(_committed(root)) == step + 2
 
 
 def test_background_thread_failures_are_one_log_line_unless_debugging(tmp_path):

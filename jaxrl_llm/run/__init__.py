@@ -5,6 +5,7 @@ evaluate.py    held-out evaluation (greedy accuracy, pass@k)
 warm_start.py  the supervised warm start before RL
 loop.py        `train_and_evaluate`: restore or warm start, RL updates, evaluation, checkpoints
 guard.py       the non-finite guard (skipped updates, `NonFiniteError`)
+preempt.py     SIGTERM: save the finished step and stop (`Preempted`)
 record.py      config.json, the config table and HParams, the banner and the closing summary
 pack.py        a sweep's runs as one program: packable fields, per-run values, the runs axis
 pack_loop.py   `train_pack` (the loop of a pack, run for run) and `take_out`
@@ -21,6 +22,7 @@ from jaxrl_llm.run.assemble import (
 )
 from jaxrl_llm.run.guard import NonFiniteError, SkipGuard
 from jaxrl_llm.run.loop import train_and_evaluate
+from jaxrl_llm.run.preempt import Preempted
 from jaxrl_llm.run.record import HPARAM_FIELDS, record_run, run_hparams
 
 __all__ = [
@@ -28,6 +30,7 @@ __all__ = [
   "NUMERICS_ONLY",
   "Experiment",
   "NonFiniteError",
+  "Preempted",
   "SkipGuard",
   "abstract_batch",
   "build",

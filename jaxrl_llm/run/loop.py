@@ -24,6 +24,7 @@ from jaxrl_llm.rl import init_reference
 from jaxrl_llm.run import record
 from jaxrl_llm.run.assemble import NUMERICS_ONLY, Experiment, build, to_global_batch
 from jaxrl_llm.run.guard import SkipGuard
+from jaxrl_llm.run.preempt import Preempted, Preemption
 from jaxrl_llm.run.warm_start import warm_start
 
 
@@ -166,23 +167,36 @@ class Profiler:
 
 
 def _loop(exp: Experiment, state, train_iter, ckpt, evaluate: Evaluator, logger: Logger, workdir):
-  """RL updates from the state's step to the end of this invocation; returns the state."""
+  """RL updates from the state's step to the end of this invocation; returns the state. On
+  SIGTERM it saves the step just finished and raises `Preempted`."""
   tr, start = exp.config.train, int(state.step)
   end = min(tr.num_steps, start + tr.stop_after_steps) if tr.stop_after_steps else tr.num_steps
-  updates = exp.config.rl.num_epochs * exp.config.rl.num_minibatches
   profiler = Profiler(tr.profile_steps, start, end, workdir)
   logging.info("compiling the RL step (its first run includes compilation) ...")
-  for step in range(start, end):
-    profiler.before(step)
-    state, metrics = exp.update(state, next(train_iter), jax.random.fold_in(state.rng, step))
-    done = step + 1
-    logger.guard.update(done, int(metrics["optim/skipped_updates"]), updates=updates)
-    profiler.after(done, state)
-    logger.step(done, metrics)
-    if done % tr.eval_every == 0 or done == tr.num_steps:
-      evaluate(done, state.params)
-    ckpt.save(done, state, data_iter=train_iter, meta=exp.meta, force=done in (end, tr.num_steps))
+  with Preemption() as preemption:
+    for step in range(start, end):
+      state = _step(exp, state, train_iter, ckpt, evaluate, logger, profiler, step, end)
+      if preemption.requested(step + 1) and step + 1 < end:
+        ckpt.save(step + 1, state, data_iter=train_iter, meta=exp.meta, force=True)
+        ckpt.wait()
+        raise Preempted(step + 1, str(ckpt.directory))
   return state, end
+
+
+def _step(exp, state, train_iter, ckpt, evaluate, logger, profiler, step: int, end: int):
+  """One RL update with its logging, evaluation and checkpoint; returns the new state."""
+  tr = exp.config.train
+  updates = exp.config.rl.num_epochs * exp.config.rl.num_minibatches
+  profiler.before(step)
+  state, metrics = exp.update(state, next(train_iter), jax.random.fold_in(state.rng, step))
+  done = step + 1
+  logger.guard.update(done, int(metrics["optim/skipped_updates"]), updates=updates)
+  profiler.after(done, state)
+  logger.step(done, metrics)
+  if done % tr.eval_every == 0 or done == tr.num_steps:
+    evaluate(done, state.params)
+  ckpt.save(done, state, data_iter=train_iter, meta=exp.meta, force=done in (end, tr.num_steps))
+  return state
 
 
 def train_and_evaluate(
