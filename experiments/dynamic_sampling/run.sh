@@ -27,3 +27,6 @@ python experiments/seed_table.py --root="$ROOT" --group_by=filtering.name,train.
 python tools/plot.py curves "$ROOT" --group_by=filtering.name,train.num_steps --band=minmax \
   --size=9x3.6 --dpi=70 --tags=rollout/zero_std_group_frac,eval/accuracy \
   --out="$HERE/zero_std.png" > /dev/null
+# Per generated token: dynamic sampling's 150 updates against no filter's 300 (the same tokens).
+python experiments/seed_table.py --root="$ROOT" --group_by=filtering.name,train.num_steps \
+  --cols=eval/accuracy@final --baseline=none,300 --expect=eval/accuracy@final:+
