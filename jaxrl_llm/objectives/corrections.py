@@ -168,5 +168,6 @@ def _metrics(
     "behaviour/ess": safe_div(w.sum() ** 2, n_tok * (w**2).sum()),
     "behaviour/mismatch_mean": masked_mean(mismatch, m),
     "behaviour/mismatch_max": masked_max(mismatch, m),
-    "behaviour/kl_k3": masked_mean(rho - delta - 1.0, m),
+    # e^δ − 1 − δ >= 0 exactly; expm1 and the floor keep rounding from showing a negative KL.
+    "behaviour/kl_k3": masked_mean(jnp.maximum(jnp.expm1(delta) - delta, 0.0), m),
   }

@@ -92,6 +92,20 @@ def test_metrics_match_reference():
   assert 0 < rejected.sum() < nonempty.sum()
 
 
+def test_the_sampler_kl_is_never_negative_at_a_tiny_mismatch():
+  """k3 = ρ − 1 − log ρ >= 0: at bf16-like mismatches of 1e-4 nats, ρ − δ − 1 in float32 rounds
+  below 0; the metric (expm1, floored) matches the float64 value and never does."""
+  rng = np.random.default_rng(3)
+  beh = rng.normal(-2.0, 0.5, (8, 64))
+  old = beh + rng.normal(0, 1e-4, beh.shape)
+  mask = np.ones(beh.shape, bool)
+  _, m = corrections.behaviour_weight(jnp.float32(old), jnp.float32(beh), mask, name="none")
+  d = (np.float32(old) - np.float32(beh)).astype(np.float64)
+  want = (np.expm1(d) - d).mean()
+  assert float(m["behaviour/kl_k3"]) >= 0
+  np.testing.assert_allclose(float(m["behaviour/kl_k3"]), want, rtol=1e-2, atol=1e-12)
+
+
 def test_geo_mask_is_length_independent_and_mis_seq_is_not():
   # same per-token mismatch δ^μ = 0.1 (ρ = 1.105) on a 2-token and a 40-token sequence
   t = 40
