@@ -218,3 +218,26 @@ def test_figures_of_a_real_sweep(real_sweep, tmp_path):
     run = root / f"sampling.temperature={temp},objective.clip_high=0.2,seed=0"
     assert grid.mean[0, j] == metrics.read_scalars(str(run))["policy/entropy"][-1][1]
   assert grid.mean[0, 0] != grid.mean[0, 1]
+
+
+def test_without_matplotlib_the_tool_names_the_extra_that_installs_it(synthetic, tmp_path):
+  """The README's first command installs no matplotlib: plot.py then says which extra brings
+  it, in one line (exit 2), instead of a ModuleNotFoundError traceback."""
+  script = (
+    "import sys\n"
+    "class NoMatplotlib:\n"
+    "  def find_spec(self, name, path=None, target=None):\n"
+    "    if name.split('.')[0] == 'matplotlib':\n"
+    "      raise ModuleNotFoundError(\"No module named 'matplotlib'\")\n"
+    "sys.meta_path.insert(0, NoMatplotlib())\n"
+    f"sys.path.insert(0, {str(REPO / 'tools')!r})\n"
+    "import plot\n"
+    f"sys.exit(plot.main(['curves', {str(synthetic)!r}, '--out', {str(tmp_path / 'x.png')!r}]))\n"
+  )
+  proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert proc.stderr.strip().splitlines() == [
+    "error: tools/plot.py needs matplotlib, which the base install leaves out: "
+    "pip install -e '.[experiments]' (or pip install matplotlib)"
+  ]
+  assert not (tmp_path / "x.png").exists()

@@ -553,7 +553,14 @@ def heatmap_data(
 
 
 def _pyplot():
-  import matplotlib
+  """matplotlib's pyplot on the Agg backend, or a PlotError naming the extra that installs it."""
+  try:
+    import matplotlib
+  except ModuleNotFoundError:
+    raise PlotError(
+      "tools/plot.py needs matplotlib, which the base install leaves out: "
+      "pip install -e '.[experiments]' (or pip install matplotlib)"
+    ) from None
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
