@@ -76,3 +76,11 @@ def test_memory_table_targets_parse_and_bad_ones_are_named():
     memory_table.parse_target("cpu:8:fsdp")
   with pytest.raises(ValueError, match="starts with cpu: or tpu:"):
     memory_table.parse_target("gpu:8")
+
+
+def test_memory_table_help_lists_the_shapes_and_the_target_syntax(capsys):
+  with pytest.raises(SystemExit):
+    memory_table.main(["--help"])
+  out = " ".join(capsys.readouterr().out.split())
+  assert all(name in out for name in memory_table.SHAPES)
+  assert "cpu:N[:AXIS=K...]" in out and "tpu:SLICE[:AXIS=K...]" in out

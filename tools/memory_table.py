@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:  # run from a checkout without installing it
@@ -236,9 +237,18 @@ def markdown(rows: list[dict]) -> str:
 
 def main(argv: list[str]) -> int:
   """Command line: one JSON line per (shape, target)."""
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--shapes", default=",".join(SHAPES))
-  parser.add_argument("--targets", default="cpu:1", help="comma-separated, see the docstring")
+  parser = argparse.ArgumentParser(
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
+  parser.add_argument(
+    "--shapes", default=",".join(SHAPES), help=f"comma-separated, of: {', '.join(SHAPES)}"
+  )
+  parser.add_argument(
+    "--targets",
+    default="cpu:1",
+    help="comma-separated: cpu:N[:AXIS=K...] (N CPU devices as a proxy for N GPUs) or "
+    "tpu:SLICE[:AXIS=K...] (e.g. tpu:v5p-8), AXIS one of data, fsdp, model, expert, runs",
+  )
   parser.add_argument("--prompt_len", type=int, default=0, help="prompt tokens (0: 13)")
   parser.add_argument("--new_tokens", type=int, default=0, help="0: the shape's own")
   parser.add_argument(
@@ -271,13 +281,15 @@ def main(argv: list[str]) -> int:
       os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={most}"
     )
   rows = []
-  for shape in shapes:
-    for target in targets:
-      r = row(
-        shape, target, args.set, args.prompt_len, args.new_tokens, args.capacity_gib, args.runs
-      )
-      rows.append(r)
-      print(json.dumps(r), flush=True)
+  for i, (shape, target) in enumerate((s, t) for s in shapes for t in targets):
+    # Progress on stderr: a large shape's compile can take many minutes on a small machine.
+    print(f"[{i + 1}/{len(shapes) * len(targets)}] compiling {shape} for {target} ...",
+          file=sys.stderr, flush=True)  # fmt: skip
+    start = time.monotonic()
+    r = row(shape, target, args.set, args.prompt_len, args.new_tokens, args.capacity_gib, args.runs)
+    print(f"  done in {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
+    rows.append(r)
+    print(json.dumps(r), flush=True)
   if args.markdown:
     print(markdown(rows))
   return 0
