@@ -463,3 +463,17 @@ def test_shards_are_disjoint(math, tok):
     for j in range(i + 1, 3):
       assert not set(seen[i]) & set(seen[j])
   assert sorted(i for s in seen for i in s) == list(range(36))
+
+
+def test_a_dataset_whose_answers_are_all_prose_is_named_at_start_up(caplog):
+  from jaxrl_llm.data import file_task
+
+  prose = [{"answer": "the sky is blue"}, {"answer": "because it rains"}]
+  with caplog.at_level("WARNING"):
+    assert file_task._warn_if_no_answer_parses(prose, "answer", "math_correct")
+  (line,) = [r.getMessage() for r in caplog.records if "parses as a number" in r.getMessage()]
+  assert "'the sky is blue'" in line and "data.answer_field" in line
+  assert not file_task._warn_if_no_answer_parses(
+    [*prose, {"answer": "#### 42"}], "answer", "math_correct"
+  )
+  assert not file_task._warn_if_no_answer_parses(prose, "answer", "think_format")

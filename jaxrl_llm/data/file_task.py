@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+from absl import logging
 
 from jaxrl_llm.data import records, verifiers
 from jaxrl_llm.data.task import Task
@@ -117,6 +118,28 @@ def _split_files(spec: str) -> list[str]:
   return [f.strip() for f in spec.split(",") if f.strip()]
 
 
+def _warn_if_no_answer_parses(loaded: Sequence[dict], field: str, term: str) -> bool:
+  """Warns (once) when none of the first 1,000 reference answers parses as a number: the math
+  verifiers then only ever match a completion that repeats the text exactly, and a run with
+  prose answers would train near reward 0 without a word. Returns whether it warned."""
+  if not term.startswith(("math", "gsm8k")):
+    return False
+  answers = [r["answer"] for r in loaded[:1000]]
+  norm = verifiers.normalize
+  if any(verifiers.parse_number(norm(verifiers.reference_answer(a))) is not None for a in answers):
+    return False
+  logging.warning(
+    "data: none of the first %d reference answers (field %r) parses as a number, e.g. %r; "
+    "data.correct_term=%s then rewards only an exact repeat of the text: check "
+    "data.answer_field",
+    len(answers),
+    field,
+    answers[0][:80] if answers else "",
+    term,
+  )
+  return True
+
+
 def _tokenizer(path: str) -> HFTokenizer:
   """The tokenizer at `path` (a directory holding tokenizer.json, or the file), or one
   `DataError` naming `data.tokenizer` and what it must be."""
@@ -141,6 +164,7 @@ def build_file_task(config, tokenizer_dir: str) -> FileTask:
     loaded = records.load_records(_split_files(d.train_files), **fields)
   except FileNotFoundError as e:
     raise records.DataError(f"data.train_files={d.train_files!r}: {e}") from e
+  _warn_if_no_answer_parses(loaded, d.answer_field, d.correct_term)
   tokenizer = _tokenizer(d.tokenizer or tokenizer_dir)
   eval_files = _split_files(d.eval_files) or None
   share = 0.0 if eval_files else d.eval_fraction
