@@ -542,3 +542,28 @@ def test_background_thread_failures_are_one_log_line_unless_debugging(tmp_path):
   assert "thread saver stopped: ZeroDivisionError" in quiet.stderr
   assert "Event loop is closed" in quiet.stderr and "save failed" in quiet.stderr
   assert loud.stderr.count("Traceback") >= 2  # --debug keeps them
+
+
+def test_a_workdir_of_another_recipe_is_not_resumed_without_saying_so(tmp_path, caplog):
+  """A finished (or interrupted) run's workdir, relaunched under other learner settings (here
+  DAPO's clip-higher over GRPO's): refused with the changed fields named, nothing written;
+  with train.resume_changed it resumes and says what changed; a memory knob is no change."""
+  workdir = str(tmp_path / "w")
+  train_and_evaluate(tiny_config(**{"train.num_steps": 2}), workdir)
+  before = sorted(p.name for p in (tmp_path / "w").iterdir())
+  dapo = {"train.num_steps": 4, "objective.clip_high": 0.28, "aggregation.name": "token_mean"}
+  with pytest.raises(ConfigError) as err:
+    train_and_evaluate(tiny_config(**dapo), workdir)
+  message = str(err.value)
+  assert "objective.clip_high: None → 0.28" in message  # None: the objective's own default
+  assert "aggregation.name: 'seq_mean_token_mean' → 'token_mean'" in message
+  assert "--config.train.resume_changed=True" in message
+  assert sorted(p.name for p in (tmp_path / "w").iterdir()) == before
+  with caplog.at_level("WARNING"):
+    train_and_evaluate(tiny_config(**dapo, **{"train.resume_changed": True}), workdir)
+  assert any("changed learner settings" in r.getMessage() for r in caplog.records)
+  # Against the newest record (the DAPO resume), a microbatching change alone is no change.
+  more = {**dapo, "train.num_steps": 6, "rl.num_microbatches": 2}
+  train_and_evaluate(tiny_config(**more), workdir)
+  with checkpoint.Checkpointer(workdir, save_every=1) as ckpt:
+    assert ckpt.all_steps()[-1] == 6

@@ -22,6 +22,7 @@ ADDED = {
   "mesh": {"runs": 1},
   "task": {"numbers": 3, "wrong_traces": 0.0},
   "sampling": {"kv_block": 128},
+  "train": {"resume_changed": False},
 }
 
 

@@ -219,8 +219,16 @@ def train_and_evaluate(
     train_iter = train_iterator(exp)
     writer.scalars(0, exp.task.data_stats)  # file data: records read, too long (dropped), kept
     evaluate = Evaluator(exp, writer)
+    changed = record.changed_learner(cfg, workdir)
+    if changed and not tr.resume_changed:
+      raise ConfigError(
+        f"{workdir} holds a run with other learner settings ({'; '.join(changed)}): resume it "
+        "under these with --config.train.resume_changed=True, or give a fresh --workdir"
+      )
     state = _initial_state(exp, ckpt, train_iter, workdir)
     start = int(state.step)
+    if changed:
+      logging.warning("resuming %s under changed learner settings: %s", workdir, "; ".join(changed))
     hparams = record.run_hparams(cfg, exp.state.params, hparam_fields)
     record.record_run(cfg, workdir, writer, start, hparams)
     if start >= tr.num_steps:  # a finished workdir: report its last evaluation, write nothing

@@ -76,6 +76,41 @@ def _config_table(cfg: Config, record: Mapping, name: str) -> str:
   return "\n".join(rows)
 
 
+# The sections that decide what the learner optimises: a workdir's run continues under other
+# values only with train.resume_changed.
+LEARNER_SECTIONS = (
+  "rl", "advantage", "objective", "aggregation", "correction", "kl", "shaping", "replay",
+  "filtering",
+)  # fmt: skip
+# How the same update is computed (memory and speed), free to change on resume.
+HOW_NOT_WHAT = ("rl.num_microbatches", "rl.microbatch_tokens", "rl.remat", "rl.share_prompt")
+
+
+def changed_learner(cfg: Config, workdir: str) -> list[str]:
+  """`section.field: saved → now` for each learner field whose value differs from the run
+  recorded in `workdir` (its newest `config.resume-<step>.json`, else `config.json`; empty
+  without either)."""
+  if not paths.is_dir(workdir):
+    return []
+  records = {p.name: p for p in paths.listdir(workdir)}
+  resumes = [n for n in records if n.startswith("config.resume-") and n.endswith(".json")]
+  newest = max(resumes, key=lambda n: int(n[len("config.resume-") : -len(".json")]), default=None)
+  name = newest or ("config.json" if "config.json" in records else None)
+  if name is None:
+    return []
+  saved = json.loads(paths.read_text(records[name])).get("config", {})
+  now = json.loads(cfg.to_json())
+  out = []
+  for section in LEARNER_SECTIONS:
+    old, new = saved.get(section, {}), now.get(section, {})
+    for name in sorted(set(old) | set(new)):
+      if f"{section}.{name}" in HOW_NOT_WHAT or name not in old:  # added since: no change
+        continue
+      if old.get(name) != new.get(name):
+        out.append(f"{section}.{name}: {old.get(name)!r} → {new.get(name)!r}")
+  return out
+
+
 def record_run(
   cfg: Config,
   workdir: str,
