@@ -222,7 +222,7 @@ class _LibraryInfoFilter(std_logging.Filter):
     self.tracebacks = tracebacks
 
   def filter(self, record: std_logging.LogRecord) -> bool:
-    libs = ("orbax", "grain", "asyncio", "concurrent", "tensorboard", "fsspec", "gcsfs")
+    libs = ("orbax", "grain", "asyncio", "concurrent", "tensorboard", "fsspec", "gcsfs", "optax")
     noisy = any(f"{os.sep}{lib}{os.sep}" in record.pathname for lib in libs)
     if noisy and not self.tracebacks:
       record.exc_info, record.exc_text = None, None

@@ -179,6 +179,16 @@ def test_cli_runs_and_writes_checkpoint(tmp_path):
     assert not [line for line in lines if "TPU" in line or "libtpu" in line], lines[:5]
   assert "jaxrl_llm" in next(line for line in lines if "record.py" in line and "|" in line)
   assert "final eval: eval/accuracy=" in lines[-1] and "wall time" in lines[-1]
+  # The terminal's order: the banner first, the parameter count once, every compilation
+  # announced before it runs, the RL loop's time apart from the whole wall time.
+  logged = [line for line in lines if line[:1] in "IWE" and "] " in line]
+  assert "jaxrl_llm" in logged[0] and "JAX" in logged[0], logged[:3]
+  assert sum("M parameters" in line for line in lines) == 1
+  for phase in ("warm start", "held-out evaluation", "RL step"):
+    assert any(phase in line and "compilation" in line for line in lines), phase
+  summary = next(line for line in lines if "trained RL steps" in line)
+  assert "(the RL loop; " in summary and "wall time with start-up" in summary
+  assert not [line for line in lines if "polynomial schedule" in line]
 
 
 def test_host_reward_path_matches_fused_step():

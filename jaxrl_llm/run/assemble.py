@@ -15,7 +15,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from absl import logging
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -271,13 +270,7 @@ def _learner_settings(cfg: Config, params, mesh, seq_len: int, samp) -> Settings
   num_params = sum(x.size for x in jax.tree.leaves(params))
   rows = rl.num_prompts * samp.group_size // rl.num_minibatches // sharding.batch_size_divisor(mesh)
   rl = rl.resolved(rows_per_device=max(rows, 1), seq_len=seq_len, num_params=num_params)
-  logging.info(
-    "%.3gM parameters; learner: %d microbatch(es) per minibatch, remat %s",
-    num_params / 1e6,
-    rl.num_microbatches,
-    rl.remat,
-  )
-  return dataclasses.replace(settings, rl=rl)
+  return dataclasses.replace(settings, rl=rl)  # `record.log_banner` shows the resolved values
 
 
 def run_meta(cfg: Config, mc: ModelConfig) -> dict:
@@ -319,7 +312,6 @@ def build(
     cfg, task, mesh, rules, abstract=abstract, devices=devices
   )
   samp = cfg.sampling.sampler(task)
-  logging.info("objective %s: %s", cfg.objective.name, cfg.objective.hyperparameters)
   tx, schedule, rebuild = _optimizer(cfg)
   rng = jax.random.PRNGKey(cfg.seed)
   state = _initial_state(cfg, tx, params, param_shardings, mesh, rng, abstract=abstract)

@@ -43,6 +43,8 @@ class Evaluator:
 
   def __call__(self, step: int, params) -> dict[str, float]:
     """Evaluates `params`, writes and logs the scalars at `step`."""
+    if not self.history:
+      logging.info("compiling the held-out evaluation (its first run includes compilation) ...")
     t = time.time()
     m = self.exp.eval_fn(params, self.batch, self.key, self.answers)
     m = metrics_lib.flatten_metrics(m)
@@ -212,7 +214,8 @@ def train_and_evaluate(
   except ValueError as err:
     raise ConfigError(str(err)) from None
   exp = build(cfg)
-  record.log_banner(exp.state.params, exp.model.cfg, exp.mesh, workdir)
+  rl = exp.program.learner.settings.rl
+  record.log_banner(exp.state.params, exp.model.cfg, exp.mesh, workdir, cfg, rl)
   tr, writer = cfg.train, metrics_lib.SummaryWriter(workdir)
   ckpt = ckpt_lib.Checkpointer(workdir, save_every=tr.checkpoint_every, max_to_keep=tr.max_to_keep)
   try:
@@ -240,7 +243,7 @@ def train_and_evaluate(
     ckpt.wait()
     if end == tr.num_steps:
       writer.session_end(end)
-    times = (time.time() - wall_start, logger.t_compiled, time.time())
+    times = (time.time() - wall_start, logger.t_loop, logger.t_compiled, time.time())
     record.log_summary(
       workdir, str(ckpt.directory), (start, end), times, logger.tokens, evaluate.history
     )

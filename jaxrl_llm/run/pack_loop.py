@@ -146,7 +146,7 @@ def _close_runs(runs: list[_Run], ckpt, span: tuple[int, int], wall_start: float
   for run in runs:
     if span[1] == last:
       run.writer.session_end(last)
-    times = (time.time() - wall_start, run.logger.t_compiled, time.time())
+    times = (time.time() - wall_start, run.logger.t_loop, run.logger.t_compiled, time.time())
     tokens = run.logger.tokens
     record.log_summary(run.workdir, str(ckpt.directory), span, times, tokens, run.history)
 
@@ -164,7 +164,9 @@ def train_pack(
   wall_start = time.time()
   pack = build_pack(configs, names)
   tr = pack.configs[0].train
-  record.log_banner(pack.exp.state.params, pack.exp.model.cfg, pack.exp.mesh, root)
+  exp = pack.exp
+  rl = exp.program.learner.settings.rl
+  record.log_banner(exp.state.params, exp.model.cfg, exp.mesh, root, exp.config, rl)
   logging.info("a pack of %d runs varying %s", pack.size, ", ".join(pack.varied) or "nothing")
   runs = [_Run(name, paths.join(root, name), None) for name in pack.names]
   ckpt = ckpt_lib.Checkpointer(root, save_every=tr.checkpoint_every, max_to_keep=tr.max_to_keep)

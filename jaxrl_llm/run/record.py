@@ -170,8 +170,9 @@ def parameter_counts(params, mc) -> tuple[int, int]:
   return total, active
 
 
-def log_banner(params, mc, mesh, workdir: str) -> None:
-  """The run's first lines: what runs where, and how to watch it."""
+def log_banner(params, mc, mesh, workdir: str, cfg: Config | None = None, rl=None) -> None:
+  """The run's first lines: what runs where, what it optimises (`cfg`'s objective and the
+  resolved `rl` microbatching and remat), and how to watch it."""
   total, active = parameter_counts(params, mc)
   shown = f"{total / 1e6:.3g}M parameters"
   if active != total:
@@ -189,6 +190,15 @@ def log_banner(params, mc, mesh, workdir: str) -> None:
     axes,
     shown,
   )
+  if cfg is not None and rl is not None:
+    hparams = ", ".join(f"{k} {v}" for k, v in cfg.objective.hyperparameters.items())
+    logging.info(
+      "objective %s (%s) | learner: %d microbatch(es) per minibatch, remat %s",
+      cfg.objective.name,
+      hparams or "no hyperparameters",
+      rl.num_microbatches,
+      rl.remat,
+    )
   logging.info("workdir %s | watch it: tensorboard --logdir %s", workdir, workdir)
 
 
@@ -210,16 +220,17 @@ def log_summary(
   tokens: float,
   evals: Sequence[tuple[int, Mapping[str, float]]],
 ) -> None:
-  """The run's last lines: steps, wall time, RL steps/s and generated tokens/s after
-  compilation (`times` = wall seconds, compiled at, ended at), first and final evaluation,
-  and where checkpoints and events are."""
-  (start, end), (wall_s, t_compiled, t_end) = span, times
+  """The run's last lines: steps, the RL loop's time and the whole wall time, RL steps/s and
+  generated tokens/s after compilation (`times` = wall seconds, loop started at, compiled at,
+  ended at), first and final evaluation, and where checkpoints and events are."""
+  (start, end), (wall_s, t_loop, t_compiled, t_end) = span, times
   steady = max(t_end - t_compiled, 1e-9)
   logging.info(
-    "trained RL steps %d..%d in %s wall time | %.3g steps/s, %.3g generated tokens/s after the "
-    "first (compiling) step",
+    "trained RL steps %d..%d in %s (the RL loop; %s wall time with start-up, warm start and "
+    "compilation) | %.3g steps/s, %.3g generated tokens/s after the first (compiling) step",
     start,
     end,
+    metrics_lib.format_duration(t_end - t_loop),
     metrics_lib.format_duration(wall_s),
     (end - start - 1) / steady if end - start > 1 else float("nan"),
     tokens / steady if end - start > 1 else float("nan"),

@@ -56,7 +56,11 @@ def warm_start(exp: Experiment, workdir: str) -> TrainState:
   )
   t0, guard = time.time(), SkipGuard(cfg.train.max_skipped_updates, "sft")
   writer = metrics_lib.SummaryWriter(paths.join(workdir, "sft"))
-  logging.info("supervised warm start: %d steps (events in %s)", steps, writer.logdir)
+  logging.info(
+    "supervised warm start: %d steps (events in %s); its first step includes compilation ...",
+    steps,
+    writer.logdir,
+  )
   for i in range(steps):
     batch = to_global_batch(next(it), exp.batch_sharding)
     params, opt_state, loss, skipped = sft_step(params, opt_state, batch)
