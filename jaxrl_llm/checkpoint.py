@@ -18,8 +18,10 @@ a step the leftover is renamed aside (`<step>.uncommitted-<time>` / `<step>.part
 rather than deleted (orbax would delete it) unless it is empty. Leftovers of steps older than the
 newest committed step are removed (a newer complete checkpoint supersedes them).
 
-Integrity: once a step is committed, process 0 writes `<step>/checksums.json`, the size and
-CRC-32 of every file of the step. `restore_latest` checks it before loading: a step whose files
+Integrity: every step gets `<step>/checksums.json`, the size and CRC-32 of every file of the
+step: in a single-process run before orbax writes the commit marker (a committed step always
+has it), with several processes by process 0 once the step is committed. A committed step
+without one is loaded with a warning naming it. `restore_latest` checks it before loading: a step whose files
 changed, vanished or were truncated (or that fails to load) is skipped for the newest one that
 verifies, and the bad steps are renamed `<step>.corrupt-<time>` (never deleted). When no step
 verifies, nothing is moved and the restore stops with the reasons.
@@ -75,8 +77,13 @@ def _crc32(path: paths.PathLike, chunk: int = 1 << 22) -> int:
   return crc
 
 
+# orbax rewrites these two at its commit, after our checksums may have been taken: the step's
+# metadata (timestamps) and the commit marker. They hold no arrays.
+_UNCHECKED = (_MANIFEST, "_CHECKPOINT_METADATA", "commit_success.txt")
+
+
 def _files(root: epath.Path) -> list[epath.Path]:
-  return [p for p in paths.files_under(root) if p.name != _MANIFEST]
+  return [p for p in paths.files_under(root) if p.relative_to(root).as_posix() not in _UNCHECKED]
 
 
 def write_manifest(step_dir: paths.PathLike) -> None:
@@ -293,7 +300,13 @@ class Checkpointer:
       ),
       cleanup_tmp_directories=False,
       enable_async_checkpointing=async_save,
+      # One process: the checksums are written before orbax's commit marker, so a committed
+      # step always has them (several processes: after the commit, by `_write_manifests`).
+      async_options=ocp.AsyncOptions(post_finalization_callback=self._seal)
+      if async_save and jax.process_count() == 1
+      else None,
     )
+    self._sealing: int | None = None  # the step whose save is in flight (for `_seal`)
     self._manager = ocp.CheckpointManager(
       self.directory, options=options, handler_registry=registry
     )
@@ -323,6 +336,21 @@ class Checkpointer:
     if removed:
       logging.info("removed unfinished saves superseded by step %d: %s", latest, removed)
     return removed
+
+  def _seal(self) -> None:
+    """orbax's post-finalization callback: the step's checksums, written before its commit
+    marker (one process only)."""
+    if self._sealing is None:
+      return
+    final = self.directory / str(self._sealing)
+    # Before the commit the files may still lie in orbax's temporary directory, renamed to
+    # `<step>` with the marker: the manifest's paths are relative, so they hold after it.
+    pending = [
+      p
+      for p in paths.listdir(self.directory)
+      if p.name.startswith(f"{final.name}.orbax-checkpoint-tmp")
+    ]
+    write_manifest(pending[0] if len(pending) == 1 else final)
 
   def _write_manifests(self) -> None:
     """Writes the checksums of this process's committed steps that lack them (process 0)."""
@@ -412,6 +440,7 @@ class Checkpointer:
     if self._manager.is_saving_in_progress():
       self._manager.wait_until_finished()  # the previous step commits; then its checksums
     self._write_manifests()
+    self._sealing = step
     saved = self._manager.save(step, args=ocp.args.Composite(**items), force=True)
     if saved:
       self._unverified.add(step)
@@ -496,6 +525,14 @@ class Checkpointer:
     problems: dict[int, str] = {}
     for step in reversed(steps):
       why = verify_manifest(self.directory / str(step))
+      if why is None and not paths.exists(self.directory / str(step) / _MANIFEST):
+        logging.warning(
+          "checkpoint step %d in %s has no %s (its run ended before they were written): "
+          "loading it unverified",
+          step,
+          self.directory,
+          _MANIFEST,
+        )
       if why is None:
         try:
           state, meta = self.restore(step, abstract_state, data_iter, **kwargs)

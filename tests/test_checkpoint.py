@@ -337,6 +337,24 @@ def test_a_step_without_checksums_that_fails_to_load_falls_back_too(tmp_path):
   _assert_bit_exact(restored, states[4])
 
 
+def test_a_committed_step_carries_its_checksums_before_anything_else_runs(tmp_path, caplog):
+  """The checksums are part of the commit (one process): a run killed right after a save
+  commits, before the next save or `wait`, leaves a step that verifies; one without them (an
+  older layout, several processes) loads with a warning naming it."""
+  states = {2: _state(steps=2)}
+  ckpt = checkpoint.Checkpointer(tmp_path, save_every=1, max_to_keep=3)
+  assert ckpt.save(2, states[2], meta=META)
+  ckpt._manager.wait_until_finished()  # committed; nothing of ours has run since the save
+  step_dir = tmp_path / "checkpoints" / "2"
+  assert (step_dir / "commit_success.txt").exists() and (step_dir / "checksums.json").exists()
+  assert checkpoint.verify_manifest(step_dir) is None
+  ckpt.close()
+  (step_dir / "checksums.json").unlink()
+  with caplog.at_level("WARNING"), checkpoint.Checkpointer(tmp_path, save_every=1) as ckpt:
+    assert ckpt.restore_latest(_abstract(states[2]))[0] == 2
+  assert any("step 2" in r.getMessage() and "unverified" in r.getMessage() for r in caplog.records)
+
+
 def test_when_no_step_verifies_the_restore_stops_and_moves_nothing(tmp_path):
   states = _three_steps(tmp_path)
   root = tmp_path / "checkpoints"
