@@ -321,16 +321,20 @@ class Checkpointer:
 
   def clean_leftovers(self) -> list[str]:
     """Removes unfinished saves (`<s>.partial-*`, `<s>.uncommitted-*`, `<s>.orbax-checkpoint-tmp`)
-    of steps older than the newest committed step; returns the names removed (process 0)."""
+    and uncommitted `<s>` folders (a retention delete the process died in, or a save that never
+    committed) of steps older than the newest committed step; returns the names removed
+    (process 0)."""
     latest = self._manager.latest_step()
     if latest is None or jax.process_index() != 0:
       return []
-    removed = []
+    removed, committed = [], set(self._manager.all_steps())
     for p in paths.listdir(self.directory):
       head, _, tail = p.name.partition(".")
       if not (head.isdigit() and int(head) < latest):
         continue
-      if any(tail.startswith(label) for label in _LEFTOVER_LABELS) and paths.is_dir(p):
+      half_deleted = not tail and int(head) not in committed
+      leftover = any(tail.startswith(label) for label in _LEFTOVER_LABELS)
+      if (half_deleted or leftover) and paths.is_dir(p):
         paths.remove_tree(p)
         removed.append(p.name)
     if removed:

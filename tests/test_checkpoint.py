@@ -1,6 +1,7 @@
 """Tests for orbax checkpointing: real checkpoints in a tmp dir, real flax/optax/grain objects."""
 
 import json
+import shutil
 
 import flax.linen as nn
 import grain
@@ -380,3 +381,24 @@ def test_meta_must_be_json(tmp_path):
   with checkpoint.Checkpointer(tmp_path, save_every=1) as ckpt:
     with pytest.raises(TypeError, match="JSON"):
       ckpt.save(1, _state(), meta={"model": object()})
+
+
+def test_a_step_half_deleted_by_retention_is_removed_once_superseded(tmp_path):
+  """The process died while retention deleted step 2: `checkpoints/2/` holds only `state/`
+  (its commit marker gone). It is not a checkpoint, and a newer committed step supersedes it:
+  the next save's clean-up removes it; the committed steps are untouched."""
+  state = _state()
+  with checkpoint.Checkpointer(tmp_path, save_every=1, max_to_keep=2) as ckpt:
+    ckpt.save(2, state, meta=META)
+    ckpt.save(4, state, meta=META)
+    ckpt.wait()
+  root = tmp_path / "checkpoints"
+  for p in list((root / "2").iterdir()):  # what a killed rmtree leaves
+    if p.name != "state":
+      shutil.rmtree(p) if p.is_dir() else p.unlink()
+  with checkpoint.Checkpointer(tmp_path, save_every=1, max_to_keep=2) as ckpt:
+    assert ckpt.all_steps() == [4]
+    assert ckpt.save(6, state, meta=META)
+    ckpt.wait()
+    assert not (root / "2").exists() and ckpt.all_steps() == [4, 6]
+    _assert_bit_exact(ckpt.restore(4, _abstract(state))[0], state)
