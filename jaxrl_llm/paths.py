@@ -1,6 +1,7 @@
 """One path abstraction for the workdir: local paths and object-store URLs alike (`etils.epath`).
 
-A workdir may be a local path or a `gs://` (also `s3://`, `az://`) URL; events, `config.json` and
+A workdir may be a local path or a `gs://` URL (tested against an emulator; `s3://` and `az://`
+take the same calls but are untested and need `s3fs` / `adlfs`); events, `config.json` and
 checkpoints are all written through these helpers, never `os`/`open`, so a URL never becomes a
 local folder named `gs:`. `etils.epath` reaches object stores through fsspec (gcsfs for gs://)
 when TensorFlow is not installed, and orbax writes its arrays there with tensorstore.
