@@ -156,13 +156,16 @@ def test_sweep_fills_the_hparams_view(tiny_sweep):
   the swept fields as columns with each run's values, final metrics as values."""
   root, _, _ = tiny_sweep
   table = metrics.hparams_table(str(root))
-  assert [r["name"] for r in table] == sorted(_names())
+  # Trial ids name the swept values (short, readable); the swept field is the first column.
+  assert [r["name"] for r in table] == [f"clip_high={c} seed=0" for c in CLIPS]
+  for name in _names():
+    assert metrics.read_hparams(str(root / name))["columns"][0] == "objective.clip_high"
   for row, clip in zip(table, CLIPS):
     assert row["hparams"]["objective.clip_high"] == pytest.approx(float(clip))
     assert row["hparams"]["seed"] == 0 and row["hparams"]["objective.name"] == "ppo_clip"
     assert "train.num_steps" not in row["hparams"]  # fixed by --set: not a column
     assert row["status"] == "success"
-    final = metrics.read_scalars(str(root / row["name"]))
+    final = metrics.read_scalars(str(root / f"objective.clip_high={clip},seed=0"))
     for tag in ("eval/accuracy", "rollout/reward_mean", "policy/entropy", "policy/clip_frac"):
       assert row["metrics"][tag] == pytest.approx(final[tag][-1][1])
 

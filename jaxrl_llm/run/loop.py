@@ -16,7 +16,7 @@ import numpy as np
 from absl import logging
 
 from jaxrl_llm import checkpoint as ckpt_lib
-from jaxrl_llm import distributed, sharding
+from jaxrl_llm import distributed, paths, sharding
 from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm.config import Config, ConfigError, parse
 from jaxrl_llm.models.config import ModelConfig
@@ -233,7 +233,8 @@ def train_and_evaluate(
     if changed:
       logging.warning("resuming %s under changed learner settings: %s", workdir, "; ".join(changed))
     hparams = record.run_hparams(cfg, exp.state.params, hparam_fields)
-    record.record_run(cfg, workdir, writer, start, hparams)
+    trial = record.trial_name(cfg, hparam_fields, paths.as_path(workdir).name)
+    record.record_run(cfg, workdir, writer, start, hparams, trial)
     if start >= tr.num_steps:  # a finished workdir: report its last evaluation, write nothing
       return finished_run(workdir, start, tr.num_steps)
     if start == 0:

@@ -136,7 +136,8 @@ def _open_runs(pack: Pack, runs: list[_Run], start: int, hparam_fields: Sequence
     run.writer = metrics_lib.SummaryWriter(run.workdir)
     run.writer.scalars(0, exp.task.data_stats)
     hparams = record.run_hparams(pack.configs[r], exp.state.params, fields)
-    record.record_run(pack.configs[r], run.workdir, run.writer, start, hparams)
+    trial = record.trial_name(pack.configs[r], fields, run.name)
+    record.record_run(pack.configs[r], run.workdir, run.writer, start, hparams, trial)
     guard = SkipGuard(tr.max_skipped_updates, "rl")
     run.logger = Logger(pack.run(r), run.writer, guard, start, run.name)
 

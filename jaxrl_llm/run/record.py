@@ -52,11 +52,12 @@ def _commit() -> str | None:
 def run_hparams(
   cfg: Config, params=None, extra: Sequence[str] = ()
 ) -> dict[str, bool | int | float | str]:
-  """The run's HParams: `HPARAM_FIELDS` plus the fields named in `extra` (e.g. those a sweep
-  sets), with the objective's clip widths resolved to the values it uses, and the parameter
-  count when `params` is given. Unset fields read 'default'."""
+  """The run's HParams: the fields named in `extra` (those a sweep varies, or the command line
+  sets) first, so TensorBoard's HParams tab shows them as its first columns, then
+  `HPARAM_FIELDS`, and the parameter count when `params` is given. Unset fields read
+  'default'."""
   out: dict[str, bool | int | float | str] = {}
-  for field in dict.fromkeys([*HPARAM_FIELDS, *extra]):
+  for field in dict.fromkeys([*extra, *HPARAM_FIELDS]):
     node = cfg.value(field)
     if isinstance(node, bool | int | float | str):
       out[field] = node
@@ -65,6 +66,16 @@ def run_hparams(
   if params is not None:
     out["params"] = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
   return out
+
+
+def trial_name(cfg: Config, fields: Sequence[str], fallback: str) -> str:
+  """A short, readable trial id from `fields`' values (`clip_high=0.28 temperature=1.0
+  seed=1`: the last part of each name, the seed added when a field is given), else
+  `fallback`."""
+  if not fields:
+    return fallback
+  names = [*dict.fromkeys([*fields, "seed"])]
+  return " ".join(f"{name.rsplit('.', 1)[-1]}={cfg.value(name)}" for name in names)
 
 
 def _config_table(cfg: Config, record: Mapping, name: str) -> str:
@@ -117,11 +128,13 @@ def record_run(
   writer,
   step: int,
   hparams: Mapping[str, bool | int | float | str] | None = None,
+  trial: str | None = None,
 ) -> str | None:
   """Records the run's resolved config in `workdir` (process 0): `config.json` with every field
   after overrides plus the package version and commit, JAX version, backend and device count,
   the same fields as a TensorBoard text table (tag `config`), and `hparams` as the run's
-  HParams session (metrics: `metric_info.HPARAMS_METRICS`). A resumed run with the same config
+  HParams session named `trial` (default: the workdir's name; metrics:
+  `metric_info.HPARAMS_METRICS`). A resumed run with the same config
   writes nothing; one with a changed config writes `config.resume-<step>.json` (and a new
   table at `step`; the HParams session stays the first one). Returns the file written, or
   None."""
@@ -152,7 +165,7 @@ def record_run(
     declared = [
       (tag, name, metric_info.info(tag).meaning) for tag, name in metric_info.HPARAMS_METRICS
     ]
-    trial = paths.as_path(workdir).name
+    trial = trial or paths.as_path(workdir).name
     writer.hparams(hparams, declared, trial_id=trial, start_time=time.time())
   return path
 
