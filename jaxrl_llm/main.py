@@ -163,6 +163,7 @@ def main(argv):
   if not _DRY_RUN.value:  # a dry run may compile for a TPU slice through libtpu
     use_cpu_without_accelerators()
   quiet_library_logs(tracebacks=_DEBUG.value)
+  plain_on_terminal(debug=_DEBUG.value)
 
   from jaxrl_llm import distributed
 
@@ -232,6 +233,28 @@ class _LibraryInfoFilter(std_logging.Filter):
     if record.pathname.endswith("xla_bridge.py") and record.levelno < std_logging.WARNING:
       return False  # e.g. "Unable to initialize backend 'tpu'" on a machine without one
     return record.levelno >= std_logging.WARNING or not noisy
+
+
+class _TerminalFormatter(std_logging.Formatter):
+  """Log records as a terminal reader wants them: the message alone, warnings and errors with
+  their level in front (no date, thread id or source file)."""
+
+  def format(self, record: std_logging.LogRecord) -> str:
+    message = super().format(record)
+    if record.levelno >= std_logging.WARNING:
+      return f"{record.levelname.lower()}: {message}"
+    return message
+
+
+def plain_on_terminal(debug: bool = False, stream=None) -> bool:
+  """On a terminal (and without `debug`), absl's log lines lose their prefix
+  (`I1124 18:35:15.886093 140514125208448 train.py:790]`); redirected to a file they keep it.
+  Returns whether it changed the format."""
+  stream = sys.stderr if stream is None else stream
+  if debug or not getattr(stream, "isatty", lambda: False)():
+    return False
+  logging.get_absl_handler().setFormatter(_TerminalFormatter("%(message)s"))
+  return True
 
 
 def quiet_library_logs(tracebacks: bool = False) -> None:

@@ -1,6 +1,7 @@
 """End-to-end trainer: TensorBoard tags, resume determinism, compile-once, sharded == single device."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -254,3 +255,34 @@ def test_the_run_records_its_config_once(tmp_path):
   table = metrics.hparams_table(str(tmp_path))  # what TensorBoard's HParams tab shows
   assert len(table) == 1 and table[0]["status"] == "success"
   assert table[0]["metrics"]["eval/accuracy"] == pytest.approx(final["eval/accuracy"])
+
+
+def test_on_a_terminal_the_log_lines_have_no_prefix(tmp_path):
+  """Under a pseudo-terminal the progress lines, the banner and the summary print bare (the
+  `I1124 18:35:15.886093 140514125208448 loop.py:141]` prefix is for log files: a redirected
+  run keeps it, `test_cli_runs_and_writes_checkpoint`)."""
+  import pty
+  import select
+
+  master, slave = pty.openpty()
+  cmd = [sys.executable, "-m", "jaxrl_llm.main", "--config=configs/default.py"]
+  cmd += [f"--workdir={tmp_path}", "--config.train.num_steps=2", "--config.sft.steps=0"]
+  cmd += ["--config.train.log_every=1", "--config.rl.num_prompts=4", "--config.task.eval_size=8"]
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+  proc = subprocess.Popen(cmd, stdout=slave, stderr=slave, cwd=REPO, env=env)
+  os.close(slave)
+  out = b""
+  while select.select([master], [], [], 300)[0]:
+    try:
+      chunk = os.read(master, 4096)
+    except OSError:  # the terminal closed: the process ended
+      break
+    if not chunk:
+      break
+    out += chunk
+  assert proc.wait(timeout=60) == 0, out.decode()[-3000:]
+  lines = [line for line in out.decode().splitlines() if line.strip()]
+  assert lines[0].startswith("jaxrl_llm ") and " | JAX " in lines[0], lines[:3]
+  assert any(line.startswith("step 2/2 (100%)") for line in lines), lines
+  assert lines[-1].startswith("final eval: eval/accuracy=")
+  assert not [line for line in lines if re.match(r"[IWE]\d{4} ", line)]
