@@ -40,6 +40,7 @@ VERIFIED: frozenset[tuple[str, str, str]] = frozenset(
   {
     ("moe_kernel", "NVIDIA H200", "0.11.2"),  # 2026-11-26, after the dx rows fix
     ("cudnn_attention", "NVIDIA H200", "0.11.2"),  # 2026-11-26
+    ("sampler_bfloat16", "NVIDIA H200", "0.11.2"),  # 2026-11-26
   }
 )
 
@@ -273,6 +274,7 @@ INTERPRETED: dict[str, Check] = {
 FAST_PATHS: dict[str, tuple[str, ...]] = {
   "moe_kernel": ("grouped_forward", "grouped_input_grad", "grouped_weight_grad"),
   "cudnn_attention": ("cudnn_attention",),
+  "sampler_bfloat16": ("sampler_bfloat16",),
 }
 
 
