@@ -1,7 +1,8 @@
 """Reading a compiled program's HLO text: which instructions run inside which loop.
 
 Used by tests and `tools/memory_table.py` to show where collectives sit, e.g. that no weight
-all-gather runs inside the sampler's decode `while_loop` (`sampling.DECODE_SCOPE`).
+all-gather runs inside the sampler's decode `while_loop`s (one per `sampling.kv_block` stage,
+under `sampling.DECODE_SCOPE`).
 """
 
 from __future__ import annotations
