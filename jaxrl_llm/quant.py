@@ -22,19 +22,11 @@ SAMPLER_DTYPES = ("auto", "float32", "bfloat16", "int8")
 
 
 def resolve_sampler_dtype(dtype: str, backend: str | None = None) -> str:
-  """`auto`: bfloat16 on accelerators (decode reads half the bytes) where the bf16 copy's
-  check passes on this process's device (`kernels.verify`; a plan for another backend is not
-  checked), float32 on CPU."""
+  """`auto`: bfloat16 on accelerators (decode reads half the bytes), float32 on CPU (the run
+  keeps bfloat16 only where its check passes on the device: `run/assemble.py`)."""
   if dtype != "auto":
     return dtype
-  here = jax.default_backend()
-  if (backend or here) == "cpu":
-    return "float32"
-  if backend not in (None, here):
-    return "bfloat16"
-  from jaxrl_llm.kernels import verify
-
-  return verify.choose("sampler_bfloat16", "bfloat16", "float32")
+  return "float32" if (backend or jax.default_backend()) == "cpu" else "bfloat16"
 
 
 # Parameter name -> axes reduced to get one scale per output channel. Kernels default to

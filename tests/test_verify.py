@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from jaxrl_llm import fast_paths
 from jaxrl_llm.kernels import verify
 from jaxrl_llm.models import moe
 
@@ -46,7 +47,7 @@ def test_without_the_interpreter_the_kernels_do_not_run_on_cpu():
 
 def test_a_failing_check_is_not_chosen_and_says_so_once(caplog):
   # chunked log-probs at τ = 0.7 against the reference at τ = 1.0: a real mismatch.
-  wrong = functools.partial(verify._chunked_case, 0.7, 1.0)
+  wrong = functools.partial(fast_paths._chunked_case, 0.7, 1.0)
   checks = _checks(wrong_temperature=wrong)
   result = verify.run_check("wrong_temperature", checks)
   assert result.status == "fail" and result.error > 1e-2
@@ -72,7 +73,7 @@ def test_a_passing_check_runs_once_and_eagerly_while_a_program_is_traced():
 
   def counted():
     calls.append(1)
-    return verify._chunked_case()
+    return fast_paths._chunked_case()
 
   checks = _checks(counted=counted)
 
@@ -87,6 +88,7 @@ def test_a_passing_check_runs_once_and_eagerly_while_a_program_is_traced():
 
 def test_auto_never_chooses_an_unverified_path_here():
   assert moe.resolve_impl("auto", jax.devices()[0]) == "portable"
+  assert not verify.verified("a_path_with_no_registered_check")
   assert all(path in verify.FAST_PATHS for path, _, _ in verify.VERIFIED)
   assert all(kind != jax.devices()[0].device_kind for _, kind, _ in verify.VERIFIED)
 

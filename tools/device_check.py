@@ -24,6 +24,7 @@ if _REPO not in sys.path:  # run from a checkout without installing it
 
 import jax  # noqa: E402
 
+from jaxrl_llm import fast_paths  # noqa: E402, F401  (registers the checks)
 from jaxrl_llm.kernels import verify  # noqa: E402
 
 

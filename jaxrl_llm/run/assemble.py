@@ -18,10 +18,16 @@ import optax
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxrl_llm import distributed, quant, sharding
+from jaxrl_llm import (
+  distributed,
+  fast_paths,  # noqa: F401  (registers the checks `auto` needs)
+  quant,
+  sharding,
+)
 from jaxrl_llm.config import Config, ConfigError, Settings, check, parse
 from jaxrl_llm.data import file_task, pipeline, tasks
 from jaxrl_llm.data.task import Task
+from jaxrl_llm.kernels import verify
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.transformer import Transformer, positions_from_mask
 from jaxrl_llm.rl import RLProgram, make_rl_step
@@ -263,6 +269,15 @@ def _optimizer(cfg: Config):
   return tx, schedule, rebuild
 
 
+def _sampler_dtype(dtype: str, platform: str) -> str:
+  """`sampling.param_dtype` made concrete: `auto`'s bfloat16 copy is kept on this process's
+  device only where its check passes (`jaxrl_llm/fast_paths.py`), else float32."""
+  resolved = quant.resolve_sampler_dtype(dtype, platform)
+  if dtype == "auto" and resolved == "bfloat16" and platform == jax.default_backend():
+    return verify.choose("sampler_bfloat16", "bfloat16", "float32")
+  return resolved
+
+
 def _learner_settings(cfg: Config, params, mesh, seq_len: int, samp) -> Settings:
   """The learner settings with the `auto` microbatching and remat made concrete."""
   settings = cfg.learner
@@ -318,7 +333,7 @@ def build(
   seq_len = (prompt_len or task.prompt_len) + samp.max_new_tokens
   settings = _learner_settings(cfg, params, mesh, seq_len, samp)
   state_shardings = jax.tree.map(lambda x: x.sharding, state)
-  sampler_dtype = quant.resolve_sampler_dtype(cfg.sampling.param_dtype, devices[0].platform)
+  sampler_dtype = _sampler_dtype(cfg.sampling.param_dtype, devices[0].platform)
   reward_fn = task.reward_terms  # None when the verifiers run on the host
   program = make_rl_step(
     model, tx, schedule, reward_fn, samp, settings, mesh, state_shardings,
