@@ -16,7 +16,10 @@ from __future__ import annotations
 import re
 import sys
 
-_CELL = re.compile(r"^(-?[\d.e+-]+) \[(-?[\d.e+-]+), (-?[\d.e+-]+)\]")
+_NUMBER = r"(-?\d[\d.]*(?:e[+-]?\d+)?)"
+_CELL = re.compile(
+  rf"^{_NUMBER} \[{_NUMBER}, {_NUMBER}\]"
+)  # "mean [low, high]"; "- [-, -]" is not one
 
 
 def tables(text: str) -> dict[tuple[int, str, str], str]:

@@ -8,6 +8,7 @@
 set -uo pipefail
 cd "$(dirname "$0")"
 ROOT_BASE=${ROOT_BASE:-/tmp/jaxrl_experiments}
+mkdir -p "$ROOT_BASE"
 STUDIES=${STUDIES:-$(for d in */run.sh; do dirname "$d"; done)}
 failed=()
 for study in $STUDIES; do

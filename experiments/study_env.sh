@@ -7,3 +7,4 @@ cd "$HERE/../.."
 ROOT=${ROOT:-/tmp/jaxrl_experiments/$(basename "$HERE")}
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$ROOT.jax_cache}
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0.5
+mkdir -p "$(dirname "$ROOT")"  # its logs and cache lie beside it
