@@ -237,12 +237,18 @@ def test_save_every_max_to_keep_and_forced_final_save(tmp_path):
       ckpt.restore(2, _abstract(state))
 
 
-def test_unfinished_checkpoints_are_ignored_and_kept(tmp_path):
+def _saved(tmp_path, steps, max_to_keep):
+  """A state saved at each of `steps` (committed, checksums written); returns it."""
   state = _state()
-  with checkpoint.Checkpointer(tmp_path, save_every=1, max_to_keep=1) as ckpt:
-    ckpt.save(2, state, meta=META)
-    ckpt.save(4, state, meta=META)
+  with checkpoint.Checkpointer(tmp_path, save_every=1, max_to_keep=max_to_keep) as ckpt:
+    for step in steps:
+      ckpt.save(step, state, meta=META)
     ckpt.wait()
+  return state
+
+
+def test_unfinished_checkpoints_are_ignored_and_kept(tmp_path):
+  state = _saved(tmp_path, (2, 4), max_to_keep=1)
   root = tmp_path / "checkpoints"
   # A crash mid-save: orbax's temporary directory, and a step directory without commit marker.
   (root / "6.orbax-checkpoint-tmp" / "state").mkdir(parents=True)
@@ -387,11 +393,7 @@ def test_a_step_half_deleted_by_retention_is_removed_once_superseded(tmp_path):
   """The process died while retention deleted step 2: `checkpoints/2/` holds only `state/`
   (its commit marker gone). It is not a checkpoint, and a newer committed step supersedes it:
   the next save's clean-up removes it; the committed steps are untouched."""
-  state = _state()
-  with checkpoint.Checkpointer(tmp_path, save_every=1, max_to_keep=2) as ckpt:
-    ckpt.save(2, state, meta=META)
-    ckpt.save(4, state, meta=META)
-    ckpt.wait()
+  state = _saved(tmp_path, (2, 4), max_to_keep=2)
   root = tmp_path / "checkpoints"
   for p in list((root / "2").iterdir()):  # what a killed rmtree leaves
     if p.name != "state":

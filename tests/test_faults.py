@@ -215,32 +215,29 @@ def test_a_wrong_typed_override_is_one_error_line_and_exit_2(tmp_path, override)
   assert not (tmp_path / "w").exists()  # nothing started
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-  """A 3 MiB tmpfs (skipped where this user may not mount one)."""
-  mount = tmp_path / "disk"
+def _tmpfs(mount, options: str):
+  """A tmpfs mounted at `mount` with `options` for the test's duration (skipped where this user
+  may not mount one)."""
   mount.mkdir()
   proc = subprocess.run(
-    ["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount)], capture_output=True
+    ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount)], capture_output=True
   )
   if proc.returncode != 0:
     pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.decode().strip()}")
   yield mount
   subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  """A 3 MiB tmpfs."""
+  yield from _tmpfs(tmp_path / "disk", "size=3m")
 
 
 @pytest.fixture
 def read_only_dir(tmp_path):
-  """A read-only tmpfs (skipped where this user may not mount one)."""
-  mount = tmp_path / "ro"
-  mount.mkdir()
-  proc = subprocess.run(
-    ["mount", "-t", "tmpfs", "-o", "ro", "tmpfs", str(mount)], capture_output=True
-  )
-  if proc.returncode != 0:
-    pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.decode().strip()}")
-  yield mount
-  subprocess.run(["umount", "-l", str(mount)], check=False)
+  """A read-only tmpfs."""
+  yield from _tmpfs(tmp_path / "ro", "ro")
 
 
 @pytest.mark.parametrize("kind", ["file", "under-a-file", "read-only"])
