@@ -6,7 +6,6 @@ Any config field can be overridden, e.g. `--config.objective.clip_high=0.28`.
 from __future__ import annotations
 
 import errno
-import glob
 import importlib.util
 import logging as std_logging
 import os
@@ -17,6 +16,7 @@ import time
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from jaxrl_llm import backend
 from jaxrl_llm.config import ConfigError, parse
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -102,32 +102,6 @@ def explain(err: BaseException) -> str | None:
   return None
 
 
-def _accelerator_vendors() -> set[str]:
-  """PCI vendor ids of this machine's devices (Linux; empty elsewhere)."""
-  vendors = set()
-  for path in glob.glob("/sys/bus/pci/devices/*/vendor"):
-    try:
-      with open(path) as f:
-        vendors.add(f.read().strip().lower())
-    except OSError:
-      continue
-  return vendors
-
-
-def use_cpu_without_accelerators() -> bool:
-  """With no platform chosen (`JAX_PLATFORMS`) and neither a TPU (PCI vendor 0x1ae0) nor an
-  NVIDIA GPU (0x10de) on the machine, runs JAX on its CPU backend alone: an installed libtpu is
-  then not probed, and prints no TPU start-up errors. Returns whether it did."""
-  import jax
-
-  if os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms:
-    return False
-  if {"0x1ae0", "0x10de"} & _accelerator_vendors() or glob.glob("/dev/nvidia*"):
-    return False
-  jax.config.update("jax_platforms", "cpu")
-  return True
-
-
 def workdir_problem(workdir: str) -> str | None:
   """Why a local `workdir` cannot hold a run (a file on its path, no write permission, a
   read-only file system), creating it if needed; None when it can (object stores: None)."""
@@ -160,8 +134,6 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.INFO)
-  if not _DRY_RUN.value:  # a dry run may compile for a TPU slice through libtpu
-    use_cpu_without_accelerators()
   quiet_library_logs(tracebacks=_DEBUG.value)
   plain_on_terminal(debug=_DEBUG.value)
 
@@ -171,6 +143,12 @@ def main(argv):
     try:
       distributed.initialize(_JOIN_TIMEOUT_S.value)
     except distributed.DistributedError as e:
+      print(f"error: {e}", file=sys.stderr, flush=True)
+      sys.exit(2)
+  if not _DRY_RUN.value:  # a dry run may compile for a TPU slice through libtpu
+    try:
+      backend.choose(debug=_DEBUG.value)
+    except backend.BackendError as e:
       print(f"error: {e}", file=sys.stderr, flush=True)
       sys.exit(2)
   from jaxrl_llm import plan, run  # heavy imports after flag parsing

@@ -27,8 +27,7 @@ sys.path.insert(0, os.path.join(_REPO, "tools"))
 import bench  # noqa: E402  (tools/bench.py, next to this file)
 import jax  # noqa: E402
 
-from jaxrl_llm import main as trainer_main  # noqa: E402
-from jaxrl_llm import plan  # noqa: E402
+from jaxrl_llm import backend, plan  # noqa: E402
 from jaxrl_llm.config import parse  # noqa: E402
 from jaxrl_llm.rl import init_reference  # noqa: E402
 from jaxrl_llm.run import build, to_global_batch  # noqa: E402
@@ -102,7 +101,7 @@ def main(argv=None) -> int:
   p.add_argument("--runs", default="8,16", help="Comma-separated pack sizes.")
   p.add_argument("--steps", type=int, default=3, help="Timed steps after the first.")
   args = p.parse_args(argv)
-  trainer_main.use_cpu_without_accelerators()  # as the trainer does: no libtpu probing on a CPU
+  backend.choose()  # as the trainer's command line does
   config = base_config(args.shape)
   config.mesh.data = 1
   single_first, single = time_single(config, args.steps)

@@ -457,10 +457,11 @@ def run_packed(config: str, runs: Sequence[Run], root: str, spec: dict[str, Any]
   """Trains the grid as one pack in `root` (resuming it), records sweep.json; exit status."""
   from absl import logging
 
+  from jaxrl_llm import backend
   from jaxrl_llm import main as trainer_main
 
-  trainer_main.use_cpu_without_accelerators()  # as the trainer's command line does
   logging.set_verbosity(logging.INFO)  # the runs' progress lines
+  backend.choose()  # as the trainer's command line does
   from jaxrl_llm.run.pack_loop import train_pack
 
   configs, t0 = _pack_configs(config, runs), time.time()

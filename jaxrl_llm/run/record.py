@@ -13,7 +13,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from jaxrl_llm import __version__, metric_info, paths
+from jaxrl_llm import __version__, backend, metric_info, paths
 from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm.config import Config
 
@@ -203,6 +203,7 @@ def log_banner(params, mc, mesh, workdir: str, cfg: Config | None = None, rl=Non
     axes,
     shown,
   )
+  backend.log_fallback()
   if cfg is not None and rl is not None:
     hparams = ", ".join(f"{k} {v}" for k, v in cfg.objective.hyperparameters.items())
     logging.info(

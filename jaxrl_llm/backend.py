@@ -1,0 +1,103 @@
+"""Which JAX backend a run uses, chosen by JAX's own means.
+
+`JAX_PLATFORMS` (or `jax_platforms`) is obeyed when set. Otherwise JAX starts every backend it
+has a plugin for and picks the first that starts; when that leaves the CPU, `log_fallback` says
+why in one line (which accelerator backend failed, or that none is installed); the run's banner
+calls it, so the banner stays the first line. The native start-up chatter
+of a backend that fails (libtpu's on a machine without a TPU) is caught and goes to the log at
+debug level instead of the terminal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+
+from absl import logging
+
+PLUGINS = "jax[cuda12] for an NVIDIA GPU, jax[tpu] for a TPU, jax[rocm] for an AMD GPU"
+
+
+_FALLBACK: dict[str, object] = {}  # why this process fell back to the CPU, once `choose` ran
+
+
+class BackendError(RuntimeError):
+  """The backend that `JAX_PLATFORMS` names could not start."""
+
+
+@contextlib.contextmanager
+def native_stderr(lines: list[str]) -> Iterator[None]:
+  """Catches what native code writes to file descriptor 2 inside the block into `lines`
+  (Python's own writes to stderr too); the terminal sees none of it."""
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile(mode="w+b") as sink:
+    os.dup2(sink.fileno(), 2)
+    try:
+      yield
+    finally:
+      sys.stderr.flush()
+      os.dup2(saved, 2)
+      os.close(saved)
+      sink.seek(0)
+      lines.extend(sink.read().decode(errors="replace").splitlines())
+
+
+def failed_backends() -> dict[str, str]:
+  """The accelerator backends JAX tried and could not start, with the first line of why."""
+  from jax._src import xla_bridge
+
+  errors = getattr(xla_bridge, "_backend_errors", {})  # filled by JAX's backend start-up
+  return {name: str(why).strip().splitlines()[0][:200] for name, why in errors.items() if why}
+
+
+def cpu_reason(failed: dict[str, str]) -> str:
+  """Why JAX fell back to the CPU, in one sentence."""
+  if failed:
+    tried = "; ".join(f"{name}: {why}" for name, why in sorted(failed.items()))
+    return f"no accelerator backend started ({tried})"
+  return f"no accelerator backend is installed ({PLUGINS})"
+
+
+def choose(debug: bool = False) -> str:
+  """Starts JAX's backends and returns the default one's name (`cpu`, `gpu`, `tpu`). With
+  `JAX_PLATFORMS` set it is obeyed, and a backend it names that cannot start raises
+  BackendError. Otherwise a fall-back to the CPU is noted for `log_fallback`; the start-up
+  chatter of failed backends is logged at debug level (shown when `debug`)."""
+  import jax
+
+  asked = os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms
+  chatter: list[str] = []
+  try:
+    with native_stderr(chatter):
+      name = jax.default_backend()
+  except Exception as e:  # RuntimeError; an AssertionError for a platform with no plugin
+    if not asked:
+      raise
+    first = str(e).strip().splitlines()[0][:300] if str(e).strip() else "no plugin for it"
+    raise BackendError(
+      f"JAX_PLATFORMS={asked} names a backend that could not start: {first}; unset "
+      "JAX_PLATFORMS to let JAX choose, or name one this machine has (cpu always starts)"
+    ) from None
+  finally:
+    for line in chatter:
+      (logging.info if debug else logging.debug)("backend start-up: %s", line)
+  _FALLBACK.clear()
+  if name == "cpu" and not asked:
+    failed = failed_backends()
+    _FALLBACK.update(reason=cpu_reason(failed), failed=bool(failed))
+  return name
+
+
+def log_fallback() -> str | None:
+  """Logs, in one line, why this process runs on the CPU when `choose` fell back to it (a
+  warning where an accelerator backend failed to start, info where none is installed) and
+  returns that line; None, logging nothing, otherwise."""
+  if not _FALLBACK:
+    return None
+  line = f"running on the CPU: {_FALLBACK['reason']}"
+  (logging.warning if _FALLBACK["failed"] else logging.info)(line)
+  return line

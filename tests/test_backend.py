@@ -1,0 +1,110 @@
+"""The backend choice: JAX_PLATFORMS obeyed, otherwise JAX's pick, a CPU fall-back said in one
+line, and a failed plugin's native chatter kept off the terminal. Each case runs in a fresh
+process, since a process starts its backends once (the test process has JAX_PLATFORMS=cpu)."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+
+# A backend plugin that fails to start, as a GPU or TPU plugin does on a machine without the
+# device: it writes to the native stderr first, as libtpu does.
+_FAILING = """
+import os
+from jax._src import xla_bridge
+def failing():
+  os.write(2, b"E0000 plugin start-up chatter\\n")
+  raise RuntimeError("NOT_FOUND: no such device here")
+xla_bridge.register_backend_factory("failing", failing, priority=900)
+"""
+
+_CHOOSE = """
+from absl import logging
+logging.set_verbosity(logging.INFO)
+from jaxrl_llm import backend
+try:
+  print(backend.choose(debug={debug}))
+  backend.log_fallback()
+except backend.BackendError as e:
+  print(f"error: {{e}}")
+"""
+
+
+def _choose(platforms: str | None, failing: bool = False, debug: bool = False):
+  """Runs backend.choose in a fresh process; returns (stdout, stderr lines)."""
+  env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
+  if platforms is not None:
+    env["JAX_PLATFORMS"] = platforms
+  code = (_FAILING if failing else "") + _CHOOSE.format(debug=debug)
+  proc = subprocess.run(
+    [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+  )
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  return proc.stdout.strip(), proc.stderr.splitlines()
+
+
+def _said(lines: list[str], text: str) -> list[str]:
+  return [line for line in lines if text in line]
+
+
+def test_unset_lets_jax_pick_and_a_cpu_fallback_says_why_in_one_line():
+  """No JAX_PLATFORMS: JAX's pick; on this machine the CPU, with one line naming the reason."""
+  out, err = _choose(None)
+  if out != "cpu":
+    pytest.skip(f"this machine has an accelerator backend ({out})")
+  said = _said(err, "running on the CPU: ")
+  assert len(said) == 1, err
+  if importlib.util.find_spec("libtpu"):  # the tpu extra: a plugin that cannot start here
+    assert "no accelerator backend started (tpu: " in said[0], said
+    assert not _said(err, "InitGoogle") and not _said(err, "TPU_WORKER"), err  # libtpu's chatter
+  else:
+    assert "no accelerator backend is installed" in said[0], said
+
+
+def test_a_failing_backend_falls_back_with_its_reason_and_its_chatter_stays_in_the_log():
+  """A plugin that fails: CPU, one line naming the plugin and its error; its native stderr
+  output reaches the terminal only under debug, as a log line."""
+  out, err = _choose(None, failing=True)
+  assert out == "cpu"
+  said = _said(err, "running on the CPU: ")
+  assert len(said) == 1 and "failing: NOT_FOUND: no such device here" in said[0], err
+  assert not _said(err, "plugin start-up chatter"), err
+  out, err = _choose(None, failing=True, debug=True)
+  chatter = _said(err, "plugin start-up chatter")
+  assert len(chatter) == 1 and "backend start-up: " in chatter[0], err
+
+
+def test_jax_platforms_is_obeyed():
+  """JAX_PLATFORMS=cpu: the CPU without a fall-back line, even beside a failing plugin; a
+  named backend that cannot start (or has no plugin) is one error line, no fall-back."""
+  out, err = _choose("cpu", failing=True)
+  assert out == "cpu" and not _said(err, "running on the CPU"), err
+  out, err = _choose("failing", failing=True)
+  assert out.startswith("error: JAX_PLATFORMS=failing names a backend that could not start: ")
+  assert "no such device here" in out and "cpu always starts" in out, out
+  assert not _said(err, "plugin start-up chatter"), err
+  out, _ = _choose("nosuchplatform")
+  assert out.startswith("error: JAX_PLATFORMS=nosuchplatform names a backend"), out
+
+
+def test_command_line_refuses_a_backend_that_cannot_start(tmp_path):
+  """The trainer's command line: one `error:` line and exit 2 before anything is built."""
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env["JAX_PLATFORMS"] = "nosuchplatform"
+  cmd = [sys.executable, "-m", "jaxrl_llm.main", "--config=configs/default.py"]
+  proc = subprocess.run(
+    [*cmd, f"--workdir={tmp_path / 'w'}"],
+    cwd=REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+  assert len(errors) == 1 and "JAX_PLATFORMS=nosuchplatform" in errors[0], proc.stderr
+  assert "Traceback" not in proc.stderr
+  assert not (tmp_path / "w" / "checkpoints").exists()
