@@ -106,6 +106,7 @@ def test_traces_are_diverse_solutions_and_wrong_at_the_stated_rate(wrong):
     assert len(shapes) == 12  # every operator pattern of two and three digits
 
 
+@pytest.mark.slow
 def test_a_warm_start_on_countdown_leaves_room_to_fail(tmp_path):
   """The default model, warm-started for 300 steps on traces of which 30% are wrong, answers
   held-out problems well above chance (0.15 <= greedy accuracy) and far from perfect (< 0.6,

@@ -311,6 +311,7 @@ def test_a_corrupted_latest_checkpoint_is_set_aside_and_the_run_resumes(tmp_path
   assert sorted(p.name for p in root.iterdir()) == before
 
 
+@pytest.mark.slow
 def test_the_sft_warm_start_is_checkpointed_and_not_redone(tmp_path):
   """The warm start is saved as step 0: a run killed before its first RL checkpoint resumes
   from it (no second warm start) and ends where an uninterrupted run ends."""
@@ -465,7 +466,8 @@ def _wait_for(proc, pattern: str, timeout: float = 300) -> str:
   raise AssertionError(f"no line matching {pattern!r}:\n" + "".join(seen)[-3000:])
 
 
-@pytest.mark.parametrize("when", ["mid-run", pytest.param("mid-save", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("when", ["mid-run", "mid-save"])
 def test_sigterm_saves_the_step_it_finished_and_the_relaunch_resumes_from_it(tmp_path, when):
   """A scheduler's SIGTERM (preemption): the run saves the step it has just finished, prints
   one line and exits 143; relaunching the same command resumes from that step and finishes.
@@ -541,6 +543,7 @@ def test_background_thread_failures_are_one_log_line_unless_debugging(tmp_path):
   assert loud.stderr.count("Traceback") >= 2  # --debug keeps them
 
 
+@pytest.mark.slow
 def test_a_workdir_of_another_recipe_is_not_resumed_without_saying_so(tmp_path, caplog):
   """A finished (or interrupted) run's workdir, relaunched under other learner settings (here
   DAPO's clip-higher over GRPO's): refused with the changed fields named, nothing written;

@@ -252,6 +252,7 @@ def test_expert_count_must_divide_over_the_expert_axis():
     build(tiny_config(**MOE, **{"mesh.expert": 8}), abstract=True)
 
 
+@pytest.mark.slow
 def test_portable_grouped_matmul_gives_the_ragged_step():
   """The whole fused MoE step (R3 replay) with `moe_impl=portable` equals `ragged`'s."""
   ragged = tiny_config(**MOE, **{"replay.name": "r3", "model.moe_impl": "ragged"})

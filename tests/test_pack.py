@@ -87,6 +87,7 @@ def _assert_same_params(got, want):
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), got, want)
 
 
+@pytest.mark.slow
 def test_packed_runs_equal_their_runs_alone_resume_and_come_out_whole(tmp_path):
   """One pack serves every check of the acceptance list (it is the costly part): each run
   equals the run trained alone (scalars at every step, final parameters, last evaluation), has
@@ -256,6 +257,7 @@ def test_every_kind_of_packable_field_gives_each_run_its_own_value():
   _assert_same_steps(_packed_steps(configs, 2), configs, 2)
 
 
+@pytest.mark.slow
 def test_a_pack_over_a_runs_axis_equals_its_runs_alone():
   """8 fake CPU devices, runs=4 x data=2: each device pair trains one run of the pack, which
   equals that run trained alone on data=2 (metrics of every step, final parameters)."""

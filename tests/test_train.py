@@ -77,6 +77,7 @@ def test_first_minibatch_is_on_policy(tiny_run):
   assert all(abs(v - 1) < 1e-5 for _, v in s["behaviour/rho_max"])
 
 
+@pytest.mark.slow
 def test_resume_reproduces_uninterrupted_run(tmp_path):
   config = tiny_config(**{"train.checkpoint_every": 2})
   _run(config, tmp_path / "straight")
@@ -195,6 +196,7 @@ def test_cli_runs_and_writes_checkpoint(tmp_path):
   assert not [line for line in lines if "polynomial schedule" in line]
 
 
+@pytest.mark.slow
 def test_host_reward_path_matches_fused_step():
   """sample → rewards on the host → learn gives the fused step's update for the same rewards."""
   config = tiny_config()
