@@ -40,6 +40,7 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
   ("embed", ("fsdp", "expert")),
   ("norm", None),  # RMSNorm scales (d_model): replicated
   ("layers", None),  # leading axis of scanned layer params (model.scan_layers): never split
+  ("lora_rank", None),  # the rank r of a low-rank adapter (model.lora_rank): replicated
 )
 
 # The residual stream's logical axes: [B, T, D] rows over the batch axes, the rest whole.

@@ -23,6 +23,7 @@ ADDED = {
   "task": {"numbers": 3, "wrong_traces": 0.0},
   "sampling": {"kv_block": 128},
   "train": {"resume_changed": False},
+  "model": {"lora_rank": 0, "lora_alpha": 16.0, "lora_targets": "q,k,v,o,gate,up,down"},
 }
 
 

@@ -71,6 +71,9 @@ class ModelConfig(_DictConfig):
   dtype: str = "float32"  # compute dtype of matmuls (log-softmax is always float32)
   param_dtype: str = "float32"  # storage dtype of parameters
   scan_layers: bool = False  # blocks under nn.scan, params stacked on a leading "layers" axis
+  lora_rank: int = 0  # rank r of adapters on lora_targets (0 = none; runs refuse > 0 for now)
+  lora_alpha: float = 16.0  # adapter scale alpha / r (PEFT's lora_alpha)
+  lora_targets: str = "q,k,v,o,gate,up,down"  # projections given adapters (or q_proj, ...)
 
   def __post_init__(self):
     errors = []
@@ -124,8 +127,47 @@ class ModelConfig(_DictConfig):
             f"of model.moe_every={self.moe_every} (each scan step runs moe_every - 1 dense "
             "blocks and one MoE block); use a multiple or model.scan_layers=False"
           )
+    errors += self._lora_errors()
     if errors:
       raise ValueError("invalid model config: " + "; ".join(errors))
+
+  def _lora_errors(self) -> list[str]:
+    """Rank in [1, the narrowest targeted projection's width], alpha > 0, targets that name
+    projections this model has."""
+    if self.lora_rank <= 0:
+      return [] if self.lora_rank == 0 else [f"model.lora_rank={self.lora_rank} must be >= 0"]
+    from jaxrl_llm.models import lora  # the adapters' module imports this one
+
+    errors = lora.target_errors(self.lora_targets)
+    if self.lora_alpha <= 0:
+      errors.append(f"model.lora_alpha={self.lora_alpha} must be > 0")
+    widths, names = self.projection_widths, lora.target_names(self.lora_targets)
+    absent = [n for n in names if n not in widths and not errors]
+    if absent:
+      errors.append(
+        f"model.lora_targets={self.lora_targets!r}: this model has no {', '.join(absent)} "
+        f"projection (no dense MLP or shared experts); its projections: {', '.join(widths)}"
+      )
+    narrow = min((n for n in names if n in widths), key=lambda n: widths[n], default=None)
+    if narrow and self.lora_rank > widths[narrow]:
+      errors.append(
+        f"model.lora_rank={self.lora_rank} is larger than projection {narrow!r}, whose narrower "
+        f"side is {widths[narrow]}; allowed: 1..{widths[narrow]}"
+      )
+    return errors
+
+  @property
+  def projection_widths(self) -> dict[str, int]:
+    """{each projection the model has: the narrower of its input and output widths} (what
+    bounds a LoRA rank); gate/up/down only where a dense MLP or shared experts exist."""
+    q, kv, d = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.d_model
+    widths = {"q": min(d, q), "k": min(d, kv), "v": min(d, kv), "o": min(q, d)}
+    hidden = [self.mlp_dim] if len(self.moe_layers) < self.num_layers else []
+    if self.moe_num_experts and self.moe_num_shared_experts:
+      hidden.append(
+        self.moe_num_shared_experts * (self.moe_shared_mlp_dim or self.moe_expert_mlp_dim)
+      )
+    return widths | (dict.fromkeys(("gate", "up", "down"), min(d, *hidden)) if hidden else {})
 
   @property
   def compute_dtype(self) -> Any:

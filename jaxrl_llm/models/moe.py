@@ -39,6 +39,7 @@ from jax.sharding import PartitionSpec
 
 from jaxrl_llm import sharding
 from jaxrl_llm.kernels import grouped, verify
+from jaxrl_llm.models import lora
 from jaxrl_llm.models.config import IMPLS, ModelConfig, MoEConfig, index_dtype  # noqa: F401
 
 
@@ -77,14 +78,17 @@ class _SwiGLU(nn.Module):
     cfg = self.cfg
 
     def dense(features, axes, name):
-      return nn.Dense(
-        features,
+      kwargs = dict(
         use_bias=False,
         dtype=cfg.compute_dtype,
         param_dtype=cfg.weight_dtype,
         kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(), axes),
         name=name,
       )
+      if lora.targeted(cfg, name):
+        rank, alpha = cfg.lora_rank, cfg.lora_alpha
+        return lora.LoRADense(features, **kwargs, rank=rank, alpha=alpha, names=axes)
+      return nn.Dense(features, **kwargs)
 
     gate = dense(self.hidden, ("embed", "mlp"), "gate")(x)
     up = dense(self.hidden, ("embed", "mlp"), "up")(x)

@@ -31,6 +31,7 @@ import numpy as np
 from flax import struct
 
 from jaxrl_llm.kernels import attention
+from jaxrl_llm.models import lora
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.moe import MoEMLP, gather_expert_logprobs
 from jaxrl_llm.models.scan import SCAN_NAME
@@ -192,7 +193,7 @@ def _embed(cfg: ModelConfig) -> nn.Embed:
 
 def _dense(cfg, features, axes, names, *, use_bias=False, in_axes=-1, name=None, std=None):
   init = nn.initializers.normal(stddev=std) if std else nn.initializers.lecun_normal()
-  return nn.DenseGeneral(
+  kwargs = dict(
     features=features,
     axis=in_axes,
     use_bias=use_bias,
@@ -202,6 +203,9 @@ def _dense(cfg, features, axes, names, *, use_bias=False, in_axes=-1, name=None,
     bias_init=nn.with_logical_partitioning(nn.initializers.zeros, names[-len(axes) :]),
     name=name,
   )
+  if lora.targeted(cfg, name):
+    return lora.LoRADense(**kwargs, rank=cfg.lora_rank, alpha=cfg.lora_alpha, names=names)
+  return nn.DenseGeneral(**kwargs)
 
 
 # The residual stream's logical axes; `sharding.DEFAULT_RULES` maps the rows over the batch
