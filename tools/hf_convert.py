@@ -221,11 +221,15 @@ def _resolve_inputs(args):
 
 
 def cmd_export(args) -> dict:
-  """Writes the params of a trainer checkpoint as an HF checkpoint directory."""
-  from jaxrl_llm.models import hf
+  """Writes the params of a trainer checkpoint as an HF checkpoint directory (adapters, when
+  the run had them, merged into the weights they adapt)."""
+  from jaxrl_llm.models import hf, lora
 
   source, tokenizer = _resolve_inputs(args)
   cfg, params, meta, step = restore_params(args.workdir, args.step)
+  if lora.has_adapters(params):  # a run with adapters exports its merged weights
+    params = lora.merged(params, cfg.lora_alpha / cfg.lora_rank)
+    cfg = dataclasses.replace(cfg, lora_rank=0)
   model_type = (
     args.model_type
     or meta.get("hf_model_type")

@@ -19,7 +19,7 @@ def check(cfg: Config, *, num_devices: int, task=None, model: ModelConfig | None
   with `task` (when built) and `model` (the architecture that will run: the checkpoint's when
   starting from one, else `cfg.model.arch`)."""
   mc = model or cfg.model.arch
-  errors = _batch(cfg) + _model(cfg, mc) + _learner(cfg, mc, task)
+  errors = _batch(cfg) + _model(cfg, mc) + _adapters(cfg, mc) + _learner(cfg, mc, task)
   errors += _devices(cfg, mc, num_devices) if not errors else []
   if task is not None:
     errors += _task(cfg, mc, task)
@@ -67,6 +67,30 @@ def _model(cfg: Config, mc: ModelConfig) -> list[str]:
     )
   if cfg.objective.name == "ppo_critic" and not mc.value_head:
     out.append("objective.name='ppo_critic' needs a value head: set model.value_head=True")
+  return out
+
+
+def _adapters(cfg: Config, mc: ModelConfig) -> list[str]:
+  """Low-rank adapters train on a fixed base: the KL reference is that base, nothing else of
+  the model trains, and (for now) the base is a random initialisation."""
+  if not mc.lora_rank:
+    return []
+  out, rank = [], f"model.lora_rank={mc.lora_rank}"
+  if cfg.kl.beta > 0 and cfg.kl.reference != "frozen":
+    out.append(
+      f"kl.reference={cfg.kl.reference!r} moves the reference, but with {rank} the reference "
+      "is the base the adapters sit on: use kl.reference='frozen' (or model.lora_rank=0)"
+    )
+  if mc.value_head:
+    out.append(
+      f"model.value_head with {rank}: only the adapters train, so the value head would stay "
+      "at its initialisation; use model.lora_rank=0 for a critic"
+    )
+  if cfg.model.checkpoint:
+    out.append(
+      f"model.checkpoint with {rank}: adapters on a Hugging Face base are not built yet (a "
+      "run trains adapters on a random-init base only); use model.lora_rank=0"
+    )
   return out
 
 

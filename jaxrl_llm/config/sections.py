@@ -122,13 +122,8 @@ class ModelSettings(Section):
     return field_docs(ModelConfig) | {k: own[k] for k in RUN_FIELDS}
 
   def errors(self) -> list[str]:
-    """A known attention implementation; no float16 parameters; no adapters (yet) in a run."""
+    """A known attention implementation; no float16 parameters."""
     out = allowed("model.attention", self.attention, attention.IMPLEMENTATIONS)
-    if self.arch.lora_rank:
-      out.append(
-        f"model.lora_rank={self.arch.lora_rank}: a run cannot train adapters yet (the model "
-        "builds them, models/lora.py, but the trainer would update the base too); use 0"
-      )
     if self.arch.param_dtype == "float16":
       out.append(
         "model.param_dtype='float16' is refused: Adam's small updates underflow in float16 and "

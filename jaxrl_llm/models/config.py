@@ -71,7 +71,7 @@ class ModelConfig(_DictConfig):
   dtype: str = "float32"  # compute dtype of matmuls (log-softmax is always float32)
   param_dtype: str = "float32"  # storage dtype of parameters
   scan_layers: bool = False  # blocks under nn.scan, params stacked on a leading "layers" axis
-  lora_rank: int = 0  # rank r of adapters on lora_targets (0 = none; runs refuse > 0 for now)
+  lora_rank: int = 0  # rank r of low-rank adapters on lora_targets; only they train (0 = none)
   lora_alpha: float = 16.0  # adapter scale alpha / r (PEFT's lora_alpha)
   lora_targets: str = "q,k,v,o,gate,up,down"  # projections given adapters (or q_proj, ...)
 

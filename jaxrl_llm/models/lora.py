@@ -10,6 +10,11 @@ names (`q_proj`, ...), as PEFT's `target_modules` does. Routed experts and the r
 The adapters are the parameters named `lora_a` / `lora_b`; `split` takes them out of a
 parameter tree (the base is the rest) and `join` puts them back. A projection applied to a tree
 without its adapters (the base alone, e.g. the reference policy) is the plain projection.
+
+In a run the state's parameters hold base and adapters together; the optimiser sees only
+`trainable(params)` (the adapters when there are any, else everything), so the base gets no
+gradient, no optimiser moments and no update, and the KL reference is `reference(params)`, the
+base itself (no second copy).
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from flax import traverse_util
+
+from jaxrl_llm.models.scan import SCAN_NAME
 
 ADAPTERS = ("lora_a", "lora_b")  # the adapter parameters' names in a projection
 PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")  # what lora_targets may name
@@ -133,3 +140,41 @@ def unmatched(targets: str, adapters: Mapping[str, Any]) -> list[str]:
   """The targets of `lora_targets` that no projection of the model matched."""
   found = adapted(adapters)
   return [t for t in target_names(targets) if t not in found]
+
+
+def has_adapters(params: Mapping[str, Any]) -> bool:
+  """Whether a parameter tree holds adapters (static: decided from its paths)."""
+  return any(is_adapter(k) for k in traverse_util.flatten_dict(params))
+
+
+def trainable(params: Mapping[str, Any]) -> tuple[dict | None, Any]:
+  """(frozen, trainable): (the base, the adapters) when `params` holds adapters, else
+  (None, params). `with_frozen(frozen, trainable)` puts them together again."""
+  if not has_adapters(params):
+    return None, params
+  return split(params)
+
+
+def with_frozen(frozen: Mapping[str, Any] | None, trained: Any) -> Any:
+  """The full parameter tree from `trainable`'s two parts."""
+  return trained if frozen is None else join(frozen, trained)
+
+
+def reference(params: Mapping[str, Any]) -> dict:
+  """The KL reference of a tree with adapters: its base (the policy before any update)."""
+  return split(params)[0]
+
+
+def merged(params: Mapping[str, Any], scale: float) -> dict:
+  """The plain parameter tree whose projections compute what the adapted ones do: each
+  adapted kernel W becomes W + scale A B (scale = alpha / r) in its own dtype, the adapters
+  removed (for a Hugging Face export of the merged weights)."""
+  flat = traverse_util.flatten_dict(params)
+  out = {k: v for k, v in flat.items() if not is_adapter(k)}
+  for path in [k for k in flat if k[-1] == "lora_a"]:
+    owner = path[:-1]
+    a, b, w = flat[path], flat[(*owner, "lora_b")], flat[(*owner, "kernel")]
+    product = lambda a, b: jnp.tensordot(a, b, 1)  # noqa: E731  [in..., r] x [r, out...]
+    delta = jax.vmap(product)(a, b) if path[0] == SCAN_NAME else product(a, b)
+    out[(*owner, "kernel")] = (w.astype(jnp.float32) + scale * delta).astype(w.dtype)
+  return traverse_util.unflatten_dict(out)

@@ -125,7 +125,7 @@ def on_policy_batch(ctx: Learner, state: TrainState, rollout, reward, seq_valid,
   if is_on(s.kl.beta):  # in the loss (`skips_old_pass` excludes the reward placement)
     ref_logp = stages.rescore(
       ctx.model,
-      state.ref_params,
+      update.reference_params(state),
       rollout,
       ctx.sampling.temperature,
       prompt_group=ctx.prompt_group,
@@ -152,7 +152,14 @@ def make_policy_batch(ctx: Learner, state: TrainState, rollout, reward, seq_vali
   ref_logp = kl_tok = None
   if is_on(s.kl.beta):
     ref_logp, kl_tok, ref_metrics = stages.reference_pass(
-      ctx.model, state.ref_params, rollout, old.logp, mask, temp, ctx.prompt_group, ctx.score_chunks
+      ctx.model,
+      update.reference_params(state),
+      rollout,
+      old.logp,
+      mask,
+      temp,
+      ctx.prompt_group,
+      ctx.score_chunks,
     )
     metrics.update(ref_metrics)
   valid = stages.stats_rows(rollout, seq_valid, s.shaping)

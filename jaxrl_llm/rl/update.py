@@ -17,6 +17,7 @@ import jax.numpy as jnp
 
 from jaxrl_llm import optim, sharding
 from jaxrl_llm.config.learner import KLSettings, RLSettings, Settings
+from jaxrl_llm.models import lora
 from jaxrl_llm.rl import loss as rl_loss
 from jaxrl_llm.rl import metrics as rl_metrics
 from jaxrl_llm.rl.stages import split_leading
@@ -56,13 +57,21 @@ def minibatch_step(carry, mb: PolicyBatch, *, loss_fn: LossFn, optimizer, **kwar
   `kwargs` are `minibatch_grads`'s. A non-finite loss, gradient or update skips the step
   (`optim.guarded_update`), counted in `optim/skipped_updates`."""
   params, opt_state = carry
+  frozen, params = lora.trainable(params)  # adapters only, when the policy has them
+  if frozen is not None:
+    loss_fn = _on_frozen(loss_fn, frozen)
   grads, metrics = minibatch_grads(loss_fn, params, mb, **kwargs)
   metrics.update(rl_metrics.grad_norm(grads))
   params, opt_state, skipped = optim.guarded_update(
     optimizer, grads, opt_state, params, metrics["policy/total_loss"]
   )
   metrics["optim/skipped_updates"] = skipped.astype(jnp.float32)
-  return (params, opt_state), metrics
+  return (lora.with_frozen(frozen, params), opt_state), metrics
+
+
+def _on_frozen(loss_fn: LossFn, frozen) -> LossFn:
+  """`loss_fn` of the adapters alone, on the fixed base `frozen`."""
+  return lambda adapters, mb, norms: loss_fn(lora.join(frozen, adapters), mb, norms)
 
 
 def minibatch_order(key: jax.Array, batch_size: int, rl: RLSettings, block: int = 1) -> jax.Array:
@@ -111,10 +120,18 @@ def optimise(
 
 
 def init_reference(state: TrainState, beta: float) -> TrainState:
-  """Freezes a copy of the current policy as the KL reference (§4); none when β = 0."""
-  if beta <= 0 or state.ref_params is not None:
+  """Freezes a copy of the current policy as the KL reference (§4); none when β = 0, and
+  none under adapters, whose reference is the base they sit on (`reference_params`)."""
+  if beta <= 0 or state.ref_params is not None or lora.has_adapters(state.params):
     return state
   return state.replace(ref_params=jax.tree.map(jnp.copy, state.params))
+
+
+def reference_params(state: TrainState):
+  """The KL reference's parameters (§4): the frozen copy, or the base under adapters."""
+  if state.ref_params is None and lora.has_adapters(state.params):
+    return lora.reference(state.params)
+  return state.ref_params
 
 
 def update_reference(state: TrainState, params, opt_state, *, kl: KLSettings, optimizer):
@@ -131,6 +148,6 @@ def update_reference(state: TrainState, params, opt_state, *, kl: KLSettings, op
   reset = (state.step + 1) % kl.reset_every == 0
   ref = jax.tree.map(lambda r, p: jnp.where(reset, p, r), ref, params)
   if kl.reset_optimizer:
-    fresh = optimizer.init(params)
+    fresh = optimizer.init(lora.trainable(params)[1])
     opt_state = jax.tree.map(lambda o, f: jnp.where(reset, f, o), opt_state, fresh)
   return ref, opt_state

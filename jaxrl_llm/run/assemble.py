@@ -28,6 +28,7 @@ from jaxrl_llm.config import Config, ConfigError, Settings, check, parse
 from jaxrl_llm.data import file_task, pipeline, tasks
 from jaxrl_llm.data.task import Task
 from jaxrl_llm.kernels import verify
+from jaxrl_llm.models import lora
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.transformer import Transformer, positions_from_mask
 from jaxrl_llm.rl import RLProgram, make_rl_step
@@ -206,23 +207,25 @@ def _init_params(model, task, mesh, rules, init_key, *, abstract: bool):
 
 
 def _initial_state(cfg: Config, tx, params, param_shardings, mesh, rng, *, abstract: bool):
-  """The TrainState before any step (abstract: shapes and shardings only, nothing allocated)."""
+  """The TrainState before any step (abstract: shapes and shardings only, nothing allocated).
+  The optimiser state covers the trainable parameters: the adapters when the model has them."""
   repl = NamedSharding(mesh, PartitionSpec())
+  trained, trained_shardings = lora.trainable(params)[1], lora.trainable(param_shardings)[1]
   if not abstract:
-    opt_state = sharding.init_opt_state(tx, params, param_shardings, mesh)
     return TrainState(
       step=jax.device_put(jnp.zeros((), jnp.int32), repl),
       params=params,
-      opt_state=opt_state,
+      opt_state=sharding.init_opt_state(tx, trained, trained_shardings, mesh),
       ref_params=None,
       rng=jax.device_put(rng, repl),
     )
-  opt_abstract, opt_shardings = sharding.opt_state_shardings(tx, params, param_shardings, mesh)
+  opt_abstract, opt_shardings = sharding.opt_state_shardings(tx, trained, trained_shardings, mesh)
+  copies_reference = cfg.kl.beta > 0 and not lora.has_adapters(params)
   return TrainState(
     step=jax.ShapeDtypeStruct((), jnp.int32, sharding=repl),
     params=params,
     opt_state=_abstract_like(opt_abstract, opt_shardings),
-    ref_params=params if cfg.kl.beta > 0 else None,  # the frozen copy the run will make
+    ref_params=params if copies_reference else None,  # the frozen copy the run will make
     rng=jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=repl),
   )
 

@@ -144,6 +144,11 @@ def build_pack(configs: Sequence[Any], names: Sequence[str] | None = None, *, de
       "a pack trains built-in tasks only for now (data.train_files is set); run prompt-file "
       "sweeps as separate runs (tools/sweep.py without --packed)"
     )
+  if configs[0].model.arch.lora_rank:
+    raise ConfigError(
+      "a pack of runs with adapters (model.lora_rank > 0) is not built yet; sweep them as "
+      "separate runs (tools/sweep.py without --packed)"
+    )
   exp = build(configs[0], devices=devices, runs=len(configs))
   groups = exp.mesh.shape[sharding.RUNS_AXIS]
   if len(configs) % groups:

@@ -16,6 +16,7 @@ from absl import logging
 from jaxrl_llm import __version__, backend, metric_info, paths
 from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm.config import Config
+from jaxrl_llm.models import lora
 
 HPARAM_FIELDS = (  # the HParams columns of every run (plus any field set on the command line)
   "objective.name",
@@ -190,6 +191,9 @@ def log_banner(params, mc, mesh, workdir: str, cfg: Config | None = None, rl=Non
   shown = f"{total / 1e6:.3g}M parameters"
   if active != total:
     shown += f" ({active / 1e6:.3g}M active per token)"
+  if lora.has_adapters(params):  # only the adapters train
+    n = sum(x.size for x in jax.tree.leaves(lora.split(params)[1]))
+    shown += f", {n / 1e6:.3g}M of them trained (rank-{mc.lora_rank} adapters)"
   axes = " x ".join(f"{k}={v}" for k, v in mesh.shape.items() if v > 1) or "one device"
   device = jax.devices()[0]
   logging.info(

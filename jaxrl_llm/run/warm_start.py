@@ -10,6 +10,7 @@ from absl import logging
 
 from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm import paths, sharding
+from jaxrl_llm.models import lora
 from jaxrl_llm.optim import guarded_update
 from jaxrl_llm.run.assemble import Experiment, to_global_batch
 from jaxrl_llm.run.guard import SkipGuard
@@ -28,9 +29,11 @@ def _sft_step(exp: Experiment, tx):
     return -jnp.sum(logp * m) / jnp.maximum(jnp.sum(m), 1.0)
 
   def sft_update(params, opt_state, batch):
-    loss, grads = jax.value_and_grad(loss_fn)(params, batch)
-    params, opt_state, skipped = guarded_update(tx, grads, opt_state, params, loss)
-    return params, opt_state, loss, skipped
+    frozen, trained = lora.trainable(params)  # the adapters alone, when the model has them
+    on_base = lambda p, b: loss_fn(lora.with_frozen(frozen, p), b)  # noqa: E731
+    loss, grads = jax.value_and_grad(on_base)(trained, batch)
+    trained, opt_state, skipped = guarded_update(tx, grads, opt_state, trained, loss)
+    return lora.with_frozen(frozen, trained), opt_state, loss, skipped
 
   return jax.jit(sharding.traced_with_rules(sft_update, exp.mesh, exp.rules))
 
@@ -51,8 +54,9 @@ def warm_start(exp: Experiment, workdir: str) -> TrainState:
     shard_count=jax.process_count(),
   )
   sft_step, params = _sft_step(exp, tx), exp.state.params
+  trained = lora.trainable(params)[1]
   opt_state = sharding.init_opt_state(
-    tx, params, jax.tree.map(lambda x: x.sharding, params), exp.mesh
+    tx, trained, jax.tree.map(lambda x: x.sharding, trained), exp.mesh
   )
   t0, guard = time.time(), SkipGuard(cfg.train.max_skipped_updates, "sft")
   writer = metrics_lib.SummaryWriter(paths.join(workdir, "sft"))
