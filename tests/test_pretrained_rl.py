@@ -1,13 +1,15 @@
 """RL starting from an imported Hugging Face checkpoint (`model.checkpoint`), then export."""
 
+import dataclasses
 import json
 
 import jax
 import numpy as np
 from conftest import REPO, tiny_config
+from flax import traverse_util
 
 from jaxrl_llm import checkpoint, metrics
-from jaxrl_llm.models import hf
+from jaxrl_llm.models import hf, lora
 from jaxrl_llm.run import build, train_and_evaluate
 
 FIXTURE = REPO / "tests" / "fixtures" / "hf" / "qwen2"
@@ -46,3 +48,32 @@ def test_rl_starts_from_imported_checkpoint_and_exports(tmp_path):
       jax.tree.leaves(jax.device_get(params2)), jax.tree.leaves(jax.device_get(params))
     )
   )  # the warm start and RL changed the weights
+
+
+def test_adapters_train_on_an_imported_checkpoint_that_stays_as_it_was(tmp_path):
+  """`model.lora_rank` on a Hugging Face base: the run starts from the checkpoint's weights
+  with fresh adapters (the adapted model is the checkpoint's at step 0), trains the adapters
+  alone through the warm start and RL, and the checkpoint's weights come out bit-identical."""
+  overrides = {"model.checkpoint": str(FIXTURE), "train.num_steps": 2, "sft.steps": 3}
+  overrides |= {"sft.batch_size": 8, "model.lora_rank": 4, "rl.entropy_coef": 0.01}
+  config = tiny_config(**overrides)
+  exp = build(config)
+  cfg, params = hf.load_checkpoint(FIXTURE)
+  assert exp.model.cfg.lora_rank == 4 and exp.model.cfg == dataclasses.replace(cfg, lora_rank=4)
+  base, adapters = lora.split(jax.device_get(exp.state.params))
+  jax.tree.map(np.testing.assert_array_equal, base, jax.device_get(params))
+  flat = traverse_util.flatten_dict(adapters)
+  assert all(not np.any(v) for k, v in flat.items() if k[-1] == "lora_b")  # B = 0: the base
+
+  workdir = tmp_path / "run"
+  train_and_evaluate(config, str(workdir))
+  ckpt = checkpoint.Checkpointer(str(workdir), save_every=1)
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), exp.state)
+  state, _ = ckpt.restore(2, abstract)
+  ckpt.close()
+  trained_base, trained = lora.split(jax.device_get(state.params))
+  jax.tree.map(np.testing.assert_array_equal, trained_base, jax.device_get(params))
+  changed = [
+    not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(trained), jax.tree.leaves(adapters))
+  ]
+  assert all(changed), "every adapter matrix trained"

@@ -71,8 +71,8 @@ def _model(cfg: Config, mc: ModelConfig) -> list[str]:
 
 
 def _adapters(cfg: Config, mc: ModelConfig) -> list[str]:
-  """Low-rank adapters train on a fixed base: the KL reference is that base, nothing else of
-  the model trains, and (for now) the base is a random initialisation."""
+  """Low-rank adapters train on a fixed base: the KL reference is that base, and nothing else
+  of the model trains."""
   if not mc.lora_rank:
     return []
   out, rank = [], f"model.lora_rank={mc.lora_rank}"
@@ -85,11 +85,6 @@ def _adapters(cfg: Config, mc: ModelConfig) -> list[str]:
     out.append(
       f"model.value_head with {rank}: only the adapters train, so the value head would stay "
       "at its initialisation; use model.lora_rank=0 for a critic"
-    )
-  if cfg.model.checkpoint:
-    out.append(
-      f"model.checkpoint with {rank}: adapters on a Hugging Face base are not built yet (a "
-      "run trains adapters on a random-init base only); use model.lora_rank=0"
     )
   return out
 

@@ -150,10 +150,16 @@ def _pretrained_config(cfg: Config) -> ModelConfig:
 
   with open(os.path.join(cfg.model.checkpoint, "config.json")) as f:
     mc = hf_config.config_from_hf(json.load(f), source=cfg.model.checkpoint)
-  arch = cfg.model.arch
-  return dataclasses.replace(
-    mc, dtype=arch.dtype, param_dtype=arch.param_dtype, scan_layers=arch.scan_layers
-  )
+  return _with_run_fields(mc, cfg.model.arch)
+
+
+# Fields of `model.*` that apply to a checkpoint's architecture too: numerics, layout, adapters.
+RUN_ARCH_FIELDS = ("dtype", "param_dtype", "scan_layers", "lora_rank", "lora_alpha", "lora_targets")
+
+
+def _with_run_fields(mc: ModelConfig, arch: ModelConfig) -> ModelConfig:
+  """A checkpoint's architecture `mc` with the config's `RUN_ARCH_FIELDS` (checked anew)."""
+  return dataclasses.replace(mc, **{k: getattr(arch, k) for k in RUN_ARCH_FIELDS})
 
 
 def _load_pretrained(cfg: Config, mesh: Mesh, rules) -> tuple[ModelConfig, Any]:
@@ -166,7 +172,7 @@ def _load_pretrained(cfg: Config, mesh: Mesh, rules) -> tuple[ModelConfig, Any]:
       f"model.checkpoint={path!r} is not a directory; point it at a local Hugging Face "
       f"checkpoint (config.json + *.safetensors)"
     )
-  return hf.load_checkpoint(
+  mc, params = hf.load_checkpoint(
     path,
     mesh=mesh,
     rules=rules,
@@ -174,6 +180,7 @@ def _load_pretrained(cfg: Config, mesh: Mesh, rules) -> tuple[ModelConfig, Any]:
     dtype=arch.dtype,
     scan_layers=arch.scan_layers,
   )
+  return _with_run_fields(mc, arch), params
 
 
 def _hf_model_type(path: str) -> str:
@@ -191,13 +198,17 @@ def _abstract_like(tree, shardings):
   )
 
 
-def _init_params(model, task, mesh, rules, init_key, *, abstract: bool):
-  """Randomly initialised params straight into their shardings (ShapeDtypeStructs if abstract)."""
+def _init_params(model, task, mesh, rules, init_key, *, abstract: bool, adapters_only=False):
+  """Randomly initialised params straight into their shardings (ShapeDtypeStructs if abstract);
+  with `adapters_only`, the adapters alone (the base's initialisation is dead code then)."""
   dummy = jnp.zeros((1, task.prompt_len), jnp.int32)
   dummy_mask = jnp.ones((1, task.prompt_len), bool)
   boxed_init = lambda r: model.init(r, dummy, positions_from_mask(dummy_mask), dummy_mask)[  # noqa: E731
     "params"
   ]
+  if adapters_only:
+    full_init = boxed_init
+    boxed_init = lambda r: lora.split(full_init(r))[1]  # noqa: E731
   if abstract:
     boxed = jax.eval_shape(boxed_init, init_key)
     shardings = sharding.param_shardings(boxed, mesh, rules)
@@ -240,10 +251,16 @@ def _model(cfg: Config, task, mesh, rules, *, abstract: bool, devices) -> tuple:
   check(cfg, num_devices=len(devices), task=task, model=pretrained_cfg)
   mc = pretrained_cfg or cfg.model.arch
   model = Transformer(mc, attention=cfg.model.attention)
-  if pretrained is not None:
-    return mc, model, pretrained, jax.tree.map(lambda x: x.sharding, pretrained)
-  params, shardings = _init_params(model, task, mesh, rules, _init_key(cfg), abstract=abstract)
-  return mc, model, params, shardings
+  if pretrained is None:  # random init (or, for a plan, a checkpoint's shapes)
+    params, shardings = _init_params(model, task, mesh, rules, _init_key(cfg), abstract=abstract)
+    return mc, model, params, shardings
+  shardings = jax.tree.map(lambda x: x.sharding, pretrained)
+  if mc.lora_rank:  # fresh adapters on the checkpoint's weights
+    adapters, adapter_shardings = _init_params(
+      model, task, mesh, rules, _init_key(cfg), abstract=False, adapters_only=True
+    )
+    pretrained, shardings = lora.join(pretrained, adapters), lora.join(shardings, adapter_shardings)
+  return mc, model, pretrained, shardings
 
 
 def _init_key(cfg: Config) -> jax.Array:
