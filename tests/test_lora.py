@@ -3,6 +3,9 @@ initialisation and a model whose weights are W + (alpha / r) A B (a reference wr
 the base alone runs as the plain projection, a run trains the adapters alone with the base as
 its KL reference, and bad adapter settings are one error line each."""
 
+import dataclasses
+import json
+import shutil
 import sys
 
 import flax.linen as nn
@@ -266,8 +269,16 @@ def test_export_of_a_run_with_adapters_is_the_merged_model(tmp_path):
   )
   with Checkpointer(str(tmp_path / "run"), save_every=1, async_save=False) as ckpt:
     ckpt.save(2, state, meta={"model": model.cfg.to_dict()}, force=True)
-  hf_convert.main(["export", f"--workdir={tmp_path / 'run'}", f"--out={tmp_path / 'hf'}"])
+  args = ["export", f"--workdir={tmp_path / 'run'}", f"--out={tmp_path / 'hf'}"]
+  summary = hf_convert.main([*args, f"--adapters={tmp_path / 'peft'}"])
+  assert len(summary["adapters"]["target_modules"]) == 7  # q k v o gate up down
+  assert (tmp_path / "peft" / "adapter_model.safetensors").is_file()
   cfg, exported = hf.load_checkpoint(tmp_path / "hf")
+  _, reloaded = hf.load_adapters(tmp_path / "peft", cfg, exported)  # PEFT's files read back
+  np.testing.assert_array_equal(
+    np.asarray(lora.split(reloaded)[1]["layer_0"]["attn"]["q"]["lora_b"]),
+    np.asarray(lora.split(params)[1]["layer_0"]["attn"]["q"]["lora_b"]),
+  )
   assert cfg.lora_rank == 0 and not lora.has_adapters(exported)
   np.testing.assert_allclose(
     _logits(Transformer(cfg), exported), _logits(model, params), rtol=1e-4, atol=1e-4
@@ -281,3 +292,103 @@ def test_a_pack_of_runs_with_adapters_is_refused_in_one_line():
   configs = [tiny_config(**{"model.lora_rank": 2, "seed": s}) for s in (0, 1)]
   with pytest.raises(ConfigError, match=r"^a pack of runs with adapters \(model\.lora_rank > 0\)"):
     build_pack(configs)
+
+
+@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
+def test_peft_format_adapters_add_up_to_the_merged_export(scan, tmp_path):
+  """`hf.save_adapters` writes PEFT's LoRA files: for every adapted module M, the exported
+  merged weight equals the base's plus (lora_alpha / r) lora_B @ lora_A, with PEFT's names,
+  shapes and config; routed experts and unadapted modules get no entry."""
+  from safetensors.numpy import load_file
+
+  from jaxrl_llm.models import hf
+
+  rank, alpha = 4, 8.0
+  model, params = _init(lora_rank=rank, lora_alpha=alpha, scan_layers=scan, lora_targets="q,o,down")
+  base, adapters = lora.split(params)
+  keys = iter(jax.random.split(jax.random.PRNGKey(5), len(jax.tree.leaves(adapters))))
+  adapters = jax.tree.map(lambda x: x + 0.1 * jax.random.normal(next(keys), x.shape), adapters)
+  params, plain = lora.join(base, adapters), dataclasses.replace(model.cfg, lora_rank=0)
+  targets = hf.save_adapters(
+    tmp_path / "peft", model.cfg, params, model_type="llama", base_model="b"
+  )
+  hf.save_checkpoint(tmp_path / "base", plain, base, model_type="llama")
+  hf.save_checkpoint(
+    tmp_path / "merged", plain, lora.merged(params, alpha / rank), model_type="llama"
+  )
+
+  assert targets == ["mlp.down_proj", "self_attn.o_proj", "self_attn.q_proj"]
+  config = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
+  assert (config["peft_type"], config["r"], config["lora_alpha"]) == ("LORA", rank, alpha)
+  assert config["target_modules"] == targets and config["base_model_name_or_path"] == "b"
+  tensors = load_file(tmp_path / "peft" / "adapter_model.safetensors")
+  assert len(tensors) == 2 * 3 * BASE.get("num_layers", ModelConfig().num_layers)
+
+  def read(folder: str) -> dict:
+    files = sorted((tmp_path / folder).glob("*.safetensors"))
+    return {k: v for f in files for k, v in load_file(f).items()}
+
+  weights_base, weights_merged = read("base"), read("merged")
+  for name in [k.removesuffix(".lora_A.weight") for k in tensors if k.endswith("lora_A.weight")]:
+    a, b = tensors[f"{name}.lora_A.weight"], tensors[f"{name}.lora_B.weight"]
+    module = name.removeprefix("base_model.model.")
+    w, merged = weights_base[f"{module}.weight"], weights_merged[f"{module}.weight"]
+    assert a.shape == (rank, w.shape[1]) and b.shape == (w.shape[0], rank), name
+    np.testing.assert_allclose(w + (alpha / rank) * b @ a, merged, rtol=1e-5, atol=1e-6)
+
+
+PEFT_FIXTURE = REPO / "tests" / "fixtures" / "peft" / "llama_lora"
+HF_LLAMA = REPO / "tests" / "fixtures" / "hf" / "llama"
+
+
+@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
+def test_adapters_saved_by_peft_load_and_give_peft_s_logits_and_export_back_bit_for_bit(
+  scan, tmp_path
+):
+  """The fixture's adapters were written by PEFT's `save_pretrained` on the llama fixture
+  (`tools/make_peft_fixture.py`), with the adapted transformers model's logits. Loaded onto
+  the Hugging Face base they give those logits; `save_adapters` writes PEFT's tensors back
+  unchanged."""
+  from safetensors.numpy import load_file
+
+  from jaxrl_llm.models import hf
+
+  cfg, base = hf.load_checkpoint(HF_LLAMA, scan_layers=scan)
+  adapted_cfg, params = hf.load_adapters(PEFT_FIXTURE, cfg, base)
+  assert (adapted_cfg.lora_rank, adapted_cfg.lora_alpha) == (4, 8.0)
+  assert set(lora.target_names(adapted_cfg.lora_targets)) == {"q", "v", "o", "down"}
+  ref = dict(np.load(HF_LLAMA / "reference.npz"))
+  want = np.load(PEFT_FIXTURE / "reference.npz")["logits"]
+  tokens, mask = jnp.asarray(ref["tokens"]), jnp.asarray(ref["mask"])
+  out = (
+    Transformer(adapted_cfg)
+    .apply({"params": params}, tokens, positions_from_mask(mask), mask)
+    .logits
+  )
+  real = ref["mask"][..., None]
+  np.testing.assert_allclose(np.where(real, out, 0), np.where(real, want, 0), rtol=0, atol=1e-4)
+  assert np.abs(np.where(real, want - ref["logits"], 0)).max() > 0.1  # the adapters act
+
+  hf.save_adapters(tmp_path, adapted_cfg, params, model_type="llama")
+  saved, peft_saved = (
+    load_file(tmp_path / "adapter_model.safetensors"),
+    load_file(PEFT_FIXTURE / "adapter_model.safetensors"),
+  )
+  assert sorted(saved) == sorted(peft_saved)
+  for key, value in peft_saved.items():
+    np.testing.assert_array_equal(saved[key], value, err_msg=key)
+
+
+def test_unsupported_peft_configs_are_one_error_line(tmp_path):
+  """DoRA, rsLoRA, biases or another PEFT method: refused naming the field."""
+  from jaxrl_llm.models import hf
+
+  cfg, base = hf.load_checkpoint(HF_LLAMA)
+  for key, value in (("use_dora", True), ("bias", "all"), ("peft_type", "IA3")):
+    folder = tmp_path / key
+    shutil.copytree(PEFT_FIXTURE, folder)
+    config = json.loads((folder / "adapter_config.json").read_text())
+    config[key] = value
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    with pytest.raises(hf.CheckpointFormatError, match=rf"adapter_config.json: {key}="):
+      hf.load_adapters(folder, cfg, base)

@@ -220,6 +220,24 @@ def _resolve_inputs(args):
   return source, tokenizer
 
 
+def _export_adapters(args, cfg, params, model_type: str, source) -> list[str]:
+  """With `--adapters=DIR`, writes the run's adapters there in PEFT's format, naming the run's
+  source checkpoint as their base (none for a random-init base); returns the target modules."""
+  from jaxrl_llm.models import hf, lora
+
+  if not args.adapters:
+    return []
+  if not lora.has_adapters(params):
+    raise ConvertError(
+      f"--adapters={args.adapters}: {args.workdir} trained no adapters (model.lora_rank=0); "
+      "leave --adapters out"
+    )
+  base = source.path if source is not None else None
+  return hf.save_adapters(
+    args.adapters, cfg, params, model_type=model_type, base_model=base, overwrite=args.overwrite
+  )
+
+
 def cmd_export(args) -> dict:
   """Writes the params of a trainer checkpoint as an HF checkpoint directory (adapters, when
   the run had them, merged into the weights they adapt)."""
@@ -227,15 +245,16 @@ def cmd_export(args) -> dict:
 
   source, tokenizer = _resolve_inputs(args)
   cfg, params, meta, step = restore_params(args.workdir, args.step)
-  if lora.has_adapters(params):  # a run with adapters exports its merged weights
-    params = lora.merged(params, cfg.lora_alpha / cfg.lora_rank)
-    cfg = dataclasses.replace(cfg, lora_rank=0)
   model_type = (
     args.model_type
     or meta.get("hf_model_type")
     or (source.model_type if source is not None else None)
-    or hf.default_model_type(cfg)
+    or hf.default_model_type(dataclasses.replace(cfg, lora_rank=0))
   )
+  targets = _export_adapters(args, cfg, params, model_type, source)
+  if lora.has_adapters(params):  # a run with adapters exports its merged weights
+    params = lora.merged(params, cfg.lora_alpha / cfg.lora_rank)
+    cfg = dataclasses.replace(cfg, lora_rank=0)
   model_type = hf.save_checkpoint(
     args.out,
     cfg,
@@ -258,6 +277,8 @@ def cmd_export(args) -> dict:
     "num_params": _param_count(params),
     "files": sorted(os.listdir(args.out)),
   }
+  if targets:
+    summary["adapters"] = {"out": os.path.abspath(args.adapters), "target_modules": targets}
   print(json.dumps(summary, indent=2))
   return summary
 
@@ -283,6 +304,12 @@ def build_parser() -> argparse.ArgumentParser:
   exp.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
   exp.add_argument("--max_shard_bytes", type=int, default=5 * 2**30)
   exp.add_argument("--overwrite", action="store_true", help="replace weights already in --out")
+  exp.add_argument(
+    "--adapters",
+    default=None,
+    help="a run with adapters (model.lora_rank): also write them here in PEFT's format "
+    "(adapter_model.safetensors + adapter_config.json); --out always gets the merged weights",
+  )
   exp.add_argument(
     "--hf_source",
     default=None,
