@@ -218,14 +218,28 @@ def test_the_default_learns_through_adapters_on_a_base_it_never_changes(tmp_path
   assert end >= 0.8 and end - start >= 0.3, evals
 
   exp = build(config)
-  abstract, _ = resume_target(exp.state, exp.meta)
+  abstract, _ = resume_target(exp.stored(exp.state), exp.meta)
   ckpt = Checkpointer(str(tmp_path), save_every=0, async_save=False)
-  step, state, _ = ckpt.restore_latest(abstract)
+  step, stored, meta = ckpt.restore_latest(abstract)
   ckpt.close()
-  assert step == config.train.num_steps
+  assert step == config.train.num_steps and meta["base"] == {"checkpoint": None, "init_seed": 0}
+  assert not lora.split(stored.params)[0]  # the checkpoint holds the adapters alone
+  state = exp.from_stored(stored)
   base_then, base_now = lora.split(jax.device_get(exp.state.params))[0], lora.split(state.params)[0]
   for path, value in _leaves(base_then).items():
     np.testing.assert_array_equal(np.asarray(_leaves(base_now)[path]), value, err_msg=str(path))
+
+  # The export rebuilds the random-init base from the run's config and merges the adapters.
+  from jaxrl_llm.models import hf
+
+  sys.path.insert(0, str(REPO / "tools"))
+  import hf_convert
+
+  hf_convert.main(["export", f"--workdir={tmp_path}", f"--out={tmp_path / 'hf'}"])
+  merged = lora.merged(jax.device_get(state.params), config.model.lora_alpha / 32)
+  exported = hf.load_checkpoint(tmp_path / "hf")[1]
+  for path, value in _leaves(merged).items():
+    np.testing.assert_allclose(_leaves(exported)[path], value, rtol=1e-6, err_msg=str(path))
 
 
 @pytest.mark.slow

@@ -2,11 +2,15 @@
 
 import dataclasses
 import json
+import shutil
+import sys
 
 import jax
 import numpy as np
+import pytest
 from conftest import REPO, tiny_config
 from flax import traverse_util
+from safetensors.numpy import load_file, save_file
 
 from jaxrl_llm import checkpoint, metrics
 from jaxrl_llm.models import hf, lora
@@ -53,12 +57,16 @@ def test_rl_starts_from_imported_checkpoint_and_exports(tmp_path):
 def test_adapters_train_on_an_imported_checkpoint_that_stays_as_it_was(tmp_path):
   """`model.lora_rank` on a Hugging Face base: the run starts from the checkpoint's weights
   with fresh adapters (the adapted model is the checkpoint's at step 0), trains the adapters
-  alone through the warm start and RL, and the checkpoint's weights come out bit-identical."""
-  overrides = {"model.checkpoint": str(FIXTURE), "train.num_steps": 2, "sft.steps": 3}
+  alone through the warm start and RL, and the checkpoint's weights come out bit-identical.
+  Its checkpoints hold the adapters alone and name the base (path and digest); a resume onto
+  changed base weights is refused, and the export merges the adapters into the base."""
+  source = tmp_path / "qwen2"
+  shutil.copytree(FIXTURE, source)
+  overrides = {"model.checkpoint": str(source), "train.num_steps": 2, "sft.steps": 3}
   overrides |= {"sft.batch_size": 8, "model.lora_rank": 4, "rl.entropy_coef": 0.01}
   config = tiny_config(**overrides)
   exp = build(config)
-  cfg, params = hf.load_checkpoint(FIXTURE)
+  cfg, params = hf.load_checkpoint(source)
   assert exp.model.cfg.lora_rank == 4 and exp.model.cfg == dataclasses.replace(cfg, lora_rank=4)
   base, adapters = lora.split(jax.device_get(exp.state.params))
   jax.tree.map(np.testing.assert_array_equal, base, jax.device_get(params))
@@ -68,12 +76,32 @@ def test_adapters_train_on_an_imported_checkpoint_that_stays_as_it_was(tmp_path)
   workdir = tmp_path / "run"
   train_and_evaluate(config, str(workdir))
   ckpt = checkpoint.Checkpointer(str(workdir), save_every=1)
-  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), exp.state)
-  state, _ = ckpt.restore(2, abstract)
+  meta = ckpt.read_meta(2)
+  assert meta["base"] == {"checkpoint": str(source), "digest": hf.weights_digest(source)}
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), exp.stored(exp.state))
+  stored, _ = ckpt.restore(2, abstract)
   ckpt.close()
+  assert not lora.split(stored.params)[0]  # the adapters alone: no base in the checkpoint
+  state = exp.from_stored(stored)
   trained_base, trained = lora.split(jax.device_get(state.params))
   jax.tree.map(np.testing.assert_array_equal, trained_base, jax.device_get(params))
   changed = [
     not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(trained), jax.tree.leaves(adapters))
   ]
   assert all(changed), "every adapter matrix trained"
+
+  sys.path.insert(0, str(REPO / "tools"))
+  import hf_convert
+
+  hf_convert.main(["export", f"--workdir={workdir}", f"--out={tmp_path / 'merged'}"])
+  merged = lora.merged(jax.device_get(state.params), cfg.lora_alpha / 4)
+  jax.tree.map(np.testing.assert_allclose, hf.load_checkpoint(tmp_path / "merged")[1], merged)
+
+  weights = source / "model.safetensors"  # the base changes under the run
+  tensors = load_file(weights)
+  name = sorted(tensors)[0]
+  tensors[name] = tensors[name] + 1
+  save_file(tensors, weights)
+  longer = tiny_config(**overrides | {"train.num_steps": 3})
+  with pytest.raises(checkpoint.CheckpointMismatchError, match=r"base\.digest"):
+    train_and_evaluate(longer, str(workdir))

@@ -130,7 +130,7 @@ def restore_params(workdir: str, step: int | None = None):
   import orbax.checkpoint as ocp
 
   from jaxrl_llm.checkpoint import Checkpointer
-  from jaxrl_llm.models import hf
+  from jaxrl_llm.models import hf, lora
   from jaxrl_llm.models.config import ModelConfig
 
   if not os.path.isdir(os.path.join(workdir, "checkpoints")):
@@ -160,6 +160,8 @@ def restore_params(workdir: str, step: int | None = None):
     lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
     nn.unbox(hf.abstract_params(cfg)),
   )
+  if "base" in meta:  # a run with adapters saved them alone
+    target = lora.split(target)[1]
   path = os.path.join(workdir, "checkpoints", str(step), "state")
   _check_saved_params(path, target, f"the 'model' field of {where}")
   item = {"params": target}
@@ -168,7 +170,36 @@ def restore_params(workdir: str, step: int | None = None):
     restored = ckptr.restore(
       path, args=ocp.args.PyTreeRestore(item, restore_args=restore_args, partial_restore=True)
     )
-  return cfg, restored["params"], meta, step
+  params = restored["params"]
+  if "base" in meta:
+    params = lora.join(_base_of(workdir, cfg, meta["base"], where), params)
+  return cfg, params, meta, step
+
+
+def _base_of(workdir: str, cfg, base: dict, where: str):
+  """The base weights a run's adapters sit on: its Hugging Face checkpoint (its weight files
+  must give the recorded digest) or, for a random-init base, the run's own initialisation."""
+  import jax
+  import ml_collections
+
+  from jaxrl_llm.config import parse
+  from jaxrl_llm.models import hf, lora
+  from jaxrl_llm.run import build
+
+  path = base.get("checkpoint")
+  if path:
+    if not os.path.isdir(path) or hf.weights_digest(path) != base.get("digest"):
+      raise ConvertError(
+        f"{where}: the adapters' base {path} is gone or its weights changed (digest "
+        f"{base.get('digest')}); restore that checkpoint to export this run"
+      )
+    layout = {"param_dtype": cfg.param_dtype, "dtype": cfg.dtype, "scan_layers": cfg.scan_layers}
+    return hf.load_checkpoint(path, **layout)[1]
+  record = os.path.join(workdir, "config.json")
+  with open(record, encoding="utf-8") as f:
+    config = json.load(f)["config"]
+  exp = build(parse(ml_collections.ConfigDict(config)))  # the same seed, the same base
+  return lora.split(jax.device_get(exp.state.params))[0]
 
 
 def recorded_inputs(workdir: str) -> tuple[str, str]:

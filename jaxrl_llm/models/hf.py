@@ -861,3 +861,17 @@ def load_adapters(path: str | os.PathLike, cfg: ModelConfig, params: Any, *, mod
       (target if at is None else target[at[1]])[...] = value.reshape(target.shape[at is not None :])
   flat.update({k: jnp.asarray(v) for k, v in out.items()})
   return adapted, _unflatten(flat)
+
+
+def weights_digest(path: str | os.PathLike) -> str:
+  """A BLAKE2b digest of a checkpoint directory's weight files (names and bytes, in name
+  order): two checkpoints of the same shapes but other weights differ in it."""
+  import hashlib
+
+  digest = hashlib.blake2b(digest_size=16)
+  for file in sorted(glob.glob(os.path.join(os.fspath(path), "*.safetensors"))):
+    digest.update(os.path.basename(file).encode())
+    with open(file, "rb") as f:
+      while chunk := f.read(1 << 24):
+        digest.update(chunk)
+  return digest.hexdigest()

@@ -67,6 +67,19 @@ class Experiment:
     """The fused jitted update `(state, batch, rng) -> (state, metrics)`."""
     return self.program.step
 
+  def stored(self, state: TrainState) -> TrainState:
+    """What a checkpoint holds of `state`: all of it, but of a model with adapters only the
+    adapters (the base comes from the config; the checkpoint's meta names it, `run_meta`)."""
+    if not lora.has_adapters(state.params):
+      return state
+    return state.replace(params=lora.split(state.params)[1])
+
+  def from_stored(self, stored: TrainState) -> TrainState:
+    """The state of a checkpoint's `stored` one: this run's base put back under the adapters."""
+    if not lora.has_adapters(self.state.params):
+      return stored
+    return stored.replace(params=lora.join(lora.split(self.state.params)[0], stored.params))
+
   def update(self, state: TrainState, np_batch: dict, rng: jax.Array):
     """One RL update on a host batch of this process's prompts: the fused step, or
     sample → host verifiers → learn for a task whose verifiers run on the host."""
@@ -311,12 +324,26 @@ def _learner_settings(cfg: Config, params, mesh, seq_len: int, samp) -> Settings
 def run_meta(cfg: Config, mc: ModelConfig) -> dict:
   """What a checkpoint records of the run `cfg` (of model `mc`), to refuse resuming it under
   another one."""
-  return {
+  meta = {
     "model": mc.to_dict(),
     "hf_model_type": _hf_model_type(cfg.model.checkpoint),
     "objective": {"name": cfg.objective.name, **cfg.objective.hyperparameters},
     "task": cfg.task.task_fields | {"name": cfg.task.name, "data": cfg.data.train_files},
   }
+  if mc.lora_rank:  # the checkpoints hold the adapters alone: what they sit on
+    meta["base"] = base_identity(cfg)
+  return meta
+
+
+def base_identity(cfg: Config) -> dict:
+  """The base a run's adapters sit on: its Hugging Face checkpoint and a digest of its weight
+  files, or the seed of its random initialisation."""
+  from jaxrl_llm.models import hf
+
+  path = cfg.model.checkpoint
+  if path:
+    return {"checkpoint": os.path.abspath(path), "digest": hf.weights_digest(path)}
+  return {"checkpoint": None, "init_seed": cfg.seed}
 
 
 def build(

@@ -82,14 +82,15 @@ def _initial_state(exp: Experiment, ckpt, train_iter, workdir: str):
   step 0, so a relaunch does not redo it), else the fresh state."""
   beta = exp.config.kl.beta
   state = init_reference(exp.state, beta)
-  abstract, expect = resume_target(state, exp.meta)
+  abstract, expect = resume_target(exp.stored(state), exp.meta, keys=("model", "base"))
   resumed = ckpt.restore_latest(abstract, data_iter=train_iter, expect=expect)
   if resumed is not None:
-    latest, state, _ = resumed
+    latest, stored, _ = resumed
+    state = exp.from_stored(stored)
     logging.info("resumed from %s at step %d", workdir, latest)
   elif exp.config.sft.steps:
     state = init_reference(warm_start(exp, workdir), beta)
-    ckpt.save(0, state, data_iter=train_iter, meta=exp.meta, force=True)
+    ckpt.save(0, exp.stored(state), data_iter=train_iter, meta=exp.meta, force=True)
   return state
 
 
@@ -179,7 +180,7 @@ def _loop(exp: Experiment, state, train_iter, ckpt, evaluate: Evaluator, logger:
     for step in range(start, end):
       state = _step(exp, state, train_iter, ckpt, evaluate, logger, profiler, step, end)
       if preemption.requested(step + 1) and step + 1 < end:
-        ckpt.save(step + 1, state, data_iter=train_iter, meta=exp.meta, force=True)
+        ckpt.save(step + 1, exp.stored(state), data_iter=train_iter, meta=exp.meta, force=True)
         ckpt.wait()
         raise Preempted(step + 1, str(ckpt.directory))
   return state, end
@@ -197,7 +198,8 @@ def _step(exp, state, train_iter, ckpt, evaluate, logger, profiler, step: int, e
   logger.step(done, metrics)
   if done % tr.eval_every == 0 or done == tr.num_steps:
     evaluate(done, state.params)
-  ckpt.save(done, state, data_iter=train_iter, meta=exp.meta, force=done in (end, tr.num_steps))
+  last = done in (end, tr.num_steps)
+  ckpt.save(done, exp.stored(state), data_iter=train_iter, meta=exp.meta, force=last)
   return state
 
 
