@@ -73,7 +73,7 @@ def test_adapters_start_at_the_base_and_equal_merged_weights(kw):
   rank, alpha = 4, 8.0
   plain, _ = _init(**kw)
   model, params = _init(lora_rank=rank, lora_alpha=alpha, **kw)
-  base, adapters = lora.split(params)
+  base, adapters = lora.split_adapters(params)
   targets = set(lora.target_names(ModelConfig().lora_targets))
   assert set(lora.adapted(adapters)) == targets  # every projection, MoE shared experts too
   assert not lora.unmatched(model.cfg.lora_targets, adapters)
@@ -82,8 +82,8 @@ def test_adapters_start_at_the_base_and_equal_merged_weights(kw):
 
   keys = iter(jax.random.split(jax.random.PRNGKey(2), len(jax.tree.leaves(adapters))))
   noisy = jax.tree.map(lambda x: x + 0.1 * jax.random.normal(next(keys), x.shape), adapters)
-  adapted = _logits(model, lora.join(base, noisy))
-  merged = _logits(plain, _merged(lora.join(base, noisy), alpha, rank))
+  adapted = _logits(model, lora.join_adapters(base, noisy))
+  merged = _logits(plain, _merged(lora.join_adapters(base, noisy), alpha, rank))
   assert float(jnp.max(jnp.abs(adapted - _logits(plain, base)))) > 1e-3  # the adapters act
   np.testing.assert_allclose(adapted, merged, rtol=1e-4, atol=1e-4)
 
@@ -91,7 +91,7 @@ def test_adapters_start_at_the_base_and_equal_merged_weights(kw):
 def test_targets_by_projection_or_hugging_face_name():
   """`q_proj,v_proj` adapts q and v only; the adapter shapes follow the kernel's axes."""
   _, params = _init(lora_rank=2, lora_targets="q_proj, v_proj")
-  _, adapters = lora.split(params)
+  _, adapters = lora.split_adapters(params)
   assert lora.adapted(adapters) == {"q": 2, "v": 2}
   q = adapters["layer_0"]["attn"]["q"]
   assert q["lora_a"].shape == (32, 2) and q["lora_b"].shape == (2, 4, 8)
@@ -101,12 +101,12 @@ def test_targets_by_projection_or_hugging_face_name():
 def test_split_and_join_are_inverse():
   """split gives the base without adapters and the adapters alone; join restores the tree."""
   _, params = _init(lora_rank=2)
-  base, adapters = lora.split(params)
+  base, adapters = lora.split_adapters(params)
   flat_base = traverse_util.flatten_dict(base)
   flat_adapters = traverse_util.flatten_dict(adapters)
   assert flat_adapters and all(lora.is_adapter(k) for k in flat_adapters)
   assert not any(lora.is_adapter(k) for k in flat_base)
-  assert jax.tree.structure(lora.join(base, adapters)) == jax.tree.structure(params)
+  assert jax.tree.structure(lora.join_adapters(base, adapters)) == jax.tree.structure(params)
 
 
 @pytest.mark.parametrize(
@@ -144,8 +144,8 @@ def test_a_run_with_adapters_trains_them_alone_on_the_base_and_its_reference_is_
   states, metrics = run_steps(config, 3)
   first, last = states[0], states[-1]
   assert first.ref_params is None and last.ref_params is None
-  base0, adapters0 = lora.split(first.params)
-  base3, adapters3 = lora.split(last.params)
+  base0, adapters0 = lora.split_adapters(first.params)
+  base3, adapters3 = lora.split_adapters(last.params)
   for path, value in _leaves(base0).items():
     np.testing.assert_array_equal(_leaves(base3)[path], value, err_msg=str(path))
   moved = [p for p, v in _leaves(adapters0).items() if not np.array_equal(_leaves(adapters3)[p], v)]
@@ -163,7 +163,7 @@ def test_the_adapters_gradient_is_the_merged_full_models_gradient():
   rank, alpha = 4, 8.0
   plain, _ = _init()
   model, params = _init(lora_rank=rank, lora_alpha=alpha)
-  base, adapters = lora.split(params)
+  base, adapters = lora.split_adapters(params)
   keys = iter(jax.random.split(jax.random.PRNGKey(3), len(jax.tree.leaves(adapters))))
   adapters = jax.tree.map(lambda x: x + 0.1 * jax.random.normal(next(keys), x.shape), adapters)
   tokens, positions, mask = _inputs()
@@ -174,10 +174,10 @@ def test_the_adapters_gradient_is_the_merged_full_models_gradient():
     return -jnp.sum(picked * mask[:, 1:]) / jnp.sum(mask[:, 1:])
 
   def adapted(a):
-    return nll(model.apply({"params": lora.join(base, a)}, tokens, positions, mask).logits)
+    return nll(model.apply({"params": lora.join_adapters(base, a)}, tokens, positions, mask).logits)
 
   def merged(a):
-    weights = lora.merged(lora.join(base, a), alpha / rank)
+    weights = lora.merged(lora.join_adapters(base, a), alpha / rank)
     return nll(plain.apply({"params": weights}, tokens, positions, mask).logits)
 
   (la, ga), (lm, gm) = jax.value_and_grad(adapted)(adapters), jax.value_and_grad(merged)(adapters)
@@ -223,9 +223,12 @@ def test_the_default_learns_through_adapters_on_a_base_it_never_changes(tmp_path
   step, stored, meta = ckpt.restore_latest(abstract)
   ckpt.close()
   assert step == config.train.num_steps and meta["base"] == {"checkpoint": None, "init_seed": 0}
-  assert not lora.split(stored.params)[0]  # the checkpoint holds the adapters alone
+  assert not lora.split_adapters(stored.params)[0]  # the checkpoint holds the adapters alone
   state = exp.from_stored(stored)
-  base_then, base_now = lora.split(jax.device_get(exp.state.params))[0], lora.split(state.params)[0]
+  base_then, base_now = (
+    lora.split_adapters(jax.device_get(exp.state.params))[0],
+    lora.split_adapters(state.params)[0],
+  )
   for path, value in _leaves(base_then).items():
     np.testing.assert_array_equal(np.asarray(_leaves(base_now)[path]), value, err_msg=str(path))
 
@@ -268,16 +271,16 @@ def test_export_of_a_run_with_adapters_is_the_merged_model(tmp_path):
   import hf_convert
 
   model, params = _init(lora_rank=4, lora_alpha=8.0)
-  base, adapters = lora.split(params)
+  base, adapters = lora.split_adapters(params)
   keys = iter(jax.random.split(jax.random.PRNGKey(4), len(jax.tree.leaves(adapters))))
-  params = lora.join(
+  params = lora.join_adapters(
     base, jax.tree.map(lambda x: x + 0.1 * jax.random.normal(next(keys), x.shape), adapters)
   )
   tx = optax.adamw(1e-3)
   state = TrainState(
     step=jnp.zeros((), jnp.int32),
     params=params,
-    opt_state=tx.init(lora.split(params)[1]),
+    opt_state=tx.init(lora.split_adapters(params)[1]),
     ref_params=None,
     rng=jax.random.PRNGKey(0),
   )
@@ -290,8 +293,8 @@ def test_export_of_a_run_with_adapters_is_the_merged_model(tmp_path):
   cfg, exported = hf.load_checkpoint(tmp_path / "hf")
   _, reloaded = hf.load_adapters(tmp_path / "peft", cfg, exported)  # PEFT's files read back
   np.testing.assert_array_equal(
-    np.asarray(lora.split(reloaded)[1]["layer_0"]["attn"]["q"]["lora_b"]),
-    np.asarray(lora.split(params)[1]["layer_0"]["attn"]["q"]["lora_b"]),
+    np.asarray(lora.split_adapters(reloaded)[1]["layer_0"]["attn"]["q"]["lora_b"]),
+    np.asarray(lora.split_adapters(params)[1]["layer_0"]["attn"]["q"]["lora_b"]),
   )
   assert cfg.lora_rank == 0 and not lora.has_adapters(exported)
   np.testing.assert_allclose(
@@ -319,10 +322,10 @@ def test_peft_format_adapters_add_up_to_the_merged_export(scan, tmp_path):
 
   rank, alpha = 4, 8.0
   model, params = _init(lora_rank=rank, lora_alpha=alpha, scan_layers=scan, lora_targets="q,o,down")
-  base, adapters = lora.split(params)
+  base, adapters = lora.split_adapters(params)
   keys = iter(jax.random.split(jax.random.PRNGKey(5), len(jax.tree.leaves(adapters))))
   adapters = jax.tree.map(lambda x: x + 0.1 * jax.random.normal(next(keys), x.shape), adapters)
-  params, plain = lora.join(base, adapters), dataclasses.replace(model.cfg, lora_rank=0)
+  params, plain = lora.join_adapters(base, adapters), dataclasses.replace(model.cfg, lora_rank=0)
   targets = hf.save_adapters(
     tmp_path / "peft", model.cfg, params, model_type="llama", base_model="b"
   )

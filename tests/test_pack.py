@@ -243,6 +243,7 @@ def _assert_same_steps(packed, configs, steps: int):
     _assert_same_params(params, alone_params)
 
 
+@pytest.mark.slow
 def test_every_kind_of_packable_field_gives_each_run_its_own_value():
   """top-k / top-p (traced, on in one run and off in the other), the KL and entropy
   coefficients and the overlong shaping, packed, equal each run alone step by step."""

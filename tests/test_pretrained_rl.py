@@ -54,6 +54,7 @@ def test_rl_starts_from_imported_checkpoint_and_exports(tmp_path):
   )  # the warm start and RL changed the weights
 
 
+@pytest.mark.slow
 def test_adapters_train_on_an_imported_checkpoint_that_stays_as_it_was(tmp_path):
   """`model.lora_rank` on a Hugging Face base: the run starts from the checkpoint's weights
   with fresh adapters (the adapted model is the checkpoint's at step 0), trains the adapters
@@ -68,7 +69,7 @@ def test_adapters_train_on_an_imported_checkpoint_that_stays_as_it_was(tmp_path)
   exp = build(config)
   cfg, params = hf.load_checkpoint(source)
   assert exp.model.cfg.lora_rank == 4 and exp.model.cfg == dataclasses.replace(cfg, lora_rank=4)
-  base, adapters = lora.split(jax.device_get(exp.state.params))
+  base, adapters = lora.split_adapters(jax.device_get(exp.state.params))
   jax.tree.map(np.testing.assert_array_equal, base, jax.device_get(params))
   flat = traverse_util.flatten_dict(adapters)
   assert all(not np.any(v) for k, v in flat.items() if k[-1] == "lora_b")  # B = 0: the base
@@ -81,9 +82,9 @@ def test_adapters_train_on_an_imported_checkpoint_that_stays_as_it_was(tmp_path)
   abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), exp.stored(exp.state))
   stored, _ = ckpt.restore(2, abstract)
   ckpt.close()
-  assert not lora.split(stored.params)[0]  # the adapters alone: no base in the checkpoint
+  assert not lora.split_adapters(stored.params)[0]  # the adapters alone: no base in the checkpoint
   state = exp.from_stored(stored)
-  trained_base, trained = lora.split(jax.device_get(state.params))
+  trained_base, trained = lora.split_adapters(jax.device_get(state.params))
   jax.tree.map(np.testing.assert_array_equal, trained_base, jax.device_get(params))
   changed = [
     not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(trained), jax.tree.leaves(adapters))

@@ -263,6 +263,7 @@ def test_same_behaviour_compares_every_step_but_wall_clock_tags(capsys):
   assert not same_behaviour.excluded("perf/generated_tokens")
 
 
+@pytest.mark.slow
 def test_a_packed_sweep_trains_every_grid_point_in_one_program(tmp_path):
   root = tmp_path / "packed"
   args = [CONFIG, f"--root={root}", GRID, "--seeds=0,1", *TINY, "--packed"]

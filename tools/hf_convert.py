@@ -161,7 +161,7 @@ def restore_params(workdir: str, step: int | None = None):
     nn.unbox(hf.abstract_params(cfg)),
   )
   if "base" in meta:  # a run with adapters saved them alone
-    target = lora.split(target)[1]
+    target = lora.split_adapters(target)[1]
   path = os.path.join(workdir, "checkpoints", str(step), "state")
   _check_saved_params(path, target, f"the 'model' field of {where}")
   item = {"params": target}
@@ -172,7 +172,7 @@ def restore_params(workdir: str, step: int | None = None):
     )
   params = restored["params"]
   if "base" in meta:
-    params = lora.join(_base_of(workdir, cfg, meta["base"], where), params)
+    params = lora.join_adapters(_base_of(workdir, cfg, meta["base"], where), params)
   return cfg, params, meta, step
 
 
@@ -199,7 +199,7 @@ def _base_of(workdir: str, cfg, base: dict, where: str):
   with open(record, encoding="utf-8") as f:
     config = json.load(f)["config"]
   exp = build(parse(ml_collections.ConfigDict(config)))  # the same seed, the same base
-  return lora.split(jax.device_get(exp.state.params))[0]
+  return lora.split_adapters(jax.device_get(exp.state.params))[0]
 
 
 def recorded_inputs(workdir: str) -> tuple[str, str]:

@@ -7,9 +7,9 @@ equals its base at initialisation. `model.lora_rank` (0 = none) turns adapters o
 (the dense MLP and the MoE layers' shared experts), by these names or by Hugging Face's module
 names (`q_proj`, ...), as PEFT's `target_modules` does. Routed experts and the router get none.
 
-The adapters are the parameters named `lora_a` / `lora_b`; `split` takes them out of a
-parameter tree (the base is the rest) and `join` puts them back. A projection applied to a tree
-without its adapters (the base alone, e.g. the reference policy) is the plain projection.
+The adapters are the parameters named `lora_a` / `lora_b`; `split_adapters` takes them out of
+a parameter tree (the base is the rest) and `join_adapters` puts them back. A projection applied
+to a tree without its adapters (the base alone, e.g. the reference policy) is the plain one.
 
 In a run the state's parameters hold base and adapters together; the optimiser sees only
 `trainable(params)` (the adapters when there are any, else everything), so the base gets no
@@ -112,7 +112,7 @@ def is_adapter(path: Sequence[str]) -> bool:
   return bool(path) and path[-1] in ADAPTERS
 
 
-def split(params: Mapping[str, Any]) -> tuple[dict, dict]:
+def split_adapters(params: Mapping[str, Any]) -> tuple[dict, dict]:
   """(base, adapters): the parameter tree without its adapters, and the adapters alone (the
   same nesting, holding only `lora_a` / `lora_b` leaves)."""
   flat = traverse_util.flatten_dict(params)
@@ -121,8 +121,8 @@ def split(params: Mapping[str, Any]) -> tuple[dict, dict]:
   return traverse_util.unflatten_dict(base), traverse_util.unflatten_dict(adapters)
 
 
-def join(base: Mapping[str, Any], adapters: Mapping[str, Any]) -> dict:
-  """The parameter tree of `base` with `adapters` put back (the inverse of `split`)."""
+def join_adapters(base: Mapping[str, Any], adapters: Mapping[str, Any]) -> dict:
+  """The parameter tree of `base` with `adapters` put back (the inverse of `split_adapters`)."""
   flat = traverse_util.flatten_dict(base) | traverse_util.flatten_dict(adapters)
   return traverse_util.unflatten_dict(flat)
 
@@ -152,17 +152,17 @@ def trainable(params: Mapping[str, Any]) -> tuple[dict | None, Any]:
   (None, params). `with_frozen(frozen, trainable)` puts them together again."""
   if not has_adapters(params):
     return None, params
-  return split(params)
+  return split_adapters(params)
 
 
 def with_frozen(frozen: Mapping[str, Any] | None, trained: Any) -> Any:
   """The full parameter tree from `trainable`'s two parts."""
-  return trained if frozen is None else join(frozen, trained)
+  return trained if frozen is None else join_adapters(frozen, trained)
 
 
 def reference(params: Mapping[str, Any]) -> dict:
   """The KL reference of a tree with adapters: its base (the policy before any update)."""
-  return split(params)[0]
+  return split_adapters(params)[0]
 
 
 def merged(params: Mapping[str, Any], scale: float) -> dict:

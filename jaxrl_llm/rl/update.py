@@ -71,7 +71,7 @@ def minibatch_step(carry, mb: PolicyBatch, *, loss_fn: LossFn, optimizer, **kwar
 
 def _on_frozen(loss_fn: LossFn, frozen) -> LossFn:
   """`loss_fn` of the adapters alone, on the fixed base `frozen`."""
-  return lambda adapters, mb, norms: loss_fn(lora.join(frozen, adapters), mb, norms)
+  return lambda adapters, mb, norms: loss_fn(lora.join_adapters(frozen, adapters), mb, norms)
 
 
 def minibatch_order(key: jax.Array, batch_size: int, rl: RLSettings, block: int = 1) -> jax.Array:

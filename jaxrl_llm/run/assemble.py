@@ -72,13 +72,15 @@ class Experiment:
     adapters (the base comes from the config; the checkpoint's meta names it, `run_meta`)."""
     if not lora.has_adapters(state.params):
       return state
-    return state.replace(params=lora.split(state.params)[1])
+    return state.replace(params=lora.split_adapters(state.params)[1])
 
   def from_stored(self, stored: TrainState) -> TrainState:
     """The state of a checkpoint's `stored` one: this run's base put back under the adapters."""
     if not lora.has_adapters(self.state.params):
       return stored
-    return stored.replace(params=lora.join(lora.split(self.state.params)[0], stored.params))
+    return stored.replace(
+      params=lora.join_adapters(lora.split_adapters(self.state.params)[0], stored.params)
+    )
 
   def update(self, state: TrainState, np_batch: dict, rng: jax.Array):
     """One RL update on a host batch of this process's prompts: the fused step, or
@@ -221,7 +223,7 @@ def _init_params(model, task, mesh, rules, init_key, *, abstract: bool, adapters
   ]
   if adapters_only:
     full_init = boxed_init
-    boxed_init = lambda r: lora.split(full_init(r))[1]  # noqa: E731
+    boxed_init = lambda r: lora.split_adapters(full_init(r))[1]  # noqa: E731
   if abstract:
     boxed = jax.eval_shape(boxed_init, init_key)
     shardings = sharding.param_shardings(boxed, mesh, rules)
@@ -272,7 +274,10 @@ def _model(cfg: Config, task, mesh, rules, *, abstract: bool, devices) -> tuple:
     adapters, adapter_shardings = _init_params(
       model, task, mesh, rules, _init_key(cfg), abstract=False, adapters_only=True
     )
-    pretrained, shardings = lora.join(pretrained, adapters), lora.join(shardings, adapter_shardings)
+    pretrained, shardings = (
+      lora.join_adapters(pretrained, adapters),
+      lora.join_adapters(shardings, adapter_shardings),
+    )
   return mc, model, pretrained, shardings
 
 

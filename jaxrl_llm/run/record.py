@@ -192,7 +192,7 @@ def log_banner(params, mc, mesh, workdir: str, cfg: Config | None = None, rl=Non
   if active != total:
     shown += f" ({active / 1e6:.3g}M active per token)"
   if lora.has_adapters(params):  # only the adapters train
-    n = sum(x.size for x in jax.tree.leaves(lora.split(params)[1]))
+    n = sum(x.size for x in jax.tree.leaves(lora.split_adapters(params)[1]))
     shown += f", {n / 1e6:.3g}M of them trained (rank-{mc.lora_rank} adapters)"
   axes = " x ".join(f"{k}={v}" for k, v in mesh.shape.items() if v > 1) or "one device"
   device = jax.devices()[0]
