@@ -19,6 +19,7 @@ from flax import traverse_util
 from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm.checkpoint import Checkpointer
 from jaxrl_llm.config import ConfigError
+from jaxrl_llm.config import parse as parse_config
 from jaxrl_llm.models import ModelConfig, Transformer, lora
 from jaxrl_llm.models.scan import SCAN_NAME
 from jaxrl_llm.models.transformer import positions_from_mask
@@ -409,3 +410,19 @@ def test_unsupported_peft_configs_are_one_error_line(tmp_path):
     (folder / "adapter_config.json").write_text(json.dumps(config))
     with pytest.raises(hf.CheckpointFormatError, match=rf"adapter_config.json: {key}="):
       hf.load_adapters(folder, cfg, base)
+
+
+def test_the_memory_plan_holds_adam_moments_for_the_adapters_only():
+  """`plan.plan` (the `--dry_run`) of a run with adapters: its resident state is the weights
+  plus twice the adapters (Adam's moments), where full training holds three times the weights."""
+  from jaxrl_llm import plan
+
+  full = plan.plan(parse_config(tiny_config()), devices=jax.devices()[:1])
+  adapted_config = parse_config(tiny_config(**{"model.lora_rank": 4}))
+  adapted = plan.plan(adapted_config, devices=jax.devices()[:1])
+  exp = build(adapted_config, abstract=True, devices=jax.devices()[:1])
+  base, adapters = lora.split_adapters(exp.state.params)
+  nbytes = lambda tree: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))  # noqa: E731
+  assert adapted.argument_bytes - full.argument_bytes == pytest.approx(
+    3 * nbytes(adapters) - 2 * nbytes(base), rel=0.01
+  )

@@ -326,9 +326,9 @@ def _learner_settings(cfg: Config, params, mesh, seq_len: int, samp) -> Settings
   return dataclasses.replace(settings, rl=rl)  # `record.log_banner` shows the resolved values
 
 
-def run_meta(cfg: Config, mc: ModelConfig) -> dict:
+def run_meta(cfg: Config, mc: ModelConfig, *, abstract: bool = False) -> dict:
   """What a checkpoint records of the run `cfg` (of model `mc`), to refuse resuming it under
-  another one."""
+  another one (`abstract`, a plan: the base's weight files are not read for their digest)."""
   meta = {
     "model": mc.to_dict(),
     "hf_model_type": _hf_model_type(cfg.model.checkpoint),
@@ -336,18 +336,21 @@ def run_meta(cfg: Config, mc: ModelConfig) -> dict:
     "task": cfg.task.task_fields | {"name": cfg.task.name, "data": cfg.data.train_files},
   }
   if mc.lora_rank:  # the checkpoints hold the adapters alone: what they sit on
-    meta["base"] = base_identity(cfg)
+    meta["base"] = base_identity(cfg, digest=not abstract)
   return meta
 
 
-def base_identity(cfg: Config) -> dict:
+def base_identity(cfg: Config, *, digest: bool = True) -> dict:
   """The base a run's adapters sit on: its Hugging Face checkpoint and a digest of its weight
-  files, or the seed of its random initialisation."""
+  files (None without `digest`), or the seed of its random initialisation."""
   from jaxrl_llm.models import hf
 
   path = cfg.model.checkpoint
   if path:
-    return {"checkpoint": os.path.abspath(path), "digest": hf.weights_digest(path)}
+    return {
+      "checkpoint": os.path.abspath(path),
+      "digest": hf.weights_digest(path) if digest else None,
+    }
   return {"checkpoint": None, "init_seed": cfg.seed}
 
 
@@ -402,7 +405,7 @@ def build(
     eval_fn=make_eval_fn(model, task, cfg, mesh, rules, runs),
     schedule=schedule,
     batch_sharding=sharding.rows(mesh),
-    meta=run_meta(cfg, mc),
+    meta=run_meta(cfg, mc, abstract=abstract),
     rules=rules,
     prompt_len=prompt_len or task.prompt_len,
   )
