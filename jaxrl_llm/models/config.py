@@ -14,6 +14,31 @@ IMPLS = ("auto", "kernel", "ragged", "portable", "dense")
 
 _Config = TypeVar("_Config", bound="_DictConfig")
 
+PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")  # what lora_targets may name
+HF_NAMES = {f"{p}_proj": p for p in PROJECTIONS}  # Hugging Face module names: q_proj -> q
+
+
+def target_names(targets: str) -> tuple[str, ...]:
+  """`lora_targets` as projection names (Hugging Face names mapped: `q_proj` -> `q`)."""
+  names = [t.strip() for t in targets.split(",") if t.strip()]
+  return tuple(dict.fromkeys(HF_NAMES.get(n, n) for n in names))
+
+
+def target_errors(targets: str) -> list[str]:
+  """Why `lora_targets` is not a list of known projections (empty list: it is)."""
+  names = target_names(targets)
+  unknown = [n for n in names if n not in PROJECTIONS]
+  if not names:
+    return [
+      f"model.lora_targets={targets!r} names no projection; allowed: {', '.join(PROJECTIONS)}"
+    ]
+  if unknown:
+    return [
+      f"model.lora_targets={targets!r}: {', '.join(unknown)} is no projection; allowed: "
+      f"{', '.join(PROJECTIONS)} (or {', '.join(HF_NAMES)})"
+    ]
+  return []
+
 
 class _DictConfig:
   """`to_dict` / `from_dict` of a frozen config dataclass; `KIND` names it in errors."""
@@ -136,12 +161,10 @@ class ModelConfig(_DictConfig):
     projections this model has."""
     if self.lora_rank <= 0:
       return [] if self.lora_rank == 0 else [f"model.lora_rank={self.lora_rank} must be >= 0"]
-    from jaxrl_llm.models import lora  # the adapters' module imports this one
-
-    errors = lora.target_errors(self.lora_targets)
+    errors = target_errors(self.lora_targets)
     if self.lora_alpha <= 0:
       errors.append(f"model.lora_alpha={self.lora_alpha} must be > 0")
-    widths, names = self.projection_widths, lora.target_names(self.lora_targets)
+    widths, names = self.projection_widths, target_names(self.lora_targets)
     absent = [n for n in names if n not in widths and not errors]
     if absent:
       errors.append(

@@ -28,34 +28,11 @@ import jax
 import jax.numpy as jnp
 from flax import traverse_util
 
+from jaxrl_llm.models.config import HF_NAMES, PROJECTIONS, target_names  # noqa: F401
 from jaxrl_llm.models.scan import SCAN_NAME
 
 ADAPTERS = ("lora_a", "lora_b")  # the adapter parameters' names in a projection
-PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")  # what lora_targets may name
-HF_NAMES = {f"{p}_proj": p for p in PROJECTIONS}  # Hugging Face module names: q_proj -> q
 RANK_AXIS = "lora_rank"  # the logical axis of the rank r (replicated)
-
-
-def target_names(targets: str) -> tuple[str, ...]:
-  """`lora_targets` as projection names (Hugging Face names mapped: `q_proj` -> `q`)."""
-  names = [t.strip() for t in targets.split(",") if t.strip()]
-  return tuple(dict.fromkeys(HF_NAMES.get(n, n) for n in names))
-
-
-def target_errors(targets: str) -> list[str]:
-  """Why `lora_targets` is not a list of known projections (empty list: it is)."""
-  names = target_names(targets)
-  unknown = [n for n in names if n not in PROJECTIONS]
-  if not names:
-    return [
-      f"model.lora_targets={targets!r} names no projection; allowed: {', '.join(PROJECTIONS)}"
-    ]
-  if unknown:
-    return [
-      f"model.lora_targets={targets!r}: {', '.join(unknown)} is no projection; allowed: "
-      f"{', '.join(PROJECTIONS)} (or {', '.join(HF_NAMES)})"
-    ]
-  return []
 
 
 def targeted(cfg, name: str | None) -> bool:
