@@ -121,7 +121,9 @@ def test_moe_run_resumes_under_another_expert_implementation(tmp_path):
 
 
 @pytest.mark.parametrize(
-  "mesh", [{}, {"mesh.data": 1, "mesh.fsdp": 8, "rl.num_prompts": 8}], ids=["one", "fsdp8"]
+  "mesh",
+  [{}, {"mesh.data": 1, "mesh.fsdp": 8, "rl.num_prompts": 8}, {"model.lora_rank": 4}],
+  ids=["one", "fsdp8", "adapters"],
 )
 def test_rl_step_compiles_once(mesh):
   config = tiny_config(**mesh)
