@@ -55,17 +55,21 @@ def fake_quant_int8(x: jax.Array, axes: tuple[int, ...]) -> jax.Array:
   return (q * scale).astype(x.dtype)
 
 
+def _floating(x) -> bool:
+  return jnp.issubdtype(x.dtype, jnp.floating)
+
+
 def sampler_params(params: Any, dtype: str) -> Any:
   """The parameters the sampler runs with (float32 returns `params` unchanged)."""
   if dtype == "float32":
     return params
-  if dtype == "bfloat16":
-    return jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
+  if dtype == "bfloat16":  # an int8-stored base (and its scales) stays as it is
+    return jax.tree.map(lambda x: x.astype(jnp.bfloat16) if _floating(x) else x, params)
   if dtype == "int8":
 
     def quant(path, x):
       lead = int(is_scanned_path(path))  # scanned layers: a leading layer axis, kept per layer
-      if x.ndim - lead < 2:  # norms, biases: kept in full precision
+      if x.ndim - lead < 2 or not _floating(x):  # norms, biases, int8 kernels: kept
         return x
       axes = _channel_axes(path, jax.ShapeDtypeStruct(x.shape[lead:], x.dtype))
       return fake_quant_int8(x, tuple(a + lead if a >= 0 else a for a in axes))

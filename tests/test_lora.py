@@ -122,6 +122,9 @@ def test_split_and_join_are_inverse():
       {"lora_rank": 2, "moe_num_experts": 4, "lora_targets": "q,gate"},
       "this model has no gate projection",
     ),
+    ({"lora_rank": 2, "lora_base_dtype": "int4"}, "allowed: auto, int8"),
+    ({"lora_base_dtype": "int8"}, "set model.lora_rank >= 1"),
+    ({"lora_rank": 2, "lora_dropout": 1.0}, "model.lora_dropout=1.0 must be in [0, 1)"),
   ],
 )
 def test_bad_adapter_settings_are_one_error_each(fields, says):
@@ -186,6 +189,66 @@ def test_the_adapters_gradient_is_the_merged_full_models_gradient():
   for path, g in _leaves(ga).items():
     np.testing.assert_allclose(g, _leaves(gm)[path], rtol=1e-4, atol=1e-6, err_msg=str(path))
   assert max(float(np.abs(g).max()) for g in _leaves(ga).values()) > 0
+
+
+@pytest.mark.parametrize(
+  "kw",
+  [dict(), dict(scan_layers=True), dict(attention_bias=True, tie_embeddings=False), MOE],
+  ids=["dense", "scanned", "qwen2", "moe_shared"],
+)
+def test_an_int8_base_is_the_model_on_its_dequantised_weights(kw):
+  """model.lora_base_dtype=int8: every attention, MLP and shared-expert projection is stored
+  int8 with one float32 scale per output channel, each weight within half a step of its float
+  value; embeddings, norms, the head, the router and routed experts are not; and the model
+  computes the plain model on the dequantised weights."""
+  model, params = _init(lora_rank=4, lora_base_dtype="int8", **kw)
+  stored = lora.quantize_base(params)
+  flat, floats = traverse_util.flatten_dict(stored), traverse_util.flatten_dict(params)
+  int8 = {k for k, v in flat.items() if v.dtype == jnp.int8}
+  assert int8 == {k for k in flat if k[-1] == "kernel" and k[-2] in lora.PROJECTIONS}
+  dequantized = traverse_util.flatten_dict(lora.dequantized(stored))
+  for path in int8:
+    step = float(np.max(flat[(*path[:-1], lora.SCALE)]))
+    error = np.abs(np.asarray(dequantized[path]) - np.asarray(floats[path]))
+    assert 0 < error.max() <= 0.5 * step * (1 + 1e-5), path
+  plain, _ = _init(lora_rank=4, **kw)
+  np.testing.assert_allclose(
+    _logits(model, stored), _logits(plain, lora.dequantized(stored)), rtol=1e-5, atol=1e-5
+  )
+  assert lora.quantize_base(stored) is not None  # int8 kernels stay as they are
+  for path in int8:
+    np.testing.assert_array_equal(
+      traverse_util.flatten_dict(lora.quantize_base(stored))[path], flat[path]
+    )
+
+
+def test_a_run_on_an_int8_base_trains_the_adapters_and_never_changes_the_base():
+  """Three fused updates on an int8 base: the int8 kernels and their scales are bit-identical,
+  every adapter moves, and the plan's resident weights shrink by the projections' 3 of 4
+  bytes (float32 -> int8, plus the scales)."""
+  from jaxrl_llm import plan
+
+  overrides = {"model.lora_rank": 4, "kl.beta": 0.05, "rl.entropy_coef": 0.01}
+  config = tiny_config(
+    **overrides, **{"optim.learning_rate": 1e-2, "model.lora_base_dtype": "int8"}
+  )
+  states, metrics = run_steps(config, 3)
+  base0, adapters0 = lora.split_adapters(states[0].params)
+  base3, adapters3 = lora.split_adapters(states[-1].params)
+  assert sum(v.dtype == np.int8 for v in _leaves(base0).values()) >= 7
+  for path, value in _leaves(base0).items():
+    np.testing.assert_array_equal(_leaves(base3)[path], value, err_msg=str(path))
+  assert all(not np.array_equal(_leaves(adapters3)[p], v) for p, v in _leaves(adapters0).items())
+  assert all(np.isfinite(float(m["policy/loss"])) for m in metrics)
+  assert float(metrics[-1]["kl/ref_kl"]) != 0  # the reference is the int8 base itself
+
+  devices = jax.devices()[:1]
+  float_plan = plan.plan(parse_config(tiny_config(**overrides)), devices=devices)
+  int8_plan = plan.plan(parse_config(config), devices=devices)
+  kernels = [v for k, v in _leaves(base0).items() if v.dtype == np.int8]
+  scales = [v for k, v in _leaves(base0).items() if k[-1] == lora.SCALE]
+  saved = sum(3 * v.size for v in kernels) - sum(v.nbytes for v in scales)
+  assert float_plan.argument_bytes - int8_plan.argument_bytes == pytest.approx(saved, rel=0.01)
 
 
 @pytest.mark.parametrize(

@@ -179,7 +179,9 @@ def restore_params(workdir: str, step: int | None = None):
 def _base_of(workdir: str, cfg, base: dict, where: str):
   """The base weights a run's adapters sit on: its Hugging Face checkpoint (its weight files
   must give the recorded digest) or, for a random-init base, the run's own initialisation."""
+  import flax.linen as nn
   import jax
+  import jax.numpy as jnp
   import ml_collections
 
   from jaxrl_llm.config import parse
@@ -194,7 +196,10 @@ def _base_of(workdir: str, cfg, base: dict, where: str):
         f"{base.get('digest')}); restore that checkpoint to export this run"
       )
     layout = {"param_dtype": cfg.param_dtype, "dtype": cfg.dtype, "scan_layers": cfg.scan_layers}
-    return hf.load_checkpoint(path, **layout)[1]
+    weights = hf.load_checkpoint(path, **layout)[1]
+    scales = lora.fresh_parts(nn.unbox(hf.abstract_params(cfg)))  # int8 bases: kernel_scale
+    scales = jax.tree.map(lambda x: jnp.ones(x.shape, x.dtype), lora.split_adapters(scales)[0])
+    return lora.quantize_base(lora.join_adapters(weights, scales))  # as the run trained on it
   record = os.path.join(workdir, "config.json")
   with open(record, encoding="utf-8") as f:
     config = json.load(f)["config"]

@@ -78,6 +78,30 @@ SHAPES: dict[str, dict[str, object]] = {
     "model.tie_embeddings": False,
     "sampling.max_new_tokens": 512,
   },
+  "qwen2.5-14b": {
+    "model.vocab_size": 152064,
+    "model.d_model": 5120,
+    "model.num_layers": 48,
+    "model.num_heads": 40,
+    "model.num_kv_heads": 8,
+    "model.head_dim": 128,
+    "model.mlp_dim": 13824,
+    "model.attention_bias": True,
+    "model.tie_embeddings": False,
+    "sampling.max_new_tokens": 512,
+  },
+  "qwen2.5-32b": {
+    "model.vocab_size": 152064,
+    "model.d_model": 5120,
+    "model.num_layers": 64,
+    "model.num_heads": 40,
+    "model.num_kv_heads": 8,
+    "model.head_dim": 128,
+    "model.mlp_dim": 27648,
+    "model.attention_bias": True,
+    "model.tie_embeddings": False,
+    "sampling.max_new_tokens": 512,
+  },
   # The mixture-of-experts acceptance pair: 64 experts top-8 of width 256 (active width 2048)
   # against the dense twin with mlp_dim 2048, R3 replay.
   "moe-e64": {

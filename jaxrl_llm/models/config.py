@@ -14,6 +14,7 @@ IMPLS = ("auto", "kernel", "ragged", "portable", "dense")
 
 _Config = TypeVar("_Config", bound="_DictConfig")
 
+LORA_BASE_DTYPES = ("auto", "int8")  # what model.lora_base_dtype may be
 PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")  # what lora_targets may name
 HF_NAMES = {f"{p}_proj": p for p in PROJECTIONS}  # Hugging Face module names: q_proj -> q
 
@@ -99,6 +100,10 @@ class ModelConfig(_DictConfig):
   lora_rank: int = 0  # rank r of low-rank adapters on lora_targets; only they train (0 = none)
   lora_alpha: float = 16.0  # adapter scale alpha / r (PEFT's lora_alpha)
   lora_targets: str = "q,k,v,o,gate,up,down"  # projections given adapters (or q_proj, ...)
+  lora_dropout: float = (
+    0.0  # dropout on the adapters' input in the learner's passes (PEFT's lora_dropout)
+  )
+  lora_base_dtype: str = "auto"  # storage of the frozen base's projections: auto (param_dtype) | int8 (weight-only, one scale per output channel)
 
   def __post_init__(self):
     errors = []
@@ -160,8 +165,21 @@ class ModelConfig(_DictConfig):
     """Rank in [1, the narrowest targeted projection's width], alpha > 0, targets that name
     projections this model has."""
     if self.lora_rank <= 0:
-      return [] if self.lora_rank == 0 else [f"model.lora_rank={self.lora_rank} must be >= 0"]
+      if self.lora_rank < 0:
+        return [f"model.lora_rank={self.lora_rank} must be >= 0"]
+      if self.lora_base_dtype != "auto" or self.lora_dropout:
+        return [
+          f"model.lora_base_dtype={self.lora_base_dtype!r} / model.lora_dropout="
+          f"{self.lora_dropout} act on adapters; set model.lora_rank >= 1 or leave them at auto / 0"
+        ]
+      return []
     errors = target_errors(self.lora_targets)
+    if not 0 <= self.lora_dropout < 1:
+      errors.append(f"model.lora_dropout={self.lora_dropout} must be in [0, 1)")
+    if self.lora_base_dtype not in LORA_BASE_DTYPES:
+      errors.append(
+        f"model.lora_base_dtype={self.lora_base_dtype!r}; allowed: {', '.join(LORA_BASE_DTYPES)}"
+      )
     if self.lora_alpha <= 0:
       errors.append(f"model.lora_alpha={self.lora_alpha} must be > 0")
     widths, names = self.projection_widths, target_names(self.lora_targets)

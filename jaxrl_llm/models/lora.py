@@ -33,11 +33,23 @@ from jaxrl_llm.models.scan import SCAN_NAME
 
 ADAPTERS = ("lora_a", "lora_b")  # the adapter parameters' names in a projection
 RANK_AXIS = "lora_rank"  # the logical axis of the rank r (replicated)
+SCALE = "kernel_scale"  # an int8 kernel's float32 scales, one per output channel
 
 
 def targeted(cfg, name: str | None) -> bool:
   """Whether the projection `name` of a model with `cfg` (a ModelConfig) gets an adapter."""
   return bool(cfg.lora_rank) and name in target_names(cfg.lora_targets)
+
+
+def projection(cfg, name: str, names: tuple[str, ...], **kwargs) -> nn.Module:
+  """The module of projection `name` with kernel axes `names` (`kwargs`: DenseGeneral's): a
+  `LoRADense` where it gets an adapter or its base is stored int8, else `nn.DenseGeneral`."""
+  int8 = bool(cfg.lora_rank) and cfg.lora_base_dtype == "int8" and name in PROJECTIONS
+  if not (targeted(cfg, name) or int8):
+    return nn.DenseGeneral(**kwargs, name=name)
+  rank = cfg.lora_rank if targeted(cfg, name) else 0
+  extra = dict(alpha=cfg.lora_alpha, names=names, dropout=cfg.lora_dropout, int8=int8)
+  return LoRADense(**kwargs, name=name, rank=rank, **extra)
 
 
 def _a_init(fan_in: int):
@@ -49,22 +61,30 @@ def _a_init(fan_in: int):
 class LoRADense(nn.DenseGeneral):
   """`nn.DenseGeneral` (same parameters, same output) plus a rank-`rank` adapter in float32.
   The adapter's A takes the kernel's input axes and B its output axes, each with the kernel's
-  logical names, so they shard like the kernel along their large dimension."""
+  logical names, so they shard like the kernel along their large dimension. `rank` 0: no
+  adapter (a projection that is only stored int8). `int8`: the kernel is stored as int8 with a
+  float32 `kernel_scale` per output channel (`quantize_base`), dequantised for compute.
+  `dropout`: PEFT's lora_dropout on the adapter's input, active when a `dropout` rng is given
+  (the learner's gradient passes), never in sampling or scoring."""
 
   rank: int = 0
   alpha: float = 16.0
   names: tuple[str, ...] = ()  # the kernel's logical axis names (inputs, then outputs)
+  dropout: float = 0.0  # rate on the adapter's input when a `dropout` rng is given
+  int8: bool = False  # the kernel is stored int8 with one float32 scale per output channel
 
   @nn.compact
   def __call__(self, inputs: jax.Array) -> jax.Array:
     """x [..., in...] -> [..., out...]: the projection plus its adapter when present."""
-    y = super().__call__(inputs)
-    if not (self.is_initializing() or self.has_variable("params", "lora_a")):
-      return y  # the base alone (the reference policy; a tree without adapters)
     features = (self.features,) if isinstance(self.features, int) else tuple(self.features)
     axes = (self.axis,) if isinstance(self.axis, int) else tuple(self.axis)
-    in_shape = tuple(inputs.shape[a] for a in axes)
-    n_in = len(in_shape)
+    n_in = len(axes)
+    dt = self.dtype or inputs.dtype
+    x = jnp.moveaxis(inputs, [a % inputs.ndim for a in axes], range(-n_in, 0))
+    y = self._base(inputs, x, features, dt)
+    if not self.rank or not (self.is_initializing() or self.has_variable("params", "lora_a")):
+      return y  # the base alone (the reference policy; a tree without adapters)
+    in_shape = x.shape[-n_in:]
     a = self.param(
       "lora_a",
       nn.with_logical_partitioning(_a_init(math.prod(in_shape)), (*self.names[:n_in], RANK_AXIS)),
@@ -77,11 +97,30 @@ class LoRADense(nn.DenseGeneral):
       (self.rank, *features),
       jnp.float32,
     )
-    dt = self.dtype or inputs.dtype
-    x = jnp.moveaxis(inputs, [a % inputs.ndim for a in axes], range(-n_in, 0))
+    if self.dropout:
+      x = nn.Dropout(self.dropout, deterministic=not self.has_rng("dropout"))(x)
     low = jnp.tensordot(x.astype(dt), a.astype(dt), n_in)  # [..., r]
     delta = jnp.tensordot(low, b.astype(dt), 1) * (self.alpha / self.rank)
     return y + delta.astype(y.dtype)
+
+  def _base(self, inputs, x, features, dt) -> jax.Array:
+    """The projection itself: DenseGeneral's, or from the int8 kernel and its scales."""
+    if not self.int8:
+      return super().__call__(inputs)
+    scale = self.param(
+      SCALE,
+      nn.with_logical_partitioning(nn.initializers.ones, self.names[-len(features) :]),
+      features,
+      jnp.float32,
+    )
+    if self.is_initializing():  # a float kernel, rounded to int8 once (`quantize_base`)
+      return super().__call__(inputs)
+    kernel = self.get_variable("params", "kernel")
+    n_in = kernel.ndim - len(features)
+    y = jnp.tensordot(x.astype(dt), kernel.astype(dt), n_in) * scale.astype(dt)
+    if self.use_bias:
+      y = y + self.get_variable("params", "bias").astype(dt)
+    return y
 
 
 def is_adapter(path: Sequence[str]) -> bool:
@@ -96,6 +135,15 @@ def split_adapters(params: Mapping[str, Any]) -> tuple[dict, dict]:
   base = {k: v for k, v in flat.items() if not is_adapter(k)}
   adapters = {k: v for k, v in flat.items() if is_adapter(k)}
   return traverse_util.unflatten_dict(base), traverse_util.unflatten_dict(adapters)
+
+
+def fresh_parts(params: Mapping[str, Any]) -> dict:
+  """What a run initialises on top of pretrained weights: the adapters and the int8 scales
+  (ones until `quantize_base` sets them)."""
+  flat = traverse_util.flatten_dict(params)
+  return traverse_util.unflatten_dict(
+    {k: v for k, v in flat.items() if is_adapter(k) or k[-1] == SCALE}
+  )
 
 
 def join_adapters(base: Mapping[str, Any], adapters: Mapping[str, Any]) -> dict:
@@ -142,11 +190,50 @@ def reference(params: Mapping[str, Any]) -> dict:
   return split_adapters(params)[0]
 
 
+def _channel_axes(path: Sequence[str], kernel, scale) -> tuple[int, ...]:
+  """The kernel axes a per-output-channel scale reduces over: its input axes (after a
+  scanned layer axis, which keeps one scale per layer)."""
+  lead = int(path[0] == SCAN_NAME)
+  return tuple(range(lead, lead + kernel.ndim - scale.ndim))
+
+
+def quantize_base(params: Mapping[str, Any]) -> dict:
+  """Each projection that has a `kernel_scale` (model.lora_base_dtype=int8) gets its kernel
+  rounded to symmetric int8, one float32 scale per output channel (max |w| / 127); kernels
+  already int8 stay as they are. Weight-only: activations keep the compute dtype."""
+  flat = dict(traverse_util.flatten_dict(params))
+  for path in [k for k in flat if k[-1] == SCALE]:
+    owner = path[:-1]
+    w = flat[(*owner, "kernel")]
+    if w.dtype == jnp.int8:
+      continue
+    axes = _channel_axes(path, w, flat[path])
+    scale = jnp.max(jnp.abs(w.astype(jnp.float32)), axis=axes) / 127.0
+    scale = jnp.where(scale > 0, scale, 1.0)
+    q = jnp.round(w.astype(jnp.float32) / jnp.expand_dims(scale, axes))
+    flat[(*owner, "kernel")] = jnp.clip(q, -127, 127).astype(jnp.int8)
+    flat[path] = scale
+  return traverse_util.unflatten_dict(flat)
+
+
+def dequantized(params: Mapping[str, Any], dtype=jnp.float32) -> dict:
+  """The plain tree of a tree with int8 kernels: each kernel q * scale in `dtype`, the scales
+  removed (the inverse of `quantize_base` up to its rounding)."""
+  flat = traverse_util.flatten_dict(params)
+  out = {k: v for k, v in flat.items() if k[-1] != SCALE}
+  for path in [k for k in flat if k[-1] == SCALE]:
+    q, scale = flat[(*path[:-1], "kernel")], flat[path]
+    w = q.astype(jnp.float32) * jnp.expand_dims(scale, _channel_axes(path, q, scale))
+    out[(*path[:-1], "kernel")] = w.astype(dtype)
+  return traverse_util.unflatten_dict(out)
+
+
 def merged(params: Mapping[str, Any], scale: float) -> dict:
   """The plain parameter tree whose projections compute what the adapted ones do: each
   adapted kernel W becomes W + scale A B (scale = alpha / r) in its own dtype, the adapters
-  removed (for a Hugging Face export of the merged weights)."""
-  flat = traverse_util.flatten_dict(params)
+  removed (for a Hugging Face export of the merged weights; an int8 base is dequantised to
+  float32 first)."""
+  flat = traverse_util.flatten_dict(dequantized(params))
   out = {k: v for k, v in flat.items() if not is_adapter(k)}
   for path in [k for k in flat if k[-1] == "lora_a"]:
     owner = path[:-1]

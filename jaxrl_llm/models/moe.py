@@ -83,12 +83,8 @@ class _SwiGLU(nn.Module):
         dtype=cfg.compute_dtype,
         param_dtype=cfg.weight_dtype,
         kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(), axes),
-        name=name,
       )
-      if lora.targeted(cfg, name):
-        rank, alpha = cfg.lora_rank, cfg.lora_alpha
-        return lora.LoRADense(features, **kwargs, rank=rank, alpha=alpha, names=axes)
-      return nn.Dense(features, **kwargs)
+      return lora.projection(cfg, name, axes, features=features, **kwargs)
 
     gate = dense(self.hidden, ("embed", "mlp"), "gate")(x)
     up = dense(self.hidden, ("embed", "mlp"), "up")(x)

@@ -201,11 +201,8 @@ def _dense(cfg, features, axes, names, *, use_bias=False, in_axes=-1, name=None,
     param_dtype=cfg.weight_dtype,
     kernel_init=nn.with_logical_partitioning(init, names),
     bias_init=nn.with_logical_partitioning(nn.initializers.zeros, names[-len(axes) :]),
-    name=name,
   )
-  if lora.targeted(cfg, name):
-    return lora.LoRADense(**kwargs, rank=cfg.lora_rank, alpha=cfg.lora_alpha, names=names)
-  return nn.DenseGeneral(**kwargs)
+  return lora.projection(cfg, name, names, **kwargs)
 
 
 # The residual stream's logical axes; `sharding.DEFAULT_RULES` maps the rows over the batch
@@ -466,7 +463,7 @@ class Transformer(nn.Module):
     scanned = nn.scan(
       LayerGroup,
       variable_axes={"params": 0},
-      split_rngs={"params": True},
+      split_rngs={"params": True, "dropout": True},  # a dropout mask of its own per layer
       in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
       length=num_groups,
       metadata_params={nn.PARTITION_NAME: SCAN_NAME},

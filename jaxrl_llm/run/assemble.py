@@ -169,7 +169,8 @@ def _pretrained_config(cfg: Config) -> ModelConfig:
 
 
 # Fields of `model.*` that apply to a checkpoint's architecture too: numerics, layout, adapters.
-RUN_ARCH_FIELDS = ("dtype", "param_dtype", "scan_layers", "lora_rank", "lora_alpha", "lora_targets")
+_LORA_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name.startswith("lora_"))
+RUN_ARCH_FIELDS = ("dtype", "param_dtype", "scan_layers", *_LORA_FIELDS)
 
 
 def _with_run_fields(mc: ModelConfig, arch: ModelConfig) -> ModelConfig:
@@ -223,7 +224,7 @@ def _init_params(model, task, mesh, rules, init_key, *, abstract: bool, adapters
   ]
   if adapters_only:
     full_init = boxed_init
-    boxed_init = lambda r: lora.split_adapters(full_init(r))[1]  # noqa: E731
+    boxed_init = lambda r: lora.fresh_parts(full_init(r))  # noqa: E731
   if abstract:
     boxed = jax.eval_shape(boxed_init, init_key)
     shardings = sharding.param_shardings(boxed, mesh, rules)
@@ -268,17 +269,20 @@ def _model(cfg: Config, task, mesh, rules, *, abstract: bool, devices) -> tuple:
   model = Transformer(mc, attention=cfg.model.attention)
   if pretrained is None:  # random init (or, for a plan, a checkpoint's shapes)
     params, shardings = _init_params(model, task, mesh, rules, _init_key(cfg), abstract=abstract)
-    return mc, model, params, shardings
-  shardings = jax.tree.map(lambda x: x.sharding, pretrained)
-  if mc.lora_rank:  # fresh adapters on the checkpoint's weights
-    adapters, adapter_shardings = _init_params(
-      model, task, mesh, rules, _init_key(cfg), abstract=False, adapters_only=True
-    )
-    pretrained, shardings = (
-      lora.join_adapters(pretrained, adapters),
-      lora.join_adapters(shardings, adapter_shardings),
-    )
-  return mc, model, pretrained, shardings
+  else:
+    params, shardings = pretrained, jax.tree.map(lambda x: x.sharding, pretrained)
+    if mc.lora_rank:  # fresh adapters (and int8 scales) on the checkpoint's weights
+      fresh, fresh_shardings = _init_params(
+        model, task, mesh, rules, _init_key(cfg), abstract=False, adapters_only=True
+      )
+      params = lora.join_adapters(params, fresh)
+      shardings = lora.join_adapters(shardings, fresh_shardings)
+  if mc.lora_base_dtype == "int8":  # the frozen base's projections rounded to int8 once
+    if abstract:
+      params = _abstract_like(jax.eval_shape(lora.quantize_base, params), shardings)
+    else:
+      params = jax.jit(lora.quantize_base, out_shardings=shardings, donate_argnums=0)(params)
+  return mc, model, params, shardings
 
 
 def _init_key(cfg: Config) -> jax.Array:
