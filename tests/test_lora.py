@@ -310,6 +310,39 @@ def test_the_default_learns_through_adapters_on_a_base_it_never_changes(tmp_path
 
 
 @pytest.mark.slow
+def test_a_run_on_an_int8_base_resumes_and_exports_the_policy_it_trained(tmp_path):
+  """An int8-base run stopped after 2 updates and resumed equals 4 straight updates; its
+  export (merged weights in float) gives the adapted int8 model's logits."""
+  from jaxrl_llm.models import hf
+
+  sys.path.insert(0, str(REPO / "tools"))
+  import hf_convert
+
+  overrides = {"model.lora_rank": 4, "model.lora_base_dtype": "int8", "rl.entropy_coef": 0.01}
+  overrides |= {"train.checkpoint_every": 2, "optim.learning_rate": 1e-2}
+  train_and_evaluate(tiny_config(**overrides), str(tmp_path / "straight"))
+  stop = {**overrides, "train.stop_after_steps": 2}
+  train_and_evaluate(tiny_config(**stop), str(tmp_path / "resumed"))
+  train_and_evaluate(tiny_config(**overrides), str(tmp_path / "resumed"))
+  a = metrics_lib.read_scalars(str(tmp_path / "straight"))
+  b = metrics_lib.read_scalars(str(tmp_path / "resumed"))
+  for tag in ("policy/loss", "optim/grad_norm", "policy/entropy"):
+    assert dict(a[tag]) == dict(b[tag]) and sorted(dict(a[tag])) == [1, 2, 3, 4], tag
+
+  config = tiny_config(**overrides)
+  exp = build(config)
+  abstract, _ = resume_target(exp.stored(exp.state), exp.meta)
+  with Checkpointer(str(tmp_path / "straight"), save_every=0, async_save=False) as ckpt:
+    _, stored, _ = ckpt.restore_latest(abstract)
+  params = jax.device_get(exp.from_stored(stored).params)
+  hf_convert.main(["export", f"--workdir={tmp_path / 'straight'}", f"--out={tmp_path / 'hf'}"])
+  cfg, exported = hf.load_checkpoint(tmp_path / "hf")
+  np.testing.assert_allclose(
+    _logits(Transformer(cfg), exported), _logits(exp.model, params), rtol=1e-4, atol=1e-4
+  )
+
+
+@pytest.mark.slow
 def test_a_run_with_adapters_resumes_exactly(tmp_path):
   """4 updates straight equal 2 + 2 across a restart, scalar for scalar."""
   overrides = {"model.lora_rank": 4, "rl.entropy_coef": 0.01, "train.checkpoint_every": 2}

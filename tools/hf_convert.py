@@ -285,12 +285,12 @@ def cmd_export(args) -> dict:
     args.model_type
     or meta.get("hf_model_type")
     or (source.model_type if source is not None else None)
-    or hf.default_model_type(dataclasses.replace(cfg, lora_rank=0))
+    or hf.default_model_type(cfg.without_adapters())
   )
   targets = _export_adapters(args, cfg, params, model_type, source)
   if lora.has_adapters(params):  # a run with adapters exports its merged weights
     params = lora.merged(params, cfg.lora_alpha / cfg.lora_rank)
-    cfg = dataclasses.replace(cfg, lora_rank=0)
+    cfg = cfg.without_adapters()
   model_type = hf.save_checkpoint(
     args.out,
     cfg,

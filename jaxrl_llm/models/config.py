@@ -197,6 +197,10 @@ class ModelConfig(_DictConfig):
       )
     return errors
 
+  def without_adapters(self) -> ModelConfig:
+    """This architecture as a plain model: no adapters, a float base (a merged export)."""
+    return dataclasses.replace(self, lora_rank=0, lora_dropout=0.0, lora_base_dtype="auto")
+
   @property
   def projection_widths(self) -> dict[str, int]:
     """{each projection the model has: the narrower of its input and output widths} (what

@@ -794,7 +794,7 @@ def save_adapters(
       "base_model_name_or_path": base_model,
       "r": cfg.lora_rank,
       "lora_alpha": cfg.lora_alpha,
-      "lora_dropout": 0.0,
+      "lora_dropout": cfg.lora_dropout,
       "target_modules": targets,
       "bias": "none",
       "fan_in_fan_out": False,
@@ -844,6 +844,7 @@ def load_adapters(path: str | os.PathLike, cfg: ModelConfig, params: Any, *, mod
     cfg,
     lora_rank=int(config["r"]),
     lora_alpha=float(config["lora_alpha"]),
+    lora_dropout=float(config.get("lora_dropout") or 0.0),
     lora_targets=",".join(names),
   )
   flat = _flatten(params)
