@@ -292,6 +292,7 @@ def score(
   full_logits: bool = False,  # reference path: materialise and return the [B, T, V] logits
   group_size: int = 1,  # rows in consecutive blocks of this many share their prompt
   completion_mask: jax.Array | None = None,  # [B, T] real completion tokens (MoE statistics)
+  dropout_key: jax.Array | None = None,  # the learner's gradient pass: adapter dropout on
 ) -> Scores:
   """Learner log-probs ℓ [B, T], entropies (and values) of `tokens` given the prompts.
 
@@ -306,6 +307,8 @@ def score(
   `group_size` k > 1 (dense models): rows b·k .. b·k + k - 1 must hold the same prompt; it is
   run once per block and its keys/values are shared by the block's completions
   (`_shared_prompt_hidden`). Same result and gradients as k = 1, with 1/k of the prompt work.
+  `dropout_key` (the learner's loss pass only): the model runs with a `dropout` rng, so the
+  adapters' dropout (`model.lora_dropout`) acts; None (every other pass): deterministic.
   """
   chex.assert_equal_shape([prompt_tokens, prompt_mask])
   chex.assert_equal_shape_prefix([prompt_tokens, tokens], 1)
@@ -315,13 +318,13 @@ def score(
     if model.cfg.moe_layers or routing is not None or probe_experts is not None:
       raise ValueError("score(group_size > 1) shares prompts for dense models only")
     hidden, values = _shared_prompt_hidden(
-      model, params, prompt_tokens, tokens, key_valid, positions, group_size
+      model, params, prompt_tokens, tokens, key_valid, positions, group_size, dropout_key
     )
     moe = None
   else:
-    prompt = (prompt_tokens, prompt_mask)
+    prompt, experts = (prompt_tokens, prompt_mask), (routing, probe_experts)
     hidden, values, moe = _full_hidden(
-      model, params, prompt, tokens, completion_mask, key_valid, positions, routing, probe_experts
+      model, params, prompt, tokens, completion_mask, key_valid, positions, experts, dropout_key
     )
   head = functools.partial(unembed, model.cfg, params)
   if full_logits:
@@ -332,13 +335,20 @@ def score(
   return Scores(logp=logp, entropy=entropy, values=values, moe=moe)
 
 
+def _rngs(dropout_key: jax.Array | None) -> dict[str, jax.Array] | None:
+  """`model.apply`'s rngs: a `dropout` stream when a key is given, else none (deterministic)."""
+  return None if dropout_key is None else {"dropout": dropout_key}
+
+
 def _full_hidden(
-  model, params, prompt, tokens, completion_mask, key_valid, positions, routing, probe_experts
+  model, params, prompt, tokens, completion_mask, key_valid, positions, experts, dropout_key=None
 ):
   """Hidden states [B, T, D] (and values [B, T]) predicting `tokens`, and the MoE routing over
   all S+T positions: one forward pass over prompt + completion, each row on its own. prompt:
-  (tokens, mask) [B, S]; MoE statistics count the prompt's and `completion_mask`'s tokens."""
+  (tokens, mask) [B, S]; experts: (to replay, to probe) [B, S+T, Lm, K] or None; MoE statistics
+  count the prompt's and `completion_mask`'s tokens; `dropout_key`: the pass's dropout rng."""
   prompt_tokens, prompt_mask = prompt
+  routing, probe_experts = experts
   prompt_len, t_max = prompt_tokens.shape[1], tokens.shape[1]
   out = model.apply(
     {"params": params},
@@ -351,6 +361,7 @@ def _full_hidden(
     token_valid=None
     if completion_mask is None
     else jnp.concatenate([prompt_mask, completion_mask > 0], axis=1),
+    rngs=_rngs(dropout_key),
   )
   window = slice(prompt_len - 1, prompt_len - 1 + t_max)  # positions predicting each token
   hidden = out.hidden[:, window]  # [B, T, D]
@@ -358,16 +369,21 @@ def _full_hidden(
   return hidden, values, out.moe
 
 
-def _shared_prompt_hidden(model, params, prompt_tokens, tokens, key_valid, positions, k: int):
+def _shared_prompt_hidden(
+  model, params, prompt_tokens, tokens, key_valid, positions, k: int, dropout_key=None
+):
   """Hidden states [B, T, D] (and values [B, T]) predicting `tokens`, the prompt run once per
   block of k rows: a prefill of the B/k prompts, its cache repeated k times, then the
-  completions attend to it from cache slot S on (the sampler's own prefill/decode path)."""
+  completions attend to it from cache slot S on (the sampler's own prefill/decode path).
+  `dropout_key`: the passes' dropout rng (`score`), a key of its own for each of the two (the
+  rows of a block then share their prompt's dropout mask)."""
   b, prompt_len = prompt_tokens.shape
   if b % k:
     raise ValueError(f"score: {b} rows are not blocks of group_size={k}")
   first = lambda x: x.reshape(b // k, k, *x.shape[1:])[:, 0]  # noqa: E731
   repeat = lambda x: jnp.repeat(x, k, axis=0)  # noqa: E731
   cache = init_cache(model.cfg, b // k, prompt_len)
+  keys = (None, None) if dropout_key is None else tuple(jax.random.split(dropout_key))
   pre = model.apply(
     {"params": params},
     first(prompt_tokens),
@@ -376,6 +392,7 @@ def _shared_prompt_hidden(model, params, prompt_tokens, tokens, key_valid, posit
     cache=cache,
     cache_index=0,
     return_hidden=True,
+    rngs=_rngs(keys[0]),
   )
   out = model.apply(
     {"params": params},
@@ -385,6 +402,7 @@ def _shared_prompt_hidden(model, params, prompt_tokens, tokens, key_valid, posit
     cache=grow_cache(pre.cache.repeat_rows(k), tokens.shape[1]),
     cache_index=prompt_len,
     return_hidden=True,
+    rngs=_rngs(keys[1]),
   )
   hidden = jnp.concatenate([repeat(pre.hidden[:, -1:]), out.hidden[:, :-1]], axis=1)
   values = None

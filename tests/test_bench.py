@@ -2,6 +2,8 @@
 
 import importlib.util
 import json
+import os
+import subprocess
 import sys
 import types
 
@@ -20,6 +22,23 @@ def _load(name):
 
 
 bench = _load("bench")
+# The peer's interpreter (bench's --peer_python), e.g. a virtualenv with torch, transformers,
+# peft and trl; unset: this one. The peer tests skip where it cannot import what they need.
+PEER_PYTHON = os.environ.get("JAXRL_PEER_PYTHON")
+
+
+def _peer_python(*modules: str) -> str | None:
+  """PEER_PYTHON (None: this interpreter) if it imports `modules`, else skip the test."""
+  if not PEER_PYTHON:
+    for name in modules:
+      pytest.importorskip(name)
+    return None
+  code = f"import {', '.join(modules)}"
+  proc = subprocess.run([PEER_PYTHON, "-c", code], capture_output=True, text=True, timeout=120)
+  if proc.returncode:
+    tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
+    pytest.skip(f"JAXRL_PEER_PYTHON={PEER_PYTHON} cannot {code}: {tail}")
+  return PEER_PYTHON
 
 
 @pytest.mark.slow  # ~30 s: a whole benchmark run
@@ -144,16 +163,71 @@ def test_peer_needs_one_update_per_rollout():
     bench.peer_spec(config, steps=1)
 
 
+MICRO = ["model.d_model=32", "model.num_layers=1", "model.mlp_dim=64", "rl.num_prompts=2"]
+MICRO += ["sampling.group_size=2", "sampling.max_new_tokens=4", "model.attention_bias=True"]
+
+
 def test_trl_peer_at_a_micro_shape():
-  pytest.importorskip("trl")
-  micro = ["model.d_model=32", "model.num_layers=1", "model.mlp_dim=64", "rl.num_prompts=2"]
-  micro += ["sampling.group_size=2", "sampling.max_new_tokens=4", "model.attention_bias=True"]
-  config = bench.shape_config("tiny", micro)
+  python = _peer_python("trl")
+  config = bench.shape_config("tiny", MICRO)
   spec = bench.peer_spec(config, steps=1)
-  result = bench.run_peer("trl", spec, timeout_s=600)
+  assert spec["lora_rank"] == 0 and "lora_targets" not in spec
+  result = bench.run_peer("trl", spec, python, timeout_s=600)
   assert "error" not in result, result
   assert result["model_class"] == "Qwen2ForCausalLM"  # qkv bias, as ours
   assert result["num_params"] == bench._count_params(bench.parse(config).model.arch)
+  assert result["trainable_params"] == result["num_params"]  # no adapters: all of it trains
   assert result["completion_length_min"] == result["completion_length_max"] == 4
   assert len(result["step_times_s"]) == 2 and result["step_s"] > 0 and result["sample_s"] > 0
   assert result["peak_memory_bytes"] > 0
+
+
+def test_peer_spec_carries_the_lora_adapters_by_their_hugging_face_names():
+  lora = ["model.lora_rank=4", "model.lora_alpha=8", "model.lora_dropout=0.1"]
+  spec = bench.peer_spec(bench.shape_config("tiny", [*lora, "model.lora_targets=q,v"]), steps=1)
+  assert (spec["lora_rank"], spec["lora_alpha"], spec["lora_dropout"]) == (4, 8.0, 0.1)
+  assert spec["lora_targets"] == ["q_proj", "v_proj"]
+  hf_named = bench.shape_config("tiny", [*lora, "model.lora_targets=o_proj,up"])
+  assert bench.peer_spec(hf_named, steps=1)["lora_targets"] == ["o_proj", "up_proj"]
+  plain = bench.peer_spec(bench.shape_config("tiny"), steps=1)
+  assert [k for k in plain if k.startswith("lora_")] == ["lora_rank"] and plain["lora_rank"] == 0
+
+
+def test_peer_refuses_an_int8_lora_base():
+  config = bench.shape_config("tiny", ["model.lora_rank=4", "model.lora_base_dtype=int8"])
+  with pytest.raises(bench.ConfigError) as err:
+    bench.peer_spec(config, steps=1)
+  message = str(err.value)
+  assert message.startswith("--peer needs") and "\n" not in message
+  assert "model.lora_base_dtype" in message and "int8" in message and "bitsandbytes" in message
+
+
+def test_peer_spec_without_lora_fields_is_still_complete():
+  """A spec from before LoRA (no lora_* fields) trains every parameter, as it did."""
+  peer_trl = _load("peer_trl")
+  spec = bench.peer_spec(bench.shape_config("tiny"), steps=1)
+  del spec["lora_rank"]
+  assert peer_trl.missing_fields(spec) == []
+  assert peer_trl.missing_fields(spec | {"lora_rank": 2}) == list(peer_trl.LORA_FIELDS)
+
+
+def test_trl_peer_trains_as_many_lora_parameters_as_ours():
+  python = _peer_python("trl", "peft", "torch")
+  from jaxrl_llm.models import hf, lora
+
+  lora_set = ["model.lora_rank=4", "model.lora_alpha=8", "model.lora_dropout=0.05"]
+  config = bench.shape_config("tiny", MICRO + lora_set)  # all seven projections adapted
+  adapters = lora.split_adapters(hf.abstract_params(bench.parse(config).model.arch))[1]
+  ours = sum(x.size for x in jax.tree.leaves(adapters))
+  # r * (in + out) per projection: q, o 32 <-> 4x32; k, v 32 -> 2x32; gate, up, down 32 <-> 64.
+  assert ours == 4 * (2 * (32 + 128) + 2 * (32 + 64) + 3 * (32 + 64))
+  spec = bench.peer_spec(config, steps=1)
+  result = bench.run_peer("trl", spec, python, timeout_s=600)
+  assert "error" not in result, result
+  assert result["trainable_params"] == ours
+  assert result["trainable_dtypes"] == ["float32"]  # PEFT's adapters in float32, as ours
+  assert result["num_params"] == bench._count_params(bench.parse(config).model.arch)
+  projections = ("q", "k", "v", "o", "gate", "up", "down")
+  assert result["spec"]["lora_targets"] == [f"{p}_proj" for p in projections]
+  assert result["completion_length_min"] == result["completion_length_max"] == 4
+  assert "peft" in result["versions"]

@@ -309,6 +309,18 @@ def test_the_default_learns_through_adapters_on_a_base_it_never_changes(tmp_path
     np.testing.assert_allclose(_leaves(exported)[path], value, rtol=1e-6, err_msg=str(path))
 
 
+def _assert_resumes_exactly(overrides: dict, tmp_path) -> None:
+  """4 updates straight equal 2 + 2 across a restart, scalar for scalar (checkpoint every 2)."""
+  train_and_evaluate(tiny_config(**overrides), str(tmp_path / "straight"))
+  stop = {**overrides, "train.stop_after_steps": 2}
+  train_and_evaluate(tiny_config(**stop), str(tmp_path / "resumed"))
+  train_and_evaluate(tiny_config(**overrides), str(tmp_path / "resumed"))
+  a = metrics_lib.read_scalars(str(tmp_path / "straight"))
+  b = metrics_lib.read_scalars(str(tmp_path / "resumed"))
+  for tag in ("policy/loss", "optim/grad_norm", "policy/entropy", "rollout/reward_mean"):
+    assert dict(a[tag]) == dict(b[tag]) and sorted(dict(a[tag])) == [1, 2, 3, 4], tag
+
+
 @pytest.mark.slow
 def test_a_run_on_an_int8_base_resumes_and_exports_the_policy_it_trained(tmp_path):
   """An int8-base run stopped after 2 updates and resumed equals 4 straight updates; its
@@ -320,14 +332,7 @@ def test_a_run_on_an_int8_base_resumes_and_exports_the_policy_it_trained(tmp_pat
 
   overrides = {"model.lora_rank": 4, "model.lora_base_dtype": "int8", "rl.entropy_coef": 0.01}
   overrides |= {"train.checkpoint_every": 2, "optim.learning_rate": 1e-2}
-  train_and_evaluate(tiny_config(**overrides), str(tmp_path / "straight"))
-  stop = {**overrides, "train.stop_after_steps": 2}
-  train_and_evaluate(tiny_config(**stop), str(tmp_path / "resumed"))
-  train_and_evaluate(tiny_config(**overrides), str(tmp_path / "resumed"))
-  a = metrics_lib.read_scalars(str(tmp_path / "straight"))
-  b = metrics_lib.read_scalars(str(tmp_path / "resumed"))
-  for tag in ("policy/loss", "optim/grad_norm", "policy/entropy"):
-    assert dict(a[tag]) == dict(b[tag]) and sorted(dict(a[tag])) == [1, 2, 3, 4], tag
+  _assert_resumes_exactly(overrides, tmp_path)
 
   config = tiny_config(**overrides)
   exp = build(config)
@@ -346,14 +351,7 @@ def test_a_run_on_an_int8_base_resumes_and_exports_the_policy_it_trained(tmp_pat
 def test_a_run_with_adapters_resumes_exactly(tmp_path):
   """4 updates straight equal 2 + 2 across a restart, scalar for scalar."""
   overrides = {"model.lora_rank": 4, "rl.entropy_coef": 0.01, "train.checkpoint_every": 2}
-  train_and_evaluate(tiny_config(**overrides), str(tmp_path / "straight"))
-  stop = {**overrides, "train.stop_after_steps": 2}
-  train_and_evaluate(tiny_config(**stop), str(tmp_path / "resumed"))
-  train_and_evaluate(tiny_config(**overrides), str(tmp_path / "resumed"))
-  a = metrics_lib.read_scalars(str(tmp_path / "straight"))
-  b = metrics_lib.read_scalars(str(tmp_path / "resumed"))
-  for tag in ("policy/loss", "optim/grad_norm", "policy/entropy", "rollout/reward_mean"):
-    assert dict(a[tag]) == dict(b[tag]) and sorted(dict(a[tag])) == [1, 2, 3, 4], tag
+  _assert_resumes_exactly(overrides, tmp_path)
 
 
 def test_export_of_a_run_with_adapters_is_the_merged_model(tmp_path):

@@ -23,7 +23,13 @@ ADDED = {
   "task": {"numbers": 3, "wrong_traces": 0.0},
   "sampling": {"kv_block": 128},
   "train": {"resume_changed": False},
-  "model": {"lora_rank": 0, "lora_alpha": 16.0, "lora_targets": "q,k,v,o,gate,up,down"},
+  "model": {
+    "lora_rank": 0,
+    "lora_alpha": 16.0,
+    "lora_targets": "q,k,v,o,gate,up,down",
+    "lora_dropout": 0.0,
+    "lora_base_dtype": "auto",
+  },
 }
 
 

@@ -22,7 +22,9 @@ copy of the weights, `sampling.param_dtype`); the learner's time is the rest of 
 `--shape` (tiny, medium, qwen2.5-0.5b, qwen2.5-1.5b) benchmarks random-init weights on 13-token
 prompts with every completion at full length (the end-of-sequence id is made unreachable) and
 one optimiser update per rollout. `--peer=trl` first runs tools/peer_trl.py in a subprocess at
-the identical shape (its memory is its own) and adds TRL's numbers and the ratios TRL / ours.
+the identical shape (its memory is its own) and adds TRL's numbers and the ratios TRL / ours;
+with `model.lora_rank` > 0 the peer trains PEFT LoRA adapters of the same rank, alpha, dropout
+and targets (and reports trainable_params); `model.lora_base_dtype=int8` has no peer.
 Device limits come from a table of public spec sheets by `device_kind`, or from
 `--hbm_bytes_per_s` / `--peak_flops` (e.g. measured values); on a CPU the percentages are null
 unless both are given.
@@ -436,6 +438,9 @@ def peer_spec(config, steps: int) -> dict[str, object]:
     problems.append("no reference model (kl.beta=0)")
   if config.mesh.data not in (1, -1) or config.mesh.model != 1:
     problems.append("one device (mesh.data=1)")
+  if mc.lora_base_dtype == "int8":
+    int8 = "TRL's 8-bit base is bitsandbytes, a different quantiser that needs a GPU"
+    problems.append(f"a float LoRA base (model.lora_base_dtype=auto, not int8: {int8})")
   if problems:
     raise ConfigError("--peer needs " + "; ".join(problems))
   task = build_task(config)
@@ -446,7 +451,7 @@ def peer_spec(config, steps: int) -> dict[str, object]:
     seq_len=task.prompt_len + samp.max_new_tokens,
     num_params=_count_params(mc),
   )
-  return {
+  spec = {
     "vocab_size": mc.vocab_size,
     "d_model": mc.d_model,
     "num_layers": mc.num_layers,
@@ -471,7 +476,14 @@ def peer_spec(config, steps: int) -> dict[str, object]:
     "learning_rate": float(config.optim.learning_rate),
     "temperature": float(config.sampling.temperature),
     "seed": int(config.seed),
+    "lora_rank": mc.lora_rank,
   }
+  if mc.lora_rank:  # PEFT LoRA at the same rank, alpha, dropout, on the same projections
+    from jaxrl_llm.models.config import target_names
+
+    spec |= {"lora_alpha": float(mc.lora_alpha), "lora_dropout": float(mc.lora_dropout)}
+    spec["lora_targets"] = [f"{n}_proj" for n in target_names(mc.lora_targets)]  # HF_NAMES
+  return spec
 
 
 def run_peer(

@@ -9,9 +9,11 @@ LlamaForCausalLM (no bias) of the same dimensions; the prompts are random token 
 same length; every completion runs to full length (`min_new_tokens = max_new_tokens`, so the
 end-of-sequence token is suppressed); each generation is followed by exactly one optimiser step
 (gradient accumulation over the same number of microbatches as ours, no old-policy pass, no
-reference model); the reward is a constant. The last stdout line is `PEER_RESULT {json}`:
-median warm step time, median generation time, and peak memory (torch.cuda.max_memory_allocated
-on a GPU, peak RSS on a CPU).
+reference model); the reward is a constant. With `lora_rank` > 0 the policy is wrapped by PEFT's
+`LoraConfig` with the same rank, alpha, dropout and target projections (passed to GRPOTrainer as
+`peft_config`): only the adapters train, the base stays frozen in `param_dtype`. The last stdout
+line is `PEER_RESULT {json}`: median warm step time, median generation time, peak memory
+(torch.cuda.max_memory_allocated on a GPU, peak RSS on a CPU) and the parameters trained.
 """
 
 from __future__ import annotations
@@ -52,7 +54,20 @@ SPEC_FIELDS = (
   "learning_rate",
   "temperature",
   "seed",
+  "lora_rank",  # rank r of PEFT LoRA adapters; 0 (the default, e.g. of older specs): none
+  "lora_alpha",  # PEFT's lora_alpha (adapter scale alpha / r); only read when lora_rank > 0
+  "lora_dropout",  # PEFT's lora_dropout on the adapters' input; only read when lora_rank > 0
+  "lora_targets",  # Hugging Face module names given adapters (["q_proj", ...]); lora_rank > 0
 )
+DEFAULTS = {"lora_rank": 0}  # what a spec may leave out (one from before LoRA: no adapters)
+LORA_FIELDS = ("lora_alpha", "lora_dropout", "lora_targets")  # needed only when lora_rank > 0
+
+
+def missing_fields(spec: dict) -> list[str]:
+  """The fields of SPEC_FIELDS that `spec` lacks and needs (LORA_FIELDS only with adapters)."""
+  lora = spec.get("lora_rank", DEFAULTS["lora_rank"]) > 0
+  needed = [f for f in SPEC_FIELDS if f not in DEFAULTS and (lora or f not in LORA_FIELDS)]
+  return [f for f in needed if f not in spec]
 
 
 def _rss_bytes() -> int:
@@ -122,30 +137,15 @@ def constant_reward(completions, **kwargs):
   return [1.0] * len(completions)
 
 
-def run(spec: dict) -> dict:
-  """Trains `warmup + steps` GRPO steps and returns the timings and peak memory."""
-  import torch
-  import transformers
-  import trl
-  from transformers import TrainerCallback
-  from trl import GRPOConfig, GRPOTrainer
+def grpo_config(spec: dict, cuda: bool):
+  """TRL's GRPOConfig of the spec: one generation of P x G completions per optimiser step."""
+  from trl import GRPOConfig
 
-  baseline_rss = _rss_bytes()
-  cuda = torch.cuda.is_available()
-  sync = torch.cuda.synchronize if cuda else (lambda: None)
-  b = spec["prompts"] * spec["group_size"]
-  k = spec["microbatches"]
+  b, k = spec["prompts"] * spec["group_size"], spec["microbatches"]
   if b % k:
     raise ValueError(f"{b} sequences do not split into {k} microbatches")
-  total_steps = spec["warmup"] + spec["steps"]
-  bf16 = spec["compute_dtype"] == "bfloat16"
-
-  model = build_model(spec)
-  tokenizer = build_tokenizer(spec["vocab_size"])
-  dataset = prompts_dataset(spec, spec["prompts"] * total_steps)
-  out_dir = tempfile.mkdtemp(prefix="peer_trl_")
-  args = GRPOConfig(
-    output_dir=out_dir,
+  return GRPOConfig(
+    output_dir=tempfile.mkdtemp(prefix="peer_trl_"),
     per_device_train_batch_size=b // k,
     gradient_accumulation_steps=k,
     steps_per_generation=k,  # one generation of P x G completions per optimiser step
@@ -160,8 +160,8 @@ def run(spec: dict) -> dict:
     generation_kwargs={"min_new_tokens": spec["max_new_tokens"]},  # every completion full length
     learning_rate=spec["learning_rate"],
     lr_scheduler_type="constant",
-    max_steps=total_steps,
-    bf16=bf16,
+    max_steps=spec["warmup"] + spec["steps"],
+    bf16=spec["compute_dtype"] == "bfloat16",
     fp16=False,
     use_cpu=not cuda,
     gradient_checkpointing=spec["gradient_checkpointing"],
@@ -175,13 +175,35 @@ def run(spec: dict) -> dict:
     seed=spec["seed"],
   )
 
+
+def lora_config(spec: dict):
+  """PEFT's LoraConfig of the spec's adapters (None when `lora_rank` is 0): the same rank,
+  alpha, dropout and target projections as ours; the base and its biases stay frozen."""
+  if spec["lora_rank"] <= 0:
+    return None
+  import peft
+
+  return peft.LoraConfig(
+    r=spec["lora_rank"],
+    lora_alpha=spec["lora_alpha"],
+    lora_dropout=spec["lora_dropout"],
+    target_modules=list(spec["lora_targets"]),
+    bias="none",
+    task_type="CAUSAL_LM",
+  )
+
+
+def attach_timers(trainer, sync) -> tuple[list[float], list[float], list[int]]:
+  """Lists that fill as `trainer` trains: the wall time of each optimiser step (generation,
+  scoring, forward/backward, update), of each generation alone (TRL's `_generate_single_turn`:
+  transformers' generate for the batch), and each completion's length."""
+  from transformers import TrainerCallback
+
   step_times: list[float] = []
   gen_times: list[float] = []
   gen_lengths: list[int] = []
 
   class StepTimer(TrainerCallback):
-    """Wall time of each optimiser step: generation, scoring, forward/backward, update."""
-
     def on_step_begin(self, args, state, control, **kwargs):
       sync()
       self.t0 = time.perf_counter()
@@ -190,17 +212,9 @@ def run(spec: dict) -> dict:
       sync()
       step_times.append(time.perf_counter() - self.t0)
 
-  trainer = GRPOTrainer(
-    model=model,
-    reward_funcs=constant_reward,
-    args=args,
-    train_dataset=dataset,
-    processing_class=tokenizer,
-    callbacks=[StepTimer()],
-  )
   generate = trainer._generate_single_turn
 
-  def timed_generate(*a, **kw):  # the sampler alone: transformers' generate for the batch
+  def timed_generate(*a, **kw):
     sync()
     t0 = time.perf_counter()
     out = generate(*a, **kw)
@@ -209,7 +223,38 @@ def run(spec: dict) -> dict:
     gen_lengths.extend(len(ids) for ids in out[0])
     return out
 
+  trainer.add_callback(StepTimer())
   trainer._generate_single_turn = timed_generate
+  return step_times, gen_times, gen_lengths
+
+
+def run(spec: dict) -> dict:
+  """Trains `warmup + steps` GRPO steps and returns the timings and peak memory."""
+  import torch
+  from trl import GRPOTrainer
+
+  spec = DEFAULTS | spec
+  baseline_rss = _rss_bytes()
+  cuda = torch.cuda.is_available()
+  sync = torch.cuda.synchronize if cuda else (lambda: None)
+  total_steps = spec["warmup"] + spec["steps"]
+
+  model = build_model(spec)
+  num_params = sum(p.numel() for p in model.parameters())  # the base, before any adapter
+  tokenizer = build_tokenizer(spec["vocab_size"])
+  dataset = prompts_dataset(spec, spec["prompts"] * total_steps)
+  args = grpo_config(spec, cuda)
+
+  trainer = GRPOTrainer(
+    model=model,
+    reward_funcs=constant_reward,
+    args=args,
+    train_dataset=dataset,
+    processing_class=tokenizer,
+    peft_config=lora_config(spec),  # None: every parameter trains
+  )
+  trained = [p for p in trainer.model.parameters() if p.requires_grad]
+  step_times, gen_times, gen_lengths = attach_timers(trainer, sync)
   if cuda:
     torch.cuda.reset_peak_memory_stats()
   trainer.train()
@@ -231,34 +276,52 @@ def run(spec: dict) -> dict:
     "step_times_s": step_times,
     "completion_length_min": min(gen_lengths),
     "completion_length_max": max(gen_lengths),
-    "num_params": sum(p.numel() for p in model.parameters()),
+    "num_params": num_params,
+    "trainable_params": sum(p.numel() for p in trained),
+    "trainable_dtypes": sorted({str(p.dtype).removeprefix("torch.") for p in trained}),
     "host_peak_rss_bytes": _rss_bytes(),
     "host_baseline_rss_bytes": baseline_rss,
     "device": torch.cuda.get_device_name() if cuda else "cpu",
     "torch_threads": torch.get_num_threads(),
-    "versions": {
-      "trl": trl.__version__,
-      "transformers": transformers.__version__,
-      "torch": torch.__version__,
-    },
+    "versions": _versions(spec),
     "spec": spec,
   }
-  if cuda:
-    result["peak_memory_bytes"] = torch.cuda.max_memory_allocated()
-    result["peak_memory_kind"] = "torch.cuda.max_memory_allocated"
-    result["cuda_max_memory_reserved_bytes"] = torch.cuda.max_memory_reserved()
-  else:
-    result["peak_memory_bytes"] = result["host_peak_rss_bytes"]
-    result["peak_memory_kind"] = "peak_rss"
-  return result
+  return result | _peak_memory(cuda, result["host_peak_rss_bytes"])
+
+
+def _peak_memory(cuda: bool, host_peak_rss: int) -> dict[str, object]:
+  """The peak memory compared with ours: torch's allocations on a GPU, the peak RSS on a CPU."""
+  import torch
+
+  if not cuda:
+    return {"peak_memory_bytes": host_peak_rss, "peak_memory_kind": "peak_rss"}
+  return {
+    "peak_memory_bytes": torch.cuda.max_memory_allocated(),
+    "peak_memory_kind": "torch.cuda.max_memory_allocated",
+    "cuda_max_memory_reserved_bytes": torch.cuda.max_memory_reserved(),
+  }
+
+
+def _versions(spec: dict) -> dict[str, str]:
+  """The versions of the libraries the peer ran (peft only with adapters)."""
+  import torch
+  import transformers
+  import trl
+
+  modules = {"trl": trl, "transformers": transformers, "torch": torch}
+  if spec["lora_rank"] > 0:
+    import peft
+
+    modules["peft"] = peft
+  return {name: m.__version__ for name, m in modules.items()}
 
 
 def main(argv: list[str]) -> int:
   """Command line: prints `PEER_RESULT {json}` as the last line."""
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--spec", required=True, help="JSON object with the fields SPEC_FIELDS")
-  spec = json.loads(parser.parse_args(argv).spec)
-  missing = [f for f in SPEC_FIELDS if f not in spec]
+  spec = DEFAULTS | json.loads(parser.parse_args(argv).spec)  # an older spec: no adapters
+  missing = missing_fields(spec)
   if missing:
     print(f"spec lacks {missing}", file=sys.stderr)
     return 2

@@ -100,9 +100,7 @@ class ModelConfig(_DictConfig):
   lora_rank: int = 0  # rank r of low-rank adapters on lora_targets; only they train (0 = none)
   lora_alpha: float = 16.0  # adapter scale alpha / r (PEFT's lora_alpha)
   lora_targets: str = "q,k,v,o,gate,up,down"  # projections given adapters (or q_proj, ...)
-  lora_dropout: float = (
-    0.0  # dropout on the adapters' input in the learner's passes (PEFT's lora_dropout)
-  )
+  lora_dropout: float = 0.0  # PEFT's lora_dropout on the adapters' input (learner passes only)
   lora_base_dtype: str = "auto"  # storage of the frozen base's projections: auto (param_dtype) | int8 (weight-only, one scale per output channel)
 
   def __post_init__(self):

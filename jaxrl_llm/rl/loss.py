@@ -179,11 +179,13 @@ def loss(
   temperature: float,
   max_len: int,
   prompt_group: int = 1,
+  dropout_key: jax.Array | None = None,
 ) -> tuple[jax.Array, Metrics]:
   """The microbatch loss `(params, mb, norms) -> (loss, metrics)` of spec §2-§5, §8, §9.
 
   `prompt_group` G > 1: the rows come in blocks of `prompt_block(G, rows)` sharing a prompt
-  (`update.optimise` arranges them so), each prompt run once per block.
+  (`update.optimise` arranges them so), each prompt run once per block. `dropout_key`: the
+  adapters' dropout in this (differentiated) pass (`model.lora_dropout`); None: none.
   """
   probe = "router_logp" in settings.objective.spec.inputs
   sc = score(
@@ -197,5 +199,6 @@ def loss(
     probe_experts=mb.old_routing if probe else None,
     group_size=prompt_block(prompt_group, mb.tokens.shape[0]),
     completion_mask=mb.loss_mask if model.cfg.moe_layers else None,
+    dropout_key=dropout_key,
   )
   return loss_from_scores(sc, mb, norms, settings=settings, max_len=max_len, moe=model.cfg.moe)

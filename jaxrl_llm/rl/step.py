@@ -199,6 +199,7 @@ def learn(ctx: Learner, state: TrainState, rollout: Rollout, terms, rng: jax.Arr
     settings=s,
     max_len=ctx.sampling.max_new_tokens,
     prompt_group=ctx.prompt_group,
+    dropout_key=update.adapter_dropout_key(ctx.model.cfg, shuffle_key),  # None: dropout off
   )
   ref_params, opt_state = update.update_reference(  # §4
     state, params, opt_state, kl=s.kl, optimizer=ctx.optimizer
@@ -283,8 +284,8 @@ def make_learner(
   sampler_model = model
   if sampler_dtype == "bfloat16":
     sampler_cfg = dataclasses.replace(model.cfg, dtype="bfloat16")
-    sampler_model = Transformer(sampler_cfg, attention=model.attention)
-  learner_model = Transformer(model.cfg, remat=settings.rl.remat, attention=model.attention)
+    sampler_model = type(model)(sampler_cfg, attention=model.attention)
+  learner_model = type(model)(model.cfg, remat=settings.rl.remat, attention=model.attention)
   shared = shares_prompt(settings.rl.share_prompt, learner_model)
   rl = settings.rl
   slices = rl.num_minibatches * rl.num_microbatches * sharding.batch_size_divisor(mesh)

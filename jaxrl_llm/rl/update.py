@@ -34,28 +34,39 @@ def minibatch_grads(
   settings: Settings,
   max_len: int,
   prompt_group: int = 1,
+  dropout_key: jax.Array | None = None,
 ):
-  """Gradient and metrics of one minibatch, accumulated over its microbatches (§5)."""
+  """Gradient and metrics of one minibatch, accumulated over its microbatches (§5).
+
+  `dropout_key` (adapter dropout on): each microbatch's loss gets its own key from it, as
+  `loss_fn(..., dropout_key=k)`; None: `loss_fn(params, mb, norms)`, no key drawn."""
   norms = rl_loss.normalizers(mb, settings, max_len)
   num_microbatches = settings.rl.num_microbatches
   block = rl_loss.prompt_block(prompt_group, mb.tokens.shape[0] // num_microbatches)
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
-  def accumulate(grads, micro):
+  def accumulate(grads, xs):
+    micro, key = xs
     micro = sharding.constrain_rows(micro)  # each device computes its own rows
-    (_, metrics), g = grad_fn(params, micro, norms)
+    keyword = {} if key is None else {"dropout_key": key}
+    (_, metrics), g = grad_fn(params, micro, norms, **keyword)
     return jax.tree.map(jnp.add, grads, g), metrics
 
   zeros = jax.tree.map(jnp.zeros_like, params)
   micro = sharding.constrain_rows(split_leading(mb, num_microbatches, block), axis=1)
-  grads, metrics = jax.lax.scan(accumulate, zeros, micro)
+  grads, metrics = jax.lax.scan(accumulate, zeros, (micro, _split(dropout_key, num_microbatches)))
   return grads, rl_metrics.microbatch_mean(metrics, num_microbatches)
+
+
+def _split(key: jax.Array | None, num: int) -> jax.Array | None:
+  """`num` keys from `key` (one per scan step), or None without one."""
+  return None if key is None else jax.random.split(key, num)
 
 
 def minibatch_step(carry, mb: PolicyBatch, *, loss_fn: LossFn, optimizer, **kwargs):
   """One optimiser step `((params, opt_state), mb) -> ((params, opt_state), metrics)`;
-  `kwargs` are `minibatch_grads`'s. A non-finite loss, gradient or update skips the step
-  (`optim.guarded_update`), counted in `optim/skipped_updates`."""
+  `kwargs` are `minibatch_grads`'s (`dropout_key` included). A non-finite loss, gradient or
+  update skips the step (`optim.guarded_update`), counted in `optim/skipped_updates`."""
   params, opt_state = carry
   frozen, params = lora.trainable(params)  # adapters only, when the policy has them
   if frozen is not None:
@@ -70,8 +81,10 @@ def minibatch_step(carry, mb: PolicyBatch, *, loss_fn: LossFn, optimizer, **kwar
 
 
 def _on_frozen(loss_fn: LossFn, frozen) -> LossFn:
-  """`loss_fn` of the adapters alone, on the fixed base `frozen`."""
-  return lambda adapters, mb, norms: loss_fn(lora.join_adapters(frozen, adapters), mb, norms)
+  """`loss_fn` of the adapters alone, on the fixed base `frozen` (keywords passed on)."""
+  return lambda adapters, mb, norms, **kw: loss_fn(
+    lora.join_adapters(frozen, adapters), mb, norms, **kw
+  )
 
 
 def minibatch_order(key: jax.Array, batch_size: int, rl: RLSettings, block: int = 1) -> jax.Array:
@@ -94,12 +107,15 @@ def optimise(
   *,
   settings: Settings,
   max_len: int,
+  dropout_key: jax.Array | None = None,
   prompt_group: int = 1,
 ):
   """Epochs × minibatches of optimiser steps; returns (params, opt_state, metrics [E*M]).
 
   `prompt_group` G > 1: the batch is group-major and the loss shares each prompt over blocks
   of gcd(G, microbatch rows) rows, which the shuffle and the microbatch split keep together.
+  `dropout_key` (`adapter_dropout_key`, adapter dropout on): one key per optimiser step, split
+  per microbatch by `minibatch_grads`; None (the default): no dropout, no key drawn.
   """
   rl = settings.rl
   b = batch.tokens.shape[0]
@@ -115,8 +131,21 @@ def optimise(
     max_len=max_len,
     prompt_group=prompt_group,
   )
-  (params, opt_state), metrics = jax.lax.scan(step, (params, opt_state), minibatches)
+  xs = (minibatches, _split(dropout_key, order.shape[0]))
+  keyed = lambda carry, x: step(carry, x[0], dropout_key=x[1])  # noqa: E731
+  (params, opt_state), metrics = jax.lax.scan(keyed, (params, opt_state), xs)
   return params, opt_state, metrics
+
+
+DROPOUT_STREAM = 0x64726F70  # fold_in data of the adapter-dropout keys ("drop")
+
+
+def adapter_dropout_key(model_cfg, key: jax.Array) -> jax.Array | None:
+  """The learner's adapter-dropout key (`model.lora_dropout` > 0): fold_in(key, DROPOUT_STREAM),
+  a key of its own that leaves every other draw of `key` as it was; None when dropout is off."""
+  if not model_cfg.lora_dropout:
+    return None
+  return jax.random.fold_in(key, DROPOUT_STREAM)
 
 
 def init_reference(state: TrainState, beta: float) -> TrainState:

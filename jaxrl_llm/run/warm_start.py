@@ -12,6 +12,7 @@ from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm import paths, sharding
 from jaxrl_llm.models import lora
 from jaxrl_llm.optim import guarded_update
+from jaxrl_llm.rl import update
 from jaxrl_llm.run.assemble import Experiment, to_global_batch
 from jaxrl_llm.run.guard import SkipGuard
 from jaxrl_llm.sampling import score
@@ -19,18 +20,24 @@ from jaxrl_llm.types import TrainState
 
 
 def _sft_step(exp: Experiment, tx):
-  """The jitted supervised update `(params, opt_state, batch) -> (params, opt_state, loss,
-  skipped)`: mean negative log-likelihood of the answer tokens, guarded."""
+  """The jitted supervised update `(params, opt_state, batch, rng, step) -> (params, opt_state,
+  loss, skipped)`: mean negative log-likelihood of the answer tokens, guarded. `rng` (the run's
+  key, given when `model.lora_dropout` > 0) and `step` give the adapters' dropout key of the
+  update; `rng` None: no dropout, no key made."""
   model = exp.model
 
-  def loss_fn(params, batch):
-    logp = score(model, params, batch.tokens, batch.mask, batch.answer, 1.0).logp
+  def loss_fn(params, batch, dropout_key):
+    tokens, mask, answer = batch.tokens, batch.mask, batch.answer
+    logp = score(model, params, tokens, mask, answer, 1.0, dropout_key=dropout_key).logp
     m = batch.answer_mask.astype(jnp.float32)
     return -jnp.sum(logp * m) / jnp.maximum(jnp.sum(m), 1.0)
 
-  def sft_update(params, opt_state, batch):
+  def sft_update(params, opt_state, batch, rng=None, step=0):
+    key = None
+    if rng is not None:  # fold_in(fold_in(rng, DROPOUT_STREAM), step): a key per update
+      key = jax.random.fold_in(update.adapter_dropout_key(model.cfg, rng), step)
     frozen, trained = lora.trainable(params)  # the adapters alone, when the model has them
-    on_base = lambda p, b: loss_fn(lora.with_frozen(frozen, p), b)  # noqa: E731
+    on_base = lambda p, b: loss_fn(lora.with_frozen(frozen, p), b, key)  # noqa: E731
     loss, grads = jax.value_and_grad(on_base)(trained, batch)
     trained, opt_state, skipped = guarded_update(tx, grads, opt_state, trained, loss)
     return lora.with_frozen(frozen, trained), opt_state, loss, skipped
@@ -65,9 +72,10 @@ def warm_start(exp: Experiment, workdir: str) -> TrainState:
     steps,
     writer.logdir,
   )
+  rng = exp.state.rng if exp.model.cfg.lora_dropout else None  # adapter dropout's base key
   for i in range(steps):
     batch = to_global_batch(next(it), exp.batch_sharding)
-    params, opt_state, loss, skipped = sft_step(params, opt_state, batch)
+    params, opt_state, loss, skipped = sft_step(params, opt_state, batch, rng, i)
     guard.update(i + 1, int(skipped), updates=1)
     if (i + 1) % log_every == 0 or i + 1 == steps:
       loss = float(loss)
