@@ -6,8 +6,8 @@
       --cols='eval/accuracy@0,eval/accuracy@final,policy/entropy@avg:300-400' \\
       --baseline=0.2 --expect='policy/entropy@final:+'
 
-Every directory under --root holding a `config.json` (written by the trainer, a pack's runs
-included) is a run; its settings are that file's resolved config. Runs are grouped into arms by
+Every directory under --root (repeatable: a study's extra seeds may lie under a second root)
+holding a `config.json` (written by the trainer, a pack's runs included) is a run; its settings are that file's resolved config. Runs are grouped into arms by
 the --group_by fields. A column is `TAG@WHAT`:
 
   TAG@final        the run's last logged value
@@ -85,16 +85,22 @@ def value(series, what):
   return float(vals[sel][-1]) if sel.any() else None
 
 
-def _arms(root, fields, cols):
+def _arms(roots, fields, cols):
   """{arm key: {seed: [value of each column]}} and the per-run rows."""
   arms: dict[tuple, dict[int, list]] = {}
   per_run = []
-  for d in find_runs(root):
+  for root, d in [(r, d) for r in roots for d in find_runs(r)]:
     cfg, scalars = load(d)
     key = tuple(str(cfg.get(f)) for f in fields)
     row = [value(scalars.get(c.rsplit("@", 1)[0], []), c.rsplit("@", 1)[1]) for c in cols]
-    arms.setdefault(key, {})[int(cfg.get("seed", 0))] = row
-    per_run.append((os.path.relpath(d, root), cfg.get("seed"), key, row))
+    seed = int(cfg.get("seed", 0))
+    if seed in arms.setdefault(key, {}):
+      raise SystemExit(f"error: arm {','.join(key)} has seed {seed} twice (second in {d})")
+    arms[key][seed] = row
+    name = (
+      os.path.relpath(d, root) if len(roots) == 1 else os.path.relpath(d, os.path.dirname(root))
+    )
+    per_run.append((name, cfg.get("seed"), key, row))
   return arms, per_run
 
 
@@ -131,7 +137,7 @@ def _differences(arms, fields, cols, baseline, expect):
 
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-  p.add_argument("--root", required=True)
+  p.add_argument("--root", required=True, action="append", help="repeatable")
   p.add_argument("--group_by", required=True, help="comma-separated config fields")
   p.add_argument("--cols", required=True, help="comma-separated TAG@WHAT columns")
   p.add_argument("--baseline", default=None, help="the baseline arm's --group_by values")
@@ -149,9 +155,9 @@ def main(argv=None):
     expect[col] = 1 if sign == "+" else -1
   arms, per_run = _arms(args.root, fields, cols)
   if not arms:
-    print(f"error: no runs (config.json) under {args.root}", file=sys.stderr)
+    print(f"error: no runs (config.json) under {' or '.join(args.root)}", file=sys.stderr)
     return 1
-  print(f"mean over seeds [bootstrap 95% interval]; {args.root}\n")
+  print(f"mean over seeds [bootstrap 95% interval]; {' + '.join(args.root)}\n")
   rows = []
   for key, runs in arms.items():
     cells = [str(stats.interval([r[j] for r in runs.values()])) for j in range(len(cols))]

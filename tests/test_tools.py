@@ -287,14 +287,23 @@ def test_a_packed_sweep_trains_every_grid_point_in_one_program(tmp_path):
 def _check_the_seed_table_reads_the_pack(root, names):
   """experiments/seed_table.py over the pack's run folders: an arm per clip width with both
   seeds, each run's own final accuracy, and the paired difference to the baseline arm."""
-  cmd = [sys.executable, str(REPO / "experiments" / "seed_table.py"), f"--root={root}"]
+  cmd = [sys.executable, str(REPO / "experiments" / "seed_table.py")]
   cmd += ["--group_by=objective.clip_high", "--cols=eval/accuracy@final", "--per_seed"]
   cmd += [f"--baseline={CLIPS[0]}", "--expect=eval/accuracy@final:+"]
-  proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+  table = lambda *roots: subprocess.run(  # noqa: E731
+    [*cmd, *[f"--root={r}" for r in roots]], cwd=REPO, capture_output=True, text=True, timeout=120
+  )
+  proc = table(root)
   assert proc.returncode == 0, proc.stderr[-2000:]
-  tables = [[line.strip("| ").split(" | ") for line in block.splitlines()[2:]]
-            for block in proc.stdout.split("\n\n") if block.startswith("| ")]  # fmt: skip
+  tables = _markdown_tables(proc.stdout)
   arms, diffs, runs = tables
+  # A study's extra seeds under a second root join their arms: the same tables from two roots.
+  by_seed = [root / n for s in (0, 1) for n in names if n.endswith(f"seed={s}")]
+  split = table(*by_seed)
+  assert split.returncode == 0, split.stderr[-2000:]
+  assert sorted(_markdown_tables(split.stdout)[0]) == sorted(arms)
+  twice = table(root, root / names[0])  # a seed of an arm twice: refused, naming it
+  assert twice.returncode != 0 and "seed 0 twice" in twice.stderr, twice.stderr[-2000:]
   assert sorted(r[0] for r in arms) == sorted(CLIPS) and all(r[1] == "2" for r in arms)
   for name in names:
     (run,) = [r for r in runs if r[0] == name]
@@ -303,6 +312,12 @@ def _check_the_seed_table_reads_the_pack(root, names):
   ((clip, diff),) = diffs
   assert clip == CLIPS[1]
   assert "(n=2)" in diff and any(w in diff for w in ("reproduced", "refuted", "inconclusive"))
+
+
+def _markdown_tables(text: str) -> list[list[list[str]]]:
+  """The rows (cells split) of each Markdown table in `text`, header and rule left out."""
+  return [[line.strip("| ").split(" | ") for line in block.splitlines()[2:]]
+          for block in text.split("\n\n") if block.startswith("| ")]  # fmt: skip
 
 
 def test_a_packed_dry_run_plans_the_pack_or_names_the_packable_fields(tmp_path):

@@ -6,9 +6,9 @@
 set -euo pipefail
 source "$(dirname "$0")/../study_env.sh"  # HERE, ROOT, the XLA cache; cd to the repo
 
+SET=train.num_steps=200,optim.learning_rate=0.001,rl.num_epochs=4,rl.num_minibatches=4
 python tools/sweep.py --config=configs/countdown.py --root="$ROOT" --packed \
-  --seeds=0,1,2,3,4,5,6,7 --grid=objective.clip_high=0.2,0.28,0.4 \
-  --set=train.num_steps=200,optim.learning_rate=0.001,rl.num_epochs=4,rl.num_minibatches=4 \
+  --seeds=0,1,2,3,4,5,6,7 --grid=objective.clip_high=0.2,0.28,0.4 --set=$SET \
   > "$ROOT.sweep.log" 2>&1
 
 COLS=policy/entropy@10,policy/entropy@50,policy/entropy@100,policy/entropy@final,eval/accuracy@0,eval/accuracy@50
@@ -16,6 +16,15 @@ COLS=$COLS,eval/accuracy@final,eval/pass@4@final,policy/clip_frac_high@avg
 python experiments/seed_table.py --root="$ROOT" --group_by=objective.clip_high --cols=$COLS \
   --baseline=0.2 --expect=policy/entropy@50:+,policy/entropy@final:+,eval/accuracy@final:+ \
   --per_seed --csv="$ROOT/table.csv"
+if [ "$HEADLINE" = 1 ]; then  # 0.2 against 0.28 at 32 seeds (headline.md)
+  python tools/sweep.py --config=configs/countdown.py --root="$ROOT.headline" --packed \
+    --seeds=$HEADLINE_SEEDS --grid=objective.clip_high=0.2,0.28 --set=$SET \
+    > "$ROOT.headline.log" 2>&1
+  python experiments/seed_table.py --root="$ROOT" --root="$ROOT.headline" \
+    --group_by=objective.clip_high --baseline=0.2 \
+    --cols=policy/entropy@50,policy/entropy@final,eval/accuracy@final \
+    --expect=policy/entropy@50:+,policy/entropy@final:+,eval/accuracy@final:+ > "$HERE/headline.md"
+fi
 python tools/plot.py curves "$ROOT" --group_by=objective.clip_high --band=minmax --size=9x5.4 \
   --dpi=70 --tags=policy/entropy,eval/accuracy,policy/clip_frac_high,rollout/length_mean \
   --out="$HERE/curves.png" > /dev/null

@@ -7,17 +7,27 @@
 set -euo pipefail
 source "$(dirname "$0")/../study_env.sh"  # HERE, ROOT, the XLA cache; cd to the repo
 
+SET=train.num_steps=150,optim.learning_rate=0.001,rl.num_epochs=2,rl.num_minibatches=4
 python tools/sweep.py --config=configs/countdown.py --root="$ROOT" --packed \
   --seeds=0,1,2,3,4,5,6,7 --grid=objective.clip_high=0.2,0.28 \
   --grid=sampling.temperature=0.7,1.0,1.3 \
-  --set=train.num_steps=150,optim.learning_rate=0.001,rl.num_epochs=2,rl.num_minibatches=4 \
-  > "$ROOT.sweep.log" 2>&1
+  --set=$SET > "$ROOT.sweep.log" 2>&1
 
 G=objective.clip_high,sampling.temperature
 COLS=eval/accuracy@0,eval/accuracy@final,eval/pass@4@final,policy/entropy@final
 COLS=$COLS,rollout/reward_mean@avg:130-150,policy/clip_frac_high@avg
 python experiments/seed_table.py --root="$ROOT" --group_by=$G --cols=$COLS --baseline=0.2,1.0 \
   --csv="$ROOT/table.csv"
+if [ "$HEADLINE" = 1 ]; then  # the default cell against (0.28, 1.3) at 32 seeds (headline.md)
+  for cell in 0.2:1.0 0.28:1.3; do
+    python tools/sweep.py --config=configs/countdown.py --root="$ROOT.headline/$cell" --packed \
+      --seeds=$HEADLINE_SEEDS --set=objective.clip_high=${cell%%:*} \
+      --set=sampling.temperature=${cell##*:} --set=$SET > "$ROOT.headline.$cell.log" 2>&1
+  done
+  python experiments/seed_table.py --root="$ROOT" --root="$ROOT.headline" --group_by=$G \
+    --cols=eval/accuracy@final,policy/entropy@final --baseline=0.2,1.0 \
+    --expect=eval/accuracy@final:+ > "$HERE/headline.md"
+fi
 for tag in eval/accuracy policy/entropy; do
   python tools/plot.py heatmap "$ROOT" --tag=$tag --x=objective.clip_high \
     --y=sampling.temperature --size=5.5x3.6 --dpi=70 --out="$HERE/heatmap_${tag#*/}.png" > /dev/null

@@ -25,6 +25,19 @@ COLS=$COLS,moe/route_disagree_sampler@avg,moe/route_disagree_old@avg,optim/grad_
 python experiments/seed_table.py --root="$ROOT" --group_by=$G --cols=$COLS --per_seed \
   --baseline=ppo_clip,none --csv="$ROOT/table.csv" \
   --expect=eval/accuracy@final:+,policy/ratio_var@avg:-
+if [ "$HEADLINE" = 1 ]; then  # GRPO against GSPO, neither replaying, at 32 seeds (headline.md)
+  for arm in grpo,none gspo,none; do
+    extra=objective.name=ppo_clip
+    [ "${arm%%,*}" = gspo ] && extra=$GSPO
+    python tools/sweep.py --config=configs/countdown.py:moe --root="$ROOT.headline/$arm" \
+      --packed --seeds=$HEADLINE_SEEDS --set=replay.name=none,$extra --set=$COMMON \
+      > "$ROOT.headline.$arm.log" 2>&1
+  done
+  python experiments/seed_table.py --root="$ROOT" --root="$ROOT.headline" --group_by=$G \
+    --cols=policy/ratio_var@avg,policy/ratio_max@avg,eval/accuracy@final \
+    --baseline=ppo_clip,none --expect=policy/ratio_var@avg:-,eval/accuracy@final:+ \
+    > "$HERE/headline.md"
+fi
 python tools/plot.py curves "$ROOT" --group_by=$G --band=minmax --size=9x6.5 --dpi=70 \
   --tags=eval/accuracy,policy/ratio_var,moe/route_disagree_sampler,moe/route_disagree_old \
   --out="$HERE/curves.png" > /dev/null
