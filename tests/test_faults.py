@@ -256,6 +256,7 @@ def test_a_workdir_that_cannot_hold_a_run_is_one_error_line_at_start_up(tmp_path
   assert a_file.read_text() == "not a directory"
 
 
+@pytest.mark.slow
 def test_a_full_disk_ends_in_one_clear_line_and_keeps_the_last_checkpoint(small_disk):
   """Each checkpoint of the tiny model takes ~0.9 MiB: the fourth save cannot fit in 3 MiB."""
   workdir = small_disk / "run"

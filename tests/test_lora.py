@@ -221,6 +221,7 @@ def test_an_int8_base_is_the_model_on_its_dequantised_weights(kw):
     )
 
 
+@pytest.mark.slow
 def test_a_run_on_an_int8_base_trains_the_adapters_and_never_changes_the_base():
   """Three fused updates on an int8 base: the int8 kernels and their scales are bit-identical,
   every adapter moves, and the plan's resident weights shrink by the projections' 3 of 4
@@ -505,6 +506,7 @@ def test_unsupported_peft_configs_are_one_error_line(tmp_path):
       hf.load_adapters(folder, cfg, base)
 
 
+@pytest.mark.slow
 def test_the_memory_plan_holds_adam_moments_for_the_adapters_only():
   """`plan.plan` (the `--dry_run`) of a run with adapters: its resident state is the weights
   plus twice the adapters (Adam's moments), where full training holds three times the weights."""

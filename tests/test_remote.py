@@ -129,6 +129,7 @@ def test_checkpoints_on_a_bucket_verify_and_move_bad_steps_aside(gcs, in_tmp_cwd
   assert os.listdir(in_tmp_cwd) == []
 
 
+@pytest.mark.slow
 def test_a_run_in_a_bucket_writes_events_config_and_checkpoints_and_resumes(gcs, in_tmp_cwd):
   workdir = gcs.url("run")
   config = tiny_config(**{"train.checkpoint_every": 2, "train.stop_after_steps": 2})

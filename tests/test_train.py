@@ -227,6 +227,7 @@ def test_host_reward_path_matches_fused_step():
   jax.tree.map(np.testing.assert_array_equal, params_h, jax.device_get(state_f.params))
 
 
+@pytest.mark.slow
 def test_the_run_records_its_config_once(tmp_path):
   """config.json holds every resolved field and the provenance; TensorBoard gets the table;
   a relaunch of a finished run reports its last evaluation and writes nothing (no empty event
