@@ -7,8 +7,9 @@
       --baseline=0.2 --expect='policy/entropy@final:+'
 
 Every directory under --root (repeatable: a study's extra seeds may lie under a second root)
-holding a `config.json` (written by the trainer, a pack's runs included) is a run; its settings are that file's resolved config. Runs are grouped into arms by
-the --group_by fields. A column is `TAG@WHAT`:
+holding a `config.json` (written by the trainer, a pack's runs included) is a run; its settings
+are that file's resolved config. Runs are grouped into arms by the --group_by fields. A column
+is `TAG@WHAT`:
 
   TAG@final        the run's last logged value
   TAG@STEP         the value logged at STEP (the last one logged at or before it)
