@@ -33,10 +33,11 @@ if [ "$HEADLINE" = 1 ]; then  # GRPO against GSPO, neither replaying, at 32 seed
       --packed --seeds=$HEADLINE_SEEDS --set=replay.name=none,$extra --set=$COMMON \
       > "$ROOT.headline.$arm.log" 2>&1
   done
+  HEAD_COLS=policy/ratio_var@avg,policy/ratio_max@avg,optim/grad_norm@avg
+  HEAD_COLS=$HEAD_COLS,eval/accuracy@final,eval/pass@4@final
   python experiments/seed_table.py --root="$ROOT" --root="$ROOT.headline" --group_by=$G \
-    --cols=policy/ratio_var@avg,policy/ratio_max@avg,eval/accuracy@final \
-    --baseline=ppo_clip,none --expect=policy/ratio_var@avg:-,eval/accuracy@final:+ \
-    > "$HERE/headline.md"
+    --cols=$HEAD_COLS --baseline=ppo_clip,none --per_seed \
+    --expect=policy/ratio_var@avg:-,eval/accuracy@final:+ > "$HERE/headline.md"
 fi
 python tools/plot.py curves "$ROOT" --group_by=$G --band=minmax --size=9x6.5 --dpi=70 \
   --tags=eval/accuracy,policy/ratio_var,moe/route_disagree_sampler,moe/route_disagree_old \
