@@ -69,7 +69,7 @@ def test_full_forward_xla_matches_einsum(variant):
   assert np.abs(np.asarray(want)[m]).max() > 0.1  # real logits, not a vacuous comparison
 
 
-@pytest.mark.parametrize("variant", ["gqa", "moe"])
+@pytest.mark.parametrize("variant", ["gqa", pytest.param("moe", marks=pytest.mark.slow)])
 def test_prefill_decode_and_prefix_pass_xla_match_einsum(variant):
   """Sampler-style: prefill at slot 0, decode steps at a traced cache_index, and a learner pass
   of all T completion tokens from the prefilled cache (static cache_index = S)."""

@@ -58,6 +58,7 @@ def _grad_norm(config) -> float:
   return float(m["optim/grad_norm"])
 
 
+@pytest.mark.slow
 def test_a_toy_objectives_hyperparameter_comes_from_the_config_and_is_checked(toy):
   # The warm-up's first learning rate is 0, so both minibatches see the initial parameters and
   # the gradient is exactly proportional to the objective's scale.

@@ -133,7 +133,9 @@ def _sample_and_score(cfg, params, prompt, mask, sampling):
   return r, jax.jit(lambda p: score(model, p, *args, routing=r.routing))(params)
 
 
-@pytest.mark.parametrize("name", ["dense", "moe", "moe_every_2_shared"])
+@pytest.mark.parametrize(
+  "name", ["dense", "moe", pytest.param("moe_every_2_shared", marks=pytest.mark.slow)]
+)
 def test_sampler_and_learner_match_unrolled(name):
   cfg, scfg, params, scanned, prompt, mask = _setup(name)
   scfg_s = SamplingConfig(max_new_tokens=6, group_size=3, temperature=0.9, eos_id=2)

@@ -122,8 +122,13 @@ def test_moe_run_resumes_under_another_expert_implementation(tmp_path):
 
 @pytest.mark.parametrize(
   "mesh",
-  [{}, {"mesh.data": 1, "mesh.fsdp": 8, "rl.num_prompts": 8}, {"model.lora_rank": 4}],
-  ids=["one", "fsdp8", "adapters"],
+  [
+    pytest.param({}, id="one"),
+    pytest.param(
+      {"mesh.data": 1, "mesh.fsdp": 8, "rl.num_prompts": 8}, id="fsdp8", marks=pytest.mark.slow
+    ),
+    pytest.param({"model.lora_rank": 4}, id="adapters", marks=pytest.mark.slow),
+  ],
 )
 def test_rl_step_compiles_once(mesh):
   config = tiny_config(**mesh)
