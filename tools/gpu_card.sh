@@ -1,17 +1,29 @@
 #!/usr/bin/env bash
 # Everything issue "every fast path verified on the card" measures, in one call on a GPU machine,
-# most important first, each step under its own time limit and within an overall deadline:
+# each step under its own time limit and within an overall deadline:
 #
 #   BUDGET_S=540 bash tools/gpu_card.sh [STEP ...]
 #
-# Steps (default: all, in this order): checks (tools/device_check.py), grouped
-# (tools/bench_grouped.py at E=64, M=16,384, K=1024, N=384), qwen05 (tools/bench.py at
-# qwen2.5-0.5b against TRL, with a profile of one warm step), qwen15 (qwen2.5-1.5b, ours),
-# decode (qwen2.5-0.5b with the whole-cache decode, kv_block=0: the before of the staged
-# decode), moe (moe-e64 and its dense twin), qwen15_trl (qwen2.5-1.5b against TRL). Wheels in $WHEELS
-# (default .whl/) not installed on the machine go to $SITE first. Results go to $OUT (or
-# /tmp/gpu_card): every step's stdout in results.txt and its stderr in logs.txt, each headed by
-# the step's name and exit status (a device call brings back only a few files).
+# Steps (default: all, in this order). First the checks, then what no card has measured yet,
+# then the re-measurements of what the README already quotes (2026-11-26, one H200):
+#   checks          tools/device_check.py: every fast path `auto` may choose, against its reference
+#   moe, dense_twin tools/bench.py at moe-e64 (Mosaic grouped matmuls) and its dense twin
+#   decode256       qwen2.5-0.5b at 256 sequences (rl.num_prompts=32): the decode goal's shape
+#   decode256_kv0   the same with the whole-cache decode (sampling.kv_block=0): the staged
+#                   decode's before
+#   qwen15_trl      qwen2.5-1.5b against TRL
+#   lora15_trl      qwen2.5-1.5b with rank-16 adapters against TRL + PEFT
+#   qwen15_noremat  qwen2.5-1.5b with rl.remat=none: the learner's FLOP/s without recomputation
+#   qwen05_bf16_trl qwen2.5-0.5b with bfloat16 storage on both sides (model.param_dtype): the
+#                   peak-memory ratio where weights and Adam state are not already 0.65x of TRL's
+#   grouped, qwen05, qwen15  (measured once) the grouped matmul at E=64, M=16,384, K=1024,
+#                   N=384; qwen2.5-0.5b against TRL with a profile of one warm step; qwen2.5-1.5b
+# Wheels in $WHEELS (default .whl/: untracked, so it travels with the working tree) not
+# installed on the machine go to $SITE first; gather them beforehand with
+#   pip download --no-deps -d .whl grain ml_collections trl peft datasets
+# Results go to $OUT (or /tmp/gpu_card): every step's stdout in results.txt and its stderr in
+# logs.txt, each headed by the step's name and exit status (a device call brings back only a few
+# files).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_card}
@@ -55,17 +67,26 @@ want() { [ ${#STEPS[@]} -eq 0 ] || [[ " ${STEPS[*]} " == *" $1 "* ]]; }
 STEPS=("$@")
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader || true
 python3 -c "import jax, jaxlib; print('jax', jax.__version__, jax.devices())"
+B05=(--shape=qwen2.5-0.5b --steps=2)
+B15=(--shape=qwen2.5-1.5b --steps=2)
 want checks && step checks 150 python3 tools/device_check.py --json="$OUT/checks.json"
+want moe && step moe 240 python3 tools/bench.py --shape=moe-e64 --steps=2
+want dense_twin && step dense_twin 120 python3 tools/bench.py --shape=dense-e64-twin --steps=2
+want decode256 && step decode256 200 python3 tools/bench.py "${B05[@]}" --set=rl.num_prompts=32
+want decode256_kv0 && step decode256_kv0 200 python3 tools/bench.py "${B05[@]}" \
+  --set=rl.num_prompts=32 --set=sampling.kv_block=0
+want qwen15_trl && step qwen15_trl 300 python3 tools/bench.py "${B15[@]}" --peer=trl \
+  --peer_timeout_s=240
+want lora15_trl && step lora15_trl 300 python3 tools/bench.py "${B15[@]}" --peer=trl \
+  --peer_timeout_s=240 --set=model.lora_rank=16
+want qwen15_noremat && step qwen15_noremat 200 python3 tools/bench.py "${B15[@]}" \
+  --set=rl.remat=none
+want qwen05_bf16_trl && step qwen05_bf16_trl 270 python3 tools/bench.py "${B05[@]}" --peer=trl \
+  --peer_timeout_s=170 --set=model.param_dtype=bfloat16
 want grouped && step grouped 90 python3 tools/bench_grouped.py --rows=16384 --k=1024 --n=384 \
   --experts=64 --iters=20
 want qwen05 && step qwen05 270 python3 tools/bench.py --shape=qwen2.5-0.5b --steps=3 \
   --peer=trl --peer_timeout_s=170 --profile_dir=/tmp/profile_qwen05
 want qwen05 && step qwen05_profile 40 python3 tools/trace_summary.py /tmp/profile_qwen05 --top=12
-want qwen15 && step qwen15 200 python3 tools/bench.py --shape=qwen2.5-1.5b --steps=2
-want decode && step decode 100 python3 tools/bench.py --shape=qwen2.5-0.5b --steps=2 \
-  --set=sampling.kv_block=0
-want moe && step moe 110 python3 tools/bench.py --shape=moe-e64 --steps=2
-want moe && step dense_twin 80 python3 tools/bench.py --shape=dense-e64-twin --steps=2
-want qwen15_trl && step qwen15_trl 300 python3 tools/bench.py --shape=qwen2.5-1.5b --steps=2 \
-  --peer=trl --peer_timeout_s=240
+want qwen15 && step qwen15 200 python3 tools/bench.py "${B15[@]}"
 echo "== done in $(($(date +%s) - START))s"
