@@ -69,12 +69,13 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,n
 python3 -c "import jax, jaxlib; print('jax', jax.__version__, jax.devices())"
 B05=(--shape=qwen2.5-0.5b --steps=2)
 B15=(--shape=qwen2.5-1.5b --steps=2)
+B256=("${B05[@]}" --set=rl.num_prompts=32)  # 256 sequences
 want checks && step checks 150 python3 tools/device_check.py --json="$OUT/checks.json"
 want moe && step moe 240 python3 tools/bench.py --shape=moe-e64 --steps=2
 want dense_twin && step dense_twin 120 python3 tools/bench.py --shape=dense-e64-twin --steps=2
-want decode256 && step decode256 200 python3 tools/bench.py "${B05[@]}" --set=rl.num_prompts=32
-want decode256_kv0 && step decode256_kv0 200 python3 tools/bench.py "${B05[@]}" \
-  --set=rl.num_prompts=32 --set=sampling.kv_block=0
+want decode256 && step decode256 200 python3 tools/bench.py "${B256[@]}"
+want decode256_kv0 && step decode256_kv0 200 python3 tools/bench.py "${B256[@]}" \
+  --set=sampling.kv_block=0
 want qwen15_trl && step qwen15_trl 300 python3 tools/bench.py "${B15[@]}" --peer=trl \
   --peer_timeout_s=240
 want lora15_trl && step lora15_trl 300 python3 tools/bench.py "${B15[@]}" --peer=trl \
