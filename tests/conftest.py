@@ -1,11 +1,19 @@
 """Test fixtures: 8 fake CPU devices, a tiny model config and a small experiment config."""
 
 import os
+import tempfile
 
 os.environ["XLA_FLAGS"] = (
   os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One persistent compilation cache for the whole test run: the xdist workers, both tiers and the
+# command lines the tests launch (which inherit it) load a program another test compiled instead
+# of compiling it again. Set JAX_COMPILATION_CACHE_DIR= (empty) to compile everything afresh.
+os.environ.setdefault(
+  "JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "jaxrl_llm_tests_xla_cache")
+)
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 << 30))  # bytes; oldest go first
 
 import pathlib
 
