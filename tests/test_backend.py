@@ -3,12 +3,11 @@ line, and a failed plugin's native chatter kept off the terminal. Each case runs
 process, since a process starts its backends once (the test process has JAX_PLATFORMS=cpu)."""
 
 import importlib.util
-import os
 import subprocess
 import sys
 
 import pytest
-from conftest import REPO
+from conftest import REPO, cli_env
 
 # A backend plugin that fails to start, as a GPU or TPU plugin does on a machine without the
 # device: it writes to the native stderr first, as libtpu does.
@@ -35,7 +34,7 @@ except backend.BackendError as e:
 
 def _choose(platforms: str | None, failing: bool = False, debug: bool = False):
   """Runs backend.choose in a fresh process; returns (stdout, stderr lines)."""
-  env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
+  env = cli_env("JAX_PLATFORMS")
   if platforms is not None:
     env["JAX_PLATFORMS"] = platforms
   code = (_FAILING if failing else "") + _CHOOSE.format(debug=debug)
@@ -92,7 +91,7 @@ def test_jax_platforms_is_obeyed():
 
 def test_command_line_refuses_a_backend_that_cannot_start(tmp_path):
   """The trainer's command line: one `error:` line and exit 2 before anything is built."""
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env = cli_env()
   env["JAX_PLATFORMS"] = "nosuchplatform"
   cmd = [sys.executable, "-m", "jaxrl_llm.main", "--config=configs/default.py"]
   proc = subprocess.run(

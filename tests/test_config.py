@@ -1,11 +1,10 @@
 """Bad input gets a clear message naming the field, the value and what is allowed."""
 
-import os
 import subprocess
 import sys
 
 import pytest
-from conftest import REPO, tiny_config
+from conftest import REPO, cli_env, tiny_config
 
 from jaxrl_llm import checkpoint
 from jaxrl_llm.config import ConfigError
@@ -71,7 +70,7 @@ def test_incompatible_checkpoint_in_workdir(tmp_path):
 
 
 def _cli(*args):
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env = cli_env()
   return subprocess.run(
     [sys.executable, "-m", "jaxrl_llm.main", "--config=configs/default.py", *args],
     cwd=REPO,
@@ -107,7 +106,7 @@ def test_example_config_names_the_paths_it_needs(tmp_path):
       f"--workdir={tmp_path}",
     ],
     cwd=REPO,
-    env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
+    env=cli_env(),
     capture_output=True,
     text=True,
     timeout=120,

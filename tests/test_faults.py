@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import REPO, tiny_config
+from conftest import REPO, cli_env, tiny_config
 
 from jaxrl_llm import checkpoint, metrics, optim
 from jaxrl_llm.config import ConfigError, validate
@@ -177,7 +177,7 @@ TINY_CLI = (
 
 
 def _cli(workdir, *args, timeout=300):
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env = cli_env()
   cmd = [sys.executable, "-m", "jaxrl_llm.main", "--config=configs/default.py"]
   cmd += [f"--workdir={workdir}", *TINY_CLI, *args]
   return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
@@ -396,7 +396,7 @@ def _committed(root):
 
 
 def _launch(workdir, *args):
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env = cli_env()
   cmd = [sys.executable, "-m", "jaxrl_llm.main", "--config=configs/default.py"]
   cmd += [f"--workdir={workdir}", *TINY_CLI, *args]
   return subprocess.Popen(

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import jax
 import pytest
-from conftest import REPO, tiny_config
+from conftest import REPO, cli_env, tiny_config
 
 from jaxrl_llm import plan
 from jaxrl_llm.rl import init_reference
@@ -56,7 +55,7 @@ def test_dry_run_says_in_one_line_that_a_config_does_not_fit():
     "--dry_run",
     "--device_memory_gib=0.001",
   ]
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env = cli_env()
   proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 3, proc.stderr[-2000:]
   lines = proc.stdout.strip().splitlines()

@@ -13,7 +13,7 @@ import time
 import jax
 import numpy as np
 import pytest
-from conftest import REPO, tiny_config
+from conftest import REPO, cli_env, tiny_config
 from text_fixtures import build_bpe_tokenizer, write_math_jsonl
 
 from jaxrl_llm import checkpoint, metrics
@@ -65,7 +65,7 @@ def _config_file(tmp_path, extra: dict, name="cfg.py", body: str = "") -> str:
 
 
 def _launch(processes, config, workdir, *args, wait=True):
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env = cli_env()
   cmd = [
     sys.executable,
     str(REPO / "tools" / "launch_local.py"),
@@ -182,7 +182,7 @@ def test_host_reward_path_runs_on_two_processes(tmp_path):
 def test_processes_started_with_different_configs_stop_with_a_clear_line(tmp_path):
   config = _config_file(tmp_path, {"train.num_steps": 2})
   port = 20000 + os.getpid() % 20000
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env = cli_env()
   procs = []
   for i, seed in enumerate((0, 1)):
     penv = dict(
@@ -214,7 +214,7 @@ def test_a_mesh_that_does_not_divide_the_devices_stops_every_process(tmp_path):
 
 def test_an_unreachable_coordinator_stops_with_a_clear_line(tmp_path):
   config = _config_file(tmp_path, {"train.num_steps": 2})
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env = cli_env()
   env.update(
     JAXRL_LLM_COORDINATOR="localhost:9",  # process 1 of 2: waits for a process 0 that never runs
     JAXRL_LLM_NUM_PROCESSES="2",

@@ -1,14 +1,13 @@
 """tools/plot.py: grouping and aggregation on synthetic runs, errors, and figures of a real sweep."""
 
 import json
-import os
 import subprocess
 import sys
 
 import matplotlib
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import REPO, cli_env
 from matplotlib import colors as mcolors
 from matplotlib import image as mimage
 from test_tools import CONFIG, TINY  # the tiny, fast sweep settings of tools/sweep.py's tests
@@ -161,7 +160,7 @@ def test_errors_are_one_line_with_exit_status_2(synthetic, tmp_path, capsys, arg
 
 
 def _tool(name, *args):
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env = cli_env()
   cmd = [sys.executable, str(REPO / "tools" / f"{name}.py"), *args]
   return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
 

@@ -2,13 +2,12 @@
 
 import csv
 import json
-import os
 import subprocess
 import sys
 import time
 
 import pytest
-from conftest import REPO
+from conftest import REPO, cli_env
 
 from jaxrl_llm import checkpoint, metrics
 
@@ -29,7 +28,7 @@ TINY = (
 
 def _tool(name, *args):
   """Runs tools/<name>.py as a user would, on one CPU device (no fake-device XLA_FLAGS)."""
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env = cli_env()
   cmd = [sys.executable, str(REPO / "tools" / f"{name}.py"), *args]
   t0 = time.time()
   proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)

@@ -8,7 +8,7 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import REPO, run_steps, tiny_config
+from conftest import REPO, cli_env, run_steps, tiny_config
 
 from jaxrl_llm import metric_info, metrics
 from jaxrl_llm.data import pipeline
@@ -178,7 +178,7 @@ def test_cli_runs_and_writes_checkpoint(tmp_path):
     "--config.train.log_every=1",
   ]
   # One CPU device and no platform chosen, as a user runs it (conftest picks the CPU for tests).
-  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+  env = cli_env("JAX_PLATFORMS")
   proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "step 2/2" in proc.stderr
@@ -281,7 +281,7 @@ def test_on_a_terminal_the_log_lines_have_no_prefix(tmp_path):
   cmd = [sys.executable, "-m", "jaxrl_llm.main", "--config=configs/default.py"]
   cmd += [f"--workdir={tmp_path}", "--config.train.num_steps=2", "--config.sft.steps=0"]
   cmd += ["--config.train.log_every=1", "--config.rl.num_prompts=4", "--config.task.eval_size=8"]
-  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+  env = cli_env("JAX_PLATFORMS")
   proc = subprocess.Popen(cmd, stdout=slave, stderr=slave, cwd=REPO, env=env)
   os.close(slave)
   out = b""
