@@ -404,7 +404,7 @@ def _launch(workdir, *args):
   )
 
 
-@pytest.mark.slow  # ~6 min: a dozen launches of the command line
+@pytest.mark.slow  # ~4 min: a dozen launches of the command line
 def test_kill_9_at_random_points_and_mid_save_resumes_to_the_uninterrupted_result(tmp_path):
   """SIGKILL ten times (half the kills the moment a save's temporary directory appears, half
   at random times), relaunching each time: every relaunch resumes from the newest step
