@@ -231,3 +231,41 @@ def test_trl_peer_trains_as_many_lora_parameters_as_ours():
   assert result["spec"]["lora_targets"] == [f"{p}_proj" for p in projections]
   assert result["completion_length_min"] == result["completion_length_max"] == 4
   assert "peft" in result["versions"]
+
+
+def test_grouped_sweep_tries_the_settings_in_use_and_only_valid_ones():
+  """`tools/bench_grouped.py --sweep`'s grid holds the block sizes each Mosaic kernel uses now
+  (so the sweep measures its own baseline) at the shapes of the MoE presets, and every setting
+  tiles that kernel's output width."""
+  bg = _load("bench_grouped")
+  for k, n in ((1024, 384), (2048, 768), (4096, 14336), (128, 192)):
+    for kernel, out in (("forward", n), ("input_grad", k), ("weight_grad", n)):
+      settings = bg.sweep_settings(kernel, k, n)
+      assert bg._in_use(kernel, k, n) in settings, (kernel, k, n)
+      assert all(out % (s["block_n"] * s["grid_block_n"]) == 0 for s in settings)
+      assert len(settings) == len({tuple(s.values()) for s in settings}) >= 6
+
+
+def test_grouped_sweep_checks_each_setting_against_ragged_dot_in_the_interpreter():
+  """A sweep row of the forward kernel (under the Pallas GPU interpreter on CPU) carries its
+  relative error against `jax.lax.ragged_dot` and its timings; a setting the kernel refuses
+  becomes a row with the error, not a crash."""
+  from jax._src.pallas.mosaic_gpu.interpret.params import force_gpu_interpret_mode
+
+  bg = _load("bench_grouped")
+  m, k, n = 256, 128, 192  # rows past the groups' 200, as `grouped.kernel_matmul` pads
+  kx, kw, kd = jax.random.split(jax.random.PRNGKey(0), 3)
+  x = jax.random.normal(kx, (m, k), jax.numpy.bfloat16)
+  w = jax.random.normal(kw, (4, k, n), jax.numpy.bfloat16)
+  dy = jax.random.normal(kd, (m, n), jax.numpy.bfloat16)
+  args = (x, w, dy, jax.numpy.asarray([37, 0, 100, 63], jax.numpy.int32))
+  want = bg.REFERENCES["forward"](*args)
+  blocks = bg.sweep_settings("forward", k, n)
+  with force_gpu_interpret_mode():
+    rows = [bg._sweep_row("forward", b, args, want, iters=1) for b in (blocks[0], blocks[-1])]
+    bad = bg._sweep_row("forward", {**blocks[0], "block_k": 48}, args, want, iters=1)
+  for row in rows:
+    assert "error" not in row, row
+    assert row["rel_error"] <= bg.TOLERANCE and row["ms"] > 0 and row["ms_synced"] > 0
+  assert rows[0]["block_m"] != rows[1]["block_m"]
+  assert "error" in bad and "block_k" in bad["error"]

@@ -237,7 +237,7 @@ def test_rows_the_backward_kernel_leaves_unwritten_never_reach_the_gradient():
   op that fills those rows with NaN, as unwritten memory may hold, gives the reference's dx."""
 
   def unwritten_rows(dy, w, group_sizes):
-    dx = grouped._reference_input_grad(dy, w, group_sizes)
+    dx = grouped.reference_input_grad(dy, w, group_sizes)
     inside = jnp.arange(dx.shape[0]) < jnp.sum(group_sizes)
     return jnp.where(inside[:, None], dx, jnp.nan)
 

@@ -7,6 +7,11 @@
 # Steps (default: all, in this order). First the checks, then what no card has measured yet,
 # then the re-measurements of what the README already quotes (2026-11-26, one H200):
 #   checks          tools/device_check.py: every fast path `auto` may choose, against its reference
+#   grouped         the grouped matmul at E=64, M=16,384, K=1024, N=384, timed back to back and by
+#                   CUPTI (the 2026-11-26 figures waited for every call: host time included)
+#   grouped_sweep   the three Mosaic kernels over block sizes at that shape, each setting's time
+#                   and error against `jax.lax.ragged_dot` (the sizes in use were tuned at
+#                   M=137,728 on an H100)
 #   moe, dense_twin tools/bench.py at moe-e64 (Mosaic grouped matmuls) and its dense twin
 #   decode256       qwen2.5-0.5b at 256 sequences (rl.num_prompts=32): the decode goal's shape
 #   decode256_kv0   the same with the whole-cache decode (sampling.kv_block=0): the staged
@@ -16,8 +21,8 @@
 #   qwen15_noremat  qwen2.5-1.5b with rl.remat=none: the learner's FLOP/s without recomputation
 #   qwen05_bf16_trl qwen2.5-0.5b with bfloat16 storage on both sides (model.param_dtype): the
 #                   peak-memory ratio where weights and Adam state are not already 0.65x of TRL's
-#   grouped, qwen05, qwen15  (measured once) the grouped matmul at E=64, M=16,384, K=1024,
-#                   N=384; qwen2.5-0.5b against TRL with a profile of one warm step; qwen2.5-1.5b
+#   qwen05, qwen15  (measured once) qwen2.5-0.5b against TRL with a profile of one warm step;
+#                   qwen2.5-1.5b
 # Wheels in $WHEELS (default .whl/: untracked, so it travels with the working tree) not
 # installed on the machine go to $SITE first; gather them beforehand with
 #   pip download --no-deps -d .whl grain ml_collections trl peft datasets
@@ -71,6 +76,10 @@ B05=(--shape=qwen2.5-0.5b --steps=2)
 B15=(--shape=qwen2.5-1.5b --steps=2)
 B256=("${B05[@]}" --set=rl.num_prompts=32)  # 256 sequences
 want checks && step checks 150 python3 tools/device_check.py --json="$OUT/checks.json"
+GROUPED=(--rows=16384 --k=1024 --n=384 --experts=64)
+want grouped && step grouped 90 python3 tools/bench_grouped.py "${GROUPED[@]}" --iters=20
+want grouped_sweep && step grouped_sweep 150 python3 tools/bench_grouped.py "${GROUPED[@]}" \
+  --iters=10 --sweep
 want moe && step moe 240 python3 tools/bench.py --shape=moe-e64 --steps=2
 want dense_twin && step dense_twin 120 python3 tools/bench.py --shape=dense-e64-twin --steps=2
 want decode256 && step decode256 200 python3 tools/bench.py "${B256[@]}"
@@ -84,8 +93,6 @@ want qwen15_noremat && step qwen15_noremat 200 python3 tools/bench.py "${B15[@]}
   --set=rl.remat=none
 want qwen05_bf16_trl && step qwen05_bf16_trl 270 python3 tools/bench.py "${B05[@]}" --peer=trl \
   --peer_timeout_s=170 --set=model.param_dtype=bfloat16
-want grouped && step grouped 90 python3 tools/bench_grouped.py --rows=16384 --k=1024 --n=384 \
-  --experts=64 --iters=20
 want qwen05 && step qwen05 270 python3 tools/bench.py --shape=qwen2.5-0.5b --steps=3 \
   --peer=trl --peer_timeout_s=170 --profile_dir=/tmp/profile_qwen05
 want qwen05 && step qwen05_profile 40 python3 tools/trace_summary.py /tmp/profile_qwen05 --top=12

@@ -276,8 +276,8 @@ def kernel_unsupported(device, dtype, dims: tuple[int, ...]) -> str | None:
   return None
 
 
-def _blocks(n: int) -> dict[str, int]:
-  """Block sizes for an output width n (the family measured fastest on an H100 at E=64,
+def kernel_blocks(n: int) -> dict[str, int]:
+  """Block sizes of the grouped kernel (forward and input gradient) for an output width n (the family measured fastest on an H100 at E=64,
   K=1024, N=384: block_m 128, block_n 192 or 128, block_k 64, 4 stages, 2 column blocks)."""
   block_n = next(b for b in (192, 128, 64) if n % b == 0)
   return dict(
@@ -289,30 +289,10 @@ def _blocks(n: int) -> dict[str, int]:
   )
 
 
-def _mgpu_forward(x, w, group_sizes):
-  """x [M, K] rows sorted by group @ w[g] [K, N] -> [M, N] on the Mosaic GPU kernel."""
-  from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
-
-  return ragged_dot_mgpu.ragged_dot(x, w, group_sizes=group_sizes, **_blocks(w.shape[2]))
-
-
-def _mgpu_input_grad(dy, w, group_sizes):
-  """dy [M, N] @ w[g].T -> [M, K], reading w in place (`transpose_rhs`)."""
-  from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
-
-  blocks = _blocks(w.shape[1])
-  return ragged_dot_mgpu.ragged_dot(dy, w, group_sizes=group_sizes, transpose_rhs=True, **blocks)
-
-
-def _mgpu_weight_grad(x, dy, group_sizes):
-  """dW[g] = x[rows of g].T @ dy[rows of g] -> [G, K, N] (`transposed_ragged_dot`)."""
-  from jax.experimental.pallas.ops.gpu import transposed_ragged_dot_mgpu
-
-  k, n = x.shape[1], dy.shape[1]
-  return transposed_ragged_dot_mgpu.transposed_ragged_dot(
-    x,
-    dy,
-    group_sizes=group_sizes,
+def weight_grad_blocks(k: int, n: int) -> dict[str, int]:
+  """Block sizes of the transposed grouped kernel (the weight gradient [G, k, n]): block_m
+  tiles the input width k, block_n the output width n."""
+  return dict(
     block_m=next(b for b in (128, 64) if k % b == 0),
     block_n=next(b for b in (128, 64) if n % b == 0),
     block_k=KERNEL_BLOCK_K,
@@ -321,13 +301,36 @@ def _mgpu_weight_grad(x, dy, group_sizes):
   )
 
 
-def _reference_input_grad(dy, w, group_sizes):
+def _mgpu_forward(x, w, group_sizes):
+  """x [M, K] rows sorted by group @ w[g] [K, N] -> [M, N] on the Mosaic GPU kernel."""
+  from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
+
+  return ragged_dot_mgpu.ragged_dot(x, w, group_sizes=group_sizes, **kernel_blocks(w.shape[2]))
+
+
+def _mgpu_input_grad(dy, w, group_sizes):
+  """dy [M, N] @ w[g].T -> [M, K], reading w in place (`transpose_rhs`)."""
+  from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
+
+  blocks = kernel_blocks(w.shape[1])
+  return ragged_dot_mgpu.ragged_dot(dy, w, group_sizes=group_sizes, transpose_rhs=True, **blocks)
+
+
+def _mgpu_weight_grad(x, dy, group_sizes):
+  """dW[g] = x[rows of g].T @ dy[rows of g] -> [G, K, N] (`transposed_ragged_dot`)."""
+  from jax.experimental.pallas.ops.gpu import transposed_ragged_dot_mgpu
+
+  blocks = weight_grad_blocks(x.shape[1], dy.shape[1])
+  return transposed_ragged_dot_mgpu.transposed_ragged_dot(x, dy, group_sizes=group_sizes, **blocks)
+
+
+def reference_input_grad(dy, w, group_sizes):
   """`jax.lax.ragged_dot` form of `_mgpu_input_grad` (oracle; the interpreter cannot run the
   transposed-operand kernel)."""
   return jax.lax.ragged_dot(dy, jnp.swapaxes(w, 1, 2), group_sizes)
 
 
-def _reference_weight_grad(x, dy, group_sizes):
+def reference_weight_grad(x, dy, group_sizes):
   """`jax.lax.ragged_dot_general` form of `_mgpu_weight_grad` (oracle)."""
   dims = jax.lax.RaggedDotDimensionNumbers(
     dot_dimension_numbers=(((0,), (0,)), ((), ())),
@@ -341,7 +344,7 @@ KERNEL_OPS = {
   "mgpu": (_mgpu_forward, _mgpu_input_grad, _mgpu_weight_grad),
   # Forward on the Mosaic GPU kernel, gradients by the reference: what the CPU interpreter can
   # run (it lowers neither `transpose_rhs` nor the transposed kernel's layout casts).
-  "mgpu_forward": (_mgpu_forward, _reference_input_grad, _reference_weight_grad),
+  "mgpu_forward": (_mgpu_forward, reference_input_grad, reference_weight_grad),
 }
 
 
