@@ -190,7 +190,7 @@ def test_processes_started_with_different_configs_stop_with_a_clear_line(tmp_pat
       JAXRL_LLM_COORDINATOR=f"localhost:{port}",
       JAXRL_LLM_NUM_PROCESSES="2",
       JAXRL_LLM_PROCESS_ID=str(i),
-      XLA_FLAGS="--xla_force_host_platform_device_count=4",
+      XLA_FLAGS=f"{env['XLA_FLAGS']} --xla_force_host_platform_device_count=4".strip(),
       JAX_PLATFORMS="cpu",
     )
     cmd = [sys.executable, "-m", "jaxrl_llm.main", f"--config={config}"]
