@@ -4,6 +4,7 @@ processes together resume after every process is killed; the host-reward path sc
 process's rows; mismatched configs and an unreachable coordinator stop with one clear line."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -64,6 +65,25 @@ def _config_file(tmp_path, extra: dict, name="cfg.py", body: str = "") -> str:
   return str(path)
 
 
+def _why(out: str, limit: int = 8000) -> str:
+  """What a failed launch printed that says why: absl error and fatal lines, Python tracebacks
+  (and a fatal error's thread stacks) with their exception lines, and the last lines, without
+  the C++ stack frames a fatal error dumps (they used to fill the whole message)."""
+  keep, in_traceback = [], False
+  for line in out.splitlines():
+    body = re.sub(r"^\[\d+\] ", "", line)
+    if body.lstrip().startswith("@ ") or body.startswith("Extension modules"):
+      continue
+    in_traceback = in_traceback or body.startswith("Traceback") or "most recent call" in body
+    if in_traceback or re.match(r"[EF]\d{4} ", body) or "rror" in body:
+      keep.append(line)
+    if in_traceback and (not body.strip() or re.match(r"[\w.]*(Error|Exception)\b", body)):
+      in_traceback = False
+  tail = [ln for ln in out.splitlines()[-15:] if "     @ " not in ln]
+  text = "\n".join([*keep, "--- last lines:", *tail])
+  return text if len(text) <= limit else text[: limit // 2] + "\n...\n" + text[-limit // 2 :]
+
+
 def _launch(processes, config, workdir, *args, wait=True):
   env = cli_env()
   cmd = [
@@ -122,9 +142,9 @@ def test_several_processes_equal_one_process_and_resume_after_a_kill(tmp_path, p
   config = _config_file(tmp_path, run)
   one, two, killed = tmp_path / "one", tmp_path / "many", tmp_path / "killed"
   rc, out = _launch(1, config, one)
-  assert rc == 0, out[-4000:]
+  assert rc == 0, _why(out)
   rc, out = _launch(processes, config, two)
-  assert rc == 0, out[-4000:]
+  assert rc == 0, _why(out)
   assert all(f"[{i}]" in out for i in range(processes))
   _assert_same_runs(one, two, 6, _tiny_config(**run))
   # TensorBoard events come from process 0 only: one event file per run.
@@ -137,12 +157,12 @@ def test_several_processes_equal_one_process_and_resume_after_a_kill(tmp_path, p
   root = killed / "checkpoints"
   deadline = time.monotonic() + 600
   while not (root / "4" / "commit_success.txt").exists() and time.monotonic() < deadline:
-    assert proc.poll() is None, proc.stdout.read()[-4000:]
+    assert proc.poll() is None, _why(proc.stdout.read())
     time.sleep(0.05)
   os.killpg(proc.pid, signal.SIGKILL)
   proc.wait()
   rc, out = _launch(2, config, killed)
-  assert rc == 0, out[-4000:]
+  assert rc == 0, _why(out)
   assert "resumed from" in out
   pa, pb = _final_params(two, 6, _tiny_config(**run)), _final_params(killed, 6, _tiny_config(**run))
   for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)):
@@ -170,7 +190,7 @@ def test_host_reward_path_runs_on_two_processes(tmp_path):
   one, two = tmp_path / "one", tmp_path / "two"
   for n, workdir in ((1, one), (2, two)):
     rc, out = _launch(n, config, workdir)
-    assert rc == 0, out[-4000:]
+    assert rc == 0, _why(out)
   sa, sb = metrics.read_scalars(str(one)), metrics.read_scalars(str(two))
   for key in ("policy/loss", "rollout/reward_mean", "reward/math_format_boxed", "verifier/errors"):
     np.testing.assert_allclose(
