@@ -37,7 +37,8 @@ if _REPO not in sys.path:
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from jaxrl_llm.kernels import grouped  # noqa: E402
+from jaxrl_llm import fast_paths  # noqa: E402
+from jaxrl_llm.kernels import grouped, verify  # noqa: E402
 
 
 def _impls(device, k: int, n: int) -> dict:
@@ -106,23 +107,18 @@ def sweep_settings(kernel: str, k: int, n: int) -> list[dict[str, int]]:
   return settings
 
 
-def _kernel_call(kernel: str, blocks: dict[str, int]):
-  """One Mosaic kernel at the given block sizes, jitted over (x, w, dy, group sizes)."""
-  from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu, transposed_ragged_dot_mgpu
+KERNELS = ("forward", "input_grad", "weight_grad")  # the order of `grouped.KERNEL_OPS`' tuples
 
-  if kernel == "forward":
-    return jax.jit(lambda x, w, dy, s: ragged_dot_mgpu.ragged_dot(x, w, group_sizes=s, **blocks))
-  if kernel == "input_grad":
-    return jax.jit(
-      lambda x, w, dy, s: ragged_dot_mgpu.ragged_dot(
-        dy, w, group_sizes=s, transpose_rhs=True, **blocks
-      )
-    )
-  return jax.jit(
-    lambda x, w, dy, s: transposed_ragged_dot_mgpu.transposed_ragged_dot(
-      x, dy, group_sizes=s, **blocks
-    )
-  )
+
+def _operands(kernel: str, x, w, dy) -> tuple:
+  """The two matrices a kernel multiplies: x @ w, dy @ w.T, x.T @ dy."""
+  return {"forward": (x, w), "input_grad": (dy, w), "weight_grad": (x, dy)}[kernel]
+
+
+def _kernel_call(kernel: str, blocks: dict[str, int]):
+  """The module's own Mosaic kernel call at other block sizes, jitted over (x, w, dy, sizes)."""
+  op = grouped.KERNEL_OPS["mgpu"][KERNELS.index(kernel)]
+  return jax.jit(lambda x, w, dy, s: op(*_operands(kernel, x, w, dy), s, blocks))
 
 
 def _in_use(kernel: str, k: int, n: int) -> dict[str, int]:
@@ -134,24 +130,24 @@ def _in_use(kernel: str, k: int, n: int) -> dict[str, int]:
   return grouped.weight_grad_blocks(k, n)
 
 
-REFERENCES = {  # each kernel's `jax.lax.ragged_dot` form, to check every setting's values
-  "forward": lambda x, w, dy, s: jax.lax.ragged_dot(x, w, s),
-  "input_grad": lambda x, w, dy, s: grouped.reference_input_grad(dy, w, s),
-  "weight_grad": lambda x, w, dy, s: grouped.reference_weight_grad(x, dy, s),
-}
+def _reference(kernel: str):
+  """A kernel's `jax.lax.ragged_dot` form (the oracles the interpreter's tests use) over
+  (x, w, dy, sizes)."""
+  op = (jax.lax.ragged_dot, *grouped.KERNEL_OPS["mgpu_forward"][1:])[KERNELS.index(kernel)]
+  return lambda x, w, dy, s: op(*_operands(kernel, x, w, dy), s)
 
 
-def relative_error(kernel: str, got: jax.Array, want: jax.Array, sizes: jax.Array) -> float:
-  """max |got - want| / max |want| in float32, over the rows the groups hold (the kernels
-  leave the rows past them unwritten)."""
+REFERENCES = {kernel: _reference(kernel) for kernel in KERNELS}  # to check every setting
+TOLERANCE = fast_paths.GROUPED_TOLERANCE  # what `tools/device_check.py` allows these kernels
+
+
+def held_rows_error(kernel: str, got: jax.Array, want: jax.Array, sizes: jax.Array) -> float:
+  """`verify.rel_error` over the rows the groups hold (the kernels leave the rows past them
+  unwritten; the weight gradient has no such rows)."""
   if kernel != "weight_grad":
     used = int(jnp.sum(sizes))
     got, want = got[:used], want[:used]
-  got, want = got.astype(jnp.float32), want.astype(jnp.float32)
-  return float(jnp.max(jnp.abs(got - want)) / jnp.maximum(jnp.max(jnp.abs(want)), 1e-30))
-
-
-TOLERANCE = 2e-2  # relative error a setting may have and still count (as device_check's)
+  return verify.rel_error((got,), (want,))
 
 
 def _sweep_row(kernel: str, blocks: dict[str, int], args, want, iters: int) -> dict:
@@ -161,7 +157,7 @@ def _sweep_row(kernel: str, blocks: dict[str, int], args, want, iters: int) -> d
   row = {"sweep": kernel, "m": m, "k": k, "n": n, **blocks}
   try:
     call = _kernel_call(kernel, blocks)
-    row["rel_error"] = relative_error(kernel, call(*args), want, args[3])
+    row["rel_error"] = held_rows_error(kernel, call(*args), want, args[3])
     row.update(timings(call, args, iters))
     row["tflops_per_s"] = 2 * m * k * n / row.get("ms_device", row["ms"]) / 1e9
   except Exception as err:  # too much shared memory, or a layout the kernel refuses
@@ -175,7 +171,7 @@ def sweep(x, w, sizes, iters: int) -> None:
   k, n = x.shape[1], w.shape[2]
   dy = jax.random.normal(jax.random.PRNGKey(1), (x.shape[0], n), x.dtype)
   args = (x, w, dy, sizes)
-  for kernel in ("forward", "input_grad", "weight_grad"):
+  for kernel in KERNELS:
     want = jax.jit(REFERENCES[kernel])(*args)
     rows = []
     for blocks in sweep_settings(kernel, k, n):

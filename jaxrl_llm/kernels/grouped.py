@@ -277,8 +277,9 @@ def kernel_unsupported(device, dtype, dims: tuple[int, ...]) -> str | None:
 
 
 def kernel_blocks(n: int) -> dict[str, int]:
-  """Block sizes of the grouped kernel (forward and input gradient) for an output width n (the family measured fastest on an H100 at E=64,
-  K=1024, N=384: block_m 128, block_n 192 or 128, block_k 64, 4 stages, 2 column blocks)."""
+  """Block sizes of the grouped kernel (forward and input gradient) for an output width n:
+  the family measured fastest on an H100 at E=64, K=1024, N=384 (block_m 128, block_n 192 or
+  128, block_k 64, 4 stages, 2 column blocks)."""
   block_n = next(b for b in (192, 128, 64) if n % b == 0)
   return dict(
     block_m=128,
@@ -301,26 +302,28 @@ def weight_grad_blocks(k: int, n: int) -> dict[str, int]:
   )
 
 
-def _mgpu_forward(x, w, group_sizes):
-  """x [M, K] rows sorted by group @ w[g] [K, N] -> [M, N] on the Mosaic GPU kernel."""
+def _mgpu_forward(x, w, group_sizes, blocks=None):
+  """x [M, K] rows sorted by group @ w[g] [K, N] -> [M, N] on the Mosaic GPU kernel (`blocks`:
+  other block sizes than `kernel_blocks`', for `tools/bench_grouped.py --sweep`)."""
   from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
 
-  return ragged_dot_mgpu.ragged_dot(x, w, group_sizes=group_sizes, **kernel_blocks(w.shape[2]))
+  blocks = blocks or kernel_blocks(w.shape[2])
+  return ragged_dot_mgpu.ragged_dot(x, w, group_sizes=group_sizes, **blocks)
 
 
-def _mgpu_input_grad(dy, w, group_sizes):
+def _mgpu_input_grad(dy, w, group_sizes, blocks=None):
   """dy [M, N] @ w[g].T -> [M, K], reading w in place (`transpose_rhs`)."""
   from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
 
-  blocks = kernel_blocks(w.shape[1])
+  blocks = blocks or kernel_blocks(w.shape[1])
   return ragged_dot_mgpu.ragged_dot(dy, w, group_sizes=group_sizes, transpose_rhs=True, **blocks)
 
 
-def _mgpu_weight_grad(x, dy, group_sizes):
+def _mgpu_weight_grad(x, dy, group_sizes, blocks=None):
   """dW[g] = x[rows of g].T @ dy[rows of g] -> [G, K, N] (`transposed_ragged_dot`)."""
   from jax.experimental.pallas.ops.gpu import transposed_ragged_dot_mgpu
 
-  blocks = weight_grad_blocks(x.shape[1], dy.shape[1])
+  blocks = blocks or weight_grad_blocks(x.shape[1], dy.shape[1])
   return transposed_ragged_dot_mgpu.transposed_ragged_dot(x, dy, group_sizes=group_sizes, **blocks)
 
 

@@ -67,8 +67,9 @@ class Check:
   interpreted: bool = False
 
 
-def _rel_error(fast, ref) -> float:
-  """max |fast - ref| / max |ref| over pairs of arrays (float64 on the host)."""
+def rel_error(fast, ref) -> float:
+  """max |fast - ref| / max |ref| over pairs of arrays (float64 on the host); inf where a fast
+  output is not finite."""
   worst = 0.0
   for a, b in zip(fast, ref, strict=True):
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
@@ -114,7 +115,7 @@ def run_check(name: str, checks: Mapping[str, Check] | None = None) -> Result:
   def compare() -> float:
     with _interpreter() if check.interpreted else contextlib.nullcontext():
       fast, ref = check.case()
-      return _rel_error(fast, ref)
+      return rel_error(fast, ref)
 
   try:  # a thread of its own: JAX's trace state is per thread, so this runs eagerly
     with concurrent.futures.ThreadPoolExecutor(1) as pool:  # even while a caller traces
