@@ -12,6 +12,7 @@ import os
 import sys
 import threading
 import time
+import traceback
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -174,21 +175,56 @@ def main(argv):
     cfg = parse(_CONFIG.value)
     result = run.train_and_evaluate(cfg, _WORKDIR.value, hparam_fields=hparam_fields())
   except run.Preempted as e:  # SIGTERM: the step was saved; a scheduler may relaunch
-    print(f"{e}", file=sys.stderr, flush=True)
-    sys.stdout.flush()
-    os._exit(143)  # 128 + SIGTERM, as if the signal had ended the process
+    print(f"{e}", file=sys.stderr)
+    leave_job(143)  # 128 + SIGTERM, as if the signal had ended the process
   except Exception as e:
     line = explain(e)
     if line is None or _DEBUG.value:
+      if not in_a_job():
+        raise
+      traceback.print_exc()
+      leave_job(1)
+    print(line, file=sys.stderr)
+    leave_job(2)  # an aborted async save must not print more
+  except KeyboardInterrupt:  # Ctrl-C: the run's `finally` has waited for a save in flight
+    several = in_a_job()
+    if _DEBUG.value and not several:
       raise
-    print(line, file=sys.stderr, flush=True)
-    sys.stdout.flush()
-    os._exit(2)  # skip interpreter teardown: an aborted async save must not print more
+    every = " on every process" if several else ""
+    print(
+      f"stopped by SIGINT (Ctrl-C): the checkpoints committed before it are intact in "
+      f"{_WORKDIR.value}; relaunch the same command{every} to resume",
+      file=sys.stderr,
+    )
+    leave_job(130)  # 128 + SIGINT
   from jaxrl_llm import metrics
 
   shown = "  ".join(f"{k}={v:.4g}" for k, v in sorted(result.items())) or "(no evaluation)"
   took = metrics.format_duration(time.time() - started)
   logging.info("final eval: %s; wall time %s; workdir %s", shown, took, _WORKDIR.value)
+
+
+def in_a_job() -> bool:
+  """Whether this process is one of several that joined a multi-process job (`--distributed`)."""
+  if not _DISTRIBUTED.value:
+    return False
+  import jax
+
+  return jax.process_count() > 1
+
+
+def leave_job(code: int) -> None:
+  """Ends this process at once with exit status `code`, skipping the interpreter's teardown
+  (the run's `finally` has already closed its checkpointer and writer).
+
+  Teardown would only add a library thread's late complaint to one process; in a multi-process
+  job it would also hold this process in JAX's shutdown barrier, which waits 5 minutes for
+  peers that are themselves waiting in a collective for it, until all abort with stack dumps.
+  Gone at once, its peers see the coordination service's missing heartbeat and stop too.
+  """
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(code)
 
 
 class _LibraryInfoFilter(std_logging.Filter):

@@ -497,6 +497,38 @@ def test_sigterm_saves_the_step_it_finished_and_the_relaunch_resumes_from_it(tmp
   assert max(_committed(root)) == step + 2
 
 
+@pytest.mark.slow
+def test_ctrl_c_mid_save_is_one_line_and_the_relaunch_resumes_from_the_newest_commit(tmp_path):
+  """Ctrl-C the moment a save's temporary directory appears (after step 5): the run
+  prints one line (no traceback) and exits 130; the save it cut either committed or stays
+  uncommitted, and the relaunch resumes from the newest committed step."""
+  run = ("--config.sft.steps=0", "--config.train.num_steps=400")
+  run += ("--config.train.checkpoint_every=1",)
+  workdir = tmp_path / "w"
+  root = workdir / "checkpoints"
+  proc = _launch(workdir, *run)
+  _wait_for(proc, r"step 5/400")
+  while not any("tmp" in p.name for p in root.iterdir()):
+    time.sleep(0.001)
+  proc.send_signal(signal.SIGINT)
+  err = proc.communicate(timeout=300)[1]
+  assert proc.returncode == 130, err[-3000:]
+  last = err.strip().splitlines()[-1]
+  assert last == (
+    "stopped by SIGINT (Ctrl-C): the checkpoints committed before it are intact in "
+    f"{workdir}; relaunch the same command to resume"
+  ), err[-3000:]
+  assert "Traceback" not in err, err[-3000:]
+  step = max(_committed(root))
+  assert 1 <= step < 400
+  relaunch = _launch(workdir, *run, "--config.train.stop_after_steps=2")
+  err = relaunch.communicate(timeout=300)[1]
+  assert relaunch.returncode == 0, err[-3000:]
+  assert "resumed from" in err and f"at step {step}" in err, err[-3000:]
+  assert max(_committed(root)) == step + 2
+  assert not [p.name for p in root.iterdir() if "tmp" in p.name]  # the cut save is cleared
+
+
 def test_background_thread_failures_are_one_log_line_unless_debugging(tmp_path):
   """What a failing asynchronous save prints from its threads: an exception escaping a thread,
   one Python can only report as unraisable, and a library error logged with its traceback."""

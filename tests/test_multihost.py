@@ -199,28 +199,64 @@ def test_host_reward_path_runs_on_two_processes(tmp_path):
   assert sa["eval/accuracy"] == sb["eval/accuracy"]
 
 
+def _start_direct(index, port, config, workdir, *args, **popen):
+  """Process `index` of a 2-process job (4 fake devices each) started without the launcher,
+  which would stop the other process itself when one fails."""
+  env = cli_env()
+  env.update(
+    JAXRL_LLM_COORDINATOR=f"localhost:{port}",
+    JAXRL_LLM_NUM_PROCESSES="2",
+    JAXRL_LLM_PROCESS_ID=str(index),
+    XLA_FLAGS=f"{env['XLA_FLAGS']} --xla_force_host_platform_device_count=4".strip(),
+    JAX_PLATFORMS="cpu",
+  )
+  cmd = [sys.executable, "-m", "jaxrl_llm.main", f"--config={config}"]
+  cmd += [f"--workdir={workdir}", "--distributed", *args]
+  return subprocess.Popen(cmd, cwd=REPO, env=env, text=True, **popen)
+
+
 def test_processes_started_with_different_configs_stop_with_a_clear_line(tmp_path):
   config = _config_file(tmp_path, {"train.num_steps": 2})
   port = 20000 + os.getpid() % 20000
-  env = cli_env()
-  procs = []
-  for i, seed in enumerate((0, 1)):
-    penv = dict(
-      env,
-      JAXRL_LLM_COORDINATOR=f"localhost:{port}",
-      JAXRL_LLM_NUM_PROCESSES="2",
-      JAXRL_LLM_PROCESS_ID=str(i),
-      XLA_FLAGS=f"{env['XLA_FLAGS']} --xla_force_host_platform_device_count=4".strip(),
-      JAX_PLATFORMS="cpu",
+  procs = [
+    _start_direct(
+      i, port, config, tmp_path / "run", f"--config.seed={seed}", stderr=subprocess.PIPE
     )
-    cmd = [sys.executable, "-m", "jaxrl_llm.main", f"--config={config}"]
-    cmd += [f"--workdir={tmp_path / 'run'}", "--distributed", f"--config.seed={seed}"]
-    procs.append(subprocess.Popen(cmd, cwd=REPO, env=penv, stderr=subprocess.PIPE, text=True))
+    for i, seed in enumerate((0, 1))
+  ]
   errs = [p.communicate(timeout=300)[1] for p in procs]
   for p, err in zip(procs, errs):
     assert p.returncode == 2, err[-3000:]
     last = err.strip().splitlines()[-1]
     assert last.startswith("error: processes [1] were started with a config that differs"), last
+
+
+def test_one_interrupted_process_ends_the_job_instead_of_hanging_it(tmp_path):
+  """Ctrl-C on one host of a running job: that process says so in one line and exits at once
+  (not after JAX's 5-minute shutdown barrier, which waits for peers that wait for it), and its
+  peer, waiting in a collective, stops too instead of hanging."""
+  config = _config_file(tmp_path, {"train.num_steps": 500, "train.checkpoint_every": 1000})
+  port = 20000 + (os.getpid() + 7919) % 20000
+  logs = [tmp_path / f"{i}.log" for i in (0, 1)]
+  procs = []
+  for i, log in enumerate(logs):
+    with open(log, "w") as f:
+      procs.append(_start_direct(i, port, config, tmp_path / "run", stdout=f, stderr=f))
+  try:
+    deadline = time.monotonic() + 600
+    while "step 2/500" not in logs[1].read_text():
+      assert all(p.poll() is None for p in procs), _why(logs[0].read_text() + logs[1].read_text())
+      assert time.monotonic() < deadline, _why(logs[1].read_text())
+      time.sleep(0.1)
+    procs[1].send_signal(signal.SIGINT)
+    assert procs[1].wait(timeout=60) == 130, _why(logs[1].read_text())
+    last = logs[1].read_text().strip().splitlines()[-1]
+    assert last.startswith("stopped by SIGINT (Ctrl-C)") and "on every process" in last, last
+    # The peer learns from the coordination service that process 1 is gone (JAX's heartbeat).
+    assert procs[0].wait(timeout=240) != 0, _why(logs[0].read_text())
+  finally:
+    for p in procs:
+      p.kill()
 
 
 def test_a_mesh_that_does_not_divide_the_devices_stops_every_process(tmp_path):
