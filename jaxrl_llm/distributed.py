@@ -77,13 +77,19 @@ def initialize(timeout_s: int = 300) -> None:
   try:
     jax.distributed.initialize(**kwargs)
   except Exception as e:  # the runtime raises several types; all mean the same to a user
-    first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
     raise DistributedError(
-      f"could not join the multi-process job through {where} within {timeout_s} s: {first}. "
+      f"could not join the multi-process job through {where} within {timeout_s} s: "
+      f"{first_line(e)}. "
       f"{advice}"
     ) from None
   finally:
     watchdog.cancel()
+
+
+def first_line(err: BaseException) -> str:
+  """The first line of `err`'s message (at most 300 characters), or its type's name."""
+  text = str(err).strip()
+  return text.splitlines()[0][:300] if text else type(err).__name__
 
 
 def config_digest(config) -> str:
@@ -141,3 +147,82 @@ def barrier(name: str) -> None:
   """Waits until every process reaches `name` (no-op on one process)."""
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices(name)
+
+
+# Why a process stopped, for its peers: `jaxrl_llm/stopped/<process>` = "<exit code> <line>".
+_STOPPED = "jaxrl_llm/stopped/"
+# Exit codes of errors that every process may meet on its own (a config or mesh problem): a
+# peer acts on their notice only after this many seconds, so each prints its own line first.
+_OWN_ERROR_CODES, OWN_ERROR_GRACE_S = (2,), 20.0
+
+
+def _client():
+  """The coordination service's client of `jax.distributed` (None on one process)."""
+  from jax._src import distributed as jax_distributed
+
+  return jax_distributed.global_state.client if jax.process_count() > 1 else None
+
+
+def announce_stop(code: int, line: str, linger_s: float = 3.0) -> None:
+  """Tells the other processes of the job that this one stops with exit `code` and why (best
+  effort). Process 0 hosts the coordination service, which ends with it: it lingers
+  `linger_s` so that the peers' `watch_peers` read the notice first."""
+  client = _client()
+  if client is None:
+    return
+  try:
+    client.key_value_set(f"{_STOPPED}{jax.process_index()}", f"{code} {line.strip()[:2000]}")
+  except Exception:  # the service may be gone already: the peers learn from its heartbeats
+    return
+  if jax.process_index() == 0:
+    threading.Event().wait(linger_s)
+
+
+def peer_stopped(
+  entries: list[tuple[str, str]], me: int, processes: int, seen: dict, now: float
+) -> str | None:
+  """The line that stops process `me` of `processes` given the stop notices `entries` read
+  from the service (`seen`: when each was first read), or None while none applies yet."""
+  for key, value in sorted(entries):
+    index = key.rsplit("/", 1)[-1]
+    if index == str(me):
+      continue
+    code, _, line = value.partition(" ")
+    first = seen.setdefault(key, now)
+    if int(code) in _OWN_ERROR_CODES and now - first < OWN_ERROR_GRACE_S:
+      continue
+    return (
+      f"error: process {index} of {processes} stopped ({line}); this process stops "
+      "too: relaunch the same command on every process to resume"
+    )
+  return None
+
+
+def watch_peers(interval_s: float = 1.0) -> threading.Thread | None:
+  """Starts a daemon thread that ends this process (exit 1, one line) once another process of
+  the job announced that it stopped, instead of waiting in a collective for it until JAX's
+  heartbeat timeout aborts the job. None on one process."""
+  client = _client()
+  if client is None:
+    return None
+  import time
+
+  me, processes = jax.process_index(), jax.process_count()
+
+  def watch() -> None:
+    seen: dict = {}
+    while True:
+      time.sleep(interval_s)
+      try:
+        entries = client.key_value_dir_get(_STOPPED)
+      except Exception:  # the service is gone: JAX's own agent ends this process
+        return
+      line = peer_stopped(entries, me, processes, seen, time.monotonic())
+      if line:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+        os._exit(1)
+
+  thread = threading.Thread(target=watch, name="watch_peers", daemon=True)
+  thread.start()
+  return thread

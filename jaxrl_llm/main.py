@@ -146,6 +146,7 @@ def main(argv):
     except distributed.DistributedError as e:
       print(f"error: {e}", file=sys.stderr, flush=True)
       sys.exit(2)
+    distributed.watch_peers()  # a peer that stops ends this process too, with its reason
   if not _DRY_RUN.value:  # a dry run may compile for a TPU slice through libtpu
     try:
       backend.choose(debug=_DEBUG.value)
@@ -183,20 +184,20 @@ def main(argv):
       if not in_a_job():
         raise
       traceback.print_exc()
-      leave_job(1)
+      leave_job(1, f"{type(e).__name__}: {distributed.first_line(e)}")
     print(line, file=sys.stderr)
-    leave_job(2)  # an aborted async save must not print more
+    leave_job(2, line)  # an aborted async save must not print more
   except KeyboardInterrupt:  # Ctrl-C: the run's `finally` has waited for a save in flight
     several = in_a_job()
     if _DEBUG.value and not several:
       raise
     every = " on every process" if several else ""
-    print(
+    line = (
       f"stopped by SIGINT (Ctrl-C): the checkpoints committed before it are intact in "
-      f"{_WORKDIR.value}; relaunch the same command{every} to resume",
-      file=sys.stderr,
+      f"{_WORKDIR.value}; relaunch the same command{every} to resume"
     )
-    leave_job(130)  # 128 + SIGINT
+    print(line, file=sys.stderr)
+    leave_job(130, line)  # 128 + SIGINT
   from jaxrl_llm import metrics
 
   shown = "  ".join(f"{k}={v:.4g}" for k, v in sorted(result.items())) or "(no evaluation)"
@@ -213,17 +214,21 @@ def in_a_job() -> bool:
   return jax.process_count() > 1
 
 
-def leave_job(code: int) -> None:
+def leave_job(code: int, why: str | None = None) -> None:
   """Ends this process at once with exit status `code`, skipping the interpreter's teardown
   (the run's `finally` has already closed its checkpointer and writer).
 
   Teardown would only add a library thread's late complaint to one process; in a multi-process
   job it would also hold this process in JAX's shutdown barrier, which waits 5 minutes for
   peers that are themselves waiting in a collective for it, until all abort with stack dumps.
-  Gone at once, its peers see the coordination service's missing heartbeat and stop too.
+  With `why`, the peers are told (`distributed.announce_stop`) and stop at once with it.
   """
   sys.stdout.flush()
   sys.stderr.flush()
+  if why is not None and in_a_job():
+    from jaxrl_llm import distributed
+
+    distributed.announce_stop(code, why)
   os._exit(code)
 
 

@@ -231,29 +231,35 @@ def test_processes_started_with_different_configs_stop_with_a_clear_line(tmp_pat
     assert last.startswith("error: processes [1] were started with a config that differs"), last
 
 
-def test_one_interrupted_process_ends_the_job_instead_of_hanging_it(tmp_path):
-  """Ctrl-C on one host of a running job: that process says so in one line and exits at once
-  (not after JAX's 5-minute shutdown barrier, which waits for peers that wait for it), and its
-  peer, waiting in a collective, stops too instead of hanging."""
+@pytest.mark.parametrize("stopped", [1, 0])  # 0 also hosts the coordination service
+def test_one_interrupted_process_ends_the_job_with_its_reason_on_every_process(tmp_path, stopped):
+  """Ctrl-C on one host of a running job: that process says so in one line and exits 130 at
+  once (not after JAX's 5-minute shutdown barrier, which waits for peers that wait for it),
+  and its peer, waiting in a collective for it, stops with one line naming it and why."""
   config = _config_file(tmp_path, {"train.num_steps": 500, "train.checkpoint_every": 1000})
-  port = 20000 + (os.getpid() + 7919) % 20000
+  port = 20000 + (os.getpid() + 7919 * (stopped + 1)) % 20000
   logs = [tmp_path / f"{i}.log" for i in (0, 1)]
   procs = []
   for i, log in enumerate(logs):
     with open(log, "w") as f:
       procs.append(_start_direct(i, port, config, tmp_path / "run", stdout=f, stderr=f))
+  peer = 1 - stopped
   try:
     deadline = time.monotonic() + 600
-    while "step 2/500" not in logs[1].read_text():
+    while "step 2/500" not in logs[stopped].read_text():
       assert all(p.poll() is None for p in procs), _why(logs[0].read_text() + logs[1].read_text())
-      assert time.monotonic() < deadline, _why(logs[1].read_text())
+      assert time.monotonic() < deadline, _why(logs[stopped].read_text())
       time.sleep(0.1)
-    procs[1].send_signal(signal.SIGINT)
-    assert procs[1].wait(timeout=60) == 130, _why(logs[1].read_text())
-    last = logs[1].read_text().strip().splitlines()[-1]
+    procs[stopped].send_signal(signal.SIGINT)
+    assert procs[stopped].wait(timeout=60) == 130, _why(logs[stopped].read_text())
+    last = logs[stopped].read_text().strip().splitlines()[-1]
     assert last.startswith("stopped by SIGINT (Ctrl-C)") and "on every process" in last, last
-    # The peer learns from the coordination service that process 1 is gone (JAX's heartbeat).
-    assert procs[0].wait(timeout=240) != 0, _why(logs[0].read_text())
+    assert procs[peer].wait(timeout=60) == 1, _why(logs[peer].read_text())
+    last = logs[peer].read_text().strip().splitlines()[-1]
+    assert last.startswith(f"error: process {stopped} of 2 stopped (stopped by SIGINT"), last
+    assert last.endswith(
+      "this process stops too: relaunch the same command on every process to resume"
+    )
   finally:
     for p in procs:
       p.kill()
