@@ -153,7 +153,7 @@ def main(argv):
     except backend.BackendError as e:
       print(f"error: {e}", file=sys.stderr, flush=True)
       sys.exit(2)
-  from jaxrl_llm import plan, run  # heavy imports after flag parsing
+  from jaxrl_llm import plan  # heavy imports after flag parsing
 
   if _DRY_RUN.value:
     try:
@@ -172,9 +172,23 @@ def main(argv):
     print(f"error: --workdir={_WORKDIR.value}: {problem}", file=sys.stderr, flush=True)
     sys.exit(2)
   started = time.time()
+  result = train_or_leave(_WORKDIR.value)
+  from jaxrl_llm import metrics
+
+  shown = "  ".join(f"{k}={v:.4g}" for k, v in sorted(result.items())) or "(no evaluation)"
+  took = metrics.format_duration(time.time() - started)
+  logging.info("final eval: %s; wall time %s; workdir %s", shown, took, _WORKDIR.value)
+
+
+def train_or_leave(workdir: str) -> dict:
+  """Trains the run of the command line's config in `workdir` and returns its final
+  evaluation; a run that stops (SIGTERM, a known error, Ctrl-C, or an unexpected error in a
+  multi-process job) prints its line and leaves through `leave_job`."""
+  from jaxrl_llm import distributed, run
+
   try:
     cfg = parse(_CONFIG.value)
-    result = run.train_and_evaluate(cfg, _WORKDIR.value, hparam_fields=hparam_fields())
+    result = run.train_and_evaluate(cfg, workdir, hparam_fields=hparam_fields())
   except run.Preempted as e:  # SIGTERM: the step was saved; a scheduler may relaunch
     print(f"{e}", file=sys.stderr)
     leave_job(143)  # 128 + SIGTERM, as if the signal had ended the process
@@ -194,15 +208,11 @@ def main(argv):
     every = " on every process" if several else ""
     line = (
       f"stopped by SIGINT (Ctrl-C): the checkpoints committed before it are intact in "
-      f"{_WORKDIR.value}; relaunch the same command{every} to resume"
+      f"{workdir}; relaunch the same command{every} to resume"
     )
     print(line, file=sys.stderr)
     leave_job(130, line)  # 128 + SIGINT
-  from jaxrl_llm import metrics
-
-  shown = "  ".join(f"{k}={v:.4g}" for k, v in sorted(result.items())) or "(no evaluation)"
-  took = metrics.format_duration(time.time() - started)
-  logging.info("final eval: %s; wall time %s; workdir %s", shown, took, _WORKDIR.value)
+  return result
 
 
 def in_a_job() -> bool:
