@@ -1,7 +1,8 @@
 """Several processes, one global mesh (`tools/launch_local.py`): 2 processes x 4 fake CPU
 devices give the metrics and parameters of 1 process x 8 devices; checkpoints written by all
 processes together resume after every process is killed; the host-reward path scores each
-process's rows; mismatched configs and an unreachable coordinator stop with one clear line."""
+process's rows; mismatched configs and an unreachable coordinator stop with one clear line; a
+process interrupted mid-run ends the job at once, its peer naming it and why."""
 
 import os
 import re
