@@ -193,6 +193,8 @@ def train_or_leave(workdir: str) -> dict:
     print(f"{e}", file=sys.stderr)
     leave_job(143)  # 128 + SIGTERM, as if the signal had ended the process
   except Exception as e:
+    if interrupted(e) and not (_DEBUG.value and not in_a_job()):
+      stop_on_sigint(workdir)  # Ctrl-C cut a save (or a library call) that then failed
     line = explain(e)
     if line is None or _DEBUG.value:
       if not in_a_job():
@@ -202,17 +204,32 @@ def train_or_leave(workdir: str) -> dict:
     print(line, file=sys.stderr)
     leave_job(2, line)  # an aborted async save must not print more
   except KeyboardInterrupt:  # Ctrl-C: the run's `finally` has waited for a save in flight
-    several = in_a_job()
-    if _DEBUG.value and not several:
+    if _DEBUG.value and not in_a_job():
       raise
-    every = " on every process" if several else ""
-    line = (
-      f"stopped by SIGINT (Ctrl-C): the checkpoints committed before it are intact in "
-      f"{workdir}; relaunch the same command{every} to resume"
-    )
-    print(line, file=sys.stderr)
-    leave_job(130, line)  # 128 + SIGINT
+    stop_on_sigint(workdir)
   return result
+
+
+def interrupted(err: BaseException) -> bool:
+  """Whether a KeyboardInterrupt (Ctrl-C) is in `err`'s chain of causes."""
+  seen = set()
+  while err is not None and id(err) not in seen:
+    seen.add(id(err))
+    if isinstance(err, KeyboardInterrupt):
+      return True
+    err = err.__cause__ or err.__context__
+  return False
+
+
+def stop_on_sigint(workdir: str) -> None:
+  """Ctrl-C's one line, then `leave_job(130)` (128 + SIGINT), telling the peers of a job."""
+  every = " on every process" if in_a_job() else ""
+  line = (
+    f"stopped by SIGINT (Ctrl-C): the checkpoints committed before it are intact in "
+    f"{workdir}; relaunch the same command{every} to resume"
+  )
+  print(line, file=sys.stderr)
+  leave_job(130, line)
 
 
 def in_a_job() -> bool:

@@ -1,6 +1,7 @@
 """Test fixtures: 8 fake CPU devices, a tiny model config and a small experiment config."""
 
 import os
+import signal
 import tempfile
 
 # LLVM's -O1 instead of -O2 for every program the tests compile, here and in the command lines
@@ -36,6 +37,13 @@ def cli_env(*drop: str) -> dict[str, str]:
     f for f in env.get("XLA_FLAGS", "").split() if "host_platform_device_count" not in f
   )
   return env
+
+
+def default_sigint() -> None:
+  """`preexec_fn` for a command line a test will Ctrl-C: SIGINT back to its default action.
+  A test run started in the background by a shell without job control ignores SIGINT, and a
+  child that inherits the ignore starts Python without its KeyboardInterrupt handler."""
+  signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def load_config(name: str = "default"):

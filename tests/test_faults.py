@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import REPO, cli_env, tiny_config
+from conftest import REPO, cli_env, default_sigint, tiny_config
 
 from jaxrl_llm import checkpoint, metrics, optim
 from jaxrl_llm.config import ConfigError, validate
@@ -400,7 +400,13 @@ def _launch(workdir, *args):
   cmd = [sys.executable, "-m", "jaxrl_llm.main", "--config=configs/default.py"]
   cmd += [f"--workdir={workdir}", *TINY_CLI, *args]
   return subprocess.Popen(
-    cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    cmd,
+    cwd=REPO,
+    env=env,
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.PIPE,
+    text=True,
+    preexec_fn=default_sigint,
   )
 
 
@@ -495,6 +501,21 @@ def test_sigterm_saves_the_step_it_finished_and_the_relaunch_resumes_from_it(tmp
   assert relaunch.returncode == 0, err[-3000:]
   assert "resumed from" in err and f"at step {step}" in err, err[-3000:]
   assert max(_committed(root)) == step + 2
+
+
+def test_an_error_raised_while_ctrl_c_unwinds_still_counts_as_ctrl_c():
+  """A save that Ctrl-C cut may fail again as the run closes its checkpointer: the command
+  line reports the Ctrl-C (one line, exit 130), not that later error's traceback."""
+  from jaxrl_llm import main
+
+  try:
+    try:
+      raise KeyboardInterrupt
+    finally:
+      raise RuntimeError("the save's thread was cut")
+  except RuntimeError as e:
+    assert main.interrupted(e)
+  assert not main.interrupted(RuntimeError("a plain failure"))
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ import time
 import jax
 import numpy as np
 import pytest
-from conftest import REPO, cli_env, tiny_config
+from conftest import REPO, cli_env, default_sigint, tiny_config
 from text_fixtures import build_bpe_tokenizer, write_math_jsonl
 
 from jaxrl_llm import checkpoint, metrics
@@ -243,7 +243,11 @@ def test_one_interrupted_process_ends_the_job_with_its_reason_on_every_process(t
   procs = []
   for i, log in enumerate(logs):
     with open(log, "w") as f:
-      procs.append(_start_direct(i, port, config, tmp_path / "run", stdout=f, stderr=f))
+      procs.append(
+        _start_direct(
+          i, port, config, tmp_path / "run", stdout=f, stderr=f, preexec_fn=default_sigint
+        )
+      )
   peer = 1 - stopped
   try:
     deadline = time.monotonic() + 600
