@@ -20,6 +20,7 @@ import hashlib
 import os
 import sys
 import threading
+import time
 
 import jax
 import numpy as np
@@ -205,8 +206,6 @@ def watch_peers(interval_s: float = 1.0) -> threading.Thread | None:
   client = _client()
   if client is None:
     return None
-  import time
-
   me, processes = jax.process_index(), jax.process_count()
 
   def watch() -> None:
