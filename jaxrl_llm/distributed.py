@@ -24,6 +24,7 @@ import time
 
 import jax
 import numpy as np
+from absl import logging
 from jax.experimental import multihost_utils
 
 ENV_COORDINATOR = "JAXRL_LLM_COORDINATOR"
@@ -144,10 +145,72 @@ def process_slice(num_rows: int) -> slice:
   return slice(jax.process_index() * per, (jax.process_index() + 1) * per)
 
 
-def barrier(name: str) -> None:
-  """Waits until every process reaches `name` (no-op on one process)."""
-  if jax.process_count() > 1:
+# Seconds a process waits at a barrier for its peers: room for the slowest host to compile a
+# large model's step; a peer that stops ends the wait sooner (`watch_peers`).
+BARRIER_TIMEOUT_S = 3600
+
+
+def barrier(name: str, timeout_s: float = BARRIER_TIMEOUT_S) -> None:
+  """Waits until every process reaches `name` (no-op on one process). It waits in the
+  coordination service, not in a device collective, so a wait of minutes is fine; raises
+  DistributedError naming the barrier after `timeout_s`."""
+  if jax.process_count() == 1:
+    return
+  client = _client()
+  if client is None:
     multihost_utils.sync_global_devices(name)
+    return
+  try:
+    client.wait_at_barrier(f"jaxrl_llm/{name}", int(timeout_s * 1000))
+  except Exception as err:  # a JaxRuntimeError: DEADLINE_EXCEEDED or the service is gone
+    raise DistributedError(
+      f"process {jax.process_index()} of {jax.process_count()} waited {timeout_s:.0f} s at "
+      f"'{name}' and not every process arrived ({str(err).splitlines()[0][:300]})"
+    ) from None
+
+
+def _signature(args: tuple, kwargs: dict):
+  """What decides a jitted program's compilation: the arguments' structure, shapes, dtypes
+  and shardings."""
+  leaves, tree = jax.tree.flatten((args, kwargs))
+  return tree, tuple(
+    (np.shape(x), getattr(x, "dtype", type(x)), getattr(x, "sharding", None)) for x in leaves
+  )
+
+
+class Lockstep:
+  """A jitted program whose first run of each input signature starts on every process at
+  once: compiled ahead (`lower(...).compile()`; the call then reuses it), then a barrier.
+
+  The processes must enter a program's first cross-process collective within gloo's 30 s
+  rendezvous, which a compile may exceed: a persistent compilation cache holds process 0's
+  executables only (on CPU each process's key differs), so after a relaunch process 0 loads
+  the step while the others compile it. Every other attribute is the jitted function's."""
+
+  def __init__(self, jitted, name: str):
+    self.jitted, self.name, self.ready = jitted, name, set()
+
+  def __call__(self, *args, **kwargs):
+    key = _signature(args, kwargs)
+    if key not in self.ready:
+      start = time.monotonic()
+      self.jitted.lower(*args, **kwargs).compile()
+      compiled = time.monotonic()
+      barrier(f"compiled/{self.name}/{len(self.ready)}")
+      logging.info(
+        "%s: compiled in %.1fs, then waited %.1fs for every process to compile it",
+        self.name, compiled - start, time.monotonic() - compiled,
+      )  # fmt: skip
+      self.ready.add(key)
+    return self.jitted(*args, **kwargs)
+
+  def __getattr__(self, attr: str):
+    return getattr(self.jitted, attr)
+
+
+def lockstep(jitted, name: str):
+  """`jitted` as a `Lockstep` in a multi-process job; `jitted` itself on one process."""
+  return Lockstep(jitted, name) if jax.process_count() > 1 else jitted
 
 
 # Why a process stopped, for its peers: `jaxrl_llm/stopped/<process>` = "<exit code> <line>".

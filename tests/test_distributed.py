@@ -1,4 +1,5 @@
-"""How a process of a multi-process job reads its peers' stop notices (`distributed.peer_stopped`);
+"""How a process of a multi-process job reads its peers' stop notices (`distributed.peer_stopped`)
+and starts a program's first run (`distributed.Lockstep`, on one process here);
 the real job is exercised in `tests/test_multihost.py` (slow tier)."""
 
 from jaxrl_llm import distributed
@@ -21,3 +22,26 @@ def test_an_error_every_process_may_meet_itself_waits_so_each_prints_its_own_lin
   assert distributed.peer_stopped(entries, 1, 2, seen, now=100.0 + grace / 2) is None
   line = distributed.peer_stopped(entries, 1, 2, seen, now=100.0 + grace)
   assert "process 0 of 2 stopped (error: mesh.data=3 does not divide" in line
+
+
+def test_a_lockstep_program_compiles_ahead_once_per_signature_and_runs_the_same():
+  import jax
+  import jax.numpy as jnp
+  from jax import monitoring
+
+  jitted = jax.jit(lambda x: jnp.sin(x).sum())
+  assert distributed.lockstep(jitted, "f") is jitted  # one process: nothing to wait for
+  program = distributed.Lockstep(jitted, "f")
+  x, y, z = jnp.arange(4.0), jnp.arange(4.0) + 1, jnp.arange(8.0)
+  want_x, want_y = float(jnp.sin(x).sum()), float(jnp.sin(y).sum())
+  compiles = []
+  count = lambda event, *_, **__: compiles.append(event) if "backend_compile" in event else None  # noqa: E731
+  monitoring.register_event_duration_secs_listener(count)
+  try:
+    assert float(program(x)) == want_x
+    assert float(program(y)) == want_y
+    assert len(compiles) == 1  # compiled ahead once; the calls reused it
+    program(z)
+    assert len(compiles) == 2 and len(program.ready) == 2  # a new signature: one more
+  finally:
+    monitoring.unregister_event_duration_listener(count)

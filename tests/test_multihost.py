@@ -2,7 +2,8 @@
 devices give the metrics and parameters of 1 process x 8 devices; checkpoints written by all
 processes together resume after every process is killed; the host-reward path scores each
 process's rows; mismatched configs and an unreachable coordinator stop with one clear line; a
-process interrupted mid-run ends the job at once, its peer naming it and why."""
+process interrupted mid-run ends the job at once, its peer naming it and why; a program's first
+run waits for a process that arrives late (past gloo's 30 s rendezvous)."""
 
 import os
 import re
@@ -168,6 +169,49 @@ def test_several_processes_equal_one_process_and_resume_after_a_kill(tmp_path, p
   pa, pb = _final_params(two, 6, _tiny_config(**run)), _final_params(killed, 6, _tiny_config(**run))
   for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+SKEWED = """
+import os, sys, time
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+from jaxrl_llm import distributed
+
+distributed.initialize()
+mesh = jax.make_mesh((jax.device_count(),), ("data",))
+local = np.full((jax.local_device_count(),), jax.process_index() + 1.0, np.float32)
+x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("data")), local)
+total = jax.jit(jnp.sum, out_shardings=NamedSharding(mesh, P()))
+if sys.argv[1] == "lockstep":
+  total = distributed.lockstep(total, "total")
+if jax.process_index() == 1:
+  time.sleep(float(sys.argv[2]))  # a process that compiles while process 0 loads from a cache
+try:
+  print("sums", float(total(x)), float(total(x * 2)), flush=True)
+except Exception as err:
+  print("failed:", str(err).splitlines()[0], flush=True)
+  os._exit(3)
+"""
+
+
+@pytest.mark.parametrize("program", ["lockstep", "bare"])
+def test_a_programs_first_run_waits_for_a_process_that_arrives_late(tmp_path, program):
+  # After a relaunch process 0 loads the step from the compilation cache (only it writes one)
+  # while its peers compile: they reach the first collective tens of seconds apart, past
+  # gloo's 30 s rendezvous. A `Lockstep` program compiles, then waits in a barrier of the
+  # coordination service; a bare jitted one fails (the control: the skew is past the limit).
+  script = tmp_path / "skewed.py"
+  script.write_text(SKEWED)
+  cmd = [sys.executable, str(REPO / "tools" / "launch_local.py"), "--processes=2"]
+  cmd += ["--devices_per_process=2", "--", sys.executable, str(script), program, "40"]
+  proc = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600)
+  out = proc.stdout + proc.stderr
+  if program == "lockstep":
+    assert proc.returncode == 0, _why(out)
+    assert out.count("sums 6.0 12.0") == 2, _why(out)  # 2 x 1 + 2 x 2; the rerun: no barrier
+  else:
+    assert proc.returncode != 0 and "failed:" in out, _why(out)
+    assert "Gloo context initialization failed" in out, _why(out)
 
 
 def test_host_reward_path_runs_on_two_processes(tmp_path):

@@ -405,7 +405,7 @@ def build(
     model=model,
     state=state,
     state_shardings=state_shardings,
-    program=program,
+    program=_in_lockstep(program),
     eval_fn=make_eval_fn(model, task, cfg, mesh, rules, runs),
     schedule=schedule,
     batch_sharding=sharding.rows(mesh),
@@ -413,6 +413,14 @@ def build(
     rules=rules,
     prompt_len=prompt_len or task.prompt_len,
   )
+
+
+def _in_lockstep(program: RLProgram) -> RLProgram:
+  """`program` whose jitted parts start together on every process (`distributed.lockstep`)."""
+  parts = {
+    p: distributed.lockstep(getattr(program, p), f"rl-{p}") for p in ("step", "sample", "learn")
+  }
+  return dataclasses.replace(program, **parts)
 
 
 def abstract_batch(exp: Experiment) -> PromptBatch:

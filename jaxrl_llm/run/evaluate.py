@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxrl_llm import sharding
+from jaxrl_llm import distributed, sharding
 from jaxrl_llm.config import Config
 from jaxrl_llm.sampling import sample, with_values
 from jaxrl_llm.types import PromptBatch
@@ -61,8 +61,10 @@ def make_eval_fn(model, task, cfg: Config, mesh, rules=sharding.DEFAULT_RULES, r
 
   if runs:
     packed = jax.vmap(eval_fn, in_axes=(0, None, 0, 0), spmd_axis_name=sharding.RUNS_AXIS)
-    return jax.jit(sharding.traced_with_rules(packed, mesh, rules), out_shardings=repl)
+    jitted = jax.jit(sharding.traced_with_rules(packed, mesh, rules), out_shardings=repl)
+    return distributed.lockstep(jitted, "evaluation")
   jitted = jax.jit(sharding.traced_with_rules(eval_fn, mesh, rules), out_shardings=repl)
+  jitted = distributed.lockstep(jitted, "evaluation")
   if not host:
     return lambda params, batch, rng, answers=None, values=None: jitted(params, batch, rng, values)
 

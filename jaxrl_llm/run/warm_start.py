@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
+from jaxrl_llm import distributed, paths, sharding
 from jaxrl_llm import metrics as metrics_lib
-from jaxrl_llm import paths, sharding
 from jaxrl_llm.models import lora
 from jaxrl_llm.optim import guarded_update
 from jaxrl_llm.rl import update
@@ -42,7 +42,8 @@ def _sft_step(exp: Experiment, tx):
     trained, opt_state, skipped = guarded_update(tx, grads, opt_state, trained, loss)
     return lora.with_frozen(frozen, trained), opt_state, loss, skipped
 
-  return jax.jit(sharding.traced_with_rules(sft_update, exp.mesh, exp.rules))
+  jitted = jax.jit(sharding.traced_with_rules(sft_update, exp.mesh, exp.rules))
+  return distributed.lockstep(jitted, "sft-update")
 
 
 def warm_start(exp: Experiment, workdir: str) -> TrainState:
