@@ -35,6 +35,23 @@ def test_out_of_range_values_are_named(field, value, needle):
   assert needle in str(err.value)
 
 
+def test_prompt_files_take_correct_and_host_verifiers_as_reward_terms():
+  """With `data.train_files` a reward term is `correct` (the verifier `data.correct_term`
+  names: the default config's weights work as they are) or a host verifier; another (the
+  built-in tasks' `format`) is named with the allowed ones before any file is read."""
+  from jaxrl_llm.config import parse
+
+  config = tiny_config(**{"data.train_files": "/nonexistent/math.jsonl"})
+  assert dict(parse(config).task.reward_weights) == {"correct": 1.0, "format": 0.0}
+  config.task.reward_weights.format = 0.5
+  with pytest.raises(ConfigError) as err:
+    parse(config)
+  assert "task.reward_weights names 'format', which is not a host verifier" in str(err.value)
+  assert "correct (= data.correct_term), gsm8k_correct" in str(err.value)
+  config.task.reward_weights = {"correct": 1.0, "math_format_boxed": 0.5}
+  assert parse(config).uses_files
+
+
 def test_auto_sampler_weights_are_bf16_on_accelerators_and_fp32_on_cpu():
   from jaxrl_llm import quant
 

@@ -63,6 +63,21 @@ def test_file_task_implements_the_task_interface(file_config):
   assert set(answers) <= {r["answer"] for r in records}
 
 
+def test_the_held_out_split_is_the_same_for_every_seed(file_config):
+  """`data.eval_fraction`'s split does not move with the run's seed: runs that differ in seed
+  (the seeds of a study, the runs of a pack) train and evaluate on the same prompts."""
+  config, _ = file_config
+  tasks = []
+  for seed in (0, 1, 7):
+    config.seed = seed
+    tasks.append(file_task.build_file_task(config, ""))
+  prompts = lambda rs: sorted(r["prompt"] for r in rs)  # noqa: E731
+  for task in tasks[1:]:
+    assert prompts(task.train_records) == prompts(tasks[0].train_records)
+    assert prompts(task.eval_records) == prompts(tasks[0].eval_records)
+  assert 0 < len(tasks[0].eval_records) < len(tasks[0].train_records)
+
+
 def test_host_reward_rewards_are_the_verifiers(file_config):
   config, records = file_config
   exp = build(config)
@@ -92,6 +107,26 @@ def test_host_reward_rewards_are_the_verifiers(file_config):
     np.mean([verifiers.math_correct(t, r) for t, r in zip(texts, refs)])
   )
   assert int(state.step) == 1
+
+
+def test_the_default_reward_weights_reward_the_correct_term_on_prompt_files(
+  file_config, monkeypatch
+):
+  """The default config's `correct` weight means `data.correct_term`'s verifier on prompt
+  files: the reward is that verifier's score of each decoded completion."""
+  config, _ = file_config
+  monkeypatch.setitem(verifiers.REWARD_FNS, "parity", _parity)
+  config.task.reward_weights = ml_collections.ConfigDict({"correct": 1.0, "format": 0.0})
+  config.data.correct_term = "parity"  # varies with the text: a random policy is never right
+  exp = build(config)
+  np_batch = next(exp.task.train_iterator(config.rl.num_prompts, config.seed))
+  rollout = exp.program.sample(
+    exp.state, to_global_batch(np_batch, exp.batch_sharding), jax.random.PRNGKey(2)
+  )
+  want = [_parity(t, "") for t in exp.task.decode(np.asarray(rollout.tokens))]
+  _, m = host_reward_step(exp, exp.state, np_batch, jax.random.PRNGKey(2))
+  np.testing.assert_allclose(jax.device_get(m)["hist/reward"], want)
+  assert 0 < np.mean(want) < 1  # the check had something to check
 
 
 def test_verifier_failures_are_counted_not_fatal(file_config):

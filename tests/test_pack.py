@@ -306,3 +306,80 @@ def test_a_pack_of_moe_runs_equals_each_run_alone():
   over clip_high, step by step against the single runs."""
   configs = [tiny_config("moe_default", **{"objective.clip_high": c}) for c in (0.2, 0.28)]
   _assert_same_steps(_packed_steps(configs, 2), configs, 2)
+
+
+def _parity(completion: str, reference: str) -> float:
+  """A verifier whose value varies with the text (a random policy's math is never right)."""
+  return float(len(completion) % 2)
+
+
+@pytest.fixture
+def file_configs(tmp_path, monkeypatch):
+  """Two runs on a JSONL math file with host verifiers (BPE tokenizer, chat template), varying
+  the clip width, the temperature and the seed."""
+  from text_fixtures import build_bpe_tokenizer, write_math_jsonl
+
+  from jaxrl_llm.data import verifiers
+
+  monkeypatch.setitem(verifiers.REWARD_FNS, "parity", _parity)
+  write_math_jsonl(tmp_path / "math.jsonl", n=36)
+  common = {
+    "data.train_files": str(tmp_path / "math.jsonl"),
+    "data.tokenizer": str(build_bpe_tokenizer(tmp_path / "tok")),
+    "data.template": "qwen_math_chat",
+    "data.prompt_len": 128,
+    "data.eval_fraction": 0.25,
+    "sampling.max_new_tokens": 12,
+    "model.vocab_size": 512,
+    "task.eval_size": 4,
+    "task.reward_weights": {"math_correct": 1.0, "parity": 0.5},
+    "train.num_steps": 3,
+    "train.eval_every": 3,
+    "train.checkpoint_every": 3,
+  }
+  return _configs(GRID, **common)
+
+
+def test_a_pack_of_prompt_file_runs_verifies_each_runs_completions_as_the_run_alone(file_configs):
+  """Host verifiers in a pack: the packed sampler, each run's completions decoded and scored
+  against its own prompts' answers, the packed learner; every metric (verifier counts and
+  reward terms included) and the parameters equal each run's `host_reward_step` alone."""
+  from jaxrl_llm.run import host_reward_step
+  from jaxrl_llm.run.pack_loop import _host_reward_update
+
+  pack = build_pack(file_configs)
+  assert pack.exp.task.rewards_on_host
+  data = PackIterator([train_iterator(pack.run(r)) for r in range(pack.size)])
+  state = init_reference(pack.state, pack.configs[0].kl.beta)
+  got = []
+  for i in range(2):
+    state, m = _host_reward_update(pack, state, next(data), packed_keys(state.rng, i))
+    got.append(m)
+  for r, config in enumerate(file_configs):
+    exp = build(config)
+    own, it = init_reference(exp.state, exp.config.kl.beta), train_iterator(exp)
+    for i in range(2):
+      own, want = host_reward_step(exp, own, next(it), jax.random.fold_in(own.rng, i))
+      want = jax.device_get(want)
+      assert set(want) == set(got[i]) and "reward/parity" in want
+      for tag in set(want) - {"verifier/seconds"}:  # wall-clock
+        np.testing.assert_allclose(got[i][tag][r], want[tag], rtol=1e-5, atol=1e-5, err_msg=tag)
+    assert np.std(want["hist/reward"]) > 0  # the rewards differed: the update had a signal
+    _assert_same_params(unstack(jax.device_get(state.params), r), jax.device_get(own.params))
+
+
+@pytest.mark.slow
+def test_a_packed_prompt_file_sweep_equals_its_runs_alone(file_configs, tmp_path):
+  """A clip x temperature x seed pack on a prompt file, trained by `train_pack` (the host
+  evaluation included), against `train_and_evaluate` of each run: every logged scalar, the
+  final parameters and the last evaluation."""
+  root, names = tmp_path / "pack", _names(file_configs)
+  final = train_pack(file_configs, str(root))
+  clock = lambda s: {k: v for k, v in s.items() if k != "verifier/seconds"}  # noqa: E731
+  for r, (config, name) in enumerate(zip(file_configs, names, strict=True)):
+    alone = tmp_path / "alone" / name
+    final_alone = train_and_evaluate(config, str(alone))
+    _assert_same_scalars(clock(_scalars(root / name)), clock(_scalars(alone)))
+    _assert_same_params(_params(root, 3, r), _params(alone, 3))
+    assert final[name] == pytest.approx(final_alone, abs=1e-5)
+    assert {"eval/accuracy", "reward/parity", "verifier/errors"} <= set(_scalars(alone))

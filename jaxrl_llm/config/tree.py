@@ -112,8 +112,24 @@ class Config:
     return getattr(self, section).to_dict()[name]
 
   def errors(self) -> list[str]:
-    """Every section's own range-check messages."""
-    return [e for n in self.sections() for e in getattr(self, n).errors()]
+    """Every section's own range-check messages, then those across sections."""
+    out = [e for n in self.sections() for e in getattr(self, n).errors()]
+    return out + self._file_reward_errors()
+
+  def _file_reward_errors(self) -> list[str]:
+    """With prompt files every weighted reward term is a host verifier, or `correct` (the
+    verifier `data.correct_term` names)."""
+    from jaxrl_llm.data import verifiers  # light; imported here to keep this lean
+
+    known = {"correct", *verifiers.REWARD_FNS}
+    terms = [k for k, w in self.task.reward_weights if w and k not in known]
+    if not self.uses_files or not terms:
+      return []
+    return [
+      f"task.reward_weights names {', '.join(map(repr, terms))}, which is not a host verifier "
+      f"(data.train_files is set); allowed: correct (= data.correct_term), "
+      f"{', '.join(sorted(verifiers.REWARD_FNS))}"
+    ]
 
 
 def check_required(config: ml_collections.ConfigDict) -> None:

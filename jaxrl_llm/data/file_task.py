@@ -22,6 +22,10 @@ from jaxrl_llm.data import records, verifiers
 from jaxrl_llm.data.task import Task
 from jaxrl_llm.data.tokenizers import HFTokenizer
 
+# The key of `data.eval_fraction`'s prompt hash: one split for every run, whatever its `seed`,
+# so runs that differ in seed train and are evaluated on the same prompts (as built-in tasks).
+SPLIT_KEY = 0
+
 
 @dataclasses.dataclass
 class FileTask(Task):
@@ -170,7 +174,7 @@ def build_file_task(config, tokenizer_dir: str) -> FileTask:
   share = 0.0 if eval_files else d.eval_fraction
   try:
     train, evaluation = records.train_eval_split(
-      loaded, eval_fraction=share, eval_files=eval_files, seed=config.seed, **fields
+      loaded, eval_fraction=share, eval_files=eval_files, seed=SPLIT_KEY, **fields
     )
   except FileNotFoundError as e:
     raise records.DataError(f"data.eval_files={d.eval_files!r}: {e}") from e
@@ -178,8 +182,10 @@ def build_file_task(config, tokenizer_dir: str) -> FileTask:
     raise records.DataError(
       "the evaluation split is empty: set data.eval_files or a data.eval_fraction > 0"
     )
-  weights = dict(config.task.reward_weights)
-  reward_fns = {name: verifiers.get_reward_fn(name) for name, w in weights.items() if w}
+  weights = dict(config.task.reward_weights)  # `correct`: data.correct_term's verifier
+  reward_fns = {
+    name: verifiers.get_reward_fn(name) for name, w in weights.items() if w and name != "correct"
+  }
   return FileTask(
     tokenizer=tokenizer,
     train_records=train,

@@ -96,18 +96,24 @@ def to_global_batch(np_batch: dict, batch_sharding: NamedSharding) -> PromptBatc
   Batches of text prompts carry string answers for host verifiers; those stay on the host and
   the device batch gets an empty answer.
   """
-  if np_batch.get("answer") is None or np.asarray(np_batch["answer"]).dtype == object:
-    n = len(np_batch["tokens"])
-    np_batch = {
-      "tokens": np_batch["tokens"],
-      "mask": np_batch["mask"],
-      "answer": np.zeros((n, 1), np.int32),
-      "answer_mask": np.zeros((n, 1), bool),
-    }
-  pb = pipeline.to_prompt_batch(np_batch)
+  pb = pipeline.to_prompt_batch(device_columns(np_batch))
   return jax.tree.map(
     lambda x: jax.make_array_from_process_local_data(batch_sharding, np.asarray(x)), pb
   )
+
+
+def device_columns(np_batch: dict) -> dict:
+  """The columns of a host batch that go to the devices: a batch of text prompts (string
+  answers, or none) gets a [..., 1] empty answer stub; its answers stay on the host."""
+  if np_batch.get("answer") is not None and np.asarray(np_batch["answer"]).dtype != object:
+    return np_batch
+  lead = np.shape(np_batch["tokens"])[:-1]
+  return {
+    "tokens": np_batch["tokens"],
+    "mask": np_batch["mask"],
+    "answer": np.zeros((*lead, 1), np.int32),
+    "answer_mask": np.zeros((*lead, 1), bool),
+  }
 
 
 def host_reward_step(exp: Experiment, state: TrainState, np_batch: dict, rng: jax.Array):

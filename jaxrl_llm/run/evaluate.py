@@ -35,7 +35,7 @@ def _correct(task, rollout, batch: PromptBatch, g: int):
 
 
 def make_eval_fn(model, task, cfg: Config, mesh, rules=sharding.DEFAULT_RULES, runs: int = 0):
-  """Held-out evaluation `(params, batch, rng, answers, values=None) -> metrics`: greedy
+  """Held-out evaluation `(params, batch, rng, answers=None, values=None) -> metrics`: greedy
   accuracy and pass@k at the sampling temperature (`values`: a packed run's own sampling
   values, traced, in place of the config's).
 
@@ -43,7 +43,7 @@ def make_eval_fn(model, task, cfg: Config, mesh, rules=sharding.DEFAULT_RULES, r
   tasks) scores the decoded completions afterwards: `answers` are the eval set's host
   reference answers (None for in-graph tasks, whose answers are token arrays in `batch`).
   `runs` > 0: a pack's evaluation, vmapped over the runs axis of params, rng and values (the
-  batch is shared); in-graph tasks only.
+  batch and answers are shared); each metric gains a leading runs axis.
   """
   greedy_cfg = cfg.sampling.sampler(task, greedy=True, group_size=1)
   k = cfg.train.pass_k
@@ -60,18 +60,22 @@ def make_eval_fn(model, task, cfg: Config, mesh, rules=sharding.DEFAULT_RULES, r
     return _summarise(_correct(task, greedy, batch, 1), pk, greedy.lengths, k)
 
   if runs:
-    packed = jax.vmap(eval_fn, in_axes=(0, None, 0, 0), spmd_axis_name=sharding.RUNS_AXIS)
-    jitted = jax.jit(sharding.traced_with_rules(packed, mesh, rules), out_shardings=repl)
-    return distributed.lockstep(jitted, "evaluation")
+    eval_fn = jax.vmap(eval_fn, in_axes=(0, None, 0, 0), spmd_axis_name=sharding.RUNS_AXIS)
   jitted = jax.jit(sharding.traced_with_rules(eval_fn, mesh, rules), out_shardings=repl)
   jitted = distributed.lockstep(jitted, "evaluation")
   if not host:
     return lambda params, batch, rng, answers=None, values=None: jitted(params, batch, rng, values)
 
-  def host_eval(params, batch, rng, answers, values=None):
-    greedy, sampled, lengths = jax.device_get(jitted(params, batch, rng, values))
+  def host_summary(greedy, sampled, lengths, answers):
     acc, _ = task.host_reward_terms(greedy, answers)
     pk, _ = task.host_reward_terms(sampled, np.repeat(answers, k))
     return _summarise(acc["correct"], pk["correct"].reshape(-1, k), lengths, k)
+
+  def host_eval(params, batch, rng, answers, values=None):
+    greedy, sampled, lengths = jax.device_get(jitted(params, batch, rng, values))
+    if not runs:
+      return host_summary(greedy, sampled, lengths, answers)
+    each = [host_summary(*out, answers) for out in zip(greedy, sampled, lengths, strict=True)]
+    return {key: jnp.stack([m[key] for m in each]) for key in each[0]}
 
   return host_eval

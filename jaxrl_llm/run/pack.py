@@ -30,7 +30,7 @@ from jaxrl_llm import objectives, sharding
 from jaxrl_llm.config import Config, ConfigError, parse
 from jaxrl_llm.data.pipeline import PROMPT_KEYS
 from jaxrl_llm.rl.step import packed_sharding
-from jaxrl_llm.run.assemble import Experiment, build, initial_state
+from jaxrl_llm.run.assemble import Experiment, build, device_columns, initial_state
 from jaxrl_llm.types import PromptBatch
 
 # Fields a pack may vary besides the objective's hyperparameters (see `packable_fields`).
@@ -139,11 +139,6 @@ def build_pack(configs: Sequence[Any], names: Sequence[str] | None = None, *, de
   if not configs:
     raise ConfigError("a pack needs at least one run")
   varied = check_packable(configs)
-  if configs[0].uses_files:
-    raise ConfigError(
-      "a pack trains built-in tasks only for now (data.train_files is set); run prompt-file "
-      "sweeps as separate runs (tools/sweep.py without --packed)"
-    )
   if configs[0].model.arch.lora_rank:
     raise ConfigError(
       "a pack of runs with adapters (model.lora_rank > 0) is not built yet; sweep them as "
@@ -232,6 +227,6 @@ def packed_keys(keys: jax.Array, step) -> jax.Array:
 
 def batch_to_device(np_batch: Mapping[str, np.ndarray], mesh) -> PromptBatch:
   """A stacked host batch [R, P, ...] -> the pack's `PromptBatch`: runs over the mesh's runs
-  axis, each run's rows over its batch axes."""
-  rows = packed_sharding(sharding.rows(mesh))
-  return PromptBatch(**{k: jax.device_put(np.asarray(np_batch[k]), rows) for k in PROMPT_KEYS})
+  axis, each run's rows over its batch axes (string answers stay on the host)."""
+  rows, columns = packed_sharding(sharding.rows(mesh)), device_columns(np_batch)
+  return PromptBatch(**{k: jax.device_put(np.asarray(columns[k]), rows) for k in PROMPT_KEYS})

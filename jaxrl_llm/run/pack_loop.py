@@ -11,6 +11,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from absl import logging
 
 from jaxrl_llm import checkpoint as ckpt_lib
@@ -18,6 +19,7 @@ from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm import paths, sharding
 from jaxrl_llm.config import ConfigError
 from jaxrl_llm.rl import init_reference
+from jaxrl_llm.rl.step import packed_sharding
 from jaxrl_llm.run import record
 from jaxrl_llm.run.assemble import run_meta, to_global_batch
 from jaxrl_llm.run.guard import SkipGuard
@@ -51,7 +53,7 @@ class PackEvaluator:
 
   def __init__(self, pack: Pack, runs: list[_Run]):
     exp = pack.exp
-    eval_np, _ = exp.task.eval_set(multiple_of=sharding.batch_size_divisor(exp.mesh))
+    eval_np, self.answers = exp.task.eval_set(multiple_of=sharding.batch_size_divisor(exp.mesh))
     self.batch = to_global_batch(eval_np, exp.batch_sharding)
     keys = [jax.random.PRNGKey(c.seed + 7) for c in pack.configs]  # a single run's eval key
     self.keys = jax.device_put(jnp.stack(keys), per_run_sharding(exp.mesh))
@@ -60,7 +62,8 @@ class PackEvaluator:
   def __call__(self, step: int, params) -> None:
     """Evaluates every run's `params` (stacked), writes and logs each run's scalars."""
     t = time.time()
-    m = jax.device_get(self.pack.exp.eval_fn(params, self.batch, self.keys, self.pack.values))
+    m = self.pack.exp.eval_fn(params, self.batch, self.keys, self.answers, self.pack.values)
+    m = jax.device_get(m)
     for r, run in enumerate(self.runs):
       own = metrics_lib.flatten_metrics({k: v[r] for k, v in m.items()})
       run.writer.scalars(step, own)
@@ -112,11 +115,10 @@ def _loop(pack: Pack, state, data: PackIterator, ckpt, runs: list[_Run], evaluat
   end = min(tr.num_steps, start + tr.stop_after_steps) if tr.stop_after_steps else tr.num_steps
   updates = cfg.rl.num_epochs * cfg.rl.num_minibatches
   logging.info("compiling the packed RL step of %d runs ...", pack.size)
+  update = _host_reward_update if pack.exp.task.rewards_on_host else _fused_update
   for step in range(start, end):
-    batch = batch_to_device(next(data), pack.exp.mesh)
-    keys = packed_keys(state.rng, step)
-    state, metrics = pack.exp.program.step(state, batch, keys, pack.values)
-    done, host = step + 1, jax.device_get(metrics)
+    state, host = update(pack, state, next(data), packed_keys(state.rng, step))
+    done = step + 1
     for r, run in enumerate(runs):
       own = {k: v[r] for k, v in host.items()}
       run.logger.guard.update(done, int(own["optim/skipped_updates"]), updates=updates)
@@ -125,6 +127,35 @@ def _loop(pack: Pack, state, data: PackIterator, ckpt, runs: list[_Run], evaluat
       evaluate(done, state.params)
     ckpt.save(done, state, data_iter=data, meta=pack.meta(), force=done in (end, tr.num_steps))
   return state, end
+
+
+def _fused_update(pack: Pack, state, np_batch: dict, keys):
+  """Every run's RL update in the pack's fused step; returns (state, host metrics [R])."""
+  batch = batch_to_device(np_batch, pack.exp.mesh)
+  state, metrics = pack.exp.program.step(state, batch, keys, pack.values)
+  return state, jax.device_get(metrics)
+
+
+def _host_reward_update(pack: Pack, state, np_batch: dict, keys):
+  """Every run's RL update with host verifiers: the packed sampler, then each run's decoded
+  completions scored against its own prompts' answers, then the packed learner (as
+  `host_reward_step` does for one run); returns (state, host metrics [R])."""
+  exp, g = pack.exp, pack.configs[0].sampling.group_size
+  rollout = exp.program.sample(state, batch_to_device(np_batch, exp.mesh), keys, pack.values)
+  tokens = jax.device_get(rollout.tokens)  # [R, B, T]
+  scored = [
+    exp.task.host_reward_terms(tokens[r], np.repeat(np_batch["answer"][r], g))
+    for r in range(pack.size)
+  ]
+  rows = packed_sharding(sharding.rows(exp.mesh))
+  terms = {
+    k: jax.device_put(np.stack([t[k] for t, _ in scored]).astype(np.float32), rows)
+    for k in scored[0][0]
+  }
+  state, metrics = exp.program.learn(state, rollout, terms, keys, pack.values)
+  host = jax.device_get(metrics)
+  host.update({k: np.asarray([s[k] for _, s in scored], np.float32) for k in scored[0][1]})
+  return state, host
 
 
 def _open_runs(pack: Pack, runs: list[_Run], start: int, hparam_fields: Sequence[str]) -> None:
