@@ -149,8 +149,12 @@ def plan(
   repl = jax.sharding.NamedSharding(exp.mesh, jax.sharding.PartitionSpec())
   args = (exp.state, run.abstract_batch(exp), jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=repl))
   if runs:
+    from jaxrl_llm.rl.step import over_runs
+
     values = {f: jax.ShapeDtypeStruct((), jnp.float32, sharding=repl) for f in varied}
-    args = jax.tree.map(functools.partial(_packed, runs), (*args, values))
+    stacked = functools.partial(_packed, runs)
+    state = over_runs(args[0], stacked)  # under adapters, one base for every run
+    args = (state, *jax.tree.map(stacked, (*args[1:], values)))
   common = {
     "capacity_bytes": capacity_bytes if capacity_bytes is not None else device_capacity(devices[0]),
     "device_kind": devices[0].device_kind,

@@ -48,6 +48,7 @@ class SamplingConfig:
   eos_id: int = 2  # end-of-sequence token id
   pad_id: int = 0  # id written after EOS
   kv_block: int = 128  # decode stage length: attention reads S + (k+1)·kv_block slots (0 = S+T)
+  loop_axis: str | None = None  # a pack's vmap axis name: its runs' decode loops stop together
 
 
 PER_RUN_FIELDS = ("temperature", "top_p", "top_k")  # what a pack may vary per run
@@ -61,7 +62,8 @@ def with_values(cfg: SamplingConfig, values: Mapping[str, Any] | None) -> Sampli
 
 @struct.dataclass
 class _LoopState:
-  step: jax.Array  # [] int32, decode steps taken
+  step: jax.Array  # [] int32, decode steps taken (the slot written next)
+  taken: jax.Array  # [] int32, steps this run had a row running in (a pack's loop runs on)
   tokens: jax.Array  # [B, T] int32
   logprobs: jax.Array  # [B, T] float32
   done: jax.Array  # [B] bool
@@ -151,7 +153,7 @@ def sample(
   )
   with jax.named_scope(DECODE_SCOPE):  # names the loops in the compiled program (HLO tests)
     for end in decode_stages(t_max, cfg.kv_block):  # static: the attention's key count
-      cond = functools.partial(_decoding, end)
+      cond = functools.partial(_decoding, end, cfg.loop_axis)
       visible = key_valid[:, : prompt_len + end]  # its width is the slots the attention reads
       body = functools.partial(_decode_step, model, params, cfg, visible, next_pos, prompt_len)
       state = jax.lax.while_loop(cond, body, state)
@@ -164,7 +166,7 @@ def sample(
     lengths=state.lengths,
     truncated=~state.done,
     logprobs=state.logprobs,
-    decode_steps=state.step,
+    decode_steps=state.taken,
     routing=state.routing,
   )
 
@@ -203,6 +205,7 @@ def _prefill(model, params, prompt_tokens, prompt_mask, rng, cfg: SamplingConfig
   b = num_prompts * g
   state = _LoopState(
     step=jnp.zeros((), jnp.int32),
+    taken=jnp.zeros((), jnp.int32),
     tokens=jnp.full((b, t_max), cfg.pad_id, jnp.int32),
     logprobs=jnp.zeros((b, t_max), jnp.float32),
     done=jnp.zeros((b,), bool),
@@ -215,9 +218,15 @@ def _prefill(model, params, prompt_tokens, prompt_mask, rng, cfg: SamplingConfig
   return state, key_valid, next_pos, prompt_rows
 
 
-def _decoding(end: int, s: _LoopState) -> jax.Array:
-  """A decode stage's condition: steps left in the stage (before `end`) and a row running."""
-  return (s.step < end) & ~jnp.all(s.done)
+def _decoding(end: int, loop_axis: str | None, s: _LoopState) -> jax.Array:
+  """A decode stage's condition: steps left in the stage (before `end`) and a row running;
+  in a pack (vmapped over `loop_axis`), a row of any run. That condition is the same for
+  every run, so the loop carries no per-run copy of its state (a per-run condition would
+  select between the old and the new KV cache at every step)."""
+  running = ~jnp.all(s.done)
+  if loop_axis is not None:
+    running = jax.lax.psum(running.astype(jnp.int32), loop_axis) > 0
+  return (s.step < end) & running
 
 
 def _decode_step(
@@ -250,13 +259,14 @@ def _decode_step(
     cache=s.cache,
     cache_index=prompt_len + s.step,
   )
+  live = jnp.any(active)  # in a pack, this run's rows may all have ended while others run
   routing = s.routing
-  if routing is not None:
-    routing = jax.lax.dynamic_update_slice_in_dim(
-      routing, out.moe.routing, prompt_len + s.step, axis=1
-    )
+  if routing is not None:  # a run that has ended reaches no more slots: they keep the sentinel
+    routed = jnp.where(live, out.moe.routing, NEVER_ROUTED)
+    routing = jax.lax.dynamic_update_slice_in_dim(routing, routed, prompt_len + s.step, axis=1)
   return _LoopState(
     step=s.step + 1,
+    taken=s.taken + live.astype(jnp.int32),
     tokens=tokens,
     logprobs=logprobs,
     done=done,

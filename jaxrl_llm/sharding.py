@@ -19,6 +19,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 # runs; 1 for a single run, whose arrays never name it.
 MESH_AXES = ("runs", "data", "fsdp", "expert", "model")
 RUNS_AXIS = "runs"
+PACK_AXIS = "pack"  # the vmap axis name of a pack's runs (for collectives across its runs)
 # The mesh axes a batch's rows are split over. The expert axis is one of them: outside the
 # experts each expert-parallel device works on its own rows (nothing is replicated over it).
 BATCH_AXES = ("data", "fsdp", "expert")

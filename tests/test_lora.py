@@ -397,15 +397,6 @@ def test_export_of_a_run_with_adapters_is_the_merged_model(tmp_path):
   )
 
 
-def test_a_pack_of_runs_with_adapters_is_refused_in_one_line():
-  """Packs are not built for adapters yet: one line, before anything is built."""
-  from jaxrl_llm.run.pack import build_pack
-
-  configs = [tiny_config(**{"model.lora_rank": 2, "seed": s}) for s in (0, 1)]
-  with pytest.raises(ConfigError, match=r"^a pack of runs with adapters \(model\.lora_rank > 0\)"):
-    build_pack(configs)
-
-
 @pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
 def test_peft_format_adapters_add_up_to_the_merged_export(scan, tmp_path):
   """`hf.save_adapters` writes PEFT's LoRA files: for every adapted module M, the exported

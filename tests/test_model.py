@@ -2,6 +2,7 @@
 
 import flax.linen as nn
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -163,6 +164,49 @@ def test_early_exit_stops_decoding():
   assert int(r.decode_steps) == 1
   np.testing.assert_array_equal(r.lengths, [1, 1, 1])
   assert not np.any(r.truncated)
+
+
+def _loop_conditions(jaxpr):
+  """The condition jaxprs of every while loop in `jaxpr`, nested ones included."""
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "while":
+      yield eqn.params["cond_jaxpr"]
+    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+      yield from _loop_conditions(sub)
+
+
+def test_a_packs_decode_loop_stops_for_every_run_together_and_copies_no_cache():
+  """vmapped over a pack's runs with `loop_axis`, the decode loop's condition is one boolean
+  for every run (a per-run condition, the control, is lowered to a select between the old and
+  the new loop state, KV cache included, at every step). A run whose rows have all ended rides
+  along: its rollout and decode steps equal the run sampled alone."""
+  from jaxrl_llm import sharding
+
+  _cfg, model, params, prompt, mask = _setup()
+  first = int(sample(model, params, prompt, mask, jax.random.PRNGKey(0), SamplingConfig(
+    max_new_tokens=8, group_size=2, greedy=True, eos_id=-1)).tokens[1, 0])  # fmt: skip
+  keys = jax.random.split(jax.random.PRNGKey(3), 2)
+  temps = jnp.array([0.05, 3.0])  # near-greedy: row 1 stops at once; hot: some rows run on
+
+  def packed(loop_axis):
+    def one(key, temp):
+      cfg = SamplingConfig(8, group_size=2, eos_id=first, loop_axis=loop_axis, temperature=temp)
+      return sample(model, params, prompt, mask, key, cfg)
+
+    return jax.vmap(one, axis_name=sharding.PACK_AXIS)
+
+  def condition_shapes(fn):
+    return {c.out_avals[0].shape for c in _loop_conditions(jax.make_jaxpr(fn)(keys, temps).jaxpr)}
+
+  assert condition_shapes(packed(sharding.PACK_AXIS)) == {()}
+  assert condition_shapes(packed(None)) == {(2,)}
+  got = packed(sharding.PACK_AXIS)(keys, temps)
+  for r in range(2):
+    cfg = SamplingConfig(8, group_size=2, eos_id=first, temperature=float(temps[r]))
+    alone = sample(model, params, prompt, mask, keys[r], cfg)
+    for field in ("tokens", "logprobs", "lengths", "truncated", "decode_steps"):
+      np.testing.assert_allclose(getattr(got, field)[r], getattr(alone, field), err_msg=field)
+  assert int(got.decode_steps[0]) < int(got.decode_steps[1])  # one run ended first
 
 
 def test_draw_is_categorical_token_for_token_and_first_argmax_keeps_ties():

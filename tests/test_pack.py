@@ -229,8 +229,8 @@ def _packed_steps(configs, steps: int):
     batch = batch_to_device(next(data), pack.exp.mesh)
     state, m = pack.exp.program.step(state, batch, packed_keys(state.rng, i), pack.values)
     out.append(jax.device_get(m))
-  params = jax.device_get(state.params)
-  return [([unstack(m, r) for m in out], unstack(params, r)) for r in range(pack.size)]
+  own = [jax.device_get(unstack(state, r).params) for r in range(pack.size)]
+  return [([unstack(m, r) for m in out], own[r]) for r in range(pack.size)]
 
 
 def _assert_same_steps(packed, configs, steps: int):
@@ -365,7 +365,7 @@ def test_a_pack_of_prompt_file_runs_verifies_each_runs_completions_as_the_run_al
       for tag in set(want) - {"verifier/seconds"}:  # wall-clock
         np.testing.assert_allclose(got[i][tag][r], want[tag], rtol=1e-5, atol=1e-5, err_msg=tag)
     assert np.std(want["hist/reward"]) > 0  # the rewards differed: the update had a signal
-    _assert_same_params(unstack(jax.device_get(state.params), r), jax.device_get(own.params))
+    _assert_same_params(jax.device_get(unstack(state, r).params), jax.device_get(own.params))
 
 
 @pytest.mark.slow
@@ -383,3 +383,81 @@ def test_a_packed_prompt_file_sweep_equals_its_runs_alone(file_configs, tmp_path
     _assert_same_params(_params(root, 3, r), _params(alone, 3))
     assert final[name] == pytest.approx(final_alone, abs=1e-5)
     assert {"eval/accuracy", "reward/parity", "verifier/errors"} <= set(_scalars(alone))
+
+
+FIXTURE = pathlib.Path(__file__).resolve().parent / "fixtures" / "hf" / "qwen2"
+
+
+def _adapter_configs(grid=GRID, **common):
+  """Runs with rank-4 adapters on the Qwen2 fixture checkpoint (one frozen base for all)."""
+  adapters = {"model.checkpoint": str(FIXTURE), "model.lora_rank": 4, **common}
+  return _configs(grid, **adapters)
+
+
+def test_a_pack_of_runs_with_adapters_shares_one_base_and_equals_each_run_alone():
+  """Adapters on a Hugging Face base, packed over clip, temperature, learning rate and seed,
+  with a KL term (its reference is the shared base): the pack's state holds the base once (no
+  runs axis) and each run's adapters and optimiser state; every step's metrics (the KL's
+  included) and the final parameters equal each run alone."""
+  from jaxrl_llm.models import lora
+
+  configs = _adapter_configs(**{"kl.beta": 0.05})
+  pack = build_pack(configs)
+  base, adapters = lora.split_adapters(pack.state.params)
+  one = lora.split_adapters(build(configs[0]).state.params)[0]
+  assert jax.tree.map(lambda x: x.shape, base) == jax.tree.map(lambda x: x.shape, one)
+  assert all(x.shape[0] == 2 for x in jax.tree.leaves((adapters, pack.state.opt_state)))
+  _assert_same_steps(_packed_steps(configs, 2), configs, 2)
+
+
+def test_a_pack_of_adapters_on_random_bases_of_several_seeds_is_refused_in_one_line():
+  """Without a checkpoint each seed initialises its own base, which a pack cannot share."""
+  configs = [tiny_config(**{"model.lora_rank": 2, "seed": s}) for s in (0, 1)]
+  with pytest.raises(ConfigError, match=r"share one frozen base.*seeds \[0, 1\]") as err:
+    build_pack(configs)
+  assert len(str(err.value).splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_a_pack_of_adapter_runs_trains_checkpoints_adapters_alone_and_resumes(tmp_path):
+  """`train_pack` of runs with adapters on a Hugging Face base (a warm start per seed): each
+  run equals the run alone (every scalar, the adapters at the end); the pack's checkpoints
+  hold every run's adapters and no base weight; a pack stopped at step 2 resumes to the same
+  end, and a run taken out of it continues alone as in the pack."""
+  from flax import traverse_util
+
+  common = {"sft.steps": 2, "sft.batch_size": 8}
+  configs, root = _adapter_configs(**common), tmp_path / "pack"
+  names = _names(configs)
+  train_pack(configs, str(root))
+  stored = traverse_util.flatten_dict(_params(root, STEPS))
+  assert stored and all(k[-1] in ("lora_a", "lora_b") for k in stored)  # no base weight
+  for r, (config, name) in enumerate(zip(configs, names, strict=True)):
+    alone = tmp_path / "alone" / name
+    train_and_evaluate(config, str(alone))
+    _assert_same_scalars(_scalars(root / name), _scalars(alone))
+    _assert_same_params(_params(root, STEPS, r), _params(alone, STEPS))
+  killed, out = tmp_path / "killed", tmp_path / "out"
+  train_pack(_adapter_configs(**common, **{"train.stop_after_steps": 2}), str(killed))
+  assert take_out(_adapter_configs(**common), str(killed), names[1], str(out)) == 2
+  train_pack(_adapter_configs(**common), str(killed))
+  train_and_evaluate(_adapter_configs(**common)[1], str(out))
+  for r in range(len(names)):
+    _assert_same_params(_params(killed, STEPS, r), _params(root, STEPS, r))
+  _assert_same_scalars(_scalars(out), _scalars(root / names[1]))
+  _assert_same_params(_params(out, STEPS), _params(root, STEPS, 1))
+
+
+def test_the_plan_of_a_pack_with_adapters_holds_the_base_once():
+  """`plan.plan(..., runs=4)` (the packed `--dry_run`): three more runs add three times each
+  run's adapters and Adam's two moments of them to the arguments, and no copy of the base."""
+  from jaxrl_llm import plan
+  from jaxrl_llm.models import lora
+
+  config = parse(_adapter_configs(GRID[:1])[0])
+  devices = jax.devices()[:1]
+  adapters = lora.split_adapters(build(config, abstract=True, devices=devices).state.params)[1]
+  nbytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(adapters))
+  one = plan.plan(config, devices=devices, runs=1)
+  four = plan.plan(config, devices=devices, runs=4)
+  assert four.argument_bytes - one.argument_bytes == pytest.approx(3 * 3 * nbytes, rel=0.02)

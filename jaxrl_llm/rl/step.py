@@ -25,6 +25,7 @@ from jaxrl_llm import quant, sharding
 from jaxrl_llm.config.fields import is_on
 from jaxrl_llm.config.learner import Settings
 from jaxrl_llm.kernels import attention
+from jaxrl_llm.models import lora
 from jaxrl_llm.models.transformer import Transformer
 from jaxrl_llm.rl import loss, stages, update
 from jaxrl_llm.rl import metrics as rl_metrics
@@ -362,23 +363,57 @@ def packed_sharding(one_run: NamedSharding) -> NamedSharding:
   return NamedSharding(one_run.mesh, PartitionSpec(sharding.RUNS_AXIS, *one_run.spec))
 
 
+def shared_leaf(path: tuple, adapters: bool) -> bool:
+  """Whether the TrainState leaf at `path` (a `tree_map_with_path` key path) is frozen base
+  weight of a policy with adapters: one copy of it serves every run of a pack."""
+  keys = [str(getattr(k, "name", getattr(k, "key", ""))) for k in path]
+  return adapters and keys[:1] == ["params"] and not lora.is_adapter(keys[1:])
+
+
+def over_runs(state: TrainState, batched: Callable, shared: Callable = lambda x: x) -> Any:
+  """`state` (a TrainState of arrays, shardings or shapes) with `batched` applied to each leaf
+  a pack holds per run and `shared` to the frozen base its runs share (with adapters)."""
+  adapters = lora.has_adapters(state.params)
+  return jax.tree_util.tree_map_with_path(
+    lambda path, x: shared(x) if shared_leaf(path, adapters) else batched(x), state
+  )
+
+
+def run_axes(state: TrainState) -> Any:
+  """A pack's vmap axes of `state`: 0 (the runs axis) for every leaf but the shared base, and
+  for the KL reference, a per-run copy made after the build (`init_reference`; under adapters
+  the reference is the base and there is none)."""
+  return over_runs(state, lambda _: 0, lambda _: None).replace(ref_params=0)
+
+
 def _packed_program(ctx: Learner, reward_fn, traced, mesh: Mesh, state_shardings) -> RLProgram:
   """The programs of a pack: each vmapped over the runs axis of (state, batch | rollout, ...,
   rng, values), that axis over the mesh's `runs` axis (inner constraints gain it too), jitted
-  once for every run of the pack."""
-  packed = lambda fn: traced(jax.vmap(fn, spmd_axis_name=sharding.RUNS_AXIS))  # noqa: E731
-  states = jax.tree.map(packed_sharding, state_shardings)
+  once for every run of the pack. Under adapters the frozen base has no runs axis: one copy,
+  read by every run (`run_axes`)."""
+  axes = run_axes(state_shardings)
+  sampling = dataclasses.replace(ctx.sampling, loop_axis=sharding.PACK_AXIS)
+  ctx = dataclasses.replace(ctx, sampling=sampling)  # the decode loops stop together
+
+  def packed(fn, n_args: int, out_axes: Any = 0):
+    in_axes = (axes,) + (0,) * (n_args - 1)
+    vmapped = jax.vmap(
+      fn, in_axes, out_axes, axis_name=sharding.PACK_AXIS, spmd_axis_name=sharding.RUNS_AXIS
+    )
+    return traced(vmapped)
+
+  states = over_runs(state_shardings, packed_sharding)
   per_run = packed_sharding(NamedSharding(mesh, PartitionSpec()))
   rows = packed_sharding(sharding.rows(mesh))
   batch = PromptBatch(tokens=rows, mask=rows, answer=rows, answer_mask=rows)
   return RLProgram(
     step=jax.jit(
-      packed(functools.partial(fused_step, ctx, reward_fn)),
+      packed(functools.partial(fused_step, ctx, reward_fn), 4, (axes, 0)),
       in_shardings=(states, batch, per_run, per_run),
       out_shardings=(states, per_run),
       donate_argnums=(0,),
     ),
-    sample=jax.jit(packed(functools.partial(sample_phase, ctx))),
-    learn=jax.jit(packed(functools.partial(learn, ctx)), donate_argnums=(0,)),
+    sample=jax.jit(packed(functools.partial(sample_phase, ctx), 4)),
+    learn=jax.jit(packed(functools.partial(learn, ctx), 5, (axes, 0)), donate_argnums=(0,)),
     learner=ctx,
   )

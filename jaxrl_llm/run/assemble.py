@@ -32,6 +32,7 @@ from jaxrl_llm.models import lora
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.transformer import Transformer, positions_from_mask
 from jaxrl_llm.rl import RLProgram, make_rl_step
+from jaxrl_llm.rl.step import run_axes
 from jaxrl_llm.run.evaluate import make_eval_fn
 from jaxrl_llm.types import PromptBatch, TrainState
 
@@ -298,13 +299,17 @@ def _init_key(cfg: Config) -> jax.Array:
 
 def initial_state(exp: Experiment, cfg: Config) -> TrainState:
   """The fresh state of run `cfg`, one of a pack sharing `exp`'s programs: parameters from
-  its own seed (or `exp`'s pretrained ones), a fresh optimiser state and its own key."""
+  its own seed (or `exp`'s pretrained ones, with adapters from its own seed), a fresh
+  optimiser state and its own key."""
   params = exp.state.params
   param_shardings = exp.state_shardings.params
-  if not cfg.model.checkpoint and cfg.seed != exp.config.seed:
-    params, _ = _init_params(
-      exp.model, exp.task, exp.mesh, exp.rules, _init_key(cfg), abstract=False
-    )
+  if cfg.seed != exp.config.seed and (not cfg.model.checkpoint or cfg.model.arch.lora_rank):
+    fresh, _ = _init_params(
+      exp.model, exp.task, exp.mesh, exp.rules, _init_key(cfg), abstract=False,
+      adapters_only=bool(cfg.model.checkpoint),
+    )  # fmt: skip
+    own = lora.split_adapters(fresh)[1]  # not the int8 scales: the base keeps its own
+    params = lora.join_adapters(params, own) if cfg.model.checkpoint else fresh
   tx, rng = exp.program.learner.optimizer, jax.random.PRNGKey(cfg.seed)
   return _initial_state(cfg, tx, params, param_shardings, exp.mesh, rng, abstract=False)
 
@@ -412,7 +417,7 @@ def build(
     state=state,
     state_shardings=state_shardings,
     program=_in_lockstep(program),
-    eval_fn=make_eval_fn(model, task, cfg, mesh, rules, runs),
+    eval_fn=make_eval_fn(model, task, cfg, mesh, rules, runs, run_axes(state).params),
     schedule=schedule,
     batch_sharding=sharding.rows(mesh),
     meta=run_meta(cfg, mc, abstract=abstract),

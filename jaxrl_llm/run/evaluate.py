@@ -3,6 +3,9 @@ temperature, and the greedy completions' length."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -34,7 +37,9 @@ def _correct(task, rollout, batch: PromptBatch, g: int):
   return terms["correct"]
 
 
-def make_eval_fn(model, task, cfg: Config, mesh, rules=sharding.DEFAULT_RULES, runs: int = 0):
+def make_eval_fn(
+  model, task, cfg: Config, mesh, rules=sharding.DEFAULT_RULES, runs: int = 0, param_axes: Any = 0
+):
   """Held-out evaluation `(params, batch, rng, answers=None, values=None) -> metrics`: greedy
   accuracy and pass@k at the sampling temperature (`values`: a packed run's own sampling
   values, traced, in place of the config's).
@@ -43,11 +48,13 @@ def make_eval_fn(model, task, cfg: Config, mesh, rules=sharding.DEFAULT_RULES, r
   tasks) scores the decoded completions afterwards: `answers` are the eval set's host
   reference answers (None for in-graph tasks, whose answers are token arrays in `batch`).
   `runs` > 0: a pack's evaluation, vmapped over the runs axis of params, rng and values (the
-  batch and answers are shared); each metric gains a leading runs axis.
+  batch and answers are shared); each metric gains a leading runs axis. `param_axes`: the
+  params' vmap axes (`rl.step.run_axes`: None on a frozen base the runs share).
   """
-  greedy_cfg = cfg.sampling.sampler(task, greedy=True, group_size=1)
+  axis = sharding.PACK_AXIS if runs else None  # a pack's decode loops stop together
+  greedy_cfg = replace(cfg.sampling.sampler(task, greedy=True, group_size=1), loop_axis=axis)
   k = cfg.train.pass_k
-  passk_cfg = cfg.sampling.sampler(task, group_size=max(k, 1))
+  passk_cfg = replace(cfg.sampling.sampler(task, group_size=max(k, 1)), loop_axis=axis)
   repl = NamedSharding(mesh, PartitionSpec())
   host = task.rewards_on_host
 
@@ -60,7 +67,10 @@ def make_eval_fn(model, task, cfg: Config, mesh, rules=sharding.DEFAULT_RULES, r
     return _summarise(_correct(task, greedy, batch, 1), pk, greedy.lengths, k)
 
   if runs:
-    eval_fn = jax.vmap(eval_fn, in_axes=(0, None, 0, 0), spmd_axis_name=sharding.RUNS_AXIS)
+    in_axes = (param_axes, None, 0, 0)
+    eval_fn = jax.vmap(
+      eval_fn, in_axes, axis_name=sharding.PACK_AXIS, spmd_axis_name=sharding.RUNS_AXIS
+    )
   jitted = jax.jit(sharding.traced_with_rules(eval_fn, mesh, rules), out_shardings=repl)
   jitted = distributed.lockstep(jitted, "evaluation")
   if not host:

@@ -29,9 +29,10 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jaxrl_llm import objectives, sharding
 from jaxrl_llm.config import Config, ConfigError, parse
 from jaxrl_llm.data.pipeline import PROMPT_KEYS
-from jaxrl_llm.rl.step import packed_sharding
+from jaxrl_llm.models import lora
+from jaxrl_llm.rl.step import over_runs, packed_sharding, shared_leaf
 from jaxrl_llm.run.assemble import Experiment, build, device_columns, initial_state
-from jaxrl_llm.types import PromptBatch
+from jaxrl_llm.types import PromptBatch, TrainState
 
 # Fields a pack may vary besides the objective's hyperparameters (see `packable_fields`).
 _PER_RUN = (
@@ -115,7 +116,7 @@ class Pack:
 
   def stacked(self, states: Sequence[Any]) -> Any:
     """The runs' states (no reference copy yet) stacked into the pack's state shardings."""
-    shardings = jax.tree.map(packed_sharding, self.exp.state_shardings)
+    shardings = over_runs(self.exp.state_shardings, packed_sharding)
     return jax.device_put(stack(states), shardings)
 
   @property
@@ -139,10 +140,12 @@ def build_pack(configs: Sequence[Any], names: Sequence[str] | None = None, *, de
   if not configs:
     raise ConfigError("a pack needs at least one run")
   varied = check_packable(configs)
-  if configs[0].model.arch.lora_rank:
+  seeds = sorted({c.seed for c in configs})
+  if configs[0].model.arch.lora_rank and not configs[0].model.checkpoint and len(seeds) > 1:
     raise ConfigError(
-      "a pack of runs with adapters (model.lora_rank > 0) is not built yet; sweep them as "
-      "separate runs (tools/sweep.py without --packed)"
+      f"the runs of a pack with adapters share one frozen base, but without model.checkpoint "
+      f"each seed initialises its own (seeds {seeds}): start them from a checkpoint, or pack "
+      "each seed's runs apart"
     )
   exp = build(configs[0], devices=devices, runs=len(configs))
   groups = exp.mesh.shape[sharding.RUNS_AXIS]
@@ -168,12 +171,20 @@ def per_run_sharding(mesh) -> NamedSharding:
 
 
 def stack(trees: Sequence[Any]) -> Any:
-  """The trees stacked on a new leading axis (None leaves stay None)."""
-  return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+  """The trees stacked on a new leading axis (None leaves stay None); of TrainStates under
+  adapters, the frozen base the runs share is the first's, unstacked."""
+  if not isinstance(trees[0], TrainState):
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+  adapters = lora.has_adapters(trees[0].params)
+  return jax.tree_util.tree_map_with_path(
+    lambda path, *xs: xs[0] if shared_leaf(path, adapters) else jnp.stack(xs), *trees
+  )
 
 
 def unstack(tree: Any, r: int) -> Any:
-  """Run `r`'s slice of a stacked tree."""
+  """Run `r`'s slice of a stacked tree (of a TrainState, the shared base as it is)."""
+  if isinstance(tree, TrainState):
+    return over_runs(tree, lambda x: x[r])
   return jax.tree.map(lambda x: x[r], tree)
 
 

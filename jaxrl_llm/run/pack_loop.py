@@ -89,9 +89,10 @@ def _restore(pack: Pack, ckpt, data: PackIterator):
   """The pack's newest checkpoint that verifies (state, data positions), or None; one of
   another grid or model is refused with one line."""
   state = init_reference(pack.state, pack.configs[0].kl.beta)
-  abstract, expect = resume_target(state, pack.meta(), keys=("model", "pack"))
+  stored = pack.exp.stored(state)  # under adapters the adapters alone, as a single run's
+  abstract, expect = resume_target(stored, pack.meta(), keys=("model", "pack", "base"))
   resumed = ckpt.restore_latest(abstract, data_iter=data, expect=expect)
-  return None if resumed is None else resumed[1]
+  return None if resumed is None else pack.exp.from_stored(resumed[1])
 
 
 def _initial_state(pack: Pack, ckpt, data: PackIterator, runs: list[_Run], root: str):
@@ -104,7 +105,7 @@ def _initial_state(pack: Pack, ckpt, data: PackIterator, runs: list[_Run], root:
   state = init_reference(pack.state, pack.configs[0].kl.beta)
   if pack.configs[0].sft.steps:
     state = init_reference(_warm_started(pack, runs), pack.configs[0].kl.beta)
-    ckpt.save(0, state, data_iter=data, meta=pack.meta(), force=True)
+    ckpt.save(0, pack.exp.stored(state), data_iter=data, meta=pack.meta(), force=True)
   return state
 
 
@@ -125,7 +126,8 @@ def _loop(pack: Pack, state, data: PackIterator, ckpt, runs: list[_Run], evaluat
       run.logger.step(done, own)
     if done % tr.eval_every == 0 or done == tr.num_steps:
       evaluate(done, state.params)
-    ckpt.save(done, state, data_iter=data, meta=pack.meta(), force=done in (end, tr.num_steps))
+    force = done in (end, tr.num_steps)
+    ckpt.save(done, pack.exp.stored(state), data_iter=data, meta=pack.meta(), force=force)
   return state, end
 
 
@@ -250,6 +252,6 @@ def take_out(
     f.copy(target, overwrite=True)
   meta = run_meta(cfg, pack.exp.model.cfg)
   with ckpt_lib.Checkpointer(workdir, save_every=tr.checkpoint_every) as out:
-    out.save(step, own, data_iter=data.iterators[r], meta=meta, force=True)
+    out.save(step, pack.exp.stored(own), data_iter=data.iterators[r], meta=meta, force=True)
   logging.info("took run %s out of the pack in %s at step %d into %s", name, root, step, workdir)
   return step
