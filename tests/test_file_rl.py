@@ -6,7 +6,7 @@ import ml_collections
 import numpy as np
 import pytest
 from conftest import tiny_config
-from text_fixtures import build_bpe_tokenizer, write_math_jsonl
+from text_fixtures import math_file_run
 
 from jaxrl_llm import metrics
 from jaxrl_llm.data import file_task, verifiers
@@ -27,23 +27,8 @@ def _flaky(completion: str, reference: str) -> float:
 
 @pytest.fixture
 def file_config(tmp_path):
-  tok_dir = build_bpe_tokenizer(tmp_path / "tok")
-  records = write_math_jsonl(tmp_path / "math.jsonl", n=36)
-  c = tiny_config(
-    **{
-      "data.train_files": str(tmp_path / "math.jsonl"),
-      "data.tokenizer": str(tok_dir),
-      "data.template": "qwen_math_chat",
-      "data.prompt_len": 128,
-      "data.eval_fraction": 0.25,
-      "sampling.max_new_tokens": 12,
-      "model.vocab_size": 512,
-      "task.eval_size": 4,
-      "train.num_steps": 3,
-      "train.eval_every": 3,
-      "train.checkpoint_every": 3,
-    }
-  )
+  overrides, records = math_file_run(tmp_path)
+  c = tiny_config(**overrides)
   c.task.reward_weights = ml_collections.ConfigDict({"math_correct": 1.0, "math_format_boxed": 0.5})
   return c, records
 

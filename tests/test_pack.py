@@ -317,27 +317,14 @@ def _parity(completion: str, reference: str) -> float:
 def file_configs(tmp_path, monkeypatch):
   """Two runs on a JSONL math file with host verifiers (BPE tokenizer, chat template), varying
   the clip width, the temperature and the seed."""
-  from text_fixtures import build_bpe_tokenizer, write_math_jsonl
+  from text_fixtures import math_file_run
 
   from jaxrl_llm.data import verifiers
 
   monkeypatch.setitem(verifiers.REWARD_FNS, "parity", _parity)
-  write_math_jsonl(tmp_path / "math.jsonl", n=36)
-  common = {
-    "data.train_files": str(tmp_path / "math.jsonl"),
-    "data.tokenizer": str(build_bpe_tokenizer(tmp_path / "tok")),
-    "data.template": "qwen_math_chat",
-    "data.prompt_len": 128,
-    "data.eval_fraction": 0.25,
-    "sampling.max_new_tokens": 12,
-    "model.vocab_size": 512,
-    "task.eval_size": 4,
-    "task.reward_weights": {"math_correct": 1.0, "parity": 0.5},
-    "train.num_steps": 3,
-    "train.eval_every": 3,
-    "train.checkpoint_every": 3,
-  }
-  return _configs(GRID, **common)
+  overrides, _ = math_file_run(tmp_path)
+  overrides["task.reward_weights"] = {"math_correct": 1.0, "parity": 0.5}
+  return _configs(GRID, **overrides)
 
 
 def test_a_pack_of_prompt_file_runs_verifies_each_runs_completions_as_the_run_alone(file_configs):

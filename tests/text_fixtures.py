@@ -77,6 +77,28 @@ def write_math_jsonl(path: str | pathlib.Path, n: int = 36) -> list[dict]:
   return records
 
 
+def math_file_run(folder: str | pathlib.Path) -> tuple[dict, list[dict]]:
+  """(config overrides, records) of a tiny RL run on a JSONL math file written in `folder`,
+  with a BPE tokenizer built there and the Qwen math chat template: 3 RL steps, one
+  evaluation of 4 held-out prompts at the end."""
+  folder = pathlib.Path(folder)
+  records = write_math_jsonl(folder / "math.jsonl", n=36)
+  overrides = {
+    "data.train_files": str(folder / "math.jsonl"),
+    "data.tokenizer": str(build_bpe_tokenizer(folder / "tok")),
+    "data.template": "qwen_math_chat",
+    "data.prompt_len": 128,
+    "data.eval_fraction": 0.25,
+    "sampling.max_new_tokens": 12,
+    "model.vocab_size": 512,
+    "task.eval_size": 4,
+    "train.num_steps": 3,
+    "train.eval_every": 3,
+    "train.checkpoint_every": 3,
+  }
+  return overrides, records
+
+
 def _corpus() -> list[str]:
   text = [r["prompt"] + " " + r["answer"] for r in math_records(120)]
   text += [
