@@ -381,6 +381,7 @@ def _adapter_configs(grid=GRID, **common):
   return _configs(grid, **adapters)
 
 
+@pytest.mark.slow
 def test_a_pack_of_runs_with_adapters_shares_one_base_and_equals_each_run_alone():
   """Adapters on a Hugging Face base, packed over clip, temperature, learning rate and seed,
   with a KL term (its reference is the shared base): the pack's state holds the base once (no
