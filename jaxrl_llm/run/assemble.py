@@ -5,6 +5,7 @@ programs (the fused RL step, or sample → host verifiers → learn, and the eva
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from collections.abc import Callable
@@ -125,8 +126,7 @@ def host_reward_step(exp: Experiment, state: TrainState, np_batch: dict, rng: ja
   batch = to_global_batch(np_batch, exp.batch_sharding)
   rollout = exp.program.sample(state, batch, rng)
   completions = distributed.local_rows(rollout.tokens)
-  references = np.repeat(np.asarray(np_batch["answer"]), exp.config.sampling.group_size)
-  terms, stats = exp.task.host_reward_terms(completions, references)
+  terms, stats = verify_on_host(exp, completions, np_batch["answer"])
   if jax.process_count() > 1:
     terms = {
       k: jax.make_array_from_process_local_data(exp.batch_sharding, np.asarray(v, np.float32))
@@ -139,6 +139,13 @@ def host_reward_step(exp: Experiment, state: TrainState, np_batch: dict, rng: ja
   metrics = dict(metrics)
   metrics.update({k: np.float32(v) for k, v in stats.items()})
   return state, metrics
+
+
+def verify_on_host(exp: Experiment, completions: np.ndarray, answers) -> tuple[dict, dict]:
+  """The host verifiers' reward terms [B] and failure counts of `completions` (G rows per
+  prompt, group-major) against their prompts' reference `answers` [P]."""
+  references = np.repeat(np.asarray(answers), exp.config.sampling.group_size)
+  return exp.task.host_reward_terms(completions, references)
 
 
 def build_task(cfg: Config):
@@ -303,13 +310,12 @@ def initial_state(exp: Experiment, cfg: Config) -> TrainState:
   optimiser state and its own key."""
   params = exp.state.params
   param_shardings = exp.state_shardings.params
-  if cfg.seed != exp.config.seed and (not cfg.model.checkpoint or cfg.model.arch.lora_rank):
-    fresh, _ = _init_params(
-      exp.model, exp.task, exp.mesh, exp.rules, _init_key(cfg), abstract=False,
-      adapters_only=bool(cfg.model.checkpoint),
-    )  # fmt: skip
-    own = lora.split_adapters(fresh)[1]  # not the int8 scales: the base keeps its own
-    params = lora.join_adapters(params, own) if cfg.model.checkpoint else fresh
+  init = functools.partial(_init_params, exp.model, exp.task, exp.mesh, exp.rules, _init_key(cfg))
+  if cfg.seed != exp.config.seed and not cfg.model.checkpoint:
+    params, _ = init(abstract=False)
+  elif cfg.seed != exp.config.seed and cfg.model.arch.lora_rank:  # its adapters, the same base
+    fresh, _ = init(abstract=False, adapters_only=True)
+    params = lora.join_adapters(params, lora.split_adapters(fresh)[1])  # not the int8 scales
   tx, rng = exp.program.learner.optimizer, jax.random.PRNGKey(cfg.seed)
   return _initial_state(cfg, tx, params, param_shardings, exp.mesh, rng, abstract=False)
 

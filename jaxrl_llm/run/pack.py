@@ -2,9 +2,11 @@
 
 The runs of a clip x temperature x seed grid differ only in values, not in the program's
 shapes, so one jitted step serves them all: the train state gains a leading runs axis
-(parameters, optimiser state, PRNG keys), the step is vmapped over it, and each field the grid
+(parameters, optimiser state, PRNG keys; under adapters the frozen base has none: one copy
+serves every run, `rl.step.run_axes`), the step is vmapped over it, and each field the grid
 varies enters the step as a traced per-run value (`Learner.with_values`) instead of a
-compile-time constant. `PACKABLE` names those fields; a grid over any other field (objective
+compile-time constant. Runs on prompt files sample in one program, are verified on the host
+run by run, and learn in one program. `PACKABLE` names those fields; a grid over any other field (objective
 name, model shape, group size, ...) changes the program and is refused with one line.
 
 Each run stays a run for the user: its own TensorBoard folder `ROOT/<name>` (config.json,

@@ -21,7 +21,7 @@ from jaxrl_llm.config import ConfigError
 from jaxrl_llm.rl import init_reference
 from jaxrl_llm.rl.step import packed_sharding
 from jaxrl_llm.run import record
-from jaxrl_llm.run.assemble import run_meta, to_global_batch
+from jaxrl_llm.run.assemble import run_meta, to_global_batch, verify_on_host
 from jaxrl_llm.run.guard import SkipGuard
 from jaxrl_llm.run.loop import Logger, eval_line, finished_run, resume_target, train_iterator
 from jaxrl_llm.run.pack import (
@@ -142,13 +142,10 @@ def _host_reward_update(pack: Pack, state, np_batch: dict, keys):
   """Every run's RL update with host verifiers: the packed sampler, then each run's decoded
   completions scored against its own prompts' answers, then the packed learner (as
   `host_reward_step` does for one run); returns (state, host metrics [R])."""
-  exp, g = pack.exp, pack.configs[0].sampling.group_size
+  exp = pack.exp
   rollout = exp.program.sample(state, batch_to_device(np_batch, exp.mesh), keys, pack.values)
   tokens = jax.device_get(rollout.tokens)  # [R, B, T]
-  scored = [
-    exp.task.host_reward_terms(tokens[r], np.repeat(np_batch["answer"][r], g))
-    for r in range(pack.size)
-  ]
+  scored = [verify_on_host(pack.run(r), tokens[r], np_batch["answer"][r]) for r in range(pack.size)]
   rows = packed_sharding(sharding.rows(exp.mesh))
   terms = {
     k: jax.device_put(np.stack([t[k] for t, _ in scored]).astype(np.float32), rows)
