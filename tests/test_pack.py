@@ -342,6 +342,8 @@ def test_a_pack_of_prompt_file_runs_verifies_each_runs_completions_as_the_run_al
   for i in range(2):
     state, m = _host_reward_update(pack, state, next(data), packed_keys(state.rng, i))
     got.append(m)
+  program = pack.exp.program  # no recompilation after the first step
+  assert program.sample._cache_size() == 1 and program.learn._cache_size() == 1
   for r, config in enumerate(file_configs):
     exp = build(config)
     own, it = init_reference(exp.state, exp.config.kl.beta), train_iterator(exp)

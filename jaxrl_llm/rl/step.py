@@ -413,7 +413,14 @@ def _packed_program(ctx: Learner, reward_fn, traced, mesh: Mesh, state_shardings
       out_shardings=(states, per_run),
       donate_argnums=(0,),
     ),
-    sample=jax.jit(packed(functools.partial(sample_phase, ctx), 4)),
-    learn=jax.jit(packed(functools.partial(learn, ctx), 5, (axes, 0)), donate_argnums=(0,)),
+    sample=jax.jit(
+      packed(functools.partial(sample_phase, ctx), 4),
+      in_shardings=(states, batch, per_run, per_run),
+    ),
+    learn=jax.jit(
+      packed(functools.partial(learn, ctx), 5, (axes, 0)),
+      out_shardings=(states, per_run),
+      donate_argnums=(0,),
+    ),
     learner=ctx,
   )
