@@ -27,7 +27,9 @@ from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.transformer import Transformer, positions_from_mask
 
 _GROUPS = (37, 0, 150, 1, 64, 200, 100, 48)  # 600 rows over 8 experts, one empty, one of 1 row
-_GROUPED_SHAPE = (640, 128, 128)  # M (40 rows past the groups), K, N
+# M (40 rows past the groups), K, N: N=384 takes the block sizes a model's experts do (192
+# columns, 2 column blocks; `grouped.kernel_blocks`, `weight_grad_blocks`).
+_GROUPED_SHAPE = (640, 128, 384)
 
 
 def _grouped_case(ops: str, output: str):

@@ -73,8 +73,16 @@ def test_memory_table_targets_parse_and_bad_ones_are_named():
   assert memory_table.parse_target("tpu:v5e-8") == ("tpu", "v5e-8", {"data": 1, "fsdp": -1})
   with pytest.raises(ValueError, match="'fsdp' is not AXIS=SIZE"):
     memory_table.parse_target("cpu:8:fsdp")
-  with pytest.raises(ValueError, match="starts with cpu: or tpu:"):
-    memory_table.parse_target("gpu:8")
+  assert memory_table.parse_target("gpu:1") == ("gpu", "1", {"data": 1, "fsdp": -1})
+  with pytest.raises(ValueError, match="starts with cpu:, gpu: or tpu:"):
+    memory_table.parse_target("tpx:8")
+
+
+def test_a_gpu_target_without_a_gpu_is_a_skipped_row_naming_what_is_missing():
+  if any(d.platform == "gpu" for d in jax.local_devices()):
+    pytest.skip("this machine has a GPU: the row would be planned")
+  row = memory_table.row("dense-e64-twin", "gpu:1", [], 0, 0, 80.0)
+  assert row["skipped"] == "gpu:1 needs 1 GPUs; this process has 0"
 
 
 def test_memory_table_help_lists_the_shapes_and_the_target_syntax(capsys):

@@ -288,6 +288,15 @@ def program_for(exp: Experiment, full_length: bool):
   )
 
 
+_T0 = time.perf_counter()
+
+
+def progress(what: str) -> None:
+  """One line on stderr with the seconds since start: a run cut off by a time limit still says
+  where its time went (compile, warm-up, steps, the peer)."""
+  print(f"[{time.perf_counter() - _T0:7.1f} s] {what}", file=sys.stderr, flush=True)
+
+
 def bench(
   config,
   steps: int,
@@ -299,6 +308,7 @@ def bench(
 ) -> dict[str, object]:
   """Runs `steps` warm fused RL steps and a sampler-only pass; returns the measurements."""
   config = parse(config)
+  progress("building the run")
   exp = build(config)
   program = program_for(exp, full_length)
   ctx = program.learner
@@ -316,10 +326,12 @@ def bench(
     functools.partial(quant.sampler_params, dtype=ctx.sampler_dtype), state.params
   )
 
+  progress("compiling the fused step")
   t0 = time.perf_counter()
   compiled = program.step.lower(state, batches[0], state.rng).compile()
   compile_s = time.perf_counter() - t0
   compiled_memory = _memory_analysis(compiled)
+  progress(f"compiled in {compile_s:.1f} s; warm-up step")
 
   step_times, gen_tokens = [], []
   state, m = compiled(state, batches[0], jax.random.fold_in(state.rng, 0))  # warm-up
@@ -330,6 +342,7 @@ def bench(
     m = jax.device_get(m)
     step_times.append(time.perf_counter() - t0)
     gen_tokens.append(float(m["perf/generated_tokens"]))
+    progress(f"step {i}/{steps}: {step_times[-1]:.3f} s")
   learner_tokens = float(m["perf/learner_tokens"])
   if profile_dir:  # one more warm step under the profiler (tools/trace_summary.py reads it)
     with jax.profiler.trace(profile_dir, create_perfetto_trace=True):
@@ -338,6 +351,7 @@ def bench(
 
   # The fused step's own sample phase: the sampler's weight copy (sampling.param_dtype).
   sample_fn = program.sample
+  progress("the sampler alone: compile and warm-up")
   jax.block_until_ready(sample_fn(state, batches[0], state.rng))
   sample_times, sample_tokens, decode_steps = [], [], []
   for i in range(1, steps + 1):
@@ -556,7 +570,9 @@ def run(
   peer_result = None
   if peer:
     spec = peer_spec(config, steps)
+    progress(f"the peer ({peer}) first, in its own process")
     peer_result = run_peer(peer, spec, peer_python, peer_timeout_s)
+    progress(f"the peer ended: {peer_result.get('error') or 'ok'}")
   result = {"shape": shape, **bench(config, steps, **bench_kwargs)}
   result["host_baseline_rss_bytes"] = baseline
   if peer_result is not None:

@@ -63,6 +63,7 @@ def _timed(step, state, batches, steps: int):
     state, metrics = step(state, next(batches), i)
     jax.block_until_ready(metrics)
     times.append(time.perf_counter() - t)
+    bench.progress(f"step {i}: {times[-1]:.3f} s" + (" (compile included)" if i == 0 else ""))
   return times[0], statistics.median(times[1:]), state
 
 
@@ -104,12 +105,16 @@ def main(argv=None) -> int:
   backend.choose()  # as the trainer's command line does
   config = base_config(args.shape)
   config.mesh.data = 1
+  bench.progress("one run's fused step")
   single_first, single = time_single(config, args.steps)
+  bench.progress("one run's compile-only plan")
   one = plan.plan(parse(config), devices=jax.devices()[:1])
   device = jax.devices()[0]
   for n in (int(x) for x in args.runs.split(",")):
     configs = grid(config, n)
+    bench.progress(f"the packed step of {n} runs")
     pack_first, packed = time_pack(configs, args.steps)
+    bench.progress(f"the pack of {n}'s compile-only plan")
     memory = plan.plan(parse(configs[0]), devices=jax.devices()[:1], runs=n)
     result = {
       "shape": args.shape,

@@ -4,14 +4,22 @@
 #
 #   BUDGET_S=540 bash tools/gpu_card.sh [STEP ...]
 #
-# Steps (default: all, in this order). First the checks, then what no card has measured yet,
-# then the re-measurements of what the README already quotes (2026-11-26, one H200):
+# Steps run in the order given (default: all, in this order). First an import check and the
+# device checks, then what no card has measured yet, then the re-measurements of what the README
+# already quotes (2026-11-26, one H200):
+#   preflight       imports every module a step needs (a missing wheel stops nothing else)
 #   checks          tools/device_check.py: every fast path `auto` may choose, against its reference
 #   grouped         the grouped matmul at E=64, M=16,384, K=1024, N=384, timed back to back and by
 #                   CUPTI (the 2026-11-26 figures waited for every call: host time included)
 #   grouped_sweep   the three Mosaic kernels over block sizes at that shape, each setting's time
 #                   and error against `jax.lax.ragged_dot` (the sizes in use were tuned at
 #                   M=137,728 on an H100)
+#   moe_plan        compile-only plan on this GPU (tools/memory_table.py --targets=gpu:1) of
+#                   dense-e64-twin and moe-e64: their peaks side by side, no step run (XLA's
+#                   autotuning off, so it runs beside a timed step without touching the card)
+#   pack_plan       likewise, Qwen2.5-7B with an int8 base and rank-16 adapters, a pack of 2 runs
+#                   of 64 x (512 + 4,096) tokens: the adapter pack's 80 GB claim on a GPU compiler
+#   pack_medium     tools/bench_pack.py --shape=medium --runs=8: a pack of 8 against 8 runs alone
 #   moe, dense_twin tools/bench.py at moe-e64 (Mosaic grouped matmuls) and its dense twin
 #   decode256       qwen2.5-0.5b at 256 sequences (rl.num_prompts=32): the decode goal's shape
 #   decode256_kv0   the same with the whole-cache decode (sampling.kv_block=0): the staged
@@ -25,7 +33,10 @@
 #                   qwen2.5-1.5b
 # Wheels in $WHEELS (default .whl/: untracked, so it travels with the working tree) not
 # installed on the machine go to $SITE first; gather them beforehand with
-#   pip download --no-deps -d .whl grain ml_collections trl peft datasets
+#   pip download --no-deps -d .whl grain portpicker array_record ml_collections trl datasets \
+#     'dill<0.4.2' 'multiprocess<0.70.20'
+# (grain 0.2.18 and datasets 5.2 with what they need that the 2026-11 CUDA image lacks; peft,
+# torch and transformers are in it).
 # Results go to $OUT (or /tmp/gpu_card): every step's stdout in results.txt and its stderr in
 # logs.txt, each headed by the step's name and exit status (a device call brings back only a few
 # files).
@@ -68,7 +79,6 @@ step() {
   [ "$rc" -ne 0 ] && grep -v '^    @' "/tmp/gpu_card_$name.log" | tail -n 8
 }
 
-want() { [ ${#STEPS[@]} -eq 0 ] || [[ " ${STEPS[*]} " == *" $1 "* ]]; }
 STEPS=("$@")
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader || true
 python3 -c "import jax, jaxlib; print('jax', jax.__version__, jax.devices())"
@@ -81,29 +91,76 @@ if XLA_FLAGS="${XLA_FLAGS:-} $TUNE" python3 -c "import jax; jax.jit(lambda x: x 
   export XLA_FLAGS="${XLA_FLAGS:-} $TUNE"
   echo "autotune cache: ${TUNE#*=}"
 fi
+# Compile-only steps run beside timed ones: with autotuning off they run nothing on the card.
+NOTUNE=""
+if XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" \
+  python3 -c "import jax; jax.jit(lambda x: x + 1)(1.0)" >/dev/null 2>&1; then
+  NOTUNE="--xla_gpu_autotune_level=0"
+fi
+PLAN=(env "XLA_FLAGS=${XLA_FLAGS:-} $NOTUNE" python3 tools/memory_table.py --targets=gpu:1)
+LONG=(--prompt_len=512 --new_tokens=4096 --set=model.scan_layers=true
+  --set=sampling.param_dtype=bfloat16 --set=model.param_dtype=bfloat16)
 B05=(--shape=qwen2.5-0.5b --steps=2)
 B15=(--shape=qwen2.5-1.5b --steps=2)
 B256=("${B05[@]}" --set=rl.num_prompts=32)  # 256 sequences
-want checks && step checks 150 python3 tools/device_check.py --json="$OUT/checks.json"
 GROUPED=(--rows=16384 --k=1024 --n=384 --experts=64)
-want grouped && step grouped 60 python3 tools/bench_grouped.py "${GROUPED[@]}" --iters=20
-want grouped_sweep && step grouped_sweep 120 python3 tools/bench_grouped.py "${GROUPED[@]}" \
-  --iters=10 --sweep
-want moe && step moe 240 python3 tools/bench.py --shape=moe-e64 --steps=2
-want dense_twin && step dense_twin 120 python3 tools/bench.py --shape=dense-e64-twin --steps=2
-want decode256 && step decode256 200 python3 tools/bench.py "${B256[@]}"
-want decode256_kv0 && step decode256_kv0 200 python3 tools/bench.py "${B256[@]}" \
-  --set=sampling.kv_block=0
-want qwen15_trl && step qwen15_trl 300 python3 tools/bench.py "${B15[@]}" --peer=trl \
-  --peer_timeout_s=240
-want lora15_trl && step lora15_trl 300 python3 tools/bench.py "${B15[@]}" --peer=trl \
-  --peer_timeout_s=240 --set=model.lora_rank=16
-want qwen15_noremat && step qwen15_noremat 200 python3 tools/bench.py "${B15[@]}" \
-  --set=rl.remat=none
-want qwen05_bf16_trl && step qwen05_bf16_trl 270 python3 tools/bench.py "${B05[@]}" --peer=trl \
-  --peer_timeout_s=170 --set=model.param_dtype=bfloat16
-want qwen05 && step qwen05 270 python3 tools/bench.py --shape=qwen2.5-0.5b --steps=3 \
-  --peer=trl --peer_timeout_s=170 --profile_dir=/tmp/profile_qwen05
-want qwen05 && step qwen05_profile 40 python3 tools/trace_summary.py /tmp/profile_qwen05 --top=12
-want qwen15 && step qwen15 200 python3 tools/bench.py "${B15[@]}"
+# run_step NAME: one step by name (the names above; anything else is refused in one line).
+run_step() {
+  case $1 in
+    preflight) step preflight 60 python3 -c "$PREFLIGHT" ;;
+    checks) step checks 150 python3 tools/device_check.py --json="$OUT/checks.json" ;;
+    grouped) step grouped 60 python3 tools/bench_grouped.py "${GROUPED[@]}" --iters=20 ;;
+    grouped_sweep)
+      step grouped_sweep 120 python3 tools/bench_grouped.py "${GROUPED[@]}" --iters=10 --sweep ;;
+    moe_plan) step moe_plan 300 "${PLAN[@]}" --shapes=dense-e64-twin,moe-e64 ;;
+    pack_plan)
+      step pack_plan 300 "${PLAN[@]}" --shapes=qwen2.5-7b "${LONG[@]}" \
+        --set=model.lora_rank=16 --set=model.lora_base_dtype=int8 --runs=2 ;;
+    pack_medium)
+      step pack_medium 240 python3 tools/bench_pack.py --shape=medium --runs=8 --steps=3 ;;
+    moe) step moe 240 python3 tools/bench.py --shape=moe-e64 --steps=2 ;;
+    dense_twin) step dense_twin 120 python3 tools/bench.py --shape=dense-e64-twin --steps=2 ;;
+    decode256) step decode256 300 python3 tools/bench.py "${B256[@]}" ;;
+    decode256_kv0)
+      step decode256_kv0 300 python3 tools/bench.py "${B256[@]}" --set=sampling.kv_block=0 ;;
+    qwen15_trl)
+      step qwen15_trl 360 python3 tools/bench.py "${B15[@]}" --peer=trl --peer_timeout_s=240 ;;
+    lora15_trl)
+      step lora15_trl 360 python3 tools/bench.py "${B15[@]}" --peer=trl --peer_timeout_s=240 \
+        --set=model.lora_rank=16 ;;
+    qwen15_noremat)
+      step qwen15_noremat 240 python3 tools/bench.py "${B15[@]}" --set=rl.remat=none ;;
+    qwen05_bf16_trl)
+      step qwen05_bf16_trl 270 python3 tools/bench.py "${B05[@]}" --peer=trl \
+        --peer_timeout_s=170 --set=model.param_dtype=bfloat16 ;;
+    qwen05)
+      step qwen05 270 python3 tools/bench.py --shape=qwen2.5-0.5b --steps=3 --peer=trl \
+        --peer_timeout_s=170 --profile_dir=/tmp/profile_qwen05
+      step qwen05_profile 40 python3 tools/trace_summary.py /tmp/profile_qwen05 --top=12 ;;
+    qwen15) step qwen15 240 python3 tools/bench.py "${B15[@]}" ;;
+    *) echo "== $1: no such step (steps: ${ALL[*]})" ;;
+  esac
+}
+# Every module a step imports, before any step spends its time: a missing wheel is one line.
+PREFLIGHT='
+import importlib, importlib.metadata as md, sys
+missing = []
+for m in ("jaxrl_llm.run", "grain", "ml_collections", "trl", "peft", "datasets", "transformers"):
+  try:
+    importlib.import_module(m)
+  except ImportError as err:
+    missing.append(f"{m}: {err}")
+def version(name):
+  try:
+    return md.version(name)
+  except md.PackageNotFoundError:
+    return None
+print({n: version(n) for n in ("jax", "grain", "trl", "peft", "datasets", "torch")})
+sys.exit("cannot import " + "; ".join(missing) if missing else 0)'
+ALL=(preflight checks grouped grouped_sweep moe_plan pack_plan pack_medium moe dense_twin
+  decode256 decode256_kv0 qwen15_trl lora15_trl qwen15_noremat qwen05_bf16_trl qwen05 qwen15)
+[ ${#STEPS[@]} -eq 0 ] && STEPS=("${ALL[@]}")
+for name in "${STEPS[@]}"; do
+  run_step "$name"
+done
 echo "== done in $(($(date +%s) - START))s"

@@ -10,7 +10,8 @@ lowered and compiled, and `compiled.memory_analysis()` is reported per device: a
 output, temporary bytes, and the peak (arguments + unaliased outputs + temp) against the
 device's capacity (`--runs=N`: the packed step of a pack of N runs, `run/pack.py`).
 Targets: `cpu:N[:AXIS=K...]` compiles for N CPU devices (fake ones when
-N > 1) as a proxy for N GPUs of `--capacity_gib` each; `tpu:SLICE[:AXIS=K...]` (v5e-8, v5p-8,
+N > 1) as a proxy for N GPUs of `--capacity_gib` each; `gpu:N[...]` for this machine's first N
+GPUs, against their own capacity (compile only: nothing is allocated); `tpu:SLICE[:AXIS=K...]` (v5e-8, v5p-8,
 v6e-8, ...) compiles for that TPU slice through libtpu (`pip install -e '.[tpu]'`) and uses the
 chip's HBM. The mesh is fsdp over all N devices unless axes are given. On a CPU-only machine the
 CPU backend's plan is an upper-bound proxy for a GPU's (GPU compilers fuse more). One JSON line
@@ -173,8 +174,8 @@ def parse_target(spec: str) -> tuple[str, str, dict[str, int]]:
   """`cpu:8:fsdp=4:model=2` -> ("cpu", "8", {"data": 1, "fsdp": 4, "model": 2})."""
   kind, _, rest = spec.partition(":")
   name, *axes = rest.split(":") if rest else ["1"]
-  if kind not in ("cpu", "tpu"):
-    raise ValueError(f"target {spec!r}: starts with cpu: or tpu:")
+  if kind not in ("cpu", "gpu", "tpu"):
+    raise ValueError(f"target {spec!r}: starts with cpu:, gpu: or tpu:")
   mesh = {"data": 1, "fsdp": -1}
   for item in axes:
     axis, _, size = item.partition("=")
@@ -187,7 +188,7 @@ def parse_target(spec: str) -> tuple[str, str, dict[str, int]]:
 
 
 def target_devices(kind: str, name: str):
-  """The devices a target compiles for (the first N CPU devices, or a TPU slice's)."""
+  """The devices a target compiles for (the first N CPU or local GPU devices, or a TPU slice's)."""
   import jax
 
   from jaxrl_llm import plan
@@ -195,6 +196,11 @@ def target_devices(kind: str, name: str):
   if kind == "tpu":
     return plan.tpu_slice_devices(name)
   n = int(name)
+  if kind == "gpu":
+    gpus = [d for d in jax.local_devices() if d.platform == "gpu"]
+    if len(gpus) < n:
+      raise RuntimeError(f"gpu:{n} needs {n} GPUs; this process has {len(gpus)}")
+    return gpus[:n]
   if jax.device_count() < n:
     raise RuntimeError(f"cpu:{n} needs {n} CPU devices; this process has {jax.device_count()}")
   return jax.devices()[:n]
@@ -299,7 +305,9 @@ def main(argv: list[str]) -> int:
     print(err, file=sys.stderr)
     return 2
   most = max([int(n) for k, n, _ in parsed if k == "cpu"] or [1])
-  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  # CPU targets compile on the CPU backend alone; a gpu target needs JAX's GPU platform too.
+  kinds = {k for k, _, _ in parsed}
+  os.environ.setdefault("JAX_PLATFORMS", "cuda,cpu" if "gpu" in kinds else "cpu")
   if most > 1:  # fake CPU devices; set before JAX starts
     os.environ["XLA_FLAGS"] = (
       os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={most}"

@@ -35,7 +35,8 @@ from absl import logging
 # `verified` trusts these rows without running the check again. Elsewhere the check runs.
 VERIFIED: frozenset[tuple[str, str, str]] = frozenset(
   {
-    ("moe_kernel", "NVIDIA H200", "0.11.2"),  # 2026-11-26, after the dx rows fix
+    # moe_kernel on the H200 (passed 2026-11-26) is checked once per process again until
+    # tools/device_check.py passes with the weight-gradient blocks and check shape of 2026-11-27.
     ("cudnn_attention", "NVIDIA H200", "0.11.2"),  # 2026-11-26
     ("sampler_bfloat16", "NVIDIA H200", "0.11.2"),  # 2026-11-26
   }
