@@ -115,16 +115,24 @@ def check_same_config(config) -> None:
     )
 
 
-def local_rows(x: jax.Array) -> np.ndarray:
-  """This process's rows of an array sharded over its leading (row) axis, in row order; a
-  fully addressable array is returned whole."""
+def local_rows(x: jax.Array, axis: int = 0) -> np.ndarray:
+  """This process's rows of an array sharded over its row axis `axis` (and no other), in row
+  order; a fully addressable array is returned whole."""
   if x.is_fully_addressable:
     return np.asarray(jax.device_get(x))
   shards: dict[int, np.ndarray] = {}
   for shard in x.addressable_shards:
-    start = shard.index[0].start or 0
+    start = shard.index[axis].start or 0
     shards.setdefault(start, np.asarray(shard.data))  # copies over other axes are equal
-  return np.concatenate([shards[s] for s in sorted(shards)], axis=0)
+  return np.concatenate([shards[s] for s in sorted(shards)], axis=axis)
+
+
+def summed(values: np.ndarray) -> np.ndarray:
+  """`values` summed over the processes (each process's own counts; a collective: every
+  process must call it). On one process, `values` as they are."""
+  if jax.process_count() == 1:
+    return np.asarray(values)
+  return np.sum(np.asarray(multihost_utils.process_allgather(np.asarray(values))), axis=0)
 
 
 def host_values(tree):

@@ -339,3 +339,77 @@ def test_an_unreachable_coordinator_stops_with_a_clear_line(tmp_path):
   last = proc.stderr.strip().splitlines()[-1]
   assert last.startswith("error: could not join the multi-process job through the coordinator")
   assert "localhost:9" in last and "within 5 s" in last
+
+
+def _launch_pack(processes, config, root, *grid):
+  """`tools/sweep.py --packed --distributed` over `grid` on `processes` processes (8 fake
+  devices in all); (exit status, output)."""
+  cmd = [sys.executable, str(REPO / "tools" / "launch_local.py"), f"--processes={processes}"]
+  cmd += [f"--devices_per_process={8 // processes}", "--", sys.executable]
+  cmd += [str(REPO / "tools" / "sweep.py"), f"--config={config}", f"--root={root}"]
+  cmd += ["--packed", "--distributed", *(f"--grid={g}" for g in grid)]
+  proc = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=900)
+  return proc.returncode, proc.stdout + proc.stderr
+
+
+def _assert_same_packs(a, b, names, keys, steps):
+  for name in names:
+    sa, sb = metrics.read_scalars(str(a / name)), metrics.read_scalars(str(b / name))
+    for key in keys:
+      va, vb = [v for _, v in sa[key]], [v for _, v in sb[key]]
+      assert len(va) == len(vb) == steps, (name, key)
+      np.testing.assert_allclose(va, vb, rtol=2e-5, atol=1e-6, err_msg=f"{name} {key}")
+    assert sa["eval/accuracy"] == sb["eval/accuracy"], name
+
+
+def test_a_pack_on_two_processes_equals_the_pack_on_one_and_resumes_from_their_checkpoint(tmp_path):
+  run = {"train.num_steps": 4, "train.checkpoint_every": 2, "train.eval_every": 4}
+  config = _config_file(tmp_path, run)
+  grid = ("objective.clip_high=0.2,0.28", "sampling.temperature=0.7,1.0")
+  names = [
+    f"objective.clip_high={c},sampling.temperature={t}" for c in (0.2, 0.28) for t in (0.7, 1.0)
+  ]
+  one, two = tmp_path / "one", tmp_path / "two"
+  for n, root in ((1, one), (2, two)):
+    rc, out = _launch_pack(n, config, root, *grid)
+    assert rc == 0, _why(out)
+  assert sorted(p.name for p in two.iterdir() if p.name in names) == sorted(names)
+  _assert_same_packs(one, two, names, COMPARED, 4)
+  # Events come from process 0 only: one event file per run.
+  assert all(
+    len([p for p in (two / n).iterdir() if p.name.startswith("events.")]) == 1 for n in names
+  )
+  # Four more steps from the two processes' step-4 checkpoint, against one process's.
+  longer = _config_file(tmp_path, {**run, "train.num_steps": 8}, name="longer.py")
+  for n, root in ((1, one), (2, two)):
+    rc, out = _launch_pack(n, longer, root, *grid)
+    assert rc == 0, _why(out)
+    assert "resumed the pack" in out
+  _assert_same_packs(one, two, names, COMPARED, 8)
+
+
+def test_a_prompt_file_pack_on_two_processes_scores_each_process_rows_as_one_process(tmp_path):
+  tok = build_bpe_tokenizer(tmp_path / "tok")
+  write_math_jsonl(tmp_path / "math.jsonl", n=48)
+  extra = {
+    "data.train_files": str(tmp_path / "math.jsonl"),
+    "data.tokenizer": str(tok),
+    "data.template": "qwen_math_chat",
+    "data.prompt_len": 128,
+    "data.eval_fraction": 0.25,
+    "sampling.max_new_tokens": 12,
+    "model.vocab_size": 512,
+    "task.eval_size": 8,
+    "train.num_steps": 2,
+    "train.eval_every": 2,
+    "train.checkpoint_every": 2,
+  }
+  body = 'c.task.reward_weights = ml_collections.ConfigDict({"math_correct": 1.0, "math_format_boxed": 0.5})'
+  config = _config_file(tmp_path, extra, body=body)
+  names = [f"sampling.temperature={t}" for t in (0.7, 1.0)]
+  one, two = tmp_path / "one", tmp_path / "two"
+  for n, root in ((1, one), (2, two)):
+    rc, out = _launch_pack(n, config, root, "sampling.temperature=0.7,1.0")
+    assert rc == 0, _why(out)
+  keys = ("policy/loss", "rollout/reward_mean", "reward/math_format_boxed", "verifier/errors")
+  _assert_same_packs(one, two, names, keys, 2)

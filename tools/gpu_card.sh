@@ -91,6 +91,9 @@ if XLA_FLAGS="${XLA_FLAGS:-} $TUNE" python3 -c "import jax; jax.jit(lambda x: x 
   export XLA_FLAGS="${XLA_FLAGS:-} $TUNE"
   echo "autotune cache: ${TUNE#*=}"
 fi
+# JAX's persistent compilation cache: a step cut off after compiling skips its compile when run
+# again on the same machine (its bench JSON's compile_s is then the cache's load time).
+export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/gpu_card_jax_cache}
 # Compile-only steps run beside timed ones: with autotuning off they run nothing on the card.
 NOTUNE=""
 if XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" \

@@ -18,7 +18,9 @@ resumed with different overrides unless `--allow_changed`). `ROOT/sweep.json` re
 their status; a summary table is printed at the end. A failed run is reported with the tail of
 its log and the sweep goes on; the exit status is 1 if any run failed.
 
-With `--packed`, the runs train together in this process: each keeps its folder
+With `--packed`, the runs train together in this process (with `--distributed`, in the
+multi-process job this command joins on every host, as the trainer's `--distributed`; each
+run's rows spread over the processes): each keeps its folder
 `ROOT/<name>` (events, config.json, HParams), the pack checkpoints in `ROOT/checkpoints` and
 resumes from there when the same command is run again; `--dry_run` checks that the grid packs
 and prints the packed step's memory per device (compile only). A grid over a field that changes
@@ -453,8 +455,37 @@ def dry_run_packed(config: str, runs: Sequence[Run]) -> int:
   return 3 if memory.fits is False else 0
 
 
+def join_job(timeout_s: float) -> None:
+  """Joins the multi-process job of a packed sweep started on every host (`--distributed`),
+  as the trainer's command line does; exits with status 2 and one line when it cannot."""
+  from jaxrl_llm import distributed
+
+  try:
+    distributed.initialize(timeout_s)
+  except distributed.DistributedError as e:
+    print(f"error: {e}", file=sys.stderr, flush=True)
+    sys.exit(2)
+  distributed.watch_peers()  # a peer that stops ends this process too, with its reason
+
+
+def leave_job(code: int, line: str) -> None:
+  """In a multi-process job: tells the peers why this process stops, and stops it at once
+  (as the trainer's `leave_job`); on one process, nothing."""
+  import jax
+
+  if jax.process_count() > 1:
+    from jaxrl_llm import distributed
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    distributed.announce_stop(code, line)
+    os._exit(code)
+
+
 def run_packed(config: str, runs: Sequence[Run], root: str, spec: dict[str, Any]) -> int:
-  """Trains the grid as one pack in `root` (resuming it), records sweep.json; exit status."""
+  """Trains the grid as one pack in `root` (resuming it), records sweep.json (process 0 of a
+  multi-process job); exit status."""
+  import jax
   from absl import logging
 
   from jaxrl_llm import backend
@@ -469,12 +500,20 @@ def run_packed(config: str, runs: Sequence[Run], root: str, spec: dict[str, Any]
   try:
     train_pack(configs, root, names=names, hparam_fields=swept)
     status = "done" if runs[0].final_step in committed_steps(root) else "incomplete"
+  except ConfigError as e:
+    print(f"error: {e}", file=sys.stderr, flush=True)
+    leave_job(2, f"error: {e}")
+    raise
   except Exception as e:
     line = trainer_main.explain(e)
-    if line is None or isinstance(e, ConfigError):
+    if line is None:
+      leave_job(1, f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
       raise
     print(line, file=sys.stderr, flush=True)
+    leave_job(2, line)
     status = "failed"
+  if jax.process_index() != 0:  # the runs' events, and so the record, are process 0's
+    return 0
   for run in runs:
     run.status, run.elapsed_s = status, round(time.time() - t0, 1)
     read_metrics(run)
@@ -504,6 +543,12 @@ def summary_table(runs: Sequence[Run]) -> str:
   return compare.format_table(header, rows)
 
 
+def _process_index() -> int:
+  import jax
+
+  return jax.process_index()
+
+
 def _raise_interrupt(signum, frame):
   raise KeyboardInterrupt
 
@@ -525,6 +570,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     help="Train the grid as one pack: one program, the runs vmapped (every varied field "
     "packable; see jaxrl_llm/run/pack.py).",
   )
+  p.add_argument(
+    "--distributed",
+    action="store_true",
+    help="With --packed: join a multi-process job first (start the same command on every "
+    "host, as the trainer's --distributed); each run's rows spread over the processes.",
+  )
+  p.add_argument(
+    "--join_timeout_s", type=float, default=300, help="With --distributed: give up joining after."
+  )
   p.add_argument("--dry_run", action="store_true", help="Print the runs and commands; run nothing.")
   p.add_argument(
     "--allow_changed",
@@ -536,6 +590,10 @@ def main(argv: Sequence[str] | None = None) -> int:
   try:
     if args.parallel < 1:
       raise SweepError(f"--parallel must be >= 1, got {args.parallel}")
+    if args.distributed and (not args.packed or args.dry_run):
+      raise SweepError(
+        "--distributed trains a pack over several processes: it needs --packed and no --dry_run"
+      )
     runs = plan(args.config, args.root, args.grid, args.set, args.seeds)
     changed = {r.name: d for r in runs if (d := changed_overrides(r))}
     if changed and not args.allow_changed:
@@ -579,13 +637,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     "command": shlex.join([sys.executable, sys.argv[0], *(sys.argv[1:] if argv is None else argv)]),
   }
   if args.packed:
+    if args.distributed:
+      join_job(args.join_timeout_s)
     try:
       rc = run_packed(spec["config"], runs, spec["root"], spec)
     except ConfigError as e:
       print(f"error: {e}", file=sys.stderr)
       return 2
-    print()
-    print(summary_table(runs))
+    if not args.distributed or _process_index() == 0:
+      print()
+      print(summary_table(runs))
     return rc
   sweep = Sweep(runs, args.root, spec, parallel=args.parallel)
   previous = signal.signal(signal.SIGTERM, _raise_interrupt)

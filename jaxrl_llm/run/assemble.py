@@ -16,7 +16,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_llm import (
@@ -133,8 +132,7 @@ def host_reward_step(exp: Experiment, state: TrainState, np_batch: dict, rng: ja
       for k, v in terms.items()
     }
     keys = sorted(stats)
-    summed = multihost_utils.process_allgather(np.asarray([stats[k] for k in keys], np.float64))
-    stats = dict(zip(keys, np.sum(np.asarray(summed), axis=0)))
+    stats = dict(zip(keys, distributed.summed(np.asarray([stats[k] for k in keys], np.float64))))
   state, metrics = exp.program.learn(state, rollout, terms, rng)
   metrics = dict(metrics)
   metrics.update({k: np.float32(v) for k, v in stats.items()})

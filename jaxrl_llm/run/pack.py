@@ -13,6 +13,10 @@ Each run stays a run for the user: its own TensorBoard folder `ROOT/<name>` (con
 config Text, HParams with the varied fields), its own progress line and evaluations. The pack
 checkpoints as a whole in `ROOT/checkpoints` (every run's state and data position) and resumes
 from there; `take_out` writes one run's state as a workdir of its own, to continue alone.
+
+On several processes (`tools/sweep.py --packed --distributed`) every process holds every run
+(`mesh.runs=1`) and feeds its own block of each run's prompts (`to_rows`), as a single run's
+processes do.
 """
 
 from __future__ import annotations
@@ -88,15 +92,16 @@ def check_packable(configs: Sequence[Config]) -> tuple[str, ...]:
   return varied
 
 
-def run_values(configs: Sequence[Config], varied: Sequence[str]) -> dict[str, jax.Array]:
-  """{field: [R] array} of every varied field the step reads (all but `seed`)."""
+def run_values(configs: Sequence[Config], varied: Sequence[str]) -> dict[str, np.ndarray]:
+  """{field: [R] array} of every varied field the step reads (all but `seed`), on the host
+  (the same on every process, so any process may place it)."""
   out = {}
   for field in varied:
     if field == "seed":
       continue
     vals = [c.value(field) for c in configs]
-    dtype = jnp.int32 if all(isinstance(v, int) for v in vals) else jnp.float32
-    out[field] = jnp.asarray(vals, dtype)
+    dtype = np.int32 if all(isinstance(v, int) for v in vals) else np.float32
+    out[field] = np.asarray(vals, dtype)
   return out
 
 
@@ -156,8 +161,12 @@ def build_pack(configs: Sequence[Any], names: Sequence[str] | None = None, *, de
       f"mesh.runs={groups} does not divide the pack's {len(configs)} runs; use a divisor of "
       f"{len(configs)} (each device group trains runs / mesh.runs of them)"
     )
-  if jax.process_count() > 1:
-    raise ConfigError("a pack runs in one process for now; sweep without --packed on a pod")
+  if jax.process_count() > 1 and groups > 1:
+    raise ConfigError(
+      f"mesh.runs={groups} splits the runs over device groups within one process; with "
+      f"{jax.process_count()} processes use mesh.runs=1 (every process holds every run, and "
+      "each run's rows spread over the processes)"
+    )
   names = list(names) if names is not None else [run_name(c, varied) for c in configs]
   if len(set(names)) != len(names):
     raise ConfigError(f"the runs of a pack need distinct names, got {names}")
@@ -239,7 +248,15 @@ def packed_keys(keys: jax.Array, step) -> jax.Array:
 
 
 def batch_to_device(np_batch: Mapping[str, np.ndarray], mesh) -> PromptBatch:
-  """A stacked host batch [R, P, ...] -> the pack's `PromptBatch`: runs over the mesh's runs
-  axis, each run's rows over its batch axes (string answers stay on the host)."""
-  rows, columns = packed_sharding(sharding.rows(mesh)), device_columns(np_batch)
-  return PromptBatch(**{k: jax.device_put(np.asarray(columns[k]), rows) for k in PROMPT_KEYS})
+  """A stacked host batch [R, P, ...] of this process's prompts of every run -> the pack's
+  `PromptBatch`: runs over the mesh's runs axis, each run's rows over its batch axes, the
+  processes' rows side by side (string answers stay on the host)."""
+  columns = device_columns(np_batch)
+  return PromptBatch(**{k: to_rows(columns[k], mesh) for k in PROMPT_KEYS})
+
+
+def to_rows(local: np.ndarray, mesh) -> jax.Array:
+  """This process's rows [R, B_local, ...] of every run -> the pack's global [R, B, ...]
+  array, rows sharded as a run's batch (`jax.make_array_from_process_local_data`)."""
+  rows = packed_sharding(sharding.rows(mesh))
+  return jax.make_array_from_process_local_data(rows, np.asarray(local))

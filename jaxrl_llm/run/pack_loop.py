@@ -10,16 +10,14 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
 from jaxrl_llm import checkpoint as ckpt_lib
+from jaxrl_llm import distributed, paths, sharding
 from jaxrl_llm import metrics as metrics_lib
-from jaxrl_llm import paths, sharding
 from jaxrl_llm.config import ConfigError
 from jaxrl_llm.rl import init_reference
-from jaxrl_llm.rl.step import packed_sharding
 from jaxrl_llm.run import record
 from jaxrl_llm.run.assemble import run_meta, to_global_batch, verify_on_host
 from jaxrl_llm.run.guard import SkipGuard
@@ -31,6 +29,7 @@ from jaxrl_llm.run.pack import (
   build_pack,
   packed_keys,
   per_run_sharding,
+  to_rows,
   unstack,
 )
 from jaxrl_llm.run.warm_start import warm_start
@@ -54,9 +53,11 @@ class PackEvaluator:
   def __init__(self, pack: Pack, runs: list[_Run]):
     exp = pack.exp
     eval_np, self.answers = exp.task.eval_set(multiple_of=sharding.batch_size_divisor(exp.mesh))
-    self.batch = to_global_batch(eval_np, exp.batch_sharding)
-    keys = [jax.random.PRNGKey(c.seed + 7) for c in pack.configs]  # a single run's eval key
-    self.keys = jax.device_put(jnp.stack(keys), per_run_sharding(exp.mesh))
+    # Every process holds the whole evaluation set and feeds its own block of rows.
+    own = distributed.process_slice(len(eval_np["tokens"]))
+    self.batch = to_global_batch({k: v[own] for k, v in eval_np.items()}, exp.batch_sharding)
+    keys = [np.asarray(jax.random.PRNGKey(c.seed + 7)) for c in pack.configs]  # a run's own
+    self.keys = jax.device_put(np.stack(keys), per_run_sharding(exp.mesh))
     self.pack, self.runs = pack, runs
 
   def __call__(self, step: int, params) -> None:
@@ -135,25 +136,27 @@ def _fused_update(pack: Pack, state, np_batch: dict, keys):
   """Every run's RL update in the pack's fused step; returns (state, host metrics [R])."""
   batch = batch_to_device(np_batch, pack.exp.mesh)
   state, metrics = pack.exp.program.step(state, batch, keys, pack.values)
-  return state, jax.device_get(metrics)
+  return state, distributed.host_values(metrics)  # rows gathered from every process
 
 
 def _host_reward_update(pack: Pack, state, np_batch: dict, keys):
   """Every run's RL update with host verifiers: the packed sampler, then each run's decoded
   completions scored against its own prompts' answers, then the packed learner (as
-  `host_reward_step` does for one run); returns (state, host metrics [R])."""
+  `host_reward_step` does for one run: each process scores its own rows, and the verifier
+  counts are summed over processes); returns (state, host metrics [R])."""
   exp = pack.exp
   rollout = exp.program.sample(state, batch_to_device(np_batch, exp.mesh), keys, pack.values)
-  tokens = jax.device_get(rollout.tokens)  # [R, B, T]
+  tokens = distributed.local_rows(rollout.tokens, axis=1)  # [R, B_local, T]
   scored = [verify_on_host(pack.run(r), tokens[r], np_batch["answer"][r]) for r in range(pack.size)]
-  rows = packed_sharding(sharding.rows(exp.mesh))
   terms = {
-    k: jax.device_put(np.stack([t[k] for t, _ in scored]).astype(np.float32), rows)
+    k: to_rows(np.stack([t[k] for t, _ in scored]).astype(np.float32), exp.mesh)
     for k in scored[0][0]
   }
   state, metrics = exp.program.learn(state, rollout, terms, keys, pack.values)
-  host = jax.device_get(metrics)
-  host.update({k: np.asarray([s[k] for _, s in scored], np.float32) for k in scored[0][1]})
+  host = distributed.host_values(metrics)
+  names = sorted(scored[0][1])
+  counts = distributed.summed(np.asarray([[s[k] for k in names] for _, s in scored], np.float64))
+  host.update({k: counts[:, i].astype(np.float32) for i, k in enumerate(names)})
   return state, host
 
 
@@ -194,6 +197,11 @@ def train_pack(
   to list in the HParams view beside `record.HPARAM_FIELDS` and the varied ones."""
   wall_start = time.time()
   pack = build_pack(configs, names)
+  try:
+    for cfg in pack.configs:  # every process started with the same grid
+      distributed.check_same_config(cfg)
+  except ValueError as err:
+    raise ConfigError(str(err)) from None
   tr = pack.configs[0].train
   exp = pack.exp
   rl = exp.program.learner.settings.rl
