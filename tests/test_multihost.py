@@ -413,3 +413,12 @@ def test_a_prompt_file_pack_on_two_processes_scores_each_process_rows_as_one_pro
     assert rc == 0, _why(out)
   keys = ("policy/loss", "rollout/reward_mean", "reward/math_format_boxed", "verifier/errors")
   _assert_same_packs(one, two, names, keys, 2)
+
+
+def test_a_pack_whose_runs_axis_spans_processes_is_refused_in_one_line(tmp_path):
+  config = _config_file(tmp_path, {"train.num_steps": 2, "mesh.runs": 2})
+  rc, out = _launch_pack(2, config, tmp_path / "pack", "objective.clip_high=0.2,0.28")
+  assert rc == 2, _why(out)
+  errors = [ln for ln in out.splitlines() if "error: mesh.runs=2 splits the runs" in ln]
+  assert errors and all("with 2 processes use mesh.runs=1" in ln for ln in errors), _why(out)
+  assert not (tmp_path / "pack" / "checkpoints").exists()
