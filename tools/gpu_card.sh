@@ -20,6 +20,7 @@
 #   pack_plan       likewise, Qwen2.5-7B with an int8 base and rank-16 adapters, a pack of 2 runs
 #                   of 64 x (512 + 4,096) tokens: the adapter pack's 80 GB claim on a GPU compiler
 #   pack_medium     tools/bench_pack.py --shape=medium --runs=8: a pack of 8 against 8 runs alone
+#   pack_qwen05     the same at qwen2.5-0.5b, a pack of 4 (three compiles: give it a call's half)
 #   moe, dense_twin tools/bench.py at moe-e64 (Mosaic grouped matmuls) and its dense twin
 #   decode256       qwen2.5-0.5b at 256 sequences (rl.num_prompts=32): the decode goal's shape
 #   decode256_kv0   the same with the whole-cache decode (sampling.kv_block=0): the staged
@@ -37,6 +38,10 @@
 #     'dill<0.4.2' 'multiprocess<0.70.20'
 # (grain 0.2.18 and datasets 5.2 with what they need that the 2026-11 CUDA image lacks; peft,
 # torch and transformers are in it).
+# A device call holds 10 minutes and a session's device time is 15: compile-only steps can run in
+# a second copy beside the timed ones (with its own OUT), e.g.
+#   (OUT=$OUT/a bash tools/gpu_card.sh moe_plan pack_plan > $OUT/a.txt 2>&1) &
+#   OUT=$OUT/b bash tools/gpu_card.sh preflight checks decode256 qwen15_trl; wait
 # Results go to $OUT (or /tmp/gpu_card): every step's stdout in results.txt and its stderr in
 # logs.txt, each headed by the step's name and exit status (a device call brings back only a few
 # files).
@@ -121,6 +126,8 @@ run_step() {
         --set=model.lora_rank=16 --set=model.lora_base_dtype=int8 --runs=2 ;;
     pack_medium)
       step pack_medium 240 python3 tools/bench_pack.py --shape=medium --runs=8 --steps=3 ;;
+    pack_qwen05)
+      step pack_qwen05 420 python3 tools/bench_pack.py --shape=qwen2.5-0.5b --runs=4 --steps=2 ;;
     moe) step moe 240 python3 tools/bench.py --shape=moe-e64 --steps=2 ;;
     dense_twin) step dense_twin 120 python3 tools/bench.py --shape=dense-e64-twin --steps=2 ;;
     decode256) step decode256 300 python3 tools/bench.py "${B256[@]}" ;;
@@ -160,8 +167,8 @@ def version(name):
     return None
 print({n: version(n) for n in ("jax", "grain", "trl", "peft", "datasets", "torch")})
 sys.exit("cannot import " + "; ".join(missing) if missing else 0)'
-ALL=(preflight checks grouped grouped_sweep moe_plan pack_plan pack_medium moe dense_twin
-  decode256 decode256_kv0 qwen15_trl lora15_trl qwen15_noremat qwen05_bf16_trl qwen05 qwen15)
+ALL=(preflight checks grouped grouped_sweep moe_plan pack_plan pack_medium pack_qwen05 moe
+  dense_twin decode256 decode256_kv0 qwen15_trl lora15_trl qwen15_noremat qwen05_bf16_trl qwen05 qwen15)
 [ ${#STEPS[@]} -eq 0 ] && STEPS=("${ALL[@]}")
 for name in "${STEPS[@]}"; do
   run_step "$name"
