@@ -56,17 +56,33 @@ def finite_leaves(tree) -> jax.Array:
   return jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]) if leaves else jnp.ones(0, bool)
 
 
-def all_finite(*trees) -> jax.Array:
-  """[] bool: whether every floating-point value in `trees` is finite."""
-  return jnp.all(finite_leaves(trees))
+def finite_norm(tree) -> jax.Array:
+  """[] bool: whether the float32 global norm of `tree`'s floating-point leaves is finite: false
+  when a value is NaN or inf, or the norm overflows float32 (above about 1.8e19)."""
+  leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+  squares = sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in leaves)
+  return jnp.isfinite(squares)
 
 
 def guarded_update(tx: optax.GradientTransformation, grads, opt_state, params, loss=None):
-  """One optimiser step that is skipped when the loss, the gradient, the update or the new
-  parameters hold a non-finite value: parameters and optimiser state then stay as they were.
-  Returns (params, opt_state, skipped [] int32: 1 if skipped)."""
-  updates, new_state = tx.update(grads, opt_state, params)
-  new_params = optax.apply_updates(params, updates)
-  ok = all_finite(loss, grads, updates, new_params)
-  keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)  # noqa: E731
-  return keep(new_params, params), keep(new_state, opt_state), (~ok).astype(jnp.int32)
+  """One optimiser step that is skipped when the loss, the gradient or the update holds a
+  non-finite value, or the norm of the gradient or the update overflows float32: parameters and
+  optimiser state then stay as they were. Returns (params, opt_state, skipped [] int32: 1 if
+  skipped). From finite parameters the new ones are then finite too: each update moves a value
+  by less than 1.9e19, which would take some 1e19 updates to overflow float32's 3.4e38.
+
+  The update is computed only for a finite gradient and applied only when finite (`lax.cond`).
+  The same checks as a select of new against old values in every leaf, with every leaf's new
+  value checked too, made XLA compile Qwen2.5-0.5B's fused step in 499 s; so it takes 106 s,
+  and 70 s unguarded (the CPU backend of this project's 2-core machine)."""
+  kept = lambda: (params, opt_state, jnp.int32(1))  # noqa: E731
+
+  def update():
+    updates, new_state = tx.update(grads, opt_state, params)
+    applied = lambda: (optax.apply_updates(params, updates), new_state, jnp.int32(0))  # noqa: E731
+    return jax.lax.cond(finite_norm(updates), applied, kept)
+
+  ok = finite_norm(grads)
+  if loss is not None:
+    ok = ok & jnp.all(jnp.isfinite(loss))
+  return jax.lax.cond(ok, update, kept)

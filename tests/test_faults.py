@@ -50,6 +50,22 @@ def test_guarded_update_skips_non_finite_steps(bad):
     assert int(skipped) == 1 and all(jax.tree.leaves(same))  # nothing moved, Adam's count too
 
 
+@pytest.mark.parametrize("lr", [jnp.inf, 1e30])
+def test_a_non_finite_or_overflowing_update_of_finite_gradients_is_skipped(lr):
+  """Finite gradients whose update is inf (lr inf) or whose update's norm overflows float32
+  (lr 1e30) are not applied: parameters and optimiser state stay as they were."""
+  params = {"w": jnp.ones((3, 2)), "b": jnp.zeros(2)}
+  tx = optax.sgd(lr, momentum=0.9)
+  state = tx.init(params)
+  grads = {"w": jnp.full((3, 2), 0.5), "b": jnp.ones(2)}
+  new_params, new_state, skipped = jax.jit(optim.guarded_update, static_argnums=0)(
+    tx, grads, state, params, jnp.asarray(1.0)
+  )
+  assert int(skipped) == 1
+  same = jax.tree.map(lambda a, b: bool(jnp.all(a == b)), (new_params, new_state), (params, state))
+  assert all(jax.tree.leaves(same))
+
+
 def test_an_overflowing_update_is_skipped_too():
   """Finite gradients whose update overflows the parameters (lr 1e38) are not applied."""
   params = {"w": jnp.full((2,), 3e38)}
@@ -59,8 +75,8 @@ def test_an_overflowing_update_is_skipped_too():
 
 
 def test_a_run_that_keeps_diverging_stops_and_saves_only_finite_state(tmp_path):
-  """lr 1e38 without clipping (an entropy bonus gives a gradient before any reward): the first
-  update leaves finite garbage, every later one is non-finite and skipped; after
+  """lr 1e38 without clipping (an entropy bonus gives a gradient before any reward): every
+  update's norm overflows float32 (Adam's steps of about 1e38 each), so each is skipped; after
   train.max_skipped_updates in a row the run stops, naming the step, and every checkpoint on
   disk is finite."""
   config = tiny_config(
@@ -74,7 +90,7 @@ def test_a_run_that_keeps_diverging_stops_and_saves_only_finite_state(tmp_path):
       "train.num_steps": 8,
     }
   )
-  with pytest.raises(NonFiniteError, match=r"rl step 3: 5 consecutive optimiser updates"):
+  with pytest.raises(NonFiniteError, match=r"rl step 2: 4 consecutive optimiser updates"):
     train_and_evaluate(config, str(tmp_path))
   logged = metrics.read_scalars(str(tmp_path))
   assert max(v for _, v in logged["optim/skipped_updates"]) == 2  # both updates of a step
