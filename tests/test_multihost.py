@@ -214,7 +214,9 @@ def test_a_programs_first_run_waits_for_a_process_that_arrives_late(tmp_path, pr
     assert "Gloo context initialization failed" in out, _why(out)
 
 
-def test_host_reward_path_runs_on_two_processes(tmp_path):
+def _math_file_config(tmp_path, steps: int) -> str:
+  """A config file of a tiny run on a JSONL math file (host verifiers) of `steps` RL steps,
+  evaluated and checkpointed at the last."""
   tok = build_bpe_tokenizer(tmp_path / "tok")
   write_math_jsonl(tmp_path / "math.jsonl", n=48)
   extra = {
@@ -226,12 +228,16 @@ def test_host_reward_path_runs_on_two_processes(tmp_path):
     "sampling.max_new_tokens": 12,
     "model.vocab_size": 512,
     "task.eval_size": 8,
-    "train.num_steps": 3,
-    "train.eval_every": 3,
-    "train.checkpoint_every": 3,
+    "train.num_steps": steps,
+    "train.eval_every": steps,
+    "train.checkpoint_every": steps,
   }
   body = 'c.task.reward_weights = ml_collections.ConfigDict({"math_correct": 1.0, "math_format_boxed": 0.5})'
-  config = _config_file(tmp_path, extra, body=body)
+  return _config_file(tmp_path, extra, body=body)
+
+
+def test_host_reward_path_runs_on_two_processes(tmp_path):
+  config = _math_file_config(tmp_path, 3)
   one, two = tmp_path / "one", tmp_path / "two"
   for n, workdir in ((1, one), (2, two)):
     rc, out = _launch(n, config, workdir)
@@ -389,23 +395,7 @@ def test_a_pack_on_two_processes_equals_the_pack_on_one_and_resumes_from_their_c
 
 
 def test_a_prompt_file_pack_on_two_processes_scores_each_process_rows_as_one_process(tmp_path):
-  tok = build_bpe_tokenizer(tmp_path / "tok")
-  write_math_jsonl(tmp_path / "math.jsonl", n=48)
-  extra = {
-    "data.train_files": str(tmp_path / "math.jsonl"),
-    "data.tokenizer": str(tok),
-    "data.template": "qwen_math_chat",
-    "data.prompt_len": 128,
-    "data.eval_fraction": 0.25,
-    "sampling.max_new_tokens": 12,
-    "model.vocab_size": 512,
-    "task.eval_size": 8,
-    "train.num_steps": 2,
-    "train.eval_every": 2,
-    "train.checkpoint_every": 2,
-  }
-  body = 'c.task.reward_weights = ml_collections.ConfigDict({"math_correct": 1.0, "math_format_boxed": 0.5})'
-  config = _config_file(tmp_path, extra, body=body)
+  config = _math_file_config(tmp_path, 2)
   names = [f"sampling.temperature={t}" for t in (0.7, 1.0)]
   one, two = tmp_path / "one", tmp_path / "two"
   for n, root in ((1, one), (2, two)):
