@@ -10,6 +10,7 @@ from typing import Any
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 from absl import logging
@@ -223,6 +224,101 @@ def traced_with_rules(fn: Callable, mesh: Mesh, rules) -> Callable:
   wrapped.__name__ = wrapped.__qualname__ = getattr(inner, "__name__", "program")
   wrapped.__doc__ = inner.__doc__
   return wrapped
+
+
+def _leaf_axes(axes: Any, tree: Any) -> list:
+  """The vmap axis (0 or None) of each leaf of `tree`, from `axes` (a prefix of `tree`)."""
+  out = []
+  jax.tree.map(
+    lambda ax, sub: out.extend([ax] * len(jax.tree.leaves(sub))),
+    axes,
+    tree,
+    is_leaf=lambda a: a is None,
+  )
+  return out
+
+
+def vmap_runs(
+  fn: Callable, in_axes: tuple, out_axes: Any = 0, *, at_once: int = 0, groups: int = 1,
+  update_first: bool = False,
+) -> Callable:  # fmt: skip
+  """`fn` vmapped over a pack's runs axis (axis 0 of every leaf whose axis is 0; `PACK_AXIS`
+  names it for collectives, the mesh's `RUNS_AXIS` spreads it over `groups` device groups).
+
+  `at_once` > 0: each device group steps `at_once` of its runs at a time, vmapped, and the
+  rest in turn in one loop: the activations of `at_once` runs per group instead of all of them,
+  and a collective over `PACK_AXIS` spans one block. Run r of group g's block b is run
+  g * R/groups + b * at_once + r (the groups' runs stay on their devices). `update_first`: the
+  first argument and the first output have one structure and axes (a train state), and each
+  block's output is written back in its place (updated in place, no second copy); leaves of
+  axis None come out of the last block."""
+  vmapped = jax.vmap(fn, in_axes, out_axes, axis_name=PACK_AXIS, spmd_axis_name=RUNS_AXIS)
+  if not at_once:
+    return vmapped
+
+  def blocked(*args):
+    flat, treedef = jax.tree.flatten(args)
+    axes = _leaf_axes(tuple(in_axes), args)
+    runs = next(x.shape[0] for x, ax in zip(flat, axes, strict=True) if ax == 0)
+    if runs % (groups * at_once):
+      raise ValueError(
+        f"mesh.runs_at_once={at_once} does not divide the {runs // groups} runs of each of "
+        f"{groups} device groups; use a divisor, or 0 for all at once"
+      )
+    blocks = runs // groups // at_once
+    if blocks <= 1:
+      return vmapped(*args)
+
+    # With several groups each leaf is [groups, R / groups, ...] and a block is a slice of
+    # its second axis; with one, a slice of its first. (No unit axes: XLA then keeps the
+    # reshapes free and updates the donated state in place.)
+    axis = 1 if groups > 1 else 0
+
+    def split(x):
+      return x.reshape(groups, runs // groups, *x.shape[1:]) if groups > 1 else x
+
+    def take(x, b):  # block b of every group: [groups * at_once, ...]
+      x = jax.lax.dynamic_slice_in_dim(x, b * at_once, at_once, axis=axis)
+      return x.reshape(groups * at_once, *x.shape[axis + 1 :])
+
+    def put(buf, y, b):
+      y = y.reshape(groups, at_once, *y.shape[1:]) if groups > 1 else y
+      return jax.lax.dynamic_update_slice_in_dim(buf, y, b * at_once, axis=axis)
+
+    split_flat = [split(x) if ax == 0 else x for x, ax in zip(flat, axes, strict=True)]
+    n_first = len(jax.tree.leaves(args[0])) if update_first else 0
+
+    def call(leaves, b):
+      block = [take(x, b) if ax == 0 else x for x, ax in zip(leaves, axes, strict=True)]
+      return vmapped(*jax.tree.unflatten(treedef, block))
+
+    shapes = jax.eval_shape(call, split_flat, 0)
+    out_flat, out_def = jax.tree.flatten(shapes)
+    out_ax = _leaf_axes(out_axes, shapes)
+
+    lead = (groups, runs // groups) if groups > 1 else (runs,)
+
+    def empty(s, ax):  # an output's buffer, all runs
+      return jnp.zeros((*lead, *s.shape[1:]) if ax == 0 else s.shape, s.dtype)
+
+    bufs = [empty(s, ax) for s, ax in zip(out_flat[n_first:], out_ax[n_first:], strict=True)]
+
+    def body(b, carry):  # the updated first argument is carried; the others are read only
+      first, bufs = carry
+      out = jax.tree.leaves(call(first + split_flat[n_first:], b))
+      first = [put(x, y, b) if ax == 0 else y for x, y, ax in zip(
+        first, out[:n_first], out_ax[:n_first], strict=True)]  # fmt: skip
+      bufs = [put(x, y, b) if ax == 0 else y for x, y, ax in zip(
+        bufs, out[n_first:], out_ax[n_first:], strict=True)]  # fmt: skip
+      return first, bufs
+
+    first, bufs = jax.lax.fori_loop(0, blocks, body, (split_flat[:n_first], bufs))
+    joined = first + bufs
+    out = [x.reshape(runs, *x.shape[axis + 1 :]) if ax == 0 else x for x, ax in zip(
+      joined, out_ax, strict=True)]  # fmt: skip
+    return jax.tree.unflatten(out_def, out)
+
+  return blocked
 
 
 def rules_from_config(rules: Any) -> tuple[tuple[str, str | None], ...]:

@@ -156,8 +156,9 @@ def _check_hugging_face_export(workdir, out, params):
   _assert_same_params(exported, params)
 
 
-def test_the_packed_step_compiles_once():
-  pack = build_pack(_configs())
+@pytest.mark.parametrize("at_once", [0, 1])
+def test_the_packed_step_compiles_once(at_once):
+  pack = build_pack(_configs(**{"mesh.runs_at_once": at_once}))
   data = PackIterator([train_iterator(pack.run(r)) for r in range(pack.size)])
   state = pack.state
   for step in range(3):
@@ -451,3 +452,64 @@ def test_the_plan_of_a_pack_with_adapters_holds_the_base_once():
   one = plan.plan(config, devices=devices, runs=1)
   four = plan.plan(config, devices=devices, runs=4)
   assert four.argument_bytes - one.argument_bytes == pytest.approx(3 * 3 * nbytes, rel=0.02)
+
+
+# Four runs: two clip widths x two temperatures, each with its own seed.
+GRID4 = tuple(
+  {"objective.clip_high": c, "sampling.temperature": t, "seed": s}
+  for s, (c, t) in enumerate([(0.2, 0.7), (0.28, 1.0), (0.2, 1.0), (0.28, 0.7)])
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("at_once", [1, 2])
+def test_a_pack_stepped_a_block_at_a_time_equals_it_stepped_at_once(tmp_path, at_once):
+  """`mesh.runs_at_once`: 4 runs trained 1 or 2 at a time (the rest in turn, in one program)
+  equal the same pack trained all at once: every logged scalar of every run at every step,
+  the held-out evaluations among them, and the final parameters."""
+  configs = _configs(GRID4, **{"train.num_steps": 2, "train.eval_every": 2})
+  blocked = _configs(GRID4, **{"train.num_steps": 2, "train.eval_every": 2,
+                               "mesh.runs_at_once": at_once})  # fmt: skip
+  names = _names(configs)
+  train_pack(configs, str(tmp_path / "all"))
+  train_pack(blocked, str(tmp_path / "blocks"))
+  for r, name in enumerate(names):
+    want = _scalars(tmp_path / "all" / name)
+    assert "eval/accuracy" in want
+    _assert_same_scalars(_scalars(tmp_path / "blocks" / name), want)
+    _assert_same_params(_params(tmp_path / "blocks", 2, r), _params(tmp_path / "all", 2, r))
+
+
+@pytest.mark.slow
+def test_blocks_of_a_pack_over_a_runs_axis_equal_its_runs_alone():
+  """8 fake CPU devices, runs=2 x data=4, one run of each group at a time: every run equals
+  that run trained alone on data=4 (metrics of every step, final parameters)."""
+  configs = [tiny_config(**{"mesh.data": 4, **point}) for point in GRID4]
+  packed = [
+    tiny_config(**{"mesh.data": 4, "mesh.runs": 2, "mesh.runs_at_once": 1, **point})
+    for point in GRID4
+  ]
+  _assert_same_steps(_packed_steps(packed, 2), configs, 2)
+
+
+def test_a_pack_stepped_a_run_at_a_time_plans_one_runs_activations():
+  """The compile-only plan of 8 runs one at a time holds every run's state but one run's
+  activations: its peak is below the plan of the 8 at once by at least 7 times what one
+  run's step needs beyond its state (peak - arguments), less a tenth."""
+  from jaxrl_llm import plan
+
+  devices = jax.devices()[:1]
+  config = parse(tiny_config())
+  one = plan.plan(config, devices=devices, runs=1)
+  at_once = plan.plan(config, devices=devices, runs=8)
+  in_turn = plan.plan(parse(tiny_config(**{"mesh.runs_at_once": 1})), devices=devices, runs=8)
+  assert in_turn.argument_bytes == at_once.argument_bytes
+  work = one.peak_bytes - one.argument_bytes
+  assert at_once.peak_bytes - in_turn.peak_bytes >= 0.9 * 7 * work
+
+
+def test_runs_at_once_that_do_not_divide_a_groups_runs_are_refused():
+  configs = _configs(GRID4[:3], **{"mesh.runs_at_once": 2})
+  with pytest.raises(ConfigError, match=r"mesh.runs_at_once=2 does not divide the 3 runs") as e:
+    build_pack(configs)
+  assert len(str(e.value).splitlines()) == 1

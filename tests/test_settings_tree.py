@@ -19,7 +19,7 @@ from jaxrl_llm.config.fields import field_docs
 FROZEN = json.loads((REPO / "tests" / "fixtures" / "default_config_before.json").read_text())
 # Fields added after the freeze, with their defaults (every other field must be as it was).
 ADDED = {
-  "mesh": {"runs": 1},
+  "mesh": {"runs": 1, "runs_at_once": 0},
   "task": {"numbers": 3, "wrong_traces": 0.0},
   "sampling": {"kv_block": 128},
   "train": {"resume_changed": False},
@@ -93,6 +93,7 @@ def test_the_readme_config_reference_is_generated_from_the_dataclasses():
     ("train.max_to_keep", 0, r"train\.max_to_keep=0 must be >= 1"),
     ("data.template", "nope", r"data\.template='nope'; allowed: "),
     ("kl.ema", 2.0, r"kl\.ema=2\.0 must be in \[0, 1\]"),
+    ("mesh.runs_at_once", -1, r"mesh\.runs_at_once=-1 must be >= 0 \(0 = every run at once\)"),
   ],
 )
 def test_each_section_checks_its_own_fields_when_parsed(field, value, message):

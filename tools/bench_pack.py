@@ -1,6 +1,6 @@
 """Benchmark a pack of N runs against the same N runs one after another, in one invocation.
 
-  python tools/bench_pack.py [--shape=default] [--runs=8,16] [--steps=3]
+  python tools/bench_pack.py [--shape=default] [--runs=8,16] [--steps=3] [--at_once=0,1]
 
 For each N: the packed step of N runs (a clip_high x temperature x seed grid) and the single
 run's fused step are each compiled, run once, then timed over `--steps` steps (medians). The
@@ -8,7 +8,8 @@ sequential cost of N runs is N x the single step (and N compilations); the packe
 step (and one compilation). Prints one JSON object per N: the step times, the steady-state
 speed-up `N x single / packed`, the compile times, and the compile-only memory per device of the
 packed step against one run's (`plan.plan`). `--shape`: `default` (configs/default.py) or a
-shape of tools/bench.py (tiny, medium, ...).
+shape of tools/bench.py (tiny, medium, ...). `--at_once`: the packs' `mesh.runs_at_once`
+values, one line each (0: every run at once; k: k runs vmapped at a time, the rest in turn).
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ def main(argv=None) -> int:
   p.add_argument("--shape", default="default")
   p.add_argument("--runs", default="8,16", help="Comma-separated pack sizes.")
   p.add_argument("--steps", type=int, default=3, help="Timed steps after the first.")
+  p.add_argument("--at_once", default="0", help="Comma-separated mesh.runs_at_once values.")
   args = p.parse_args(argv)
   backend.choose()  # as the trainer's command line does
   config = base_config(args.shape)
@@ -110,15 +112,18 @@ def main(argv=None) -> int:
   bench.progress("one run's compile-only plan")
   one = plan.plan(parse(config), devices=jax.devices()[:1])
   device = jax.devices()[0]
-  for n in (int(x) for x in args.runs.split(",")):
+  sizes = [int(x) for x in args.runs.split(",")]
+  for n, at_once in itertools.product(sizes, (int(x) for x in args.at_once.split(","))):
+    config.mesh.runs_at_once = at_once
     configs = grid(config, n)
-    bench.progress(f"the packed step of {n} runs")
+    bench.progress(f"the packed step of {n} runs, {at_once or n} at once")
     pack_first, packed = time_pack(configs, args.steps)
     bench.progress(f"the pack of {n}'s compile-only plan")
     memory = plan.plan(parse(configs[0]), devices=jax.devices()[:1], runs=n)
     result = {
       "shape": args.shape,
       "runs": n,
+      "runs_at_once": at_once,
       "device": f"{device.platform} {device.device_kind} (cpu_count={os.cpu_count()})",
       "single_step_s": round(single, 4),
       "packed_step_s": round(packed, 4),

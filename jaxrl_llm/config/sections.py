@@ -262,15 +262,17 @@ class MeshSettings(Section):
   expert: int = 1  # expert-parallel devices (the `expert` logical axis)
   model: int = 1  # tensor-parallel devices
   runs: int = 1  # a pack's device groups: each trains its share of the runs (1 = single run)
+  runs_at_once: int = 0  # a pack's runs each group steps at once; the rest in turn (0 = all)
   rules: tuple = ()  # logical->mesh axis rules, e.g. (("mlp", "model"),); () = built-in table
 
   def errors(self) -> list[str]:
-    """A well-formed rule table (the sizes are checked against the devices)."""
+    """A well-formed rule table (the sizes are checked against the devices), runs_at_once >= 0."""
+    out = at_least("mesh", self, 0, "runs_at_once", note=" (0 = every run at once)")
     try:
       sharding.rules_from_config(self.rules)
     except ValueError as e:
-      return [str(e)]
-    return []
+      return [*out, str(e)]
+    return out
 
   @property
   def rule_table(self) -> tuple[tuple[str, Any], ...]:

@@ -319,12 +319,14 @@ def make_rl_step(
   rules=sharding.DEFAULT_RULES,
   rebuild_optimizer: Callable[[Any], tuple] | None = None,
   runs: int = 0,
+  runs_at_once: int = 0,
 ) -> RLProgram:
   """Jits the fused step and its sample / learn halves, each once, with explicit shardings.
 
   `reward_fn(prompt_tokens, completion, completion_mask, answer, answer_mask)` returns named
   [B] reward terms (a pure-JAX verifier); None serves only the host-reward path.
-  `runs` > 0: a pack's programs, vmapped over a runs axis (`_packed_program`).
+  `runs` > 0: a pack's programs, vmapped over a runs axis (`_packed_program`), `runs_at_once`
+  of each device group's runs at a time (0 = all).
   """
   if settings.rl.num_microbatches < 1 or settings.rl.remat == "auto":
     raise ValueError("rl.num_microbatches / rl.remat are 'auto': pass settings.rl.resolved(...)")
@@ -336,7 +338,7 @@ def make_rl_step(
   batch_shardings = PromptBatch(tokens=rows, mask=rows, answer=rows, answer_mask=rows)
   traced = lambda fn: sharding.traced_with_rules(fn, mesh, rules)  # noqa: E731
   if runs:
-    return _packed_program(ctx, reward_fn, traced, mesh, state_shardings)
+    return _packed_program(ctx, reward_fn, traced, mesh, state_shardings, runs_at_once)
   return RLProgram(
     step=jax.jit(
       traced(functools.partial(fused_step, ctx, reward_fn)),
@@ -386,19 +388,23 @@ def run_axes(state: TrainState) -> Any:
   return over_runs(state, lambda _: 0, lambda _: None).replace(ref_params=0)
 
 
-def _packed_program(ctx: Learner, reward_fn, traced, mesh: Mesh, state_shardings) -> RLProgram:
+def _packed_program(
+  ctx: Learner, reward_fn, traced, mesh: Mesh, state_shardings, at_once: int = 0
+) -> RLProgram:
   """The programs of a pack: each vmapped over the runs axis of (state, batch | rollout, ...,
   rng, values), that axis over the mesh's `runs` axis (inner constraints gain it too), jitted
   once for every run of the pack. Under adapters the frozen base has no runs axis: one copy,
-  read by every run (`run_axes`)."""
+  read by every run (`run_axes`). `at_once` > 0: each device group steps that many of its runs
+  at a time and the rest in turn (`sharding.vmap_runs`)."""
   axes = run_axes(state_shardings)
   sampling = dataclasses.replace(ctx.sampling, loop_axis=sharding.PACK_AXIS)
   ctx = dataclasses.replace(ctx, sampling=sampling)  # the decode loops stop together
 
-  def packed(fn, n_args: int, out_axes: Any = 0):
+  def packed(fn, n_args: int, out_axes: Any = 0, update_first: bool = False):
     in_axes = (axes,) + (0,) * (n_args - 1)
-    vmapped = jax.vmap(
-      fn, in_axes, out_axes, axis_name=sharding.PACK_AXIS, spmd_axis_name=sharding.RUNS_AXIS
+    groups = mesh.shape[sharding.RUNS_AXIS]
+    vmapped = sharding.vmap_runs(
+      fn, in_axes, out_axes, at_once=at_once, groups=groups, update_first=update_first
     )
     return traced(vmapped)
 
@@ -408,7 +414,7 @@ def _packed_program(ctx: Learner, reward_fn, traced, mesh: Mesh, state_shardings
   batch = PromptBatch(tokens=rows, mask=rows, answer=rows, answer_mask=rows)
   return RLProgram(
     step=jax.jit(
-      packed(functools.partial(fused_step, ctx, reward_fn), 4, (axes, 0)),
+      packed(functools.partial(fused_step, ctx, reward_fn), 4, (axes, 0), update_first=True),
       in_shardings=(states, batch, per_run, per_run),
       out_shardings=(states, per_run),
       donate_argnums=(0,),
@@ -418,7 +424,7 @@ def _packed_program(ctx: Learner, reward_fn, traced, mesh: Mesh, state_shardings
       in_shardings=(states, batch, per_run, per_run),
     ),
     learn=jax.jit(
-      packed(functools.partial(learn, ctx), 5, (axes, 0)),
+      packed(functools.partial(learn, ctx), 5, (axes, 0), update_first=True),
       out_shardings=(states, per_run),
       donate_argnums=(0,),
     ),

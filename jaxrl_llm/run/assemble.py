@@ -412,6 +412,7 @@ def build(
   program = make_rl_step(
     model, tx, schedule, reward_fn, samp, settings, mesh, state_shardings,
     sampler_dtype=sampler_dtype, rules=rules, rebuild_optimizer=rebuild, runs=runs,
+    runs_at_once=cfg.mesh.runs_at_once,
   )  # fmt: skip
   return Experiment(
     config=cfg,

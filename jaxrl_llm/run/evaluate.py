@@ -48,7 +48,8 @@ def make_eval_fn(
   tasks) scores the decoded completions afterwards: `answers` are the eval set's host
   reference answers (None for in-graph tasks, whose answers are token arrays in `batch`).
   `runs` > 0: a pack's evaluation, vmapped over the runs axis of params, rng and values (the
-  batch and answers are shared); each metric gains a leading runs axis. `param_axes`: the
+  batch and answers are shared; `cfg.mesh.runs_at_once` of each device group's runs at a
+  time); each metric gains a leading runs axis. `param_axes`: the
   params' vmap axes (`rl.step.run_axes`: None on a frozen base the runs share).
   """
   axis = sharding.PACK_AXIS if runs else None  # a pack's decode loops stop together
@@ -68,9 +69,8 @@ def make_eval_fn(
 
   if runs:
     in_axes = (param_axes, None, 0, 0)
-    eval_fn = jax.vmap(
-      eval_fn, in_axes, axis_name=sharding.PACK_AXIS, spmd_axis_name=sharding.RUNS_AXIS
-    )
+    groups, at_once = mesh.shape[sharding.RUNS_AXIS], cfg.mesh.runs_at_once
+    eval_fn = sharding.vmap_runs(eval_fn, in_axes, at_once=at_once, groups=groups)
   jitted = jax.jit(sharding.traced_with_rules(eval_fn, mesh, rules), out_shardings=repl)
   jitted = distributed.lockstep(jitted, "evaluation")
   if not host:

@@ -161,6 +161,13 @@ def build_pack(configs: Sequence[Any], names: Sequence[str] | None = None, *, de
       f"mesh.runs={groups} does not divide the pack's {len(configs)} runs; use a divisor of "
       f"{len(configs)} (each device group trains runs / mesh.runs of them)"
     )
+  at_once = configs[0].mesh.runs_at_once
+  if at_once and (len(configs) // groups) % at_once:
+    raise ConfigError(
+      f"mesh.runs_at_once={at_once} does not divide the {len(configs) // groups} runs of each "
+      f"device group (a pack of {len(configs)} runs over mesh.runs={groups}); use a divisor "
+      "of it, or 0 for all at once"
+    )
   if jax.process_count() > 1 and groups > 1:
     raise ConfigError(
       f"mesh.runs={groups} splits the runs over device groups within one process; with "
