@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -260,65 +261,80 @@ def vmap_runs(
     flat, treedef = jax.tree.flatten(args)
     axes = _leaf_axes(tuple(in_axes), args)
     runs = next(x.shape[0] for x, ax in zip(flat, axes, strict=True) if ax == 0)
-    if runs % (groups * at_once):
-      raise ValueError(
-        f"mesh.runs_at_once={at_once} does not divide the {runs // groups} runs of each of "
-        f"{groups} device groups; use a divisor, or 0 for all at once"
-      )
-    blocks = runs // groups // at_once
-    if blocks <= 1:
+    blocks = _RunBlocks(runs, groups, at_once)
+    if blocks.count <= 1:
       return vmapped(*args)
-
-    # With several groups each leaf is [groups, R / groups, ...] and a block is a slice of
-    # its second axis; with one, a slice of its first. (No unit axes: XLA then keeps the
-    # reshapes free and updates the donated state in place.)
-    axis = 1 if groups > 1 else 0
-
-    def split(x):
-      return x.reshape(groups, runs // groups, *x.shape[1:]) if groups > 1 else x
-
-    def take(x, b):  # block b of every group: [groups * at_once, ...]
-      x = jax.lax.dynamic_slice_in_dim(x, b * at_once, at_once, axis=axis)
-      return x.reshape(groups * at_once, *x.shape[axis + 1 :])
-
-    def put(buf, y, b):
-      y = y.reshape(groups, at_once, *y.shape[1:]) if groups > 1 else y
-      return jax.lax.dynamic_update_slice_in_dim(buf, y, b * at_once, axis=axis)
-
-    split_flat = [split(x) if ax == 0 else x for x, ax in zip(flat, axes, strict=True)]
+    split = [blocks.split(x) if ax == 0 else x for x, ax in zip(flat, axes, strict=True)]
     n_first = len(jax.tree.leaves(args[0])) if update_first else 0
 
     def call(leaves, b):
-      block = [take(x, b) if ax == 0 else x for x, ax in zip(leaves, axes, strict=True)]
-      return vmapped(*jax.tree.unflatten(treedef, block))
+      block = [blocks.take(x, b) if ax == 0 else x for x, ax in zip(leaves, axes, strict=True)]
+      return jax.tree.leaves(vmapped(*jax.tree.unflatten(treedef, block)))
 
-    shapes = jax.eval_shape(call, split_flat, 0)
-    out_flat, out_def = jax.tree.flatten(shapes)
+    shapes = jax.eval_shape(lambda: vmapped(*jax.tree.unflatten(treedef, flat)))
     out_ax = _leaf_axes(out_axes, shapes)
-
-    lead = (groups, runs // groups) if groups > 1 else (runs,)
-
-    def empty(s, ax):  # an output's buffer, all runs
-      return jnp.zeros((*lead, *s.shape[1:]) if ax == 0 else s.shape, s.dtype)
-
-    bufs = [empty(s, ax) for s, ax in zip(out_flat[n_first:], out_ax[n_first:], strict=True)]
+    bufs = [blocks.empty(s, ax) for s, ax in zip(jax.tree.leaves(shapes), out_ax, strict=True)]
 
     def body(b, carry):  # the updated first argument is carried; the others are read only
-      first, bufs = carry
-      out = jax.tree.leaves(call(first + split_flat[n_first:], b))
-      first = [put(x, y, b) if ax == 0 else y for x, y, ax in zip(
-        first, out[:n_first], out_ax[:n_first], strict=True)]  # fmt: skip
-      bufs = [put(x, y, b) if ax == 0 else y for x, y, ax in zip(
-        bufs, out[n_first:], out_ax[n_first:], strict=True)]  # fmt: skip
-      return first, bufs
+      out = call(carry[:n_first] + split[n_first:], b)
+      return [blocks.put(x, y, b) if ax == 0 else y for x, y, ax in zip(
+        carry, out, out_ax, strict=True)]  # fmt: skip
 
-    first, bufs = jax.lax.fori_loop(0, blocks, body, (split_flat[:n_first], bufs))
-    joined = first + bufs
-    out = [x.reshape(runs, *x.shape[axis + 1 :]) if ax == 0 else x for x, ax in zip(
-      joined, out_ax, strict=True)]  # fmt: skip
-    return jax.tree.unflatten(out_def, out)
+    out = jax.lax.fori_loop(0, blocks.count, body, split[:n_first] + bufs[n_first:])
+    out = [blocks.join(x) if ax == 0 else x for x, ax in zip(out, out_ax, strict=True)]
+    return jax.tree.unflatten(jax.tree.structure(shapes), out)
 
   return blocked
+
+
+@dataclasses.dataclass(frozen=True)
+class _RunBlocks:
+  """A pack's [R, ...] arrays as `groups` x (R / groups) runs, stepped `at_once` at a time.
+  With several groups each is held as [groups, R / groups, ...] and a block is a slice of its
+  second axis; with one, a slice of its first. (No unit axes: XLA then keeps the reshapes free
+  and updates the donated state in place.)"""
+
+  runs: int
+  groups: int
+  at_once: int
+
+  def __post_init__(self):
+    if self.runs % (self.groups * self.at_once):
+      raise ValueError(
+        f"mesh.runs_at_once={self.at_once} does not divide the {self.runs // self.groups} runs "
+        f"of each of {self.groups} device groups; use a divisor, or 0 for all at once"
+      )
+
+  @property
+  def count(self) -> int:
+    """Blocks per group."""
+    return self.runs // self.groups // self.at_once
+
+  @property
+  def _lead(self) -> tuple[int, ...]:
+    return (self.groups, self.runs // self.groups) if self.groups > 1 else (self.runs,)
+
+  def split(self, x):
+    """[R, ...] -> the held layout."""
+    return x.reshape(*self._lead, *x.shape[1:])
+
+  def join(self, x):
+    """The held layout -> [R, ...]."""
+    return x.reshape(self.runs, *x.shape[len(self._lead) :])
+
+  def take(self, x, b):
+    """Block b of every group: [groups * at_once, ...]."""
+    x = jax.lax.dynamic_slice_in_dim(x, b * self.at_once, self.at_once, len(self._lead) - 1)
+    return x.reshape(self.groups * self.at_once, *x.shape[len(self._lead) :])
+
+  def put(self, buf, y, b):
+    """`buf` with block b of every group set to `y` ([groups * at_once, ...])."""
+    y = y.reshape(self.groups, self.at_once, *y.shape[1:]) if self.groups > 1 else y
+    return jax.lax.dynamic_update_slice_in_dim(buf, y, b * self.at_once, len(self._lead) - 1)
+
+  def empty(self, s, ax):
+    """A zero buffer for an output of shape `s` (one block's) and vmap axis `ax`, all runs."""
+    return jnp.zeros((*self._lead, *s.shape[1:]) if ax == 0 else s.shape, s.dtype)
 
 
 def rules_from_config(rules: Any) -> tuple[tuple[str, str | None], ...]:

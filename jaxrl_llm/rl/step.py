@@ -322,12 +322,9 @@ def make_rl_step(
   runs_at_once: int = 0,
 ) -> RLProgram:
   """Jits the fused step and its sample / learn halves, each once, with explicit shardings.
-
   `reward_fn(prompt_tokens, completion, completion_mask, answer, answer_mask)` returns named
-  [B] reward terms (a pure-JAX verifier); None serves only the host-reward path.
-  `runs` > 0: a pack's programs, vmapped over a runs axis (`_packed_program`), `runs_at_once`
-  of each device group's runs at a time (0 = all).
-  """
+  [B] reward terms (a pure-JAX verifier; None: host rewards). `runs` > 0: a pack's programs
+  (`_packed_program`), `runs_at_once` of each device group's runs at a time (0 = all)."""
   if settings.rl.num_microbatches < 1 or settings.rl.remat == "auto":
     raise ValueError("rl.num_microbatches / rl.remat are 'auto': pass settings.rl.resolved(...)")
   rows, repl = sharding.rows(mesh), NamedSharding(mesh, PartitionSpec())
