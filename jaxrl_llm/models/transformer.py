@@ -31,7 +31,7 @@ import numpy as np
 from flax import struct
 
 from jaxrl_llm.kernels import attention
-from jaxrl_llm.models import lora, slices
+from jaxrl_llm.models import lora
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.moe import MoEMLP, gather_expert_logprobs
 from jaxrl_llm.models.scan import SCAN_NAME
@@ -252,8 +252,9 @@ class Attention(nn.Module):
     if k_cache is None:  # full-sequence forward: keys are this call's own tokens
       keys, values, start = k, v, 0
     else:  # write this call's keys at cache_index, attend over the first N = key_valid slots
-      at = [cache_index if a == CACHE_SEQ_AXIS else 0 for a in range(k_cache.ndim)]
-      write = lambda c, new: slices.update_slice(c, new.astype(c.dtype), at)  # noqa: E731
+      write = lambda c, new: jax.lax.dynamic_update_slice_in_dim(  # noqa: E731
+        c, new.astype(c.dtype), cache_index, CACHE_SEQ_AXIS
+      )
       keys, values, start = write(k_cache, k), write(v_cache, v), cache_index
     n = key_valid.shape[1]  # static: the slots attended (a no-op slice at the cache's length)
     seen = lambda c: jax.lax.slice_in_dim(c, 0, n, axis=CACHE_SEQ_AXIS)  # noqa: E731
@@ -338,30 +339,21 @@ class LayerGroup(nn.Module):
       layer = group * p + j
       kc = vc = None
       if cache_k is not None:
-        kc, vc = (_layer_cache(c, layer) for c in (cache_k, cache_v))
+        kc = jax.lax.dynamic_index_in_dim(cache_k, layer, keepdims=False)
+        vc = jax.lax.dynamic_index_in_dim(cache_v, layer, keepdims=False)
       block = block_cls(cfg, is_moe=is_moe, name=f"block_{j}")
       x, keys, values, aux = block(
         x, positions, key_valid, kc, vc, cache_index, replay if is_moe else None, token_valid
       )
       if cache_k is not None:
         at = (layer, 0, 0, cache_index, 0)  # [L, B, J, N, Dh]
-        new_k, new_v = (_cache_slots(c, cache_index, num_q)[None] for c in (keys, values))
-        cache_k = slices.update_slice(cache_k, new_k, at)
-        cache_v = slices.update_slice(cache_v, new_v, at)
+        new_k = jax.lax.dynamic_slice_in_dim(keys, cache_index, num_q, CACHE_SEQ_AXIS)[None]
+        new_v = jax.lax.dynamic_slice_in_dim(values, cache_index, num_q, CACHE_SEQ_AXIS)[None]
+        cache_k = jax.lax.dynamic_update_slice(cache_k, new_k, at)
+        cache_v = jax.lax.dynamic_update_slice(cache_v, new_v, at)
       if aux is not None:
         moe = _layer_moe(aux, probe)
     return (x, cache_k, cache_v), moe
-
-
-def _layer_cache(cache: jax.Array, layer) -> jax.Array:
-  """Layer `layer`'s [B, J, N, Dh] slice of a [L, B, J, N, Dh] cache."""
-  return slices.take_slice(cache, [layer, 0, 0, 0, 0], (1, *cache.shape[1:]))[0]
-
-
-def _cache_slots(keys: jax.Array, cache_index, num_q: int) -> jax.Array:
-  """The `num_q` slots of [B, J, N, Dh] `keys` from `cache_index` on (this call's own)."""
-  b, j, _, dh = keys.shape
-  return slices.take_slice(keys, [0, 0, cache_index, 0], (b, j, num_q, dh))
 
 
 class Transformer(nn.Module):
@@ -400,8 +392,7 @@ class Transformer(nn.Module):
     elif cache is None:
       token_valid = key_valid
     else:
-      b = key_valid.shape[0]
-      token_valid = slices.take_slice(key_valid, [0, cache_index], (b, num_q))
+      token_valid = jax.lax.dynamic_slice_in_dim(key_valid, cache_index, num_q, axis=1)
     if cfg.scan_layers:
       x, new_cache, moe = self._scanned_layers(
         x, positions, key_valid, cache, cache_index, routing, probe_experts, token_valid
