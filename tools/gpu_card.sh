@@ -19,7 +19,8 @@
 #                   autotuning off, so it runs beside a timed step without touching the card)
 #   pack_plan       likewise, Qwen2.5-7B with an int8 base and rank-16 adapters, a pack of 2 runs
 #                   of 64 x (512 + 4,096) tokens: the adapter pack's 80 GB claim on a GPU compiler
-#   pack_medium     tools/bench_pack.py --shape=medium --runs=8: a pack of 8 against 8 runs alone
+#   pack_medium     tools/bench_pack.py --shape=medium --runs=8: a pack of 8 against 8 runs alone,
+#                   all at once and 2 at a time (mesh.runs_at_once)
 #   pack_qwen05     the same at qwen2.5-0.5b, a pack of 4 (three compiles: give it a call's half)
 #   moe, dense_twin tools/bench.py at moe-e64 (Mosaic grouped matmuls) and its dense twin
 #   decode256       qwen2.5-0.5b at 256 sequences (rl.num_prompts=32): the decode goal's shape
@@ -125,7 +126,8 @@ run_step() {
       step pack_plan 300 "${PLAN[@]}" --shapes=qwen2.5-7b "${LONG[@]}" \
         --set=model.lora_rank=16 --set=model.lora_base_dtype=int8 --runs=2 ;;
     pack_medium)
-      step pack_medium 240 python3 tools/bench_pack.py --shape=medium --runs=8 --steps=3 ;;
+      step pack_medium 300 python3 tools/bench_pack.py --shape=medium --runs=8 --steps=3 \
+        --at_once=0,2 ;;
     pack_qwen05)
       step pack_qwen05 420 python3 tools/bench_pack.py --shape=qwen2.5-0.5b --runs=4 --steps=2 ;;
     moe) step moe 240 python3 tools/bench.py --shape=moe-e64 --steps=2 ;;
