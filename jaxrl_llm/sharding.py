@@ -239,6 +239,12 @@ def _leaf_axes(axes: Any, tree: Any) -> list:
   return out
 
 
+def in_turn(at_once: int, groups: int) -> bool:
+  """Whether a pack steps its runs one after another, each as the run alone (one device group,
+  one run at a time: not vmapped, so nothing may name `PACK_AXIS`)."""
+  return at_once == 1 and groups == 1
+
+
 def vmap_runs(
   fn: Callable, in_axes: tuple, out_axes: Any = 0, *, at_once: int = 0, groups: int = 1,
   update_first: bool = False,
@@ -249,7 +255,8 @@ def vmap_runs(
   `at_once` > 0: each device group steps `at_once` of its runs at a time, vmapped, and the
   rest in turn in one loop: the activations of `at_once` runs per group instead of all of them,
   and a collective over `PACK_AXIS` spans one block. Run r of group g's block b is run
-  g * R/groups + b * at_once + r (the groups' runs stay on their devices). `update_first`: the
+  g * R/groups + b * at_once + r (the groups' runs stay on their devices); one run at a time
+  on one group (`in_turn`) calls `fn` itself on each run, not vmapped. `update_first`: the
   first argument and the first output have one structure and axes (a train state), and each
   block's output is written back in its place (updated in place, no second copy); leaves of
   axis None come out of the last block."""
@@ -261,18 +268,22 @@ def vmap_runs(
     flat, treedef = jax.tree.flatten(args)
     axes = _leaf_axes(tuple(in_axes), args)
     runs = next(x.shape[0] for x, ax in zip(flat, axes, strict=True) if ax == 0)
-    blocks = _RunBlocks(runs, groups, at_once)
-    if blocks.count <= 1:
+    blocks, alone = _RunBlocks(runs, groups, at_once), in_turn(at_once, groups)
+    if blocks.count <= 1 and not alone:
       return vmapped(*args)
     split = [blocks.split(x) if ax == 0 else x for x, ax in zip(flat, axes, strict=True)]
     n_first = len(jax.tree.leaves(args[0])) if update_first else 0
+    shapes = jax.eval_shape(lambda: vmapped(*jax.tree.unflatten(treedef, flat)))
+    out_ax = _leaf_axes(out_axes, shapes)
 
     def call(leaves, b):
       block = [blocks.take(x, b) if ax == 0 else x for x, ax in zip(leaves, axes, strict=True)]
-      return jax.tree.leaves(vmapped(*jax.tree.unflatten(treedef, block)))
+      if not alone:
+        return jax.tree.leaves(vmapped(*jax.tree.unflatten(treedef, block)))
+      one = [x[0] if ax == 0 else x for x, ax in zip(block, axes, strict=True)]  # not vmapped
+      out = jax.tree.leaves(fn(*jax.tree.unflatten(treedef, one)))
+      return [y[None] if ax == 0 else y for y, ax in zip(out, out_ax, strict=True)]
 
-    shapes = jax.eval_shape(lambda: vmapped(*jax.tree.unflatten(treedef, flat)))
-    out_ax = _leaf_axes(out_axes, shapes)
     bufs = [blocks.empty(s, ax) for s, ax in zip(jax.tree.leaves(shapes), out_ax, strict=True)]
 
     def body(b, carry):  # the updated first argument is carried; the others are read only

@@ -513,3 +513,17 @@ def test_runs_at_once_that_do_not_divide_a_groups_runs_are_refused():
   with pytest.raises(ConfigError, match=r"mesh.runs_at_once=2 does not divide the 3 runs") as e:
     build_pack(configs)
   assert len(str(e.value).splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_a_pack_of_adapter_runs_one_at_a_time_equals_it_all_at_once():
+  """Under adapters the frozen base has no runs axis: stepped one run at a time (not vmapped),
+  every run's metrics at each step and final adapters equal the pack stepped all at once."""
+  at_once = _packed_steps(_adapter_configs(GRID), 2)
+  in_turn = _packed_steps(_adapter_configs(GRID, **{"mesh.runs_at_once": 1}), 2)
+  for (got, got_params), (want, want_params) in zip(in_turn, at_once, strict=True):
+    for g, w in zip(got, want, strict=True):
+      assert set(g) == set(w)
+      for tag in w:
+        np.testing.assert_allclose(g[tag], w[tag], rtol=1e-5, atol=1e-5, err_msg=tag)
+    _assert_same_params(got_params, want_params)

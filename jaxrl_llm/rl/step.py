@@ -394,12 +394,13 @@ def _packed_program(
   read by every run (`run_axes`). `at_once` > 0: each device group steps that many of its runs
   at a time and the rest in turn (`sharding.vmap_runs`)."""
   axes = run_axes(state_shardings)
-  sampling = dataclasses.replace(ctx.sampling, loop_axis=sharding.PACK_AXIS)
-  ctx = dataclasses.replace(ctx, sampling=sampling)  # the decode loops stop together
+  groups = mesh.shape[sharding.RUNS_AXIS]
+  if not sharding.in_turn(at_once, groups):  # the decode loops of a vmapped block stop together
+    sampling = dataclasses.replace(ctx.sampling, loop_axis=sharding.PACK_AXIS)
+    ctx = dataclasses.replace(ctx, sampling=sampling)
 
   def packed(fn, n_args: int, out_axes: Any = 0, update_first: bool = False):
     in_axes = (axes,) + (0,) * (n_args - 1)
-    groups = mesh.shape[sharding.RUNS_AXIS]
     vmapped = sharding.vmap_runs(
       fn, in_axes, out_axes, at_once=at_once, groups=groups, update_first=update_first
     )

@@ -52,7 +52,9 @@ def make_eval_fn(
   time); each metric gains a leading runs axis. `param_axes`: the
   params' vmap axes (`rl.step.run_axes`: None on a frozen base the runs share).
   """
-  axis = sharding.PACK_AXIS if runs else None  # a pack's decode loops stop together
+  groups, at_once = mesh.shape[sharding.RUNS_AXIS], cfg.mesh.runs_at_once
+  vmapped = runs and not sharding.in_turn(at_once, groups)
+  axis = sharding.PACK_AXIS if vmapped else None  # a vmapped pack's decode loops stop together
   greedy_cfg = replace(cfg.sampling.sampler(task, greedy=True, group_size=1), loop_axis=axis)
   k = cfg.train.pass_k
   passk_cfg = replace(cfg.sampling.sampler(task, group_size=max(k, 1)), loop_axis=axis)
@@ -69,7 +71,6 @@ def make_eval_fn(
 
   if runs:
     in_axes = (param_axes, None, 0, 0)
-    groups, at_once = mesh.shape[sharding.RUNS_AXIS], cfg.mesh.runs_at_once
     eval_fn = sharding.vmap_runs(eval_fn, in_axes, at_once=at_once, groups=groups)
   jitted = jax.jit(sharding.traced_with_rules(eval_fn, mesh, rules), out_shardings=repl)
   jitted = distributed.lockstep(jitted, "evaluation")
