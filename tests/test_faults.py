@@ -426,12 +426,38 @@ def _launch(workdir, *args):
   )
 
 
+def _wait_for_a_save(proc, root, timeout: float = 120) -> int:
+  """Polls until a save's temporary directory appears under `root` (1) or `proc` ends (0)."""
+  deadline = time.monotonic() + timeout
+  while proc.poll() is None and time.monotonic() < deadline:
+    if root.exists() and any(".orbax-checkpoint-tmp" in p.name for p in root.iterdir()):
+      return 1
+    time.sleep(0.001)
+  return 0
+
+
+def _wait_for_commits(proc, root, start: set, new: int, rng, timeout: float = 120):
+  """Waits for `new` commits beyond `start` (none: a random time in start-up), then a random
+  fraction of a second more, so the kill lands anywhere in a step or a save."""
+  if new == 0:
+    time.sleep(rng.uniform(0.5, 4))
+    return
+  deadline = time.monotonic() + timeout
+  while proc.poll() is None and time.monotonic() < deadline:
+    if len(_committed(root) - start) >= new:
+      break
+    time.sleep(0.005)
+  time.sleep(rng.uniform(0, 0.3))
+
+
 @pytest.mark.slow  # ~4 min: a dozen launches of the command line
 def test_kill_9_at_random_points_and_mid_save_resumes_to_the_uninterrupted_result(tmp_path):
   """SIGKILL ten times (half the kills the moment a save's temporary directory appears, half
-  at random times), relaunching each time: every relaunch resumes from the newest step
-  committed before the kill (at most one checkpoint interval lost), and the final parameters
-  equal an uninterrupted run's bit for bit."""
+  at a random point of the run: during start-up, or a random time after its first or second
+  new commit), relaunching each time: every relaunch resumes from the newest step committed
+  before the kill (at most one checkpoint interval lost), and the final parameters equal an
+  uninterrupted run's bit for bit. The random kills wait on the run's progress, not the clock,
+  so a fast machine does not finish the run before the kills are done."""
   run = ("--config.sft.steps=0", "--config.train.num_steps=40", "--config.train.checkpoint_every=1")
   straight = tmp_path / "straight"
   proc = _launch(straight, *run)
@@ -441,17 +467,12 @@ def test_kill_9_at_random_points_and_mid_save_resumes_to_the_uninterrupted_resul
   rng = np.random.default_rng(0)
   mid_save = 0
   for i in range(10):
+    start = _committed(root)
     proc = _launch(killed, *run)
-    deadline = time.monotonic() + (rng.uniform(3, 15) if i % 2 else 120)
-    while proc.poll() is None and time.monotonic() < deadline:
-      if (
-        i % 2 == 0
-        and root.exists()
-        and any(".orbax-checkpoint-tmp" in p.name for p in root.iterdir())
-      ):
-        mid_save += 1
-        break
-      time.sleep(0.001)
+    if i % 2 == 0:
+      mid_save += _wait_for_a_save(proc, root)
+    else:
+      _wait_for_commits(proc, root, start, int(rng.integers(0, 3)), rng)
     before = _committed(root)
     proc.kill()
     proc.wait()
