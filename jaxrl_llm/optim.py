@@ -58,10 +58,19 @@ def finite_leaves(tree) -> jax.Array:
 
 def finite_norm(tree) -> jax.Array:
   """[] bool: whether the float32 global norm of `tree`'s floating-point leaves is finite: false
-  when a value is NaN or inf, or the norm overflows float32 (above about 1.8e19)."""
+  when a value is NaN or inf, or the norm overflows float32 (above about 1.8e19).
+
+  The leaves' sums of squares are sorted before they are added: a sort is an op XLA never
+  fuses, so the total is computed once. Added directly, they form a chain of one add per leaf
+  that XLA fuses into every consumer; in a vmapped pack, where the guard's `lax.cond` becomes a
+  select in every leaf of parameters and Adam state, that is leaves x leaves adds, and it made
+  a pack of 2 runs of an 8-layer Qwen2.5-0.5B body compile in 70 s instead of 46 s (39 s
+  unguarded; HLO 192k lines against 79k)."""
   leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
-  squares = sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in leaves)
-  return jnp.isfinite(squares)
+  if not leaves:
+    return jnp.bool_(True)
+  squares = jnp.stack([jnp.sum(jnp.square(x.astype(jnp.float32))) for x in leaves])
+  return jnp.isfinite(jnp.sum(jnp.sort(squares)))
 
 
 def guarded_update(tx: optax.GradientTransformation, grads, opt_state, params, loss=None):
