@@ -63,9 +63,8 @@ def finite_norm(tree) -> jax.Array:
   The leaves' sums of squares are sorted before they are added: a sort is an op XLA never
   fuses, so the total is computed once. Added directly, they form a chain of one add per leaf
   that XLA fuses into every consumer; in a vmapped pack, where the guard's `lax.cond` becomes a
-  select in every leaf of parameters and Adam state, that is leaves x leaves adds, and it made
-  a pack of 2 runs of an 8-layer Qwen2.5-0.5B body compile in 70 s instead of 46 s (39 s
-  unguarded; HLO 192k lines against 79k)."""
+  select in every leaf of parameters and Adam state, that is leaves x leaves adds: a pack of 2
+  Qwen2.5-0.5B runs compiled in 264 s against 64 s sorted (55 s unguarded; the CPU backend)."""
   leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
   if not leaves:
     return jnp.bool_(True)

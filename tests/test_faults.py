@@ -550,8 +550,7 @@ def test_sigterm_saves_the_step_it_finished_and_the_relaunch_resumes_from_it(tmp
   proc = _launch(workdir, *run)
   _wait_for(proc, r"step \d+/400")
   if when == "mid-save":
-    while not any(".orbax-checkpoint-tmp" in p.name for p in root.iterdir()):
-      time.sleep(0.001)
+    assert _wait_for_a_save(proc, root), "no save began"
   proc.send_signal(signal.SIGTERM)
   err = proc.communicate(timeout=300)[1]
   assert proc.returncode == 143, err[-3000:]

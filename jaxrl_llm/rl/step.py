@@ -389,8 +389,8 @@ def _packed_program(
   ctx: Learner, reward_fn, traced, mesh: Mesh, state_shardings, at_once: int = 0
 ) -> RLProgram:
   """The programs of a pack: each vmapped (or, one run at a time, stepped run by run) over the
-  runs axis of (state, batch | rollout, ..., rng, values), that axis over the mesh's `runs` axis (inner constraints gain it too), jitted
-  once for every run of the pack. Under adapters the frozen base has no runs axis: one copy,
+  runs axis of (state, batch | rollout, ..., rng, values), that axis over the mesh's `runs`
+  axis (inner constraints gain it too), jitted once for every run of the pack. Under adapters the frozen base has no runs axis: one copy,
   read by every run (`run_axes`). `at_once` > 0: each device group steps that many of its runs
   at a time and the rest in turn (`sharding.vmap_runs`)."""
   axes = run_axes(state_shardings)
