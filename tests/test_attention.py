@@ -271,3 +271,37 @@ def test_one_query_form_matches_reference_values_and_gradients(heads, kv_heads):
   np.testing.assert_allclose(
     attention.attend(q, keys, values, key_valid, jnp.int32(n - 1), "einsum"), want, atol=1e-6
   )
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_a_decode_step_reads_the_cache_unwritten_with_its_own_key_beside_it(dtype):
+  """`one_query_beside` (what `attend` runs for an einsum decode step given `own`) over a cache
+  whose slot `start` and later hold garbage equals writing the own key/value at `start` first
+  and attending the written cache (the reference), at every traced slot, with padded rows and a
+  fully padded row; at a static slot 0 (a prefill) `attend` writes them and attends as before."""
+  b, j, heads, n, dh = 3, 2, 4, 9, 8
+  ks = jax.random.split(jax.random.PRNGKey(4), 5)
+  q = jax.random.normal(ks[0], (b, 1, heads, dh)).astype(dtype)
+  cache_k = (jax.random.normal(ks[1], (b, j, n, dh)) * 3).astype(dtype)  # every slot filled
+  cache_v = (jax.random.normal(ks[2], (b, j, n, dh)) * 3).astype(dtype)
+  own_k = jax.random.normal(ks[3], (b, j, 1, dh)).astype(dtype)
+  own_v = jax.random.normal(ks[4], (b, j, 1, dh)).astype(dtype)
+  key_valid = jnp.asarray(np.arange(n)[None, :] >= np.array([[0], [4], [n]]))  # row 2: padding
+  tol = 1e-6 if dtype == jnp.float32 else 2e-2
+  beside = jax.jit(functools.partial(attention.attend, implementation="einsum"))
+  for start in range(4, n):
+    write = lambda c, o: jax.lax.dynamic_update_slice_in_dim(c, o, start, 2)  # noqa: B023,E731
+    keys, values = write(cache_k, own_k), write(cache_v, own_v)
+    want = attention.reference(q, keys, values, attention.mask(key_valid, 1, start))
+    got = beside(q, cache_k, cache_v, key_valid, jnp.int32(start), own=(own_k, own_v))
+    np.testing.assert_allclose(
+      np.asarray(got[:2], np.float32), np.asarray(want[:2], np.float32), atol=tol, rtol=tol
+    )
+    assert got.dtype == q.dtype and got.shape == want.shape
+  qs = jax.random.normal(ks[0], (b, n, heads, dh)).astype(dtype)  # a prefill: Q = N from slot 0
+  own = (cache_k, cache_v)
+  zeros = jnp.zeros_like(cache_k)
+  np.testing.assert_allclose(
+    np.asarray(attention.attend(qs, zeros, zeros, key_valid, 0, "einsum", own=own), np.float32),
+    np.asarray(attention.attend(qs, *own, key_valid, 0, "einsum"), np.float32),
+  )

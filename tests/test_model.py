@@ -209,6 +209,42 @@ def test_a_packs_decode_loop_stops_for_every_run_together_and_copies_no_cache():
   assert int(got.decode_steps[0]) < int(got.decode_steps[1])  # one run ended first
 
 
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_decode_steps_write_the_cache_in_place_alone_and_in_a_pack(scan_layers):
+  """The compiled decode loop, of a run alone and of a vmapped pack of 1 and of 2, holds no copy
+  of a cache array: each step writes its slot in place (the attention reads the cache before the
+  write, `attention.one_query_beside`, and the write is ordered after that read). Before, the
+  scanned layers' loop copied the whole stacked cache twice per step alone (8 times in a pack of
+  1), and a pack of 1 of unrolled layers copied every layer's cache 4 times. The rollouts equal
+  the run's alone."""
+  from jaxrl_llm import hlo, sharding
+  from jaxrl_llm.sampling import DECODE_SCOPE
+
+  _cfg, model, params, prompt, mask = _setup(scan_layers=scan_layers, num_layers=2)
+  n = prompt.shape[1] + 8  # the cache's slots: [.., B, J, N, Dh]
+
+  def fn(loop_axis):
+    cfg = SamplingConfig(8, group_size=2, eos_id=-1, kv_block=0, loop_axis=loop_axis)
+    return lambda p, k: sample(model, p, prompt, mask, k, cfg)
+
+  def cache_copies(f, *args):
+    body = hlo.loop_instructions(jax.jit(f).lower(*args).compile().as_text(), DECODE_SCOPE)
+    assert any(i.opcode == "dynamic-update-slice" for i in body)  # the cache writes are there
+    return [i.line for i in body if i.opcode == "copy" and f"{n},{_cfg.head_dim}]" in i.line]
+
+  key = jax.random.PRNGKey(0)
+  assert cache_copies(fn(None), params, key) == []
+  alone = fn(None)(params, key)
+  for runs in (1, 2):
+    packed = jax.vmap(fn(sharding.PACK_AXIS), axis_name=sharding.PACK_AXIS)
+    stacked = jax.tree.map(lambda x, r=runs: jnp.stack([x] * r), params)
+    keys = jnp.stack([key] * runs)
+    assert cache_copies(packed, stacked, keys) == []
+    got = packed(stacked, keys)
+    np.testing.assert_array_equal(got.tokens[-1], alone.tokens)
+    np.testing.assert_allclose(got.logprobs[-1], alone.logprobs, atol=1e-6)
+
+
 def test_draw_is_categorical_token_for_token_and_first_argmax_keeps_ties():
   """`draw` gives jax.random.categorical's token for the same key (so a seed's rollouts do not
   change with the faster argmax), and `first_argmax` is jnp.argmax, ties to the first index."""

@@ -7,6 +7,8 @@ compute dtype; a query with no valid key (a padding position) has an unspecified
 
   reference(...)      einsum scores, float32 softmax, `_NEG_INF` masking (the test oracle)
   one_query(...)      the same einsums for a decode step (Q = 1), with the query axis dropped
+  one_query_beside(.) `one_query` over the cache as it was before the step's write, with the
+                      query's own key and value beside it (what a decode step runs)
   xla(...)            `jax.nn.dot_product_attention(implementation="xla")`: `is_causal` plus a
                       [B, 1, 1, Q] key mask from slot 0, else the full [B, 1, Q, N] boolean mask
   padded_causal(...)  the cuDNN form: each row rotated so its padding comes last, then causal
@@ -80,6 +82,48 @@ def one_query(q: jax.Array, keys: jax.Array, values: jax.Array, m: jax.Array) ->
   probs = _probs(scores, m[:, :, None, :], dh, q.dtype)  # mask [B, 1, 1, N] over [B, J, G, N]
   out = jnp.einsum("bjgk,bjkd->bjgd", probs, values.astype(q.dtype))
   return out.reshape(b, 1, h, dh)
+
+
+def one_query_beside(q, keys, values, own_k, own_v, key_valid, start) -> jax.Array:
+  """`one_query` for a decode step at traced slot `start` over the cache *before* this step's
+  write: keys/values [B, J, N, Dh] are attended at the slots before `start` (and valid), and the
+  query's own key/value own_k, own_v [B, J, 1, Dh] beside them (valid where `key_valid` is at
+  `start`), in one float32 softmax over the N + 1 scores. The same attention as writing the own
+  key at `start` first; reading the cache unwritten lets the step's cache write feed nothing but
+  the next step, so XLA writes it in place also when the step is vmapped over a pack's runs
+  (which otherwise copied every layer's cache at every step)."""
+  b, _, h, dh = q.shape
+  n, j = keys.shape[2], keys.shape[1]
+  qg = q.reshape(b, j, h // j, dh)  # [B, J, G, Dh]
+  f32 = jnp.float32
+  scores = jnp.concatenate(
+    [
+      jnp.einsum("bjgd,bjkd->bjgk", qg, keys.astype(q.dtype), preferred_element_type=f32),
+      jnp.einsum("bjgd,bjkd->bjgk", qg, own_k.astype(q.dtype), preferred_element_type=f32),
+    ],
+    axis=-1,
+  )  # [B, J, G, N + 1]
+  before = (jnp.arange(n)[None, :] < start) & key_valid  # [B, N]
+  own_valid = jax.lax.dynamic_slice_in_dim(key_valid, start, 1, axis=1)  # [B, 1]
+  m = jnp.concatenate([before, own_valid], axis=1)[:, None, None, :]  # over [B, J, G, N + 1]
+  probs = _probs(scores, m, dh, q.dtype)
+  out = jnp.einsum(
+    "bjgk,bjkd->bjgd", probs[..., :n], values.astype(q.dtype), preferred_element_type=f32
+  )
+  out += jnp.einsum(
+    "bjgk,bjkd->bjgd", probs[..., n:], own_v.astype(q.dtype), preferred_element_type=f32
+  )
+  return out.astype(q.dtype).reshape(b, 1, h, dh)
+
+
+def ordered_after(out: jax.Array, *xs: jax.Array) -> tuple[jax.Array, ...]:
+  """`xs` made to depend on the attention output `out` [B, ...] (equal to them where `out` is
+  finite), so that a cache write of them is ordered after the attention's read of the cache.
+  Without the dependency XLA cannot prove the read comes first and copies the whole cache
+  before writing one slot, in every layer at every decode step (an optimization barrier does not
+  keep the order on the CPU backend, which removes barriers before it inserts copies)."""
+  tie = jnp.sum(out.reshape(out.shape[0], -1), axis=1) * 0  # [B]
+  return tuple(x + tie.astype(x.dtype).reshape((-1,) + (1,) * (x.ndim - 1)) for x in xs)
 
 
 def xla(q, keys, values, key_valid, start):
@@ -177,9 +221,17 @@ def attend(
   key_valid: jax.Array,  # [B, N] bool, left-padded rows
   start: jax.Array | int,  # slot of query 0: static 0, a static prefix length, or traced
   implementation: str = "einsum",  # an IMPLEMENTATIONS name
+  own: tuple[jax.Array, jax.Array] | None = None,  # this call's keys, values [B, J, Q, Dh]
 ) -> jax.Array:
-  """Attention output [B, Q, H, Dh] by the implementation `select` picks."""
+  """Attention output [B, Q, H, Dh] by the implementation `select` picks. With `own`, keys and
+  values are a cache before this call's write and `own` the keys/values written at `start`
+  (an einsum decode step reads them beside the cache: `one_query_beside`)."""
   impl = select(implementation, q.dtype, q.shape[-1], start)
+  if own is not None and impl == "einsum" and q.shape[1] == 1 and not _starts_at_zero(start):
+    return one_query_beside(q, keys, values, *own, key_valid, start)
+  if own is not None:
+    write = lambda c, new: jax.lax.dynamic_update_slice_in_dim(c, new.astype(c.dtype), start, 2)  # noqa: E731
+    keys, values = write(keys, own[0]), write(values, own[1])
   if impl == "cudnn":
     return padded_causal(q, keys, values, key_valid, "cudnn")
   if impl == "xla":

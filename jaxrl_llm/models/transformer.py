@@ -101,6 +101,11 @@ def init_cache(cfg: ModelConfig, batch: int, length: int) -> KVCache:
   return KVCache(k=zeros, v=zeros)
 
 
+def write_tokens(cache: jax.Array, new: jax.Array, index: jax.Array | int) -> jax.Array:
+  """One layer's cache [B, J, N, Dh] with `new` [B, J, Q, Dh] written at slot `index`."""
+  return jax.lax.dynamic_update_slice_in_dim(cache, new.astype(cache.dtype), index, CACHE_SEQ_AXIS)
+
+
 def grow_cache(cache: KVCache, extra: int) -> KVCache:
   """The cache with `extra` empty slots appended to its sequence axis."""
 
@@ -227,8 +232,9 @@ class Attention(nn.Module):
   @nn.compact
   def __call__(self, x, positions, key_valid, k_cache, v_cache, cache_index):
     """x: [B, Q, D]; key_valid: [B, N] bool; caches: [B, J, >= N, Dh] or None. Attention reads
-    the first N cache slots (N, key_valid's static width, may be under the cache's length);
-    the whole updated cache is returned."""
+    the first N cache slots (N, key_valid's static width, may be under the cache's length)
+    with this call's keys at `cache_index`; returns the output and this call's keys and values
+    [B, J, Q, Dh], which the caller writes into its cache (`write_tokens`)."""
     cfg = self.cfg
     h, j, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     b = cfg.attention_bias
@@ -250,19 +256,18 @@ class Attention(nn.Module):
 
     k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)  # [B, J, Q, Dh]: the cache layout
     if k_cache is None:  # full-sequence forward: keys are this call's own tokens
-      keys, values, start = k, v, 0
-    else:  # write this call's keys at cache_index, attend over the first N = key_valid slots
-      write = lambda c, new: jax.lax.dynamic_update_slice_in_dim(  # noqa: E731
-        c, new.astype(c.dtype), cache_index, CACHE_SEQ_AXIS
+      out = attention.attend(q, k, v, key_valid, 0, self.implementation)
+    else:  # attend over the first N = key_valid slots, this call's keys at cache_index
+      n = key_valid.shape[1]  # static: the slots attended (a no-op slice at the cache's length)
+      seen = lambda c: jax.lax.slice_in_dim(c, 0, n, axis=CACHE_SEQ_AXIS)  # noqa: E731
+      out = attention.attend(
+        q, seen(k_cache), seen(v_cache), key_valid, cache_index, self.implementation, own=(k, v)
       )
-      keys, values, start = write(k_cache, k), write(v_cache, v), cache_index
-    n = key_valid.shape[1]  # static: the slots attended (a no-op slice at the cache's length)
-    seen = lambda c: jax.lax.slice_in_dim(c, 0, n, axis=CACHE_SEQ_AXIS)  # noqa: E731
-    out = attention.attend(q, seen(keys), seen(values), key_valid, start, self.implementation)
+      k, v = attention.ordered_after(out, k, v)  # the caller's write follows the read
     o = _dense(
       cfg, cfg.d_model, (cfg.d_model,), ("heads", "head_dim", "embed"), in_axes=(-2, -1), name="o"
     )
-    return token_major(o, out, n_in=2), keys, values
+    return token_major(o, out, n_in=2), k, v
 
 
 class MLP(nn.Module):
@@ -329,7 +334,7 @@ class LayerGroup(nn.Module):
     cfg = self.cfg
     x, cache_k, cache_v = carry
     group, replay, probe = xs  # replay, probe: [B, Q, K] or None
-    p, num_q = cfg.scan_period, x.shape[1]
+    p = cfg.scan_period
     block_cls = Block
     if self.remat != "none":
       block_cls = nn.remat(Block, policy=REMAT_POLICIES[self.remat], prevent_cse=False)
@@ -347,10 +352,8 @@ class LayerGroup(nn.Module):
       )
       if cache_k is not None:
         at = (layer, 0, 0, cache_index, 0)  # [L, B, J, N, Dh]
-        new_k = jax.lax.dynamic_slice_in_dim(keys, cache_index, num_q, CACHE_SEQ_AXIS)[None]
-        new_v = jax.lax.dynamic_slice_in_dim(values, cache_index, num_q, CACHE_SEQ_AXIS)[None]
-        cache_k = jax.lax.dynamic_update_slice(cache_k, new_k, at)
-        cache_v = jax.lax.dynamic_update_slice(cache_v, new_v, at)
+        cache_k = jax.lax.dynamic_update_slice(cache_k, keys[None].astype(cache_k.dtype), at)
+        cache_v = jax.lax.dynamic_update_slice(cache_v, values[None].astype(cache_v.dtype), at)
       if aux is not None:
         moe = _layer_moe(aux, probe)
     return (x, cache_k, cache_v), moe
@@ -441,8 +444,9 @@ class Transformer(nn.Module):
       x, keys, values, aux = block(
         x, positions, key_valid, kc, vc, cache_index, replay, token_valid
       )
-      new_k.append(keys)
-      new_v.append(values)
+      if cache is not None:
+        new_k.append(write_tokens(kc, keys, cache_index))
+        new_v.append(write_tokens(vc, values, cache_index))
       if aux is not None:
         moe_layers_out.append(_layer_moe(aux, probe))
     new_cache = None if cache is None else KVCache(k=tuple(new_k), v=tuple(new_v))
