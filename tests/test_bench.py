@@ -269,3 +269,16 @@ def test_grouped_sweep_checks_each_setting_against_ragged_dot_in_the_interpreter
     assert row["rel_error"] <= bg.TOLERANCE and row["ms"] > 0 and row["ms_synced"] > 0
   assert rows[0]["block_m"] != rows[1]["block_m"]
   assert "error" in bad and "block_k" in bad["error"]
+
+
+def test_bench_pack_takes_the_users_settings_on_either_base():
+  """tools/bench_pack.py --set: typed overrides on configs/default.py and on a bench shape, and
+  a mistyped field is named."""
+  bench_pack = _load("bench_pack")
+  default = bench_pack.base_config("default", ["model.scan_layers=true", "seed=7"])
+  assert default.model.scan_layers is True and default.seed == 7
+  medium = bench_pack.base_config("medium", ["model.scan_layers=true"])
+  assert medium.model.scan_layers is True and medium.model.d_model == 256
+  assert bench_pack.base_config("medium").model.scan_layers is False
+  with pytest.raises((KeyError, AttributeError, ValueError), match="scan_layer"):
+    bench_pack.base_config("medium", ["model.scan_layer=true"])

@@ -1,6 +1,7 @@
 """Benchmark a pack of N runs against the same N runs one after another, in one invocation.
 
   python tools/bench_pack.py [--shape=default] [--runs=8,16] [--steps=3] [--at_once=0,1]
+                             [--set=model.scan_layers=true ...]
 
 For each N: the packed step of N runs (a clip_high x temperature x seed grid) and the single
 run's fused step are each compiled, run once, then timed over `--steps` steps (medians). The
@@ -36,13 +37,16 @@ from jaxrl_llm.run.loop import train_iterator  # noqa: E402
 from jaxrl_llm.run.pack import PackIterator, batch_to_device, build_pack, packed_keys  # noqa: E402
 
 
-def base_config(shape: str):
-  """The config of `shape` ('default': configs/default.py; else a tools/bench.py shape)."""
+def base_config(shape: str, overrides: list[str] = ()):
+  """The config of `shape` ('default': configs/default.py; else a tools/bench.py shape), then
+  the `FIELD=VALUE` overrides (typed by the trainer's command-line parser)."""
   if shape == "default":
-    from jaxrl_llm.config import default_config
+    from jaxrl_llm import main as trainer_main
 
-    return default_config()
-  return bench.shape_config(shape)
+    config_file = os.path.join(_REPO, "configs", "default.py")
+    argv = ["bench_pack", f"--config={config_file}", *(f"--config.{o}" for o in overrides)]
+    return trainer_main.parse_config(argv)
+  return bench.shape_config(shape, overrides)
 
 
 def grid(config, n: int) -> list:
@@ -103,9 +107,10 @@ def main(argv=None) -> int:
   p.add_argument("--runs", default="8,16", help="Comma-separated pack sizes.")
   p.add_argument("--steps", type=int, default=3, help="Timed steps after the first.")
   p.add_argument("--at_once", default="0", help="Comma-separated mesh.runs_at_once values.")
+  p.add_argument("--set", action="append", default=[], help="FIELD=VALUE (repeatable)")
   args = p.parse_args(argv)
   backend.choose()  # as the trainer's command line does
-  config = base_config(args.shape)
+  config = base_config(args.shape, args.set)
   config.mesh.data = 1
   bench.progress("one run's fused step")
   single_first, single = time_single(config, args.steps)
@@ -122,6 +127,7 @@ def main(argv=None) -> int:
     memory = plan.plan(parse(configs[0]), devices=jax.devices()[:1], runs=n)
     result = {
       "shape": args.shape,
+      "set": args.set,
       "runs": n,
       "runs_at_once": at_once,
       "device": f"{device.platform} {device.device_kind} (cpu_count={os.cpu_count()})",
