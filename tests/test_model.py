@@ -209,18 +209,19 @@ def test_a_packs_decode_loop_stops_for_every_run_together_and_copies_no_cache():
   assert int(got.decode_steps[0]) < int(got.decode_steps[1])  # one run ended first
 
 
-@pytest.mark.parametrize("scan_layers", [False, True])
-def test_decode_steps_write_the_cache_in_place_alone_and_in_a_pack(scan_layers):
+@pytest.mark.parametrize("scan_layers,dtype", [(False, "float32"), (True, "bfloat16")])
+def test_decode_steps_write_the_cache_in_place_alone_and_in_a_pack(scan_layers, dtype):
   """The compiled decode loop, of a run alone and of a vmapped pack of 1 and of 2, holds no copy
   of a cache array: each step writes its slot in place (the attention reads the cache before the
   write, `attention.one_query_beside`, and the write is ordered after that read). Before, the
   scanned layers' loop copied the whole stacked cache twice per step alone (8 times in a pack of
-  1), and a pack of 1 of unrolled layers copied every layer's cache 4 times. The rollouts equal
-  the run's alone."""
+  1), a pack of 1 of unrolled layers copied every layer's cache 4 times, and a pack's bfloat16
+  cache was written through a float32 scatter into a copy (`transformer._write_at`). The
+  rollouts equal the run's alone."""
   from jaxrl_llm import hlo, sharding
   from jaxrl_llm.sampling import DECODE_SCOPE
 
-  _cfg, model, params, prompt, mask = _setup(scan_layers=scan_layers, num_layers=2)
+  _cfg, model, params, prompt, mask = _setup(scan_layers=scan_layers, num_layers=2, dtype=dtype)
   n = prompt.shape[1] + 8  # the cache's slots: [.., B, J, N, Dh]
 
   def fn(loop_axis):
@@ -243,6 +244,36 @@ def test_decode_steps_write_the_cache_in_place_alone_and_in_a_pack(scan_layers):
     got = packed(stacked, keys)
     np.testing.assert_array_equal(got.tokens[-1], alone.tokens)
     np.testing.assert_allclose(got.logprobs[-1], alone.logprobs, atol=1e-6)
+
+
+def test_a_packs_cache_write_is_one_update_at_a_shared_slot_and_vmap_at_per_run_slots():
+  """`transformer._write_at` under vmap: at a slot shared by the runs, one dynamic_update_slice
+  (no scatter), also nested and with an unbatched operand or update; at per-run slots, JAX's own
+  batching. Values equal a vmapped `lax.dynamic_update_slice` in every case."""
+  from jaxrl_llm.models.transformer import _write_at
+
+  ops = jax.random.normal(jax.random.PRNGKey(0), (3, 2, 4, 5, 6))  # [R, B, J, N, Dh]
+  ups = jax.random.normal(jax.random.PRNGKey(1), (3, 2, 4, 1, 6))
+  at = jnp.array([0, 0, 3, 0])
+  dus = lambda o, u, s: jax.lax.dynamic_update_slice(o, u, tuple(s))  # noqa: E731
+
+  def prims(fn, *args):
+    return {e.primitive.name for e in jax.make_jaxpr(fn)(*args).eqns}
+
+  cases = [((0, 0, None), ops, ups, at), ((None, 0, None), ops[0], ups, at)]
+  cases += [((0, None, None), ops, ups[0], at)]
+  for axes, o, u, s in cases:
+    got = jax.vmap(_write_at, in_axes=axes)(o, u, s)
+    np.testing.assert_array_equal(got, jax.vmap(dus, in_axes=axes)(o, u, s))
+    assert "scatter" not in prims(jax.vmap(_write_at, in_axes=axes), o, u, s)
+  nested = jax.vmap(jax.vmap(_write_at, in_axes=(0, 0, None)), in_axes=(0, 0, None))
+  pair = lambda x: jnp.stack([x, x + 1])  # noqa: E731
+  want = jax.vmap(jax.vmap(dus, (0, 0, None)), (0, 0, None))(pair(ops), pair(ups), at)
+  np.testing.assert_array_equal(nested(pair(ops), pair(ups), at), want)
+  assert "scatter" not in prims(nested, pair(ops), pair(ups), at)
+  per_run = jnp.array([[0, 0, 1, 0], [0, 0, 4, 0], [0, 1, 2, 0]])
+  got = jax.vmap(_write_at)(ops, ups, per_run)
+  np.testing.assert_array_equal(got, jax.vmap(dus)(ops, ups, per_run))
 
 
 def test_draw_is_categorical_token_for_token_and_first_argmax_keeps_ties():

@@ -101,9 +101,44 @@ def init_cache(cfg: ModelConfig, batch: int, length: int) -> KVCache:
   return KVCache(k=zeros, v=zeros)
 
 
-def write_tokens(cache: jax.Array, new: jax.Array, index: jax.Array | int) -> jax.Array:
-  """One layer's cache [B, J, N, Dh] with `new` [B, J, Q, Dh] written at slot `index`."""
-  return jax.lax.dynamic_update_slice_in_dim(cache, new.astype(cache.dtype), index, CACHE_SEQ_AXIS)
+def write_tokens(cache, new, index, layer=None, decode: bool | None = None) -> jax.Array:
+  """The cache [B, J, N, Dh] (or stacked [L, B, J, N, Dh], then at `layer`) with `new`
+  [B, J, Q, Dh] written at slot `index`. In a decode step (`decode`; by default: `index` is
+  traced) the write stays one dynamic_update_slice under a pack's vmap (`_write_at`, not
+  differentiable); elsewhere (a prefill, a learner pass) it is lax's own."""
+  new = new.astype(cache.dtype)
+  starts = (0, 0, index, 0) if layer is None else (layer, 0, 0, index, 0)
+  if layer is not None:
+    new = new[None]
+  if decode is None:
+    decode = not isinstance(index, int | np.integer)
+  if not decode:
+    return jax.lax.dynamic_update_slice(cache, new, starts)
+  return _write_at(cache, new, jnp.stack([jnp.asarray(x, jnp.int32) for x in starts]))
+
+
+@jax.custom_batching.custom_vmap
+def _write_at(operand: jax.Array, update: jax.Array, starts: jax.Array) -> jax.Array:
+  """`lax.dynamic_update_slice(operand, update, starts)`, whose vmap over arrays at unbatched
+  `starts` (a pack's runs write the same slot) is again one dynamic_update_slice on the stacked
+  arrays. JAX batches a dynamic_update_slice to a scatter, which XLA lowers to a select and an
+  update of a copy, and on the CPU backend upcasts a bfloat16 cache to float32 around it: in
+  every layer at every decode step, the whole cache read, converted and copied back. Not
+  differentiable (decode steps only)."""
+  return jax.lax.dynamic_update_slice(operand, update, tuple(starts))
+
+
+@_write_at.def_vmap
+def _write_at_vmap(axis_size, in_batched, operand, update, starts):
+  """The batching rule of `_write_at`: the runs axis leads; per-run slots fall back to vmap."""
+  operand_b, update_b, starts_b = in_batched
+  if starts_b:  # runs at different slots: JAX's own batching (a scatter)
+    fn = lambda o, u, s: jax.lax.dynamic_update_slice(o, u, tuple(s))  # noqa: E731
+    axes = tuple(0 if b else None for b in in_batched)
+    return jax.vmap(fn, in_axes=axes)(operand, update, starts), True
+  lead = lambda x, b: x if b else jnp.broadcast_to(x, (axis_size, *x.shape))  # noqa: E731
+  starts = jnp.concatenate([jnp.zeros((1,), starts.dtype), starts])
+  return _write_at(lead(operand, operand_b), lead(update, update_b), starts), True
 
 
 def grow_cache(cache: KVCache, extra: int) -> KVCache:
@@ -327,6 +362,7 @@ class LayerGroup(nn.Module):
 
   cfg: ModelConfig
   remat: str = "none"  # a REMAT_POLICIES name, applied to each block
+  decode: bool = False  # a decode step (its cache_index was traced before the scan)
 
   @nn.compact
   def __call__(self, carry, xs, positions, key_valid, cache_index, token_valid):
@@ -351,9 +387,8 @@ class LayerGroup(nn.Module):
         x, positions, key_valid, kc, vc, cache_index, replay if is_moe else None, token_valid
       )
       if cache_k is not None:
-        at = (layer, 0, 0, cache_index, 0)  # [L, B, J, N, Dh]
-        cache_k = jax.lax.dynamic_update_slice(cache_k, keys[None].astype(cache_k.dtype), at)
-        cache_v = jax.lax.dynamic_update_slice(cache_v, values[None].astype(cache_v.dtype), at)
+        cache_k = write_tokens(cache_k, keys, cache_index, layer, self.decode)
+        cache_v = write_tokens(cache_v, values, cache_index, layer, self.decode)
       if aux is not None:
         moe = _layer_moe(aux, probe)
     return (x, cache_k, cache_v), moe
@@ -461,7 +496,8 @@ class Transformer(nn.Module):
     """The blocks as one `LayerGroup` scanned over L / scan_period steps (`layers`)."""
     cfg = self.cfg
     num_groups = cfg.num_layers // cfg.scan_period
-    remat = self.remat if isinstance(cache_index, int) else "none"  # not in decode steps
+    decode = not isinstance(cache_index, int | np.integer)  # a decode step's traced slot
+    remat = "none" if decode else self.remat  # not in decode steps
     layer_axis = lambda a: None if a is None else jnp.moveaxis(a, 2, 0)  # noqa: E731
     xs = (jnp.arange(num_groups), layer_axis(routing), layer_axis(probe_experts))
     scanned = nn.scan(
@@ -471,7 +507,7 @@ class Transformer(nn.Module):
       in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
       length=num_groups,
       metadata_params={nn.PARTITION_NAME: SCAN_NAME},
-    )(cfg, remat=remat, name=SCAN_NAME)
+    )(cfg, remat=remat, decode=decode, name=SCAN_NAME)
     carry = (x, None, None) if cache is None else (x, cache.k, cache.v)
     index = jnp.asarray(cache_index, jnp.int32)
     (x, cache_k, cache_v), moe = scanned(carry, xs, positions, key_valid, index, token_valid)
