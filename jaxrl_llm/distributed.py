@@ -16,6 +16,7 @@ On CPU the cross-process collectives are gloo's. Every process then sees every d
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
 import sys
@@ -278,16 +279,21 @@ def peer_stopped(
 def watch_peers(interval_s: float = 1.0) -> threading.Thread | None:
   """Starts a daemon thread that ends this process (exit 1, one line) once another process of
   the job announced that it stopped, instead of waiting in a collective for it until JAX's
-  heartbeat timeout aborts the job. None on one process."""
+  heartbeat timeout aborts the job. None on one process.
+
+  The thread stops and is joined when the interpreter exits (before JAX shuts the job down): a
+  daemon thread still inside the service's client then would be torn down mid-call, which
+  aborts the process ("FATAL: exception not rethrown") after a run that succeeded.
+  """
   client = _client()
   if client is None:
     return None
   me, processes = jax.process_index(), jax.process_count()
+  stop = threading.Event()
 
   def watch() -> None:
     seen: dict = {}
-    while True:
-      time.sleep(interval_s)
+    while not stop.wait(interval_s):
       try:
         entries = client.key_value_dir_get(_STOPPED)
       except Exception:  # the service is gone: JAX's own agent ends this process
@@ -300,4 +306,10 @@ def watch_peers(interval_s: float = 1.0) -> threading.Thread | None:
 
   thread = threading.Thread(target=watch, name="watch_peers", daemon=True)
   thread.start()
+
+  def halt() -> None:  # runs before JAX's own exit hook, which was registered at its import
+    stop.set()
+    thread.join(timeout=60)
+
+  atexit.register(halt)
   return thread

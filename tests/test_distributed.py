@@ -1,6 +1,12 @@
 """How a process of a multi-process job reads its peers' stop notices (`distributed.peer_stopped`)
-and starts a program's first run (`distributed.Lockstep`, on one process here);
-the real job is exercised in `tests/test_multihost.py` (slow tier)."""
+and starts a program's first run (`distributed.Lockstep`, on one process here), and how a job
+whose processes watch their peers ends (a real 4-process job); the training job itself is
+exercised in `tests/test_multihost.py` (slow tier)."""
+
+import subprocess
+import sys
+
+from conftest import REPO, cli_env
 
 from jaxrl_llm import distributed
 
@@ -45,3 +51,29 @@ def test_a_lockstep_program_compiles_ahead_once_per_signature_and_runs_the_same(
     assert len(compiles) == 2 and len(program.ready) == 2  # a new signature: one more
   finally:
     monitoring.unregister_event_duration_listener(count)
+
+
+WATCHING = """
+import sys, time
+from jaxrl_llm import distributed
+
+distributed.initialize(120)
+distributed.watch_peers(interval_s=0.0)  # always inside the service's client, as at a run's end
+time.sleep(0.5)
+print("finished", flush=True)
+"""
+
+
+def test_a_job_whose_processes_watch_their_peers_ends_with_exit_0_on_every_process(tmp_path):
+  # A process that ended while its watcher thread was inside the coordination service's
+  # client aborted in the interpreter's teardown ("FATAL: exception not rethrown", exit 250)
+  # after a run that succeeded: 9 launches of 10 here before the watcher was stopped at exit.
+  script = tmp_path / "watching.py"
+  script.write_text(WATCHING)
+  cmd = [sys.executable, str(REPO / "tools" / "launch_local.py"), "--processes=4"]
+  cmd += ["--devices_per_process=1", "--", sys.executable, str(script)]
+  for _ in range(3):
+    proc = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "not rethrown" not in out, out[-3000:]
+    assert out.count("finished") == 4, out[-3000:]
