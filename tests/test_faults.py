@@ -684,3 +684,35 @@ def test_a_workdir_of_another_recipe_is_not_resumed_without_saying_so(tmp_path, 
   train_and_evaluate(tiny_config(**more), workdir)
   with checkpoint.Checkpointer(workdir, save_every=1) as ckpt:
     assert ckpt.all_steps()[-1] == 6
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_ctrl_c_that_python_drops_in_a_gc_callback_still_stops_the_run(tmp_path):
+  """Python drops an exception raised in a finalizer or a gc callback (it prints "Exception
+  ignored") and some libraries catch every exception: a Ctrl-C whose KeyboardInterrupt lands
+  in one was lost, and the run went on to its last step and exited 0. Now the loop raises it
+  again after the step; the steps it committed stay and the run stops early."""
+  import gc
+
+  step_2, sent = tmp_path / "checkpoints" / "2", []
+
+  def ctrl_c_inside(phase, info):  # once step 2 is saved, at the next collection
+    if not sent and step_2.exists():
+      sent.append(phase)
+      os.kill(os.getpid(), signal.SIGINT)
+      for _ in range(1000):  # the handler runs here: its KeyboardInterrupt is dropped
+        pass
+
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+  gc.callbacks.append(ctrl_c_inside)
+  config = tiny_config(**{"train.num_steps": 12, "train.checkpoint_every": 1})
+  try:
+    with pytest.raises(KeyboardInterrupt):
+      train_and_evaluate(config, str(tmp_path))
+  finally:
+    gc.callbacks.remove(ctrl_c_inside)
+    signal.signal(signal.SIGINT, previous)
+  assert sent
+  with checkpoint.Checkpointer(tmp_path, save_every=1) as ckpt:
+    steps = ckpt.all_steps()
+  assert 2 <= max(steps) < 12, steps

@@ -7,6 +7,9 @@ at once and raises `Preempted`, which the command line reports in one line (exit
 With several processes they must stop at the same step: there the question goes to JAX's
 preemption sync point (the coordination service learns of a SIGTERM sent to any process),
 and to the local flag where that service is not running.
+
+SIGINT (Ctrl-C) raises KeyboardInterrupt as usual (`CtrlC`), and again after the step when a
+library swallowed it.
 """
 
 from __future__ import annotations
@@ -26,25 +29,55 @@ class Preempted(Exception):
     self.step = step
 
 
-class Preemption:
-  """Context manager: SIGTERM sets a flag (main thread only; elsewhere nothing is installed)."""
+class _SignalFlag:
+  """Context manager: signal `signum` sets `signalled` (main thread only; elsewhere nothing is
+  installed)."""
+
+  signum = signal.SIGTERM
 
   def __init__(self):
     self.signalled = False
     self._previous = None
 
-  def __enter__(self) -> Preemption:
+  def __enter__(self):
     if threading.current_thread() is threading.main_thread():
-      self._previous = signal.signal(signal.SIGTERM, self._handle)
+      self._previous = signal.signal(self.signum, self._handle)
     return self
 
   def __exit__(self, *exc) -> None:
     if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
+      signal.signal(self.signum, self._previous)
 
   def _handle(self, signum, frame) -> None:
     del signum, frame
     self.signalled = True
+
+
+class CtrlC(_SignalFlag):
+  """SIGINT raises KeyboardInterrupt where the main thread is, as Python's own handler does,
+  and is remembered: the loop raises it again after the step (`check`) when it was lost (Python
+  drops an exception raised in a finalizer or a gc callback, and some libraries catch every
+  exception; a Ctrl-C lost there let the run go on to its last step and exit 0)."""
+
+  signum = signal.SIGINT
+
+  def __enter__(self):
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # a background job: leave it so
+      return self
+    return super().__enter__()
+
+  def _handle(self, signum, frame) -> None:
+    self.signalled = True
+    signal.default_int_handler(signum, frame)
+
+  def check(self) -> None:
+    """Raises KeyboardInterrupt if SIGINT came since `__enter__`."""
+    if self.signalled:
+      raise KeyboardInterrupt
+
+
+class Preemption(_SignalFlag):
+  """Context manager: SIGTERM sets a flag (main thread only; elsewhere nothing is installed)."""
 
   def requested(self, step: int) -> bool:
     """Whether to stop after `step`: the same answer on every process."""
