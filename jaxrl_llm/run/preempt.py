@@ -15,6 +15,7 @@ library swallowed it.
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 
 
@@ -64,7 +65,20 @@ class CtrlC(_SignalFlag):
   def __enter__(self):
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # a background job: leave it so
       return self
+    self._unraisable = sys.unraisablehook
+    sys.unraisablehook = self._unraisable_hook
     return super().__enter__()
+
+  def __exit__(self, *exc) -> None:
+    if self._previous is not None:
+      sys.unraisablehook = self._unraisable
+    super().__exit__(*exc)
+
+  def _unraisable_hook(self, unraisable) -> None:
+    """Passes on what Python could not raise, except the KeyboardInterrupt of a Ctrl-C that
+    `check` raises again: the run's last line says it stopped, without a traceback."""
+    if not (self.signalled and isinstance(unraisable.exc_value, KeyboardInterrupt)):
+      self._unraisable(unraisable)
 
   def _handle(self, signum, frame) -> None:
     self.signalled = True
