@@ -101,6 +101,12 @@ def init_cache(cfg: ModelConfig, batch: int, length: int) -> KVCache:
   return KVCache(k=zeros, v=zeros)
 
 
+def is_decode_step(cache_index) -> bool:
+  """Whether a pass with this cache slot is a decode step: its slot is traced (a loop's
+  counter), where a prefill's or a learner pass's is a Python int."""
+  return not isinstance(cache_index, int | np.integer)
+
+
 def write_tokens(cache, new, index, layer=None, decode: bool | None = None) -> jax.Array:
   """The cache [B, J, N, Dh] (or stacked [L, B, J, N, Dh], then at `layer`) with `new`
   [B, J, Q, Dh] written at slot `index`. In a decode step (`decode`; by default: `index` is
@@ -110,9 +116,7 @@ def write_tokens(cache, new, index, layer=None, decode: bool | None = None) -> j
   starts = (0, 0, index, 0) if layer is None else (layer, 0, 0, index, 0)
   if layer is not None:
     new = new[None]
-  if decode is None:
-    decode = not isinstance(index, int | np.integer)
-  if not decode:
+  if not (is_decode_step(index) if decode is None else decode):
     return jax.lax.dynamic_update_slice(cache, new, starts)
   return _write_at(cache, new, jnp.stack([jnp.asarray(x, jnp.int32) for x in starts]))
 
@@ -473,7 +477,7 @@ class Transformer(nn.Module):
         probe = probe_experts[:, :, moe_layers.index(i)]
       block_cls = Block
       # Not in decode steps (traced cache_index). static_argnums counts self: cache_index.
-      if self.remat != "none" and isinstance(cache_index, int):
+      if self.remat != "none" and not is_decode_step(cache_index):
         block_cls = nn.remat(Block, policy=REMAT_POLICIES[self.remat], static_argnums=(6,))
       block = block_cls(cfg, is_moe=is_moe, attention=self.attention, name=f"layer_{i}")
       x, keys, values, aux = block(
@@ -496,7 +500,7 @@ class Transformer(nn.Module):
     """The blocks as one `LayerGroup` scanned over L / scan_period steps (`layers`)."""
     cfg = self.cfg
     num_groups = cfg.num_layers // cfg.scan_period
-    decode = not isinstance(cache_index, int | np.integer)  # a decode step's traced slot
+    decode = is_decode_step(cache_index)
     remat = "none" if decode else self.remat  # not in decode steps
     layer_axis = lambda a: None if a is None else jnp.moveaxis(a, 2, 0)  # noqa: E731
     xs = (jnp.arange(num_groups), layer_axis(routing), layer_axis(probe_experts))

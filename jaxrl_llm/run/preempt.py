@@ -31,10 +31,10 @@ class Preempted(Exception):
 
 
 class _SignalFlag:
-  """Context manager: signal `signum` sets `signalled` (main thread only; elsewhere nothing is
-  installed)."""
+  """Context manager: signal `signum` (a subclass's) sets `signalled` (main thread only;
+  elsewhere nothing is installed)."""
 
-  signum = signal.SIGTERM
+  signum: signal.Signals
 
   def __init__(self):
     self.signalled = False
@@ -92,6 +92,8 @@ class CtrlC(_SignalFlag):
 
 class Preemption(_SignalFlag):
   """Context manager: SIGTERM sets a flag (main thread only; elsewhere nothing is installed)."""
+
+  signum = signal.SIGTERM
 
   def requested(self, step: int) -> bool:
     """Whether to stop after `step`: the same answer on every process."""
