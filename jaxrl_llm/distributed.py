@@ -10,8 +10,9 @@ coordinator is given by the environment:
   JAXRL_LLM_PROCESS_ID    this process's index
 
 On CPU the cross-process collectives are gloo's. Every process then sees every device
-(`jax.devices()`), builds the same mesh, feeds its own rows of each batch
-(`jax.make_array_from_process_local_data`) and reads back its own rows (`local_rows`).
+(`jax.devices()`), builds the same mesh, feeds the block of each batch its devices hold
+(`own_block`, `jax.make_array_from_process_local_data`) and reads back that block
+(`local_block`).
 """
 
 from __future__ import annotations
@@ -116,16 +117,42 @@ def check_same_config(config) -> None:
     )
 
 
-def local_rows(x: jax.Array, axis: int = 0) -> np.ndarray:
-  """This process's rows of an array sharded over its row axis `axis` (and no other), in row
-  order; a fully addressable array is returned whole."""
+def own_block(sharding: jax.sharding.Sharding, shape: tuple[int, ...]) -> tuple[slice, ...]:
+  """The block of a global array of `shape` under `sharding` that this process's devices hold:
+  in each dimension the span of indices they hold (whole where the dimension is not split over
+  processes). Raises ValueError where that span is not one of equal blocks of the dimension."""
+  held = sharding.addressable_devices_indices_map(tuple(shape)).values()
+  block = []
+  for d, n in enumerate(shape):
+    lo = min(i[d].indices(n)[0] for i in held)
+    hi = max(i[d].indices(n)[1] for i in held)
+    if n % (hi - lo) or lo % (hi - lo):
+      raise ValueError(f"process {jax.process_index()} holds rows {lo}:{hi} of {n} in dim {d}")
+    block.append(slice(lo, hi))
+  return tuple(block)
+
+
+def shard_of(sharding: jax.sharding.Sharding, shape: tuple[int, ...], dim: int) -> tuple[int, int]:
+  """(index, count): this process holds block `index` of `count` equal blocks of dimension
+  `dim` (as a data pipeline's `shard_index`, `shard_count`)."""
+  span = own_block(sharding, shape)[dim]
+  size = span.stop - span.start
+  return span.start // size, shape[dim] // size
+
+
+def local_block(x: jax.Array) -> np.ndarray:
+  """This process's block of `x` (`own_block`) as one host array; a fully addressable array
+  is returned whole."""
   if x.is_fully_addressable:
     return np.asarray(jax.device_get(x))
-  shards: dict[int, np.ndarray] = {}
-  for shard in x.addressable_shards:
-    start = shard.index[axis].start or 0
-    shards.setdefault(start, np.asarray(shard.data))  # copies over other axes are equal
-  return np.concatenate([shards[s] for s in sorted(shards)], axis=axis)
+  block = own_block(x.sharding, x.shape)
+  out = np.empty([s.stop - s.start for s in block], x.dtype)
+  for shard in x.addressable_shards:  # copies over other axes are equal
+    at = [i.indices(n) for i, n in zip(shard.index, x.shape, strict=True)]
+    out[tuple(slice(a - s.start, b - s.start) for (a, b, _), s in zip(at, block, strict=True))] = (
+      np.asarray(shard.data)
+    )
+  return out
 
 
 def summed(values: np.ndarray) -> np.ndarray:
@@ -146,12 +173,6 @@ def host_values(tree):
     return jax.device_get(x)
 
   return jax.tree.map(get, tree)
-
-
-def process_slice(num_rows: int) -> slice:
-  """The rows of a batch of `num_rows` that this process feeds (equal contiguous blocks)."""
-  per = num_rows // jax.process_count()
-  return slice(jax.process_index() * per, (jax.process_index() + 1) * per)
 
 
 # Seconds a process waits at a barrier for its peers: room for the slowest host to compile a

@@ -1,7 +1,8 @@
 """Several processes, one global mesh (`tools/launch_local.py`): 2 processes x 4 fake CPU
 devices give the metrics and parameters of 1 process x 8 devices; checkpoints written by all
 processes together resume after every process is killed; the host-reward path scores each
-process's rows; mismatched configs and an unreachable coordinator stop with one clear line; a
+process's rows; a pack's runs axis split over the processes equals the pack on one process;
+mismatched configs and an unreachable coordinator stop with one clear line; a
 process interrupted mid-run ends the job at once, its peer naming it and why; a program's first
 run waits for a process that arrives late (past gloo's 30 s rendezvous)."""
 
@@ -21,6 +22,7 @@ from text_fixtures import build_bpe_tokenizer, write_math_jsonl
 
 from jaxrl_llm import checkpoint, metrics
 from jaxrl_llm.run import build
+from jaxrl_llm.run.pack_loop import take_out
 
 pytestmark = pytest.mark.slow  # each case launches the command line several times
 
@@ -214,9 +216,9 @@ def test_a_programs_first_run_waits_for_a_process_that_arrives_late(tmp_path, pr
     assert "Gloo context initialization failed" in out, _why(out)
 
 
-def _math_file_config(tmp_path, steps: int) -> str:
+def _math_file_config(tmp_path, steps: int, more: dict | None = None) -> str:
   """A config file of a tiny run on a JSONL math file (host verifiers) of `steps` RL steps,
-  evaluated and checkpointed at the last."""
+  evaluated and checkpointed at the last (`more`: further fields)."""
   tok = build_bpe_tokenizer(tmp_path / "tok")
   write_math_jsonl(tmp_path / "math.jsonl", n=48)
   extra = {
@@ -231,6 +233,7 @@ def _math_file_config(tmp_path, steps: int) -> str:
     "train.num_steps": steps,
     "train.eval_every": steps,
     "train.checkpoint_every": steps,
+    **(more or {}),
   }
   body = 'c.task.reward_weights = ml_collections.ConfigDict({"math_correct": 1.0, "math_format_boxed": 0.5})'
   return _config_file(tmp_path, extra, body=body)
@@ -405,10 +408,57 @@ def test_a_prompt_file_pack_on_two_processes_scores_each_process_rows_as_one_pro
   _assert_same_packs(one, two, names, keys, 2)
 
 
-def test_a_pack_whose_runs_axis_spans_processes_is_refused_in_one_line(tmp_path):
-  config = _config_file(tmp_path, {"train.num_steps": 2, "mesh.runs": 2})
-  rc, out = _launch_pack(2, config, tmp_path / "pack", "objective.clip_high=0.2,0.28")
-  assert rc == 2, _why(out)
-  errors = [ln for ln in out.splitlines() if "error: mesh.runs=2 splits the runs" in ln]
-  assert errors and all("with 2 processes use mesh.runs=1" in ln for ln in errors), _why(out)
-  assert not (tmp_path / "pack" / "checkpoints").exists()
+def test_a_pack_whose_runs_axis_spans_the_processes_equals_it_on_one_and_resumes(tmp_path):
+  # 4 runs over mesh.runs=2 device groups of 4 devices: on 2 processes each process holds one
+  # group (2 runs, all their rows), on 4 each group spans 2 processes (each feeds half of the
+  # rows of its group's runs); the supervised warm start runs on the same mesh first.
+  run = {"train.num_steps": 4, "train.checkpoint_every": 2, "train.eval_every": 2}
+  run.update({"mesh.runs": 2, "sft.steps": 2})
+  config = _config_file(tmp_path, run)
+  grid = ("objective.clip_high=0.2,0.28", "sampling.temperature=0.7,1.0")
+  names = [
+    f"objective.clip_high={c},sampling.temperature={t}" for c in (0.2, 0.28) for t in (0.7, 1.0)
+  ]
+  roots = {n: tmp_path / f"p{n}" for n in (1, 2, 4)}
+  for n, root in roots.items():
+    rc, out = _launch_pack(n, config, root, *grid)
+    assert rc == 0, _why(out)
+  _assert_same_packs(roots[1], roots[2], names, COMPARED, 4)
+  _assert_same_packs(roots[1], roots[4], names, COMPARED, 4)
+  # Two more steps from each one's step-4 checkpoint (every process restores its runs' state
+  # and data positions).
+  longer = _config_file(tmp_path, {**run, "train.num_steps": 6}, name="longer.py")
+  for n in (1, 2):
+    rc, out = _launch_pack(n, longer, roots[n], *grid)
+    assert rc == 0, _why(out)
+    assert "resumed the pack" in out
+  _assert_same_packs(roots[1], roots[2], names, COMPARED, 6)
+  # One process cannot take a run out of it: each process saved only its own runs' positions.
+  configs = [
+    _tiny_config(
+      **{**run, "train.num_steps": 6, "objective.clip_high": c, "sampling.temperature": t}
+    )
+    for c in (0.2, 0.28)
+    for t in (0.7, 1.0)
+  ]
+  with pytest.raises(checkpoint.CheckpointMismatchError, match=r"process_0-of-1\.json"):
+    take_out(configs, str(roots[2]), names[0], str(tmp_path / "out"), names=names)
+  assert not (tmp_path / "out").exists()
+
+
+def test_a_prompt_file_pack_with_two_device_groups_on_each_process_scores_as_one_process(
+  tmp_path,
+):
+  # mesh.runs=4 on 2 processes: each process holds 2 groups (2 runs), scores those runs'
+  # completions alone and reports 0 verifier counts for the others.
+  config = _math_file_config(tmp_path, 2, {"mesh.runs": 4})
+  grid = ("objective.clip_high=0.2,0.28", "sampling.temperature=0.7,1.0")
+  names = [
+    f"objective.clip_high={c},sampling.temperature={t}" for c in (0.2, 0.28) for t in (0.7, 1.0)
+  ]
+  one, two = tmp_path / "one", tmp_path / "two"
+  for n, root in ((1, one), (2, two)):
+    rc, out = _launch_pack(n, config, root, *grid)
+    assert rc == 0, _why(out)
+  keys = ("policy/loss", "rollout/reward_mean", "reward/math_correct", "verifier/errors")
+  _assert_same_packs(one, two, names, keys, 2)

@@ -23,9 +23,9 @@ from jaxrl_llm.rl import init_reference
 from jaxrl_llm.run import build, to_global_batch, train_and_evaluate
 from jaxrl_llm.run.loop import train_iterator
 from jaxrl_llm.run.pack import (
-  PackIterator,
   batch_to_device,
   build_pack,
+  pack_iterator,
   packable_fields,
   packed_keys,
   run_name,
@@ -159,7 +159,7 @@ def _check_hugging_face_export(workdir, out, params):
 @pytest.mark.parametrize("at_once", [0, 1])
 def test_the_packed_step_compiles_once(at_once):
   pack = build_pack(_configs(**{"mesh.runs_at_once": at_once}))
-  data = PackIterator([train_iterator(pack.run(r)) for r in range(pack.size)])
+  data = pack_iterator(pack)
   state = pack.state
   for step in range(3):
     batch = batch_to_device(next(data), pack.exp.mesh)
@@ -224,7 +224,7 @@ def _packed_steps(configs, steps: int):
   """The metrics of `steps` packed steps of `configs`, per run."""
   pack = build_pack(configs)
   state = init_reference(pack.state, pack.configs[0].kl.beta)
-  data = PackIterator([train_iterator(pack.run(r)) for r in range(pack.size)])
+  data = pack_iterator(pack)
   out = []
   for i in range(steps):
     batch = batch_to_device(next(data), pack.exp.mesh)
@@ -337,7 +337,7 @@ def test_a_pack_of_prompt_file_runs_verifies_each_runs_completions_as_the_run_al
 
   pack = build_pack(file_configs)
   assert pack.exp.task.rewards_on_host
-  data = PackIterator([train_iterator(pack.run(r)) for r in range(pack.size)])
+  data = pack_iterator(pack)
   state = init_reference(pack.state, pack.configs[0].kl.beta)
   got = []
   for i in range(2):

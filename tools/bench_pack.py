@@ -34,7 +34,7 @@ from jaxrl_llm.config import parse  # noqa: E402
 from jaxrl_llm.rl import init_reference  # noqa: E402
 from jaxrl_llm.run import build, to_global_batch  # noqa: E402
 from jaxrl_llm.run.loop import train_iterator  # noqa: E402
-from jaxrl_llm.run.pack import PackIterator, batch_to_device, build_pack, packed_keys  # noqa: E402
+from jaxrl_llm.run.pack import batch_to_device, build_pack, pack_iterator, packed_keys  # noqa: E402
 
 
 def base_config(shape: str, overrides: list[str] = ()):
@@ -90,7 +90,7 @@ def time_pack(configs, steps: int) -> tuple[float, float]:
   """(compile + first step s, steady step s) of the packed step of `configs`."""
   pack = build_pack(configs)
   state = init_reference(pack.state, pack.configs[0].kl.beta)
-  data = PackIterator([train_iterator(pack.run(r)) for r in range(pack.size)])
+  data = pack_iterator(pack)
   batches = (batch_to_device(b, pack.exp.mesh) for b in data)
 
   def step(state, batch, i):

@@ -124,7 +124,7 @@ def host_reward_step(exp: Experiment, state: TrainState, np_batch: dict, rng: ja
   global reward terms. Verifier counts are summed over processes."""
   batch = to_global_batch(np_batch, exp.batch_sharding)
   rollout = exp.program.sample(state, batch, rng)
-  completions = distributed.local_rows(rollout.tokens)
+  completions = distributed.local_block(rollout.tokens)
   terms, stats = verify_on_host(exp, completions, np_batch["answer"])
   if jax.process_count() > 1:
     terms = {

@@ -34,8 +34,8 @@ class Evaluator:
   def __init__(self, exp: Experiment, writer):
     cfg, task = exp.config, exp.task
     eval_np, self.answers = task.eval_set(multiple_of=sharding.batch_size_divisor(exp.mesh))
-    # Every process holds the whole evaluation set and feeds its own block of rows.
-    own = distributed.process_slice(len(eval_np["tokens"]))
+    # Every process holds the whole evaluation set and feeds the rows its devices hold.
+    own = distributed.own_block(exp.batch_sharding, (len(eval_np["tokens"]),))[0]
     self.batch = to_global_batch({k: v[own] for k, v in eval_np.items()}, exp.batch_sharding)
     self.key = jax.random.PRNGKey(cfg.seed + 7)
     self.exp, self.writer = exp, writer
@@ -69,12 +69,13 @@ def resume_target(state, meta: dict, keys: Sequence[str] = ("model",)):
   return abstract, ckpt_lib.MetaCheck(meta, keys=keys, defaults=defaults, ignore=NUMERICS_ONLY)
 
 
-def train_iterator(exp: Experiment):
-  """This process's share of the prompts of every RL update, resumable."""
+def train_iterator(exp: Experiment, shard: tuple[int, int] | None = None):
+  """This process's share of the prompts of every RL update, resumable: block `shard` =
+  (index, count) of each batch's rows (default: the block its devices hold of a run's batch)."""
   cfg = exp.config
-  per_process = cfg.sampled_prompts // jax.process_count()
-  shard = {"shard_index": jax.process_index(), "shard_count": jax.process_count()}
-  return exp.task.train_iterator(per_process, cfg.seed, **shard)
+  prompts = cfg.sampled_prompts
+  index, count = shard or distributed.shard_of(exp.batch_sharding, (prompts,), 0)
+  return exp.task.train_iterator(prompts // count, cfg.seed, shard_index=index, shard_count=count)
 
 
 def _initial_state(exp: Experiment, ckpt, train_iter, workdir: str):

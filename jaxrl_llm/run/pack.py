@@ -14,9 +14,10 @@ config Text, HParams with the varied fields), its own progress line and evaluati
 checkpoints as a whole in `ROOT/checkpoints` (every run's state and data position) and resumes
 from there; `take_out` writes one run's state as a workdir of its own, to continue alone.
 
-On several processes (`tools/sweep.py --packed --distributed`) every process holds every run
-(`mesh.runs=1`) and feeds its own block of each run's prompts (`to_rows`), as a single run's
-processes do.
+On several processes (`tools/sweep.py --packed --distributed`) each process feeds the block of
+the pack's prompts its devices hold (`pack_iterator`): with `mesh.runs=1` every run and its own
+block of each run's rows, as a single run's processes do; with the runs axis over the
+processes, only its device groups' runs, each whole where a group lies within one process.
 """
 
 from __future__ import annotations
@@ -32,12 +33,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxrl_llm import objectives, sharding
+from jaxrl_llm import distributed, objectives, sharding
 from jaxrl_llm.config import Config, ConfigError, parse
 from jaxrl_llm.data.pipeline import PROMPT_KEYS
 from jaxrl_llm.models import lora
 from jaxrl_llm.rl.step import over_runs, packed_sharding, shared_leaf
 from jaxrl_llm.run.assemble import Experiment, build, device_columns, initial_state
+from jaxrl_llm.run.loop import train_iterator
 from jaxrl_llm.types import PromptBatch, TrainState
 
 # Fields a pack may vary besides the objective's hyperparameters (see `packable_fields`).
@@ -168,12 +170,6 @@ def build_pack(configs: Sequence[Any], names: Sequence[str] | None = None, *, de
       f"device group (a pack of {len(configs)} runs over mesh.runs={groups}); use a divisor "
       "of it, or 0 for all at once"
     )
-  if jax.process_count() > 1 and groups > 1:
-    raise ConfigError(
-      f"mesh.runs={groups} splits the runs over device groups within one process; with "
-      f"{jax.process_count()} processes use mesh.runs=1 (every process holds every run, and "
-      "each run's rows spread over the processes)"
-    )
   names = list(names) if names is not None else [run_name(c, varied) for c in configs]
   if len(set(names)) != len(names):
     raise ConfigError(f"the runs of a pack need distinct names, got {names}")
@@ -207,11 +203,13 @@ def unstack(tree: Any, r: int) -> Any:
 
 
 class PackIterator:
-  """The runs' prompt iterators as one: `next` stacks one batch of each on a leading axis; its
-  state (saved by grain's checkpoint handler with the pack) is every run's position."""
+  """The prompt iterators of the runs `runs` (default: all) as one: `next` stacks one batch of
+  each on a leading axis; its state (saved by grain's checkpoint handler with the pack, per
+  process) is each of those runs' position."""
 
-  def __init__(self, iterators: Sequence[Any]):
+  def __init__(self, iterators: Sequence[Any], runs: range | None = None):
     self.iterators = list(iterators)
+    self.runs = runs if runs is not None else range(len(self.iterators))
 
   def __iter__(self):
     return self
@@ -230,8 +228,9 @@ class PackIterator:
     states = json.loads(state)
     if len(states) != len(self.iterators):
       raise ConfigError(
-        f"the checkpoint holds the data positions of {len(states)} runs; this pack has "
-        f"{len(self.iterators)}: resume with the same grid, or use a new root"
+        f"the checkpoint holds the data positions of {len(states)} runs for this process; it "
+        f"feeds {len(self.iterators)}: resume with the same grid, processes and mesh.runs, or "
+        "use a new root"
       )
     for it, s in zip(self.iterators, states, strict=True):
       it.set_state(s if isinstance(it, grain.DatasetIterator) else s.encode())
@@ -241,6 +240,23 @@ class PackIterator:
     for it in self.iterators:
       if hasattr(it, "start_prefetch"):
         it.start_prefetch()
+
+
+def pack_iterator(pack: Pack) -> PackIterator:
+  """This process's share of the pack's prompts: the runs whose rows its devices hold (every
+  run unless the runs axis spans processes), and of each the block of rows they hold."""
+  prompts = pack.configs[0].sampled_prompts
+  shard = distributed.shard_of(pack_rows(pack.exp.mesh), (pack.size, prompts), 1)
+  runs = own_runs(pack)
+  return PackIterator([train_iterator(pack.run(r), shard) for r in runs], runs)
+
+
+def own_runs(pack: Pack) -> range:
+  """The runs whose rows this process's devices hold (all of them unless the runs axis spans
+  processes)."""
+  mesh = pack.exp.mesh
+  span = distributed.own_block(pack_rows(mesh), (pack.size, sharding.batch_size_divisor(mesh)))[0]
+  return range(span.start, span.stop)
 
 
 def _iterator_state(it: Any) -> Any:
@@ -262,8 +278,12 @@ def batch_to_device(np_batch: Mapping[str, np.ndarray], mesh) -> PromptBatch:
   return PromptBatch(**{k: to_rows(columns[k], mesh) for k in PROMPT_KEYS})
 
 
+def pack_rows(mesh) -> NamedSharding:
+  """A pack's [R, B, ...] rows: runs over the runs axis, each run's rows as a run's batch."""
+  return packed_sharding(sharding.rows(mesh))
+
+
 def to_rows(local: np.ndarray, mesh) -> jax.Array:
-  """This process's rows [R, B_local, ...] of every run -> the pack's global [R, B, ...]
-  array, rows sharded as a run's batch (`jax.make_array_from_process_local_data`)."""
-  rows = packed_sharding(sharding.rows(mesh))
-  return jax.make_array_from_process_local_data(rows, np.asarray(local))
+  """This process's block [R_local, B_local, ...] of the pack's rows (`pack_iterator`) -> the
+  pack's global [R, B, ...] array (`jax.make_array_from_process_local_data`)."""
+  return jax.make_array_from_process_local_data(pack_rows(mesh), np.asarray(local))

@@ -21,12 +21,14 @@ from jaxrl_llm.rl import init_reference
 from jaxrl_llm.run import record
 from jaxrl_llm.run.assemble import run_meta, to_global_batch, verify_on_host
 from jaxrl_llm.run.guard import SkipGuard
-from jaxrl_llm.run.loop import Logger, eval_line, finished_run, resume_target, train_iterator
+from jaxrl_llm.run.loop import Logger, eval_line, finished_run, resume_target
 from jaxrl_llm.run.pack import (
   Pack,
   PackIterator,
   batch_to_device,
   build_pack,
+  own_runs,
+  pack_iterator,
   packed_keys,
   per_run_sharding,
   to_rows,
@@ -53,8 +55,8 @@ class PackEvaluator:
   def __init__(self, pack: Pack, runs: list[_Run]):
     exp = pack.exp
     eval_np, self.answers = exp.task.eval_set(multiple_of=sharding.batch_size_divisor(exp.mesh))
-    # Every process holds the whole evaluation set and feeds its own block of rows.
-    own = distributed.process_slice(len(eval_np["tokens"]))
+    # Every process holds the whole evaluation set and feeds the rows its devices hold.
+    own = distributed.own_block(exp.batch_sharding, (len(eval_np["tokens"]),))[0]
     self.batch = to_global_batch({k: v[own] for k, v in eval_np.items()}, exp.batch_sharding)
     keys = [np.asarray(jax.random.PRNGKey(c.seed + 7)) for c in pack.configs]  # a run's own
     self.keys = jax.device_put(np.stack(keys), per_run_sharding(exp.mesh))
@@ -101,7 +103,7 @@ def _initial_state(pack: Pack, ckpt, data: PackIterator, runs: list[_Run], root:
   state."""
   state = _restore(pack, ckpt, data)
   if state is not None:
-    logging.info("resumed the pack in %s at step %d", root, int(state.step[0]))
+    logging.info("resumed the pack in %s at step %d", root, _step_of(state))
     return state
   state = init_reference(pack.state, pack.configs[0].kl.beta)
   if pack.configs[0].sft.steps:
@@ -110,10 +112,15 @@ def _initial_state(pack: Pack, ckpt, data: PackIterator, runs: list[_Run], root:
   return state
 
 
+def _step_of(state) -> int:
+  """The pack's step (its runs step together), read from this process's own runs."""
+  return int(distributed.local_block(state.step)[0])
+
+
 def _loop(pack: Pack, state, data: PackIterator, ckpt, runs: list[_Run], evaluate):
   """RL updates of every run from the pack's step to the end of this invocation."""
   cfg = pack.configs[0]
-  tr, start = cfg.train, int(state.step[0])
+  tr, start = cfg.train, _step_of(state)
   end = min(tr.num_steps, start + tr.stop_after_steps) if tr.stop_after_steps else tr.num_steps
   updates = cfg.rl.num_epochs * cfg.rl.num_minibatches
   logging.info("compiling the packed RL step of %d runs ...", pack.size)
@@ -146,8 +153,10 @@ def _host_reward_update(pack: Pack, state, np_batch: dict, keys):
   counts are summed over processes); returns (state, host metrics [R])."""
   exp = pack.exp
   rollout = exp.program.sample(state, batch_to_device(np_batch, exp.mesh), keys, pack.values)
-  tokens = distributed.local_rows(rollout.tokens, axis=1)  # [R, B_local, T]
-  scored = [verify_on_host(pack.run(r), tokens[r], np_batch["answer"][r]) for r in range(pack.size)]
+  tokens = distributed.local_block(rollout.tokens)  # [R_local, B_local, T]
+  runs = own_runs(pack)
+  answers = np_batch["answer"]
+  scored = [verify_on_host(pack.run(r), tokens[i], answers[i]) for i, r in enumerate(runs)]
   terms = {
     k: to_rows(np.stack([t[k] for t, _ in scored]).astype(np.float32), exp.mesh)
     for k in scored[0][0]
@@ -155,7 +164,9 @@ def _host_reward_update(pack: Pack, state, np_batch: dict, keys):
   state, metrics = exp.program.learn(state, rollout, terms, keys, pack.values)
   host = distributed.host_values(metrics)
   names = sorted(scored[0][1])
-  counts = distributed.summed(np.asarray([[s[k] for k in names] for _, s in scored], np.float64))
+  own = np.zeros((pack.size, len(names)), np.float64)  # runs of other processes count 0 here
+  own[runs.start : runs.stop] = [[s[k] for k in names] for _, s in scored]
+  counts = distributed.summed(own)
   host.update({k: counts[:, i].astype(np.float32) for i, k in enumerate(names)})
   return state, host
 
@@ -210,9 +221,9 @@ def train_pack(
   runs = [_Run(name, paths.join(root, name), None) for name in pack.names]
   ckpt = ckpt_lib.Checkpointer(root, save_every=tr.checkpoint_every, max_to_keep=tr.max_to_keep)
   try:
-    data = PackIterator([train_iterator(pack.run(r)) for r in range(pack.size)])
+    data = pack_iterator(pack)
     state = _initial_state(pack, ckpt, data, runs, root)  # another grid: refused here
-    start = int(state.step[0])
+    start = _step_of(state)
     _open_runs(pack, runs, start, hparam_fields)
     if start >= tr.num_steps:
       return {run.name: finished_run(run.workdir, start, tr.num_steps) for run in runs}
@@ -241,12 +252,18 @@ def take_out(
   if name not in pack.names:
     raise ConfigError(f"the pack in {root} has no run {name!r}; its runs: {pack.names}")
   r, tr = pack.names.index(name), pack.configs[0].train
-  data = PackIterator([train_iterator(pack.run(i)) for i in range(pack.size)])
+  if len(own_runs(pack)) < pack.size:
+    raise ConfigError(
+      f"take_out needs every run's data position in each process; mesh.runs="
+      f"{pack.exp.mesh.shape[sharding.RUNS_AXIS]} spreads the runs over the processes: take a run out "
+      "on one process (or from a pack trained with mesh.runs=1)"
+    )
+  data = pack_iterator(pack)
   with ckpt_lib.Checkpointer(root, save_every=tr.checkpoint_every) as ckpt:
     state = _restore(pack, ckpt, data)
   if state is None:
     raise ConfigError(f"{root} holds no checkpoint of this pack to take run {name!r} out of")
-  step, cfg = int(state.step[r]), pack.configs[r]
+  step, cfg = _step_of(state), pack.configs[r]
   shardings = pack.exp.state_shardings
   if state.ref_params is not None:
     shardings = shardings.replace(ref_params=shardings.params)

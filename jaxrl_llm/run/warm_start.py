@@ -55,11 +55,9 @@ def warm_start(exp: Experiment, workdir: str) -> TrainState:
   cfg = exp.config
   steps, log_every = cfg.sft.steps, cfg.train.log_every
   tx, schedule = cfg.sft.optimizer(cfg.optim).build(steps)
+  index, count = distributed.shard_of(exp.batch_sharding, (cfg.sft.batch_size,), 0)
   it = exp.task.train_iterator(
-    cfg.sft.batch_size // jax.process_count(),
-    cfg.seed + 1,
-    shard_index=jax.process_index(),
-    shard_count=jax.process_count(),
+    cfg.sft.batch_size // count, cfg.seed + 1, shard_index=index, shard_count=count
   )
   sft_step, params = _sft_step(exp, tx), exp.state.params
   trained = lora.trainable(params)[1]
