@@ -444,6 +444,40 @@ def test_a_pack_whose_runs_axis_spans_the_processes_equals_it_on_one_and_resumes
   with pytest.raises(checkpoint.CheckpointMismatchError, match=r"process_0-of-1\.json"):
     take_out(configs, str(roots[2]), names[0], str(tmp_path / "out"), names=names)
   assert not (tmp_path / "out").exists()
+  # Nor can the two processes that trained it: each refuses in one line before reading.
+  script = tmp_path / "take_out.py"
+  script.write_text(TAKE_OUT)
+  cmd = [sys.executable, str(REPO / "tools" / "launch_local.py"), "--processes=2"]
+  cmd += ["--devices_per_process=4", "--", sys.executable, str(script), longer, str(roots[2])]
+  cmd += [str(tmp_path / "out"), *names]
+  proc = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600)
+  refusals = [ln for ln in proc.stdout.splitlines() if "error: take_out needs every run's" in ln]
+  assert proc.returncode == 0 and len(refusals) == 2, _why(proc.stdout + proc.stderr)
+  assert not (tmp_path / "out").exists()
+
+
+TAKE_OUT = """
+import importlib.util, sys
+from jaxrl_llm import distributed
+from jaxrl_llm.config import ConfigError
+from jaxrl_llm.run.pack_loop import take_out
+
+distributed.initialize(120)
+config, root, out, *names = sys.argv[1:]
+spec = importlib.util.spec_from_file_location("config", config)
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+configs = []
+for clip in (0.2, 0.28):
+  for temperature in (0.7, 1.0):
+    cfg = module.get_config()
+    cfg.objective.clip_high, cfg.sampling.temperature = clip, temperature
+    configs.append(cfg)
+try:
+  take_out(configs, root, names[0], out, names=names)
+except ConfigError as e:
+  print(f"error: {e}", flush=True)
+"""
 
 
 def test_a_prompt_file_pack_with_two_device_groups_on_each_process_scores_as_one_process(
