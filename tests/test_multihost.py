@@ -361,6 +361,20 @@ def _launch_pack(processes, config, root, *grid):
   return proc.returncode, proc.stdout + proc.stderr
 
 
+GRID = ("objective.clip_high=0.2,0.28", "sampling.temperature=0.7,1.0")
+NAMES = [
+  f"objective.clip_high={c},sampling.temperature={t}" for c in (0.2, 0.28) for t in (0.7, 1.0)
+]
+
+
+def _launch_packs(config, roots: dict, grid=GRID, expect: str = "") -> None:
+  """The packed sweep `grid` of `config` on n processes into `roots[n]`, for each n; each
+  launch must exit 0 and print `expect`."""
+  for n, root in roots.items():
+    rc, out = _launch_pack(n, config, root, *grid)
+    assert rc == 0 and expect in out, _why(out)
+
+
 def _assert_same_packs(a, b, names, keys, steps):
   for name in names:
     sa, sb = metrics.read_scalars(str(a / name)), metrics.read_scalars(str(b / name))
@@ -373,39 +387,27 @@ def _assert_same_packs(a, b, names, keys, steps):
 
 def test_a_pack_on_two_processes_equals_the_pack_on_one_and_resumes_from_their_checkpoint(tmp_path):
   run = {"train.num_steps": 4, "train.checkpoint_every": 2, "train.eval_every": 4}
-  config = _config_file(tmp_path, run)
-  grid = ("objective.clip_high=0.2,0.28", "sampling.temperature=0.7,1.0")
-  names = [
-    f"objective.clip_high={c},sampling.temperature={t}" for c in (0.2, 0.28) for t in (0.7, 1.0)
-  ]
-  one, two = tmp_path / "one", tmp_path / "two"
-  for n, root in ((1, one), (2, two)):
-    rc, out = _launch_pack(n, config, root, *grid)
-    assert rc == 0, _why(out)
-  assert sorted(p.name for p in two.iterdir() if p.name in names) == sorted(names)
-  _assert_same_packs(one, two, names, COMPARED, 4)
+  roots = {1: tmp_path / "one", 2: tmp_path / "two"}
+  _launch_packs(_config_file(tmp_path, run), roots)
+  two = roots[2]
+  assert sorted(p.name for p in two.iterdir() if p.name in NAMES) == sorted(NAMES)
+  _assert_same_packs(roots[1], two, NAMES, COMPARED, 4)
   # Events come from process 0 only: one event file per run.
   assert all(
-    len([p for p in (two / n).iterdir() if p.name.startswith("events.")]) == 1 for n in names
+    len([p for p in (two / n).iterdir() if p.name.startswith("events.")]) == 1 for n in NAMES
   )
   # Four more steps from the two processes' step-4 checkpoint, against one process's.
   longer = _config_file(tmp_path, {**run, "train.num_steps": 8}, name="longer.py")
-  for n, root in ((1, one), (2, two)):
-    rc, out = _launch_pack(n, longer, root, *grid)
-    assert rc == 0, _why(out)
-    assert "resumed the pack" in out
-  _assert_same_packs(one, two, names, COMPARED, 8)
+  _launch_packs(longer, roots, expect="resumed the pack")
+  _assert_same_packs(roots[1], two, NAMES, COMPARED, 8)
 
 
 def test_a_prompt_file_pack_on_two_processes_scores_each_process_rows_as_one_process(tmp_path):
-  config = _math_file_config(tmp_path, 2)
   names = [f"sampling.temperature={t}" for t in (0.7, 1.0)]
-  one, two = tmp_path / "one", tmp_path / "two"
-  for n, root in ((1, one), (2, two)):
-    rc, out = _launch_pack(n, config, root, "sampling.temperature=0.7,1.0")
-    assert rc == 0, _why(out)
+  roots = {1: tmp_path / "one", 2: tmp_path / "two"}
+  _launch_packs(_math_file_config(tmp_path, 2), roots, grid=("sampling.temperature=0.7,1.0",))
   keys = ("policy/loss", "rollout/reward_mean", "reward/math_format_boxed", "verifier/errors")
-  _assert_same_packs(one, two, names, keys, 2)
+  _assert_same_packs(roots[1], roots[2], names, keys, 2)
 
 
 def test_a_pack_whose_runs_axis_spans_the_processes_equals_it_on_one_and_resumes(tmp_path):
@@ -414,25 +416,15 @@ def test_a_pack_whose_runs_axis_spans_the_processes_equals_it_on_one_and_resumes
   # rows of its group's runs); the supervised warm start runs on the same mesh first.
   run = {"train.num_steps": 4, "train.checkpoint_every": 2, "train.eval_every": 2}
   run.update({"mesh.runs": 2, "sft.steps": 2})
-  config = _config_file(tmp_path, run)
-  grid = ("objective.clip_high=0.2,0.28", "sampling.temperature=0.7,1.0")
-  names = [
-    f"objective.clip_high={c},sampling.temperature={t}" for c in (0.2, 0.28) for t in (0.7, 1.0)
-  ]
   roots = {n: tmp_path / f"p{n}" for n in (1, 2, 4)}
-  for n, root in roots.items():
-    rc, out = _launch_pack(n, config, root, *grid)
-    assert rc == 0, _why(out)
-  _assert_same_packs(roots[1], roots[2], names, COMPARED, 4)
-  _assert_same_packs(roots[1], roots[4], names, COMPARED, 4)
+  _launch_packs(_config_file(tmp_path, run), roots)
+  _assert_same_packs(roots[1], roots[2], NAMES, COMPARED, 4)
+  _assert_same_packs(roots[1], roots[4], NAMES, COMPARED, 4)
   # Two more steps from each one's step-4 checkpoint (every process restores its runs' state
   # and data positions).
   longer = _config_file(tmp_path, {**run, "train.num_steps": 6}, name="longer.py")
-  for n in (1, 2):
-    rc, out = _launch_pack(n, longer, roots[n], *grid)
-    assert rc == 0, _why(out)
-    assert "resumed the pack" in out
-  _assert_same_packs(roots[1], roots[2], names, COMPARED, 6)
+  _launch_packs(longer, {n: roots[n] for n in (1, 2)}, expect="resumed the pack")
+  _assert_same_packs(roots[1], roots[2], NAMES, COMPARED, 6)
   # One process cannot take a run out of it: each process saved only its own runs' positions.
   configs = [
     _tiny_config(
@@ -442,14 +434,14 @@ def test_a_pack_whose_runs_axis_spans_the_processes_equals_it_on_one_and_resumes
     for t in (0.7, 1.0)
   ]
   with pytest.raises(checkpoint.CheckpointMismatchError, match=r"process_0-of-1\.json"):
-    take_out(configs, str(roots[2]), names[0], str(tmp_path / "out"), names=names)
+    take_out(configs, str(roots[2]), NAMES[0], str(tmp_path / "out"), names=NAMES)
   assert not (tmp_path / "out").exists()
   # Nor can the two processes that trained it: each refuses in one line before reading.
   script = tmp_path / "take_out.py"
   script.write_text(TAKE_OUT)
   cmd = [sys.executable, str(REPO / "tools" / "launch_local.py"), "--processes=2"]
   cmd += ["--devices_per_process=4", "--", sys.executable, str(script), longer, str(roots[2])]
-  cmd += [str(tmp_path / "out"), *names]
+  cmd += [str(tmp_path / "out"), *NAMES]
   proc = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600)
   refusals = [ln for ln in proc.stdout.splitlines() if "error: take_out needs every run's" in ln]
   assert proc.returncode == 0 and len(refusals) == 2, _why(proc.stdout + proc.stderr)
@@ -485,14 +477,7 @@ def test_a_prompt_file_pack_with_two_device_groups_on_each_process_scores_as_one
 ):
   # mesh.runs=4 on 2 processes: each process holds 2 groups (2 runs), scores those runs'
   # completions alone and reports 0 verifier counts for the others.
-  config = _math_file_config(tmp_path, 2, {"mesh.runs": 4})
-  grid = ("objective.clip_high=0.2,0.28", "sampling.temperature=0.7,1.0")
-  names = [
-    f"objective.clip_high={c},sampling.temperature={t}" for c in (0.2, 0.28) for t in (0.7, 1.0)
-  ]
-  one, two = tmp_path / "one", tmp_path / "two"
-  for n, root in ((1, one), (2, two)):
-    rc, out = _launch_pack(n, config, root, *grid)
-    assert rc == 0, _why(out)
+  roots = {1: tmp_path / "one", 2: tmp_path / "two"}
+  _launch_packs(_math_file_config(tmp_path, 2, {"mesh.runs": 4}), roots)
   keys = ("policy/loss", "rollout/reward_mean", "reward/math_correct", "verifier/errors")
-  _assert_same_packs(one, two, names, keys, 2)
+  _assert_same_packs(roots[1], roots[2], NAMES, keys, 2)
