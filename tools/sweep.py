@@ -19,8 +19,9 @@ their status; a summary table is printed at the end. A failed run is reported wi
 its log and the sweep goes on; the exit status is 1 if any run failed.
 
 With `--packed`, the runs train together in this process (with `--distributed`, in the
-multi-process job this command joins on every host, as the trainer's `--distributed`; each
-run's rows spread over the processes): each keeps its folder
+multi-process job this command joins on every host, as the trainer's `--distributed`; with
+`mesh.runs=1` each run's rows spread over the processes, with `mesh.runs` > 1 the runs do):
+each keeps its folder
 `ROOT/<name>` (events, config.json, HParams), the pack checkpoints in `ROOT/checkpoints` and
 resumes from there when the same command is run again; `--dry_run` checks that the grid packs
 and prints the packed step's memory per device (compile only). A grid over a field that changes
