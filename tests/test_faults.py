@@ -719,3 +719,23 @@ def test_a_ctrl_c_that_python_drops_in_a_gc_callback_still_stops_the_run(tmp_pat
   with checkpoint.Checkpointer(tmp_path, save_every=1) as ckpt:
     steps = ckpt.all_steps()
   assert 2 <= max(steps) < 12, steps
+
+
+def test_ctrl_c_entered_off_the_main_thread_leaves_python_s_hooks_as_they_were():
+  """Off the main thread no signal handler can be installed; `CtrlC` then leaves
+  `sys.unraisablehook` alone too (it replaced it and never put it back)."""
+  import threading
+
+  from jaxrl_llm.run.preempt import CtrlC
+
+  before, seen = sys.unraisablehook, []
+
+  def enter_and_leave():
+    with CtrlC() as ctrl_c:
+      seen.append(sys.unraisablehook is before)
+      ctrl_c.check()  # nothing was signalled
+
+  thread = threading.Thread(target=enter_and_leave)
+  thread.start()
+  thread.join()
+  assert seen == [True] and sys.unraisablehook is before

@@ -65,9 +65,11 @@ class CtrlC(_SignalFlag):
   def __enter__(self):
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # a background job: leave it so
       return self
-    self._unraisable = sys.unraisablehook
-    sys.unraisablehook = self._unraisable_hook
-    return super().__enter__()
+    super().__enter__()
+    if self._previous is not None:  # installed (main thread): `__exit__` puts the hook back
+      self._unraisable = sys.unraisablehook
+      sys.unraisablehook = self._unraisable_hook
+    return self
 
   def __exit__(self, *exc) -> None:
     if self._previous is not None:
