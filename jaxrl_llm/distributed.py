@@ -127,7 +127,10 @@ def own_block(sharding: jax.sharding.Sharding, shape: tuple[int, ...]) -> tuple[
     lo = min(i[d].indices(n)[0] for i in held)
     hi = max(i[d].indices(n)[1] for i in held)
     if n % (hi - lo) or lo % (hi - lo):
-      raise ValueError(f"process {jax.process_index()} holds rows {lo}:{hi} of {n} in dim {d}")
+      raise ValueError(
+        f"process {jax.process_index()} holds indices {lo}:{hi} of {n} in dimension {d}: not "
+        "one of equal blocks"
+      )
     block.append(slice(lo, hi))
   return tuple(block)
 

@@ -203,13 +203,12 @@ def unstack(tree: Any, r: int) -> Any:
 
 
 class PackIterator:
-  """The prompt iterators of the runs `runs` (default: all) as one: `next` stacks one batch of
-  each on a leading axis; its state (saved by grain's checkpoint handler with the pack, per
-  process) is each of those runs' position."""
+  """The prompt iterators of a pack's runs (this process's, `pack_iterator`) as one: `next`
+  stacks one batch of each on a leading axis; its state (saved by grain's checkpoint handler
+  with the pack, per process) is each of those runs' position."""
 
-  def __init__(self, iterators: Sequence[Any], runs: range | None = None):
+  def __init__(self, iterators: Sequence[Any]):
     self.iterators = list(iterators)
-    self.runs = runs if runs is not None else range(len(self.iterators))
 
   def __iter__(self):
     return self
@@ -247,8 +246,7 @@ def pack_iterator(pack: Pack) -> PackIterator:
   run unless the runs axis spans processes), and of each the block of rows they hold."""
   prompts = pack.configs[0].sampled_prompts
   shard = distributed.shard_of(pack_rows(pack.exp.mesh), (pack.size, prompts), 1)
-  runs = own_runs(pack)
-  return PackIterator([train_iterator(pack.run(r), shard) for r in runs], runs)
+  return PackIterator([train_iterator(pack.run(r), shard) for r in own_runs(pack)])
 
 
 def own_runs(pack: Pack) -> range:
