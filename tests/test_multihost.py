@@ -357,7 +357,10 @@ def _launch_pack(processes, config, root, *grid):
   cmd += [f"--devices_per_process={8 // processes}", "--", sys.executable]
   cmd += [str(REPO / "tools" / "sweep.py"), f"--config={config}", f"--root={root}"]
   cmd += ["--packed", "--distributed", *(f"--grid={g}" for g in grid)]
-  proc = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=900)
+  try:
+    proc = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600)
+  except subprocess.TimeoutExpired as e:  # what it printed says where it stood
+    return 124, f"{e.stdout or ''}{e.stderr or ''}\ntimed out after {e.timeout} s"
   return proc.returncode, proc.stdout + proc.stderr
 
 
