@@ -167,6 +167,30 @@ def test_the_packed_step_compiles_once(at_once):
   assert pack.exp.program.step._cache_size() == 1
 
 
+def test_stacking_unstacking_and_the_reference_copy_each_run_as_one_program():
+  # One small multi-device program per leaf is a burst of launches that, on XLA:CPU, can fill a
+  # device's queue while an earlier program's collective waits for that device: the process
+  # then stalls for good (a pack's warm start did, about one launch in five under load).
+  pack = build_pack(_configs(**{"mesh.runs": 2, "kl.beta": 0.05}))
+  shardings = pack.exp.state_shardings
+  jax.clear_caches()  # every program below compiles here, once per distinct program
+  compiled = []
+
+  def listen(event, duration, **kwargs):
+    if event == "/jax/core/compile/backend_compile_duration":
+      compiled.append(kwargs.get("fun_name"))
+
+  jax.monitoring.register_event_duration_secs_listener(listen)
+  try:
+    states = [unstack(pack.state, r, shardings) for r in range(pack.size)]
+    state = init_reference(pack.stacked(states), 0.05)
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listen)
+  assert sorted(compiled) == ["jit(_copies)", "jit(_stack)", "jit(_unstack)"]
+  for ref, params in zip(jax.tree.leaves(state.ref_params), jax.tree.leaves(pack.state.params)):
+    np.testing.assert_array_equal(jax.device_get(ref), jax.device_get(params))
+
+
 def test_a_field_that_changes_the_program_is_refused_with_the_packable_ones():
   configs = _configs([{"sampling.group_size": 2}, {"sampling.group_size": 4}])
   with pytest.raises(ConfigError) as err:

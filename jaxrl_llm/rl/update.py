@@ -153,7 +153,12 @@ def init_reference(state: TrainState, beta: float) -> TrainState:
   none under adapters, whose reference is the base they sit on (`reference_params`)."""
   if beta <= 0 or state.ref_params is not None or lora.has_adapters(state.params):
     return state
-  return state.replace(ref_params=jax.tree.map(jnp.copy, state.params))
+  shardings = jax.tree.map(lambda x: x.sharding, state.params)  # one program, not one per leaf
+  return state.replace(ref_params=jax.jit(_copies, out_shardings=shardings)(state.params))
+
+
+def _copies(tree):
+  return jax.tree.map(jnp.copy, tree)
 
 
 def reference_params(state: TrainState):

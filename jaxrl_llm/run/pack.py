@@ -125,8 +125,7 @@ class Pack:
 
   def stacked(self, states: Sequence[Any]) -> Any:
     """The runs' states (no reference copy yet) stacked into the pack's state shardings."""
-    shardings = over_runs(self.exp.state_shardings, packed_sharding)
-    return jax.device_put(stack(states), shardings)
+    return stack(states, over_runs(self.exp.state_shardings, packed_sharding))
 
   @property
   def size(self) -> int:
@@ -184,9 +183,7 @@ def per_run_sharding(mesh) -> NamedSharding:
   return packed_sharding(NamedSharding(mesh, PartitionSpec()))
 
 
-def stack(trees: Sequence[Any]) -> Any:
-  """The trees stacked on a new leading axis (None leaves stay None); of TrainStates under
-  adapters, the frozen base the runs share is the first's, unstacked."""
+def _stack(trees: Sequence[Any]) -> Any:
   if not isinstance(trees[0], TrainState):
     return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
   adapters = lora.has_adapters(trees[0].params)
@@ -195,11 +192,26 @@ def stack(trees: Sequence[Any]) -> Any:
   )
 
 
-def unstack(tree: Any, r: int) -> Any:
-  """Run `r`'s slice of a stacked tree (of a TrainState, the shared base as it is)."""
+def _unstack(tree: Any, r) -> Any:
   if isinstance(tree, TrainState):
     return over_runs(tree, lambda x: x[r])
   return jax.tree.map(lambda x: x[r], tree)
+
+
+# Both run as one program over the whole tree, not one small program per leaf: on XLA:CPU a
+# burst of hundreds of multi-device programs can fill a device's queue of launches while an
+# earlier program's collective waits for that device, and the process stalls for good.
+def stack(trees: Sequence[Any], shardings: Any = None) -> Any:
+  """The trees stacked on a new leading axis (None leaves stay None), placed in `shardings`
+  (None: where the compiler puts them); of TrainStates under adapters, the frozen base the
+  runs share is the first's, unstacked."""
+  return jax.jit(_stack, out_shardings=shardings)(list(trees))
+
+
+def unstack(tree: Any, r: int, shardings: Any = None) -> Any:
+  """Run `r`'s slice of a stacked tree (of a TrainState, the shared base as it is), placed in
+  `shardings` (None: where the compiler puts it); one program whatever `r`."""
+  return jax.jit(_unstack, out_shardings=shardings)(tree, np.int32(r))
 
 
 class PackIterator:

@@ -80,7 +80,7 @@ def _warm_started(pack: Pack, runs: list[_Run]):
   nothing else a pack may vary); its events are in the first such run's `sft` folder."""
   by_seed, states = {}, []
   for r, cfg in enumerate(pack.configs):
-    own = unstack(pack.state, r)
+    own = unstack(pack.state, r, pack.exp.state_shardings)
     if cfg.seed not in by_seed:
       view = dataclasses.replace(pack.run(r), state=own)
       by_seed[cfg.seed] = warm_start(view, runs[r].workdir).params
@@ -267,7 +267,7 @@ def take_out(
   shardings = pack.exp.state_shardings
   if state.ref_params is not None:
     shardings = shardings.replace(ref_params=shardings.params)
-  own = jax.device_put(unstack(state, r), shardings)
+  own = unstack(state, r, shardings)
   for f in paths.files_under(paths.join(root, name)):  # its events, config and warm start
     target = paths.as_path(workdir) / f.relative_to(paths.as_path(paths.join(root, name)))
     target.parent.mkdir(parents=True, exist_ok=True)
