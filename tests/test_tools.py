@@ -2,12 +2,14 @@
 
 import csv
 import json
+import re
+import signal
 import subprocess
 import sys
 import time
 
 import pytest
-from conftest import REPO, cli_env
+from conftest import REPO, cli_env, default_sigint
 
 from jaxrl_llm import checkpoint, metrics
 
@@ -281,6 +283,45 @@ def test_a_packed_sweep_trains_every_grid_point_in_one_program(tmp_path):
   again, _ = _tool("sweep", *args)  # finished: nothing to train, the same table
   assert again.returncode == 0 and "nothing to train" in again.stderr
   _check_the_seed_table_reads_the_pack(root, names)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_packed_sweep_stopped_by_a_signal_says_so_in_one_line_and_resumes(tmp_path, signum):
+  """SIGTERM (a preemption notice): the pack saves the step it has just finished, prints one
+  line and exits 143; Ctrl-C: one line, exit 130, the committed checkpoints intact. Either
+  way sweep.json marks the runs interrupted and the same command resumes the pack."""
+  root = tmp_path / "p"
+  longer = TINY[0].replace("num_steps=2", "num_steps=400").replace("eval_every=2", "eval_every=999")
+  args = [CONFIG, f"--root={root}", GRID, "--seeds=0", longer, *TINY[1:], "--packed"]
+  args += ["--set=train.checkpoint_every=2"]
+  cmd = [sys.executable, str(REPO / "tools" / "sweep.py"), *args]
+  proc = subprocess.Popen(
+    cmd, cwd=REPO, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    preexec_fn=default_sigint,
+  )  # fmt: skip
+  seen = []
+  for line in proc.stderr:
+    seen.append(line)
+    if re.search(r"\] step 6/400", line):
+      break
+  proc.send_signal(signum)
+  err = "".join(seen) + proc.communicate(timeout=300)[1]
+  last = err.strip().splitlines()[-1]
+  committed = sweep.committed_steps(str(root))
+  if signum == signal.SIGTERM:
+    assert proc.returncode == 143, err[-3000:]
+    match = re.match(r"stopped by SIGTERM after step (\d+): checkpoint \1 is saved in ", last)
+    assert match and 6 <= int(match.group(1)) < 400 and max(committed) == int(match.group(1))
+  else:
+    assert proc.returncode == 130, err[-3000:]
+    assert last.startswith("stopped by SIGINT (Ctrl-C): the pack's checkpoints committed"), last
+  record = json.loads((root / "sweep.json").read_text())
+  assert [r["status"] for r in record["runs"]] == ["interrupted"] * 2
+  again, _ = _tool("sweep", *args, "--set=train.stop_after_steps=2")
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert f"resumed the pack in {root} at step {max(committed)}" in again.stderr
+  assert max(sweep.committed_steps(str(root))) == max(committed) + 2
 
 
 def _check_the_seed_table_reads_the_pack(root, names):

@@ -485,42 +485,69 @@ def leave_job(code: int, line: str) -> None:
 
 def run_packed(config: str, runs: Sequence[Run], root: str, spec: dict[str, Any]) -> int:
   """Trains the grid as one pack in `root` (resuming it), records sweep.json (process 0 of a
-  multi-process job); exit status."""
+  multi-process job); exit status (143 after SIGTERM, 130 after Ctrl-C, as the trainer's)."""
   import jax
   from absl import logging
 
   from jaxrl_llm import backend
-  from jaxrl_llm import main as trainer_main
 
   logging.set_verbosity(logging.INFO)  # the runs' progress lines
   backend.choose()  # as the trainer's command line does
+  t0 = time.time()
+  status, code = _train_packed(_pack_configs(config, runs), runs, root)
+  if jax.process_index() != 0:  # the runs' events, and so the record, are process 0's
+    return code
+  for run in runs:
+    run.status, run.elapsed_s = status, round(time.time() - t0, 1)
+    read_metrics(run)
+  record = {**spec, "packed": True, "updated": time.strftime("%Y-%m-%d %H:%M:%S")}
+  _write_json(os.path.join(root, "sweep.json"), {**record, "runs": [r.to_json() for r in runs]})
+  return code
+
+
+def _train_packed(configs: list, runs: Sequence[Run], root: str) -> tuple[str, int]:
+  """`train_pack` of the grid in `root`: (the runs' status, exit status). A known failure, a
+  SIGTERM (the pack saved the step it finished) or a Ctrl-C prints its one line (and, in a
+  multi-process job, tells the peers and stops this process)."""
+  from jaxrl_llm import main as trainer_main
+  from jaxrl_llm.run import Preempted
   from jaxrl_llm.run.pack_loop import train_pack
 
-  configs, t0 = _pack_configs(config, runs), time.time()
   names, swept = [r.name for r in runs], list(runs[0].params)
   try:
     train_pack(configs, root, names=names, hparam_fields=swept)
-    status = "done" if runs[0].final_step in committed_steps(root) else "incomplete"
+    return ("done" if runs[0].final_step in committed_steps(root) else "incomplete"), 0
   except ConfigError as e:
     print(f"error: {e}", file=sys.stderr, flush=True)
     leave_job(2, f"error: {e}")
     raise
+  except Preempted as e:
+    return _stopped(str(e), 143)
+  except KeyboardInterrupt:
+    return _stopped(_ctrl_c_line(root), 130)
   except Exception as e:
+    if trainer_main.interrupted(e):  # Ctrl-C cut a save that then failed
+      return _stopped(_ctrl_c_line(root), 130)
     line = trainer_main.explain(e)
     if line is None:
       leave_job(1, f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
       raise
     print(line, file=sys.stderr, flush=True)
     leave_job(2, line)
-    status = "failed"
-  if jax.process_index() != 0:  # the runs' events, and so the record, are process 0's
-    return 0
-  for run in runs:
-    run.status, run.elapsed_s = status, round(time.time() - t0, 1)
-    read_metrics(run)
-  record = {**spec, "packed": True, "updated": time.strftime("%Y-%m-%d %H:%M:%S")}
-  _write_json(os.path.join(root, "sweep.json"), {**record, "runs": [r.to_json() for r in runs]})
-  return 1 if status == "failed" else 0
+    return "failed", 1
+
+
+def _ctrl_c_line(root: str) -> str:
+  return (
+    "stopped by SIGINT (Ctrl-C): the pack's checkpoints committed before it are intact in "
+    f"{os.path.join(root, 'checkpoints')}; rerun the same command to resume"
+  )
+
+
+def _stopped(line: str, code: int) -> tuple[str, int]:
+  print(line, file=sys.stderr, flush=True)
+  leave_job(code, line)
+  return "interrupted", code
 
 
 # ----------------------------------------------------------------------------- reporting

@@ -34,6 +34,7 @@ from jaxrl_llm.run.pack import (
   to_rows,
   unstack,
 )
+from jaxrl_llm.run.preempt import CtrlC, Preempted, Preemption
 from jaxrl_llm.run.warm_start import warm_start
 
 
@@ -118,25 +119,40 @@ def _step_of(state) -> int:
 
 
 def _loop(pack: Pack, state, data: PackIterator, ckpt, runs: list[_Run], evaluate):
-  """RL updates of every run from the pack's step to the end of this invocation."""
+  """RL updates of every run from the pack's step to the end of this invocation. On SIGTERM
+  it saves the step just finished and raises `Preempted`; on SIGINT, KeyboardInterrupt (after
+  the step when a library caught the first one), as a single run's loop."""
   cfg = pack.configs[0]
   tr, start = cfg.train, _step_of(state)
   end = min(tr.num_steps, start + tr.stop_after_steps) if tr.stop_after_steps else tr.num_steps
-  updates = cfg.rl.num_epochs * cfg.rl.num_minibatches
   logging.info("compiling the packed RL step of %d runs ...", pack.size)
-  update = _host_reward_update if pack.exp.task.rewards_on_host else _fused_update
-  for step in range(start, end):
-    state, host = update(pack, state, next(data), packed_keys(state.rng, step))
-    done = step + 1
-    for r, run in enumerate(runs):
-      own = {k: v[r] for k, v in host.items()}
-      run.logger.guard.update(done, int(own["optim/skipped_updates"]), updates=updates)
-      run.logger.step(done, own)
-    if done % tr.eval_every == 0 or done == tr.num_steps:
-      evaluate(done, state.params)
-    force = done in (end, tr.num_steps)
-    ckpt.save(done, pack.exp.stored(state), data_iter=data, meta=pack.meta(), force=force)
+  with Preemption() as preemption, CtrlC() as ctrl_c:
+    for step in range(start, end):
+      state = _step(pack, state, data, ckpt, runs, evaluate, step, end)
+      ctrl_c.check()
+      if preemption.requested(step + 1) and step + 1 < end:
+        ckpt.save(step + 1, pack.exp.stored(state), data_iter=data, meta=pack.meta(), force=True)
+        ckpt.wait()
+        raise Preempted(step + 1, str(ckpt.directory))
   return state, end
+
+
+def _step(pack: Pack, state, data: PackIterator, ckpt, runs: list[_Run], evaluate, step, end):
+  """Every run's RL update with its logging, evaluation and the pack's checkpoint."""
+  cfg = pack.configs[0]
+  tr, updates = cfg.train, cfg.rl.num_epochs * cfg.rl.num_minibatches
+  update = _host_reward_update if pack.exp.task.rewards_on_host else _fused_update
+  state, host = update(pack, state, next(data), packed_keys(state.rng, step))
+  done = step + 1
+  for r, run in enumerate(runs):
+    own = {k: v[r] for k, v in host.items()}
+    run.logger.guard.update(done, int(own["optim/skipped_updates"]), updates=updates)
+    run.logger.step(done, own)
+  if done % tr.eval_every == 0 or done == tr.num_steps:
+    evaluate(done, state.params)
+  force = done in (end, tr.num_steps)
+  ckpt.save(done, pack.exp.stored(state), data_iter=data, meta=pack.meta(), force=force)
+  return state
 
 
 def _fused_update(pack: Pack, state, np_batch: dict, keys):
