@@ -256,6 +256,14 @@ def test_host_reward_path_runs_on_two_processes(tmp_path):
 def _start_direct(index, port, config, workdir, *args, **popen):
   """Process `index` of a 2-process job (4 fake devices each) started without the launcher,
   which would stop the other process itself when one fails."""
+  cmd = [sys.executable, "-m", "jaxrl_llm.main", f"--config={config}"]
+  return _start_process(
+    index, port, [*cmd, f"--workdir={workdir}", "--distributed", *args], **popen
+  )
+
+
+def _start_process(index, port, cmd, **popen):
+  """Process `index` of a 2-process job (4 fake devices each) running `cmd`."""
   env = cli_env()
   env.update(
     JAXRL_LLM_COORDINATOR=f"localhost:{port}",
@@ -264,8 +272,6 @@ def _start_direct(index, port, config, workdir, *args, **popen):
     XLA_FLAGS=f"{env['XLA_FLAGS']} --xla_force_host_platform_device_count=4".strip(),
     JAX_PLATFORMS="cpu",
   )
-  cmd = [sys.executable, "-m", "jaxrl_llm.main", f"--config={config}"]
-  cmd += [f"--workdir={workdir}", "--distributed", *args]
   return subprocess.Popen(cmd, cwd=REPO, env=env, text=True, **popen)
 
 
@@ -321,6 +327,73 @@ def test_one_interrupted_process_ends_the_job_with_its_reason_on_every_process(t
   finally:
     for p in procs:
       p.kill()
+
+
+SIGTERM_RUN = {"train.num_steps": 500, "train.checkpoint_every": 1000, "train.eval_every": 1000}
+
+
+def _sigterm_one_of_two(tmp_path, commands, progress: str) -> int:
+  """Starts the 2 processes of `commands` (one command line each), sends SIGTERM to process 1
+  alone once its log shows `progress`, and asserts that both stop after the same step, each
+  with the one line and exit status 143; returns that step."""
+  port = 20000 + (os.getpid() * 31 + len(progress)) % 20000
+  logs = [tmp_path / f"term{i}.log" for i in (0, 1)]
+  procs = []
+  try:
+    for i, log in enumerate(logs):
+      with open(log, "w") as f:
+        procs.append(_start_process(i, port, commands[i], stdout=f, stderr=f))
+    deadline = time.monotonic() + 600
+    while progress not in logs[1].read_text():
+      assert all(p.poll() is None for p in procs), _why(logs[0].read_text() + logs[1].read_text())
+      assert time.monotonic() < deadline, _why(logs[1].read_text())
+      time.sleep(0.1)
+    procs[1].send_signal(signal.SIGTERM)
+    steps = []
+    for p, log in zip(procs, logs):
+      assert p.wait(timeout=300) == 143, _why(log.read_text())
+      stops = [ln for ln in log.read_text().splitlines() if ln.startswith("stopped by SIGTERM")]
+      match = re.match(
+        r"stopped by SIGTERM after step (\d+): checkpoint \1 is saved in ", stops[-1]
+      )
+      steps.append(int(match.group(1)))
+  finally:
+    for p in procs:
+      p.kill()
+  assert steps[0] == steps[1] and 3 <= steps[0] < 500, steps
+  return steps[0]
+
+
+def test_sigterm_to_one_process_stops_every_process_after_the_same_saved_step(tmp_path):
+  """A preemption notice that reaches one host of a job (JAX's preemption service tells the
+  others): both processes stop after the same step, saved, and the job resumes from it."""
+  config = _config_file(tmp_path, SIGTERM_RUN)
+  workdir = tmp_path / "run"
+  cmd = [sys.executable, "-m", "jaxrl_llm.main", f"--config={config}", f"--workdir={workdir}"]
+  step = _sigterm_one_of_two(tmp_path, [[*cmd, "--distributed"]] * 2, "step 3/500")
+  assert _committed(workdir / "checkpoints") == [step]
+  rc, out = _launch(2, config, workdir, "--config.train.stop_after_steps=2")
+  assert rc == 0 and f"at step {step}" in out, _why(out)
+  assert max(_committed(workdir / "checkpoints")) == step + 2
+
+
+def test_sigterm_to_one_process_of_a_packed_sweep_stops_the_pack_after_a_saved_step(tmp_path):
+  """The same for a pack whose runs axis spans the two processes: each process saves its own
+  runs after the same step, exits 143, and the same command resumes the pack."""
+  config = _config_file(tmp_path, {**SIGTERM_RUN, "mesh.runs": 2})
+  root = tmp_path / "pack"
+  cmd = [sys.executable, str(REPO / "tools" / "sweep.py"), f"--config={config}", f"--root={root}"]
+  cmd += ["--packed", "--distributed", *(f"--grid={g}" for g in GRID)]
+  step = _sigterm_one_of_two(tmp_path, [cmd] * 2, f"[{NAMES[0]}] step 3/500")
+  assert _committed(root / "checkpoints") == [step]
+  longer = _config_file(tmp_path, {**SIGTERM_RUN, "mesh.runs": 2, "train.stop_after_steps": 2})
+  rc, out = _launch_pack(2, longer, root, *GRID)
+  assert rc == 0 and f"resumed the pack in {root} at step {step}" in out, _why(out)
+  assert max(_committed(root / "checkpoints")) == step + 2
+
+
+def _committed(directory) -> list[int]:
+  return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
 
 
 def test_a_mesh_that_does_not_divide_the_devices_stops_every_process(tmp_path):

@@ -506,9 +506,9 @@ def run_packed(config: str, runs: Sequence[Run], root: str, spec: dict[str, Any]
 
 
 def _train_packed(configs: list, runs: Sequence[Run], root: str) -> tuple[str, int]:
-  """`train_pack` of the grid in `root`: (the runs' status, exit status). A known failure, a
-  SIGTERM (the pack saved the step it finished) or a Ctrl-C prints its one line (and, in a
-  multi-process job, tells the peers and stops this process)."""
+  """`train_pack` of the grid in `root`: (the runs' status, exit status). A SIGTERM (every
+  process stopped after the same step, saved), a Ctrl-C or a known failure prints its one line;
+  in a multi-process job the last two also tell the peers and stop this process at once."""
   from jaxrl_llm import main as trainer_main
   from jaxrl_llm.run import Preempted
   from jaxrl_llm.run.pack_loop import train_pack
@@ -521,13 +521,14 @@ def _train_packed(configs: list, runs: Sequence[Run], root: str) -> tuple[str, i
     print(f"error: {e}", file=sys.stderr, flush=True)
     leave_job(2, f"error: {e}")
     raise
-  except Preempted as e:
-    return _stopped(str(e), 143)
+  except Preempted as e:  # every process stopped after the same step, which is saved
+    print(e, file=sys.stderr, flush=True)
+    return "interrupted", 143
   except KeyboardInterrupt:
-    return _stopped(_ctrl_c_line(root), 130)
+    return _stopped_by_ctrl_c(root)
   except Exception as e:
     if trainer_main.interrupted(e):  # Ctrl-C cut a save that then failed
-      return _stopped(_ctrl_c_line(root), 130)
+      return _stopped_by_ctrl_c(root)
     line = trainer_main.explain(e)
     if line is None:
       leave_job(1, f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
@@ -537,17 +538,14 @@ def _train_packed(configs: list, runs: Sequence[Run], root: str) -> tuple[str, i
     return "failed", 1
 
 
-def _ctrl_c_line(root: str) -> str:
-  return (
+def _stopped_by_ctrl_c(root: str) -> tuple[str, int]:
+  line = (
     "stopped by SIGINT (Ctrl-C): the pack's checkpoints committed before it are intact in "
     f"{os.path.join(root, 'checkpoints')}; rerun the same command to resume"
   )
-
-
-def _stopped(line: str, code: int) -> tuple[str, int]:
   print(line, file=sys.stderr, flush=True)
-  leave_job(code, line)
-  return "interrupted", code
+  leave_job(130, line)  # the other processes do not know: they stop with this line
+  return "interrupted", 130
 
 
 # ----------------------------------------------------------------------------- reporting

@@ -93,19 +93,31 @@ class CtrlC(_SignalFlag):
 
 
 class Preemption(_SignalFlag):
-  """Context manager: SIGTERM sets a flag (main thread only; elsewhere nothing is installed)."""
+  """Context manager: SIGTERM sets a flag (main thread only; elsewhere nothing is installed).
+  In a multi-process job with JAX's preemption service nothing is installed either: the
+  service's own SIGTERM handler tells the coordination service, which a handler of ours would
+  replace (the processes then never learn of the signal and train on)."""
 
   signum = signal.SIGTERM
 
+  def __enter__(self):
+    if not _preemption_service():
+      super().__enter__()
+    return self
+
   def requested(self, step: int) -> bool:
     """Whether to stop after `step`: the same answer on every process."""
-    import jax
-
-    if jax.process_count() > 1:
+    if _preemption_service():
       from jax.experimental import multihost_utils
 
-      try:
-        return bool(multihost_utils.reached_preemption_sync_point(step))
-      except Exception:  # no preemption service: the local flag (single-host semantics)
-        return self.signalled
+      return bool(multihost_utils.reached_preemption_sync_point(step))
     return self.signalled
+
+
+def _preemption_service() -> bool:
+  """Whether this is a multi-process job with JAX's preemption service (on by default)."""
+  import jax
+
+  if jax.process_count() < 2 or not jax.distributed.is_initialized():
+    return False
+  return bool(jax.config.jax_enable_preemption_service)
