@@ -24,7 +24,7 @@ from jaxrl_llm.rl import init_reference
 from jaxrl_llm.run import record
 from jaxrl_llm.run.assemble import NUMERICS_ONLY, Experiment, build, to_global_batch
 from jaxrl_llm.run.guard import SkipGuard
-from jaxrl_llm.run.preempt import CtrlC, Preempted, Preemption
+from jaxrl_llm.run.preempt import StopSignals
 from jaxrl_llm.run.warm_start import warm_start
 
 
@@ -178,14 +178,12 @@ def _loop(exp: Experiment, state, train_iter, ckpt, evaluate: Evaluator, logger:
   end = min(tr.num_steps, start + tr.stop_after_steps) if tr.stop_after_steps else tr.num_steps
   profiler = Profiler(tr.profile_steps, start, end, workdir)
   logging.info("compiling the RL step (its first run includes compilation) ...")
-  with Preemption() as preemption, CtrlC() as ctrl_c:
+  with StopSignals() as signals:
     for step in range(start, end):
       state = _step(exp, state, train_iter, ckpt, evaluate, logger, profiler, step, end)
-      ctrl_c.check()
-      if preemption.requested(step + 1) and step + 1 < end:
-        ckpt.save(step + 1, exp.stored(state), data_iter=train_iter, meta=exp.meta, force=True)
-        ckpt.wait()
-        raise Preempted(step + 1, str(ckpt.directory))
+      signals.after_step(
+        step + 1, end, ckpt, exp.stored(state), data_iter=train_iter, meta=exp.meta
+      )
   return state, end
 
 

@@ -34,7 +34,7 @@ from jaxrl_llm.run.pack import (
   to_rows,
   unstack,
 )
-from jaxrl_llm.run.preempt import CtrlC, Preempted, Preemption
+from jaxrl_llm.run.preempt import StopSignals
 from jaxrl_llm.run.warm_start import warm_start
 
 
@@ -126,14 +126,12 @@ def _loop(pack: Pack, state, data: PackIterator, ckpt, runs: list[_Run], evaluat
   tr, start = cfg.train, _step_of(state)
   end = min(tr.num_steps, start + tr.stop_after_steps) if tr.stop_after_steps else tr.num_steps
   logging.info("compiling the packed RL step of %d runs ...", pack.size)
-  with Preemption() as preemption, CtrlC() as ctrl_c:
+  with StopSignals() as signals:
     for step in range(start, end):
       state = _step(pack, state, data, ckpt, runs, evaluate, step, end)
-      ctrl_c.check()
-      if preemption.requested(step + 1) and step + 1 < end:
-        ckpt.save(step + 1, pack.exp.stored(state), data_iter=data, meta=pack.meta(), force=True)
-        ckpt.wait()
-        raise Preempted(step + 1, str(ckpt.directory))
+      signals.after_step(
+        step + 1, end, ckpt, pack.exp.stored(state), data_iter=data, meta=pack.meta()
+      )
   return state, end
 
 

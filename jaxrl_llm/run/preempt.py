@@ -101,13 +101,14 @@ class Preemption(_SignalFlag):
   signum = signal.SIGTERM
 
   def __enter__(self):
-    if not _preemption_service():
+    self.service = _preemption_service()
+    if not self.service:
       super().__enter__()
     return self
 
   def requested(self, step: int) -> bool:
     """Whether to stop after `step`: the same answer on every process."""
-    if _preemption_service():
+    if self.service:
       from jax.experimental import multihost_utils
 
       return bool(multihost_utils.reached_preemption_sync_point(step))
@@ -121,3 +122,25 @@ def _preemption_service() -> bool:
   if jax.process_count() < 2 or not jax.distributed.is_initialized():
     return False
   return bool(jax.config.jax_enable_preemption_service)
+
+
+class StopSignals:
+  """Context manager around a training loop: `Preemption` (SIGTERM) and `CtrlC` (SIGINT)."""
+
+  def __enter__(self):
+    self.preemption, self.ctrl_c = Preemption().__enter__(), CtrlC().__enter__()
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.ctrl_c.__exit__(*exc)
+    self.preemption.__exit__(*exc)
+
+  def after_step(self, done: int, end: int, ckpt, stored, **save) -> None:
+    """After step `done` of a loop ending at `end`: KeyboardInterrupt after a Ctrl-C; after a
+    SIGTERM (unless `done` is the last step, saved anyway) saves `stored` as step `done` in
+    `ckpt` (`save`: its data iterator and meta), waits for the save and raises `Preempted`."""
+    self.ctrl_c.check()
+    if self.preemption.requested(done) and done < end:
+      ckpt.save(done, stored, force=True, **save)
+      ckpt.wait()
+      raise Preempted(done, str(ckpt.directory))
