@@ -130,6 +130,17 @@ def workdir_problem(workdir: str) -> str | None:
   return None
 
 
+def remove_if_empty(workdir: str) -> None:
+  """Removes the local directory `workdir` if it holds nothing (object stores: nothing done)."""
+  from jaxrl_llm import paths
+
+  if not paths.is_remote(workdir):
+    try:
+      os.rmdir(workdir)  # only an empty directory goes
+    except OSError:
+      pass
+
+
 def main(argv):
   """Parses flags, turns the config into its typed tree once, and runs the experiment."""
   if len(argv) > 1:
@@ -167,12 +178,13 @@ def main(argv):
     sys.exit(3 if memory.fits is False else 0)
   if not _WORKDIR.value:
     raise app.UsageError("--workdir is required (except with --dry_run)")
+  fresh = not os.path.lexists(_WORKDIR.value)  # made by this launch: removed if left empty
   problem = workdir_problem(_WORKDIR.value)
   if problem:
     print(f"error: --workdir={_WORKDIR.value}: {problem}", file=sys.stderr, flush=True)
     sys.exit(2)
   started = time.time()
-  result = train_or_leave(_WORKDIR.value)
+  result = train_or_leave(_WORKDIR.value, fresh)
   from jaxrl_llm import metrics
 
   shown = "  ".join(f"{k}={v:.4g}" for k, v in sorted(result.items())) or "(no evaluation)"
@@ -180,10 +192,11 @@ def main(argv):
   logging.info("final eval: %s; wall time %s; workdir %s", shown, took, _WORKDIR.value)
 
 
-def train_or_leave(workdir: str) -> dict:
+def train_or_leave(workdir: str, fresh: bool = False) -> dict:
   """Trains the run of the command line's config in `workdir` and returns its final
   evaluation; a run that stops (SIGTERM, a known error, Ctrl-C, or an unexpected error in a
-  multi-process job) prints its line and leaves through `leave_job`."""
+  multi-process job) prints its line and leaves through `leave_job`. `fresh`: this launch
+  made `workdir`; an error that leaves it empty (a refused config) removes it."""
   from jaxrl_llm import distributed, run
 
   try:
@@ -193,6 +206,8 @@ def train_or_leave(workdir: str) -> dict:
     print(f"{e}", file=sys.stderr)
     leave_job(143)  # 128 + SIGTERM, as if the signal had ended the process
   except Exception as e:
+    if fresh:
+      remove_if_empty(workdir)
     if interrupted(e) and not (_DEBUG.value and not in_a_job()):
       stop_on_sigint(workdir)  # Ctrl-C cut a save (or a library call) that then failed
     line = explain(e)

@@ -190,6 +190,7 @@ BAD_CONFIGS = [
   ("train.pass_k", 0), ("train.text_samples", -1), ("train.stop_after_steps", -1),
   ("train.profile_steps", -1),
   ("mesh.data", 3), ("mesh.fsdp", 0), ("mesh.expert", 3), ("mesh.rules", ("notapair",)),
+  ("mesh.model", 3), ("task.reward_weights.correct", float("nan")),
 ]  # fmt: skip
 
 
@@ -198,6 +199,19 @@ def test_bad_config_values_stop_before_compiling_naming_the_field(field, value):
   with pytest.raises(ConfigError) as err:
     build(tiny_config(**{field: value}), abstract=True)
   assert field.split(".")[-1] in str(err.value), str(err.value)
+
+
+def test_a_tensor_parallel_size_that_does_not_divide_the_model_is_named():
+  """mesh.model splits the vocabulary, the heads and the feed-forward widths: a size that does
+  not divide them is refused before anything is placed (it was an IndivisibleError traceback
+  from the parameters' initialisation); one that divides them builds."""
+  bad = tiny_config(**{"mesh.data": 2, "mesh.model": 3, "model.vocab_size": 36})
+  with pytest.raises(ConfigError) as err:
+    build(bad, abstract=True)
+  line = str(err.value)
+  assert "mesh.model=3 does not divide" in line and "model.num_heads=2" in line, line
+  assert "model.mlp_dim=64" in line and "vocab_size" not in line, line  # 36 = 3 x 12 divides
+  build(tiny_config(**{"mesh.data": 4, "mesh.model": 2}), abstract=True)
 
 
 # ---- Process-level faults: the real command line, real files. ------------------------------
@@ -246,10 +260,44 @@ def test_a_missing_data_file_or_tokenizer_is_one_error_line(tmp_path, case, fiel
 
 
 @pytest.mark.parametrize(
+  "case, says",
+  [("no-directory", "is not a directory"), ("no-config", "has no config.json"),
+   ("no-weights", "neither model.safetensors nor")],
+)  # fmt: skip
+def test_a_bad_hugging_face_checkpoint_is_one_error_line(tmp_path, case, says):
+  """`model.checkpoint`: a path that is no directory (with prompt files, whose tokenizer it
+  would give: it was blamed on data.tokenizer), a directory without config.json (a traceback)
+  or without weights: one line naming the checkpoint, exit 2, no workdir left."""
+  ckpt, data = tmp_path / "ckpt", tmp_path / "ok.jsonl"
+  data.write_text('{"prompt": "1+1", "answer": "2"}\n')
+  args = [f"--config.model.checkpoint={ckpt}"]
+  if case != "no-directory":
+    ckpt.mkdir()
+  if case == "no-weights":  # a valid config.json; the built-in task (no tokenizer needed)
+    shutil.copy(REPO / "tests" / "fixtures" / "hf" / "qwen2" / "config.json", ckpt)
+  else:
+    args.append(f"--config.data.train_files={data}")
+  proc = _cli(tmp_path / "w", *args, timeout=200)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last.startswith("error: ") and str(ckpt) in last and says in last, proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr and "data.tokenizer" not in proc.stderr
+  assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize(
   "override",
-  ["train.num_steps=abc", "train.num_steps=2.5", "sampling.top_p=[0.5]", "advantage.whiten=maybe"],
+  [
+    "train.num_steps=abc",  # wrong types
+    "train.num_steps=2.5",
+    "sampling.top_p=[0.5]",
+    "advantage.whiten=maybe",
+    "sampling.temperature=-1",  # out of its range (the section's check)
+    "rl.num_minibatches=7",  # not a divisor of the batch (a check across sections, at build)
+  ],
 )
-def test_a_wrong_typed_override_is_one_error_line_and_exit_2(tmp_path, override):
+def test_a_bad_override_is_one_error_line_and_exit_2(tmp_path, override):
+  """A wrong-typed or out-of-range value: one line naming the field, exit 2, no workdir."""
   field = override.split("=")[0]
   proc = _cli(tmp_path / "w", f"--config.{override}", timeout=120)
   assert proc.returncode == 2, proc.stderr
@@ -663,8 +711,9 @@ def test_background_thread_failures_are_one_log_line_unless_debugging(tmp_path):
 @pytest.mark.slow
 def test_a_workdir_of_another_recipe_is_not_resumed_without_saying_so(tmp_path, caplog):
   """A finished (or interrupted) run's workdir, relaunched under other learner settings (here
-  DAPO's clip-higher over GRPO's): refused with the changed fields named, nothing written;
-  with train.resume_changed it resumes and says what changed; a memory knob is no change."""
+  DAPO's clip-higher over GRPO's) or another task: refused with the changed fields named,
+  nothing written; with train.resume_changed it resumes and says what changed; a memory knob
+  or the eval set's size is no change."""
   workdir = str(tmp_path / "w")
   train_and_evaluate(tiny_config(**{"train.num_steps": 2}), workdir)
   before = sorted(p.name for p in (tmp_path / "w").iterdir())
@@ -678,12 +727,18 @@ def test_a_workdir_of_another_recipe_is_not_resumed_without_saying_so(tmp_path, 
   assert sorted(p.name for p in (tmp_path / "w").iterdir()) == before
   with caplog.at_level("WARNING"):
     train_and_evaluate(tiny_config(**dapo, **{"train.resume_changed": True}), workdir)
-  assert any("changed learner settings" in r.getMessage() for r in caplog.records)
+  assert any("changed settings" in r.getMessage() for r in caplog.records)
   # Against the newest record (the DAPO resume), a microbatching change alone is no change.
   more = {**dapo, "train.num_steps": 6, "rl.num_microbatches": 2}
   train_and_evaluate(tiny_config(**more), workdir)
   with checkpoint.Checkpointer(workdir, save_every=1) as ckpt:
     assert ckpt.all_steps()[-1] == 6
+  # Another task is another experiment (it resumed silently); the eval set's size is not.
+  with pytest.raises(ConfigError, match=r"task\.name: 'reverse' → 'sort'"):
+    train_and_evaluate(tiny_config(**{**more, "train.num_steps": 8, "task.name": "sort"}), workdir)
+  train_and_evaluate(tiny_config(**{**more, "train.num_steps": 8, "task.eval_size": 8}), workdir)
+  with checkpoint.Checkpointer(workdir, save_every=1) as ckpt:
+    assert ckpt.all_steps()[-1] == 8
 
 
 def test_a_ctrl_c_that_python_drops_in_a_gc_callback_still_stops_the_run(tmp_path):

@@ -100,6 +100,11 @@ def test_bad_value_and_repeated_field_fail_before_any_run(tmp_path, capsys):
   assert "--config.train.num_steps=x" in capsys.readouterr().err
   assert sweep.main([*args, GRID, "--set=objective.clip_high=0.3"]) == 2
   assert "more than once" in capsys.readouterr().err
+  # A value out of its range: refused before the good arm trains (it was a failed run after).
+  assert sweep.main([*args, "--grid=objective.clip_high=0.3,-1.0"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("error: grid point objective.clip_high=-1.0"), err
+  assert "objective.clip_high=-1.0 must be" in err[0]
   assert not (tmp_path / "s").exists()
 
 
@@ -199,22 +204,23 @@ def test_compare_names_a_mistyped_tag_and_the_tag_it_meant(tiny_sweep):
 
 def test_failed_runs_are_reported_and_the_sweep_goes_on(tmp_path):
   root = tmp_path / "bad"
-  # Both values pass the field check but the trainer rejects them at start-up.
+  # Both values are in range, but the trainer rejects them at start-up: 16 sequences do not
+  # split into 3 or 5 microbatches (a check across sections, with the built run).
   proc, _ = _tool(
     "sweep",
     CONFIG,
     f"--root={root}",
-    "--grid=objective.clip_high=1.5,2.0",
+    "--grid=rl.num_microbatches=3,5",
     *TINY,
     "--parallel=2",
   )
   assert proc.returncode == 1
   record = json.loads((root / "sweep.json").read_text())
   assert [(r["status"], r["returncode"]) for r in record["runs"]] == [("failed", 2)] * 2
-  for clip in ("1.5", "2.0"):
-    assert f"objective.clip_high={clip}" in proc.stderr  # named in the failure list
-    log = (root / f"objective.clip_high={clip}" / "run.log").read_text()
-    assert "invalid config" in log and f"objective.clip_high={clip}" in log.split("invalid")[-1]
+  for n in ("3", "5"):
+    assert f"rl.num_microbatches={n}" in proc.stderr  # named in the failure list
+    log = (root / f"rl.num_microbatches={n}" / "run.log").read_text()
+    assert "invalid config" in log and f"rl.num_microbatches={n}" in log.split("invalid")[-1]
     assert log.strip().splitlines()[-1] in proc.stderr  # the tail of the log is shown
 
 
@@ -370,3 +376,6 @@ def test_a_packed_dry_run_plans_the_pack_or_names_the_packable_fields(tmp_path):
   assert bad.returncode == 2 and not (tmp_path / "p").exists()
   (line,) = [x for x in bad.stderr.splitlines() if x.startswith("error:")]
   assert "rl.num_epochs" in line and "packable fields: seed" in line
+  trained, _ = _tool("sweep", *args[:-1], "--grid=rl.num_epochs=1,2")  # not a dry run: the
+  assert trained.returncode == 2  # same line, once (it was printed twice)
+  assert [x for x in trained.stderr.splitlines() if x.startswith("error:")] == [line]

@@ -268,6 +268,13 @@ def test_the_run_records_its_config_once(tmp_path):
   table = metrics.hparams_table(str(tmp_path))  # what TensorBoard's HParams tab shows
   assert len(table) == 1 and table[0]["status"] == "success"
   assert table[0]["metrics"]["eval/accuracy"] == pytest.approx(final["eval/accuracy"])
+  events = sorted(p.name for p in tmp_path.glob("events.*"))
+  assert train_and_evaluate(longer, str(tmp_path)) == final  # finished under the resumed config
+  assert sorted(p.name for p in tmp_path.glob("events.*")) == events  # nothing written
+  assert sorted(p.name for p in tmp_path.glob("config*.json")) == [
+    "config.json",
+    "config.resume-2.json",
+  ]
 
 
 def test_on_a_terminal_the_log_lines_have_no_prefix(tmp_path):

@@ -345,8 +345,10 @@ def _sleeps_on_slow(completion: str, reference: str, seconds: float = 1.0) -> fl
 
 
 def _not_a_number(completion: str, reference: str):
-  """Returns NaN or a string: both count as errors."""
-  return float("nan") if "bad" in completion else "yes"
+  """Returns NaN, a string (numeric or not), a value float32 cannot hold, or 0.5 ("fine"):
+  all but the last count as errors."""
+  returns = {"bad": float("nan"), "huge": 1e39, "text": "0.7", "fine": 0.5}
+  return returns.get(completion, "yes")
 
 
 COMPLETIONS = [r"\boxed{2}", "bad \\boxed{3}", "slow \\boxed{4}", r"\boxed{5}"]
@@ -403,10 +405,13 @@ def test_score_batch_process_kills_hung_workers_and_reruns_the_rest():
 
 def test_score_batch_counts_non_numeric_results_as_errors():
   scores, stats = V.score_batch(
-    ["bad", "fine"], ["", ""], terms={"nan": _not_a_number}, executor="thread"
+    ["bad", "huge", "text", "other", "fine"],
+    [""] * 5,
+    terms={"nan": _not_a_number},
+    executor="thread",
   )
-  np.testing.assert_array_equal(scores["nan"], [0, 0])
-  assert stats["verifier/errors/nan"] == 2
+  np.testing.assert_array_equal(scores["nan"], [0, 0, 0, 0, 0.5])  # 1e39 was inf in float32
+  assert stats["verifier/errors/nan"] == 4
 
 
 def test_score_batch_process_rejects_unpicklable_terms():

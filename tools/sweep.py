@@ -10,7 +10,8 @@ Runs the Cartesian product of the `--grid` values (and `--seeds`), each in its o
 `python -m jaxrl_llm.main --config=... --workdir=... --config.<field>=<value> ...`. `--set`
 fixes a field for every run (repeatable; `--set='a.b=1,c.d=2'` sets two fields).
 
-Every field is checked against the config before any run starts. A run whose workdir holds a
+Every field is checked against the config, and every grid point's values against their
+ranges, before any run starts. A run whose workdir holds a
 checkpoint at its final step is skipped, and an unfinished one resumes (the trainer continues
 from its workdir), so an interrupted sweep is resumed by rerunning the same command. Each run's
 output goes to `<workdir>/run.log` and its overrides to `<workdir>/run.json` (a workdir is not
@@ -50,7 +51,7 @@ from typing import Any
 
 import compare  # tools/compare.py, next to this file
 
-from jaxrl_llm.config import ConfigError
+from jaxrl_llm.config import ConfigError, parse
 
 TRAINER = ("-m", "jaxrl_llm.main")
 SUMMARY_TAGS = ("eval/accuracy", "eval/pass@*", "rollout/reward_mean")
@@ -210,6 +211,10 @@ def plan(
     names[name] = params
     overrides = {**dict(fixed), **params}
     cfg = resolve_config(config, overrides)
+    try:  # every point's values in range before any run starts
+      parse(cfg)
+    except ConfigError as e:
+      raise SweepError(f"grid point {name}: {e}") from None
     workdir = os.path.join(root, name)
     runs.append(
       Run(
@@ -442,7 +447,6 @@ def _pack_configs(config: str, runs: Sequence[Run]):
 def dry_run_packed(config: str, runs: Sequence[Run]) -> int:
   """Checks that the grid packs and plans the packed step's memory (compile only)."""
   from jaxrl_llm import plan as plan_lib
-  from jaxrl_llm.config import parse
   from jaxrl_llm.run.pack import check_packable
 
   configs = [parse(c) for c in _pack_configs(config, runs)]
@@ -469,12 +473,17 @@ def join_job(timeout_s: float) -> None:
   distributed.watch_peers()  # a peer that stops ends this process too, with its reason
 
 
+def _in_a_job() -> bool:
+  """Whether this process is one of a multi-process job."""
+  import jax
+
+  return jax.process_count() > 1
+
+
 def leave_job(code: int, line: str) -> None:
   """In a multi-process job: tells the peers why this process stops, and stops it at once
   (as the trainer's `leave_job`); on one process, nothing."""
-  import jax
-
-  if jax.process_count() > 1:
+  if _in_a_job():
     from jaxrl_llm import distributed
 
     sys.stdout.flush()
@@ -517,9 +526,10 @@ def _train_packed(configs: list, runs: Sequence[Run], root: str) -> tuple[str, i
   try:
     train_pack(configs, root, names=names, hparam_fields=swept)
     return ("done" if runs[0].final_step in committed_steps(root) else "incomplete"), 0
-  except ConfigError as e:
-    print(f"error: {e}", file=sys.stderr, flush=True)
-    leave_job(2, f"error: {e}")
+  except ConfigError as e:  # `main` prints its line; in a job, this process prints it and stops
+    if _in_a_job():
+      print(f"error: {e}", file=sys.stderr, flush=True)
+      leave_job(2, f"error: {e}")
     raise
   except Preempted as e:  # every process stopped after the same step, which is saved
     print(e, file=sys.stderr, flush=True)

@@ -8,7 +8,7 @@ import math
 
 import jax
 
-from jaxrl_llm.config.fields import ConfigError, need
+from jaxrl_llm.config.fields import invalid, need
 from jaxrl_llm.config.tree import Config, parse
 from jaxrl_llm.kernels import attention
 from jaxrl_llm.models.config import ModelConfig
@@ -24,7 +24,7 @@ def check(cfg: Config, *, num_devices: int, task=None, model: ModelConfig | None
   if task is not None:
     errors += _task(cfg, mc, task)
   if errors:
-    raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+    raise invalid(errors)
 
 
 def _batch(cfg: Config) -> list[str]:
@@ -139,7 +139,28 @@ def _devices(cfg: Config, mc: ModelConfig, num_devices: int) -> list[str]:
       f"mesh.fsdp={sizes['fsdp']} does not divide model.d_model={mc.d_model} (FSDP splits "
       "every weight along d_model); use a divisor of it"
     )
+  out += _tensor_parallel(mc, sizes["model"])
   return out + ([] if out else _rows(cfg, sizes))
+
+
+def _tensor_parallel(mc: ModelConfig, n: int) -> list[str]:
+  """mesh.model = n divides every width it splits: the vocabulary, the query heads and the
+  feed-forward widths the model has (dense, routed and shared experts)."""
+  if n == 1:
+    return []
+  widths = {"model.vocab_size": mc.vocab_size, "model.num_heads": mc.num_heads}
+  if len(mc.moe_layers) < mc.num_layers:  # dense feed-forward layers
+    widths["model.mlp_dim"] = mc.mlp_dim
+  if mc.moe is not None:
+    widths["model.moe_expert_mlp_dim"] = mc.moe_expert_mlp_dim
+    if mc.moe.shared_hidden_dim:
+      widths["model.moe_num_shared_experts x model.moe_shared_mlp_dim"] = mc.moe.shared_hidden_dim
+  bad = [f"{k}={v}" for k, v in widths.items() if v % n]
+  return need(
+    not bad,
+    f"mesh.model={n} does not divide {', '.join(bad)} (tensor parallelism splits them over "
+    "mesh.model); use a common divisor of them",
+  )
 
 
 def _rows(cfg: Config, sizes: dict[str, int]) -> list[str]:

@@ -23,6 +23,14 @@ class ConfigError(ValueError):
   """A config value is missing, unknown or out of range."""
 
 
+def invalid(errors: list[str]) -> ConfigError:
+  """The error for `errors` (each names a field and what it allows): one line for one problem,
+  a line each under `invalid config:` for several."""
+  if len(errors) == 1:
+    return ConfigError(f"invalid config: {errors[0]}")
+  return ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+
+
 def coerce(annotation: str, value: Any, where: str) -> Any:
   """`value` as the annotated type ("float", "int | None", ...), or a ValueError naming it
   (a float must be finite: inf and nan are refused everywhere)."""

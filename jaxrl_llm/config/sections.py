@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from jaxrl_llm import sharding
-from jaxrl_llm.config.fields import Section, allowed, at_least, field_docs, need
+from jaxrl_llm.config.fields import Section, allowed, at_least, coerce, field_docs, need
 from jaxrl_llm.kernels import attention
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.quant import SAMPLER_DTYPES
@@ -39,7 +39,9 @@ class TaskSettings(Section):
     given = dict(section.items())
     weights = given.get("reward_weights")
     if hasattr(weights, "items"):
-      given["reward_weights"] = tuple((str(k), float(v)) for k, v in weights.items())
+      given["reward_weights"] = tuple(
+        (str(k), coerce("float", v, f"task.reward_weights.{k}")) for k, v in weights.items()
+      )
     return super().from_section(given)
 
   def to_dict(self) -> dict[str, Any]:
@@ -241,7 +243,7 @@ class TrainSettings(Section):
   text_samples: int = 8  # completions shown in the TensorBoard text summary
   stop_after_steps: int = 0  # end this invocation after N steps (time-limited jobs; 0 = off)
   profile_steps: int = 0  # trace N RL steps after the compiling one (TensorBoard Profile tab)
-  resume_changed: bool = False  # resume a workdir whose run used other learner settings
+  resume_changed: bool = False  # resume a workdir whose run used other learner or task settings
 
   def errors(self) -> list[str]:
     """Periods, k and limits >= 1; optional counts >= 0."""

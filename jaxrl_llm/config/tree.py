@@ -12,7 +12,7 @@ from typing import Any
 import ml_collections
 from ml_collections.config_dict import placeholder
 
-from jaxrl_llm.config.fields import ConfigError, field_docs
+from jaxrl_llm.config.fields import ConfigError, field_docs, invalid
 from jaxrl_llm.config.learner import (
   LEARNER_SECTIONS,
   AdvantageSettings,
@@ -109,7 +109,10 @@ class Config:
     section, name = path.split(".", 1)
     if section == "objective" and name in self.objective.hyperparameters:
       return self.objective.hyperparameters[name]
-    return getattr(self, section).to_dict()[name]
+    value = getattr(self, section).to_dict()
+    for key in name.split("."):  # a mapping field's entry: task.reward_weights.correct
+      value = value[key]
+    return value
 
   def errors(self) -> list[str]:
     """Every section's own range-check messages, then those across sections."""
@@ -166,11 +169,11 @@ def parse(config: ml_collections.ConfigDict | Config) -> Config:
       message = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
       errors.append(f"config section {name!r}: missing" if isinstance(e, KeyError) else message)
   if errors:
-    raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+    raise invalid(errors)
   tree = Config(seed=int(config.seed), **sections)
   errors = tree.errors()
   if errors:
-    raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+    raise invalid(errors)
   return tree
 
 

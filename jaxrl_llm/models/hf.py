@@ -55,6 +55,7 @@ from jaxrl_llm.models.hf_config import (
   EXTRA_KEY,
   MODEL_TYPES,
   CheckpointFormatError,
+  MissingCheckpointFileError,
   carried_fields,
   config_from_hf,
   config_to_hf,
@@ -236,7 +237,7 @@ def _tensor_infos(path: str) -> tuple[dict[str, _TensorInfo], str]:
   elif os.path.exists(single):
     files, listing = [SINGLE_FILE], single
   else:
-    raise FileNotFoundError(
+    raise MissingCheckpointFileError(
       f"{path}: neither {SINGLE_FILE} nor {INDEX_FILE} found (directory holds "
       f"{sorted(os.listdir(path))}); only safetensors weights can be loaded"
     )
@@ -244,7 +245,9 @@ def _tensor_infos(path: str) -> tuple[dict[str, _TensorInfo], str]:
   for name in files:
     file = os.path.join(path, name)
     if not os.path.exists(file):
-      raise FileNotFoundError(f"{index} lists weight file {name}, which does not exist in {path}")
+      raise MissingCheckpointFileError(
+        f"{index} lists weight file {name}, which does not exist in {path}"
+      )
     try:
       with safe_open(file, framework="numpy") as f:
         for key in f.keys():
@@ -378,10 +381,12 @@ def _config_json(path: str, no_dir: str) -> tuple[str, Any]:
   """(path, JSON value) of the config.json of directory `path`; FileNotFoundError `no_dir` when
   there is no such directory, or naming config.json when it lacks one."""
   if not os.path.isdir(path):
-    raise FileNotFoundError(no_dir)
+    raise MissingCheckpointFileError(no_dir)
   cfg_file = os.path.join(path, CONFIG_FILE)
   if not os.path.exists(cfg_file):
-    raise FileNotFoundError(f"{cfg_file} not found: a Hugging Face checkpoint needs config.json")
+    raise MissingCheckpointFileError(
+      f"{cfg_file} not found: a Hugging Face checkpoint needs config.json"
+    )
   return cfg_file, _read_json(cfg_file)
 
 
@@ -516,10 +521,10 @@ def _tokenizer_sources(
   if os.path.isfile(tokenizer):
     return [(tokenizer, TOKENIZER_FILES[0])]
   if not os.path.isdir(tokenizer):
-    raise FileNotFoundError(f"{tokenizer}: no such tokenizer directory or file")
+    raise MissingCheckpointFileError(f"{tokenizer}: no such tokenizer directory or file")
   names = _tokenizer_files(tokenizer)
   if not names:
-    raise FileNotFoundError(
+    raise MissingCheckpointFileError(
       f"{tokenizer}: holds none of the tokenizer files {list(TOKENIZER_FILES)}"
     )
   return [(os.path.join(tokenizer, n), n) for n in names]

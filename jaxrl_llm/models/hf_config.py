@@ -42,6 +42,10 @@ class CheckpointFormatError(ValueError):
   """A Hugging Face checkpoint is malformed, unsupported, or disagrees with its config.json."""
 
 
+class MissingCheckpointFileError(CheckpointFormatError, FileNotFoundError):
+  """A file a Hugging Face checkpoint needs (config.json, a weight file) is not there."""
+
+
 # --------------------------------------------------------------------------- configs
 
 

@@ -171,6 +171,17 @@ def _mesh(cfg: Config, devices: list[jax.Device], runs: int) -> tuple[Mesh, tupl
   return mesh, m.rule_table
 
 
+def _check_checkpoint_dir(path: str) -> None:
+  """`model.checkpoint` (when set) is a directory holding a config.json: checked before the
+  task, which takes its tokenizer from there."""
+  if path and not os.path.isfile(os.path.join(path, "config.json")):
+    what = "has no config.json" if os.path.isdir(path) else "is not a directory"
+    raise ConfigError(
+      f"model.checkpoint={path!r} {what}; point it at a local Hugging Face checkpoint "
+      "(config.json + *.safetensors)"
+    )
+
+
 def _pretrained_config(cfg: Config) -> ModelConfig:
   """The ModelConfig of `model.checkpoint`'s config.json, with the config's dtypes and layout."""
   from jaxrl_llm.models import hf_config
@@ -195,11 +206,6 @@ def _load_pretrained(cfg: Config, mesh: Mesh, rules) -> tuple[ModelConfig, Any]:
   from jaxrl_llm.models import hf
 
   path, arch = cfg.model.checkpoint, cfg.model.arch
-  if not os.path.isdir(path):
-    raise ConfigError(
-      f"model.checkpoint={path!r} is not a directory; point it at a local Hugging Face "
-      f"checkpoint (config.json + *.safetensors)"
-    )
   mc, params = hf.load_checkpoint(
     path,
     mesh=mesh,
@@ -394,6 +400,7 @@ def build(
   the first run's, which the pack stacks with the others'.
   """
   cfg = parse(config)
+  _check_checkpoint_dir(cfg.model.checkpoint)
   task = build_task(cfg)
   devices = list(devices if devices is not None else jax.devices())
   mesh, rules = _mesh(cfg, devices, runs)

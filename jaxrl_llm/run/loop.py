@@ -223,24 +223,24 @@ def train_and_evaluate(
   ckpt = ckpt_lib.Checkpointer(workdir, save_every=tr.checkpoint_every, max_to_keep=tr.max_to_keep)
   try:
     train_iter = train_iterator(exp)
-    writer.scalars(0, exp.task.data_stats)  # file data: records read, too long (dropped), kept
     evaluate = Evaluator(exp, writer)
     changed = record.changed_learner(cfg, workdir)
     if changed and not tr.resume_changed:
       raise ConfigError(
-        f"{workdir} holds a run with other learner settings ({'; '.join(changed)}): resume it "
-        "under these with --config.train.resume_changed=True, or give a fresh --workdir"
+        f"{workdir} holds a run with other settings of what is learned ({'; '.join(changed)}): "
+        "resume it under these with --config.train.resume_changed=True, or give a fresh --workdir"
       )
     state = _initial_state(exp, ckpt, train_iter, workdir)
     start = int(state.step)
+    if start >= tr.num_steps:  # a finished workdir: report its last evaluation, write nothing
+      return finished_run(workdir, start, tr.num_steps)
     if changed:
-      logging.warning("resuming %s under changed learner settings: %s", workdir, "; ".join(changed))
+      logging.warning("resuming %s under changed settings: %s", workdir, "; ".join(changed))
     hparams = record.run_hparams(cfg, exp.state.params, hparam_fields)
     trial = record.trial_name(cfg, hparam_fields, paths.as_path(workdir).name)
     record.record_run(cfg, workdir, writer, start, hparams, trial)
-    if start >= tr.num_steps:  # a finished workdir: report its last evaluation, write nothing
-      return finished_run(workdir, start, tr.num_steps)
     if start == 0:
+      writer.scalars(0, exp.task.data_stats)  # file data: records read, too long (dropped), kept
       evaluate(0, state.params)
     logger = Logger(exp, writer, SkipGuard(tr.max_skipped_updates, "rl"), start)
     state, end = _loop(exp, state, train_iter, ckpt, evaluate, logger, workdir)

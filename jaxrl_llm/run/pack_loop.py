@@ -186,13 +186,14 @@ def _host_reward_update(pack: Pack, state, np_batch: dict, keys):
 
 
 def _open_runs(pack: Pack, runs: list[_Run], start: int, hparam_fields: Sequence[str]) -> None:
-  """Each run's events (data statistics, config record, HParams with the varied fields) and
-  its logger from step `start`."""
+  """Each run's events (data statistics from step 0, config record, HParams with the varied
+  fields) and its logger from step `start`."""
   exp, tr = pack.exp, pack.configs[0].train
   fields = [*hparam_fields, *pack.varied]
   for r, run in enumerate(runs):
     run.writer = metrics_lib.SummaryWriter(run.workdir)
-    run.writer.scalars(0, exp.task.data_stats)
+    if start == 0:
+      run.writer.scalars(0, exp.task.data_stats)
     hparams = record.run_hparams(pack.configs[r], exp.state.params, fields)
     trial = record.trial_name(pack.configs[r], fields, run.name)
     record.record_run(pack.configs[r], run.workdir, run.writer, start, hparams, trial)
@@ -238,9 +239,9 @@ def train_pack(
     data = pack_iterator(pack)
     state = _initial_state(pack, ckpt, data, runs, root)  # another grid: refused here
     start = _step_of(state)
-    _open_runs(pack, runs, start, hparam_fields)
-    if start >= tr.num_steps:
+    if start >= tr.num_steps:  # finished: each run's last evaluation, nothing written
       return {run.name: finished_run(run.workdir, start, tr.num_steps) for run in runs}
+    _open_runs(pack, runs, start, hparam_fields)
     evaluate = PackEvaluator(pack, runs)
     if start == 0:
       evaluate(0, state.params)

@@ -15,7 +15,7 @@ from absl import logging
 
 from jaxrl_llm import __version__, backend, metric_info, paths
 from jaxrl_llm import metrics as metrics_lib
-from jaxrl_llm.config import Config
+from jaxrl_llm.config import Config, ConfigError
 from jaxrl_llm.models import lora
 
 HPARAM_FIELDS = (  # the HParams columns of every run (plus any field set on the command line)
@@ -88,30 +88,28 @@ def _config_table(cfg: Config, record: Mapping, name: str) -> str:
   return "\n".join(rows)
 
 
-# The sections that decide what the learner optimises: a workdir's run continues under other
-# values only with train.resume_changed.
+# The sections that decide what the learner optimises and on what (the task, its data and
+# rewards): a workdir's run continues under other values only with train.resume_changed.
 LEARNER_SECTIONS = (
   "rl", "advantage", "objective", "aggregation", "correction", "kl", "shaping", "replay",
-  "filtering",
+  "filtering", "task", "data",
 )  # fmt: skip
-# How the same update is computed (memory and speed), free to change on resume.
-HOW_NOT_WHAT = ("rl.num_microbatches", "rl.microbatch_tokens", "rl.remat", "rl.share_prompt")
+# How the same update is computed (memory and speed), or what is only evaluated or where a
+# file lies: free to change on resume.
+HOW_NOT_WHAT = (
+  "rl.num_microbatches", "rl.microbatch_tokens", "rl.remat", "rl.share_prompt",
+  "task.eval_size", "data.eval_files", "data.tokenizer", "data.verifier_timeout_s",
+)  # fmt: skip
 
 
 def changed_learner(cfg: Config, workdir: str) -> list[str]:
   """`section.field: saved → now` for each learner field whose value differs from the run
   recorded in `workdir` (its newest `config.resume-<step>.json`, else `config.json`; empty
   without either)."""
-  if not paths.is_dir(workdir):
+  saved = newest_record(workdir)
+  if saved is None:
     return []
-  records = {p.name: p for p in paths.listdir(workdir)}
-  resumes = [n for n in records if n.startswith("config.resume-") and n.endswith(".json")]
-  newest = max(resumes, key=lambda n: int(n[len("config.resume-") : -len(".json")]), default=None)
-  name = newest or ("config.json" if "config.json" in records else None)
-  if name is None:
-    return []
-  saved = json.loads(paths.read_text(records[name])).get("config", {})
-  now = json.loads(cfg.to_json())
+  saved, now = saved.get("config", {}), json.loads(cfg.to_json())
   out = []
   for section in LEARNER_SECTIONS:
     old, new = saved.get(section, {}), now.get(section, {})
@@ -121,6 +119,26 @@ def changed_learner(cfg: Config, workdir: str) -> list[str]:
       if old.get(name) != new.get(name):
         out.append(f"{section}.{name}: {old.get(name)!r} → {new.get(name)!r}")
   return out
+
+
+def newest_record(workdir: str) -> dict | None:
+  """The run record of `workdir` the latest launch wrote: its newest `config.resume-<step>.json`,
+  else `config.json`; None without either."""
+  if not paths.is_dir(workdir):
+    return None
+  records = {p.name: p for p in paths.listdir(workdir)}
+  resumes = [n for n in records if n.startswith("config.resume-") and n.endswith(".json")]
+  newest = max(resumes, key=lambda n: int(n[len("config.resume-") : -len(".json")]), default=None)
+  name = newest or ("config.json" if "config.json" in records else None)
+  if name is None:
+    return None
+  try:
+    return json.loads(paths.read_text(records[name]))
+  except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
+    raise ConfigError(
+      f"{records[name]}: the run record is not valid JSON ({err}); restore it, or move it aside "
+      "to resume (the run then records its config anew)"
+    ) from None
 
 
 def record_run(
@@ -135,19 +153,17 @@ def record_run(
   after overrides plus the package version and commit, JAX version, backend and device count,
   the same fields as a TensorBoard text table (tag `config`), and `hparams` as the run's
   HParams session named `trial` (default: the workdir's name; metrics:
-  `metric_info.HPARAMS_METRICS`). A resumed run with the same config
-  writes nothing; one with a changed config writes `config.resume-<step>.json` (and a new
-  table at `step`; the HParams session stays the first one). Returns the file written, or
-  None."""
+  `metric_info.HPARAMS_METRICS`). A resumed run with the config of the
+  latest launch (`newest_record`) writes nothing; one with a changed config writes
+  `config.resume-<step>.json` (and a new table at `step`; the HParams session stays the first
+  one). Returns the file written, or None."""
   if jax.process_index() != 0:
     return None
-  fields = json.loads(cfg.to_json())
-  path = paths.join(workdir, "config.json")
-  first = not paths.exists(path)
-  if not first:
-    if json.loads(paths.read_text(path)).get("config") == fields:
-      return None
-    path = paths.join(workdir, f"config.resume-{step}.json")
+  fields, latest = json.loads(cfg.to_json()), newest_record(workdir)
+  first = latest is None
+  if not first and latest.get("config") == fields:
+    return None
+  path = paths.join(workdir, "config.json" if first else f"config.resume-{step}.json")
   record = {
     "config": fields,
     "jaxrl_llm": __version__,

@@ -169,19 +169,26 @@ _Call = tuple[int, RewardFn, str, str]  # (call id, term, completion, reference)
 _MAX_CHUNK = 8  # most calls sent to a process worker as one task
 
 
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
 def _run_calls(events, calls: Sequence[_Call]) -> list[tuple[int, float, str | None]]:
   """Runs calls in order, reporting each start on `events` → [(call id, value, error or None)].
 
-  A call that raises or returns a non-finite or non-numeric value gets value 0.0 and the
-  error's repr (a string, so the list always pickles).
+  A call that raises or returns a non-numeric value (a string included) or one that is not
+  finite in float32 (the rewards' dtype) gets value 0.0 and the error's repr (a string, so the
+  list always pickles).
   """
   out = []
   for call_id, fn, completion, reference in calls:
     events.put(("start", call_id))
     try:
-      value = float(fn(completion, reference))
-      if not math.isfinite(value):
-        raise ValueError(f"non-finite reward {value}")
+      raw = fn(completion, reference)
+      if isinstance(raw, str | bytes):
+        raise TypeError(f"reward {raw!r} is a string; return a number")
+      value = float(raw)
+      if not (math.isfinite(value) and abs(value) <= _FLOAT32_MAX):
+        raise ValueError(f"reward {value} is not a finite float32")
       out.append((call_id, value, None))
     except Exception as e:
       out.append((call_id, 0.0, repr(e)))
