@@ -76,6 +76,24 @@ def test_batch_not_divisible_by_mesh():
     build(config)
 
 
+def test_prompts_that_do_not_split_over_the_devices_are_one_line():
+  """P = 3 on 8 data-parallel devices: one line naming rl.num_prompts (the minibatch that does
+  not split either, and P again, were two more lines of the same problem)."""
+  config = tiny_config(
+    **{"mesh.data": -1, "rl.num_prompts": 3, "sampling.group_size": 2, "rl.num_minibatches": 1}
+  )
+  with pytest.raises(ConfigError) as err:
+    build(config, abstract=True)
+  line = str(err.value)
+  assert "\n" not in line and line.startswith("invalid config: rl.num_prompts=3 is not"), line
+  # A minibatch alone that does not split is still named: P = 8, 3 minibatches of 8 x 3 / 3.
+  config = tiny_config(
+    **{"mesh.data": -1, "rl.num_prompts": 8, "sampling.group_size": 3, "rl.num_minibatches": 6}
+  )
+  with pytest.raises(ConfigError, match=r"minibatch of 4 sequences .* not divisible by the 8"):
+    build(config, abstract=True)
+
+
 def test_incompatible_checkpoint_in_workdir(tmp_path):
   train_and_evaluate(tiny_config(**{"train.num_steps": 2}), str(tmp_path))
   bigger = tiny_config(**{"train.num_steps": 4, "model.num_layers": 3})

@@ -243,20 +243,29 @@ def _cli(workdir, *args, timeout=300):
 @pytest.mark.parametrize(
   "case, field",
   [("missing-file", "data.train_files"), ("glob-matches-nothing", "data.train_files"),
-   ("missing-tokenizer", "data.tokenizer")],
+   ("missing-tokenizer", "data.tokenizer"), ("empty-file", "data.train_files"),
+   ("malformed-line", "data.train_files")],
 )  # fmt: skip
-def test_a_missing_data_file_or_tokenizer_is_one_error_line(tmp_path, case, field):
-  data = tmp_path / "ok.jsonl"
+def test_a_bad_data_file_or_tokenizer_is_one_error_line(tmp_path, case, field):
+  """A missing, unmatched, empty or malformed prompt file, or a missing tokenizer, from the
+  command line: the last line names the `data.*` field (and a malformed file's line), exit 2."""
+  data, empty, bad = tmp_path / "ok.jsonl", tmp_path / "empty.jsonl", tmp_path / "bad.jsonl"
   data.write_text('{"prompt": "1+1", "answer": "2"}\n')
+  empty.write_text("")
+  bad.write_text('{"prompt": "1+1", "answer": "2"}\n{"prompt": "2+2", "answer"\n')
   args = {
     "missing-file": [f"--config.data.train_files={tmp_path / 'nope.jsonl'}"],
     "glob-matches-nothing": [f"--config.data.train_files={tmp_path / 'nope*.jsonl'}"],
     "missing-tokenizer": [f"--config.data.train_files={data}", "--config.data.tokenizer=/nope"],
-  }[case]
+    "empty-file": [f"--config.data.train_files={empty}", "--config.data.tokenizer=/nope"],
+    "malformed-line": [f"--config.data.train_files={bad}", "--config.data.tokenizer=/nope"],
+  }[case]  # the files are read before the tokenizer is looked for
   proc = _cli(tmp_path / "w", *args, timeout=200)
   assert proc.returncode == 2, proc.stderr[-2000:]
   last = proc.stderr.strip().splitlines()[-1]
   assert last.startswith(f"error: {field}=") and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  if case == "malformed-line":
+    assert "bad.jsonl:2: not valid JSON" in last, last
 
 
 @pytest.mark.parametrize(

@@ -179,15 +179,17 @@ def _rows(cfg: Config, sizes: dict[str, int]) -> list[str]:
       f"(mesh.data x mesh.fsdp x mesh.expert = {sizes['data']} x {sizes['fsdp']} x "
       f"{sizes['expert']}); use a multiple of {data}"
     )
-  if rl.num_prompts % data:
+  if rl.num_prompts % data and sampled != rl.num_prompts:  # else said just above
     out.append(
       f"rl.num_prompts={rl.num_prompts} is not divisible by the {data} data-parallel devices"
     )
   mb = rl.num_prompts * cfg.sampling.group_size // rl.num_minibatches
-  out += need(
-    mb % data == 0,
-    f"minibatch of {mb} sequences is not divisible by the {data} data-parallel devices",
-  )
+  if not out:  # a minibatch of prompts that do not split does not either: one line is enough
+    out += need(
+      mb % data == 0,
+      f"minibatch of {mb} sequences (rl.num_prompts x sampling.group_size / "
+      f"rl.num_minibatches) is not divisible by the {data} data-parallel devices",
+    )
   if cfg.sft.steps and cfg.sft.batch_size % data:
     out.append(f"sft.batch_size={cfg.sft.batch_size} is not divisible by {data} devices")
   if not cfg.uses_files and cfg.task.eval_size % data:  # file evals are padded

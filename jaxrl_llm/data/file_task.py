@@ -166,7 +166,7 @@ def build_file_task(config, tokenizer_dir: str) -> FileTask:
   fields = {"prompt_field": d.prompt_field, "answer_field": d.answer_field}
   try:  # the files first: a missing file is named before anything else is asked of the user
     loaded = records.load_records(_split_files(d.train_files), **fields)
-  except FileNotFoundError as e:
+  except (FileNotFoundError, records.DataError) as e:  # missing, unreadable, empty, malformed
     raise records.DataError(f"data.train_files={d.train_files!r}: {e}") from e
   _warn_if_no_answer_parses(loaded, d.answer_field, d.correct_term)
   tokenizer = _tokenizer(d.tokenizer or tokenizer_dir)
@@ -176,7 +176,7 @@ def build_file_task(config, tokenizer_dir: str) -> FileTask:
     train, evaluation = records.train_eval_split(
       loaded, eval_fraction=share, eval_files=eval_files, seed=SPLIT_KEY, **fields
     )
-  except FileNotFoundError as e:
+  except (FileNotFoundError, records.DataError) as e:
     raise records.DataError(f"data.eval_files={d.eval_files!r}: {e}") from e
   if not evaluation:
     raise records.DataError(
