@@ -623,6 +623,29 @@ def test_sigterm_saves_the_step_it_finished_and_the_relaunch_resumes_from_it(tmp
   assert max(_committed(root)) == step + 2
 
 
+def test_a_run_started_with_sigint_ignored_keeps_ignoring_it(tmp_path):
+  """A background job of a shell starts with SIGINT ignored: a Ctrl-C meant for the shell's
+  foreground job must not stop it (the loop installs its Ctrl-C handler only where SIGINT is
+  not ignored). Sent after step 2 of 30, the run trains on to its last step and exits 0."""
+  cmd = [sys.executable, "-m", "jaxrl_llm.main", "--config=configs/default.py"]
+  cmd += [f"--workdir={tmp_path / 'w'}", *TINY_CLI, "--config.sft.steps=0"]
+  cmd += ["--config.train.num_steps=30", "--config.train.checkpoint_every=1000"]
+  proc = subprocess.Popen(
+    cmd,
+    cwd=REPO,
+    env=cli_env(),
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.PIPE,
+    text=True,
+    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+  )
+  _wait_for(proc, r"step 2/30")
+  proc.send_signal(signal.SIGINT)
+  err = proc.communicate(timeout=300)[1]
+  assert proc.returncode == 0 and "stopped by SIGINT" not in err, err[-3000:]
+  assert max(_committed(tmp_path / "w" / "checkpoints")) == 30
+
+
 def test_an_error_raised_while_ctrl_c_unwinds_still_counts_as_ctrl_c():
   """A save that Ctrl-C cut may fail again as the run closes its checkpointer: the command
   line reports the Ctrl-C (one line, exit 130), not that later error's traceback."""

@@ -46,22 +46,26 @@ def test_fsdp_plan_holds_an_eighth_of_the_state_per_device():
   assert eight.argument_bytes < one.argument_bytes / 6
 
 
-def test_dry_run_says_in_one_line_that_a_config_does_not_fit():
-  cmd = [
-    sys.executable,
-    "-m",
-    "jaxrl_llm.main",
-    "--config=configs/default.py",
-    "--dry_run",
-    "--device_memory_gib=0.001",
-  ]
+@pytest.mark.parametrize(
+  "flags, code, says",
+  [(["--device_memory_gib=0.001"], 3, "does NOT fit in 1.0 MiB per device"),
+   (["--device_memory_gib=64"], 0, "fits in 64.0 GiB per device"),
+   (["--config.sampling.temperature=-1"], 2, "sampling.temperature=-1.0 must be > 0")],
+  ids=["does-not-fit", "fits", "bad-config"],
+)  # fmt: skip
+def test_dry_run_says_in_one_line_whether_a_config_fits(flags, code, says):
+  """`--dry_run`: one line and exit 3 (does not fit), 0 (fits) or 2 (a bad config, on stderr)."""
+  cmd = [sys.executable, "-m", "jaxrl_llm.main", "--config=configs/default.py", "--dry_run"]
   env = cli_env()
-  proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-  assert proc.returncode == 3, proc.stderr[-2000:]
-  lines = proc.stdout.strip().splitlines()
-  assert len(lines) == 1, proc.stdout
-  assert lines[0].startswith("dry run: the fused step needs ")
-  assert "does NOT fit in 1.0 MiB per device" in lines[0]
+  proc = subprocess.run(
+    [*cmd, *flags], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+  )
+  assert proc.returncode == code, proc.stderr[-2000:]
+  lines = (proc.stderr if code == 2 else proc.stdout).strip().splitlines()
+  assert len(lines) == 1, lines
+  if code != 2:
+    assert lines[0].startswith("dry run: the fused step needs ")
+  assert says in lines[0], lines[0]
 
 
 def test_memory_table_targets_parse_and_bad_ones_are_named():
