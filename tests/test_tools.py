@@ -2,6 +2,7 @@
 
 import csv
 import json
+import os
 import re
 import signal
 import subprocess
@@ -222,6 +223,80 @@ def test_failed_runs_are_reported_and_the_sweep_goes_on(tmp_path):
     log = (root / f"rl.num_microbatches={n}" / "run.log").read_text()
     assert "invalid config" in log and f"rl.num_microbatches={n}" in log.split("invalid")[-1]
     assert log.strip().splitlines()[-1] in proc.stderr  # the tail of the log is shown
+
+
+def _interrupt_when_committed(args, workdir):
+  """Starts `tools/sweep.py args` and sends it SIGTERM once `workdir` holds a committed
+  checkpoint (polled, not timed); returns (the sweep's exit status, its stderr)."""
+  cmd = [sys.executable, str(REPO / "tools" / "sweep.py"), *args]
+  pipe = subprocess.PIPE
+  proc = subprocess.Popen(
+    cmd, cwd=REPO, env=cli_env(), stdout=pipe, stderr=pipe, text=True, start_new_session=True
+  )
+  deadline = time.time() + 180
+  while not sweep.committed_steps(str(workdir)):
+    if proc.poll() is not None or time.time() > deadline:
+      os.killpg(proc.pid, signal.SIGKILL)  # the sweep and its trainer
+      out, err = proc.communicate()
+      pytest.fail(f"no checkpoint committed in {workdir}:\n{out[-2000:]}\n{err[-3000:]}")
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGTERM)
+  _, err = proc.communicate(timeout=120)
+  return proc.returncode, err
+
+
+@pytest.mark.slow
+def test_an_interrupted_sweep_resumes_its_unfinished_run_at_its_newest_checkpoint(tmp_path, capsys):
+  """SIGTERM to a sweep while its first run trains: the sweep stops that run (the trainer saves
+  the step it has just finished, exit 143), marks it interrupted and exits 130. The same command
+  then resumes: the dry run says `resume at step N` (the newest committed step) for that run and
+  `start` for the run that never began; the rerun ends both `done`, the resumed run's log says
+  it resumed from step N, and its events hold every step once (no step trained twice, the
+  evaluation at step 0 not redone)."""
+  root, steps = tmp_path / "s", 20
+  longer = (
+    TINY[0].replace("num_steps=2", f"num_steps={steps}").replace("eval_every=2", "eval_every=999")
+  )
+  args = [CONFIG, f"--root={root}", GRID, "--seeds=0", longer, *TINY[1:]]
+  args += ["--set=train.checkpoint_every=2"]
+  first, second = (root / n for n in _names())
+  code, err = _interrupt_when_committed(args, first)
+  assert code == 130, err[-3000:]
+  assert "interrupted; stopping runs (rerun the same command to resume)" in err
+  record = json.loads((root / "sweep.json").read_text())
+  assert [(r["status"], r["returncode"]) for r in record["runs"]] == [
+    ("interrupted", 143),
+    ("pending", None),
+  ]
+  at = max(sweep.committed_steps(str(first)))
+  assert 2 <= at < steps, f"the run was not stopped early: newest step {at}"
+  assert (
+    f"stopped by SIGTERM after step {at}: checkpoint {at} is saved"
+    in (first / "run.log").read_text()
+  )
+  assert sweep.committed_steps(str(second)) == []
+
+  assert sweep.main([*args, "--dry_run"]) == 0
+  plan = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
+  assert plan == [f"[1/2] resume at step {at}: {first.name}", f"[2/2] start: {second.name}"]
+
+  proc, _ = _tool("sweep", *args)
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+  assert f"[1/2] resuming at step {at}: {first.name}" in proc.stdout
+  assert f"[2/2] starting: {second.name}" in proc.stdout
+  record = json.loads((root / "sweep.json").read_text())
+  assert [(r["status"], r["returncode"], r["start_step"]) for r in record["runs"]] == [
+    ("done", 0, at),
+    ("done", 0, None),
+  ]
+  launches = (first / "run.log").read_text().split("\n### ")[1:]  # one section per launch
+  assert len(launches) == 2 and "resumed from" not in launches[0]
+  assert f"resumed from {first} at step {at}" in launches[1]
+  for workdir in (first, second):
+    assert max(sweep.committed_steps(str(workdir))) == steps
+    scalars = metrics.read_scalars(str(workdir))
+    assert [s for s, _ in scalars["rollout/reward_mean"]] == list(range(1, steps + 1))
+    assert [s for s, _ in scalars["eval/accuracy"]] == [0, steps]
 
 
 def test_compare_table_fits_the_width_in_blocks():

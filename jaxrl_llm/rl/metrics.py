@@ -6,6 +6,8 @@ All keys are namespaced (`rollout/`, `adv/`, `reward/`, `moe/`, `optim/`, `perf/
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -68,14 +70,16 @@ def moe_routing(moe, mb: PolicyBatch) -> Metrics:
   )
 
 
-def moe_load(moe) -> Metrics:
-  """Expert load of the old policy on this batch: max/mean per layer and a histogram each."""
+def moe_load(moe, layers: Sequence[int]) -> Metrics:
+  """Expert load of the old policy on this batch: max/mean per layer and a histogram each,
+  named by its model layer (`layers`: the model's MoE layers, in order, one per row of load)."""
   if moe is None:
     return {}
   load = moe.load  # [Lm, E]
+  assert load.shape[0] == len(layers), (load.shape, layers)  # static: checked when traced
   m = {"moe/load_max_over_mean": jnp.mean(jnp.max(load, -1) / jnp.mean(load, -1))}
-  for i in range(load.shape[0]):
-    m[f"hist/moe_load_layer{i}"] = load[i]
+  for row, layer in enumerate(layers):
+    m[f"hist/moe_load_layer{layer}"] = load[row]
   return m
 
 

@@ -149,7 +149,7 @@ def make_policy_batch(ctx: Learner, state: TrainState, rollout, reward, seq_vali
   old = stages.old_pass(
     ctx.model, state.params, rollout, temp, s.replay.name, ctx.prompt_group, ctx.score_chunks
   )
-  metrics = rl_metrics.moe_load(old.moe)
+  metrics = rl_metrics.moe_load(old.moe, ctx.model.cfg.moe_layers)
   ref_logp = kl_tok = None
   if is_on(s.kl.beta):
     ref_logp, kl_tok, ref_metrics = stages.reference_pass(
