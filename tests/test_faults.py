@@ -201,6 +201,31 @@ def test_bad_config_values_stop_before_compiling_naming_the_field(field, value):
   assert field.split(".")[-1] in str(err.value), str(err.value)
 
 
+REFUSED_COMBINATIONS = {
+  "ppo_critic-without-a-value-head": (
+    {"objective.name": "ppo_critic", "advantage.name": "gae"},
+    r"objective\.name='ppo_critic' needs a value head: set model\.value_head=True",
+  ),
+  "gae-without-a-critic": ({"advantage.name": "gae"}, r"advantage\.name='gae' needs a critic"),
+  "r2-on-a-dense-model": ({"replay.name": "r2"}, r"replay\.name='r2' replays MoE routing"),
+  "r3-on-a-dense-model": ({"replay.name": "r3"}, r"replay\.name='r3' replays MoE routing"),
+  "k3_is-in-the-reward": (
+    {"kl.name": "k3_is", "kl.placement": "reward", "kl.beta": 0.1},
+    r"kl\.name='k3_is' is a loss estimator .*use kl\.placement='loss'",
+  ),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED_COMBINATIONS))
+def test_settings_that_do_not_go_together_are_refused_in_one_line(case):
+  """The README's start-up refusals of settings that contradict each other: one line each,
+  naming the fields and what to set instead."""
+  overrides, message = REFUSED_COMBINATIONS[case]
+  with pytest.raises(ConfigError, match=message) as err:
+    build(tiny_config(**overrides), abstract=True)
+  assert "\n" not in str(err.value)
+
+
 def test_a_tensor_parallel_size_that_does_not_divide_the_model_is_named():
   """mesh.model splits the vocabulary, the heads and the feed-forward widths: a size that does
   not divide them is refused before anything is placed (it was an IndivisibleError traceback

@@ -106,3 +106,19 @@ def test_adapters_train_on_an_imported_checkpoint_that_stays_as_it_was(tmp_path)
   longer = tiny_config(**overrides | {"train.num_steps": 3})
   with pytest.raises(checkpoint.CheckpointMismatchError, match=r"base\.digest"):
     train_and_evaluate(longer, str(workdir))
+
+
+def test_the_configs_expert_settings_apply_to_a_moe_checkpoint():
+  """With `model.checkpoint`, the architecture is the checkpoint's, but how experts are
+  computed (`model.moe_impl`) and the §8 weights the config sets are the run's (they were
+  silently replaced by the checkpoint's); unset weights keep the checkpoint's own."""
+  moe = REPO / "tests" / "fixtures" / "hf" / "qwen3_moe"
+  imported = hf.load_checkpoint(moe)[0]
+  base = {"model.checkpoint": str(moe)}
+  run = {"model.moe_impl": "dense", "model.moe_aux_loss_coef": 0.3, "model.moe_z_loss_coef": 0.5}
+  mc = build(tiny_config(**base, **run), abstract=True).model.cfg
+  assert (mc.moe_impl, mc.moe_aux_loss_coef, mc.moe_z_loss_coef) == ("dense", 0.3, 0.5)
+  assert mc.moe_num_experts == imported.moe_num_experts == 4  # the architecture stays
+  mc = build(tiny_config(**base), abstract=True).model.cfg
+  assert mc.moe_impl == "auto" and mc.moe_aux_loss_coef == imported.moe_aux_loss_coef
+  assert mc.moe_z_loss_coef == imported.moe_z_loss_coef

@@ -75,6 +75,36 @@ def test_every_field_has_one_comment():
   assert field_docs(Config)["seed"].startswith("one PRNG key per run")
 
 
+def _listed(doc: str) -> set[str]:
+  """The names a field's comment lists as `label: a | b (note) | c, note`: the first word of
+  each `|`-separated part, after the label."""
+  parts = doc.split(":", 1)[-1].split("|")
+  return {re.match(r"\s*([\w.]+)", p).group(1) for p in parts}
+
+
+def test_a_name_fields_comment_lists_exactly_the_names_it_allows():
+  """The config reference (README) names every value a choice field accepts and no other (it
+  listed `bf16` for sampling.param_dtype, which is refused, and left out reinforce_pp_baseline)."""
+  from jaxrl_llm import quant
+  from jaxrl_llm.config.learner import REFERENCES, REMATS
+  from jaxrl_llm.kernels import attention
+  from jaxrl_llm.objectives import aggregation, corrections, kl, registry
+
+  allowed = {
+    "advantage.name": set(registry.ADVANTAGES),
+    "aggregation.name": set(aggregation.AGGREGATION_MODES),
+    "kl.name": set(kl.KL_ESTIMATORS),
+    "correction.name": set(corrections.CORRECTION_BASES),
+    "sampling.param_dtype": set(quant.SAMPLER_DTYPES),
+    "model.attention": set(attention.IMPLEMENTATIONS),
+    "rl.remat": set(REMATS),
+    "kl.reference": set(REFERENCES),
+  }
+  docs = {field: doc for field, _, doc in reference()}
+  wrong = {f: sorted(_listed(docs[f]) ^ names) for f, names in allowed.items()}
+  assert {f: d for f, d in wrong.items() if d} == {}
+
+
 def test_the_readme_config_reference_is_generated_from_the_dataclasses():
   readme = (REPO / "README.md").read_text()
   start, end = "<!-- config-reference:start -->", "<!-- config-reference:end -->"

@@ -38,7 +38,7 @@ class RLSettings(Section):
   num_minibatches: int = 2  # optimiser steps per epoch (B must divide evenly)
   num_microbatches: int = 0  # gradient-accumulation slices per minibatch (§5); 0 = auto
   microbatch_tokens: int = 4096  # auto microbatching: max tokens per device per slice
-  remat: str = "auto"  # block remat: auto (full from 1e8 params) | none | full | dots_saveable
+  remat: str = "auto"  # block remat: auto (full from 1e8 params) | none | full | dots_saveable | dots_with_no_batch_dims_saveable
   old_pass: str = "auto"  # auto: ℓ^old = sg[ℓ] when the rollout gets one update | always
   share_prompt: str = "auto"  # prompt once per group in learner passes: auto | always | never
   entropy_coef: float = 0.0  # c_e of the entropy bonus (§8)
@@ -83,7 +83,7 @@ class AdvantageSettings(Section):
   """`advantage`: the §1 estimator, whitening and GAE's γ, λ."""
 
   SECTION: ClassVar[str] = "advantage"
-  name: str = "grpo"  # §1: grpo | mean_only | rloo | batch_std | reinforce_baseline | gae
+  name: str = "grpo"  # §1: grpo | mean_only | rloo | batch_std | reinforce_baseline | reinforce_pp_baseline | gae
   whiten: bool = False  # whiten advantages over the batch
   whiten_variance: str = "population"  # population: /(σ + 1e-6) | unbiased (verl)
   gamma: float = 1.0  # GAE discount γ (gae only)

@@ -145,7 +145,7 @@ class SamplingSettings(Section):
   temperature: float = 1.0  # τ_s > 0; recorded log-probs are of logits / τ_s (§0)
   top_k: int = 0  # draw among the k most likely tokens (0 = off)
   top_p: float = 1.0  # nucleus sampling mass in (0, 1] (1 = off)
-  param_dtype: str = "auto"  # sampler weights: auto (GPU/TPU bf16, CPU fp32)|float32|bf16|int8
+  param_dtype: str = "auto"  # sampler weights: auto (bf16; CPU: fp32) | float32 | bfloat16 | int8
   kv_block: int = 128  # decode stages of this many steps read only filled KV slots (0 = all S+T)
 
   def errors(self) -> list[str]:

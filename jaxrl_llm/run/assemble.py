@@ -191,14 +191,24 @@ def _pretrained_config(cfg: Config) -> ModelConfig:
   return _with_run_fields(mc, cfg.model.arch)
 
 
-# Fields of `model.*` that apply to a checkpoint's architecture too: numerics, layout, adapters.
+# Fields of `model.*` that apply to a checkpoint's architecture too: numerics, layout, adapters,
+# how experts are computed.
 _LORA_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name.startswith("lora_"))
-RUN_ARCH_FIELDS = ("dtype", "param_dtype", "scan_layers", *_LORA_FIELDS)
+RUN_ARCH_FIELDS = ("dtype", "param_dtype", "scan_layers", "moe_impl", *_LORA_FIELDS)
+# The MoE regularisers' weights (§8): a checkpoint's own (router_aux_loss_coef) unless the
+# config sets another value than the default.
+SET_ARCH_FIELDS = ("moe_aux_loss_coef", "moe_z_loss_coef")
 
 
 def _with_run_fields(mc: ModelConfig, arch: ModelConfig) -> ModelConfig:
-  """A checkpoint's architecture `mc` with the config's `RUN_ARCH_FIELDS` (checked anew)."""
-  return dataclasses.replace(mc, **{k: getattr(arch, k) for k in RUN_ARCH_FIELDS})
+  """A checkpoint's architecture `mc` with the config's `RUN_ARCH_FIELDS`, and its
+  `SET_ARCH_FIELDS` where they differ from the defaults (checked anew)."""
+  fields = {k: getattr(arch, k) for k in RUN_ARCH_FIELDS}
+  default = ModelConfig()
+  fields |= {
+    k: getattr(arch, k) for k in SET_ARCH_FIELDS if getattr(arch, k) != getattr(default, k)
+  }
+  return dataclasses.replace(mc, **fields)
 
 
 def _load_pretrained(cfg: Config, mesh: Mesh, rules) -> tuple[ModelConfig, Any]:
