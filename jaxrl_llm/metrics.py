@@ -193,6 +193,16 @@ class SummaryWriter:
     )
     self._write(0, list(experiment.value) + list(session.value))
 
+  def restart(self, step: int) -> None:
+    """Marks a launch that logs from `step` on: TensorBoard's loaders drop every event an
+    earlier launch logged at `step` or later (a run resumed from an older checkpoint than the
+    step it had reached relogs those steps). The first such mark of a run drops nothing."""
+    if self._enabled:
+      start = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
+      self._writer.add_event(
+        event_pb2.Event(wall_time=time.time(), step=int(step), session_log=start)
+      )
+
   def session_end(self, step: int, status: str = "success") -> None:
     """Marks the HParams session ended with `status` (success | failure | running)."""
     if not self._enabled:

@@ -604,6 +604,11 @@ def test_kill_9_at_random_points_and_mid_save_resumes_to_the_uninterrupted_resul
       states.append(ckpt.restore(40, abstract)[0])
   for a, b in zip(jax.tree.leaves(states[0]), jax.tree.leaves(states[1])):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  # The curves too: each step once, as the uninterrupted run logged it (a kill after a step's
+  # events but before its save left them twice, the relaunch logging the step again).
+  curves = [metrics.read_scalars(str(w))["rollout/reward_mean"] for w in (straight, killed)]
+  assert [s for s, _ in curves[1]] == list(range(1, 41))
+  assert curves[1] == curves[0]
 
 
 def _wait_for(proc, pattern: str, timeout: float = 300) -> str:

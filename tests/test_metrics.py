@@ -120,6 +120,32 @@ def test_second_writer_appends_a_new_file(tmp_path):
   assert metrics.read_tags(tmp_path)["plugins"]["text"] == ["t"]
 
 
+def test_a_relaunch_from_an_older_step_replaces_what_the_last_launch_logged_past_it(tmp_path):
+  """A launch killed after logging steps 1-4 but committing only step 2 is relaunched from 2
+  and logs 3-4 again: the restart mark at step 3 makes TensorBoard's loaders (the dashboards'
+  and the one `read_scalars` and the tools use) keep steps 1-2 of the first launch and 3-4 of
+  the second, each once (they showed both copies of 3 and 4)."""
+  with metrics.SummaryWriter(tmp_path) as writer:
+    writer.restart(1)
+    writer.scalars(0, {"eval/accuracy": 0.0})
+    for step in range(1, 5):
+      writer.scalars(step, {"rollout/reward_mean": float(step)})
+  with metrics.SummaryWriter(tmp_path) as writer:
+    writer.restart(3)
+    for step in (3, 4):
+      writer.scalars(step, {"rollout/reward_mean": 10.0 * step})
+  kept = [(0, 0.0)], [(1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0)]
+  assert metrics.read_scalars(tmp_path) == {
+    "eval/accuracy": kept[0],
+    "rollout/reward_mean": kept[1],
+  }
+  scalars = _plugins(tmp_path)[0]
+  body, _ = scalars.scalars_impl(
+    context.RequestContext(), "rollout/reward_mean", ".", "", output_format="json"
+  )
+  assert [(s, v) for _, s, v in body] == kept[1]
+
+
 def test_non_scalar_metric_is_rejected(tmp_path):
   with metrics.SummaryWriter(tmp_path) as writer, pytest.raises(ValueError, match="'bad'"):
     writer.scalars(1, {"bad": np.ones(3)})

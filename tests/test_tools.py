@@ -1,6 +1,7 @@
 """tools/sweep.py and tools/compare.py: a real tiny sweep, skipping finished runs, validation."""
 
 import csv
+import dataclasses
 import json
 import os
 import re
@@ -225,13 +226,21 @@ def test_failed_runs_are_reported_and_the_sweep_goes_on(tmp_path):
     assert log.strip().splitlines()[-1] in proc.stderr  # the tail of the log is shown
 
 
-def _interrupt_when_committed(args, workdir):
-  """Starts `tools/sweep.py args` and sends it SIGTERM once `workdir` holds a committed
-  checkpoint (polled, not timed); returns (the sweep's exit status, its stderr)."""
+def _interrupt_when_committed(args, workdir, signum=signal.SIGTERM, group=False):
+  """Starts `tools/sweep.py args` and sends it `signum` once `workdir` holds a committed
+  checkpoint (polled, not timed); with `group`, to its whole process group (a terminal's
+  Ctrl-C) once the next save is in flight. Returns (the sweep's exit status, its stderr)."""
   cmd = [sys.executable, str(REPO / "tools" / "sweep.py"), *args]
   pipe = subprocess.PIPE
   proc = subprocess.Popen(
-    cmd, cwd=REPO, env=cli_env(), stdout=pipe, stderr=pipe, text=True, start_new_session=True
+    cmd,
+    cwd=REPO,
+    env=cli_env(),
+    stdout=pipe,
+    stderr=pipe,
+    text=True,
+    start_new_session=True,
+    preexec_fn=default_sigint,  # a test run in the background ignores SIGINT
   )
   deadline = time.time() + 180
   while not sweep.committed_steps(str(workdir)):
@@ -240,15 +249,58 @@ def _interrupt_when_committed(args, workdir):
       out, err = proc.communicate()
       pytest.fail(f"no checkpoint committed in {workdir}:\n{out[-2000:]}\n{err[-3000:]}")
     time.sleep(0.05)
-  proc.send_signal(signal.SIGTERM)
+  if group:
+    saves = workdir / "checkpoints"
+    while proc.poll() is None and not any(
+      ".orbax-checkpoint-tmp" in p.name for p in saves.iterdir()
+    ):
+      time.sleep(0.001)
+    os.killpg(proc.pid, signum)
+  else:
+    proc.send_signal(signum)
   _, err = proc.communicate(timeout=120)
   return proc.returncode, err
+
+
+def test_a_run_past_its_final_step_counts_as_complete(tmp_path):
+  """A workdir whose newest committed step is past the run's final step (a longer run resumed
+  under a shorter grid) is complete: it was retried on every rerun as incomplete."""
+  done = tmp_path / "checkpoints" / "40"
+  done.mkdir(parents=True)
+  run = sweep.Run("r", str(tmp_path), {}, {}, [], final_step=20)
+  assert not sweep.is_complete(run)  # not committed yet
+  (done / "commit_success.txt").write_text("")
+  assert sweep.is_complete(run)
+  assert not sweep.is_complete(dataclasses.replace(run, final_step=41))
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_a_terminal_lets_each_run_stop_on_its_own(tmp_path):
+  """A terminal's Ctrl-C reaches the sweep and its running trainer, mid-save: the sweep waits
+  for the trainer to stop on its own (its one line, exit 130) instead of sending it SIGTERM in
+  the middle of that (which killed it, exit -15, and cut the save it was finishing); the sweep
+  exits 130 and records the run as interrupted with the trainer's status."""
+  root = tmp_path / "s"
+  longer = TINY[0].replace("num_steps=2", "num_steps=200").replace("eval_every=2", "eval_every=999")
+  args = [CONFIG, f"--root={root}", GRID, "--seeds=0", longer, *TINY[1:]]
+  args += ["--set=train.checkpoint_every=1"]  # a save after every step: Ctrl-C lands near one
+  first = root / _names()[0]
+  code, err = _interrupt_when_committed(args, first, signal.SIGINT, group=True)
+  assert code == 130, err[-3000:]
+  record = json.loads((root / "sweep.json").read_text())
+  assert [(r["status"], r["returncode"]) for r in record["runs"]] == [
+    ("interrupted", 130),
+    ("pending", None),
+  ]
+  log = (first / "run.log").read_text()
+  assert "stopped by SIGINT (Ctrl-C): the checkpoints committed before it are intact" in log
+  assert 1 <= max(sweep.committed_steps(str(first))) < 200
 
 
 @pytest.mark.slow
 def test_an_interrupted_sweep_resumes_its_unfinished_run_at_its_newest_checkpoint(tmp_path, capsys):
   """SIGTERM to a sweep while its first run trains: the sweep stops that run (the trainer saves
-  the step it has just finished, exit 143), marks it interrupted and exits 130. The same command
+  the step it has just finished, exit 143), marks it interrupted and exits 143. The same command
   then resumes: the dry run says `resume at step N` (the newest committed step) for that run and
   `start` for the run that never began; the rerun ends both `done`, the resumed run's log says
   it resumed from step N, and its events hold every step once (no step trained twice, the
@@ -261,7 +313,7 @@ def test_an_interrupted_sweep_resumes_its_unfinished_run_at_its_newest_checkpoin
   args += ["--set=train.checkpoint_every=2"]
   first, second = (root / n for n in _names())
   code, err = _interrupt_when_committed(args, first)
-  assert code == 130, err[-3000:]
+  assert code == 143, err[-3000:]  # 128 + SIGTERM, as the trainer and a packed sweep
   assert "interrupted; stopping runs (rerun the same command to resume)" in err
   record = json.loads((root / "sweep.json").read_text())
   assert [(r["status"], r["returncode"]) for r in record["runs"]] == [

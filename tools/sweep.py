@@ -55,6 +55,7 @@ from jaxrl_llm.config import ConfigError, parse
 
 TRAINER = ("-m", "jaxrl_llm.main")
 SUMMARY_TAGS = ("eval/accuracy", "eval/pass@*", "rollout/reward_mean")
+STOP_GRACE_S = 30.0  # after Ctrl-C: how long the runs get to stop on their own
 _COMMIT_FILE = "commit_success.txt"  # a checkpoint step counts once orbax has committed it
 _FIELD = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
 # Fields whose change does not alter a run's results, so a workdir may resume with another value.
@@ -245,8 +246,9 @@ def committed_steps(workdir: str) -> list[int]:
 
 
 def is_complete(run: Run) -> bool:
-  """Whether the run's workdir holds a checkpoint at its final step."""
-  return run.final_step in committed_steps(run.workdir)
+  """Whether the run's workdir holds a checkpoint at (or past) its final step."""
+  steps = committed_steps(run.workdir)
+  return bool(steps) and steps[-1] >= run.final_step
 
 
 def _record_path(run: Run) -> str:
@@ -384,8 +386,14 @@ class Sweep:
         self._running.remove(entry)
         self._finish(run, proc.returncode, time.time() - t0)
 
-  def stop(self) -> None:
-    """Interrupts the running runs (they keep their last checkpoint) and records it."""
+  def stop(self, signum: int = signal.SIGTERM) -> None:
+    """Stops the running runs after the sweep got `signum` and records it. After SIGINT the
+    runs are given `STOP_GRACE_S` to end on their own (a terminal's Ctrl-C reaches them too,
+    and a SIGTERM then would cut the save they finish); those still running, or all after
+    SIGTERM, get SIGTERM: each saves the step it has just finished. Every committed
+    checkpoint stays."""
+    if signum == signal.SIGINT:
+      self._wait(time.time() + STOP_GRACE_S)
     for _, proc, _, _ in self._running:
       if proc.poll() is None:
         proc.terminate()
@@ -401,6 +409,11 @@ class Sweep:
       run.elapsed_s = round(time.time() - t0, 1)
     self._running = []
     self.save()
+
+  def _wait(self, deadline: float) -> None:
+    """Returns when every running run has ended, or at `deadline`."""
+    while time.time() < deadline and any(p.poll() is None for _, p, _, _ in self._running):
+      time.sleep(0.1)
 
   def execute(self) -> None:
     """Runs (or skips) every run; returns when all have ended."""
@@ -525,7 +538,8 @@ def _train_packed(configs: list, runs: Sequence[Run], root: str) -> tuple[str, i
   names, swept = [r.name for r in runs], list(runs[0].params)
   try:
     train_pack(configs, root, names=names, hparam_fields=swept)
-    return ("done" if runs[0].final_step in committed_steps(root) else "incomplete"), 0
+    steps = committed_steps(root)
+    return ("done" if steps and steps[-1] >= runs[0].final_step else "incomplete"), 0
   except ConfigError as e:  # `main` prints its line; in a job, this process prints it and stops
     if _in_a_job():
       print(f"error: {e}", file=sys.stderr, flush=True)
@@ -585,8 +599,48 @@ def _process_index() -> int:
   return jax.process_index()
 
 
+class Interrupted(KeyboardInterrupt):
+  """The sweep got SIGINT or SIGTERM (`signum`)."""
+
+  def __init__(self, signum: int):
+    super().__init__(signum)
+    self.signum = signum
+
+
 def _raise_interrupt(signum, frame):
-  raise KeyboardInterrupt
+  raise Interrupted(signum)
+
+
+def run_unpacked(runs: list[Run], root: str, spec: dict[str, Any], parallel: int) -> int:
+  """Trains the grid one process per run, `parallel` at a time; exit status (1 if a run failed;
+  128 + the signal after SIGINT or SIGTERM, the runs stopped with their checkpoints kept)."""
+  sweep = Sweep(runs, root, spec, parallel=parallel)
+  ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # a background job: kept so
+  names = (signal.SIGTERM,) if ignored else (signal.SIGINT, signal.SIGTERM)
+  previous = {n: signal.signal(n, _raise_interrupt) for n in names}
+  try:
+    sweep.execute()
+  except KeyboardInterrupt as e:
+    signum = getattr(e, "signum", signal.SIGINT)
+    for n in previous:  # a second signal must not cut the stopping short
+      signal.signal(n, signal.SIG_IGN)
+    print("interrupted; stopping runs (rerun the same command to resume)", file=sys.stderr)
+    sweep.stop(signum)
+    return 128 + signum
+  finally:
+    for n, handler in previous.items():
+      signal.signal(n, handler)
+
+  print()
+  print(summary_table(runs))
+  failed = [r for r in runs if r.status == "failed"]
+  print(f"\n{sweep.path}; compare: python tools/compare.py --root={sweep.root}")
+  if failed:
+    print(f"{len(failed)} of {len(runs)} runs failed:", file=sys.stderr)
+    for r in failed:
+      print(f"  {r.name}: exit {r.returncode}, log {r.log}", file=sys.stderr)
+    return 1
+  return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -684,27 +738,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       print()
       print(summary_table(runs))
     return rc
-  sweep = Sweep(runs, args.root, spec, parallel=args.parallel)
-  previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-  try:
-    sweep.execute()
-  except KeyboardInterrupt:
-    print("interrupted; stopping runs (rerun the same command to resume)", file=sys.stderr)
-    sweep.stop()
-    return 130
-  finally:
-    signal.signal(signal.SIGTERM, previous)
-
-  print()
-  print(summary_table(runs))
-  failed = [r for r in runs if r.status == "failed"]
-  print(f"\n{sweep.path}; compare: python tools/compare.py --root={sweep.root}")
-  if failed:
-    print(f"{len(failed)} of {len(runs)} runs failed:", file=sys.stderr)
-    for r in failed:
-      print(f"  {r.name}: exit {r.returncode}, log {r.log}", file=sys.stderr)
-    return 1
-  return 0
+  return run_unpacked(runs, args.root, spec, args.parallel)
 
 
 if __name__ == "__main__":

@@ -239,6 +239,7 @@ def train_and_evaluate(
     hparams = record.run_hparams(cfg, exp.state.params, hparam_fields)
     trial = record.trial_name(cfg, hparam_fields, paths.as_path(workdir).name)
     record.record_run(cfg, workdir, writer, start, hparams, trial)
+    writer.restart(start + 1)  # what a launch logged past the checkpoint resumed from goes
     if start == 0:
       writer.scalars(0, exp.task.data_stats)  # file data: records read, too long (dropped), kept
       evaluate(0, state.params)

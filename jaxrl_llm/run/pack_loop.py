@@ -197,6 +197,7 @@ def _open_runs(pack: Pack, runs: list[_Run], start: int, hparam_fields: Sequence
     hparams = record.run_hparams(pack.configs[r], exp.state.params, fields)
     trial = record.trial_name(pack.configs[r], fields, run.name)
     record.record_run(pack.configs[r], run.workdir, run.writer, start, hparams, trial)
+    run.writer.restart(start + 1)  # what a launch logged past the checkpoint resumed from goes
     guard = SkipGuard(tr.max_skipped_updates, "rl")
     run.logger = Logger(pack.run(r), run.writer, guard, start, run.name)
 
