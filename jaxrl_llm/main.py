@@ -71,6 +71,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     checkpoint.CorruptCheckpointError,
     checkpoint.NonFiniteStateError,
     run.NonFiniteError,
+    run.VerifierError,
     hf_config.CheckpointFormatError,
     *records.USER_ERRORS,
   )

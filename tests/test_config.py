@@ -52,6 +52,44 @@ def test_prompt_files_take_correct_and_host_verifiers_as_reward_terms():
   assert parse(config).uses_files
 
 
+_WITHOUT_MATH_VERIFY = """
+import sys
+sys.modules["math_verify"] = None  # this interpreter cannot import the optional package
+sys.path.insert(0, "tests")
+from conftest import tiny_config
+from jaxrl_llm.config import ConfigError, parse
+for correct_term, weights in [
+  ("math_verify_correct", {"correct": 0.0, "math_correct": 1.0}),
+  ("math_correct", {"correct": 1.0, "math_verify_correct": 0.5}),
+  ("math_correct", {"correct": 1.0, "math_verify_correct": 0.0}),
+]:
+  config = tiny_config(**{"data.train_files": "/nonexistent/math.jsonl"})
+  config.data.correct_term, config.task.reward_weights = correct_term, weights
+  try:
+    print("ok", parse(config).data.correct_term)
+  except ConfigError as err:
+    print(err)
+"""
+
+
+def test_a_verifier_whose_optional_package_is_missing_is_refused_with_the_config():
+  """`math_verify_correct` needs the optional math-verify package: where it cannot be imported,
+  naming it as data.correct_term (which defines accuracy even at weight 0) or as a weighted
+  reward term is one config error saying how to install it, before any file is read (each
+  call would otherwise fail and score 0). At weight 0 it is never called: accepted."""
+  proc = subprocess.run(
+    [sys.executable, "-c", _WITHOUT_MATH_VERIFY],
+    cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120,
+  )  # fmt: skip
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  lines = proc.stdout.strip().splitlines()
+  install = "optional package is not installed: math_verify (pip install -e '.[math]')"
+  assert lines[0].startswith("invalid config: data.correct_term=math_verify_correct: ")
+  assert lines[1].startswith("invalid config: task.reward_weights.math_verify_correct: ")
+  assert install in lines[0] and install in lines[1] and "math_correct," in lines[1]
+  assert lines[2] == "ok math_correct"
+
+
 def test_auto_sampler_weights_are_bf16_on_accelerators_and_fp32_on_cpu():
   from jaxrl_llm import quant
 

@@ -354,7 +354,7 @@ def test_too_long_prompts_are_filtered_and_counted(math, tok):
   kept = np.flatnonzero(lens <= prompt_len)
   np.testing.assert_array_equal(seen, kept[: len(seen)])
   assert len(seen) == (len(kept) // 4) * 4  # remainder dropped
-  with pytest.raises(ValueError, match=r"All 36 prompts are longer than prompt_len=2"):
+  with pytest.raises(ValueError, match=r"All 36 prompts are longer than data.prompt_len=2"):
     records_lib.make_text_prompt_iterator(records, tok, prompt_len=2, batch_size=4, seed=0)
   with pytest.raises(ValueError, match=rf"{36 - expected_long} of 36 records fit"):
     records_lib.make_text_prompt_iterator(

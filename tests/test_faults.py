@@ -269,11 +269,12 @@ def _cli(workdir, *args, timeout=300):
   "case, field",
   [("missing-file", "data.train_files"), ("glob-matches-nothing", "data.train_files"),
    ("missing-tokenizer", "data.tokenizer"), ("empty-file", "data.train_files"),
-   ("malformed-line", "data.train_files")],
+   ("malformed-line", "data.train_files"), ("too-few-to-split", "data.eval_fraction")],
 )  # fmt: skip
 def test_a_bad_data_file_or_tokenizer_is_one_error_line(tmp_path, case, field):
-  """A missing, unmatched, empty or malformed prompt file, or a missing tokenizer, from the
-  command line: the last line names the `data.*` field (and a malformed file's line), exit 2."""
+  """A missing, unmatched, empty or malformed prompt file, a missing tokenizer, or too few
+  records for the held-out split, from the command line: the last line names the `data.*` field
+  (and a malformed file's line), exit 2."""
   data, empty, bad = tmp_path / "ok.jsonl", tmp_path / "empty.jsonl", tmp_path / "bad.jsonl"
   data.write_text('{"prompt": "1+1", "answer": "2"}\n')
   empty.write_text("")
@@ -284,13 +285,20 @@ def test_a_bad_data_file_or_tokenizer_is_one_error_line(tmp_path, case, field):
     "missing-tokenizer": [f"--config.data.train_files={data}", "--config.data.tokenizer=/nope"],
     "empty-file": [f"--config.data.train_files={empty}", "--config.data.tokenizer=/nope"],
     "malformed-line": [f"--config.data.train_files={bad}", "--config.data.tokenizer=/nope"],
+    "too-few-to-split": [f"--config.data.train_files={data}", "--config.data.tokenizer=TOK"],
   }[case]  # the files are read before the tokenizer is looked for
+  if case == "too-few-to-split":  # one record: the 5% held-out split leaves a side empty
+    from text_fixtures import build_bpe_tokenizer
+
+    args[1] = f"--config.data.tokenizer={build_bpe_tokenizer(tmp_path / 'tok')}"
   proc = _cli(tmp_path / "w", *args, timeout=200)
   assert proc.returncode == 2, proc.stderr[-2000:]
   last = proc.stderr.strip().splitlines()[-1]
   assert last.startswith(f"error: {field}=") and "Traceback" not in proc.stderr, proc.stderr[-2000:]
   if case == "malformed-line":
     assert "bad.jsonl:2: not valid JSON" in last, last
+  if case == "too-few-to-split":
+    assert "split 1 records into" in last and "data.eval_files" in last, last
 
 
 @pytest.mark.parametrize(

@@ -8,15 +8,27 @@ import pytest
 from conftest import tiny_config
 from text_fixtures import math_file_run
 
-from jaxrl_llm import metrics
+from jaxrl_llm import checkpoint, main, metrics
 from jaxrl_llm.data import file_task, verifiers
 from jaxrl_llm.data.task import Task
-from jaxrl_llm.run import build, host_reward_step, to_global_batch, train_and_evaluate
+from jaxrl_llm.run import (
+  VerifierError,
+  build,
+  host_reward_step,
+  to_global_batch,
+  train_and_evaluate,
+)
+from jaxrl_llm.run.guard import VerifierGuard
 
 
 def _parity(completion: str, reference: str) -> float:
   """A Python verifier whose value varies with the text (so rewards are not all equal)."""
   return float(len(completion) % 2)
+
+
+def _always_fails(completion: str, reference: str) -> float:
+  """A verifier broken for every input (e.g. a package it imports is missing)."""
+  raise ImportError("no module named 'the_checker'")
 
 
 def _flaky(completion: str, reference: str) -> float:
@@ -149,3 +161,70 @@ def test_file_dataset_trains_three_steps(file_config, tmp_path):
   assert 0.0 <= result["eval/accuracy"] <= 1.0
   text = metrics.read_text(str(tmp_path / "run"))["samples"][-1][1]
   assert "<|im_start|>" in text  # the chat template reached the prompts
+
+
+def _broken_verifier_run(file_config, monkeypatch, limit: int):
+  """The file run, 6 steps, a checkpoint every 2, with a weighted term that fails every call."""
+  config, _ = file_config
+  monkeypatch.setitem(verifiers.REWARD_FNS, "always_fails", _always_fails)
+  config.task.reward_weights = ml_collections.ConfigDict({"math_correct": 1.0, "always_fails": 1})
+  config.train.num_steps, config.train.checkpoint_every = 6, 2
+  config.train.log_every, config.train.max_failed_verifier_steps = 1, limit
+  return config
+
+
+def test_a_verifier_failing_every_call_stops_the_run_keeping_its_checkpoints(
+  file_config, tmp_path, monkeypatch
+):
+  """A host reward term that fails on every completion for train.max_failed_verifier_steps
+  steps in a row stops the run with one line naming the term, the step and the setting; the
+  step is logged (its failure counts are in TensorBoard) but not saved: the checkpoints before
+  it are kept."""
+  config = _broken_verifier_run(file_config, monkeypatch, limit=3)
+  workdir = str(tmp_path / "run")
+  with pytest.raises(VerifierError) as err:
+    train_and_evaluate(config, workdir)
+  line = str(err.value)
+  assert main.explain(err.value) == f"error: {line}"  # the command line: this line, exit 2
+  assert "\n" not in line and line.startswith(
+    "rl step 3: reward term 'always_fails' failed on all 16"
+  )
+  assert "train.max_failed_verifier_steps=3" in line and "16 errors, 0 timeouts" in line
+  with checkpoint.Checkpointer(workdir, save_every=2) as ckpt:
+    assert ckpt.all_steps() == [2]
+  scalars = metrics.read_scalars(workdir)
+  assert [v for _, v in scalars["verifier/errors/always_fails"]] == [16, 16, 16]
+  assert [v for _, v in scalars["verifier/errors/math_correct"]] == [0, 0, 0]
+
+
+def test_a_verifier_failing_every_call_trains_on_when_the_limit_is_off(
+  file_config, tmp_path, monkeypatch
+):
+  """train.max_failed_verifier_steps=0: the run trains to its end, the failures counted."""
+  config = _broken_verifier_run(file_config, monkeypatch, limit=0)
+  train_and_evaluate(config, str(tmp_path / "run"))
+  scalars = metrics.read_scalars(str(tmp_path / "run"))
+  assert [v for _, v in scalars["verifier/errors/always_fails"]] == [16] * 6
+
+
+def test_the_verifier_guard_counts_steps_in_a_row_per_term():
+  """Only a step where a term failed on every call (errors and timeouts together) extends its
+  streak; a step with one success resets it; terms are counted apart; in-graph steps (no
+  verifier counts) count nothing."""
+  guard = VerifierGuard(limit=2, calls=4, timeout_s=5.0)
+
+  def step(n, **failed):
+    m = {"policy/loss": 0.0}
+    for name, (errors, timeouts) in failed.items():
+      m |= {f"verifier/errors/{name}": errors, f"verifier/timeouts/{name}": timeouts}
+    guard.update(n, m)
+
+  step(1, a=(4, 0), b=(3, 0))
+  step(2, a=(3, 0), b=(0, 4))  # a: one call succeeded; b: every call timed out
+  step(3)  # the in-graph path: no counts
+  step(4, a=(2, 2), b=(1, 0))
+  with pytest.raises(VerifierError, match=r"rl step 5: reward term 'a' failed on all 4 .* 2 steps"):
+    step(5, a=(0, 4), b=(0, 0))
+  assert (
+    VerifierGuard(0, 4, 5.0).update(1, {"verifier/errors/a": 4, "verifier/timeouts/a": 0}) is None
+  )

@@ -382,6 +382,33 @@ def test_a_pack_of_prompt_file_runs_verifies_each_runs_completions_as_the_run_al
     _assert_same_params(jax.device_get(unstack(state, r).params), jax.device_get(own.params))
 
 
+def _always_fails(completion: str, reference: str) -> float:
+  """A verifier broken for every input."""
+  raise ImportError("no module named 'the_checker'")
+
+
+def test_a_verifier_failing_every_call_stops_a_pack_keeping_its_checkpoints(
+  file_configs, tmp_path, monkeypatch
+):
+  """In a pack every run has the verifier guard: a term failing on every call of a run's
+  completions for train.max_failed_verifier_steps steps stops the pack with one line naming
+  the run, the term and the step; the pack's checkpoints before it are kept."""
+  from jaxrl_llm.data import verifiers
+  from jaxrl_llm.run import VerifierError
+
+  monkeypatch.setitem(verifiers.REWARD_FNS, "parity", _always_fails)
+  for config in file_configs:
+    config.train.checkpoint_every, config.train.max_failed_verifier_steps = 1, 2
+  root = tmp_path / "pack"
+  with pytest.raises(VerifierError) as err:
+    train_pack(file_configs, str(root))
+  first = _names(file_configs)[0]
+  assert str(err.value).startswith(f"[{first}] rl step 2: reward term 'parity' failed on all 16")
+  assert sorted(int(p.name) for p in (root / "checkpoints").iterdir() if p.name.isdigit()) == [1]
+  errors = metrics_lib.read_scalars(str(root / first))["verifier/errors/parity"]
+  assert [v for _, v in errors] == [16, 16]
+
+
 @pytest.mark.slow
 def test_a_packed_prompt_file_sweep_equals_its_runs_alone(file_configs, tmp_path):
   """A clip x temperature x seed pack on a prompt file, trained by `train_pack` (the host

@@ -22,7 +22,7 @@ ADDED = {
   "mesh": {"runs": 1, "runs_at_once": 0},
   "task": {"numbers": 3, "wrong_traces": 0.0},
   "sampling": {"kv_block": 128},
-  "train": {"resume_changed": False},
+  "train": {"resume_changed": False, "max_failed_verifier_steps": 3},
   "model": {
     "lora_rank": 0,
     "lora_alpha": 16.0,

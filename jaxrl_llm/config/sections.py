@@ -240,6 +240,7 @@ class TrainSettings(Section):
   checkpoint_every: int = 250  # orbax checkpoint period (RL steps); also at the end
   max_to_keep: int = 2  # checkpoints kept on disk (>= 1)
   max_skipped_updates: int = 10  # stop after this many consecutive non-finite updates
+  max_failed_verifier_steps: int = 3  # steps in a row a verifier may fail every call (0 = no limit)
   text_samples: int = 8  # completions shown in the TensorBoard text summary
   stop_after_steps: int = 0  # end this invocation after N steps (time-limited jobs; 0 = off)
   profile_steps: int = 0  # trace N RL steps after the compiling one (TensorBoard Profile tab)
@@ -248,7 +249,7 @@ class TrainSettings(Section):
   def errors(self) -> list[str]:
     """Periods, k and limits >= 1; optional counts >= 0."""
     out = at_least("train", self, 1, "num_steps", "eval_every", "log_every", "checkpoint_every")
-    out += at_least("train", self, 0, "stop_after_steps")
+    out += at_least("train", self, 0, "stop_after_steps", "max_failed_verifier_steps")
     out += at_least("train", self, 0, "profile_steps", note=" (0 = off)")
     out += at_least("train", self, 1, "pass_k", "max_to_keep", "max_skipped_updates")
     return out + at_least("train", self, 0, "text_samples")

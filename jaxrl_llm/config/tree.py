@@ -121,17 +121,28 @@ class Config:
 
   def _file_reward_errors(self) -> list[str]:
     """With prompt files every weighted reward term is a host verifier, or `correct` (the
-    verifier `data.correct_term` names)."""
+    verifier `data.correct_term` names), and each has the optional package it needs."""
     from jaxrl_llm.data import verifiers  # light; imported here to keep this lean
 
     known = {"correct", *verifiers.REWARD_FNS}
-    terms = [k for k, w in self.task.reward_weights if w and k not in known]
-    if not self.uses_files or not terms:
+    used = [k for k, w in self.task.reward_weights if w]
+    if not self.uses_files:
       return []
+    if [k for k in used if k not in known]:
+      return [
+        f"task.reward_weights names {', '.join(repr(k) for k in used if k not in known)}, which "
+        f"is not a host verifier (data.train_files is set); allowed: correct "
+        f"(= data.correct_term), {', '.join(sorted(verifiers.REWARD_FNS))}"
+      ]
+    named = {self.data.correct_term: "correct"}  # defines accuracy, weighted or not
+    named |= {k: k for k in used if k != "correct"}
+    other = sorted(set(verifiers.REWARD_FNS) - set(verifiers.NEEDS_PACKAGE))
     return [
-      f"task.reward_weights names {', '.join(map(repr, terms))}, which is not a host verifier "
-      f"(data.train_files is set); allowed: correct (= data.correct_term), "
-      f"{', '.join(sorted(verifiers.REWARD_FNS))}"
+      f"{'data.correct_term=' if k == 'correct' else 'task.reward_weights.'}{term}: the "
+      f"verifier's optional package is not installed: {verifiers.missing_package(term)}; or "
+      f"use another verifier: {', '.join(other)}"
+      for term, k in named.items()
+      if verifiers.missing_package(term)
     ]
 
 

@@ -177,6 +177,8 @@ def build_file_task(config, tokenizer_dir: str) -> FileTask:
       loaded, eval_fraction=share, eval_files=eval_files, seed=SPLIT_KEY, **fields
     )
   except (FileNotFoundError, records.DataError) as e:
+    if not eval_files:  # the split by data.eval_fraction, whose message names it
+      raise
     raise records.DataError(f"data.eval_files={d.eval_files!r}: {e}") from e
   if not evaluation:
     raise records.DataError(

@@ -351,8 +351,9 @@ def train_eval_split(
   evals = Records([r for r, e in zip(records, to_eval) if e])
   if not train or not evals:
     raise DataError(
-      f"eval_fraction={eval_fraction} split {len(records)} records into {len(train)} train and "
-      f"{len(evals)} eval; both sides need at least one record."
+      f"data.eval_fraction={eval_fraction} split {len(records)} records into {len(train)} train "
+      f"and {len(evals)} eval; both sides need at least one record: raise data.eval_fraction, "
+      "add records, or give held-out prompts in data.eval_files"
     )
   return train, evals
 
@@ -480,8 +481,8 @@ def tokenize_records(
   if keep.size == 0:
     shortest = min(len(tokenizer.encode(p, add_special_tokens=specials)) for p in prompts)
     raise DataError(
-      f"All {len(records)} prompts are longer than prompt_len={prompt_len} tokens after "
-      f"rendering with template {template!r} (shortest: {shortest} tokens); raise prompt_len."
+      f"All {len(records)} prompts are longer than data.prompt_len={prompt_len} tokens after "
+      f"rendering with template {template!r} (shortest: {shortest} tokens); raise data.prompt_len."
     )
   return _kept_examples(records, keep, tokens, mask), stats
 

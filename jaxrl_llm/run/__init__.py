@@ -4,7 +4,7 @@ assemble.py    mesh, task, model, initial state and the jitted programs (`build`
 evaluate.py    held-out evaluation (greedy accuracy, pass@k)
 warm_start.py  the supervised warm start before RL
 loop.py        `train_and_evaluate`: restore or warm start, RL updates, evaluation, checkpoints
-guard.py       the non-finite guard (skipped updates, `NonFiniteError`)
+guard.py       the guards: non-finite updates (`NonFiniteError`), failing verifiers
 preempt.py     SIGTERM: save the finished step and stop (`Preempted`)
 record.py      config.json, the config table and HParams, the banner and the closing summary
 pack.py        a sweep's runs as one program: packable fields, per-run values, the runs axis
@@ -20,7 +20,7 @@ from jaxrl_llm.run.assemble import (
   host_reward_step,
   to_global_batch,
 )
-from jaxrl_llm.run.guard import NonFiniteError, SkipGuard
+from jaxrl_llm.run.guard import NonFiniteError, SkipGuard, VerifierError
 from jaxrl_llm.run.loop import train_and_evaluate
 from jaxrl_llm.run.preempt import Preempted
 from jaxrl_llm.run.record import HPARAM_FIELDS, record_run, run_hparams
@@ -32,6 +32,7 @@ __all__ = [
   "NonFiniteError",
   "Preempted",
   "SkipGuard",
+  "VerifierError",
   "abstract_batch",
   "build",
   "build_task",

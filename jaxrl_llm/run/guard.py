@@ -1,5 +1,6 @@
-"""The non-finite guard of the loop: skipped optimiser updates are counted, and a run of them
-stops the run before any non-finite state is saved."""
+"""The loop's guards. Non-finite: skipped optimiser updates are counted, and a run of them stops
+the run before any non-finite state is saved. Verifiers: a host reward term failing on every
+call for several steps in a row stops the run before the step is saved."""
 
 from __future__ import annotations
 
@@ -46,3 +47,38 @@ class SkipGuard:
     """Remembers `scalars` of a logged step if they are all finite (shown when stopping)."""
     if all(np.isfinite(v) for v in scalars.values()):
       self.last_finite = dict(scalars)
+
+
+class VerifierError(RuntimeError):
+  """The run stopped: a host reward term failed on every call for too many steps in a row."""
+
+
+class VerifierGuard:
+  """Stops the run (VerifierError) once a host reward term has failed (raised, returned no
+  finite number, or timed out) on every one of a step's `calls` completions for `limit` steps
+  in a row: its reward was 0 throughout, so nothing was learned from it. `limit` 0: never.
+  `prefix` starts the message (a packed run's name)."""
+
+  def __init__(self, limit: int, calls: int, timeout_s: float, prefix: str = ""):
+    self.limit, self.calls, self.timeout_s, self.prefix = limit, calls, timeout_s, prefix
+    self.streak: dict[str, int] = {}
+
+  def update(self, step: int, metrics) -> None:
+    """Adds one step's verifier counts (`verifier/errors/<term>`, `verifier/timeouts/<term>`;
+    none on the in-graph path); raises once a term's streak reaches `limit`."""
+    prefix = "verifier/errors/"
+    for name in [k[len(prefix) :] for k in metrics if k.startswith(prefix)]:
+      errors = int(metrics[prefix + name])
+      timeouts = int(metrics[f"verifier/timeouts/{name}"])
+      whole = errors + timeouts >= self.calls
+      self.streak[name] = self.streak.get(name, 0) + 1 if whole else 0
+      if self.limit and self.streak[name] >= self.limit:
+        raise VerifierError(
+          f"{self.prefix}rl step {step}: reward term {name!r} failed on all {self.calls} completions in "
+          f"each of the last {self.streak[name]} steps (train.max_failed_verifier_steps="
+          f"{self.limit}; this step: {errors} errors, {timeouts} timeouts past "
+          f"data.verifier_timeout_s={self.timeout_s:g}), so it rewarded nothing; its first "
+          "error is logged above. Checkpoints saved so far are kept. Fix the verifier (or the "
+          "package it needs), raise data.verifier_timeout_s, or set "
+          "train.max_failed_verifier_steps=0 to train on regardless"
+        )

@@ -23,7 +23,7 @@ from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.rl import init_reference
 from jaxrl_llm.run import record
 from jaxrl_llm.run.assemble import NUMERICS_ONLY, Experiment, build, to_global_batch
-from jaxrl_llm.run.guard import SkipGuard
+from jaxrl_llm.run.guard import SkipGuard, VerifierGuard
 from jaxrl_llm.run.preempt import StopSignals
 from jaxrl_llm.run.warm_start import warm_start
 
@@ -110,12 +110,18 @@ class Logger:
   def __init__(self, exp: Experiment, writer, guard: SkipGuard, start: int, name: str = ""):
     self.exp, self.writer, self.guard, self.start = exp, writer, guard, start
     self.prefix = f"[{name}] " if name else ""  # a packed run's lines start with its name
+    cfg = exp.config
+    calls = cfg.rl.num_prompts * cfg.sampling.group_size  # each host term's calls per step
+    timeout = cfg.data.verifier_timeout_s
+    limit = cfg.train.max_failed_verifier_steps
+    self.verifiers = VerifierGuard(limit, calls, timeout, self.prefix)
     self.progress = metrics_lib.Progress(exp.config.train.num_steps)
     self.t_loop = self.t_last = self.t_compiled = time.time()
     self.last_logged, self.tokens = start, 0.0
 
   def step(self, done: int, metrics) -> None:
-    """Accounts one finished update; logs it on the logging period."""
+    """Accounts one finished update; logs it on the logging period; stops the run
+    (`VerifierError`) when a host verifier has failed every call for too many steps."""
     tr = self.exp.config.train
     if done > self.start + 1:  # tokens/s of the steady state, as the rate
       self.tokens += float(metrics["perf/generated_tokens"])
@@ -125,6 +131,7 @@ class Logger:
       logging.info("RL step compiled; first update done in %.1fs", self.t_compiled - self.t_loop)
     if done % tr.log_every == 0 or done == tr.num_steps:
       self._log(done, distributed.host_values(metrics))  # rows gathered from every process
+    self.verifiers.update(done, metrics)  # after the step's scalars are logged
 
   def _log(self, done: int, m) -> None:
     now = time.time()

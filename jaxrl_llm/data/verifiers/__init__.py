@@ -6,6 +6,8 @@ processes (errors and timeouts score 0.0 and are counted; a hung call's worker i
 `get_reward_fn(name)` looks up a two-argument term `fn(completion, reference) -> float` by name.
 """
 
+import importlib.util
+
 from jaxrl_llm.data.verifiers.math import (
   brace_depth,
   extract_answer,
@@ -45,6 +47,25 @@ REWARD_FNS: dict[str, RewardFn] = {
 }
 
 
+# Terms that need an optional package: name → (module to import, how to install it).
+NEEDS_PACKAGE: dict[str, tuple[str, str]] = {
+  "math_verify_correct": ("math_verify", "pip install -e '.[math]'"),
+}
+
+
+def missing_package(name: str) -> str | None:
+  """What the reward term `name` lacks to run here ('math_verify (pip install ...)'), or None
+  when it needs nothing or its package is installed (found, not imported)."""
+  if name not in NEEDS_PACKAGE:
+    return None
+  module, install = NEEDS_PACKAGE[name]
+  try:
+    found = importlib.util.find_spec(module) is not None
+  except (ImportError, ValueError):  # a parent package missing, or an import blocked
+    found = False
+  return None if found else f"{module} ({install})"
+
+
 def get_reward_fn(name: str) -> RewardFn:
   """The reward term registered as `name`; ValueError listing the valid names otherwise."""
   try:
@@ -56,6 +77,7 @@ def get_reward_fn(name: str) -> RewardFn:
 
 
 __all__ = [
+  "NEEDS_PACKAGE",
   "REWARD_FNS",
   "RewardFn",
   "brace_depth",
@@ -73,6 +95,7 @@ __all__ = [
   "math_correct_boxed",
   "math_format_boxed",
   "math_verify_correct",
+  "missing_package",
   "normalize",
   "parse_number",
   "reference_answer",
