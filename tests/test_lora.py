@@ -487,7 +487,12 @@ def test_unsupported_peft_configs_are_one_error_line(tmp_path):
   from jaxrl_llm.models import hf
 
   cfg, base = hf.load_checkpoint(HF_LLAMA)
-  for key, value in (("use_dora", True), ("bias", "all"), ("peft_type", "IA3")):
+  for key, value in (
+    ("use_dora", True),
+    ("use_rslora", True),
+    ("bias", "all"),
+    ("peft_type", "IA3"),
+  ):
     folder = tmp_path / key
     shutil.copytree(PEFT_FIXTURE, folder)
     config = json.loads((folder / "adapter_config.json").read_text())

@@ -33,6 +33,13 @@ OBJECTIVE_MEANS = {
   "policy/router_gamma_mean": "rspo",
   "policy/is_weight_mean": "cispo",
   "policy/gate_weight_mean": "sapo",
+  "policy/is_dual_clipped_mean": "dual_clip",  # PPO-clip with objective.dual_clip set
+}
+# The one-step runs of the objective-specific means the MoE run does not log.
+MEAN_RUNS = {
+  "cispo": {"objective.name": "cispo"},
+  "sapo": {"objective.name": "sapo"},
+  "dual_clip": {"objective.dual_clip": 3.0},
 }
 # Rows logged only when a feature is on; each test below names the ones its run covers.
 FEATURE_ROWS = ("reward/", "kl/", "filter/", "value/", "moe/", "verifier/", "sft/")
@@ -152,10 +159,8 @@ def critic_file_run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def objective_step_metrics():
-  """{objective: host metrics of one fused RL step} for CISPO and SAPO."""
-  return {
-    name: run_steps(tiny_config(**{"objective.name": name}), 1)[1][0] for name in ("cispo", "sapo")
-  }
+  """{objective: host metrics of one fused RL step} for CISPO, SAPO and dual-clip PPO."""
+  return {name: run_steps(tiny_config(**over), 1)[1][0] for name, over in MEAN_RUNS.items()}
 
 
 def _reward_terms(config) -> list[str]:
@@ -248,10 +253,11 @@ def test_the_critic_file_run_logs_its_readme_tags(critic_file_run):
 
 
 @pytest.mark.slow
-def test_cispo_and_sapo_log_their_objective_means(objective_step_metrics):
-  """One fused step of CISPO logs `policy/is_weight_mean` and SAPO `policy/gate_weight_mean`,
-  finite, each without the other objectives' README means: the policy row's objective-specific
-  means that the MoE run (RSPO) does not cover."""
+def test_cispo_sapo_and_dual_clip_log_their_objective_means(objective_step_metrics):
+  """One fused step of CISPO logs `policy/is_weight_mean`, SAPO `policy/gate_weight_mean` and
+  PPO-clip with a dual clip `policy/is_dual_clipped_mean`, finite, each without the other
+  objectives' README means: the policy row's objective-specific means that the MoE run (RSPO)
+  does not cover."""
   for objective, m in objective_step_metrics.items():
     own = [t for t, o in OBJECTIVE_MEANS.items() if o == objective]
     assert own and sorted(set(OBJECTIVE_MEANS) & set(m)) == own, (objective, sorted(m))
