@@ -68,7 +68,12 @@ def main(argv: list[str]) -> int:
   parser.add_argument("--top", type=int, default=15, help="kernels listed")
   parser.add_argument("--device", default="GPU", help="substring of the device processes' names")
   args = parser.parse_args(argv)
-  with gzip.open(newest_trace(args.root), "rt") as f:
+  try:
+    path = newest_trace(args.root)
+  except FileNotFoundError as e:
+    print(f"error: {e} (make one with tools/bench.py --profile_dir=DIR)", file=sys.stderr)
+    return 2
+  with gzip.open(path, "rt") as f:
     trace = json.load(f)
   events = trace["traceEvents"] if isinstance(trace, dict) else trace
   print(json.dumps(summarize(events, args.device, args.top), indent=1))

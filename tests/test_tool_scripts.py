@@ -1,0 +1,95 @@
+"""The README's measuring tools run as it says: `tools/soak.py` (host memory over a run),
+`tools/trace_summary.py` (where a profiled program's device time goes) and
+`tools/decode_copies.py` (the sampler alone and packed: seconds and KV-cache copies)."""
+
+import json
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+from conftest import REPO, cli_env
+
+TINY = (
+  "--config.model.d_model=32",
+  "--config.model.mlp_dim=64",
+  "--config.model.num_heads=2",
+  "--config.model.num_kv_heads=1",
+  "--config.rl.num_prompts=4",
+  "--config.sampling.group_size=4",
+  "--config.rl.num_minibatches=2",
+  "--config.task.eval_size=16",
+  "--config.train.pass_k=2",
+  "--config.sft.steps=0",
+  "--config.train.log_every=1",
+  "--config.train.eval_every=100",
+)
+
+
+def _tool(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+  return subprocess.run(
+    [sys.executable, *args], cwd=REPO, env=cli_env(), capture_output=True, text=True,
+    timeout=timeout,
+  )  # fmt: skip
+
+
+def test_soak_samples_the_trainers_host_memory_over_its_steps(tmp_path):
+  """`tools/soak.py --steps=N -- <overrides>` runs the trainer in the given workdir and prints
+  one JSON object: its exit status, the RSS at the first logged step, at each quarter and at the
+  end, the largest seen (at least each of those) and the growth (end - first)."""
+  proc = _tool(
+    "tools/soak.py", "--steps=8", "--interval_s=0.2", f"--workdir={tmp_path / 'run'}", "--", *TINY
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  got = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert got["returncode"] == 0 and got["steps"] == 8
+  quarters, first, end = got["rss_mib_quarters"], got["rss_mib_first_step"], got["rss_mib_end"]
+  assert len(quarters) == 4 and first > 50 and end > 50  # a Python process with JAX: > 50 MiB
+  assert got["rss_mib_max"] >= max(first, end, *quarters)
+  assert got["growth_mib"] == pytest.approx(end - first, abs=0.11)
+  assert (tmp_path / "run" / "checkpoints" / "8").is_dir()  # the trainer ran to its end
+
+
+def test_trace_summary_lists_a_real_traces_top_kernels(tmp_path):
+  """`tools/trace_summary.py DIR --device=CPU` reads the perfetto trace jax.profiler wrote:
+  the CPU process, its busy time, and the top kernels by total time (at most --top, largest
+  first, shares of the busy time). For a device the trace lacks (the default GPU) it names the
+  processes there are; for a directory without a trace it prints one error line, exit 2."""
+  fn = jax.jit(lambda x: jnp.sin(x @ x).sum())
+  x = jnp.ones((128, 128))
+  fn(x).block_until_ready()
+  with jax.profiler.trace(str(tmp_path / "trace"), create_perfetto_trace=True):
+    for _ in range(3):
+      fn(x).block_until_ready()
+  proc = _tool("tools/trace_summary.py", str(tmp_path / "trace"), "--device=CPU", "--top=3")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  got = json.loads(proc.stdout)
+  top = got["top"]
+  assert got["processes"] == ["/host:CPU"] and 1 <= len(top) <= 3
+  assert [r["ms"] for r in top] == sorted((r["ms"] for r in top), reverse=True)
+  assert got["busy_ms"] >= sum(r["ms"] for r in top) > 0 and got["span_ms"] > 0
+  assert all(r["count"] >= 1 and r["share"] == pytest.approx(r["ms"] / got["busy_ms"]) for r in top)
+  other = json.loads(_tool("tools/trace_summary.py", str(tmp_path / "trace")).stdout)
+  assert other == {"processes": [], "all_processes": ["/host:CPU"], "top": []}
+  missing = _tool("tools/trace_summary.py", str(tmp_path / "none"))
+  assert missing.returncode == 2 and missing.stderr.strip().splitlines() == [
+    f"error: no perfetto_trace.json.gz under {tmp_path / 'none'} (make one with "
+    "tools/bench.py --profile_dir=DIR)"
+  ]
+
+
+@pytest.mark.slow
+def test_decode_copies_finds_no_cache_copy_in_the_scanned_bf16_sampler_alone_or_packed():
+  """`tools/decode_copies.py --scan_layers --dtype=bfloat16` (the README's row): one JSON object
+  with seconds, cache copies and cache writes for the sampler alone and in a pack of 1; no copy
+  of a cache array in either decode loop, the cache written in place (one write per layer group
+  and K/V), and the pack's tokens equal to the run's alone."""
+  proc = _tool("tools/decode_copies.py", "--scan_layers", "--dtype=bfloat16", timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  got = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert (got["scan_layers"], got["dtype"], got["runs"]) == (True, "bfloat16", 1)
+  for program in ("alone", "pack"):
+    assert got[program]["s"] > 0 and got[program]["cache_copies"] == 0, got
+    assert got[program]["cache_writes"] >= 2, got
+  assert got["same_tokens"] is True
