@@ -161,12 +161,19 @@ def test_a_run_with_adapters_trains_them_alone_on_the_base_and_its_reference_is_
   assert all(np.isfinite(float(m["policy/loss"])) for m in metrics)
 
 
-def test_the_adapters_gradient_is_the_merged_full_models_gradient():
+@pytest.mark.parametrize(
+  "kw",
+  [dict(), dict(scan_layers=True), dict(attention_bias=True, tie_embeddings=False), MOE],
+  ids=["dense", "scanned", "qwen2", "moe_shared"],
+)
+def test_the_adapters_gradient_is_the_merged_full_models_gradient(kw):
   """The reference: a plain model whose weights are W + (alpha / r) A B, differentiated
-  through that merge with respect to A and B, gives the adapted model's loss and gradient."""
+  through that merge with respect to A and B, gives the adapted model's loss and gradient
+  (dense, scanned layers, biased attention with an untied head, and MoE with a shared
+  expert: every adapter, the shared expert's included, gets its gradient)."""
   rank, alpha = 4, 8.0
-  plain, _ = _init()
-  model, params = _init(lora_rank=rank, lora_alpha=alpha)
+  plain, _ = _init(**kw)
+  model, params = _init(lora_rank=rank, lora_alpha=alpha, **kw)
   base, adapters = lora.split_adapters(params)
   keys = iter(jax.random.split(jax.random.PRNGKey(3), len(jax.tree.leaves(adapters))))
   adapters = jax.tree.map(lambda x: x + 0.1 * jax.random.normal(next(keys), x.shape), adapters)
@@ -189,6 +196,7 @@ def test_the_adapters_gradient_is_the_merged_full_models_gradient():
   for path, g in _leaves(ga).items():
     np.testing.assert_allclose(g, _leaves(gm)[path], rtol=1e-4, atol=1e-6, err_msg=str(path))
   assert max(float(np.abs(g).max()) for g in _leaves(ga).values()) > 0
+  assert min(float(np.abs(g).max()) for g in _leaves(ga).values()) > 0  # every adapter learns
 
 
 @pytest.mark.parametrize(
