@@ -77,3 +77,18 @@ def test_moe_step_compiles_for_a_v5e_slice(v5e_2x2, mesh):
   assert bool(dispatch) == ("mesh.expert" in mesh)
   p = plan.plan(config, v5e_2x2)
   assert p.fits and p.argument_bytes > 0
+
+
+def test_a_program_past_the_hbm_is_refused_by_the_tpu_compiler_and_reported(v5e_2x2):
+  """A step whose temporaries exceed a v5e chip's HBM (a 262,144-token untied vocabulary,
+  replicated on 4 chips): the TPU compiler refuses it, and the plan reports that as does not
+  fit, with the compiler's own message and its temporaries figure as the temp (README: the
+  memory table's refused rows)."""
+  big = {"model.d_model": 2048, "model.num_heads": 16, "model.num_kv_heads": 8}
+  big |= {"model.vocab_size": 262144, "model.tie_embeddings": False, "model.num_layers": 1}
+  p = plan.plan(tiny_config(**{**CONFIG, **big, "mesh.data": 4, "mesh.fsdp": 1}), v5e_2x2)
+  assert p.refused.startswith("Ran out of memory on HBM") and "exceeds available HBM" in p.refused
+  figure = float(p.refused.split("temporaries (")[1].split("G)")[0])
+  assert p.temp_bytes == int(figure * plan.GIB) and p.temp_bytes > p.capacity_bytes
+  assert p.fits is False and p.argument_bytes > 0
+  assert "does NOT fit (the compiler: Ran out of memory on HBM" in p.summary()
