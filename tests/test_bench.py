@@ -10,7 +10,7 @@ import types
 import jax
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import REPO, cli_env
 
 
 def _load(name):
@@ -95,6 +95,50 @@ def test_bench_reports_all_measurements_at_the_tiny_shape():
   mem = result["compiled_step_memory"]
   assert mem["argument_bytes"] > 0 and mem["temp_bytes"] > 0
   assert "peer" not in result
+
+
+def _bench_cli(*args: str) -> subprocess.CompletedProcess:
+  cmd = [sys.executable, "tools/bench.py", *args]
+  return subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600)
+
+
+def test_the_bench_command_line_takes_settings_and_device_limits():
+  """`python tools/bench.py --shape=tiny --set=FIELD=VALUE --hbm_bytes_per_s --peak_flops`
+  prints one JSON object: the setting applied (a bf16 sampler copy: 2 bytes a parameter), and
+  the percentages computed from the limits given (on a CPU they are null without them)."""
+  hbm, peak = 1e11, 1e12
+  proc = _bench_cli(
+    "--shape=tiny", "--steps=1", "--set=sampling.param_dtype=bfloat16",
+    f"--hbm_bytes_per_s={hbm}", f"--peak_flops={peak}",
+  )  # fmt: skip
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  got = json.loads(proc.stdout)
+  assert got["config"]["sampler_param_dtype"] == "bfloat16" and got["shape"] == "tiny"
+  assert got["sampler_weight_bytes"] == 2 * got["params"]["total"]
+  step_s = got["decode_ms_per_step"] / 1e3
+  assert got["decode_hbm_roofline_pct"] == pytest.approx(
+    100 * got["decode_bytes_per_step"] / step_s / hbm, rel=1e-6
+  )
+  assert got["decode_filled_floor_pct"] == pytest.approx(
+    100 * got["decode_filled_bytes_per_step"] / step_s / hbm, rel=1e-6
+  )
+  assert got["learner_mfu_pct"] == pytest.approx(100 * got["learner_tflops_per_s"] * 1e12 / peak)
+
+
+@pytest.mark.parametrize(
+  "args, says",
+  [(["--shape=tiny", "--set=sampling.nope=1"], "unknown config field 'sampling.nope'"),
+   (["--config=configs/default.py", "--config.sampling.temperature=-1"],
+    "invalid config: sampling.temperature=-1.0 must be > 0")],
+  ids=["unknown-field", "out-of-range"],
+)  # fmt: skip
+def test_a_bad_bench_setting_is_one_error_line_and_exit_2(args, says):
+  """A bad field or value given to tools/bench.py (by --set or --config.FIELD): its last line
+  is `error: ...` naming it, no traceback, exit 2, before anything compiles."""
+  proc = _bench_cli("--steps=1", *args)
+  assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last.startswith("error: ") and says in last, last
 
 
 def test_decode_bytes_count_the_whole_cache_the_filled_slots_and_the_staged_reads():

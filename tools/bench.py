@@ -620,19 +620,27 @@ def main(argv: list[str]) -> int:
   overrides = list(args.set)
   for a in rest:  # --config.a.b=v -> a.b=v; --noconfig.a.b -> a.b=False
     overrides.append(a[len("--config.") :] if a.startswith("--config.") else a[10:] + "=False")
-  if args.shape:
-    config = shape_config(args.shape, overrides)
-  else:
-    from jaxrl_llm import main as trainer_main
-
-    config = trainer_main.parse_config(
-      ["bench", f"--config={args.config}", *(f"--config.{o}" for o in overrides)]
-    )
   passed = ("shape", "peer", "peer_python", "peer_timeout_s", "full_length", "hbm_bytes_per_s")
   passed += ("peak_flops", "profile_dir")
-  result = run(config, args.steps, **{name: getattr(args, name) for name in passed})
+  try:  # a bad field or value (or a peer that cannot run this config): one line
+    config = _config(args, overrides)
+    result = run(config, args.steps, **{name: getattr(args, name) for name in passed})
+  except ConfigError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
   print(json.dumps(result, indent=2), flush=True)
   return 0
+
+
+def _config(args, overrides: list[str]):
+  """The benchmark's config: the `--shape`'s or the `--config` file's, with `overrides`."""
+  if args.shape:
+    return shape_config(args.shape, overrides)
+  from jaxrl_llm import main as trainer_main
+
+  return trainer_main.parse_config(
+    ["bench", f"--config={args.config}", *(f"--config.{o}" for o in overrides)]
+  )
 
 
 if __name__ == "__main__":
