@@ -71,7 +71,7 @@ def test_trace_summary_lists_a_real_traces_top_kernels(tmp_path):
   assert got["busy_ms"] >= sum(r["ms"] for r in top) > 0 and got["span_ms"] > 0
   assert all(r["count"] >= 1 and r["share"] == pytest.approx(r["ms"] / got["busy_ms"]) for r in top)
   other = json.loads(_tool("tools/trace_summary.py", str(tmp_path / "trace")).stdout)
-  assert other == {"processes": [], "all_processes": ["/host:CPU"], "top": []}
+  assert other["processes"] == other["top"] == [] and "/host:CPU" in other["all_processes"]
   missing = _tool("tools/trace_summary.py", str(tmp_path / "none"))
   assert missing.returncode == 2 and missing.stderr.strip().splitlines() == [
     f"error: no perfetto_trace.json.gz under {tmp_path / 'none'} (make one with "
