@@ -56,6 +56,20 @@ def load_config(name: str = "default"):
   return module.get_config()
 
 
+# A tiny model and batch as command-line flags (the shapes `tiny_config` sets).
+TINY_CLI = (
+  "--config.model.d_model=32",
+  "--config.model.mlp_dim=64",
+  "--config.model.num_heads=2",
+  "--config.model.num_kv_heads=1",
+  "--config.rl.num_prompts=4",
+  "--config.sampling.group_size=4",
+  "--config.rl.num_minibatches=2",
+  "--config.task.eval_size=16",
+  "--config.train.pass_k=2",
+)
+
+
 def tiny_config(name: str = "default", /, **overrides):
   """A fast experiment config (`configs/<name>.py` made tiny): single device, no warm start."""
   c = load_config(name)

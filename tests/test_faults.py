@@ -17,6 +17,7 @@ import numpy as np
 import optax
 import pytest
 from conftest import REPO, cli_env, default_sigint, tiny_config
+from conftest import TINY_CLI as TINY_MODEL
 
 from jaxrl_llm import checkpoint, metrics, optim
 from jaxrl_llm.config import ConfigError, validate
@@ -243,17 +244,9 @@ def test_a_tensor_parallel_size_that_does_not_divide_the_model_is_named():
 
 
 TINY_CLI = (
-  "--config.model.d_model=32",
-  "--config.model.mlp_dim=64",
-  "--config.model.num_heads=2",
-  "--config.model.num_kv_heads=1",
-  "--config.rl.num_prompts=4",
-  "--config.sampling.group_size=4",
-  "--config.rl.num_minibatches=2",
-  "--config.task.eval_size=16",
+  *TINY_MODEL,
   "--config.train.eval_every=100",
   "--config.train.log_every=1",
-  "--config.train.pass_k=2",
   "--config.mesh.data=1",
 )
 

@@ -9,22 +9,11 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, cli_env
+from conftest import REPO, TINY_CLI, cli_env
 
 from jaxrl_llm import metrics
 
-TINY = (
-  "--config.model.d_model=32",
-  "--config.model.mlp_dim=64",
-  "--config.model.num_heads=2",
-  "--config.model.num_kv_heads=1",
-  "--config.rl.num_prompts=4",
-  "--config.sampling.group_size=4",
-  "--config.rl.num_minibatches=2",
-  "--config.task.eval_size=16",
-  "--config.train.pass_k=2",
-  "--config.sft.steps=0",
-)
+TINY = (*TINY_CLI, "--config.sft.steps=0")
 MOE = (
   "--config.model.moe_num_experts=4",
   "--config.model.moe_top_k=2",

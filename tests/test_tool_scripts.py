@@ -9,18 +9,10 @@ import sys
 import jax
 import jax.numpy as jnp
 import pytest
-from conftest import REPO, cli_env
+from conftest import REPO, TINY_CLI, cli_env
 
 TINY = (
-  "--config.model.d_model=32",
-  "--config.model.mlp_dim=64",
-  "--config.model.num_heads=2",
-  "--config.model.num_kv_heads=1",
-  "--config.rl.num_prompts=4",
-  "--config.sampling.group_size=4",
-  "--config.rl.num_minibatches=2",
-  "--config.task.eval_size=16",
-  "--config.train.pass_k=2",
+  *TINY_CLI,
   "--config.sft.steps=0",
   "--config.train.log_every=1",
   "--config.train.eval_every=100",
