@@ -1,17 +1,26 @@
 """What the README says the terminal shows, read from real command-line runs: the banner's
-workdir and TensorBoard command and a MoE model's active parameters, the progress line's values
-against the scalars in TensorBoard, the closing summary's evaluation and paths, and what a
-relaunch of a finished workdir prints. (The banner's first place, the compilation lines and the
-bare lines under a pseudo-terminal are in tests/test_train.py.)"""
+versions, backend, devices, processes, mesh and parameter count (a MoE model's active ones too),
+its workdir and TensorBoard command, the RL step's compilation lines, the progress line's values
+against the scalars in TensorBoard and its rate and ETA, the closing summary's rates, evaluation
+and paths, what a relaunch of a finished workdir prints, and the lines bare on a terminal (a
+pseudo-terminal) but with absl's prefix when redirected or under --debug. (tests/test_train.py:
+the warm start's compilation line, and the banner first in a redirected run.)"""
 
+import json
+import os
+import pty
 import re
+import select
 import subprocess
 import sys
 
+import jax
 import pytest
 from conftest import REPO, TINY_CLI, cli_env
 
+import jaxrl_llm
 from jaxrl_llm import metrics
+from jaxrl_llm.config.learner import AUTO_REMAT_PARAMS
 
 TINY = (*TINY_CLI, "--config.sft.steps=0")
 MOE = (
@@ -22,24 +31,99 @@ MOE = (
   "--config.model.moe_every=2",
 )
 PROGRESS = re.compile(r"step (\d+)/(\d+) \((\d+)%\) \S+ steps/s ETA \S+ \| (.*)$")
+# absl's prefix: level, month and day, time, thread id, source file and line.
+PREFIX = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d{6} +\d+ (\S+):\d+\] ")
+BANNER = re.compile(
+  r"jaxrl_llm (\S+) \| JAX (\S+) \| (\w+) \((.+)\) x (\d+) devices, (\d+) process\(es\) "
+  r"\| mesh (.+) \| ([\d.]+)M parameters"
+)
+DURATION = re.compile(r"(\d+):(\d\d):(\d\d)")
+
+
+def _command(workdir, *args) -> list[str]:
+  """The command line of a tiny run in `workdir` with `args`."""
+  cmd = [sys.executable, "-m", "jaxrl_llm.main", "--config=configs/default.py"]
+  return [*cmd, f"--workdir={workdir}", *TINY, *args]
+
+
+def _raw(workdir, *args) -> list[str]:
+  """The lines a command-line run prints to its redirected stderr, after checking it ended well."""
+  proc = subprocess.run(
+    _command(workdir, *args), cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return proc.stderr.splitlines()
+
+
+def _bare(lines: list[str]) -> list[str]:
+  """`lines` with absl's prefix removed."""
+  return [PREFIX.sub("", x) for x in lines]
 
 
 def _run(workdir, *args) -> list[str]:
   """The lines a command-line run prints (absl's prefix removed), after checking it ended well."""
-  cmd = [sys.executable, "-m", "jaxrl_llm.main", "--config=configs/default.py"]
-  cmd += [f"--workdir={workdir}", *TINY, *args]
-  proc = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  return [re.sub(r"^[IWE]\d{4} [\d:.]+ +\d+ \S+:\d+\] ", "", x) for x in proc.stderr.splitlines()]
+  return _bare(_raw(workdir, *args))
+
+
+def _on_a_terminal(workdir, *args) -> list[str]:
+  """The non-blank lines a command-line run prints to a pseudo-terminal (its stdout and
+  stderr), after checking it ended well."""
+  master, slave = pty.openpty()
+  proc = subprocess.Popen(
+    _command(workdir, *args), stdout=slave, stderr=slave, cwd=REPO, env=cli_env()
+  )
+  os.close(slave)
+  out = b""
+  try:
+    while select.select([master], [], [], 300)[0]:
+      try:
+        chunk = os.read(master, 4096)
+      except OSError:  # the terminal closed: the process ended
+        break
+      if not chunk:
+        break
+      out += chunk
+    assert proc.wait(timeout=60) == 0, out.decode()[-3000:]
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+    os.close(master)
+  return [x for x in out.decode(errors="replace").splitlines() if x.strip()]
+
+
+def _seconds(duration: str) -> int:
+  """`h:mm:ss` (metrics.format_duration) in seconds."""
+  h, m, s = DURATION.fullmatch(duration).groups()
+  return 3600 * int(h) + 60 * int(m) + int(s)
 
 
 @pytest.fixture(scope="module")
-def dense(tmp_path_factory):
-  """(workdir, lines of a 4-step run logging every 2 and evaluating every 2, lines of its
-  relaunch once finished)."""
+def dense_raw(tmp_path_factory):
+  """(workdir, redirected lines of a 4-step run logging every 2 and evaluating every 2, those of
+  its relaunch once finished)."""
   workdir = tmp_path_factory.mktemp("dense") / "run"
   args = ("--config.train.num_steps=4", "--config.train.log_every=2", "--config.train.eval_every=2")
-  return workdir, _run(workdir, *args), _run(workdir, *args)
+  return workdir, _raw(workdir, *args), _raw(workdir, *args)
+
+
+@pytest.fixture(scope="module")
+def dense(dense_raw):
+  """`dense_raw` with absl's prefix removed."""
+  workdir, lines, again = dense_raw
+  return workdir, _bare(lines), _bare(again)
+
+
+@pytest.fixture(scope="module")
+def terminal(tmp_path_factory):
+  """(workdir, the lines on a pseudo-terminal of the first 3 of 1000 steps (a time-limited
+  slot: train.stop_after_steps), logging every update and evaluating at step 3; those of a
+  relaunch for 3 steps, then finished, on a pseudo-terminal too, with --debug)."""
+  workdir = tmp_path_factory.mktemp("terminal") / "run"
+  args = ("--config.train.log_every=1", "--config.train.eval_every=3")
+  first = _on_a_terminal(
+    workdir, *args, "--config.train.num_steps=1000", "--config.train.stop_after_steps=3"
+  )
+  return workdir, first, _on_a_terminal(workdir, *args, "--config.train.num_steps=3", "--debug")
 
 
 def test_the_banner_names_the_workdir_and_the_tensorboard_command(dense):
@@ -103,9 +187,153 @@ def test_a_relaunched_finished_workdir_says_so_and_prints_its_final_evaluation(d
 
 
 def test_a_moe_banner_gives_the_parameters_active_per_token(tmp_path):
-  """A mixture-of-experts model (4 experts, top 2): the banner gives the total and, fewer, the
-  parameters one token uses."""
-  lines = _run(tmp_path / "moe", *MOE, "--config.train.num_steps=1", "--config.train.eval_every=1")
+  """A mixture-of-experts model (4 experts, top 2): the banner gives the total, the run's
+  HParams count, and, fewer, the parameters one token uses: the total less the routed experts'
+  gate, up and down weights ([E, D, F] each) a token skips, (E - top_k) / E of them."""
+  workdir = tmp_path / "moe"
+  lines = _run(workdir, *MOE, "--config.train.num_steps=1", "--config.train.eval_every=1")
   banner = next(x for x in lines if x.startswith("jaxrl_llm "))
   got = re.search(r"([\d.]+)M parameters \(([\d.]+)M active per token\)", banner)
   assert got and 0 < float(got[2]) < float(got[1]), banner
+  total = metrics.read_hparams(str(workdir))["hparams"]["params"]
+  assert got[1] == f"{total / 1e6:.3g}", (banner, total)
+  mc = json.loads((workdir / "config.json").read_text())["config"]["model"]
+  e, k, d, f = (mc[x] for x in ("moe_num_experts", "moe_top_k", "d_model", "moe_expert_mlp_dim"))
+  moe_layers = mc["num_layers"] // mc["moe_every"]  # every moe_every-th layer is MoE
+  skipped = moe_layers * 3 * e * d * f * (e - k) // e
+  assert got[2] == f"{(total - skipped) / 1e6:.3g}", (banner, total, skipped)
+
+
+def test_the_banner_gives_versions_backend_devices_processes_mesh_and_parameters(dense):
+  """The banner's values are the run's: this package's and JAX's versions, the backend, device
+  and process counts config.json records, one device's mesh, and the parameter count of the
+  run's HParams session (3 significant digits, in millions)."""
+  workdir, lines, again = dense
+  record = json.loads((workdir / "config.json").read_text())
+  params = metrics.read_hparams(str(workdir))["hparams"]["params"]
+  for shown in (lines, again):  # a relaunch shows the same banner
+    banners = [m for m in map(BANNER.fullmatch, shown) if m]
+    assert len(banners) == 1, shown[:3]
+    version, jax_version, platform, _, devices, processes, mesh, millions = banners[0].groups()
+    assert (version, jax_version) == (jaxrl_llm.__version__, jax.__version__)
+    assert (version, jax_version) == (record["jaxrl_llm"], record["jax"])
+    assert (platform, int(devices), int(processes)) == (
+      record["backend"],
+      record["devices"],
+      record["processes"],
+    )
+    assert int(devices) == 1 and mesh == "one device"
+    assert millions == f"{params / 1e6:.3g}" and params > 0
+
+
+def test_redirected_every_line_keeps_absls_prefix_naming_its_source(dense_raw):
+  """Redirected, each line of a run and of its relaunch keeps absl's prefix (level, time,
+  thread, source line): the banner and summary from record.py, progress lines from loop.py, the
+  final evaluation from main.py."""
+  _, lines, again = dense_raw
+  for raw in (lines, again):
+    assert raw and all(PREFIX.match(x) for x in raw if x.strip()), raw[:5]
+  source = {PREFIX.sub("", x): PREFIX.match(x)[1] for x in lines + again}
+  expected = {"jaxrl_llm ": "record.py", "step 2/4 ": "loop.py", "trained RL steps ": "record.py"}
+  expected |= {"already holds step 4": "loop.py", "final eval: ": "main.py"}
+  for start, file in expected.items():
+    files = {f for line, f in source.items() if start in line}
+    assert files == {file}, (start, files)
+
+
+def test_on_a_terminal_the_lines_are_bare_in_the_readmes_order(terminal):
+  """On a pseudo-terminal, lines with no absl prefix, once each and in order: the banner, the
+  objective and learner (the objective the run's HParams record, its resolved microbatches and
+  remat), the workdir, each compilation as it starts, the evaluations, a progress line per
+  update, and the summary with the RL loop's time apart from the (longer) whole wall time."""
+  workdir, lines, _ = terminal
+  order = [
+    BANNER.pattern, r"objective (\S+) \((.*)\) \| learner: (\d+) microbatch\(es\) per minibatch, "
+    r"remat (\S+)", r"workdir \S+ \| watch it: tensorboard --logdir \S+",
+    r"compiling the held-out evaluation ", r"eval step 0: accuracy ", r"compiling the RL step ",
+    r"RL step compiled; ", r"step 1/1000 ", r"step 2/1000 ", r"step 3/1000 ",
+    r"eval step 3: accuracy ", r"trained RL steps 0\.\.3 in (\S+) \(the RL loop; (\S+) wall time",
+    r"eval from step 0 to 3: ", r"checkpoints in \S+ \| events in \S+: ", r"final eval: eval/",
+  ]  # fmt: skip
+  found = [(i, re.match(p, x)) for x in lines for i, p in enumerate(order) if re.match(p, x)]
+  assert [i for i, _ in found] == list(range(len(order))), lines
+  assert not [x for x in lines if PREFIX.match(x)]
+  hparams = metrics.read_hparams(str(workdir))["hparams"]
+  name, shown, microbatches, remat = found[1][1].groups()
+  assert name == hparams["objective.name"]
+  shown = dict(x.split(" ", 1) for x in shown.split(", "))
+  for field in ("clip_low", "clip_high"):
+    assert float(shown[field]) == pytest.approx(hparams[f"objective.{field}"])
+  assert int(microbatches) == 1  # 8 rows of a few tokens fit rl.microbatch_tokens at once
+  assert remat == ("full" if hparams["params"] >= AUTO_REMAT_PARAMS else "none")  # rl.remat=auto
+  loop, wall = (_seconds(x) for x in found[11][1].groups())
+  assert loop <= wall
+
+
+def test_the_rl_step_compiling_and_its_first_update_are_announced_once(terminal):
+  """`compiling the RL step` comes before the first update, then `RL step compiled; first update
+  done in <s>s` once, before the first progress line and within the RL loop's time; a finished
+  workdir's relaunch compiles nothing and says neither."""
+  _, lines, again = terminal
+  compiling = [i for i, x in enumerate(lines) if x.startswith("compiling the RL step ")]
+  done = [(i, x) for i, x in enumerate(lines) if x.startswith("RL step compiled; ")]
+  first = next(i for i, x in enumerate(lines) if PROGRESS.match(x))
+  assert len(compiling) == 1 and len(done) == 1 and compiling[0] < done[0][0] < first
+  took = re.fullmatch(r"RL step compiled; first update done in (\d+\.\d)s", done[0][1])
+  assert took, done
+  loop = re.search(r"trained RL steps 0\.\.3 in (\S+) ", "\n".join(lines))
+  assert float(took[1]) <= _seconds(loop[1]) + 0.5  # the loop's time is rounded to the second
+  assert not [x for x in again if "compiling the RL step" in x or "RL step compiled" in x]
+
+
+def test_the_rate_and_eta_leave_the_compiling_update_out(terminal):
+  """Logging every update: step 1's line has no rate or ETA (its only interval is the compiling
+  one); later lines give a rate and the ETA of the 1000 steps' remainder at that rate (to the
+  rounding of each), and the percentage done."""
+  _, lines, _ = terminal
+  head = re.compile(r"step (\d+)/1000 \((\d+)%\) (\S+) steps/s ETA (\S+) \| ")
+  shown = [m.groups() for m in map(head.match, lines) if m]
+  assert [int(s) for s, *_ in shown] == [1, 2, 3], lines
+  assert shown[0][2:] == ("?", "?"), shown[0]
+  for step, pct, rate, eta in shown:
+    assert int(pct) == round(100 * int(step) / 1000)
+    if int(step) > 1:
+      left = (1000 - int(step)) / float(rate)
+      assert float(rate) > 0 and abs(_seconds(eta) - left) <= 0.5 + 0.01 * left, (step, rate, eta)
+
+
+def test_the_summary_rates_count_what_the_updates_after_the_first_generated(terminal):
+  """The summary's generated tokens/s over its steps/s is the mean number of tokens generated
+  per update after the first (compiling) one, as TensorBoard holds them; it trained steps 0..3,
+  the last step TensorBoard has."""
+  workdir, lines, _ = terminal
+  scalars = metrics.read_scalars(str(workdir))
+  trained = next(x for x in lines if x.startswith("trained RL steps "))
+  rates = re.search(
+    r"steps (\d+)\.\.(\d+) in .*\| (\S+) steps/s, (\S+) generated tokens/s ", trained
+  )
+  assert rates, trained
+  start, end, steps_s, tokens_s = rates.groups()
+  assert (int(start), int(end)) == (0, scalars["rollout/reward_mean"][-1][0]) == (0, 3)
+  tokens = dict(scalars["perf/generated_tokens"])
+  assert sorted(tokens) == [1, 2, 3]
+  mean = (tokens[2] + tokens[3]) / 2  # the first update's tokens are not in the rate
+  assert float(tokens_s) / float(steps_s) == pytest.approx(mean, rel=0.015), (trained, tokens)
+
+
+def test_with_debug_a_terminal_keeps_absls_prefix(terminal):
+  """With --debug, even on a (pseudo-)terminal each line keeps absl's prefix: the relaunch's
+  banner and workdir lines from record.py, its `already holds` line from loop.py, its final
+  evaluation from main.py, with the step it holds and each evaluation tag's last value."""
+  workdir, _, again = terminal
+  assert all(PREFIX.match(x) for x in again), again[:5]
+  source = {PREFIX.sub("", x): PREFIX.match(x)[1] for x in again}
+  expected = {"jaxrl_llm ": "record.py", f"workdir {workdir} | watch it: ": "record.py"}
+  expected |= {f"{workdir} already holds step 3 ": "loop.py", "final eval: eval/": "main.py"}
+  for start, file in expected.items():
+    assert [f for line, f in source.items() if line.startswith(start)] == [file], (start, again)
+  final = next(x for x in source if x.startswith("final eval: "))
+  evals = {k: v for k, v in metrics.read_scalars(str(workdir)).items() if k.startswith("eval/")}
+  assert evals and {v[-1][0] for v in evals.values()} == {3}
+  shown = dict(x.split("=") for x in final.split(";")[0].removeprefix("final eval: ").split())
+  assert shown == {k: f"{v[-1][1]:.4g}" for k, v in evals.items()}, final
