@@ -3,6 +3,7 @@
 `tools/decode_copies.py` (the sampler alone and packed: seconds and KV-cache copies)."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -29,7 +30,8 @@ def _tool(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
 def test_soak_samples_the_trainers_host_memory_over_its_steps(tmp_path):
   """`tools/soak.py --steps=N -- <overrides>` runs the trainer in the given workdir and prints
   one JSON object: its exit status, the RSS at the first logged step, at each quarter and at the
-  end, the largest seen (at least each of those) and the growth (end - first)."""
+  end, the largest seen (at least each of those; MiB, so below the machine's memory) and the
+  growth (end - first)."""
   proc = _tool(
     "tools/soak.py", "--steps=8", "--interval_s=0.2", f"--workdir={tmp_path / 'run'}", "--", *TINY
   )
@@ -39,6 +41,7 @@ def test_soak_samples_the_trainers_host_memory_over_its_steps(tmp_path):
   quarters, first, end = got["rss_mib_quarters"], got["rss_mib_first_step"], got["rss_mib_end"]
   assert len(quarters) == 4 and first > 50 and end > 50  # a Python process with JAX: > 50 MiB
   assert got["rss_mib_max"] >= max(first, end, *quarters)
+  assert got["rss_mib_max"] < os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**20
   assert got["growth_mib"] == pytest.approx(end - first, abs=0.11)
   assert (tmp_path / "run" / "checkpoints" / "8").is_dir()  # the trainer ran to its end
 
@@ -69,6 +72,58 @@ def test_trace_summary_lists_a_real_traces_top_kernels(tmp_path):
     f"error: no perfetto_trace.json.gz under {tmp_path / 'none'} (make one with "
     "tools/bench.py --profile_dir=DIR)"
   ]
+
+
+def _trace(root, fn, x) -> str:
+  """Traces three calls of `fn(x)` (compiled before) into `root`; returns its perfetto trace."""
+  fn(x).block_until_ready()
+  with jax.profiler.trace(str(root), create_perfetto_trace=True):
+    for _ in range(3):
+      fn(x).block_until_ready()
+  (path,) = [str(p) for p in root.rglob("*perfetto_trace.json.gz")]
+  return path
+
+
+def test_trace_summary_reads_the_newest_trace_under_the_directory(tmp_path):
+  """With two traces under DIR, `tools/trace_summary.py DIR` summarises the one written last
+  (by modification time, not by path order): its program is listed, the other's is not."""
+
+  def in_the_newer_trace(x):
+    return jnp.cos(x @ x).sum()
+
+  def in_the_older_trace(x):
+    return jnp.tanh(x + 1).max()
+
+  x = jnp.ones((64, 64))
+  newer = _trace(tmp_path / "a", jax.jit(in_the_newer_trace), x)
+  older = _trace(tmp_path / "b", jax.jit(in_the_older_trace), x)  # "b" after "a", written later
+  os.utime(older, (os.path.getmtime(newer) - 60,) * 2)  # but older by its modification time
+  proc = _tool("tools/trace_summary.py", str(tmp_path), "--device=CPU", "--top=100000")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  kernels = " ".join(r["kernel"] for r in json.loads(proc.stdout)["top"])
+  assert "in_the_newer_trace" in kernels and "in_the_older_trace" not in kernels, kernels[:3000]
+
+
+def test_trace_summary_of_the_benchs_profiled_warm_step(tmp_path):
+  """The README's chain: `tools/bench.py --shape=tiny --profile_dir=DIR` then
+  `tools/trace_summary.py DIR`: the trace holds the fused step; with every kernel listed the
+  shares add up to 1 and the times to the busy time; the default --top=15 is the 15 largest."""
+  bench = _tool(
+    "tools/bench.py", "--shape=tiny", "--steps=1", f"--profile_dir={tmp_path}", timeout=600
+  )
+  assert bench.returncode == 0, bench.stderr[-3000:]
+  assert json.loads(bench.stdout)["shape"] == "tiny"
+  full = _tool("tools/trace_summary.py", str(tmp_path), "--device=CPU", "--top=100000")
+  assert full.returncode == 0, full.stderr[-2000:]
+  got = json.loads(full.stdout)
+  rows = got["top"]
+  assert got["processes"] == ["/host:CPU"] and len(rows) > 15
+  assert any("fused_step" in r["kernel"] for r in rows), [r["kernel"] for r in rows[:50]]
+  assert sum(r["share"] for r in rows) == pytest.approx(1.0)
+  assert sum(r["ms"] for r in rows) == pytest.approx(got["busy_ms"])
+  assert len({r["kernel"] for r in rows}) == len(rows)
+  top15 = json.loads(_tool("tools/trace_summary.py", str(tmp_path), "--device=CPU").stdout)
+  assert top15["top"] == rows[:15] and top15["busy_ms"] == got["busy_ms"]
 
 
 @pytest.mark.slow
