@@ -126,6 +126,27 @@ def test_trace_summary_of_the_benchs_profiled_warm_step(tmp_path):
   assert top15["top"] == rows[:15] and top15["busy_ms"] == got["busy_ms"]
 
 
+def test_trace_summary_of_the_trainers_profiled_steps(tmp_path):
+  """`--config.train.profile_steps=2` traces updates 2 and 3 (after the compiling one) into the
+  workdir; `tools/trace_summary.py <workdir>` reads that trace: the RL update ran twice in it
+  (its jitted `fused_step`), and the run went on to its end."""
+  run = tmp_path / "run"
+  args = (*TINY, "--config.train.num_steps=4", "--config.train.profile_steps=2")
+  proc = _tool("-m", "jaxrl_llm.main", "--config=configs/default.py", f"--workdir={run}", *args)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "profiled steps 2..3" in proc.stderr
+  (folder,) = (run / "plugins" / "profile").iterdir()
+  assert {p.name for p in folder.glob("*perfetto_trace.json.gz")} == {"perfetto_trace.json.gz"}
+  got = _tool("tools/trace_summary.py", str(run), "--device=CPU", "--top=100000")
+  assert got.returncode == 0, got.stderr[-2000:]
+  rows = json.loads(got.stdout)["top"]
+  counts = {r["kernel"]: r["count"] for r in rows}
+  assert any("fused_step" in k for k in counts), list(counts)[:40]
+  (calls,) = [n for k, n in counts.items() if k.endswith(" rl_step")]  # the Python call
+  assert calls == 2
+  assert (run / "checkpoints" / "4").is_dir()
+
+
 @pytest.mark.slow
 def test_decode_copies_finds_no_cache_copy_in_the_scanned_bf16_sampler_alone_or_packed():
   """`tools/decode_copies.py --scan_layers --dtype=bfloat16` (the README's row): one JSON object

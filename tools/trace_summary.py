@@ -4,9 +4,13 @@
 
 Reads the newest `perfetto_trace.json.gz` under DIR (written by
 `jax.profiler.trace(DIR, create_perfetto_trace=True)`; `tools/bench.py --profile_dir=DIR`
-makes one of a warm fused step) and prints one JSON object: the device's busy time, the span
+makes one of a warm fused step; the trainer's `--config.train.profile_steps=N` one of N RL updates in
+its local workdir) and prints one JSON object: the device's busy time, the span
 from its first to its last kernel, and the kernels with the most total time, each with its
-count and share of the busy time. The same trace opens in TensorBoard's profile plugin.
+count and share of the busy time. The same trace opens in TensorBoard's profile plugin. Busy time is
+the sum over the listed processes' events: where they overlap (several devices or streams, or on
+the CPU a program's event around the ops it runs) it can exceed the span, and a share is a share
+of that sum, not of the wall time.
 """
 
 from __future__ import annotations

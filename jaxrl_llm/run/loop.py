@@ -154,7 +154,8 @@ class Logger:
 
 class Profiler:
   """A jax.profiler trace of `train.profile_steps` updates after the compiling one, into
-  `<workdir>/plugins/profile` (TensorBoard's Profile tab)."""
+  `<workdir>/plugins/profile` (TensorBoard's Profile tab); in a local workdir also as
+  `perfetto_trace.json.gz` beside it, which `tools/trace_summary.py <workdir>` reads."""
 
   def __init__(self, steps: int, start: int, end: int, workdir: str):
     self.steps, self.start, self.end, self.workdir = steps, start, end, workdir
@@ -163,7 +164,8 @@ class Profiler:
   def before(self, step: int) -> None:
     """Starts the trace before the first update after the compiling one."""
     if self.steps and step == self.start + 1 and jax.process_index() == 0:
-      jax.profiler.start_trace(self.workdir)
+      perfetto = not paths.is_remote(self.workdir)  # JAX writes that file with pathlib only
+      jax.profiler.start_trace(self.workdir, create_perfetto_trace=perfetto)
       self.active = True
 
   def after(self, done: int, state) -> None:
