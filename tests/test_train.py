@@ -1,7 +1,5 @@
 """End-to-end trainer: TensorBoard tags, resume determinism, compile-once, sharded == single device."""
 
-import os
-import re
 import subprocess
 import sys
 
@@ -275,34 +273,3 @@ def test_the_run_records_its_config_once(tmp_path):
     "config.json",
     "config.resume-2.json",
   ]
-
-
-def test_on_a_terminal_the_log_lines_have_no_prefix(tmp_path):
-  """Under a pseudo-terminal the progress lines, the banner and the summary print bare (the
-  `I1124 18:35:15.886093 140514125208448 loop.py:141]` prefix is for log files: a redirected
-  run keeps it, `test_cli_runs_and_writes_checkpoint`)."""
-  import pty
-  import select
-
-  master, slave = pty.openpty()
-  cmd = [sys.executable, "-m", "jaxrl_llm.main", "--config=configs/default.py"]
-  cmd += [f"--workdir={tmp_path}", "--config.train.num_steps=2", "--config.sft.steps=0"]
-  cmd += ["--config.train.log_every=1", "--config.rl.num_prompts=4", "--config.task.eval_size=8"]
-  env = cli_env("JAX_PLATFORMS")
-  proc = subprocess.Popen(cmd, stdout=slave, stderr=slave, cwd=REPO, env=env)
-  os.close(slave)
-  out = b""
-  while select.select([master], [], [], 300)[0]:
-    try:
-      chunk = os.read(master, 4096)
-    except OSError:  # the terminal closed: the process ended
-      break
-    if not chunk:
-      break
-    out += chunk
-  assert proc.wait(timeout=60) == 0, out.decode()[-3000:]
-  lines = [line for line in out.decode().splitlines() if line.strip()]
-  assert lines[0].startswith("jaxrl_llm ") and " | JAX " in lines[0], lines[:3]
-  assert any(line.startswith("step 2/2 (100%)") for line in lines), lines
-  assert lines[-1].startswith("final eval: eval/accuracy=")
-  assert not [line for line in lines if re.match(r"[IWE]\d{4} ", line)]
