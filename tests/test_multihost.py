@@ -173,6 +173,44 @@ def test_several_processes_equal_one_process_and_resume_after_a_kill(tmp_path, p
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+def test_two_processes_train_in_a_bucket_and_resume_from_it_as_in_a_local_workdir(tmp_path):
+  """`gs://` and `--distributed` together (an emulated bucket): 2 processes x 4 devices write
+  config.json, one event file per launch (process 0's) and checksummed checkpoints there; the
+  relaunch resumes from the bucket's step 2, and its updates 3-4 are those of the same run
+  uninterrupted in a local workdir (which they can only be if step 2 was restored exactly)."""
+  pytest.importorskip("gcsfs")
+  pytest.importorskip("gcp_storage_emulator")
+  from gcs_emulator import GcsEmulator
+
+  from jaxrl_llm import paths
+
+  run = {"train.num_steps": 4, "train.checkpoint_every": 2}
+  config = _config_file(tmp_path, run)
+  rc, out = _launch(2, config, tmp_path / "local")
+  assert rc == 0, _why(out)
+  with GcsEmulator("bucket") as gcs:
+    workdir = gcs.url("run")
+    rc, out = _launch(2, config, workdir, "--config.train.stop_after_steps=2")
+    assert rc == 0, _why(out)
+    rc, out = _launch(2, config, workdir)
+    assert rc == 0 and "resumed from" in out, _why(out)
+    names = {p.name for p in paths.listdir(workdir)}
+    steps = sorted(int(p.name) for p in paths.listdir(paths.join(workdir, "checkpoints")))
+    for step in steps:
+      step_dir = paths.join(workdir, "checkpoints", str(step))
+      assert paths.exists(paths.join(step_dir, "checksums.json"))
+      assert checkpoint.verify_manifest(step_dir) is None
+    bucket = metrics.read_scalars(workdir)
+  assert steps == [2, 4] and "config.json" in names
+  assert len([n for n in names if n.startswith("events.")]) == 2  # one per launch
+  local = metrics.read_scalars(str(tmp_path / "local"))
+  for key in COMPARED:
+    assert [s for s, _ in bucket[key]] == [1, 2, 3, 4], key
+    np.testing.assert_allclose(
+      [v for _, v in bucket[key]], [v for _, v in local[key]], rtol=1e-6, err_msg=key
+    )
+
+
 SKEWED = """
 import os, sys, time
 import jax, jax.numpy as jnp, numpy as np
