@@ -118,3 +118,21 @@ def test_mesh_config_errors_name_the_fields():
   config = tiny_config(**{"mesh.data": 2, "mesh.fsdp": 2, "rl.num_prompts": 6})
   with pytest.raises(ConfigError, match=r"mesh.data x mesh.fsdp x mesh.expert = 2 x 2 x 1"):
     validate(config, num_devices=8)
+
+
+def test_a_mesh_of_fewer_devices_than_present_uses_the_first_and_says_so(caplog):
+  """`mesh.data=2` on 8 devices: the mesh holds the first 2 (a warning names 2 of 8), the state
+  lives on those 2 only, and the update runs there with the metrics of the same update on
+  `mesh.data=-1` (all 8: the same rows, split finer)."""
+  with caplog.at_level("WARNING"):
+    mesh = sharding.make_mesh(data=2)
+  assert list(mesh.devices.flat) == jax.devices()[:2]
+  assert "mesh uses 2 of the 8 devices" in caplog.text
+  exp = build(tiny_config(**{"mesh.data": 2}))
+  assert {d for leaf in jax.tree.leaves(exp.state) for d in leaf.devices()} == set(
+    jax.devices()[:2]
+  )
+  _, two = run_steps(tiny_config(**{"mesh.data": 2}))
+  _, every = run_steps(tiny_config())
+  for key in ("policy/loss", "optim/grad_norm", "rollout/reward_mean"):
+    np.testing.assert_allclose(two[0][key], every[0][key], rtol=2e-5, atol=1e-6, err_msg=key)
