@@ -16,10 +16,28 @@ import functools
 import json
 import re
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-  from jaxrl_llm.data.tokenizers import HFTokenizer
+
+class ChatTokenizer(Protocol):
+  """What the chat templates use of a tokenizer (``tokenizers.HFTokenizer`` is one)."""
+
+  source: str
+  chat_template: str | None
+  special_tokens: tuple[str, ...]
+
+  def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], **kwargs) -> str:
+    """``messages`` rendered with the tokenizer's chat template."""
+
+  def find_special_tokens(self, text: str) -> list[str]:
+    """The special-token strings in ``text``, in order."""
+
+  def split_at_special_tokens(self, text: str) -> list[str]:
+    """``[text, special, text, ...]``: ``text`` split around its special tokens."""
+
+  def replace_special_tokens(self, text: str, fn) -> str:
+    """``text`` with each special token ``t`` replaced by ``fn(t)``."""
+
 
 # ---- chat templates ---------------------------------------------------------------------------
 
@@ -145,7 +163,7 @@ def render_prompt(
   question: str,
   template_name: str,
   *,
-  tokenizer: HFTokenizer | None = None,
+  tokenizer: ChatTokenizer | None = None,
   system: str | None = None,
 ) -> str:
   """Prompt text for ``question`` under the named template (see ``PROMPT_TEMPLATES``).
@@ -182,7 +200,7 @@ def render_prompt_parts(
   question: str,
   template_name: str,
   *,
-  tokenizer: HFTokenizer | None = None,
+  tokenizer: ChatTokenizer | None = None,
   system: str | None = None,
 ) -> list[str]:
   """``render_prompt`` split around the control tokens the template itself writes.
