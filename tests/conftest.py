@@ -1,5 +1,7 @@
 """Test fixtures: 8 fake CPU devices, a tiny model config and a small experiment config."""
 
+import collections
+import contextlib
 import os
 import signal
 import tempfile
@@ -37,6 +39,26 @@ def cli_env(*drop: str) -> dict[str, str]:
     f for f in env.get("XLA_FLAGS", "").split() if "host_platform_device_count" not in f
   )
   return env
+
+
+@contextlib.contextmanager
+def lowerings():
+  """Counts the programs lowered while inside, by name (`jit(fused_step)`): JAX lowers a
+  program for every compile (the persistent cache's hits included), so a step called again
+  with nothing lowered did not compile again, whatever JAX's dispatch caches hold."""
+  import jax
+
+  counts = collections.Counter()
+
+  def listen(event, duration, **kwargs):
+    if event == "/jax/core/compile/jaxpr_to_mlir_module_duration":
+      counts[kwargs.get("fun_name")] += 1
+
+  jax.monitoring.register_event_duration_secs_listener(listen)
+  try:
+    yield counts
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listen)
 
 
 def default_sigint() -> None:
