@@ -1,5 +1,12 @@
 """Tests for the TensorBoard writer: real event files, read back with tensorboard's own code."""
 
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -120,20 +127,29 @@ def test_second_writer_appends_a_new_file(tmp_path):
   assert metrics.read_tags(tmp_path)["plugins"]["text"] == ["t"]
 
 
+def _relaunched_from_step_2(logdir) -> None:
+  """A launch that logged steps 1-4 and an evaluation at 3 (committing 2), then one relaunched
+  from 2 logging 3-4 and no evaluation."""
+  with metrics.SummaryWriter(logdir) as writer:
+    writer.restart(1)
+    writer.scalars(0, {"eval/accuracy": 0.0})
+    for step in range(1, 5):
+      writer.scalars(step, {"rollout/reward_mean": float(step)})
+      if step == 3:  # an evaluation the relaunch does not make again (its eval_every changed)
+        writer.scalars(step, {"eval/accuracy": 0.5})
+  time.sleep(1.1)  # the second launch's event file is named by a later second, as a relaunch's
+  with metrics.SummaryWriter(logdir) as writer:
+    writer.restart(3)
+    for step in (3, 4):
+      writer.scalars(step, {"rollout/reward_mean": 10.0 * step})
+
+
 def test_a_relaunch_from_an_older_step_replaces_what_the_last_launch_logged_past_it(tmp_path):
   """A launch killed after logging steps 1-4 but committing only step 2 is relaunched from 2
   and logs 3-4 again: the restart mark at step 3 makes TensorBoard's loaders (the dashboards'
   and the one `read_scalars` and the tools use) keep steps 1-2 of the first launch and 3-4 of
   the second, each once (they showed both copies of 3 and 4)."""
-  with metrics.SummaryWriter(tmp_path) as writer:
-    writer.restart(1)
-    writer.scalars(0, {"eval/accuracy": 0.0})
-    for step in range(1, 5):
-      writer.scalars(step, {"rollout/reward_mean": float(step)})
-  with metrics.SummaryWriter(tmp_path) as writer:
-    writer.restart(3)
-    for step in (3, 4):
-      writer.scalars(step, {"rollout/reward_mean": 10.0 * step})
+  _relaunched_from_step_2(tmp_path)
   kept = [(0, 0.0)], [(1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0)]
   assert metrics.read_scalars(tmp_path) == {
     "eval/accuracy": kept[0],
@@ -144,6 +160,57 @@ def test_a_relaunch_from_an_older_step_replaces_what_the_last_launch_logged_past
     context.RequestContext(), "rollout/reward_mean", ".", "", output_format="json"
   )
   assert [(s, v) for _, s, v in body] == kept[1]
+
+
+# What each TensorBoard loader shows of the relaunched run: the Python one (`--load_fast=false`)
+# honours the restart mark for every series; the Rust data server (`true`, and `auto` where it
+# runs) drops a step only in the series the relaunch logs again (by its steps going back).
+SERVED = {
+  "false": [(0, 0.0)],
+  "true": [(0, 0.0), (3, 0.5)],
+  "auto": [(0, 0.0), (3, 0.5)],
+}
+
+
+@pytest.mark.parametrize("load_fast", sorted(SERVED))
+def test_tensorboard_serves_a_relaunched_run_each_step_once(tmp_path, load_fast):
+  """`tensorboard --logdir` (the real server, read over HTTP) on the relaunched run of the test
+  above, by each loader: steps 1-2 of the first launch and 3-4 of the second, each once. The
+  first launch's evaluation at step 3, which the relaunch did not make again, is dropped by the
+  Python loader and kept by the fast one (the README says so)."""
+  _relaunched_from_step_2(tmp_path / "run")
+  with socket.socket() as sock:
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+  cmd = [
+    sys.executable,
+    "-m",
+    "tensorboard.main",
+    f"--logdir={tmp_path}",
+    f"--load_fast={load_fast}",
+  ]
+  cmd += ["--host=127.0.0.1", f"--port={port}", "--reload_interval=1"]
+  server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  url = f"http://127.0.0.1:{port}/data/plugin/scalars/scalars?run=run&tag="
+  got, deadline = {}, time.monotonic() + 120
+  try:
+    while len(got.get("rollout/reward_mean", [])) < 4:  # until the data server has loaded it
+      assert server.poll() is None, server.stderr.read()[-2000:]
+      assert time.monotonic() < deadline, got
+      time.sleep(0.5)
+      for tag in ("rollout/reward_mean", "eval/accuracy"):
+        try:
+          with urllib.request.urlopen(url + tag, timeout=5) as response:
+            got[tag] = [(step, value) for _, step, value in json.loads(response.read())]
+        except (OSError, ValueError):
+          got[tag] = []
+  finally:
+    server.terminate()
+    server.wait(timeout=30)
+  assert got == {
+    "rollout/reward_mean": [(1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0)],
+    "eval/accuracy": SERVED[load_fast],
+  }
 
 
 def test_non_scalar_metric_is_rejected(tmp_path):
