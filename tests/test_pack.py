@@ -175,19 +175,10 @@ def test_stacking_unstacking_and_the_reference_copy_each_run_as_one_program():
   pack = build_pack(_configs(**{"mesh.runs": 2, "kl.beta": 0.05}))
   shardings = pack.exp.state_shardings
   jax.clear_caches()  # every program below compiles here, once per distinct program
-  compiled = []
-
-  def listen(event, duration, **kwargs):
-    if event == "/jax/core/compile/backend_compile_duration":
-      compiled.append(kwargs.get("fun_name"))
-
-  jax.monitoring.register_event_duration_secs_listener(listen)
-  try:
+  with lowerings() as compiled:
     states = [unstack(pack.state, r, shardings) for r in range(pack.size)]
     state = init_reference(pack.stacked(states), 0.05)
-  finally:
-    jax.monitoring.unregister_event_duration_listener(listen)
-  assert sorted(compiled) == ["jit(_copies)", "jit(_stack)", "jit(_unstack)"]
+  assert sorted(compiled.elements()) == ["jit(_copies)", "jit(_stack)", "jit(_unstack)"]
   for ref, params in zip(jax.tree.leaves(state.ref_params), jax.tree.leaves(pack.state.params)):
     np.testing.assert_array_equal(jax.device_get(ref), jax.device_get(params))
 
