@@ -47,7 +47,10 @@ def test_prompt_files_take_correct_and_host_verifiers_as_reward_terms():
   with pytest.raises(ConfigError) as err:
     parse(config)
   assert "task.reward_weights names 'format', which is not a host verifier" in str(err.value)
-  assert "correct (= data.correct_term), gsm8k_correct" in str(err.value)
+  assert (
+    "correct (= data.correct_term), answer_line_correct, answer_line_format, gsm8k_correct"
+    in str(err.value)
+  )
   config.task.reward_weights = {"correct": 1.0, "math_format_boxed": 0.5}
   assert parse(config).uses_files
 

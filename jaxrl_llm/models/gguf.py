@@ -54,15 +54,28 @@ def _reader(path: str):
   if not os.path.isfile(path):
     raise GGUFError(f"{path}: no such file")
   size = os.path.getsize(path)
+
+  class Truncated(Exception):
+    pass
+
+  class Reader(gguf.GGUFReader):
+    # gguf's reader slices its memory map, so a cut file fails later (a reshape, an index) with
+    # an error that does not say why: every read past the end is caught here instead.
+    def _get(self, offset, dtype, count=1, override_order=None):
+      end = int(offset) + np.dtype(dtype).itemsize * int(count)
+      if end > size:
+        raise Truncated(end)
+      return super()._get(offset, dtype, count, override_order)
+
   try:
-    reader = gguf.GGUFReader(path, "r")
-  except Exception as e:  # the reader raises ValueError, IndexError, ... on bad bytes
-    raise GGUFError(f"{path}: not a complete GGUF file ({type(e).__name__}: {e})") from None
-  end = max((t.data_offset + t.n_bytes for t in reader.tensors), default=0)
-  if end > size:
+    reader = Reader(path, "r")
+  except Truncated as e:
     raise GGUFError(
-      f"{path}: truncated: its tensors end at byte {end:,} but the file holds {size:,} bytes"
-    )
+      f"{path}: truncated: it needs {e.args[0]:,} bytes but the file holds {size:,} bytes"
+    ) from None
+  except Exception as e:  # the reader raises ValueError, IndexError, ... on bad bytes
+    msg = " ".join(str(e).split())
+    raise GGUFError(f"{path}: not a complete GGUF file ({type(e).__name__}: {msg})") from None
   return reader
 
 
@@ -113,8 +126,8 @@ def _metadata(reader, path: str) -> dict[str, Any]:
     "mlp_bias": False,
     **{
       f"{k}_token_id": int(v)
-      for k in ("bos", "eos", "pad")
-      if (v := _field(reader, f"tokenizer.ggml.{k}_token_id")) is not None
+      for k, key in (("bos", "bos"), ("eos", "eos"), ("pad", "padding"))
+      if (v := _field(reader, f"tokenizer.ggml.{key}_token_id")) is not None
     },
   }
 
@@ -265,7 +278,8 @@ def _check_template(config: Mapping[str, Any], path: str) -> None:
         eos_token=config.get("eos_token", ""),
       )
   except Exception as e:  # a template may raise anything while it renders
-    raise GGUFError(f"{path}: tokenizer.chat_template cannot be rendered: {e}") from None
+    msg = " ".join(str(e).split())  # one line, whatever the template raised
+    raise GGUFError(f"{path}: tokenizer.chat_template cannot be rendered: {msg}") from None
 
 
 def import_gguf(path: str | os.PathLike, out_dir: str | os.PathLike, *, dtype: str = "float32"):

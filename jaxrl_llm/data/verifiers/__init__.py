@@ -21,6 +21,8 @@ from jaxrl_llm.data.verifiers.math import (
 )
 from jaxrl_llm.data.verifiers.rewards import (
   RewardFn,
+  answer_line_correct,
+  answer_line_format,
   correctness_reward,
   format_reward,
   gsm8k_correct,
@@ -44,6 +46,8 @@ REWARD_FNS: dict[str, RewardFn] = {
   "math_format_boxed": math_format_boxed,
   "think_format": think_format,
   "gsm8k_format": gsm8k_format,
+  "answer_line_correct": answer_line_correct,
+  "answer_line_format": answer_line_format,
 }
 
 
@@ -80,6 +84,8 @@ __all__ = [
   "NEEDS_PACKAGE",
   "REWARD_FNS",
   "RewardFn",
+  "answer_line_correct",
+  "answer_line_format",
   "brace_depth",
   "correctness_reward",
   "extract_answer",

@@ -147,6 +147,47 @@ def gsm8k_format(completion: str, reference: str | None = None) -> float:
   return format_reward(completion, template="gsm8k")
 
 
+# An `Answer: N` line (the arithmetic task's format, `jaxrl_llm.data.arith`): the whole line is
+# "Answer:" and an integer (thousands commas allowed), optionally wrapped in `**` or backticks
+# ("**Answer:** 12", "**Answer: 12**", "`Answer: 12`") and ending in a period. `[ \t]` (never
+# `\s`) keeps a match on one line, and no two space runs are adjacent, so a scan is linear.
+_ANSWER_LINE_RE = re.compile(
+  r"^[ \t]*(?:(?:\*\*|`)[ \t]*)?answer[ \t]*(?:\*\*[ \t]*)?:[ \t]*(?:\*\*[ \t]*)?"
+  r"(?P<num>-?(?:\d{1,3}(?:,\d{3})+|\d+))(?![\d,])[ \t]*(?:(?:\*\*|`)[ \t]*)?(?:\.[ \t]*)?$",
+  re.IGNORECASE | re.MULTILINE,
+)
+
+
+def answer_line_correct(completion: str, reference: str) -> float:
+  """1.0 when the last `Answer: N` line of `completion` holds the reference integer, else 0.0.
+
+  `N` is an integer, with or without thousands commas ("Answer: 1,234"), and the line may be
+  wrapped in `**` or backticks and end in a period; a line with other text ("Answer: 12
+  apples") is no answer line. A completion over `MAX_TEXT_CHARS` scores 0.0 unread.
+  """
+  if len(completion) > vmath.MAX_TEXT_CHARS:
+    return 0.0
+  last = None
+  for m in _ANSWER_LINE_RE.finditer(completion):
+    last = m
+  if last is None:
+    return 0.0
+  pred = last["num"].replace(",", "")
+  return float(vmath.is_equivalent(pred, reference_answer(reference)))
+
+
+def answer_line_format(completion: str, reference: str | None = None) -> float:
+  """1.0 when `completion` has exactly one `Answer: N` line (see `answer_line_correct`) and
+  it is the last non-empty line, else 0.0; `reference` is ignored."""
+  del reference
+  if len(completion) > vmath.MAX_TEXT_CHARS:
+    return 0.0
+  found = list(itertools.islice(_ANSWER_LINE_RE.finditer(completion), 2))
+  if len(found) != 1:
+    return 0.0
+  return float(not completion[found[0].end() :].strip())
+
+
 # ---------------------------------------------------------------------------------------------
 # Batch scoring
 # ---------------------------------------------------------------------------------------------

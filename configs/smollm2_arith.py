@@ -1,0 +1,70 @@
+"""GRPO on arithmetic word problems from SmolLM2-135M-Instruct, a real pretrained chat model.
+
+Get the model and the data first (93 MB download, 540 MB on disk, about a minute):
+
+  python tools/get_smollm2.py
+  python -m jaxrl_llm.main --config=configs/smollm2_arith.py --workdir=/tmp/smollm2
+
+The problems (`jaxrl_llm/data/arith.py`) are two- and three-operand + − × word problems with
+numbers up to three digits, in several phrasings, held out by operands; the prompt asks for a
+final `Answer: N` line, which `answer_line_correct` checks and `answer_line_format` rewards a
+little on its own. No trivial answer (a constant, an operand echoed back, the first two combined)
+scores 2% on the held-out split (`trivial.json` beside the data).
+
+Settings (`--config=configs/smollm2_arith.py:SETTING`):
+  lora  (default) rank-16 adapters on every projection, 16 rows × 64 new tokens an update:
+        about 10 minutes on a 2-core CPU (40 updates, evaluations at 0, 20 and 40);
+  full  every parameter trained, bfloat16 compute, 256 rows an update, 200 updates: a GPU run.
+The model and data paths follow `$JAXRL_LLM_CACHE` (default ~/.cache/jaxrl_llm), as the script.
+"""
+
+import os
+
+import ml_collections
+
+from jaxrl_llm import recipes
+from jaxrl_llm.models import pretrained
+
+SETTINGS = ("lora", "full")
+
+
+def get_config(setting: str = "lora"):
+  """GRPO + SmolLM2-135M-Instruct + arithmetic word problems at `setting` (lora | full)."""
+  if setting not in SETTINGS:
+    raise ValueError(f"configs/smollm2_arith.py:{setting}: the settings are {' | '.join(SETTINGS)}")
+  data = os.path.join(pretrained.cache_dir(), "arith")
+  c = recipes.get_config("grpo")
+  c.model.checkpoint = pretrained.model_dir()  # written by tools/get_smollm2.py
+  c.data.train_files = os.path.join(data, "train.jsonl")
+  c.data.eval_files = os.path.join(data, "eval.jsonl")
+  c.data.template = "chat"  # the model's ChatML template around the problem
+  c.data.prompt_len = 128
+  c.data.correct_term = "answer_line_correct"
+  c.task.reward_weights = ml_collections.ConfigDict(
+    {"answer_line_correct": 1.0, "answer_line_format": 0.1}
+  )
+  c.sampling.temperature = 1.0
+  c.sampling.group_size = 8
+  c.sampling.max_new_tokens = 64
+  c.sft.steps = 0
+  c.kl.beta = 0.0
+  c.rl.num_minibatches = 1  # one update per rollout: on-policy, no separate old-policy pass
+  c.optim.warmup_steps = 0
+  c.optim.decay_to = 1.0
+  c.optim.weight_decay = 0.0
+  c.train.log_every = 1
+  c.train.pass_k = 1
+  if setting == "lora":
+    c.model.lora_rank = 16
+    c.model.lora_alpha = 32.0
+    c.optim.learning_rate = 5e-5
+    c.rl.num_prompts = 2
+    c.task.eval_size = 64
+    c.train.num_steps, c.train.eval_every, c.train.checkpoint_every = 40, 20, 20
+  else:
+    c.model.dtype = "bfloat16"  # compute dtype; log-probs and log-ratios stay float32
+    c.optim.learning_rate = 2e-6
+    c.rl.num_prompts = 32
+    c.task.eval_size = 500
+    c.train.num_steps, c.train.eval_every, c.train.checkpoint_every = 200, 20, 100
+  return c

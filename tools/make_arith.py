@@ -1,0 +1,72 @@
+"""Writes the arithmetic word-problem dataset (`jaxrl_llm.data.arith`) as prompt files.
+
+  python tools/make_arith.py OUT_DIR [--n_train=20000] [--n_eval=500] [--seed=0]
+
+Writes OUT_DIR/train.jsonl, OUT_DIR/eval.jsonl (records with `prompt` and `answer` fields, for
+`--config.data.train_files` / `--config.data.eval_files` with
+`--config.data.correct_term=answer_line_correct`) and OUT_DIR/trivial.json, the held-out accuracy
+of trivial answers, which it also prints as JSON. Bad arguments end with one line on stderr,
+`error: <what is wrong>`, and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+EXIT_BAD_INPUT = 2
+
+
+class ArgError(Exception):
+  """A bad command line (reported as one `error:` line, exit code 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+  def error(self, message):
+    raise ArgError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+  """The command line: OUT_DIR and the split sizes and seed."""
+  p = _Parser(prog="make_arith.py", description=__doc__.split("\n", 1)[0])
+  p.add_argument("out_dir", help="directory for train.jsonl, eval.jsonl and trivial.json")
+  p.add_argument("--n_train", type=int, default=20000, help="training problems (default 20000)")
+  p.add_argument("--n_eval", type=int, default=500, help="held-out problems (default 500)")
+  p.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
+  return p
+
+
+def main(argv=None) -> dict:
+  """Parses the arguments and writes the splits; returns `arith.write_splits`'s summary."""
+  args = build_parser().parse_args(argv)
+  if args.n_train < 0 or args.n_eval < 1:
+    raise ArgError(
+      f"--n_train={args.n_train} --n_eval={args.n_eval}: need n_train >= 0, n_eval >= 1"
+    )
+  if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
+    raise ArgError(f"{args.out_dir}: exists and is not a directory")
+  from jaxrl_llm.data import arith
+
+  return arith.write_splits(args.out_dir, n_train=args.n_train, n_eval=args.n_eval, seed=args.seed)
+
+
+def cli(argv=None) -> int:
+  """Runs `main` and prints the trivial-answer table; a bad argument prints one `error:` line
+  to stderr and returns exit code 2."""
+  try:
+    summary = main(sys.argv[1:] if argv is None else list(argv))
+  except (ArgError, OSError, ValueError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+  print(json.dumps(summary["baselines"], indent=2))
+  print(f"wrote {summary['n_train']} train and {summary['n_eval']} eval problems to "
+        f"{os.path.dirname(summary['train']) or '.'}", file=sys.stderr)  # fmt: skip
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(cli())
