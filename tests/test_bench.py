@@ -174,7 +174,12 @@ def test_device_limits_come_from_the_table_or_the_flags():
   assert bench.device_limits("gpu", "Unknown Accelerator")["peak_flops"] is None
 
 
-@pytest.mark.parametrize("shape", bench.SHAPE_NAMES)
+# The shapes of random-init models (smollm2-135m reads a fetched checkpoint: its own tests).
+RANDOM_INIT_SHAPES = [n for n in bench.SHAPE_NAMES if "model.checkpoint" not in bench._shapes()[n]]
+HF_FIXTURES = REPO / "tests" / "fixtures" / "hf"
+
+
+@pytest.mark.parametrize("shape", RANDOM_INIT_SHAPES)
 def test_shapes_and_the_peer_spec_need_no_device(shape):
   config = bench.shape_config(shape, ["train.num_steps=7"])
   assert config.train.num_steps == 7
@@ -184,7 +189,8 @@ def test_shapes_and_the_peer_spec_need_no_device(shape):
       bench.peer_spec(config, steps=3)
     return
   spec = bench.peer_spec(config, steps=3)
-  assert spec["prompt_len"] == 13 and spec["steps"] == 3
+  assert spec["prompt_len"] == 13 and spec["steps"] == 3 and spec["checkpoint"] == ""
+  assert bench.model_source(config) == "random-init"
   assert spec["attention_bias"] == shape.startswith("qwen")
   if shape not in ("tiny", "medium"):  # the real-size shapes: 8 x 8, bf16 compute
     assert spec["compute_dtype"] == "bfloat16"
@@ -199,6 +205,124 @@ def test_shapes_and_the_peer_spec_need_no_device(shape):
   assert rows // spec["microbatches"] * seq <= config.rl.microbatch_tokens or (
     rows == spec["microbatches"]
   )
+
+
+def test_a_checkpoint_set_on_a_shape_gives_the_peer_its_path_and_dimensions():
+  """`--set=model.checkpoint=DIR` on the tiny shape: the run's architecture, and so the peer's
+  spec, is the checkpoint's config.json (tiny Llama: 2 layers of 32, 4/2 heads of 8, untied),
+  not the shape's model fields; the config's dtypes and adapters still apply; the peer loads
+  the weights from the absolute path. A directory without config.json is one ConfigError."""
+  llama = HF_FIXTURES / "llama"
+  config = bench.shape_config("tiny", [f"model.checkpoint={llama}", "model.lora_rank=4"])
+  spec = bench.peer_spec(config, steps=1)
+  assert spec["checkpoint"] == str(llama) == bench.model_source(config)
+  dims = ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim")
+  assert [spec[k] for k in (*dims, "mlp_dim")] == [64, 32, 2, 4, 2, 8, 64]
+  assert not spec["tie_embeddings"] and not spec["attention_bias"]
+  assert spec["rope_theta"] == 500000.0 and spec["norm_eps"] == 1e-6
+  assert spec["param_dtype"] == "float32" and spec["lora_rank"] == 4
+  assert (spec["prompts"], spec["group_size"], spec["prompt_len"]) == (16, 8, 13)
+  relative = bench.shape_config("tiny", ["model.checkpoint=tests/fixtures/hf/qwen2"])
+  cwd = os.getcwd()
+  try:
+    os.chdir(REPO)
+    qwen2 = bench.peer_spec(relative, steps=1)
+  finally:
+    os.chdir(cwd)
+  assert qwen2["checkpoint"] == str(HF_FIXTURES / "qwen2")  # absolute: the peer's cwd differs
+  assert qwen2["attention_bias"] and qwen2["tie_embeddings"]
+  with pytest.raises(bench.ConfigError, match=r"has no config\.json") as err:
+    bench.peer_spec(bench.shape_config("tiny", [f"model.checkpoint={HF_FIXTURES}"]), steps=1)
+  assert "\n" not in str(err.value)
+
+
+def test_peer_tokenizer_gives_one_token_per_word_at_a_real_vocabulary():
+  """The peer's word-level tokenizer at SmolLM2's 49152 ids: each of the 13 random words is the
+  one token it names; the special words (t0 pad, t1 unk, t2 eos) never match inside another
+  word (`t13` is one token, not `t1` and an unknown `3`)."""
+  pytest.importorskip("transformers")
+  peer_trl = _load("peer_trl")
+  spec = {"seed": 0, "vocab_size": 49152, "prompt_len": 13}
+  tokenizer = peer_trl.build_tokenizer(spec["vocab_size"])
+  assert (len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id) == (49152, 0, 2)
+  dataset = peer_trl.prompts_dataset(spec, 64)
+  peer_trl.check_prompts(tokenizer, dataset, spec)  # raises on a prompt of other ids
+  assert tokenizer("t13 t2 t21 t0 t49151")["input_ids"] == [13, 2, 21, 0, 49151]
+
+
+def test_trl_peer_loads_a_checkpoint_of_the_specs_dimensions_only():
+  """The spec's `checkpoint` (tiny Qwen2: qkv bias, tied) is what the peer trains: transformers'
+  model of that directory, as many parameters as ours, 13-token prompts, full-length
+  completions, and `peer_setup` saying how it ran. A spec whose dimensions are not the
+  checkpoint's is one error line (exit 2), before any training."""
+  python = _peer_python("trl")
+  qwen2 = HF_FIXTURES / "qwen2"
+  micro = ["rl.num_prompts=2", "sampling.group_size=2", "sampling.max_new_tokens=4"]
+  config = bench.shape_config("tiny", [f"model.checkpoint={qwen2}", *micro])
+  spec = bench.peer_spec(config, steps=1)
+  result = bench.run_peer("trl", spec, python, timeout_s=600)
+  assert "error" not in result, result
+  assert result["model_class"] == "Qwen2ForCausalLM"
+  assert result["num_params"] == result["trainable_params"] == 20768
+  assert result["num_params"] == bench._count_params(bench.model_arch(config))
+  assert result["prompt_length_min"] == result["prompt_length_max"] == 13
+  assert result["completion_length_min"] == result["completion_length_max"] == 4
+  setup = result["peer_setup"]
+  assert setup["model_source"] == str(qwen2) and setup["generation"].startswith("transformers")
+  assert (setup["param_dtype"], setup["compute_dtype"]) == ("float32", "float32")
+  assert setup["gradient_checkpointing"] is False and setup["torch_compile"] is False
+
+  wrong = bench.run_peer("trl", spec | {"d_model": 64, "num_layers": 3}, python, timeout_s=600)
+  assert wrong["error"].startswith("exit status 2: checkpoint "), wrong
+  assert "d_model 64 != 32" in wrong["error"] and "num_layers 3 != 2" in wrong["error"]
+  assert "Traceback" not in wrong["output_tail"]
+
+
+@pytest.mark.slow  # ~30 s: both sides compile and run a (micro) step
+def test_bench_and_peer_both_start_from_the_checkpoint():
+  """`--peer=trl --set=model.checkpoint=DIR`: ours loads the checkpoint's weights and the
+  peer the same directory's; both say so, at the same parameter count and prompt length."""
+  _peer_python("trl")
+  qwen2 = HF_FIXTURES / "qwen2"
+  micro = ["rl.num_prompts=2", "sampling.group_size=2", "sampling.max_new_tokens=4"]
+  config = bench.shape_config("tiny", [f"model.checkpoint={qwen2}", *micro])
+  result = bench.run(config, steps=1, shape="tiny", peer="trl", peer_python=PEER_PYTHON)
+  json.dumps(result)
+  peer = result["peer"]
+  assert "error" not in peer and "warning" not in peer, peer
+  assert result["model_source"] == peer["peer_setup"]["model_source"] == str(qwen2)
+  assert result["config"]["model"] == bench.model_arch(config).to_dict()
+  assert result["config"]["model"]["d_model"] == 32 and result["config"]["prompt_len"] == 13
+  assert result["params"]["total"] == peer["num_params"] == 20768
+  assert peer["ratios"]["step_time"] > 0
+
+
+@pytest.mark.slow  # fetches SmolLM2-135M-Instruct once (the `smollm2` fixture)
+def test_smollm2_shape_is_the_real_model_on_both_sides(smollm2):
+  """The smollm2-135m shape: the architecture is the checkpoint's (30 layers of 576, 9 query
+  and 3 KV heads of 64, MLP 1536, 49152 ids, tied, no bias: 134,515,008 parameters), a small
+  fp32 CPU run (2 prompts x 8, 13 + 64 tokens), and the peer loads the same directory, whose
+  transformers config agrees with the spec; `model.lora_rank=16` gives both sides rank-16
+  adapters on the seven projections."""
+  path, _ = smollm2
+  config = bench.shape_config("smollm2-135m")
+  spec = bench.peer_spec(config, steps=3)
+  assert spec["checkpoint"] == os.path.abspath(path) == bench.model_source(config)
+  dims = ("num_layers", "d_model", "num_heads", "num_kv_heads", "head_dim", "mlp_dim")
+  assert [spec[k] for k in (*dims, "vocab_size")] == [30, 576, 9, 3, 64, 1536, 49152]
+  assert spec["tie_embeddings"] and not spec["attention_bias"]
+  assert bench._count_params(bench.model_arch(config)) == 134_515_008
+  assert (spec["prompts"], spec["group_size"], spec["prompt_len"]) == (2, 8, 13)
+  assert spec["max_new_tokens"] == 64 and spec["lora_rank"] == 0
+  assert spec["param_dtype"] == spec["compute_dtype"] == "float32"
+  lora = bench.peer_spec(bench.shape_config("smollm2-135m", ["model.lora_rank=16"]), steps=3)
+  assert lora["lora_rank"] == 16 and len(lora["lora_targets"]) == 7
+  assert {k: v for k, v in lora.items() if not k.startswith("lora_")} == {
+    k: v for k, v in spec.items() if k != "lora_rank"
+  }
+  transformers = pytest.importorskip("transformers")
+  peer_trl = _load("peer_trl")
+  assert peer_trl.dims_mismatch(spec, transformers.AutoConfig.from_pretrained(path)) == []
 
 
 def test_peer_needs_one_update_per_rollout():

@@ -19,12 +19,16 @@ copy of the weights, `sampling.param_dtype`); the learner's time is the rest of 
             6·N_body·B·(S+T) + 6·V·D·B·T + 12·L·H·Dh·(S+T)·B·(S+T) (see `learner_flops`)
   step      rl_step_s, peak device memory, and the compiled step's argument / output / temp bytes
 
-`--shape` (tiny, medium, qwen2.5-0.5b, qwen2.5-1.5b) benchmarks random-init weights on 13-token
+`--shape` (tiny, medium, qwen2.5-0.5b, qwen2.5-1.5b, smollm2-135m) benchmarks on 13-token
 prompts with every completion at full length (the end-of-sequence id is made unreachable) and
-one optimiser update per rollout. `--peer=trl` first runs tools/peer_trl.py in a subprocess at
-the identical shape (its memory is its own) and adds TRL's numbers and the ratios TRL / ours;
-with `model.lora_rank` > 0 the peer trains PEFT LoRA adapters of the same rank, alpha, dropout
-and targets (and reports trainable_params); `model.lora_base_dtype=int8` has no peer.
+one optimiser update per rollout: random-init weights, except smollm2-135m, whose architecture
+and weights are SmolLM2-135M-Instruct's (`model.checkpoint`, models/pretrained.py's directory;
+`--set=model.checkpoint=DIR` does the same for any Hugging Face directory on any shape).
+`--peer=trl` first runs tools/peer_trl.py in a subprocess at the identical shape (its memory is
+its own; the same checkpoint's weights when one is set) and adds TRL's numbers, how it ran
+(`peer.peer_setup`) and the ratios TRL / ours; with `model.lora_rank` > 0 the peer trains PEFT
+LoRA adapters of the same rank, alpha, dropout and targets (and reports trainable_params);
+`model.lora_base_dtype=int8` has no peer. `model_source` is the checkpoint or "random-init".
 Device limits come from a table of public spec sheets by `device_kind`, or from
 `--hbm_bytes_per_s` / `--peak_flops` (e.g. measured values); on a CPU the percentages are null
 unless both are given.
@@ -58,6 +62,7 @@ from jaxrl_llm.config import ConfigError, parse  # noqa: E402
 from jaxrl_llm.data import pipeline  # noqa: E402
 from jaxrl_llm.rl import make_rl_step  # noqa: E402
 from jaxrl_llm.run import Experiment, build, build_task, to_global_batch  # noqa: E402
+from jaxrl_llm.run.assemble import RUN_ARCH_FIELDS  # noqa: E402
 
 # Per-device limits from public spec sheets: (device_kind substring, HBM bytes/s, dense bf16
 # FLOP/s). Matched in order against the lower-cased `device_kind`, so specific names come first.
@@ -94,6 +99,8 @@ RUN: dict[str, object] = {
 def _shapes() -> dict[str, dict[str, object]]:
   import memory_table
 
+  from jaxrl_llm.models import pretrained
+
   fp32 = {"model.dtype": "float32", "model.param_dtype": "float32"}
   small = {"rl.num_prompts": 16, "sampling.group_size": 8, **fp32}
   shapes = {
@@ -122,10 +129,26 @@ def _shapes() -> dict[str, dict[str, object]]:
   }
   for name, fields in memory_table.SHAPES.items():  # 8 x 8, bf16 compute, fp32 params
     shapes[name] = {**memory_table.COMMON, **fields}
+  # A real model (its architecture and weights from the checkpoint), small enough for a CPU.
+  shapes["smollm2-135m"] = {
+    "model.checkpoint": pretrained.model_dir("smollm2-135m-instruct"),
+    "rl.num_prompts": 2,
+    "sampling.group_size": 8,
+    "sampling.max_new_tokens": 64,
+    **fp32,
+  }
   return shapes
 
 
-SHAPE_NAMES = ("tiny", "medium", "qwen2.5-0.5b", "qwen2.5-1.5b", "moe-e64", "dense-e64-twin")
+SHAPE_NAMES = (
+  "tiny",
+  "medium",
+  "qwen2.5-0.5b",
+  "qwen2.5-1.5b",
+  "moe-e64",
+  "dense-e64-twin",
+  "smollm2-135m",
+)
 
 
 def shape_config(name: str, overrides: list[str] = ()):
@@ -380,6 +403,7 @@ def bench(
   per_s = lambda n: n / (decode_ms / 1e3) if steps_taken else None  # noqa: E731
   achieved_bw = per_s(read["decode_bytes_per_step"])
   return {
+    "model_source": model_source(config),
     "config": {
       "task": config.task.name,
       "model": mc.to_dict(),
@@ -438,11 +462,44 @@ def _count_params(mc) -> int:
   return mc.vocab_size * d + mc.num_layers * layer + d + head + (d + 1 if mc.value_head else 0)
 
 
+def model_source(config) -> str:
+  """Where the run's weights come from: the absolute `model.checkpoint` or "random-init"."""
+  path = parse(config).model.checkpoint
+  return os.path.abspath(path) if path else "random-init"
+
+
+def model_arch(config):
+  """The run's architecture without loading any weights: with `model.checkpoint`, its
+  config.json's (as `build` reads it, with the config's dtypes, layout and adapters:
+  `RUN_ARCH_FIELDS`), else the config's own `model.*` fields."""
+  from jaxrl_llm.models import hf_config
+
+  config = parse(config)
+  path = config.model.checkpoint
+  if not path:
+    return config.model.arch
+  config_file = os.path.join(path, "config.json")
+  if not os.path.isfile(config_file):
+    what = "has no config.json" if os.path.isdir(path) else "is not a directory"
+    raise ConfigError(
+      f"model.checkpoint={path!r} {what}; point it at a local Hugging Face "
+      "checkpoint (config.json + *.safetensors)"
+    )
+  try:
+    with open(config_file) as f:
+      mc = hf_config.config_from_hf(json.load(f), source=config_file)
+  except (ValueError, OSError) as e:  # CheckpointFormatError, unreadable JSON
+    raise ConfigError(" ".join(str(e).split())) from None
+  arch = config.model.arch
+  return dataclasses.replace(mc, **{k: getattr(arch, k) for k in RUN_ARCH_FIELDS})
+
+
 def peer_spec(config, steps: int) -> dict[str, object]:
   """The peer's shape and run, from `config` without touching a device (so that the peer's
-  process can have the accelerator to itself first)."""
+  process can have the accelerator to itself first). With `model.checkpoint` the dimensions
+  are the checkpoint's (`model_arch`) and the peer loads its weights (`checkpoint`)."""
   config = parse(config)
-  mc = config.model.arch
+  mc = model_arch(config)
   problems = []
   if mc.moe_num_experts:
     problems.append("a dense model (model.moe_num_experts=0)")
@@ -491,6 +548,7 @@ def peer_spec(config, steps: int) -> dict[str, object]:
     "temperature": float(config.sampling.temperature),
     "seed": int(config.seed),
     "lora_rank": mc.lora_rank,
+    "checkpoint": os.path.abspath(config.model.checkpoint) if config.model.checkpoint else "",
   }
   if mc.lora_rank:  # PEFT LoRA at the same rank, alpha, dropout, on the same projections
     from jaxrl_llm.models.config import target_names
@@ -522,7 +580,9 @@ def run_peer(
   lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(peer_trl.MARKER)]
   if proc.returncode != 0 or not lines:
     tail = (proc.stdout + proc.stderr)[-3000:]
-    return {"name": name, "error": f"exit status {proc.returncode}", "output_tail": tail}
+    last = (proc.stderr.strip().splitlines() or [""])[-1]
+    said = f": {last[len('error: ') :]}" if last.startswith("error: ") else ""  # its one line
+    return {"name": name, "error": f"exit status {proc.returncode}{said}", "output_tail": tail}
   result = json.loads(lines[-1][len(peer_trl.MARKER) :])
   result["wall_s"] = time.perf_counter() - t0
   return result
@@ -578,8 +638,14 @@ def run(
   if peer_result is not None:
     used = (spec["microbatches"], spec["gradient_checkpointing"])
     ours = (result["config"]["microbatches"], result["config"]["remat"] != "none")
+    warnings = []
     if used != ours:
-      peer_result["warning"] = f"peer ran (microbatches, remat) {used}, ours {ours}"
+      warnings.append(f"peer ran (microbatches, remat) {used}, ours {ours}")
+    lengths = (peer_result.get("prompt_length_min"), peer_result.get("prompt_length_max"))
+    if "error" not in peer_result and lengths != (spec["prompt_len"],) * 2:
+      warnings.append(f"peer's prompts were {lengths} tokens (min, max), ours {spec['prompt_len']}")
+    if warnings:
+      peer_result["warning"] = "; ".join(warnings)
     peer_result["ratios"] = compare(result, peer_result)
     if peer_result["ratios"] and "sample_s" in peer_result:
       flops = result["learner_flops_per_step"]
@@ -635,7 +701,14 @@ def main(argv: list[str]) -> int:
 def _config(args, overrides: list[str]):
   """The benchmark's config: the `--shape`'s or the `--config` file's, with `overrides`."""
   if args.shape:
-    return shape_config(args.shape, overrides)
+    config = shape_config(args.shape, overrides)
+    path = config.model.checkpoint
+    if path and path == _shapes()[args.shape].get("model.checkpoint"):
+      if not os.path.isfile(os.path.join(path, "config.json")):  # the shape's model, not fetched
+        raise ConfigError(
+          f"--shape={args.shape} needs {path}: fetch it first with python tools/get_smollm2.py"
+        )
+    return config
   from jaxrl_llm import main as trainer_main
 
   return trainer_main.parse_config(

@@ -5,15 +5,21 @@
 `bench.py` runs this in a subprocess (so its memory is its own) with a JSON spec of the shape
 it benchmarks: the model's dimensions, prompts, group size, new tokens, dtypes, microbatches and
 remat. The policy is a random-init `transformers` Qwen2ForCausalLM (qkv bias) or
-LlamaForCausalLM (no bias) of the same dimensions; the prompts are random token strings of the
-same length; every completion runs to full length (`min_new_tokens = max_new_tokens`, so the
-end-of-sequence token is suppressed); each generation is followed by exactly one optimiser step
+LlamaForCausalLM (no bias) of the same dimensions, or, when the spec names a `checkpoint` (a
+Hugging Face directory), that checkpoint's model and weights (`from_pretrained`, in
+`param_dtype`; its dimensions must be the spec's); the prompts are random token strings of the
+same length (ids 3 .. vocab_size-1, one word per token id of a word-level tokenizer); every
+completion runs to full length (`min_new_tokens = max_new_tokens`, so the end-of-sequence
+token is suppressed); each generation is followed by exactly one optimiser step
 (gradient accumulation over the same number of microbatches as ours, no old-policy pass, no
 reference model); the reward is a constant. With `lora_rank` > 0 the policy is wrapped by PEFT's
 `LoraConfig` with the same rank, alpha, dropout and target projections (passed to GRPOTrainer as
 `peft_config`): only the adapters train, the base stays frozen in `param_dtype`. The last stdout
 line is `PEER_RESULT {json}`: median warm step time, median generation time, peak memory
-(torch.cuda.max_memory_allocated on a GPU, peak RSS on a CPU) and the parameters trained.
+(torch.cuda.max_memory_allocated on a GPU, peak RSS on a CPU), the parameters trained and how
+it ran (`peer_setup`: generation path, dtypes, attention kernel, gradient checkpointing, the
+model's source). A spec this cannot run (a checkpoint of other dimensions) is one `error: ...`
+line on stderr and exit status 2.
 """
 
 from __future__ import annotations
@@ -58,8 +64,10 @@ SPEC_FIELDS = (
   "lora_alpha",  # PEFT's lora_alpha (adapter scale alpha / r); only read when lora_rank > 0
   "lora_dropout",  # PEFT's lora_dropout on the adapters' input; only read when lora_rank > 0
   "lora_targets",  # Hugging Face module names given adapters (["q_proj", ...]); lora_rank > 0
+  "checkpoint",  # a Hugging Face directory whose weights the policy loads; "" (default): random
 )
-DEFAULTS = {"lora_rank": 0}  # what a spec may leave out (one from before LoRA: no adapters)
+# What a spec may leave out (one from before LoRA: no adapters; before checkpoints: random init).
+DEFAULTS = {"lora_rank": 0, "checkpoint": ""}
 LORA_FIELDS = ("lora_alpha", "lora_dropout", "lora_targets")  # needed only when lora_rank > 0
 
 
@@ -74,11 +82,71 @@ def _rss_bytes() -> int:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+class SpecError(ValueError):
+  """The spec cannot be run as given (one line, e.g. a checkpoint of other dimensions)."""
+
+
+# (spec field, Hugging Face config attribute) of the dimensions a checkpoint must match.
+CHECKED_DIMS = (
+  ("vocab_size", "vocab_size"),
+  ("d_model", "hidden_size"),
+  ("num_layers", "num_hidden_layers"),
+  ("num_heads", "num_attention_heads"),
+  ("num_kv_heads", "num_key_value_heads"),
+  ("head_dim", "head_dim"),
+  ("mlp_dim", "intermediate_size"),
+  ("tie_embeddings", "tie_word_embeddings"),
+)
+
+
+def dims_mismatch(spec: dict, hf_cfg) -> list[str]:
+  """`field spec != checkpoint` for each of CHECKED_DIMS where the spec and the Hugging Face
+  config `hf_cfg` (its text config) differ; head_dim defaults to hidden_size / heads."""
+  text = hf_cfg.get_text_config()
+  got = {attr: getattr(text, attr, None) for _, attr in CHECKED_DIMS}
+  if got["head_dim"] is None:
+    got["head_dim"] = text.hidden_size // text.num_attention_heads
+  return [
+    f"{field} {spec[field]} != {got[attr]}"
+    for field, attr in CHECKED_DIMS
+    if spec[field] != got[attr]
+  ]
+
+
+def load_checkpoint(spec: dict, dtype):
+  """The spec's `checkpoint` as transformers loads it (`from_pretrained`, weights in `dtype`),
+  after checking its config's dimensions are the spec's (SpecError naming the differences)."""
+  import transformers
+
+  path = spec["checkpoint"]
+  try:
+    hf_cfg = transformers.AutoConfig.from_pretrained(path)
+  except (OSError, ValueError) as e:
+    raise SpecError(f"checkpoint {path!r}: {' '.join(str(e).split())}") from None
+  wrong = dims_mismatch(spec, hf_cfg)
+  if wrong:
+    raise SpecError(f"checkpoint {path!r} is not the spec's model: {', '.join(wrong)}")
+  model = transformers.AutoModelForCausalLM.from_pretrained(path, config=hf_cfg, dtype=dtype)
+  q = next(m for name, m in model.named_modules() if name.endswith("q_proj"))
+  if (q.bias is not None) != spec["attention_bias"]:
+    has = "has" if q.bias is not None else "has no"
+    raise SpecError(
+      f"checkpoint {path!r} {has} attention bias, the spec's attention_bias is "
+      f"{spec['attention_bias']}"
+    )
+  return model
+
+
 def build_model(spec: dict):
-  """A random-init causal LM of the spec's dimensions (Qwen2 with qkv bias, else Llama)."""
+  """The spec's `checkpoint` (`load_checkpoint`), else a random-init causal LM of the spec's
+  dimensions (Qwen2 with qkv bias, else Llama)."""
   import torch
   import transformers
 
+  dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[spec["param_dtype"]]
+  torch.manual_seed(spec["seed"])  # a random init's weights
+  if spec["checkpoint"]:
+    return load_checkpoint(spec, dtype)
   common = {
     "vocab_size": spec["vocab_size"],
     "hidden_size": spec["d_model"],
@@ -96,29 +164,37 @@ def build_model(spec: dict):
   else:
     cfg = transformers.LlamaConfig(**common, attention_bias=False, mlp_bias=False)
   cfg.head_dim = spec["head_dim"]
-  dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[spec["param_dtype"]]
-  torch.manual_seed(spec["seed"])
-  model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype)
-  return model
+  return transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype)
 
 
 def build_tokenizer(vocab_size: int):
-  """A word-level tokenizer with one word per model token id (`t0` pad, `t2` eos), built
-  locally (nothing is downloaded): a prompt of n words is n tokens."""
-  from tokenizers import Tokenizer, models, pre_tokenizers
+  """A word-level tokenizer with one word per model token id (`t0` pad, `t1` unk, `t2` eos),
+  built locally (nothing is downloaded): a prompt of n words is n tokens. The special tokens
+  match whole words only: as plain added tokens they would also match inside other words (`t13`
+  became `t1` + an unknown `3`: two tokens)."""
+  from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
   from transformers import PreTrainedTokenizerFast
 
   vocab = {f"t{i}": i for i in range(vocab_size)}
   tok = Tokenizer(models.WordLevel(vocab, unk_token="t1"))
   tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+  word = lambda t: AddedToken(t, single_word=True, special=True, normalized=False)  # noqa: E731
   return PreTrainedTokenizerFast(
     tokenizer_object=tok,
-    pad_token="t0",
-    unk_token="t1",
-    eos_token="t2",
+    pad_token=word("t0"),
+    unk_token=word("t1"),
+    eos_token=word("t2"),
     padding_side="left",
     truncation_side="left",
   )
+
+
+def check_prompts(tokenizer, dataset, spec: dict) -> None:
+  """Every prompt is `prompt_len` tokens, the ids it was written from (none unknown)."""
+  for text in dataset["prompt"]:
+    ids = tokenizer(text)["input_ids"]
+    if len(ids) != spec["prompt_len"] or " ".join(f"t{i}" for i in ids) != text:
+      raise RuntimeError(f"prompt {text!r} tokenizes to {len(ids)} tokens {ids}")
 
 
 def prompts_dataset(spec: dict, num: int):
@@ -193,15 +269,16 @@ def lora_config(spec: dict):
   )
 
 
-def attach_timers(trainer, sync) -> tuple[list[float], list[float], list[int]]:
+def attach_timers(trainer, sync) -> tuple[list[float], list[float], list[int], list[int]]:
   """Lists that fill as `trainer` trains: the wall time of each optimiser step (generation,
   scoring, forward/backward, update), of each generation alone (TRL's `_generate_single_turn`:
-  transformers' generate for the batch), and each completion's length."""
+  transformers' generate for the batch), each completion's length and each prompt's."""
   from transformers import TrainerCallback
 
   step_times: list[float] = []
   gen_times: list[float] = []
   gen_lengths: list[int] = []
+  prompt_lengths: list[int] = []
 
   class StepTimer(TrainerCallback):
     def on_step_begin(self, args, state, control, **kwargs):
@@ -215,6 +292,7 @@ def attach_timers(trainer, sync) -> tuple[list[float], list[float], list[int]]:
   generate = trainer._generate_single_turn
 
   def timed_generate(*a, **kw):
+    prompt_lengths.extend(len(ids) for ids in (a[0] if a else kw["prompt_ids"]))
     sync()
     t0 = time.perf_counter()
     out = generate(*a, **kw)
@@ -225,7 +303,7 @@ def attach_timers(trainer, sync) -> tuple[list[float], list[float], list[int]]:
 
   trainer.add_callback(StepTimer())
   trainer._generate_single_turn = timed_generate
-  return step_times, gen_times, gen_lengths
+  return step_times, gen_times, gen_lengths, prompt_lengths
 
 
 def run(spec: dict) -> dict:
@@ -243,6 +321,7 @@ def run(spec: dict) -> dict:
   num_params = sum(p.numel() for p in model.parameters())  # the base, before any adapter
   tokenizer = build_tokenizer(spec["vocab_size"])
   dataset = prompts_dataset(spec, spec["prompts"] * total_steps)
+  check_prompts(tokenizer, dataset, spec)
   args = grpo_config(spec, cuda)
 
   trainer = GRPOTrainer(
@@ -254,7 +333,7 @@ def run(spec: dict) -> dict:
     peft_config=lora_config(spec),  # None: every parameter trains
   )
   trained = [p for p in trainer.model.parameters() if p.requires_grad]
-  step_times, gen_times, gen_lengths = attach_timers(trainer, sync)
+  step_times, gen_times, gen_lengths, prompt_lengths = attach_timers(trainer, sync)
   if cuda:
     torch.cuda.reset_peak_memory_stats()
   trainer.train()
@@ -269,6 +348,7 @@ def run(spec: dict) -> dict:
   result = {
     "name": "trl",
     "model_class": type(model).__name__,
+    "peer_setup": peer_setup(spec, trainer, model),
     "step_s": step_s,
     "sample_s": gen_s,
     "learner_s": max(step_s - gen_s, 1e-9),
@@ -276,6 +356,8 @@ def run(spec: dict) -> dict:
     "step_times_s": step_times,
     "completion_length_min": min(gen_lengths),
     "completion_length_max": max(gen_lengths),
+    "prompt_length_min": min(prompt_lengths),
+    "prompt_length_max": max(prompt_lengths),
     "num_params": num_params,
     "trainable_params": sum(p.numel() for p in trained),
     "trainable_dtypes": sorted({str(p.dtype).removeprefix("torch.") for p in trained}),
@@ -287,6 +369,38 @@ def run(spec: dict) -> dict:
     "spec": spec,
   }
   return result | _peak_memory(cuda, result["host_peak_rss_bytes"])
+
+
+def peer_setup(spec: dict, trainer, model) -> dict[str, object]:
+  """How the peer ran, as the trainer it built says: the generation path, dtypes, attention
+  kernel, KV cache, gradient checkpointing and accumulation, adapters, the model's source."""
+  import torch
+
+  args = trainer.args
+  if getattr(args, "use_vllm", False):
+    generation = f"vLLM ({args.vllm_mode})"
+  elif getattr(args, "use_transformers_continuous_batching", False):
+    generation = "transformers continuous batching"
+  elif getattr(args, "use_transformers_paged", False):
+    generation = "transformers paged attention"
+  else:
+    generation = "transformers generate (model.generate, one batch of prompts x group)"
+  unwrapped = trainer.accelerator.unwrap_model(trainer.model)
+  return {
+    "trainer": "trl.GRPOTrainer",
+    "generation": generation,
+    "kv_cache": args.cache_implementation or "dynamic (transformers' default)",
+    "attn_implementation": model.config._attn_implementation,
+    "param_dtype": str(model.dtype).removeprefix("torch."),
+    "compute_dtype": "bfloat16 autocast" if args.bf16 else str(model.dtype).removeprefix("torch."),
+    "gradient_checkpointing": bool(args.gradient_checkpointing),
+    "gradient_checkpointing_enabled": bool(getattr(unwrapped, "is_gradient_checkpointing", False)),
+    "gradient_accumulation_steps": args.gradient_accumulation_steps,
+    "torch_compile": bool(args.torch_compile),
+    "peft_lora_rank": spec["lora_rank"],
+    "model_source": spec["checkpoint"] or "random-init",
+    "torch_threads": torch.get_num_threads(),
+  }
 
 
 def _peak_memory(cuda: bool, host_peak_rss: int) -> dict[str, object]:
@@ -326,7 +440,11 @@ def main(argv: list[str]) -> int:
     print(f"spec lacks {missing}", file=sys.stderr)
     return 2
   os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-  result = run(spec)
+  try:
+    result = run(spec)
+  except SpecError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
   print(MARKER + json.dumps(result), flush=True)
   return 0
 
