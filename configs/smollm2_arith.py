@@ -1,6 +1,6 @@
 """GRPO on arithmetic word problems from SmolLM2-135M-Instruct, a real pretrained chat model.
 
-Get the model and the data first (93 MB download, 540 MB on disk, about a minute):
+Get the model and the data first (93 MB download, 630 MB on disk, about a minute):
 
   python tools/get_smollm2.py
   python -m jaxrl_llm.main --config=configs/smollm2_arith.py --workdir=/tmp/smollm2
@@ -13,7 +13,7 @@ scores 2% on the held-out split (`trivial.json` beside the data).
 
 Settings (`--config=configs/smollm2_arith.py:SETTING`):
   lora  (default) rank-16 adapters on every projection, 16 rows × 64 new tokens an update:
-        about 10 minutes on a 2-core CPU (40 updates, evaluations at 0, 20 and 40);
+        7.5 minutes on a 2-core CPU (30 updates, evaluations at 0, 15 and 30 on 64 problems);
   full  every parameter trained, bfloat16 compute, 256 rows an update, 200 updates: a GPU run.
 The model and data paths follow `$JAXRL_LLM_CACHE` (default ~/.cache/jaxrl_llm), as the script.
 """
@@ -26,6 +26,10 @@ from jaxrl_llm import recipes
 from jaxrl_llm.models import pretrained
 
 SETTINGS = ("lora", "full")
+SYSTEM = (
+  "You are a math assistant. Solve the problem, then write the result on a final line as: "
+  "Answer: <number>"
+)
 
 
 def get_config(setting: str = "lora"):
@@ -38,12 +42,13 @@ def get_config(setting: str = "lora"):
   c.data.train_files = os.path.join(data, "train.jsonl")
   c.data.eval_files = os.path.join(data, "eval.jsonl")
   c.data.template = "chat"  # the model's ChatML template around the problem
-  c.data.prompt_len = 128
+  c.data.prompt_len = 96  # the longest problem with the system message below: 92 tokens
+  c.data.system_prompt = SYSTEM
   c.data.correct_term = "answer_line_correct"
   c.task.reward_weights = ml_collections.ConfigDict(
-    {"answer_line_correct": 1.0, "answer_line_format": 0.1}
+    {"answer_line_correct": 1.0, "answer_line_format": 0.2}
   )
-  c.sampling.temperature = 1.0
+  c.sampling.temperature = 0.7
   c.sampling.group_size = 8
   c.sampling.max_new_tokens = 64
   c.sft.steps = 0
@@ -57,10 +62,11 @@ def get_config(setting: str = "lora"):
   if setting == "lora":
     c.model.lora_rank = 16
     c.model.lora_alpha = 32.0
-    c.optim.learning_rate = 5e-5
+    c.optim.learning_rate = 2e-4
     c.rl.num_prompts = 2
+    c.rl.remat = "none"  # 16 rows fit without recomputing the forward pass (auto: full from 1e8)
     c.task.eval_size = 64
-    c.train.num_steps, c.train.eval_every, c.train.checkpoint_every = 40, 20, 20
+    c.train.num_steps, c.train.eval_every, c.train.checkpoint_every = 30, 15, 15
   else:
     c.model.dtype = "bfloat16"  # compute dtype; log-probs and log-ratios stay float32
     c.optim.learning_rate = 2e-6

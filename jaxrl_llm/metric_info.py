@@ -31,6 +31,7 @@ eval/accuracy                    | max | greedy accuracy on the held-out set | -
 eval/pass@*                      | max | pass@k on the held-out set (k samples per prompt) | - | -
 eval/sample_accuracy             | max | accuracy of sampled held-out completions | - | -
 eval/length_mean                 | -   | mean length of greedy held-out completions | - | -
+eval/reward/*                    | max | mean of one host reward term over greedy held-out completions | - | -
 rollout/reward_mean              | max | mean reward of the sampled group | reward | critic/score/mean
 rollout/reward_std               | -   | std of rewards over the batch | reward_std | -
 rollout/accuracy                 | max | fraction of sampled completions judged correct | - | -

@@ -30,10 +30,9 @@ import random
 import re
 from typing import Any, NamedTuple
 
-INSTRUCTION = (
-  "Show your work briefly, then give the final answer on its own line as `Answer: N`, "
-  "where N is a whole number."
-)
+# The final line asked for. With configs/smollm2_arith.py's system message, SmolLM2-135M-Instruct
+# writes it in about 5% of its samples at temperature 0.7 before any training.
+INSTRUCTION = 'End with a last line of the form "Answer: <number>".'
 # level -> (weight, smallest answer, range of a general number "n", of a small factor "s", of a
 # medium factor "m"). The smallest answers keep small results (a difference of two close
 # numbers) from piling up on a few values that a constant answer would get right.

@@ -1,5 +1,6 @@
 """Held-out evaluation: greedy accuracy, pass@k and sample accuracy at the sampling
-temperature, and the greedy completions' length."""
+temperature, and the greedy completions' length; on the host-reward path also the mean of each
+reward term over the greedy completions (`eval/reward/<term>`)."""
 
 from __future__ import annotations
 
@@ -80,7 +81,9 @@ def make_eval_fn(
   def host_summary(greedy, sampled, lengths, answers):
     acc, _ = task.host_reward_terms(greedy, answers)
     pk, _ = task.host_reward_terms(sampled, np.repeat(answers, k))
-    return _summarise(acc["correct"], pk["correct"].reshape(-1, k), lengths, k)
+    out = _summarise(acc["correct"], pk["correct"].reshape(-1, k), lengths, k)
+    # Each host term of the greedy completions (a format rate beside the accuracy).
+    return out | {f"eval/reward/{t}": jnp.mean(v) for t, v in acc.items() if t != "correct"}
 
   def host_eval(params, batch, rng, answers, values=None):
     greedy, sampled, lengths = jax.device_get(jitted(params, batch, rng, values))
