@@ -213,6 +213,19 @@ def constant_reward(completions, **kwargs):
   return [1.0] * len(completions)
 
 
+# What every GRPOConfig of ours (this peer, tools/trl_arith.py) sets alike: nothing saved,
+# evaluated, reported or shown, no half-precision scaler, data loaded in the main process.
+QUIET = {
+  "fp16": False,
+  "save_strategy": "no",
+  "eval_strategy": "no",
+  "report_to": "none",
+  "disable_tqdm": True,
+  "dataloader_num_workers": 0,
+  "log_completions": False,
+}
+
+
 def grpo_config(spec: dict, cuda: bool):
   """TRL's GRPOConfig of the spec: one generation of P x G completions per optimiser step."""
   from trl import GRPOConfig
@@ -238,17 +251,11 @@ def grpo_config(spec: dict, cuda: bool):
     lr_scheduler_type="constant",
     max_steps=spec["warmup"] + spec["steps"],
     bf16=spec["compute_dtype"] == "bfloat16",
-    fp16=False,
     use_cpu=not cuda,
     gradient_checkpointing=spec["gradient_checkpointing"],
     logging_strategy="no",
-    save_strategy="no",
-    eval_strategy="no",
-    report_to="none",
-    disable_tqdm=True,
-    dataloader_num_workers=0,
-    log_completions=False,
     seed=spec["seed"],
+    **QUIET,
   )
 
 

@@ -368,18 +368,12 @@ def run(args) -> dict:
     max_grad_norm=s["grad_clip"],
     max_steps=s["steps"],
     bf16=bf16,
-    fp16=False,
     use_cpu=not cuda,
     gradient_checkpointing=False,
     logging_strategy="steps",
     logging_steps=1,
-    save_strategy="no",
-    eval_strategy="no",
-    report_to="none",
-    disable_tqdm=True,
-    dataloader_num_workers=0,
-    log_completions=False,
     seed=s["seed"],
+    **peer_trl.QUIET,
   )
   dataset = Dataset.from_dict({"prompt": train_prompts, "answer": train_answers})
   trainer = trl.GRPOTrainer(
