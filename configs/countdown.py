@@ -9,8 +9,7 @@ GPU: four digits, a 4-layer d_model 256 policy (3.2M parameters), more prompts a
 routed experts of width 64, top-2, in every layer, R3 replay), for the MoE studies.
 """
 
-from jaxrl_llm import recipes
-from jaxrl_llm.config import default_config
+from jaxrl_llm.config import default_config, recipes
 
 SETTINGS = ("cpu", "gpu", "moe")
 

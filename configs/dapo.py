@@ -1,6 +1,6 @@
-"""Recipe `dapo` of objectives.md §10 on the built-in task (settings in jaxrl_llm/recipes.py)."""
+"""Recipe `dapo` of objectives.md §10 on the built-in task (settings in jaxrl_llm/config/recipes.py)."""
 
-from jaxrl_llm import recipes
+from jaxrl_llm.config import recipes
 
 
 def get_config():

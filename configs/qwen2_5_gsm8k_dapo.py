@@ -13,7 +13,7 @@ completion's final answer with the number after `####`.
 
 import ml_collections
 
-from jaxrl_llm import recipes
+from jaxrl_llm.config import recipes
 
 
 def get_config():

@@ -1,6 +1,6 @@
-"""`rspo`: see jaxrl_llm/recipes.py (spec §9-§10) for its settings."""
+"""`rspo`: see jaxrl_llm/config/recipes.py (spec §9-§10) for its settings."""
 
-from jaxrl_llm import recipes
+from jaxrl_llm.config import recipes
 
 
 def get_config():

@@ -22,7 +22,7 @@ import os
 
 import ml_collections
 
-from jaxrl_llm import recipes
+from jaxrl_llm.config import recipes
 from jaxrl_llm.models import pretrained
 
 SETTINGS = ("lora", "full")

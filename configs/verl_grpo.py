@@ -7,7 +7,7 @@ What stays different: verl divides `seq-mean-token-sum-norm` losses by its gradi
 steps as well, and a group of one completion gets A = R there (0 here; groups here have G >= 2).
 """
 
-from jaxrl_llm import recipes
+from jaxrl_llm.config import recipes
 
 
 def get_config():

@@ -4,7 +4,7 @@ Layout: `<workdir>/checkpoints/<step>/{state,data,meta}`, one orbax `CheckpointM
 saved RL step. `state` is any pytree of arrays (normally `types.TrainState`) saved with
 `StandardSave` and restored into an abstract target carrying shardings; `data` is a grain
 `DatasetIterator`/`DataLoaderIterator` (optional); `meta` is a JSON dict (model config, task, ...)
-used to refuse resuming a workdir with an incompatible config.
+used to refuse resuming a workdir with an incompatible config (`jaxrl_llm.checkpoint_compat`).
 
 PRNG keys: both typed keys (`jax.random.key`) and raw uint32 keys (`jax.random.PRNGKey`) round-trip
 bit-exactly; orbax stores a typed key as its key data plus the key implementation and gives back a
@@ -18,28 +18,29 @@ a step the leftover is renamed aside (`<step>.uncommitted-<time>` / `<step>.part
 rather than deleted (orbax would delete it) unless it is empty. Leftovers of steps older than the
 newest committed step are removed (a newer complete checkpoint supersedes them).
 
-Integrity: every step gets `<step>/checksums.json`, the size and CRC-32 of every file of the
-step: in a single-process run before orbax writes the commit marker (a committed step always
-has it), with several processes by process 0 once the step is committed. A committed step
-without one is loaded with a warning naming it. `restore_latest` checks it before loading: a step whose files
-changed, vanished or were truncated (or that fails to load) is skipped for the newest one that
-verifies, and the bad steps are renamed `<step>.corrupt-<time>` (never deleted). When no step
-verifies, nothing is moved and the restore stops with the reasons.
+Integrity: every step gets `<step>/checksums.json`, the size and CRC-32 of every file of the step
+(`jaxrl_llm.checkpoint_manifest`): in a single-process run before orbax writes the commit marker (a
+committed step always has it), with several processes by process 0 once the step is committed. A
+committed step without one is loaded with a warning naming it. `restore_latest` checks it before
+loading: a step whose files changed, vanished or were truncated (or that fails to load) is skipped
+for the newest one that verifies, and the bad steps are renamed `<step>.corrupt-<time>` (never
+deleted). When no step verifies, nothing is moved and the restore stops with the reasons.
 
 Storage: every file operation goes through `jaxrl_llm.paths` (`etils.epath`), so the workdir may
 be a `gs://` URL as well as a local path; orbax writes the arrays there with tensorstore. On an
 object store a rename copies and deletes object by object: a step moved aside part-way by a crash
 is found again (uncommitted, or failing its checksums) and moved aside on the next launch.
+
+Errors: `save` raises `NonFiniteStateError`, `restore_latest` `CorruptCheckpointError`, and
+`restore` `CheckpointMismatchError`; that one and `MetaCheck` (restore's `expect`) belong to
+`jaxrl_llm.checkpoint_compat` and are part of the Checkpointer's API here as well.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import time
-import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import grain
@@ -50,14 +51,18 @@ from absl import logging
 from etils import epath
 
 from jaxrl_llm import distributed, optim, paths
+from jaxrl_llm.checkpoint_compat import (
+  CheckpointMismatchError,
+  MetaCheck,
+  check_compatible,
+  check_tree,
+  meta_as_json,
+)
+from jaxrl_llm.checkpoint_manifest import MANIFEST, has_manifest, verify_manifest, write_manifest
 
 PyTree = Any
 
-_COMMIT_FILE = "commit_success.txt"
 _TMP_SUFFIX = ocp.path.atomicity.TMP_DIR_SUFFIX  # '.orbax-checkpoint-tmp'
-
-
-_MANIFEST = "checksums.json"
 _LEFTOVER_LABELS = ("partial", "uncommitted", _TMP_SUFFIX.lstrip("."))
 
 
@@ -67,51 +72,6 @@ class CorruptCheckpointError(RuntimeError):
   def __init__(self, message: str, problems: Mapping[int, str] | None = None):
     super().__init__(message)
     self.problems = dict(problems or {})
-
-
-def _crc32(path: paths.PathLike, chunk: int = 1 << 22) -> int:
-  crc = 0
-  with paths.as_path(path).open("rb") as f:
-    while block := f.read(chunk):
-      crc = zlib.crc32(block, crc)
-  return crc
-
-
-# orbax rewrites these two at its commit, after our checksums may have been taken: the step's
-# metadata (timestamps) and the commit marker. They hold no arrays.
-_UNCHECKED = (_MANIFEST, "_CHECKPOINT_METADATA", "commit_success.txt")
-
-
-def _files(root: epath.Path) -> list[epath.Path]:
-  return [p for p in paths.files_under(root) if p.relative_to(root).as_posix() not in _UNCHECKED]
-
-
-def write_manifest(step_dir: paths.PathLike) -> None:
-  """Writes `<step_dir>/checksums.json`: {relative path: [size, crc32]} of every file in it."""
-  root = paths.as_path(step_dir)
-  entries = {str(p.relative_to(root)): [paths.size(p), _crc32(p)] for p in _files(root)}
-  paths.write_text(root / _MANIFEST, json.dumps({"format": "crc32", "files": entries}, indent=0))
-
-
-def verify_manifest(step_dir: paths.PathLike) -> str | None:
-  """Why `step_dir` does not match its checksums (None: it does, or it has no manifest)."""
-  root = paths.as_path(step_dir)
-  manifest = root / _MANIFEST
-  if not paths.exists(manifest):
-    return None
-  try:
-    entries = json.loads(paths.read_text(manifest))["files"]
-  except (ValueError, KeyError, TypeError) as e:
-    return f"its {_MANIFEST} is unreadable ({e})"
-  for rel, (size, crc) in entries.items():
-    path = root / rel
-    if not paths.exists(path):
-      return f"{rel} is missing"
-    if (found := paths.size(path)) != size:
-      return f"{rel} has {found} bytes, {size} were written"
-    if _crc32(path) != crc:
-      return f"{rel} does not match its checksum"
-  return None
 
 
 class NonFiniteStateError(RuntimeError):
@@ -132,132 +92,6 @@ def non_finite_paths(tree: PyTree) -> list[str]:
 
 
 _finite_leaves = jax.jit(optim.finite_leaves)  # one program for the whole list
-
-
-class CheckpointMismatchError(ValueError):
-  """A checkpoint does not fit the current config or restore target.
-
-  `diffs` maps each differing field or parameter path to `(saved, current)`.
-  """
-
-  def __init__(self, message: str, diffs: Mapping[str, tuple[Any, Any]] | None = None):
-    super().__init__(message)
-    self.diffs = dict(diffs or {})
-
-
-_MISSING = "<absent>"
-
-
-def _flatten_json(prefix: str, node: Any, out: dict[str, Any]) -> None:
-  if isinstance(node, Mapping) and node:
-    for k, v in node.items():
-      _flatten_json(f"{prefix}.{k}" if prefix else str(k), v, out)
-  else:
-    out[prefix] = node
-
-
-def _jsonable(meta: Mapping[str, Any] | None) -> dict[str, Any]:
-  """Returns `meta` as it reads back from JSON (tuples become lists), or raises TypeError."""
-  try:
-    return json.loads(json.dumps(dict(meta or {})))
-  except TypeError as e:
-    raise TypeError(f"checkpoint meta must be JSON-serialisable: {e}") from e
-
-
-@dataclasses.dataclass(frozen=True)
-class MetaCheck:
-  """What a restore holds the saved meta against (compared by `check_compatible`)."""
-
-  current: Mapping[str, Any]  # the running config's meta
-  keys: Sequence[str] = ("model",)  # top-level meta fields that must match
-  defaults: Mapping[str, Any] | None = None  # stand-ins for fields an older meta lacks
-  ignore: Sequence[str] = ()  # dotted fields that are never compared
-
-
-def check_compatible(
-  saved_meta: Mapping[str, Any],
-  current_meta: Mapping[str, Any],
-  keys: Sequence[str] = ("model",),
-  *,
-  workdir: str | None = None,
-  step: int | None = None,
-  defaults: Mapping[str, Any] | None = None,
-  ignore: Sequence[str] = (),
-) -> None:
-  """Raises CheckpointMismatchError if `saved_meta` and `current_meta` differ under `keys`.
-
-  Values are compared as JSON (a tuple equals the list it is saved as); the message names the
-  workdir and every differing dotted field with its saved and current value. `defaults` (same
-  shape as the meta) stand in for fields the saved meta lacks: fields added after it was written.
-  `ignore`: dotted fields that choose how a result is computed, not what (never compared).
-  """
-  saved_flat: dict[str, Any] = {}
-  current_flat: dict[str, Any] = {}
-  default_flat: dict[str, Any] = {}
-  saved, current = _jsonable(saved_meta), _jsonable(current_meta)
-  for key in keys:
-    _flatten_json(key, saved.get(key, _MISSING), saved_flat)
-    _flatten_json(key, current.get(key, _MISSING), current_flat)
-    if defaults and key in defaults and key in saved:
-      _flatten_json(key, _jsonable(defaults)[key], default_flat)
-  for f, value in default_flat.items():
-    saved_flat.setdefault(f, value)
-  diffs = {
-    f: (saved_flat.get(f, _MISSING), current_flat.get(f, _MISSING))
-    for f in sorted(set(saved_flat) | set(current_flat))
-    if saved_flat.get(f, _MISSING) != current_flat.get(f, _MISSING) and f not in ignore
-  }
-  if not diffs:
-    return
-  where = f"workdir {workdir}" if workdir else "the checkpoint directory"
-  at = f" (step {step})" if step is not None else ""
-  what = "/".join(keys)
-  saved_str = ", ".join(f"{f}={s!r}" for f, (s, _) in diffs.items())
-  current_str = ", ".join(f"{f}={c!r}" for f, (_, c) in diffs.items())
-  raise CheckpointMismatchError(
-    f"{where} holds a checkpoint{at} of a {what} with {saved_str}, but the config asks for "
-    f"{current_str}; use a new --workdir or match the {what} config.",
-    diffs,
-  )
-
-
-def _path_str(path) -> str:
-  return jax.tree_util.keystr(path, simple=True, separator="/")
-
-
-def _saved_shape(leaf: Any) -> tuple[int, ...] | None:
-  """Shape an array leaf has on disk (a typed PRNG key is stored as its key data)."""
-  if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
-    return None
-  if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
-    return tuple(jax.eval_shape(jax.random.key_data, leaf).shape)
-  return tuple(leaf.shape)
-
-
-def _check_tree(saved_tree: PyTree, target: PyTree, where: str) -> None:
-  """Raises CheckpointMismatchError naming every path whose presence or shape differs."""
-  saved = {_path_str(p): leaf for p, leaf in jax.tree_util.tree_flatten_with_path(saved_tree)[0]}
-  wanted = {_path_str(p): leaf for p, leaf in jax.tree_util.tree_flatten_with_path(target)[0]}
-  diffs: dict[str, tuple[Any, Any]] = {}
-  for path in sorted(set(saved) | set(wanted)):
-    if path not in saved:
-      diffs[path] = (_MISSING, _saved_shape(wanted[path]))
-    elif path not in wanted:
-      diffs[path] = (_saved_shape(saved[path]), _MISSING)
-    else:
-      s, w = _saved_shape(saved[path]), _saved_shape(wanted[path])
-      if s is not None and w is not None and s != w:
-        diffs[path] = (s, w)
-  if not diffs:
-    return
-  lines = [f"  {p}: saved {s}, expected {w}" for p, (s, w) in list(diffs.items())[:20]]
-  if len(diffs) > 20:
-    lines.append(f"  ... and {len(diffs) - 20} more")
-  raise CheckpointMismatchError(
-    f"{where} does not match the state it is restored into ({len(diffs)} parameter paths differ; "
-    "shapes as stored, typed PRNG keys as key data):\n" + "\n".join(lines),
-    diffs,
-  )
 
 
 class Checkpointer:
@@ -362,7 +196,7 @@ class Checkpointer:
     for step in sorted(self._unverified & committed):
       if jax.process_index() == 0:
         step_dir = self.directory / str(step)
-        if not paths.exists(step_dir / _MANIFEST):
+        if not has_manifest(step_dir):
           write_manifest(step_dir)
     self._unverified.clear()  # written, or deleted by retention before it was
 
@@ -436,7 +270,7 @@ class Checkpointer:
       )
     items = {
       "state": ocp.args.StandardSave(state),
-      "meta": ocp.args.JsonSave(_jsonable(meta)),
+      "meta": ocp.args.JsonSave(meta_as_json(meta)),
     }
     if data_iter is not None:
       items["data"] = grain.checkpoint.CheckpointSave(data_iter)
@@ -496,7 +330,7 @@ class Checkpointer:
     where = f"checkpoint step {step} in {self.directory}"
     saved_tree = self._manager.item_metadata(step).get("state")
     if saved_tree is not None:
-      _check_tree(saved_tree.tree, abstract_state, where)
+      check_tree(saved_tree.tree, abstract_state, where)
     items = {"state": ocp.args.StandardRestore(abstract_state)}
     if data_iter is not None:
       if not paths.exists(step_dir / "data"):
@@ -529,13 +363,13 @@ class Checkpointer:
     problems: dict[int, str] = {}
     for step in reversed(steps):
       why = verify_manifest(self.directory / str(step))
-      if why is None and not paths.exists(self.directory / str(step) / _MANIFEST):
+      if why is None and not has_manifest(self.directory / str(step)):
         logging.warning(
           "checkpoint step %d in %s has no %s (its run ended before they were written): "
           "loading it unverified",
           step,
           self.directory,
-          _MANIFEST,
+          MANIFEST,
         )
       if why is None:
         try:

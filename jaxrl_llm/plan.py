@@ -19,6 +19,8 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
+from jaxrl_llm.config import PER_RUN, TRACED, tagged
+
 GIB = 2**30
 
 # HBM per chip of TPU generations, by `device_kind` substring (lower case, specific first):
@@ -135,12 +137,12 @@ def plan(
   prompt_len: int | None = None,
   capacity_bytes: int | None = None,
   runs: int = 0,
-  varied: Sequence[str] = ("objective.clip_high", "sampling.temperature"),
+  varied: Sequence[str] | None = None,
 ) -> MemoryPlan:
-  """Builds `config` (a `config.Config`, or a ConfigDict) abstractly on `devices` (default: this machine's) and compiles the fused
-  step; `prompt_len` sizes prompts other than the task's, `capacity_bytes` overrides the
+  """Builds `config` (a `config.Config`) abstractly on `devices` (default: this machine's)
+  and compiles the fused step; `prompt_len` sizes prompts other than the task's, `capacity_bytes` overrides the
   device's own capacity (e.g. to plan a GPU run on a CPU machine). `runs` > 0 plans a pack
-  of that many runs (`run.pack`) varying the fields `varied`."""
+  of that many runs (`run.pack`) varying the fields `varied` (default: `_pack_args`)."""
   from jaxrl_llm import run  # the run imports this module's callers, not the reverse
 
   devices = list(devices if devices is not None else jax.devices())
@@ -149,12 +151,7 @@ def plan(
   repl = jax.sharding.NamedSharding(exp.mesh, jax.sharding.PartitionSpec())
   args = (exp.state, run.abstract_batch(exp), jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=repl))
   if runs:
-    from jaxrl_llm.rl.step import over_runs
-
-    values = {f: jax.ShapeDtypeStruct((), jnp.float32, sharding=repl) for f in varied}
-    stacked = functools.partial(_packed, runs)
-    state = over_runs(args[0], stacked)  # under adapters, one base for every run
-    args = (state, *jax.tree.map(stacked, (*args[1:], values)))
+    args = _pack_args(exp, args, runs, varied)
   common = {
     "capacity_bytes": capacity_bytes if capacity_bytes is not None else device_capacity(devices[0]),
     "device_kind": devices[0].device_kind,
@@ -188,6 +185,24 @@ def plan(
     compile_s=time.perf_counter() - t0,
     **common,
   )
+
+
+def _pack_args(exp, args: tuple, runs: int, varied: Sequence[str] | None) -> tuple:
+  """The packed step's abstract arguments: `args` (state, batch, key) of `runs` runs, and the
+  per-run values of `varied` (default: every traced field this run's step reads that is not
+  0: a traced 0 would switch its term on)."""
+  from jaxrl_llm.rl.step import over_runs
+
+  if varied is None:
+    cfg, own = exp.config, {f"objective.{k}" for k in exp.config.objective.hyperparameters}
+    read = [f for f in tagged(PER_RUN, TRACED) if f in own or not f.startswith("objective.")]
+    varied = [f for f in read if cfg.value(f)]
+  repl = jax.sharding.NamedSharding(exp.mesh, jax.sharding.PartitionSpec())
+  kinds = {f: jnp.int32 if type(exp.config.value(f)) is int else jnp.float32 for f in varied}
+  values = {f: jax.ShapeDtypeStruct((), kinds[f], sharding=repl) for f in varied}
+  stacked = functools.partial(_packed, runs)
+  state = over_runs(args[0], stacked)  # under adapters, one base for every run
+  return (state, *jax.tree.map(stacked, (*args[1:], values)))
 
 
 def _packed(runs: int, x: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:

@@ -22,17 +22,13 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from jaxrl_llm.config.sections import SamplingSettings
 from jaxrl_llm.kernels import logprobs
-from jaxrl_llm.models.transformer import (
-  KVCache,
-  MoEOutput,
-  Transformer,
-  grow_cache,
-  init_cache,
-  positions_from_mask,
-  unembed,
-)
+from jaxrl_llm.models.kv_cache import KVCache, grow_cache, init_cache
+from jaxrl_llm.models.transformer import MoEOutput, Transformer, positions_from_mask, unembed
 from jaxrl_llm.types import Rollout
+
+_DEFAULT = SamplingSettings()  # the `sampling` section's defaults, written there once
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,23 +37,23 @@ class SamplingConfig:
 
   max_new_tokens: int  # T: completion budget
   group_size: int = 1  # G: completions per prompt
-  temperature: float = 1.0  # τ_s; the recorded log-probs are of logits / τ_s
-  top_k: int = 0  # draw only among the k most likely tokens (0 = off)
-  top_p: float = 1.0  # nucleus: draw within the smallest set of mass >= top_p (1 = off)
+  temperature: float = _DEFAULT.temperature  # τ_s; the recorded log-probs are of logits / τ_s
+  top_k: int = _DEFAULT.top_k  # draw only among the k most likely tokens (0 = off)
+  top_p: float = _DEFAULT.top_p  # nucleus: draw within the smallest set of mass >= top_p
   greedy: bool = False  # argmax decoding (evaluation); log-probs still use τ_s
   eos_id: int = 2  # end-of-sequence token id
   pad_id: int = 0  # id written after EOS
-  kv_block: int = 128  # decode stage length: attention reads S + (k+1)·kv_block slots (0 = S+T)
+  kv_block: int = (
+    _DEFAULT.kv_block
+  )  # decode stage length: attention reads S + (k+1)·kv_block slots (0 = S+T)
   loop_axis: str | None = None  # a pack's vmap axis name: its runs' decode loops stop together
 
 
-PER_RUN_FIELDS = ("temperature", "top_p", "top_k")  # what a pack may vary per run
-
-
 def with_values(cfg: SamplingConfig, values: Mapping[str, Any] | None) -> SamplingConfig:
-  """`cfg` with a pack's per-run `sampling.*` values (traced scalars) in place; None: `cfg`."""
-  own = {f: values[f"sampling.{f}"] for f in PER_RUN_FIELDS if f"sampling.{f}" in (values or {})}
-  return dataclasses.replace(cfg, **own) if own else cfg
+  """`cfg` with a pack's per-run `sampling.*` values (traced scalars; which fields a pack may
+  vary is declared in `config.sections.SamplingSettings`) in place; None: `cfg`."""
+  section = {k.partition(".")[2]: v for k, v in (values or {}).items() if k.startswith("sampling.")}
+  return dataclasses.replace(cfg, **section) if section else cfg
 
 
 @struct.dataclass

@@ -10,6 +10,21 @@ Dimension letters used in shape comments and einsum strings throughout the packa
   Dh head width                   F  MLP hidden width
   L  layers                       K  top-k (experts)       E  experts
   A  answer length (task targets)
+
+One word per concept:
+
+  run           one experiment's training: one config, its own folder of events and records
+  pack          runs of one grid trained together as one program over a leading runs axis
+  trainee       what the loop trains (`run.loop.train`): a single run (a pack of one) or a pack
+  member        one run of a trainee as its user sees it: name, folder, events, log lines
+  step          one RL update (sampling and learning in one jitted program)
+  fresh state   the TrainState before any step (`run.assemble`)
+  start state   what a launch continues from: the newest checkpoint that verifies, else the
+                warm start, else the fresh state (`run.loop`)
+  stored state  what a checkpoint holds of the state (under adapters, the adapters alone)
+  learner sections  the config sections the learner is built from (`config.Settings.sections`)
+  learned setting   a setting whose change blocks a resume (`config.blocks_resume`)
+  traced setting    a setting a pack may vary that enters the step as a per-run value
 """
 
 from __future__ import annotations

@@ -25,8 +25,9 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 << 30))  # bytes; 
 import pathlib
 
 import pytest
+from parsed import build
 
-from jaxrl_llm.run import build, to_global_batch
+from jaxrl_llm.run import to_global_batch
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

@@ -17,8 +17,11 @@ pytest.importorskip(
   "libtpu", reason="compiling for a TPU topology needs libtpu: pip install -e '.[tpu]'"
 )
 
+import parsed
+from parsed import build
+
 from jaxrl_llm import hlo, plan, sampling
-from jaxrl_llm.run import abstract_batch, build
+from jaxrl_llm.run import abstract_batch
 
 CONFIG = {"rl.num_prompts": 8, "mesh.data": 1, "mesh.fsdp": -1}
 
@@ -30,7 +33,7 @@ def v5e_2x2():
 
 def test_fused_step_fits_a_v5e_chip(v5e_2x2):
   assert len(v5e_2x2) == 4 and v5e_2x2[0].platform == "tpu"
-  p = plan.plan(tiny_config(**CONFIG), v5e_2x2)
+  p = parsed.plan(tiny_config(**CONFIG), v5e_2x2)
   assert p.mesh["fsdp"] == 4 and p.num_devices == 4
   assert p.device_kind.startswith("TPU v5")
   assert p.capacity_bytes == 16 * plan.GIB  # the chip's HBM, from the spec table
@@ -75,7 +78,7 @@ def test_moe_step_compiles_for_a_v5e_slice(v5e_2x2, mesh):
   everything = [i for insts in hlo.computations(compiled.as_text()).values() for i in insts]
   dispatch = [i for i in hlo.collectives(everything, "all-to-all") if "moe" in i.op_name]
   assert bool(dispatch) == ("mesh.expert" in mesh)
-  p = plan.plan(config, v5e_2x2)
+  p = parsed.plan(config, v5e_2x2)
   assert p.fits and p.argument_bytes > 0
 
 
@@ -86,7 +89,7 @@ def test_a_program_past_the_hbm_is_refused_by_the_tpu_compiler_and_reported(v5e_
   memory table's refused rows)."""
   big = {"model.d_model": 2048, "model.num_heads": 16, "model.num_kv_heads": 8}
   big |= {"model.vocab_size": 262144, "model.tie_embeddings": False, "model.num_layers": 1}
-  p = plan.plan(tiny_config(**{**CONFIG, **big, "mesh.data": 4, "mesh.fsdp": 1}), v5e_2x2)
+  p = parsed.plan(tiny_config(**{**CONFIG, **big, "mesh.data": 4, "mesh.fsdp": 1}), v5e_2x2)
   assert p.refused.startswith("Ran out of memory on HBM") and "exceeds available HBM" in p.refused
   figure = float(p.refused.split("temporaries (")[1].split("G)")[0])
   assert p.temp_bytes == int(figure * plan.GIB) and p.temp_bytes > p.capacity_bytes

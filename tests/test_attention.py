@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import tiny_config
 
-from jaxrl_llm.config import ConfigError, parse, validate
+from jaxrl_llm.config import ConfigError, check, parse
 from jaxrl_llm.config.sections import ModelSettings
 from jaxrl_llm.kernels import attention
 from jaxrl_llm.models import ModelConfig, Transformer, init_cache
@@ -180,13 +180,13 @@ def test_auto_and_bad_values():
 def test_config_field_is_validated_and_not_part_of_the_model():
   config = tiny_config(**{"model.attention": "flash"})
   with pytest.raises(ConfigError, match=r"model\.attention='flash'; allowed: auto"):
-    validate(config, num_devices=1)
+    check(parse(config), num_devices=1)
   mc = ModelSettings.from_section(config.model).arch  # the architecture has no such field
   assert "attention" not in mc.to_dict() and mc == parse(tiny_config()).model.arch
   if jax.default_backend() == "cpu":
     config = tiny_config(**{"model.attention": "cudnn", "model.dtype": "bfloat16"})
     with pytest.raises(ConfigError, match=r"model\.attention='cudnn' cannot run"):
-      validate(config, num_devices=1)
+      check(parse(config), num_devices=1)
 
 
 def _max_err(a, b, m):

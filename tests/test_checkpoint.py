@@ -14,8 +14,8 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxrl_llm import checkpoint
-from jaxrl_llm.run import NUMERICS_ONLY
+from jaxrl_llm import checkpoint, checkpoint_compat, checkpoint_manifest
+from jaxrl_llm.config import tagged
 from jaxrl_llm.types import TrainState
 
 META = {"model": {"num_layers": 2, "d_model": 16, "dims": (4, 3)}, "task": "addition"}
@@ -151,26 +151,26 @@ def test_incompatible_meta_raises_helpful_error(tmp_path):
 def test_check_compatible_reports_missing_and_extra_fields():
   saved = {"model": {"num_layers": 2, "moe": {"experts": 4}}, "task": "a"}
   current = {"model": {"num_layers": 2, "rope": True}, "task": "b"}
-  with pytest.raises(checkpoint.CheckpointMismatchError) as err:
-    checkpoint.check_compatible(saved, current, keys=("model", "task"), workdir="/x")
+  with pytest.raises(checkpoint_compat.CheckpointMismatchError) as err:
+    checkpoint_compat.check_compatible(saved, current, keys=("model", "task"), workdir="/x")
   assert err.value.diffs == {
     "model.moe.experts": (4, "<absent>"),
     "model.rope": ("<absent>", True),
     "task": ("a", "b"),
   }
   assert str(err.value).startswith("workdir /x holds a checkpoint of a model/task with")
-  checkpoint.check_compatible(saved, {**current, "model": saved["model"]}, keys=("model",))
+  checkpoint_compat.check_compatible(saved, {**current, "model": saved["model"]}, keys=("model",))
 
 
 def test_numerics_only_fields_are_not_compared():
   saved = {"model": {"num_layers": 2, "moe_impl": "ragged"}}
   current = {"model": {"num_layers": 2, "moe_impl": "auto"}}
-  with pytest.raises(checkpoint.CheckpointMismatchError, match=r"model\.moe_impl"):
-    checkpoint.check_compatible(saved, current)
-  checkpoint.check_compatible(saved, current, ignore=NUMERICS_ONLY)
+  with pytest.raises(checkpoint_compat.CheckpointMismatchError, match=r"model\.moe_impl"):
+    checkpoint_compat.check_compatible(saved, current)
+  checkpoint_compat.check_compatible(saved, current, ignore=tagged("numerics"))
   other = {"model": {"num_layers": 3, "moe_impl": "auto"}}
-  with pytest.raises(checkpoint.CheckpointMismatchError, match=r"model\.num_layers"):
-    checkpoint.check_compatible(saved, other, ignore=NUMERICS_ONLY)
+  with pytest.raises(checkpoint_compat.CheckpointMismatchError, match=r"model\.num_layers"):
+    checkpoint_compat.check_compatible(saved, other, ignore=tagged("numerics"))
 
 
 def test_shape_mismatch_names_parameter_paths(tmp_path):
@@ -354,7 +354,7 @@ def test_a_committed_step_carries_its_checksums_before_anything_else_runs(tmp_pa
   ckpt._manager.wait_until_finished()  # committed; nothing of ours has run since the save
   step_dir = tmp_path / "checkpoints" / "2"
   assert (step_dir / "commit_success.txt").exists() and (step_dir / "checksums.json").exists()
-  assert checkpoint.verify_manifest(step_dir) is None
+  assert checkpoint_manifest.verify_manifest(step_dir) is None
   ckpt.close()
   (step_dir / "checksums.json").unlink()
   with caplog.at_level("WARNING"), checkpoint.Checkpointer(tmp_path, save_every=1) as ckpt:

@@ -5,10 +5,10 @@ import sys
 
 import pytest
 from conftest import REPO, cli_env, tiny_config
+from parsed import build, train_and_evaluate
 
 from jaxrl_llm import checkpoint
 from jaxrl_llm.config import ConfigError
-from jaxrl_llm.run import build, train_and_evaluate
 
 
 @pytest.mark.parametrize(

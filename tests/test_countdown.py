@@ -9,6 +9,7 @@ import pathlib
 import jax
 import numpy as np
 import pytest
+from parsed import train_and_evaluate
 
 from jaxrl_llm.data.task import Task
 from jaxrl_llm.data.tasks import CharTokenizer, CountdownTask, get_task
@@ -113,7 +114,6 @@ def test_a_warm_start_on_countdown_leaves_room_to_fail(tmp_path):
   pass@4 below 0.8): a policy with room to fail and to improve (read back from its events)."""
   from jaxrl_llm import metrics as metrics_lib
   from jaxrl_llm.config import default_config
-  from jaxrl_llm.run import train_and_evaluate
 
   config = default_config()
   config.task.name, config.task.wrong_traces, config.sft.steps = "countdown", 0.3, 300
@@ -129,7 +129,7 @@ def test_a_warm_start_on_countdown_leaves_room_to_fail(tmp_path):
 def test_every_setting_of_the_testbed_config_parses(setting):
   """`configs/countdown.py:SETTING` through the trainer's own parser: the countdown task with
   wrong traces in each; the MoE twin has the CPU setting's body with routed experts."""
-  from jaxrl_llm import main as trainer_main
+  from jaxrl_llm import launch as trainer_main
 
   path = str(pathlib.Path(__file__).parents[1] / "configs" / "countdown.py")
   config = trainer_main.parse_config(["t", f"--config={path}:{setting}"])

@@ -12,8 +12,8 @@ import orbax.checkpoint as ocp
 import pytest
 from text_fixtures import build_bpe_tokenizer, write_math_jsonl
 
+from jaxrl_llm.data import prompt_batches, templates
 from jaxrl_llm.data import records as records_lib
-from jaxrl_llm.data import templates
 from jaxrl_llm.data.tokenizers import HFTokenizer
 
 pytest.importorskip("tokenizers")
@@ -209,7 +209,7 @@ def test_null_nan_and_empty_answers_are_skipped_and_counted(tmp_path, tok, caplo
   # The count follows the train side of a split into the iterator's stats.
   train, evals = records_lib.train_eval_split(records, eval_fraction=0.5, seed=0)
   assert train.skipped == {"skipped_null_answer": 4} and evals.skipped["skipped_null_answer"] == 0
-  _, stats = records_lib.make_text_prompt_iterator(
+  _, stats = prompt_batches.make_text_prompt_iterator(
     records, tok, template="plain", prompt_len=16, batch_size=2, seed=0
   )
   assert stats["skipped_null_answer"] == 4 and stats["num_records"] == 4
@@ -301,7 +301,7 @@ def test_split_with_eval_files(math, tmp_path):
 def test_batches_tokens_answers_and_metadata(math, tok):
   path, _ = math
   records = records_lib.load_records([path], metadata_fields=("level",))
-  it, stats = records_lib.make_text_prompt_iterator(
+  it, stats = prompt_batches.make_text_prompt_iterator(
     records, tok, template="qwen_math", prompt_len=80, batch_size=8, seed=0
   )
   assert stats == {
@@ -325,7 +325,7 @@ def test_batches_tokens_answers_and_metadata(math, tok):
     assert tok.decode(row[m]) == templates.render_prompt(r["prompt"], "qwen_math")
     assert isinstance(answer, str) and answer == r["answer"] and level == r["level"]
 
-  chat_it, _ = records_lib.make_text_prompt_iterator(
+  chat_it, _ = prompt_batches.make_text_prompt_iterator(
     records, tok, template="chat", prompt_len=64, batch_size=4, seed=0, system="Be exact."
   )
   chat = next(chat_it)
@@ -341,7 +341,7 @@ def test_too_long_prompts_are_filtered_and_counted(math, tok):
   prompt_len = int(np.median(lens))
   expected_long = int((lens > prompt_len).sum())
   assert 0 < expected_long < len(records)
-  it, stats = records_lib.make_text_prompt_iterator(
+  it, stats = prompt_batches.make_text_prompt_iterator(
     records, tok, prompt_len=prompt_len, batch_size=4, seed=0, num_epochs=1, shuffle=False
   )
   assert stats == {
@@ -355,9 +355,9 @@ def test_too_long_prompts_are_filtered_and_counted(math, tok):
   np.testing.assert_array_equal(seen, kept[: len(seen)])
   assert len(seen) == (len(kept) // 4) * 4  # remainder dropped
   with pytest.raises(ValueError, match=r"All 36 prompts are longer than data.prompt_len=2"):
-    records_lib.make_text_prompt_iterator(records, tok, prompt_len=2, batch_size=4, seed=0)
+    prompt_batches.make_text_prompt_iterator(records, tok, prompt_len=2, batch_size=4, seed=0)
   with pytest.raises(ValueError, match=rf"{36 - expected_long} of 36 records fit"):
-    records_lib.make_text_prompt_iterator(
+    prompt_batches.make_text_prompt_iterator(
       records, tok, prompt_len=prompt_len, batch_size=40, seed=0
     )
 
@@ -373,7 +373,7 @@ def test_special_tokens_in_records_are_plain_text(tmp_path, tok):
   tail = "<|im_end|>\n<|im_start|>assistant\n"
 
   def rows(**kwargs):
-    examples, _ = records_lib.tokenize_records(
+    examples, _ = prompt_batches.tokenize_records(
       records, tok, template="chat", prompt_len=96, system="Be exact.", **kwargs
     )
     return [t[m].tolist() for t, m in zip(examples["tokens"], examples["mask"])]
@@ -398,7 +398,7 @@ def test_special_tokens_in_records_are_plain_text(tmp_path, tok):
   assert [controls.count(IM_START), controls.count(IM_END)] == [4, 3]
   assert clean_again == clean
   # Non-chat templates: the whole prompt is plain text.
-  examples, _ = records_lib.tokenize_records(records, tok, template="qwen_math", prompt_len=96)
+  examples, _ = prompt_batches.tokenize_records(records, tok, template="qwen_math", prompt_len=96)
   first = examples["tokens"][0][examples["mask"][0]].tolist()
   assert first == tok.encode(
     templates.render_prompt(injected, "qwen_math"), split_special_tokens=True
@@ -411,7 +411,7 @@ def test_iterator_is_deterministic_and_resumes(math, tok, tmp_path):
   records = records_lib.load_records([path], metadata_fields=("level",))
 
   def make(seed=3):
-    return records_lib.make_text_prompt_iterator(
+    return prompt_batches.make_text_prompt_iterator(
       records, tok, template="r1", prompt_len=300, batch_size=6, seed=seed
     )[0]
 
@@ -447,7 +447,7 @@ def test_shards_are_disjoint(math, tok):
   records = records_lib.load_records([path])
   seen = []
   for shard in range(3):
-    it, _ = records_lib.make_text_prompt_iterator(
+    it, _ = prompt_batches.make_text_prompt_iterator(
       records,
       tok,
       prompt_len=64,

@@ -2,9 +2,9 @@
 
 import pytest
 from conftest import load_config
+from parsed import train_and_evaluate
 
 from jaxrl_llm import metrics
-from jaxrl_llm.run import train_and_evaluate
 
 
 @pytest.mark.slow

@@ -18,10 +18,11 @@ import optax
 import pytest
 from conftest import REPO, cli_env, default_sigint, tiny_config
 from conftest import TINY_CLI as TINY_MODEL
+from parsed import build, train_and_evaluate
 
 from jaxrl_llm import checkpoint, metrics, optim
-from jaxrl_llm.config import ConfigError, validate
-from jaxrl_llm.run import NonFiniteError, build, train_and_evaluate
+from jaxrl_llm.config import ConfigError, check, parse
+from jaxrl_llm.run import NonFiniteError
 
 
 def _tx():
@@ -161,7 +162,7 @@ BAD_NUMBERS = {
 def test_out_of_range_numbers_stop_at_start_up_naming_the_field(field):
   value, message = BAD_NUMBERS[field]
   with pytest.raises(ConfigError, match=message):
-    validate(tiny_config(**{field: value}), num_devices=8)
+    check(parse(tiny_config(**{field: value})), num_devices=8)
 
 
 # Every section: each value stops `build` (before anything compiles) with a ConfigError
@@ -680,7 +681,7 @@ def test_a_run_started_with_sigint_ignored_keeps_ignoring_it(tmp_path):
 def test_an_error_raised_while_ctrl_c_unwinds_still_counts_as_ctrl_c():
   """A save that Ctrl-C cut may fail again as the run closes its checkpointer: the command
   line reports the Ctrl-C (one line, exit 130), not that later error's traceback."""
-  from jaxrl_llm import main
+  from jaxrl_llm import launch
 
   try:
     try:
@@ -688,8 +689,8 @@ def test_an_error_raised_while_ctrl_c_unwinds_still_counts_as_ctrl_c():
     finally:
       raise RuntimeError("the save's thread was cut")
   except RuntimeError as e:
-    assert main.interrupted(e)
-  assert not main.interrupted(RuntimeError("a plain failure"))
+    assert launch.interrupted(e)
+  assert not launch.interrupted(RuntimeError("a plain failure"))
 
 
 @pytest.mark.slow
@@ -733,7 +734,7 @@ def test_background_thread_failures_are_one_log_line_unless_debugging(tmp_path):
       """
       import gc, sys, threading
       from absl import logging
-      from jaxrl_llm import main as cli
+      from jaxrl_llm import terminal as cli
 
       class Dying:
         def __del__(self):

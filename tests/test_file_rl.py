@@ -6,18 +6,13 @@ import ml_collections
 import numpy as np
 import pytest
 from conftest import tiny_config
+from parsed import build, train_and_evaluate
 from text_fixtures import math_file_run
 
-from jaxrl_llm import checkpoint, main, metrics
+from jaxrl_llm import checkpoint, launch, metrics
 from jaxrl_llm.data import file_task, verifiers
 from jaxrl_llm.data.task import Task
-from jaxrl_llm.run import (
-  VerifierError,
-  build,
-  host_reward_step,
-  to_global_batch,
-  train_and_evaluate,
-)
+from jaxrl_llm.run import VerifierError, host_reward_step, to_global_batch
 from jaxrl_llm.run.guard import VerifierGuard
 
 
@@ -185,7 +180,7 @@ def test_a_verifier_failing_every_call_stops_the_run_keeping_its_checkpoints(
   with pytest.raises(VerifierError) as err:
     train_and_evaluate(config, workdir)
   line = str(err.value)
-  assert main.explain(err.value) == f"error: {line}"  # the command line: this line, exit 2
+  assert launch.explain(err.value) == f"error: {line}"  # the command line: this line, exit 2
   assert "\n" not in line and line.startswith(
     "rl step 3: reward term 'always_fails' failed on all 16"
   )

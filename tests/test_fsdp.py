@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 from conftest import run_steps, tiny_config
 from jax.sharding import NamedSharding, PartitionSpec
+from parsed import build
 
 from jaxrl_llm import hlo, sampling, sharding
-from jaxrl_llm.config import ConfigError, validate
+from jaxrl_llm.config import ConfigError, check, parse
 from jaxrl_llm.rl import step as rl_step
-from jaxrl_llm.run import abstract_batch, build
+from jaxrl_llm.run import abstract_batch
 
 MESHES = {
   "fsdp8": {"mesh.data": 1, "mesh.fsdp": 8},
@@ -114,10 +115,10 @@ def test_mesh_config_errors_name_the_fields():
   }
   config = tiny_config(**{"mesh.data": 1, "mesh.fsdp": 8, "model.d_model": 36})
   with pytest.raises(ConfigError, match=r"mesh.fsdp=8 does not divide model.d_model=36"):
-    validate(config, num_devices=8)
+    check(parse(config), num_devices=8)
   config = tiny_config(**{"mesh.data": 2, "mesh.fsdp": 2, "rl.num_prompts": 6})
   with pytest.raises(ConfigError, match=r"mesh.data x mesh.fsdp x mesh.expert = 2 x 2 x 1"):
-    validate(config, num_devices=8)
+    check(parse(config), num_devices=8)
 
 
 def test_a_mesh_of_fewer_devices_than_present_uses_the_first_and_says_so(caplog):

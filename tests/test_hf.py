@@ -27,7 +27,7 @@ from jax.sharding import PartitionSpec as P
 from safetensors.numpy import load_file, save_file
 
 from jaxrl_llm import sharding
-from jaxrl_llm.models import hf
+from jaxrl_llm.models import hf, hf_config, hf_export, hf_layout
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.transformer import Transformer, positions_from_mask
 from jaxrl_llm.sampling import SamplingConfig, sample
@@ -68,7 +68,7 @@ def _edit_config(path: pathlib.Path, **changes) -> None:
 
 def test_fixtures_cover_every_model_type_and_stay_small():
   types = {f["model_type"] for f in MANIFEST["fixtures"].values()}
-  assert types == set(hf.MODEL_TYPES)
+  assert types == set(hf_config.MODEL_TYPES)
   assert MANIFEST["transformers_version"]
   size = sum(p.stat().st_size for p in FIXTURES.rglob("*") if p.is_file())
   assert size < 1_000_000  # the README: under 1 MB
@@ -137,7 +137,7 @@ def test_export_import_round_trip_is_bit_exact(name, tmp_path):
   cfg, params = _load(name, "bfloat16" if bf16 else None)
   model_type = MANIFEST["fixtures"][name]["model_type"]
   out = tmp_path / "export"
-  hf.save_checkpoint(
+  hf_export.save_checkpoint(
     out, cfg, params, model_type=model_type, dtype=cfg.param_dtype, max_shard_bytes=50_000
   )
   cfg2, params2 = hf.load_checkpoint(out)
@@ -156,7 +156,7 @@ def test_export_import_round_trip_is_bit_exact(name, tmp_path):
   src_cfg = json.loads((FIXTURES / name / "config.json").read_text())
   for key in ("model_type", "hidden_size", "num_key_value_heads", "tie_word_embeddings"):
     assert hf_cfg[key] == src_cfg[key], key
-  assert (out / hf.INDEX_FILE).exists() == (len(list(out.glob("*.safetensors"))) > 1)
+  assert (out / hf_layout.INDEX_FILE).exists() == (len(list(out.glob("*.safetensors"))) > 1)
 
 
 def _raw_u16(path) -> dict[str, np.ndarray]:
@@ -202,15 +202,15 @@ def test_round_trip_keeps_fields_hf_cannot_name(tmp_path):
   params = jax.tree.map(
     lambda a: jnp.asarray(rng.normal(size=a.shape), a.dtype), nn.unbox(hf.abstract_params(cfg))
   )
-  hf.save_checkpoint(tmp_path, cfg, params, dtype="bfloat16", max_shard_bytes=4096)
+  hf_export.save_checkpoint(tmp_path, cfg, params, dtype="bfloat16", max_shard_bytes=4096)
   assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "qwen3_moe"
   assert len(list(tmp_path.glob("model-*-of-*.safetensors"))) > 2
   cfg2, params2 = hf.load_checkpoint(tmp_path)
   assert cfg2 == cfg
   _assert_trees_equal(params2, params)
   with pytest.raises(FileExistsError, match="overwrite=True"):
-    hf.save_checkpoint(tmp_path, cfg, params, dtype="bfloat16")
-  hf.save_checkpoint(tmp_path, cfg, params, dtype="bfloat16", overwrite=True)
+    hf_export.save_checkpoint(tmp_path, cfg, params, dtype="bfloat16")
+  hf_export.save_checkpoint(tmp_path, cfg, params, dtype="bfloat16", overwrite=True)
   assert not list(tmp_path.glob("model-*-of-*.safetensors"))
   _assert_trees_equal(hf.load_checkpoint(tmp_path)[1], params)
 
@@ -251,7 +251,7 @@ def test_missing_tensor_is_named_with_its_file(tmp_path):
   tensors = load_file(path / "model.safetensors")
   del tensors["model.layers.1.mlp.up_proj.weight"]
   save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
-  with pytest.raises(hf.CheckpointFormatError) as e:
+  with pytest.raises(hf_config.CheckpointFormatError) as e:
     hf.load_checkpoint(path)
   assert "model.safetensors: missing tensor 'model.layers.1.mlp.up_proj.weight'" in str(e.value)
 
@@ -261,9 +261,13 @@ def test_non_float_tensor_is_named_with_its_file(tmp_path):
   tensors = load_file(path / "model.safetensors")
   tensors["model.norm.weight"] = tensors["model.norm.weight"].astype(np.int32)
   save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
-  with pytest.raises(hf.CheckpointFormatError, match=r"model\.safetensors: tensor 'model\.norm\."):
+  with pytest.raises(
+    hf_config.CheckpointFormatError, match=r"model\.safetensors: tensor 'model\.norm\."
+  ):
     hf.load_checkpoint(path)
-  with pytest.raises(hf.CheckpointFormatError, match="has dtype I32; expected a floating-point"):
+  with pytest.raises(
+    hf_config.CheckpointFormatError, match="has dtype I32; expected a floating-point"
+  ):
     hf.load_checkpoint(path)
 
 
@@ -273,7 +277,7 @@ def test_unexpected_tensor_is_named(tmp_path):
   tensors["model.layers.0.self_attn.o_proj.bias"] = np.zeros(32, np.float32)
   save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
   with pytest.raises(
-    hf.CheckpointFormatError,
+    hf_config.CheckpointFormatError,
     match=re.escape("unexpected tensor 'model.layers.0.self_attn.o_proj.bias'"),
   ):
     hf.load_checkpoint(path)
@@ -291,7 +295,7 @@ def test_tied_lm_head_copy_and_rope_buffers_are_ignored(tmp_path):
 def test_config_that_does_not_match_the_weights(tmp_path):
   path = _copy("llama", tmp_path)
   _edit_config(path, hidden_size=48)
-  with pytest.raises(hf.CheckpointFormatError) as e:
+  with pytest.raises(hf_config.CheckpointFormatError) as e:
     hf.load_checkpoint(path)
   msg = str(e.value)
   assert "config.json does not match the weights' shapes" in msg
@@ -305,7 +309,7 @@ def test_too_few_layers_in_config_reports_unexpected_tensors(tmp_path):
   path = _copy("qwen3", tmp_path)
   _edit_config(path, num_hidden_layers=1)
   with pytest.raises(
-    hf.CheckpointFormatError, match=re.escape("unexpected tensor 'model.layers.1.")
+    hf_config.CheckpointFormatError, match=re.escape("unexpected tensor 'model.layers.1.")
   ):
     hf.load_checkpoint(path)
 
@@ -313,7 +317,7 @@ def test_too_few_layers_in_config_reports_unexpected_tensors(tmp_path):
 def test_bad_model_type_lists_the_supported_ones(tmp_path):
   path = _copy("qwen2", tmp_path)
   _edit_config(path, model_type="gpt2")
-  with pytest.raises(hf.CheckpointFormatError) as e:
+  with pytest.raises(hf_config.CheckpointFormatError) as e:
     hf.load_checkpoint(path)
   assert "config.json: model_type='gpt2' is not supported" in str(e.value)
   assert "'qwen3_moe'" in str(e.value) and "'mixtral'" in str(e.value)
@@ -330,7 +334,7 @@ def test_missing_config_and_weights(tmp_path):
     FileNotFoundError, match=r"index\.json lists weight file model-00002-of-00003"
   ):
     hf.load_checkpoint(path)
-  (path / hf.INDEX_FILE).unlink()
+  (path / hf_layout.INDEX_FILE).unlink()
   with pytest.raises(FileNotFoundError, match=r"neither model\.safetensors nor"):
     hf.load_checkpoint(path)
 
@@ -355,23 +359,23 @@ def _hf_config(**changes):
   ],
 )
 def test_unsupported_features_name_the_field(changes, field):
-  with pytest.raises(hf.CheckpointFormatError, match="unsupported") as e:
-    hf.config_from_hf(_hf_config(**changes), source="x/config.json")
+  with pytest.raises(hf_config.CheckpointFormatError, match="unsupported") as e:
+    hf_config.config_from_hf(_hf_config(**changes), source="x/config.json")
   assert field in str(e.value) and str(e.value).startswith("x/config.json")
 
 
 def test_mistral_sliding_window_defaults_as_its_reference_class():
   mistral = _json(FIXTURES / "mistral" / "config.json")
   del mistral["sliding_window"]  # MistralConfig's default is 4096: a window, refused
-  with pytest.raises(hf.CheckpointFormatError) as e:
-    hf.config_from_hf(mistral, source="x/config.json")
+  with pytest.raises(hf_config.CheckpointFormatError) as e:
+    hf_config.config_from_hf(mistral, source="x/config.json")
   assert "unsupported mistral config: sliding_window omitted (mistral's default is 4096)" in str(
     e.value
   )
   cfg = _load("mistral")[0]
-  exported = hf.config_to_hf(cfg, "mistral")
+  exported = hf_config.config_to_hf(cfg, "mistral")
   assert exported["sliding_window"] is None and exported["architectures"] == ["MistralForCausalLM"]
-  assert hf.config_from_hf(exported) == cfg
+  assert hf_config.config_from_hf(exported) == cfg
 
 
 _OPTIONAL = (
@@ -386,7 +390,7 @@ _OPTIONAL = (
 )
 
 
-@pytest.mark.parametrize("model_type", hf.MODEL_TYPES)
+@pytest.mark.parametrize("model_type", hf_config.MODEL_TYPES)
 def test_omitted_fields_read_as_the_reference_config_class_reads_them(model_type):
   transformers = pytest.importorskip("transformers")
   name = next(n for n in NAMES if MANIFEST["fixtures"][n]["model_type"] == model_type)
@@ -397,7 +401,7 @@ def test_omitted_fields_read_as_the_reference_config_class_reads_them(model_type
     base["num_local_experts"] = 16
   for omitted in _OPTIONAL:
     fields = {k: v for k, v in base.items() if k not in omitted}
-    ours = hf.config_from_hf(fields)
+    ours = hf_config.config_from_hf(fields)
     ref = transformers.AutoConfig.for_model(**fields)
     head_dim = getattr(ref, "head_dim", None) or ref.hidden_size // ref.num_attention_heads
     assert (ours.num_kv_heads, ours.head_dim) == (ref.num_key_value_heads, head_dim), omitted
@@ -409,7 +413,7 @@ def test_omitted_fields_read_as_the_reference_config_class_reads_them(model_type
       assert (ours.moe_num_experts, ours.moe_top_k) == (experts, ref.num_experts_per_tok), omitted
       assert ours.moe_normalize_gates == getattr(ref, "norm_topk_prob", True), omitted
   # An export without a known context length gets the reference class's default.
-  exported = hf.config_to_hf(hf.config_from_hf(base), model_type)
+  exported = hf_config.config_to_hf(hf_config.config_from_hf(base), model_type)
   default = transformers.AutoConfig.for_model(model_type).max_position_embeddings
   assert exported["max_position_embeddings"] == default
 
@@ -424,35 +428,35 @@ def test_default_model_type_follows_the_features():
     ({"moe_num_experts": 4}, "mixtral"),
     ({"moe_num_experts": 4, "qk_norm": True}, "qwen3_moe"),
   ):
-    assert hf.default_model_type(dataclasses.replace(base, **changes)) == want, changes
+    assert hf_config.default_model_type(dataclasses.replace(base, **changes)) == want, changes
 
 
 def test_older_config_spellings_and_sparse_step():
   v4 = _hf_config(decoder_sparse_step=2, num_hidden_layers=4, rope_theta=1e6, num_experts=8)
   del v4["rope_parameters"], v4["num_local_experts"]
-  cfg = hf.config_from_hf(v4)
+  cfg = hf_config.config_from_hf(v4)
   assert (cfg.moe_layers, cfg.moe_num_experts, cfg.rope_theta) == ((1, 3), 8, 1e6)
   assert cfg.mlp_dim == 64 and cfg.moe_expert_mlp_dim == 16
   llama = json.loads((FIXTURES / "llama" / "config.json").read_text())
   del llama["rope_parameters"]
   llama["rope_scaling"] = {"type": "linear", "factor": 2.0}
-  cfg = hf.config_from_hf(llama)
+  cfg = hf_config.config_from_hf(llama)
   assert (cfg.rope_scaling, cfg.rope_scaling_factor, cfg.rope_theta) == ("linear", 2.0, 1e4)
-  dense = hf.config_from_hf(_hf_config(mlp_only_layers=[0, 1]))
+  dense = hf_config.config_from_hf(_hf_config(mlp_only_layers=[0, 1]))
   assert dense.moe_num_experts == 0 and dense.mlp_dim == 64
 
 
 def test_export_refuses_what_the_model_type_cannot_express(tmp_path):
   cfg, params = _load("qwen3")
   with pytest.raises(ValueError, match="qwen2 needs attention_bias; qwen2 cannot have qk_norm"):
-    hf.save_checkpoint(tmp_path, cfg, params, model_type="qwen2")
+    hf_export.save_checkpoint(tmp_path, cfg, params, model_type="qwen2")
   moe = dataclasses.replace(_load("qwen3_moe")[0], qk_norm=False, moe_every=2)
   with pytest.raises(ValueError, match="mixtral needs moe_every=1"):
-    hf.config_to_hf(moe, "mixtral")
+    hf_config.config_to_hf(moe, "mixtral")
   with pytest.raises(ValueError, match=r"params\[layer_0/attn/q/kernel\]: expected shape"):
     bad = jax.tree.map(lambda x: x, params)
     bad["layer_0"]["attn"]["q"]["kernel"] = jnp.zeros((3, 3))
-    hf.save_checkpoint(tmp_path, cfg, bad)
+    hf_export.save_checkpoint(tmp_path, cfg, bad)
 
 
 # ----------------------------------------------------------------------------- command line
@@ -512,13 +516,13 @@ def _export(src: pathlib.Path, out: pathlib.Path, **kwargs) -> pathlib.Path:
   """Imports the HF directory `src` and exports it to `out` with `src` as the source."""
   cfg, params = hf.load_checkpoint(src)
   mt = _json(src / "config.json")["model_type"]
-  hf.save_checkpoint(out, cfg, params, model_type=mt, source=src, **kwargs)
+  hf_export.save_checkpoint(out, cfg, params, model_type=mt, source=src, **kwargs)
   return out
 
 
 def _model_files(path: pathlib.Path) -> dict[str, bytes]:
   """The generation config and tokenizer files of a directory, by name."""
-  names = (hf.GENERATION_CONFIG_FILE, *hf.TOKENIZER_FILES)
+  names = (hf_layout.GENERATION_CONFIG_FILE, *hf_layout.TOKENIZER_FILES)
   return {n: (path / n).read_bytes() for n in names if (path / n).is_file()}
 
 
@@ -528,20 +532,20 @@ def test_round_trip_keeps_context_length_rope_token_ids_and_model_files(name, tm
   first = _export(src, tmp_path / "first")
   second = _export(first, tmp_path / "second")  # import -> export of the export
   want, got = _json(src / "config.json"), _json(first / "config.json")
-  for key in hf.CARRIED_FIELDS:
+  for key in hf_config.CARRIED_FIELDS:
     assert got[key] == want[key], key
   rope = want["rope_parameters"]
   assert got["rope_parameters"] == rope and got["rope_theta"] == rope["rope_theta"]
   scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
   assert got["rope_scaling"] == (None if rope["rope_type"] == "default" else scaling)
-  gen = _json(first / hf.GENERATION_CONFIG_FILE)
-  if (src / hf.GENERATION_CONFIG_FILE).exists():  # kept as it was, sampling fields included
-    assert gen == _json(src / hf.GENERATION_CONFIG_FILE)
+  gen = _json(first / hf_layout.GENERATION_CONFIG_FILE)
+  if (src / hf_layout.GENERATION_CONFIG_FILE).exists():  # kept as it was, sampling fields included
+    assert gen == _json(src / hf_layout.GENERATION_CONFIG_FILE)
   else:  # built from config.json's ids
     assert gen == {k: want[k] for k in _IDS if want[k] is not None}
-  tokenizer = {n: b for n, b in _model_files(src).items() if n != hf.GENERATION_CONFIG_FILE}
+  tokenizer = {n: b for n, b in _model_files(src).items() if n != hf_layout.GENERATION_CONFIG_FILE}
   assert {n: b for n, b in _model_files(first).items() if n in tokenizer} == tokenizer
-  assert set(_model_files(first)) == {hf.GENERATION_CONFIG_FILE, *tokenizer}
+  assert set(_model_files(first)) == {hf_layout.GENERATION_CONFIG_FILE, *tokenizer}
   # Re-importing the export gives the same model and the same metadata; a second export of it
   # writes the same files.
   assert hf.load_checkpoint(first)[0] == _load(name)[0]
@@ -557,7 +561,7 @@ def test_exported_tokenizer_and_generation_config_read_back():
   from jaxrl_llm.data.tokenizers import HFTokenizer
 
   src = FIXTURES / "llama"
-  gen = _json(src / hf.GENERATION_CONFIG_FILE)
+  gen = _json(src / hf_layout.GENERATION_CONFIG_FILE)
   assert gen["temperature"] == 0.6 and gen["top_p"] == 0.9 and gen["do_sample"] is True
   assert _json(src / "config.json")["pad_token_id"] == 0
   tok = HFTokenizer.from_dir(src)
@@ -593,38 +597,42 @@ def test_export_carries_edited_fields_and_builds_a_generation_config(tmp_path):
   assert [got[k] for k in _IDS] == [5, [6, 7], 8]
   assert got["rope_scaling"] == {"rope_type": "linear", "factor": 2.0}
   assert got["rope_parameters"] == {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}
-  assert _json(out / hf.GENERATION_CONFIG_FILE) == {
+  assert _json(out / hf_layout.GENERATION_CONFIG_FILE) == {
     "bos_token_id": 5,
     "eos_token_id": [6, 7],
     "pad_token_id": 8,
   }
-  assert not any((out / n).exists() for n in hf.TOKENIZER_FILES)
+  assert not any((out / n).exists() for n in hf_layout.TOKENIZER_FILES)
   # An explicit context length and config.json overrides win; the generation config follows.
   _export(src, out, overwrite=True, max_position_embeddings=8192, hf_overrides={"eos_token_id": 9})
   assert _json(out / "config.json")["max_position_embeddings"] == 8192
-  assert _json(out / hf.GENERATION_CONFIG_FILE)["eos_token_id"] == 9
+  assert _json(out / hf_layout.GENERATION_CONFIG_FILE)["eos_token_id"] == 9
 
 
 def test_export_without_a_source(tmp_path):
   cfg, params = _load("qwen2")
-  hf.save_checkpoint(tmp_path / "a", cfg, params)
+  hf_export.save_checkpoint(tmp_path / "a", cfg, params)
   got = _json(tmp_path / "a" / "config.json")
   assert got["max_position_embeddings"] == 32768  # Qwen2Config's default: nothing else known
   assert [got[k] for k in _IDS] == [None, None, None]
-  assert _json(tmp_path / "a" / hf.GENERATION_CONFIG_FILE) == {}
-  hf.save_checkpoint(
+  assert _json(tmp_path / "a" / hf_layout.GENERATION_CONFIG_FILE) == {}
+  hf_export.save_checkpoint(
     tmp_path / "b", cfg, params, max_position_embeddings=1000, tokenizer=FIXTURES / "llama"
   )
   assert _json(tmp_path / "b" / "config.json")["max_position_embeddings"] == 1000
-  tokenizer = {n: b for n, b in _model_files(FIXTURES / "llama").items() if n in hf.TOKENIZER_FILES}
+  tokenizer = {
+    n: b for n, b in _model_files(FIXTURES / "llama").items() if n in hf_layout.TOKENIZER_FILES
+  }
   assert {n: b for n, b in _model_files(tmp_path / "b").items() if n in tokenizer} == tokenizer
-  hf.save_checkpoint(tmp_path / "c", cfg, params, tokenizer=FIXTURES / "llama" / "tokenizer.json")
-  assert set(_model_files(tmp_path / "c")) == {"tokenizer.json", hf.GENERATION_CONFIG_FILE}
+  hf_export.save_checkpoint(
+    tmp_path / "c", cfg, params, tokenizer=FIXTURES / "llama" / "tokenizer.json"
+  )
+  assert set(_model_files(tmp_path / "c")) == {"tokenizer.json", hf_layout.GENERATION_CONFIG_FILE}
   (tmp_path / "empty").mkdir()
   with pytest.raises(FileNotFoundError, match="holds none of the tokenizer files"):
-    hf.save_checkpoint(tmp_path / "d", cfg, params, tokenizer=tmp_path / "empty")
+    hf_export.save_checkpoint(tmp_path / "d", cfg, params, tokenizer=tmp_path / "empty")
   with pytest.raises(ValueError, match="max_position_embeddings=0 must be an int >= 1"):
-    hf.save_checkpoint(tmp_path / "d", cfg, params, max_position_embeddings=0)
+    hf_export.save_checkpoint(tmp_path / "d", cfg, params, max_position_embeddings=0)
   assert not (tmp_path / "d").exists()  # checked before anything is written
 
 
@@ -646,7 +654,7 @@ def test_malformed_source_metadata_is_named(file, changes, message, tmp_path):
   content = _json(src / file)
   content.update(changes)
   (src / file).write_text(json.dumps(content))
-  with pytest.raises(hf.CheckpointFormatError, match=re.escape(message)):
+  with pytest.raises(hf_config.CheckpointFormatError, match=re.escape(message)):
     hf.read_source(src)
 
 
@@ -658,7 +666,7 @@ def test_transformers_reads_the_export(tmp_path):
     transformers.AutoConfig.from_pretrained(src),
     transformers.AutoConfig.from_pretrained(out),
   )
-  for key in hf.CARRIED_FIELDS:
+  for key in hf_config.CARRIED_FIELDS:
     assert getattr(got, key) == getattr(want, key), key
   gen = transformers.GenerationConfig.from_pretrained(out)
   assert (gen.temperature, gen.top_p, gen.eos_token_id, gen.pad_token_id) == (0.6, 0.9, [2, 3], 0)
@@ -712,16 +720,16 @@ def test_convert_cli_export_keeps_the_run_s_source_metadata(llama_run, tmp_path)
   summary = hf_convert.main(["export", f"--workdir={workdir}", f"--out={tmp_path / 'a'}"])
   assert summary["hf_source"] == str(src) and summary["hf_model_type"] == "llama"
   assert _model_files(tmp_path / "a") == _model_files(src)
-  for key in hf.CARRIED_FIELDS:
+  for key in hf_config.CARRIED_FIELDS:
     assert _json(tmp_path / "a" / "config.json")[key] == _json(src / "config.json")[key], key
   _assert_trees_equal(hf.load_checkpoint(tmp_path / "a")[1], _load("llama")[1])
   args = ["export", f"--workdir={workdir}", "--hf_source=none", f"--out={tmp_path / 'b'}"]
   hf_convert.main(args)
   assert [_json(tmp_path / "b" / "config.json")[k] for k in _IDS] == [None, None, None]
-  assert set(_model_files(tmp_path / "b")) == {hf.GENERATION_CONFIG_FILE}
+  assert set(_model_files(tmp_path / "b")) == {hf_layout.GENERATION_CONFIG_FILE}
   hf_convert.main(["export", f"--workdir={workdir}", "--tokenizer=none", f"--out={tmp_path / 'c'}"])
   assert _model_files(tmp_path / "c") == {
-    hf.GENERATION_CONFIG_FILE: (src / hf.GENERATION_CONFIG_FILE).read_bytes()
+    hf_layout.GENERATION_CONFIG_FILE: (src / hf_layout.GENERATION_CONFIG_FILE).read_bytes()
   }
   summary = hf_convert.main(["import", f"--hf_dir={src}", f"--out={tmp_path / 'o'}"])
   assert summary["carried"]["config"]["eos_token_id"] == 2

@@ -12,9 +12,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import parsed
 import pytest
 from conftest import REPO, load_config, run_steps, tiny_config
 from flax import traverse_util
+from parsed import build, train_and_evaluate
 
 from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm.checkpoint import Checkpointer
@@ -23,7 +25,6 @@ from jaxrl_llm.config import parse as parse_config
 from jaxrl_llm.models import ModelConfig, Transformer, lora
 from jaxrl_llm.models.scan import SCAN_NAME
 from jaxrl_llm.models.transformer import positions_from_mask
-from jaxrl_llm.run import build, train_and_evaluate
 from jaxrl_llm.run.loop import resume_target
 
 BASE = dict(vocab_size=24, d_model=32, num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=48)
@@ -234,7 +235,6 @@ def test_a_run_on_an_int8_base_trains_the_adapters_and_never_changes_the_base():
   """Three fused updates on an int8 base: the int8 kernels and their scales are bit-identical,
   every adapter moves, and the plan's resident weights shrink by the projections' 3 of 4
   bytes (float32 -> int8, plus the scales)."""
-  from jaxrl_llm import plan
 
   overrides = {"model.lora_rank": 4, "kl.beta": 0.05, "rl.entropy_coef": 0.01}
   config = tiny_config(
@@ -251,8 +251,8 @@ def test_a_run_on_an_int8_base_trains_the_adapters_and_never_changes_the_base():
   assert float(metrics[-1]["kl/ref_kl"]) != 0  # the reference is the int8 base itself
 
   devices = jax.devices()[:1]
-  float_plan = plan.plan(parse_config(tiny_config(**overrides)), devices=devices)
-  int8_plan = plan.plan(parse_config(config), devices=devices)
+  float_plan = parsed.plan(parse_config(tiny_config(**overrides)), devices=devices)
+  int8_plan = parsed.plan(parse_config(config), devices=devices)
   kernels = [v for k, v in _leaves(base0).items() if v.dtype == np.int8]
   scales = [v for k, v in _leaves(base0).items() if k[-1] == lora.SCALE]
   saved = sum(3 * v.size for v in kernels) - sum(v.nbytes for v in scales)
@@ -367,7 +367,7 @@ def test_export_of_a_run_with_adapters_is_the_merged_model(tmp_path):
   checkpoint whose model gives the adapted model's logits (its weights W + (alpha / r) A B)."""
   import optax
 
-  from jaxrl_llm.models import hf
+  from jaxrl_llm.models import hf, hf_adapters
   from jaxrl_llm.types import TrainState
 
   sys.path.insert(0, str(REPO / "tools"))
@@ -394,7 +394,8 @@ def test_export_of_a_run_with_adapters_is_the_merged_model(tmp_path):
   assert len(summary["adapters"]["target_modules"]) == 7  # q k v o gate up down
   assert (tmp_path / "peft" / "adapter_model.safetensors").is_file()
   cfg, exported = hf.load_checkpoint(tmp_path / "hf")
-  _, reloaded = hf.load_adapters(tmp_path / "peft", cfg, exported)  # PEFT's files read back
+  # PEFT's files read back
+  _, reloaded = hf_adapters.load_adapters(tmp_path / "peft", cfg, exported)
   np.testing.assert_array_equal(
     np.asarray(lora.split_adapters(reloaded)[1]["layer_0"]["attn"]["q"]["lora_b"]),
     np.asarray(lora.split_adapters(params)[1]["layer_0"]["attn"]["q"]["lora_b"]),
@@ -407,12 +408,12 @@ def test_export_of_a_run_with_adapters_is_the_merged_model(tmp_path):
 
 @pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
 def test_peft_format_adapters_add_up_to_the_merged_export(scan, tmp_path):
-  """`hf.save_adapters` writes PEFT's LoRA files: for every adapted module M, the exported
+  """`hf_adapters.save_adapters` writes PEFT's LoRA files: for every adapted module M, the exported
   merged weight equals the base's plus (lora_alpha / r) lora_B @ lora_A, with PEFT's names,
   shapes and config; routed experts and unadapted modules get no entry."""
   from safetensors.numpy import load_file
 
-  from jaxrl_llm.models import hf
+  from jaxrl_llm.models import hf_adapters, hf_export
 
   rank, alpha = 4, 8.0
   model, params = _init(lora_rank=rank, lora_alpha=alpha, scan_layers=scan, lora_targets="q,o,down")
@@ -420,11 +421,11 @@ def test_peft_format_adapters_add_up_to_the_merged_export(scan, tmp_path):
   keys = iter(jax.random.split(jax.random.PRNGKey(5), len(jax.tree.leaves(adapters))))
   adapters = jax.tree.map(lambda x: x + 0.1 * jax.random.normal(next(keys), x.shape), adapters)
   params, plain = lora.join_adapters(base, adapters), dataclasses.replace(model.cfg, lora_rank=0)
-  targets = hf.save_adapters(
+  targets = hf_adapters.save_adapters(
     tmp_path / "peft", model.cfg, params, model_type="llama", base_model="b"
   )
-  hf.save_checkpoint(tmp_path / "base", plain, base, model_type="llama")
-  hf.save_checkpoint(
+  hf_export.save_checkpoint(tmp_path / "base", plain, base, model_type="llama")
+  hf_export.save_checkpoint(
     tmp_path / "merged", plain, lora.merged(params, alpha / rank), model_type="llama"
   )
 
@@ -462,10 +463,10 @@ def test_adapters_saved_by_peft_load_and_give_peft_s_logits_and_export_back_bit_
   unchanged."""
   from safetensors.numpy import load_file
 
-  from jaxrl_llm.models import hf
+  from jaxrl_llm.models import hf, hf_adapters
 
   cfg, base = hf.load_checkpoint(HF_LLAMA, scan_layers=scan)
-  adapted_cfg, params = hf.load_adapters(PEFT_FIXTURE, cfg, base)
+  adapted_cfg, params = hf_adapters.load_adapters(PEFT_FIXTURE, cfg, base)
   assert (adapted_cfg.lora_rank, adapted_cfg.lora_alpha) == (4, 8.0)
   assert set(lora.target_names(adapted_cfg.lora_targets)) == {"q", "v", "o", "down"}
   ref = dict(np.load(HF_LLAMA / "reference.npz"))
@@ -480,7 +481,7 @@ def test_adapters_saved_by_peft_load_and_give_peft_s_logits_and_export_back_bit_
   np.testing.assert_allclose(np.where(real, out, 0), np.where(real, want, 0), rtol=0, atol=1e-4)
   assert np.abs(np.where(real, want - ref["logits"], 0)).max() > 0.1  # the adapters act
 
-  hf.save_adapters(tmp_path, adapted_cfg, params, model_type="llama")
+  hf_adapters.save_adapters(tmp_path, adapted_cfg, params, model_type="llama")
   saved, peft_saved = (
     load_file(tmp_path / "adapter_model.safetensors"),
     load_file(PEFT_FIXTURE / "adapter_model.safetensors"),
@@ -492,7 +493,7 @@ def test_adapters_saved_by_peft_load_and_give_peft_s_logits_and_export_back_bit_
 
 def test_unsupported_peft_configs_are_one_error_line(tmp_path):
   """DoRA, rsLoRA, biases or another PEFT method: refused naming the field."""
-  from jaxrl_llm.models import hf
+  from jaxrl_llm.models import hf, hf_adapters, hf_config
 
   cfg, base = hf.load_checkpoint(HF_LLAMA)
   for key, value in (
@@ -506,19 +507,18 @@ def test_unsupported_peft_configs_are_one_error_line(tmp_path):
     config = json.loads((folder / "adapter_config.json").read_text())
     config[key] = value
     (folder / "adapter_config.json").write_text(json.dumps(config))
-    with pytest.raises(hf.CheckpointFormatError, match=rf"adapter_config.json: {key}="):
-      hf.load_adapters(folder, cfg, base)
+    with pytest.raises(hf_config.CheckpointFormatError, match=rf"adapter_config.json: {key}="):
+      hf_adapters.load_adapters(folder, cfg, base)
 
 
 @pytest.mark.slow
 def test_the_memory_plan_holds_adam_moments_for_the_adapters_only():
   """`plan.plan` (the `--dry_run`) of a run with adapters: its resident state is the weights
   plus twice the adapters (Adam's moments), where full training holds three times the weights."""
-  from jaxrl_llm import plan
 
-  full = plan.plan(parse_config(tiny_config()), devices=jax.devices()[:1])
+  full = parsed.plan(parse_config(tiny_config()), devices=jax.devices()[:1])
   adapted_config = parse_config(tiny_config(**{"model.lora_rank": 4}))
-  adapted = plan.plan(adapted_config, devices=jax.devices()[:1])
+  adapted = parsed.plan(adapted_config, devices=jax.devices()[:1])
   exp = build(adapted_config, abstract=True, devices=jax.devices()[:1])
   base, adapters = lora.split_adapters(exp.state.params)
   nbytes = lambda tree: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))  # noqa: E731

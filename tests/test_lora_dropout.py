@@ -12,13 +12,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import run_steps, tiny_config
+from parsed import build
 
 from jaxrl_llm.data import pipeline
 from jaxrl_llm.models import ModelConfig, Transformer, lora
 from jaxrl_llm.models.transformer import positions_from_mask
 from jaxrl_llm.rl import init_reference
 from jaxrl_llm.rl import loss as rl_loss
-from jaxrl_llm.run import build, to_global_batch
+from jaxrl_llm.run import to_global_batch
 from jaxrl_llm.run import warm_start as warm_start_lib
 
 # Adapters with a gradient whatever the rewards (KL to the base, entropy), two microbatches

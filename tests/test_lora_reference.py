@@ -19,12 +19,13 @@ import numpy as np
 import pytest
 from conftest import tiny_config
 from flax import traverse_util
+from parsed import build
 
 from jaxrl_llm.data import pipeline
 from jaxrl_llm.models import ModelConfig, Transformer, lora
 from jaxrl_llm.models.scan import SCAN_NAME
 from jaxrl_llm.rl import init_reference, make_rl_step
-from jaxrl_llm.run import build, to_global_batch
+from jaxrl_llm.run import to_global_batch
 
 STEPS = 3
 RTOL, ATOL = 1e-4, 1e-6  # float32 programs that differ only in where A B is multiplied

@@ -9,13 +9,12 @@ import jax
 import pytest
 from conftest import REPO, cli_env, tiny_config
 
-from jaxrl_llm import plan
 from jaxrl_llm.rl import init_reference
 
 sys.path.insert(0, str(REPO / "tools"))
 import memory_table
-
-from jaxrl_llm.run import build
+import parsed
+from parsed import build
 
 
 def test_abstract_state_matches_the_real_one_and_allocates_nothing():
@@ -30,7 +29,7 @@ def test_abstract_state_matches_the_real_one_and_allocates_nothing():
 
 
 def test_the_fused_step_compiles_from_abstract_state_and_reports_memory():
-  p = plan.plan(tiny_config())
+  p = parsed.plan(tiny_config())
   assert p.temp_bytes > 0 and p.argument_bytes > 0
   assert p.peak_bytes >= p.temp_bytes
   assert p.capacity_bytes and p.capacity_bytes > 2**30  # the host's memory on a CPU
@@ -39,8 +38,8 @@ def test_the_fused_step_compiles_from_abstract_state_and_reports_memory():
 
 
 def test_fsdp_plan_holds_an_eighth_of_the_state_per_device():
-  one = plan.plan(tiny_config(**{"rl.num_prompts": 8}), jax.devices()[:1])
-  eight = plan.plan(tiny_config(**{"rl.num_prompts": 8, "mesh.data": 1, "mesh.fsdp": 8}))
+  one = parsed.plan(tiny_config(**{"rl.num_prompts": 8}), jax.devices()[:1])
+  eight = parsed.plan(tiny_config(**{"rl.num_prompts": 8, "mesh.data": 1, "mesh.fsdp": 8}))
   assert eight.mesh == {"runs": 1, "data": 1, "fsdp": 8, "expert": 1, "model": 1}
   # Params and Adam moments dominate the arguments; only scalars stay replicated.
   assert eight.argument_bytes < one.argument_bytes / 6

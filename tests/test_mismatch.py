@@ -4,9 +4,9 @@ import jax
 import numpy as np
 import pytest
 from conftest import run_steps, tiny_config
+from parsed import build
 
 from jaxrl_llm import quant
-from jaxrl_llm.run import build
 
 
 def _one_step(config):

@@ -216,7 +216,7 @@ def test_decode_steps_write_the_cache_in_place_alone_and_in_a_pack(scan_layers, 
   write, `attention.one_query_beside`, and the write is ordered after that read). Before, the
   scanned layers' loop copied the whole stacked cache twice per step alone (8 times in a pack of
   1), a pack of 1 of unrolled layers copied every layer's cache 4 times, and a pack's bfloat16
-  cache was written through a float32 scatter into a copy (`transformer._write_at`). The
+  cache was written through a float32 scatter into a copy (`kv_cache._write_at`). The
   rollouts equal the run's alone."""
   from jaxrl_llm import hlo, sharding
   from jaxrl_llm.sampling import DECODE_SCOPE
@@ -247,10 +247,10 @@ def test_decode_steps_write_the_cache_in_place_alone_and_in_a_pack(scan_layers, 
 
 
 def test_a_packs_cache_write_is_one_update_at_a_shared_slot_and_vmap_at_per_run_slots():
-  """`transformer._write_at` under vmap: at a slot shared by the runs, one dynamic_update_slice
+  """`kv_cache._write_at` under vmap: at a slot shared by the runs, one dynamic_update_slice
   (no scatter), also nested and with an unbatched operand or update; at per-run slots, JAX's own
   batching. Values equal a vmapped `lax.dynamic_update_slice` in every case."""
-  from jaxrl_llm.models.transformer import _write_at
+  from jaxrl_llm.models.kv_cache import _write_at
 
   ops = jax.random.normal(jax.random.PRNGKey(0), (3, 2, 4, 5, 6))  # [R, B, J, N, Dh]
   ups = jax.random.normal(jax.random.PRNGKey(1), (3, 2, 4, 1, 6))

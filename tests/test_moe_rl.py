@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 from conftest import run_steps, tiny_config
 from jax._src.pallas.mosaic_gpu.interpret.params import force_gpu_interpret_mode
+from parsed import build
 
 from jaxrl_llm import hlo, objectives
 from jaxrl_llm.models import ModelConfig, Transformer
 from jaxrl_llm.models.transformer import positions_from_mask
 from jaxrl_llm.rl import stages
-from jaxrl_llm.run import abstract_batch, build
+from jaxrl_llm.run import abstract_batch
 from jaxrl_llm.sampling import SamplingConfig, sample, score
 
 

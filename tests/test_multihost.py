@@ -18,11 +18,10 @@ import jax
 import numpy as np
 import pytest
 from conftest import REPO, cli_env, default_sigint, tiny_config
+from parsed import build, take_out
 from text_fixtures import build_bpe_tokenizer, write_math_jsonl
 
-from jaxrl_llm import checkpoint, metrics
-from jaxrl_llm.run import build
-from jaxrl_llm.run.pack_loop import take_out
+from jaxrl_llm import checkpoint, checkpoint_manifest, metrics
 
 pytestmark = pytest.mark.slow  # each case launches the command line several times
 
@@ -199,7 +198,7 @@ def test_two_processes_train_in_a_bucket_and_resume_from_it_as_in_a_local_workdi
     for step in steps:
       step_dir = paths.join(workdir, "checkpoints", str(step))
       assert paths.exists(paths.join(step_dir, "checksums.json"))
-      assert checkpoint.verify_manifest(step_dir) is None
+      assert checkpoint_manifest.verify_manifest(step_dir) is None
     bucket = metrics.read_scalars(workdir)
   assert steps == [2, 4] and "config.json" in names
   assert len([n for n in names if n.startswith("events.")]) == 2  # one per launch
@@ -426,7 +425,7 @@ def test_sigterm_to_one_process_of_a_packed_sweep_stops_the_pack_after_a_saved_s
   assert _committed(root / "checkpoints") == [step]
   longer = _config_file(tmp_path, {**SIGTERM_RUN, "mesh.runs": 2, "train.stop_after_steps": 2})
   rc, out = _launch_pack(2, longer, root, *GRID)
-  assert rc == 0 and f"resumed the pack in {root} at step {step}" in out, _why(out)
+  assert rc == 0 and f"resumed from {root} at step {step}" in out, _why(out)
   assert max(_committed(root / "checkpoints")) == step + 2
 
 
@@ -512,7 +511,7 @@ def test_a_pack_on_two_processes_equals_the_pack_on_one_and_resumes_from_their_c
   )
   # Four more steps from the two processes' step-4 checkpoint, against one process's.
   longer = _config_file(tmp_path, {**run, "train.num_steps": 8}, name="longer.py")
-  _launch_packs(longer, roots, expect="resumed the pack")
+  _launch_packs(longer, roots, expect="resumed from")
   _assert_same_packs(roots[1], two, NAMES, COMPARED, 8)
 
 
@@ -537,7 +536,7 @@ def test_a_pack_whose_runs_axis_spans_the_processes_equals_it_on_one_and_resumes
   # Two more steps from each one's step-4 checkpoint (every process restores its runs' state
   # and data positions).
   longer = _config_file(tmp_path, {**run, "train.num_steps": 6}, name="longer.py")
-  _launch_packs(longer, {n: roots[n] for n in (1, 2)}, expect="resumed the pack")
+  _launch_packs(longer, {n: roots[n] for n in (1, 2)}, expect="resumed from")
   _assert_same_packs(roots[1], roots[2], NAMES, COMPARED, 6)
   # One process cannot take a run out of it: each process saved only its own runs' positions.
   configs = [
@@ -565,8 +564,8 @@ def test_a_pack_whose_runs_axis_spans_the_processes_equals_it_on_one_and_resumes
 TAKE_OUT = """
 import importlib.util, sys
 from jaxrl_llm import distributed
-from jaxrl_llm.config import ConfigError
-from jaxrl_llm.run.pack_loop import take_out
+from jaxrl_llm.config import ConfigError, parse
+from jaxrl_llm.run.packed import take_out
 
 distributed.initialize(120)
 config, root, out, *names = sys.argv[1:]
@@ -578,7 +577,7 @@ for clip in (0.2, 0.28):
   for temperature in (0.7, 1.0):
     cfg = module.get_config()
     cfg.objective.clip_high, cfg.sampling.temperature = clip, temperature
-    configs.append(cfg)
+    configs.append(parse(cfg))
 try:
   take_out(configs, root, names[0], out, names=names)
 except ConfigError as e:

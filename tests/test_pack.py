@@ -12,19 +12,20 @@ import sys
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+import parsed
 import pytest
 from conftest import lowerings, tiny_config
 from etils import epath
+from parsed import build, build_pack, take_out, train_and_evaluate, train_pack
 
 from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm.config import ConfigError, parse
 from jaxrl_llm.models import hf
 from jaxrl_llm.rl import init_reference
-from jaxrl_llm.run import build, to_global_batch, train_and_evaluate
+from jaxrl_llm.run import to_global_batch
 from jaxrl_llm.run.loop import train_iterator
 from jaxrl_llm.run.pack import (
   batch_to_device,
-  build_pack,
   pack_iterator,
   packable_fields,
   packed_keys,
@@ -32,7 +33,6 @@ from jaxrl_llm.run.pack import (
   unstack,
   varied_fields,
 )
-from jaxrl_llm.run.pack_loop import take_out, train_pack
 
 # Two runs that differ in a clip width, the sampling temperature, the learning rate and the seed.
 GRID = (
@@ -349,7 +349,7 @@ def test_a_pack_of_prompt_file_runs_verifies_each_runs_completions_as_the_run_al
   against its own prompts' answers, the packed learner; every metric (verifier counts and
   reward terms included) and the parameters equal each run's `host_reward_step` alone."""
   from jaxrl_llm.run import host_reward_step
-  from jaxrl_llm.run.pack_loop import _host_reward_update
+  from jaxrl_llm.run.packed import _host_reward_update
 
   pack = build_pack(file_configs)
   assert pack.exp.task.rewards_on_host
@@ -483,17 +483,16 @@ def test_a_pack_of_adapter_runs_trains_checkpoints_adapters_alone_and_resumes(tm
 
 
 def test_the_plan_of_a_pack_with_adapters_holds_the_base_once():
-  """`plan.plan(..., runs=4)` (the packed `--dry_run`): three more runs add three times each
+  """`parsed.plan(..., runs=4)` (the packed `--dry_run`): three more runs add three times each
   run's adapters and Adam's two moments of them to the arguments, and no copy of the base."""
-  from jaxrl_llm import plan
   from jaxrl_llm.models import lora
 
   config = parse(_adapter_configs(GRID[:1])[0])
   devices = jax.devices()[:1]
   adapters = lora.split_adapters(build(config, abstract=True, devices=devices).state.params)[1]
   nbytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(adapters))
-  one = plan.plan(config, devices=devices, runs=1)
-  four = plan.plan(config, devices=devices, runs=4)
+  one = parsed.plan(config, devices=devices, runs=1)
+  four = parsed.plan(config, devices=devices, runs=4)
   assert four.argument_bytes - one.argument_bytes == pytest.approx(3 * 3 * nbytes, rel=0.02)
 
 
@@ -539,13 +538,12 @@ def test_a_pack_stepped_a_run_at_a_time_plans_one_runs_activations():
   """The compile-only plan of 8 runs one at a time holds every run's state but one run's
   activations: its peak is below the plan of the 8 at once by at least 7 times what one
   run's step needs beyond its state (peak - arguments), less a tenth."""
-  from jaxrl_llm import plan
 
   devices = jax.devices()[:1]
   config = parse(tiny_config())
-  one = plan.plan(config, devices=devices, runs=1)
-  at_once = plan.plan(config, devices=devices, runs=8)
-  in_turn = plan.plan(parse(tiny_config(**{"mesh.runs_at_once": 1})), devices=devices, runs=8)
+  one = parsed.plan(config, devices=devices, runs=1)
+  at_once = parsed.plan(config, devices=devices, runs=8)
+  in_turn = parsed.plan(parse(tiny_config(**{"mesh.runs_at_once": 1})), devices=devices, runs=8)
   assert in_turn.argument_bytes == at_once.argument_bytes
   work = one.peak_bytes - one.argument_bytes
   assert at_once.peak_bytes - in_turn.peak_bytes >= 0.9 * 7 * work
@@ -570,3 +568,65 @@ def test_a_pack_of_adapter_runs_one_at_a_time_equals_it_all_at_once():
       for tag in w:
         np.testing.assert_allclose(g[tag], w[tag], rtol=1e-5, atol=1e-5, err_msg=tag)
     _assert_same_params(got_params, want_params)
+
+
+@pytest.mark.slow
+def test_a_pack_relaunched_with_a_changed_learner_setting_is_refused_as_a_run_alone(tmp_path):
+  """Both go through the one loop: a pack trained 2 of 4 steps, relaunched with
+  `objective.clip_low` 0.2 → 0.25 for both runs, is refused in one line naming each run's
+  change, as a single run's workdir is, nothing written; `train.resume_changed` lets both
+  through, and each run's folder records the resumed config."""
+  half = {"train.stop_after_steps": 2}
+  changed = {"objective.clip_low": 0.25}
+  root, alone = tmp_path / "pack", tmp_path / "alone"
+  train_pack(_configs(**half), str(root))
+  train_and_evaluate(_configs(**half)[0], str(alone))
+  before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+  messages = []
+  for launch in (
+    lambda: train_pack(_configs(**changed), str(root)),
+    lambda: train_and_evaluate(_configs(**changed)[0], str(alone)),
+  ):
+    with pytest.raises(ConfigError) as err:
+      launch()
+    messages.append(str(err.value))
+  assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
+  pack_line, alone_line = messages
+  assert len(pack_line.splitlines()) == len(alone_line.splitlines()) == 1
+  for line in messages:
+    assert "other settings of what is learned" in line
+    assert "--config.train.resume_changed=True" in line
+  names = _names(_configs())
+  for name in names:
+    assert f"[{name}] objective.clip_low: None → 0.25" in pack_line  # None: the default
+  assert "objective.clip_low: None → 0.25" in alone_line
+  final = train_pack(_configs(**changed, **{"train.resume_changed": True}), str(root))
+  assert sorted(final) == sorted(names) and all("eval/accuracy" in m for m in final.values())
+  for name in names:
+    record = json.loads((root / name / "config.resume-2.json").read_text())
+    assert record["config"]["objective"]["clip_low"] == pytest.approx(0.25)
+
+
+@pytest.mark.slow
+def test_a_pack_profiles_the_steps_after_the_compiling_one(tmp_path):
+  """`train.profile_steps` in a pack, as in a single run: a jax.profiler trace of the steps
+  after the compiling one in the pack's root, which `tools/trace_summary.py` reads."""
+  import subprocess
+
+  from conftest import REPO, cli_env
+
+  root = tmp_path / "pack"
+  train_pack(_configs(**{"train.num_steps": 3, "train.profile_steps": 1}), str(root))
+  traces = list((root / "plugins" / "profile").glob("*/*.xplane.pb"))
+  assert len(traces) == 1 and traces[0].stat().st_size > 0
+  proc = subprocess.run(
+    [sys.executable, "tools/trace_summary.py", str(root), "--device=CPU", "--top=3"],
+    cwd=REPO,
+    env=cli_env(),
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  got = json.loads(proc.stdout)
+  assert got["processes"] == ["/host:CPU"] and got["busy_ms"] > 0 and got["top"]

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from conftest import REPO, tiny_config
 from flax import traverse_util
+from parsed import build, train_and_evaluate
 from safetensors.numpy import load_file, save_file
 
 from jaxrl_llm import checkpoint, metrics
-from jaxrl_llm.models import hf, lora
-from jaxrl_llm.run import build, train_and_evaluate
+from jaxrl_llm.models import hf, hf_export, lora
 
 FIXTURE = REPO / "tests" / "fixtures" / "hf" / "qwen2"
 
@@ -41,7 +41,7 @@ def test_rl_starts_from_imported_checkpoint_and_exports(tmp_path):
   abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), exp.state)
   state, _ = ckpt.restore(2, abstract)
   out = tmp_path / "hf_out"
-  hf.save_checkpoint(out, exp.model.cfg, state.params, model_type="qwen2")
+  hf_export.save_checkpoint(out, exp.model.cfg, state.params, model_type="qwen2")
   assert json.loads((out / "config.json").read_text())["model_type"] == "qwen2"
   cfg2, params2 = hf.load_checkpoint(out)
   assert cfg2 == exp.model.cfg

@@ -16,11 +16,11 @@ import ml_collections
 import numpy as np
 import pytest
 from conftest import REPO, run_steps, tiny_config
+from parsed import train_and_evaluate
 from text_fixtures import math_file_run
 
 from jaxrl_llm import metric_info, metrics
 from jaxrl_llm.config import parse
-from jaxrl_llm.run import train_and_evaluate
 
 SCALARS_LINE = "Scalars (spec §11), written every `train.log_every` updates:"
 

@@ -5,10 +5,10 @@ import math
 import numpy as np
 import pytest
 from conftest import REPO, run_steps, tiny_config
+from parsed import build, train_and_evaluate
 
-from jaxrl_llm import metrics, recipes
-from jaxrl_llm.config import parse
-from jaxrl_llm.run import build, train_and_evaluate
+from jaxrl_llm import metrics
+from jaxrl_llm.config import parse, recipes
 
 # Tags that only a recipe's own objective / correction / filter / KL produces.
 SPECIFIC_TAGS = {

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from conftest import tiny_config
 from gcs_emulator import GcsEmulator
+from parsed import train_and_evaluate
 
-from jaxrl_llm import checkpoint, metrics, paths
-from jaxrl_llm.run import train_and_evaluate
+from jaxrl_llm import checkpoint, checkpoint_manifest, metrics, paths
 
 pytest.importorskip("gcsfs")
 pytest.importorskip("gcp_storage_emulator")
@@ -104,7 +104,7 @@ def test_checkpoints_on_a_bucket_verify_and_move_bad_steps_aside(gcs, in_tmp_cwd
     for s in (2, 4, 6):
       assert ckpt.save(s, _state(s), meta={"model": {"d": 1}})
   assert all(paths.exists(root / str(s) / "checksums.json") for s in (2, 4, 6))
-  assert checkpoint.verify_manifest(root / "6") is None
+  assert checkpoint_manifest.verify_manifest(root / "6") is None
 
   # Step 6's largest array file changes under its checksums; a crash left step 7 uncommitted.
   blob = max(paths.files_under(root / "6" / "state"), key=paths.size)
@@ -143,7 +143,7 @@ def test_a_run_in_a_bucket_writes_events_config_and_checkpoints_and_resumes(gcs,
   result = train_and_evaluate(config, workdir)  # resumes at step 2: steps 3-4
   with checkpoint.Checkpointer(workdir, save_every=2) as ckpt:
     assert ckpt.all_steps() == [2, 4]
-    assert all(checkpoint.verify_manifest(ckpt.directory / str(s)) is None for s in (2, 4))
+    assert all(checkpoint_manifest.verify_manifest(ckpt.directory / str(s)) is None for s in (2, 4))
   names = {p.name for p in paths.listdir(workdir)}
   events = {n for n in names if n.startswith("events.out.tfevents.")}
   assert names - events == {"checkpoints", "config.json"} and len(events) == 2  # one per launch

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_llm import objectives, recipes
-from jaxrl_llm.config import default_config, parse
+from jaxrl_llm import objectives
+from jaxrl_llm.config import default_config, parse, recipes
 from jaxrl_llm.rl import Settings, stages
 from jaxrl_llm.rl import loss as rl_loss
 from jaxrl_llm.sampling import Scores

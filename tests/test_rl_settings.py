@@ -10,13 +10,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import REPO, tiny_config
+from parsed import build
 
-from jaxrl_llm import main, objectives
-from jaxrl_llm.config import ConfigError, default_config, parse, validate
+from jaxrl_llm import launch, objectives
+from jaxrl_llm.config import ConfigError, check, default_config, parse
 from jaxrl_llm.config.learner import Section
 from jaxrl_llm.data import pipeline
 from jaxrl_llm.rl import Settings
-from jaxrl_llm.run import build, to_global_batch
+from jaxrl_llm.run import to_global_batch
 
 
 def _sections():
@@ -66,13 +67,13 @@ def test_a_section_with_an_unknown_or_missing_field_is_named():
 )
 def test_objective_name_on_the_default_config_gets_that_objectives_widths(name, widths):
   argv = ["prog", f"--config={REPO}/configs/default.py", f"--config.objective.name={name}"]
-  h = parse(main.parse_config(argv)).learner.objective.hyperparameters
+  h = parse(launch.parse_config(argv)).learner.objective.hyperparameters
   assert {k: h[k] for k in widths} == widths
   assert h == objectives.get_objective(name).hyperparameters
 
 
 def test_a_recipes_explicit_widths_win_and_a_flag_wins_over_both():
-  objective = lambda *a: parse(main.parse_config(["prog", *a])).objective  # noqa: E731
+  objective = lambda *a: parse(launch.parse_config(["prog", *a])).objective  # noqa: E731
   dapo = objective(f"--config={REPO}/configs/dapo.py", "--config.objective.name=gspo")
   assert (dapo.hyperparameters["clip_low"], dapo.hyperparameters["clip_high"]) == (0.2, 0.28)
   gspo = objective(f"--config={REPO}/configs/gspo.py", "--config.objective.clip_high=0.01")
@@ -95,7 +96,7 @@ def test_gspo_from_the_command_line_trains_with_gspo_widths():
     "--config.task.eval_size=8",
     "--config.mesh.data=1",
   ]
-  exp = build(main.parse_config(argv))
+  exp = build(launch.parse_config(argv))
   assert exp.meta["objective"] == {"name": "gspo", "clip_low": 3e-4, "clip_high": 4e-4}
   it = pipeline.make_prompt_iterator(exp.task.train_examples(0), 4, seed=0)
   batch = to_global_batch(next(it), exp.batch_sharding)
@@ -114,12 +115,12 @@ def test_gspo_from_the_command_line_trains_with_gspo_widths():
 def test_objective_range_checks_run_at_start_up_and_name_the_field():
   c = tiny_config(**{"objective.name": "gmpo", "objective.clip_log": -1.0})
   with pytest.raises(ConfigError, match=r"objective.clip_log=-1.0 must be in \(0, inf\)"):
-    validate(c, num_devices=1)
+    check(parse(c), num_devices=1)
   c = tiny_config(**{"objective.dual_clip": 0.5})
   with pytest.raises(ConfigError, match=r"objective\.dual_clip=0\.5 must be > 1"):
-    validate(c, num_devices=1)
+    check(parse(c), num_devices=1)
   # A width of another objective is ignored: gspo does not read clip_log.
-  validate(tiny_config(**{"objective.name": "gspo", "objective.clip_log": -1.0}), num_devices=1)
+  check(parse(tiny_config(**{"objective.name": "gspo", "objective.clip_log": -1.0})), num_devices=1)
 
 
 def test_generated_tokens_count_the_groups_dynamic_sampling_drops():

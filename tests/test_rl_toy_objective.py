@@ -7,11 +7,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import run_steps, tiny_config
+from parsed import build
 
 from jaxrl_llm import objectives
-from jaxrl_llm.config import ConfigError, validate
+from jaxrl_llm.config import ConfigError, check, parse
 from jaxrl_llm.data import pipeline
-from jaxrl_llm.run import build, to_global_batch
+from jaxrl_llm.run import to_global_batch
 
 
 def toy_scaled_pg(logp, old_logp, adv, mask, *, clip_high: float = 0.5):
@@ -39,7 +40,7 @@ def toy():
 
 def test_a_registered_toy_objective_runs_one_fused_step(toy):
   c = tiny_config(**{"objective.name": toy})
-  validate(c, num_devices=8)
+  check(parse(c), num_devices=8)
   _, metrics = run_steps(c, 1)
   m = metrics[0]
   assert float(m["policy/toy_scale_mean"]) == pytest.approx(0.5)  # its signature default
@@ -68,4 +69,4 @@ def test_a_toy_objectives_hyperparameter_comes_from_the_config_and_is_checked(to
   assert scaled / default == pytest.approx(4.0, rel=1e-4)
   bad = tiny_config(**{"objective.name": toy, "objective.clip_high": -1.0})
   with pytest.raises(ConfigError, match=r"objective\.clip_high=-1\.0 must be > 0"):
-    validate(bad, num_devices=8)
+    check(parse(bad), num_devices=8)

@@ -20,9 +20,9 @@ from conftest import run_steps, tiny_config
 from jax.sharding import PartitionSpec as P
 from safetensors.numpy import load_file
 
-from jaxrl_llm import checkpoint, sharding
-from jaxrl_llm.config import ConfigError, parse, validate
-from jaxrl_llm.models import ModelConfig, Transformer, hf, init_cache
+from jaxrl_llm import checkpoint_compat, sharding
+from jaxrl_llm.config import ConfigError, check, parse
+from jaxrl_llm.models import ModelConfig, Transformer, hf, hf_export, init_cache
 from jaxrl_llm.models.scan import scan_cache, scan_params, unscan_cache, unscan_params
 from jaxrl_llm.models.transformer import REMAT_POLICIES, positions_from_mask
 from jaxrl_llm.quant import sampler_params
@@ -226,7 +226,7 @@ def test_hf_import_scanned_and_export_round_trip_exactly(name, tmp_path):
   np.testing.assert_allclose(got, ref["logits"], rtol=0, atol=1e-4)
 
   model_type = json.loads((FIXTURES / name / "config.json").read_text())["model_type"]
-  hf.save_checkpoint(tmp_path, scfg, scanned, model_type=model_type, max_shard_bytes=50_000)
+  hf_export.save_checkpoint(tmp_path, scfg, scanned, model_type=model_type, max_shard_bytes=50_000)
   original, exported = {}, {}
   for src, dst in ((FIXTURES / name, original), (tmp_path, exported)):
     for f in sorted(src.glob("*.safetensors")):
@@ -269,20 +269,20 @@ def test_layers_that_cannot_be_scanned_are_refused_with_the_fields_named():
     }
   )
   with pytest.raises(ConfigError, match=r"multiple of model\.moe_every=2"):
-    validate(c, num_devices=1)
+    check(parse(c), num_devices=1)
 
 
 def test_checkpoint_meta_from_before_the_field_reads_as_unrolled():
   old = {k: v for k, v in ModelConfig().to_dict().items() if k != "scan_layers"}
   defaults = {"model": ModelConfig().to_dict()}
   current = {"model": ModelConfig().to_dict()}
-  checkpoint.check_compatible({"model": old}, current, defaults=defaults)
-  with pytest.raises(checkpoint.CheckpointMismatchError) as e:
-    checkpoint.check_compatible({"model": old}, current)
+  checkpoint_compat.check_compatible({"model": old}, current, defaults=defaults)
+  with pytest.raises(checkpoint_compat.CheckpointMismatchError) as e:
+    checkpoint_compat.check_compatible({"model": old}, current)
   assert e.value.diffs == {"model.scan_layers": ("<absent>", False)}
   scanned = {"model": ModelConfig(scan_layers=True).to_dict()}
-  with pytest.raises(checkpoint.CheckpointMismatchError) as e:
-    checkpoint.check_compatible({"model": old}, scanned, defaults=defaults)
+  with pytest.raises(checkpoint_compat.CheckpointMismatchError) as e:
+    checkpoint_compat.check_compatible({"model": old}, scanned, defaults=defaults)
   assert e.value.diffs == {"model.scan_layers": (False, True)}
   assert ModelConfig.from_dict(old).scan_layers is False
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import REPO, load_config, run_steps
 
-from jaxrl_llm import main, objectives
+from jaxrl_llm import launch, objectives
 from jaxrl_llm.config import Config, ConfigError, default_config, parse, reference
 from jaxrl_llm.config.fields import field_docs
 
@@ -112,7 +112,42 @@ def test_the_readme_config_reference_is_generated_from_the_dataclasses():
   shown = readme.split(start)[1].split(end)[0].strip()
   from jaxrl_llm.config.tree import reference_markdown
 
-  assert shown == reference_markdown().strip()
+  assert shown == reference_markdown().strip(), (
+    "README.md's config reference differs from the settings' declarations: run "
+    "`python tools/config_reference.py`"
+  )
+
+
+def test_the_config_reference_command_checks_and_rewrites_only_its_section(tmp_path):
+  """`python tools/config_reference.py --check` exits 1 naming itself when the README's table
+  differs; without --check it writes the table between the markers and nothing else."""
+  import subprocess
+
+  from conftest import cli_env
+
+  from jaxrl_llm.config.tree import reference_markdown
+
+  start, end = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
+  readme = tmp_path / "README.md"
+  readme.write_text(f"# Title\n\nbefore\n{start}\n\n| old |\n\n{end}\nafter\n")
+
+  def tool(*args):
+    return subprocess.run(
+      [sys.executable, "tools/config_reference.py", f"--readme={readme}", *args],
+      cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+  stale = tool("--check")
+  assert stale.returncode == 1 and readme.read_text().count("| old |") == 1
+  assert stale.stderr.strip().splitlines() == [
+    "README.md: the config reference differs from the settings' declarations; "
+    "run `python tools/config_reference.py`"
+  ]
+  assert tool().returncode == 0
+  table = reference_markdown().strip()
+  assert readme.read_text() == f"# Title\n\nbefore\n{start}\n\n{table}\n\n{end}\nafter\n"
+  fresh = tool("--check")
+  assert fresh.returncode == 0, fresh.stderr
 
 
 @pytest.mark.parametrize(
@@ -151,7 +186,7 @@ def test_an_objective_with_a_new_hyperparameter_is_one_module(plugin):
   argv = ["prog", f"--config={plugin}", "--config.objective.name=tilted_pg"]
   argv += ["--config.objective.tilt=0.5", "--config.sft.steps=0", "--config.rl.num_prompts=4"]
   argv += ["--config.sampling.group_size=4", "--config.task.eval_size=16", "--config.mesh.data=1"]
-  config = main.parse_config(argv)
+  config = launch.parse_config(argv)
   tree = parse(config)
   assert tree.objective.hyperparameters == {"tilt": 0.5}
   assert dict(r[::2] for r in reference())["objective.tilt"].startswith("τ of tilted_pg")
@@ -159,7 +194,7 @@ def test_an_objective_with_a_new_hyperparameter_is_one_module(plugin):
   assert float(metrics[0]["policy/tilt_mean"]) == pytest.approx(0.5)
   assert np.isfinite(float(metrics[0]["policy/loss"]))
   with pytest.raises(ConfigError, match=r"unknown config field 'objective\.tlit'"):
-    main.parse_config([*argv, "--config.objective.tlit=0.5"])
+    launch.parse_config([*argv, "--config.objective.tlit=0.5"])
 
 
 def test_packaging_source_names_no_removed_module():

@@ -3,8 +3,10 @@ versions, backend, devices, processes, mesh and parameter count (a MoE model's a
 its workdir and TensorBoard command, the RL step's compilation lines, the progress line's values
 against the scalars in TensorBoard and its rate and ETA, the closing summary's rates, evaluation
 and paths, what a relaunch of a finished workdir prints, and the lines bare on a terminal (a
-pseudo-terminal) but with absl's prefix when redirected or under --debug. (tests/test_train.py:
-the warm start's compilation line, and the banner first in a redirected run.)"""
+pseudo-terminal) but with absl's prefix when redirected or under --debug, the libraries' log
+lines (orbax, ...) in the log file and off the terminal unless --debug, for a run and for a
+packed sweep (tools/sweep.py --packed). (tests/test_train.py: the warm start's compilation line,
+and the banner first in a redirected run.)"""
 
 import json
 import os
@@ -38,6 +40,18 @@ BANNER = re.compile(
   r"\| mesh (.+) \| ([\d.]+)M parameters"
 )
 DURATION = re.compile(r"(\d+):(\d\d):(\d\d)")
+# A line of a log file: absl's prefix (level letter, source file) and the message.
+LOGGED = re.compile(r"^([IWEF])\d{4} \d\d:\d\d:\d\d\.\d{6} +\d+ (\S+):\d+\] (.*)$")
+# Source files of this project: a logged line from any other file is a library's.
+OURS = {p.name for p in (REPO / "jaxrl_llm").rglob("*.py")} | {"sweep.py", "compare.py"}
+CLIPS = ("0.2", "0.28")
+SWEEP = (
+  f"--config={REPO / 'configs' / 'default.py'}",
+  f"--grid=objective.clip_high={','.join(CLIPS)}",
+  "--set=" + ",".join(x.removeprefix("--config.") for x in TINY),
+  "--set=train.num_steps=2,train.eval_every=2,train.log_every=1",
+  "--packed",
+)
 
 
 def _command(workdir, *args) -> list[str]:
@@ -68,10 +82,14 @@ def _run(workdir, *args) -> list[str]:
 def _on_a_terminal(workdir, *args) -> list[str]:
   """The non-blank lines a command-line run prints to a pseudo-terminal (its stdout and
   stderr), after checking it ended well."""
+  return _pty(_command(workdir, *args))
+
+
+def _pty(cmd: list[str]) -> list[str]:
+  """The non-blank lines `cmd` prints to a pseudo-terminal (its stdout and stderr), after
+  checking it ended well."""
   master, slave = pty.openpty()
-  proc = subprocess.Popen(
-    _command(workdir, *args), stdout=slave, stderr=slave, cwd=REPO, env=cli_env()
-  )
+  proc = subprocess.Popen(cmd, stdout=slave, stderr=slave, cwd=REPO, env=cli_env())
   os.close(slave)
   out = b""
   try:
@@ -337,3 +355,75 @@ def test_with_debug_a_terminal_keeps_absls_prefix(terminal):
   assert evals and {v[-1][0] for v in evals.values()} == {3}
   shown = dict(x.split("=") for x in final.split(";")[0].removeprefix("final eval: ").split())
   assert shown == {k: f"{v[-1][1]:.4g}" for k, v in evals.items()}, final
+
+
+def _launches(log_file) -> list[list[tuple[str, str, str]]]:
+  """The (level letter, source file, message) of each prefixed line of a log file, a list per
+  launch (each launch's lines follow its `### <time> <command>` line)."""
+  sections = log_file.read_text().split("\n### ")[1:]
+  return [[m.groups() for m in map(LOGGED.match, x.splitlines()) if m] for x in sections]
+
+
+def _libraries(logged) -> set[str]:
+  """The messages of the logged lines that a library's source file wrote."""
+  return {message for _, file, message in logged if file not in OURS}
+
+
+def _level_off(line: str) -> str:
+  """A terminal line without the `warning: ` / `error: ` the terminal puts before its level."""
+  return re.sub(r"^(warning|error|critical): ", "", line)
+
+
+def test_the_log_file_keeps_every_line_the_libraries_lines_only_there_unless_debug(terminal):
+  """`<workdir>/log.txt` holds both launches, each line with absl's prefix: every line the
+  terminal showed and the libraries' INFO lines (orbax's checkpoint manager among them), which
+  the terminal left out; the --debug relaunch showed them on the terminal as well."""
+  workdir, first, again = terminal
+  launches = _launches(workdir / "log.txt")
+  assert len(launches) == 2, launches
+  for logged, shown in zip(launches, (first, _bare(again))):
+    library = _libraries(logged)
+    assert "checkpoint_manager.py" in {file for _, file, _ in logged}, logged[:20]
+    assert library and {message for *_, message in logged} >= {_level_off(x) for x in shown}
+  assert not _libraries(launches[0]) & set(first)
+  assert not [x for x in first + again if x.startswith("INFO:absl:")]
+  assert _libraries(launches[1]) <= set(_bare(again))
+
+
+@pytest.fixture(scope="module")
+def packed_sweep(tmp_path_factory):
+  """(root, the lines a packed sweep of 2 runs x 2 steps prints to a pseudo-terminal, those of
+  its relaunch once finished, with --debug)."""
+  root = tmp_path_factory.mktemp("packed") / "sweep"
+  cmd = [sys.executable, str(REPO / "tools" / "sweep.py"), *SWEEP, f"--root={root}"]
+  return root, _pty(cmd), _pty([*cmd, "--debug"])
+
+
+def test_a_packed_sweep_on_a_terminal_prints_plain_lines_and_logs_the_rest(packed_sweep):
+  """A packed sweep on a terminal prints as a run does: no `INFO:absl:` or absl prefix, no
+  library line; each run's lines under its name, one compile notice per program. `ROOT/log.txt` holds every logged line the
+  terminal showed, with absl's prefix, and the libraries' INFO lines (orbax's)."""
+  root, lines, _ = packed_sweep
+  assert not [x for x in lines if x.startswith("INFO:absl:") or PREFIX.match(x)], lines
+  for clip in CLIPS:
+    assert f"[objective.clip_high={clip}] step 2/2 (100%)" in "\n".join(lines)
+  logged = _launches(root / "log.txt")[0]
+  library = _libraries(logged)
+  assert library and "checkpoint_manager.py" in {file for _, file, _ in logged}
+  assert not library & set(lines), library & set(lines)
+  messages = {message for *_, message in logged}
+  assert [x for x in lines if x.startswith("[objective.clip_high=")]
+  assert {x for x in lines if x.startswith("[objective.clip_high=")} <= messages
+  # One compile notice per program (the RL step, the evaluation), not one per run.
+  for notice in ("compiling the RL step", "RL step compiled", "compiling the held-out evaluation"):
+    assert len([x for x in lines if x.startswith(notice)]) == 1, (notice, lines)
+
+
+def test_with_debug_a_packed_sweep_shows_the_library_lines(packed_sweep):
+  """With --debug the relaunch's terminal shows the libraries' lines its log section holds
+  (orbax restoring the pack), with absl's prefix; its own lines keep the prefix too."""
+  root, _, again = packed_sweep
+  logged = _launches(root / "log.txt")[1]
+  assert _libraries(logged) and _libraries(logged) <= set(_bare(again))
+  assert any(PREFIX.match(x) and "nothing to train" in x for x in again), again
+  assert not [x for x in again if x.startswith("INFO:absl:")]

@@ -404,7 +404,9 @@ def test_a_packed_sweep_trains_every_grid_point_in_one_program(tmp_path):
   proc, _ = _tool("sweep", *args)
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
   names = [f"objective.clip_high={c},seed={s}" for c in CLIPS for s in (0, 1)]
-  assert sorted(p.name for p in root.iterdir()) == sorted([*names, "checkpoints", "sweep.json"])
+  assert sorted(p.name for p in root.iterdir()) == sorted(
+    [*names, "checkpoints", "log.txt", "sweep.json"]
+  )
   assert sweep.committed_steps(str(root)) == [2]  # the pack checkpoints as a whole
   record = json.loads((root / "sweep.json").read_text())
   assert record["packed"] and [r["status"] for r in record["runs"]] == ["done"] * 4
@@ -453,7 +455,7 @@ def test_a_packed_sweep_stopped_by_a_signal_says_so_in_one_line_and_resumes(tmp_
   assert [r["status"] for r in record["runs"]] == ["interrupted"] * 2
   again, _ = _tool("sweep", *args, "--set=train.stop_after_steps=2")
   assert again.returncode == 0, again.stderr[-3000:]
-  assert f"resumed the pack in {root} at step {max(committed)}" in again.stderr
+  assert f"resumed from {root} at step {max(committed)}" in again.stderr
   assert max(sweep.committed_steps(str(root))) == max(committed) + 2
 
 

@@ -7,10 +7,12 @@ import jax
 import numpy as np
 import pytest
 from conftest import REPO, cli_env, lowerings, run_steps, tiny_config
+from parsed import build, train_and_evaluate
 
 from jaxrl_llm import metric_info, metrics
+from jaxrl_llm.config import parse
 from jaxrl_llm.data import pipeline
-from jaxrl_llm.run import HPARAM_FIELDS, build, to_global_batch, train_and_evaluate
+from jaxrl_llm.run import hparam_columns, to_global_batch
 
 
 def _run(config, workdir):
@@ -249,7 +251,7 @@ def test_the_run_records_its_config_once(tmp_path):
   assert record["jax"] == jax.__version__ and record["devices"] == jax.device_count()
   assert "config" in metrics.read_tags(str(tmp_path))["tensors"]
   hp = metrics.read_hparams(str(tmp_path))  # the HParams session, as TensorBoard reads it
-  assert set(HPARAM_FIELDS) <= set(hp["hparams"]) and hp["status"] == "success"
+  assert set(hparam_columns(parse(config))) <= set(hp["hparams"]) and hp["status"] == "success"
   assert hp["hparams"]["objective.clip_high"] == pytest.approx(0.28)
   assert hp["hparams"]["objective.clip_low"] == pytest.approx(0.2)  # the objective's default
   assert hp["hparams"]["params"] > 0 and "eval/accuracy" in hp["metrics"]

@@ -19,7 +19,7 @@ import pytest
 
 from jaxrl_llm.data import verifiers as V
 from jaxrl_llm.data.verifiers import math as M
-from jaxrl_llm.data.verifiers import rewards as R
+from jaxrl_llm.data.verifiers import scoring
 
 HAS_MATH_VERIFY = importlib.util.find_spec("math_verify") is not None
 EXPLOSIVE = [
@@ -89,10 +89,10 @@ def test_kept_pool_is_reused_across_batches_and_replaced_after_a_timeout(tmp_pat
   completions, references = [_box(str(i)) for i in range(8)], [str(i) for i in range(8)]
   scores, _ = V.score_batch(completions, references, terms=quick, max_workers=2)
   np.testing.assert_array_equal(scores["correct"], [1] * 8)
-  first = R.worker_pids()
+  first = scoring.worker_pids()
   assert 1 <= len(first) <= 2
   V.score_batch(completions, references, terms=quick, max_workers=2)
-  assert R.worker_pids() == first  # the same worker processes served the second batch
+  assert scoring.worker_pids() == first  # the same worker processes served the second batch
 
   _, stats = V.score_batch(
     ["hang"], [str(tmp_path / "pid")], terms={"spin": _spins_on_hang}, timeout_s=0.3, max_workers=2
@@ -102,7 +102,7 @@ def test_kept_pool_is_reused_across_batches_and_replaced_after_a_timeout(tmp_pat
   scores, stats = V.score_batch(completions, references, terms=quick, max_workers=2)
   np.testing.assert_array_equal(scores["correct"], [1] * 8)
   assert stats["verifier/timeouts"] == 0 and stats["verifier/errors"] == 0
-  replaced = R.worker_pids()
+  replaced = scoring.worker_pids()
   assert replaced and not set(replaced) & set(first)  # ...and a fresh one took its place
 
 
@@ -152,10 +152,10 @@ def test_concurrent_batches_each_get_correct_scores():
 
 def test_shutdown_workers_stops_the_kept_pool():
   V.score_batch(["a", "b"], ["a", "b"], terms={"c": V.math_correct}, max_workers=2)
-  pids = R.worker_pids()
+  pids = scoring.worker_pids()
   assert pids
-  R.shutdown_workers()
-  assert R.worker_pids() == [] and all(_gone(pid) for pid in pids)
+  scoring.shutdown_workers()
+  assert scoring.worker_pids() == [] and all(_gone(pid) for pid in pids)
 
 
 # ---- guards before parsing --------------------------------------------------------------------
@@ -262,6 +262,9 @@ def test_file_task_reports_verifier_timeouts(tmp_path):
     max_new_tokens=width,
     reward_fns={"spin": _spins_on_hang},
     timeout_s=0.5,
+    eval_size=2,
+    correct_term="math_correct",
+    special_tokens_in_text=False,
   )
   terms, stats = task.host_reward_terms(completions, [str(tmp_path / "pid"), "1"])
   np.testing.assert_array_equal(terms["spin"], [0, 1])

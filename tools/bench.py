@@ -62,7 +62,6 @@ from jaxrl_llm.config import ConfigError, parse  # noqa: E402
 from jaxrl_llm.data import pipeline  # noqa: E402
 from jaxrl_llm.rl import make_rl_step  # noqa: E402
 from jaxrl_llm.run import Experiment, build, build_task, to_global_batch  # noqa: E402
-from jaxrl_llm.run.assemble import RUN_ARCH_FIELDS  # noqa: E402
 
 # Per-device limits from public spec sheets: (device_kind substring, HBM bytes/s, dense bf16
 # FLOP/s). Matched in order against the lower-cased `device_kind`, so specific names come first.
@@ -154,7 +153,7 @@ SHAPE_NAMES = (
 def shape_config(name: str, overrides: list[str] = ()):
   """The default config at benchmark shape `name`, then the user's `FIELD=VALUE` overrides
   (parsed by the trainer's own command-line parser: typed, unknown fields named)."""
-  from jaxrl_llm import main as trainer_main
+  from jaxrl_llm import launch as trainer_main
 
   shapes = _shapes()
   if name not in shapes:
@@ -471,7 +470,7 @@ def model_source(config) -> str:
 def model_arch(config):
   """The run's architecture without loading any weights: with `model.checkpoint`, its
   config.json's (as `build` reads it, with the config's dtypes, layout and adapters:
-  `RUN_ARCH_FIELDS`), else the config's own `model.*` fields."""
+  `ModelConfig.onto`), else the config's own `model.*` fields."""
   from jaxrl_llm.models import hf_config
 
   config = parse(config)
@@ -490,8 +489,7 @@ def model_arch(config):
       mc = hf_config.config_from_hf(json.load(f), source=config_file)
   except (ValueError, OSError) as e:  # CheckpointFormatError, unreadable JSON
     raise ConfigError(" ".join(str(e).split())) from None
-  arch = config.model.arch
-  return dataclasses.replace(mc, **{k: getattr(arch, k) for k in RUN_ARCH_FIELDS})
+  return config.model.arch.onto(mc)
 
 
 def peer_spec(config, steps: int) -> dict[str, object]:
@@ -709,7 +707,7 @@ def _config(args, overrides: list[str]):
           f"--shape={args.shape} needs {path}: fetch it first with python tools/get_smollm2.py"
         )
     return config
-  from jaxrl_llm import main as trainer_main
+  from jaxrl_llm import launch as trainer_main
 
   return trainer_main.parse_config(
     ["bench", f"--config={args.config}", *(f"--config.{o}" for o in overrides)]

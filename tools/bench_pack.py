@@ -41,7 +41,7 @@ def base_config(shape: str, overrides: list[str] = ()):
   """The config of `shape` ('default': configs/default.py; else a tools/bench.py shape), then
   the `FIELD=VALUE` overrides (typed by the trainer's command-line parser)."""
   if shape == "default":
-    from jaxrl_llm import main as trainer_main
+    from jaxrl_llm import launch as trainer_main
 
     config_file = os.path.join(_REPO, "configs", "default.py")
     argv = ["bench_pack", f"--config={config_file}", *(f"--config.{o}" for o in overrides)]
@@ -74,7 +74,7 @@ def _timed(step, state, batches, steps: int):
 
 def time_single(config, steps: int) -> tuple[float, float]:
   """(compile + first step s, steady step s) of one run's fused step."""
-  exp = build(config)
+  exp = build(parse(config))
   state = init_reference(exp.state, exp.config.kl.beta)
   it = train_iterator(exp)
   batches = (to_global_batch(b, exp.batch_sharding) for b in it)
@@ -88,7 +88,7 @@ def time_single(config, steps: int) -> tuple[float, float]:
 
 def time_pack(configs, steps: int) -> tuple[float, float]:
   """(compile + first step s, steady step s) of the packed step of `configs`."""
-  pack = build_pack(configs)
+  pack = build_pack([parse(c) for c in configs])
   state = init_reference(pack.state, pack.configs[0].kl.beta)
   data = pack_iterator(pack)
   batches = (batch_to_device(b, pack.exp.mesh) for b in data)

@@ -266,7 +266,7 @@ def _resolve_inputs(args):
 def _export_adapters(args, cfg, params, model_type: str, source) -> list[str]:
   """With `--adapters=DIR`, writes the run's adapters there in PEFT's format, naming the run's
   source checkpoint as their base (none for a random-init base); returns the target modules."""
-  from jaxrl_llm.models import hf, lora
+  from jaxrl_llm.models import hf_adapters, lora
 
   if not args.adapters:
     return []
@@ -276,7 +276,7 @@ def _export_adapters(args, cfg, params, model_type: str, source) -> list[str]:
       "leave --adapters out"
     )
   base = source.path if source is not None else None
-  return hf.save_adapters(
+  return hf_adapters.save_adapters(
     args.adapters, cfg, params, model_type=model_type, base_model=base, overwrite=args.overwrite
   )
 
@@ -284,7 +284,7 @@ def _export_adapters(args, cfg, params, model_type: str, source) -> list[str]:
 def cmd_export(args) -> dict:
   """Writes the params of a trainer checkpoint as an HF checkpoint directory (adapters, when
   the run had them, merged into the weights they adapt)."""
-  from jaxrl_llm.models import hf, lora
+  from jaxrl_llm.models import hf_config, hf_export, lora
 
   source, tokenizer = _resolve_inputs(args)
   cfg, params, meta, step = restore_params(args.workdir, args.step)
@@ -292,13 +292,13 @@ def cmd_export(args) -> dict:
     args.model_type
     or meta.get("hf_model_type")
     or (source.model_type if source is not None else None)
-    or hf.default_model_type(cfg.without_adapters())
+    or hf_config.default_model_type(cfg.without_adapters())
   )
   targets = _export_adapters(args, cfg, params, model_type, source)
   if lora.has_adapters(params):  # a run with adapters exports its merged weights
     params = lora.merged(params, cfg.lora_alpha / cfg.lora_rank)
     cfg = cfg.without_adapters()
-  model_type = hf.save_checkpoint(
+  model_type = hf_export.save_checkpoint(
     args.out,
     cfg,
     params,

@@ -340,20 +340,20 @@ def check_export(out_dir: str) -> None:
   """Our import -> export must read back into transformers with the same logits, token ids,
   generation config and tokenizer."""
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  from jaxrl_llm.models import hf
+  from jaxrl_llm.models import hf, hf_config, hf_export
 
   for name in FIXTURES:
     src = os.path.join(out_dir, name)
     ref = np.load(os.path.join(src, "reference.npz"))
     cfg, params = hf.load_checkpoint(src)
     with tempfile.TemporaryDirectory() as tmp:
-      hf.save_checkpoint(
+      hf_export.save_checkpoint(
         tmp, cfg, params, model_type=FIXTURES[name][0], max_shard_bytes=40_000, source=src
       )
       model = transformers.AutoModelForCausalLM.from_pretrained(
         tmp, attn_implementation="eager", dtype=torch.float32
       ).eval()
-      for key in hf.CARRIED_FIELDS:
+      for key in hf_config.CARRIED_FIELDS:
         want = transformers.AutoConfig.from_pretrained(src).to_dict().get(key)
         assert model.config.to_dict().get(key) == want, (name, key)
       if name in TOKENIZER_FIXTURES:

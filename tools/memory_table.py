@@ -161,7 +161,7 @@ COMMON: dict[str, object] = {
 def shape_config(name: str, overrides: list[str] = ()):
   """The default config at shape `name` with COMMON and the user's `FIELD=VALUE` overrides,
   parsed by the trainer's own command-line parser (typed, unknown fields named)."""
-  from jaxrl_llm import main as trainer_main
+  from jaxrl_llm import launch as trainer_main
 
   config_file = os.path.join(os.path.dirname(__file__), "..", "configs", "default.py")
   fixed = [f"--config.{k}={v}" for k, v in {**COMMON, **SHAPES[name]}.items()]
@@ -212,6 +212,7 @@ def row(
   """One table row: the plan of `shape` on `target` (a pack of `runs` runs when > 0) as a
   JSON-able dict."""
   from jaxrl_llm import plan
+  from jaxrl_llm.config import parse
 
   kind, name, mesh = parse_target(target)
   extra = [f"mesh.{k}={v}" for k, v in mesh.items()]
@@ -224,7 +225,7 @@ def row(
   except RuntimeError as err:
     return {**out, "skipped": str(err)}
   capacity = int(capacity_gib * plan.GIB) if kind == "cpu" else None
-  p = plan.plan(config, devices, prompt_len=prompt_len, capacity_bytes=capacity, runs=runs)
+  p = plan.plan(parse(config), devices, prompt_len=prompt_len, capacity_bytes=capacity, runs=runs)
   gib = plan.GIB
   return {
     **out,

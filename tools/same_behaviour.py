@@ -2,7 +2,7 @@
 
   python tools/same_behaviour.py --before=REV [--after=PATH_OR_REV] [--steps=10]
       [--config=configs/default.py --config=configs/dr_grpo.py] [--set=section.field=value]
-      [--resume_check]
+      [--resume_check] [--grid=FIELD=V1,V2 ...]
   python tools/same_behaviour.py --freeze_configs=tests/fixtures/default_config_before.json
 
 A revision is checked out by `git worktree add --detach` into a temporary folder (removed
@@ -11,7 +11,9 @@ trained `--steps` RL steps by each tree's trainer CLI (subprocesses on the CPU, 
 tree), every step logged; every scalar of every run folder (RL and `sft`) must be equal, but the
 wall-clock tags (`EXCLUDED`, printed). `--resume_check`: BEFORE trains to K = steps // 2, AFTER
 resumes that workdir; its scalars after K must equal BEFORE's uninterrupted run (a refusal is
-printed). Exit 0 when all is equal, else 1. `--freeze_configs=PATH` writes the default config
+printed). `--grid` (repeatable) trains each config as a pack of the grid's runs with each tree's
+`tools/sweep.py --packed` instead, and compares every run's folder. Exit 0 when all is equal,
+else 1. `--freeze_configs=PATH` writes the default config
 and every configs/*.py of this tree as JSON ({"default": {...}, "configs/dapo.py": {...}}).
 """
 
@@ -47,6 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   p.add_argument("--set", action="append", default=[], help="section.field=value for both sides")
   p.add_argument("--set_after", action="append", default=[], help=argparse.SUPPRESS)  # self-test
   p.add_argument("--resume_check", action="store_true", help="AFTER resumes BEFORE's checkpoint")
+  p.add_argument("--grid", action="append", default=[], help="FIELD=V1,V2: train a pack")
   p.add_argument("--freeze_configs", metavar="PATH", help="write this tree's configs as JSON")
   args = p.parse_args(argv)
   if not args.freeze_configs and not args.before:
@@ -102,12 +105,22 @@ def overrides(steps: int, sets: list[str]) -> list[str]:
   return [f"--config.train.{f}" for f in base] + [f"--config.{s}" for s in sets]
 
 
+GRID: list[str] = []  # `--grid`: each config trains as a pack of these runs
+
+
 def start(tree: str, config: str, workdir: str, flags: list[str]) -> subprocess.Popen:
-  """Starts the trainer of `tree` on its `config` file in a subprocess (CPU, cwd a temp dir)."""
+  """Starts the trainer of `tree` on its `config` file in a subprocess (CPU, cwd a temp dir):
+  its command line, or with `GRID` its packed sweep."""
   env = dict(os.environ, PYTHONPATH=tree, JAX_PLATFORMS="cpu")
   env.pop("XLA_FLAGS", None)
-  cmd = [sys.executable, "-m", "jaxrl_llm.main", f"--config={os.path.join(tree, config)}"]
-  cmd += [f"--workdir={workdir}", *flags]
+  if GRID:
+    cmd = [sys.executable, os.path.join(tree, "tools", "sweep.py"), "--packed"]
+    cmd += [f"--config={os.path.join(tree, config)}", f"--root={workdir}"]
+    cmd += [f"--grid={g}" for g in GRID]
+    cmd += ["--set=" + f.removeprefix("--config.") for f in flags]
+  else:
+    cmd = [sys.executable, "-m", "jaxrl_llm.main", f"--config={os.path.join(tree, config)}"]
+    cmd += [f"--workdir={workdir}", *flags]
   os.makedirs(workdir, exist_ok=True)
   with open(workdir + ".log", "a") as log:  # the child keeps its own copy of the handle
     proc = subprocess.Popen(cmd, cwd=os.path.dirname(workdir), env=env, stdout=log, stderr=log)
@@ -242,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
   if args.freeze_configs:
     freeze_configs(args.freeze_configs)
     return 0
+  GRID[:] = args.grid
+  if GRID:
+    print(f"packs of the grid {' '.join(GRID)} (tools/sweep.py --packed)")
   print(f"excluded (wall-clock) tag patterns: {', '.join(EXCLUDED)}")
   print(f"overrides: {' '.join(overrides(args.steps, args.set))}")
   if args.set_after:

@@ -29,6 +29,11 @@ and prints the packed step's memory per device (compile only). A grid over a fie
 the program (objective name, model shape, group size, ...) is refused with one line naming the
 packable fields.
 
+The terminal shows the sweep's lines and, with `--packed`, the runs' own (`[<name>] ...`), plain
+on a terminal as the trainer's; the libraries' log lines (orbax, grain, tensorboard, ...) go to
+`ROOT/log.txt` (with `--packed`, every line of the pack), and to the terminal only with
+`--debug`, which also gives each run's trainer `--debug` (full tracebacks in its run.log).
+
 Compare runs with `python tools/compare.py --root=ROOT` or `tensorboard --logdir ROOT`.
 """
 
@@ -51,6 +56,7 @@ from typing import Any
 
 import compare  # tools/compare.py, next to this file
 
+from jaxrl_llm import launch, terminal
 from jaxrl_llm.config import ConfigError, parse
 
 TRAINER = ("-m", "jaxrl_llm.main")
@@ -161,20 +167,16 @@ def trainer_argv(
 
 def check_fields(config: str, assignments: Sequence[tuple[str, str]]) -> None:
   """Raises ConfigError, listing the allowed fields, if the config lacks a field of `assignments`."""
-  from jaxrl_llm import main as trainer_main
-
-  trainer_main.check_overrides(
+  launch.check_overrides(
     ["sweep", f"--config={config}", *(f"--config.{f}={v}" for f, v in assignments)]
   )
 
 
 def resolve_config(config: str, overrides: dict[str, str]):
   """The config a run will see, parsed exactly as the trainer parses its flags."""
-  from jaxrl_llm import main as trainer_main
-
   argv = ["sweep", f"--config={config}", *(f"--config.{k}={v}" for k, v in overrides.items())]
   try:
-    return trainer_main.parse_config(argv)
+    return launch.parse_config(argv)
   except Exception as e:
     raise SweepError(f"bad value: {e}") from None
 
@@ -307,9 +309,13 @@ def tail(path: str, lines: int = 20) -> str:
 class Sweep:
   """Launches the runs, at most `parallel` at a time, keeping `root/sweep.json` up to date."""
 
-  def __init__(self, runs: list[Run], root: str, spec: dict[str, Any], parallel: int = 1):
-    """Takes the planned runs; `spec` is the sweep's description stored in sweep.json."""
+  def __init__(
+    self, runs: list[Run], root: str, spec: dict[str, Any], parallel: int = 1, debug: bool = False
+  ):
+    """Takes the planned runs; `spec` is the sweep's description stored in sweep.json; with
+    `debug` each run's trainer gets `--debug`."""
     self.runs, self.root, self.spec, self.parallel = runs, os.path.abspath(root), spec, parallel
+    self.debug = debug
     self.env = dict(os.environ)
     if parallel > 1 and "XLA_PYTHON_CLIENT_PREALLOCATE" not in self.env:
       # Concurrent runs on one accelerator must not each reserve most of its memory.
@@ -342,11 +348,12 @@ class Sweep:
     _write_record(run)
     steps = committed_steps(run.workdir)
     run.start_step = steps[-1] if steps else None
+    argv = [*run.argv, "--debug"] if self.debug else run.argv
     log = open(run.log, "a")  # closed in _poll/stop when the run ends
-    log.write(f"\n### {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(run.argv)}\n")
+    log.write(f"\n### {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(argv)}\n")
     log.flush()
     proc = subprocess.Popen(
-      run.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env
+      argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env
     )
     run.status = "running"
     self._running.append((run, proc, log, time.time()))
@@ -473,48 +480,24 @@ def dry_run_packed(config: str, runs: Sequence[Run]) -> int:
   return 3 if memory.fits is False else 0
 
 
-def join_job(timeout_s: float) -> None:
-  """Joins the multi-process job of a packed sweep started on every host (`--distributed`),
-  as the trainer's command line does; exits with status 2 and one line when it cannot."""
-  from jaxrl_llm import distributed
-
-  try:
-    distributed.initialize(timeout_s)
-  except distributed.DistributedError as e:
-    print(f"error: {e}", file=sys.stderr, flush=True)
-    sys.exit(2)
-  distributed.watch_peers()  # a peer that stops ends this process too, with its reason
-
-
-def _in_a_job() -> bool:
-  """Whether this process is one of a multi-process job."""
-  import jax
-
-  return jax.process_count() > 1
-
-
 def leave_job(code: int, line: str) -> None:
   """In a multi-process job: tells the peers why this process stops, and stops it at once
-  (as the trainer's `leave_job`); on one process, nothing."""
-  if _in_a_job():
-    from jaxrl_llm import distributed
-
-    sys.stdout.flush()
-    sys.stderr.flush()
-    distributed.announce_stop(code, line)
-    os._exit(code)
+  (`launch.leave_job`); on one process, nothing."""
+  if launch.in_a_job():
+    launch.leave_job(code, line)
 
 
-def run_packed(config: str, runs: Sequence[Run], root: str, spec: dict[str, Any]) -> int:
+def run_packed(
+  config: str, runs: Sequence[Run], root: str, spec: dict[str, Any], debug: bool = False
+) -> int:
   """Trains the grid as one pack in `root` (resuming it), records sweep.json (process 0 of a
-  multi-process job); exit status (143 after SIGTERM, 130 after Ctrl-C, as the trainer's)."""
+  multi-process job); exit status (143 after SIGTERM, 130 after Ctrl-C, as the trainer's).
+  The terminal is set up as the trainer's (`terminal.setup`), every log line in `root`'s log
+  file (`ROOT/log.txt`)."""
   import jax
-  from absl import logging
 
-  from jaxrl_llm import backend
-
-  logging.set_verbosity(logging.INFO)  # the runs' progress lines
-  backend.choose()  # as the trainer's command line does
+  launch.choose_backend(debug)  # as the trainer's command line does
+  terminal.setup(debug, log_file=terminal.log_path(root, launch.process_index()))
   t0 = time.time()
   status, code = _train_packed(_pack_configs(config, runs), runs, root)
   if jax.process_index() != 0:  # the runs' events, and so the record, are process 0's
@@ -531,17 +514,16 @@ def _train_packed(configs: list, runs: Sequence[Run], root: str) -> tuple[str, i
   """`train_pack` of the grid in `root`: (the runs' status, exit status). A SIGTERM (every
   process stopped after the same step, saved), a Ctrl-C or a known failure prints its one line;
   in a multi-process job the last two also tell the peers and stop this process at once."""
-  from jaxrl_llm import main as trainer_main
   from jaxrl_llm.run import Preempted
-  from jaxrl_llm.run.pack_loop import train_pack
+  from jaxrl_llm.run.packed import train_pack
 
   names, swept = [r.name for r in runs], list(runs[0].params)
   try:
-    train_pack(configs, root, names=names, hparam_fields=swept)
+    train_pack([parse(c) for c in configs], root, names=names, hparam_fields=swept)
     steps = committed_steps(root)
     return ("done" if steps and steps[-1] >= runs[0].final_step else "incomplete"), 0
   except ConfigError as e:  # `main` prints its line; in a job, this process prints it and stops
-    if _in_a_job():
+    if launch.in_a_job():
       print(f"error: {e}", file=sys.stderr, flush=True)
       leave_job(2, f"error: {e}")
     raise
@@ -551,9 +533,9 @@ def _train_packed(configs: list, runs: Sequence[Run], root: str) -> tuple[str, i
   except KeyboardInterrupt:
     return _stopped_by_ctrl_c(root)
   except Exception as e:
-    if trainer_main.interrupted(e):  # Ctrl-C cut a save that then failed
+    if launch.interrupted(e):  # Ctrl-C cut a save that then failed
       return _stopped_by_ctrl_c(root)
-    line = trainer_main.explain(e)
+    line = launch.explain(e)
     if line is None:
       leave_job(1, f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
       raise
@@ -611,10 +593,15 @@ def _raise_interrupt(signum, frame):
   raise Interrupted(signum)
 
 
-def run_unpacked(runs: list[Run], root: str, spec: dict[str, Any], parallel: int) -> int:
+def run_unpacked(
+  runs: list[Run], root: str, spec: dict[str, Any], parallel: int, debug: bool = False
+) -> int:
   """Trains the grid one process per run, `parallel` at a time; exit status (1 if a run failed;
-  128 + the signal after SIGINT or SIGTERM, the runs stopped with their checkpoints kept)."""
-  sweep = Sweep(runs, root, spec, parallel=parallel)
+  128 + the signal after SIGINT or SIGTERM, the runs stopped with their checkpoints kept).
+  This process's own log lines (e.g. reading the runs' events) go as `terminal.setup` says,
+  to `ROOT/log.txt`; each run's output to its run.log."""
+  terminal.setup(debug, log_file=terminal.log_path(os.path.abspath(root)))
+  sweep = Sweep(runs, root, spec, parallel=parallel, debug=debug)
   ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # a background job: kept so
   names = (signal.SIGTERM,) if ignored else (signal.SIGINT, signal.SIGTERM)
   previous = {n: signal.signal(n, _raise_interrupt) for n in names}
@@ -643,8 +630,8 @@ def run_unpacked(runs: list[Run], root: str, spec: dict[str, Any], parallel: int
   return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-  """Command line entry point; returns the exit status."""
+def _parser() -> argparse.ArgumentParser:
+  """The command line's flags."""
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--config", required=True, help="Experiment config file (path[:arg]).")
   p.add_argument("--root", required=True, help="Directory of the sweep; one workdir per run.")
@@ -671,52 +658,91 @@ def main(argv: Sequence[str] | None = None) -> int:
   )
   p.add_argument("--dry_run", action="store_true", help="Print the runs and commands; run nothing.")
   p.add_argument(
+    "--debug",
+    action="store_true",
+    help="Show the libraries' log lines (always in ROOT/log.txt) with absl's prefix and full "
+    "tracebacks; each run's trainer gets --debug too.",
+  )
+  p.add_argument(
     "--allow_changed",
     action="store_true",
     help="Resume workdirs even if their recorded overrides differ from this sweep's.",
   )
-  args = p.parse_args(argv)
+  return p
 
+
+def _checked_runs(args: argparse.Namespace) -> list[Run]:
+  """The runs of the command line's grid; raises SweepError/ConfigError for a bad one."""
+  if args.parallel < 1:
+    raise SweepError(f"--parallel must be >= 1, got {args.parallel}")
+  if args.distributed and (not args.packed or args.dry_run):
+    raise SweepError(
+      "--distributed trains a pack over several processes: it needs --packed and no --dry_run"
+    )
+  runs = plan(args.config, args.root, args.grid, args.set, args.seeds)
+  changed = {r.name: d for r in runs if (d := changed_overrides(r))}
+  if changed and not args.allow_changed:
+    lines = [
+      f"  {name}: " + ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in d.items())
+      for name, d in changed.items()
+    ]
+    raise SweepError(
+      "these workdirs were run with other settings:\n"
+      + "\n".join(lines)
+      + "\nuse another --root, remove those workdirs, or pass --allow_changed to resume them"
+    )
+  return runs
+
+
+def _print_plan(runs: Sequence[Run]) -> int:
+  """The dry run of separate runs: each run's state and command; exit status 0."""
+  for i, run in enumerate(runs):
+    steps = committed_steps(run.workdir)
+    if run.final_step in steps:
+      state = "skip (complete)"
+    elif steps:
+      state = f"resume at step {steps[-1]}"
+    else:
+      state = "start"
+    print(f"[{i + 1}/{len(runs)}] {state}: {run.name}\n    {shlex.join(run.argv)}")
+  return 0
+
+
+def _packed(args: argparse.Namespace, runs: list[Run], spec: dict[str, Any]) -> int:
+  """`--packed`: the pack trained in this process (joining the job first with
+  `--distributed`), then the summary table; exit status."""
+  terminal.setup(args.debug)
+  if args.distributed:
+    launch.join_job(args.join_timeout_s)
   try:
-    if args.parallel < 1:
-      raise SweepError(f"--parallel must be >= 1, got {args.parallel}")
-    if args.distributed and (not args.packed or args.dry_run):
-      raise SweepError(
-        "--distributed trains a pack over several processes: it needs --packed and no --dry_run"
-      )
-    runs = plan(args.config, args.root, args.grid, args.set, args.seeds)
-    changed = {r.name: d for r in runs if (d := changed_overrides(r))}
-    if changed and not args.allow_changed:
-      lines = [
-        f"  {name}: " + ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in d.items())
-        for name, d in changed.items()
-      ]
-      raise SweepError(
-        "these workdirs were run with other settings:\n"
-        + "\n".join(lines)
-        + "\nuse another --root, remove those workdirs, or pass --allow_changed to resume them"
-      )
+    rc = run_packed(spec["config"], runs, spec["root"], spec, args.debug)
+  except ConfigError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  if not args.distributed or _process_index() == 0:
+    print()
+    print(summary_table(runs))
+  return rc
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  """Command line entry point; returns the exit status."""
+  args = _parser().parse_args(argv)
+  try:
+    runs = _checked_runs(args)
   except (SweepError, ConfigError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
 
   if args.packed and args.dry_run:
+    terminal.setup(args.debug)  # the plan compiles: library lines off the terminal
     try:
       return dry_run_packed(absolute_config(args.config), runs)
     except ConfigError as e:
       print(f"error: {e}", file=sys.stderr)
       return 2
   if args.dry_run:
-    for i, run in enumerate(runs):
-      steps = committed_steps(run.workdir)
-      if run.final_step in steps:
-        state = "skip (complete)"
-      elif steps:
-        state = f"resume at step {steps[-1]}"
-      else:
-        state = "start"
-      print(f"[{i + 1}/{len(runs)}] {state}: {run.name}\n    {shlex.join(run.argv)}")
-    return 0
+    return _print_plan(runs)
 
   spec = {
     "config": absolute_config(args.config),
@@ -727,18 +753,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     "command": shlex.join([sys.executable, sys.argv[0], *(sys.argv[1:] if argv is None else argv)]),
   }
   if args.packed:
-    if args.distributed:
-      join_job(args.join_timeout_s)
-    try:
-      rc = run_packed(spec["config"], runs, spec["root"], spec)
-    except ConfigError as e:
-      print(f"error: {e}", file=sys.stderr)
-      return 2
-    if not args.distributed or _process_index() == 0:
-      print()
-      print(summary_table(runs))
-    return rc
-  return run_unpacked(runs, args.root, spec, args.parallel)
+    return _packed(args, runs, spec)
+  return run_unpacked(runs, args.root, spec, args.parallel, args.debug)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import math
 import jax
 
 from jaxrl_llm.config.fields import invalid, need
-from jaxrl_llm.config.tree import Config, parse
+from jaxrl_llm.config.tree import Config
 from jaxrl_llm.kernels import attention
 from jaxrl_llm.models.config import ModelConfig
 
@@ -208,10 +208,3 @@ def _task(cfg: Config, mc: ModelConfig, task) -> list[str]:
     f"model.vocab_size={mc.vocab_size} is smaller than task {task.name!r}'s vocabulary of "
     f"{vocab} tokens",
   )
-
-
-def validate(config, *, num_devices: int, task=None, model: ModelConfig | None = None) -> Config:
-  """`parse` then `check`: the tree of a ConfigDict (or tree) valid on `num_devices` devices."""
-  cfg = parse(config)
-  check(cfg, num_devices=num_devices, task=task, model=model)
-  return cfg

@@ -4,19 +4,44 @@ a field is documented), coerced from the user's ml-collections values and range-
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import functools
 import inspect
+import io
 import math
-import re
 import textwrap
+import tokenize
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import jax
 
 _CASTS = {"float": float, "int": int, "bool": bool, "str": str}
-_FIELD_LINE = re.compile(r"^  (\w+): [^#]*?(?:#\s*(.*))?$")
+
+
+# What the program must know of a setting, written as field metadata beside its declaration
+# (`setting(default, ...)`), never as lists of field names elsewhere.
+PER_RUN = "per_run"  # a pack may vary it: TRACED, it enters the step as a per-run value; STATE,
+# it sets each run's initial state (the seed)
+TRACED, STATE = "traced", "state"
+SWITCH = "switch"  # it switches a term on (> 0) or off (0): a pack's runs must agree on which
+RESUME = "resume"  # False: how an update is computed, or what is only evaluated, so changing it
+# does not block a resume (True: changing it blocks one; default: the section's `LEARNED`)
+HPARAM = "hparam"  # a column of TensorBoard's HParams view (a display choice)
+
+
+def setting(default: Any, *, per_run="", switch=False, resume=None, hparam=False) -> Any:
+  """A settings field with its `default` and what the program must know of it (the keys
+  above; `per_run`: "", TRACED or STATE), as `dataclasses.field` metadata."""
+  meta = {PER_RUN: per_run, SWITCH: switch, RESUME: resume, HPARAM: hparam}
+  return dataclasses.field(default=default, metadata=meta)
+
+
+def tag_matches(field: dataclasses.Field, key: str, value: Any = None) -> bool:
+  """Whether `field`'s metadata sets `key` (to `value`, if given)."""
+  own = field.metadata.get(key)
+  return bool(own) if value is None else own == value
 
 
 class ConfigError(ValueError):
@@ -55,13 +80,17 @@ def coerce(annotation: str, value: Any, where: str) -> Any:
 
 @functools.cache
 def field_docs(cls: type) -> dict[str, str]:
-  """The comment written after each field of dataclass `cls` in its source ("" if none)."""
+  """The comment written after each field of dataclass `cls` in its source ("" if none): on
+  the declaration's last line (a declaration the formatter wraps ends with it)."""
   source = textwrap.dedent(inspect.getsource(cls))
+  tokens = tokenize.generate_tokens(io.StringIO(source).readline)
+  comments = {
+    t.start[0]: t.string.lstrip("#").strip() for t in tokens if t.type == tokenize.COMMENT
+  }
   docs = {}
-  for line in source.splitlines():
-    match = _FIELD_LINE.match(line)
-    if match:
-      docs[match.group(1)] = (match.group(2) or "").strip()
+  for node in ast.parse(source).body[0].body:
+    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+      docs[node.target.id] = comments.get(node.end_lineno, "")
   return {f.name: docs.get(f.name, "") for f in dataclasses.fields(cls)}
 
 
@@ -94,6 +123,19 @@ class Section:
   """Mixin of a settings section: built from a config section with exactly its fields."""
 
   SECTION: ClassVar[str]
+  LEARNED: ClassVar[bool] = False  # its fields decide what is learned: a change blocks a resume
+
+  @classmethod
+  def blocks_resume(cls, name: str) -> bool:
+    """Whether changing field `name` blocks resuming a workdir (without train.resume_changed):
+    the field's own `resume` metadata, else the section's `LEARNED`."""
+    own = {f.name: f.metadata.get(RESUME) for f in dataclasses.fields(cls)}.get(name)
+    return cls.LEARNED if own is None else own
+
+  @classmethod
+  def tagged(cls, key: str, value: Any = None) -> tuple[str, ...]:
+    """The fields whose metadata sets `key` (PER_RUN, SWITCH, HPARAM): to `value` if given."""
+    return tuple(f.name for f in dataclasses.fields(cls) if tag_matches(f, key, value))
 
   @classmethod
   def from_section(cls, section: Mapping[str, Any]):

@@ -12,7 +12,17 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from jaxrl_llm import objectives
-from jaxrl_llm.config.fields import Section, allowed, at_least, coerce, is_on, need
+from jaxrl_llm.config.fields import (
+  PER_RUN,
+  TRACED,
+  Section,
+  allowed,
+  at_least,
+  coerce,
+  is_on,
+  need,
+  setting,
+)
 from jaxrl_llm.models.transformer import REMAT_POLICIES
 
 REMATS = ("auto", *REMAT_POLICIES)  # rl.remat values
@@ -33,15 +43,24 @@ class RLSettings(Section):
   """`rl`: batch, epochs, minibatches, microbatches and the entropy bonus (§5, §8)."""
 
   SECTION: ClassVar[str] = "rl"
-  num_prompts: int = 32  # P prompts per RL update (B = P * G sequences)
+  LEARNED: ClassVar[bool] = True
+  num_prompts: int = setting(32, hparam=True)  # P prompts per RL update (B = P * G sequences)
   num_epochs: int = 1  # passes over each rollout batch
   num_minibatches: int = 2  # optimiser steps per epoch (B must divide evenly)
-  num_microbatches: int = 0  # gradient-accumulation slices per minibatch (§5); 0 = auto
-  microbatch_tokens: int = 4096  # auto microbatching: max tokens per device per slice
-  remat: str = "auto"  # block remat: auto (full from 1e8 params) | none | full | dots_saveable | dots_with_no_batch_dims_saveable
+  num_microbatches: int = setting(
+    0, resume=False
+  )  # gradient-accumulation slices per minibatch (§5); 0 = auto
+  microbatch_tokens: int = setting(
+    4096, resume=False
+  )  # auto microbatching: max tokens per device per slice
+  remat: str = setting(
+    "auto", resume=False
+  )  # block remat: auto (full from 1e8 params) | none | full | dots_saveable | dots_with_no_batch_dims_saveable
   old_pass: str = "auto"  # auto: ℓ^old = sg[ℓ] when the rollout gets one update | always
-  share_prompt: str = "auto"  # prompt once per group in learner passes: auto | always | never
-  entropy_coef: float = 0.0  # c_e of the entropy bonus (§8)
+  share_prompt: str = setting(
+    "auto", resume=False
+  )  # prompt once per group in learner passes: auto | always | never
+  entropy_coef: float = setting(0.0, per_run=TRACED)  # c_e of the entropy bonus (§8)
 
   def errors(self) -> list[str]:
     """Counts >= 1 (microbatches >= 0, 0 = auto), a known remat policy, c_e >= 0."""
@@ -83,7 +102,10 @@ class AdvantageSettings(Section):
   """`advantage`: the §1 estimator, whitening and GAE's γ, λ."""
 
   SECTION: ClassVar[str] = "advantage"
-  name: str = "grpo"  # §1: grpo | mean_only | rloo | batch_std | reinforce_baseline | reinforce_pp_baseline | gae
+  LEARNED: ClassVar[bool] = True
+  name: str = setting(
+    "grpo", hparam=True
+  )  # §1: grpo | mean_only | rloo | batch_std | reinforce_baseline | reinforce_pp_baseline | gae
   whiten: bool = False  # whiten advantages over the batch
   whiten_variance: str = "population"  # population: /(σ + 1e-6) | unbiased (verl)
   gamma: float = 1.0  # GAE discount γ (gae only)
@@ -108,7 +130,10 @@ class ObjectiveSettings(Section):
   ignored, so --config.objective.name=gspo trains GSPO with GSPO's widths)."""
 
   SECTION: ClassVar[str] = "objective"
-  name: str = "ppo_clip"  # §2: ppo_clip | pg | gspo | gspo_token | gmpo | cispo | sapo | ...
+  LEARNED: ClassVar[bool] = True
+  name: str = setting(
+    "ppo_clip", hparam=True
+  )  # §2: ppo_clip | pg | gspo | gspo_token | gmpo | cispo | sapo | ...
   value_coef: float = 0.5  # c_v of the clipped value loss (ppo_critic, §2.9)
   value_clip: float = 0.2  # ε_v of the clipped value loss (ppo_critic, §2.9)
   values: tuple[tuple[str, Any], ...] = ()  # hyperparameters set in the config, by name
@@ -146,6 +171,15 @@ class ObjectiveSettings(Section):
     out |= dict(self.values) | {"value_coef": self.value_coef, "value_clip": self.value_clip}
     return out
 
+  @classmethod
+  def tagged(cls, key: str, value: Any = None) -> tuple[str, ...]:
+    """The section's own fields tagged `key`; under PER_RUN (TRACED) also every hyperparameter
+    the registered objectives declare a plain float (`objectives.traced_hyperparameters`)."""
+    own = super().tagged(key, value)
+    if key == PER_RUN and value in (None, TRACED):
+      return (*own, *objectives.traced_hyperparameters())
+    return own
+
   def get(self, name: str, default: Any = None) -> Any:
     """The value the config set for hyperparameter `name` (`default` when unset)."""
     return dict(self.values).get(name, default)
@@ -173,7 +207,10 @@ class AggregationSettings(Section):
   """`aggregation`: the §5 loss aggregation mode."""
 
   SECTION: ClassVar[str] = "aggregation"
-  name: str = "seq_mean_token_mean"  # §5: token_mean | seq_mean_token_mean | seq_mean_token_sum | seq_mean_token_sum_norm | seq_mean
+  LEARNED: ClassVar[bool] = True
+  name: str = setting(
+    "seq_mean_token_mean", hparam=True
+  )  # §5: token_mean | seq_mean_token_mean | seq_mean_token_sum | seq_mean_token_sum_norm | seq_mean
   sum_norm_sequences: bool = True  # seq_mean_token_sum_norm: ÷ B'·L_max; False: ÷ L_max
 
   def errors(self) -> list[str]:
@@ -186,7 +223,10 @@ class CorrectionSettings(Section):
   """`correction`: the §3 behaviour correction, its cap C and geometric-mask bounds."""
 
   SECTION: ClassVar[str] = "correction"
-  name: str = "none"  # §3: none | tis_token | tis_seq | mis_token | mis_seq, optional "+geo_mask"
+  LEARNED: ClassVar[bool] = True
+  name: str = setting(
+    "none", hparam=True
+  )  # §3: none | tis_token | tis_seq | mis_token | mis_seq, optional "+geo_mask"
   cap: float = 2.0  # C: truncation / rejection threshold of ρ
   geo_low: float = 0.0  # C_low of geo_mask (0 = upper bound only)
   geo_high: float = 0.0  # C_high of geo_mask (0 = use `cap`)
@@ -209,8 +249,11 @@ class KLSettings(Section):
   """`kl`: the §4 estimator, β, where the penalty goes and how the reference moves."""
 
   SECTION: ClassVar[str] = "kl"
-  name: str = "k3"  # §4 estimator: k1 | k2 | k3 | k3_is
-  beta: float = 0.0  # β; 0 removes the reference model (no reference forward pass)
+  LEARNED: ClassVar[bool] = True
+  name: str = setting("k3", hparam=True)  # §4 estimator: k1 | k2 | k3 | k3_is
+  beta: float = setting(
+    0.0, per_run=TRACED, switch=True, hparam=True
+  )  # β; 0 removes the reference model (no reference forward pass)
   placement: str = "loss"  # loss: β·aggregate(k) in the loss | reward: k1 subtracted from rewards
   reference: str = "frozen"  # frozen | reset_every | ema
   reset_every: int = 0  # N: copy the policy into the reference every N steps (reset_every)
@@ -244,9 +287,10 @@ class ShapingSettings(Section):
   """`shaping`: the §6 soft overlong punishment and overlong filtering."""
 
   SECTION: ClassVar[str] = "shaping"
+  LEARNED: ClassVar[bool] = True
   name: str = "none"  # §6: none | soft_overlong (DAPO length penalty as a reward term)
-  cache_len: int = 2  # L_cache of the soft overlong punishment (tokens)
-  weight: float = 1.0  # weight of the overlong reward term
+  cache_len: int = setting(2, per_run=TRACED)  # L_cache of the soft overlong punishment (tokens)
+  weight: float = setting(1.0, per_run=TRACED)  # weight of the overlong reward term
   overlong_filter: bool = False  # truncated completions get no gradient (§6)
   overlong_in_group_stats: bool = True  # filtered truncated ones stay in group stats
 
@@ -261,6 +305,7 @@ class ReplaySettings(Section):
   """`replay`: §9 routing replay of a mixture-of-experts policy."""
 
   SECTION: ClassVar[str] = "replay"
+  LEARNED: ClassVar[bool] = True
   name: str = "none"  # §9 routing replay (MoE): none | r2 (old-policy mask) | r3 (sampler mask)
 
   def errors(self) -> list[str]:
@@ -273,6 +318,7 @@ class FilteringSettings(Section):
   """`filtering`: §7 group filtering and dynamic sampling's oversampling factor."""
 
   SECTION: ClassVar[str] = "filtering"
+  LEARNED: ClassVar[bool] = True
   name: str = "none"  # §7: none | dynamic_sampling | reinforce_rej
   oversample: float = 2.0  # k: dynamic sampling draws ceil(k * P) prompt groups, keeps P
 
@@ -284,19 +330,6 @@ class FilteringSettings(Section):
       f"filtering.oversample={self.oversample} must be >= 1 (it draws ceil(k * P) prompt "
       "groups to keep P)",
     )
-
-
-LEARNER_SECTIONS = (
-  "rl",
-  "advantage",
-  "objective",
-  "aggregation",
-  "correction",
-  "kl",
-  "shaping",
-  "replay",
-  "filtering",
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -314,6 +347,12 @@ class Settings:
   filtering: FilteringSettings
   reward_weights: tuple[tuple[str, float], ...]  # §6 weights of the task's reward terms
 
+  @classmethod
+  def sections(cls) -> tuple[str, ...]:
+    """The names of the tree's sections the learner is built from (its fields but the
+    reward weights)."""
+    return tuple(f.name for f in dataclasses.fields(cls) if f.name != "reward_weights")
+
   @property
   def sampled_prompts(self) -> int:
     """Prompts drawn per RL update: P, or ceil(k·P) under dynamic sampling (§7)."""
@@ -328,10 +367,10 @@ class Settings:
     out = self
     for field, value in values.items():
       section, name = field.split(".", 1)
-      if section not in LEARNER_SECTIONS:
+      if section not in self.sections():
         continue
       sec = getattr(out, section)
-      if section == "objective" and name not in ("value_coef", "value_clip"):
+      if section == "objective" and name in objectives.hyperparameter_kinds():
         kept = tuple((k, v) for k, v in sec.values if k != name)
         sec = dataclasses.replace(sec, values=(*kept, (name, value)))
       else:
@@ -358,4 +397,4 @@ class Settings:
 
   def errors(self) -> list[str]:
     """Every section's own range-check messages."""
-    return [e for name in LEARNER_SECTIONS for e in getattr(self, name).errors()]
+    return [e for name in self.sections() for e in getattr(self, name).errors()]

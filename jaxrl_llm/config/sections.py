@@ -9,11 +9,19 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from jaxrl_llm import sharding
-from jaxrl_llm.config.fields import Section, allowed, at_least, coerce, field_docs, need
+from jaxrl_llm.config.fields import (
+  TRACED,
+  Section,
+  allowed,
+  at_least,
+  coerce,
+  field_docs,
+  need,
+  setting,
+)
 from jaxrl_llm.kernels import attention
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.quant import SAMPLER_DTYPES
-from jaxrl_llm.sampling import SamplingConfig
 
 REWARD_WEIGHTS = (("correct", 1.0), ("format", 0.0))  # the built-in tasks' reward terms
 
@@ -24,13 +32,18 @@ class TaskSettings(Section):
   weights of the reward terms."""
 
   SECTION: ClassVar[str] = "task"
-  name: str = "reverse"  # built-in verifiable task: reverse | addition | sort | countdown
+  LEARNED: ClassVar[bool] = True
+  name: str = setting(
+    "reverse", hparam=True
+  )  # built-in verifiable task: reverse | addition | sort | countdown
   digits: int = 2  # addition: operands in [0, 10**digits)
   numbers: int = 3  # countdown: digits 1-9 given to reach the target with + - *
   wrong_traces: float = 0.0  # countdown: fraction of warm-start traces made wrong
   min_len: int = 2  # reverse: shortest string
   max_len: int = 5  # reverse: longest string
-  eval_size: int = 256  # held-out evaluation prompts (disjoint from training prompts)
+  eval_size: int = setting(
+    256, resume=False
+  )  # held-out evaluation prompts (disjoint from training prompts)
   reward_weights: tuple[tuple[str, float], ...] = REWARD_WEIGHTS  # R = Σ w_k R^k (§6), by term
 
   @classmethod
@@ -54,10 +67,9 @@ class TaskSettings(Section):
     return {k: v for k, v in super().to_dict().items() if k not in ("name", "reward_weights")}
 
   def errors(self) -> list[str]:
-    """digits >= 1, eval_size >= 1, some non-zero reward weight."""
-    out = at_least("task", self, 1, "digits", "eval_size")
+    """Some non-zero reward weight (each task checks its own fields' ranges when built)."""
     weights = [w for _, w in self.reward_weights]
-    return out + need(any(weights), "task.reward_weights are all 0: the reward would be constant")
+    return need(any(weights), "task.reward_weights are all 0: the reward would be constant")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,8 +77,11 @@ class DataSettings(Section):
   """`data`: prompt files with host-verified answers (empty `train_files`: the built-in task)."""
 
   SECTION: ClassVar[str] = "data"
+  LEARNED: ClassVar[bool] = True
   train_files: str = ""  # JSONL/Parquet files or globs, comma-separated ("" = built-in task)
-  eval_files: str = ""  # held-out files ("" = split data.eval_fraction off the train files)
+  eval_files: str = setting(
+    "", resume=False
+  )  # held-out files ("" = split data.eval_fraction off the train files)
   eval_fraction: float = 0.05  # share of train records held out (hash of the prompt)
   prompt_field: str = "prompt"  # record field holding the question (dotted paths allowed)
   answer_field: str = "answer"  # record field holding the reference answer
@@ -74,9 +89,13 @@ class DataSettings(Section):
   system_prompt: str = ""  # system message for chat templates ("" = none)
   special_tokens_in_text: bool = False  # special-token strings in prompts become control ids
   prompt_len: int = 256  # S: prompt tokens (longer prompts are filtered and counted)
-  tokenizer: str = ""  # tokenizer dir or tokenizer.json ("" = model.checkpoint's)
+  tokenizer: str = setting(
+    "", resume=False
+  )  # tokenizer dir or tokenizer.json ("" = model.checkpoint's)
   correct_term: str = "math_correct"  # host reward term that defines accuracy
-  verifier_timeout_s: float = 5.0  # per-completion verifier time limit (failures score 0)
+  verifier_timeout_s: float = setting(
+    5.0, resume=False
+  )  # per-completion verifier time limit (failures score 0)
 
   def errors(self) -> list[str]:
     """Held-out share in [0, 1), S >= 1, a known template and accuracy term, a time limit."""
@@ -102,7 +121,7 @@ class ModelSettings(Section):
 
   SECTION: ClassVar[str] = "model"
   checkpoint: str = ""  # Hugging Face checkpoint dir to start from ("" = random init)
-  attention: str = "auto"  # auto (cuDNN where verified, else einsum) | einsum | xla | cudnn
+  attention: str = attention.AUTO  # auto (cuDNN where verified, else einsum) | einsum | xla | cudnn
   arch: ModelConfig = ModelConfig()  # the architecture: the other model.* fields
 
   @classmethod
@@ -116,6 +135,11 @@ class ModelSettings(Section):
   def to_dict(self) -> dict[str, Any]:
     """The flat section: the architecture's fields, then the run fields."""
     return self.arch.to_dict() | {k: getattr(self, k) for k in RUN_FIELDS}
+
+  @classmethod
+  def tagged(cls, key: str, value: Any = None) -> tuple[str, ...]:
+    """The run fields and the architecture's fields whose metadata sets `key` (to `value`)."""
+    return (*super().tagged(key, value), *ModelConfig.tagged(key, value))
 
   @classmethod
   def docs(cls) -> dict[str, str]:
@@ -140,11 +164,13 @@ class SamplingSettings(Section):
   """`sampling`: the rollout's group size, budget and decoding, and the sampler's weights."""
 
   SECTION: ClassVar[str] = "sampling"
-  group_size: int = 8  # G completions per prompt (>= 2 for group advantages)
+  group_size: int = setting(8, hparam=True)  # G completions per prompt (>= 2 for group advantages)
   max_new_tokens: int = 0  # T completion budget; 0 = the task's default
-  temperature: float = 1.0  # τ_s > 0; recorded log-probs are of logits / τ_s (§0)
-  top_k: int = 0  # draw among the k most likely tokens (0 = off)
-  top_p: float = 1.0  # nucleus sampling mass in (0, 1] (1 = off)
+  temperature: float = setting(
+    1.0, per_run=TRACED, hparam=True
+  )  # τ_s > 0; recorded log-probs are of logits / τ_s (§0)
+  top_k: int = setting(0, per_run=TRACED)  # draw among the k most likely tokens (0 = off)
+  top_p: float = setting(1.0, per_run=TRACED)  # nucleus sampling mass in (0, 1] (1 = off)
   param_dtype: str = "auto"  # sampler weights: auto (bf16; CPU: fp32) | float32 | bfloat16 | int8
   kv_block: int = 128  # decode stages of this many steps read only filled KV slots (0 = all S+T)
 
@@ -162,6 +188,8 @@ class SamplingSettings(Section):
 
   def sampler(self, task, *, greedy: bool = False, group_size: int | None = None):
     """The static `SamplingConfig` of the RL sampler (or an evaluation sampler) for `task`."""
+    from jaxrl_llm.sampling import SamplingConfig  # the sampler reads this section's defaults
+
     return SamplingConfig(
       max_new_tokens=self.max_new_tokens or task.max_new_tokens,
       group_size=group_size or self.group_size,
@@ -180,7 +208,9 @@ class OptimSettings(Section):
   """`optim`: AdamW with linear warmup, cosine decay and global-norm clipping (RL phase)."""
 
   SECTION: ClassVar[str] = "optim"
-  learning_rate: float = 3e-4  # peak AdamW learning rate of the RL phase
+  learning_rate: float = setting(
+    3e-4, per_run=TRACED, hparam=True
+  )  # peak AdamW learning rate of the RL phase
   warmup_steps: int = 10  # linear warmup (optimiser updates)
   decay_to: float = 0.1  # cosine decays to this fraction of the peak
   weight_decay: float = 0.0  # AdamW decoupled weight decay

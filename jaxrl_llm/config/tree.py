@@ -12,9 +12,8 @@ from typing import Any
 import ml_collections
 from ml_collections.config_dict import placeholder
 
-from jaxrl_llm.config.fields import ConfigError, field_docs, invalid
+from jaxrl_llm.config.fields import STATE, ConfigError, field_docs, invalid, setting, tag_matches
 from jaxrl_llm.config.learner import (
-  LEARNER_SECTIONS,
   AdvantageSettings,
   AggregationSettings,
   CorrectionSettings,
@@ -43,7 +42,9 @@ class Config:
   """Every setting of a run: one frozen section per config section (fields, defaults,
   comments and range checks live in the section's dataclass)."""
 
-  seed: int = 0  # one PRNG key per run; step keys are fold_in(key, step)
+  seed: int = setting(
+    0, per_run=STATE, hparam=True
+  )  # one PRNG key per run; step keys are fold_in(key, step)
   task: TaskSettings = TaskSettings()
   data: DataSettings = DataSettings()
   model: ModelSettings = ModelSettings()
@@ -72,7 +73,7 @@ class Config:
   def learner(self) -> Settings:
     """The learner's settings (the sections the fused step is built from)."""
     weights = tuple(sorted(self.task.reward_weights))
-    return Settings(**{n: getattr(self, n) for n in LEARNER_SECTIONS}, reward_weights=weights)
+    return Settings(**{n: getattr(self, n) for n in Settings.sections()}, reward_weights=weights)
 
   @property
   def uses_files(self) -> bool:
@@ -144,6 +145,35 @@ class Config:
       for term, k in named.items()
       if verifiers.missing_package(term)
     ]
+
+
+def tagged(key: str, value: Any = None) -> tuple[str, ...]:
+  """The dotted names of every setting whose declaration tags it `key` (`config.fields`:
+  PER_RUN, SWITCH, HPARAM; the model's "numerics"), to `value` if given, in config order."""
+  top = [f.name for f in dataclasses.fields(Config) if tag_matches(f, key, value)]  # seed
+  out = [name for name in top if name not in Config.sections()]
+  for name, cls in Config.sections().items():
+    out += [f"{name}.{field}" for field in cls.tagged(key, value)]
+  return tuple(out)
+
+
+def blocks_resume(path: str) -> bool:
+  """Whether a changed value of setting `path` (`section.field`) blocks resuming a workdir
+  without train.resume_changed (`Section.blocks_resume`)."""
+  section, _, name = path.partition(".")
+  cls = Config.sections().get(section)
+  return cls is not None and cls.blocks_resume(name)
+
+
+def typed(config: Any, where: str) -> Config:
+  """`config` if it is a `Config`; a TypeError naming `where` otherwise (library functions take
+  the typed tree: the entry point, tools and tests `parse` a ConfigDict once)."""
+  if not isinstance(config, Config):
+    raise TypeError(
+      f"{where} takes a jaxrl_llm.config.Config, got {type(config).__name__}: "
+      "parse an experiment ConfigDict first (jaxrl_llm.config.parse)"
+    )
+  return config
 
 
 def check_required(config: ml_collections.ConfigDict) -> None:

@@ -6,7 +6,8 @@
   file_task.py   `FileTask`: prompts read from JSONL / Parquet files, scored by host verifiers
   pipeline.py    grain prompt pipeline: example arrays → checkpointable iterator of batches
                  (shuffle, repeat, shard, batch), and `to_prompt_batch` (→ device arrays)
-  records.py     JSONL / Parquet records: reading, train/eval split, tokenising into batches
+  records.py     JSONL / Parquet records: reading, checking, train/eval split
+  prompt_batches.py  records → tokenized, checkpointable iterators of prompt batches
   tokenizers.py  `HFTokenizer`: a Hugging Face ``tokenizer.json`` with its special tokens
   templates.py   named prompt templates and Jinja chat templates
   verifiers/     host verifiers: math answer extraction and equivalence, format rewards, batch

@@ -98,7 +98,7 @@ class Template(NamedTuple):
   text: str
   expr: str
   kinds: str
-  weight: float = 1.0  # within its operator mix
+  share: float = 1.0  # its weight within its operator mix
 
 
 # One template a line, `expr | kinds [weight] | text` (indented lines continue the text).
@@ -298,7 +298,7 @@ def sample_record(rng: random.Random) -> dict[str, Any]:
   mixes = list(MIX_WEIGHTS)
   mix = rng.choices(mixes, weights=[MIX_WEIGHTS[m] for m in mixes])[0]
   templates = TEMPLATES[mix]
-  template = rng.choices(templates, weights=[t.weight for t in templates])[0]
+  template = rng.choices(templates, weights=[t.share for t in templates])[0]
   level = rng.choices(list(LEVELS), weights=[v[0] for v in LEVELS.values()])[0]
   return make_record(rng, template, level)
 

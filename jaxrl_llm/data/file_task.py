@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from absl import logging
 
-from jaxrl_llm.data import records, verifiers
+from jaxrl_llm.data import prompt_batches, records, verifiers
 from jaxrl_llm.data.task import Task
 from jaxrl_llm.data.tokenizers import HFTokenizer
 
@@ -38,11 +38,11 @@ class FileTask(Task):
   prompt_len: int  # S: prompts are left-padded to this many tokens
   max_new_tokens: int  # T: completion budget
   reward_fns: dict[str, Callable[[str, str], float]]  # name -> verifier(completion, reference)
+  timeout_s: float  # per-call verifier time limit (data.verifier_timeout_s)
+  eval_size: int  # held-out prompts evaluated (task.eval_size)
+  correct_term: str  # the reward term that defines accuracy (data.correct_term)
+  special_tokens_in_text: bool  # special-token strings become control ids (data.*)
   system: str | None = None  # system message for chat templates
-  timeout_s: float = 5.0  # per-call verifier time limit
-  eval_size: int = 256  # held-out prompts evaluated
-  correct_term: str = "math_correct"  # the reward term that defines accuracy
-  special_tokens_in_text: bool = False  # special-token strings in prompts become control ids
 
   name = "files"
   rewards_on_host = True  # host_reward_terms scores decoded completions
@@ -52,7 +52,7 @@ class FileTask(Task):
 
   def train_iterator(self, batch_size: int, seed: int, shard_index: int = 0, shard_count: int = 1):
     """The grain iterator of training prompt batches (checkpointable)."""
-    it, stats = records.make_text_prompt_iterator(
+    it, stats = prompt_batches.make_text_prompt_iterator(
       self.train_records,
       self.tokenizer,
       template=self.template,
@@ -70,7 +70,7 @@ class FileTask(Task):
   def eval_set(self, multiple_of: int = 1) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Up to `eval_size` held-out prompts (a multiple of `multiple_of`), tokenized, and their
     reference answers (the batch's ``answer`` column, taken out of it)."""
-    examples, _ = records.tokenize_records(
+    examples, _ = prompt_batches.tokenize_records(
       self.eval_records[: self.eval_size * 2],
       self.tokenizer,
       template=self.template,

@@ -41,6 +41,15 @@ def target_errors(targets: str) -> list[str]:
   return []
 
 
+def _field(default: Any, **meta: Any) -> Any:
+  """A `ModelConfig` field with its default and what a run must know of it, as metadata:
+  `numerics=True`: it picks an implementation, not the function (a run resumes across it);
+  `onto_checkpoint`: "always", the config's value applies to a loaded checkpoint's architecture
+  too; "if_set", where the config sets another value than the default (else the checkpoint's);
+  `hparam=True`: a column of TensorBoard's HParams view (the keys of `config.fields`)."""
+  return dataclasses.field(default=default, metadata=meta)
+
+
 class _DictConfig:
   """`to_dict` / `from_dict` of a frozen config dataclass; `KIND` names it in errors."""
 
@@ -67,8 +76,8 @@ class ModelConfig(_DictConfig):
   KIND: ClassVar[str] = "model"
 
   vocab_size: int = 32  # number of token ids (embedding rows)
-  d_model: int = 64  # residual stream width D
-  num_layers: int = 2  # transformer blocks L
+  d_model: int = _field(64, hparam=True)  # residual stream width D
+  num_layers: int = _field(2, hparam=True)  # transformer blocks L
   num_heads: int = 4  # query heads H
   num_kv_heads: int = 2  # key/value heads J (grouped-query attention; H % J == 0)
   head_dim: int = 16  # per-head width Dh
@@ -91,17 +100,54 @@ class ModelConfig(_DictConfig):
   moe_num_shared_experts: int = 0  # always-on shared experts (DeepSeek / Qwen-MoE style)
   moe_shared_mlp_dim: int = 0  # hidden width of one shared expert (0 = moe_expert_mlp_dim)
   moe_normalize_gates: bool = True  # renormalise top-k gates to sum to 1 (Mixtral, Qwen3-MoE)
-  moe_impl: str = "auto"  # auto (ragged on TPU, kernel on Hopper GPUs where its checks pass, else portable) | kernel (Mosaic GPU grouped matmuls) | ragged (lax.ragged_dot) | portable (fused tiles) | dense (one-hot reference); not part of the checkpoint
-  moe_aux_loss_coef: float = 0.01  # load-balance loss coefficient (§8)
-  moe_z_loss_coef: float = 0.001  # router z-loss coefficient (§8)
-  dtype: str = "float32"  # compute dtype of matmuls (log-softmax is always float32)
-  param_dtype: str = "float32"  # storage dtype of parameters
-  scan_layers: bool = False  # blocks under nn.scan, params stacked on a leading "layers" axis
-  lora_rank: int = 0  # rank r of low-rank adapters on lora_targets; only they train (0 = none)
-  lora_alpha: float = 16.0  # adapter scale alpha / r (PEFT's lora_alpha)
-  lora_targets: str = "q,k,v,o,gate,up,down"  # projections given adapters (or q_proj, ...)
-  lora_dropout: float = 0.0  # PEFT's lora_dropout on the adapters' input (learner passes only)
-  lora_base_dtype: str = "auto"  # storage of the frozen base's projections: auto (param_dtype) | int8 (weight-only, one scale per output channel)
+  moe_impl: str = _field(
+    "auto", numerics=True, onto_checkpoint="always"
+  )  # auto (ragged on TPU, kernel on Hopper GPUs where its checks pass, else portable) | kernel (Mosaic GPU grouped matmuls) | ragged (lax.ragged_dot) | portable (fused tiles) | dense (one-hot reference); not part of the checkpoint
+  moe_aux_loss_coef: float = _field(
+    0.01, onto_checkpoint="if_set"
+  )  # load-balance loss coefficient (§8)
+  moe_z_loss_coef: float = _field(0.001, onto_checkpoint="if_set")  # router z-loss coefficient (§8)
+  dtype: str = _field(
+    "float32", onto_checkpoint="always"
+  )  # compute dtype of matmuls (log-softmax is always float32)
+  param_dtype: str = _field("float32", onto_checkpoint="always")  # storage dtype of parameters
+  scan_layers: bool = _field(
+    False, onto_checkpoint="always"
+  )  # blocks under nn.scan, params stacked on a leading "layers" axis
+  lora_rank: int = _field(
+    0, onto_checkpoint="always"
+  )  # rank r of low-rank adapters on lora_targets; only they train (0 = none)
+  lora_alpha: float = _field(
+    16.0, onto_checkpoint="always"
+  )  # adapter scale alpha / r (PEFT's lora_alpha)
+  lora_targets: str = _field(
+    "q,k,v,o,gate,up,down", onto_checkpoint="always"
+  )  # projections given adapters (or q_proj, ...)
+  lora_dropout: float = _field(
+    0.0, onto_checkpoint="always"
+  )  # PEFT's lora_dropout on the adapters' input (learner passes only)
+  lora_base_dtype: str = _field(
+    "auto", onto_checkpoint="always"
+  )  # storage of the frozen base's projections: auto (param_dtype) | int8 (weight-only, one scale per output channel)
+
+  @classmethod
+  def tagged(cls, key: str, value: Any = None) -> tuple[str, ...]:
+    """The fields whose metadata sets `key` (e.g. "numerics", "hparam"), to `value` if given."""
+    return tuple(
+      f.name
+      for f in dataclasses.fields(cls)
+      if (f.metadata.get(key) if value is None else f.metadata.get(key) == value)
+    )
+
+  def onto(self, checkpoint: ModelConfig) -> ModelConfig:
+    """A loaded checkpoint's architecture with this config's fields that apply to it
+    (`onto_checkpoint` "always"; "if_set" where this config differs from the default)."""
+    default, out = ModelConfig(), {}
+    for f in dataclasses.fields(self):
+      when, value = f.metadata.get("onto_checkpoint"), getattr(self, f.name)
+      if when == "always" or (when == "if_set" and value != getattr(default, f.name)):
+        out[f.name] = value
+    return dataclasses.replace(checkpoint, **out)
 
   def __post_init__(self):
     errors = []

@@ -11,7 +11,8 @@ sequence written at `cache_index`; the attention reads only the first N cache sl
 static width of `key_valid`, which may be under the cache's length). Prompts are left-padded:
 each row of `key_valid` is a run of padding (False) then valid keys. `Transformer.attention`
 picks how attention is computed (`jaxrl_llm.kernels.attention`: einsum reference, XLA or
-cuDNN); it adds no parameters, so any choice runs any checkpoint.
+cuDNN); it adds no parameters, so any choice runs any checkpoint. The cache and its writes
+are `models.kv_cache`, the rotary embeddings `models.rope`.
 
 The blocks run unrolled (`layer_{i}` submodules, a tuple of per-layer caches) or, with
 `ModelConfig.scan_layers`, under `nn.scan` (`LayerGroup`; parameters stacked on a leading
@@ -27,13 +28,14 @@ import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import struct
 
 from jaxrl_llm.kernels import attention
 from jaxrl_llm.models import lora
 from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.models.kv_cache import CACHE_SEQ_AXIS, KVCache, is_decode_step, write_tokens
 from jaxrl_llm.models.moe import MoEMLP, gather_expert_logprobs
+from jaxrl_llm.models.rope import rope, rope_inv_freq
 from jaxrl_llm.models.scan import SCAN_NAME
 
 
@@ -59,143 +61,6 @@ class ModelOutput:
   values: jax.Array | None  # [B, Q] float32 value-head outputs (None without a value head)
   moe: MoEOutput | None = None  # routing of the MoE layers (None for a dense model)
   hidden: jax.Array | None = None  # [B, Q, D] final-normed hidden states (return_hidden only)
-
-
-@struct.dataclass
-class KVCache:
-  """Key/value cache of a fixed length N (static shape): per-layer arrays, or stacked ones when
-  the layers are scanned (`ModelConfig.scan_layers`).
-
-  Heads lead the sequence axis: a decode step's attention is then a batched matmul over
-  (B, J) on contiguous [N, Dh] slices, with no relayout of the cache at every step.
-  """
-
-  k: tuple[jax.Array, ...] | jax.Array  # L x [B, J, N, Dh], or [L, B, J, N, Dh] scanned
-  v: tuple[jax.Array, ...] | jax.Array  # L x [B, J, N, Dh], or [L, B, J, N, Dh] scanned
-
-  @property
-  def batch_axis(self) -> int:
-    """The batch axis of the cache's arrays (1 when they are stacked over layers)."""
-    return 0 if isinstance(self.k, tuple) else 1
-
-  @property
-  def seq_axis(self) -> int:
-    """The sequence axis N of the cache's arrays."""
-    return self.batch_axis + CACHE_SEQ_AXIS
-
-  def repeat_rows(self, n: int) -> KVCache:
-    """Each sequence's cache repeated n times in a row (a prompt's cache shared by its group)."""
-    return jax.tree.map(lambda x: jnp.repeat(x, n, axis=self.batch_axis), self)
-
-
-CACHE_SEQ_AXIS = 2  # the sequence axis N of each layer's [B, J, N, Dh] cache array
-
-
-def init_cache(cfg: ModelConfig, batch: int, length: int) -> KVCache:
-  """An all-zero cache for `batch` sequences of up to `length` tokens."""
-  shape = (batch, cfg.num_kv_heads, length, cfg.head_dim)
-  if cfg.scan_layers:
-    zeros = jnp.zeros((cfg.num_layers, *shape), cfg.compute_dtype)
-    return KVCache(k=zeros, v=zeros)
-  zeros = tuple(jnp.zeros(shape, cfg.compute_dtype) for _ in range(cfg.num_layers))
-  return KVCache(k=zeros, v=zeros)
-
-
-def is_decode_step(cache_index) -> bool:
-  """Whether a pass with this cache slot is a decode step: its slot is traced (a loop's
-  counter), where a prefill's or a learner pass's is a Python int."""
-  return not isinstance(cache_index, int | np.integer)
-
-
-def write_tokens(cache, new, index, layer=None, decode: bool | None = None) -> jax.Array:
-  """The cache [B, J, N, Dh] (or stacked [L, B, J, N, Dh], then at `layer`) with `new`
-  [B, J, Q, Dh] written at slot `index`. In a decode step (`decode`; by default: `index` is
-  traced) the write stays one dynamic_update_slice under a pack's vmap (`_write_at`, not
-  differentiable); elsewhere (a prefill, a learner pass) it is lax's own."""
-  new = new.astype(cache.dtype)
-  starts = (0, 0, index, 0) if layer is None else (layer, 0, 0, index, 0)
-  if layer is not None:
-    new = new[None]
-  if not (is_decode_step(index) if decode is None else decode):
-    return jax.lax.dynamic_update_slice(cache, new, starts)
-  return _write_at(cache, new, jnp.stack([jnp.asarray(x, jnp.int32) for x in starts]))
-
-
-@jax.custom_batching.custom_vmap
-def _write_at(operand: jax.Array, update: jax.Array, starts: jax.Array) -> jax.Array:
-  """`lax.dynamic_update_slice(operand, update, starts)`, whose vmap over arrays at unbatched
-  `starts` (a pack's runs write the same slot) is again one dynamic_update_slice on the stacked
-  arrays. JAX batches a dynamic_update_slice to a scatter, which XLA lowers to a select and an
-  update of a copy, and on the CPU backend upcasts a bfloat16 cache to float32 around it: in
-  every layer at every decode step, the whole cache read, converted and copied back. Not
-  differentiable (decode steps only)."""
-  return jax.lax.dynamic_update_slice(operand, update, tuple(starts))
-
-
-@_write_at.def_vmap
-def _write_at_vmap(axis_size, in_batched, operand, update, starts):
-  """The batching rule of `_write_at`: the runs axis leads; per-run slots fall back to vmap."""
-  operand_b, update_b, starts_b = in_batched
-  if starts_b:  # runs at different slots: JAX's own batching (a scatter)
-    fn = lambda o, u, s: jax.lax.dynamic_update_slice(o, u, tuple(s))  # noqa: E731
-    axes = tuple(0 if b else None for b in in_batched)
-    return jax.vmap(fn, in_axes=axes)(operand, update, starts), True
-  lead = lambda x, b: x if b else jnp.broadcast_to(x, (axis_size, *x.shape))  # noqa: E731
-  starts = jnp.concatenate([jnp.zeros((1,), starts.dtype), starts])
-  return _write_at(lead(operand, operand_b), lead(update, update_b), starts), True
-
-
-def grow_cache(cache: KVCache, extra: int) -> KVCache:
-  """The cache with `extra` empty slots appended to its sequence axis."""
-
-  def grow(x):
-    pad = [(0, 0)] * x.ndim
-    pad[cache.seq_axis] = (0, extra)
-    return jnp.pad(x, pad)
-
-  return jax.tree.map(grow, cache)
-
-
-def rope_inv_freq(cfg: ModelConfig) -> np.ndarray | None:
-  """Scaled RoPE inverse frequencies [Dh/2] (float32), or None for plain RoPE.
-
-  `linear` divides every frequency by the factor; `llama3` divides the low frequencies by it,
-  keeps the high ones and interpolates in between (as Llama 3.1 and Hugging Face do).
-  """
-  if cfg.rope_scaling == "none":
-    return None
-  dh = cfg.head_dim
-  inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, dh, 2, dtype=np.float64) / dh))
-  factor = cfg.rope_scaling_factor
-  if cfg.rope_scaling == "linear":
-    return (inv_freq / factor).astype(np.float32)
-  low, high, orig = cfg.rope_low_freq_factor, cfg.rope_high_freq_factor, cfg.rope_original_max_len
-  wavelen = 2 * np.pi / inv_freq
-  smooth = (orig / wavelen - low) / (high - low)
-  mid = (1 - smooth) * inv_freq / factor + smooth * inv_freq
-  out = np.where(wavelen > orig / low, inv_freq / factor, inv_freq)
-  out = np.where((wavelen >= orig / high) & (wavelen <= orig / low), mid, out)
-  return out.astype(np.float32)
-
-
-def rope(
-  x: jax.Array, positions: jax.Array, theta: float, inv_freq: np.ndarray | None = None
-) -> jax.Array:
-  """Rotary position embedding, half-split convention. x: [B, N, H, Dh], positions: [B, N].
-
-  `inv_freq` [Dh/2] replaces the plain frequencies theta^(-2i/Dh) (see `rope_inv_freq`).
-  """
-  dh = x.shape[-1]
-  if inv_freq is None:
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, dh, 2, dtype=jnp.float32) / dh))  # [Dh/2]
-  else:
-    inv_freq = jnp.asarray(inv_freq, jnp.float32)
-  angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, N, Dh/2]
-  cos = jnp.cos(angles)[:, :, None, :]
-  sin = jnp.sin(angles)[:, :, None, :]
-  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-  return out.astype(x.dtype)
 
 
 def _norm(cfg: ModelConfig, name: str, axis_name: str = "norm") -> nn.RMSNorm:
@@ -266,7 +131,7 @@ class Attention(nn.Module):
   """Grouped-query self-attention with RoPE, optional qkv bias and QK-norm."""
 
   cfg: ModelConfig
-  implementation: str = "auto"  # kernels.attention.IMPLEMENTATIONS (no parameters of its own)
+  implementation: str = attention.AUTO  # kernels.attention.IMPLEMENTATIONS (no parameters)
 
   @nn.compact
   def __call__(self, x, positions, key_valid, k_cache, v_cache, cache_index):
@@ -329,7 +194,7 @@ class Block(nn.Module):
 
   cfg: ModelConfig
   is_moe: bool = False
-  attention: str = "auto"  # kernels.attention.IMPLEMENTATIONS
+  attention: str = attention.AUTO  # kernels.attention.IMPLEMENTATIONS
 
   @nn.compact
   def __call__(self, x, positions, key_valid, k_cache, v_cache, cache_index, replay, token_valid):
@@ -403,7 +268,7 @@ class Transformer(nn.Module):
 
   cfg: ModelConfig
   remat: str = "none"  # a REMAT_POLICIES name; applies to passes with a static cache_index
-  attention: str = "auto"  # kernels.attention.IMPLEMENTATIONS; numerics only, not in the params
+  attention: str = attention.AUTO  # kernels.attention.IMPLEMENTATIONS; numerics only, not params
 
   @nn.compact
   def __call__(

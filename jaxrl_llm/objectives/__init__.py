@@ -50,6 +50,7 @@ from jaxrl_llm.objectives.registry import (
   hyperparameter_kinds,
   lookup,
   register_objective,
+  traced_hyperparameters,
   validate,
 )
 from jaxrl_llm.objectives.regularizers import entropy_from_logits
@@ -107,6 +108,7 @@ __all__ = [
   "rspo",
   "sapo",
   "soft_overlong",
+  "traced_hyperparameters",
   "validate",
   "value_loss",
   "whiten",

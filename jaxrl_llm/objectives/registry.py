@@ -132,6 +132,17 @@ def hyperparameter_kinds() -> dict[str, type]:
   return out
 
 
+def traced_hyperparameters() -> tuple[str, ...]:
+  """The hyperparameters every registered objective that takes them annotates as a plain
+  `float`: a pack may vary them (a traced per-run value). `float | None` (None or 0 = off,
+  e.g. `dual_clip`) switches a term and `bool` a branch: both change the program."""
+  plain: dict[str, bool] = {}
+  for spec in OBJECTIVES.values():
+    for p in spec._hyper_params():
+      plain[p.name] = plain.get(p.name, True) and str(p.annotation).strip() == "float"
+  return tuple(k for k, ok in plain.items() if ok)
+
+
 def hyperparameter_doc(name: str) -> str:
   """A hyperparameter's meaning (from the objectives that document it) and its default in
   each registered objective that takes it, e.g. 'ε_high (ppo_clip 0.2, gspo 0.0004)'."""

@@ -48,16 +48,19 @@ class Learner:
   batch_sharding: NamedSharding  # rows over the batch mesh axes (data x fsdp x expert)
   prompt_group: int = 1  # G when learner passes run each prompt once per group, else 1
   decode_shardings: Any = None  # the sampler's weight layout (FSDP gathered), None = as stored
-  rebuild_optimizer: Callable[[Any], tuple] | None = None  # peak rate -> (optimizer, schedule)
+  rebuild_optimizer: Callable[[Any], tuple] | None = (
+    None  # {optim field: value} -> (optimizer, schedule)
+  )
 
   def with_values(self, values: Mapping[str, jax.Array] | None) -> Learner:
     """This learner with a pack's per-run values (dotted config field -> traced scalar) in
-    place of the settings they name (see `run.pack.PACKABLE`); None: itself."""
+    place of the settings they name (see `run.pack.packable_fields`); None: itself."""
     if not values:
       return self
     optimizer, schedule = self.optimizer, self.schedule
-    if "optim.learning_rate" in values:
-      optimizer, schedule = self.rebuild_optimizer(values["optim.learning_rate"])
+    optim = {k.partition(".")[2]: v for k, v in values.items() if k.startswith("optim.")}
+    if optim:  # a per-run peak rate: the schedule scales it
+      optimizer, schedule = self.rebuild_optimizer(optim)
     return dataclasses.replace(
       self,
       sampling=with_sampling_values(self.sampling, values),

@@ -3,16 +3,17 @@
 assemble.py    mesh, task, model, initial state and the jitted programs (`build`)
 evaluate.py    held-out evaluation (greedy accuracy, pass@k)
 warm_start.py  the supervised warm start before RL
-loop.py        `train_and_evaluate`: restore or warm start, RL updates, evaluation, checkpoints
+loop.py        the one loop (`train`): restore or warm start, RL updates, evaluation, logging,
+               profiling, checkpoints; a single run (`SingleRun`, `train_and_evaluate`) is a
+               pack of one
 guard.py       the guards: non-finite updates (`NonFiniteError`), failing verifiers
 preempt.py     SIGTERM: save the finished step and stop (`Preempted`)
 record.py      config.json, the config table and HParams, the banner and the closing summary
 pack.py        a sweep's runs as one program: packable fields, per-run values, the runs axis
-pack_loop.py   `train_pack` (the loop of a pack, run for run) and `take_out`
+packed.py      a pack as the loop trains it (`PackedRuns`, `train_pack`) and `take_out`
 """
 
 from jaxrl_llm.run.assemble import (
-  NUMERICS_ONLY,
   Experiment,
   abstract_batch,
   build,
@@ -23,11 +24,9 @@ from jaxrl_llm.run.assemble import (
 from jaxrl_llm.run.guard import NonFiniteError, SkipGuard, VerifierError
 from jaxrl_llm.run.loop import train_and_evaluate
 from jaxrl_llm.run.preempt import Preempted
-from jaxrl_llm.run.record import HPARAM_FIELDS, record_run, run_hparams
+from jaxrl_llm.run.record import hparam_columns, record_run, run_hparams
 
 __all__ = [
-  "HPARAM_FIELDS",
-  "NUMERICS_ONLY",
   "Experiment",
   "NonFiniteError",
   "Preempted",
@@ -37,6 +36,7 @@ __all__ = [
   "build",
   "build_task",
   "host_reward_step",
+  "hparam_columns",
   "record_run",
   "run_hparams",
   "to_global_batch",

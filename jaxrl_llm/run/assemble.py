@@ -24,7 +24,7 @@ from jaxrl_llm import (
   quant,
   sharding,
 )
-from jaxrl_llm.config import Config, ConfigError, Settings, check, parse
+from jaxrl_llm.config import Config, ConfigError, Settings, check, typed
 from jaxrl_llm.data import file_task, pipeline, tasks
 from jaxrl_llm.data.task import Task
 from jaxrl_llm.kernels import verify
@@ -35,9 +35,6 @@ from jaxrl_llm.rl import RLProgram, make_rl_step
 from jaxrl_llm.rl.step import run_axes
 from jaxrl_llm.run.evaluate import make_eval_fn
 from jaxrl_llm.types import PromptBatch, TrainState
-
-# Model fields that pick an implementation, not the function: a run resumes across them.
-NUMERICS_ONLY = ("model.moe_impl",)
 
 
 @dataclasses.dataclass
@@ -188,27 +185,7 @@ def _pretrained_config(cfg: Config) -> ModelConfig:
 
   with open(os.path.join(cfg.model.checkpoint, "config.json")) as f:
     mc = hf_config.config_from_hf(json.load(f), source=cfg.model.checkpoint)
-  return _with_run_fields(mc, cfg.model.arch)
-
-
-# Fields of `model.*` that apply to a checkpoint's architecture too: numerics, layout, adapters,
-# how experts are computed.
-_LORA_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name.startswith("lora_"))
-RUN_ARCH_FIELDS = ("dtype", "param_dtype", "scan_layers", "moe_impl", *_LORA_FIELDS)
-# The MoE regularisers' weights (§8): a checkpoint's own (router_aux_loss_coef) unless the
-# config sets another value than the default.
-SET_ARCH_FIELDS = ("moe_aux_loss_coef", "moe_z_loss_coef")
-
-
-def _with_run_fields(mc: ModelConfig, arch: ModelConfig) -> ModelConfig:
-  """A checkpoint's architecture `mc` with the config's `RUN_ARCH_FIELDS`, and its
-  `SET_ARCH_FIELDS` where they differ from the defaults (checked anew)."""
-  fields = {k: getattr(arch, k) for k in RUN_ARCH_FIELDS}
-  default = ModelConfig()
-  fields |= {
-    k: getattr(arch, k) for k in SET_ARCH_FIELDS if getattr(arch, k) != getattr(default, k)
-  }
-  return dataclasses.replace(mc, **fields)
+  return cfg.model.arch.onto(mc)
 
 
 def _load_pretrained(cfg: Config, mesh: Mesh, rules) -> tuple[ModelConfig, Any]:
@@ -224,7 +201,7 @@ def _load_pretrained(cfg: Config, mesh: Mesh, rules) -> tuple[ModelConfig, Any]:
     dtype=arch.dtype,
     scan_layers=arch.scan_layers,
   )
-  return _with_run_fields(mc, arch), params
+  return arch.onto(mc), params
 
 
 def _hf_model_type(path: str) -> str:
@@ -261,7 +238,7 @@ def _init_params(model, task, mesh, rules, init_key, *, abstract: bool, adapters
     return sharding.init_sharded(boxed_init, init_key, mesh, rules)
 
 
-def _initial_state(cfg: Config, tx, params, param_shardings, mesh, rng, *, abstract: bool):
+def _fresh_state(cfg: Config, tx, params, param_shardings, mesh, rng, *, abstract: bool):
   """The TrainState before any step (abstract: shapes and shardings only, nothing allocated).
   The optimiser state covers the trainable parameters: the adapters when the model has them."""
   repl = NamedSharding(mesh, PartitionSpec())
@@ -318,7 +295,7 @@ def _init_key(cfg: Config) -> jax.Array:
   return jax.random.fold_in(jax.random.PRNGKey(cfg.seed), 0x5EED)
 
 
-def initial_state(exp: Experiment, cfg: Config) -> TrainState:
+def fresh_run_state(exp: Experiment, cfg: Config) -> TrainState:
   """The fresh state of run `cfg`, one of a pack sharing `exp`'s programs: parameters from
   its own seed (or `exp`'s pretrained ones, with adapters from its own seed), a fresh
   optimiser state and its own key."""
@@ -331,14 +308,14 @@ def initial_state(exp: Experiment, cfg: Config) -> TrainState:
     fresh, _ = init(abstract=False, adapters_only=True)
     params = lora.join_adapters(params, lora.split_adapters(fresh)[1])  # not the int8 scales
   tx, rng = exp.program.learner.optimizer, jax.random.PRNGKey(cfg.seed)
-  return _initial_state(cfg, tx, params, param_shardings, exp.mesh, rng, abstract=False)
+  return _fresh_state(cfg, tx, params, param_shardings, exp.mesh, rng, abstract=False)
 
 
 def _optimizer(cfg: Config):
-  """(optimiser, schedule, peak rate -> both): the last builds a packed run's own."""
+  """(optimiser, schedule, {optim field: value} -> both): the last builds a packed run's own."""
   total_updates = cfg.train.num_steps * cfg.rl.num_epochs * cfg.rl.num_minibatches
   tx, schedule = cfg.optim.build(total_updates)
-  rebuild = lambda lr: dataclasses.replace(cfg.optim, learning_rate=lr).build(total_updates)  # noqa: E731
+  rebuild = lambda fields: dataclasses.replace(cfg.optim, **fields).build(total_updates)  # noqa: E731
   return tx, schedule, rebuild
 
 
@@ -390,7 +367,7 @@ def base_identity(cfg: Config, *, digest: bool = True) -> dict:
 
 
 def build(
-  config: Config | Any,
+  config: Config,
   *,
   abstract: bool = False,
   devices: list[jax.Device] | None = None,
@@ -398,7 +375,7 @@ def build(
   runs: int = 0,
 ) -> Experiment:
   """Builds the mesh, task, model, initial state and jitted programs of a run (`config`: its
-  `Config`, or an experiment ConfigDict, parsed here).
+  `Config`; an experiment ConfigDict is `config.parse`d by the caller).
 
   With `abstract=True` nothing is allocated or loaded: the state's leaves are
   ShapeDtypeStructs with their shardings, so the programs can be lowered and compiled ahead of
@@ -409,7 +386,7 @@ def build(
   `runs` > 0 builds the programs of a pack of that many runs (`run.pack`); the state is then
   the first run's, which the pack stacks with the others'.
   """
-  cfg = parse(config)
+  cfg = typed(config, "build")
   _check_checkpoint_dir(cfg.model.checkpoint)
   task = build_task(cfg)
   devices = list(devices if devices is not None else jax.devices())
@@ -420,7 +397,7 @@ def build(
   samp = cfg.sampling.sampler(task)
   tx, schedule, rebuild = _optimizer(cfg)
   rng = jax.random.PRNGKey(cfg.seed)
-  state = _initial_state(cfg, tx, params, param_shardings, mesh, rng, abstract=abstract)
+  state = _fresh_state(cfg, tx, params, param_shardings, mesh, rng, abstract=abstract)
   seq_len = (prompt_len or task.prompt_len) + samp.max_new_tokens
   settings = _learner_settings(cfg, params, mesh, seq_len, samp)
   state_shardings = jax.tree.map(lambda x: x.sharding, state)

@@ -1,57 +1,104 @@
-"""`train_and_evaluate(config, workdir)`: the loop of a run (no flag parsing).
+"""The one loop of a run: `train(trainee)` trains a single run (`SingleRun`, from
+`train_and_evaluate`) or a pack of runs (`run.packed.PackedRuns`, from `train_pack`) through
+the same path. A single run is a pack of one: one member, no runs axis.
 
-Order of a run: parse and check the config → assemble mesh, task, model, programs → restore
-the latest checkpoint of `workdir` if there is one, else run the supervised warm start (if
-configured) → RL updates with periodic held-out evaluation, TensorBoard summaries and orbax
-checkpoints → the closing summary.
+Order: check the records of what each run learned (a changed learner setting is refused
+without train.resume_changed) → restore the newest checkpoint that verifies, else run the
+supervised warm start (if configured), else start fresh → RL updates with periodic held-out
+evaluation, TensorBoard summaries, profiling and orbax checkpoints (SIGTERM: save and stop) →
+each run's closing summary. Each run keeps its own folder, events, log lines and evaluations;
+the checkpoints and the profile trace are the trainee's (`root`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 import numpy as np
 from absl import logging
 
 from jaxrl_llm import checkpoint as ckpt_lib
-from jaxrl_llm import distributed, paths, sharding
+from jaxrl_llm import checkpoint_compat, distributed, paths, sharding
 from jaxrl_llm import metrics as metrics_lib
-from jaxrl_llm.config import Config, ConfigError, parse
+from jaxrl_llm.config import Config, ConfigError, tagged
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.rl import init_reference
 from jaxrl_llm.run import record
-from jaxrl_llm.run.assemble import NUMERICS_ONLY, Experiment, build, to_global_batch
+from jaxrl_llm.run.assemble import Experiment, build, to_global_batch
 from jaxrl_llm.run.guard import SkipGuard, VerifierGuard
 from jaxrl_llm.run.preempt import StopSignals
 from jaxrl_llm.run.warm_start import warm_start
 
 
-class Evaluator:
-  """The held-out set on the devices and the evaluations made so far."""
+@dataclasses.dataclass
+class Member:
+  """One run of a trainee as its user sees it: its name (its log lines' prefix; "" for a
+  single run), its `Experiment` view (its own config; the shared task, mesh and programs), its
+  folder, events, evaluations and logger."""
 
-  def __init__(self, exp: Experiment, writer):
-    cfg, task = exp.config, exp.task
-    eval_np, self.answers = task.eval_set(multiple_of=sharding.batch_size_divisor(exp.mesh))
-    # Every process holds the whole evaluation set and feeds the rows its devices hold.
-    own = distributed.own_block(exp.batch_sharding, (len(eval_np["tokens"]),))[0]
-    self.batch = to_global_batch({k: v[own] for k, v in eval_np.items()}, exp.batch_sharding)
-    self.key = jax.random.PRNGKey(cfg.seed + 7)
-    self.exp, self.writer = exp, writer
-    self.history: list[tuple[int, dict[str, float]]] = []
+  name: str
+  exp: Experiment
+  workdir: str
+  writer: Any = None
+  history: list = dataclasses.field(default_factory=list)  # (step, eval scalars)
+  logger: Logger | None = None
 
-  def __call__(self, step: int, params) -> dict[str, float]:
-    """Evaluates `params`, writes and logs the scalars at `step`."""
-    if not self.history:
-      logging.info("compiling the held-out evaluation (its first run includes compilation) ...")
-    t = time.time()
-    m = self.exp.eval_fn(params, self.batch, self.key, self.answers)
-    m = metrics_lib.flatten_metrics(m)
-    self.writer.scalars(step, m)
-    self.history.append((step, m))
-    logging.info("eval step %d: %s (%.1fs)", step, eval_line(m), time.time() - t)
-    return m
+  @property
+  def config(self) -> Config:
+    """The run's settings."""
+    return self.exp.config
+
+  @property
+  def prefix(self) -> str:
+    """What starts the run's log lines: `[name] ` in a pack, nothing alone."""
+    return f"[{self.name}] " if self.name else ""
+
+
+class SingleRun:
+  """A single run as the loop trains it: a pack of one, its programs without a runs axis, its
+  checkpoints in its own workdir."""
+
+  resume_keys = ("model", "base")  # the checkpoint meta a resume must match
+  varied: tuple[str, ...] = ()  # fields that differ between the members (none)
+  intro = ""  # what the loop says of the trainee after the banner
+
+  def __init__(self, exp: Experiment, workdir: str):
+    self.exp, self.root = exp, workdir
+    self.members = [Member("", exp, workdir)]
+    self.key = jax.random.PRNGKey(exp.config.seed + 7)  # the evaluation's (pass@k draws)
+
+  def meta(self) -> dict:
+    """What the run's checkpoints record (`assemble.run_meta`)."""
+    return self.exp.meta
+
+  def fresh_state(self):
+    """The state before any update (no reference copy yet)."""
+    return self.exp.state
+
+  def warm_started(self):
+    """The state after the supervised warm start."""
+    return warm_start(self.exp, self.root)
+
+  def step_of(self, state) -> int:
+    """The RL updates `state` has taken."""
+    return int(state.step)
+
+  def data(self):
+    """This process's share of every update's prompts, resumable."""
+    return train_iterator(self.exp)
+
+  def update(self, state, np_batch: dict, step: int):
+    """One RL update: (state, [its metrics])."""
+    state, metrics = self.exp.update(state, np_batch, jax.random.fold_in(state.rng, step))
+    return state, [metrics]
+
+  def evaluate(self, params, batch, answers) -> list[dict]:
+    """[the held-out evaluation's metrics of `params`]."""
+    return [self.exp.eval_fn(params, batch, self.key, answers)]
 
 
 def eval_line(m: dict[str, float]) -> str:
@@ -59,14 +106,42 @@ def eval_line(m: dict[str, float]) -> str:
   return " ".join(f"{k.removeprefix('eval/')} {v:.3g}" for k, v in m.items())
 
 
+class Evaluator:
+  """The held-out set on the devices, evaluated for every member of a trainee in one program;
+  each run's scalars go to its own events, history and log line."""
+
+  def __init__(self, trainee):
+    exp = trainee.exp
+    eval_np, self.answers = exp.task.eval_set(multiple_of=sharding.batch_size_divisor(exp.mesh))
+    # Every process holds the whole evaluation set and feeds the rows its devices hold.
+    own = distributed.own_block(exp.batch_sharding, (len(eval_np["tokens"]),))[0]
+    self.batch = to_global_batch({k: v[own] for k, v in eval_np.items()}, exp.batch_sharding)
+    self.trainee, self.calls = trainee, 0
+
+  def __call__(self, step: int, params) -> None:
+    """Evaluates `params`, writes and logs each run's scalars at `step`."""
+    if not self.calls:
+      logging.info("compiling the held-out evaluation (its first run includes compilation) ...")
+    self.calls += 1
+    t = time.time()
+    per_run = self.trainee.evaluate(params, self.batch, self.answers)
+    per_run = [metrics_lib.flatten_metrics(m) for m in per_run]
+    for member, m in zip(self.trainee.members, per_run, strict=True):
+      member.writer.scalars(step, m)
+      member.history.append((step, m))
+      logging.info("%seval step %d: %s (%.1fs)", member.prefix, step, eval_line(m), time.time() - t)
+
+
 def resume_target(state, meta: dict, keys: Sequence[str] = ("model",)):
   """(abstract `state`, MetaCheck of `meta` under `keys`): what a resume restores into and
-  holds the saved meta against (model fields added since an old checkpoint default)."""
+  holds the saved meta against (model fields added since an old checkpoint default; fields
+  declared numerics-only may differ)."""
   abstract = jax.tree.map(
     lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state
   )
   defaults = {"model": ModelConfig().to_dict()}  # fields added since it was written
-  return abstract, ckpt_lib.MetaCheck(meta, keys=keys, defaults=defaults, ignore=NUMERICS_ONLY)
+  numerics = tagged("numerics")
+  return abstract, checkpoint_compat.MetaCheck(meta, keys=keys, defaults=defaults, ignore=numerics)
 
 
 def train_iterator(exp: Experiment, shard: tuple[int, int] | None = None):
@@ -78,21 +153,46 @@ def train_iterator(exp: Experiment, shard: tuple[int, int] | None = None):
   return exp.task.train_iterator(prompts // count, cfg.seed, shard_index=index, shard_count=count)
 
 
-def _initial_state(exp: Experiment, ckpt, train_iter, workdir: str):
-  """The newest checkpoint that verifies (bad ones set aside), else the warm start (saved as
-  step 0, so a relaunch does not redo it), else the fresh state."""
-  beta = exp.config.kl.beta
-  state = init_reference(exp.state, beta)
-  abstract, expect = resume_target(exp.stored(state), exp.meta, keys=("model", "base"))
-  resumed = ckpt.restore_latest(abstract, data_iter=train_iter, expect=expect)
-  if resumed is not None:
-    latest, stored, _ = resumed
-    state = exp.from_stored(stored)
-    logging.info("resumed from %s at step %d", workdir, latest)
-  elif exp.config.sft.steps:
-    state = init_reference(warm_start(exp, workdir), beta)
-    ckpt.save(0, exp.stored(state), data_iter=train_iter, meta=exp.meta, force=True)
-  return state
+def restore(trainee, ckpt, data, state=None):
+  """The trainee's newest checkpoint that verifies (bad ones set aside) as its state, the
+  data positions set; None without one. One of another run, grid or model is refused.
+  `state`: the fresh state with its reference copy, when the caller made it already."""
+  if state is None:
+    state = init_reference(trainee.fresh_state(), trainee.exp.config.kl.beta)
+  abstract, expect = resume_target(trainee.exp.stored(state), trainee.meta(), trainee.resume_keys)
+  resumed = ckpt.restore_latest(abstract, data_iter=data, expect=expect)
+  return None if resumed is None else trainee.exp.from_stored(resumed[1])
+
+
+def _start_state(trainee, ckpt, data):
+  """The newest checkpoint, else the warm start (saved as step 0, so a relaunch does not redo
+  it), else the fresh state."""
+  beta = trainee.exp.config.kl.beta
+  fresh = init_reference(trainee.fresh_state(), beta)
+  state = restore(trainee, ckpt, data, fresh)
+  if state is not None:
+    logging.info("resumed from %s at step %d", trainee.root, trainee.step_of(state))
+    return state
+  if trainee.exp.config.sft.steps:
+    state = init_reference(trainee.warm_started(), beta)
+    ckpt.save(0, trainee.exp.stored(state), data_iter=data, meta=trainee.meta(), force=True)
+    return state
+  return fresh
+
+
+def _changed_settings(trainee) -> list[str]:
+  """Each run's learner settings that differ from those its folder recorded (`[name] ` in
+  front in a pack); raises ConfigError unless train.resume_changed."""
+  changed = []
+  for member in trainee.members:
+    changed += [member.prefix + c for c in record.changed_learner(member.config, member.workdir)]
+  if changed and not trainee.exp.config.train.resume_changed:
+    raise ConfigError(
+      f"{trainee.root} holds a run with other settings of what is learned "
+      f"({'; '.join(changed)}): resume it under these with "
+      "--config.train.resume_changed=True, or give a fresh --workdir"
+    )
+  return changed
 
 
 def finished_run(workdir: str, start: int, num_steps: int) -> dict[str, float]:
@@ -105,17 +205,17 @@ def finished_run(workdir: str, start: int, num_steps: int) -> dict[str, float]:
 
 
 class Logger:
-  """The loop's clock and its logged steps: scalars, histograms, samples, progress line."""
+  """One run's clock and logged steps: scalars, histograms, samples, progress line."""
 
-  def __init__(self, exp: Experiment, writer, guard: SkipGuard, start: int, name: str = ""):
-    self.exp, self.writer, self.guard, self.start = exp, writer, guard, start
-    self.prefix = f"[{name}] " if name else ""  # a packed run's lines start with its name
-    cfg = exp.config
+  def __init__(self, member: Member, guard: SkipGuard, start: int):
+    self.exp, self.writer, self.guard, self.start = member.exp, member.writer, guard, start
+    self.prefix = member.prefix
+    cfg = member.config
     calls = cfg.rl.num_prompts * cfg.sampling.group_size  # each host term's calls per step
     timeout = cfg.data.verifier_timeout_s
     limit = cfg.train.max_failed_verifier_steps
     self.verifiers = VerifierGuard(limit, calls, timeout, self.prefix)
-    self.progress = metrics_lib.Progress(exp.config.train.num_steps)
+    self.progress = metrics_lib.Progress(cfg.train.num_steps)
     self.t_loop = self.t_last = self.t_compiled = time.time()
     self.last_logged, self.tokens = start, 0.0
 
@@ -128,7 +228,6 @@ class Logger:
     if done == self.start + 1:  # compile + first update: excluded from the rate and ETA
       self.t_compiled = time.time()
       self.progress.mark(done, self.t_compiled)
-      logging.info("RL step compiled; first update done in %.1fs", self.t_compiled - self.t_loop)
     if done % tr.log_every == 0 or done == tr.num_steps:
       self._log(done, distributed.host_values(metrics))  # rows gathered from every process
     self.verifiers.update(done, metrics)  # after the step's scalars are logged
@@ -154,8 +253,9 @@ class Logger:
 
 class Profiler:
   """A jax.profiler trace of `train.profile_steps` updates after the compiling one, into
-  `<workdir>/plugins/profile` (TensorBoard's Profile tab); in a local workdir also as
-  `perfetto_trace.json.gz` beside it, which `tools/trace_summary.py <workdir>` reads."""
+  `<root>/plugins/profile` (TensorBoard's Profile tab; a pack's root holds its runs' folders);
+  in a local folder also as `perfetto_trace.json.gz` beside it, which
+  `tools/trace_summary.py <root>` reads."""
 
   def __init__(self, steps: int, start: int, end: int, workdir: str):
     self.steps, self.start, self.end, self.workdir = steps, start, end, workdir
@@ -179,89 +279,137 @@ class Profiler:
       )
 
 
-def _loop(exp: Experiment, state, train_iter, ckpt, evaluate: Evaluator, logger: Logger, workdir):
-  """RL updates from the state's step to the end of this invocation; returns the state. On
-  SIGTERM it saves the step just finished and raises `Preempted`; on SIGINT, KeyboardInterrupt
-  (after the step when a library caught the first one)."""
-  tr, start = exp.config.train, int(state.step)
+@dataclasses.dataclass
+class _Pass:
+  """What one invocation of the loop carries from step to step."""
+
+  trainee: Any
+  data: Any  # the prompt iterator (its position is checkpointed)
+  ckpt: Any
+  evaluate: Evaluator
+  profiler: Profiler
+  start: int  # the step this invocation resumed from
+  end: int  # the step it stops after
+
+
+def _loop(trainee, state, data, ckpt, evaluate: Evaluator):
+  """RL updates of every member from the trainee's step to the end of this invocation;
+  returns (state, end). On SIGTERM it saves the step just finished and raises `Preempted`; on
+  SIGINT, KeyboardInterrupt (after the step when a library caught the first one)."""
+  tr, start = trainee.exp.config.train, trainee.step_of(state)
   end = min(tr.num_steps, start + tr.stop_after_steps) if tr.stop_after_steps else tr.num_steps
-  profiler = Profiler(tr.profile_steps, start, end, workdir)
-  logging.info("compiling the RL step (its first run includes compilation) ...")
+  run = _Pass(
+    trainee, data, ckpt, evaluate, Profiler(tr.profile_steps, start, end, trainee.root), start, end
+  )
+  what = f" of {len(trainee.members)} runs" if len(trainee.members) > 1 else ""
+  logging.info("compiling the RL step%s (its first run includes compilation) ...", what)
   with StopSignals() as signals:
     for step in range(start, end):
-      state = _step(exp, state, train_iter, ckpt, evaluate, logger, profiler, step, end)
-      signals.after_step(
-        step + 1, end, ckpt, exp.stored(state), data_iter=train_iter, meta=exp.meta
-      )
+      state = _step(run, state, step)
+      stored = trainee.exp.stored(state)
+      signals.after_step(step + 1, end, ckpt, stored, data_iter=data, meta=trainee.meta())
   return state, end
 
 
-def _step(exp, state, train_iter, ckpt, evaluate, logger, profiler, step: int, end: int):
-  """One RL update with its logging, evaluation and checkpoint; returns the new state."""
-  tr = exp.config.train
-  updates = exp.config.rl.num_epochs * exp.config.rl.num_minibatches
-  profiler.before(step)
-  state, metrics = exp.update(state, next(train_iter), jax.random.fold_in(state.rng, step))
+def _step(run: _Pass, state, step: int):
+  """Every member's RL update with its logging, evaluation and the checkpoint."""
+  trainee = run.trainee
+  cfg = trainee.exp.config
+  tr, updates = cfg.train, cfg.rl.num_epochs * cfg.rl.num_minibatches
+  run.profiler.before(step)
+  state, per_run = trainee.update(state, next(run.data), step)
   done = step + 1
-  logger.guard.update(done, int(metrics["optim/skipped_updates"]), updates=updates)
-  profiler.after(done, state)
-  logger.step(done, metrics)
+  for member, metrics in zip(trainee.members, per_run, strict=True):
+    member.logger.guard.update(done, int(metrics["optim/skipped_updates"]), updates=updates)
+  run.profiler.after(done, state)
+  if done == run.start + 1:  # one notice per program
+    took = time.time() - trainee.members[0].logger.t_loop
+    logging.info("RL step compiled; first update done in %.1fs", took)
+  for member, metrics in zip(trainee.members, per_run, strict=True):
+    member.logger.step(done, metrics)
   if done % tr.eval_every == 0 or done == tr.num_steps:
-    evaluate(done, state.params)
-  last = done in (end, tr.num_steps)
-  ckpt.save(done, exp.stored(state), data_iter=train_iter, meta=exp.meta, force=last)
+    run.evaluate(done, state.params)
+  force = done in (run.end, tr.num_steps)
+  run.ckpt.save(
+    done, trainee.exp.stored(state), data_iter=run.data, meta=trainee.meta(), force=force
+  )
   return state
+
+
+def _open_members(trainee, start: int, hparam_fields: Sequence[str]) -> None:
+  """Each run's events (data statistics from step 0, config record, HParams with the fields
+  the command line sets and the pack varies) and its logger from step `start`."""
+  fields = [*hparam_fields, *trainee.varied]
+  for member in trainee.members:
+    cfg = member.config
+    member.writer = metrics_lib.SummaryWriter(member.workdir)
+    hparams = record.run_hparams(cfg, trainee.exp.state.params, fields)
+    trial = record.trial_name(cfg, fields, member.name or paths.as_path(member.workdir).name)
+    record.record_run(cfg, member.workdir, member.writer, start, hparams, trial)
+    member.writer.restart(start + 1)  # what a launch logged past the checkpoint resumed from goes
+    if start == 0:
+      member.writer.scalars(0, trainee.exp.task.data_stats)  # file data: read, dropped, kept
+    guard = SkipGuard(cfg.train.max_skipped_updates, "rl")
+    member.logger = Logger(member, guard, start)
+
+
+def _close_members(trainee, ckpt, span: tuple[int, int], wall_start: float) -> None:
+  """Each run's session end (when it reached train.num_steps) and closing summary."""
+  last = trainee.exp.config.train.num_steps
+  for member in trainee.members:
+    if span[1] == last:
+      member.writer.session_end(last)
+    log = member.logger
+    times = (time.time() - wall_start, log.t_loop, log.t_compiled, time.time())
+    record.log_summary(member.workdir, str(ckpt.directory), span, times, log.tokens, member.history)
+
+
+def train(trainee, *, hparam_fields: Sequence[str] = ()) -> dict[str, dict[str, float]]:
+  """Trains `trainee` (a `SingleRun` or a `run.packed.PackedRuns`) in its folder, resuming
+  from its newest checkpoint; returns each member's last evaluation by name.
+  `hparam_fields`: fields to list first in the HParams view (the command line's overrides)."""
+  wall_start, exp = time.time(), trainee.exp
+  tr = exp.config.train
+  record.log_banner(
+    exp.state.params, exp.model.cfg, exp.mesh, trainee.root, exp.config, exp.settings.rl
+  )
+  if trainee.intro:
+    logging.info(trainee.intro)
+  ckpt = ckpt_lib.Checkpointer(
+    trainee.root, save_every=tr.checkpoint_every, max_to_keep=tr.max_to_keep
+  )
+  try:
+    data = trainee.data()
+    changed = _changed_settings(trainee)
+    state = _start_state(trainee, ckpt, data)  # a checkpoint of another run: refused here
+    start = trainee.step_of(state)
+    if start >= tr.num_steps:  # finished: each run's last evaluation, nothing written
+      return {m.name: finished_run(m.workdir, start, tr.num_steps) for m in trainee.members}
+    if changed:
+      logging.warning("resuming %s under changed settings: %s", trainee.root, "; ".join(changed))
+    _open_members(trainee, start, hparam_fields)
+    evaluate = Evaluator(trainee)
+    if start == 0:
+      evaluate(0, state.params)
+    state, end = _loop(trainee, state, data, ckpt, evaluate)
+    ckpt.wait()
+    _close_members(trainee, ckpt, (start, end), wall_start)
+  finally:
+    ckpt.close()  # pending saves finish (or fail) before the error propagates
+    for member in trainee.members:
+      if member.writer is not None:
+        member.writer.close()
+  return {m.name: m.history[-1][1] if m.history else {} for m in trainee.members}
 
 
 def train_and_evaluate(
   cfg: Config, workdir: str, *, hparam_fields: Sequence[str] = ()
 ) -> dict[str, float]:
-  """Runs the experiment `cfg` (a `Config`; an experiment ConfigDict is parsed first) in
-  `workdir`, resuming from its latest checkpoint; returns the last evaluation.
-  `hparam_fields`: config fields to list in the HParams view beside `record.HPARAM_FIELDS`
-  (the command line passes the fields it overrides)."""
-  wall_start, cfg = time.time(), parse(cfg)
+  """Runs the experiment `cfg` (its `Config`) alone in `workdir`, resuming from its latest
+  checkpoint; returns the last evaluation. `hparam_fields`: config fields to list first in
+  the HParams view (the command line passes the fields it overrides)."""
   try:
-    distributed.check_same_config(cfg)
+    distributed.check_same_config(cfg)  # before anything is built: every process's config
   except ValueError as err:
     raise ConfigError(str(err)) from None
-  exp = build(cfg)
-  rl = exp.program.learner.settings.rl
-  record.log_banner(exp.state.params, exp.model.cfg, exp.mesh, workdir, cfg, rl)
-  tr, writer = cfg.train, metrics_lib.SummaryWriter(workdir)
-  ckpt = ckpt_lib.Checkpointer(workdir, save_every=tr.checkpoint_every, max_to_keep=tr.max_to_keep)
-  try:
-    train_iter = train_iterator(exp)
-    evaluate = Evaluator(exp, writer)
-    changed = record.changed_learner(cfg, workdir)
-    if changed and not tr.resume_changed:
-      raise ConfigError(
-        f"{workdir} holds a run with other settings of what is learned ({'; '.join(changed)}): "
-        "resume it under these with --config.train.resume_changed=True, or give a fresh --workdir"
-      )
-    state = _initial_state(exp, ckpt, train_iter, workdir)
-    start = int(state.step)
-    if start >= tr.num_steps:  # a finished workdir: report its last evaluation, write nothing
-      return finished_run(workdir, start, tr.num_steps)
-    if changed:
-      logging.warning("resuming %s under changed settings: %s", workdir, "; ".join(changed))
-    hparams = record.run_hparams(cfg, exp.state.params, hparam_fields)
-    trial = record.trial_name(cfg, hparam_fields, paths.as_path(workdir).name)
-    record.record_run(cfg, workdir, writer, start, hparams, trial)
-    writer.restart(start + 1)  # what a launch logged past the checkpoint resumed from goes
-    if start == 0:
-      writer.scalars(0, exp.task.data_stats)  # file data: records read, too long (dropped), kept
-      evaluate(0, state.params)
-    logger = Logger(exp, writer, SkipGuard(tr.max_skipped_updates, "rl"), start)
-    state, end = _loop(exp, state, train_iter, ckpt, evaluate, logger, workdir)
-    ckpt.wait()
-    if end == tr.num_steps:
-      writer.session_end(end)
-    times = (time.time() - wall_start, logger.t_loop, logger.t_compiled, time.time())
-    record.log_summary(
-      workdir, str(ckpt.directory), (start, end), times, logger.tokens, evaluate.history
-    )
-  finally:
-    ckpt.close()  # pending saves finish (or fail) before the error propagates
-    writer.close()
-  return evaluate.history[-1][1] if evaluate.history else {}
+  return train(SingleRun(build(cfg), workdir), hparam_fields=hparam_fields)[""]

@@ -6,7 +6,7 @@ shapes, so one jitted step serves them all: the train state gains a leading runs
 serves every run, `rl.step.run_axes`), the step is vmapped over it, and each field the grid
 varies enters the step as a traced per-run value (`Learner.with_values`) instead of a
 compile-time constant. Runs on prompt files sample in one program, are verified on the host
-run by run, and learn in one program. `PACKABLE` names those fields; a grid over any other field (objective
+run by run, and learn in one program. `packable_fields` names those fields (declared beside each field); a grid over any other field (objective
 name, model shape, group size, ...) changes the program and is refused with one line.
 
 Each run stays a run for the user: its own TensorBoard folder `ROOT/<name>` (config.json,
@@ -33,39 +33,21 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxrl_llm import distributed, objectives, sharding
-from jaxrl_llm.config import Config, ConfigError, parse
+from jaxrl_llm import distributed, sharding
+from jaxrl_llm.config import PER_RUN, SWITCH, TRACED, Config, ConfigError, tagged, typed
 from jaxrl_llm.data.pipeline import PROMPT_KEYS
 from jaxrl_llm.models import lora
 from jaxrl_llm.rl.step import over_runs, packed_sharding, shared_leaf
-from jaxrl_llm.run.assemble import Experiment, build, device_columns, initial_state
+from jaxrl_llm.run.assemble import Experiment, build, device_columns, fresh_run_state
 from jaxrl_llm.run.loop import train_iterator
 from jaxrl_llm.types import PromptBatch, TrainState
 
-# Fields a pack may vary besides the objective's hyperparameters (see `packable_fields`).
-_PER_RUN = (
-  "sampling.temperature",
-  "sampling.top_p",
-  "sampling.top_k",
-  "optim.learning_rate",
-  "kl.beta",
-  "rl.entropy_coef",
-  "shaping.weight",
-  "shaping.cache_len",
-)
-_NOT_PER_RUN = ("dual_clip", "cispo_mask")  # switch a term on or off: they change the program
-_SWITCHES = ("kl.beta",)  # a pack's runs must agree on these being 0 or > 0
-
 
 def packable_fields() -> tuple[str, ...]:
-  """Every field a pack may vary: `seed`, the sampling, optimiser and regulariser values of
-  `_PER_RUN`, and every registered objective's numeric hyperparameters."""
-  hyper = [
-    f"objective.{name}"
-    for name, kind in objectives.hyperparameter_kinds().items()
-    if kind is float and name not in _NOT_PER_RUN
-  ]
-  return ("seed", *_PER_RUN, *hyper)
+  """Every field a pack may vary, as declared beside each field (`config.PER_RUN`): the seed,
+  sampling, optimiser and regulariser values, and every registered objective's plain-float
+  hyperparameters."""
+  return tagged(PER_RUN)
 
 
 def varied_fields(configs: Sequence[Config]) -> tuple[str, ...]:
@@ -84,7 +66,7 @@ def check_packable(configs: Sequence[Config]) -> tuple[str, ...]:
       f"a pack cannot vary {', '.join(bad)}: it changes the program; run those as separate "
       f"sweeps or packs (packable fields: {', '.join(allowed)})"
     )
-  for field in _SWITCHES:
+  for field in tagged(SWITCH):
     on = {c.value(field) > 0 for c in configs}
     if field in varied and len(on) > 1:
       raise ConfigError(
@@ -95,11 +77,11 @@ def check_packable(configs: Sequence[Config]) -> tuple[str, ...]:
 
 
 def run_values(configs: Sequence[Config], varied: Sequence[str]) -> dict[str, np.ndarray]:
-  """{field: [R] array} of every varied field the step reads (all but `seed`), on the host
-  (the same on every process, so any process may place it)."""
-  out = {}
+  """{field: [R] array} of every varied field the step reads (`config.TRACED`: all but the
+  seed), on the host (the same on every process, so any process may place it)."""
+  out, traced = {}, tagged(PER_RUN, TRACED)
   for field in varied:
-    if field == "seed":
+    if field not in traced:
       continue
     vals = [c.value(field) for c in configs]
     dtype = np.int32 if all(isinstance(v, int) for v in vals) else np.float32
@@ -142,9 +124,11 @@ class Pack:
     return {**self.exp.meta, "pack": {"names": self.names, "runs": runs}}
 
 
-def build_pack(configs: Sequence[Any], names: Sequence[str] | None = None, *, devices=None) -> Pack:
-  """Builds a pack from the configs of its runs (`Config`s or ConfigDicts, parsed here)."""
-  configs = [parse(c) for c in configs]
+def build_pack(
+  configs: Sequence[Config], names: Sequence[str] | None = None, *, devices=None
+) -> Pack:
+  """Builds a pack from the configs of its runs (their `Config`s)."""
+  configs = [typed(c, "build_pack") for c in configs]
   if not configs:
     raise ConfigError("a pack needs at least one run")
   varied = check_packable(configs)
@@ -174,7 +158,7 @@ def build_pack(configs: Sequence[Any], names: Sequence[str] | None = None, *, de
     raise ConfigError(f"the runs of a pack need distinct names, got {names}")
   values = jax.device_put(run_values(configs, varied), per_run_sharding(exp.mesh))
   pack = Pack(exp, configs, names, varied, values, None)
-  pack.state = pack.stacked([exp.state] + [initial_state(exp, c) for c in configs[1:]])
+  pack.state = pack.stacked([exp.state] + [fresh_run_state(exp, c) for c in configs[1:]])
   return pack
 
 

@@ -15,27 +15,8 @@ from absl import logging
 
 from jaxrl_llm import __version__, backend, metric_info, paths
 from jaxrl_llm import metrics as metrics_lib
-from jaxrl_llm.config import Config, ConfigError
+from jaxrl_llm.config import HPARAM, PER_RUN, STATE, Config, ConfigError, blocks_resume, tagged
 from jaxrl_llm.models import lora
-
-HPARAM_FIELDS = (  # the HParams columns of every run (plus any field set on the command line)
-  "objective.name",
-  "aggregation.name",
-  "advantage.name",
-  "objective.clip_low",
-  "objective.clip_high",
-  "sampling.temperature",
-  "sampling.group_size",
-  "rl.num_prompts",
-  "optim.learning_rate",
-  "kl.beta",
-  "kl.name",
-  "correction.name",
-  "task.name",
-  "model.num_layers",
-  "model.d_model",
-  "seed",
-)
 
 
 def _commit() -> str | None:
@@ -50,15 +31,23 @@ def _commit() -> str | None:
   return out.stdout.strip() or None
 
 
+def hparam_columns(cfg: Config) -> tuple[str, ...]:
+  """The HParams columns of every run: the settings declared as such (`config.HPARAM`) and the
+  selected objective's own numeric hyperparameters (its clip widths or temperatures)."""
+  own = [f"objective.{k}" for k in cfg.objective.hyperparameters]
+  traced = [f for f in tagged(PER_RUN) if f in own]
+  return tuple(dict.fromkeys([*tagged(HPARAM), *traced]))
+
+
 def run_hparams(
   cfg: Config, params=None, extra: Sequence[str] = ()
 ) -> dict[str, bool | int | float | str]:
   """The run's HParams: the fields named in `extra` (those a sweep varies, or the command line
   sets) first, so TensorBoard's HParams tab shows them as its first columns, then
-  `HPARAM_FIELDS`, and the parameter count when `params` is given. Unset fields read
+  `hparam_columns`, and the parameter count when `params` is given. Unset fields read
   'default'."""
   out: dict[str, bool | int | float | str] = {}
-  for field in dict.fromkeys([*extra, *HPARAM_FIELDS]):
+  for field in dict.fromkeys([*extra, *hparam_columns(cfg)]):
     node = cfg.value(field)
     if isinstance(node, bool | int | float | str):
       out[field] = node
@@ -71,11 +60,11 @@ def run_hparams(
 
 def trial_name(cfg: Config, fields: Sequence[str], fallback: str) -> str:
   """A short, readable trial id from `fields`' values (`clip_high=0.28 temperature=1.0
-  seed=1`: the last part of each name, the seed added when a field is given), else
-  `fallback`."""
+  seed=1`: the last part of each name, the seed (`config.STATE`) added when a field is given),
+  else `fallback`."""
   if not fields:
     return fallback
-  names = [*dict.fromkeys([*fields, "seed"])]
+  names = [*dict.fromkeys([*fields, *tagged(PER_RUN, STATE)])]
   return " ".join(f"{name.rsplit('.', 1)[-1]}={cfg.value(name)}" for name in names)
 
 
@@ -88,20 +77,6 @@ def _config_table(cfg: Config, record: Mapping, name: str) -> str:
   return "\n".join(rows)
 
 
-# The sections that decide what the learner optimises and on what (the task, its data and
-# rewards): a workdir's run continues under other values only with train.resume_changed.
-LEARNER_SECTIONS = (
-  "rl", "advantage", "objective", "aggregation", "correction", "kl", "shaping", "replay",
-  "filtering", "task", "data",
-)  # fmt: skip
-# How the same update is computed (memory and speed), or what is only evaluated or where a
-# file lies: free to change on resume.
-HOW_NOT_WHAT = (
-  "rl.num_microbatches", "rl.microbatch_tokens", "rl.remat", "rl.share_prompt",
-  "task.eval_size", "data.eval_files", "data.tokenizer", "data.verifier_timeout_s",
-)  # fmt: skip
-
-
 def changed_learner(cfg: Config, workdir: str) -> list[str]:
   """`section.field: saved → now` for each learner field whose value differs from the run
   recorded in `workdir` (its newest `config.resume-<step>.json`, else `config.json`; empty
@@ -111,10 +86,10 @@ def changed_learner(cfg: Config, workdir: str) -> list[str]:
     return []
   saved, now = saved.get("config", {}), json.loads(cfg.to_json())
   out = []
-  for section in LEARNER_SECTIONS:
+  for section in Config.sections():
     old, new = saved.get(section, {}), now.get(section, {})
     for name in sorted(set(old) | set(new)):
-      if f"{section}.{name}" in HOW_NOT_WHAT or name not in old:  # added since: no change
+      if not blocks_resume(f"{section}.{name}") or name not in old:  # added since: no change
         continue
       if old.get(name) != new.get(name):
         out.append(f"{section}.{name}: {old.get(name)!r} → {new.get(name)!r}")

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from jaxrl_llm.data.tasks.base import BuiltinTask
+from jaxrl_llm.data.tasks.base import TASK_DEFAULTS, BuiltinTask
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,7 +21,7 @@ class AdditionTask(BuiltinTask):
 
   name: ClassVar[str] = "addition"
 
-  digits: int = 2
+  digits: int = TASK_DEFAULTS.digits
 
   def __post_init__(self):
     super().__post_init__()

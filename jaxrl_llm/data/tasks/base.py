@@ -29,9 +29,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_llm.config.sections import TaskSettings
 from jaxrl_llm.data import pipeline
 from jaxrl_llm.data.task import Task
 from jaxrl_llm.data.tasks.tokenizer import CharTokenizer
+
+# The `task` config section declares every task field with its default and meaning, once.
+TASK_DEFAULTS = TaskSettings()
 
 # Problem spaces up to this size are enumerated; larger ones are sampled.
 MAX_ENUMERATED_PROBLEMS = 1 << 22
@@ -70,7 +74,7 @@ class BuiltinTask(Task):
   rewards_on_host: ClassVar[bool] = False  # reward_terms runs inside the jitted step
   host_reward_terms: ClassVar[None] = None
 
-  eval_size: int = 256
+  eval_size: int = TASK_DEFAULTS.eval_size
   train_size: int | None = None
   holdout_fraction: float = 0.1
   tokenizer: CharTokenizer = dataclasses.field(default_factory=CharTokenizer)

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxrl_llm.data.tasks.base import BuiltinTask, _mix64
+from jaxrl_llm.data.tasks.base import TASK_DEFAULTS, BuiltinTask, _mix64
 
 OPS = "+-*"
 MAX_TARGET = 99  # targets are written with two digits
@@ -74,8 +74,8 @@ class CountdownTask(BuiltinTask):
 
   name: ClassVar[str] = "countdown"
 
-  numbers: int = 3
-  wrong_traces: float = 0.0
+  numbers: int = TASK_DEFAULTS.numbers
+  wrong_traces: float = TASK_DEFAULTS.wrong_traces
 
   def __post_init__(self):
     super().__post_init__()

@@ -6,7 +6,7 @@ import dataclasses
 
 import numpy as np
 
-from jaxrl_llm.data.tasks.base import BuiltinTask
+from jaxrl_llm.data.tasks.base import TASK_DEFAULTS, BuiltinTask
 
 LETTERS = "abcdefghij"
 _DIGITS_TO_LETTERS = str.maketrans("0123456789", LETTERS)
@@ -21,8 +21,8 @@ class LetterStringTask(BuiltinTask):
   ``<bos>{string}{separator}``. With lengths 2..5: 111,100 problems, S = 7, A = 6.
   """
 
-  min_len: int = 2
-  max_len: int = 5
+  min_len: int = TASK_DEFAULTS.min_len
+  max_len: int = TASK_DEFAULTS.max_len
 
   separator: str = dataclasses.field(default=">", init=False)
 

@@ -1,7 +1,7 @@
 """Host-side verifiers that score decoded completions (run outside jit).
 
 `math` extracts and compares answers (refusing over-long or too deeply nested input before
-parsing it); `rewards` turns them into reward terms and scores batches robustly in worker
+parsing it); `rewards` turns them into reward terms; `scoring` scores batches robustly in worker
 processes (errors and timeouts score 0.0 and are counted; a hung call's worker is killed).
 `get_reward_fn(name)` looks up a two-argument term `fn(completion, reference) -> float` by name.
 """
@@ -32,11 +32,9 @@ from jaxrl_llm.data.verifiers.rewards import (
   math_format_boxed,
   math_verify_correct,
   reference_answer,
-  score_batch,
-  shutdown_workers,
   think_format,
-  worker_pids,
 )
+from jaxrl_llm.data.verifiers.scoring import score_batch, shutdown_workers, worker_pids
 
 REWARD_FNS: dict[str, RewardFn] = {
   "math_correct": math_correct,

@@ -1,0 +1,342 @@
+"""Launching a run from a command line and leaving it: what `python -m jaxrl_llm.main` (and
+tools/sweep.py) do around training.
+
+The config from flags (`parse_config`, `check_overrides`, `hparam_fields`), joining a
+multi-process job (`join_job`), the backend and workdir checks, the dry run's memory plan, and
+how a run ends: a known failure as one `error: ...` line with exit status 2 (`explain`), Ctrl-C
+as one line with 130, SIGTERM with 143, the peers of a job told why (`leave_job`).
+"""
+
+from __future__ import annotations
+
+import errno
+import importlib.util
+import os
+import sys
+import traceback
+
+from absl import flags
+from ml_collections import config_flags
+
+from jaxrl_llm import terminal
+from jaxrl_llm.config import ConfigError, parse
+
+_joined = False  # this process joined a multi-process job (`join_job`)
+
+
+# ----------------------------------------------------------------------------- known failures
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+  """Failure classes whose message says what was wrong and what is allowed (exit code 2)."""
+  from jaxrl_llm import checkpoint, distributed, run
+  from jaxrl_llm.data import records
+  from jaxrl_llm.models import hf_config
+
+  return (
+    ConfigError,
+    distributed.DistributedError,
+    checkpoint.CheckpointMismatchError,
+    checkpoint.CorruptCheckpointError,
+    checkpoint.NonFiniteStateError,
+    run.NonFiniteError,
+    run.VerifierError,
+    hf_config.CheckpointFormatError,
+    *records.USER_ERRORS,
+  )
+
+
+def _disk_full(err: BaseException) -> OSError | None:
+  """The 'no space left on device' error anywhere in `err`'s chain of causes, if any."""
+  seen = set()
+  while err is not None and id(err) not in seen:
+    seen.add(id(err))
+    if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+      return err
+    if "No space left on device" in str(err):
+      return OSError(errno.ENOSPC, str(err).splitlines()[0][:300])
+    err = err.__cause__ or err.__context__
+  return None
+
+
+def explain(err: BaseException) -> str | None:
+  """The one-line `error: ...` for a known failure class, or None for an unexpected error."""
+  if isinstance(err, _user_errors()):
+    return f"error: {err}"
+  full = _disk_full(err)
+  if full is not None:
+    where = f" ({full.filename})" if getattr(full, "filename", None) else ""
+    return (
+      f"error: disk full{where}: {full.strerror or full}. The checkpoints committed before it "
+      "are intact; free space (or point --workdir at a larger disk) and relaunch to resume"
+    )
+  return None
+
+
+def interrupted(err: BaseException) -> bool:
+  """Whether a KeyboardInterrupt (Ctrl-C) is in `err`'s chain of causes."""
+  seen = set()
+  while err is not None and id(err) not in seen:
+    seen.add(id(err))
+    if isinstance(err, KeyboardInterrupt):
+      return True
+    err = err.__cause__ or err.__context__
+  return False
+
+
+# ----------------------------------------------------------------------------- start-up
+
+
+def join_job(timeout_s: float) -> None:
+  """Joins the multi-process job this command was started in on every host (`--distributed`);
+  exits with status 2 and one line when it cannot. A peer that stops later ends this process
+  too, with its reason."""
+  global _joined
+  from jaxrl_llm import distributed
+
+  try:
+    distributed.initialize(timeout_s)
+  except distributed.DistributedError as e:
+    print(f"error: {e}", file=sys.stderr, flush=True)
+    sys.exit(2)
+  _joined = True
+  distributed.watch_peers()
+
+
+def choose_backend(debug: bool = False) -> None:
+  """JAX's backend (`backend.choose`); exits with status 2 and one line when it cannot start."""
+  from jaxrl_llm import backend
+
+  try:
+    backend.choose(debug=debug)
+  except backend.BackendError as e:
+    print(f"error: {e}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def dry_run(config, device_memory_gib: float | None = None) -> int:
+  """Compiles the fused step of `config` from shapes alone and prints its memory per device
+  against the capacity (`device_memory_gib`, else the device's); exit status: 0 fits, 3 does
+  not, 2 a bad config (its line printed)."""
+  from jaxrl_llm import plan
+
+  try:
+    capacity = None if device_memory_gib is None else int(device_memory_gib * plan.GIB)
+    memory = plan.plan(parse(config), capacity_bytes=capacity)
+  except ConfigError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  print(f"dry run: {memory.summary()}", flush=True)
+  return 3 if memory.fits is False else 0
+
+
+def workdir_problem(workdir: str) -> str | None:
+  """Why a local `workdir` cannot hold a run (a file on its path, no write permission, a
+  read-only file system), creating it if needed; None when it can (object stores: None)."""
+  from jaxrl_llm import paths
+
+  if paths.is_remote(workdir):
+    return None
+  try:
+    os.makedirs(workdir, exist_ok=True)
+  except FileExistsError:
+    return "it is a file, not a directory; give a directory (it is created if missing)"
+  except NotADirectoryError:
+    return "a file stands on its path; give a directory path whose parents are directories"
+  except OSError as e:
+    return f"cannot create it: {e.strerror or e}; give a writable directory"
+  if not os.path.isdir(workdir):
+    return "it is a file, not a directory; give a directory (it is created if missing)"
+  probe = os.path.join(workdir, f".write_test.{os.getpid()}")
+  try:
+    with open(probe, "w"):
+      pass
+    os.remove(probe)
+  except OSError as e:  # EROFS, EACCES, ENOSPC...
+    return f"cannot write in it: {e.strerror or e}; give a writable directory"
+  return None
+
+
+def open_workdir(workdir: str) -> bool:
+  """Makes `workdir` ready for a run (`workdir_problem`; exit status 2 and one line when it
+  cannot hold one); returns whether this launch made it (`fresh`)."""
+  fresh = not os.path.lexists(workdir)  # made by this launch: removed if left empty
+  problem = workdir_problem(workdir)
+  if problem:
+    print(f"error: --workdir={workdir}: {problem}", file=sys.stderr, flush=True)
+    sys.exit(2)
+  return fresh
+
+
+def remove_if_empty(workdir: str) -> None:
+  """Removes the local directory `workdir` if it holds nothing but this process's log file
+  (closed and removed with it); object stores: nothing done."""
+  from jaxrl_llm import paths
+
+  if paths.is_remote(workdir):
+    return
+  logs = [p for p in terminal.log_files() if os.path.dirname(p) == os.path.abspath(workdir)]
+  try:
+    if set(os.listdir(workdir)) <= {os.path.basename(p) for p in logs}:
+      for path in logs:
+        terminal.close_log(path)
+        os.remove(path)
+    os.rmdir(workdir)  # only an empty directory goes
+  except OSError:
+    pass
+
+
+def process_index() -> int:
+  """This process's index in its job (0 when it joined none)."""
+  if not _joined:
+    return 0
+  import jax
+
+  return jax.process_index()
+
+
+# ----------------------------------------------------------------------------- config flags
+
+
+def check_overrides(argv: list[str]) -> None:
+  """Fails with a clear message when a `--config.a.b=v` flag names a field the config lacks."""
+  path = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+  if path is None:
+    return
+  file, _, arg = path.partition(":")
+  try:
+    spec = importlib.util.spec_from_file_location("_jaxrl_llm_config", file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config(arg) if arg else module.get_config()
+  except Exception as e:
+    raise ConfigError(f"cannot load config file {file!r}: {e}") from None
+  for arg in argv:
+    if not arg.startswith("--config.") and not arg.startswith("--noconfig."):
+      continue
+    field = arg.split("=", 1)[0].split(".", 1)[1]
+    node, seen = config, []
+    for part in field.split("."):
+      if not hasattr(node, "keys") or part not in node:
+        where = ".".join(seen) or "the top level"
+        allowed = sorted(node.keys()) if hasattr(node, "keys") else []
+        raise ConfigError(
+          f"unknown config field {field!r} in {arg!r}: {where} has no field {part!r}; "
+          f"allowed: {allowed}"
+        )
+      node, seen = node[part], [*seen, part]
+
+
+def hparam_fields(config, hparams: list[str] | None, argv: list[str]) -> list[str]:
+  """`hparams` (`--hparams`), else the config fields set on the command line `argv`; each must
+  name a field of `config`."""
+  fields = hparams if hparams is not None else overridden_fields(argv)
+  for field in fields:
+    node = config
+    for part in field.split("."):
+      if not hasattr(node, "keys") or part not in node:
+        raise ConfigError(f"--hparams names {field!r}, which is not a config field")
+      node = node[part]
+  return fields
+
+
+def overridden_fields(argv: list[str]) -> list[str]:
+  """The config fields that `--config.a.b=v` / `--noconfig.a.b` flags of `argv` set, in order."""
+  fields = []
+  for arg in argv:
+    if arg.startswith(("--config.", "--noconfig.")):
+      fields.append(arg.split("=", 1)[0].split(".", 1)[1])
+  return list(dict.fromkeys(fields))
+
+
+def parse_config(argv: list[str]):
+  """The config that `argv` (`prog --config=FILE[:arg] --config.a.b=v ...`) gives the trainer.
+
+  Parsed with the same config flag as the command line (locked, typed overrides) on a fresh
+  flag registry, after `check_overrides`; for tools and tests that need the trainer's config.
+  """
+  check_overrides(argv)
+  fv = flags.FlagValues()
+  config_flags.DEFINE_config_file(
+    "config", None, "", flag_values=fv, lock_config=True, sys_argv=argv
+  )
+  fv([a for a in argv if a == argv[0] or a.startswith(("--config", "--noconfig"))])
+  return fv.config
+
+
+# ----------------------------------------------------------------------------- training, leaving
+
+
+def train_or_leave(
+  config, workdir: str, fresh: bool = False, debug: bool = False, hparams: list[str] | None = None
+) -> dict:
+  """Trains the run of the command line's `config` in `workdir` and returns its final
+  evaluation; a run that stops (SIGTERM, a known error, Ctrl-C, or an unexpected error in a
+  multi-process job) prints its line and leaves through `leave_job`. `fresh`: this launch
+  made `workdir`; an error that leaves it empty (a refused config) removes it. `debug`: an
+  error's traceback instead of its line; `hparams`: `--hparams` (see `hparam_fields`)."""
+  from jaxrl_llm import distributed, run
+
+  try:
+    cfg = parse(config)
+    fields = hparam_fields(config, hparams, sys.argv)
+    result = run.train_and_evaluate(cfg, workdir, hparam_fields=fields)
+  except run.Preempted as e:  # SIGTERM: the step was saved; a scheduler may relaunch
+    print(f"{e}", file=sys.stderr)
+    leave_job(143)  # 128 + SIGTERM, as if the signal had ended the process
+  except Exception as e:
+    if fresh:
+      remove_if_empty(workdir)
+    if interrupted(e) and not (debug and not in_a_job()):
+      stop_on_sigint(workdir)  # Ctrl-C cut a save (or a library call) that then failed
+    line = explain(e)
+    if line is None or debug:
+      if not in_a_job():
+        raise
+      traceback.print_exc()
+      leave_job(1, f"{type(e).__name__}: {distributed.first_line(e)}")
+    print(line, file=sys.stderr)
+    leave_job(2, line)  # an aborted async save must not print more
+  except KeyboardInterrupt:  # Ctrl-C: the run's `finally` has waited for a save in flight
+    if debug and not in_a_job():
+      raise
+    stop_on_sigint(workdir)
+  return result
+
+
+def stop_on_sigint(workdir: str) -> None:
+  """Ctrl-C's one line, then `leave_job(130)` (128 + SIGINT), telling the peers of a job."""
+  every = " on every process" if in_a_job() else ""
+  line = (
+    f"stopped by SIGINT (Ctrl-C): the checkpoints committed before it are intact in "
+    f"{workdir}; relaunch the same command{every} to resume"
+  )
+  print(line, file=sys.stderr)
+  leave_job(130, line)
+
+
+def in_a_job() -> bool:
+  """Whether this process is one of several that joined a multi-process job (`join_job`)."""
+  if not _joined:
+    return False
+  import jax
+
+  return jax.process_count() > 1
+
+
+def leave_job(code: int, why: str | None = None) -> None:
+  """Ends this process at once with exit status `code`, skipping the interpreter's teardown
+  (the run's `finally` has already closed its checkpointer and writer).
+
+  Teardown would only add a library thread's late complaint to one process; in a multi-process
+  job it would also hold this process in JAX's shutdown barrier, which waits 5 minutes for
+  peers that are themselves waiting in a collective for it, until all abort with stack dumps.
+  With `why`, the peers are told (`distributed.announce_stop`) and stop at once with it.
+  """
+  sys.stdout.flush()
+  sys.stderr.flush()
+  if why is not None and in_a_job():
+    from jaxrl_llm import distributed
+
+    distributed.announce_stop(code, why)
+  os._exit(code)

@@ -1,0 +1,177 @@
+"""LoRA adapters in PEFT's format, beside a Hugging Face checkpoint of their base.
+
+`save_adapters` writes `adapter_model.safetensors` and `adapter_config.json`, which
+`peft.PeftModel.from_pretrained` loads on the `hf_export` of the base; `load_adapters` puts such
+adapters on a base model loaded by `hf.load_checkpoint`. For every adapted HF module `M`, PEFT
+stores `base_model.model.M.lora_A.weight` [r, in] and `.lora_B.weight` [out, r]; ours are
+`lora_a` [in..., r] and `lora_b` [r, out...] beside the kernel they adapt (`models.lora`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_llm.models import lora as lora_lib
+from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.models.families import BY_MODEL_TYPE
+from jaxrl_llm.models.hf import abstract_params
+from jaxrl_llm.models.hf_config import CheckpointFormatError, default_model_type
+from jaxrl_llm.models.hf_layout import (
+  Param,
+  flatten,
+  param_map,
+  read_json,
+  scanned_at,
+  to_host,
+  unflatten,
+  write_json,
+)
+
+__all__ = ["ADAPTER_CONFIG_FILE", "ADAPTER_WEIGHTS_FILE", "load_adapters", "save_adapters"]
+
+ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
+ADAPTER_CONFIG_FILE = "adapter_config.json"
+
+
+def _adapter_owner(cfg: ModelConfig, p: Param) -> tuple[tuple[str, ...], int | None]:
+  """(path of the module holding `p`'s adapters, layer index in a scanned parameter or None)."""
+  at = scanned_at(cfg, p.path)
+  return (p.path[:-1], None) if at is None else (at[0][:-1], at[1])
+
+
+def _adapter_tensors(cfg: ModelConfig, mt: str, flat: Mapping) -> dict[str, np.ndarray]:
+  """PEFT's tensors of the adapters in `flat`: for each adapted HF module `M`,
+  `base_model.model.M.lora_A.weight` [r, in] and `.lora_B.weight` [out, r], float32."""
+  out: dict[str, np.ndarray] = {}
+  for p in param_map(cfg, BY_MODEL_TYPE[mt]):
+    if not p.linear or p.stacked or p.path[-1] != "kernel":
+      continue
+    owner, layer = _adapter_owner(cfg, p)
+    if (*owner, "lora_a") not in flat:
+      continue
+    a, b = (to_host(flat[(*owner, n)]) for n in ("lora_a", "lora_b"))
+    if layer is not None:
+      a, b = a[layer], b[layer]
+    module = p.names[0].removesuffix(".weight")
+    out_dim, in_dim = p.hf_shape
+    out[f"base_model.model.{module}.lora_A.weight"] = a.reshape(in_dim, -1).T.astype(np.float32)
+    out[f"base_model.model.{module}.lora_B.weight"] = b.reshape(-1, out_dim).T.astype(np.float32)
+  return {k: np.ascontiguousarray(v) for k, v in out.items()}
+
+
+def _peft_config(cfg: ModelConfig, base_model: str | None, targets: list[str]) -> dict[str, Any]:
+  """The `adapter_config.json` of plain LoRA adapters of `cfg` on the `targets` modules."""
+  return {
+    "peft_type": "LORA",
+    "task_type": "CAUSAL_LM",
+    "base_model_name_or_path": base_model,
+    "r": cfg.lora_rank,
+    "lora_alpha": cfg.lora_alpha,
+    "lora_dropout": cfg.lora_dropout,
+    "target_modules": targets,
+    "bias": "none",
+    "fan_in_fan_out": False,
+    "use_rslora": False,
+    "use_dora": False,
+    "modules_to_save": None,
+    "init_lora_weights": True,
+    "inference_mode": True,
+  }
+
+
+def save_adapters(
+  path: str | os.PathLike,
+  cfg: ModelConfig,
+  params: Any,
+  *,
+  model_type: str | None = None,
+  base_model: str | None = None,
+  overwrite: bool = False,
+) -> list[str]:
+  """Writes the adapters of `params` (a model with `cfg.lora_rank` > 0) in PEFT's LoRA format:
+  `adapter_model.safetensors` and `adapter_config.json` (r, lora_alpha, the adapted modules as
+  `target_modules`, `base_model` as `base_model_name_or_path`), loadable with
+  `peft.PeftModel.from_pretrained` on the Hugging Face export of the base. Returns the
+  target modules."""
+  from safetensors.numpy import save_file
+
+  if not cfg.lora_rank:
+    raise ValueError("save_adapters: the model has no adapters (model.lora_rank=0)")
+  path, mt = os.fspath(path), model_type or default_model_type(cfg)
+  tensors = _adapter_tensors(cfg, mt, flatten(params))
+  if not tensors:
+    raise ValueError(f"save_adapters: no adapter of these params maps to a {mt} module")
+  if os.path.exists(os.path.join(path, ADAPTER_WEIGHTS_FILE)) and not overwrite:
+    raise FileExistsError(f"{path} already holds {ADAPTER_WEIGHTS_FILE}; pass overwrite=True")
+  # Two trailing name parts (`self_attn.q_proj`, `mlp.gate_proj`): PEFT matches a module whose
+  # name ends in one, so routed experts (`mlp.experts.0.gate_proj`) get none.
+  targets = sorted({".".join(k.split(".")[-4:-2]) for k in tensors})
+  if jax.process_index() == 0:
+    os.makedirs(path, exist_ok=True)
+    save_file(tensors, os.path.join(path, ADAPTER_WEIGHTS_FILE), metadata={"format": "pt"})
+    write_json(os.path.join(path, ADAPTER_CONFIG_FILE), _peft_config(cfg, base_model, targets))
+  return targets
+
+
+def _adapter_config(path: str) -> dict[str, Any]:
+  """`adapter_config.json` of a PEFT LoRA directory, refused where this model cannot run it."""
+  config = read_json(os.path.join(path, ADAPTER_CONFIG_FILE))
+  unsupported = {
+    "peft_type": ("LORA", config.get("peft_type")),
+    "bias": ("none", config.get("bias", "none")),
+    "use_dora": (False, bool(config.get("use_dora"))),
+    "use_rslora": (False, bool(config.get("use_rslora"))),
+    "fan_in_fan_out": (False, bool(config.get("fan_in_fan_out"))),
+    "rank_pattern": ({}, config.get("rank_pattern") or {}),
+    "alpha_pattern": ({}, config.get("alpha_pattern") or {}),
+  }
+  for key, (want, got) in unsupported.items():
+    if got != want:
+      raise CheckpointFormatError(
+        f"{path}/{ADAPTER_CONFIG_FILE}: {key}={got!r}; only plain LoRA ({key}={want!r}) runs here"
+      )
+  return config
+
+
+def load_adapters(path: str | os.PathLike, cfg: ModelConfig, params: Any, *, model_type=None):
+  """PEFT LoRA adapters (`adapter_config.json` + `adapter_model.safetensors`) put on `params`
+  of `cfg` (the base's model, without adapters). Returns (the ModelConfig with the adapters'
+  rank, alpha and targets, the parameters with adapters); a targeted projection that PEFT did
+  not adapt (e.g. outside `layers_to_transform`) gets a zero adapter."""
+  from safetensors.numpy import load_file
+
+  path, mt = os.fspath(path), model_type or default_model_type(cfg)
+  config = _adapter_config(path)
+  tensors = load_file(os.path.join(path, ADAPTER_WEIGHTS_FILE))
+  modules = sorted({k.split(".")[-3] for k in tensors if k.endswith(".lora_A.weight")})
+  names = [lora_lib.HF_NAMES.get(m, m) for m in modules]
+  adapted = dataclasses.replace(
+    cfg,
+    lora_rank=int(config["r"]),
+    lora_alpha=float(config["lora_alpha"]),
+    lora_dropout=float(config.get("lora_dropout") or 0.0),
+    lora_targets=",".join(names),
+  )
+  flat = flatten(params)
+  shapes = {k: v.shape for k, v in flatten(nn.unbox(abstract_params(adapted))).items()}
+  out = {k: np.zeros(v, np.float32) for k, v in shapes.items() if lora_lib.is_adapter(k)}
+  for p in param_map(adapted, BY_MODEL_TYPE[mt]):
+    module = p.names[0].removesuffix(".weight")
+    a, b = (tensors.get(f"base_model.model.{module}.lora_{n}.weight") for n in "AB")
+    if a is None or b is None or p.stacked:
+      continue
+    owner, layer = _adapter_owner(adapted, p)
+    for name, value in (("lora_a", a.T), ("lora_b", b.T)):  # ours: [in..., r] and [r, out...]
+      target = out[(*owner, name)]
+      slot = target if layer is None else target[layer]
+      slot[...] = value.reshape(slot.shape)
+  flat.update({k: jnp.asarray(v) for k, v in out.items()})
+  return adapted, unflatten(flat)

@@ -1,0 +1,277 @@
+"""Export of our models as Hugging Face checkpoint directories (`save_checkpoint`).
+
+The tensors are written in the family's order, in safetensors shards of a bounded size (with an
+index file when there are several); a scanned model's parameters come off the device one layer at
+a time. `hf.load_checkpoint` of an export gives back the same ModelConfig and bit-identical
+parameters. An export carries over the metadata of the directory the model was imported from
+(`hf.read_source`): context length and special token ids in config.json, generation_config.json
+and the tokenizer files.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+from collections.abc import Mapping
+from typing import Any
+
+import flax.linen as nn
+import jax
+import ml_dtypes
+import numpy as np
+from absl import logging
+
+from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.models.families import BY_MODEL_TYPE
+from jaxrl_llm.models.hf import HFSource, abstract_params, read_source
+from jaxrl_llm.models.hf_config import (
+  CARRIED_FIELDS,
+  MissingCheckpointFileError,
+  config_to_hf,
+  default_model_type,
+)
+from jaxrl_llm.models.hf_layout import (
+  CONFIG_FILE,
+  GENERATION_CONFIG_FILE,
+  INDEX_FILE,
+  SINGLE_FILE,
+  TOKENIZER_FILES,
+  Entry,
+  Param,
+  flatten,
+  param_entries,
+  param_map,
+  scanned_at,
+  to_host,
+  tokenizer_files,
+  write_json,
+)
+
+__all__ = ["save_checkpoint"]
+
+_SAVE_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+
+
+# --------------------------------------------------------------------------- arguments, metadata
+
+
+def _check_save_args(dtype: str, max_position_embeddings: Any) -> None:
+  """Raises ValueError for a storage dtype or context length that `save_checkpoint` refuses."""
+  if dtype not in _SAVE_DTYPES:
+    raise ValueError(f"dtype={dtype!r} must be one of {list(_SAVE_DTYPES)}")
+  if max_position_embeddings is not None and not (
+    isinstance(max_position_embeddings, int)
+    and not isinstance(max_position_embeddings, bool)
+    and max_position_embeddings >= 1
+  ):
+    raise ValueError(f"max_position_embeddings={max_position_embeddings!r} must be an int >= 1")
+
+
+def _export_config(
+  cfg: ModelConfig,
+  mt: str,
+  source: HFSource | None,
+  dtype: str,
+  max_position_embeddings: int | None,
+  hf_overrides: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+  """The config.json of an export: `cfg` as `mt`, the source's carried fields, the overrides."""
+  fields = dict(source.fields) if source is not None else {}
+  max_pos = max_position_embeddings or fields.get("max_position_embeddings")
+  if max_pos is None:
+    logging.warning(
+      "no context length known for this model: config.json gets %s's default "
+      "max_position_embeddings (pass max_position_embeddings or the source checkpoint)",
+      mt,
+    )
+  hf = config_to_hf(cfg, mt, dtype=dtype, max_position_embeddings=max_pos)
+  hf.update({k: fields.get(k) for k in CARRIED_FIELDS if k != "max_position_embeddings"})
+  hf.update(hf_overrides or {})
+  return hf
+
+
+def _generation_config(hf: Mapping[str, Any], source: HFSource | None) -> dict[str, Any]:
+  """The source's generation_config.json (or an empty one) with the token ids it lacks taken
+  from the exported config.json."""
+  out = dict(source.generation_config or {}) if source is not None else {}
+  for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+    if out.get(key) is None and hf.get(key) is not None:
+      out[key] = hf[key]
+  return out
+
+
+def _tokenizer_sources(
+  tokenizer: str | os.PathLike | None, source: HFSource | None
+) -> list[tuple[str, str]]:
+  """(file to copy, name in the export) of each tokenizer file an export writes."""
+  if tokenizer is None:
+    if source is None:
+      return []
+    return [(os.path.join(source.path, n), n) for n in source.tokenizer_files]
+  tokenizer = os.fspath(tokenizer)
+  if os.path.isfile(tokenizer):
+    return [(tokenizer, TOKENIZER_FILES[0])]
+  if not os.path.isdir(tokenizer):
+    raise MissingCheckpointFileError(f"{tokenizer}: no such tokenizer directory or file")
+  names = tokenizer_files(tokenizer)
+  if not names:
+    raise MissingCheckpointFileError(
+      f"{tokenizer}: holds none of the tokenizer files {list(TOKENIZER_FILES)}"
+    )
+  return [(os.path.join(tokenizer, n), n) for n in names]
+
+
+def _copy(src: str, dst: str) -> None:
+  """Copies file `src` to `dst` (nothing to do when both are the same file)."""
+  if os.path.exists(dst) and os.path.samefile(src, dst):
+    return
+  shutil.copyfile(src, dst)
+
+
+# --------------------------------------------------------------------------- weights
+
+
+def _check_params(cfg: ModelConfig, flat: Mapping, entries: list[Entry], mt: str) -> None:
+  """Raises ValueError naming a parameter of the wrong shape, a missing one or one that `mt`
+  cannot store (a value head is only warned about: it is not exported)."""
+  shapes = {k: v.shape for k, v in flatten(nn.unbox(abstract_params(cfg))).items()}
+  for e in entries:
+    if e.path not in flat or tuple(flat[e.path].shape) != tuple(shapes[e.path]):
+      found = tuple(flat[e.path].shape) if e.path in flat else "absent"
+      raise ValueError(f"params[{'/'.join(e.path)}]: expected shape {shapes[e.path]}, got {found}")
+  extra = sorted("/".join(k) for k in set(flat) - {e.path for e in entries})
+  if any(not k.startswith("value_head/") for k in extra):
+    raise ValueError(f"params hold entries that {mt} cannot store: {extra}")
+  if extra:
+    logging.warning("not exporting the value head (%s)", ", ".join(extra))
+
+
+def _clear_weights(path: str, overwrite: bool, writer: bool) -> None:
+  """Refuses a directory holding weights unless `overwrite`; then (`writer` only) creates it and
+  removes the old weights."""
+  old = glob.glob(os.path.join(path, "model*.safetensors")) + glob.glob(
+    os.path.join(path, INDEX_FILE)
+  )
+  if old and not overwrite:
+    raise FileExistsError(f"{path} already holds weights ({sorted(old)}); pass overwrite=True")
+  if writer:
+    os.makedirs(path, exist_ok=True)
+    for f in old:
+      os.remove(f)
+
+
+class _ShardWriter:
+  """Collects tensors into safetensors shards of at most `max_bytes` (written by the `writer`
+  process only); `close` gives them Hugging Face's names and writes the index if there are
+  several."""
+
+  def __init__(self, path: str, max_bytes: int, writer: bool):
+    self.path, self.max_bytes, self.writer = path, max_bytes, writer
+    self.shards: list[list[str]] = []
+    self.current: dict[str, np.ndarray] = {}
+    self.size = self.total = 0
+
+  def add(self, name: str, t: np.ndarray) -> None:
+    """Adds tensor `name`, starting a new shard first if it would overflow the current one."""
+    if self.current and self.size + t.nbytes > self.max_bytes:
+      self._flush()
+    self.current[name] = t
+    self.size += t.nbytes
+    self.total += t.nbytes
+
+  def _flush(self) -> None:
+    from safetensors.numpy import save_file
+
+    if not self.current:
+      return
+    if self.writer:
+      tmp = os.path.join(self.path, f"shard-{len(self.shards)}.tmp")
+      save_file(self.current, tmp, metadata={"format": "pt"})
+    self.shards.append(list(self.current))
+    self.current, self.size = {}, 0
+
+  def close(self) -> None:
+    """Writes the last shard, renames them all and writes the index."""
+    self._flush()
+    if not self.writer:
+      return
+    n = len(self.shards)
+    names = (
+      [SINGLE_FILE] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+    )
+    for i, name in enumerate(names):
+      os.replace(os.path.join(self.path, f"shard-{i}.tmp"), os.path.join(self.path, name))
+    if n > 1:
+      weight_map = {t: names[i] for i, shard in enumerate(self.shards) for t in shard}
+      with open(os.path.join(self.path, INDEX_FILE), "w") as f:
+        json.dump({"metadata": {"total_size": self.total}, "weight_map": weight_map}, f, indent=2)
+
+
+def _write_params(
+  shards: _ShardWriter, cfg: ModelConfig, params_map: list[Param], flat: Mapping, dtype: str
+) -> None:
+  """Adds every HF tensor to `shards` in HF order, a scanned parameter one layer at a time off
+  the device."""
+  np_dtype = _SAVE_DTYPES[dtype]
+  for p in params_map:
+    at = scanned_at(cfg, p.path)
+    host = to_host(flat[p.path] if at is None else flat[at[0]][at[1]])
+    for e, name in enumerate(p.names):
+      shards.add(name, p.to_hf(host[e] if p.stacked else host).astype(np_dtype))
+    del host
+
+
+def save_checkpoint(
+  path: str | os.PathLike,
+  cfg: ModelConfig,
+  params: Any,
+  *,
+  model_type: str | None = None,
+  dtype: str = "float32",
+  max_shard_bytes: int = 5 * 2**30,
+  hf_overrides: Mapping[str, Any] | None = None,
+  overwrite: bool = False,
+  source: str | os.PathLike | HFSource | None = None,
+  tokenizer: str | os.PathLike | None = None,
+  max_position_embeddings: int | None = None,
+) -> str:
+  """Writes `params` of `cfg` as a Hugging Face checkpoint directory; returns its model type.
+
+  `model_type` defaults to `default_model_type(cfg)`. Tensors are stored as `dtype`, in shards of
+  at most `max_shard_bytes` (with an index file when there are several). A value head is not
+  exported. Refuses a directory that already holds weights unless `overwrite`.
+
+  `source` is the Hugging Face directory the model was imported from (or its `read_source`):
+  its max_position_embeddings and bos / eos / pad token ids go into config.json, its
+  generation_config.json is kept (token ids it lacks are filled in from config.json) and its
+  tokenizer files are copied. `tokenizer` (a directory, or a tokenizer.json file) replaces the
+  source's tokenizer files. Without a source the token ids are null and max_position_embeddings
+  is the model type's default, unless `max_position_embeddings` is given (it also overrides the
+  source's). `hf_overrides` are merged into config.json last. generation_config.json is always
+  written, with the token ids config.json holds.
+  """
+  path = os.fspath(path)
+  _check_save_args(dtype, max_position_embeddings)
+  if source is not None and not isinstance(source, HFSource):
+    source = read_source(source)
+  mt = model_type or default_model_type(cfg)
+  hf = _export_config(cfg, mt, source, dtype, max_position_embeddings, hf_overrides)
+  generation = _generation_config(hf, source)
+  tokenizer_copies = _tokenizer_sources(tokenizer, source)
+  params_map = param_map(cfg, BY_MODEL_TYPE[mt])
+  flat = flatten(params)
+  _check_params(cfg, flat, param_entries(cfg, params_map), mt)
+
+  writer = jax.process_index() == 0
+  _clear_weights(path, overwrite, writer)
+  shards = _ShardWriter(path, max_shard_bytes, writer)
+  _write_params(shards, cfg, params_map, flat, dtype)
+  shards.close()
+  if writer:
+    write_json(os.path.join(path, GENERATION_CONFIG_FILE), generation)
+    for src, name in tokenizer_copies:
+      _copy(src, os.path.join(path, name))
+    write_json(os.path.join(path, CONFIG_FILE), hf)
+  return mt

@@ -1,0 +1,190 @@
+"""What a person reads on the terminal, and where the rest of the log goes: one `setup` for the
+trainer's command line (`python -m jaxrl_llm.main`) and for tools/sweep.py (separate runs, or a
+pack trained in its own process).
+
+Without `--debug`, on a terminal absl's lines lose their prefix (`I1124 18:35:15.886093
+140514125208448 loop.py:790] `; redirected to a file they keep it), the libraries' INFO chatter
+(orbax, grain, tensorboard, asyncio, ...) stays off the terminal, and an exception escaping a
+library's background thread is one line. The log file (`<workdir>/log.txt` of a run,
+`<root>/log.txt` of a sweep; `log.<i>.txt` for process i > 0 of a multi-process job) receives
+every record, the libraries' and their tracebacks included, with absl's prefix. With `--debug`
+the terminal shows all of it too, with the prefix.
+"""
+
+from __future__ import annotations
+
+import logging as std_logging
+import os
+import shlex
+import sys
+import threading
+import time
+
+from absl import flags, logging
+
+LOG_FILE = "log.txt"
+_set_up = False  # `setup` has run
+# Source folders whose INFO records are library chatter (warnings and errors still show).
+LIBRARIES = ("orbax", "grain", "asyncio", "concurrent", "tensorboard", "fsspec", "gcsfs", "optax")
+
+
+class _LibraryInfoFilter(std_logging.Filter):
+  """Drops INFO chatter of the checkpoint and data libraries (warnings still pass) and, unless
+  `tracebacks`, the tracebacks their background threads log: the error reaches the main thread,
+  which reports it (one line for a known failure, the full traceback otherwise)."""
+
+  def __init__(self, tracebacks: bool = False):
+    super().__init__()
+    self.tracebacks = tracebacks
+
+  def filter(self, record: std_logging.LogRecord) -> bool:
+    """Whether `record` reaches the terminal (shortened first when it carries a traceback)."""
+    noisy = any(f"{os.sep}{lib}{os.sep}" in record.pathname for lib in LIBRARIES)
+    if (noisy or getattr(record, "one_line", False)) and not self.tracebacks:
+      record.exc_info, record.exc_text = None, None
+      message = record.getMessage()
+      if "Traceback (most recent call last)" in message:
+        record.msg, record.args = message.split("Traceback (most recent call last)")[0], None
+    if record.pathname.endswith("xla_bridge.py") and record.levelno < std_logging.WARNING:
+      return False  # e.g. "Unable to initialize backend 'tpu'" on a machine without one
+    return record.levelno >= std_logging.WARNING or not noisy
+
+
+class _TerminalFormatter(std_logging.Formatter):
+  """Log records as a terminal reader wants them: the message alone, warnings and errors with
+  their level in front (no date, thread id or source file)."""
+
+  def format(self, record: std_logging.LogRecord) -> str:
+    """The record's message, after its level when it is a warning or worse."""
+    message = super().format(record)
+    if record.levelno >= std_logging.WARNING:
+      return f"{record.levelname.lower()}: {message}"
+    return message
+
+
+class _LogFile(std_logging.FileHandler):
+  """The log file: every record with absl's prefix, tracebacks included. A file that cannot be
+  written (a full disk) stops there, silently: the run goes on, and says why it stops itself."""
+
+  stopped = False
+
+  def emit(self, record: std_logging.LogRecord) -> None:
+    """Writes `record` unless the file has stopped."""
+    if not self.stopped:
+      super().emit(record)
+
+  def handleError(self, record: std_logging.LogRecord) -> None:
+    """A write that failed (OSError) stops the file; another failure drops the record alone."""
+    if isinstance(sys.exc_info()[1], OSError):  # not a "--- Logging error ---" per record
+      self.stopped = True
+
+
+def plain_on_terminal(debug: bool = False, stream=None) -> bool:
+  """On a terminal (and without `debug`), absl's log lines lose their prefix
+  (`I1124 18:35:15.886093 140514125208448 train.py:790]`); redirected to a file they keep it.
+  Returns whether it changed the format."""
+  stream = sys.stderr if stream is None else stream
+  if debug or not getattr(stream, "isatty", lambda: False)():
+    return False
+  logging.get_absl_handler().setFormatter(_TerminalFormatter("%(message)s"))
+  return True
+
+
+def quiet_library_logs(tracebacks: bool = False) -> None:
+  """Keeps the terminal readable: progress lines, not library internals (the log file, added
+  before or after, still gets them). Unless `tracebacks`, an exception escaping a library's
+  background thread is one log line too."""
+  quiet = _LibraryInfoFilter(tracebacks)
+  for handler in std_logging.getLogger().handlers:  # records of every logger pass these
+    if not isinstance(handler, _LogFile) and not _has_filter(handler):
+      handler.addFilter(quiet)
+  if not tracebacks:
+
+    def one_line(args: threading.ExceptHookArgs) -> None:
+      """A thread's uncaught exception as one error line (its traceback in the log file)."""
+      name = args.thread.name if args.thread else "?"
+      why = (args.exc_type, args.exc_value, args.exc_traceback)  # the log file keeps it
+      logging.error(
+        "thread %s stopped: %s: %s", name, args.exc_type.__name__, args.exc_value,
+        exc_info=why, extra={"one_line": True},
+      )  # fmt: skip
+
+    threading.excepthook = one_line
+
+    def unraisable(args) -> None:
+      """An unraisable exception (e.g. a save's callback firing after its event loop closed)
+      as one warning line (its traceback in the log file)."""
+      why = (args.exc_type, args.exc_value, args.exc_traceback)
+      logging.warning(
+        "ignored in %r: %s: %s", args.object, args.exc_type.__name__, args.exc_value,
+        exc_info=why, extra={"one_line": True},
+      )  # fmt: skip
+
+    sys.unraisablehook = unraisable
+
+
+def _has_filter(handler: std_logging.Handler) -> bool:
+  return any(isinstance(f, _LibraryInfoFilter) for f in handler.filters)
+
+
+def log_path(directory: str, process: int = 0) -> str | None:
+  """The log file of process `process` in the local `directory` (`log.txt`, `log.<i>.txt` for
+  process i > 0); None for an object store (gs://...: no file is kept)."""
+  from jaxrl_llm import paths
+
+  if paths.is_remote(directory):
+    return None
+  name = LOG_FILE if process == 0 else f"log.{process}.txt"
+  return os.path.join(directory, name)
+
+
+def keep_log(path: str) -> None:
+  """Appends every log record from now on to the file `path` (its folder made if missing),
+  after a line naming the time and command; a file already kept is not added twice."""
+  path = os.path.abspath(path)
+  root = std_logging.getLogger()
+  if any(isinstance(h, _LogFile) and h.baseFilename == path for h in root.handlers):
+    return
+  try:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    handler = _LogFile(path, mode="a", encoding="utf-8")
+    handler.stream.write(f"\n### {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(sys.argv)}\n")
+  except OSError as e:  # e.g. a full disk: the run goes on without its log file
+    logging.warning("no log file %s: %s", path, e.strerror or e)
+    return
+  handler.setFormatter(logging.PythonFormatter())
+  # First among the handlers: it reads each record before the terminal's filter shortens it.
+  root.handlers.insert(0, handler)
+
+
+def log_files() -> list[str]:
+  """The paths of the log files this process keeps."""
+  return [h.baseFilename for h in std_logging.getLogger().handlers if isinstance(h, _LogFile)]
+
+
+def close_log(path: str) -> None:
+  """Stops keeping the log file `path` (closed; nothing more is written to it)."""
+  root = std_logging.getLogger()
+  for handler in [h for h in root.handlers if isinstance(h, _LogFile)]:
+    if handler.baseFilename == os.path.abspath(path):
+      root.removeHandler(handler)
+      handler.close()
+
+
+def setup(debug: bool = False, log_file: str | None = None) -> None:
+  """The logging of a command line: absl's handler on stderr at INFO (never Python's
+  `INFO:absl:` default format), plain lines on a terminal, library chatter and background
+  threads' tracebacks off it unless `debug`; every record also in `log_file` when given. Called
+  again (with the `log_file` once its folder is known), it only adds the file."""
+  global _set_up
+  if not _set_up:
+    if not flags.FLAGS.is_parsed():  # no absl app (tools/sweep.py): absl's flags at defaults
+      flags.FLAGS.mark_as_parsed()
+    logging.use_absl_handler()  # also drops the stderr handler an earlier absl call made
+    logging.set_verbosity(logging.INFO)  # the progress lines
+    if not debug:
+      quiet_library_logs()
+      plain_on_terminal()
+    _set_up = True
+  if log_file is not None:
+    keep_log(log_file)
