@@ -176,3 +176,10 @@ class Section:
   def errors(self) -> list[str]:
     """Range-check messages of this section alone (empty when valid)."""
     return []
+
+
+class LearnedSection(Section):
+  """A section whose fields decide what the learner optimises and on what: changing one blocks
+  resuming a workdir (unless the field says `resume=False`, or train.resume_changed)."""
+
+  LEARNED: ClassVar[bool] = True

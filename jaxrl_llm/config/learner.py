@@ -15,7 +15,7 @@ from jaxrl_llm import objectives
 from jaxrl_llm.config.fields import (
   PER_RUN,
   TRACED,
-  Section,
+  LearnedSection,
   allowed,
   at_least,
   coerce,
@@ -39,11 +39,10 @@ def _name_error(section: str, kind: str, name: str) -> list[str]:
 
 
 @dataclasses.dataclass(frozen=True)
-class RLSettings(Section):
+class RLSettings(LearnedSection):
   """`rl`: batch, epochs, minibatches, microbatches and the entropy bonus (§5, §8)."""
 
   SECTION: ClassVar[str] = "rl"
-  LEARNED: ClassVar[bool] = True
   num_prompts: int = setting(32, hparam=True)  # P prompts per RL update (B = P * G sequences)
   num_epochs: int = 1  # passes over each rollout batch
   num_minibatches: int = 2  # optimiser steps per epoch (B must divide evenly)
@@ -98,11 +97,10 @@ class RLSettings(Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class AdvantageSettings(Section):
+class AdvantageSettings(LearnedSection):
   """`advantage`: the §1 estimator, whitening and GAE's γ, λ."""
 
   SECTION: ClassVar[str] = "advantage"
-  LEARNED: ClassVar[bool] = True
   name: str = setting(
     "grpo", hparam=True
   )  # §1: grpo | mean_only | rloo | batch_std | reinforce_baseline | reinforce_pp_baseline | gae
@@ -123,14 +121,13 @@ class AdvantageSettings(Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class ObjectiveSettings(Section):
+class ObjectiveSettings(LearnedSection):
   """`objective`: the §2 surrogate by name, the critic's value-loss coefficient and clip (§2.9),
   and the values set for the registered objectives' hyperparameters (`values`; a field left
   unset keeps the selected objective's signature default, fields of other objectives are
   ignored, so --config.objective.name=gspo trains GSPO with GSPO's widths)."""
 
   SECTION: ClassVar[str] = "objective"
-  LEARNED: ClassVar[bool] = True
   name: str = setting(
     "ppo_clip", hparam=True
   )  # §2: ppo_clip | pg | gspo | gspo_token | gmpo | cispo | sapo | ...
@@ -203,11 +200,10 @@ class ObjectiveSettings(Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class AggregationSettings(Section):
+class AggregationSettings(LearnedSection):
   """`aggregation`: the §5 loss aggregation mode."""
 
   SECTION: ClassVar[str] = "aggregation"
-  LEARNED: ClassVar[bool] = True
   name: str = setting(
     "seq_mean_token_mean", hparam=True
   )  # §5: token_mean | seq_mean_token_mean | seq_mean_token_sum | seq_mean_token_sum_norm | seq_mean
@@ -219,11 +215,10 @@ class AggregationSettings(Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class CorrectionSettings(Section):
+class CorrectionSettings(LearnedSection):
   """`correction`: the §3 behaviour correction, its cap C and geometric-mask bounds."""
 
   SECTION: ClassVar[str] = "correction"
-  LEARNED: ClassVar[bool] = True
   name: str = setting(
     "none", hparam=True
   )  # §3: none | tis_token | tis_seq | mis_token | mis_seq, optional "+geo_mask"
@@ -245,11 +240,10 @@ class CorrectionSettings(Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class KLSettings(Section):
+class KLSettings(LearnedSection):
   """`kl`: the §4 estimator, β, where the penalty goes and how the reference moves."""
 
   SECTION: ClassVar[str] = "kl"
-  LEARNED: ClassVar[bool] = True
   name: str = setting("k3", hparam=True)  # §4 estimator: k1 | k2 | k3 | k3_is
   beta: float = setting(
     0.0, per_run=TRACED, switch=True, hparam=True
@@ -283,11 +277,10 @@ class KLSettings(Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class ShapingSettings(Section):
+class ShapingSettings(LearnedSection):
   """`shaping`: the §6 soft overlong punishment and overlong filtering."""
 
   SECTION: ClassVar[str] = "shaping"
-  LEARNED: ClassVar[bool] = True
   name: str = "none"  # §6: none | soft_overlong (DAPO length penalty as a reward term)
   cache_len: int = setting(2, per_run=TRACED)  # L_cache of the soft overlong punishment (tokens)
   weight: float = setting(1.0, per_run=TRACED)  # weight of the overlong reward term
@@ -301,11 +294,10 @@ class ShapingSettings(Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class ReplaySettings(Section):
+class ReplaySettings(LearnedSection):
   """`replay`: §9 routing replay of a mixture-of-experts policy."""
 
   SECTION: ClassVar[str] = "replay"
-  LEARNED: ClassVar[bool] = True
   name: str = "none"  # §9 routing replay (MoE): none | r2 (old-policy mask) | r3 (sampler mask)
 
   def errors(self) -> list[str]:
@@ -314,11 +306,10 @@ class ReplaySettings(Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class FilteringSettings(Section):
+class FilteringSettings(LearnedSection):
   """`filtering`: §7 group filtering and dynamic sampling's oversampling factor."""
 
   SECTION: ClassVar[str] = "filtering"
-  LEARNED: ClassVar[bool] = True
   name: str = "none"  # §7: none | dynamic_sampling | reinforce_rej
   oversample: float = 2.0  # k: dynamic sampling draws ceil(k * P) prompt groups, keeps P
 

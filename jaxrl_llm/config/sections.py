@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 from jaxrl_llm import sharding
 from jaxrl_llm.config.fields import (
   TRACED,
+  LearnedSection,
   Section,
   allowed,
   at_least,
@@ -27,12 +28,11 @@ REWARD_WEIGHTS = (("correct", 1.0), ("format", 0.0))  # the built-in tasks' rewa
 
 
 @dataclasses.dataclass(frozen=True)
-class TaskSettings(Section):
+class TaskSettings(LearnedSection):
   """`task`: the built-in verifiable task (its fields go to the task's constructor) and the
   weights of the reward terms."""
 
   SECTION: ClassVar[str] = "task"
-  LEARNED: ClassVar[bool] = True
   name: str = setting(
     "reverse", hparam=True
   )  # built-in verifiable task: reverse | addition | sort | countdown
@@ -73,11 +73,10 @@ class TaskSettings(Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class DataSettings(Section):
+class DataSettings(LearnedSection):
   """`data`: prompt files with host-verified answers (empty `train_files`: the built-in task)."""
 
   SECTION: ClassVar[str] = "data"
-  LEARNED: ClassVar[bool] = True
   train_files: str = ""  # JSONL/Parquet files or globs, comma-separated ("" = built-in task)
   eval_files: str = setting(
     "", resume=False
