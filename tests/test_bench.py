@@ -129,7 +129,7 @@ def test_the_bench_command_line_takes_settings_and_device_limits():
   "args, says",
   [(["--shape=tiny", "--set=sampling.nope=1"], "unknown config field 'sampling.nope'"),
    (["--config=configs/default.py", "--config.sampling.temperature=-1"],
-    "invalid config: sampling.temperature=-1.0 must be > 0")],
+    "invalid config: sampling.temperature=-1.0 must be >= 0.01")],
   ids=["unknown-field", "out-of-range"],
 )  # fmt: skip
 def test_a_bad_bench_setting_is_one_error_line_and_exit_2(args, says):

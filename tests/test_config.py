@@ -14,7 +14,7 @@ from jaxrl_llm.config import ConfigError
 @pytest.mark.parametrize(
   "field,value,needle",
   [
-    ("sampling.temperature", -0.5, "sampling.temperature=-0.5 must be > 0"),
+    ("sampling.temperature", -0.5, "sampling.temperature=-0.5 must be >= 0.01"),
     ("objective.clip_high", 1.0, "objective.clip_high=1.0 must be in (0, 1)"),
     ("objective.clip_low", 0.0, "objective.clip_low=0.0 must be in (0, 1)"),
     ("sampling.group_size", 1, "sampling.group_size=1 must be >= 2"),
@@ -168,7 +168,7 @@ def test_cli_unknown_field_is_named(tmp_path):
 def test_cli_bad_value_is_named(tmp_path):
   proc = _cli(f"--workdir={tmp_path}", "--config.sampling.temperature=-1")
   assert proc.returncode == 2
-  assert "sampling.temperature=-1.0 must be > 0" in proc.stderr
+  assert "sampling.temperature=-1.0 must be >= 0.01" in proc.stderr
   assert "Traceback" not in proc.stderr
 
 

@@ -132,6 +132,25 @@ def test_a_run_that_keeps_diverging_stops_and_saves_only_finite_state(tmp_path):
       assert not checkpoint.non_finite_paths(state)
 
 
+def test_a_run_whose_every_update_was_skipped_does_not_end_as_if_it_had_learned(tmp_path):
+  """Fewer skipped updates than train.max_skipped_updates, but all of them: the run stops with
+  one line naming the steps instead of exiting as a finished run; its checkpoints are kept."""
+  config = tiny_config(
+    **{
+      "optim.learning_rate": 1e38,
+      "optim.grad_clip": 0.0,
+      "optim.warmup_steps": 0,
+      "rl.entropy_coef": 0.01,
+      "train.num_steps": 2,
+    }
+  )
+  with pytest.raises(NonFiniteError, match=r"rl steps 1\.\.2: all 4 optimiser updates") as err:
+    train_and_evaluate(config, str(tmp_path))
+  assert len(str(err.value).splitlines()) == 1
+  with checkpoint.Checkpointer(str(tmp_path), save_every=1) as ckpt:
+    assert ckpt.all_steps()[-1] == 2  # the last finite state, kept
+
+
 def test_a_non_finite_state_is_never_saved(tmp_path):
   state = {"w": jnp.ones(4), "step": jnp.asarray(3)}
   with checkpoint.Checkpointer(str(tmp_path), save_every=1) as ckpt:

@@ -49,7 +49,7 @@ def test_fsdp_plan_holds_an_eighth_of_the_state_per_device():
   "flags, code, says",
   [(["--device_memory_gib=0.001"], 3, "does NOT fit in 1.0 MiB per device"),
    (["--device_memory_gib=64"], 0, "fits in 64.0 GiB per device"),
-   (["--config.sampling.temperature=-1"], 2, "sampling.temperature=-1.0 must be > 0")],
+   (["--config.sampling.temperature=-1"], 2, "sampling.temperature=-1.0 must be >= 0.01")],
   ids=["does-not-fit", "fits", "bad-config"],
 )  # fmt: skip
 def test_dry_run_says_in_one_line_whether_a_config_fits(flags, code, says):

@@ -153,7 +153,16 @@ def test_the_config_reference_command_checks_and_rewrites_only_its_section(tmp_p
 @pytest.mark.parametrize(
   ("field", "value", "message"),
   [
-    ("sampling.temperature", 0.0, r"sampling\.temperature=0\.0 must be > 0"),
+    ("sampling.temperature", 0.0, r"sampling\.temperature=0\.0 must be >= 0\.01"),
+    ("sampling.temperature", 1e-30, r"sampling\.temperature=1e-30 must be >= 0\.01"),
+    ("model.norm_eps", float("nan"), r"model\.norm_eps=nan must be a finite number"),
+    ("model.lora_alpha", float("inf"), r"model\.lora_alpha=inf must be a finite number"),
+    ("model.rope_theta", -1.0, r"model\.rope_theta=-1\.0 must be > 0"),
+    ("model.norm_eps", -1e-6, r"model\.norm_eps=-1e-06 must be > 0"),
+    ("model.rope_scaling_factor", 0.0, r"model\.rope_scaling_factor=0\.0 must be > 0"),
+    ("model.moe_aux_loss_coef", -0.1, r"model\.moe_aux_loss_coef=-0\.1 must be >= 0"),
+    ("task.numbers", 0, r"task\.numbers=0 must be in \[2, 5\]"),  # countdown's, on reverse
+    ("task.digits", 0, r"task\.digits=0 must be in \[1, 9\]"),
     ("optim.b2", 1.0, r"optim\.b2=1\.0 must be in \[0, 1\)"),
     ("train.max_to_keep", 0, r"train\.max_to_keep=0 must be >= 1"),
     ("data.template", "nope", r"data\.template='nope'; allowed: "),

@@ -25,6 +25,7 @@ from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.quant import SAMPLER_DTYPES
 
 REWARD_WEIGHTS = (("correct", 1.0), ("format", 0.0))  # the built-in tasks' reward terms
+MIN_TEMPERATURE = 0.01  # sampling.temperature's floor
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,9 +68,14 @@ class TaskSettings(LearnedSection):
     return {k: v for k, v in super().to_dict().items() if k not in ("name", "reward_weights")}
 
   def errors(self) -> list[str]:
-    """Some non-zero reward weight (each task checks its own fields' ranges when built)."""
+    """Each task field in its task's range (`data.tasks.field_errors`), some non-zero
+    reward weight."""
+    from jaxrl_llm.data import tasks  # the tasks declare their fields' ranges
+
     weights = [w for _, w in self.reward_weights]
-    return need(any(weights), "task.reward_weights are all 0: the reward would be constant")
+    return tasks.field_errors(self.task_fields) + need(
+      any(weights), "task.reward_weights are all 0: the reward would be constant"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,7 +133,9 @@ class ModelSettings(Section):
   def from_section(cls, section: Mapping[str, Any]) -> ModelSettings:
     """Splits the section into the architecture and the run fields."""
     given = dict(section.items())
-    arch = ModelConfig.from_dict({k: v for k, v in given.items() if k not in RUN_FIELDS})
+    types = {f.name: f.type for f in dataclasses.fields(ModelConfig)}  # finite floats, typed
+    arch = {k: coerce(types[k], v, f"model.{k}") if k in types else v for k, v in given.items()}
+    arch = ModelConfig.from_dict({k: v for k, v in arch.items() if k not in RUN_FIELDS})
     run = {k: str(given.get(k, getattr(cls, k))) for k in RUN_FIELDS}
     return cls(**run, arch=arch)
 
@@ -174,12 +182,16 @@ class SamplingSettings(Section):
   kv_block: int = 128  # decode stages of this many steps read only filled KV slots (0 = all S+T)
 
   def errors(self) -> list[str]:
-    """G >= 2, τ_s > 0, top-p in (0, 1], top-k, T and kv_block >= 0, a known sampler dtype."""
+    """G >= 2, τ_s >= MIN_TEMPERATURE, top-p in (0, 1], top-k, T and kv_block >= 0, a known sampler dtype."""
     out = need(
       self.group_size >= 2,
       f"sampling.group_size={self.group_size} must be >= 2 (group advantages need a group)",
     )
-    out += need(self.temperature > 0, f"sampling.temperature={self.temperature} must be > 0")
+    out += need(
+      self.temperature >= MIN_TEMPERATURE,
+      f"sampling.temperature={self.temperature} must be >= {MIN_TEMPERATURE} (below it logits / "
+      "τ_s overflow float32 and every update is skipped)",
+    )
     out += need(0 < self.top_p <= 1, f"sampling.top_p={self.top_p} must be in (0, 1]")
     out += at_least("sampling", self, 0, "top_k", note=" (0 = off)")
     out += at_least("sampling", self, 0, "max_new_tokens", "kv_block")

@@ -163,14 +163,16 @@ class ModelConfig(_DictConfig):
       )
     if self.head_dim % 2:
       errors.append(f"model.head_dim={self.head_dim} must be even (RoPE rotates pairs)")
-    if self.rope_theta <= 0:
-      errors.append(f"model.rope_theta={self.rope_theta} must be > 0")
+    for name in ("rope_theta", "rope_scaling_factor", "norm_eps"):  # NaN fails `> 0` too
+      if not getattr(self, name) > 0:
+        errors.append(f"model.{name}={getattr(self, name)} must be > 0")
+    for name in ("moe_aux_loss_coef", "moe_z_loss_coef"):
+      if not getattr(self, name) >= 0:
+        errors.append(f"model.{name}={getattr(self, name)} must be >= 0 (0 = off)")
     if self.rope_scaling not in ROPE_SCALINGS:
       errors.append(
         f"model.rope_scaling={self.rope_scaling!r} must be one of {list(ROPE_SCALINGS)}"
       )
-    elif self.rope_scaling != "none" and self.rope_scaling_factor <= 0:
-      errors.append(f"model.rope_scaling_factor={self.rope_scaling_factor} must be > 0")
     if self.rope_scaling == "llama3":
       if not 0 < self.rope_low_freq_factor < self.rope_high_freq_factor:
         errors.append(
@@ -224,7 +226,7 @@ class ModelConfig(_DictConfig):
       errors.append(
         f"model.lora_base_dtype={self.lora_base_dtype!r}; allowed: {', '.join(LORA_BASE_DTYPES)}"
       )
-    if self.lora_alpha <= 0:
+    if not self.lora_alpha > 0:
       errors.append(f"model.lora_alpha={self.lora_alpha} must be > 0")
     widths, names = self.projection_widths, target_names(self.lora_targets)
     absent = [n for n in names if n not in widths and not errors]

@@ -18,12 +18,12 @@ class SkipGuard:
 
   def __init__(self, limit: int, phase: str):
     self.limit, self.phase = limit, phase
-    self.consecutive = self.total = 0
+    self.consecutive = self.total = self.updates = 0
     self.last_finite: dict[str, float] = {}
 
   def update(self, step: int, skipped: int, updates: int) -> None:
     """Adds one step's `skipped` of its `updates`; raises once `limit` in a row were skipped."""
-    self.total += skipped
+    self.total, self.updates = self.total + skipped, self.updates + updates
     self.consecutive = self.consecutive + skipped if skipped == updates else skipped
     if skipped:
       logging.warning(
@@ -41,6 +41,17 @@ class SkipGuard:
         f"{self.limit}); parameters and optimiser state are those of the last finite update "
         f"and no non-finite state was saved. Last finite metrics: {shown or 'none logged'}. "
         "Lower the learning rate, keep optim.grad_clip > 0, or use float32 parameters."
+      )
+
+  def any_applied(self, span: tuple[int, int], prefix: str = "") -> None:
+    """Raises NonFiniteError when every optimiser update of steps `span` (this invocation's:
+    first, last) was skipped: a run that learned nothing does not end as if it had."""
+    if self.updates and self.total == self.updates:
+      raise NonFiniteError(
+        f"{prefix}{self.phase} steps {span[0] + 1}..{span[1]}: all {self.updates} optimiser "
+        "updates had a non-finite loss, gradient or update and were skipped, so nothing was "
+        "learned; the checkpoints hold the last finite state. Lower the learning rate, keep "
+        "optim.grad_clip > 0, or check the model's and the sampler's settings"
       )
 
   def finite_metrics(self, scalars: dict[str, float]) -> None:

@@ -393,6 +393,8 @@ def train(trainee, *, hparam_fields: Sequence[str] = ()) -> dict[str, dict[str, 
       evaluate(0, state.params)
     state, end = _loop(trainee, state, data, ckpt, evaluate)
     ckpt.wait()
+    for member in trainee.members:  # after the checkpoints: the last finite state is kept
+      member.logger.guard.any_applied((start, end), member.prefix)
     _close_members(trainee, ckpt, (start, end), wall_start)
   finally:
     ckpt.close()  # pending saves finish (or fail) before the error propagates

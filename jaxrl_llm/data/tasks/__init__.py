@@ -23,6 +23,17 @@ def _init_fields(cls: type[BuiltinTask]) -> set[str]:
   return {f.name for f in dataclasses.fields(cls) if f.init}
 
 
+def field_errors(values: dict) -> list[str]:
+  """Why any registered task's fields among `values` (the `task` config section's) are out
+  of range, whichever task is selected: each task's own checks, once each."""
+  out: list[str] = []
+  for cls in TASKS.values():
+    own = {f.name: f.default for f in dataclasses.fields(cls) if f.init}
+    own |= {k: v for k, v in values.items() if k in own}
+    out += [e for e in cls.field_errors(own) if e not in out]
+  return out
+
+
 def get_task(name: str, **kwargs) -> BuiltinTask:
   """Builds the registered task ``name`` with its keyword hyperparameters.
 
@@ -51,5 +62,6 @@ __all__ = [
   "CountdownTask",
   "ReverseTask",
   "SortTask",
+  "field_errors",
   "get_task",
 ]

@@ -23,10 +23,13 @@ class AdditionTask(BuiltinTask):
 
   digits: int = TASK_DEFAULTS.digits
 
-  def __post_init__(self):
-    super().__post_init__()
-    if not 1 <= self.digits <= 9:
-      raise ValueError(f"addition: digits must be in [1, 9], got {self.digits}.")
+  @classmethod
+  def field_errors(cls, v: dict) -> list[str]:
+    """The base's checks, and digits in [1, 9]."""
+    out = super().field_errors(v)
+    if not 1 <= v["digits"] <= 9:
+      out.append(f"task.digits={v['digits']} must be in [1, 9]")
+    return out
 
   @property
   def _base(self) -> int:

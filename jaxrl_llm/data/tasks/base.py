@@ -80,14 +80,21 @@ class BuiltinTask(Task):
   tokenizer: CharTokenizer = dataclasses.field(default_factory=CharTokenizer)
 
   def __post_init__(self):
-    if self.eval_size < 1:
-      raise ValueError(f"{self.name}: eval_size must be >= 1, got {self.eval_size}.")
-    if self.train_size is not None and self.train_size < 1:
-      raise ValueError(f"{self.name}: train_size must be None or >= 1, got {self.train_size}.")
-    if not 0.0 < self.holdout_fraction < 1.0:
-      raise ValueError(
-        f"{self.name}: holdout_fraction must be in (0, 1), got {self.holdout_fraction}."
-      )
+    fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+    errors = self.field_errors(fields)
+    if errors:
+      raise ValueError(f"{self.name}: {errors[0]}")
+
+  @classmethod
+  def field_errors(cls, v: dict) -> list[str]:
+    """Why the task's fields `v` (each init field's value) are out of range (empty: valid);
+    the config's check (`config.sections.TaskSettings`) and the constructor both ask here."""
+    out = [] if v["eval_size"] >= 1 else [f"task.eval_size={v['eval_size']} must be >= 1"]
+    if v["train_size"] is not None and v["train_size"] < 1:
+      out.append(f"train_size={v['train_size']} must be None or >= 1")
+    if not 0.0 < v["holdout_fraction"] < 1.0:
+      out.append(f"holdout_fraction={v['holdout_fraction']} must be in (0, 1)")
+    return out
 
   # ---- what each task defines (and prompt_len, answer_len) ---------------------------------
 

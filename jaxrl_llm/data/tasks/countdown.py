@@ -77,12 +77,15 @@ class CountdownTask(BuiltinTask):
   numbers: int = TASK_DEFAULTS.numbers
   wrong_traces: float = TASK_DEFAULTS.wrong_traces
 
-  def __post_init__(self):
-    super().__post_init__()
-    if not 2 <= self.numbers <= 5:
-      raise ValueError(f"countdown: numbers must be in [2, 5], got {self.numbers}.")
-    if not 0.0 <= self.wrong_traces <= 1.0:
-      raise ValueError(f"countdown: wrong_traces must be in [0, 1], got {self.wrong_traces}.")
+  @classmethod
+  def field_errors(cls, v: dict) -> list[str]:
+    """The base's checks, numbers in [2, 5] and wrong_traces in [0, 1]."""
+    out = super().field_errors(v)
+    if not 2 <= v["numbers"] <= 5:
+      out.append(f"task.numbers={v['numbers']} must be in [2, 5]")
+    if not 0.0 <= v["wrong_traces"] <= 1.0:
+      out.append(f"task.wrong_traces={v['wrong_traces']} must be in [0, 1]")
+    return out
 
   @property
   def prompt_len(self) -> int:

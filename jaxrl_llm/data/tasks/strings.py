@@ -26,13 +26,16 @@ class LetterStringTask(BuiltinTask):
 
   separator: str = dataclasses.field(default=">", init=False)
 
-  def __post_init__(self):
-    super().__post_init__()
-    if not 1 <= self.min_len <= self.max_len <= 12:
-      raise ValueError(
-        f"{self.name}: need 1 <= min_len <= max_len <= 12, got min_len={self.min_len}, "
-        f"max_len={self.max_len}."
+  @classmethod
+  def field_errors(cls, v: dict) -> list[str]:
+    """The base's checks, and 1 <= min_len <= max_len <= 12."""
+    out = super().field_errors(v)
+    if not 1 <= v["min_len"] <= v["max_len"] <= 12:
+      out.append(
+        f"task.min_len={v['min_len']} and task.max_len={v['max_len']} must satisfy "
+        "1 <= min_len <= max_len <= 12"
       )
+    return out
 
   @property
   def prompt_len(self) -> int:
