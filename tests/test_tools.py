@@ -107,7 +107,20 @@ def test_bad_value_and_repeated_field_fail_before_any_run(tmp_path, capsys):
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and err[0].startswith("error: grid point objective.clip_high=-1.0"), err
   assert "objective.clip_high=-1.0 must be" in err[0]
+  # Two spellings of one value are one run: refused in one line, not trained twice.
+  assert sweep.main([*args, "--grid=sampling.temperature=0.7,0.70"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "are the same run" in err[0], err
+  assert "sampling.temperature=0.7 and sampling.temperature=0.70" in err[0]
   assert not (tmp_path / "s").exists()
+  # A --root that is a file: one line, nothing written.
+  (tmp_path / "f").write_text("x")
+  assert sweep.main([CONFIG, f"--root={tmp_path / 'f'}", GRID]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == [
+    f"error: --root={tmp_path / 'f'} is a file; give a directory (it holds a folder per run)"
+  ]
+  assert (tmp_path / "f").read_text() == "x"
 
 
 def test_sweep_runs_every_grid_point(tiny_sweep):

@@ -187,6 +187,18 @@ def absolute_config(config: str) -> str:
   return os.path.abspath(path) + sep + arg
 
 
+def check_root(root: str) -> None:
+  """A SweepError unless `root` is (or can be made) a writable directory: not a file, and its
+  nearest existing folder writable."""
+  if os.path.exists(root) and not os.path.isdir(root):
+    raise SweepError(f"--root={root} is a file; give a directory (it holds a folder per run)")
+  existing = root
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise SweepError(f"--root={root}: {existing} is not writable; give a writable directory")
+
+
 def plan(
   config: str,
   root: str,
@@ -206,7 +218,8 @@ def plan(
   config = absolute_config(config)
   check_fields(config, [(f, ",".join(v)) for f, v in grid] + fixed)
   root = os.path.abspath(root)
-  runs, names = [], {}
+  check_root(root)
+  runs, names, same = [], {}, {}
   for params in expand(grid):
     name = run_name(params)
     if name in names:
@@ -215,9 +228,15 @@ def plan(
     overrides = {**dict(fixed), **params}
     cfg = resolve_config(config, overrides)
     try:  # every point's values in range before any run starts
-      parse(cfg)
+      typed = parse(cfg).to_json()
     except ConfigError as e:
       raise SweepError(f"grid point {name}: {e}") from None
+    if typed in same:  # e.g. 0.7 and 0.70: the same run twice
+      raise SweepError(
+        f"grid points {same[typed]} and {name} are the same run (their values are equal once "
+        "parsed): give each value once"
+      )
+    same[typed] = name
     workdir = os.path.join(root, name)
     runs.append(
       Run(
