@@ -16,15 +16,17 @@ Atomicity: a step directory counts only once orbax has finalised it (it holds
 without the marker, which is never listed, restored or removed by retention. Before re-saving such
 a step the leftover is renamed aside (`<step>.uncommitted-<time>` / `<step>.partial-<time>`)
 rather than deleted (orbax would delete it) unless it is empty. Leftovers of steps older than the
-newest committed step are removed (a newer complete checkpoint supersedes them).
+newest committed step, or of a step committed since, are removed (a complete checkpoint
+supersedes them).
 
 Integrity: every step gets `<step>/checksums.json`, the size and CRC-32 of every file of the step
 (`jaxrl_llm.checkpoint_manifest`): in a single-process run before orbax writes the commit marker (a
-committed step always has it), with several processes by process 0 once the step is committed. A
-committed step without one is loaded with a warning naming it. `restore_latest` checks it before
-loading: a step whose files changed, vanished or were truncated (or that fails to load) is skipped
-for the newest one that verifies, and the bad steps are renamed `<step>.corrupt-<time>` (never
-deleted). When no step verifies, nothing is moved and the restore stops with the reasons.
+committed step always has it), with several processes by process 0 once the step is committed.
+`restore_latest` checks it before loading: a step whose files changed, vanished or were truncated
+(or that fails to load), or that has no manifest (unverified), is skipped for the newest one that
+verifies, and the skipped steps are renamed `<step>.corrupt-<time>` / `<step>.unverified-<time>`
+(never deleted). Only when no step verifies is the newest unverified one loaded, with a warning;
+when none loads, nothing is moved and the restore stops with the reasons.
 
 Storage: every file operation goes through `jaxrl_llm.paths` (`etils.epath`), so the workdir may
 be a `gs://` URL as well as a local path; orbax writes the arrays there with tensorstore. On an
@@ -155,19 +157,22 @@ class Checkpointer:
 
   def clean_leftovers(self) -> list[str]:
     """Removes unfinished saves (`<s>.partial-*`, `<s>.uncommitted-*`, `<s>.orbax-checkpoint-tmp`)
-    and uncommitted `<s>` folders (a retention delete the process died in, or a save that never
-    committed) of steps older than the newest committed step; returns the names removed
-    (process 0)."""
+    of steps older than the newest committed step or committed since, and uncommitted `<s>`
+    folders (a retention delete the process died in, or a save that never committed) of older
+    steps; returns the names removed (process 0)."""
     latest = self._manager.latest_step()
     if latest is None or jax.process_index() != 0:
       return []
     removed, committed = [], set(self._manager.all_steps())
     for p in paths.listdir(self.directory):
       head, _, tail = p.name.partition(".")
-      if not (head.isdigit() and int(head) < latest):
+      if not head.isdigit():
         continue
-      half_deleted = not tail and int(head) not in committed
+      half_deleted = not tail and int(head) not in committed and int(head) < latest
       leftover = any(tail.startswith(label) for label in _LEFTOVER_LABELS)
+      # a newer committed step, or the same step committed since (the last step's save that
+      # a kill interrupted, saved again by the relaunch), supersedes an unfinished save
+      leftover = leftover and (int(head) < latest or int(head) in committed)
       if (half_deleted or leftover) and paths.is_dir(p):
         paths.remove_tree(p)
         removed.append(p.name)
@@ -353,38 +358,35 @@ class Checkpointer:
 
     A step whose checksums do not match, or that fails to load for another reason than a
     config or shape mismatch (`CheckpointMismatchError`, raised at once: it is the config that
-    is wrong, not the files), is skipped for the next older one, with a warning naming it.
-    Once one loads, the newer bad steps are renamed `<step>.corrupt-<time>` (never deleted).
-    When none loads, nothing is renamed and `CorruptCheckpointError` lists every step's reason.
+    is wrong, not the files), is skipped for the next older one, with a warning naming it; so
+    is a step without a checksums manifest (unverified: a kill between commit and checksums,
+    or a deleted manifest). Once one loads, the newer skipped steps are renamed
+    `<step>.corrupt-<time>` or `<step>.unverified-<time>` (never deleted). Only when no step
+    verifies is the newest unverified one that loads used, with a warning. When none loads,
+    nothing is renamed and `CorruptCheckpointError` lists every step's reason.
     """
     steps = self.all_steps()
     if not steps:
       return None
     problems: dict[int, str] = {}
-    for step in reversed(steps):
-      why = verify_manifest(self.directory / str(step))
-      if why is None and not has_manifest(self.directory / str(step)):
-        logging.warning(
-          "checkpoint step %d in %s has no %s (its run ended before they were written): "
-          "loading it unverified",
-          step,
-          self.directory,
-          MANIFEST,
-        )
-      if why is None:
-        try:
-          state, meta = self.restore(step, abstract_state, data_iter, **kwargs)
-        except CheckpointMismatchError:
-          raise
-        except Exception as e:  # unreadable files: corruption the checksums could not see
-          why = f"it failed to load ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
-      if why is not None:
-        logging.warning("checkpoint step %d in %s is unusable: %s", step, self.directory, why)
-        problems[step] = why
-        continue
-      for bad in problems:
-        self._set_corrupt_aside(bad)
-      return step, state, meta
+    unverified = [s for s in steps if not has_manifest(self.directory / str(s))]
+    for step in reversed([s for s in steps if s not in unverified]):
+      loaded = self._load(step, verify_manifest(self.directory / str(step)), problems,
+                          abstract_state, data_iter, kwargs)  # fmt: skip
+      if loaded is not None:
+        for skipped in [s for s in [*problems, *unverified] if s > step]:
+          self._move_step_aside(skipped, "corrupt" if skipped in problems else "unverified")
+        return (step, *loaded)
+    for step in reversed(unverified):  # no step verifies: the newest that loads, said so
+      logging.warning(
+        "checkpoint step %d in %s has no %s and no step verifies: loading it unverified",
+        step,
+        self.directory,
+        MANIFEST,
+      )
+      loaded = self._load(step, None, problems, abstract_state, data_iter, kwargs)
+      if loaded is not None:
+        return (step, *loaded)
     listing = "; ".join(f"step {s}: {why}" for s, why in problems.items())
     raise CorruptCheckpointError(
       f"no checkpoint in {self.directory} can be loaded ({listing}). Nothing was moved or "
@@ -393,12 +395,27 @@ class Checkpointer:
       problems,
     )
 
-  def _set_corrupt_aside(self, step: int) -> None:
-    """Renames the committed step `step` to `<step>.corrupt-<time>` (process 0)."""
+  def _load(self, step: int, why: str | None, problems: dict, abstract_state, data_iter, kwargs):
+    """(state, meta) of `step` unless `why` (its checksums' verdict) or the load fails: then
+    None, the reason in `problems`. A config or shape mismatch raises at once."""
+    if why is None:
+      try:
+        return self.restore(step, abstract_state, data_iter, **kwargs)
+      except CheckpointMismatchError:
+        raise
+      except Exception as e:  # unreadable files: corruption the checksums could not see
+        why = f"it failed to load ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
+    logging.warning("checkpoint step %d in %s is unusable: %s", step, self.directory, why)
+    problems[step] = why
+    return None
+
+  def _move_step_aside(self, step: int, label: str) -> None:
+    """Renames the committed step `step` to `<step>.<label>-<time>` (process 0): a newer step
+    than the one that loaded, corrupt or unverified, kept for the user to inspect."""
     if jax.process_index() == 0:
       path = self.directory / str(step)
-      target = self._free_name(f"{step}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}")
-      logging.warning("moving unusable checkpoint step %d aside to %s", step, target)
+      target = self._free_name(f"{step}.{label}-{time.strftime('%Y%m%dT%H%M%S')}")
+      logging.warning("moving %s checkpoint step %d aside to %s", label, step, target)
       paths.rename(path, target)
     distributed.barrier(f"checkpoint-corrupt-{step}")  # every process sees it gone
     self._manager.reload()

@@ -59,6 +59,9 @@ def verify_manifest(step_dir: paths.PathLike) -> str | None:
     entries = json.loads(paths.read_text(manifest))["files"]
   except (ValueError, KeyError, TypeError) as e:
     return f"its {MANIFEST} is unreadable ({e})"
+  unlisted = sorted(set(str(p.relative_to(root)) for p in _files(root)) - set(entries))
+  if unlisted:  # an emptied or stale manifest checks nothing of these
+    return f"{unlisted[0]} is not in its {MANIFEST}"
   for rel, (size, crc) in entries.items():
     path = root / rel
     if not paths.exists(path):

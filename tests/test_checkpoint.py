@@ -260,16 +260,16 @@ def test_unfinished_checkpoints_are_ignored_and_kept(tmp_path):
   with checkpoint.Checkpointer(tmp_path, save_every=1, max_to_keep=1) as ckpt:
     assert ckpt.latest_step() == 4 and ckpt.all_steps() == [4]
     assert [p.name for p in ckpt.uncommitted_dirs()] == ["5", "6.orbax-checkpoint-tmp", "7"]
+    # Moved aside, not deleted, while no committed step supersedes it.
+    assert [p.name for p in root.iterdir() if p.name.startswith("6.")] == ["6.orbax-checkpoint-tmp"]
     assert ckpt.save(5, state, meta=META)
     ckpt.wait()
-    # Moved aside, not deleted, while no newer step supersedes it.
-    (aside5,) = [p for p in root.iterdir() if p.name.startswith("5.uncommitted-")]
-    assert (aside5 / "state").read_bytes() == b"data"
+    # Step 5 committed supersedes its own unfinished save (set aside, then removed).
+    assert not [p for p in root.iterdir() if p.name.startswith("5.")]
+    assert (root / "6.orbax-checkpoint-tmp" / "state" / "blob").read_bytes() == b"half"
     assert ckpt.save(6, state, meta=META)
     ckpt.wait()
-    (aside6,) = [p for p in root.iterdir() if p.name.startswith("6.partial-")]
-    assert (aside6 / "state" / "blob").read_bytes() == b"half"
-    assert not aside5.exists()  # superseded by the committed step 6: removed
+    assert not [p for p in root.iterdir() if p.name.startswith("6.")]
     assert ckpt.save(7, state, meta=META)
     ckpt.wait()
     assert ckpt.all_steps() == [7]
@@ -342,6 +342,40 @@ def test_a_step_without_checksums_that_fails_to_load_falls_back_too(tmp_path):
     step, restored, _ = ckpt.restore_latest(_abstract(states[4]))
   assert step == 4
   _assert_bit_exact(restored, states[4])
+
+
+@pytest.mark.parametrize("manifest", ["deleted", "emptied"])
+def test_a_step_whose_checksums_were_removed_is_unverified_and_an_older_one_loads(
+  tmp_path, manifest
+):
+  """Delete (or empty) the newest step's checksums and flip a bit of it: the older step that
+  verifies loads, bit-exactly; the unverifiable one is set aside, kept."""
+  states = _three_steps(tmp_path)
+  root = tmp_path / "checkpoints"
+  if manifest == "deleted":
+    (root / "6" / "checksums.json").unlink()
+  else:
+    (root / "6" / "checksums.json").write_text('{"format": "crc32", "files": {}}')
+  _flip_byte(_byte_files(root / "6")[0])
+  with checkpoint.Checkpointer(tmp_path, save_every=1, max_to_keep=3) as ckpt:
+    step, restored, _ = ckpt.restore_latest(_abstract(states[4]))
+  assert step == 4
+  _assert_bit_exact(restored, states[4])
+  label = "unverified" if manifest == "deleted" else "corrupt"
+  assert [p.name for p in root.iterdir() if p.name.startswith(f"6.{label}-")], list(root.iterdir())
+
+
+def test_a_leftover_of_the_last_steps_interrupted_save_goes_once_that_step_commits(tmp_path):
+  """A kill during the final step's save leaves its temporary folder; the relaunch saves that
+  step again and the leftover (set aside as `<step>.partial-*`) is removed, not kept forever."""
+  state = _saved(tmp_path, (2,), max_to_keep=3)
+  root = tmp_path / "checkpoints"
+  (root / "4.orbax-checkpoint-tmp" / "state").mkdir(parents=True)
+  (root / "4.orbax-checkpoint-tmp" / "state" / "blob").write_bytes(b"half")
+  with checkpoint.Checkpointer(tmp_path, save_every=1, max_to_keep=3) as ckpt:
+    assert ckpt.save(4, state, meta=META, force=True)
+    ckpt.wait()
+  assert sorted(p.name for p in root.iterdir()) == ["2", "4"]
 
 
 def test_a_committed_step_carries_its_checksums_before_anything_else_runs(tmp_path, caplog):

@@ -501,6 +501,24 @@ def test_convert_cli_import_and_export(tmp_path, capsys):
   _assert_trees_equal(params2, params)
   with pytest.raises(hf_convert.ConvertError, match="no step 7"):
     hf_convert.main(["export", f"--workdir={workdir}", "--step=7", f"--out={out}"])
+  # Files changed since the save: refused (the step asked for, or the newest), not exported.
+  step_dir = workdir / "checkpoints" / "3"
+  blob = max(
+    (p for p in (step_dir / "state").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size
+  )
+  data = bytearray(blob.read_bytes())
+  data[len(data) // 2] ^= 0xFF
+  blob.write_bytes(bytes(data))
+  with pytest.raises(
+    hf_convert.ConvertError, match=r"checkpoints/3: .* does not match its checksum"
+  ):
+    hf_convert.main(["export", f"--workdir={workdir}", "--step=3", f"--out={tmp_path / 'bad'}"])
+  with pytest.raises(hf_convert.ConvertError, match="no step verifies against its checksums"):
+    hf_convert.main(["export", f"--workdir={workdir}", f"--out={tmp_path / 'bad'}"])
+  (step_dir / "checksums.json").unlink()
+  with pytest.raises(hf_convert.ConvertError, match=r"no checksums\.json, so its files cannot be"):
+    hf_convert.main(["export", f"--workdir={workdir}", "--step=3", f"--out={tmp_path / 'bad'}"])
+  assert not (tmp_path / "bad").exists()
 
 
 # ----------------------------------------------------------------------------- export metadata

@@ -525,3 +525,33 @@ def test_the_memory_plan_holds_adam_moments_for_the_adapters_only():
   assert adapted.argument_bytes - full.argument_bytes == pytest.approx(
     3 * nbytes(adapters) - 2 * nbytes(base), rel=0.01
   )
+
+
+def test_the_export_merges_the_adapters_onto_the_base_the_checkpoint_records(tmp_path):
+  """A run with adapters on a random base: its checkpoint records the base's seed; editing
+  config.json's seed afterwards does not move the export onto another base, and a
+  config.json whose model no longer fits the checkpoint is refused in one line."""
+  from jaxrl_llm.models import hf
+
+  sys.path.insert(0, str(REPO / "tools"))
+  import hf_convert
+
+  config = tiny_config(**{"model.lora_rank": 4, "train.num_steps": 2, "rl.entropy_coef": 0.01})
+  train_and_evaluate(config, str(tmp_path))
+  exp = build(config)
+  abstract, _ = resume_target(exp.stored(exp.state), exp.meta)
+  with Checkpointer(str(tmp_path), save_every=0, async_save=False) as ckpt:
+    _, stored, _ = ckpt.restore_latest(abstract)
+  merged = lora.merged(jax.device_get(exp.from_stored(stored).params), 16.0 / 4)
+  record_path = tmp_path / "config.json"
+  record = json.loads(record_path.read_text())
+  record["config"]["seed"] = 7  # another base, were the seed read from here
+  record_path.write_text(json.dumps(record))
+  hf_convert.main(["export", f"--workdir={tmp_path}", f"--out={tmp_path / 'hf'}"])
+  exported = hf.load_checkpoint(tmp_path / "hf")[1]
+  for path, value in _leaves(merged).items():
+    np.testing.assert_allclose(_leaves(exported)[path], value, rtol=1e-6, err_msg=str(path))
+  record["config"]["model"]["mlp_dim"] *= 2
+  record_path.write_text(json.dumps(record))
+  with pytest.raises(hf_convert.ConvertError, match="its model differs from the checkpoint"):
+    hf_convert.main(["export", f"--workdir={tmp_path}", f"--out={tmp_path / 'hf2'}"])

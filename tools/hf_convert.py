@@ -147,11 +147,11 @@ def restore_params(workdir: str, step: int | None = None):
     steps = ckpt.all_steps()
     if not steps:
       raise ConvertError(f"{workdir}/checkpoints: holds no committed checkpoint")
-    step = steps[-1] if step is None else step
-    if step not in steps:
+    if step is not None and step not in steps:
       raise ConvertError(
         f"{workdir}/checkpoints: has no step {step}; available steps: {list(steps)}"
       )
+    step = _verified_step(workdir, steps, step)
     meta = ckpt.read_meta(step)
   finally:
     ckpt.close()
@@ -183,6 +183,28 @@ def restore_params(workdir: str, step: int | None = None):
   return cfg, params, meta, step
 
 
+def _verified_step(workdir: str, steps: list[int], step: int | None) -> int:
+  """`step` if its files match their checksums (ConvertError naming why not); without one,
+  the newest step that verifies (a warning names each newer one skipped)."""
+  from jaxrl_llm.checkpoint_manifest import MANIFEST, has_manifest, verify_manifest
+
+  def why(s: int) -> str | None:
+    step_dir = os.path.join(workdir, "checkpoints", str(s))
+    if not has_manifest(step_dir):
+      return f"it has no {MANIFEST}, so its files cannot be verified"
+    return verify_manifest(step_dir)
+
+  if step is not None:
+    if (reason := why(step)) is not None:
+      raise ConvertError(f"{workdir}/checkpoints/{step}: {reason}; export another --step")
+    return step
+  for s in reversed(steps):
+    if (reason := why(s)) is None:
+      return s
+    print(f"warning: skipping checkpoint step {s}: {reason}", file=sys.stderr)
+  raise ConvertError(f"{workdir}/checkpoints: no step verifies against its checksums")
+
+
 def _base_of(workdir: str, cfg, base: dict, where: str):
   """The base weights a run's adapters sit on: its Hugging Face checkpoint (its weight files
   must give the recorded digest) or, for a random-init base, the run's own initialisation."""
@@ -210,8 +232,19 @@ def _base_of(workdir: str, cfg, base: dict, where: str):
   record = os.path.join(workdir, "config.json")
   with open(record, encoding="utf-8") as f:
     config = json.load(f)["config"]
+  if "init_seed" not in base:
+    raise ConvertError(f"{where}: the adapters' base records neither a checkpoint nor a seed")
+  config["seed"] = base["init_seed"]  # the checkpoint's record of its base, not config.json's
   exp = build(parse(ml_collections.ConfigDict(config)))  # the same seed, the same base
-  return lora.split_adapters(jax.device_get(exp.state.params))[0]
+  built = lora.split_adapters(jax.device_get(exp.state.params))[0]
+  want = lora.split_adapters(nn.unbox(hf.abstract_params(cfg)))[0]
+  shapes = lambda tree: jax.tree.map(lambda x: tuple(x.shape), tree)  # noqa: E731
+  if shapes(built) != shapes(want):
+    raise ConvertError(
+      f"{record}: its model differs from the checkpoint's ({where}): the adapters' random base "
+      "cannot be rebuilt from it; restore the run's config.json"
+    )
+  return built
 
 
 def recorded_inputs(workdir: str) -> tuple[str, str]:
