@@ -465,15 +465,29 @@ def test_shards_are_disjoint(math, tok):
   assert sorted(i for s in seen for i in s) == list(range(36))
 
 
-def test_a_dataset_whose_answers_are_all_prose_is_named_at_start_up(caplog):
+def test_prose_answers_are_named_at_start_up_with_their_fraction(caplog, monkeypatch):
+  """All prose, or 35 prose answers among 36: one warning with the fraction and an example;
+  every answer numeric: none; a pathological answer (over 200 characters) counts as prose and
+  the check stops at its time budget."""
   from jaxrl_llm.data import file_task
 
+  warn = file_task._warn_if_answers_do_not_parse
   prose = [{"answer": "the sky is blue"}, {"answer": "because it rains"}]
   with caplog.at_level("WARNING"):
-    assert file_task._warn_if_no_answer_parses(prose, "answer", "math_correct")
-  (line,) = [r.getMessage() for r in caplog.records if "parses as a number" in r.getMessage()]
-  assert "'the sky is blue'" in line and "data.answer_field" in line
-  assert not file_task._warn_if_no_answer_parses(
-    [*prose, {"answer": "#### 42"}], "answer", "math_correct"
-  )
-  assert not file_task._warn_if_no_answer_parses(prose, "answer", "think_format")
+    assert warn(prose, "answer", "math_correct")
+  (line,) = [r.getMessage() for r in caplog.records if "do not parse as a number" in r.getMessage()]
+  assert "2 of 2 reference answers (100%" in line and "'the sky is blue'" in line
+  assert "data.answer_field" in line
+  caplog.clear()
+  mixed = [{"answer": f"because of reason {i}"} for i in range(35)] + [{"answer": "#### 42"}]
+  with caplog.at_level("WARNING"):
+    assert warn(mixed, "answer", "math_correct")
+  assert any("35 of 36 reference answers (97%" in r.getMessage() for r in caplog.records)
+  assert not warn([{"answer": "#### 42"}, {"answer": "0"}], "answer", "math_correct")
+  assert not warn(prose, "answer", "think_format")
+  nested = "\\text{" * 400 + "1" + "}" * 400
+  monkeypatch.setattr(file_task, "ANSWER_CHECK", (1000, 200, 0.0))  # no time left after one
+  caplog.clear()
+  with caplog.at_level("WARNING"):
+    assert warn([{"answer": nested}] * 4, "answer", "math_correct")
+  assert any("1 of 1 reference answers" in r.getMessage() for r in caplog.records)

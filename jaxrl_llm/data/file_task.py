@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -122,23 +123,37 @@ def _split_files(spec: str) -> list[str]:
   return [f.strip() for f in spec.split(",") if f.strip()]
 
 
-def _warn_if_no_answer_parses(loaded: Sequence[dict], field: str, term: str) -> bool:
-  """Warns (once) when none of the first 1,000 reference answers parses as a number: the math
-  verifiers then only ever match a completion that repeats the text exactly, and a run with
-  prose answers would train near reward 0 without a word. Returns whether it warned."""
+ANSWER_CHECK = (1000, 200, 2.0)  # answers checked at start-up, their longest, seconds at most
+
+
+def _warn_if_answers_do_not_parse(loaded: Sequence[dict], field: str, term: str) -> bool:
+  """Warns (once) with the fraction of the first 1,000 reference answers that do not parse as
+  a number: the math verifiers reward only an exact repeat of such a text, so a run on prose
+  answers would train near reward 0 without a word. Answers over 200 characters count as not
+  parsing, and the check stops after 2 s (the answers read by then are the sample). Returns
+  whether it warned."""
   if not term.startswith(("math", "gsm8k")):
     return False
-  answers = [r["answer"] for r in loaded[:1000]]
-  norm = verifiers.normalize
-  if any(verifiers.parse_number(norm(verifiers.reference_answer(a))) is not None for a in answers):
+  most, longest, budget = ANSWER_CHECK
+  norm, start, checked, bad = verifiers.normalize, time.monotonic(), 0, []
+  for record in loaded[:most]:
+    answer, checked = str(record["answer"]), checked + 1
+    ok = len(answer) <= longest and verifiers.parse_number(norm(verifiers.reference_answer(answer)))
+    if ok is None or ok is False:
+      bad.append(answer)
+    if time.monotonic() - start > budget:
+      break
+  if not bad:
     return False
   logging.warning(
-    "data: none of the first %d reference answers (field %r) parses as a number, e.g. %r; "
-    "data.correct_term=%s then rewards only an exact repeat of the text: check "
+    "data: %d of %d reference answers (%.0f%%, field %r) do not parse as a number, e.g. %r; "
+    "data.correct_term=%s rewards those only for an exact repeat of the text: check "
     "data.answer_field",
-    len(answers),
+    len(bad),
+    checked,
+    100 * len(bad) / checked,
     field,
-    answers[0][:80] if answers else "",
+    bad[0][:80],
     term,
   )
   return True
@@ -168,7 +183,7 @@ def build_file_task(config, tokenizer_dir: str) -> FileTask:
     loaded = records.load_records(_split_files(d.train_files), **fields)
   except (FileNotFoundError, records.DataError) as e:  # missing, unreadable, empty, malformed
     raise records.DataError(f"data.train_files={d.train_files!r}: {e}") from e
-  _warn_if_no_answer_parses(loaded, d.answer_field, d.correct_term)
+  _warn_if_answers_do_not_parse(loaded, d.answer_field, d.correct_term)
   tokenizer = _tokenizer(d.tokenizer or tokenizer_dir)
   eval_files = _split_files(d.eval_files) or None
   share = 0.0 if eval_files else d.eval_fraction
