@@ -383,8 +383,9 @@ def test_a_verifier_failing_every_call_stops_a_pack_keeping_its_checkpoints(
   file_configs, tmp_path, monkeypatch
 ):
   """In a pack every run has the verifier guard: a term failing on every call of a run's
-  completions for train.max_failed_verifier_steps steps stops the pack with one line naming
-  the run, the term and the step; the pack's checkpoints before it are kept."""
+  completions for train.max_failed_verifier_steps steps stops that run (its folder records
+  why); when it fails in every run the pack stops with one line naming the last run, the term
+  and the step; the pack's checkpoints before it are kept."""
   from jaxrl_llm.data import verifiers
   from jaxrl_llm.run import VerifierError
 
@@ -394,8 +395,10 @@ def test_a_verifier_failing_every_call_stops_a_pack_keeping_its_checkpoints(
   root = tmp_path / "pack"
   with pytest.raises(VerifierError) as err:
     train_pack(file_configs, str(root))
-  first = _names(file_configs)[0]
-  assert str(err.value).startswith(f"[{first}] rl step 2: reward term 'parity' failed on all 16")
+  first, last = _names(file_configs)[0], _names(file_configs)[-1]
+  assert str(err.value).startswith(f"[{last}] rl step 2: reward term 'parity' failed on all 16")
+  stopped = json.loads((root / first / "stopped.json").read_text())
+  assert stopped["step"] == 2 and stopped["why"].startswith(f"[{first}] rl step 2: reward term")
   assert sorted(int(p.name) for p in (root / "checkpoints").iterdir() if p.name.isdigit()) == [1]
   errors = metrics_lib.read_scalars(str(root / first))["verifier/errors/parity"]
   assert [v for _, v in errors] == [16, 16]
@@ -630,3 +633,37 @@ def test_a_pack_profiles_the_steps_after_the_compiling_one(tmp_path):
   assert proc.returncode == 0, proc.stderr[-2000:]
   got = json.loads(proc.stdout)
   assert got["processes"] == ["/host:CPU"] and got["busy_ms"] > 0 and got["top"]
+
+
+@pytest.mark.slow
+def test_one_diverging_run_stops_alone_and_the_pack_goes_on(tmp_path):
+  """A grid over the learning rate where one value diverges (every update non-finite): that
+  run stops alone, named, recorded in its folder and kept as it stopped; the other trains to
+  the end exactly as it trains alone; a relaunch keeps the stopped run stopped and goes on."""
+  sick = {
+    "optim.learning_rate": 1e38,
+    "optim.grad_clip": 0.0,
+    "optim.warmup_steps": 0,
+    "rl.entropy_coef": 0.01,
+    "train.max_skipped_updates": 2,
+  }
+  grid = ({"optim.learning_rate": 1e-3}, {"optim.learning_rate": 1e38})
+  common = {k: v for k, v in sick.items() if k != "optim.learning_rate"}
+  configs, root = _configs(grid, **common), tmp_path / "pack"
+  names = _names(configs)
+  final = train_pack(configs, str(root))
+  stopped = json.loads((root / names[1] / "stopped.json").read_text())
+  assert stopped["step"] == 1 and f"[{names[1]}] rl step 1: 2 consecutive" in stopped["why"]
+  assert not (root / names[0] / "stopped.json").exists()
+  alone = tmp_path / "alone"
+  final_alone = train_and_evaluate(configs[0], str(alone))
+  _assert_same_scalars(_scalars(root / names[0]), _scalars(alone))
+  _assert_same_params(_params(root, STEPS, 0), _params(alone, STEPS))
+  assert final[names[0]] == pytest.approx(final_alone, abs=1e-5)
+  kept = _params(root, STEPS, 1)  # the stopped run's parameters as it stopped
+  assert all(np.isfinite(x).all() for x in jax.tree.leaves(kept))
+  longer = _configs(grid, **common, **{"train.num_steps": STEPS + 2})
+  train_pack(longer, str(root))  # resumes; the stopped run stays stopped, the other goes on
+  _assert_same_params(_params(root, STEPS + 2, 1), kept)
+  steps = [s for s, _ in metrics_lib.read_scalars(str(root / names[0]))["policy/loss"]]
+  assert steps[-1] == STEPS + 2

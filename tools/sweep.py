@@ -521,11 +521,18 @@ def run_packed(
   status, code = _train_packed(_pack_configs(config, runs), runs, root)
   if jax.process_index() != 0:  # the runs' events, and so the record, are process 0's
     return code
-  for run in runs:
-    run.status, run.elapsed_s = status, round(time.time() - t0, 1)
+  from jaxrl_llm.run import record as run_record
+
+  stopped = {r.name for r in runs if run_record.read_stopped(os.path.join(root, r.name))}
+  for run in runs:  # a run its guards stopped failed; the pack's other runs went on
+    run.status = "failed" if run.name in stopped else status
+    run.elapsed_s = round(time.time() - t0, 1)
     read_metrics(run)
   record = {**spec, "packed": True, "updated": time.strftime("%Y-%m-%d %H:%M:%S")}
   _write_json(os.path.join(root, "sweep.json"), {**record, "runs": [r.to_json() for r in runs]})
+  if stopped and code == 0:
+    print(f"error: {len(stopped)} run(s) stopped: {', '.join(sorted(stopped))}", file=sys.stderr)
+    return 1
   return code
 
 

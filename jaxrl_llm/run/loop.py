@@ -29,7 +29,7 @@ from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.rl import init_reference
 from jaxrl_llm.run import record
 from jaxrl_llm.run.assemble import Experiment, build, to_global_batch
-from jaxrl_llm.run.guard import SkipGuard, VerifierGuard
+from jaxrl_llm.run.guard import NonFiniteError, SkipGuard, VerifierError, VerifierGuard
 from jaxrl_llm.run.preempt import StopSignals
 from jaxrl_llm.run.warm_start import warm_start
 
@@ -46,6 +46,7 @@ class Member:
   writer: Any = None
   history: list = dataclasses.field(default_factory=list)  # (step, eval scalars)
   logger: Logger | None = None
+  stopped: str = ""  # why its guards stopped it (a pack's other runs go on); "" while it runs
 
   @property
   def config(self) -> Config:
@@ -127,6 +128,8 @@ class Evaluator:
     per_run = self.trainee.evaluate(params, self.batch, self.answers)
     per_run = [metrics_lib.flatten_metrics(m) for m in per_run]
     for member, m in zip(self.trainee.members, per_run, strict=True):
+      if member.stopped:
+        continue
       member.writer.scalars(step, m)
       member.history.append((step, m))
       logging.info("%seval step %d: %s (%.1fs)", member.prefix, step, eval_line(m), time.time() - t)
@@ -319,14 +322,17 @@ def _step(run: _Pass, state, step: int):
   run.profiler.before(step)
   state, per_run = trainee.update(state, next(run.data), step)
   done = step + 1
-  for member, metrics in zip(trainee.members, per_run, strict=True):
-    member.logger.guard.update(done, int(metrics["optim/skipped_updates"]), updates=updates)
+  for r, (member, metrics) in enumerate(zip(trainee.members, per_run, strict=True)):
+    skipped = int(metrics["optim/skipped_updates"])
+    _guarded(trainee, r, state, done, member.logger.guard.update, done, skipped, updates=updates)
   run.profiler.after(done, state)
   if done == run.start + 1:  # one notice per program
     took = time.time() - trainee.members[0].logger.t_loop
     logging.info("RL step compiled; first update done in %.1fs", took)
-  for member, metrics in zip(trainee.members, per_run, strict=True):
-    member.logger.step(done, metrics)
+  for r, (member, metrics) in enumerate(zip(trainee.members, per_run, strict=True)):
+    _guarded(trainee, r, state, done, member.logger.step, done, metrics)
+  if any(m.stopped for m in trainee.members):
+    state = trainee.held(state)
   if done % tr.eval_every == 0 or done == tr.num_steps:
     run.evaluate(done, state.params)
   force = done in (run.end, tr.num_steps)
@@ -334,6 +340,41 @@ def _step(run: _Pass, state, step: int):
     done, trainee.exp.stored(state), data_iter=run.data, meta=trainee.meta(), force=force
   )
   return state
+
+
+def _guarded(trainee, r: int, state, done: int, check, *args, **kwargs) -> None:
+  """Runs member `r`'s `check` (its guards); when they stop it: alone, the error propagates;
+  in a pack, that run alone stops (named, recorded in its folder, its state kept as it is in
+  `state`) while the others go on, unless it was the last one running."""
+  member = trainee.members[r]
+  if member.stopped:
+    return
+  try:
+    check(*args, **kwargs)
+  except (NonFiniteError, VerifierError) as err:
+    why = str(err) if str(err).startswith(member.prefix) else f"{member.prefix}{err}"
+    if not [m for m in trainee.members if not m.stopped and m is not member]:
+      raise type(err)(why) from None  # the last run running: the trainee stops
+    _stop(trainee, r, state, why, done)
+
+
+def _stop(trainee, r: int, state, why: str, done: int) -> None:
+  """Stops member `r` of a pack: one error line, `<its folder>/stopped.json`, its state kept."""
+  member = trainee.members[r]
+  member.stopped = why
+  logging.error("%s (the pack's other runs go on)", why)
+  record.write_stopped(member.workdir, done, why)
+  trainee.hold(r, state)
+
+
+def _resume_stopped(trainee, state) -> None:
+  """The runs of a pack its earlier launches stopped (`stopped.json`): kept as they are."""
+  for r, member in enumerate(trainee.members):
+    saved = record.read_stopped(member.workdir) if len(trainee.members) > 1 else None
+    if saved:
+      member.stopped = saved["why"]
+      logging.warning("%sstopped at step %d earlier: kept as it is", member.prefix, saved["step"])
+      trainee.hold(r, state)
 
 
 def _open_members(trainee, start: int, hparam_fields: Sequence[str]) -> None:
@@ -357,7 +398,9 @@ def _close_members(trainee, ckpt, span: tuple[int, int], wall_start: float) -> N
   """Each run's session end (when it reached train.num_steps) and closing summary."""
   last = trainee.exp.config.train.num_steps
   for member in trainee.members:
-    if span[1] == last:
+    if member.stopped:
+      member.writer.session_end(last, "failure")
+    elif span[1] == last:
       member.writer.session_end(last)
     log = member.logger
     times = (time.time() - wall_start, log.t_loop, log.t_compiled, time.time())
@@ -388,13 +431,15 @@ def train(trainee, *, hparam_fields: Sequence[str] = ()) -> dict[str, dict[str, 
     if changed:
       logging.warning("resuming %s under changed settings: %s", trainee.root, "; ".join(changed))
     _open_members(trainee, start, hparam_fields)
+    _resume_stopped(trainee, state)
     evaluate = Evaluator(trainee)
     if start == 0:
       evaluate(0, state.params)
     state, end = _loop(trainee, state, data, ckpt, evaluate)
     ckpt.wait()
     for member in trainee.members:  # after the checkpoints: the last finite state is kept
-      member.logger.guard.any_applied((start, end), member.prefix)
+      if not member.stopped:
+        member.logger.guard.any_applied((start, end), member.prefix)
     _close_members(trainee, ckpt, (start, end), wall_start)
   finally:
     ckpt.close()  # pending saves finish (or fail) before the error propagates

@@ -198,6 +198,25 @@ def unstack(tree: Any, r: int, shardings: Any = None) -> Any:
   return jax.jit(_unstack, out_shardings=shardings)(tree, np.int32(r))
 
 
+def _put(tree: TrainState, own: TrainState, r) -> TrainState:
+  adapters = lora.has_adapters(tree.params)
+
+  def put(path, x, o):
+    if path[0].name in ("step", "rng") or shared_leaf(path, adapters):
+      return x  # the pack's step counts on; the shared base is not a run's
+    return x.at[r].set(o)
+
+  return jax.tree_util.tree_map_with_path(put, tree, own)
+
+
+def put_run(tree: TrainState, own: TrainState, r: int) -> TrainState:
+  """The stacked state `tree` with run `r`'s parameters and optimiser state (and reference
+  copy) set to `own` (`unstack`'s slice): a stopped run kept as it stopped; one program,
+  `tree`'s buffers donated and its shardings kept."""
+  shardings = jax.tree.map(lambda x: x.sharding, tree)
+  return jax.jit(_put, out_shardings=shardings, donate_argnums=0)(tree, own, np.int32(r))
+
+
 class PackIterator:
   """The prompt iterators of a pack's runs (this process's, `pack_iterator`) as one: `next`
   stacks one batch of each on a leading axis; its state (saved by grain's checkpoint handler

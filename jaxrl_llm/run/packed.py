@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -25,6 +26,7 @@ from jaxrl_llm.run.pack import (
   pack_iterator,
   packed_keys,
   per_run_sharding,
+  put_run,
   to_rows,
   unstack,
 )
@@ -46,6 +48,18 @@ class PackedRuns:
     self.intro = f"a pack of {pack.size} runs varying {', '.join(pack.varied) or 'nothing'}"
     keys = [np.asarray(jax.random.PRNGKey(c.seed + 7)) for c in pack.configs]  # a run's own
     self.eval_keys = jax.device_put(np.stack(keys), per_run_sharding(self.exp.mesh))
+    self.stopped: dict[int, Any] = {}  # run -> its state when it stopped, kept from then on
+
+  def hold(self, r: int, state) -> None:
+    """Keeps run `r`'s parameters and optimiser state as they are in `state` from now on (a
+    run stopped by its guards; the others go on)."""
+    self.stopped[r] = unstack(state, r)
+
+  def held(self, state):
+    """`state` with every stopped run put back as it stopped."""
+    for r, own in self.stopped.items():
+      state = put_run(state, own, r)
+    return state
 
   def meta(self) -> dict:
     """What the pack's checkpoints record (`Pack.meta`)."""

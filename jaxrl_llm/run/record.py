@@ -96,6 +96,27 @@ def changed_learner(cfg: Config, workdir: str) -> list[str]:
   return out
 
 
+STOPPED = "stopped.json"  # in a pack's run folder: the run its guards stopped, and why
+
+
+def write_stopped(workdir: str, step: int, why: str) -> None:
+  """Records in `workdir` that its run stopped at `step` for `why` (process 0): a relaunch of
+  the pack keeps it stopped, and `tools/sweep.py` marks it failed."""
+  if jax.process_index() == 0:
+    paths.write_text(paths.join(workdir, STOPPED), json.dumps({"step": step, "why": why}))
+
+
+def read_stopped(workdir: str) -> dict | None:
+  """{step, why} of a run stopped earlier (`write_stopped`), or None."""
+  path = paths.join(workdir, STOPPED)
+  if not paths.exists(path):
+    return None
+  try:
+    return json.loads(paths.read_text(path))
+  except ValueError:  # a torn write: it stopped; why is lost
+    return {"step": -1, "why": "stopped (its record is unreadable)"}
+
+
 def newest_record(workdir: str) -> dict | None:
   """The run record of `workdir` the latest launch wrote: its newest `config.resume-<step>.json`,
   else `config.json`; None without either."""
