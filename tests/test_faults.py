@@ -403,6 +403,22 @@ def test_a_workdir_that_cannot_hold_a_run_is_one_error_line_at_start_up(tmp_path
 
 
 @pytest.mark.slow
+def test_a_packed_sweep_on_a_full_disk_ends_in_its_one_line_without_a_traceback(small_disk):
+  """A pack's checkpoints fill the disk: the pack's disk-full line is the last, and writing
+  sweep.json on the full disk adds no traceback (nor a second line)."""
+  root = small_disk / "sweep"
+  tiny = ",".join(x.removeprefix("--config.") for x in TINY_CLI)
+  cmd = [sys.executable, "tools/sweep.py", "--config=configs/default.py", f"--root={root}"]
+  cmd += ["--packed", "--grid=objective.clip_high=0.2,0.28", f"--set={tiny}"]
+  cmd += ["--set=sft.steps=0,train.num_steps=40,train.checkpoint_every=1,train.max_to_keep=100"]
+  proc = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600)
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == 1, proc.stderr[-3000:]  # the sweep's status for a failed pack
+  assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  assert lines[-1].startswith("error: disk full"), lines[-5:]
+
+
+@pytest.mark.slow
 def test_a_full_disk_ends_in_one_clear_line_and_keeps_the_last_checkpoint(small_disk):
   """Each checkpoint of the tiny model takes ~0.9 MiB: the fourth save cannot fit in 3 MiB."""
   workdir = small_disk / "run"

@@ -40,6 +40,7 @@ Compare runs with `python tools/compare.py --root=ROOT` or `tensorboard --logdir
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import itertools
@@ -303,11 +304,20 @@ def _write_record(run: Run) -> None:
 
 
 def _write_json(path: str, obj: Any) -> None:
+  """Writes `obj` to `path` whole or not at all; a SweepError (one line) when it cannot."""
   tmp = f"{path}.tmp"
-  with open(tmp, "w") as f:
-    json.dump(obj, f, indent=2)
-    f.write("\n")
-  os.replace(tmp, path)
+  try:
+    with open(tmp, "w") as f:
+      json.dump(obj, f, indent=2)
+      f.write("\n")
+    os.replace(tmp, path)
+  except OSError as e:
+    with contextlib.suppress(OSError):
+      os.remove(tmp)
+    raise SweepError(
+      f"{path} could not be written ({e.strerror}); the runs' checkpoints are kept: free space "
+      "and rerun the same command"
+    ) from None
 
 
 def tail(path: str, lines: int = 20) -> str:
@@ -529,7 +539,12 @@ def run_packed(
     run.elapsed_s = round(time.time() - t0, 1)
     read_metrics(run)
   record = {**spec, "packed": True, "updated": time.strftime("%Y-%m-%d %H:%M:%S")}
-  _write_json(os.path.join(root, "sweep.json"), {**record, "runs": [r.to_json() for r in runs]})
+  try:
+    _write_json(os.path.join(root, "sweep.json"), {**record, "runs": [r.to_json() for r in runs]})
+  except SweepError:
+    if code == 0:
+      raise
+    return code  # the pack's own error line (a full disk) has said it: not a second one
   if stopped and code == 0:
     print(f"error: {len(stopped)} run(s) stopped: {', '.join(sorted(stopped))}", file=sys.stderr)
     return 1
