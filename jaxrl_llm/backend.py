@@ -54,11 +54,35 @@ def failed_backends() -> dict[str, str]:
   return {name: str(why).strip().splitlines()[0][:200] for name, why in errors.items() if why}
 
 
+# How JAX's built-in TPU client says that libtpu is not installed, or that it is but this machine
+# has no TPU: neither is a backend that failed.
+_NOT_INSTALLED = ("Failed to open libtpu.so",)
+_NO_DEVICE = ("No jellyfish device found", "TPU initialization failed: No ")
+
+
+def absent(failed: dict[str, str]) -> dict[str, str]:
+  """The entries of `failed` (`failed_backends`) that mean a backend this machine does not
+  have (no plugin library, no device), not one that failed to start: {name: what is absent}."""
+  out = {}
+  for name, why in failed.items():
+    if any(p in why for p in _NOT_INSTALLED):
+      out[name] = "not installed"
+    elif any(p in why for p in _NO_DEVICE):
+      out[name] = f"installed, but this machine has no {name.upper()}"
+  return out
+
+
 def cpu_reason(failed: dict[str, str]) -> str:
   """Why JAX fell back to the CPU, in one sentence."""
-  if failed:
-    tried = "; ".join(f"{name}: {why}" for name, why in sorted(failed.items()))
+  missing = absent(failed)
+  real = {k: v for k, v in failed.items() if k not in missing}
+  if real:
+    tried = "; ".join(f"{name}: {why}" for name, why in sorted(real.items()))
     return f"no accelerator backend started ({tried})"
+  devices = {k: v for k, v in missing.items() if v != "not installed"}
+  if devices:
+    said = "; ".join(f"{name}: {why}" for name, why in sorted(devices.items()))
+    return f"no accelerator device here ({said})"
   return f"no accelerator backend is installed ({PLUGINS})"
 
 
@@ -88,7 +112,7 @@ def choose(debug: bool = False) -> str:
   _FALLBACK.clear()
   if name == "cpu" and not asked:
     failed = failed_backends()
-    _FALLBACK.update(reason=cpu_reason(failed), failed=bool(failed))
+    _FALLBACK.update(reason=cpu_reason(failed), failed=bool(set(failed) - set(absent(failed))))
   return name
 
 

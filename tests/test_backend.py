@@ -9,6 +9,8 @@ import sys
 import pytest
 from conftest import REPO, cli_env
 
+from jaxrl_llm import backend
+
 # A backend plugin that fails to start, as a GPU or TPU plugin does on a machine without the
 # device: it writes to the native stderr first, as libtpu does.
 _FAILING = """
@@ -56,11 +58,27 @@ def test_unset_lets_jax_pick_and_a_cpu_fallback_says_why_in_one_line():
     pytest.skip(f"this machine has an accelerator backend ({out})")
   said = _said(err, "running on the CPU: ")
   assert len(said) == 1, err
-  if importlib.util.find_spec("libtpu"):  # the tpu extra: a plugin that cannot start here
-    assert "no accelerator backend started (tpu: " in said[0], said
+  if importlib.util.find_spec("libtpu"):  # the tpu extra on a machine without a TPU: no failure
+    assert "no accelerator device here (tpu: installed, but this machine has no TPU)" in said[0]
     assert not _said(err, "InitGoogle") and not _said(err, "TPU_WORKER"), err  # libtpu's chatter
   else:
     assert "no accelerator backend is installed" in said[0], said
+
+
+def test_a_backend_that_is_absent_is_not_blamed():
+  """JAX's TPU client without libtpu ("Failed to open libtpu.so"), or libtpu without a TPU:
+  what is absent, not a failure; a real failure is named beside them."""
+  plain = {"tpu": "INTERNAL: Failed to open libtpu.so: cannot open shared object file"}
+  assert backend.absent(plain) == {"tpu": "not installed"}
+  assert backend.cpu_reason(plain).startswith("no accelerator backend is installed (jax[cuda12]")
+  no_tpu = {"tpu": "NOT_FOUND: TPU initialization failed: No jellyfish device found."}
+  assert backend.cpu_reason(no_tpu) == (
+    "no accelerator device here (tpu: installed, but this machine has no TPU)"
+  )
+  both = {**no_tpu, "cuda": "INTERNAL: CUDA driver version is insufficient"}
+  assert backend.cpu_reason(both) == (
+    "no accelerator backend started (cuda: INTERNAL: CUDA driver version is insufficient)"
+  )
 
 
 def test_a_failing_backend_falls_back_with_its_reason_and_its_chatter_stays_in_the_log():
