@@ -7,14 +7,18 @@ here; launching and leaving a run is `jaxrl_llm.launch`, the terminal and the lo
 
 from __future__ import annotations
 
-import sys
-import time
+from jaxrl_llm import sigterm
 
-from absl import app, flags, logging
-from ml_collections import config_flags
+sigterm.listen()  # first: a SIGTERM while the rest imports or the run starts is one line
 
-from jaxrl_llm import launch, terminal
-from jaxrl_llm.config import ConfigError
+import sys  # noqa: E402
+import time  # noqa: E402
+
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from jaxrl_llm import launch, terminal  # noqa: E402
+from jaxrl_llm.config import ConfigError  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Experiment config file.", lock_config=True

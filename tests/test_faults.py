@@ -690,6 +690,37 @@ def test_sigterm_saves_the_step_it_finished_and_the_relaunch_resumes_from_it(tmp
   assert max(_committed(root)) == step + 2
 
 
+@pytest.mark.slow
+def test_sigterm_during_start_up_or_the_warm_start_is_one_line_and_keeps_the_warm_start(tmp_path):
+  """SIGTERM a moment after launch (imports, build): exit 143 and one line, nothing lost. SIGTERM
+  during a 400-step warm start: its progress is saved and the relaunch resumes it there (each
+  warm-start step logged once), then trains."""
+  workdir = tmp_path / "w"
+  early = _launch(workdir, "--config.train.num_steps=2")
+  time.sleep(1.0)  # the interpreter is importing
+  early.send_signal(signal.SIGTERM)
+  err = early.communicate(timeout=300)[1]
+  assert early.returncode == 143, err[-3000:]
+  assert err.strip().splitlines()[-1].startswith("stopped by SIGTERM while "), err[-3000:]
+  run = ("--config.sft.steps=400", "--config.train.log_every=1", "--config.train.num_steps=2")
+  proc = _launch(workdir, *run)
+  _wait_for(proc, r"sft [1-9]\d*/400")
+  proc.send_signal(signal.SIGTERM)
+  err = proc.communicate(timeout=300)[1]
+  assert proc.returncode == 143, err[-3000:]
+  last = err.strip().splitlines()[-1]
+  match = re.match(r"stopped by SIGTERM during the warm start after sft step (\d+): ", last)
+  assert match and "relaunch the same command to resume" in last, err[-3000:]
+  done = int(match.group(1))
+  assert 0 < done < 400
+  relaunch = _launch(workdir, *run)
+  err = relaunch.communicate(timeout=600)[1]
+  assert relaunch.returncode == 0, err[-3000:]
+  assert f"resuming the warm start after sft step {done}" in err, err[-3000:]
+  losses = metrics.read_scalars(str(workdir / "sft"))["sft/loss"]
+  assert [s for s, _ in losses] == list(range(1, 401))  # each warm-start step once
+
+
 def test_a_run_started_with_sigint_ignored_keeps_ignoring_it(tmp_path):
   """A background job of a shell starts with SIGINT ignored: a Ctrl-C meant for the shell's
   foreground job must not stop it (the loop installs its Ctrl-C handler only where SIGINT is

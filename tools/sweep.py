@@ -525,6 +525,9 @@ def run_packed(
   file (`ROOT/log.txt`)."""
   import jax
 
+  from jaxrl_llm import sigterm
+
+  sigterm.listen()  # a SIGTERM while the pack builds or warms up: one line, progress saved
   launch.choose_backend(debug)  # as the trainer's command line does
   terminal.setup(debug, log_file=terminal.log_path(root, launch.process_index()))
   t0 = time.time()

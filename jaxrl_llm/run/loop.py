@@ -27,7 +27,7 @@ from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm.config import Config, ConfigError, tagged
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.rl import init_reference
-from jaxrl_llm.run import record
+from jaxrl_llm.run import preempt, record
 from jaxrl_llm.run.assemble import Experiment, build, to_global_batch
 from jaxrl_llm.run.guard import NonFiniteError, SkipGuard, VerifierError, VerifierGuard
 from jaxrl_llm.run.preempt import StopSignals
@@ -422,10 +422,12 @@ def train(trainee, *, hparam_fields: Sequence[str] = ()) -> dict[str, dict[str, 
     trainee.root, save_every=tr.checkpoint_every, max_to_keep=tr.max_to_keep
   )
   try:
+    preempt.stop_if_asked("while the run was built, before anything was saved", trainee.root)
     data = trainee.data()
     changed = _changed_settings(trainee)
     state = _start_state(trainee, ckpt, data)  # a checkpoint of another run: refused here
     start = trainee.step_of(state)
+    preempt.stop_if_asked(f"while it started (at step {start})", trainee.root, start)
     if start >= tr.num_steps:  # finished: each run's last evaluation, nothing written
       return {m.name: finished_run(m.workdir, start, tr.num_steps) for m in trainee.members}
     if changed:

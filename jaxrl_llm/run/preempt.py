@@ -18,16 +18,32 @@ import signal
 import sys
 import threading
 
+from jaxrl_llm import sigterm
+
 
 class Preempted(Exception):
-  """The run stopped on SIGTERM after saving `step` (relaunching the command resumes it)."""
+  """The run stopped on SIGTERM after saving `step` (relaunching the command resumes it);
+  `said` replaces the message (a stop before the first RL step)."""
 
-  def __init__(self, step: int, directory: str):
+  def __init__(self, step: int, directory: str, said: str = ""):
     super().__init__(
-      f"stopped by SIGTERM after step {step}: checkpoint {step} is saved in {directory}; "
+      said
+      or f"stopped by SIGTERM after step {step}: checkpoint {step} is saved in {directory}; "
       "relaunch the same command to resume"
     )
     self.step = step
+
+
+def stop_if_asked(where: str, directory: str, step: int = 0) -> None:
+  """Raises `Preempted` saying the run stopped `where` (nothing more to save) when SIGTERM
+  came since `sigterm.listen`."""
+  if sigterm.seen():
+    raise Preempted(
+      step,
+      directory,
+      f"stopped by SIGTERM {where}: the checkpoints in {directory} are kept; relaunch the "
+      "same command to resume",
+    )
 
 
 class _SignalFlag:
@@ -52,6 +68,8 @@ class _SignalFlag:
   def _handle(self, signum, frame) -> None:
     del signum, frame
     self.signalled = True
+    if self.signum == signal.SIGTERM:
+      sigterm.note()
 
 
 class CtrlC(_SignalFlag):
@@ -112,7 +130,7 @@ class Preemption(_SignalFlag):
       from jax.experimental import multihost_utils
 
       return bool(multihost_utils.reached_preemption_sync_point(step))
-    return self.signalled
+    return self.signalled or sigterm.seen()
 
 
 def _preemption_service() -> bool:

@@ -8,13 +8,14 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
-from jaxrl_llm import distributed, paths, sharding
+from jaxrl_llm import distributed, paths, sharding, sigterm
 from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm.models import lora
 from jaxrl_llm.optim import guarded_update
 from jaxrl_llm.rl import update
 from jaxrl_llm.run.assemble import Experiment, to_global_batch
 from jaxrl_llm.run.guard import SkipGuard
+from jaxrl_llm.run.preempt import Preempted
 from jaxrl_llm.sampling import score
 from jaxrl_llm.types import TrainState
 
@@ -64,15 +65,20 @@ def warm_start(exp: Experiment, workdir: str) -> TrainState:
   opt_state = sharding.init_opt_state(
     tx, trained, jax.tree.map(lambda x: x.sharding, trained), exp.mesh
   )
+  progress = TrainState(jnp.zeros((), jnp.int32), params, opt_state, None, exp.state.rng)
+  saved = _SFTProgress(exp, workdir, progress, it)
+  progress, first = saved.restored()
+  params, opt_state = progress.params, progress.opt_state
   t0, guard = time.time(), SkipGuard(cfg.train.max_skipped_updates, "sft")
   writer = metrics_lib.SummaryWriter(paths.join(workdir, "sft"))
+  writer.restart(first + 1)  # a resumed warm start: what its stopped launch logged past it goes
   logging.info(
     "supervised warm start: %d steps (events in %s); its first step includes compilation ...",
     steps,
     writer.logdir,
   )
   rng = exp.state.rng if exp.model.cfg.lora_dropout else None  # adapter dropout's base key
-  for i in range(steps):
+  for i in range(first, steps):
     batch = to_global_batch(next(it), exp.batch_sharding)
     params, opt_state, loss, skipped = sft_step(params, opt_state, batch, rng, i)
     guard.update(i + 1, int(skipped), updates=1)
@@ -83,5 +89,49 @@ def warm_start(exp: Experiment, workdir: str) -> TrainState:
       writer.scalars(i + 1, scalars)
       guard.finite_metrics(scalars)
       logging.info("sft %d/%d loss %.4f (%.1fs)", i + 1, steps, loss, time.time() - t0)
+    if sigterm.seen() and i + 1 < steps:  # a preemption notice: keep what is done
+      writer.close()
+      saved.save(i + 1, progress.replace(params=params, opt_state=opt_state))
   writer.close()
   return exp.state.replace(params=params)
+
+
+class _SFTProgress:
+  """The warm start's progress in `<workdir>/sft/checkpoints`, saved when a SIGTERM stops it
+  (parameters, or under adapters the adapters alone; optimiser state; data position) and
+  restored by the next launch, which goes on from there."""
+
+  def __init__(self, exp: Experiment, workdir: str, fresh: TrainState, data):
+    self.exp, self.fresh, self.data = exp, fresh, data
+    self.folder = paths.join(workdir, "sft")
+
+  def restored(self) -> tuple[TrainState, int]:
+    """(the saved progress, its step), or (the fresh state, 0) when there is none."""
+    from jaxrl_llm import checkpoint as ckpt_lib
+
+    if not paths.is_dir(paths.join(self.folder, "checkpoints")):
+      return self.fresh, 0
+    stored = self.exp.stored(self.fresh)
+    abstract = jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), stored
+    )
+    with ckpt_lib.Checkpointer(self.folder, save_every=0, async_save=False) as ckpt:
+      got = ckpt.restore_latest(abstract, data_iter=self.data)
+    if got is None:
+      return self.fresh, 0
+    step, state, _ = got
+    logging.info("resuming the warm start after sft step %d (%s)", step, self.folder)
+    return self.exp.from_stored(state), step
+
+  def save(self, step: int, state: TrainState) -> None:
+    """Saves `state` as sft step `step` and stops the run (`Preempted`, one line)."""
+    from jaxrl_llm import checkpoint as ckpt_lib
+
+    with ckpt_lib.Checkpointer(self.folder, save_every=0, async_save=False) as ckpt:
+      ckpt.save(step, self.exp.stored(state), data_iter=self.data, meta={}, force=True)
+    raise Preempted(
+      step,
+      self.folder,
+      f"stopped by SIGTERM during the warm start after sft step {step}: its progress is saved "
+      f"in {self.folder}/checkpoints; relaunch the same command to resume",
+    )
