@@ -14,7 +14,7 @@ from parsed import build
 
 from jaxrl_llm import launch, objectives
 from jaxrl_llm.config import ConfigError, check, default_config, parse
-from jaxrl_llm.config.learner import Section
+from jaxrl_llm.config.fields import Section
 from jaxrl_llm.data import pipeline
 from jaxrl_llm.rl import Settings
 from jaxrl_llm.run import to_global_batch
