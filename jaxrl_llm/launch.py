@@ -147,13 +147,17 @@ def workdir_problem(workdir: str) -> str | None:
     return f"cannot create it: {e.strerror or e}; give a writable directory"
   if not os.path.isdir(workdir):
     return "it is a file, not a directory; give a directory (it is created if missing)"
-  probe = os.path.join(workdir, f".write_test.{os.getpid()}")
-  try:
-    with open(probe, "w"):
-      pass
-    os.remove(probe)
-  except OSError as e:  # EROFS, EACCES, ENOSPC...
-    return f"cannot write in it: {e.strerror or e}; give a writable directory"
+  for folder in (workdir, os.path.join(workdir, "checkpoints")):  # where the run writes
+    if folder != workdir and not os.path.isdir(folder):
+      continue  # made by the run, in a workdir it can write in
+    probe = os.path.join(folder, f".write_test.{os.getpid()}")
+    try:
+      with open(probe, "w"):
+        pass
+      os.remove(probe)
+    except OSError as e:  # EROFS, EACCES, ENOSPC...
+      where = "" if folder == workdir else f"{folder} "
+      return f"cannot write in {where or 'it'}: {e.strerror or e}; give a writable directory"
   return None
 
 

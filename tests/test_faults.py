@@ -402,6 +402,23 @@ def test_a_workdir_that_cannot_hold_a_run_is_one_error_line_at_start_up(tmp_path
   assert a_file.read_text() == "not a directory"
 
 
+def test_a_read_only_checkpoints_folder_in_a_writable_workdir_is_one_line_at_once(tmp_path):
+  """`W/checkpoints` read-only inside a writable W: refused at start-up in one line naming it
+  (it hung for minutes in orbax's retries, then printed a traceback)."""
+  workdir = tmp_path / "w"
+  workdir.mkdir()
+  mount = _tmpfs(workdir / "checkpoints", "ro")
+  mounted = next(mount)
+  try:
+    proc = _cli(workdir, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith(f"error: --workdir={workdir}: "), lines
+    assert f"cannot write in {mounted} " in lines[0], lines
+  finally:
+    next(mount, None)  # unmounts
+
+
 @pytest.mark.slow
 def test_a_packed_sweep_on_a_full_disk_ends_in_its_one_line_without_a_traceback(small_disk):
   """A pack's checkpoints fill the disk: the pack's disk-full line is the last, and writing
