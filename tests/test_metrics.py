@@ -255,13 +255,13 @@ def test_progress_rate_and_eta_come_from_a_recent_window():
 
 
 def test_every_logged_tag_declares_itself_and_the_readme_maps_the_peers():
-  """Each tag a real run writes has a metric_info entry (meaning, direction); the README's
+  """Each tag a real run writes has a metric_info entry (meaning, direction); docs/tensorboard.md's
   TRL/verl table is the registry's own."""
   from conftest import REPO
 
   from jaxrl_llm import metric_info
 
-  readme = (REPO / "README.md").read_text()
+  readme = (REPO / "docs" / "tensorboard.md").read_text()
   assert metric_info.mapping_table() in readme
   for tag in ("eval/accuracy", "rollout/truncated_frac", "policy/clip_frac", "sft/loss"):
     assert metric_info.info(tag) is not None

@@ -1,7 +1,7 @@
-"""README's TensorBoard table (spec §11) against what real runs write.
+"""docs/tensorboard.md's TensorBoard table (spec §11) against what real runs write.
 
 The table after "Scalars (spec §11), written every `train.log_every` updates:" and the
-"Histograms:" sentence after it are parsed from README.md at test time. Every tag they name must
+"Histograms:" sentence after it are parsed from docs/tensorboard.md at test time. Every tag they name must
 be declared in `metric_info`, and every tag must be logged, with finite values, by a tiny run that
 switches on the row's feature: a MoE run (RSPO, KL, warm start, dynamic sampling, a correction,
 soft overlong shaping), a PPO-critic run on a prompt file with host verifiers, and one fused step
@@ -51,7 +51,7 @@ FILE_WEIGHTS = {"math_correct": 1.0, "math_format_boxed": 0.5}
 
 def _scalar_section() -> list[str]:
   """README lines from the scalars line to the end of the "Histograms:" paragraph."""
-  lines = (REPO / "README.md").read_text().splitlines()
+  lines = (REPO / "docs" / "tensorboard.md").read_text().splitlines()
   start = lines.index(SCALARS_LINE)
   hist = next(i for i in range(start, len(lines)) if lines[i].startswith("Histograms:"))
   end = next((i for i in range(hist, len(lines)) if not lines[i].strip()), len(lines))

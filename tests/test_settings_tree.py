@@ -105,15 +105,15 @@ def test_a_name_fields_comment_lists_exactly_the_names_it_allows():
   assert {f: d for f, d in wrong.items() if d} == {}
 
 
-def test_the_readme_config_reference_is_generated_from_the_dataclasses():
-  readme = (REPO / "README.md").read_text()
+def test_the_config_reference_page_is_generated_from_the_dataclasses():
+  readme = (REPO / "docs" / "config.md").read_text()
   start, end = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
   assert start in readme and end in readme
   shown = readme.split(start)[1].split(end)[0].strip()
   from jaxrl_llm.config.tree import reference_markdown
 
   assert shown == reference_markdown().strip(), (
-    "README.md's config reference differs from the settings' declarations: run "
+    "docs/config.md's config reference differs from the settings' declarations: run "
     "`python tools/config_reference.py`"
   )
 

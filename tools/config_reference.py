@@ -1,11 +1,12 @@
-"""The README's config reference, regenerated from the settings' declarations.
+"""The config reference (docs/config.md), regenerated from the settings' declarations.
 
-  python tools/config_reference.py           # rewrite the table in README.md in place
-  python tools/config_reference.py --check   # exit 1 (one line) if README.md's table differs
+  python tools/config_reference.py           # rewrite the table in docs/config.md in place
+  python tools/config_reference.py --check   # exit 1 (one line) if its table differs
 
 The table between `<!-- config-reference:start -->` and `<!-- config-reference:end -->` is
 `jaxrl_llm.config.tree.reference_markdown()` (every setting, its default and its comment);
-tests/test_settings_tree.py keeps the README equal to it. Only that section is written.
+tests/test_settings_tree.py keeps docs/config.md equal to it. Only that section is written
+(`--readme=PATH`: another file with the two markers).
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ def regenerate(text: str, table: str | None = None) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--check", action="store_true", help="exit 1 if the README differs")
-  parser.add_argument("--readme", type=Path, default=_REPO / "README.md")
+  parser.add_argument("--check", action="store_true", help="exit 1 if the table differs")
+  parser.add_argument("--readme", type=Path, default=_REPO / "docs" / "config.md")
   args = parser.parse_args(argv)
   text = args.readme.read_text()
   try:
