@@ -173,21 +173,34 @@ class SummaryWriter:
     *,
     trial_id: str,
     start_time: float,
+    varied: Sequence[str] = (),
   ) -> None:
-    """Writes an HParams session for this run: the experiment's columns (`hparams` names and
-    `metrics` as (tag, display name, description)) and the session's values, at step 0.
+    """Writes an HParams session for this run: the experiment's columns (`hparams` names, each
+    typed by its value, and `metrics` as (tag, display name, description)) and the session's
+    values, at step 0. The columns named in `varied` (a sweep's) are marked as differing, so
+    TensorBoard's HParams tab sorts them first and shows them when it opens.
 
     TensorBoard's HParams tab lists every run of a logdir that holds one, with the final
     value of each metric tag the run itself logged.
     """
     if not self._enabled:
       return
-    columns = [hparams_summary.HParam(name) for name in hparams]
     declared = [
-      hparams_summary.Metric(tag, display_name=name, description=text)
+      hparams_summary.Metric(tag, display_name=name, description=text).as_proto()
       for tag, name, text in metrics
     ]
-    experiment = hparams_summary.hparams_config_pb(columns, declared, time_created_secs=start_time)
+    columns = [
+      api_pb2.HParamInfo(name=name, type=_hparam_type(value), differs=name in varied)
+      for name, value in hparams.items()
+    ]
+    experiment = _plugin_summary(
+      hparams_metadata.EXPERIMENT_TAG,
+      plugin_data_pb2.HParamsPluginData(
+        experiment=api_pb2.Experiment(
+          hparam_infos=columns, metric_infos=declared, time_created_secs=start_time
+        )
+      ),
+    )
     session = hparams_summary.hparams_pb(
       dict(hparams), trial_id=trial_id, start_time_secs=start_time
     )
@@ -213,13 +226,8 @@ class SummaryWriter:
       "running": api_pb2.STATUS_RUNNING,
     }[status]
     end = plugin_data_pb2.SessionEndInfo(status=code, end_time_secs=time.time())
-    md = hparams_metadata.create_summary_metadata(
-      plugin_data_pb2.HParamsPluginData(session_end_info=end)
-    )
-    empty = tensor_util.make_tensor_proto(np.array("", dtype=np.object_))  # as hparams_pb writes
-    tag = hparams_metadata.SESSION_END_INFO_TAG
-    value = summary_pb2.Summary.Value(tag=tag, metadata=md, tensor=empty)
-    self._write(step, [value])
+    data = plugin_data_pb2.HParamsPluginData(session_end_info=end)
+    self._write(step, list(_plugin_summary(hparams_metadata.SESSION_END_INFO_TAG, data).value))
 
   def flush(self) -> None:
     """Writes pending events to the event file."""
@@ -362,6 +370,24 @@ def read_histograms(logdir: str) -> dict[str, list[tuple[int, np.ndarray]]]:
     tag: [(e.step, tensor_util.make_ndarray(e.tensor_proto)) for e in acc.Tensors(tag)]
     for tag in _plugin_tags(acc).get(histogram_metadata.PLUGIN_NAME, [])
   }
+
+
+def _hparam_type(value: Any) -> int:
+  """The HParams column type of `value` (TensorBoard sorts and filters columns by it)."""
+  if isinstance(value, bool):
+    return api_pb2.DATA_TYPE_BOOL
+  if isinstance(value, int | float):
+    return api_pb2.DATA_TYPE_FLOAT64
+  return api_pb2.DATA_TYPE_STRING
+
+
+def _plugin_summary(tag: str, data) -> summary_pb2.Summary:
+  """A summary holding HParams plugin `data` under `tag` (as the plugin's own writers do)."""
+  summary = summary_pb2.Summary()
+  empty = tensor_util.make_tensor_proto(np.array("", dtype=np.object_))  # as hparams_pb writes
+  md = hparams_metadata.create_summary_metadata(data)
+  summary.value.add(tag=tag, metadata=md, tensor=empty)
+  return summary
 
 
 def read_hparams(logdir: str) -> dict[str, Any]:

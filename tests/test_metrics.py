@@ -268,3 +268,55 @@ def test_every_logged_tag_declares_itself_and_the_readme_maps_the_peers():
   assert metric_info.direction("eval/pass@8") == "max"
   assert metric_info.direction("verifier/timeouts/math_correct") == "min"
   assert metric_info.direction("policy/entropy") is None
+
+
+def _served_columns(logdir) -> list:
+  """The HParams experiment TensorBoard's plugin serves for `logdir` (its own backend over its
+  own data provider, as the HParams tab requests it: at most 5 columns shown first)."""
+  from tensorboard.plugins.hparams import backend_context
+
+  multiplexer = plugin_event_multiplexer.EventMultiplexer()
+  multiplexer.AddRunsFromDirectory(str(logdir))
+  multiplexer.Reload()
+  provider = data_provider.MultiplexerDataProvider(multiplexer, str(logdir))
+  ctx = backend_context.Context(base_plugin.TBContext(data_provider=provider, logdir=str(logdir)))
+  request = context.RequestContext()
+  experiment = ctx.experiment_from_metadata(
+    request,
+    "",
+    True,
+    ctx.hparams_metadata(request, ""),
+    ctx.hparams_from_data_provider(request, "", 5),
+    hparams_limit=5,
+  )
+  return list(experiment.hparam_infos)
+
+
+def test_tensorboard_serves_a_sweeps_varied_fields_first_and_typed(tmp_path):
+  """Two runs of a sweep over clip_high and temperature (and seed): the HParams plugin serves
+  the varied columns first (the tab shows the first five), each typed (numbers as numbers),
+  not the alphabetically first fixed fields."""
+  from conftest import tiny_config
+
+  from jaxrl_llm import metric_info
+  from jaxrl_llm.config import parse
+  from jaxrl_llm.run import record
+
+  varied = ["objective.clip_high", "sampling.temperature", "seed"]
+  declared = [(t, n, metric_info.info(t).meaning) for t, n in metric_info.HPARAMS_METRICS]
+  for clip, temp, seed in ((0.2, 0.7, 0), (0.28, 1.0, 1)):
+    cfg = parse(
+      tiny_config(**{"objective.clip_high": clip, "sampling.temperature": temp, "seed": seed})
+    )
+    writer = metrics.SummaryWriter(str(tmp_path / f"clip={clip}"))
+    hp = record.run_hparams(cfg, None, varied)
+    writer.hparams(
+      hp, declared, trial_id=record.trial_name(cfg, varied, ""), start_time=1.0, varied=varied
+    )
+    writer.close()
+  columns = _served_columns(tmp_path)
+  assert [c.name for c in columns[:3]] == sorted(varied) and all(c.differs for c in columns[:3])
+  assert not any(c.differs for c in columns[3:])
+  from tensorboard.plugins.hparams import api_pb2
+
+  assert {c.type for c in columns[:3]} == {api_pb2.DATA_TYPE_FLOAT64}

@@ -386,7 +386,7 @@ def _open_members(trainee, start: int, hparam_fields: Sequence[str]) -> None:
     member.writer = metrics_lib.SummaryWriter(member.workdir)
     hparams = record.run_hparams(cfg, trainee.exp.state.params, fields)
     trial = record.trial_name(cfg, fields, member.name or paths.as_path(member.workdir).name)
-    record.record_run(cfg, member.workdir, member.writer, start, hparams, trial)
+    record.record_run(cfg, member.workdir, member.writer, start, hparams, trial, fields)
     member.writer.restart(start + 1)  # what a launch logged past the checkpoint resumed from goes
     if start == 0:
       member.writer.scalars(0, trainee.exp.task.data_stats)  # file data: read, dropped, kept

@@ -144,12 +144,13 @@ def record_run(
   step: int,
   hparams: Mapping[str, bool | int | float | str] | None = None,
   trial: str | None = None,
+  varied: Sequence[str] = (),
 ) -> str | None:
   """Records the run's resolved config in `workdir` (process 0): `config.json` with every field
   after overrides plus the package version and commit, JAX version, backend and device count,
   the same fields as a TensorBoard text table (tag `config`), and `hparams` as the run's
   HParams session named `trial` (default: the workdir's name; metrics:
-  `metric_info.HPARAMS_METRICS`). A resumed run with the config of the
+  `metric_info.HPARAMS_METRICS`; `varied`: the columns a sweep varies, shown first). A resumed run with the config of the
   latest launch (`newest_record`) writes nothing; one with a changed config writes
   `config.resume-<step>.json` (and a new table at `step`; the HParams session stays the first
   one). Returns the file written, or None."""
@@ -179,7 +180,7 @@ def record_run(
       (tag, name, metric_info.info(tag).meaning) for tag, name in metric_info.HPARAMS_METRICS
     ]
     trial = trial or paths.as_path(workdir).name
-    writer.hparams(hparams, declared, trial_id=trial, start_time=time.time())
+    writer.hparams(hparams, declared, trial_id=trial, start_time=time.time(), varied=varied)
   return path
 
 
