@@ -404,6 +404,15 @@ def test_export_of_a_run_with_adapters_is_the_merged_model(tmp_path):
   np.testing.assert_allclose(
     _logits(Transformer(cfg), exported), _logits(model, params), rtol=1e-4, atol=1e-4
   )
+  # A random base has no source to name: it is exported beside the adapters, which name it,
+  # and the adapters on that base are the trained policy (as the merged export is).
+  config = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
+  assert config["base_model_name_or_path"] == str(tmp_path / "peft" / "base")
+  base_cfg, base = hf.load_checkpoint(tmp_path / "peft" / "base")
+  adapted_cfg, adapted = hf_adapters.load_adapters(tmp_path / "peft", base_cfg, base)
+  np.testing.assert_allclose(
+    _logits(Transformer(adapted_cfg), adapted), _logits(model, params), rtol=1e-4, atol=1e-4
+  )
 
 
 @pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])

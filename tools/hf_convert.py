@@ -309,9 +309,32 @@ def _export_adapters(args, cfg, params, model_type: str, source) -> list[str]:
       "leave --adapters out"
     )
   base = source.path if source is not None else None
+  if base is None:  # a random-init base: PEFT needs it too, so it is exported beside them
+    base = _export_base(args, cfg, params, model_type)
   return hf_adapters.save_adapters(
     args.adapters, cfg, params, model_type=model_type, base_model=base, overwrite=args.overwrite
   )
+
+
+def _export_base(args, cfg, params, model_type: str) -> str:
+  """Writes a random-init base the adapters sit on (no Hugging Face source to name) as a
+  Hugging Face checkpoint in `<adapters>/base`; returns its absolute path, which the adapters'
+  `base_model_name_or_path` names: `PeftModel.from_pretrained(<that base>, <adapters>)` is the
+  trained policy (as `--out`'s merged export is: load adapters onto one or the other, not both)."""
+  from jaxrl_llm.models import hf_export, lora
+
+  path = os.path.abspath(os.path.join(args.adapters, "base"))
+  base = lora.split_adapters(params)[0]
+  hf_export.save_checkpoint(
+    path,
+    cfg.without_adapters(),
+    lora.dequantized(base),  # an int8 base in float32, as the merged export holds it
+    model_type=model_type,
+    dtype=args.dtype,
+    overwrite=args.overwrite,
+    max_position_embeddings=args.max_position_embeddings,
+  )
+  return path
 
 
 def cmd_export(args) -> dict:
