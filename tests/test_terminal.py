@@ -270,7 +270,8 @@ def test_on_a_terminal_the_lines_are_bare_in_the_readmes_order(terminal):
     r"remat (\S+)", r"workdir \S+ \| watch it: tensorboard --logdir \S+",
     r"compiling the held-out evaluation ", r"eval step 0: accuracy ", r"compiling the RL step ",
     r"RL step compiled; ", r"step 1/1000 ", r"step 2/1000 ", r"step 3/1000 ",
-    r"eval step 3: accuracy ", r"trained RL steps 0\.\.3 in (\S+) \(the RL loop; (\S+) wall time",
+    r"eval step 3: accuracy ", r"trained RL steps 0\.\.3 in (\S+) \(the RL loop, of which (\S+) compiling and the first "
+    r"step; (\S+) wall time",
     r"eval from step 0 to 3: ", r"checkpoints in \S+ \| events in \S+: ", r"final eval: eval/",
   ]  # fmt: skip
   found = [(i, re.match(p, x)) for x in lines for i, p in enumerate(order) if re.match(p, x)]
@@ -284,8 +285,8 @@ def test_on_a_terminal_the_lines_are_bare_in_the_readmes_order(terminal):
     assert float(shown[field]) == pytest.approx(hparams[f"objective.{field}"])
   assert int(microbatches) == 1  # 8 rows of a few tokens fit rl.microbatch_tokens at once
   assert remat == ("full" if hparams["params"] >= AUTO_REMAT_PARAMS else "none")  # rl.remat=auto
-  loop, wall = (_seconds(x) for x in found[11][1].groups())
-  assert loop <= wall
+  loop, compiling, wall = (_seconds(x) for x in found[11][1].groups())
+  assert compiling <= loop <= wall
 
 
 def test_the_rl_step_compiling_and_its_first_update_are_announced_once(terminal):

@@ -200,7 +200,8 @@ def test_cli_runs_and_writes_checkpoint(tmp_path):
   for phase in ("warm start", "held-out evaluation", "RL step"):
     assert any(phase in line and "compilation" in line for line in lines), phase
   summary = next(line for line in lines if "trained RL steps" in line)
-  assert "(the RL loop; " in summary and "wall time with start-up" in summary
+  assert "(the RL loop, of which " in summary and "compiling and the first step" in summary
+  assert "wall time with start-up" in summary
   assert not [line for line in lines if "polynomial schedule" in line]
 
 

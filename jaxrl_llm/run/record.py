@@ -257,11 +257,13 @@ def log_summary(
   (start, end), (wall_s, t_loop, t_compiled, t_end) = span, times
   steady = max(t_end - t_compiled, 1e-9)
   logging.info(
-    "trained RL steps %d..%d in %s (the RL loop; %s wall time with start-up, warm start and "
-    "compilation) | %.3g steps/s, %.3g generated tokens/s after the first (compiling) step",
+    "trained RL steps %d..%d in %s (the RL loop, of which %s compiling and the first step; %s "
+    "wall time with start-up and warm start) | %.3g steps/s, %.3g generated tokens/s after "
+    "the first (compiling) step",
     start,
     end,
     metrics_lib.format_duration(t_end - t_loop),
+    metrics_lib.format_duration(t_compiled - t_loop),
     metrics_lib.format_duration(wall_s),
     (end - start - 1) / steady if end - start > 1 else float("nan"),
     tokens / steady if end - start > 1 else float("nan"),
