@@ -47,7 +47,7 @@ def _sweep_args(root, *extra):
 def tiny_sweep(tmp_path_factory):
   """One real two-run sweep shared by the tests below: (root, process, sweep.json as written)."""
   root = tmp_path_factory.mktemp("sweep")
-  proc, _ = _tool("sweep", *_sweep_args(root, "--parallel=2"))
+  proc, _ = _tool("sweep", *_sweep_args(root, "--parallel=2", "--progress_s=0.5"))
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
   return root, proc, json.loads((root / "sweep.json").read_text())
 
@@ -128,6 +128,10 @@ def test_sweep_runs_every_grid_point(tiny_sweep):
   assert [r["name"] for r in record["runs"]] == _names()
   assert [r["status"] for r in record["runs"]] == ["done", "done"]
   assert record["grid"] == {"objective.clip_high": list(CLIPS), "seed": ["0"]}
+  # Not silent while the runs start and train: their newest lines, named, as they go.
+  for i, name in enumerate(_names()):
+    shown = [x for x in proc.stdout.splitlines() if x.startswith(f"[{i + 1}/2] ")]
+    assert len(shown) >= 3 and any(x.endswith(f" - {name}") for x in shown), proc.stdout
   for clip, run in zip(CLIPS, record["runs"]):
     workdir = root / run["name"]
     assert run["workdir"] == str(workdir) and run["returncode"] == 0

@@ -63,6 +63,9 @@ from jaxrl_llm.config import ConfigError, parse
 TRAINER = ("-m", "jaxrl_llm.main")
 SUMMARY_TAGS = ("eval/accuracy", "eval/pass@*", "rollout/reward_mean")
 STOP_GRACE_S = 30.0  # after Ctrl-C: how long the runs get to stop on their own
+PROGRESS_S = 20.0  # a running run's newest progress line is shown this often (--progress_s)
+_PREFIX = re.compile(r"^[IWEF]\d{4} [\d:.]+ +\d+ \S+:\d+\] ")  # absl's, in a run.log
+_PROGRESS = re.compile(r"^(\[[^\]]*\] )?step \d+/\d+ ")
 _COMMIT_FILE = "commit_success.txt"  # a checkpoint step counts once orbax has committed it
 _FIELD = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
 # Fields whose change does not alter a run's results, so a workdir may resume with another value.
@@ -339,12 +342,20 @@ class Sweep:
   """Launches the runs, at most `parallel` at a time, keeping `root/sweep.json` up to date."""
 
   def __init__(
-    self, runs: list[Run], root: str, spec: dict[str, Any], parallel: int = 1, debug: bool = False
+    self,
+    runs: list[Run],
+    root: str,
+    spec: dict[str, Any],
+    parallel: int = 1,
+    debug: bool = False,
+    progress_s: float = PROGRESS_S,
   ):
     """Takes the planned runs; `spec` is the sweep's description stored in sweep.json; with
-    `debug` each run's trainer gets `--debug`."""
+    `debug` each run's trainer gets `--debug`; every `progress_s` seconds a running run's
+    newest progress line is shown."""
     self.runs, self.root, self.spec, self.parallel = runs, os.path.abspath(root), spec, parallel
-    self.debug = debug
+    self.debug, self.progress_s = debug, progress_s
+    self._shown: dict[str, tuple[float, str]] = {}  # run -> (when, the progress line shown)
     self.env = dict(os.environ)
     if parallel > 1 and "XLA_PYTHON_CLIENT_PREALLOCATE" not in self.env:
       # Concurrent runs on one accelerator must not each reserve most of its memory.
@@ -421,6 +432,21 @@ class Sweep:
         log.close()
         self._running.remove(entry)
         self._finish(run, proc.returncode, time.time() - t0)
+      else:
+        self._progress(run, t0)
+
+  def _progress(self, run: Run, t0: float) -> None:
+    """Every `progress_s` seconds: the run's newest progress (or start-up) line from its log,
+    when it changed; a sweep is not silent while a run starts and trains."""
+    when, said = self._shown.get(run.name, (t0, ""))
+    if time.time() - when < self.progress_s:
+      return
+    lines = [_PREFIX.sub("", x) for x in tail(run.log, 40).splitlines() if x.strip()]
+    news = [x for x in lines if _PROGRESS.match(x)] or [x for x in lines if not x.startswith("#")]
+    line = news[-1] if news else ""
+    self._shown[run.name] = (time.time(), line or said)
+    if line and line != said:
+      self._say(self.runs.index(run), run, f"{line[:100]} -")
 
   def stop(self, signum: int = signal.SIGTERM) -> None:
     """Stops the running runs after the sweep got `signum` and records it. After SIGINT the
@@ -638,14 +664,19 @@ def _raise_interrupt(signum, frame):
 
 
 def run_unpacked(
-  runs: list[Run], root: str, spec: dict[str, Any], parallel: int, debug: bool = False
+  runs: list[Run],
+  root: str,
+  spec: dict[str, Any],
+  parallel: int,
+  debug: bool = False,
+  progress_s: float = PROGRESS_S,
 ) -> int:
   """Trains the grid one process per run, `parallel` at a time; exit status (1 if a run failed;
   128 + the signal after SIGINT or SIGTERM, the runs stopped with their checkpoints kept).
   This process's own log lines (e.g. reading the runs' events) go as `terminal.setup` says,
   to `ROOT/log.txt`; each run's output to its run.log."""
   terminal.setup(debug, log_file=terminal.log_path(os.path.abspath(root)))
-  sweep = Sweep(runs, root, spec, parallel=parallel, debug=debug)
+  sweep = Sweep(runs, root, spec, parallel=parallel, debug=debug, progress_s=progress_s)
   ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # a background job: kept so
   names = (signal.SIGTERM,) if ignored else (signal.SIGINT, signal.SIGTERM)
   previous = {n: signal.signal(n, _raise_interrupt) for n in names}
@@ -685,6 +716,12 @@ def _parser() -> argparse.ArgumentParser:
   )
   p.add_argument("--seeds", default=None, help="Comma-separated seeds, e.g. 0,1 (a grid axis).")
   p.add_argument("--parallel", type=int, default=1, help="Runs at once (default 1).")
+  p.add_argument(
+    "--progress_s",
+    type=float,
+    default=PROGRESS_S,
+    help=f"Show each running run's newest progress line this often (default {PROGRESS_S:g} s).",
+  )
   p.add_argument(
     "--packed",
     action="store_true",
@@ -798,7 +835,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   }
   if args.packed:
     return _packed(args, runs, spec)
-  return run_unpacked(runs, args.root, spec, args.parallel, args.debug)
+  return run_unpacked(runs, args.root, spec, args.parallel, args.debug, args.progress_s)
 
 
 if __name__ == "__main__":
