@@ -28,6 +28,11 @@ _set_up = False  # `setup` has run
 LIBRARIES = ("orbax", "grain", "asyncio", "concurrent", "tensorboard", "fsspec", "gcsfs", "optax")
 
 
+# Warnings libraries give about nothing wrong: orbax reading a checkpoint item on its own (the
+# export reads the parameters alone) looks for the step's metadata file there.
+BENIGN = ("Metadata file does not exist",)
+
+
 class _LibraryInfoFilter(std_logging.Filter):
   """Drops INFO chatter of the checkpoint and data libraries (warnings still pass) and, unless
   `tracebacks`, the tracebacks their background threads log: the error reaches the main thread,
@@ -47,6 +52,8 @@ class _LibraryInfoFilter(std_logging.Filter):
         record.msg, record.args = message.split("Traceback (most recent call last)")[0], None
     if record.pathname.endswith("xla_bridge.py") and record.levelno < std_logging.WARNING:
       return False  # e.g. "Unable to initialize backend 'tpu'" on a machine without one
+    if noisy and not self.tracebacks and record.getMessage().startswith(BENIGN):
+      return False  # a library's warning about nothing wrong (kept in the log file)
     return record.levelno >= std_logging.WARNING or not noisy
 
 

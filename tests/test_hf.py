@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import REPO, cli_env
 from jax.sharding import PartitionSpec as P
 from safetensors.numpy import load_file, save_file
 
@@ -501,6 +502,14 @@ def test_convert_cli_import_and_export(tmp_path, capsys):
   _assert_trees_equal(params2, params)
   with pytest.raises(hf_convert.ConvertError, match="no step 7"):
     hf_convert.main(["export", f"--workdir={workdir}", "--step=7", f"--out={out}"])
+  # The command line says nothing alarming about a good export (libraries' notes stay off).
+  proc = subprocess.run(
+    [sys.executable, str(TOOLS / "hf_convert.py"), "export", f"--workdir={workdir}",
+     f"--out={tmp_path / 'cli_out'}", "--max_position_embeddings=64"],
+    cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300,
+  )  # fmt: skip
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "Metadata file does not exist" not in proc.stderr and "TPU_WORKER" not in proc.stderr
   # Files changed since the save: refused (the step asked for, or the newest), not exported.
   step_dir = workdir / "checkpoints" / "3"
   blob = max(

@@ -468,7 +468,12 @@ def one_line(e: BaseException) -> str:
 def cli(argv=None) -> int:
   """Runs `main`; bad input prints one `error:` line to stderr and returns exit code 2."""
   argv = sys.argv[1:] if argv is None else list(argv)
+  from jaxrl_llm import backend, terminal
+
+  debug = "--debug" in argv
+  terminal.setup(debug)  # plain lines; the libraries' chatter off the terminal unless --debug
   try:
+    backend.choose(debug)  # a backend's native start-up chatter goes to the log, not here
     main(argv)
   except Exception as e:
     if "--debug" in argv:
