@@ -456,7 +456,8 @@ def _hparam_value(value) -> Any:
 
 
 def read_text(logdir: str) -> dict[str, list[tuple[int, str]]]:
-  """Reads every text summary in `logdir`: tag -> [(step, markdown)]."""
+  """Reads every text summary in `logdir`: tag -> [(step, markdown)] in step order (event
+  files of the same second may load in either order: sorted, stably, by step)."""
   acc = _load(logdir)
   out = {}
   for tag in _plugin_tags(acc).get(text_metadata.PLUGIN_NAME, []):
@@ -464,5 +465,5 @@ def read_text(logdir: str) -> dict[str, list[tuple[int, str]]]:
     for e in acc.Tensors(tag):
       value = tensor_util.make_ndarray(e.tensor_proto).item()
       rows.append((e.step, value.decode() if isinstance(value, bytes) else str(value)))
-    out[tag] = rows
+    out[tag] = sorted(rows, key=lambda row: row[0])
   return out
