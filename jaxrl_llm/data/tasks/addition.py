@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from jaxrl_llm.data.tasks.base import TASK_DEFAULTS, BuiltinTask
+from jaxrl_llm.data.tasks.base import TASK_DEFAULTS, BuiltinTask, ranged
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,15 +21,7 @@ class AdditionTask(BuiltinTask):
 
   name: ClassVar[str] = "addition"
 
-  digits: int = TASK_DEFAULTS.digits
-
-  @classmethod
-  def field_errors(cls, v: dict) -> list[str]:
-    """The base's checks, and digits in [1, 9]."""
-    out = super().field_errors(v)
-    if not 1 <= v["digits"] <= 9:
-      out.append(f"task.digits={v['digits']} must be in [1, 9]")
-    return out
+  digits: int = ranged(TASK_DEFAULTS.digits, 1, 9)
 
   @property
   def _base(self) -> int:

@@ -37,6 +37,13 @@ from jaxrl_llm.data.tasks.tokenizer import CharTokenizer
 # The `task` config section declares every task field with its default and meaning, once.
 TASK_DEFAULTS = TaskSettings()
 
+
+def ranged(default, low: float, high: float):
+  """A task field with its `default` and its allowed range [`low`, `high`] (field metadata that
+  `BuiltinTask.field_errors` checks)."""
+  return dataclasses.field(default=default, metadata={"range": (low, high)})
+
+
 # Problem spaces up to this size are enumerated; larger ones are sampled.
 MAX_ENUMERATED_PROBLEMS = 1 << 22
 # Training-set size used for sampled (non-enumerable) spaces when ``train_size`` is None.
@@ -90,6 +97,10 @@ class BuiltinTask(Task):
     """Why the task's fields `v` (each init field's value) are out of range (empty: valid);
     the config's check (`config.sections.TaskSettings`) and the constructor both ask here."""
     out = [] if v["eval_size"] >= 1 else [f"task.eval_size={v['eval_size']} must be >= 1"]
+    for f in dataclasses.fields(cls):
+      low, high = f.metadata.get("range", (None, None))
+      if low is not None and not low <= v[f.name] <= high:
+        out.append(f"task.{f.name}={v[f.name]} must be in [{low}, {high}]")
     if v["train_size"] is not None and v["train_size"] < 1:
       out.append(f"train_size={v['train_size']} must be None or >= 1")
     if not 0.0 < v["holdout_fraction"] < 1.0:

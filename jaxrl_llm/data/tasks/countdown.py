@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxrl_llm.data.tasks.base import TASK_DEFAULTS, BuiltinTask, _mix64
+from jaxrl_llm.data.tasks.base import TASK_DEFAULTS, BuiltinTask, _mix64, ranged
 
 OPS = "+-*"
 MAX_TARGET = 99  # targets are written with two digits
@@ -74,18 +74,8 @@ class CountdownTask(BuiltinTask):
 
   name: ClassVar[str] = "countdown"
 
-  numbers: int = TASK_DEFAULTS.numbers
-  wrong_traces: float = TASK_DEFAULTS.wrong_traces
-
-  @classmethod
-  def field_errors(cls, v: dict) -> list[str]:
-    """The base's checks, numbers in [2, 5] and wrong_traces in [0, 1]."""
-    out = super().field_errors(v)
-    if not 2 <= v["numbers"] <= 5:
-      out.append(f"task.numbers={v['numbers']} must be in [2, 5]")
-    if not 0.0 <= v["wrong_traces"] <= 1.0:
-      out.append(f"task.wrong_traces={v['wrong_traces']} must be in [0, 1]")
-    return out
+  numbers: int = ranged(TASK_DEFAULTS.numbers, 2, 5)
+  wrong_traces: float = ranged(TASK_DEFAULTS.wrong_traces, 0, 1)
 
   @property
   def prompt_len(self) -> int:

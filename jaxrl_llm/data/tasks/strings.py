@@ -6,7 +6,7 @@ import dataclasses
 
 import numpy as np
 
-from jaxrl_llm.data.tasks.base import TASK_DEFAULTS, BuiltinTask
+from jaxrl_llm.data.tasks.base import TASK_DEFAULTS, BuiltinTask, ranged
 
 LETTERS = "abcdefghij"
 _DIGITS_TO_LETTERS = str.maketrans("0123456789", LETTERS)
@@ -21,20 +21,17 @@ class LetterStringTask(BuiltinTask):
   ``<bos>{string}{separator}``. With lengths 2..5: 111,100 problems, S = 7, A = 6.
   """
 
-  min_len: int = TASK_DEFAULTS.min_len
-  max_len: int = TASK_DEFAULTS.max_len
+  min_len: int = ranged(TASK_DEFAULTS.min_len, 1, 12)
+  max_len: int = ranged(TASK_DEFAULTS.max_len, 1, 12)
 
   separator: str = dataclasses.field(default=">", init=False)
 
   @classmethod
   def field_errors(cls, v: dict) -> list[str]:
-    """The base's checks, and 1 <= min_len <= max_len <= 12."""
+    """The base's checks (each length in [1, 12]), and min_len <= max_len."""
     out = super().field_errors(v)
-    if not 1 <= v["min_len"] <= v["max_len"] <= 12:
-      out.append(
-        f"task.min_len={v['min_len']} and task.max_len={v['max_len']} must satisfy "
-        "1 <= min_len <= max_len <= 12"
-      )
+    if not v["min_len"] <= v["max_len"]:
+      out.append(f"task.min_len={v['min_len']} must be <= task.max_len={v['max_len']}")
     return out
 
   @property
