@@ -551,9 +551,6 @@ def run_packed(
   file (`ROOT/log.txt`)."""
   import jax
 
-  from jaxrl_llm import sigterm
-
-  sigterm.listen()  # a SIGTERM while the pack builds or warms up: one line, progress saved
   launch.choose_backend(debug)  # as the trainer's command line does
   terminal.setup(debug, log_file=terminal.log_path(root, launch.process_index()))
   t0 = time.time()
@@ -792,8 +789,11 @@ def _print_plan(runs: Sequence[Run]) -> int:
 def _packed(args: argparse.Namespace, runs: list[Run], spec: dict[str, Any]) -> int:
   """`--packed`: the pack trained in this process (joining the job first with
   `--distributed`), then the summary table; exit status."""
+  from jaxrl_llm import sigterm
+
   terminal.setup(args.debug)
-  if args.distributed:
+  sigterm.listen()  # a SIGTERM while the pack builds or warms up: one line, progress saved
+  if args.distributed:  # JAX's preemption service then takes SIGTERM over (every process)
     launch.join_job(args.join_timeout_s)
   try:
     rc = run_packed(spec["config"], runs, spec["root"], spec, args.debug)
