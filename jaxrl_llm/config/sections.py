@@ -175,7 +175,7 @@ class SamplingSettings(Section):
   max_new_tokens: int = 0  # T completion budget; 0 = the task's default
   temperature: float = setting(
     1.0, per_run=TRACED, hparam=True
-  )  # τ_s > 0; recorded log-probs are of logits / τ_s (§0)
+  )  # τ_s >= 0.01; recorded log-probs are of logits / τ_s (§0)
   top_k: int = setting(0, per_run=TRACED)  # draw among the k most likely tokens (0 = off)
   top_p: float = setting(1.0, per_run=TRACED)  # nucleus sampling mass in (0, 1] (1 = off)
   param_dtype: str = "auto"  # sampler weights: auto (bf16; CPU: fp32) | float32 | bfloat16 | int8
