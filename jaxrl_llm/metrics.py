@@ -279,14 +279,16 @@ def format_duration(seconds: float) -> str:
   return f"{total // 3600}:{total % 3600 // 60:02d}:{total % 60:02d}"
 
 
-SHORT_NAMES = {  # progress-line names of the main scalars (TensorBoard has every tag in full)
+SHORT_NAMES = {  # progress-line names of the main scalars, most wanted first (a line too long
+  # for its terminal drops them from the end; TensorBoard has every tag in full)
   "rollout/reward_mean": "reward",
   "rollout/accuracy": "acc",
-  "rollout/length_mean": "len",
   "policy/entropy": "ent",
-  "policy/clip_frac": "clip",
   "kl/ref_kl": "kl",
+  "rollout/length_mean": "len",
+  "policy/clip_frac": "clip",
 }
+LINE_WIDTH = 80  # columns of the terminal a progress line must fit, its run's name included
 
 
 class Progress:
@@ -318,18 +320,34 @@ class Progress:
     rate = self.rate
     return (self.total_steps - self._marks[-1][0]) / rate if rate > 0 else float("nan")
 
-  def line(self, step: int, metrics: Mapping[str, float] | None = None) -> str:
-    """`step 100/1000 (10%) 12.3 steps/s ETA 0:01:14 | reward 0.52 acc 0.41 ...`: the
-    scalars of `metrics` named in SHORT_NAMES, 3 significant digits."""
+  def line(
+    self,
+    step: int,
+    metrics: Mapping[str, float] | None = None,
+    width: int = LINE_WIDTH,
+    clock: bool = True,
+  ) -> str:
+    """`step 100/1000 10% 12.3 steps/s ETA 0:01:14 | reward 0.52 acc 0.41 ...`: the scalars
+    of `metrics` named in SHORT_NAMES, 3 significant digits, as many as fit in `width`
+    characters (the skipped-update count, when there is one, always). Without the `clock`
+    (step, rate, ETA: a pack's runs share one line of it): `step 100: reward 0.52 ...`."""
     pct = 100.0 * step / self.total_steps if self.total_steps > 0 else 100.0
     rate = self.rate
     speed = f"{rate:.3g} steps/s" if math.isfinite(rate) else "? steps/s"
-    head = f"step {step}/{self.total_steps} ({pct:.0f}%) {speed} ETA {format_duration(self.eta_s)}"
+    head = f"step {step}/{self.total_steps} {pct:.0f}% {speed} ETA {format_duration(self.eta_s)}"
+    head, sep = (head, " | ") if clock else (f"step {step}", ": ")
     metrics = metrics or {}
     shown = [f"{short} {metrics[tag]:.3g}" for tag, short in SHORT_NAMES.items() if tag in metrics]
+    always = []
     if metrics.get("optim/skipped_updates"):
-      shown.append(f"skipped {metrics['optim/skipped_updates']:.0f}")
-    return " | ".join([head, " ".join(shown)]) if shown else head
+      always.append(f"skipped {metrics['optim/skipped_updates']:.0f}")
+    line = head
+    while shown or always:
+      line = sep.join([head, " ".join(shown + always)])
+      if len(line) <= width or not shown:
+        break
+      shown.pop()
+    return line
 
 
 def _load(logdir: str) -> event_accumulator.EventAccumulator:

@@ -249,9 +249,37 @@ def test_progress_rate_and_eta_come_from_a_recent_window():
   }
   scalars.update({f"other/tag_{i}": 1.0 for i in range(40)})  # full metrics go to TensorBoard
   line = progress.line(31, scalars)
-  assert line == "step 31/1000 (3%) 5 steps/s ETA 0:03:14 | reward 0.123 clip 0.02"
+  assert line == "step 31/1000 3% 5 steps/s ETA 0:03:14 | reward 0.123 clip 0.02"
   assert "skipped 2" in progress.line(31, {**scalars, "optim/skipped_updates": 2.0})
   assert metrics.format_duration(3 * 3600 + 62) == "3:01:02"
+
+
+def test_progress_and_eval_lines_fit_80_columns_with_a_packs_run_name():
+  """With every scalar the line names at its widest, a 5-digit step count and skipped updates,
+  a progress line fits 80 columns, and so does a pack run's line after its label (the pack's
+  clock is its own line): the least wanted scalars go first, the skipped count stays. So does
+  an evaluation's line."""
+  from jaxrl_llm.run.loop import eval_line
+
+  progress = metrics.Progress(10000)
+  progress.mark(9000, now=0.0)
+  progress.mark(9990, now=1e4)
+  wide = {tag: -0.0123456 for tag in metrics.SHORT_NAMES}
+  wide["optim/skipped_updates"] = 12.0
+  line = progress.line(9990, wide)
+  assert len(line) <= metrics.LINE_WIDTH and line.startswith("step 9990/10000 100% 0.099 steps/s")
+  assert "reward -0.0123" in line and line.endswith("skipped 12")
+  for label in ("[ch0.28 t1.0 s11] ", "[0.0001234567 12345] "):
+    line = label + progress.line(9990, wide, metrics.LINE_WIDTH - len(label), clock=False)
+    assert len(line) <= metrics.LINE_WIDTH, line
+    assert f"{label}step 9990: reward -0.0123 acc -0.0123" in line and line.endswith("skipped 12")
+  full = progress.line(9990, wide, width=1000)
+  assert all(f" {short} " in full for short in metrics.SHORT_NAMES.values())
+  m = {"eval/length_mean": 12.25, "eval/pass@4": 0.6875, "eval/sample_accuracy": 0.4375}
+  m["eval/accuracy"] = 0.5625
+  line = eval_line(12000, m, 1.25, metrics.LINE_WIDTH - 21)
+  assert len(line) <= 59 and line.startswith("eval step 12000: accuracy 0.562 pass@4 0.688")
+  assert line.endswith("(1.2s)") and "length_mean 12.2" in eval_line(12000, m, 1.25, 200)
 
 
 def test_every_logged_tag_declares_itself_and_the_readme_maps_the_peers():
@@ -320,3 +348,46 @@ def test_tensorboard_serves_a_sweeps_varied_fields_first_and_typed(tmp_path):
   from tensorboard.plugins.hparams import api_pb2
 
   assert {c.type for c in columns[:3]} == {api_pb2.DATA_TYPE_FLOAT64}
+
+
+def test_tensorboard_shows_a_sweeps_trial_ids_whole_and_distinct(tmp_path):
+  """The trial ids of a sweep over clip_high and temperature (and seed), as the HParams
+  plugin serves them, fit the table's trial column (16 characters, where
+  `clip_high=0.2 te` was cut) and tell the grid points apart."""
+  from conftest import tiny_config
+
+  from jaxrl_llm.config import parse
+  from jaxrl_llm.run import record
+
+  varied = ["objective.clip_high", "sampling.temperature", "seed"]
+  grid = [(c, t, s) for c in (0.2, 0.28) for t in (0.7, 1.0) for s in (0, 11)]
+  for clip, temp, seed in grid:
+    cfg = parse(
+      tiny_config(**{"objective.clip_high": clip, "sampling.temperature": temp, "seed": seed})
+    )
+    writer = metrics.SummaryWriter(str(tmp_path / f"{clip},{temp},{seed}"))
+    hp = record.run_hparams(cfg, None, varied)
+    trial = record.trial_name(cfg, varied, "unused")
+    writer.hparams(hp, [], trial_id=trial, start_time=1.0, varied=varied)
+    writer.close()
+  names = [row["name"] for row in metrics.hparams_table(str(tmp_path))]
+  assert len(set(names)) == len(grid)
+  assert all(len(n) <= record.TRIAL_WIDTH for n in names), names
+  assert "ch0.28 t0.7 s11" in names and "ch0.2 t1.0 s0" in names
+
+
+def test_trial_ids_fall_back_to_values_when_initials_clash_or_run_long():
+  """Two varied fields with the same initials, or values too long for the column, give the
+  values alone; no varied field gives the fallback (the workdir's name)."""
+  from conftest import tiny_config
+
+  from jaxrl_llm.config import parse
+  from jaxrl_llm.run import record
+
+  cfg = parse(tiny_config(**{"sft.steps": 7, "seed": 3}))
+  assert record.trial_name(cfg, ["sft.steps"], "w") == "7 3"  # sft.steps and seed: both `s`
+  cfg = parse(tiny_config(**{"optim.learning_rate": 0.000123456, "seed": 3}))
+  assert record.trial_name(cfg, ["optim.learning_rate"], "w") == "lr0.000123456 s3"
+  cfg = parse(tiny_config(**{"optim.learning_rate": 0.0001234567, "seed": 12345}))
+  assert record.trial_name(cfg, ["optim.learning_rate"], "w") == "0.0001234567 12345"
+  assert record.trial_name(cfg, [], "w") == "w"

@@ -32,7 +32,7 @@ MOE = (
   "--config.model.num_layers=2",
   "--config.model.moe_every=2",
 )
-PROGRESS = re.compile(r"step (\d+)/(\d+) \((\d+)%\) \S+ steps/s ETA \S+ \| (.*)$")
+PROGRESS = re.compile(r"step (\d+)/(\d+) (\d+)% \S+ steps/s ETA \S+ \| (.*)$")
 # absl's prefix: level, month and day, time, thread id, source file and line.
 PREFIX = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d{6} +\d+ (\S+):\d+\] ")
 BANNER = re.compile(
@@ -155,7 +155,7 @@ def test_the_banner_names_the_workdir_and_the_tensorboard_command(dense):
 
 def test_the_progress_lines_show_the_scalars_written_to_tensorboard(dense):
   """A progress line every `train.log_every` updates: step, total, percent, and the short names
-  (reward, acc, len, ent, clip) with the values TensorBoard holds at that step, to 3 digits."""
+  (reward, acc, ent, len, clip) with the values TensorBoard holds at that step, to 3 digits."""
   workdir, lines, _ = dense
   scalars = {k: dict(v) for k, v in metrics.read_scalars(str(workdir)).items()}
   progress = [PROGRESS.search(x) for x in lines]
@@ -163,7 +163,7 @@ def test_the_progress_lines_show_the_scalars_written_to_tensorboard(dense):
   assert [(int(m[1]), int(m[2]), int(m[3])) for m in progress] == [(2, 4, 50), (4, 4, 100)]
   for m in progress:
     shown = dict(zip(*[iter(m[4].split())] * 2))  # "reward 0.5 acc 0.25 ..." → {name: value}
-    assert list(shown) == ["reward", "acc", "len", "ent", "clip"], m[0]
+    assert list(shown) == ["reward", "acc", "ent", "len", "clip"], m[0]
     for short, tag in {v: k for k, v in metrics.SHORT_NAMES.items()}.items():
       if short in shown:
         assert shown[short] == f"{scalars[tag][int(m[1])]:.3g}", (m[0], tag)
@@ -310,7 +310,7 @@ def test_the_rate_and_eta_leave_the_compiling_update_out(terminal):
   one); later lines give a rate and the ETA of the 1000 steps' remainder at that rate (to the
   rounding of each), and the percentage done."""
   _, lines, _ = terminal
-  head = re.compile(r"step (\d+)/1000 \((\d+)%\) (\S+) steps/s ETA (\S+) \| ")
+  head = re.compile(r"step (\d+)/1000 (\d+)% (\S+) steps/s ETA (\S+) \| ")
   shown = [m.groups() for m in map(head.match, lines) if m]
   assert [int(s) for s, *_ in shown] == [1, 2, 3], lines
   assert shown[0][2:] == ("?", "?"), shown[0]
@@ -402,19 +402,21 @@ def packed_sweep(tmp_path_factory):
 
 def test_a_packed_sweep_on_a_terminal_prints_plain_lines_and_logs_the_rest(packed_sweep):
   """A packed sweep on a terminal prints as a run does: no `INFO:absl:` or absl prefix, no
-  library line; each run's lines under its name, one compile notice per program. `ROOT/log.txt` holds every logged line the
+  library line; the pack's clock line, then each run's lines under its trial id, all within 80
+  columns; one compile notice per program. `ROOT/log.txt` holds every logged line the
   terminal showed, with absl's prefix, and the libraries' INFO lines (orbax's)."""
   root, lines, _ = packed_sweep
   assert not [x for x in lines if x.startswith("INFO:absl:") or PREFIX.match(x)], lines
   for clip in CLIPS:
-    assert f"[objective.clip_high={clip}] step 2/2 (100%)" in "\n".join(lines)
+    assert f"[ch{clip} s0] step 2: reward " in "\n".join(lines)
   logged = _launches(root / "log.txt")[0]
   library = _libraries(logged)
   assert library and "checkpoint_manager.py" in {file for _, file, _ in logged}
   assert not library & set(lines), library & set(lines)
   messages = {message for *_, message in logged}
-  assert [x for x in lines if x.startswith("[objective.clip_high=")]
-  assert {x for x in lines if x.startswith("[objective.clip_high=")} <= messages
+  assert [x for x in lines if x.startswith("[ch")]
+  assert {x for x in lines if x.startswith("[ch")} <= messages
+  assert all(len(x) <= 80 for x in lines if x.startswith(("[ch", "step ", "eval step"))), lines
   # One compile notice per program (the RL step, the evaluation), not one per run.
   for notice in ("compiling the RL step", "RL step compiled", "compiling the held-out evaluation"):
     assert len([x for x in lines if x.startswith(notice)]) == 1, (notice, lines)

@@ -47,6 +47,7 @@ class Member:
   history: list = dataclasses.field(default_factory=list)  # (step, eval scalars)
   logger: Logger | None = None
   stopped: str = ""  # why its guards stopped it (a pack's other runs go on); "" while it runs
+  label: str = ""  # its short name in a pack's progress lines (its HParams trial id)
 
   @property
   def config(self) -> Config:
@@ -102,9 +103,19 @@ class SingleRun:
     return [self.exp.eval_fn(params, batch, self.key, answers)]
 
 
-def eval_line(m: dict[str, float]) -> str:
-  """An evaluation's scalars as one log line: `accuracy 0.5 pass@4 0.75 ...`."""
-  return " ".join(f"{k.removeprefix('eval/')} {v:.3g}" for k, v in m.items())
+def eval_line(step: int, m: dict[str, float], took: float, width: int) -> str:
+  """An evaluation as one log line within `width` characters: `eval step 6: accuracy 0.5
+  pass@4 0.75 ... (1.2s)`, accuracy and pass@k first, the other scalars while they fit."""
+  first = [k for k in ["eval/accuracy", *m] if k in m and (k == "eval/accuracy" or "pass@" in k)]
+  first = list(dict.fromkeys(first))
+  shown = [
+    f"{k.removeprefix('eval/')} {m[k]:.3g}" for k in [*first, *(k for k in m if k not in first)]
+  ]
+  while True:
+    line = f"eval step {step}: {' '.join(shown)} ({took:.1f}s)"
+    if len(line) <= width or len(shown) <= 1:
+      return line
+    shown.pop()
 
 
 class Evaluator:
@@ -132,7 +143,8 @@ class Evaluator:
         continue
       member.writer.scalars(step, m)
       member.history.append((step, m))
-      logging.info("%seval step %d: %s (%.1fs)", member.prefix, step, eval_line(m), time.time() - t)
+      width = metrics_lib.LINE_WIDTH - len(member.label)
+      logging.info(member.label + eval_line(step, m, time.time() - t, width))
 
 
 def resume_target(state, meta: dict, keys: Sequence[str] = ("model",)):
@@ -210,9 +222,10 @@ def finished_run(workdir: str, start: int, num_steps: int) -> dict[str, float]:
 class Logger:
   """One run's clock and logged steps: scalars, histograms, samples, progress line."""
 
-  def __init__(self, member: Member, guard: SkipGuard, start: int):
+  def __init__(self, member: Member, guard: SkipGuard, start: int, clock: dict | None = None):
     self.exp, self.writer, self.guard, self.start = member.exp, member.writer, guard, start
-    self.prefix = member.prefix
+    self.clock = {} if clock is None else clock  # a pack's runs share it: one clock line a step
+    self.prefix, self.label = member.prefix, member.label
     cfg = member.config
     calls = cfg.rl.num_prompts * cfg.sampling.group_size  # each host term's calls per step
     timeout = cfg.data.verifier_timeout_s
@@ -251,7 +264,14 @@ class Logger:
     self.writer.histograms(done, hists)
     limit = self.exp.config.train.text_samples
     self.writer.text(done, "samples", record.text_summary(self.exp.task, m, limit))
-    logging.info(self.prefix + self.progress.line(done, scalars))
+    if not self.label:  # a single run: `step 10/100 ... | reward 0.5 ...`
+      logging.info(self.progress.line(done, scalars))
+      return
+    if self.clock.get("step") != done:  # a pack: the clock once, then each run's scalars
+      self.clock["step"] = done
+      logging.info(self.progress.line(done))
+    width = metrics_lib.LINE_WIDTH - len(self.label)
+    logging.info(self.label + self.progress.line(done, scalars, width, clock=False))
 
 
 class Profiler:
@@ -381,17 +401,19 @@ def _open_members(trainee, start: int, hparam_fields: Sequence[str]) -> None:
   """Each run's events (data statistics from step 0, config record, HParams with the fields
   the command line sets and the pack varies) and its logger from step `start`."""
   fields = [*hparam_fields, *trainee.varied]
+  clock = {}  # the step whose clock line a pack's runs have logged
   for member in trainee.members:
     cfg = member.config
     member.writer = metrics_lib.SummaryWriter(member.workdir)
     hparams = record.run_hparams(cfg, trainee.exp.state.params, fields)
     trial = record.trial_name(cfg, fields, member.name or paths.as_path(member.workdir).name)
+    member.label = f"[{trial}] " if member.name else ""
     record.record_run(cfg, member.workdir, member.writer, start, hparams, trial, fields)
     member.writer.restart(start + 1)  # what a launch logged past the checkpoint resumed from goes
     if start == 0:
       member.writer.scalars(0, trainee.exp.task.data_stats)  # file data: read, dropped, kept
     guard = SkipGuard(cfg.train.max_skipped_updates, "rl")
-    member.logger = Logger(member, guard, start)
+    member.logger = Logger(member, guard, start, clock)
 
 
 def _close_members(trainee, ckpt, span: tuple[int, int], wall_start: float) -> None:

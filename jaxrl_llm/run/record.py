@@ -58,14 +58,24 @@ def run_hparams(
   return out
 
 
+TRIAL_WIDTH = 16  # characters TensorBoard's HParams table shows of a trial id before cutting it
+
+
 def trial_name(cfg: Config, fields: Sequence[str], fallback: str) -> str:
-  """A short, readable trial id from `fields`' values (`clip_high=0.28 temperature=1.0
-  seed=1`: the last part of each name, the seed (`config.STATE`) added when a field is given),
-  else `fallback`."""
+  """A trial id from `fields`' values short enough for TensorBoard's HParams table
+  (`TRIAL_WIDTH`): each field as its initials and value (`ch0.28 t1.0 s1` for
+  objective.clip_high, sampling.temperature and the seed, which is added when a field is given);
+  the values alone when that is too long or two initials are the same; `fallback` when no field
+  is given. The columns beside it hold the full names and values."""
   if not fields:
     return fallback
   names = [*dict.fromkeys([*fields, *tagged(PER_RUN, STATE)])]
-  return " ".join(f"{name.rsplit('.', 1)[-1]}={cfg.value(name)}" for name in names)
+  values = [str(cfg.value(name)) for name in names]
+  initials = ["".join(w[:1] for w in n.rsplit(".", 1)[-1].split("_")) for n in names]
+  forms = [" ".join(values)]
+  if len(set(initials)) == len(initials):
+    forms.insert(0, " ".join(map("".join, zip(initials, values))))
+  return next((f for f in forms if len(f) <= TRIAL_WIDTH), forms[-1])
 
 
 def _config_table(cfg: Config, record: Mapping, name: str) -> str:
