@@ -3,7 +3,7 @@ variation.
 
   python experiments/compare_tables.py COMMITTED.md NEW.md
 
-Every cell of the form `mean [low, high]` (a mean over seeds with its bootstrap 95% interval, as
+Every cell of the form `mean [low, high]` (a mean over seeds with its t 95% interval, as
 `seed_table.py` prints it) is matched by table, row and column. A regenerated mean reproduces
 the committed one when it lies within the committed interval's half-width of it: the tolerance
 is the seeds' own variation, as the interval states it. Per-seed cells (single numbers) are

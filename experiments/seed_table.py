@@ -1,4 +1,4 @@
-"""Per-seed values, means and bootstrap 95% intervals of scalar tags, per arm, as Markdown tables
+"""Per-seed values, means and t 95% intervals of scalar tags, per arm, as Markdown tables
 (shared by the studies).
 
   python experiments/seed_table.py --root=/tmp/jaxrl_experiments/clip_higher \\
@@ -20,8 +20,10 @@ is `TAG@WHAT`:
 The first table gives each arm's mean over seeds with its 95% interval (`stats.interval`). With
 --baseline (the baseline arm's --group_by values, comma-separated), a second table gives each
 other arm's paired difference to the baseline over the seeds both ran, with its interval, and
-with --expect `COL:+` or `COL:-` (the sign a claim predicts) the verdict it supports:
-reproduced, refuted or inconclusive. --per_seed prints every run's values; --csv writes them.
+with --expect `COL:+` or `COL:-` (the sign a claim predicts) the verdict it supports, with its
+paired t-test's p-value: reproduced or refuted only where Holm's correction over every verdict
+of the table (each expected column of each arm: one family) rejects a zero difference, else
+inconclusive; "too few seeds" below 3. --per_seed prints every run's values; --csv writes them.
 """
 
 from __future__ import annotations
@@ -117,22 +119,24 @@ def _differences(arms, fields, cols, baseline, expect):
   base = arms.get(baseline)
   if base is None:
     raise SystemExit(f"error: --baseline={','.join(baseline)} is no arm; arms: {sorted(arms)}")
-  print(f"paired difference to the baseline ({', '.join(fields)} = {', '.join(baseline)})\n")
-  rows = []
+  print(f"paired difference to the baseline ({', '.join(fields)} = {', '.join(baseline)})")
+  print("[t 95% interval] (n seeds); verdicts Holm-corrected over the table's claims\n")
+  rows, claims = [], []  # claims: (row, column, (difference, p, expected sign))
   for key, runs in arms.items():
     if key == baseline:
       continue
     cells = []
     for j, col in enumerate(cols):
-      diff = stats.paired_difference(
+      diff, p = stats.paired_test(
         {s: r[j] for s, r in runs.items() if r[j] is not None},
         {s: r[j] for s, r in base.items() if r[j] is not None},
       )
-      cell = f"{diff} (n={diff.n})"
+      cells.append(f"{diff}" if diff.n < stats.MIN_SEEDS else f"{diff} (n={diff.n})")
       if col in expect:
-        cell += " " + stats.verdict(diff, expect[col])
-      cells.append(cell)
+        claims.append((len(rows), len(fields) + j, (diff, p, expect[col])))
     rows.append([*key, *cells])
+  for (r, c, (_, p, _)), word in zip(claims, stats.verdicts([t for *_, t in claims])):
+    rows[r][c] += f" p={stats.fmt(p)} {word}"
   _table([*fields, *cols], rows)
 
 
@@ -158,7 +162,7 @@ def main(argv=None):
   if not arms:
     print(f"error: no runs (config.json) under {' or '.join(args.root)}", file=sys.stderr)
     return 1
-  print(f"mean over seeds [bootstrap 95% interval]; {' + '.join(args.root)}\n")
+  print(f"mean over seeds [t 95% interval]; {' + '.join(args.root)}\n")
   rows = []
   for key, runs in arms.items():
     cells = [str(stats.interval([r[j] for r in runs.values()])) for j in range(len(cols))]

@@ -32,7 +32,7 @@ def _terms(task, prompt: str, completions: list[str], t: int = 8, eos: bool = Tr
 
 
 def test_the_verifier_accepts_every_expression_that_makes_the_target():
-  task = get_task("countdown")  # 538>23: 5*3+8 = 23, 3*5+8, 8+3*5 = 55 (left to right)
+  task = get_task("countdown", numbers=3)  # 538>23: 5*3+8 = 23, 3*5+8, 8+3*5 = 55 (left to right)
   cases = {
     "5*3+8": 1,  # a trace-like answer
     "3*5+8": 1,  # another order
@@ -54,7 +54,7 @@ def test_the_verifier_accepts_every_expression_that_makes_the_target():
 
 
 def test_the_verifier_needs_an_eos_and_reads_nothing_after_it():
-  task = get_task("countdown")
+  task = get_task("countdown", numbers=3)
   assert _terms(task, "538>23", ["5*3+8"], eos=False)["correct"][0] == 0
   comp, mask = TOK.encode_batch(["5*3+8"], 8, bos=False, eos=True, left_pad=False)
   comp[0, 6:] = TOK.ids_of("*9")  # junk after the eos
@@ -70,9 +70,10 @@ def test_repeated_digits_may_be_used_as_often_as_given():
 
 
 def test_countdown_implements_the_task_interface_with_a_disjoint_split():
-  task = get_task("countdown")
+  task = get_task("countdown", numbers=3)
   assert isinstance(task, Task) and isinstance(task, CountdownTask)
-  assert (task.prompt_len, task.answer_len, task.num_problems) == (7, 6, 729 * 72)
+  assert (task.prompt_len, task.answer_len, task.num_problems) == (7, 6, 12800)
+  assert get_task("countdown").num_problems == 362950  # numbers=4, the default
   ev, answers = task.eval_set()
   assert answers is None and ev["tokens"].shape == (256, 7)
   train = task.train_examples(0)
@@ -91,7 +92,7 @@ def test_countdown_implements_the_task_interface_with_a_disjoint_split():
 def test_traces_are_diverse_solutions_and_wrong_at_the_stated_rate(wrong):
   """Every trace is an expression of the given digits; held-out traces all make their target,
   training traces miss it at about the `wrong_traces` rate (a changed operator can still hit)."""
-  task = get_task("countdown", wrong_traces=wrong)
+  task = get_task("countdown", numbers=3, wrong_traces=wrong)
   for examples, rate in ((task.eval_examples(), 0.0), (task.train_examples(0), wrong)):
     prompts = [TOK.decode(r).split(">") for r in examples["tokens"]]
     traces = [TOK.decode(r) for r in examples["answer"]]
@@ -109,20 +110,23 @@ def test_traces_are_diverse_solutions_and_wrong_at_the_stated_rate(wrong):
 
 @pytest.mark.slow
 def test_a_warm_start_on_countdown_leaves_room_to_fail(tmp_path):
-  """The default model, warm-started for 300 steps on traces of which 30% are wrong, answers
-  held-out problems well above chance (0.15 <= greedy accuracy) and far from perfect (< 0.6,
-  pass@4 below 0.8): a policy with room to fail and to improve (read back from its events)."""
-  from jaxrl_llm import metrics as metrics_lib
-  from jaxrl_llm.config import default_config
+  """The testbed's policy (configs/countdown.py), warm-started on traces of which 30% are wrong,
+  answers held-out problems above twice the best trivial answer and far from perfectly (greedy
+  accuracy < 0.6, pass@4 < 0.8): a policy with room to fail and to improve, read back from its
+  events."""
+  from conftest import load_config
 
-  config = default_config()
-  config.task.name, config.task.wrong_traces, config.sft.steps = "countdown", 0.3, 300
-  config.train.num_steps, config.train.eval_every, config.mesh.data = 1, 1, 1
+  from jaxrl_llm import metrics as metrics_lib
+  from jaxrl_llm.data.tasks.trivial import trivial_table
+
+  config = load_config("countdown")
+  config.train.num_steps, config.train.eval_every = 1, 1
   train_and_evaluate(config, str(tmp_path))
   scalars = metrics_lib.read_scalars(str(tmp_path))
   accuracy, pass_k = scalars["eval/accuracy"][0], scalars["eval/pass@4"][0]
+  trivial = trivial_table(get_task("countdown", numbers=config.task.numbers))["best"]
   assert accuracy[0] == pass_k[0] == 0
-  assert 0.15 <= accuracy[1] < 0.6 and pass_k[1] < 0.8, (accuracy, pass_k)
+  assert 2 * trivial < accuracy[1] < 0.6 and pass_k[1] < 0.8, (accuracy, pass_k, trivial)
 
 
 @pytest.mark.parametrize("setting", ["cpu", "gpu", "moe"])

@@ -20,7 +20,7 @@ FROZEN = json.loads((REPO / "tests" / "fixtures" / "default_config_before.json")
 # Fields added after the freeze, with their defaults (every other field must be as it was).
 ADDED = {
   "mesh": {"runs": 1, "runs_at_once": 0},
-  "task": {"numbers": 3, "wrong_traces": 0.0},
+  "task": {"numbers": 4, "wrong_traces": 0.0},  # countdown: 4 digits (at 3 a rule solves 8%)
   "sampling": {"kv_block": 128},
   "train": {"resume_changed": False, "max_failed_verifier_steps": 3},
   "model": {

@@ -431,7 +431,8 @@ def test_a_packed_sweep_trains_every_grid_point_in_one_program(tmp_path):
     assert [s for s, _ in metrics.read_scalars(str(root / name))["eval/accuracy"]] == [0, 2]
     hparams = metrics.read_hparams(str(root / name))["hparams"]
     assert f"objective.clip_high={hparams['objective.clip_high']:g}" in name
-    assert f"[{name}] " in proc.stderr  # its own progress lines
+    trial = f"ch{hparams['objective.clip_high']:g} s{hparams['seed']:g}"
+    assert f"[{trial}] step 2: " in proc.stderr  # its own progress lines, under its trial id
   again, _ = _tool("sweep", *args)  # finished: nothing to train, the same table
   assert again.returncode == 0 and "nothing to train" in again.stderr
   _check_the_seed_table_reads_the_pack(root, names)
@@ -503,7 +504,8 @@ def _check_the_seed_table_reads_the_pack(root, names):
     assert float(run[2]) == pytest.approx(want, abs=1e-3)
   ((clip, diff),) = diffs
   assert clip == CLIPS[1]
-  assert "(n=2)" in diff and any(w in diff for w in ("reproduced", "refuted", "inconclusive"))
+  # 2 seeds are fewer than study_stats.MIN_SEEDS: no interval and no verdict
+  assert "(n=2: too few seeds for an interval)" in diff and diff.endswith("too few seeds"), diff
 
 
 def _markdown_tables(text: str) -> list[list[list[str]]]:

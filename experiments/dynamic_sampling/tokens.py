@@ -12,7 +12,7 @@ Each run's generated tokens are rebuilt from its event file and config:
   For comparison, the estimate used before the trainer counted discarded groups:
   rollout/length_mean (the kept rows) x sampled rows, i.e. discarded completions assumed as
   long as kept ones.
-Arms: (filtering.name, train.num_steps). Cells: mean [95% bootstrap interval] over seeds.
+Arms: (filtering.name, train.num_steps). Cells: mean [t 95% interval] over seeds.
 """
 
 from __future__ import annotations
@@ -61,13 +61,13 @@ def first_reach(x, acc, level):
 
 
 def ms(xs, digits="{:.3f}"):
-  """Mean over seeds and its 95% bootstrap interval (`study_stats.interval`)."""
+  """Mean over seeds and its t 95% interval (`study_stats.interval`)."""
   xs = [x for x in xs if x is not None]
   if not xs:
     return "not reached"
-  if len(xs) == 1:
-    return digits.format(xs[0])
   iv = study_stats.interval(xs)
+  if len(xs) < study_stats.MIN_SEEDS:
+    return f"{digits.format(iv.mean)} (n={len(xs)}: no interval)"
   return f"{digits.format(iv.mean)} [{digits.format(iv.low)}, {digits.format(iv.high)}]"
 
 
@@ -91,7 +91,7 @@ def main():
 
   print(
     "held-out greedy accuracy at a generated-token budget (interpolated between evals; "
-    "'-' past an arm's last eval), mean [95% bootstrap interval] over seeds\n"
+    "'-' past an arm's last eval), mean [t 95% interval] over seeds\n"
   )
   cols = [f"{b / 1e6:g}M tokens" for b in budgets]
   print(
@@ -110,7 +110,7 @@ def main():
 
   print(
     "\ngenerated tokens (millions) and RL steps until held-out accuracy first reaches a "
-    "level (first eval at or above it), mean [95% bootstrap interval] over the seeds that reached it\n"
+    "level (first eval at or above it), mean [t 95% interval] over the seeds that reached it\n"
   )
   print(
     "| filtering | RL steps | "
@@ -133,7 +133,7 @@ def main():
   print(
     "\ngenerated tokens per RL update (mean over logged updates), per sampled completion, "
     "mean length of the kept completions (rollout/length_mean), and exact total / the "
-    "kept-length estimate (kept mean length x sampled rows), mean [95% bootstrap interval] over seeds\n"
+    "kept-length estimate (kept mean length x sampled rows), mean [t 95% interval] over seeds\n"
   )
   print(
     "| filtering | RL steps | tokens / update | tokens / sampled completion | "

@@ -38,7 +38,7 @@ class TaskSettings(LearnedSection):
     "reverse", hparam=True
   )  # built-in verifiable task: reverse | addition | sort | countdown
   digits: int = 2  # addition: operands in [0, 10**digits)
-  numbers: int = 3  # countdown: digits 1-9 given to reach the target with + - *
+  numbers: int = 4  # countdown: digits 1-9 given to reach the target with + - *
   wrong_traces: float = 0.0  # countdown: fraction of warm-start traces made wrong
   min_len: int = 2  # reverse: shortest string
   max_len: int = 5  # reverse: longest string

@@ -52,6 +52,16 @@ class AdditionTask(BuiltinTask):
     a, b = np.divmod(index, self._base)
     return np.minimum(a, b) * self._base + np.maximum(a, b)
 
+  def trivial_rules(self, prompts: list[str]) -> dict[str, list[str]]:
+    """An operand (first, second, larger) or both written together."""
+    pairs = [p.removesuffix("=").split("+") for p in prompts]
+    return {
+      "first": [a for a, _ in pairs],
+      "second": [b for _, b in pairs],
+      "larger": [max(a, b, key=int) for a, b in pairs],
+      "both written together": [a + b for a, b in pairs],
+    }
+
   def render(self, index: np.ndarray) -> tuple[list[str], list[str]]:
     """``"a+b="`` prompts and decimal-sum answers."""
     a, b = np.divmod(np.asarray(index, np.int64), self._base)

@@ -127,6 +127,12 @@ class BuiltinTask(Task):
     """Key hashed for the train/eval split; problems sharing a key land on the same side."""
     return index
 
+  def trivial_rules(self, prompts: list[str]) -> dict[str, list[str]]:
+    """Answers of simple rules over the prompt texts (rule name -> one answer per prompt)
+    that solve nothing in general; `trivial.trivial_table` scores them. None by default."""
+    del prompts
+    return {}
+
   @property
   def max_new_tokens(self) -> int:
     """Suggested completion budget T: exactly enough for the longest answer and its eos."""
@@ -174,15 +180,16 @@ class BuiltinTask(Task):
     return self._sample(rng, self.train_size or DEFAULT_SAMPLED_TRAIN_SIZE, held_out=False)
 
   def eval_indices(self) -> np.ndarray:
-    """Evaluation problem indices [N <= eval_size]: a fixed subset of the held-out part."""
+    """Evaluation problem indices [N <= eval_size]: a fixed subset of the held-out part, one
+    problem per split key (no two are the same problem, or reorderings of one)."""
     rng = np.random.default_rng([self._salt, 2])
     if self.num_problems <= MAX_ENUMERATED_PROBLEMS:
       idx = np.arange(self.num_problems, dtype=np.int64)
-      idx = rng.permutation(idx[self.is_held_out(idx)])[: self.eval_size]
+      idx = rng.permutation(idx[self.is_held_out(idx)])
     else:
       idx = self._sample(rng, 4 * self.eval_size, held_out=True)
-      _, first = np.unique(idx, return_index=True)
-      idx = idx[np.sort(first)][: self.eval_size]
+    _, first = np.unique(self.split_key(idx), return_index=True)
+    idx = idx[np.sort(first)][: self.eval_size]
     if idx.size == 0:
       raise ValueError(f"{self.name}: the held-out part of the problem space is empty.")
     return idx

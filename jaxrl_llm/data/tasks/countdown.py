@@ -30,7 +30,7 @@ MAX_TARGET = 99  # targets are written with two digits
 
 @functools.cache
 def _recipes(n: int) -> list[tuple[tuple[int, ...], tuple[str, ...]]]:
-  """Every (order of 2..n of the n digit slots, operators between them)."""
+  """Every (order of 2..n of the n digit slots, operators between them), fewest digits first."""
   out = []
   for k in range(2, n + 1):
     for order in itertools.permutations(range(n), k):
@@ -46,6 +46,31 @@ def evaluate(digits: list[int], ops: list[str]) -> int:
   return value
 
 
+def _digit_tuples(n: int, tuples: np.ndarray) -> np.ndarray:
+  """The digits [N, n] (1-9) of digit-tuple numbers [N] in [0, 9**n)."""
+  return np.stack([(tuples // 9**j) % 9 + 1 for j in range(n)], -1)
+
+
+@functools.cache
+def _problem_table(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """Every problem of `n` digits as (digit-tuple number [P], target [P], recipe [P]): each
+  pair of a digit tuple and a target in [0, MAX_TARGET] that some recipe reaches, in tuple then
+  target order, with the first recipe (fewest digits) that reaches it as its trace."""
+  tuples = np.arange(9**n, dtype=np.int64)
+  digits = _digit_tuples(n, tuples)
+  first = np.full((9**n, MAX_TARGET + 1), -1, np.int32)
+  for r, (order, ops) in enumerate(_recipes(n)):
+    value = digits[:, order[0]].copy()
+    for op, j in zip(ops, order[1:]):
+      x = digits[:, j]
+      value = value + x if op == "+" else value - x if op == "-" else value * x
+    ok = (value >= 0) & (value <= MAX_TARGET)
+    ok[ok] &= first[tuples[ok], value[ok]] < 0
+    first[tuples[ok], value[ok]] = r
+  tuple_of, target = np.nonzero(first >= 0)
+  return tuple_of.astype(np.int64), target.astype(np.int64), first[tuple_of, target]
+
+
 def _key(digits: np.ndarray, targets: np.ndarray) -> np.ndarray:
   """Split keys [N]: the sorted digits [N, n] and the target [N] as one integer."""
   key = np.zeros(len(targets), np.int64)
@@ -59,11 +84,15 @@ class CountdownTask(BuiltinTask):
   """Reach a target in [0, 99] from ``numbers`` digits 1-9, each used at most once, with
   ``+ - *`` evaluated left to right (a calculator chain: ``2+3*4`` is 20).
 
-  Problem index ``i`` is a digit tuple (``i % 9**n``) and a recipe (``i // 9**n``: an order of
-  2..n of the digits and the operators between them). The recipe's value is the target; a
-  recipe whose value falls outside [0, 99] is replaced by the sum of the first two digits, so
-  every problem has a solution and its trace. Problems with the same digits (as a multiset) and
-  target share a split key. With ``numbers=3``: 729 digit tuples x 72 recipes, S = 7, A = 6.
+  A problem is a digit tuple and a target that some expression of 2..n of its digits reaches;
+  every such pair is one problem (uniform over them), so the target is not a fixed function of
+  the digits: over the whole space, no rule over the prompt (a digit, the first two added, all
+  of them chained with fixed operators) solves more than 1.8% of the problems at
+  ``numbers=4`` (5.7% at 3; `tools/trivial_answers.py` prints the held-out table). The trace,
+  the warm start's
+  target, is the first expression reaching it with the fewest digits. Problems with the same
+  digits (as a multiset) and target share a split key. With ``numbers=4``: 362,950 problems,
+  S = 8, A = 8.
 
   Attributes:
     numbers: how many digits the prompt gives (2..5).
@@ -89,8 +118,8 @@ class CountdownTask(BuiltinTask):
 
   @property
   def num_problems(self) -> int:
-    """Digit tuples x recipes."""
-    return 9**self.numbers * len(_recipes(self.numbers))
+    """Pairs of a digit tuple and a target it reaches."""
+    return len(_problem_table(self.numbers)[0])
 
   @property
   def answer_chars(self) -> str:
@@ -99,19 +128,24 @@ class CountdownTask(BuiltinTask):
 
   def _problems(self, index: np.ndarray) -> tuple[np.ndarray, list, np.ndarray]:
     """(digits [N, n], recipes, targets [N]) of problem indices."""
+    tuple_of, target, recipe = (
+      a[np.asarray(index, np.int64)] for a in _problem_table(self.numbers)
+    )
+    table = _recipes(self.numbers)
+    return _digit_tuples(self.numbers, tuple_of), [table[r] for r in recipe.tolist()], target
+
+  def trivial_rules(self, prompts: list[str]) -> dict[str, list[str]]:
+    """A digit (each position), two digits in prompt order with each operator (`d1+d2` adds
+    the first two), and every digit in prompt order chained by each fixed operator sequence."""
+    given = [p.split(">")[0] for p in prompts]
     n = self.numbers
-    tuples, which = np.divmod(np.asarray(index, np.int64), 9**n)[::-1]
-    digits = np.stack([(tuples // 9**j) % 9 + 1 for j in range(n)], -1)
-    table = _recipes(n)
-    recipes, targets = [], []
-    for row, r in zip(digits.tolist(), which.tolist()):
-      order, ops = table[r]
-      value = evaluate([row[j] for j in order], list(ops))
-      if not 0 <= value <= MAX_TARGET:
-        order, ops, value = (0, 1), ("+",), row[0] + row[1]
-      recipes.append((order, ops))
-      targets.append(value)
-    return digits, recipes, np.asarray(targets, np.int64)
+    out = {f"d{i + 1}": [g[i] for g in given] for i in range(n)}
+    for i, j in itertools.combinations(range(n), 2):
+      out.update({f"d{i + 1}{op}d{j + 1}": [g[i] + op + g[j] for g in given] for op in OPS})
+    for ops in itertools.product(OPS, repeat=n - 1):
+      name = "all " + "".join(ops)
+      out[name] = ["".join(d + o for d, o in zip(g, (*ops, ""))) for g in given]
+    return out
 
   def split_key(self, index: np.ndarray) -> np.ndarray:
     """The sorted digits and the target, so reordered copies land on the same side."""

@@ -68,6 +68,15 @@ class LetterStringTask(BuiltinTask):
     """The answer for input string ``text``."""
     raise NotImplementedError
 
+  def trivial_rules(self, prompts: list[str]) -> dict[str, list[str]]:
+    """The string echoed, its first letter, its last letter."""
+    strings = [p.removesuffix(self.separator) for p in prompts]
+    return {
+      "echo": strings,
+      "first letter": [s[:1] for s in strings],
+      "last letter": [s[-1:] for s in strings],
+    }
+
   def render(self, index: np.ndarray) -> tuple[list[str], list[str]]:
     """``"{s}{separator}"`` prompts and ``transform(s)`` answers."""
     strings = self.strings(index)

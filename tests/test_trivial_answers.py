@@ -1,0 +1,82 @@
+"""Trivial answers of every task: what a policy scores on a held-out split without solving
+anything (tools/trivial_answers.py), and a countdown no rule over its prompt solves."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import REPO, cli_env
+
+from jaxrl_llm.data import arith, tasks
+from jaxrl_llm.data.tasks.trivial import trivial_table
+
+
+def test_no_trivial_answer_solves_5_percent_of_countdowns_held_out_split():
+  """configs/countdown.py's task on 2,000 held-out problems: no digit, no two digits joined by
+  an operator (`d1+d2`, which solved 25% of the old split), no chain of every digit with fixed
+  operators and no constant answer is right on 5% of them."""
+  task = tasks.get_task("countdown", numbers=4, eval_size=2000)
+  table = trivial_table(task)
+  assert table["n"] == 2000
+  assert {"d1", "d4", "d1+d2", "d3*d4", "all +*+"} <= set(table["rules"])
+  assert any(rule.startswith("constant ") for rule in table["rules"])
+  assert table["best"] < 0.05, table
+  assert 0 < table["best"]  # the rules do hit sometimes: the table measures something
+
+
+@pytest.mark.parametrize("name", sorted(tasks.TASKS))
+def test_every_tasks_held_out_problems_are_distinct(name):
+  """No two evaluation problems are the same problem or a reordering of one (the old
+  countdown split held 220 distinct problems in 256)."""
+  task = tasks.get_task(name)
+  index = task.eval_indices()
+  assert len(index) == task.eval_size == 256
+  assert len(np.unique(task.split_key(index))) == len(index)
+  assert task.is_held_out(index).all()
+
+
+def test_the_table_scores_a_rule_that_is_the_answer_as_solving_everything():
+  """The scorer is the task's own verifier: on `sort`, a rule that sorts the letters scores 1,
+  echoing the string scores the share of held-out strings already sorted."""
+
+  class Sorting(tasks.SortTask):
+    def trivial_rules(self, prompts):
+      out = super().trivial_rules(prompts)
+      return {**out, "sorted": ["".join(sorted(s)) for s in out["echo"]]}
+
+  task = Sorting()
+  table = trivial_table(task)
+  assert table["rules"]["sorted"] == 1.0 and table["best_rule"] == "sorted"
+  strings = [p.removesuffix(":") for p in task.render(task.eval_indices())[0]]
+  share = np.mean([s == "".join(sorted(s)) for s in strings])
+  assert table["rules"]["echo"] == pytest.approx(share)
+
+
+def _tool(*args):
+  cmd = [sys.executable, str(REPO / "tools" / "trivial_answers.py"), *args]
+  return subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
+
+
+def test_the_tool_prints_every_tasks_table_and_refuses_a_bad_config_in_one_line(tmp_path):
+  """Without a config: one table per built-in task. With the arithmetic config's files: the
+  records' own baselines. A bad value: one `error:` line, exit 2."""
+  proc = _tool("--json")
+  assert proc.returncode == 0, proc.stderr
+  out = json.loads(proc.stdout)
+  assert [t["task"] for t in out] == sorted(tasks.TASKS)
+  assert all(0 <= t["best"] < 0.05 and t["n"] == 256 for t in out), out
+  arith.write_splits(str(tmp_path), n_train=10, n_eval=300, seed=1)
+  config = f"--config={REPO / 'configs' / 'smollm2_arith.py'}"
+  proc = _tool(config, f"--config.data.eval_files={tmp_path / 'eval.jsonl'}", "--json")
+  assert proc.returncode == 0, proc.stderr
+  table = json.loads(proc.stdout)
+  assert table["task"] == "arith" and table["n"] == 300 and "first+second" in table["rules"]
+  assert table["best"] < 0.02
+  proc = _tool(f"--config={REPO / 'configs' / 'countdown.py'}", "--config.task.numbers=9")
+  assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+    "error: invalid config: task.numbers=9 must be in [2, 5]"
+  ]
