@@ -23,6 +23,7 @@ def get_config(setting: str = "cpu"):
   c.task.name, c.task.wrong_traces = "countdown", 0.3
   c.sft.steps = 1000
   c.train.num_steps, c.train.eval_every, c.train.log_every = 400, 50, 10
+  c.train.pass_k = 16  # pass@1..16 from 16 samples per held-out prompt: the studies' pass@k curves
   if setting == "gpu":
     c.model.d_model, c.model.mlp_dim, c.model.num_layers = 256, 1024, 4
     c.model.num_heads, c.model.num_kv_heads, c.model.head_dim = 8, 4, 32

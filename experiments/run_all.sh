@@ -7,17 +7,40 @@
 # the old interval's half-width) and the summary line printed; `git diff` shows the rest.
 # `HEADLINE=1` also runs each study's headline comparison at 32 seeds (its headline.md; about
 # twice a study's time again), compared with the committed headline.md the same way.
+# A study stopped by a signal (Ctrl-C, SIGTERM: exit 130 or 143) is reported as interrupted,
+# not failed, and the studies after it do not start; run_all.sh then exits 130.
 set -uo pipefail
 cd "$(dirname "$0")"
 ROOT_BASE=${ROOT_BASE:-/tmp/jaxrl_experiments}
 mkdir -p "$ROOT_BASE"
 STUDIES=${STUDIES:-$(for d in */run.sh; do dirname "$d"; done)}
 failed=()
+interrupted=""
+child=""
+# Ctrl-C or SIGTERM to run_all.sh stops the running study (its own process group: the sweep's
+# trainers save their step and exit) and no other starts.
+trap 'interrupted=${interrupted:-run_all.sh}; [ -n "$child" ] && kill -TERM -- "-$child" 2>/dev/null' INT TERM
+set -m  # each study in its own process group, so the signal reaches its trainers too
 for study in $STUDIES; do
   echo "== $study"
   start=$(date +%s)
   [ -f "$study/headline.md" ] && cp "$study/headline.md" "$ROOT_BASE.$study.headline.md.old"
-  if ROOT="$ROOT_BASE/$study" bash "$study/run.sh" > "$study/tables.md.new" 2> "$ROOT_BASE.$study.log"; then
+  ROOT="$ROOT_BASE/$study" bash "$study/run.sh" > "$study/tables.md.new" 2> "$ROOT_BASE.$study.log" &
+  child=$!
+  wait "$child"
+  rc=$?
+  while kill -0 "$child" 2>/dev/null; do  # a trapped signal ends `wait` early: wait for it to stop
+    wait "$child"
+    rc=$?
+  done
+  child=""
+  if [ "$rc" -eq 130 ] || [ "$rc" -eq 143 ] || [ "$rc" -eq 137 ] || [ -n "$interrupted" ]; then
+    rm -f "$study/tables.md.new"
+    echo "   INTERRUPTED after $(( $(date +%s) - start )) s (exit $rc; log: $ROOT_BASE.$study.log): its committed tables are unchanged"
+    interrupted=$study
+    break
+  fi
+  if [ "$rc" -eq 0 ]; then
     if [ -f "$study/tables.md" ]; then  # against the committed tables (compare_tables.py)
       echo "   against the previous tables: $(python compare_tables.py "$study/tables.md" "$study/tables.md.new" | tail -n 1)"
     fi
@@ -33,4 +56,9 @@ for study in $STUDIES; do
     echo "   FAILED (log: $ROOT_BASE.$study.log)"
   fi
 done
-[ ${#failed[@]} -eq 0 ] || { echo "failed: ${failed[*]}" >&2; exit 1; }
+[ ${#failed[@]} -eq 0 ] || echo "failed: ${failed[*]}" >&2
+if [ -n "$interrupted" ]; then
+  echo "interrupted: $interrupted (the studies after it did not run)" >&2
+  exit 130
+fi
+[ ${#failed[@]} -eq 0 ] || exit 1

@@ -24,6 +24,12 @@ with --expect `COL:+` or `COL:-` (the sign a claim predicts) the verdict it supp
 paired t-test's p-value: reproduced or refuted only where Holm's correction over every verdict
 of the table (each expected column of each arm: one family) rejects a zero difference, else
 inconclusive; "too few seeds" below 3. --per_seed prints every run's values; --csv writes them.
+
+With --claims=FILE (a study's claims.json, declared before its results: `load_claims`), the
+group_by fields, the baseline and the claimed columns come from the file, and a third table
+words each declared claim (`a` minus `b`, paired by seed: an arm against the baseline, or one
+arm's column against another of its columns) with Holm's correction over the file's claims
+alone. Columns of --cols that no claim names are exploratory: printed, never worded.
 """
 
 from __future__ import annotations
@@ -115,7 +121,7 @@ def _table(header, rows):
   print()
 
 
-def _differences(arms, fields, cols, baseline, expect):
+def _differences(arms, fields, cols, baseline, expect, header=None):
   base = arms.get(baseline)
   if base is None:
     raise SystemExit(f"error: --baseline={','.join(baseline)} is no arm; arms: {sorted(arms)}")
@@ -137,21 +143,72 @@ def _differences(arms, fields, cols, baseline, expect):
     rows.append([*key, *cells])
   for (r, c, (_, p, _)), word in zip(claims, stats.verdicts([t for *_, t in claims])):
     rows[r][c] += f" p={stats.fmt(p)} {word}"
-  _table([*fields, *cols], rows)
+  _table([*fields, *(header or cols)], rows)
+
+
+CLAIM_KEYS = {"id", "claim", "a", "b", "direction"}
+
+
+def load_claims(path):
+  """A study's declared claims: {"group_by": [fields], "baseline": [values], "claims": [{"id",
+  "claim", "a": {"arm": [values], "col": TAG@WHAT}, "b": {...}, "direction": "+" | "-"}], ...}
+  (its seeds and declaration date too); a malformed file exits with one line naming it."""
+  with open(path) as f:
+    spec = json.load(f)
+  problems = [k for k in ("group_by", "baseline", "claims") if k not in spec]
+  for c in spec.get("claims", []):
+    if set(c) != CLAIM_KEYS or c["direction"] not in "+-" or not {"arm", "col"} == set(c["a"]):
+      problems.append(f"claim {c.get('id', '?')}: want keys {sorted(CLAIM_KEYS)}")
+    elif {"arm", "col"} != set(c["b"]) or "@" not in c["a"]["col"] + c["b"]["col"]:
+      problems.append(f"claim {c['id']}: `a` and `b` each want an arm and a TAG@WHAT col")
+  if problems:
+    raise SystemExit(f"error: {path}: {problems[0]}")
+  return spec
+
+
+def _claims_table(arms, claims, cols):
+  """Each declared claim's paired difference, p-value and Holm-corrected verdict."""
+  print("declared claims (a − b paired by seed) [t 95% interval] (n seeds), p (paired t-test),")
+  print("verdict Holm-corrected over these claims alone\n")
+  tests, rows = [], []
+  for c in claims:
+    side = []
+    for part in (c["a"], c["b"]):
+      runs = arms.get(tuple(str(v) for v in part["arm"]), {})
+      j = cols.index(part["col"])
+      side.append({s: r[j] for s, r in runs.items() if r[j] is not None})
+    diff, p = stats.paired_test(*side)
+    tests.append((diff, p, 1 if c["direction"] == "+" else -1))
+    a, b = (f"{','.join(map(str, x['arm']))} {x['col']}" for x in (c["a"], c["b"]))
+    rows.append([c["id"], c["claim"], f"{a} − {b}", c["direction"], str(diff), str(diff.n),
+                 stats.fmt(p)])  # fmt: skip
+  for row, word in zip(rows, stats.verdicts(tests)):
+    row.append(word)
+  _table(["claim", "statement", "a − b", "expected", "difference", "n", "p", "verdict"], rows)
 
 
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--root", required=True, action="append", help="repeatable")
-  p.add_argument("--group_by", required=True, help="comma-separated config fields")
-  p.add_argument("--cols", required=True, help="comma-separated TAG@WHAT columns")
+  p.add_argument("--group_by", default=None, help="comma-separated config fields")
+  p.add_argument("--cols", default="", help="comma-separated TAG@WHAT columns")
+  p.add_argument("--claims", default=None, help="a study's claims.json (see load_claims)")
   p.add_argument("--baseline", default=None, help="the baseline arm's --group_by values")
   p.add_argument("--expect", default="", help="comma-separated COL:+ or COL:- (a claim's sign)")
   p.add_argument("--per_seed", action="store_true", help="also print every run's values")
   p.add_argument("--csv", default=None, help="also write one row per run to this file")
   args = p.parse_args(argv)
-  fields = [f.strip() for f in args.group_by.split(",") if f.strip()]
+  claims = load_claims(args.claims) if args.claims else None
+  if claims is None and (not args.group_by or not args.cols):
+    raise SystemExit("error: --group_by and --cols are needed without --claims")
   cols = [c.strip() for c in args.cols.split(",") if c.strip()]
+  if claims is not None:
+    claimed = [x["col"] for c in claims["claims"] for x in (c["a"], c["b"])]
+    cols = list(dict.fromkeys([*claimed, *cols]))
+    args.group_by, args.baseline = ",".join(claims["group_by"]), ",".join(claims["baseline"])
+    if args.expect:
+      raise SystemExit("error: --expect and --claims: the claims file declares the expectations")
+  fields = [f.strip() for f in args.group_by.split(",") if f.strip()]
   expect = {}
   for item in filter(None, args.expect.split(",")):
     col, sign = item.rsplit(":", 1)
@@ -167,9 +224,14 @@ def main(argv=None):
   for key, runs in arms.items():
     cells = [str(stats.interval([r[j] for r in runs.values()])) for j in range(len(cols))]
     rows.append([*key, str(len(runs)), *cells])
-  _table([*fields, "seeds", *cols], rows)
+  header = cols
+  if claims is not None:  # a column no claim names is exploratory: no verdict word
+    header = [c if c in claimed else f"{c} (exploratory)" for c in cols]
+  _table([*fields, "seeds", *header], rows)
   if args.baseline is not None:
-    _differences(arms, fields, cols, tuple(args.baseline.split(",")), expect)
+    _differences(arms, fields, cols, tuple(args.baseline.split(",")), expect, header)
+  if claims is not None:
+    _claims_table(arms, claims["claims"], cols)
   if args.per_seed:
     rows = [[name, str(seed), *[stats.fmt(np.nan if x is None else x) for x in row]]
             for name, seed, _, row in per_run]  # fmt: skip

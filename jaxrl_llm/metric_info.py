@@ -28,7 +28,7 @@ class MetricInfo:
 # pattern | direction (max, min or -) | meaning | TRL's name | verl's name ("-": none)
 _TABLE = """
 eval/accuracy                    | max | greedy accuracy on the held-out set | - | -
-eval/pass@*                      | max | pass@k on the held-out set (k samples per prompt) | - | -
+eval/pass@*                      | max | pass@k on the held-out set (k samples per prompt; pass@j below k unbiased from them) | - | -
 eval/sample_accuracy             | max | accuracy of sampled held-out completions | - | -
 eval/length_mean                 | -   | mean length of greedy held-out completions | - | -
 eval/reward/*                    | max | mean of one host reward term over greedy held-out completions | - | -

@@ -77,6 +77,16 @@ def test_arms_mean_and_band_over_seeds(synthetic):
   c = std["eval/accuracy"][1]
   np.testing.assert_allclose(c.hi - c.mean, [0.1] * 4, rtol=1e-5)  # sample std of 0, 0.1, 0.2
   np.testing.assert_allclose(c.mean - c.lo, [0.1] * 4, rtol=1e-5)
+  # The t 95% interval band: the studies' interval of the mean (study_stats.t_intervals).
+  sys.path.insert(0, str(REPO / "experiments"))
+  import study_stats
+
+  _, ci = plot.curves_data(runs, ["eval/accuracy"], band="ci")
+  c = ci["eval/accuracy"][1]
+  _, lo, hi = study_stats.t_intervals(c.values.T)
+  np.testing.assert_allclose(c.lo, lo, rtol=1e-6)
+  np.testing.assert_allclose(c.hi, hi, rtol=1e-6)
+  assert (c.hi - c.lo)[0] > 0.4  # 4.30 x 0.1 / sqrt(3) each side
   # --where keeps one arm; --group_by=run puts every run in its own arm (nothing averaged).
   arms, curves = plot.curves_data(runs, ["eval/accuracy"], where=["clip_high=0.28"])
   assert [a.label for a in arms] == ["clip_high=0.28"] and curves["eval/accuracy"][0].n == 3
@@ -240,3 +250,32 @@ def test_without_matplotlib_the_tool_names_the_extra_that_installs_it(synthetic,
     "pip install -e '.[experiments]' (or pip install matplotlib)"
   ]
   assert not (tmp_path / "x.png").exists()
+
+
+def test_passk_draws_each_arms_pass_at_k_curve_with_its_interval(synthetic, tmp_path):
+  """`plot.py passk`: k = 1 from eval/sample_accuracy and each logged eval/pass@k, at the last
+  evaluation of each run, the mean over seeds with the studies' t interval; a PNG is written."""
+  root = tmp_path / "runs"
+  for clip in BASE:
+    for seed in SEEDS:
+      workdir = root / f"clip{clip}_s{seed}"
+      _write_run(workdir, clip, seed)
+      with metrics.SummaryWriter(str(workdir)) as w:
+        for step in (0, 3):
+          base = _accuracy(clip, seed, step)
+          w.scalars(step, {"eval/sample_accuracy": base, "eval/pass@2": base + 0.1})
+          w.scalars(step, {"eval/pass@4": base + 0.2})
+  runs, grid = plot.load_runs([str(root)])
+  arms, curves = plot.passk_data(runs, grid_fields=grid)
+  assert [a.label for a in arms] == ["clip_high=0.2", "clip_high=0.28"]
+  for clip, c in zip(BASE, curves):
+    assert c.steps.tolist() == [1, 2, 4] and c.n == 3
+    mean = BASE[clip] + 0.1 + 0.03  # seeds 0, 1, 2 at step 3
+    np.testing.assert_allclose(c.mean, [mean, mean + 0.1, mean + 0.2], rtol=1e-5)
+    np.testing.assert_allclose(c.hi - c.mean, [4.303 * 0.1 / np.sqrt(3)] * 3, rtol=1e-3)
+  _, early = plot.passk_data(runs, step=0, grid_fields=grid)
+  np.testing.assert_allclose(early[0].mean[0], BASE[0.2] + 0.1, rtol=1e-5)
+  out = tmp_path / "passk.png"
+  assert plot.main(["passk", str(root), f"--out={out}", "--dpi=40"]) == 0
+  assert mimage.imread(str(out)).shape[0] > 50
+  assert plot.main(["passk", str(synthetic), f"--out={out}"]) == 2  # no pass@k logged

@@ -1,8 +1,10 @@
-"""Figures of runs and sweeps: `python tools/plot.py {curves,heatmap} PATH... [options]`.
+"""Figures of runs and sweeps: `python tools/plot.py {curves,passk,heatmap} PATH... [options]`.
 
   # one subplot per tag, one line per arm (mean over seeds, shaded min–max band)
   python tools/plot.py curves /tmp/sweep --tags=eval/accuracy,policy/entropy --out=curves.png \\
-      [--smooth=0.6] [--band=minmax|std|none] [--where=kl.beta=0] [--group_by=FIELD,...]
+      [--smooth=0.6] [--band=ci|minmax|std|none] [--where=kl.beta=0] [--group_by=FIELD,...]
+  # pass@k against k at the last evaluation, one line per arm (t 95% interval band)
+  python tools/plot.py passk /tmp/sweep --out=passk.png [--step=200] [--group_by=FIELD,...]
   # final value of a tag over two swept fields (cells: mean±std over seeds)
   python tools/plot.py heatmap /tmp/sweep --tag=eval/accuracy --x=objective.clip_high \\
       --y=sampling.temperature --out=heat.png
@@ -21,8 +23,9 @@ does: the runs of an arm are its seeds, averaged step by step (over the steps ev
 `--group_by` names the fields instead (`path` and `run` group by PATH argument or by run, so
 nothing is averaged). Field names may be shortened to an unambiguous suffix (`clip_high`).
 
-The band is the min–max or the mean ± sample std (ddof=1) over the seeds of an arm, drawn where
-an arm has two or more; `--smooth=W` applies TensorBoard's debiased EMA (weight W in [0, 1)) to
+The band is the t 95% interval of the mean over an arm's seeds (`ci`, as the studies' tables:
+drawn where an arm has three or more), or the min–max or the mean ± sample std (ddof=1) over
+them, drawn where an arm has two or more; `--smooth=W` applies TensorBoard's debiased EMA (weight W in [0, 1)) to
 each run before averaging. A heat map cell is the mean over seeds of each run's last logged
 value of `--tag` (after `--smooth`, if given); cells without runs are grey. Axes of a heat map
 are fields with several values, or fields of a sweep's grid; other fields that vary must be
@@ -49,7 +52,12 @@ import numpy as np
 SEED = "seed"
 IGNORED_FIELDS = ("train.stop_after_steps",)  # differ between invocations of one run
 PSEUDO_FIELDS = ("path", "run")  # --group_by only: the PATH argument, the run's directory
-BANDS = {"minmax": "min–max over seeds", "std": "±1 std over seeds", "none": ""}
+BANDS = {
+  "ci": "t 95% interval of the mean over seeds",
+  "minmax": "min–max over seeds",
+  "std": "±1 std over seeds",
+  "none": "",
+}
 _NAME_PART = re.compile(r"([A-Za-z_][A-Za-z0-9_.]*)=([^,]*)")
 
 
@@ -431,7 +439,12 @@ def aggregate(arm: Arm, tag: str, smooth: float = 0.0, band: str = "minmax") -> 
   values = np.array([[s[t] for t in steps] for s in per_run], dtype=np.float64)
   values = values.reshape(len(per_run), len(steps))
   mean = values.mean(axis=0)
-  if band == "std" and len(per_run) > 1:
+  if band == "ci" and len(per_run) > 2:  # as experiments/study_stats.py: none below 3 seeds
+    from scipy import stats
+
+    half = stats.t.ppf(0.975, len(per_run) - 1) * values.std(axis=0, ddof=1)
+    lo, hi = mean - half / np.sqrt(len(per_run)), mean + half / np.sqrt(len(per_run))
+  elif band == "std" and len(per_run) > 1:
     std = values.std(axis=0, ddof=1)
     lo, hi = mean - std, mean + std
   elif band == "minmax":
@@ -480,6 +493,64 @@ def curves_data(
   for tag in tags:
     out[tag] = [c for a in arms if (c := aggregate(a, tag, smooth, band)) is not None]
   return arms, out
+
+
+def passk_data(
+  runs: Sequence[RunData],
+  *,
+  step: int | None = None,
+  grid_fields: Sequence[str] = (),
+  group_by: Sequence[str] | None = None,
+  where: Sequence[str] = (),
+) -> tuple[list[Arm], list[Curve]]:
+  """Each arm's pass@k curve at `step` (default: each run's last evaluation): k = 1
+  (`eval/sample_accuracy`) and every k of an `eval/pass@k` tag, the mean over seeds with its t
+  95% interval (none below 3 seeds). A Curve's `steps` hold the k values."""
+  arms = arms_for(runs, grid_fields, group_by, where)
+  ks = sorted(
+    {1} | {int(t.split("@")[1]) for r in runs for t in r.scalars if t.startswith("eval/pass@")}
+  )
+  if ks == [1]:
+    raise PlotError("no run logged eval/pass@k: nothing to draw a pass@k curve from")
+  out = []
+  for arm in arms:
+    per_run = []
+    for r in arm.runs:
+      row = []
+      for k in ks:
+        pts = dict(r.scalars.get("eval/sample_accuracy" if k == 1 else f"eval/pass@{k}", []))
+        at = max(pts, default=None) if step is None else step
+        row.append(pts.get(at, np.nan))
+      per_run.append(row)
+    values = np.array(per_run, dtype=np.float64)
+    mean = np.nanmean(values, axis=0)
+    lo = hi = mean
+    if len(per_run) > 2:
+      from scipy import stats
+
+      half = stats.t.ppf(0.975, len(per_run) - 1) * values.std(axis=0, ddof=1)
+      lo, hi = mean - half / np.sqrt(len(per_run)), mean + half / np.sqrt(len(per_run))
+    out.append(Curve(arm, np.array(ks, dtype=np.int64), mean, lo, hi, len(per_run), values))
+  return arms, out
+
+
+def plot_passk(curves: list[Curve], out: str, *, title: str, size=None, dpi: int = 100) -> None:
+  """Writes pass@k against k (log2 axis), one line per arm with its interval band."""
+  plt = _pyplot()
+  fig, ax = plt.subplots(figsize=size or (5.5, 3.8), dpi=dpi, layout="constrained")
+  for c in curves:
+    n = len(c.arm.runs)
+    ax.plot(c.steps, c.mean, marker="o", markersize=4, label=c.arm.label + f" (n={n})")
+    if n > 2:
+      ax.fill_between(c.steps, c.lo, c.hi, alpha=0.2, linewidth=0)
+  ax.set_xscale("log", base=2)
+  ax.set_xticks(curves[0].steps, [str(k) for k in curves[0].steps])
+  ax.set_xlabel("k (samples per held-out prompt)")
+  ax.set_ylabel("pass@k")
+  ax.set_title(title, fontsize=9)
+  ax.legend(fontsize=8)
+  ax.grid(alpha=0.3)
+  _save(fig, out, dpi)
 
 
 def heatmap_data(
@@ -780,9 +851,12 @@ def main(argv: Sequence[str] | None = None) -> int:
   c.add_argument(
     "--tags", default="eval/accuracy", help="Comma-separated tags or globs (default eval/accuracy)."
   )
-  c.add_argument("--band", default="minmax", help="minmax | std | none (default minmax).")
+  c.add_argument("--band", default="minmax", help="ci | minmax | std | none (default minmax).")
   c.add_argument("--group_by", default=None, help="Comma-separated fields defining the arms.")
   c.add_argument("--cols", type=int, default=2, help="Subplots per row (default 2).")
+  k = sub.add_parser("passk", parents=[common], help="pass@k against k, one line per arm.")
+  k.add_argument("--step", type=int, default=None, help="The evaluation step (default: last).")
+  k.add_argument("--group_by", default=None, help="Comma-separated fields defining the arms.")
   h = sub.add_parser("heatmap", parents=[common], help="Final value over two swept fields.")
   h.add_argument("--tag", default="eval/accuracy", help="The tag (default eval/accuracy).")
   h.add_argument("--x", required=True, help="Swept field along x.")
@@ -807,6 +881,15 @@ def main(argv: Sequence[str] | None = None) -> int:
       plot_curves(
         curves, out, band=args.band, smooth=args.smooth, cols=args.cols, size=size, dpi=args.dpi
       )
+      print(f"{len(arms)} arm(s):\n{_describe(arms)}")
+    elif args.command == "passk":
+      group_by = _split(args.group_by) if args.group_by is not None else None
+      arms, passk = passk_data(
+        runs, step=args.step, grid_fields=grid_fields, group_by=group_by, where=args.where
+      )
+      at = "the last evaluation" if args.step is None else f"step {args.step}"
+      title = f"pass@k at {at}: mean over seeds, band: t 95% interval"
+      plot_passk(passk, out, title=title, size=size, dpi=args.dpi)
       print(f"{len(arms)} arm(s):\n{_describe(arms)}")
     else:
       grid = heatmap_data(

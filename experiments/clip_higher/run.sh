@@ -5,6 +5,8 @@
 # clip's baseline visibly collapses its entropy. Prints the tables (tables.md); figure here.
 set -euo pipefail
 source "$(dirname "$0")/../study_env.sh"  # HERE, ROOT, the XLA cache; cd to the repo
+CONFIRM=${CONFIRM:-0}  # 1: also train the arms claims.json names on fresh seeds (confirmation.md)
+CONFIRM_SEEDS=$(seq -s, 100 123)
 
 SET=train.num_steps=200,optim.learning_rate=0.001,rl.num_epochs=4,rl.num_minibatches=4
 python tools/sweep.py --config=configs/countdown.py --root="$ROOT" --packed \
@@ -25,6 +27,14 @@ if [ "$HEADLINE" = 1 ]; then  # 0.2 against 0.28 at 32 seeds (headline.md)
     --cols=policy/entropy@50,policy/entropy@final,eval/accuracy@final \
     --expect=policy/entropy@50:+,policy/entropy@final:+,eval/accuracy@final:+ > "$HERE/headline.md"
 fi
-python tools/plot.py curves "$ROOT" --group_by=objective.clip_high --band=minmax --size=9x5.4 \
+if [ "$CONFIRM" = 1 ]; then  # claims.json on fresh seeds 100-123 (confirmation.md)
+  python tools/sweep.py --config=configs/countdown.py --root="$ROOT.confirm" --packed \
+    --seeds=$CONFIRM_SEEDS --grid=objective.clip_high=0.2,0.28 --set=$SET \
+    > "$ROOT.confirm.log" 2>&1
+  python experiments/seed_table.py --root="$ROOT.confirm" --claims="$HERE/claims.json" \
+    --per_seed > "$HERE/confirmation.md"
+fi
+python tools/plot.py curves "$ROOT" --group_by=objective.clip_high --band=ci --size=9x5.4 \
   --dpi=70 --tags=policy/entropy,eval/accuracy,policy/clip_frac_high,rollout/length_mean \
   --out="$HERE/curves.png" > /dev/null
+python tools/plot.py passk "$ROOT" --group_by=objective.clip_high --dpi=70 --out="$HERE/passk.png" > /dev/null

@@ -6,6 +6,8 @@
 # heat maps here.
 set -euo pipefail
 source "$(dirname "$0")/../study_env.sh"  # HERE, ROOT, the XLA cache; cd to the repo
+CONFIRM=${CONFIRM:-0}  # 1: also train the arms claims.json names on fresh seeds (confirmation.md)
+CONFIRM_SEEDS=$(seq -s, 100 123)
 
 SET=train.num_steps=150,optim.learning_rate=0.001,rl.num_epochs=2,rl.num_minibatches=4
 python tools/sweep.py --config=configs/countdown.py --root="$ROOT" --packed \
@@ -28,7 +30,15 @@ if [ "$HEADLINE" = 1 ]; then  # the default cell against (0.28, 1.3) at 32 seeds
     --cols=eval/accuracy@final,policy/entropy@final --baseline=0.2,1.0 \
     --expect=eval/accuracy@final:+ > "$HERE/headline.md"
 fi
+if [ "$CONFIRM" = 1 ]; then  # claims.json on fresh seeds 100-123 (confirmation.md)
+  python tools/sweep.py --config=configs/countdown.py --root="$ROOT.confirm" --packed \
+    --seeds=$CONFIRM_SEEDS --grid=objective.clip_high=0.2,0.28 --set=sampling.temperature=1.0 \
+    --set=$SET > "$ROOT.confirm.log" 2>&1
+  python experiments/seed_table.py --root="$ROOT.confirm" --claims="$HERE/claims.json" \
+    --per_seed > "$HERE/confirmation.md"
+fi
 for tag in eval/accuracy policy/entropy; do
   python tools/plot.py heatmap "$ROOT" --tag=$tag --x=objective.clip_high \
     --y=sampling.temperature --size=5.5x3.6 --dpi=70 --out="$HERE/heatmap_${tag#*/}.png" > /dev/null
 done
+python tools/plot.py passk "$ROOT" --group_by=objective.clip_high,sampling.temperature --dpi=70 --out="$HERE/passk.png" > /dev/null

@@ -7,6 +7,8 @@
 # own pack of 8 seeds. Prints the tables (tables.md); figures here.
 set -euo pipefail
 source "$(dirname "$0")/../study_env.sh"  # HERE, ROOT, the XLA cache; cd to the repo
+CONFIRM=${CONFIRM:-0}  # 1: also train the arms claims.json names on fresh seeds (confirmation.md)
+CONFIRM_SEEDS=$(seq -s, 100 123)
 SEEDS=0,1,2,3,4,5,6,7
 
 for arm in dynamic_sampling:150 none:150 none:300; do
@@ -36,9 +38,20 @@ if [ "$HEADLINE" = 1 ]; then  # per update, 150 updates with and without, 32 see
     --cols=eval/accuracy@50,eval/accuracy@100,eval/accuracy@150 \
     --expect=eval/accuracy@100:+,eval/accuracy@150:+ > "$HERE/headline.md"
 fi
-python tools/plot.py curves "$ROOT" --group_by=filtering.name,train.num_steps --band=minmax \
+if [ "$CONFIRM" = 1 ]; then  # claims.json on fresh seeds 100-123 (confirmation.md)
+  for name in dynamic_sampling none; do
+    python tools/sweep.py --config=configs/countdown.py --root="$ROOT.confirm/$name,150" \
+      --packed --seeds=$CONFIRM_SEEDS \
+      --set=filtering.name=$name,train.num_steps=150,train.eval_every=25 \
+      > "$ROOT.confirm.$name,150.log" 2>&1
+  done
+  python experiments/seed_table.py --root="$ROOT.confirm" --claims="$HERE/claims.json" \
+    --per_seed > "$HERE/confirmation.md"
+fi
+python tools/plot.py curves "$ROOT" --group_by=filtering.name,train.num_steps --band=ci \
   --size=9x3.6 --dpi=70 --tags=rollout/zero_std_group_frac,eval/accuracy \
   --out="$HERE/zero_std.png" > /dev/null
 # Per generated token: dynamic sampling's 150 updates against no filter's 300 (the same tokens).
 python experiments/seed_table.py --root="$ROOT" --group_by=filtering.name,train.num_steps \
   --cols=eval/accuracy@final --baseline=none,300 --expect=eval/accuracy@final:+
+python tools/plot.py passk "$ROOT" --group_by=filtering.name,train.num_steps --dpi=70 --out="$HERE/passk.png" > /dev/null

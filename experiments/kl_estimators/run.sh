@@ -5,6 +5,8 @@
 # Outputs go under $ROOT (default /tmp/jaxrl_experiments/kl_estimators); figures here.
 set -euo pipefail
 source "$(dirname "$0")/../study_env.sh"  # HERE, ROOT, the XLA cache; cd to the repo
+CONFIRM=${CONFIRM:-0}  # 1: also train the arms claims.json names on fresh seeds (confirmation.md)
+CONFIRM_SEEDS=$(seq -s, 100 123)
 mkdir -p "$ROOT"
 
 # Part A
@@ -34,5 +36,15 @@ if [ "$HEADLINE" = 1 ]; then  # k3 against k3_is at 32 seeds (headline.md)
     --cols=kl/ref_kl@final,policy/entropy@final,eval/accuracy@final --baseline=0.1,k3 \
     --expect=kl/ref_kl@final:- > "$HERE/headline.md"
 fi
-python tools/plot.py curves "$ROOT" --group_by=$G --band=minmax --size=9x3.6 --dpi=70 \
+if [ "$CONFIRM" = 1 ]; then  # claims.json on fresh seeds 100-123 (confirmation.md)
+  for est in k3 k3_is; do
+    python tools/sweep.py --config=configs/countdown.py --root="$ROOT.confirm/0.1,$est" \
+      --packed --seeds=$CONFIRM_SEEDS --set=kl.beta=0.1,kl.name=$est,sampling.param_dtype=int8 \
+      --set=train.num_steps=300 > "$ROOT.confirm.0.1,$est.log" 2>&1
+  done
+  python experiments/seed_table.py --root="$ROOT.confirm" --claims="$HERE/claims.json" \
+    --per_seed > "$HERE/confirmation.md"
+fi
+python tools/plot.py curves "$ROOT" --group_by=$G --band=ci --size=9x3.6 --dpi=70 \
   --tags=eval/accuracy,kl/ref_kl --out="$HERE/training.png" > /dev/null
+python tools/plot.py passk "$ROOT" --group_by=$G --dpi=70 --out="$HERE/passk.png" > /dev/null

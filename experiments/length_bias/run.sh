@@ -6,6 +6,8 @@
 # aggregation), so each is its own pack of 8 seeds. Prints the tables (tables.md); figure here.
 set -euo pipefail
 source "$(dirname "$0")/../study_env.sh"  # HERE, ROOT, the XLA cache; cd to the repo
+CONFIRM=${CONFIRM:-0}  # 1: also train the arms claims.json names on fresh seeds (confirmation.md)
+CONFIRM_SEEDS=$(seq -s, 100 123)
 COMMON=sampling.max_new_tokens=12,train.num_steps=300
 
 for arm in grpo:seq_mean_token_mean mean_only:seq_mean_token_sum_norm grpo:token_mean; do
@@ -34,6 +36,17 @@ if [ "$HEADLINE" = 1 ]; then  # GRPO against Dr. GRPO at 32 seeds (headline.md)
     --cols=$COLS,eval/accuracy@final --baseline=mean_only,seq_mean_token_sum_norm \
     --expect=rollout/length_incorrect_mean@avg:280-300:+ > "$HERE/headline.md"
 fi
-python tools/plot.py curves "$ROOT" --group_by=$G --band=minmax --size=9x6.5 --dpi=70 \
+if [ "$CONFIRM" = 1 ]; then  # claims.json on fresh seeds 100-123 (confirmation.md)
+  for arm in grpo:seq_mean_token_mean mean_only:seq_mean_token_sum_norm; do
+    adv=${arm%%:*} agg=${arm##*:}
+    python tools/sweep.py --config=configs/countdown.py --root="$ROOT.confirm/$adv,$agg" \
+      --packed --seeds=$CONFIRM_SEEDS --set=advantage.name=$adv,aggregation.name=$agg \
+      --set=$COMMON > "$ROOT.confirm.$adv,$agg.log" 2>&1
+  done
+  python experiments/seed_table.py --root="$ROOT.confirm" --claims="$HERE/claims.json" \
+    --per_seed > "$HERE/confirmation.md"
+fi
+python tools/plot.py curves "$ROOT" --group_by=$G --band=ci --size=9x6.5 --dpi=70 \
   --smooth=0.6 --out="$HERE/curves.png" > /dev/null \
   --tags=rollout/length_incorrect_mean,rollout/length_correct_mean,rollout/truncated_frac,eval/accuracy
+python tools/plot.py passk "$ROOT" --group_by=$G --dpi=70 --out="$HERE/passk.png" > /dev/null

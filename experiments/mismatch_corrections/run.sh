@@ -5,6 +5,8 @@
 # correction), so it is its own pack of 8 seeds. Prints the tables (tables.md); figure here.
 set -euo pipefail
 source "$(dirname "$0")/../study_env.sh"  # HERE, ROOT, the XLA cache; cd to the repo
+CONFIRM=${CONFIRM:-0}  # 1: also train the arms claims.json names on fresh seeds (confirmation.md)
+CONFIRM_SEEDS=$(seq -s, 100 123)
 
 for arm in float32:none int8:none int8:tis_token; do
   dtype=${arm%%:*} corr=${arm##*:}
@@ -28,6 +30,17 @@ if [ "$HEADLINE" = 1 ]; then  # float32 against uncorrected int8 at 32 seeds (he
     --cols=eval/accuracy@150,eval/accuracy@final,behaviour/kl_k3@avg --baseline=float32,none \
     --expect=eval/accuracy@150:-,eval/accuracy@final:- > "$HERE/headline.md"
 fi
-python tools/plot.py curves "$ROOT" --group_by=$G --band=minmax --size=9x6.5 --dpi=70 \
+if [ "$CONFIRM" = 1 ]; then  # claims.json on fresh seeds 100-123 (confirmation.md)
+  for arm in float32:none int8:none int8:tis_token; do
+    dtype=${arm%%:*} corr=${arm##*:}
+    python tools/sweep.py --config=configs/countdown.py --root="$ROOT.confirm/$dtype,$corr" \
+      --packed --seeds=$CONFIRM_SEEDS --set=sampling.param_dtype=$dtype,correction.name=$corr \
+      --set=train.num_steps=300 > "$ROOT.confirm.$dtype,$corr.log" 2>&1
+  done
+  python experiments/seed_table.py --root="$ROOT.confirm" --claims="$HERE/claims.json" \
+    --per_seed > "$HERE/confirmation.md"
+fi
+python tools/plot.py curves "$ROOT" --group_by=$G --band=ci --size=9x6.5 --dpi=70 \
   --tags=eval/accuracy,behaviour/kl_k3,behaviour/rho_max,behaviour/frac_truncated \
   --out="$HERE/curves.png" > /dev/null
+python tools/plot.py passk "$ROOT" --group_by=$G --dpi=70 --out="$HERE/passk.png" > /dev/null

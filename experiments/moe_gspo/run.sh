@@ -6,6 +6,8 @@
 # tables (tables.md); figure here.
 set -euo pipefail
 source "$(dirname "$0")/../study_env.sh"  # HERE, ROOT, the XLA cache; cd to the repo
+CONFIRM=${CONFIRM:-0}  # 1: also train the arms claims.json names on fresh seeds (confirmation.md)
+CONFIRM_SEEDS=$(seq -s, 100 123)
 COMMON=sampling.param_dtype=bfloat16,rl.num_minibatches=4,train.num_steps=300
 GSPO=objective.name=gspo,objective.clip_low=3e-4,objective.clip_high=4e-4,aggregation.name=seq_mean
 
@@ -39,6 +41,18 @@ if [ "$HEADLINE" = 1 ]; then  # GRPO against GSPO, neither replaying, at 32 seed
     --cols=$HEAD_COLS --baseline=ppo_clip,none --per_seed \
     --expect=policy/ratio_var@avg:-,eval/accuracy@final:+ > "$HERE/headline.md"
 fi
-python tools/plot.py curves "$ROOT" --group_by=$G --band=minmax --size=9x6.5 --dpi=70 \
+if [ "$CONFIRM" = 1 ]; then  # claims.json on fresh seeds 100-123 (confirmation.md)
+  for arm in grpo,none gspo,none; do
+    extra=objective.name=ppo_clip
+    [ "${arm%%,*}" = gspo ] && extra=$GSPO
+    python tools/sweep.py --config=configs/countdown.py:moe --root="$ROOT.confirm/$arm" \
+      --packed --seeds=$CONFIRM_SEEDS --set=replay.name=none,$extra --set=$COMMON \
+      > "$ROOT.confirm.$arm.log" 2>&1
+  done
+  python experiments/seed_table.py --root="$ROOT.confirm" --claims="$HERE/claims.json" \
+    --per_seed > "$HERE/confirmation.md"
+fi
+python tools/plot.py curves "$ROOT" --group_by=$G --band=ci --size=9x6.5 --dpi=70 \
   --tags=eval/accuracy,policy/ratio_var,moe/route_disagree_sampler,moe/route_disagree_old \
   --out="$HERE/curves.png" > /dev/null
+python tools/plot.py passk "$ROOT" --group_by=$G --dpi=70 --out="$HERE/passk.png" > /dev/null

@@ -7,6 +7,8 @@
 # (tables.md); figure here.
 set -euo pipefail
 source "$(dirname "$0")/../study_env.sh"  # HERE, ROOT, the XLA cache; cd to the repo
+CONFIRM=${CONFIRM:-0}  # 1: also train the arms claims.json names on fresh seeds (confirmation.md)
+CONFIRM_SEEDS=$(seq -s, 100 123)
 
 for replay in none r3; do
   python tools/sweep.py --config=configs/countdown.py:moe --root="$ROOT/$replay" --packed \
@@ -28,5 +30,15 @@ if [ "$HEADLINE" = 1 ]; then  # no replay against R3 at 32 seeds (headline.md)
     --group_by=replay.name --cols=policy/ratio_var@avg,eval/accuracy@final --baseline=none \
     --expect=policy/ratio_var@avg:-,eval/accuracy@final:+ > "$HERE/headline.md"
 fi
-python tools/plot.py curves "$ROOT" --group_by=replay.name --band=minmax --size=9x3.6 --dpi=70 \
+if [ "$CONFIRM" = 1 ]; then  # claims.json on fresh seeds 100-123 (confirmation.md)
+  for replay in none r3; do
+    python tools/sweep.py --config=configs/countdown.py:moe --root="$ROOT.confirm/$replay" \
+      --packed --seeds=$CONFIRM_SEEDS --set=replay.name=$replay,rl.num_minibatches=4 \
+      --set=train.num_steps=300 > "$ROOT.confirm.$replay.log" 2>&1
+  done
+  python experiments/seed_table.py --root="$ROOT.confirm" --claims="$HERE/claims.json" \
+    --per_seed > "$HERE/confirmation.md"
+fi
+python tools/plot.py curves "$ROOT" --group_by=replay.name --band=ci --size=9x3.6 --dpi=70 \
   --tags=eval/accuracy,policy/ratio_var --out="$HERE/curves.png" > /dev/null
+python tools/plot.py passk "$ROOT" --group_by=replay.name --dpi=70 --out="$HERE/passk.png" > /dev/null

@@ -18,14 +18,30 @@ from jaxrl_llm.sampling import sample, with_values
 from jaxrl_llm.types import PromptBatch
 
 
+def pass_at(correct: jax.Array, j: int) -> jax.Array:
+  """The unbiased pass@j estimate from k >= j samples per prompt (`correct` [P, k], 0/1):
+  the mean over prompts of 1 - C(k - c, j) / C(k, j), c a prompt's correct samples."""
+  k = correct.shape[1]
+  c = correct.sum(axis=1).astype(jnp.float32)
+  i = jnp.arange(j, dtype=jnp.float32)
+  none = jnp.prod(jnp.maximum(k - c[:, None] - i, 0.0) / (k - i), axis=1)
+  return jnp.mean(1.0 - none)
+
+
 def _summarise(acc, pk, lengths, k: int) -> dict:
-  """The evaluation's scalars from per-prompt correctness (greedy [P], sampled [P, k])."""
-  return {
+  """The evaluation's scalars from per-prompt correctness (greedy [P], sampled [P, k]): pass@k,
+  and the unbiased pass@j of every power of two j < k from the same samples (a pass@k curve;
+  pass@1 is the sample accuracy)."""
+  out = {
     "eval/accuracy": jnp.mean(acc),
     f"eval/pass@{k}": jnp.mean(jnp.max(pk, axis=1)),
     "eval/sample_accuracy": jnp.mean(pk),
     "eval/length_mean": jnp.mean(lengths.astype(jnp.float32)),
   }
+  for j in (2**e for e in range(1, max(k - 1, 1).bit_length())):
+    if j < k:
+      out[f"eval/pass@{j}"] = pass_at(pk, j)
+  return out
 
 
 def _correct(task, rollout, batch: PromptBatch, g: int):

@@ -1,0 +1,124 @@
+"""The cross-study table of experiments/README.md, generated from each study's declared claims
+(claims.json) and its confirmation on fresh seeds (confirmation.md, printed by its run.sh with
+CONFIRM=1), with the testbed's best trivial answer beside it.
+
+  python experiments/summary.py           # rewrites the table in experiments/README.md
+  python experiments/summary.py --check   # exits 1 naming the file when the table is stale
+
+A claim without a confirmation yet reads "not yet confirmed"; its verdict comes only from the
+confirmation table (Holm-corrected over the study's own claims), never from the seeds that
+explored it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+import seed_table  # noqa: E402
+
+BEGIN = "<!-- cross-study table: python experiments/summary.py writes it -->"
+END = "<!-- end of the cross-study table -->"
+
+
+def studies() -> list[str]:
+  """The study folders (those with a run.sh), sorted."""
+  return sorted(d for d in os.listdir(HERE) if os.path.isfile(os.path.join(HERE, d, "run.sh")))
+
+
+def confirmed(study: str) -> dict[str, list[str]]:
+  """{claim id: its row of the confirmation's claims table} (empty without a confirmation)."""
+  path = os.path.join(HERE, study, "confirmation.md")
+  if not os.path.exists(path):
+    return {}
+  rows, inside = {}, False
+  with open(path) as f:
+    for line in f:
+      if line.startswith("| claim | statement |"):
+        inside = True
+      elif inside and line.startswith("| ") and not line.startswith("|---"):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        rows[cells[0]] = cells
+      elif inside and not line.strip():
+        inside = bool(not rows)
+  return rows
+
+
+def table() -> str:
+  """The markdown table: one row per declared claim of every study."""
+  lines = [
+    "| study | claim | a − b (expected sign) | on fresh seeds: difference [t 95%] | n | p | verdict |",
+    "|---|---|---|---|---|---|---|",
+  ]
+  for study in studies():
+    spec = seed_table.load_claims(os.path.join(HERE, study, "claims.json"))
+    done = confirmed(study)
+    for c in spec["claims"]:
+      a, b = (f"{','.join(map(str, x['arm']))} `{x['col']}`" for x in (c["a"], c["b"]))
+      head = f"| [{study}]({study}/README.md) | {c['claim']} | {a} − {b} ({c['direction']}) |"
+      row = done.get(c["id"])
+      if row is None:
+        lines.append(f"{head} not yet confirmed (seeds {spec['confirmation_seeds']}) | | | |")
+      else:
+        lines.append(f"{head} {row[4]} | {row[5]} | {row[6]} | **{row[7]}** |")
+  return "\n".join(lines)
+
+
+def trivial_line() -> str:
+  """The testbed task's best trivial answer on its held-out split (docs/tasks.md)."""
+  from jaxrl_llm import backend
+
+  backend.choose()  # as the trainer does: no backend's start-up chatter on the terminal
+  import importlib.util
+
+  from jaxrl_llm.data.tasks import get_task
+  from jaxrl_llm.data.tasks.trivial import trivial_table
+
+  path = os.path.join(os.path.dirname(HERE), "configs", "countdown.py")
+  spec = importlib.util.spec_from_file_location("countdown_config", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  cfg = module.get_config()
+  t = trivial_table(get_task("countdown", numbers=cfg.task.numbers))
+  return (
+    f"The testbed's best trivial answer (`{t['best_rule']}`) scores {t['best']:.3f} on its "
+    f"{t['n']} held-out problems (`python tools/trivial_answers.py --config=configs/countdown.py`): "
+    "read every accuracy below beside it."
+  )
+
+
+def render(readme: str) -> str:
+  """`readme` with the generated block between the markers."""
+  if BEGIN not in readme or END not in readme:
+    raise SystemExit(f"error: experiments/README.md lacks the markers {BEGIN!r} and {END!r}")
+  head, rest = readme.split(BEGIN, 1)
+  _, tail = rest.split(END, 1)
+  return f"{head}{BEGIN}\n{trivial_line()}\n\n{table()}\n{END}{tail}"
+
+
+def main(argv: list[str]) -> int:
+  """Writes (or with --check compares) the table in experiments/README.md."""
+  path = os.path.join(HERE, "README.md")
+  with open(path) as f:
+    old = f.read()
+  new = render(old)
+  if "--check" in argv:
+    if new != old:
+      print(
+        f"{path}: the cross-study table is stale; run python experiments/summary.py",
+        file=sys.stderr,
+      )
+      return 1
+    return 0
+  with open(path, "w") as f:
+    f.write(new)
+  print(json.dumps({"written": path, "studies": len(studies())}))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))

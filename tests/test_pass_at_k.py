@@ -1,0 +1,34 @@
+"""The held-out evaluation's pass@k curve: unbiased pass@j estimates from the k samples drawn
+for pass@k, checked against counting every j-subset of the samples."""
+
+from __future__ import annotations
+
+import itertools
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrl_llm.run.evaluate import _summarise, pass_at
+
+
+@pytest.mark.parametrize("k", [2, 4, 8])
+def test_pass_at_j_is_the_share_of_j_subsets_with_a_correct_sample(k):
+  rng = np.random.default_rng(k)
+  correct = (rng.random((40, k)) < rng.random((40, 1))).astype(np.float32)
+  for j in range(1, k + 1):
+    subsets = list(itertools.combinations(range(k), j))
+    want = np.mean([np.mean([row[list(s)].max() for s in subsets]) for row in correct])
+    assert float(pass_at(jnp.asarray(correct), j)) == pytest.approx(want, rel=1e-5)
+
+
+def test_the_evaluation_logs_pass_at_every_power_of_two_below_k_and_the_curve_rises():
+  rng = np.random.default_rng(0)
+  correct = jnp.asarray((rng.random((64, 16)) < 0.2).astype(np.float32))
+  out = _summarise(jnp.zeros(64), correct, jnp.ones(64), 16)
+  curve = [out["eval/sample_accuracy"], *(out[f"eval/pass@{j}"] for j in (2, 4, 8, 16))]
+  assert sorted(k for k in out if k.startswith("eval/pass@")) == [
+    "eval/pass@16", "eval/pass@2", "eval/pass@4", "eval/pass@8",
+  ]  # fmt: skip
+  assert all(float(a) < float(b) for a, b in itertools.pairwise(curve))
+  assert float(out["eval/pass@16"]) == pytest.approx(float(jnp.mean(correct.max(axis=1))))

@@ -1,0 +1,170 @@
+"""Pre-registered study claims (experiments/<study>/claims.json): declared before results, worded
+by experiments/seed_table.py --claims with Holm's correction over the file's claims alone, on
+seeds the declaration did not see; columns no claim names carry no verdict word."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+EXPERIMENTS = REPO / "experiments"
+sys.path.insert(0, str(EXPERIMENTS))
+import seed_table  # noqa: E402
+import study_stats  # noqa: E402
+
+STUDIES = sorted(p.parent.name for p in EXPERIMENTS.glob("*/run.sh"))
+
+
+def _seeds(text: str) -> set[int]:
+  low, high = (int(x) for x in text.split("-"))
+  return set(range(low, high + 1))
+
+
+def _write_runs(root: pathlib.Path, arms: dict[str, dict[str, np.ndarray]]) -> None:
+  """Runs as the trainer leaves them: config.json and TensorBoard events, one per arm x seed,
+  each tag's value at step 10 and (tag `x` only) its first value at step 1."""
+  from jaxrl_llm import metrics
+
+  for clip, tags in arms.items():
+    for seed in range(len(next(iter(tags.values())))):
+      run = root / f"clip={clip},seed={seed}"
+      run.mkdir(parents=True)
+      config = {"config": {"seed": seed, "objective": {"clip_high": float(clip)}}}
+      (run / "config.json").write_text(json.dumps(config))
+      writer = metrics.SummaryWriter(str(run))
+      writer.scalars(1, {"policy/entropy": 1.0})
+      writer.scalars(10, {tag: float(v[seed]) for tag, v in tags.items()})
+      writer.close()
+
+
+def test_claims_are_worded_over_their_own_family_and_other_columns_are_exploratory(tmp_path):
+  """Two declared claims (the baseline's entropy falls; the fix raises accuracy) are worded
+  with their paired p-values; a third column is printed as exploratory with no verdict, and a
+  comparison no claim names gets no word either."""
+  rng = np.random.default_rng(5)
+  acc = rng.normal(0.3, 0.02, 8)
+  arms = {
+    "0.2": {"policy/entropy": 0.4 + rng.normal(0, 0.02, 8), "eval/accuracy": acc},
+    "0.28": {"policy/entropy": 0.6 + rng.normal(0, 0.02, 8), "eval/accuracy": acc + 0.05},
+  }
+  for tags in arms.values():
+    tags["eval/pass@4"] = tags["eval/accuracy"] + 0.3
+  _write_runs(tmp_path / "runs", arms)
+  claims = {
+    "declared": "before", "group_by": ["objective.clip_high"], "baseline": ["0.2"],
+    "exploration_seeds": "0-31", "confirmation_seeds": "100-123",
+    "claims": [
+      {"id": "collapse", "claim": "the baseline's entropy falls",
+       "a": {"arm": ["0.2"], "col": "policy/entropy@final"},
+       "b": {"arm": ["0.2"], "col": "policy/entropy@1"}, "direction": "-"},
+      {"id": "fix", "claim": "clip-higher raises accuracy",
+       "a": {"arm": ["0.28"], "col": "eval/accuracy@final"},
+       "b": {"arm": ["0.2"], "col": "eval/accuracy@final"}, "direction": "+"},
+    ],
+  }  # fmt: skip
+  path = tmp_path / "claims.json"
+  path.write_text(json.dumps(claims))
+  cmd = [sys.executable, str(EXPERIMENTS / "seed_table.py"), f"--root={tmp_path / 'runs'}"]
+  cmd += [f"--claims={path}", "--cols=eval/pass@4@final"]
+  out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True).stdout
+  assert "eval/pass@4@final (exploratory)" in out
+  worded = [line for line in out.splitlines() if line.startswith("| collapse") or "| fix" in line]
+  assert len(worded) == 2 and all(line.rstrip(" |").endswith("reproduced") for line in worded)
+  difference_rows = [line for line in out.splitlines() if line.startswith("| 0.28 |")]
+  assert difference_rows and not any(
+    w in difference_rows[-1] for w in ("reproduced", "refuted", "inconclusive")
+  )
+  bad = dict(claims, claims=[{**claims["claims"][0], "direction": "up"}])
+  path.write_text(json.dumps(bad))
+  proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 1 and proc.stderr.strip().startswith(f"error: {path}: claim collapse")
+
+
+@pytest.mark.parametrize("study", STUDIES)
+def test_every_study_declares_its_claims_on_fresh_seeds(study):
+  """Each study's claims.json parses, names the baseline's failure and the fix's effect on
+  columns of the form TAG@WHAT, and confirms on seeds none of its exploration used."""
+  spec = seed_table.load_claims(EXPERIMENTS / study / "claims.json")
+  assert 2 <= len(spec["claims"]) <= 4
+  assert not _seeds(spec["confirmation_seeds"]) & _seeds(spec["exploration_seeds"])
+  assert len(_seeds(spec["confirmation_seeds"])) >= 24
+  baseline = spec["baseline"]
+  assert any(c["a"]["arm"] == c["b"]["arm"] == baseline for c in spec["claims"]), "no failure"
+  assert any(c["a"]["arm"] != baseline and c["b"]["arm"] == baseline for c in spec["claims"])
+  run_sh = (EXPERIMENTS / study / "run.sh").read_text()
+  assert "--claims=" in run_sh and "CONFIRM" in run_sh
+
+
+def _first_commit(path: pathlib.Path) -> int | None:
+  """Unix time of the first commit that added `path`, None when git has none."""
+  proc = subprocess.run(
+    ["git", "log", "--diff-filter=A", "--format=%ct", "--", str(path)],
+    cwd=REPO, capture_output=True, text=True,
+  )  # fmt: skip
+  times = proc.stdout.split()
+  return int(times[-1]) if proc.returncode == 0 and times else None
+
+
+@pytest.mark.parametrize("study", STUDIES)
+def test_a_studys_claims_were_committed_before_its_confirmation(study):
+  """Where a study holds confirmation results (confirmation.md), its claims.json entered the
+  history in an earlier commit: the declaration did not see them."""
+  confirmation = EXPERIMENTS / study / "confirmation.md"
+  if not confirmation.exists():
+    assert "CONFIRM" in (EXPERIMENTS / study / "run.sh").read_text()
+    return
+  declared, confirmed = (
+    _first_commit(EXPERIMENTS / study / "claims.json"),
+    _first_commit(confirmation),
+  )
+  assert declared is not None and confirmed is not None and declared < confirmed
+
+
+def test_holm_over_a_claims_file_is_the_family_of_that_file():
+  """The claims table corrects over the declared claims only: a claim with p 0.03 among two is
+  reproduced (0.03 <= 0.05 / 1 after the first), not among five."""
+  strong = study_stats.Interval(0.1, 0.05, 0.15, 8)
+  marginal = study_stats.Interval(0.02, 0.001, 0.04, 8)
+  two = study_stats.verdicts([(strong, 1e-5, 1), (marginal, 0.03, 1)])
+  five = study_stats.verdicts([(strong, 1e-5, 1), (marginal, 0.03, 1)] + [(marginal, 0.5, 1)] * 3)
+  assert two == ["reproduced", "reproduced"] and five[1] == "inconclusive"
+
+
+def test_the_cross_study_table_is_the_one_summary_py_generates():
+  """experiments/README.md's cross-study table is what experiments/summary.py writes from the
+  studies' claims and confirmations (and the testbed's best trivial answer) now."""
+  proc = subprocess.run(
+    [sys.executable, str(EXPERIMENTS / "summary.py"), "--check"],
+    capture_output=True, text=True, timeout=300,
+  )  # fmt: skip
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  readme = (EXPERIMENTS / "README.md").read_text()
+  assert readme.count("| [") >= sum(
+    len(seed_table.load_claims(EXPERIMENTS / s / "claims.json")["claims"]) for s in STUDIES
+  )
+
+
+NUMBER = r"(?<![\w.])[-−]?\d+\.\d+(?:e[-−]?\d+)?"
+
+
+@pytest.mark.parametrize("study", STUDIES)
+def test_every_number_in_a_studys_results_is_in_a_table_its_script_printed(study):
+  """Each decimal number of a study README's results (from `## Results` on) appears in the
+  markdown its scripts printed (tables.md, headline.md, confirmation.md, exact_bias.md): no
+  number transcribed by hand or left from an earlier run."""
+  import re
+
+  text = (EXPERIMENTS / study / "README.md").read_text()
+  assert "## Results" in text
+  results = text.split("## Results", 1)[1]
+  printed = " ".join(
+    p.read_text() for p in (EXPERIMENTS / study).glob("*.md") if p.name != "README.md"
+  ).replace("−", "-")
+  missing = [n for n in re.findall(NUMBER, results) if n.replace("−", "-") not in printed]
+  assert not missing, f"{study}/README.md: {missing} appear in no printed table"
