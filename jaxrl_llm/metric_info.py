@@ -43,6 +43,14 @@ rollout/length_incorrect_mean    | -   | mean length of incorrect completions | 
 rollout/truncated_frac           | min | fraction of completions cut at the length limit | completions/clipped_ratio | response_length/clip_ratio
 rollout/zero_std_group_frac      | min | fraction of groups whose rewards are all equal (no signal) | frac_reward_zero_std | -
 rollout/decode_steps             | -   | decode loop iterations this step | - | -
+tool/turns_mean                  | -   | policy segments per episode (tool calls + 1; multi-turn) | - | -
+tool/calls_mean                  | -   | tool calls per episode | - | -
+tool/errors_mean                 | min | calls per episode the tool could not evaluate | - | -
+tool/error_frac                  | min | share of tool calls the tool could not evaluate | - | -
+tool/used_frac                   | -   | share of episodes that called the tool | - | -
+tool/env_token_frac              | -   | share of generated tokens the tool wrote (never learned) | - | -
+tool/reward_with_calls           | max | mean reward of episodes that called the tool | - | -
+tool/reward_without_calls        | max | mean reward of episodes that did not | - | -
 reward/*                         | max | mean of one reward term | rewards/<func>/mean | -
 adv/mean                         | -   | mean advantage | - | critic/advantages/mean
 adv/std                          | -   | std of advantages | - | -

@@ -47,6 +47,8 @@ class SamplingConfig:
     _DEFAULT.kv_block
   )  # decode stage length: attention reads S + (k+1)·kv_block slots (0 = S+T)
   loop_axis: str | None = None  # a pack's vmap axis name: its runs' decode loops stop together
+  tool: Any = None  # an `envs.ToolEnv` answering the policy's calls (None: single-turn)
+  max_turns: int = 1  # the policy's segments per episode: at most max_turns - 1 tool calls
 
 
 def with_values(cfg: SamplingConfig, values: Mapping[str, Any] | None) -> SamplingConfig:
@@ -70,6 +72,35 @@ class _LoopState:
   routing: (
     jax.Array | None
   )  # [B, S+T, Lm, K] experts used per processed token (MoE only; -1: never reached)
+  turns: _Turns | None = None  # multi-turn rollouts only (`SamplingConfig.tool`)
+
+
+@struct.dataclass
+class _Turns:
+  """A multi-turn rollout's bookkeeping: the environment's answer being appended, where the
+  policy's segment began, and what the environment wrote."""
+
+  pending: jax.Array  # [B, E] int32, the environment's answer being appended
+  pending_n: jax.Array  # [B] int32, its length
+  pending_i: jax.Array  # [B] int32, tokens of it appended so far
+  seg_start: jax.Array  # [B] int32, first slot of the policy's current segment
+  env_mask: jax.Array  # [B, T] float32, 1 on the environment's tokens
+  calls: jax.Array  # [B] int32, tool calls made
+  errors: jax.Array  # [B] int32, calls the environment could not evaluate
+
+  @classmethod
+  def start(cls, b: int, t: int, e: int) -> _Turns:
+    """No call made, nothing pending."""
+    zeros = jnp.zeros((b,), jnp.int32)
+    return cls(
+      pending=jnp.zeros((b, e), jnp.int32),
+      pending_n=zeros,
+      pending_i=zeros,
+      seg_start=zeros,
+      env_mask=jnp.zeros((b, t), jnp.float32),
+      calls=zeros,
+      errors=zeros,
+    )
 
 
 DECODE_SCOPE = "decode"  # jax.named_scope of the decode while_loop
@@ -151,9 +182,14 @@ def sample(
     for end in decode_stages(t_max, cfg.kv_block):  # static: the attention's key count
       cond = functools.partial(_decoding, end, cfg.loop_axis)
       visible = key_valid[:, : prompt_len + end]  # its width is the slots the attention reads
-      body = functools.partial(_decode_step, model, params, cfg, visible, next_pos, prompt_len)
+      body = functools.partial(
+        _decode_step, model, params, cfg, visible, next_pos, prompt_len, prompt_rows[0]
+      )
       state = jax.lax.while_loop(cond, body, state)
   loss_mask = (jnp.arange(t_max)[None, :] < state.lengths[:, None]).astype(jnp.float32)
+  turns = state.turns
+  if turns is not None:  # the environment's tokens are context, never learned (§0)
+    loss_mask = loss_mask * (1.0 - turns.env_mask)
   return Rollout(
     prompt_tokens=prompt_rows[0],
     prompt_mask=prompt_rows[1],
@@ -164,7 +200,25 @@ def sample(
     logprobs=state.logprobs,
     decode_steps=state.taken,
     routing=state.routing,
+    env_mask=None if turns is None else turns.env_mask,
+    tool_calls=None if turns is None else turns.calls,
+    tool_errors=None if turns is None else turns.errors,
   )
+
+
+def final_segment(rollout: Rollout) -> tuple[jax.Array, jax.Array]:
+  """The completion the verifier reads, [B, T] tokens and mask: the policy's tokens after the
+  environment's last answer, moved to the front (a single-turn rollout's own tokens and loss
+  mask, unchanged)."""
+  if rollout.env_mask is None:
+    return rollout.tokens, rollout.loss_mask
+  t = rollout.tokens.shape[1]
+  pos = jnp.arange(t)[None, :]
+  start = jnp.max(jnp.where(rollout.env_mask > 0, pos + 1, 0), axis=1)  # [B]
+  idx = jnp.clip(start[:, None] + pos, 0, t - 1)
+  tokens = jnp.take_along_axis(rollout.tokens, idx, axis=1)
+  mask = (pos < (rollout.lengths - start)[:, None]).astype(jnp.float32)
+  return tokens, mask
 
 
 def decode_stages(t_max: int, kv_block: int) -> tuple[int, ...]:
@@ -210,6 +264,7 @@ def _prefill(model, params, prompt_tokens, prompt_mask, rng, cfg: SamplingConfig
     cache=cache,
     rng=rng,
     routing=routing,
+    turns=None if cfg.tool is None else _Turns.start(b, t_max, cfg.tool.answer_len),
   )
   return state, key_valid, next_pos, prompt_rows
 
@@ -232,10 +287,14 @@ def _decode_step(
   key_valid: jax.Array,  # [B, S+end] bool: the stage's visible slots (the attention's keys)
   next_pos: jax.Array,  # [B] position of each row's first completion token
   prompt_len: int,
+  prompts: jax.Array,  # [B, S] each row's prompt (what an environment may read)
   s: _LoopState,
 ) -> _LoopState:
   """One decode step: draws each running row's token, records its sampling log-prob (spec §0)
-  and runs it through the model, writing its keys/values (and routing) at slot S + step."""
+  and runs it through the model, writing its keys/values (and routing) at slot S + step. In a
+  multi-turn rollout a row whose environment answer is pending takes its next token instead
+  (log-prob 0, marked the environment's), and a policy token that closes a tool call gets the
+  environment's answer (`_take_turns`)."""
   rng, draw_key = jax.random.split(s.rng)
   # ℓ^μ = z_y - logsumexp(z) with z = logits / τ_s: the [B, V] log-softmax is never stored,
   # and the draw reads z itself (every rule below is invariant to a shift of z).
@@ -244,9 +303,16 @@ def _decode_step(
   token_logp = jnp.take_along_axis(z, token[:, None], axis=-1)[:, 0] - jax.nn.logsumexp(z, -1)
   active = ~s.done
   token = jnp.where(active, token, cfg.pad_id)
+  turns, forced = s.turns, jnp.zeros_like(active)
+  if turns is not None:
+    forced = active & (turns.pending_i < turns.pending_n)
+    env_token = jnp.take_along_axis(turns.pending, turns.pending_i[:, None], axis=1)[:, 0]
+    token = jnp.where(forced, env_token, token)
   tokens = s.tokens.at[:, s.step].set(token)
-  logprobs = s.logprobs.at[:, s.step].set(jnp.where(active, token_logp, 0.0))
-  done = s.done | (token == cfg.eos_id)
+  logprobs = s.logprobs.at[:, s.step].set(jnp.where(active & ~forced, token_logp, 0.0))
+  done = s.done | ((token == cfg.eos_id) & ~forced)
+  if turns is not None:
+    turns = _take_turns(cfg, turns, prompts, tokens, token, s.step, active, forced)
   out = model.apply(
     {"params": params},
     token[:, None],
@@ -271,6 +337,30 @@ def _decode_step(
     cache=out.cache,
     rng=rng,
     routing=routing,
+    turns=turns,
+  )
+
+
+def _take_turns(cfg, turns: _Turns, prompts, tokens, token, step, active, forced) -> _Turns:
+  """After the token at slot `step`: an appended environment token advances its answer (the
+  policy's next segment starts after the last); a policy token that closes a call, with calls
+  left, gets the environment's answer to the call tokens[seg_start:step) pending."""
+  env = cfg.tool
+  pending_i = turns.pending_i + forced.astype(jnp.int32)
+  answered = forced & (pending_i == turns.pending_n)
+  seg_start = jnp.where(answered, step + 1, turns.seg_start)
+  call = active & ~forced & (token == env.close_id) & (turns.calls < cfg.max_turns - 1)
+  answer, length, error = env.respond(
+    prompts, tokens, turns.seg_start, jnp.full_like(seg_start, step)
+  )
+  return _Turns(
+    pending=jnp.where(call[:, None], answer, turns.pending),
+    pending_n=jnp.where(call, length, turns.pending_n),
+    pending_i=jnp.where(call, 0, pending_i),
+    seg_start=seg_start,
+    env_mask=turns.env_mask.at[:, step].set(forced.astype(jnp.float32)),
+    calls=turns.calls + call.astype(jnp.int32),
+    errors=turns.errors + (call & error).astype(jnp.int32),
   )
 
 

@@ -54,12 +54,15 @@ class Rollout:
   prompt_tokens: jax.Array  # [B, S] int32, left-padded prompts (each repeated G times)
   prompt_mask: jax.Array  # [B, S] bool
   tokens: jax.Array  # [B, T] int32, generated tokens; pad after EOS
-  loss_mask: jax.Array  # [B, T] float32, 1 on generated tokens up to and including EOS
-  lengths: jax.Array  # [B] int32, number of generated tokens (= loss_mask.sum(-1))
+  loss_mask: jax.Array  # [B, T] float32, 1 on the policy's tokens through EOS (0 on tool answers)
+  lengths: jax.Array  # [B] int32, tokens generated (= loss_mask.sum(-1) without a tool)
   truncated: jax.Array  # [B] bool, True when max_new_tokens was reached without EOS
   logprobs: jax.Array  # [B, T] float32, ℓ^μ: sampler log-prob of each token (0 on padding)
   decode_steps: jax.Array  # [] int32, decode iterations run (< T when all finished early)
   routing: jax.Array | None = None  # [B, S+T, Lm, K] experts each processed token used (MoE)
+  env_mask: jax.Array | None = None  # [B, T] float32, 1 on tool answers' tokens (multi-turn)
+  tool_calls: jax.Array | None = None  # [B] int32, tool calls each row made (multi-turn)
+  tool_errors: jax.Array | None = None  # [B] int32, calls the tool could not evaluate
 
 
 @struct.dataclass

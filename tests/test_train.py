@@ -128,6 +128,10 @@ def test_moe_run_resumes_under_another_expert_implementation(tmp_path):
       {"mesh.data": 1, "mesh.fsdp": 8, "rl.num_prompts": 8}, id="fsdp8", marks=pytest.mark.slow
     ),
     pytest.param({"model.lora_rank": 4}, id="adapters", marks=pytest.mark.slow),
+    pytest.param(
+      {"task.name": "countdown", "sampling.tool": "countdown", "sampling.max_turns": 3},
+      id="multi-turn",
+    ),
   ],
 )
 def test_rl_step_compiles_once(mesh):

@@ -20,6 +20,7 @@ def check(cfg: Config, *, num_devices: int, task=None, model: ModelConfig | None
   starting from one, else `cfg.model.arch`)."""
   mc = model or cfg.model.arch
   errors = _batch(cfg) + _model(cfg, mc) + _adapters(cfg, mc) + _learner(cfg, mc, task)
+  errors += _tool(cfg)
   errors += _devices(cfg, mc, num_devices) if not errors else []
   if task is not None:
     errors += _task(cfg, mc, task)
@@ -198,6 +199,23 @@ def _rows(cfg: Config, sizes: dict[str, int]) -> list[str]:
       f"devices; use a multiple of {data}"
     )
   return out
+
+
+def _tool(cfg: Config) -> list[str]:
+  """A tool runs on the built-in tasks (its tokens are theirs); countdown's on countdown."""
+  tool = cfg.sampling.tool
+  if tool == "none":
+    return []
+  out = need(
+    not cfg.uses_files,
+    f"sampling.tool={tool!r} runs on the built-in tasks, not on prompt files "
+    f"(data.train_files={cfg.data.train_files!r}); allowed with files: none",
+  )
+  return out + need(
+    tool != "countdown" or cfg.task.name == "countdown",
+    f"sampling.tool='countdown' checks countdown's expressions; task.name={cfg.task.name!r} "
+    "(use calculator, or task.name=countdown)",
+  )
 
 
 def _task(cfg: Config, mc: ModelConfig, task) -> list[str]:

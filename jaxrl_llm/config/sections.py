@@ -180,6 +180,8 @@ class SamplingSettings(Section):
   top_p: float = setting(1.0, per_run=TRACED)  # nucleus sampling mass in (0, 1] (1 = off)
   param_dtype: str = "auto"  # sampler weights: auto (bf16; CPU: fp32) | float32 | bfloat16 | int8
   kv_block: int = 128  # decode stages of this many steps read only filled KV slots (0 = all S+T)
+  tool: str = "none"  # multi-turn tool the policy may call: none | calculator | countdown
+  max_turns: int = 3  # with a tool: the policy's segments per episode (at most max_turns - 1 calls)
 
   def errors(self) -> list[str]:
     """G >= 2, τ_s >= MIN_TEMPERATURE, top-p in (0, 1], top-k, T and kv_block >= 0, a known sampler dtype."""
@@ -195,14 +197,26 @@ class SamplingSettings(Section):
     out += need(0 < self.top_p <= 1, f"sampling.top_p={self.top_p} must be in (0, 1]")
     out += at_least("sampling", self, 0, "top_k", note=" (0 = off)")
     out += at_least("sampling", self, 0, "max_new_tokens", "kv_block")
+    out += at_least("sampling", self, 1, "max_turns")
+    from jaxrl_llm import envs  # the registry of tools (it reads the tasks' tokenizer)
+
+    out += allowed("sampling.tool", self.tool, envs.TOOLS)
     return out + allowed("sampling.param_dtype", self.param_dtype, SAMPLER_DTYPES)
 
   def sampler(self, task, *, greedy: bool = False, group_size: int | None = None):
     """The static `SamplingConfig` of the RL sampler (or an evaluation sampler) for `task`."""
+    from jaxrl_llm import envs
     from jaxrl_llm.sampling import SamplingConfig  # the sampler reads this section's defaults
 
+    tool = envs.get_env(self.tool, task)
+    # A tool's default budget: each segment the task's answer, each call's answer the tool's.
+    budget = (
+      task.max_new_tokens
+      if tool is None
+      else self.max_turns * (task.max_new_tokens + tool.answer_len)
+    )
     return SamplingConfig(
-      max_new_tokens=self.max_new_tokens or task.max_new_tokens,
+      max_new_tokens=self.max_new_tokens or budget,
       group_size=group_size or self.group_size,
       temperature=self.temperature,
       top_k=self.top_k,
@@ -211,6 +225,8 @@ class SamplingSettings(Section):
       eos_id=task.tokenizer.eos_id,
       pad_id=task.tokenizer.pad_id,
       kv_block=self.kv_block,
+      tool=tool,
+      max_turns=self.max_turns,
     )
 
 

@@ -45,7 +45,28 @@ def rollout_metrics(rollout: Rollout, terms: Metrics, reward, adv, group_size: i
   m["rollout/zero_std_group_frac"] = jnp.mean(
     (jnp.max(groups, axis=1) == jnp.min(groups, axis=1)).astype(jnp.float32)
   )
+  if rollout.tool_calls is not None:
+    m.update(tool_metrics(rollout, reward))
   return m
+
+
+def tool_metrics(rollout: Rollout, reward: jax.Array) -> Metrics:
+  """A multi-turn rollout's tool use: turns and calls per episode, the calls the tool could
+  not evaluate, the share of tokens the tool wrote, and the reward of the episodes that
+  called it and of those that did not."""
+  calls = rollout.tool_calls.astype(jnp.float32)
+  used = (calls > 0).astype(jnp.float32)
+  env_tokens = jnp.sum(rollout.env_mask)
+  return {
+    "tool/turns_mean": jnp.mean(calls + 1.0),
+    "tool/calls_mean": jnp.mean(calls),
+    "tool/errors_mean": jnp.mean(rollout.tool_errors.astype(jnp.float32)),
+    "tool/error_frac": jnp.sum(rollout.tool_errors) / jnp.maximum(jnp.sum(calls), 1.0),
+    "tool/used_frac": jnp.mean(used),
+    "tool/env_token_frac": env_tokens / jnp.maximum(jnp.sum(rollout.lengths), 1),
+    "tool/reward_with_calls": objectives.masked_mean(reward, used),
+    "tool/reward_without_calls": objectives.masked_mean(reward, 1.0 - used),
+  }
 
 
 def _sets_differ(a: jax.Array, b: jax.Array) -> jax.Array:

@@ -29,7 +29,7 @@ from jaxrl_llm.models import lora
 from jaxrl_llm.models.transformer import Transformer
 from jaxrl_llm.rl import loss, stages, update
 from jaxrl_llm.rl import metrics as rl_metrics
-from jaxrl_llm.sampling import SamplingConfig, sample
+from jaxrl_llm.sampling import SamplingConfig, final_segment, sample
 from jaxrl_llm.sampling import with_values as with_sampling_values
 from jaxrl_llm.types import PromptBatch, Rollout, TrainState
 
@@ -248,7 +248,8 @@ def fused_step(
   g = ctx.sampling.group_size
   answer = jnp.repeat(batch.answer, g, axis=0)
   answer_mask = jnp.repeat(batch.answer_mask, g, axis=0)
-  terms = reward_fn(rollout.prompt_tokens, rollout.tokens, rollout.loss_mask, answer, answer_mask)
+  tokens, mask = final_segment(rollout)  # after a tool's last answer (multi-turn)
+  terms = reward_fn(rollout.prompt_tokens, tokens, mask, answer, answer_mask)
   return learn(ctx, state, rollout, terms, rng)
 
 

@@ -14,7 +14,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxrl_llm import distributed, sharding
 from jaxrl_llm.config import Config
-from jaxrl_llm.sampling import sample, with_values
+from jaxrl_llm.sampling import final_segment, sample, with_values
 from jaxrl_llm.types import PromptBatch
 
 
@@ -48,9 +48,8 @@ def _correct(task, rollout, batch: PromptBatch, g: int):
   """The in-graph verifier's `correct` term of each of `g` completions per prompt."""
   answer = jnp.repeat(batch.answer, g, axis=0)
   answer_mask = jnp.repeat(batch.answer_mask, g, axis=0)
-  terms = task.reward_terms(
-    rollout.prompt_tokens, rollout.tokens, rollout.loss_mask, answer, answer_mask
-  )
+  tokens, mask = final_segment(rollout)  # after a tool's last answer (multi-turn)
+  terms = task.reward_terms(rollout.prompt_tokens, tokens, mask, answer, answer_mask)
   return terms["correct"]
 
 
