@@ -11,15 +11,22 @@ log-probs never recorded. Registered by name like the objectives (`ENVIRONMENTS`
   calculator  `+ - *` over whole numbers, left to right (a calculator chain: ``2+3*4`` is 20)
   countdown   the countdown task's own check of an expression: single digits, each used at
               most as often as the prompt gives it, left to right; anything else is an error
+  host:M:F    the Python callable M.F(call, prompt) -> number, on the host (`HostTool`), e.g.
+              `host:jaxrl_llm.envs:arithmetic`
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import importlib
+import operator
+from collections.abc import Callable
 from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxrl_llm.data.tasks.tokenizer import CharTokenizer
 
@@ -92,9 +99,11 @@ class ToolEnv:
     del prompt_tokens, tokens, start, end
     return jnp.zeros(is_digit.shape[:1], bool)
 
-  def respond(self, prompt_tokens, tokens, start, end):
+  def respond(self, prompt_tokens, tokens, start, end, calling=None):
     """Each row's answer to its call tokens[start:end) (`end` is the close token's slot):
-    (answer [B, E] int32, its length [B] int32, error [B] bool). Pure: jit- and vmap-safe."""
+    (answer [B, E] int32, its length [B] int32, error [B] bool). Pure: jit- and vmap-safe.
+    `calling` [B] marks the rows that call now (the others' answers are not used)."""
+    del calling  # an in-graph tool answers every row at once
     value, error, is_digit = self._parse(prompt_tokens, tokens, start, end)
     error |= self.check(prompt_tokens, tokens, start, end, is_digit)
     return (*self.encode(value, error), error)
@@ -157,15 +166,92 @@ class CountdownCheck(ToolEnv):
     return jnp.any(used > have, -1) | (used[:, 0] > 0) | jnp.any(adjacent, -1)
 
 
+@dataclasses.dataclass(frozen=True)
+class HostTool(ToolEnv):
+  """A Python callable as the tool, for what JAX cannot express: `fn(call, prompt) -> number`
+  on the call's and the prompt's text, run on the host for the rows that call at a decode step
+  (one batch per step, `jax.pure_callback`; the segments between calls stay in the program).
+  Calls run as the host verifiers do (`verifiers.scoring.score_batch`: worker processes, a
+  call past `timeout_s` killed): one that raises, hangs, or returns no whole number below
+  10**max_digits is answered with the error token and counted, and the run goes on."""
+
+  name: ClassVar[str] = "host"
+  fn: Callable[[str, str], float] | None = None
+  timeout_s: float | None = None  # seconds a call may run (None: no limit)
+
+  def respond(self, prompt_tokens, tokens, start, end, calling=None):
+    """The host's answers to the calling rows' calls (every row when `calling` is None)."""
+    b = tokens.shape[0]
+    calling = jnp.ones((b,), bool) if calling is None else calling
+    shapes = (jax.ShapeDtypeStruct((b,), jnp.int32), jax.ShapeDtypeStruct((b,), jnp.bool_))
+    value, error = jax.pure_callback(
+      self._host, shapes, prompt_tokens, tokens, start, end, calling, vmap_method="sequential"
+    )
+    return (*self.encode(value, error), error)
+
+  def _host(self, prompt_tokens, tokens, start, end, calling):
+    """numpy: (value [B] int32, error [B] bool) of the calling rows' calls."""
+    from jaxrl_llm.data.verifiers.scoring import score_batch
+
+    value, error = np.zeros(tokens.shape[0], np.int32), np.zeros(tokens.shape[0], bool)
+    rows = np.nonzero(np.asarray(calling))[0]
+    if rows.size == 0:
+      return value, error
+    tok = self.tokenizer
+    calls = [tok.decode(np.asarray(tokens)[i, start[i] : end[i]], stop_at_eos=False) for i in rows]
+    prompts = [tok.decode(np.asarray(prompt_tokens)[i]) for i in rows]
+    scores, _ = score_batch(
+      calls, prompts, terms={"tool": self.fn}, timeout_s=self.timeout_s, fill=float("nan")
+    )
+    got = scores["tool"].astype(np.float64)
+    ok = np.isfinite(got) & (np.abs(got) < 10**self.max_digits) & (got == np.round(got))
+    value[rows] = np.where(ok, got, 0).astype(np.int32)
+    error[rows] = ~ok
+    return value, error
+
+
+def arithmetic(call: str, prompt: str) -> int:
+  """An example host tool: `call` as arithmetic with `+ - *` and the usual precedence
+  (`2+3*4` is 14, where the in-graph calculator chains left to right), through Python's `ast`
+  alone (no `eval`): any other syntax raises."""
+  del prompt
+  if len(call) > 64:
+    raise ValueError("call too long")
+  ops = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
+
+  def value(node) -> int:
+    if isinstance(node, ast.BinOp) and type(node.op) in ops:
+      return ops[type(node.op)](value(node.left), value(node.right))
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+      return node.value
+    raise ValueError(f"not arithmetic: {ast.dump(node)}")
+
+  return value(ast.parse(call, mode="eval").body)
+
+
 ENVIRONMENTS: dict[str, type[ToolEnv]] = {"calculator": Calculator, "countdown": CountdownCheck}
-TOOLS = ("none", *ENVIRONMENTS)  # `sampling.tool` values
+HOST = "host:"  # `sampling.tool=host:module:function`: that callable as a `HostTool`
+TOOLS = ("none", *ENVIRONMENTS, f"{HOST}<module>:<function>")  # `sampling.tool` values
 
 
-def get_env(name: str, task) -> ToolEnv | None:
-  """The registered environment `name` for `task` (None for "none"); a ValueError naming the
-  allowed names otherwise."""
+def is_tool(name: str) -> bool:
+  """Whether `name` is a `sampling.tool` value (a host tool's callable is checked when built)."""
+  return name in TOOLS[:-1] or (name.startswith(HOST) and name.count(":") == 2)
+
+
+def get_env(name: str, task, timeout_s: float | None = None) -> ToolEnv | None:
+  """The environment `name` for `task` (None for "none"): a registered one, or a host tool
+  `host:module:function` whose calls each get `timeout_s`; a ValueError naming the allowed
+  values otherwise."""
   if name == "none":
     return None
+  if name.startswith(HOST):
+    module, _, function = name.removeprefix(HOST).partition(":")
+    try:
+      fn = getattr(importlib.import_module(module), function)
+    except (ImportError, AttributeError) as e:
+      raise ValueError(f"sampling.tool={name!r}: cannot import {module}.{function} ({e})") from None
+    return HostTool(tokenizer=task.tokenizer, fn=fn, timeout_s=timeout_s)
   if name not in ENVIRONMENTS:
     raise ValueError(f"sampling.tool={name!r}: allowed {' | '.join(TOOLS)}")
   kwargs = {"numbers": task.numbers} if name == "countdown" else {}

@@ -351,7 +351,7 @@ def _take_turns(cfg, turns: _Turns, prompts, tokens, token, step, active, forced
   seg_start = jnp.where(answered, step + 1, turns.seg_start)
   call = active & ~forced & (token == env.close_id) & (turns.calls < cfg.max_turns - 1)
   answer, length, error = env.respond(
-    prompts, tokens, turns.seg_start, jnp.full_like(seg_start, step)
+    prompts, tokens, turns.seg_start, jnp.full_like(seg_start, step), call
   )
   return _Turns(
     pending=jnp.where(call[:, None], answer, turns.pending),

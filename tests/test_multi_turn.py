@@ -241,3 +241,53 @@ def test_dataclass_replace_keeps_the_tool():
 
   samp = cfg.sampling.sampler(get_task("reverse"))
   assert dataclasses.replace(samp, greedy=True).tool == samp.tool != None  # noqa: E711
+
+
+def test_the_host_arithmetic_tool_answers_with_the_usual_precedence():
+  """`host:jaxrl_llm.envs:arithmetic` (a Python callable through the host verifiers' pool):
+  `2+3*4` is 14 there, 20 in the in-graph calculator; what is not arithmetic is an error."""
+  host = envs.get_env("host:jaxrl_llm.envs:arithmetic", build_task(), timeout_s=5.0)
+  answers, errors = _respond(host, "", ["2+3*4=", "12-30=", "2**3=", "=", "9*9*9*9*9*9*9="])
+  assert answers == ["14,", "-18,", ":,", ":,", ":,"]
+  assert errors == [False, False, True, True, True]
+  assert _respond(envs.Calculator(tokenizer=TOK), "", ["2+3*4="])[0] == ["20,"]
+
+
+def build_task():
+  from jaxrl_llm.data.tasks import get_task
+
+  return get_task("countdown")
+
+
+@pytest.mark.parametrize("fn", ["hang", "fail"])
+def test_a_host_tool_that_hangs_or_raises_is_bounded_counted_and_never_stops_the_run(fn):
+  """Every call answered with the error token (a hung call killed at data.verifier_timeout_s)
+  and counted in tool/errors_mean; both RL updates finish."""
+  cfg = {"task.name": "countdown", "sampling.tool": f"host:host_tools:{fn}"}
+  cfg.update({"sampling.max_turns": 2, "data.verifier_timeout_s": 0.5})
+  _, metrics = run_steps(parse(tiny_config(**cfg)), 2)
+  calls = sum(float(m["tool/calls_mean"]) for m in metrics)
+  assert calls > 0
+  for m in metrics:
+    assert float(m["tool/errors_mean"]) == pytest.approx(float(m["tool/calls_mean"]))
+    assert float(m["tool/error_frac"]) == (1.0 if float(m["tool/calls_mean"]) else 0.0)
+
+
+def test_a_host_tools_answers_join_the_context():
+  """`host:host_tools:length` answers each call with its length: those answers are what the
+  rollout holds after each call, and the tool's tokens stay out of the loss mask."""
+  exp, _, r = _multi_turn(**{"sampling.tool": "host:host_tools:length"})
+  assert r.tool_calls.sum() > 0 and r.tool_errors.sum() == 0
+  for i in np.nonzero(r.tool_calls)[0]:
+    env = r.env_mask[i] > 0
+    first = int(np.argmax(env))  # the first answer, right after the first call's `=`
+    call = TOK.decode(r.tokens[i, : first - 1], stop_at_eos=False)
+    answer = TOK.decode(r.tokens[i, first : first + len(str(len(call))) + 1])
+    assert answer == f"{len(call)},", (call, answer)
+    assert np.all(r.loss_mask[i][env] == 0)
+  assert exp.task.name == "countdown"
+
+
+def test_a_host_tool_that_cannot_be_imported_is_refused_in_one_line():
+  with pytest.raises(ValueError, match=r"cannot import nowhere\.fn"):
+    build(tiny_config(**{"task.name": "countdown", "sampling.tool": "host:nowhere:fn"}))

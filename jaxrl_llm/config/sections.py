@@ -180,7 +180,7 @@ class SamplingSettings(Section):
   top_p: float = setting(1.0, per_run=TRACED)  # nucleus sampling mass in (0, 1] (1 = off)
   param_dtype: str = "auto"  # sampler weights: auto (bf16; CPU: fp32) | float32 | bfloat16 | int8
   kv_block: int = 128  # decode stages of this many steps read only filled KV slots (0 = all S+T)
-  tool: str = "none"  # multi-turn tool the policy may call: none | calculator | countdown
+  tool: str = "none"  # multi-turn tool: none | calculator | countdown | host:<module>:<function>
   max_turns: int = 3  # with a tool: the policy's segments per episode (at most max_turns - 1 calls)
 
   def errors(self) -> list[str]:
@@ -200,15 +200,18 @@ class SamplingSettings(Section):
     out += at_least("sampling", self, 1, "max_turns")
     from jaxrl_llm import envs  # the registry of tools (it reads the tasks' tokenizer)
 
-    out += allowed("sampling.tool", self.tool, envs.TOOLS)
+    out += [] if envs.is_tool(self.tool) else allowed("sampling.tool", self.tool, envs.TOOLS)
     return out + allowed("sampling.param_dtype", self.param_dtype, SAMPLER_DTYPES)
 
-  def sampler(self, task, *, greedy: bool = False, group_size: int | None = None):
-    """The static `SamplingConfig` of the RL sampler (or an evaluation sampler) for `task`."""
+  def sampler(
+    self, task, *, greedy: bool = False, group_size: int | None = None, tool_timeout_s=None
+  ):
+    """The static `SamplingConfig` of the RL sampler (or an evaluation sampler) for `task`; a
+    host tool's calls get `tool_timeout_s` each (the run's `data.verifier_timeout_s`)."""
     from jaxrl_llm import envs
     from jaxrl_llm.sampling import SamplingConfig  # the sampler reads this section's defaults
 
-    tool = envs.get_env(self.tool, task)
+    tool = envs.get_env(self.tool, task, tool_timeout_s)
     # A tool's default budget: each segment the task's answer, each call's answer the tool's.
     budget = (
       task.max_new_tokens

@@ -394,7 +394,7 @@ def build(
   mc, model, params, param_shardings = _model(
     cfg, task, mesh, rules, abstract=abstract, devices=devices
   )
-  samp = cfg.sampling.sampler(task)
+  samp = cfg.sampling.sampler(task, tool_timeout_s=cfg.data.verifier_timeout_s)
   tx, schedule, rebuild = _optimizer(cfg)
   rng = jax.random.PRNGKey(cfg.seed)
   state = _fresh_state(cfg, tx, params, param_shardings, mesh, rng, abstract=abstract)

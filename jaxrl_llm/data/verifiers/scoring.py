@@ -284,8 +284,10 @@ def score_batch(
   timeout_s: float | None = 5.0,
   max_workers: int | None = None,
   executor: str = "process",
+  fill: float = 0.0,
 ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
   """Scores every completion with every term → ({name: float32 [B]}, stats); never raises.
+  A failed call scores `fill` (0.0; NaN tells failures apart, as the host tools do).
 
   Each `terms[name](completion, reference)` call that raises, returns a non-finite or
   non-numeric value, or runs longer than `timeout_s` (None: no limit) scores 0.0 and is counted
@@ -310,7 +312,7 @@ def score_batch(
 
   batch = len(completions)
   names = list(terms)
-  scores = {name: np.zeros((batch,), np.float32) for name in names}
+  scores = {name: np.full((batch,), fill, np.float32) for name in names}
   errors = dict.fromkeys(names, 0)
   timeouts = dict.fromkeys(names, 0)
   tasks = [(name, i) for name in names for i in range(batch)]
