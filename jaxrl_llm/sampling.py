@@ -48,6 +48,7 @@ class SamplingConfig:
   )  # decode stage length: attention reads S + (k+1)·kv_block slots (0 = S+T)
   loop_axis: str | None = None  # a pack's vmap axis name: its runs' decode loops stop together
   tool: Any = None  # an `envs.ToolEnv` answering the policy's calls (None: single-turn)
+  float32_logits: bool = False  # reference path: the model's float32 [B, V] logits each step
   max_turns: int = 1  # the policy's segments per episode: at most max_turns - 1 tool calls
 
 
@@ -66,7 +67,7 @@ class _LoopState:
   logprobs: jax.Array  # [B, T] float32
   done: jax.Array  # [B] bool
   lengths: jax.Array  # [B] int32
-  logits: jax.Array  # [B, V] float32, next-token logits
+  logits: jax.Array  # [B, V] next-token logits at the compute dtype (float32: reference path)
   cache: KVCache
   rng: jax.Array
   routing: (
@@ -239,7 +240,13 @@ def _prefill(model, params, prompt_tokens, prompt_mask, rng, cfg: SamplingConfig
   positions = positions_from_mask(prompt_mask)
   cache = init_cache(model.cfg, num_prompts, prompt_len + t_max)
   out = model.apply(
-    {"params": params}, prompt_tokens, positions, key_valid, cache=cache, cache_index=0
+    {"params": params},
+    prompt_tokens,
+    positions,
+    key_valid,
+    cache=cache,
+    cache_index=0,
+    return_hidden=not cfg.float32_logits,  # the output layer at the last position alone
   )
   repeat = lambda x: jnp.repeat(x, g, axis=0)  # noqa: E731
   cache = out.cache.repeat_rows(g)
@@ -260,13 +267,24 @@ def _prefill(model, params, prompt_tokens, prompt_mask, rng, cfg: SamplingConfig
     logprobs=jnp.zeros((b, t_max), jnp.float32),
     done=jnp.zeros((b,), bool),
     lengths=jnp.zeros((b,), jnp.int32),
-    logits=repeat(out.logits[:, -1]),
+    logits=repeat(_next_logits(model, params, out, cfg)),
     cache=cache,
     rng=rng,
     routing=routing,
     turns=None if cfg.tool is None else _Turns.start(b, t_max, cfg.tool.answer_len),
   )
   return state, key_valid, next_pos, prompt_rows
+
+
+def _next_logits(model, params, out, cfg: SamplingConfig) -> jax.Array:
+  """The last position's next-token logits [B, V]. The fast path unembeds that position alone
+  and keeps its logits at the compute dtype, so the loop carries no float32 [B, V] buffer and
+  the draw and the log-prob cast them (exactly) inside their own fused passes: the reference
+  path's tokens, log-probs within float32 rounding (`tests/test_sampler_logits.py`). The
+  reference path takes the model's float32 logits of every position."""
+  if cfg.float32_logits:
+    return out.logits[:, -1]
+  return unembed(model.cfg, params, out.hidden[:, -1], dtype=None)
 
 
 def _decoding(end: int, loop_axis: str | None, s: _LoopState) -> jax.Array:
@@ -320,6 +338,7 @@ def _decode_step(
     key_valid,
     cache=s.cache,
     cache_index=prompt_len + s.step,
+    return_hidden=not cfg.float32_logits,
   )
   live = jnp.any(active)  # in a pack, this run's rows may all have ended while others run
   routing = s.routing
@@ -333,7 +352,7 @@ def _decode_step(
     logprobs=logprobs,
     done=done,
     lengths=s.lengths + active.astype(jnp.int32),
-    logits=out.logits[:, 0],
+    logits=_next_logits(model, params, out, cfg),
     cache=out.cache,
     rng=rng,
     routing=routing,

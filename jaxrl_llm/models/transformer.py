@@ -384,9 +384,10 @@ class Transformer(nn.Module):
     return x, new_cache, None if moe is None else _collect_moe(moe)
 
 
-def unembed(cfg: ModelConfig, params, hidden: jax.Array) -> jax.Array:
-  """float32 logits [.., V] of final-normed hidden states [.., D]: the model's output layer
-  (the tied embedding or `lm_head`) applied outside the module, at the compute dtype."""
+def unembed(cfg: ModelConfig, params, hidden: jax.Array, dtype=jnp.float32) -> jax.Array:
+  """Logits [.., V] of final-normed hidden states [.., D]: the model's output layer (the tied
+  embedding or `lm_head`) applied outside the module, at the compute dtype, then cast to
+  `dtype` (float32; None keeps the compute dtype: the sampler casts inside its fused passes)."""
   dt = cfg.compute_dtype
   if cfg.tie_embeddings:
     w = params["embed"]["embedding"].astype(dt)  # [V, D]
@@ -394,7 +395,8 @@ def unembed(cfg: ModelConfig, params, hidden: jax.Array) -> jax.Array:
   else:
     w = params["lm_head"]["kernel"].astype(dt)  # [D, V]
     layer = lambda x: jnp.einsum("nd,dv->nv", x, w)  # noqa: E731
-  return token_major(layer, hidden.astype(dt)).astype(jnp.float32)
+  logits = token_major(layer, hidden.astype(dt))
+  return logits if dtype is None else logits.astype(dtype)
 
 
 def _layer_moe(aux: dict, probe: jax.Array | None) -> dict:
