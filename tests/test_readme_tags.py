@@ -42,7 +42,7 @@ MEAN_RUNS = {
   "dual_clip": {"objective.dual_clip": 3.0},
 }
 # Rows logged only when a feature is on; each test below names the ones its run covers.
-FEATURE_ROWS = ("reward/", "kl/", "filter/", "value/", "moe/", "verifier/", "sft/")
+FEATURE_ROWS = ("reward/", "kl/", "filter/", "value/", "moe/", "verifier/", "sft/", "tool/")
 MOE = {"model.moe_num_experts": 4, "model.moe_top_k": 2, "model.moe_expert_mlp_dim": 32}
 MOE |= {"model.num_layers": 2, "model.moe_every": 2}  # layer 0 dense, layer 1 MoE
 SHORT = {"train.num_steps": 2, "train.eval_every": 2, "train.checkpoint_every": 2}
@@ -192,6 +192,19 @@ def _assert_rollout_relations(scalars, where):
 def _split(tags, prefixes):
   """The tags under any of `prefixes`, less the objective-specific means."""
   return [t for t in tags if t.startswith(prefixes) and t not in OBJECTIVE_MEANS]
+
+
+def test_a_multi_turn_run_logs_its_readme_tool_tags(tmp_path):
+  """Every README `tool/` scalar is in a multi-turn run's event files (the countdown tool on
+  the countdown task) with finite values at each logged step; a single-turn run logs none."""
+  cfg = {"task.name": "countdown", "sampling.tool": "countdown", "sampling.max_turns": 3}
+  cfg.update({"train.num_steps": 2, "train.log_every": 1, "train.eval_every": 2, "sft.steps": 0})
+  train_and_evaluate(tiny_config(**cfg), str(tmp_path))
+  scalars = metrics.read_scalars(str(tmp_path))
+  tags = _split(readme_scalars(terms=(), pass_k=2), ("tool/",))
+  assert len(tags) == 8
+  _assert_logged(scalars, tags, "the multi-turn run")
+  assert all([s for s, _ in scalars[t]] == [1, 2] for t in tags)
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@ reward term over the greedy completions (`eval/reward/<term>`)."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from typing import Any
 
@@ -71,17 +72,12 @@ def make_eval_fn(
   groups, at_once = mesh.shape[sharding.RUNS_AXIS], cfg.mesh.runs_at_once
   vmapped = runs and not sharding.in_turn(at_once, groups)
   axis = sharding.PACK_AXIS if vmapped else None  # a vmapped pack's decode loops stop together
-  greedy_cfg = replace(
-    cfg.sampling.sampler(
-      task, greedy=True, group_size=1, tool_timeout_s=cfg.data.verifier_timeout_s
-    ),
-    loop_axis=axis,
+  sampler = functools.partial(
+    cfg.sampling.sampler, task, tool_timeout_s=cfg.data.verifier_timeout_s
   )
+  greedy_cfg = replace(sampler(greedy=True, group_size=1), loop_axis=axis)
   k = cfg.train.pass_k
-  passk_cfg = replace(
-    cfg.sampling.sampler(task, group_size=max(k, 1), tool_timeout_s=cfg.data.verifier_timeout_s),
-    loop_axis=axis,
-  )
+  passk_cfg = replace(sampler(group_size=max(k, 1)), loop_axis=axis)
   repl = NamedSharding(mesh, PartitionSpec())
   host = task.rewards_on_host
 
