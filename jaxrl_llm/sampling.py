@@ -26,6 +26,7 @@ from jaxrl_llm.config.sections import SamplingSettings
 from jaxrl_llm.kernels import logprobs
 from jaxrl_llm.models.kv_cache import KVCache, grow_cache, init_cache
 from jaxrl_llm.models.transformer import MoEOutput, Transformer, positions_from_mask, unembed
+from jaxrl_llm.turns import Turns, take_turns
 from jaxrl_llm.types import Rollout
 
 _DEFAULT = SamplingSettings()  # the `sampling` section's defaults, written there once
@@ -73,35 +74,7 @@ class _LoopState:
   routing: (
     jax.Array | None
   )  # [B, S+T, Lm, K] experts used per processed token (MoE only; -1: never reached)
-  turns: _Turns | None = None  # multi-turn rollouts only (`SamplingConfig.tool`)
-
-
-@struct.dataclass
-class _Turns:
-  """A multi-turn rollout's bookkeeping: the environment's answer being appended, where the
-  policy's segment began, and what the environment wrote."""
-
-  pending: jax.Array  # [B, E] int32, the environment's answer being appended
-  pending_n: jax.Array  # [B] int32, its length
-  pending_i: jax.Array  # [B] int32, tokens of it appended so far
-  seg_start: jax.Array  # [B] int32, first slot of the policy's current segment
-  env_mask: jax.Array  # [B, T] float32, 1 on the environment's tokens
-  calls: jax.Array  # [B] int32, tool calls made
-  errors: jax.Array  # [B] int32, calls the environment could not evaluate
-
-  @classmethod
-  def start(cls, b: int, t: int, e: int) -> _Turns:
-    """No call made, nothing pending."""
-    zeros = jnp.zeros((b,), jnp.int32)
-    return cls(
-      pending=jnp.zeros((b, e), jnp.int32),
-      pending_n=zeros,
-      pending_i=zeros,
-      seg_start=zeros,
-      env_mask=jnp.zeros((b, t), jnp.float32),
-      calls=zeros,
-      errors=zeros,
-    )
+  turns: Turns | None = None  # multi-turn rollouts only (`SamplingConfig.tool`)
 
 
 DECODE_SCOPE = "decode"  # jax.named_scope of the decode while_loop
@@ -207,21 +180,6 @@ def sample(
   )
 
 
-def final_segment(rollout: Rollout) -> tuple[jax.Array, jax.Array]:
-  """The completion the verifier reads, [B, T] tokens and mask: the policy's tokens after the
-  environment's last answer, moved to the front (a single-turn rollout's own tokens and loss
-  mask, unchanged)."""
-  if rollout.env_mask is None:
-    return rollout.tokens, rollout.loss_mask
-  t = rollout.tokens.shape[1]
-  pos = jnp.arange(t)[None, :]
-  start = jnp.max(jnp.where(rollout.env_mask > 0, pos + 1, 0), axis=1)  # [B]
-  idx = jnp.clip(start[:, None] + pos, 0, t - 1)
-  tokens = jnp.take_along_axis(rollout.tokens, idx, axis=1)
-  mask = (pos < (rollout.lengths - start)[:, None]).astype(jnp.float32)
-  return tokens, mask
-
-
 def decode_stages(t_max: int, kv_block: int) -> tuple[int, ...]:
   """The decode stages' ends in steps: kv_block, 2·kv_block, ..., T (one stage, (T,), when
   kv_block is 0 or >= T). Steps [end_{k-1}, end_k) attend over S + end_k cache slots."""
@@ -271,7 +229,7 @@ def _prefill(model, params, prompt_tokens, prompt_mask, rng, cfg: SamplingConfig
     cache=cache,
     rng=rng,
     routing=routing,
-    turns=None if cfg.tool is None else _Turns.start(b, t_max, cfg.tool.answer_len),
+    turns=None if cfg.tool is None else Turns.start(b, t_max, cfg.tool.answer_len),
   )
   return state, key_valid, next_pos, prompt_rows
 
@@ -330,7 +288,7 @@ def _decode_step(
   logprobs = s.logprobs.at[:, s.step].set(jnp.where(active & ~forced, token_logp, 0.0))
   done = s.done | ((token == cfg.eos_id) & ~forced)
   if turns is not None:
-    turns = _take_turns(cfg, turns, prompts, tokens, token, s.step, active, forced)
+    turns = take_turns(cfg, turns, prompts, tokens, token, s.step, active, forced)
   out = model.apply(
     {"params": params},
     token[:, None],
@@ -357,29 +315,6 @@ def _decode_step(
     rng=rng,
     routing=routing,
     turns=turns,
-  )
-
-
-def _take_turns(cfg, turns: _Turns, prompts, tokens, token, step, active, forced) -> _Turns:
-  """After the token at slot `step`: an appended environment token advances its answer (the
-  policy's next segment starts after the last); a policy token that closes a call, with calls
-  left, gets the environment's answer to the call tokens[seg_start:step) pending."""
-  env = cfg.tool
-  pending_i = turns.pending_i + forced.astype(jnp.int32)
-  answered = forced & (pending_i == turns.pending_n)
-  seg_start = jnp.where(answered, step + 1, turns.seg_start)
-  call = active & ~forced & (token == env.close_id) & (turns.calls < cfg.max_turns - 1)
-  answer, length, error = env.respond(
-    prompts, tokens, turns.seg_start, jnp.full_like(seg_start, step), call
-  )
-  return _Turns(
-    pending=jnp.where(call[:, None], answer, turns.pending),
-    pending_n=jnp.where(call, length, turns.pending_n),
-    pending_i=jnp.where(call, 0, pending_i),
-    seg_start=seg_start,
-    env_mask=turns.env_mask.at[:, step].set(forced.astype(jnp.float32)),
-    calls=turns.calls + call.astype(jnp.int32),
-    errors=turns.errors + (call & error).astype(jnp.int32),
   )
 
 

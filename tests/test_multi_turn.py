@@ -16,7 +16,8 @@ from jaxrl_llm import envs, objectives
 from jaxrl_llm.config import ConfigError, parse
 from jaxrl_llm.data.tasks import CharTokenizer
 from jaxrl_llm.rl import loss as rl_loss
-from jaxrl_llm.sampling import Scores, final_segment, sample, score
+from jaxrl_llm.sampling import Scores, sample, score
+from jaxrl_llm.turns import final_segment
 from jaxrl_llm.types import PolicyBatch
 
 TOK = CharTokenizer()

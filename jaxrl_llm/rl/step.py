@@ -29,8 +29,9 @@ from jaxrl_llm.models import lora
 from jaxrl_llm.models.transformer import Transformer
 from jaxrl_llm.rl import loss, stages, update
 from jaxrl_llm.rl import metrics as rl_metrics
-from jaxrl_llm.sampling import SamplingConfig, final_segment, sample
+from jaxrl_llm.sampling import SamplingConfig, sample
 from jaxrl_llm.sampling import with_values as with_sampling_values
+from jaxrl_llm.turns import final_segment
 from jaxrl_llm.types import PromptBatch, Rollout, TrainState
 
 

@@ -15,7 +15,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxrl_llm import distributed, sharding
 from jaxrl_llm.config import Config
-from jaxrl_llm.sampling import final_segment, sample, with_values
+from jaxrl_llm.sampling import sample, with_values
+from jaxrl_llm.turns import final_segment
 from jaxrl_llm.types import PromptBatch
 
 
