@@ -15,6 +15,9 @@ Settings (`--config=configs/smollm2_arith.py:SETTING`):
   lora  (default) rank-16 adapters on every projection, 16 rows × 64 new tokens an update:
         7.5 minutes on a 2-core CPU (30 updates, evaluations at 0, 15 and 30 on 64 problems);
   full  every parameter trained, bfloat16 compute, 256 rows an update, 200 updates: a GPU run.
+  tool  lora with the in-graph `arithmetic` tool: the model may write `<tool_call>12 * 35</tool_call>`,
+        the result comes back in a ChatML `tool` turn inside the same program, and it goes on
+        (up to 2 calls, 48 tokens a segment; the tool's tokens are never learned).
 The model and data paths follow `$JAXRL_LLM_CACHE` (default ~/.cache/jaxrl_llm), as the script.
 """
 
@@ -25,15 +28,19 @@ import ml_collections
 from jaxrl_llm.config import recipes
 from jaxrl_llm.models import pretrained
 
-SETTINGS = ("lora", "full")
+SETTINGS = ("lora", "full", "tool")
 SYSTEM = (
   "You are a math assistant. Solve the problem, then write the result on a final line as: "
   "Answer: <number>"
 )
+TOOL_SYSTEM = (
+  "You are a math assistant with a calculator: write <tool_call>14 * 23</tool_call> and "
+  "the result comes back. End with a final line: Answer: <number>"
+)
 
 
 def get_config(setting: str = "lora"):
-  """GRPO + SmolLM2-135M-Instruct + arithmetic word problems at `setting` (lora | full)."""
+  """GRPO + SmolLM2-135M-Instruct + arithmetic word problems at `setting` (lora | full | tool)."""
   if setting not in SETTINGS:
     raise ValueError(f"configs/smollm2_arith.py:{setting}: the settings are {' | '.join(SETTINGS)}")
   data = os.path.join(pretrained.cache_dir(), "arith")
@@ -59,7 +66,14 @@ def get_config(setting: str = "lora"):
   c.optim.weight_decay = 0.0
   c.train.log_every = 1
   c.train.pass_k = 1
-  if setting == "lora":
+  if setting == "tool":
+    c.data.system_prompt = TOOL_SYSTEM
+    c.data.prompt_len = 112  # the longest problem with the system message above: 110 tokens
+    c.sampling.tool = "arithmetic"  # in-graph, the usual precedence (jaxrl_llm/envs.py)
+    c.sampling.max_turns = 3
+    c.sampling.turn_tokens = 48
+    c.sampling.max_new_tokens = 144  # three segments of 48 (the tool's answers count too)
+  if setting in ("lora", "tool"):
     c.model.lora_rank = 16
     c.model.lora_alpha = 32.0
     c.optim.learning_rate = 2e-4

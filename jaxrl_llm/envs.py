@@ -1,14 +1,21 @@
 """In-graph tool environments of multi-turn rollouts: pure functions over token arrays.
 
-A policy calls a tool by writing its call and ending it with `CALL_CLOSE` (``5*3+8=``); the
-sampler (`sampling.sample`) then appends the environment's answer (``23,``: a value, or
-`ERROR` for a call it cannot evaluate, ended by `ANSWER_END`) one token per decode step, its
-keys and values written to the KV cache like the policy's own, and the policy goes on. The
-answer's tokens are the environment's: never learned from (`Rollout.env_mask`), their
-log-probs never recorded. Registered by name like the objectives (`ENVIRONMENTS`, the
-`sampling.tool` setting):
+A policy calls a tool by writing its call and closing it; the sampler (`sampling.sample`) then
+appends the environment's answer (a value, or an error for a call it cannot evaluate) one
+token per decode step, its keys and values written to the KV cache like the policy's own, and
+the policy goes on. The answer's tokens are the environment's: never learned from
+(`Rollout.env_mask`), their log-probs never recorded. How calls and answers are written
+depends on the tokenizer (`FORMATS`, chosen by `tool_format`):
+
+  plain   the built-in tasks' alphabet: ``5*3+8=`` is answered ``23,`` (an error ``:,``)
+  chatml  ChatML's tool role: ``<tool_call>12*35</tool_call>`` is answered
+          ``<|im_end|>\n<|im_start|>tool\n420<|im_end|>\n<|im_start|>assistant\n``
+  llama3  Llama 3's: ``<|python_tag|>12*35<|eom_id|>`` is answered by an ``ipython`` turn
+
+Registered by name like the objectives (`ENVIRONMENTS`, the `sampling.tool` setting):
 
   calculator  `+ - *` over whole numbers, left to right (a calculator chain: ``2+3*4`` is 20)
+  arithmetic  `+ - *` over whole numbers with the usual precedence (``2+3*4`` is 14)
   countdown   the countdown task's own check of an expression: single digits, each used at
               most as often as the prompt gives it, left to right; anything else is an error
   host:M:F    the Python callable M.F(call, prompt) -> number, on the host (`HostTool`), e.g.
@@ -19,10 +26,12 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import importlib
 import operator
+import re
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +43,139 @@ CALL_CLOSE = "="  # ends a tool call: the environment answers after it
 ANSWER_END = ","  # ends the environment's answer
 ERROR = ":"  # the answer to a call the environment cannot evaluate
 OPS = "+-*"
+NUMBER = re.compile(r"[0-9]{1,9}")  # a number token's text (surrounding whitespace aside)
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolFormat:
+  """How calls and answers are written in a tokenizer's text: the policy closes a call with
+  `close`; the environment answers `prefix + value + suffix` (or `prefix + error + suffix`).
+  With `trailing`, the call is the run of number, operator and blank tokens just before the
+  close (what precedes it, such as an opening tag, is the policy's prose); without, the whole
+  segment since the last answer is the call."""
+
+  name: str
+  close: str
+  prefix: str
+  suffix: str
+  error: str
+  opening: str = ""  # the tag a call opens with, shown to the policy in its instructions
+  trailing: bool = True
+
+
+# The formats by tokenizer: the task alphabet's, ChatML's tool role, Llama 3's `ipython` role.
+FORMATS = {
+  "plain": ToolFormat("plain", CALL_CLOSE, "", ANSWER_END, ERROR, trailing=False),
+  "chatml": ToolFormat(
+    "chatml",
+    "</tool_call>",
+    "<|im_end|>\n<|im_start|>tool\n",
+    "<|im_end|>\n<|im_start|>assistant\n",
+    "error",
+    opening="<tool_call>",
+  ),
+  "llama3": ToolFormat(
+    "llama3",
+    "<|eom_id|>",
+    "<|start_header_id|>ipython<|end_header_id|>\n\n",
+    "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
+    "error",
+    opening="<|python_tag|>",
+  ),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolTokens:
+  """A tool's view of a tokenizer, as token ids: the close sequence, the number, operator and
+  blank tokens a call is read from, and the pieces of an answer."""
+
+  format: ToolFormat
+  close: tuple[int, ...]
+  numbers: tuple[tuple[int, int, int], ...]  # (id, value, digits) of each number token
+  ops: tuple[tuple[int, int], ...]  # (id, 1 '+' | 2 '-' | 3 '*')
+  blanks: tuple[int, ...]  # whitespace tokens, skipped inside a trailing call
+  digits: tuple[int, ...]  # the ids of "0".."9", to write a value
+  minus: int
+  prefix: tuple[int, ...]
+  suffix: tuple[int, ...]
+  error: tuple[int, ...]
+  pad: int
+  vocab_size: int
+
+
+def tool_format(tokenizer) -> ToolFormat:
+  """The format of `tokenizer`'s calls: plain for the task alphabet, ChatML or Llama 3 by the
+  chat tokens a Hugging Face tokenizer holds; a ValueError naming what it lacks otherwise."""
+  if isinstance(tokenizer, CharTokenizer):
+    return FORMATS["plain"]
+  special = set(tokenizer.special_tokens)
+  if "<|start_header_id|>" in special:
+    if "<|eom_id|>" not in special:
+      raise ValueError(
+        f"{tokenizer.source}: a tool needs the Llama 3 tool-call token '<|eom_id|>', which is "
+        "missing from the vocabulary (Llama 3.1 and later have it)"
+      )
+    return FORMATS["llama3"]
+  if "<|im_start|>" in special:
+    return FORMATS["chatml"]
+  raise ValueError(
+    f"{tokenizer.source}: a tool needs a chat format with a tool role, ChatML (<|im_start|>) "
+    "or Llama 3 (<|start_header_id|>); the tokenizer has neither"
+  )
+
+
+@functools.cache
+def tool_tokens(tokenizer) -> ToolTokens:
+  """`tokenizer`'s `ToolTokens` (built once per tokenizer)."""
+  fmt = tool_format(tokenizer)
+  if isinstance(tokenizer, CharTokenizer):
+    texts = {tokenizer.char_id(c): c for c in tokenizer.alphabet}
+
+    def encode(text):
+      return tuple(int(i) for i in tokenizer.ids_of(text))
+  else:
+    texts = {
+      i: tokenizer.decode([i], skip_special_tokens=False, stop_at_eos=False)
+      for i in range(tokenizer.vocab_size)
+    }
+
+    def encode(text):
+      return tuple(tokenizer.encode(text))
+
+  strip = (lambda s: s.strip()) if fmt.trailing else (lambda s: s)
+  numbers = tuple(
+    (i, int(strip(s)), len(strip(s))) for i, s in texts.items() if NUMBER.fullmatch(strip(s))
+  )
+  ops = tuple(
+    (i, OPS.index(strip(s)) + 1) for i, s in texts.items() if strip(s) and strip(s) in OPS
+  )
+  blanks = tuple(i for i, s in texts.items() if fmt.trailing and s and not s.strip())
+  close = encode(fmt.close)
+  if not close:
+    raise ValueError(f"the tool-call close {fmt.close!r} is missing from the vocabulary")
+  return ToolTokens(
+    format=fmt,
+    close=close,
+    numbers=numbers,
+    ops=ops,
+    blanks=blanks,
+    digits=tuple(encode(str(d))[0] for d in range(10)),
+    minus=encode("-")[0],
+    prefix=encode(fmt.prefix) if fmt.prefix else (),
+    suffix=encode(fmt.suffix),
+    error=encode(fmt.error),
+    pad=tokenizer.pad_id,
+    vocab_size=tokenizer.vocab_size,
+  )
+
+
+def _table(size: int, pairs, fill: int = 0) -> jax.Array:
+  """A [size] int32 lookup table with `pairs` (id, value) set."""
+  out = np.full((size,), fill, np.int32)
+  for i, v in pairs:
+    out[i] = v
+  return jnp.asarray(out)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,58 +183,96 @@ class ToolEnv:
   """An in-graph tool: `respond` reads each row's call and gives its answer tokens."""
 
   name: ClassVar[str] = "tool"
-  tokenizer: CharTokenizer = dataclasses.field(default_factory=CharTokenizer)
+  precedence: ClassVar[bool] = False  # `*` before `+ -` (else left to right)
+  tokenizer: Any = dataclasses.field(default_factory=CharTokenizer)
   max_digits: int = 6  # values of more digits are errors
 
   @property
-  def answer_len(self) -> int:
-    """E: the most tokens an answer takes (sign, digits, `ANSWER_END`)."""
-    return self.max_digits + 2
+  def tokens(self) -> ToolTokens:
+    """The tokenizer's call and answer tokens."""
+    return tool_tokens(self.tokenizer)
 
   @property
-  def close_id(self) -> int:
-    """The token that ends a call."""
-    return self.tokenizer.char_id(CALL_CLOSE)
+  def answer_len(self) -> int:
+    """E: the most tokens an answer takes (prefix, sign and digits or the error, suffix)."""
+    t = self.tokens
+    return len(t.prefix) + max(self.max_digits + 1, len(t.error)) + len(t.suffix)
+
+  @property
+  def close_len(self) -> int:
+    """How many tokens close a call."""
+    return len(self.tokens.close)
+
+  def closes(self, tokens, step, seg_start):
+    """[B] bool: the policy's tokens up to slot `step` (a scalar) end with the close sequence,
+    inside the current segment."""
+    close = self.tokens.close
+    k = len(close)
+    window = jax.lax.dynamic_slice_in_dim(tokens, jnp.maximum(step - k + 1, 0), k, axis=1)
+    match = jnp.all(window == jnp.asarray(close, jnp.int32)[None, :], axis=1)
+    return match & (step - k + 1 >= seg_start)
 
   def _parse(self, prompt_tokens, tokens, start, end):
-    """(value [B] int32, error [B] bool) of each row's call tokens[start:end), left to right."""
-    tok = self.tokenizer
-    digit_of = jnp.full((tok.vocab_size,), -1, jnp.int32)
-    digit_of = digit_of.at[jnp.asarray(tok.ids_of("0123456789"))].set(jnp.arange(10))
-    op_of = (
-      jnp.zeros((tok.vocab_size,), jnp.int32)
-      .at[jnp.asarray(tok.ids_of(OPS))]
-      .set(jnp.arange(1, len(OPS) + 1))
-    )
+    """(value [B] int32, error [B] bool, is_digit [B, T]) of each row's call in
+    tokens[start:end)."""
+    t_ = self.tokens
+    v = t_.vocab_size  # ids past it (a model's padded vocabulary) read as its last: no call
+    value_of = _table(v, [(i, x) for i, x, _ in t_.numbers], -1)
+    places_of = _table(v, [(i, 10**n) for i, _, n in t_.numbers], 1)
+    op_of = _table(v, t_.ops)
+    blank_of = _table(v, [(i, 1) for i in t_.blanks]) > 0
     b, t = tokens.shape
-    inside = (jnp.arange(t)[None, :] >= start[:, None]) & (jnp.arange(t)[None, :] < end[:, None])
+    pos = jnp.arange(t)[None, :]
+    if t_.format.trailing:  # the call: the number, operator and blank run before the close
+      callish = (value_of[tokens] >= 0) | (op_of[tokens] > 0) | blank_of[tokens]
+      other = (pos >= start[:, None]) & (pos < end[:, None]) & ~callish
+      start = jnp.maximum(start, jnp.max(jnp.where(other, pos + 1, 0), axis=1))
+    inside = (pos >= start[:, None]) & (pos < end[:, None])
     limit = 10**self.max_digits
+    zeros = jnp.zeros((b,), jnp.int32)
 
     def step(carry, x):
-      value, number, op, has_number, error, count = carry
+      acc, number, op, has_number, error = carry
       tok_t, inside_t = x
-      d, o = digit_of[tok_t], op_of[tok_t]
+      d, o = value_of[tok_t], op_of[tok_t]
       is_digit, is_op = inside_t & (d >= 0), inside_t & (o > 0)
-      number = jnp.where(is_digit, number * 10 + jnp.maximum(d, 0), number)
-      count = count + is_digit.astype(jnp.int32)
-      error |= inside_t & ~(d >= 0) & ~(o > 0)  # a character no call holds
+      error |= inside_t & ~(d >= 0) & ~(o > 0) & ~blank_of[tok_t]  # what no call holds
       error |= is_op & ~has_number  # an operator without a number before it
+      number = jnp.where(is_digit, number * places_of[tok_t] + jnp.maximum(d, 0), number)
       error |= is_digit & (number >= limit)
-      applied = _apply(value, number, op)
-      value = jnp.where(is_op, applied, value)
+      number = jnp.where(number >= limit, 0, number)  # no overflow past the error
+      acc = jax.tree.map(
+        lambda new, old: jnp.where(is_op, new, old), self._fold(acc, number, op, o), acc
+      )
       op = jnp.where(is_op, o, op)
       number = jnp.where(is_op, 0, number)
       has_number = jnp.where(is_op, False, has_number | is_digit)
-      return (value, number, op, has_number, error, count), is_digit
+      return (acc, number, op, has_number, error), is_digit
 
-    zeros = jnp.zeros((b,), jnp.int32)
-    carry = (zeros, zeros, zeros, jnp.zeros((b,), bool), jnp.zeros((b,), bool), zeros)
-    (value, number, op, has_number, error, _), is_digit = jax.lax.scan(
-      step, carry, (tokens.T, inside.T)
-    )
-    value = _apply(value, number, op)
+    carry = ((zeros, zeros, jnp.ones((b,), jnp.int32)), zeros, zeros, zeros > 0, zeros > 0)
+    (acc, number, op, has_number, error), is_digit = jax.lax.scan(step, carry, (tokens.T, inside.T))
+    value = self._value(acc, number, op)
     error |= ~has_number | (jnp.abs(value) >= limit)
     return value, error, is_digit.T
+
+  def _fold(self, acc, number, op, new_op):
+    """The accumulator (total, term, sign) after `number` and the operator `new_op`, with `op`
+    the operator before `number` (0 at the start)."""
+    total, term, sign = acc
+    if not self.precedence:  # a chain: the total so far, `op` applied
+      return _apply(total, number, op), term, sign
+    term = jnp.where(op == 3, term * number, number)  # `*` binds first
+    additive = new_op != 3
+    total = jnp.where(additive, total + sign * term, total)
+    sign = jnp.where(additive, jnp.where(new_op == 2, -1, 1), sign)
+    return total, jnp.where(additive, 0, term), sign
+
+  def _value(self, acc, number, op):
+    """The call's value at its end (`number` the last, after `op`)."""
+    total, term, sign = acc
+    if not self.precedence:
+      return _apply(total, number, op)
+    return total + sign * jnp.where(op == 3, term * number, number)
 
   def check(self, prompt_tokens, tokens, start, end, is_digit):
     """Extra errors [B] bool of a call (none by default)."""
@@ -100,7 +280,7 @@ class ToolEnv:
     return jnp.zeros(is_digit.shape[:1], bool)
 
   def respond(self, prompt_tokens, tokens, start, end, calling=None):
-    """Each row's answer to its call tokens[start:end) (`end` is the close token's slot):
+    """Each row's answer to its call in tokens[start:end) (`end` is the close's first slot):
     (answer [B, E] int32, its length [B] int32, error [B] bool). Pure: jit- and vmap-safe.
     `calling` [B] marks the rows that call now (the others' answers are not used)."""
     del calling  # an in-graph tool answers every row at once
@@ -109,26 +289,32 @@ class ToolEnv:
     return (*self.encode(value, error), error)
 
   def encode(self, value, error):
-    """`value` [B] as tokens `-123,` ([B, E], length [B]); `ERROR,` where `error`."""
-    tok, e = self.tokenizer, self.answer_len
-    digits = jnp.asarray(tok.ids_of("0123456789"))
+    """The answers [B, E] (and their lengths [B]): prefix, `value` [B] as `-123` or the error
+    where `error`, suffix (`-123,` and `:,` with the task alphabet)."""
+    t_, e, m = self.tokens, self.answer_len, self.max_digits
+    digits = jnp.asarray(t_.digits, jnp.int32)
     magnitude = jnp.abs(value)
-    places = 10 ** jnp.arange(self.max_digits - 1, -1, -1)  # most significant first
+    places = 10 ** jnp.arange(m - 1, -1, -1)  # most significant first
     shown = (magnitude[:, None] // places[None, :]) % 10  # [B, max_digits]
     n_digits = jnp.maximum(jnp.sum(magnitude[:, None] >= places[None, :], axis=1), 1)
     sign = (value < 0).astype(jnp.int32)
+    p = len(t_.prefix)
     i = jnp.arange(e)[None, :]
-    k = i - sign[:, None]  # index among the digits
-    lead = self.max_digits - n_digits[:, None]  # leading zeros skipped
-    digit_tok = digits[jnp.take_along_axis(shown, jnp.clip(k + lead, 0, self.max_digits - 1), 1)]
-    out = jnp.where(k < n_digits[:, None], digit_tok, tok.char_id(ANSWER_END))
-    out = jnp.where((sign[:, None] == 1) & (i == 0), tok.char_id("-"), out)
-    length = sign + n_digits + 1
-    out = jnp.where(
-      error[:, None], jnp.where(i == 0, tok.char_id(ERROR), tok.char_id(ANSWER_END)), out
-    )
-    length = jnp.where(error, 2, length)
-    out = jnp.where(i < length[:, None], out, tok.pad_id)
+    k = i - p - sign[:, None]  # index among the digits
+    lead = m - n_digits[:, None]  # leading zeros skipped
+    body = digits[jnp.take_along_axis(shown, jnp.clip(k + lead, 0, m - 1), 1)]
+    body = jnp.where((sign[:, None] == 1) & (i == p), t_.minus, body)
+    body_n = sign + n_digits
+    error_ids = jnp.asarray(t_.error, jnp.int32)
+    body = jnp.where(error[:, None], error_ids[jnp.clip(i - p, 0, len(t_.error) - 1)], body)
+    body_n = jnp.where(error, len(t_.error), body_n)
+    suffix = jnp.asarray(t_.suffix, jnp.int32)
+    after = i - p - body_n[:, None]  # index in the suffix
+    out = jnp.where(after >= 0, suffix[jnp.clip(after, 0, len(t_.suffix) - 1)], body)
+    if p:
+      out = jnp.where(i < p, jnp.asarray(t_.prefix, jnp.int32)[jnp.clip(i, 0, p - 1)], out)
+    length = p + body_n + len(t_.suffix)
+    out = jnp.where(i < length[:, None], out, t_.pad)
     return out.astype(jnp.int32), length.astype(jnp.int32)
 
 
@@ -144,6 +330,14 @@ class Calculator(ToolEnv):
   """`+ - *` over whole numbers, left to right."""
 
   name: ClassVar[str] = "calculator"
+
+
+@dataclasses.dataclass(frozen=True)
+class Arithmetic(ToolEnv):
+  """`+ - *` over whole numbers with the usual precedence (`2+3*4` is 14)."""
+
+  name: ClassVar[str] = "arithmetic"
+  precedence: ClassVar[bool] = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,8 +391,9 @@ class HostTool(ToolEnv):
     rows = np.nonzero(np.asarray(calling))[0]
     if rows.size == 0:
       return value, error
-    tok = self.tokenizer
+    tok, opening = self.tokenizer, self.tokens.format.opening
     calls = [tok.decode(np.asarray(tokens)[i, start[i] : end[i]], stop_at_eos=False) for i in rows]
+    calls = [c.rpartition(opening)[2].strip() for c in calls] if opening else calls
     prompts = [tok.decode(np.asarray(prompt_tokens)[i]) for i in rows]
     scores, _ = score_batch(
       calls, prompts, terms={"tool": self.fn}, timeout_s=self.timeout_s, fill=float("nan")
@@ -229,7 +424,11 @@ def arithmetic(call: str, prompt: str) -> int:
   return value(ast.parse(call, mode="eval").body)
 
 
-ENVIRONMENTS: dict[str, type[ToolEnv]] = {"calculator": Calculator, "countdown": CountdownCheck}
+ENVIRONMENTS: dict[str, type[ToolEnv]] = {
+  "calculator": Calculator,
+  "arithmetic": Arithmetic,
+  "countdown": CountdownCheck,
+}
 HOST = "host:"  # `sampling.tool=host:module:function`: that callable as a `HostTool`
 TOOLS = ("none", *ENVIRONMENTS, f"{HOST}<module>:<function>")  # `sampling.tool` values
 

@@ -26,7 +26,7 @@ from jaxrl_llm.config.sections import SamplingSettings
 from jaxrl_llm.kernels import logprobs
 from jaxrl_llm.models.kv_cache import KVCache, grow_cache, init_cache
 from jaxrl_llm.models.transformer import MoEOutput, Transformer, positions_from_mask, unembed
-from jaxrl_llm.turns import Turns, take_turns
+from jaxrl_llm.turns import Turns, over_budget, take_turns
 from jaxrl_llm.types import Rollout
 
 _DEFAULT = SamplingSettings()  # the `sampling` section's defaults, written there once
@@ -51,6 +51,7 @@ class SamplingConfig:
   tool: Any = None  # an `envs.ToolEnv` answering the policy's calls (None: single-turn)
   float32_logits: bool = False  # reference path: the model's float32 [B, V] logits each step
   max_turns: int = 1  # the policy's segments per episode: at most max_turns - 1 tool calls
+  turn_tokens: int = _DEFAULT.turn_tokens  # the most tokens of one policy segment (0: off)
 
 
 def with_values(cfg: SamplingConfig, values: Mapping[str, Any] | None) -> SamplingConfig:
@@ -289,6 +290,7 @@ def _decode_step(
   done = s.done | ((token == cfg.eos_id) & ~forced)
   if turns is not None:
     turns = take_turns(cfg, turns, prompts, tokens, token, s.step, active, forced)
+    done |= over_budget(cfg, turns, s.step, active, forced)
   out = model.apply(
     {"params": params},
     token[:, None],

@@ -41,14 +41,16 @@ class Turns:
 
 def take_turns(cfg, turns: Turns, prompts, tokens, token, step, active, forced) -> Turns:
   """After the token at slot `step`: an appended environment token advances its answer (the
-  policy's next segment starts after the last); a policy token that closes a call, with calls
-  left, gets the environment's answer to the call tokens[seg_start:step) pending."""
+  policy's next segment starts after the last); a policy token that completes the call's close,
+  with calls left, gets the environment's answer to the call (the segment before the close)
+  pending."""
   env = cfg.tool
   pending_i = turns.pending_i + forced.astype(jnp.int32)
   answered = forced & (pending_i == turns.pending_n)
   seg_start = jnp.where(answered, step + 1, turns.seg_start)
-  call = active & ~forced & (token == env.close_id) & (turns.calls < cfg.max_turns - 1)
-  end = jnp.full_like(seg_start, step)
+  closes = env.closes(tokens, step, turns.seg_start)
+  call = active & ~forced & closes & (turns.calls < cfg.max_turns - 1)
+  end = jnp.full_like(seg_start, step - env.close_len + 1)
   none = (jnp.zeros((call.shape[0], env.answer_len), jnp.int32), jnp.zeros_like(end), ~call)
   answer, length, error = jax.lax.cond(  # the tool reads the calls only at a step that has one
     jnp.any(call), lambda: env.respond(prompts, tokens, turns.seg_start, end, call), lambda: none
@@ -62,6 +64,15 @@ def take_turns(cfg, turns: Turns, prompts, tokens, token, step, active, forced) 
     calls=turns.calls + call.astype(jnp.int32),
     errors=turns.errors + (call & error).astype(jnp.int32),
   )
+
+
+def over_budget(cfg, turns: Turns, step, active, forced):
+  """[B] bool: rows whose policy segment reached `cfg.turn_tokens` tokens at slot `step`
+  without a call pending (they end; 0: no per-turn budget)."""
+  if not cfg.turn_tokens:
+    return jnp.zeros_like(active)
+  idle = turns.pending_i >= turns.pending_n
+  return active & ~forced & idle & (step + 1 - turns.seg_start >= cfg.turn_tokens)
 
 
 def final_segment(rollout: Rollout) -> tuple[jax.Array, jax.Array]:

@@ -202,27 +202,30 @@ def _rows(cfg: Config, sizes: dict[str, int]) -> list[str]:
 
 
 def _tool(cfg: Config) -> list[str]:
-  """A tool runs on the built-in tasks (its tokens are theirs); countdown's on countdown."""
+  """Countdown's tool checks countdown's expressions."""
   tool = cfg.sampling.tool
-  if tool == "none":
-    return []
-  out = need(
-    not cfg.uses_files,
-    f"sampling.tool={tool!r} runs on the built-in tasks, not on prompt files "
-    f"(data.train_files={cfg.data.train_files!r}); allowed with files: none",
-  )
-  return out + need(
-    tool != "countdown" or cfg.task.name == "countdown",
-    f"sampling.tool='countdown' checks countdown's expressions; task.name={cfg.task.name!r} "
-    "(use calculator, or task.name=countdown)",
+  return need(
+    tool != "countdown" or (cfg.task.name == "countdown" and not cfg.uses_files),
+    f"sampling.tool='countdown' checks countdown's expressions; task.name={cfg.task.name!r}"
+    f"{' with prompt files' if cfg.uses_files else ''} (use calculator or arithmetic, or "
+    "task.name=countdown)",
   )
 
 
 def _task(cfg: Config, mc: ModelConfig, task) -> list[str]:
-  """The model's vocabulary holds the task's tokens."""
+  """The model's vocabulary holds the task's tokens; a tool can write its calls and answers
+  in the task's tokenizer."""
   vocab = task.tokenizer.vocab_size
-  return need(
+  out = need(
     vocab <= mc.vocab_size,
     f"model.vocab_size={mc.vocab_size} is smaller than task {task.name!r}'s vocabulary of "
     f"{vocab} tokens",
   )
+  if cfg.sampling.tool != "none":
+    from jaxrl_llm import envs
+
+    try:
+      envs.tool_tokens(task.tokenizer)
+    except ValueError as e:
+      out.append(f"sampling.tool={cfg.sampling.tool!r}: {e}")
+  return out

@@ -180,8 +180,9 @@ class SamplingSettings(Section):
   top_p: float = setting(1.0, per_run=TRACED)  # nucleus sampling mass in (0, 1] (1 = off)
   param_dtype: str = "auto"  # sampler weights: auto (bf16; CPU: fp32) | float32 | bfloat16 | int8
   kv_block: int = 128  # decode stages of this many steps read only filled KV slots (0 = all S+T)
-  tool: str = "none"  # multi-turn tool: none | calculator | countdown | host:<module>:<function>
+  tool: str = "none"  # multi-turn tool: none | calculator | arithmetic | countdown | host:<m>:<f>
   max_turns: int = 3  # with a tool: the policy's segments per episode (at most max_turns - 1 calls)
+  turn_tokens: int = 0  # with a tool: the most tokens of one policy segment (0 = only the budget T)
 
   def errors(self) -> list[str]:
     """G >= 2, τ_s >= MIN_TEMPERATURE, top-p in (0, 1], top-k, T and kv_block >= 0, a known sampler dtype."""
@@ -198,6 +199,12 @@ class SamplingSettings(Section):
     out += at_least("sampling", self, 0, "top_k", note=" (0 = off)")
     out += at_least("sampling", self, 0, "max_new_tokens", "kv_block")
     out += at_least("sampling", self, 1, "max_turns")
+    out += at_least("sampling", self, 0, "turn_tokens")
+    out += need(
+      not self.max_new_tokens or self.turn_tokens <= self.max_new_tokens,
+      f"sampling.turn_tokens={self.turn_tokens} exceeds the completion budget "
+      f"sampling.max_new_tokens={self.max_new_tokens}; allowed: 0 (off) to {self.max_new_tokens}",
+    )
     from jaxrl_llm import envs  # the registry of tools (it reads the tasks' tokenizer)
 
     out += [] if envs.is_tool(self.tool) else allowed("sampling.tool", self.tool, envs.TOOLS)
@@ -216,7 +223,7 @@ class SamplingSettings(Section):
     budget = (
       task.max_new_tokens
       if tool is None
-      else self.max_turns * (task.max_new_tokens + tool.answer_len)
+      else self.max_turns * ((self.turn_tokens or task.max_new_tokens) + tool.answer_len)
     )
     return SamplingConfig(
       max_new_tokens=self.max_new_tokens or budget,
@@ -230,6 +237,7 @@ class SamplingSettings(Section):
       kv_block=self.kv_block,
       tool=tool,
       max_turns=self.max_turns,
+      turn_tokens=self.turn_tokens if tool is not None else 0,
     )
 
 
