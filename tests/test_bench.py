@@ -278,6 +278,24 @@ def test_trl_peer_loads_a_checkpoint_of_the_specs_dimensions_only():
   assert "Traceback" not in wrong["output_tail"]
 
 
+def test_the_static_cache_peer_generates_with_transformers_static_cache():
+  """`--peer_cache=static`: the peer's generation uses transformers' static KV cache (compiled
+  only on a GPU, and `peer_setup` says which), full length; an unknown cache is one line."""
+  python = _peer_python("trl")
+  micro = ["rl.num_prompts=2", "sampling.group_size=2", "sampling.max_new_tokens=4"]
+  config = bench.shape_config("tiny", [f"model.checkpoint={HF_FIXTURES / 'qwen2'}", *micro])
+  spec = bench.peer_spec(config, steps=1, cache="static")
+  result = bench.run_peer("trl", spec, python, timeout_s=600)
+  assert "error" not in result, result
+  assert result["completion_length_min"] == result["completion_length_max"] == 4
+  setup = result["peer_setup"]
+  assert setup["kv_cache"] == "static"
+  on_cpu = result["peak_memory_kind"] == "peak_rss"
+  assert setup["generation_compiled"] is not on_cpu  # transformers compiles it on a GPU only
+  bad = bench.run_peer("trl", spec | {"cache": "paged"}, python, timeout_s=600)
+  assert "cache='paged'; allowed: dynamic, static" in bad["error"], bad
+
+
 @pytest.mark.slow  # ~30 s: both sides compile and run a (micro) step
 def test_bench_and_peer_both_start_from_the_checkpoint():
   """`--peer=trl --set=model.checkpoint=DIR`: ours loads the checkpoint's weights and the

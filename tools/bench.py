@@ -1,7 +1,7 @@
 """Benchmark the fused RL step, optionally against TRL's GRPOTrainer at the same shape.
 
   python tools/bench.py --config=configs/default.py [--config.rl.num_prompts=64] [--steps=5]
-  python tools/bench.py --shape=medium [--peer=trl] [--set=sampling.param_dtype=bfloat16]
+  python tools/bench.py --shape=medium [--peer=trl [--peer_cache=static]] [--set=sampling.param_dtype=bfloat16]
   python tools/bench.py --shape=qwen2.5-0.5b --profile_dir=DIR   # + a traced warm step
 
 Prints one JSON object. Timings are medians over `--steps` warm steps (after compilation and one
@@ -28,8 +28,10 @@ and weights are SmolLM2-135M-Instruct's (`model.checkpoint`, models/pretrained.p
 its own; the same checkpoint's weights when one is set) and adds TRL's numbers, how it ran
 (`peer.peer_setup`) and the ratios TRL / ours; with `model.lora_rank` > 0 the peer trains PEFT
 LoRA adapters of the same rank, alpha, dropout and targets (and reports trainable_params);
-`model.lora_base_dtype=int8` has no peer. `model_source` is the checkpoint or "random-init".
-Device limits come from a table of public spec sheets by `device_kind`, or from
+`model.lora_base_dtype=int8` has no peer. `--peer_cache=static` gives the peer transformers'
+static KV cache, whose decode transformers compiles with torch.compile on a GPU (TRL's
+strongest generation without vLLM; `peer_setup` says whether it compiled). `model_source` is
+the checkpoint or "random-init". Device limits come from a table of public spec sheets by `device_kind`, or from
 `--hbm_bytes_per_s` / `--peak_flops` (e.g. measured values); on a CPU the percentages are null
 unless both are given.
 """
@@ -492,10 +494,11 @@ def model_arch(config):
   return config.model.arch.onto(mc)
 
 
-def peer_spec(config, steps: int) -> dict[str, object]:
+def peer_spec(config, steps: int, cache: str = "dynamic") -> dict[str, object]:
   """The peer's shape and run, from `config` without touching a device (so that the peer's
   process can have the accelerator to itself first). With `model.checkpoint` the dimensions
-  are the checkpoint's (`model_arch`) and the peer loads its weights (`checkpoint`)."""
+  are the checkpoint's (`model_arch`) and the peer loads its weights (`checkpoint`); `cache`
+  is its generation's KV cache (dynamic | static, see tools/peer_trl.py)."""
   config = parse(config)
   mc = model_arch(config)
   problems = []
@@ -547,6 +550,7 @@ def peer_spec(config, steps: int) -> dict[str, object]:
     "seed": int(config.seed),
     "lora_rank": mc.lora_rank,
     "checkpoint": os.path.abspath(config.model.checkpoint) if config.model.checkpoint else "",
+    "cache": cache,
   }
   if mc.lora_rank:  # PEFT LoRA at the same rank, alpha, dropout, on the same projections
     from jaxrl_llm.models.config import target_names
@@ -621,13 +625,14 @@ def run(
   peer: str | None = None,
   peer_python: str | None = None,
   peer_timeout_s: float | None = None,
+  peer_cache: str = "dynamic",
   **bench_kwargs,
 ) -> dict[str, object]:
   """The peer (if any) first, in its own process, then ours; one JSON-ready result."""
   baseline = _rss_bytes()
   peer_result = None
   if peer:
-    spec = peer_spec(config, steps)
+    spec = peer_spec(config, steps, peer_cache)
     progress(f"the peer ({peer}) first, in its own process")
     peer_result = run_peer(peer, spec, peer_python, peer_timeout_s)
     progress(f"the peer ended: {peer_result.get('error') or 'ok'}")
@@ -672,6 +677,12 @@ def main(argv: list[str]) -> int:
   parser.add_argument("--peer", choices=["trl"], help="also run this trainer at the same shape")
   parser.add_argument("--peer_python", help="Python of the peer (default: this one)")
   parser.add_argument("--peer_timeout_s", type=float, help="give up on the peer after this long")
+  parser.add_argument(
+    "--peer_cache",
+    choices=["dynamic", "static"],
+    default="dynamic",
+    help="the peer's generation cache: static is transformers' compiled static-cache decode",
+  )
   parser.add_argument("--hbm_bytes_per_s", type=float, help="device HBM bandwidth (default: table)")
   parser.add_argument("--peak_flops", type=float, help="device peak FLOP/s (default: table)")
   parser.add_argument("--profile_dir", help="trace one more warm fused step into this directory")
@@ -685,7 +696,7 @@ def main(argv: list[str]) -> int:
   for a in rest:  # --config.a.b=v -> a.b=v; --noconfig.a.b -> a.b=False
     overrides.append(a[len("--config.") :] if a.startswith("--config.") else a[10:] + "=False")
   passed = ("shape", "peer", "peer_python", "peer_timeout_s", "full_length", "hbm_bytes_per_s")
-  passed += ("peak_flops", "profile_dir")
+  passed += ("peak_flops", "profile_dir", "peer_cache")
   try:  # a bad field or value (or a peer that cannot run this config): one line
     config = _config(args, overrides)
     result = run(config, args.steps, **{name: getattr(args, name) for name in passed})

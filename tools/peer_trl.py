@@ -17,8 +17,10 @@ reference model); the reward is a constant. With `lora_rank` > 0 the policy is w
 `peft_config`): only the adapters train, the base stays frozen in `param_dtype`. The last stdout
 line is `PEER_RESULT {json}`: median warm step time, median generation time, peak memory
 (torch.cuda.max_memory_allocated on a GPU, peak RSS on a CPU), the parameters trained and how
-it ran (`peer_setup`: generation path, dtypes, attention kernel, gradient checkpointing, the
-model's source). A spec this cannot run (a checkpoint of other dimensions) is one `error: ...`
+it ran (`peer_setup`: generation path, KV cache and whether transformers compiled the generation,
+dtypes, attention kernel, gradient checkpointing, the model's source). With `cache` static, the
+peer is TRL's strongest without vLLM: transformers' static-cache generation, compiled with
+torch.compile on a GPU (on a CPU transformers runs the static cache without compiling). A spec this cannot run (a checkpoint of other dimensions) is one `error: ...`
 line on stderr and exit status 2.
 """
 
@@ -65,9 +67,11 @@ SPEC_FIELDS = (
   "lora_dropout",  # PEFT's lora_dropout on the adapters' input; only read when lora_rank > 0
   "lora_targets",  # Hugging Face module names given adapters (["q_proj", ...]); lora_rank > 0
   "checkpoint",  # a Hugging Face directory whose weights the policy loads; "" (default): random
+  "cache",  # generation's KV cache: dynamic (transformers' default) | static (compiled on a GPU)
 )
 # What a spec may leave out (one from before LoRA: no adapters; before checkpoints: random init).
-DEFAULTS = {"lora_rank": 0, "checkpoint": ""}
+DEFAULTS = {"lora_rank": 0, "checkpoint": "", "cache": "dynamic"}
+CACHES = ("dynamic", "static")
 LORA_FIELDS = ("lora_alpha", "lora_dropout", "lora_targets")  # needed only when lora_rank > 0
 
 
@@ -247,6 +251,8 @@ def grpo_config(spec: dict, cuda: bool):
     top_p=1.0,
     top_k=0,
     generation_kwargs={"min_new_tokens": spec["max_new_tokens"]},  # every completion full length
+    # static: transformers compiles the decode step (torch.compile) where it can, on a GPU
+    cache_implementation=None if spec["cache"] == "dynamic" else spec["cache"],
     learning_rate=spec["learning_rate"],
     lr_scheduler_type="constant",
     max_steps=spec["warmup"] + spec["steps"],
@@ -397,6 +403,9 @@ def peer_setup(spec: dict, trainer, model) -> dict[str, object]:
     "trainer": "trl.GRPOTrainer",
     "generation": generation,
     "kv_cache": args.cache_implementation or "dynamic (transformers' default)",
+    # transformers' generate compiles its forward for a static cache on these devices
+    "generation_compiled": args.cache_implementation == "static"
+    and unwrapped.device.type in ("cuda", "xpu"),
     "attn_implementation": model.config._attn_implementation,
     "param_dtype": str(model.dtype).removeprefix("torch."),
     "compute_dtype": "bfloat16 autocast" if args.bf16 else str(model.dtype).removeprefix("torch."),
@@ -445,6 +454,9 @@ def main(argv: list[str]) -> int:
   missing = missing_fields(spec)
   if missing:
     print(f"spec lacks {missing}", file=sys.stderr)
+    return 2
+  if spec["cache"] not in CACHES:
+    print(f"error: spec cache={spec['cache']!r}; allowed: {', '.join(CACHES)}", file=sys.stderr)
     return 2
   os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
   try:
