@@ -97,6 +97,20 @@ def test_bench_reports_all_measurements_at_the_tiny_shape():
   assert "peer" not in result
 
 
+def test_sample_only_times_the_sampler_alone_with_the_same_decode_figures():
+  """`--sample_only` (the decode goal's measurement in a short device call): no fused step is
+  compiled; the sampler's figures are those of the full bench's, at the same shape."""
+  result = bench.run(bench.shape_config("tiny"), steps=2, shape="tiny", sample_only=True)
+  json.dumps(result)
+  for key in ("rl_step_s", "compile_s", "learner_s", "learner_tflops_per_s"):
+    assert result[key] is None, key
+  assert result["step_times_s"] == [] and result["compiled_step_memory"] is None
+  assert result["decode_steps"] == 16 and result["sample_s"] > 0
+  assert result["generated_tokens_per_step"] == 16 * 8 * 16
+  assert result["decode_ms_per_step"] == pytest.approx(1e3 * result["sample_s"] / 16)
+  assert result["kv_filled_bytes_per_decode_step"] == 128 * 4 * 2 * 2 * 32 * 4 * (13 + 17 / 2)
+
+
 def _bench_cli(*args: str) -> subprocess.CompletedProcess:
   cmd = [sys.executable, "tools/bench.py", *args]
   return subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600)
@@ -129,8 +143,9 @@ def test_the_bench_command_line_takes_settings_and_device_limits():
   "args, says",
   [(["--shape=tiny", "--set=sampling.nope=1"], "unknown config field 'sampling.nope'"),
    (["--config=configs/default.py", "--config.sampling.temperature=-1"],
-    "invalid config: sampling.temperature=-1.0 must be >= 0.01")],
-  ids=["unknown-field", "out-of-range"],
+    "invalid config: sampling.temperature=-1.0 must be >= 0.01"),
+   (["--shape=tiny", "--sample_only", "--peer=trl"], "--sample_only times our sampler alone")],
+  ids=["unknown-field", "out-of-range", "sample-only-peer"],
 )  # fmt: skip
 def test_a_bad_bench_setting_is_one_error_line_and_exit_2(args, says):
   """A bad field or value given to tools/bench.py (by --set or --config.FIELD): its last line

@@ -161,3 +161,25 @@ def test_decode_copies_finds_no_cache_copy_in_the_scanned_bf16_sampler_alone_or_
     assert got[program]["s"] > 0 and got[program]["cache_copies"] == 0, got
     assert got[program]["cache_writes"] >= 2, got
   assert got["same_tokens"] is True
+
+
+def test_gpu_card_writes_each_steps_output_into_out_as_it_runs(tmp_path):
+  """tools/gpu_card.sh on this machine with one step (the import check): its stdout and stderr
+  go straight into $OUT/NAME.json and NAME.log, its status into steps.txt; an unknown step is
+  one line, and a step past the budget is skipped, not started."""
+  env = {**cli_env(), "OUT": str(tmp_path), "WHEELS": str(tmp_path / "none")}
+  proc = subprocess.run(
+    ["bash", "tools/gpu_card.sh", "preflight", "nosuchstep"],
+    cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+  )  # fmt: skip
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  steps = (tmp_path / "steps.txt").read_text().splitlines()
+  assert len(steps) == 1 and steps[0].startswith("== preflight: rc=0 in "), steps
+  assert "'jax':" in (tmp_path / "preflight.json").read_text()
+  assert (tmp_path / "preflight.log").exists()
+  assert "== nosuchstep: no such step" in proc.stdout
+  skipped = subprocess.run(
+    ["bash", "tools/gpu_card.sh", "preflight"],
+    cwd=REPO, env={**env, "BUDGET_S": "5"}, capture_output=True, text=True, timeout=300,
+  )  # fmt: skip
+  assert "== preflight: skipped" in skipped.stdout

@@ -329,8 +329,10 @@ def bench(
   hbm_bytes_per_s: float | None = None,
   peak_flops: float | None = None,
   profile_dir: str | None = None,
+  sample_only: bool = False,
 ) -> dict[str, object]:
-  """Runs `steps` warm fused RL steps and a sampler-only pass; returns the measurements."""
+  """Runs `steps` warm fused RL steps and a sampler-only pass (with `sample_only`, the sampler
+  alone: no fused step is compiled, its fields are null); returns the measurements."""
   config = parse(config)
   progress("building the run")
   exp = build(config)
@@ -350,28 +352,29 @@ def bench(
     functools.partial(quant.sampler_params, dtype=ctx.sampler_dtype), state.params
   )
 
-  progress("compiling the fused step")
-  t0 = time.perf_counter()
-  compiled = program.step.lower(state, batches[0], state.rng).compile()
-  compile_s = time.perf_counter() - t0
-  compiled_memory = _memory_analysis(compiled)
-  progress(f"compiled in {compile_s:.1f} s; warm-up step")
-
-  step_times, gen_tokens = [], []
-  state, m = compiled(state, batches[0], jax.random.fold_in(state.rng, 0))  # warm-up
-  jax.block_until_ready(m)
-  for i in range(1, steps + 1):
+  step_times, gen_tokens, compile_s, compiled_memory = [], [], None, None
+  learner_tokens = None
+  if not sample_only:
+    progress("compiling the fused step")
     t0 = time.perf_counter()
-    state, m = compiled(state, batches[i], jax.random.fold_in(state.rng, i))
-    m = jax.device_get(m)
-    step_times.append(time.perf_counter() - t0)
-    gen_tokens.append(float(m["perf/generated_tokens"]))
-    progress(f"step {i}/{steps}: {step_times[-1]:.3f} s")
-  learner_tokens = float(m["perf/learner_tokens"])
-  if profile_dir:  # one more warm step under the profiler (tools/trace_summary.py reads it)
-    with jax.profiler.trace(profile_dir, create_perfetto_trace=True):
-      state, m = compiled(state, batches[1], jax.random.fold_in(state.rng, 10_000))
-      jax.block_until_ready(m)
+    compiled = program.step.lower(state, batches[0], state.rng).compile()
+    compile_s = time.perf_counter() - t0
+    compiled_memory = _memory_analysis(compiled)
+    progress(f"compiled in {compile_s:.1f} s; warm-up step")
+    state, m = compiled(state, batches[0], jax.random.fold_in(state.rng, 0))  # warm-up
+    jax.block_until_ready(m)
+    for i in range(1, steps + 1):
+      t0 = time.perf_counter()
+      state, m = compiled(state, batches[i], jax.random.fold_in(state.rng, i))
+      m = jax.device_get(m)
+      step_times.append(time.perf_counter() - t0)
+      gen_tokens.append(float(m["perf/generated_tokens"]))
+      progress(f"step {i}/{steps}: {step_times[-1]:.3f} s")
+    learner_tokens = float(m["perf/learner_tokens"])
+    if profile_dir:  # one more warm step under the profiler (tools/trace_summary.py reads it)
+      with jax.profiler.trace(profile_dir, create_perfetto_trace=True):
+        state, m = compiled(state, batches[1], jax.random.fold_in(state.rng, 10_000))
+        jax.block_until_ready(m)
 
   # The fused step's own sample phase: the sampler's weight copy (sampling.param_dtype).
   sample_fn = program.sample
@@ -386,9 +389,9 @@ def bench(
     sample_tokens.append(float(np.sum(r.lengths)))
     decode_steps.append(int(r.decode_steps))
 
-  step_s = statistics.median(step_times)
   sample_s = statistics.median(sample_times)
-  learn_s = max(step_s - sample_s, 1e-9)
+  step_s = statistics.median(step_times) if step_times else None
+  learn_s = max(step_s - sample_s, 1e-9) if step_times else None
   b = config.sampled_prompts * samp.group_size
   s, t = exp.task.prompt_len, samp.max_new_tokens
   steps_taken = int(statistics.median(decode_steps))
@@ -425,9 +428,9 @@ def bench(
     "step_times_s": step_times,
     "compile_s": compile_s,
     "sampler_tokens_per_s": statistics.median(sample_tokens) / sample_s,
-    "learner_tokens_per_s": learner_tokens / learn_s,
-    "sampling_share_of_step": min(sample_s / step_s, 1.0),
-    "generated_tokens_per_step": statistics.median(gen_tokens),
+    "learner_tokens_per_s": learner_tokens / learn_s if learn_s else None,
+    "sampling_share_of_step": min(sample_s / step_s, 1.0) if step_s else None,
+    "generated_tokens_per_step": statistics.median(gen_tokens or sample_tokens),
     "sample_s": sample_s,
     "learner_s": learn_s,
     "decode_steps": steps_taken,
@@ -440,8 +443,8 @@ def bench(
     "learner_tokens_per_step": learner_tokens,
     "learner_flops_per_step": flops,
     "learner_flops_formula": FLOPS_FORMULA,
-    "learner_tflops_per_s": flops / learn_s / 1e12,
-    "learner_mfu_pct": _pct(flops / learn_s, peak),
+    "learner_tflops_per_s": flops / learn_s / 1e12 if learn_s else None,
+    "learner_mfu_pct": _pct(flops / learn_s, peak) if learn_s else None,
     "device_limits": limits,
     "compiled_step_memory": compiled_memory,
     **_peak_memory_bytes(),
@@ -631,6 +634,8 @@ def run(
   """The peer (if any) first, in its own process, then ours; one JSON-ready result."""
   baseline = _rss_bytes()
   peer_result = None
+  if peer and bench_kwargs.get("sample_only"):
+    raise ConfigError("--sample_only times our sampler alone; it has no --peer")
   if peer:
     spec = peer_spec(config, steps, peer_cache)
     progress(f"the peer ({peer}) first, in its own process")
@@ -686,17 +691,23 @@ def main(argv: list[str]) -> int:
   parser.add_argument("--hbm_bytes_per_s", type=float, help="device HBM bandwidth (default: table)")
   parser.add_argument("--peak_flops", type=float, help="device peak FLOP/s (default: table)")
   parser.add_argument("--profile_dir", help="trace one more warm fused step into this directory")
+  parser.add_argument(
+    "--sample_only",
+    action="store_true",
+    help="time the sampler alone (decode figures; no fused step is compiled or run)",
+  )
   args, rest = parser.parse_known_args(argv)
   unknown = [a for a in rest if not a.startswith(("--config.", "--noconfig."))]
   if unknown:
     parser.error(f"unrecognised arguments: {' '.join(unknown)}")
   if bool(args.shape) == bool(args.config):
     parser.error("give exactly one of --shape and --config")
+
   overrides = list(args.set)
   for a in rest:  # --config.a.b=v -> a.b=v; --noconfig.a.b -> a.b=False
     overrides.append(a[len("--config.") :] if a.startswith("--config.") else a[10:] + "=False")
   passed = ("shape", "peer", "peer_python", "peer_timeout_s", "full_length", "hbm_bytes_per_s")
-  passed += ("peak_flops", "profile_dir", "peer_cache")
+  passed += ("peak_flops", "profile_dir", "peer_cache", "sample_only")
   try:  # a bad field or value (or a peer that cannot run this config): one line
     config = _config(args, overrides)
     result = run(config, args.steps, **{name: getattr(args, name) for name in passed})

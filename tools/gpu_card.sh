@@ -2,12 +2,17 @@
 # Everything issue "every fast path verified on the card" measures, in one call on a GPU machine,
 # each step under its own time limit and within an overall deadline:
 #
-#   BUDGET_S=540 bash tools/gpu_card.sh [STEP ...]
+#   bash tools/gpu_card.sh wheels                  # here, beforehand: the wheels the image lacks
+#   BUDGET_S=540 bash tools/gpu_card.sh [STEP ... | all]   # on the GPU machine
 #
-# Steps run in the order given (default: all, in this order). First an import check and the
-# device checks, then what no card has measured yet, then the re-measurements of what the README
-# already quotes (2026-11-26, one H200):
+# Steps run in the order given (default: preflight grouped pack16 decode256_only qwen15
+# qwen05_static_trl, the order of value for one 9-minute call; `all`: every step):
 #   preflight       imports every module a step needs (a missing wheel stops nothing else)
+#   pack16          tools/bench_pack.py: a pack of 16 default-config runs against 16 alone
+#   decode256_only  qwen2.5-0.5b at 256 sequences, the sampler alone (bench --sample_only): the
+#                   decode goal's shape, without compiling the fused step
+#   qwen05_static_trl qwen2.5-0.5b against the stronger peer: TRL with transformers'
+#                   static-cache compiled generation, bfloat16 storage on both sides
 #   checks          tools/device_check.py: every fast path `auto` may choose, against its reference
 #   grouped         the grouped matmul at E=64, M=16,384, K=1024, N=384, timed back to back and by
 #                   CUPTI (the 2026-11-26 figures waited for every call: host time included)
@@ -43,11 +48,15 @@
 # a second copy beside the timed ones (with its own OUT), e.g.
 #   (OUT=$OUT/a bash tools/gpu_card.sh moe_plan pack_plan > $OUT/a.txt 2>&1) &
 #   OUT=$OUT/b bash tools/gpu_card.sh preflight checks decode256 qwen15_trl; wait
-# Results go to $OUT (or /tmp/gpu_card): every step's stdout in results.txt and its stderr in
-# logs.txt, each headed by the step's name and exit status (a device call brings back only a few
-# files).
+# Results go to $OUT (or /tmp/gpu_card): each step's stdout (a bench's raw JSON) in NAME.json
+# and its stderr in NAME.log as it runs, and one line per step in steps.txt. Commit them raw
+# under docs/gpu_runs/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = wheels ]; then  # on a machine with the package index, before the device call
+  exec python3 -m pip download --no-deps -d "${WHEELS:-.whl}" grain portpicker array_record \
+    ml_collections trl datasets 'dill<0.4.2' 'multiprocess<0.70.20' gguf
+fi
 OUT=${OUT:-/tmp/gpu_card}
 BUDGET_S=${BUDGET_S:-540}
 WHEELS=${WHEELS:-.whl}
@@ -62,8 +71,10 @@ if [ -d "$WHEELS" ] && ls "$WHEELS"/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}"
 
-# step NAME LIMIT_S CMD...: runs CMD with stdout to $OUT/NAME.out, stderr to $OUT/NAME.log,
-# under min(LIMIT_S, what is left of BUDGET_S); prints one line of how it ended.
+# step NAME LIMIT_S CMD...: runs CMD with its stdout straight into $OUT/NAME.json (a bench's raw
+# JSON, written as the step runs: a call cut short keeps every finished step's) and its stderr
+# into $OUT/NAME.log, under min(LIMIT_S, what is left of BUDGET_S); prints how it ended, and
+# appends it to $OUT/steps.txt.
 step() {
   local name=$1 limit=$2
   shift 2
@@ -75,14 +86,11 @@ step() {
   [ "$limit" -gt "$left" ] && limit=$left
   local t0
   t0=$(date +%s)
-  timeout --kill-after=5 "$limit" "$@" >"/tmp/gpu_card_$name.out" 2>"/tmp/gpu_card_$name.log"
+  timeout --kill-after=5 "$limit" "$@" >"$OUT/$name.json" 2>"$OUT/$name.log"
   local rc=$?
-  echo "== $name: rc=$rc in $(($(date +%s) - t0))s (limit ${limit}s)"
-  # Two files for every step together: a device call brings back only a few files.
-  { echo "== $name rc=$rc"; cat "/tmp/gpu_card_$name.out"; } >>"$OUT/results.txt"
-  { echo "== $name rc=$rc"; grep -v '^    @' "/tmp/gpu_card_$name.log"; } >>"$OUT/logs.txt"
-  tail -c 1500 "/tmp/gpu_card_$name.out"
-  [ "$rc" -ne 0 ] && grep -v '^    @' "/tmp/gpu_card_$name.log" | tail -n 8
+  echo "== $name: rc=$rc in $(($(date +%s) - t0))s (limit ${limit}s)" | tee -a "$OUT/steps.txt"
+  tail -c 1500 "$OUT/$name.json"
+  [ "$rc" -ne 0 ] && grep -v '^    @' "$OUT/$name.log" | tail -n 8
 }
 
 STEPS=("$@")
@@ -117,7 +125,13 @@ GROUPED=(--rows=16384 --k=1024 --n=384 --experts=64)
 run_step() {
   case $1 in
     preflight) step preflight 60 python3 -c "$PREFLIGHT" ;;
-    checks) step checks 150 python3 tools/device_check.py --json="$OUT/checks.json" ;;
+    pack16)
+      step pack16 240 python3 tools/bench_pack.py --shape=default --runs=16 --steps=3 ;;
+    decode256_only) step decode256_only 150 python3 tools/bench.py "${B256[@]}" --sample_only ;;
+    qwen05_static_trl)
+      step qwen05_static_trl 300 python3 tools/bench.py "${B05[@]}" --peer=trl --peer_cache=static \
+        --peer_timeout_s=200 --set=model.param_dtype=bfloat16 ;;
+    checks) step checks 150 python3 tools/device_check.py --json="$OUT/device_checks.json" ;;
     grouped) step grouped 60 python3 tools/bench_grouped.py "${GROUPED[@]}" --iters=20 ;;
     grouped_sweep)
       step grouped_sweep 120 python3 tools/bench_grouped.py "${GROUPED[@]}" --iters=10 --sweep ;;
@@ -169,9 +183,13 @@ def version(name):
     return None
 print({n: version(n) for n in ("jax", "grain", "trl", "peft", "datasets", "torch")})
 sys.exit("cannot import " + "; ".join(missing) if missing else 0)'
-ALL=(preflight checks grouped grouped_sweep moe_plan pack_plan pack_medium pack_qwen05 moe
-  dense_twin decode256 decode256_kv0 qwen15_trl lora15_trl qwen15_noremat qwen05_bf16_trl qwen05 qwen15)
-[ ${#STEPS[@]} -eq 0 ] && STEPS=("${ALL[@]}")
+# The default, in order of value for one call of at most 9 minutes (BUDGET_S=540): what no card
+# has measured, the goals' shapes, then the stronger peer.
+FIRST=(preflight grouped pack16 decode256_only qwen15 qwen05_static_trl)
+ALL=("${FIRST[@]}" checks grouped_sweep moe_plan pack_plan pack_medium pack_qwen05 moe
+  dense_twin decode256 decode256_kv0 qwen15_trl lora15_trl qwen15_noremat qwen05_bf16_trl qwen05)
+[ ${#STEPS[@]} -eq 0 ] && STEPS=("${FIRST[@]}")
+[ "${STEPS[*]}" = all ] && STEPS=("${ALL[@]}")
 for name in "${STEPS[@]}"; do
   run_step "$name"
 done
