@@ -219,3 +219,75 @@ def shard_bytes(tree) -> int:
     shape = x.sharding.shard_shape(x.shape) if getattr(x, "sharding", None) else x.shape
     total += math.prod(shape) * jax.numpy.dtype(x.dtype).itemsize
   return total
+
+
+AUTO_MARGIN = 0.10  # rl.microbatch_tokens=auto leaves this share of the device's memory free
+AUTO_MAX_SLICES = 4  # remat=auto recomputes more only when less needs more slices than this
+AUTO_REMATS = ("none", "attention", "full")  # remat=auto's policies, least recomputation first
+
+
+def auto_learner(
+  config,
+  rows_per_device: int,
+  devices: list[jax.Device] | None = None,
+  *,
+  prompt_len: int | None = None,
+  capacity_bytes: int | None = None,
+  runs: int = 0,
+) -> tuple[int, str, list[dict]]:
+  """`rl.microbatch_tokens=auto`: (microbatches, remat, the plans compiled) for `config`.
+
+  The fewest microbatches k (a divisor of a device's minibatch rows) whose compile-only plan
+  (`plan`) peaks within (1 - AUTO_MARGIN) of the device's memory, found by bisection (the peak
+  falls as k grows). With `rl.remat=auto` the policies are tried least recomputation first
+  (AUTO_REMATS) and the first one that fits in at most AUTO_MAX_SLICES slices is taken (else
+  the last's fewest slices that fit). A ConfigError says what was tried when nothing fits."""
+  from jaxrl_llm.config import ConfigError
+
+  devices = list(devices if devices is not None else jax.devices())
+  capacity = capacity_bytes if capacity_bytes is not None else device_capacity(devices[0])
+  if capacity is None:
+    raise ConfigError(
+      f"rl.microbatch_tokens=auto needs the device's memory; {devices[0].device_kind} reports "
+      "none: set a number of tokens"
+    )
+  budget = (1 - AUTO_MARGIN) * capacity
+  divisors = [d for d in range(1, rows_per_device + 1) if rows_per_device % d == 0]
+  remats = AUTO_REMATS if config.rl.remat == "auto" else (config.rl.remat,)
+  tried: list[dict] = []
+
+  def fits(k: int, remat: str) -> bool:
+    rl = dataclasses.replace(config.rl, num_microbatches=k, remat=remat)
+    p = plan(
+      dataclasses.replace(config, rl=rl),
+      devices,
+      prompt_len=prompt_len,
+      capacity_bytes=capacity,
+      runs=runs,
+    )
+    ok = not p.refused and p.peak_bytes <= budget
+    tried.append({"microbatches": k, "remat": remat, "peak_bytes": p.peak_bytes, "fits": ok})
+    return ok
+
+  fallback = None
+  for remat in remats:
+    if not fits(divisors[-1], remat):
+      continue
+    lo, hi = 0, len(divisors) - 1  # divisors[hi] fits
+    while lo < hi:
+      mid = (lo + hi) // 2
+      if fits(divisors[mid], remat):
+        hi = mid
+      else:
+        lo = mid + 1
+    if divisors[hi] <= AUTO_MAX_SLICES:
+      return divisors[hi], remat, tried
+    fallback = fallback or (divisors[hi], remat)
+  if fallback:
+    return (*fallback, tried)
+  smallest = min(t["peak_bytes"] for t in tried)
+  raise ConfigError(
+    f"rl.microbatch_tokens=auto: no microbatching fits {human_bytes(budget)} per device "
+    f"({100 * (1 - AUTO_MARGIN):.0f}% of {human_bytes(capacity)}); the smallest plan needs "
+    f"{human_bytes(smallest)} (remat {', '.join(remats)}, up to {divisors[-1]} slices)"
+  )

@@ -72,6 +72,8 @@ def coerce(annotation: str, value: Any, where: str) -> Any:
   try:
     out = _CASTS[base](value)
   except (TypeError, ValueError):
+    if "str" in kinds and isinstance(value, str):  # "int | str": a number or a word (auto)
+      return value
     raise ValueError(f"{where}={value!r} must be a {base}") from None
   if base == "float" and not math.isfinite(out):
     raise ValueError(f"{where}={value!r} must be a finite number")

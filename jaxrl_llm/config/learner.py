@@ -49,12 +49,12 @@ class RLSettings(LearnedSection):
   num_microbatches: int = setting(
     0, resume=False
   )  # gradient-accumulation slices per minibatch (§5); 0 = auto
-  microbatch_tokens: int = setting(
+  microbatch_tokens: int | str = setting(
     4096, resume=False
-  )  # auto microbatching: max tokens per device per slice
+  )  # auto microbatching: max tokens per device per slice, or auto (sized by the device's plan)
   remat: str = setting(
     "auto", resume=False
-  )  # block remat: auto (full from 1e8 params) | none | full | dots_saveable | dots_with_no_batch_dims_saveable
+  )  # block remat: auto | none | attention | full | dots_saveable | dots_with_no_batch_dims_saveable
   old_pass: str = "auto"  # auto: ℓ^old = sg[ℓ] when the rollout gets one update | always
   share_prompt: str = setting(
     "auto", resume=False
@@ -64,7 +64,13 @@ class RLSettings(LearnedSection):
   def errors(self) -> list[str]:
     """Counts >= 1 (microbatches >= 0, 0 = auto), a known remat policy, c_e >= 0."""
     out = at_least("rl", self, 1, "num_prompts", "num_epochs", "num_minibatches")
-    out += at_least("rl", self, 1, "microbatch_tokens")
+    if isinstance(self.microbatch_tokens, str):
+      out += need(
+        self.microbatch_tokens == "auto",
+        f"rl.microbatch_tokens={self.microbatch_tokens!r}; allowed: a number >= 1, or auto",
+      )
+    else:
+      out += at_least("rl", self, 1, "microbatch_tokens")
     out += at_least("rl", self, 0, "num_microbatches", note=" (0 = auto)")
     out += allowed("rl.remat", self.remat, REMATS)
     out += allowed("rl.old_pass", self.old_pass, ("auto", "always"))
@@ -76,9 +82,12 @@ class RLSettings(LearnedSection):
 
     num_microbatches=0: the fewest microbatches k dividing a device's minibatch rows with
     (rows / k)·seq_len <= microbatch_tokens. remat="auto": "full" from 1e8 parameters up
-    (activations dominate there), else "none".
+    (activations dominate there), else "none". microbatch_tokens="auto" is resolved from the
+    device's compile-only plans (`plan.auto_learner`), not here.
     """
     k = self.num_microbatches
+    if k == 0 and self.microbatch_tokens == "auto":
+      raise ValueError("rl.microbatch_tokens=auto is resolved by plan.auto_learner")
     if k == 0:
       k = next(
         (

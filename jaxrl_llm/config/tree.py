@@ -10,7 +10,7 @@ import typing
 from typing import Any
 
 import ml_collections
-from ml_collections.config_dict import placeholder
+from ml_collections.config_dict import FieldReference, placeholder
 
 from jaxrl_llm.config.fields import STATE, ConfigError, field_docs, invalid, setting, tag_matches
 from jaxrl_llm.config.learner import (
@@ -227,9 +227,12 @@ def default_config() -> ml_collections.ConfigDict:
   for name, cls in Config.sections().items():
     values = getattr(tree, name).to_dict()
     kinds = _kinds(name, cls)
+    either = {f.name for f in dataclasses.fields(cls) if str(f.type) == "int | str"}
     section = ml_collections.ConfigDict()
     for key, value in values.items():
-      if value is None:
+      if key in either:  # a number or a word (auto): not type-checked against the default's
+        value = FieldReference(value, field_type=object)
+      elif value is None:
         value = placeholder(kinds[key])
       elif isinstance(value, dict):
         value = ml_collections.ConfigDict(value)

@@ -29,6 +29,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from flax import struct
+from jax.ad_checkpoint import checkpoint_name
 
 from jaxrl_llm.kernels import attention
 from jaxrl_llm.models import lora
@@ -155,8 +156,9 @@ class Attention(nn.Module):
       q = _norm(cfg, "q_norm", "head_dim")(q)
       k = _norm(cfg, "k_norm", "head_dim")(k)
     inv_freq = rope_inv_freq(cfg)
-    q = rope(q, positions, cfg.rope_theta, inv_freq)
-    k = rope(k, positions, cfg.rope_theta, inv_freq)
+    q = checkpoint_name(rope(q, positions, cfg.rope_theta, inv_freq), "attn_q")
+    k = checkpoint_name(rope(k, positions, cfg.rope_theta, inv_freq), "attn_k")
+    v = checkpoint_name(v, "attn_v")
 
     k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)  # [B, J, Q, Dh]: the cache layout
     if k_cache is None:  # full-sequence forward: keys are this call's own tokens
@@ -168,6 +170,7 @@ class Attention(nn.Module):
         q, seen(k_cache), seen(v_cache), key_valid, cache_index, self.implementation, own=(k, v)
       )
       k, v = attention.ordered_after(out, k, v)  # the caller's write follows the read
+    out = checkpoint_name(out, "attn_out")
     o = _dense(
       cfg, cfg.d_model, (cfg.d_model,), ("heads", "head_dim", "embed"), in_axes=(-2, -1), name="o"
     )
@@ -211,12 +214,15 @@ class Block(nn.Module):
     return constrain_activation(x + y), keys, values, aux
 
 
+ATTENTION_NAMES = ("attn_q", "attn_k", "attn_v", "attn_out")  # checkpoint_name tags in Attention
 # Rematerialisation of each block in the backward pass: what the forward keeps (jax.checkpoint).
 REMAT_POLICIES = {
   "none": None,  # no remat: every activation is kept
   "full": jax.checkpoint_policies.nothing_saveable,  # keep only each block's input
   "dots_saveable": jax.checkpoint_policies.dots_saveable,  # keep matmul outputs
   "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+  # between none and full: keep the attention's projections and output (recompute the MLP)
+  "attention": jax.checkpoint_policies.save_only_these_names(*ATTENTION_NAMES),
 }
 
 

@@ -328,12 +328,21 @@ def _sampler_dtype(dtype: str, platform: str) -> str:
   return resolved
 
 
-def _learner_settings(cfg: Config, params, mesh, seq_len: int, samp) -> Settings:
-  """The learner settings with the `auto` microbatching and remat made concrete."""
+def _learner_settings(
+  cfg: Config, params, mesh, seq_len: int, samp, prompt_len: int | None, runs: int
+) -> Settings:
+  """The learner settings with the `auto` microbatching and remat made concrete
+  (`rl.microbatch_tokens=auto`: from the device's compile-only plans, `plan.auto_learner`)."""
   settings = cfg.learner
   rl = settings.rl
   num_params = sum(x.size for x in jax.tree.leaves(params))
   rows = rl.num_prompts * samp.group_size // rl.num_minibatches // sharding.batch_size_divisor(mesh)
+  if rl.microbatch_tokens == "auto" and rl.num_microbatches == 0:
+    from jaxrl_llm import plan
+
+    devices = list(mesh.devices.flat)
+    k, remat, _ = plan.auto_learner(cfg, max(rows, 1), devices, prompt_len=prompt_len, runs=runs)
+    rl = dataclasses.replace(rl, num_microbatches=k, remat=remat)
   rl = rl.resolved(rows_per_device=max(rows, 1), seq_len=seq_len, num_params=num_params)
   return dataclasses.replace(settings, rl=rl)  # `record.log_banner` shows the resolved values
 
@@ -399,7 +408,7 @@ def build(
   rng = jax.random.PRNGKey(cfg.seed)
   state = _fresh_state(cfg, tx, params, param_shardings, mesh, rng, abstract=abstract)
   seq_len = (prompt_len or task.prompt_len) + samp.max_new_tokens
-  settings = _learner_settings(cfg, params, mesh, seq_len, samp)
+  settings = _learner_settings(cfg, params, mesh, seq_len, samp, prompt_len, runs)
   state_shardings = jax.tree.map(lambda x: x.sharding, state)
   sampler_dtype = _sampler_dtype(cfg.sampling.param_dtype, devices[0].platform)
   reward_fn = task.reward_terms  # None when the verifiers run on the host

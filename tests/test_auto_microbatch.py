@@ -1,0 +1,112 @@
+"""Learner slices sized by the device: `rl.microbatch_tokens=auto` (`plan.auto_learner`) takes
+the fewest microbatches whose compile-only plan fits the device's memory with a margin, and
+`rl.remat=auto` beside it the least recomputation (none, attention, full) that fits in few
+slices. The plans are real compiles of the fused step on this machine's CPU."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import tiny_config
+from parsed import build
+
+from jaxrl_llm import plan
+from jaxrl_llm.config import ConfigError, parse
+from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.models.transformer import ATTENTION_NAMES, Transformer
+
+ROWS = 64  # a device's minibatch rows: 8 prompts x 8, one minibatch
+
+
+@pytest.fixture(scope="module")
+def config():
+  overrides = {"rl.num_prompts": 8, "sampling.group_size": 8, "rl.num_minibatches": 1}
+  overrides |= {"model.d_model": 64, "model.mlp_dim": 512, "model.num_layers": 2}
+  return parse(tiny_config(**overrides))
+
+
+@pytest.fixture(scope="module")
+def peaks(config):
+  """{(remat, microbatches): the plan's peak bytes per device} on one CPU device."""
+  out = {}
+  for remat in ("none", "attention"):
+    for k in (1, 2, 4, 8):
+      rl = dataclasses.replace(config.rl, num_microbatches=k, remat=remat)
+      out[remat, k] = plan.plan(dataclasses.replace(config, rl=rl), jax.devices()[:1]).peak_bytes
+  return out
+
+
+def _capacity(peak: float) -> int:
+  """A capacity whose auto budget is just above `peak`."""
+  return int(peak / (1 - plan.AUTO_MARGIN)) + 1
+
+
+def test_the_attention_remat_keeps_the_attention_alone_and_changes_no_number():
+  cfg = ModelConfig(
+    vocab_size=64, d_model=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16, mlp_dim=64
+  )
+  tokens = jax.random.randint(jax.random.key(1), (2, 8), 0, 64)
+  pos = jnp.broadcast_to(jnp.arange(8), (2, 8))
+  valid = jnp.ones((2, 8), bool)
+  params = Transformer(cfg).init(jax.random.key(0), tokens, pos, valid)["params"]
+
+  def loss(remat):
+    model = Transformer(cfg, remat=remat)
+    return lambda p: jnp.sum(jnp.sin(model.apply({"params": p}, tokens, pos, valid).logits))
+
+  def kept(remat):
+    """What the backward keeps (one line per residual, with where it comes from)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+      jax.ad_checkpoint.print_saved_residuals(loss(remat), params)
+    return out.getvalue().strip().splitlines()
+
+  full, attn, none = kept("full"), kept("attention"), kept("none")
+  named = sorted(w.split("named '")[1].split("'")[0] for w in attn if "named '" in w)
+  assert named == sorted(ATTENTION_NAMES)
+  assert sorted(set(attn) - set(full)) == sorted(w for w in attn if "named '" in w)
+  assert len(full) < len(attn) < len(none)  # between keeping nothing and keeping everything
+  reference = jax.grad(loss("none"))(params)
+  for x, y in zip(jax.tree.leaves(jax.grad(loss("attention"))(params)), jax.tree.leaves(reference)):
+    np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7)
+
+
+def test_auto_takes_the_fewest_slices_whose_plan_fits(config, peaks):
+  assert peaks["none", 1] > peaks["none", 2] > peaks["none", 4]  # slices lower the peak
+  none = dataclasses.replace(config, rl=dataclasses.replace(config.rl, remat="none"))
+  cpu = jax.devices()[:1]
+  k, remat, tried = plan.auto_learner(none, ROWS, cpu, capacity_bytes=_capacity(peaks["none", 2]))
+  assert (k, remat) == (2, "none")
+  assert all(t["fits"] == (t["peak_bytes"] <= peaks["none", 2]) for t in tried)
+  k, _, _ = plan.auto_learner(none, ROWS, cpu, capacity_bytes=_capacity(peaks["none", 1]))
+  assert k == 1
+  with pytest.raises(ConfigError, match=r"rl.microbatch_tokens=auto: no microbatching fits"):
+    plan.auto_learner(none, ROWS, cpu, capacity_bytes=_capacity(peaks["none", 8] // 2))
+
+
+def test_auto_remat_recomputes_more_only_where_less_needs_many_slices(config, peaks):
+  """Where no remat fits only in 8 slices and attention-only remat in 4, auto takes the
+  latter; where no remat fits in 2, it takes that."""
+  assert peaks["attention", 4] < peaks["none", 4]  # keeping less lowers the peak
+  cpu = jax.devices()[:1]
+  capacity = _capacity(peaks["attention", 4])
+  assert peaks["none", 8] <= (1 - plan.AUTO_MARGIN) * capacity < peaks["none", 4]
+  assert plan.auto_learner(config, ROWS, cpu, capacity_bytes=capacity)[:2] == (4, "attention")
+  capacity = _capacity(peaks["none", 2])
+  assert plan.auto_learner(config, ROWS, cpu, capacity_bytes=capacity)[:2] == (2, "none")
+
+
+def test_a_run_with_auto_slices_builds_with_the_planned_choice():
+  """The trainer resolves auto at build time (this machine's memory holds a tiny run whole);
+  a bad value is one line."""
+  exp = build(parse(tiny_config(**{"rl.microbatch_tokens": "auto"})))
+  rl = exp.program.learner.settings.rl
+  assert (rl.num_microbatches, rl.remat) == (1, "none")
+  with pytest.raises(ConfigError, match=r"rl.microbatch_tokens='fast'; allowed: a number >= 1"):
+    parse(tiny_config(**{"rl.microbatch_tokens": "fast"}))
