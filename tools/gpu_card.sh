@@ -5,12 +5,13 @@
 #   bash tools/gpu_card.sh wheels                  # here, beforehand: the wheels the image lacks
 #   BUDGET_S=540 bash tools/gpu_card.sh [STEP ... | all]   # on the GPU machine
 #
-# Steps run in the order given (default: preflight grouped pack16 decode256_only qwen15
+# Steps run in the order given (default: preflight grouped pack16 decode256_only qwen15_auto
 # qwen05_static_trl, the order of value for one 9-minute call; `all`: every step):
 #   preflight       imports every module a step needs (a missing wheel stops nothing else)
 #   pack16          tools/bench_pack.py: a pack of 16 default-config runs against 16 alone
 #   decode256_only  qwen2.5-0.5b at 256 sequences, the sampler alone (bench --sample_only): the
 #                   decode goal's shape, without compiling the fused step
+#   qwen15_auto     qwen2.5-1.5b with learner slices sized by the device (rl.microbatch_tokens=auto)
 #   qwen05_static_trl qwen2.5-0.5b against the stronger peer: TRL with transformers'
 #                   static-cache compiled generation, bfloat16 storage on both sides
 #   checks          tools/device_check.py: every fast path `auto` may choose, against its reference
@@ -164,6 +165,8 @@ run_step() {
         --peer_timeout_s=170 --profile_dir=/tmp/profile_qwen05
       step qwen05_profile 40 python3 tools/trace_summary.py /tmp/profile_qwen05 --top=12 ;;
     qwen15) step qwen15 240 python3 tools/bench.py "${B15[@]}" ;;
+    qwen15_auto)
+      step qwen15_auto 300 python3 tools/bench.py "${B15[@]}" --set=rl.microbatch_tokens=auto ;;
     *) echo "== $1: no such step (steps: ${ALL[*]})" ;;
   esac
 }
@@ -185,8 +188,8 @@ print({n: version(n) for n in ("jax", "grain", "trl", "peft", "datasets", "torch
 sys.exit("cannot import " + "; ".join(missing) if missing else 0)'
 # The default, in order of value for one call of at most 9 minutes (BUDGET_S=540): what no card
 # has measured, the goals' shapes, then the stronger peer.
-FIRST=(preflight grouped pack16 decode256_only qwen15 qwen05_static_trl)
-ALL=("${FIRST[@]}" checks grouped_sweep moe_plan pack_plan pack_medium pack_qwen05 moe
+FIRST=(preflight grouped pack16 decode256_only qwen15_auto qwen05_static_trl)
+ALL=("${FIRST[@]}" qwen15 checks grouped_sweep moe_plan pack_plan pack_medium pack_qwen05 moe
   dense_twin decode256 decode256_kv0 qwen15_trl lora15_trl qwen15_noremat qwen05_bf16_trl qwen05)
 [ ${#STEPS[@]} -eq 0 ] && STEPS=("${FIRST[@]}")
 [ "${STEPS[*]}" = all ] && STEPS=("${ALL[@]}")
