@@ -11,6 +11,7 @@ the compute dtype).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -76,3 +77,38 @@ def sampler_params(params: Any, dtype: str) -> Any:
 
     return jax.tree_util.tree_map_with_path(quant, params)
   raise ValueError(f"sampling.param_dtype={dtype!r}; allowed: {SAMPLER_DTYPES}")
+
+
+def _plain(tree: Mapping, *names: str) -> bool:
+  """Whether `tree` holds each of `names` as a plain projection (a kernel and maybe a bias:
+  no adapter, no int8 scale)."""
+  return all(isinstance(tree.get(n), Mapping) and set(tree[n]) <= {"kernel", "bias"} for n in names)
+
+
+def fuse_projections(params: Any) -> Any:
+  """The sampler's copy with one query-key-value matmul and one gate-up matmul per layer: each
+  attention's q, k, v kernels [D, H|J, Dh] (and biases) concatenated over heads as `qkv`, each
+  dense MLP's gate and up [D, F] over features as `gate_up` (what `Attention` and `MLP` run when
+  they find them). Made once per update, outside the decode loop; projections with adapters
+  or an int8 base, and mixture-of-experts layers, are left as they are. The unfused tree is
+  the reference (the learner's own)."""
+
+  def visit(tree: Any, name: str) -> Any:
+    if not isinstance(tree, Mapping):
+      return tree
+    out = {k: visit(v, k) for k, v in tree.items()}
+    if name == "attn" and _plain(out, "q", "k", "v"):
+      fused = {
+        part: jnp.concatenate([out[n][part] for n in "qkv"], axis=-2)
+        for part in ("kernel", "bias")
+        if part in out["q"]
+      }
+      out = {k: v for k, v in out.items() if k not in ("q", "k", "v")} | {"qkv": fused}
+    if name == "mlp" and _plain(out, "gate", "up"):
+      kernel = jnp.concatenate([out["gate"]["kernel"], out["up"]["kernel"]], axis=-1)
+      out = {k: v for k, v in out.items() if k not in ("gate", "up")} | {
+        "gate_up": {"kernel": kernel}
+      }
+    return out
+
+  return visit(params, "")

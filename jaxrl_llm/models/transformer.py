@@ -143,15 +143,22 @@ class Attention(nn.Module):
     cfg = self.cfg
     h, j, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     b = cfg.attention_bias
-    q = token_major(
-      _dense(cfg, (h, dh), (h, dh), ("embed", "heads", "head_dim"), use_bias=b, name="q"), x
-    )
-    k = token_major(
-      _dense(cfg, (j, dh), (j, dh), ("embed", "kv_heads", "head_dim"), use_bias=b, name="k"), x
-    )
-    v = token_major(
-      _dense(cfg, (j, dh), (j, dh), ("embed", "kv_heads", "head_dim"), use_bias=b, name="v"), x
-    )
+    if self.has_variable("params", "qkv"):  # the sampler's fused copy (quant.fuse_projections)
+      names = ("embed", "heads", "head_dim")
+      qkv = token_major(
+        _dense(cfg, (h + 2 * j, dh), (h + 2 * j, dh), names, use_bias=b, name="qkv"), x
+      )
+      q, k, v = qkv[..., :h, :], qkv[..., h : h + j, :], qkv[..., h + j :, :]
+    else:  # one matmul each: the learner's layout, and the reference
+      q = token_major(
+        _dense(cfg, (h, dh), (h, dh), ("embed", "heads", "head_dim"), use_bias=b, name="q"), x
+      )
+      k = token_major(
+        _dense(cfg, (j, dh), (j, dh), ("embed", "kv_heads", "head_dim"), use_bias=b, name="k"), x
+      )
+      v = token_major(
+        _dense(cfg, (j, dh), (j, dh), ("embed", "kv_heads", "head_dim"), use_bias=b, name="v"), x
+      )
     if cfg.qk_norm:
       q = _norm(cfg, "q_norm", "head_dim")(q)
       k = _norm(cfg, "k_norm", "head_dim")(k)
@@ -177,6 +184,11 @@ class Attention(nn.Module):
     return token_major(o, out, n_in=2), k, v
 
 
+def _swiglu(gate: jax.Array, up: jax.Array) -> jax.Array:
+  """SiLU(gate) * up."""
+  return nn.silu(gate) * up
+
+
 class MLP(nn.Module):
   """SwiGLU feed-forward block."""
 
@@ -186,10 +198,14 @@ class MLP(nn.Module):
   def __call__(self, x):
     """x: [B, N, D] -> [B, N, D]."""
     cfg = self.cfg
+    down = _dense(cfg, cfg.d_model, (cfg.d_model,), ("mlp", "embed"), name="down")
+    if self.has_variable("params", "gate_up"):  # the sampler's fused copy
+      f = cfg.mlp_dim
+      gate_up = _dense(cfg, 2 * f, (2 * f,), ("embed", "mlp"), name="gate_up")
+      return token_major(lambda t: down(_swiglu(*jnp.split(gate_up(t), 2, axis=-1))), x)
     gate = _dense(cfg, cfg.mlp_dim, (cfg.mlp_dim,), ("embed", "mlp"), name="gate")
     up = _dense(cfg, cfg.mlp_dim, (cfg.mlp_dim,), ("embed", "mlp"), name="up")
-    down = _dense(cfg, cfg.d_model, (cfg.d_model,), ("mlp", "embed"), name="down")
-    return token_major(lambda t: down(nn.silu(gate(t)) * up(t)), x)
+    return token_major(lambda t: down(_swiglu(gate(t), up(t))), x)
 
 
 class Block(nn.Module):

@@ -106,6 +106,7 @@ def sample_phase(
   policy = quant.sampler_params(state.params, ctx.sampler_dtype)
   if ctx.decode_shardings is not None:  # one gather per RL step, before the decode loop
     policy = jax.lax.with_sharding_constraint(policy, ctx.decode_shardings)
+  policy = quant.fuse_projections(policy)  # one qkv and one gate-up matmul a layer
   rollout = sample(ctx.sampler_model, policy, batch.tokens, batch.mask, sample_key, ctx.sampling)
   return constrain(rollout, ctx.batch_sharding)
 
