@@ -5,8 +5,8 @@
 # runs some of them. A study that fails is reported and the others still run. Where a study's
 # tables.md existed, the new one is compared with it first (compare_tables.py: every mean within
 # the old interval's half-width) and the summary line printed; `git diff` shows the rest.
-# `HEADLINE=1` also runs each study's headline comparison at 32 seeds (its headline.md; about
-# twice a study's time again), compared with the committed headline.md the same way.
+# `CONFIRM=1` also runs each study's confirmation on fresh seeds 100-123 (its confirmation.md,
+# the only source of a verdict; about twice a study's time again).
 # A study stopped by a signal (Ctrl-C, SIGTERM: exit 130 or 143) is reported as interrupted,
 # not failed, and the studies after it do not start; run_all.sh then exits 130.
 set -uo pipefail
@@ -24,7 +24,6 @@ set -m  # each study in its own process group, so the signal reaches its trainer
 for study in $STUDIES; do
   echo "== $study"
   start=$(date +%s)
-  [ -f "$study/headline.md" ] && cp "$study/headline.md" "$ROOT_BASE.$study.headline.md.old"
   ROOT="$ROOT_BASE/$study" bash "$study/run.sh" > "$study/tables.md.new" 2> "$ROOT_BASE.$study.log" &
   child=$!
   wait "$child"
@@ -45,10 +44,6 @@ for study in $STUDIES; do
       echo "   against the previous tables: $(python compare_tables.py "$study/tables.md" "$study/tables.md.new" | tail -n 1)"
     fi
     mv "$study/tables.md.new" "$study/tables.md"
-    if [ "${HEADLINE:-0}" = 1 ] && [ -f "$ROOT_BASE.$study.headline.md.old" ]; then
-      echo "   headline against the previous one: $(python compare_tables.py \
-        "$ROOT_BASE.$study.headline.md.old" "$study/headline.md" | tail -n 1)"
-    fi
     echo "   done in $(( $(date +%s) - start )) s: $study/tables.md"
   else
     rm -f "$study/tables.md.new"

@@ -156,7 +156,7 @@ NUMBER = r"(?<![\w.])[-−]?\d+\.\d+(?:e[-−]?\d+)?"
 @pytest.mark.parametrize("study", STUDIES)
 def test_every_number_in_a_studys_results_is_in_a_table_its_script_printed(study):
   """Each decimal number of a study README's results (from `## Results` on) appears in the
-  markdown its scripts printed (tables.md, headline.md, confirmation.md, exact_bias.md): no
+  markdown its scripts printed (tables.md, confirmation.md, exact_bias.md): no
   number transcribed by hand or left from an earlier run."""
   import re
 

@@ -20,16 +20,6 @@ COLS=eval/accuracy@0,eval/accuracy@final,eval/pass@4@final,policy/entropy@final
 COLS=$COLS,rollout/reward_mean@avg:130-150,policy/clip_frac_high@avg
 python experiments/seed_table.py --root="$ROOT" --group_by=$G --cols=$COLS --baseline=0.2,1.0 \
   --csv="$ROOT/table.csv"
-if [ "$HEADLINE" = 1 ]; then  # the default cell against (0.28, 1.3) at 32 seeds (headline.md)
-  for cell in 0.2:1.0 0.28:1.3; do
-    python tools/sweep.py --config=configs/countdown.py --root="$ROOT.headline/$cell" --packed \
-      --seeds=$HEADLINE_SEEDS --set=objective.clip_high=${cell%%:*} \
-      --set=sampling.temperature=${cell##*:} --set=$SET > "$ROOT.headline.$cell.log" 2>&1
-  done
-  python experiments/seed_table.py --root="$ROOT" --root="$ROOT.headline" --group_by=$G \
-    --cols=eval/accuracy@final,policy/entropy@final --baseline=0.2,1.0 \
-    --expect=eval/accuracy@final:+ > "$HERE/headline.md"
-fi
 if [ "$CONFIRM" = 1 ]; then  # claims.json on fresh seeds 100-123 (confirmation.md)
   python tools/sweep.py --config=configs/countdown.py --root="$ROOT.confirm" --packed \
     --seeds=$CONFIRM_SEEDS --grid=objective.clip_high=0.2,0.28 --set=sampling.temperature=1.0 \

@@ -26,18 +26,6 @@ COLS=$COLS,filter/zero_std_frac@avg:1-50,filter/zero_std_frac@avg:100-150
 python experiments/seed_table.py --root="$ROOT" --group_by=filtering.name,train.num_steps \
   --cols=$COLS --baseline=none,150 --per_seed --csv="$ROOT/table.csv" \
   --expect=eval/accuracy@100:+,eval/accuracy@150:+
-if [ "$HEADLINE" = 1 ]; then  # per update, 150 updates with and without, 32 seeds (headline.md)
-  for name in dynamic_sampling none; do
-    python tools/sweep.py --config=configs/countdown.py --root="$ROOT.headline/$name,150" \
-      --packed --seeds=$HEADLINE_SEEDS \
-      --set=filtering.name=$name,train.num_steps=150,train.eval_every=25 \
-      > "$ROOT.headline.$name,150.log" 2>&1
-  done
-  python experiments/seed_table.py --root="$ROOT" --root="$ROOT.headline" \
-    --group_by=filtering.name,train.num_steps --baseline=none,150 \
-    --cols=eval/accuracy@50,eval/accuracy@100,eval/accuracy@150 \
-    --expect=eval/accuracy@100:+,eval/accuracy@150:+ > "$HERE/headline.md"
-fi
 if [ "$CONFIRM" = 1 ]; then  # claims.json on fresh seeds 100-123 (confirmation.md)
   for name in dynamic_sampling none; do
     python tools/sweep.py --config=configs/countdown.py --root="$ROOT.confirm/$name,150" \

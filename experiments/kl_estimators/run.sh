@@ -26,16 +26,6 @@ COLS=eval/accuracy@0,eval/accuracy@150,eval/accuracy@final,kl/ref_kl@150,kl/ref_
 COLS=$COLS,kl/ref_kl@avg,policy/entropy@final,behaviour/kl_k3@avg
 python experiments/seed_table.py --root="$ROOT" --group_by=$G --csv="$ROOT/training.csv" \
   --cols=$COLS --baseline=0.1,k3 --per_seed --expect=kl/ref_kl@final:-
-if [ "$HEADLINE" = 1 ]; then  # k3 against k3_is at 32 seeds (headline.md)
-  for est in k3 k3_is; do
-    python tools/sweep.py --config=configs/countdown.py --root="$ROOT.headline/0.1,$est" \
-      --packed --seeds=$HEADLINE_SEEDS --set=kl.beta=0.1,kl.name=$est,sampling.param_dtype=int8 \
-      --set=train.num_steps=300 > "$ROOT.headline.0.1,$est.log" 2>&1
-  done
-  python experiments/seed_table.py --root="$ROOT" --root="$ROOT.headline" --group_by=$G \
-    --cols=kl/ref_kl@final,policy/entropy@final,eval/accuracy@final --baseline=0.1,k3 \
-    --expect=kl/ref_kl@final:- > "$HERE/headline.md"
-fi
 if [ "$CONFIRM" = 1 ]; then  # claims.json on fresh seeds 100-123 (confirmation.md)
   for est in k3 k3_is; do
     python tools/sweep.py --config=configs/countdown.py --root="$ROOT.confirm/0.1,$est" \

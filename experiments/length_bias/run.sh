@@ -24,18 +24,6 @@ COLS=$COLS,rollout/truncated_frac@avg:280-300,eval/accuracy@0,eval/accuracy@fina
 python experiments/seed_table.py --root="$ROOT" --group_by=$G --cols=$COLS --csv="$ROOT/table.csv" \
   --baseline=mean_only,seq_mean_token_sum_norm --per_seed \
   --expect=rollout/length_incorrect_mean@avg:280-300:+
-if [ "$HEADLINE" = 1 ]; then  # GRPO against Dr. GRPO at 32 seeds (headline.md)
-  for arm in grpo:seq_mean_token_mean mean_only:seq_mean_token_sum_norm; do
-    adv=${arm%%:*} agg=${arm##*:}
-    python tools/sweep.py --config=configs/countdown.py --root="$ROOT.headline/$adv,$agg" \
-      --packed --seeds=$HEADLINE_SEEDS --set=advantage.name=$adv,aggregation.name=$agg \
-      --set=$COMMON > "$ROOT.headline.$adv,$agg.log" 2>&1
-  done
-  COLS=rollout/length_incorrect_mean@10,rollout/length_incorrect_mean@avg:280-300
-  python experiments/seed_table.py --root="$ROOT" --root="$ROOT.headline" --group_by=$G \
-    --cols=$COLS,eval/accuracy@final --baseline=mean_only,seq_mean_token_sum_norm \
-    --expect=rollout/length_incorrect_mean@avg:280-300:+ > "$HERE/headline.md"
-fi
 if [ "$CONFIRM" = 1 ]; then  # claims.json on fresh seeds 100-123 (confirmation.md)
   for arm in grpo:seq_mean_token_mean mean_only:seq_mean_token_sum_norm; do
     adv=${arm%%:*} agg=${arm##*:}

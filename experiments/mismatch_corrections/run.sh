@@ -20,16 +20,6 @@ COLS=eval/accuracy@0,eval/accuracy@150,eval/accuracy@final,eval/pass@4@final
 COLS=$COLS,behaviour/kl_k3@avg,behaviour/rho_max@avg,behaviour/frac_truncated@avg
 python experiments/seed_table.py --root="$ROOT" --group_by=$G --cols=$COLS --csv="$ROOT/table.csv" \
   --baseline=float32,none --per_seed --expect=eval/accuracy@final:-
-if [ "$HEADLINE" = 1 ]; then  # float32 against uncorrected int8 at 32 seeds (headline.md)
-  for dtype in float32 int8; do
-    python tools/sweep.py --config=configs/countdown.py --root="$ROOT.headline/$dtype,none" \
-      --packed --seeds=$HEADLINE_SEEDS --set=sampling.param_dtype=$dtype,correction.name=none \
-      --set=train.num_steps=300 > "$ROOT.headline.$dtype,none.log" 2>&1
-  done
-  python experiments/seed_table.py --root="$ROOT" --root="$ROOT.headline" --group_by=$G \
-    --cols=eval/accuracy@150,eval/accuracy@final,behaviour/kl_k3@avg --baseline=float32,none \
-    --expect=eval/accuracy@150:-,eval/accuracy@final:- > "$HERE/headline.md"
-fi
 if [ "$CONFIRM" = 1 ]; then  # claims.json on fresh seeds 100-123 (confirmation.md)
   for arm in float32:none int8:none int8:tis_token; do
     dtype=${arm%%:*} corr=${arm##*:}

@@ -27,20 +27,6 @@ COLS=$COLS,moe/route_disagree_sampler@avg,moe/route_disagree_old@avg,optim/grad_
 python experiments/seed_table.py --root="$ROOT" --group_by=$G --cols=$COLS --per_seed \
   --baseline=ppo_clip,none --csv="$ROOT/table.csv" \
   --expect=eval/accuracy@final:+,policy/ratio_var@avg:-
-if [ "$HEADLINE" = 1 ]; then  # GRPO against GSPO, neither replaying, at 32 seeds (headline.md)
-  for arm in grpo,none gspo,none; do
-    extra=objective.name=ppo_clip
-    [ "${arm%%,*}" = gspo ] && extra=$GSPO
-    python tools/sweep.py --config=configs/countdown.py:moe --root="$ROOT.headline/$arm" \
-      --packed --seeds=$HEADLINE_SEEDS --set=replay.name=none,$extra --set=$COMMON \
-      > "$ROOT.headline.$arm.log" 2>&1
-  done
-  HEAD_COLS=policy/ratio_var@avg,policy/ratio_max@avg,optim/grad_norm@avg
-  HEAD_COLS=$HEAD_COLS,eval/accuracy@final,eval/pass@4@final
-  python experiments/seed_table.py --root="$ROOT" --root="$ROOT.headline" --group_by=$G \
-    --cols=$HEAD_COLS --baseline=ppo_clip,none --per_seed \
-    --expect=policy/ratio_var@avg:-,eval/accuracy@final:+ > "$HERE/headline.md"
-fi
 if [ "$CONFIRM" = 1 ]; then  # claims.json on fresh seeds 100-123 (confirmation.md)
   for arm in grpo,none gspo,none; do
     extra=objective.name=ppo_clip

@@ -20,16 +20,6 @@ COLS=eval/accuracy@0,eval/accuracy@150,eval/accuracy@final,policy/ratio_var@avg
 COLS=$COLS,policy/clip_frac@avg,moe/route_disagree_old@avg,moe/router_prefers_other@avg
 python experiments/seed_table.py --root="$ROOT" --group_by=replay.name --cols=$COLS --per_seed \
   --baseline=none --csv="$ROOT/table.csv" --expect=policy/ratio_var@avg:-,eval/accuracy@final:+
-if [ "$HEADLINE" = 1 ]; then  # no replay against R3 at 32 seeds (headline.md)
-  for replay in none r3; do
-    python tools/sweep.py --config=configs/countdown.py:moe --root="$ROOT.headline/$replay" \
-      --packed --seeds=$HEADLINE_SEEDS --set=replay.name=$replay,rl.num_minibatches=4 \
-      --set=train.num_steps=300 > "$ROOT.headline.$replay.log" 2>&1
-  done
-  python experiments/seed_table.py --root="$ROOT" --root="$ROOT.headline" \
-    --group_by=replay.name --cols=policy/ratio_var@avg,eval/accuracy@final --baseline=none \
-    --expect=policy/ratio_var@avg:-,eval/accuracy@final:+ > "$HERE/headline.md"
-fi
 if [ "$CONFIRM" = 1 ]; then  # claims.json on fresh seeds 100-123 (confirmation.md)
   for replay in none r3; do
     python tools/sweep.py --config=configs/countdown.py:moe --root="$ROOT.confirm/$replay" \
