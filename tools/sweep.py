@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import hashlib
 import itertools
 import json
 import os
@@ -59,6 +58,7 @@ import compare  # tools/compare.py, next to this file
 
 from jaxrl_llm import launch, terminal
 from jaxrl_llm.config import ConfigError, parse
+from jaxrl_llm.run.record import folder_name
 
 TRAINER = ("-m", "jaxrl_llm.main")
 SUMMARY_TAGS = ("eval/accuracy", "eval/pass@*", "rollout/reward_mean")
@@ -70,7 +70,6 @@ _COMMIT_FILE = "commit_success.txt"  # a checkpoint step counts once orbax has c
 _FIELD = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
 # Fields whose change does not alter a run's results, so a workdir may resume with another value.
 _RESUMABLE_CHANGES = ("train.stop_after_steps",)
-_MAX_NAME = 200
 
 
 class SweepError(ValueError):
@@ -145,16 +144,6 @@ def expand(grid: Sequence[tuple[str, Sequence[str]]]) -> list[dict[str, str]]:
   return [dict(zip(fields, combo)) for combo in itertools.product(*(v for _, v in grid))]
 
 
-def run_name(params: dict[str, str]) -> str:
-  """Readable directory name of a grid point: `a.b=1,c=x` (unsafe characters become '_';
-  very long names end in a hash)."""
-  name = ",".join(f"{k}={v}" for k, v in params.items()) or "run"
-  name = re.sub(r"[^A-Za-z0-9._=,+@-]", "_", name)
-  if len(name) > _MAX_NAME:  # file systems cap names at 255 bytes
-    name = f"{name[: _MAX_NAME - 11]}~{hashlib.sha1(name.encode()).hexdigest()[:10]}"
-  return name
-
-
 def trainer_argv(
   config: str, workdir: str, overrides: dict[str, str], swept: Sequence[str] = ()
 ) -> list[str]:
@@ -225,7 +214,7 @@ def plan(
   check_root(root)
   runs, names, same = [], {}, {}
   for params in expand(grid):
-    name = run_name(params)
+    name = folder_name(params)
     if name in names:
       raise SweepError(f"grid points {names[name]} and {params} share the workdir name {name!r}")
     names[name] = params

@@ -38,6 +38,7 @@ from jaxrl_llm.config import PER_RUN, SWITCH, TRACED, Config, ConfigError, tagge
 from jaxrl_llm.data.pipeline import PROMPT_KEYS
 from jaxrl_llm.models import lora
 from jaxrl_llm.rl.step import over_runs, packed_sharding, shared_leaf
+from jaxrl_llm.run import record
 from jaxrl_llm.run.assemble import Experiment, build, device_columns, fresh_run_state
 from jaxrl_llm.run.loop import train_iterator
 from jaxrl_llm.types import PromptBatch, TrainState
@@ -90,8 +91,8 @@ def run_values(configs: Sequence[Config], varied: Sequence[str]) -> dict[str, np
 
 
 def run_name(cfg: Config, varied: Sequence[str]) -> str:
-  """A run's folder name: `field=value,...` over the varied fields (`run` when none)."""
-  return ",".join(f"{f}={cfg.value(f)}" for f in varied) or "run"
+  """A run's folder name: `field=value,...` over the varied fields (`record.folder_name`)."""
+  return record.folder_name({f: cfg.value(f) for f in varied})
 
 
 @dataclasses.dataclass

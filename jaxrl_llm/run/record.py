@@ -58,6 +58,24 @@ def run_hparams(
   return out
 
 
+MAX_FOLDER_NAME = 200  # characters of a run's folder name (file systems cap names at 255 bytes)
+
+
+def folder_name(params: Mapping[str, object]) -> str:
+  """A run's folder name from its varied fields: `a.b=1,c=x` (`run` when none; characters
+  unsafe in a path become '_'; a very long name ends in a hash). The one naming of runs, for
+  `tools/sweep.py`'s workdirs and a pack's folders alike."""
+  import hashlib
+  import re
+
+  name = ",".join(f"{k}={v}" for k, v in params.items()) or "run"
+  name = re.sub(r"[^A-Za-z0-9._=,+@-]", "_", name)
+  if len(name) > MAX_FOLDER_NAME:
+    digest = hashlib.sha1(name.encode()).hexdigest()[:10]
+    name = f"{name[: MAX_FOLDER_NAME - 11]}~{digest}"
+  return name
+
+
 TRIAL_WIDTH = 16  # characters TensorBoard's HParams table shows of a trial id before cutting it
 
 
