@@ -142,3 +142,31 @@ def test_every_setting_of_the_testbed_config_parses(setting):
   assert config.model.d_model == (256 if setting == "gpu" else 64)
   with pytest.raises(ValueError, match="the settings are cpu"):
     trainer_main.parse_config(["t", f"--config={path}:tpu"])
+
+
+def test_tool_traces_hold_what_the_countdown_tool_answers():
+  """`tool_traces`: each trace is `call=answer,expression`, the answer exactly what
+  `envs.CountdownCheck` appends to that call, and the expression the plain trace."""
+  import jax.numpy as jnp
+
+  from jaxrl_llm import envs
+
+  plain = get_task("countdown", numbers=4, wrong_traces=0.3)
+  tooled = get_task("countdown", numbers=4, wrong_traces=0.3, tool_traces=True)
+  index = np.arange(0, 362_950, 997)
+  prompts, traces = tooled.render(index)
+  assert traces != plain.render(index)[1]
+  assert [t.split(",")[1] for t in traces] == plain.render(index)[1]
+  assert max(map(len, traces)) + 1 <= tooled.answer_len
+  tok = tooled.tokenizer
+  calls = [t.split("=")[0] + "=" for t in traces]
+  comp, _ = tok.encode_batch(calls, 8, bos=False, eos=False, left_pad=False)
+  prompt_ids, _ = tok.encode_batch(prompts, 8, bos=True, eos=False, left_pad=True)
+  env = envs.CountdownCheck(tokenizer=tok, numbers=4)
+  end = jnp.asarray([len(c) - 1 for c in calls])
+  answer, length, error = env.respond(
+    jnp.asarray(prompt_ids), jnp.asarray(comp), jnp.zeros_like(end), end
+  )
+  shown = [tok.decode(a[:n]) for a, n in zip(np.asarray(answer), np.asarray(length))]
+  assert shown == [t.split("=")[1].split(",")[0] + "," for t in traces]
+  assert not np.asarray(error).any()

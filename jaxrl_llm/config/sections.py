@@ -40,6 +40,7 @@ class TaskSettings(LearnedSection):
   digits: int = 2  # addition: operands in [0, 10**digits)
   numbers: int = 4  # countdown: digits 1-9 given to reach the target with + - *
   wrong_traces: float = 0.0  # countdown: fraction of warm-start traces made wrong
+  tool_traces: bool = False  # countdown: warm-start traces call the countdown tool first
   min_len: int = 2  # reverse: shortest string
   max_len: int = 5  # reverse: longest string
   eval_size: int = setting(

@@ -99,12 +99,17 @@ class CountdownTask(BuiltinTask):
     wrong_traces: fraction of training problems whose trace (the warm start's target) has its
       last operator changed, so it usually misses the target. Evaluation traces are never
       changed; the reward never reads a trace.
+    tool_traces: each trace first calls the countdown tool (`sampling.tool=countdown`) with the
+      expression, then writes it: ``5*3+8=23,5*3+8`` (the tool's answer, ``23,``, is what the
+      tool would append). The warm start imitates whole traces, the tool's answers included;
+      RL never learns from the tool's tokens.
   """
 
   name: ClassVar[str] = "countdown"
 
   numbers: int = ranged(TASK_DEFAULTS.numbers, 2, 5)
   wrong_traces: float = ranged(TASK_DEFAULTS.wrong_traces, 0, 1)
+  tool_traces: bool = TASK_DEFAULTS.tool_traces
 
   @property
   def prompt_len(self) -> int:
@@ -113,8 +118,12 @@ class CountdownTask(BuiltinTask):
 
   @property
   def answer_len(self) -> int:
-    """A = the longest expression (every digit used) + eos."""
-    return 2 * self.numbers
+    """A = the longest expression (every digit used) + eos; with `tool_traces`, the call, the
+    tool's answer (a sign, the digits of 9**numbers, the end) and the expression again."""
+    expression = 2 * self.numbers - 1
+    if not self.tool_traces:
+      return expression + 1
+    return 2 * expression + 1 + len(str(9**self.numbers)) + 2 + 1
 
   @property
   def num_problems(self) -> int:
@@ -164,7 +173,11 @@ class CountdownTask(BuiltinTask):
       if w:  # the next operator in "+-*" order
         ops[-1] = OPS[(OPS.index(ops[-1]) + 1) % len(OPS)]
       prompts.append("".join(map(str, row)) + f">{t:02d}")
-      answers.append(str(row[order[0]]) + "".join(o + str(row[j]) for o, j in zip(ops, order[1:])))
+      expression = str(row[order[0]]) + "".join(o + str(row[j]) for o, j in zip(ops, order[1:]))
+      if self.tool_traces:  # the call, the tool's answer (envs.CountdownCheck), the expression
+        value = evaluate([row[j] for j in order], ops)
+        expression = f"{expression}={value},{expression}"
+      answers.append(expression)
     return prompts, answers
 
   def reward_terms(self, prompt_tokens, completion, completion_mask, answer, answer_mask):
