@@ -271,18 +271,10 @@ def auto_learner(
 
   fallback = None
   for remat in remats:
-    if not fits(divisors[-1], remat):
-      continue
-    lo, hi = 0, len(divisors) - 1  # divisors[hi] fits
-    while lo < hi:
-      mid = (lo + hi) // 2
-      if fits(divisors[mid], remat):
-        hi = mid
-      else:
-        lo = mid + 1
-    if divisors[hi] <= AUTO_MAX_SLICES:
-      return divisors[hi], remat, tried
-    fallback = fallback or (divisors[hi], remat)
+    k = _fewest(divisors, lambda k, remat=remat: fits(k, remat))
+    if k is not None and k <= AUTO_MAX_SLICES:
+      return k, remat, tried
+    fallback = fallback or (k and (k, remat))
   if fallback:
     return (*fallback, tried)
   smallest = min(t["peak_bytes"] for t in tried)
@@ -291,3 +283,18 @@ def auto_learner(
     f"({100 * (1 - AUTO_MARGIN):.0f}% of {human_bytes(capacity)}); the smallest plan needs "
     f"{human_bytes(smallest)} (remat {', '.join(remats)}, up to {divisors[-1]} slices)"
   )
+
+
+def _fewest(divisors: list[int], fits) -> int | None:
+  """The smallest of the ascending `divisors` that `fits` (None when the largest does not),
+  by bisection: what fits at k fits at every larger k."""
+  if not fits(divisors[-1]):
+    return None
+  lo, hi = 0, len(divisors) - 1  # divisors[hi] fits
+  while lo < hi:
+    mid = (lo + hi) // 2
+    if fits(divisors[mid]):
+      hi = mid
+    else:
+      lo = mid + 1
+  return divisors[hi]

@@ -269,9 +269,8 @@ def _decode_step(
 ) -> _LoopState:
   """One decode step: draws each running row's token, records its sampling log-prob (spec §0)
   and runs it through the model, writing its keys/values (and routing) at slot S + step. In a
-  multi-turn rollout a row whose environment answer is pending takes its next token instead
-  (log-prob 0, marked the environment's), and a policy token that closes a tool call gets the
-  environment's answer (`_take_turns`)."""
+  multi-turn rollout a pending tool answer's next token is taken instead (log-prob 0, the
+  environment's); `turns.take_turns` handles the calls, `turns.over_budget` the turn budget."""
   rng, draw_key = jax.random.split(s.rng)
   # ℓ^μ = z_y - logsumexp(z) with z = logits / τ_s: the [B, V] log-softmax is never stored,
   # and the draw reads z itself (every rule below is invariant to a shift of z).
