@@ -18,15 +18,6 @@ COLS=$COLS,eval/accuracy@final,eval/pass@4@final,policy/clip_frac_high@avg
 python experiments/seed_table.py --root="$ROOT" --group_by=objective.clip_high --cols=$COLS \
   --baseline=0.2 --expect=policy/entropy@50:+,policy/entropy@final:+,eval/accuracy@final:+ \
   --per_seed --csv="$ROOT/table.csv"
-if [ "$HEADLINE" = 1 ]; then  # 0.2 against 0.28 at 32 seeds (headline.md)
-  python tools/sweep.py --config=configs/countdown.py --root="$ROOT.headline" --packed \
-    --seeds=$HEADLINE_SEEDS --grid=objective.clip_high=0.2,0.28 --set=$SET \
-    > "$ROOT.headline.log" 2>&1
-  python experiments/seed_table.py --root="$ROOT" --root="$ROOT.headline" \
-    --group_by=objective.clip_high --baseline=0.2 \
-    --cols=policy/entropy@50,policy/entropy@final,eval/accuracy@final \
-    --expect=policy/entropy@50:+,policy/entropy@final:+,eval/accuracy@final:+ > "$HERE/headline.md"
-fi
 if [ "$CONFIRM" = 1 ]; then  # claims.json on fresh seeds 100-123 (confirmation.md)
   python tools/sweep.py --config=configs/countdown.py --root="$ROOT.confirm" --packed \
     --seeds=$CONFIRM_SEEDS --grid=objective.clip_high=0.2,0.28 --set=$SET \
