@@ -350,9 +350,8 @@ class CountdownCheck(ToolEnv):
 
   def check(self, prompt_tokens, tokens, start, end, is_digit):
     """A multi-digit number, a 0, or a digit used more often than the prompt gives it."""
-    tok, n = self.tokenizer, self.numbers
-    digit_of = jnp.full((tok.vocab_size,), -1, jnp.int32)
-    digit_of = digit_of.at[jnp.asarray(tok.ids_of("0123456789"))].set(jnp.arange(10))
+    t_, n = self.tokens, self.numbers
+    digit_of = _table(t_.vocab_size, zip(t_.digits, range(10)), -1)  # the digits "0".."9"
     given = digit_of[prompt_tokens[:, -(n + 3) : -3]]  # [B, n]
     have = jax.nn.one_hot(given, 10, dtype=jnp.int32).sum(1)  # [B, 10]
     used = jax.nn.one_hot(jnp.where(is_digit, digit_of[tokens], -1), 10, dtype=jnp.int32).sum(1)
