@@ -104,6 +104,33 @@ def _attention_refusal() -> str | None:
   return attention.cudnn_refusal(jnp.bfloat16, 64)
 
 
+def _decode_case():
+  """The Pallas decode kernel (`filled_slots_beside`) against the einsum decode step
+  (`one_query_beside`): bfloat16, GQA 9/3 heads (SmolLM2's), Dh=64, 96 slots, rows left-padded
+  by 0, 17 and 40 slots at decode slots 40, 41 and 95 (at 40 the last row has no filled slot but its own)."""
+  b, h, j, dh, n = 3, 9, 3, 64, 96
+  ks = jax.random.split(jax.random.PRNGKey(5), 5)
+  q = jax.random.normal(ks[0], (b, 1, h, dh), jnp.bfloat16)
+  keys, values = (jax.random.normal(k, (b, j, n, dh), jnp.bfloat16) for k in ks[1:3])
+  own_k, own_v = (jax.random.normal(k, (b, j, 1, dh), jnp.bfloat16) for k in ks[3:5])
+  key_valid = jnp.arange(n)[None, :] >= jnp.asarray([0, 17, 40])[:, None]
+  got, want = [], []
+  for start in (40, 41, 95):
+    args = (q, keys, values, own_k, own_v, key_valid, jnp.int32(start))
+    got.append(jax.jit(attention.filled_slots_beside)(*args))
+    want.append(jax.jit(attention.one_query_beside)(*args))
+  return tuple(got), tuple(want)
+
+
+def _decode_refusal(interpreted: bool) -> Callable[[], str | None]:
+  def refusal():
+    if not interpreted and jax.devices()[0].platform != "gpu":
+      return f"it needs a GPU (the default device is {jax.devices()[0].platform})"
+    return attention.pallas_refusal(jnp.bfloat16, jnp.bfloat16, 64, 96)
+
+  return refusal
+
+
 def _sampler_case(dtype: str):
   """A small policy's token log-probs with the sampler's `dtype` copy of its weights against
   the float32 weights (the gap the behaviour corrections of spec §3 see)."""
@@ -180,6 +207,10 @@ def _register() -> None:
     register(name, check, interpreted)
   note = "cuDNN flash attention, T=37, left padding 0/17/36, GQA 4/2, Dh=64; values, dq, dk, dv"
   register("cudnn_attention", Check(_attention_case, _attention_refusal, 3e-2, note))
+  note = "Pallas decode kernel over filled slots, 96 slots, left padding 0/17/40, GQA 9/3, bf16"
+  check = Check(_decode_case, _decode_refusal(False), 2e-2, note)
+  interpreted = dataclasses.replace(check, refusal=_decode_refusal(True), note=note + " (interp.)")
+  register("pallas_decode", check, interpreted)
   for dtype, tol in (("bfloat16", 5e-2), ("int8", 1e-1)):
     note = f"log-probs with the {dtype} sampler copy vs float32 weights"
     register(

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from jaxrl_llm.config.sections import SamplingSettings
-from jaxrl_llm.kernels import logprobs
+from jaxrl_llm.kernels import attention, logprobs
 from jaxrl_llm.models.kv_cache import KVCache, grow_cache, init_cache
 from jaxrl_llm.models.transformer import MoEOutput, Transformer, positions_from_mask, unembed
 from jaxrl_llm.turns import Turns, over_budget, take_turns
@@ -197,7 +197,7 @@ def _prefill(model, params, prompt_tokens, prompt_mask, rng, cfg: SamplingConfig
   g, t_max = cfg.group_size, cfg.max_new_tokens
   key_valid = jnp.concatenate([prompt_mask, jnp.ones((num_prompts, t_max), bool)], axis=1)
   positions = positions_from_mask(prompt_mask)
-  cache = init_cache(model.cfg, num_prompts, prompt_len + t_max)
+  cache = init_cache(model.cfg, num_prompts, attention.cache_slots(prompt_len + t_max))
   out = model.apply(
     {"params": params},
     prompt_tokens,

@@ -423,6 +423,7 @@ def bench(
       "sampler_compute_dtype": ctx.sampler_model.cfg.dtype,
       "full_length": full_length,
       "kv_block": samp.kv_block,
+      "attention": config.model.attention,  # pallas: decode reads about the filled slots
     },
     "rl_step_s": step_s,
     "step_times_s": step_times,

@@ -5,12 +5,15 @@
 #   bash tools/gpu_card.sh wheels                  # here, beforehand: the wheels the image lacks
 #   BUDGET_S=540 bash tools/gpu_card.sh [STEP ... | all]   # on the GPU machine
 #
-# Steps run in the order given (default: preflight grouped pack16 decode256_only qwen15_auto
-# qwen05_static_trl, the order of value for one 9-minute call; `all`: every step):
+# Steps run in the order given (default: preflight grouped pack16 decode256_only
+# decode256_pallas qwen15_auto qwen05_static_trl, the order of value for one 9-minute call;
+# `all`: every step):
 #   preflight       imports every module a step needs (a missing wheel stops nothing else)
 #   pack16          tools/bench_pack.py: a pack of 16 default-config runs against 16 alone
 #   decode256_only  qwen2.5-0.5b at 256 sequences, the sampler alone (bench --sample_only): the
 #                   decode goal's shape, without compiling the fused step
+#   decode256_pallas the same with the Pallas decode kernel over filled slots
+#                   (model.attention=pallas; the einsum step is decode256_only)
 #   qwen15_auto     qwen2.5-1.5b with learner slices sized by the device (rl.microbatch_tokens=auto)
 #   qwen05_static_trl qwen2.5-0.5b against the stronger peer: TRL with transformers'
 #                   static-cache compiled generation, bfloat16 storage on both sides
@@ -129,6 +132,9 @@ run_step() {
     pack16)
       step pack16 240 python3 tools/bench_pack.py --shape=default --runs=16 --steps=3 ;;
     decode256_only) step decode256_only 150 python3 tools/bench.py "${B256[@]}" --sample_only ;;
+    decode256_pallas)
+      step decode256_pallas 150 python3 tools/bench.py "${B256[@]}" --sample_only \
+        --set=model.attention=pallas ;;
     qwen05_static_trl)
       step qwen05_static_trl 300 python3 tools/bench.py "${B05[@]}" --peer=trl --peer_cache=static \
         --peer_timeout_s=200 --set=model.param_dtype=bfloat16 ;;
@@ -188,7 +194,7 @@ print({n: version(n) for n in ("jax", "grain", "trl", "peft", "datasets", "torch
 sys.exit("cannot import " + "; ".join(missing) if missing else 0)'
 # The default, in order of value for one call of at most 9 minutes (BUDGET_S=540): what no card
 # has measured, the goals' shapes, then the stronger peer.
-FIRST=(preflight grouped pack16 decode256_only qwen15_auto qwen05_static_trl)
+FIRST=(preflight grouped pack16 decode256_only decode256_pallas qwen15_auto qwen05_static_trl)
 ALL=("${FIRST[@]}" qwen15 checks grouped_sweep moe_plan pack_plan pack_medium pack_qwen05 moe
   dense_twin decode256 decode256_kv0 qwen15_trl lora15_trl qwen15_noremat qwen05_bf16_trl qwen05)
 [ ${#STEPS[@]} -eq 0 ] && STEPS=("${FIRST[@]}")

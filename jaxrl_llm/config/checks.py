@@ -45,12 +45,16 @@ def _batch(cfg: Config) -> list[str]:
 
 
 def _model(cfg: Config, mc: ModelConfig) -> list[str]:
-  """What the architecture that will run allows: cuDNN attention, the MoE layers, a value head
+  """What the architecture that will run allows: cuDNN or Pallas attention, the MoE layers, a value head
   and the learner's MoE-only objectives."""
   out = []
   refusal = attention.cudnn_refusal(mc.compute_dtype, mc.head_dim)
   if cfg.model.attention == "cudnn" and refusal:
     out.append(f"model.attention='cudnn' cannot run: {refusal}; use auto, xla or einsum")
+  dt = mc.compute_dtype  # the slots' count is checked when a decode step is traced
+  refusal = attention.pallas_refusal(dt, dt, mc.head_dim, attention.DECODE_BLOCK)
+  if cfg.model.attention == "pallas" and refusal:
+    out.append(f"model.attention='pallas' cannot run: {refusal}; use auto, xla or einsum")
   try:
     mc.moe  # noqa: B018 - builds (and checks) the MoE layers' config
   except ValueError as err:  # fields named moe.<x> are model.moe_<x> in the config
@@ -141,6 +145,11 @@ def _devices(cfg: Config, mc: ModelConfig, num_devices: int) -> list[str]:
       "every weight along d_model); use a divisor of it"
     )
   out += _tensor_parallel(mc, sizes["model"])
+  if cfg.model.attention == "pallas" and math.prod(sizes.values()) > 1:
+    out.append(
+      f"model.attention='pallas' runs on one device (the mesh spans {math.prod(sizes.values())}):"
+      " the decode kernel has no partitioning rule; use auto or einsum"
+    )
   return out + ([] if out else _rows(cfg, sizes))
 
 

@@ -127,7 +127,9 @@ class ModelSettings(Section):
 
   SECTION: ClassVar[str] = "model"
   checkpoint: str = ""  # Hugging Face checkpoint dir to start from ("" = random init)
-  attention: str = attention.AUTO  # auto (cuDNN where verified, else einsum) | einsum | xla | cudnn
+  attention: str = (
+    attention.AUTO
+  )  # auto (cuDNN/Pallas where verified, else einsum) | einsum | xla | cudnn | pallas
   arch: ModelConfig = ModelConfig()  # the architecture: the other model.* fields
 
   @classmethod

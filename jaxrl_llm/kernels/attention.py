@@ -8,13 +8,16 @@ compute dtype; a query with no valid key (a padding position) has an unspecified
   reference(...)      einsum scores, float32 softmax, `_NEG_INF` masking (the test oracle)
   one_query(...)      the same einsums for a decode step (Q = 1), with the query axis dropped
   one_query_beside(.) `one_query` over the cache as it was before the step's write, with the
-                      query's own key and value beside it (what a decode step runs)
+                      query's own key and value beside it (what an einsum decode step runs)
+  filled_slots_beside(.) the same by jax's Pallas GPU decode kernel, which reads only the key
+                      blocks holding each row's filled slots (per-row lengths)
   xla(...)            `jax.nn.dot_product_attention(implementation="xla")`: `is_causal` plus a
                       [B, 1, 1, Q] key mask from slot 0, else the full [B, 1, Q, N] boolean mask
   padded_causal(...)  the cuDNN form: each row rotated so its padding comes last, then causal
                       attention with per-row sequence lengths (no bias tensor; cuDNN skips the
                       masked blocks), rotated back
-  select(...)         which one runs for a pass; `attend(...)` runs it
+  select(...)         which one runs for a pass (`select_decode` for a decode step);
+                      `attend(...)` runs it
 
 cuDNN flash attention (through `jax.nn.dot_product_attention`) refuses float32 inputs, head
 dims that are not a multiple of 8 or exceed 128 (256 from compute capability 9.0), and a
@@ -27,12 +30,17 @@ sequence lengths after the rotation above, and the other passes keep einsum.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental.pallas.ops.gpu import decode_attention
 
 AUTO = "auto"  # the fastest implementation verified on this device, else einsum
-IMPLEMENTATIONS = (AUTO, "einsum", "xla", "cudnn")
+IMPLEMENTATIONS = (AUTO, "einsum", "xla", "cudnn", "pallas")
+DECODE_BLOCK = 16  # the Pallas decode kernel's smallest key block (a Triton tile)
+DECODE_SPLITS = 4  # at most this many key splits per row and KV head (the kernel's k_splits)
 SEQ_TILE = 64  # the cuDNN form pads its sequence slots to a multiple of this
 _NEG_INF = -1e30
 
@@ -114,6 +122,77 @@ def one_query_beside(q, keys, values, own_k, own_v, key_valid, start) -> jax.Arr
   out += jnp.einsum(
     "bjgk,bjkd->bjgd", probs[..., n:], own_v.astype(q.dtype), preferred_element_type=f32
   )
+  return out.astype(q.dtype).reshape(b, 1, h, dh)
+
+
+def pallas_refusal(dtype, cache_dtype, head_dim: int, num_slots: int) -> str | None:
+  """Why the Pallas decode kernel cannot serve a decode step over `num_slots` cache slots
+  (None if it can). Off a GPU it runs in the Pallas interpreter (tests only: slow)."""
+  if head_dim < DECODE_BLOCK or head_dim & (head_dim - 1):
+    return f"head_dim={head_dim} must be a power of two >= {DECODE_BLOCK}"
+  if num_slots % DECODE_BLOCK:
+    return f"the cache's {num_slots} slots must be a multiple of {DECODE_BLOCK} (`cache_slots`)"
+  if jnp.dtype(cache_dtype) != jnp.dtype(dtype):
+    return f"the cache's dtype {jnp.dtype(cache_dtype).name} must be the compute dtype's"
+  return None
+
+
+def cache_slots(length: int) -> int:
+  """The slots a sampler's cache gets for `length` tokens: rounded up to a multiple of
+  DECODE_BLOCK, so the Pallas decode kernel can read it (the extra slots are never valid)."""
+  return -(-length // DECODE_BLOCK) * DECODE_BLOCK
+
+
+def decode_blocks(num_slots: int) -> tuple[int, int]:
+  """(block_k, k_splits) for the Pallas decode kernel over `num_slots` (a multiple of
+  DECODE_BLOCK): the largest power-of-two key block up to 128 dividing it, and the most splits
+  (up to DECODE_SPLITS) into whole blocks."""
+  block_k = DECODE_BLOCK
+  while block_k < 128 and num_slots % (2 * block_k) == 0:
+    block_k *= 2
+  blocks = num_slots // block_k
+  k_splits = max(s for s in range(1, DECODE_SPLITS + 1) if blocks % s == 0)
+  return block_k, k_splits
+
+
+def filled_slots_beside(q, keys, values, own_k, own_v, key_valid, start) -> jax.Array:
+  """`one_query_beside` by jax's Pallas GPU decode kernel (`decode_attn_unbatched`, one program
+  per row, KV head and key split): row b reads only the key blocks that hold its filled slots
+  [first_b, start), first_b its left padding (skipped to split granularity), and none of the
+  unfilled slots after `start`. The kernel returns the unnormalised output with its softmax
+  sum and maximum; the query's own key and value join them here in float32, so the cache is
+  read before this step's write as in `one_query_beside`. Same arguments and output."""
+  b, _, h, dh = q.shape
+  j, n = keys.shape[1], keys.shape[2]
+  block_k, k_splits = decode_blocks(n)
+  block_h = max(DECODE_BLOCK, 1 << (h // j - 1).bit_length())  # the G heads of a KV head
+  kernel = functools.partial(
+    decode_attention.decode_attn_unbatched,
+    sm_scale=1.0 / float(np.sqrt(dh)),
+    block_h=block_h,
+    block_k=block_k,
+    k_splits=k_splits,
+    num_warps=None,
+    num_stages=2,
+    grid=None,
+    interpret=jax.devices()[0].platform != "gpu",
+    debug=False,
+    return_residuals=True,
+    normalize_output=False,
+  )
+  first = jnp.argmax(key_valid, axis=1).astype(jnp.int32)  # [B]: the first valid slot
+  end = jnp.broadcast_to(jnp.asarray(start, jnp.int32), (b,))
+  qg = q.reshape(b, j, h // j, dh)
+  per_head = jax.vmap(kernel, in_axes=(0, 0, 0, None, None))
+  o, (total, top) = jax.vmap(per_head)(qg, keys, values, first, end)  # o [B, J, G, Dh]
+  f32 = jnp.float32
+  own = jnp.einsum("bjgd,bjd->bjg", qg.astype(f32), own_k[:, :, 0].astype(f32)) / np.sqrt(dh)
+  own_valid = jax.lax.dynamic_slice_in_dim(key_valid, start, 1, axis=1)[:, :, None]  # [B, 1, 1]
+  own = jnp.where(own_valid, own, _NEG_INF)
+  top_all = jnp.maximum(top, own)
+  old, new = jnp.exp(top - top_all), jnp.exp(own - top_all)  # [B, J, G]
+  out = o.astype(f32) * old[..., None] + new[..., None] * own_v[:, :, :1].astype(f32)
+  out = out / (total * old + new)[..., None]
   return out.astype(q.dtype).reshape(b, 1, h, dh)
 
 
@@ -205,6 +284,8 @@ def select(implementation: str, dtype, head_dim: int, start) -> str:
     )
   if implementation in ("einsum", "xla"):
     return implementation
+  if implementation == "pallas":  # its decode steps are `select_decode`'s; other passes einsum
+    return "einsum"
   refusal = cudnn_refusal(dtype, head_dim)
   if implementation == "cudnn" and refusal:
     raise ValueError(f"attention='cudnn' (model.attention) cannot run: {refusal}")
@@ -215,20 +296,49 @@ def select(implementation: str, dtype, head_dim: int, start) -> str:
   return "cudnn" if refusal is None and _starts_at_zero(start) else "einsum"
 
 
+def select_decode(implementation: str, dtype, cache_dtype, head_dim: int, num_slots: int) -> str:
+  """The implementation a decode step (one query per row at a traced slot) runs: pallas |
+  einsum | xla. pallas: the Pallas decode kernel, a ValueError where `pallas_refusal` finds a
+  reason. auto: the kernel on a single GPU (it has no partitioning rule) where nothing refuses it and its check (`verify.choose`,
+  once per process) passes, else einsum. cudnn decodes by einsum (`select`)."""
+  if implementation == "pallas":
+    refusal = pallas_refusal(dtype, cache_dtype, head_dim, num_slots)
+    if refusal:
+      raise ValueError(f"attention='pallas' (model.attention) cannot run: {refusal}")
+    return "pallas"
+  one_gpu = jax.devices()[0].platform == "gpu" and jax.device_count() == 1  # no partitioning rule
+  if implementation == AUTO and one_gpu:
+    if pallas_refusal(dtype, cache_dtype, head_dim, num_slots) is None:
+      from jaxrl_llm.kernels import verify  # verify imports this module
+
+      return verify.choose("pallas_decode", "pallas", "einsum")
+  return select(implementation, dtype, head_dim, 1)  # a traced slot: einsum unless xla
+
+
 def attend(
   q: jax.Array,  # [B, Q, H, Dh]
-  keys: jax.Array,  # [B, J, N, Dh], the cache layout (N = Q without a cache)
-  values: jax.Array,  # [B, J, N, Dh]
+  keys: jax.Array,  # [B, J, >= N, Dh], the cache layout (N = Q without a cache)
+  values: jax.Array,  # [B, J, >= N, Dh]
   key_valid: jax.Array,  # [B, N] bool, left-padded rows
   start: jax.Array | int,  # slot of query 0: static 0, a static prefix length, or traced
   implementation: str = "einsum",  # an IMPLEMENTATIONS name
   own: tuple[jax.Array, jax.Array] | None = None,  # this call's keys, values [B, J, Q, Dh]
 ) -> jax.Array:
-  """Attention output [B, Q, H, Dh] by the implementation `select` picks. With `own`, keys and
-  values are a cache before this call's write and `own` the keys/values written at `start`
-  (an einsum decode step reads them beside the cache: `one_query_beside`)."""
-  impl = select(implementation, q.dtype, q.shape[-1], start)
-  if own is not None and impl == "einsum" and q.shape[1] == 1 and not _starts_at_zero(start):
+  """Attention output [B, Q, H, Dh] by the implementation `select` (`select_decode`) picks,
+  over the first N = key_valid's width slots of keys and values (the Pallas decode kernel:
+  the filled ones). With `own`, keys and values are a cache before this call's write and `own`
+  the keys/values written at `start` (a decode step reads them beside the cache:
+  `one_query_beside`, `filled_slots_beside`)."""
+  decode = own is not None and q.shape[1] == 1 and not _starts_at_zero(start)
+  if decode:
+    impl = select_decode(implementation, q.dtype, keys.dtype, q.shape[-1], keys.shape[2])
+    if impl == "pallas":  # the whole cache: the kernel reads up to `start` only
+      return filled_slots_beside(q, keys, values, *own, key_valid, start)
+  else:
+    impl = select(implementation, q.dtype, q.shape[-1], start)
+  n = key_valid.shape[1]  # the slots the other implementations read (a no-op slice at N)
+  keys, values = (jax.lax.slice_in_dim(c, 0, n, axis=2) for c in (keys, values))
+  if decode and impl == "einsum":
     return one_query_beside(q, keys, values, *own, key_valid, start)
   if own is not None:
     write = lambda c, new: jax.lax.dynamic_update_slice_in_dim(c, new.astype(c.dtype), start, 2)  # noqa: E731

@@ -95,6 +95,7 @@ def register(name: str, check: Check, interpreted: Check | None = None) -> None:
 FAST_PATHS: dict[str, tuple[str, ...]] = {
   "moe_kernel": ("grouped_forward", "grouped_input_grad", "grouped_weight_grad"),
   "cudnn_attention": ("cudnn_attention",),
+  "pallas_decode": ("pallas_decode",),
   "sampler_bfloat16": ("sampler_bfloat16",),
 }
 

@@ -34,7 +34,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jaxrl_llm.kernels import attention
 from jaxrl_llm.models import lora
 from jaxrl_llm.models.config import ModelConfig
-from jaxrl_llm.models.kv_cache import CACHE_SEQ_AXIS, KVCache, is_decode_step, write_tokens
+from jaxrl_llm.models.kv_cache import KVCache, is_decode_step, write_tokens
 from jaxrl_llm.models.moe import MoEMLP, gather_expert_logprobs
 from jaxrl_llm.models.rope import rope, rope_inv_freq
 from jaxrl_llm.models.scan import SCAN_NAME
@@ -171,10 +171,8 @@ class Attention(nn.Module):
     if k_cache is None:  # full-sequence forward: keys are this call's own tokens
       out = attention.attend(q, k, v, key_valid, 0, self.implementation)
     else:  # attend over the first N = key_valid slots, this call's keys at cache_index
-      n = key_valid.shape[1]  # static: the slots attended (a no-op slice at the cache's length)
-      seen = lambda c: jax.lax.slice_in_dim(c, 0, n, axis=CACHE_SEQ_AXIS)  # noqa: E731
       out = attention.attend(
-        q, seen(k_cache), seen(v_cache), key_valid, cache_index, self.implementation, own=(k, v)
+        q, k_cache, v_cache, key_valid, cache_index, self.implementation, own=(k, v)
       )
       k, v = attention.ordered_after(out, k, v)  # the caller's write follows the read
     out = checkpoint_name(out, "attn_out")
