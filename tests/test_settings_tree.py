@@ -20,7 +20,7 @@ FROZEN = json.loads((REPO / "tests" / "fixtures" / "default_config_before.json")
 # Fields added after the freeze, with their defaults (every other field must be as it was).
 ADDED = {
   "mesh": {"runs": 1, "runs_at_once": 0},
-  "task": {"numbers": 4, "wrong_traces": 0.0, "tool_traces": False},  # countdown: 4 digits
+  "task": {"numbers": 4, "wrong_traces": 0.0, "tool_traces": 0.0},  # countdown: 4 digits
   "sampling": {"kv_block": 128, "tool": "none", "max_turns": 3, "turn_tokens": 0},
   "train": {"resume_changed": False, "max_failed_verifier_steps": 3},
   "model": {

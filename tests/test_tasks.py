@@ -195,13 +195,14 @@ def _pad(ids: list[int], width: int) -> list[int]:
   return (ids + [TOK.pad_id] * width)[:width]
 
 
-def _reward(task, completions: list[list[int]], masks: list[int], target: str, t: int):
-  """Runs jitted reward_terms on hand-built completions (mask = number of valid tokens)."""
+def _reward(task, completions: list[list[int]], masks: list[int], target: str, t: int, prompt=""):
+  """Runs jitted reward_terms on hand-built completions (mask = number of valid tokens) after
+  `prompt` (left-padded; all padding when empty)."""
   b = len(completions)
   comp = np.asarray([_pad(c, t) for c in completions], np.int32)
   cmask = (np.arange(t)[None, :] < np.asarray(masks)[:, None]).astype(np.float32)
   ans, amask = TOK.encode_batch([target] * b, task.answer_len, bos=False, eos=True, left_pad=False)
-  prompt = np.zeros((b, task.prompt_len), np.int32)
+  prompt, _ = TOK.encode_batch([prompt] * b, task.prompt_len, bos=True, eos=False, left_pad=True)
   out = jax.jit(task.reward_terms)(prompt, comp, cmask, ans, amask)
   assert set(out) >= {"correct", "format", "partial"}
   for v in out.values():
@@ -224,7 +225,7 @@ def test_addition_reward_terms(t):
     (e("4+", eos=True), 3),  # non-digit character
     (e("46", eos=True), 2),  # eos outside the completion mask
   ]
-  r = _reward(task, [c for c, _ in cases], [min(m, t) for _, m in cases], "46", t)
+  r = _reward(task, [c for c, _ in cases], [min(m, t) for _, m in cases], "46", t, "12+34=")
   correct = [1, 0, 0, 1, 0, 0, 0, 0, 0]
   fmt = [1, 1, 0, 1, 1, 0 if t < 4 else 1, 0, 0, 0]
   np.testing.assert_array_equal(r["correct"], correct)
@@ -274,3 +275,59 @@ def test_describe():
   comp = np.asarray([_pad([*TOK.encode("46", eos=True), 5], 4), _pad(TOK.encode("3"), 4)])
   assert task.describe(prompt, comp) == [("12+34=", "46<eos>"), ("1+1=", "3 <no eos>")]
   assert task.describe(prompt[0], comp[0]) == ("12+34=", "46<eos>")
+
+
+def test_addition_scores_the_prompts_own_sum_whatever_the_trace():
+  """The addition verifier computes each prompt's sum (operands of 1 to 9 digits, left-padded
+  prompts): the right sum scores 1 against a wrong trace, a tool-calling trace, or one taken
+  from another problem, and the trace itself scores 0 where it is wrong."""
+  for digits in (1, 3, 9):
+    task = get_task("addition", digits=digits, wrong_traces=0.3, tool_traces=0.5)
+    index = np.random.default_rng(digits).integers(0, task.num_problems, 300)
+    prompts, traces = task.render(index)
+    truth = [str(sum(int(x) for x in p[:-1].split("+"))) for p in prompts]
+    tok = task.tokenizer
+    p_ids, _ = tok.encode_batch(prompts, task.prompt_len, bos=True, eos=False, left_pad=True)
+    a_ids, a_mask = tok.encode_batch(traces, task.answer_len, bos=False, eos=True, left_pad=False)
+    score = jax.jit(task.reward_terms)
+
+    def correct(answers, tok=tok, task=task, score=score, ids=(p_ids, a_ids, a_mask)):
+      c, m = tok.encode_batch(answers, task.answer_len, bos=False, eos=True, left_pad=False)
+      return np.asarray(score(ids[0], c, m.astype(np.float32), *ids[1:])["correct"])
+
+    np.testing.assert_array_equal(correct(truth), 1)
+    np.testing.assert_array_equal(correct([str(int(x) + 1) for x in truth]), 0)
+    finals = [t.split(",")[-1] for t in traces]  # a tool trace's answer after the tool's
+    np.testing.assert_array_equal(correct(finals), [f == x for f, x in zip(finals, truth)])
+    assert 0 < np.mean([f != x for f, x in zip(finals, truth)]) < 0.5  # some wrong, training side
+
+
+def test_addition_tool_traces_hold_what_the_calculator_answers():
+  """`tool_traces=0.5`: about half the traces are `a+b'=s,s`, the answer `s,` exactly what
+  `envs.Calculator` appends to that call, the final `s` the plain trace's answer (misread
+  alike on the wrong ones); none on the held-out side is wrong; `answer_len` bounds them."""
+  import jax.numpy as jnp
+
+  from jaxrl_llm import envs
+
+  plain = get_task("addition", digits=3, wrong_traces=0.3)
+  tooled = get_task("addition", digits=3, wrong_traces=0.3, tool_traces=0.5)
+  index = np.arange(0, 1_000_000, 1009)
+  prompts, traces = tooled.render(index)
+  assert [t.split(",")[-1] for t in traces] == plain.render(index)[1]
+  calls = [t.split("=")[0] + "=" for t in traces if "=" in t]
+  assert 0.45 < len(calls) / len(traces) < 0.55
+  assert max(map(len, traces)) + 1 <= tooled.answer_len
+  tok = tooled.tokenizer
+  comp, _ = tok.encode_batch(calls, 8, bos=False, eos=False, left_pad=False)
+  env = envs.Calculator(tokenizer=tok)
+  end = jnp.asarray([len(c) - 1 for c in calls])
+  answer, length, error = env.respond(
+    jnp.zeros((len(calls), 1), jnp.int32), jnp.asarray(comp), jnp.zeros_like(end), end
+  )
+  shown = [tok.decode(a[:n]) for a, n in zip(np.asarray(answer), np.asarray(length))]
+  assert shown == [t.split("=")[1].split(",")[0] + "," for t in traces if "=" in t]
+  assert not np.asarray(error).any()
+  held = tooled.key_held_out(tooled.split_key(index))
+  truth = [str(sum(int(x) for x in p[:-1].split("+"))) for p in prompts]
+  assert all(t.split(",")[-1] == x for t, x, h in zip(traces, truth, held) if h)

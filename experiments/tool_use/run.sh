@@ -4,14 +4,14 @@
 # setting without the tool, 8 seeds each, on the countdown testbed (configs/countdown.py) at
 # the calibrated clip_higher settings (learning rate 1e-4, 16 optimiser steps per update, 200
 # updates). The tool arm's warm start imitates traces that call the tool first
-# (task.tool_traces=true: `5*3+8=23,5*3+8`); both arms' traces are 30% wrong alike. The arms
+# (task.tool_traces=1: `5*3+8=23,5*3+8`); both arms' traces are 30% wrong alike. The arms
 # change the program, so each is its own pack. Prints the tables (tables.md); figures here.
 set -euo pipefail
 source "$(dirname "$0")/../study_env.sh"  # HERE, ROOT, the XLA cache; cd to the repo
 CONFIRM=${CONFIRM:-0}  # 1: also train the arms claims.json names on fresh seeds (confirmation.md)
 CONFIRM_SEEDS=$(seq -s, 100 123)
 COMMON=train.num_steps=200,optim.learning_rate=0.0001,rl.num_epochs=4,rl.num_minibatches=4
-TOOL=sampling.tool=countdown,task.tool_traces=true,sampling.max_turns=2,sampling.max_new_tokens=24
+TOOL=sampling.tool=countdown,task.tool_traces=1,sampling.max_turns=2,sampling.max_new_tokens=24
 
 # arms SEEDS ROOT: both arms' packs of SEEDS under ROOT
 arms() {

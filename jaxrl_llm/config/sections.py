@@ -39,8 +39,8 @@ class TaskSettings(LearnedSection):
   )  # built-in verifiable task: reverse | addition | sort | countdown
   digits: int = 2  # addition: operands in [0, 10**digits)
   numbers: int = 4  # countdown: digits 1-9 given to reach the target with + - *
-  wrong_traces: float = 0.0  # countdown: fraction of warm-start traces made wrong
-  tool_traces: bool = False  # countdown: warm-start traces call the countdown tool first
+  wrong_traces: float = 0.0  # countdown, addition: fraction of warm-start traces made wrong
+  tool_traces: float = 0.0  # countdown, addition: fraction of traces calling the tool first
   min_len: int = 2  # reverse: shortest string
   max_len: int = 5  # reverse: longest string
   eval_size: int = setting(

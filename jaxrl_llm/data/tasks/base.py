@@ -60,6 +60,13 @@ def _mix64(x: np.ndarray, salt: int) -> np.ndarray:
   return z ^ (z >> np.uint64(31))
 
 
+def tool_share(index: np.ndarray, share: float) -> np.ndarray:
+  """Bool [N]: which problems' warm-start traces call the task's tool first, a fixed `share`
+  of them by a hash of the problem index (`task.tool_traces`)."""
+  u = (_mix64(np.asarray(index, np.int64), 0x7001) >> np.uint64(11)).astype(np.float64)
+  return u * 2.0**-53 < share
+
+
 @dataclasses.dataclass(frozen=True)
 class BuiltinTask(Task):
   """Base class of a synthetic verifiable task (prompt source plus a pure-JAX verifier).

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxrl_llm.data.tasks.base import TASK_DEFAULTS, BuiltinTask, _mix64, ranged
+from jaxrl_llm.data.tasks.base import TASK_DEFAULTS, BuiltinTask, _mix64, ranged, tool_share
 
 OPS = "+-*"
 MAX_TARGET = 99  # targets are written with two digits
@@ -99,17 +99,17 @@ class CountdownTask(BuiltinTask):
     wrong_traces: fraction of training problems whose trace (the warm start's target) has its
       last operator changed, so it usually misses the target. Evaluation traces are never
       changed; the reward never reads a trace.
-    tool_traces: each trace first calls the countdown tool (`sampling.tool=countdown`) with the
-      expression, then writes it: ``5*3+8=23,5*3+8`` (the tool's answer, ``23,``, is what the
-      tool would append). The warm start imitates whole traces, the tool's answers included;
-      RL never learns from the tool's tokens.
+    tool_traces: fraction of traces (1: every one) that first call the countdown tool
+      (`sampling.tool=countdown`) with the expression, then write it: ``5*3+8=23,5*3+8`` (the
+      tool's answer, ``23,``, is what the tool would append). The warm start imitates whole
+      traces, the tool's answers included; RL never learns from the tool's tokens.
   """
 
   name: ClassVar[str] = "countdown"
 
   numbers: int = ranged(TASK_DEFAULTS.numbers, 2, 5)
   wrong_traces: float = ranged(TASK_DEFAULTS.wrong_traces, 0, 1)
-  tool_traces: bool = TASK_DEFAULTS.tool_traces
+  tool_traces: float = ranged(TASK_DEFAULTS.tool_traces, 0, 1)
 
   @property
   def prompt_len(self) -> int:
@@ -121,7 +121,7 @@ class CountdownTask(BuiltinTask):
     """A = the longest expression (every digit used) + eos; with `tool_traces`, the call, the
     tool's answer (a sign, the digits of 9**numbers, the end) and the expression again."""
     expression = 2 * self.numbers - 1
-    if not self.tool_traces:
+    if self.tool_traces <= 0:
       return expression + 1
     return 2 * expression + 1 + len(str(9**self.numbers)) + 2 + 1
 
@@ -167,14 +167,17 @@ class CountdownTask(BuiltinTask):
     digits, recipes, targets = self._problems(index)
     wrong = (_mix64(index, 0x7A11) >> np.uint64(11)).astype(np.float64) * 2.0**-53
     wrong = (wrong < self.wrong_traces) & ~self.key_held_out(_key(digits, targets))
+    calls = tool_share(index, self.tool_traces)
     prompts, answers = [], []
-    for row, (order, ops), t, w in zip(digits.tolist(), recipes, targets.tolist(), wrong):
+    for row, (order, ops), t, w, call in zip(
+      digits.tolist(), recipes, targets.tolist(), wrong, calls
+    ):
       ops = list(ops)
       if w:  # the next operator in "+-*" order
         ops[-1] = OPS[(OPS.index(ops[-1]) + 1) % len(OPS)]
       prompts.append("".join(map(str, row)) + f">{t:02d}")
       expression = str(row[order[0]]) + "".join(o + str(row[j]) for o, j in zip(ops, order[1:]))
-      if self.tool_traces:  # the call, the tool's answer (envs.CountdownCheck), the expression
+      if call:  # the call, the tool's answer (envs.CountdownCheck), the expression
         value = evaluate([row[j] for j in order], ops)
         expression = f"{expression}={value},{expression}"
       answers.append(expression)
