@@ -152,7 +152,7 @@ def test_tool_traces_hold_what_the_countdown_tool_answers():
   from jaxrl_llm import envs
 
   plain = get_task("countdown", numbers=4, wrong_traces=0.3)
-  tooled = get_task("countdown", numbers=4, wrong_traces=0.3, tool_traces=True)
+  tooled = get_task("countdown", numbers=4, wrong_traces=0.3, tool_traces=1.0)
   index = np.arange(0, 362_950, 997)
   prompts, traces = tooled.render(index)
   assert traces != plain.render(index)[1]

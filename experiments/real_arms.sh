@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The real model's arm of each study whose claim needs a real policy: SmolLM2-135M-Instruct on
+# the arithmetic word problems (configs/smollm2_arith.py; run `python tools/get_smollm2.py`
+# first), the study's arms on the real model, then their tables (experiments/seed_table.py).
+#
+#   bash experiments/real_arms.sh STUDY              # this CPU: the size that fits 15 minutes
+#   SIZE=gpu bash experiments/real_arms.sh STUDY     # a lent GPU: one call of at most 9 minutes
+#
+# STUDY (the claim it needs a real policy for):
+#   clip_higher           entropy: objective.clip_high 0.2 vs 0.28 (one pack: the field packs),
+#                         4 minibatch updates a rollout (the setting's 1 would never clip)
+#   length_bias           length growth: GRPO (grpo, seq_mean_token_mean) vs Dr. GRPO
+#                         (mean_only, seq_mean_token_sum_norm), a pack each
+#   mismatch_corrections  truncation: an int8 sampler without and with tis_token, and a float32
+#                         sampler (no mismatch), a pack each
+# SIZE=cpu: the adapters setting (`:lora`: rank 16, 16 rows x 64 new tokens an update), seed 0
+#   alone in each arm, STEPS updates (clip_higher 30, the others 20: about 15 minutes on 2
+#   cores), held-out accuracy on 64 problems at 0, STEPS/2 and STEPS. One seed: the tables give
+#   no interval, so this size shows that the arm runs and where it goes, not an effect.
+# SIZE=gpu: the full setting (`:full`: every parameter, bfloat16 compute, 256 rows an update),
+#   seeds 0-3 packed in each arm, STEPS updates (default 40), evaluations every 10.
+# STEPS and SEEDS override the size's. Outputs go under $ROOT (default
+# /tmp/jaxrl_experiments/real_STUDY), with a compilation cache beside it; the tables on stdout.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STUDY=${1:-}
+SIZE=${SIZE:-cpu}
+ROOT=${ROOT:-/tmp/jaxrl_experiments/real_$STUDY}
+export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$ROOT.jax_cache}
+case $SIZE in
+  cpu) SETTING=lora SEEDS=${SEEDS:-0} EVAL=""
+    [ "$STUDY" = clip_higher ] && STEPS=${STEPS:-30} || STEPS=${STEPS:-20} ;;
+  gpu) SETTING=full SEEDS=${SEEDS:-0,1,2,3} STEPS=${STEPS:-40} EVAL=,train.eval_every=10 ;;
+  *) echo "error: SIZE=$SIZE; allowed: cpu | gpu" >&2; exit 2 ;;
+esac
+[ "$SIZE" = cpu ] && EVAL=,train.eval_every=$((STEPS / 2)),train.checkpoint_every=$STEPS
+SET=train.num_steps=$STEPS$EVAL
+mkdir -p "$(dirname "$ROOT")"
+
+# pack NAME SETTINGS...: one pack of $SEEDS under $ROOT/NAME
+pack() {
+  local name=$1
+  shift
+  python tools/sweep.py --config="configs/smollm2_arith.py:$SETTING" --root="$ROOT/$name" \
+    --packed --seeds="$SEEDS" --set="$SET" "$@" > "$ROOT.$name.log" 2>&1
+}
+case $STUDY in
+  clip_higher)
+    pack clip --grid=objective.clip_high=0.2,0.28 --set=rl.num_minibatches=4  # 3 of 4 off-policy
+    G=objective.clip_high BASE=0.2
+    COLS=policy/entropy@1,policy/entropy@final,eval/accuracy@0,eval/accuracy@final
+    COLS=$COLS,policy/clip_frac_high@avg ;;
+  length_bias)
+    pack grpo --set=advantage.name=grpo,aggregation.name=seq_mean_token_mean
+    pack dr_grpo --set=advantage.name=mean_only,aggregation.name=seq_mean_token_sum_norm
+    G=advantage.name,aggregation.name BASE=grpo,seq_mean_token_mean
+    COLS=rollout/length_incorrect_mean@1,rollout/length_incorrect_mean@final
+    COLS=$COLS,rollout/length_correct_mean@final,rollout/truncated_frac@final
+    COLS=$COLS,eval/accuracy@0,eval/accuracy@final ;;
+  mismatch_corrections)
+    pack float32 --set=sampling.param_dtype=float32,correction.name=none
+    pack int8 --set=sampling.param_dtype=int8,correction.name=none
+    pack int8_tis --set=sampling.param_dtype=int8,correction.name=tis_token
+    G=sampling.param_dtype,correction.name BASE=float32,none
+    COLS=eval/accuracy@0,eval/accuracy@final,behaviour/kl_k3@avg,behaviour/rho_max@avg
+    COLS=$COLS,behaviour/frac_truncated@avg ;;
+  *)
+    echo "error: STUDY=${STUDY:-<none>}; allowed: clip_higher | length_bias | mismatch_corrections" >&2
+    exit 2 ;;
+esac
+echo "# $STUDY on SmolLM2-135M-Instruct (configs/smollm2_arith.py:$SETTING), SIZE=$SIZE:"
+echo "# seeds $SEEDS, $STEPS updates per run"
+echo
+python experiments/seed_table.py --root="$ROOT" --group_by=$G --cols=$COLS --baseline=$BASE \
+  --per_seed
