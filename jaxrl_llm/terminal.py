@@ -19,6 +19,7 @@ import shlex
 import sys
 import threading
 import time
+import warnings
 
 from absl import flags, logging
 
@@ -31,6 +32,10 @@ LIBRARIES = ("orbax", "grain", "asyncio", "concurrent", "tensorboard", "fsspec",
 # Warnings libraries give about nothing wrong: orbax reading a checkpoint item on its own (the
 # export reads the parameters alone) looks for the step's metadata file there.
 BENIGN = ("Metadata file does not exist",)
+# asyncio's report of a background future whose failure nobody awaited ("Task exception was
+# never retrieved", "_GatheringFuture ..."): a failed save's sibling writes, collected as the
+# process exits after the main thread reported the failure in one line.
+UNAWAITED = " exception was never retrieved"
 
 
 class _LibraryInfoFilter(std_logging.Filter):
@@ -54,6 +59,10 @@ class _LibraryInfoFilter(std_logging.Filter):
       return False  # e.g. "Unable to initialize backend 'tpu'" on a machine without one
     if noisy and not self.tracebacks and record.getMessage().startswith(BENIGN):
       return False  # a library's warning about nothing wrong (kept in the log file)
+    if noisy and not self.tracebacks and UNAWAITED in record.getMessage().split("\n")[0]:
+      return False  # a failure already reported, or else in the log file
+    if getattr(record, "log_file_only", False) and not self.tracebacks:
+      return False
     return record.levelno >= std_logging.WARNING or not noisy
 
 
@@ -130,6 +139,25 @@ def quiet_library_logs(tracebacks: bool = False) -> None:
     sys.unraisablehook = unraisable
 
 
+def log_unawaited_coroutines() -> None:
+  """Python's warnings as before, but a coroutine never awaited (a failed save's pending write,
+  collected as the process exits) becomes a log record: in the log file, and on the terminal
+  only under --debug."""
+  shown = warnings.showwarning
+  if getattr(shown, "logs_unawaited", False):
+    return
+
+  def show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    if issubclass(category, RuntimeWarning) and "was never awaited" in str(message):
+      text = warnings.formatwarning(message, category, filename, lineno, line).strip()
+      logging.warning("%s", text, extra={"log_file_only": True})
+      return
+    shown(message, category, filename, lineno, file, line)
+
+  show_warning.logs_unawaited = True
+  warnings.showwarning = show_warning
+
+
 def _has_filter(handler: std_logging.Handler) -> bool:
   return any(isinstance(f, _LibraryInfoFilter) for f in handler.filters)
 
@@ -189,6 +217,7 @@ def setup(debug: bool = False, log_file: str | None = None) -> None:
       flags.FLAGS.mark_as_parsed()
     logging.use_absl_handler()  # also drops the stderr handler an earlier absl call made
     logging.set_verbosity(logging.INFO)  # the progress lines
+    log_unawaited_coroutines()
     if not debug:
       quiet_library_logs()
       plain_on_terminal()

@@ -430,3 +430,42 @@ def test_with_debug_a_packed_sweep_shows_the_library_lines(packed_sweep):
   assert _libraries(logged) and _libraries(logged) <= set(_bare(again))
   assert any(PREFIX.match(x) and "nothing to train" in x for x in again), again
   assert not [x for x in again if x.startswith("INFO:absl:")]
+
+
+UNAWAITED_SCRIPT = """
+import asyncio, gc, sys
+from jaxrl_llm import terminal
+terminal.setup(debug=sys.argv[2] == "debug", log_file=sys.argv[1])
+async def write():
+  raise OSError(28, "No space left on device")
+async def fragment():
+  pass
+unstarted = fragment()  # a write never awaited: a RuntimeWarning as it is collected
+async def save():  # background writes whose failures nobody awaits: a task and a gathering
+  return loop.create_task(write()), asyncio.gather(write(), write())
+loop = asyncio.new_event_loop()
+pending = loop.run_until_complete(save())
+loop.run_until_complete(asyncio.sleep(0.01))
+loop.close()
+print("error: disk full", file=sys.stderr, flush=True)
+del pending, unstarted
+gc.collect()  # asyncio reports each unawaited failure as its future is collected
+"""
+
+
+@pytest.mark.parametrize("mode", ["plain", "debug"])
+def test_an_unawaited_background_failure_stays_in_the_log_file_unless_debug(tmp_path, mode):
+  """asyncio's "Task exception was never retrieved" and a coroutine's "never awaited" warning (a
+  failed save's sibling writes, collected as the process exits) never follow the run's one
+  error line on the terminal; the log file keeps them, and --debug shows them."""
+  log = tmp_path / "log.txt"
+  cmd = [sys.executable, "-c", UNAWAITED_SCRIPT, str(log), mode]
+  proc = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  unawaited = ("Task exception was never retrieved", "_GatheringFuture exception was never")
+  unawaited += ("coroutine 'fragment' was never awaited",)
+  assert all(x in log.read_text() for x in unawaited)
+  shown = [x in proc.stderr for x in unawaited]
+  assert shown == [mode == "debug"] * 3, proc.stderr[-3000:]
+  if mode == "plain":
+    assert proc.stderr.strip().splitlines()[-1] == "error: disk full", proc.stderr[-3000:]
