@@ -12,3 +12,16 @@ mkdir -p "$(dirname "$ROOT")"  # its logs and cache lie beside it
 # 100-123 and writes confirmation.md. Unset, it runs its 8 exploration seeds only (the 15-minute
 # CPU setting). The 32-seed "headline" runs that pooled the exploration seeds were withdrawn:
 # a verdict comes only from seeds its claims did not see.
+
+# tool_arms TOOL SEEDS ROOT (the tool studies): the two packs of SEEDS under ROOT on the
+# countdown testbed, without a tool (sampling.tool=none: $COMMON) and with TOOL ($COMMON and
+# $TOOL, the study's settings), each pack's output in ROOT.<tool>.log.
+tool_arms() {
+  local tool sets
+  for tool in none "$1"; do
+    sets=(--set="$COMMON")
+    [ "$tool" = none ] || sets+=(--set="$TOOL")
+    python tools/sweep.py --config=configs/countdown.py --root="$3/sampling.tool=$tool" --packed \
+      --seeds="$2" "${sets[@]}" > "$3.$tool.log" 2>&1
+  done
+}

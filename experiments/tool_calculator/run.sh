@@ -17,14 +17,7 @@ COMMON=task.name=addition,task.digits=3,train.num_steps=200,optim.learning_rate=
 COMMON=$COMMON,rl.num_epochs=4,rl.num_minibatches=4
 TOOL=sampling.tool=calculator,task.tool_traces=0.5,sampling.max_turns=2,sampling.max_new_tokens=24
 
-# arms SEEDS ROOT: both arms' packs of SEEDS under ROOT
-arms() {
-  python tools/sweep.py --config=configs/countdown.py --root="$2/sampling.tool=none" --packed \
-    --seeds="$1" --set=$COMMON > "$2.none.log" 2>&1
-  python tools/sweep.py --config=configs/countdown.py --root="$2/sampling.tool=calculator" \
-    --packed --seeds="$1" --set=$COMMON --set=$TOOL > "$2.calculator.log" 2>&1
-}
-arms 0,1,2,3,4,5,6,7 "$ROOT"
+tool_arms calculator 0,1,2,3,4,5,6,7 "$ROOT"  # tool_arms: study_env.sh
 
 COLS=eval/accuracy@0,eval/accuracy@50,eval/accuracy@final,eval/pass@16@0,eval/pass@16@final
 COLS=$COLS,rollout/length_mean@final,tool/used_frac@final,tool/error_frac@final
@@ -32,7 +25,7 @@ python experiments/seed_table.py --root="$ROOT" --group_by=sampling.tool --cols=
   --baseline=none --per_seed --csv="$ROOT/table.csv" \
   --expect=eval/accuracy@final:+
 if [ "$CONFIRM" = 1 ]; then  # claims.json on fresh seeds 100-123 (confirmation.md)
-  arms "$CONFIRM_SEEDS" "$ROOT.confirm"
+  tool_arms calculator "$CONFIRM_SEEDS" "$ROOT.confirm"
   python experiments/seed_table.py --root="$ROOT.confirm" --claims="$HERE/claims.json" \
     --per_seed > "$HERE/confirmation.md"
 fi
