@@ -1,6 +1,6 @@
 """The cross-study table of experiments/README.md, generated from each study's declared claims
 (claims.json) and its confirmation on fresh seeds (confirmation.md, printed by its run.sh with
-CONFIRM=1), with the testbed's best trivial answer beside it.
+CONFIRM=1), with each testbed's best trivial answer above it.
 
   python experiments/summary.py           # rewrites the table in experiments/README.md
   python experiments/summary.py --check   # exits 1 naming the file when the table is stale
@@ -68,13 +68,26 @@ def table() -> str:
   return "\n".join(lines)
 
 
+def testbeds() -> dict[str, list[str]]:
+  """{a testbed's settings over configs/countdown.py (claims.json's `testbed`, e.g.
+  {"task.name": "addition", "task.digits": 3}; none: the countdown testbed), as JSON: the
+  studies on it}."""
+  found: dict[str, list[str]] = {}
+  for study in studies():
+    spec = seed_table.load_claims(os.path.join(HERE, study, "claims.json"))
+    found.setdefault(json.dumps(spec.get("testbed", {}), sort_keys=True), []).append(study)
+  return found
+
+
 def trivial_line() -> str:
-  """The testbed task's best trivial answer on its held-out split (docs/tasks.md)."""
+  """Each testbed's best trivial answer on its held-out split (docs/tasks.md), with its
+  studies."""
   from jaxrl_llm import backend
 
   backend.choose()  # as the trainer does: no backend's start-up chatter on the terminal
   import importlib.util
 
+  from jaxrl_llm.config import parse
   from jaxrl_llm.data.tasks import get_task
   from jaxrl_llm.data.tasks.trivial import trivial_table
 
@@ -82,13 +95,20 @@ def trivial_line() -> str:
   spec = importlib.util.spec_from_file_location("countdown_config", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  cfg = module.get_config()
-  t = trivial_table(get_task("countdown", numbers=cfg.task.numbers))
-  return (
-    f"The testbed's best trivial answer (`{t['best_rule']}`) scores {t['best']:.3f} on its "
-    f"{t['n']} held-out problems (`python tools/trivial_answers.py --config=configs/countdown.py`): "
-    "read every accuracy below beside it."
-  )
+  lines = ["Read every accuracy below beside its testbed's best trivial answer:", ""]
+  for key, names in testbeds().items():
+    cfg = module.get_config()
+    for field, value in json.loads(key).items():
+      section, name = field.split(".")
+      setattr(cfg[section], name, value)
+    task = parse(cfg).task
+    t = trivial_table(get_task(task.name, **task.task_fields))
+    sets = "".join(f" --config.{k}={v}" for k, v in json.loads(key).items())
+    lines.append(
+      f"- {', '.join(names)}: `{t['best_rule']}` scores {t['best']:.3f} on the {t['n']} "
+      f"held-out problems (`python tools/trivial_answers.py --config=configs/countdown.py{sets}`)."
+    )
+  return "\n".join(lines)
 
 
 def render(readme: str) -> str:
