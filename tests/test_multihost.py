@@ -498,9 +498,12 @@ def _assert_same_packs(a, b, names, keys, steps):
 
 
 def test_a_pack_on_two_processes_equals_the_pack_on_one_and_resumes_from_their_checkpoint(tmp_path):
-  run = {"train.num_steps": 4, "train.checkpoint_every": 2, "train.eval_every": 4}
+  # Each launch stops after 4 steps of 8: the relaunch runs the program the first compiled.
+  run = {"train.num_steps": 8, "train.stop_after_steps": 4, "train.checkpoint_every": 2}
+  run["train.eval_every"] = 4
+  config = _config_file(tmp_path, run)
   roots = {1: tmp_path / "one", 2: tmp_path / "two"}
-  _launch_packs(_config_file(tmp_path, run), roots)
+  _launch_packs(config, roots)
   two = roots[2]
   assert sorted(p.name for p in two.iterdir() if p.name in NAMES) == sorted(NAMES)
   _assert_same_packs(roots[1], two, NAMES, COMPARED, 4)
@@ -509,8 +512,7 @@ def test_a_pack_on_two_processes_equals_the_pack_on_one_and_resumes_from_their_c
     len([p for p in (two / n).iterdir() if p.name.startswith("events.")]) == 1 for n in NAMES
   )
   # Four more steps from the two processes' step-4 checkpoint, against one process's.
-  longer = _config_file(tmp_path, {**run, "train.num_steps": 8}, name="longer.py")
-  _launch_packs(longer, roots, expect="resumed from")
+  _launch_packs(config, roots, expect="resumed from")
   _assert_same_packs(roots[1], two, NAMES, COMPARED, 8)
 
 
@@ -526,16 +528,17 @@ def test_a_pack_whose_runs_axis_spans_the_processes_equals_it_on_one_and_resumes
   # 4 runs over mesh.runs=2 device groups of 4 devices: on 2 processes each process holds one
   # group (2 runs, all their rows), on 4 each group spans 2 processes (each feeds half of the
   # rows of its group's runs); the supervised warm start runs on the same mesh first.
-  run = {"train.num_steps": 4, "train.checkpoint_every": 2, "train.eval_every": 2}
-  run.update({"mesh.runs": 2, "sft.steps": 2})
+  # Each launch stops after 4 steps of 6: the relaunch runs the program the first compiled.
+  run = {"train.num_steps": 6, "train.stop_after_steps": 4, "train.checkpoint_every": 2}
+  run.update({"train.eval_every": 2, "mesh.runs": 2, "sft.steps": 2})
+  config = _config_file(tmp_path, run)
   roots = {n: tmp_path / f"p{n}" for n in (1, 2, 4)}
-  _launch_packs(_config_file(tmp_path, run), roots)
+  _launch_packs(config, roots)
   _assert_same_packs(roots[1], roots[2], NAMES, COMPARED, 4)
   _assert_same_packs(roots[1], roots[4], NAMES, COMPARED, 4)
   # Two more steps from each one's step-4 checkpoint (every process restores its runs' state
   # and data positions).
-  longer = _config_file(tmp_path, {**run, "train.num_steps": 6}, name="longer.py")
-  _launch_packs(longer, {n: roots[n] for n in (1, 2)}, expect="resumed from")
+  _launch_packs(config, {n: roots[n] for n in (1, 2)}, expect="resumed from")
   _assert_same_packs(roots[1], roots[2], NAMES, COMPARED, 6)
   # One process cannot take a run out of it: each process saved only its own runs' positions.
   configs = [
@@ -552,7 +555,7 @@ def test_a_pack_whose_runs_axis_spans_the_processes_equals_it_on_one_and_resumes
   script = tmp_path / "take_out.py"
   script.write_text(TAKE_OUT)
   cmd = [sys.executable, str(REPO / "tools" / "launch_local.py"), "--processes=2"]
-  cmd += ["--devices_per_process=4", "--", sys.executable, str(script), longer, str(roots[2])]
+  cmd += ["--devices_per_process=4", "--", sys.executable, str(script), config, str(roots[2])]
   cmd += [str(tmp_path / "out"), *NAMES]
   proc = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600)
   refusals = [ln for ln in proc.stdout.splitlines() if "error: take_out needs every run's" in ln]
