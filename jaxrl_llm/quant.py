@@ -1,12 +1,14 @@
-"""The sampler's numeric copy of the policy: float32, bfloat16, or weight-only int8.
+"""The sampler's numeric copy of the policy: float32, bfloat16, or weight-only int8 / int4.
 
 Production RL samples with a cheaper copy of the policy (bf16 or int8 inference engines)
 than the learner trains; that gap is what the behaviour corrections of spec §3 correct. The
 copy is made inside the fused jitted step, from the learner's parameters, every update.
 
 int8 is symmetric per-output-channel weight-only quantisation: each matrix is rounded to
-127 levels of its channel's max-abs scale and dequantised for compute (activations stay in
-the compute dtype).
+±127 levels of its channel's max-abs scale and dequantised for compute (activations stay in
+the compute dtype). int4 is the same with ±7 levels: a coarse sampler whose mismatch with the
+learner is large enough for the corrections' caps to bind (the values are kept dequantised, so
+it models int4's rounding, not its memory).
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import jax.numpy as jnp
 
 from jaxrl_llm.models.scan import is_scanned_path
 
-SAMPLER_DTYPES = ("auto", "float32", "bfloat16", "int8")
+SAMPLER_DTYPES = ("auto", "float32", "bfloat16", "int8", "int4")
+_LEVELS = {"int8": 127, "int4": 7}  # symmetric integer levels each side of zero
 
 
 def resolve_sampler_dtype(dtype: str, backend: str | None = None) -> str:
@@ -47,12 +50,13 @@ def _channel_axes(path: tuple[Any, ...], x: jax.Array) -> tuple[int, ...]:
   return tuple(range(x.ndim - 1))
 
 
-def fake_quant_int8(x: jax.Array, axes: tuple[int, ...]) -> jax.Array:
-  """Rounds x to symmetric int8 with one scale per channel (max-abs over `axes`)."""
+def fake_quant(x: jax.Array, axes: tuple[int, ...], levels: int = 127) -> jax.Array:
+  """Rounds x to symmetric integers in [-levels, levels] with one scale per channel (max-abs
+  over `axes`): 127 for int8, 7 for int4."""
   xf = x.astype(jnp.float32)
-  scale = jnp.max(jnp.abs(xf), axis=axes, keepdims=True) / 127.0
+  scale = jnp.max(jnp.abs(xf), axis=axes, keepdims=True) / levels
   scale = jnp.where(scale > 0, scale, 1.0)
-  q = jnp.clip(jnp.round(xf / scale), -127, 127)
+  q = jnp.clip(jnp.round(xf / scale), -levels, levels)
   return (q * scale).astype(x.dtype)
 
 
@@ -66,14 +70,14 @@ def sampler_params(params: Any, dtype: str) -> Any:
     return params
   if dtype == "bfloat16":  # an int8-stored base (and its scales) stays as it is
     return jax.tree.map(lambda x: x.astype(jnp.bfloat16) if _floating(x) else x, params)
-  if dtype == "int8":
+  if dtype in _LEVELS:
 
     def quant(path, x):
       lead = int(is_scanned_path(path))  # scanned layers: a leading layer axis, kept per layer
       if x.ndim - lead < 2 or not _floating(x):  # norms, biases, int8 kernels: kept
         return x
       axes = _channel_axes(path, jax.ShapeDtypeStruct(x.shape[lead:], x.dtype))
-      return fake_quant_int8(x, tuple(a + lead if a >= 0 else a for a in axes))
+      return fake_quant(x, tuple(a + lead if a >= 0 else a for a in axes), _LEVELS[dtype])
 
     return jax.tree_util.tree_map_with_path(quant, params)
   raise ValueError(f"sampling.param_dtype={dtype!r}; allowed: {SAMPLER_DTYPES}")

@@ -20,6 +20,7 @@ def _one_step(config):
     pytest.param("float32", marks=pytest.mark.slow),
     pytest.param("bfloat16", marks=pytest.mark.slow),
     "int8",
+    pytest.param("int4", marks=pytest.mark.slow),
   ],
 )
 def test_sampler_precision_drives_mismatch_metrics(dtype):
@@ -36,18 +37,21 @@ def test_sampler_precision_drives_mismatch_metrics(dtype):
     assert abs(m["behaviour/rho_mean"] - 1) > 1e-6 or abs(m["behaviour/rho_max"] - 1) > 1e-4
 
 
-def test_int8_copy_is_per_channel_and_close():
+@pytest.mark.parametrize(("dtype", "top"), [("int8", 127), ("int4", 7)])
+def test_integer_copy_is_per_channel_and_close(dtype, top):
   config = tiny_config()
   exp = build(config)
   p = exp.state.params
-  q = quant.sampler_params(p, "int8")
+  q = quant.sampler_params(p, dtype)
   w, wq = (
     np.asarray(p["layer_0"]["mlp"]["up"]["kernel"]),
     np.asarray(q["layer_0"]["mlp"]["up"]["kernel"]),
   )
-  scale = np.abs(w).max(axis=0, keepdims=True) / 127  # one scale per output channel
+  scale = np.abs(w).max(axis=0, keepdims=True) / top  # one scale per output channel
   levels = wq / scale
   np.testing.assert_allclose(levels, np.round(levels), atol=1e-3)
+  assert np.abs(np.round(levels)).max() == top  # each channel's largest weight is +-top
+  assert len(np.unique(np.round(levels))) <= 2 * top + 1
   assert np.max(np.abs(w - wq)) <= scale.max() / 2 + 1e-7
   assert not np.array_equal(w, wq)
   # Norm scales (1-D) are untouched.

@@ -45,7 +45,7 @@ class Learner:
   schedule: optax.Schedule  # learning rate per optimiser update (for the metrics)
   sampling: SamplingConfig  # G, T, τ_s and the decoding rule
   settings: Settings  # every learner config section
-  sampler_dtype: str  # the sampler's copy of the weights: float32 | bfloat16 | int8
+  sampler_dtype: str  # the sampler's copy of the weights: float32 | bfloat16 | int8 | int4
   batch_sharding: NamedSharding  # rows over the batch mesh axes (data x fsdp x expert)
   prompt_group: int = 1  # G when learner passes run each prompt once per group, else 1
   decode_shardings: Any = None  # the sampler's weight layout (FSDP gathered), None = as stored
