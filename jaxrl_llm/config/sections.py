@@ -181,7 +181,7 @@ class SamplingSettings(Section):
   )  # τ_s >= 0.01; recorded log-probs are of logits / τ_s (§0)
   top_k: int = setting(0, per_run=TRACED)  # draw among the k most likely tokens (0 = off)
   top_p: float = setting(1.0, per_run=TRACED)  # nucleus sampling mass in (0, 1] (1 = off)
-  param_dtype: str = "auto"  # sampler weights: auto (bf16; CPU fp32) | float32 | bfloat16 | int8 | int4
+  param_dtype: str = "auto"  # sampler copy: auto (bf16, CPU f32) | float32 | bfloat16 | int8 | int4
   kv_block: int = 128  # decode stages of this many steps read only filled KV slots (0 = all S+T)
   tool: str = "none"  # multi-turn tool: none | calculator | arithmetic | countdown | host:<m>:<f>
   max_turns: int = 3  # with a tool: the policy's segments per episode (at most max_turns - 1 calls)
