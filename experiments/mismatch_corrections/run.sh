@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # mismatch_corrections: an int4 sampler (sampling.param_dtype=int4) without correction and with
 # tis_token, against a float32 sampler (no mismatch), 8 seeds each, on the countdown testbed
-# (configs/countdown.py), 300 RL updates. Each arm changes the program (sampler dtype,
+# (configs/countdown.py), 300 RL updates; the exploration adds two exploratory arms, the
+# sequence-level corrections tis_seq and mis_seq. Each arm changes the program (sampler dtype,
 # correction), so it is its own pack of 8 seeds. Prints the tables (tables.md); figure here.
 set -euo pipefail
 source "$(dirname "$0")/../study_env.sh"  # HERE, ROOT, the XLA cache; cd to the repo
 CONFIRM=${CONFIRM:-0}  # 1: also train the arms claims.json names on fresh seeds (confirmation.md)
 CONFIRM_SEEDS=$(seq -s, 100 123)
 
-for arm in float32:none int4:none int4:tis_token; do
+for arm in float32:none int4:none int4:tis_token int4:tis_seq int4:mis_seq; do
   dtype=${arm%%:*} corr=${arm##*:}
   python tools/sweep.py --config=configs/countdown.py --root="$ROOT/$dtype,$corr" --packed \
     --seeds=0,1,2,3,4,5,6,7 --set=sampling.param_dtype=$dtype,correction.name=$corr \
@@ -19,7 +20,7 @@ G=sampling.param_dtype,correction.name
 COLS=eval/accuracy@0,eval/accuracy@150,eval/accuracy@final,eval/pass@4@final
 COLS=$COLS,behaviour/kl_k3@avg,behaviour/rho_max@avg,behaviour/frac_truncated@avg
 python experiments/seed_table.py --root="$ROOT" --group_by=$G --cols=$COLS --csv="$ROOT/table.csv" \
-  --baseline=float32,none --per_seed --expect=eval/accuracy@final:-
+  --baseline=int4,none --per_seed --expect=eval/accuracy@final:+
 if [ "$CONFIRM" = 1 ]; then  # claims.json on fresh seeds 100-123 (confirmation.md)
   for arm in float32:none int4:none int4:tis_token; do
     dtype=${arm%%:*} corr=${arm##*:}
