@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # mismatch_corrections: an int4 sampler (sampling.param_dtype=int4) without correction and with
 # tis_token, against a float32 sampler (no mismatch), 8 seeds each, on the countdown testbed
-# (configs/countdown.py), 300 RL updates; the exploration adds two exploratory arms, the
-# sequence-level corrections tis_seq and mis_seq. Each arm changes the program (sampler dtype,
+# (configs/countdown.py), 300 RL updates; the exploration adds the sequence-level corrections
+# tis_seq and mis_seq (mis_seq also confirmed). Each arm changes the program (sampler dtype,
 # correction), so it is its own pack of 8 seeds. Prints the tables (tables.md); figure here.
 set -euo pipefail
 source "$(dirname "$0")/../study_env.sh"  # HERE, ROOT, the XLA cache; cd to the repo
@@ -22,7 +22,7 @@ COLS=$COLS,behaviour/kl_k3@avg,behaviour/rho_max@avg,behaviour/frac_truncated@av
 python experiments/seed_table.py --root="$ROOT" --group_by=$G --cols=$COLS --csv="$ROOT/table.csv" \
   --baseline=int4,none --per_seed --expect=eval/accuracy@final:+
 if [ "$CONFIRM" = 1 ]; then  # claims.json on fresh seeds 100-123 (confirmation.md)
-  for arm in float32:none int4:none int4:tis_token; do
+  for arm in float32:none int4:none int4:tis_token int4:mis_seq; do
     dtype=${arm%%:*} corr=${arm##*:}
     python tools/sweep.py --config=configs/countdown.py --root="$ROOT.confirm/$dtype,$corr" \
       --packed --seeds=$CONFIRM_SEEDS --set=sampling.param_dtype=$dtype,correction.name=$corr \
