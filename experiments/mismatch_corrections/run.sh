@@ -19,6 +19,7 @@ done
 G=sampling.param_dtype,correction.name
 COLS=eval/accuracy@0,eval/accuracy@150,eval/accuracy@final,eval/pass@4@final
 COLS=$COLS,behaviour/kl_k3@avg,behaviour/rho_max@avg,behaviour/frac_truncated@avg
+COLS=$COLS,behaviour/frac_masked_seqs@avg
 python experiments/seed_table.py --root="$ROOT" --group_by=$G --cols=$COLS --csv="$ROOT/table.csv" \
   --baseline=int4,none --per_seed --expect=eval/accuracy@final:+
 if [ "$CONFIRM" = 1 ]; then  # claims.json on fresh seeds 100-123 (confirmation.md)
