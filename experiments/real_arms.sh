@@ -11,7 +11,7 @@
 #                         4 minibatch updates a rollout (the setting's 1 would never clip)
 #   length_bias           length growth: GRPO (grpo, seq_mean_token_mean) vs Dr. GRPO
 #                         (mean_only, seq_mean_token_sum_norm), a pack each
-#   mismatch_corrections  truncation: an int8 sampler without and with tis_token, and a float32
+#   mismatch_corrections  truncation: an int4 sampler without and with tis_token, and a float32
 #                         sampler (no mismatch), a pack each
 # SIZE=cpu: the adapters setting (`:lora`: rank 16, 16 rows x 64 new tokens an update), seed 0
 #   alone in each arm, STEPS updates (clip_higher 30, the others 20), held-out accuracy on 64
@@ -60,8 +60,8 @@ case $STUDY in
     COLS=$COLS,eval/accuracy@0,eval/accuracy@final ;;
   mismatch_corrections)
     pack float32 --set=sampling.param_dtype=float32,correction.name=none
-    pack int8 --set=sampling.param_dtype=int8,correction.name=none
-    pack int8_tis --set=sampling.param_dtype=int8,correction.name=tis_token
+    pack int4 --set=sampling.param_dtype=int4,correction.name=none
+    pack int4_tis --set=sampling.param_dtype=int4,correction.name=tis_token
     G=sampling.param_dtype,correction.name BASE=float32,none
     COLS=eval/accuracy@0,eval/accuracy@final,behaviour/kl_k3@avg,behaviour/rho_max@avg
     COLS=$COLS,behaviour/frac_truncated@avg ;;
