@@ -193,7 +193,7 @@ BAD_CONFIGS = [
   ("model.num_layers", 0), ("model.vocab_size", 0), ("model.dtype", "float8"),
   ("model.attention", "flash"), ("model.rope_theta", -1.0), ("model.moe_num_experts", -1),
   ("sampling.group_size", 1), ("sampling.temperature", 0.0), ("sampling.top_p", 1.5),
-  ("sampling.top_k", -1), ("sampling.max_new_tokens", -1), ("sampling.param_dtype", "int4"),
+  ("sampling.top_k", -1), ("sampling.max_new_tokens", -1), ("sampling.param_dtype", "int2"),
   ("sampling.kv_block", -1),
   ("rl.num_prompts", 0), ("rl.num_epochs", 0), ("rl.num_minibatches", 3),
   ("rl.num_microbatches", -1), ("rl.remat", "some"), ("rl.old_pass", "never"),
