@@ -248,6 +248,8 @@ def lockstep(jitted, name: str):
 
 # Why a process stopped, for its peers: `jaxrl_llm/stopped/<process>` = "<exit code> <line>".
 _STOPPED = "jaxrl_llm/stopped/"
+# Set by process 0 as it leaves a stopping job: the other processes leave first, at once.
+_HOST_LEAVES = "jaxrl_llm/host_leaves"
 # Exit codes of errors that every process may meet on its own (a config or mesh problem): a
 # peer acts on their notice only after this many seconds, so each prints its own line first.
 _OWN_ERROR_CODES, OWN_ERROR_GRACE_S = (2,), 20.0
@@ -265,19 +267,39 @@ def _client():
     return None
 
 
-def announce_stop(code: int, line: str, linger_s: float = 3.0) -> None:
+def _leave(client, code: int, wait_s: float) -> None:
+  """Ends this process of a stopping job with exit `code`, in the order that keeps every
+  process's one line its last: process 0 hosts the coordination service, and a process alive
+  when the service ends is aborted by JAX, so the others leave first, as soon as process 0
+  says it leaves (or after `wait_s`); process 0 says so, then leaves `wait_s` later. Leaving
+  this close together also keeps a process waiting in a collective with one that is gone from
+  aborting in it (CPU collectives can) before it leaves."""
+  if jax.process_index() == 0:
+    try:
+      client.key_value_set(_HOST_LEAVES, "1", allow_overwrite=True)
+    except Exception:  # the service is failing: nothing to order
+      pass
+    threading.Event().wait(wait_s)
+  else:
+    try:
+      client.blocking_key_value_get(_HOST_LEAVES, int(wait_s * 1000))
+    except Exception:  # process 0 did not say so in time (or is gone): leave anyway
+      pass
+  os._exit(code)
+
+
+def announce_stop(code: int, line: str, linger_s: float = 5.0) -> None:
   """Tells the other processes of the job that this one stops with exit `code` and why (best
-  effort). Process 0 hosts the coordination service, which ends with it: it lingers
-  `linger_s` so that the peers' `watch_peers` read the notice first."""
+  effort), and ends this process once they have read it (`_leave`; process 0 waits
+  `linger_s`, the others at most that long). Returns only on one process."""
   client = _client()
   if client is None:
     return
   try:
     client.key_value_set(f"{_STOPPED}{jax.process_index()}", f"{code} {line.strip()[:2000]}")
   except Exception:  # the service may be gone already: the peers learn from its heartbeats
-    return
-  if jax.process_index() == 0:
-    threading.Event().wait(linger_s)
+    os._exit(code)
+  _leave(client, code, linger_s)
 
 
 def peer_stopped(
@@ -300,10 +322,11 @@ def peer_stopped(
   return None
 
 
-def watch_peers(interval_s: float = 1.0) -> threading.Thread | None:
+def watch_peers(interval_s: float = 0.5, leave_s: float = 0.25) -> threading.Thread | None:
   """Starts a daemon thread that ends this process (exit 1, one line) once another process of
   the job announced that it stopped, instead of waiting in a collective for it until JAX's
-  heartbeat timeout aborts the job. None on one process.
+  heartbeat timeout aborts the job (`_leave`: process 0 leaves `leave_s` after the others).
+  None on one process.
 
   The thread stops and is joined when the interpreter exits (before JAX shuts the job down): a
   daemon thread still inside the service's client then would be torn down mid-call, which
@@ -326,7 +349,7 @@ def watch_peers(interval_s: float = 1.0) -> threading.Thread | None:
       if line:
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
-        os._exit(1)
+        _leave(client, 1, leave_s)
 
   thread = threading.Thread(target=watch, name="watch_peers", daemon=True)
   thread.start()
