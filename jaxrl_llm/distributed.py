@@ -248,8 +248,8 @@ def lockstep(jitted, name: str):
 
 # Why a process stopped, for its peers: `jaxrl_llm/stopped/<process>` = "<exit code> <line>".
 _STOPPED = "jaxrl_llm/stopped/"
-# Set by process 0 as it leaves a stopping job: the other processes leave first, at once.
-_HOST_LEAVES = "jaxrl_llm/host_leaves"
+# Set by process 0 as it leaves a stopping job, and by each other process as it leaves after it.
+_HOST_LEAVES, _LEAVING = "jaxrl_llm/host_leaves", "jaxrl_llm/leaving/"
 # Exit codes of errors that every process may meet on its own (a config or mesh problem): a
 # peer acts on their notice only after this many seconds, so each prints its own line first.
 _OWN_ERROR_CODES, OWN_ERROR_GRACE_S = (2,), 20.0
@@ -267,31 +267,43 @@ def _client():
     return None
 
 
-def _leave(client, code: int, wait_s: float) -> None:
+def _leave(client, code: int, wait_s: float = 5.0, margin_s: float = 0.2) -> None:
   """Ends this process of a stopping job with exit `code`, in the order that keeps every
-  process's one line its last: process 0 hosts the coordination service, and a process alive
-  when the service ends is aborted by JAX, so the others leave first, as soon as process 0
-  says it leaves (or after `wait_s`); process 0 says so, then leaves `wait_s` later. Leaving
-  this close together also keeps a process waiting in a collective with one that is gone from
+  process's one line its last. Process 0 hosts the coordination service, and JAX aborts a
+  process that is alive when the service ends, so process 0 says it leaves, waits (at most
+  `wait_s`) until every other process has said it leaves too, then leaves `margin_s` later;
+  each other process, once process 0 has said so (or after `wait_s`), says it leaves and does. Leaving this
+  close together also keeps a process waiting in a collective with one that is gone from
   aborting in it (CPU collectives can) before it leaves."""
-  if jax.process_index() == 0:
+  me, deadline = jax.process_index(), time.monotonic() + wait_s
+
+  def wait_for(key: str) -> None:
     try:
-      client.key_value_set(_HOST_LEAVES, "1", allow_overwrite=True)
-    except Exception:  # the service is failing: nothing to order
+      client.blocking_key_value_get(key, max(1, int((deadline - time.monotonic()) * 1000)))
+    except Exception:  # not said in time, or the service is failing: leave anyway
       pass
-    threading.Event().wait(wait_s)
+
+  def say(key: str) -> None:
+    try:
+      client.key_value_set(key, "1", allow_overwrite=True)
+    except Exception:
+      pass
+
+  if me == 0:
+    say(_HOST_LEAVES)
+    for index in range(1, jax.process_count()):
+      wait_for(f"{_LEAVING}{index}")
+    threading.Event().wait(margin_s)
   else:
-    try:
-      client.blocking_key_value_get(_HOST_LEAVES, int(wait_s * 1000))
-    except Exception:  # process 0 did not say so in time (or is gone): leave anyway
-      pass
+    wait_for(_HOST_LEAVES)
+    say(f"{_LEAVING}{me}")
   os._exit(code)
 
 
 def announce_stop(code: int, line: str, linger_s: float = 5.0) -> None:
   """Tells the other processes of the job that this one stops with exit `code` and why (best
-  effort), and ends this process once they have read it (`_leave`; process 0 waits
-  `linger_s`, the others at most that long). Returns only on one process."""
+  effort), and ends this process once they have read it (`_leave`, waiting at most
+  `linger_s`). Returns only on one process."""
   client = _client()
   if client is None:
     return
@@ -322,10 +334,10 @@ def peer_stopped(
   return None
 
 
-def watch_peers(interval_s: float = 0.5, leave_s: float = 0.25) -> threading.Thread | None:
+def watch_peers(interval_s: float = 0.5) -> threading.Thread | None:
   """Starts a daemon thread that ends this process (exit 1, one line) once another process of
   the job announced that it stopped, instead of waiting in a collective for it until JAX's
-  heartbeat timeout aborts the job (`_leave`: process 0 leaves `leave_s` after the others).
+  heartbeat timeout aborts the job (`_leave`: process 0 leaves last).
   None on one process.
 
   The thread stops and is joined when the interpreter exits (before JAX shuts the job down): a
@@ -349,7 +361,7 @@ def watch_peers(interval_s: float = 0.5, leave_s: float = 0.25) -> threading.Thr
       if line:
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
-        _leave(client, 1, leave_s)
+        _leave(client, 1)
 
   thread = threading.Thread(target=watch, name="watch_peers", daemon=True)
   thread.start()
