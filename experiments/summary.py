@@ -5,9 +5,9 @@ CONFIRM=1), with each testbed's best trivial answer above it.
   python experiments/summary.py           # rewrites the table in experiments/README.md
   python experiments/summary.py --check   # exits 1 naming the file when the table is stale
 
-A claim without a confirmation yet reads "not yet confirmed"; its verdict comes only from the
-confirmation table (Holm-corrected over the study's own claims), never from the seeds that
-explored it.
+A claim without a confirmation yet (or whose confirmation has no seed of an arm it names) reads
+"not yet confirmed"; its verdict comes only from the confirmation table (Holm-corrected over the
+study's own claims), never from the seeds that explored it.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def table() -> str:
       a, b = (f"{','.join(map(str, x['arm']))} `{x['col']}`" for x in (c["a"], c["b"]))
       head = f"| [{study}]({study}/README.md) | {c['claim']} | {a} − {b} ({c['direction']}) |"
       row = done.get(c["id"])
-      if row is None:
+      if row is None or row[5] == "0":  # n = 0: an arm it names is not trained on them yet
         lines.append(f"{head} not yet confirmed (seeds {spec['confirmation_seeds']}) | | | |")
       else:
         lines.append(f"{head} {row[4]} | {row[5]} | {row[6]} | **{row[7]}** |")
