@@ -16,7 +16,8 @@
 # SIZE=cpu: the adapters setting (`:lora`: rank 16, 16 rows x 64 new tokens an update), seed 0
 #   alone in each arm, STEPS updates (clip_higher 30, the others 20), held-out accuracy on 64
 #   problems at 0, STEPS/2 and STEPS; aimed at 15 minutes on 2 cores, not yet timed alone (the
-#   clip_higher pack took 1801 s with two study packs sharing the cores). One seed: the tables
+#   clip_higher pack took 1801 s with two study packs sharing the cores, length_bias's two packs
+#   2663 s with one study pack sharing them for most of it). One seed: the tables
 #   give no interval, so this size shows that the arm runs and where it goes, not an effect.
 # SIZE=gpu: the full setting (`:full`: every parameter, bfloat16 compute, 256 rows an update),
 #   seeds 0-3 packed in each arm, STEPS updates (default 40), evaluations every 10.
