@@ -272,9 +272,9 @@ def _leave(client, code: int, wait_s: float = 5.0, margin_s: float = 0.2) -> Non
   process's one line its last. Process 0 hosts the coordination service, and JAX aborts a
   process that is alive when the service ends, so process 0 says it leaves, waits (at most
   `wait_s`) until every other process has said it leaves too, then leaves `margin_s` later;
-  each other process, once process 0 has said so (or after `wait_s`), says it leaves and does. Leaving this
-  close together also keeps a process waiting in a collective with one that is gone from
-  aborting in it (CPU collectives can) before it leaves."""
+  each other process, once process 0 has said so (or after `wait_s`), says it leaves and does.
+  Leaving this close together also keeps a process waiting in a collective with one that is
+  gone from aborting in it (CPU collectives can) before it leaves."""
   me, deadline = jax.process_index(), time.monotonic() + wait_s
 
   def wait_for(key: str) -> None:
@@ -337,8 +337,7 @@ def peer_stopped(
 def watch_peers(interval_s: float = 0.5) -> threading.Thread | None:
   """Starts a daemon thread that ends this process (exit 1, one line) once another process of
   the job announced that it stopped, instead of waiting in a collective for it until JAX's
-  heartbeat timeout aborts the job (`_leave`: process 0 leaves last).
-  None on one process.
+  heartbeat timeout aborts the job (`_leave`: process 0 leaves last). None on one process.
 
   The thread stops and is joined when the interpreter exits (before JAX shuts the job down): a
   daemon thread still inside the service's client then would be torn down mid-call, which
