@@ -148,6 +148,24 @@ def run_steps(config, steps: int = 1):
   return states, metrics
 
 
+def traced_step_metrics(config) -> dict:
+  """The metrics of `config`'s fused RL step as shape/dtype structs: the step traced on the
+  abstract state and a real batch of training prompts, nothing compiled or allocated."""
+  import jax
+
+  from jaxrl_llm.data import pipeline
+  from jaxrl_llm.rl import init_reference
+
+  exp = build(config, abstract=True)
+  it = pipeline.make_prompt_iterator(exp.task.train_examples(0), config.rl.num_prompts, seed=0)
+  batch = to_global_batch(next(it), exp.batch_sharding)
+
+  def step(state, batch, key):
+    return exp.rl_step(init_reference(state, config.kl.beta), batch, key)
+
+  return jax.eval_shape(step, exp.state, batch, jax.random.key(0))[1]
+
+
 @pytest.fixture(scope="session")
 def smollm2():
   """(the SmolLM2-135M-Instruct Hugging Face directory, its GGUF file): fetched once into the

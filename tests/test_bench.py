@@ -265,6 +265,7 @@ def test_peer_tokenizer_gives_one_token_per_word_at_a_real_vocabulary():
   assert tokenizer("t13 t2 t21 t0 t49151")["input_ids"] == [13, 2, 21, 0, 49151]
 
 
+@pytest.mark.slow
 def test_trl_peer_loads_a_checkpoint_of_the_specs_dimensions_only():
   """The spec's `checkpoint` (tiny Qwen2: qkv bias, tied) is what the peer trains: transformers'
   model of that directory, as many parameters as ours, 13-token prompts, full-length

@@ -94,7 +94,14 @@ def _tiny_model(**kw):
   return cfg, params, tokens, valid
 
 
-@pytest.mark.parametrize("policy", ["full", "dots_saveable", "dots_with_no_batch_dims_saveable"])
+@pytest.mark.parametrize(
+  "policy",
+  [
+    "full",
+    pytest.param("dots_saveable", marks=pytest.mark.slow),
+    pytest.param("dots_with_no_batch_dims_saveable", marks=pytest.mark.slow),
+  ],
+)
 def test_remat_policies_give_the_same_gradients(policy):
   from jaxrl_llm.sampling import score
 

@@ -164,7 +164,12 @@ def test_a_run_with_adapters_trains_them_alone_on_the_base_and_its_reference_is_
 
 @pytest.mark.parametrize(
   "kw",
-  [dict(), dict(scan_layers=True), dict(attention_bias=True, tie_embeddings=False), MOE],
+  [
+    dict(),
+    pytest.param(dict(scan_layers=True), marks=pytest.mark.slow),
+    dict(attention_bias=True, tie_embeddings=False),
+    pytest.param(MOE, marks=pytest.mark.slow),
+  ],
   ids=["dense", "scanned", "qwen2", "moe_shared"],
 )
 def test_the_adapters_gradient_is_the_merged_full_models_gradient(kw):
@@ -536,6 +541,7 @@ def test_the_memory_plan_holds_adam_moments_for_the_adapters_only():
   )
 
 
+@pytest.mark.slow
 def test_the_export_merges_the_adapters_onto_the_base_the_checkpoint_records(tmp_path):
   """A run with adapters on a random base: its checkpoint records the base's seed; editing
   config.json's seed afterwards does not move the export onto another base, and a

@@ -28,7 +28,7 @@ from jaxrl_llm.rl import init_reference, make_rl_step
 from jaxrl_llm.run import to_global_batch
 
 STEPS = 3
-RTOL, ATOL = 1e-4, 1e-6  # float32 programs that differ only in where A B is multiplied
+RTOL, ATOL = 1e-4, 1e-5  # float32 programs that differ only in where A B is multiplied (values ~1)
 
 
 def merged_weights(params, scale: float):

@@ -176,6 +176,7 @@ def _loop_conditions(jaxpr):
       yield from _loop_conditions(sub)
 
 
+@pytest.mark.slow
 def test_a_packs_decode_loop_stops_for_every_run_together_and_copies_no_cache():
   """vmapped over a pack's runs with `loop_axis`, the decode loop's condition is one boolean
   for every run (a per-run condition, the control, is lowered to a select between the old and
@@ -210,7 +211,9 @@ def test_a_packs_decode_loop_stops_for_every_run_together_and_copies_no_cache():
   assert int(got.decode_steps[0]) < int(got.decode_steps[1])  # one run ended first
 
 
-@pytest.mark.parametrize("scan_layers,dtype", [(False, "float32"), (True, "bfloat16")])
+@pytest.mark.parametrize(
+  "scan_layers,dtype", [(False, "float32"), pytest.param(True, "bfloat16", marks=pytest.mark.slow)]
+)
 def test_decode_steps_write_the_cache_in_place_alone_and_in_a_pack(scan_layers, dtype):
   """The compiled decode loop, of a run alone and of a vmapped pack of 1 and of 2, holds no copy
   of a cache array: each step writes its slot in place (the attention reads the cache before the

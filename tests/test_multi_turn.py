@@ -182,6 +182,7 @@ def _warm_steps(config, workdir, steps: int = 2):
   return jax.device_get(state), metrics
 
 
+@pytest.mark.slow
 def test_a_multi_turn_run_whose_policy_never_calls_equals_the_single_turn_run(tmp_path):
   """The reverse task's warm-started policy, drawing among its 4 most likely tokens, writes
   letters, never the call's `=`: with the calculator offered, its two RL updates give every
@@ -218,6 +219,7 @@ def test_metrics_count_turns_calls_errors_and_the_tools_share():
   assert 0 <= float(m["tool/error_frac"]) <= 1
 
 
+@pytest.mark.slow
 def test_a_pack_of_multi_turn_runs_trains(tmp_path):
   """Two runs (temperatures) of a multi-turn config as one packed program."""
   from parsed import train_pack
@@ -260,7 +262,7 @@ def build_task():
   return get_task("countdown")
 
 
-@pytest.mark.parametrize("fn", ["hang", "fail"])
+@pytest.mark.parametrize("fn", [pytest.param("hang", marks=pytest.mark.slow), "fail"])
 def test_a_host_tool_that_hangs_or_raises_is_bounded_counted_and_never_stops_the_run(fn):
   """Every call answered with the error token (a hung call killed at data.verifier_timeout_s)
   and counted in tool/errors_mean; both RL updates finish."""

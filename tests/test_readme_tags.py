@@ -194,6 +194,7 @@ def _split(tags, prefixes):
   return [t for t in tags if t.startswith(prefixes) and t not in OBJECTIVE_MEANS]
 
 
+@pytest.mark.slow
 def test_a_multi_turn_run_logs_its_readme_tool_tags(tmp_path):
   """Every README `tool/` scalar is in a multi-turn run's event files (the countdown tool on
   the countdown task) with finite values at each logged step; a single-turn run logs none."""

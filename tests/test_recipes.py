@@ -1,10 +1,11 @@
-"""Every §10 recipe config runs 3 fused RL steps and logs its objective-specific metrics."""
+"""Every §10 recipe config traces its fused RL step with its objective-specific metrics; five
+run 3 steps and log them."""
 
 import math
 
 import numpy as np
 import pytest
-from conftest import REPO, run_steps, tiny_config
+from conftest import REPO, run_steps, tiny_config, traced_step_metrics
 from parsed import build, train_and_evaluate
 
 from jaxrl_llm import metrics
@@ -44,33 +45,16 @@ def test_rspo_needs_a_moe_model():
     build(tiny_config("rspo", **{"model.moe_num_experts": 0}))
 
 
-# Recipes whose objective, correction and filter the default-run recipes and the unit tests
-# (tests/objectives, test_rl_loss) already cover; their end-to-end runs are in the slow tier.
-SLOW_RECIPES = {
-  "dr_grpo",
-  "gmpo",
-  "cispo",
-  "sapo",
-  "deepseek_v32",
-  "rloo",
-  "lite_ppo",
-  "moe_grpo",
-  "moe_gspo",
-  "moe_rspo",
-  "rspo",  # the MoE router-shift path runs in moe_default too
-  "gspo",  # sequence ratios: tests/test_rl_settings.py runs gspo from the command line
-  "olmo3",
-  "ppo",  # the critic path: tests/test_rl_loss.py and test_rl_settings.py
-  "grpo",  # the default config with KL on: tests/test_train.py's tiny run has every grpo tag
-}
+# Recipes that run 3 fused steps end to end: two in the default tier, three in the slow tier
+# (the critic, the behaviour-truncation path, the MoE router shift). Every recipe's step is also
+# traced (below): its objective, correction, filter and KL wire up and name their metrics; the
+# unit tests (tests/objectives, test_rl_loss) check their numbers.
+RUN_RECIPES = {"dapo": (), "moe_default": (), "ppo": "slow", "olmo3": "slow", "moe_rspo": "slow"}
 
 
 @pytest.mark.parametrize(
   "name",
-  [
-    pytest.param(n, marks=pytest.mark.slow) if n in SLOW_RECIPES else n
-    for n in sorted(SPECIFIC_TAGS)
-  ],
+  [pytest.param(n, marks=pytest.mark.slow) if slow else n for n, slow in RUN_RECIPES.items()],
 )
 def test_recipe_runs_three_steps(name, tmp_path):
   config = tiny_config(
@@ -85,6 +69,16 @@ def test_recipe_runs_three_steps(name, tmp_path):
   for tag, series in scalars.items():
     assert all(math.isfinite(v) for _, v in series), tag
   assert np.isfinite(result["eval/accuracy"])
+
+
+@pytest.mark.parametrize("name", sorted(set(SPECIFIC_TAGS) - set(RUN_RECIPES)))
+def test_recipe_step_traces_with_its_metrics(name):
+  """The fused step of every other recipe, traced (not compiled) on abstract state: it builds
+  and returns a float32 scalar for each of its objective-specific metrics."""
+  tags = traced_step_metrics(tiny_config(name))
+  for tag in SPECIFIC_TAGS[name]:
+    assert tag in tags, (tag, sorted(tags))
+    assert (tags[tag].shape, tags[tag].dtype) == ((), np.float32), tag
 
 
 def test_verl_grpo_config_sets_verls_conventions_and_runs():

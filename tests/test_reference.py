@@ -4,6 +4,7 @@ import itertools
 
 import jax
 import numpy as np
+import pytest
 from conftest import run_steps, tiny_config
 
 
@@ -27,6 +28,7 @@ def test_frozen_reference_stays_at_the_initial_policy():
   assert not _equal(history[-1].params, history[0].params)
 
 
+@pytest.mark.slow
 def test_reset_every_copies_the_policy():
   history = _run(
     tiny_config(
@@ -45,6 +47,7 @@ def test_reset_every_copies_the_policy():
   assert not _equal(history[3].params, history[2].params)  # (while the policy moves)
 
 
+@pytest.mark.slow
 def test_ema_reference():
   alpha = 0.25
   history = _run(

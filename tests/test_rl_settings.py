@@ -123,6 +123,7 @@ def test_objective_range_checks_run_at_start_up_and_name_the_field():
   check(parse(tiny_config(**{"objective.name": "gspo", "objective.clip_log": -1.0})), num_devices=1)
 
 
+@pytest.mark.slow
 def test_generated_tokens_count_the_groups_dynamic_sampling_drops():
   """`perf/generated_tokens` counts every sampled row, the oversampled groups that §7 filters
   away included (the rollout/* statistics describe the kept batch)."""

@@ -105,7 +105,9 @@ def test_forward_and_moe_outputs_match_unrolled(name):
     assert got.moe is None and want.moe is None
 
 
-@pytest.mark.parametrize("name", ["dense", "moe_every_2_shared"])
+@pytest.mark.parametrize(
+  "name", ["dense", pytest.param("moe_every_2_shared", marks=pytest.mark.slow)]
+)
 def test_kv_cache_prefill_and_decode_match_unrolled(name):
   cfg, scfg, params, scanned, prompt, mask = _setup(name)
   valid = jnp.concatenate([mask, jnp.ones((3, 3), bool)], axis=1)
@@ -134,7 +136,12 @@ def _sample_and_score(cfg, params, prompt, mask, sampling):
 
 
 @pytest.mark.parametrize(
-  "name", ["dense", "moe", pytest.param("moe_every_2_shared", marks=pytest.mark.slow)]
+  "name",
+  [
+    "dense",
+    pytest.param("moe", marks=pytest.mark.slow),
+    pytest.param("moe_every_2_shared", marks=pytest.mark.slow),
+  ],
 )
 def test_sampler_and_learner_match_unrolled(name):
   cfg, scfg, params, scanned, prompt, mask = _setup(name)
@@ -182,14 +189,27 @@ def _unrolled_grads(name):
   return _loss_grads(cfg, params, _batch(cfg, prompt, mask))
 
 
-@pytest.mark.parametrize("name", ["dense_untied_bias", "moe", "moe_every_2_shared"])
+@pytest.mark.parametrize(
+  "name",
+  [
+    "dense_untied_bias",
+    pytest.param("moe", marks=pytest.mark.slow),
+    pytest.param("moe_every_2_shared", marks=pytest.mark.slow),
+  ],
+)
 def test_gradients_match_unrolled(name):
   cfg, scfg, _, scanned, prompt, mask = _setup(name)
   got = _loss_grads(scfg, scanned, _batch(cfg, prompt, mask))
   _trees_close(unscan_params(cfg, got), _unrolled_grads(name), atol=1e-5)
 
 
-@pytest.mark.parametrize("policy", sorted(set(REMAT_POLICIES) - {"none"}))
+@pytest.mark.parametrize(
+  "policy",
+  [
+    p if p == "full" else pytest.param(p, marks=pytest.mark.slow)
+    for p in sorted(set(REMAT_POLICIES) - {"none"})
+  ],
+)
 def test_remat_policies_with_scan_give_the_same_gradients(policy):
   cfg, scfg, _, scanned, prompt, mask = _setup("moe_every_2_shared")
   batch = _batch(cfg, prompt, mask)

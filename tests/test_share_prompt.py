@@ -43,10 +43,11 @@ def _batch():
   return prompts, mask, tokens
 
 
-@pytest.mark.parametrize("scan", [False, pytest.param(True, marks=pytest.mark.slow)])
-@pytest.mark.parametrize("remat", [pytest.param("none", marks=pytest.mark.slow), "full"])
-@pytest.mark.parametrize("k", [pytest.param(2, marks=pytest.mark.slow), 4])
-@pytest.mark.slow  # the default tier keeps the update-level equality below
+# Two corners of (k, remat, scan): the default tier's full remat unrolled at 4 blocks, the
+# slow tier's no remat, scanned, at 2.
+@pytest.mark.parametrize(
+  "k,remat,scan", [(4, "full", False), pytest.param(2, "none", True, marks=pytest.mark.slow)]
+)
 def test_shared_prompt_scores_and_gradients_equal_the_unshared_pass(k, remat, scan):
   model, params = _model(remat, value_head=True, scan_layers=scan)
   prompts, mask, tokens = _batch()
@@ -66,6 +67,7 @@ def test_shared_prompt_scores_and_gradients_equal_the_unshared_pass(k, remat, sc
   assert float(jnp.abs(jax.tree.leaves(g1)[0]).max()) > 0  # gradients are not trivially zero
 
 
+@pytest.mark.slow
 def test_sharing_runs_each_prompt_once_per_block():
   model, params = _model()
   prompts, mask, tokens = _batch()
@@ -102,7 +104,10 @@ def test_block_shuffle_and_split_keep_prompt_blocks_together():
   "extra",
   [
     pytest.param({}, marks=pytest.mark.slow),  # one microbatch: blocks of G = 4
-    {"rl.num_microbatches": 2, "kl.beta": 0.05, "rl.old_pass": "always"},  # blocks of 2 rows
+    pytest.param(
+      {"rl.num_microbatches": 2, "kl.beta": 0.05, "rl.old_pass": "always"},  # blocks of 2 rows
+      marks=pytest.mark.slow,
+    ),
   ],
 )
 def test_shared_learner_gives_the_same_update(extra):

@@ -204,6 +204,7 @@ def test_a_relaunched_finished_workdir_says_so_and_prints_its_final_evaluation(d
   assert strip(again[-1]) == strip(lines[-1]) and again[-1].startswith("final eval: eval/")
 
 
+@pytest.mark.slow
 def test_a_moe_banner_gives_the_parameters_active_per_token(tmp_path):
   """A mixture-of-experts model (4 experts, top 2): the banner gives the total, the run's
   HParams count, and, fewer, the parameters one token uses: the total less the routed experts'
@@ -400,6 +401,7 @@ def packed_sweep(tmp_path_factory):
   return root, _pty(cmd), _pty([*cmd, "--debug"])
 
 
+@pytest.mark.slow
 def test_a_packed_sweep_on_a_terminal_prints_plain_lines_and_logs_the_rest(packed_sweep):
   """A packed sweep on a terminal prints as a run does: no `INFO:absl:` or absl prefix, no
   library line; the pack's clock line, then each run's lines under its trial id, all within 80
@@ -422,6 +424,7 @@ def test_a_packed_sweep_on_a_terminal_prints_plain_lines_and_logs_the_rest(packe
     assert len([x for x in lines if x.startswith(notice)]) == 1, (notice, lines)
 
 
+@pytest.mark.slow
 def test_with_debug_a_packed_sweep_shows_the_library_lines(packed_sweep):
   """With --debug the relaunch's terminal shows the libraries' lines its log section holds
   (orbax restoring the pack), with absl's prefix; its own lines keep the prefix too."""

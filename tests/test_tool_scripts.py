@@ -27,6 +27,7 @@ def _tool(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
   )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_soak_samples_the_trainers_host_memory_over_its_steps(tmp_path):
   """`tools/soak.py --steps=N -- <overrides>` runs the trainer in the given workdir and prints
   one JSON object: its exit status, the RSS at the first logged step, at each quarter and at the
@@ -104,6 +105,7 @@ def test_trace_summary_reads_the_newest_trace_under_the_directory(tmp_path):
   assert "in_the_newer_trace" in kernels and "in_the_older_trace" not in kernels, kernels[:3000]
 
 
+@pytest.mark.slow
 def test_trace_summary_of_the_benchs_profiled_warm_step(tmp_path):
   """The README's chain: `tools/bench.py --shape=tiny --profile_dir=DIR` then
   `tools/trace_summary.py DIR`: the trace holds the fused step; with every kernel listed the
@@ -163,6 +165,7 @@ def test_decode_copies_finds_no_cache_copy_in_the_scanned_bf16_sampler_alone_or_
   assert got["same_tokens"] is True
 
 
+@pytest.mark.slow
 def test_gpu_card_writes_each_steps_output_into_out_as_it_runs(tmp_path):
   """tools/gpu_card.sh on this machine with one step (the import check): its stdout and stderr
   go straight into $OUT/NAME.json and NAME.log, its status into steps.txt; an unknown step is

@@ -27,6 +27,7 @@ def _checks(**cases) -> dict[str, verify.Check]:
   return {name: verify.Check(case, _always(None), 1e-5, name) for name, case in cases.items()}
 
 
+@pytest.mark.slow
 def test_every_check_that_runs_on_cpu_passes_and_the_others_say_why():
   results = {r.name: r for r in verify.run_all(interpret=True)}
   assert set(results) == set(verify.CHECKS)
