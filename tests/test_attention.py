@@ -103,6 +103,7 @@ def test_prefill_decode_and_prefix_pass_xla_match_einsum(variant):
   np.testing.assert_allclose(fix_x, full[:, s:], atol=2e-5, rtol=2e-5)
 
 
+@pytest.mark.slow
 def test_greedy_rollout_is_the_same_under_xla():
   cfg, params, tokens, _ = _setup("gqa")
   prompt = tokens[:, : PROMPT_MASK.shape[1]]

@@ -105,6 +105,7 @@ def test_auto_remat_recomputes_more_only_where_less_needs_many_slices(config, pe
   assert plan.auto_learner(config, ROWS, cpu, capacity_bytes=capacity)[:2] == (2, "none")
 
 
+@pytest.mark.slow
 def test_a_run_with_auto_slices_builds_with_the_planned_choice():
   """The trainer resolves auto at build time (this machine's memory holds a tiny run whole);
   a bad value is one line."""

@@ -97,6 +97,7 @@ def test_bench_reports_all_measurements_at_the_tiny_shape():
   assert "peer" not in result
 
 
+@pytest.mark.slow
 def test_sample_only_times_the_sampler_alone_with_the_same_decode_figures():
   """`--sample_only` (the decode goal's measurement in a short device call): no fused step is
   compiled; the sampler's figures are those of the full bench's, at the same shape."""
@@ -116,6 +117,7 @@ def _bench_cli(*args: str) -> subprocess.CompletedProcess:
   return subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_the_bench_command_line_takes_settings_and_device_limits():
   """`python tools/bench.py --shape=tiny --set=FIELD=VALUE --hbm_bytes_per_s --peak_flops`
   prints one JSON object: the setting applied (a bf16 sampler copy: 2 bytes a parameter), and
@@ -294,6 +296,7 @@ def test_trl_peer_loads_a_checkpoint_of_the_specs_dimensions_only():
   assert "Traceback" not in wrong["output_tail"]
 
 
+@pytest.mark.slow
 def test_the_static_cache_peer_generates_with_transformers_static_cache():
   """`--peer_cache=static`: the peer's generation uses transformers' static KV cache (compiled
   only on a GPU, and `peer_setup` says which), full length; an unknown cache is one line."""
@@ -369,6 +372,7 @@ MICRO = ["model.d_model=32", "model.num_layers=1", "model.mlp_dim=64", "rl.num_p
 MICRO += ["sampling.group_size=2", "sampling.max_new_tokens=4", "model.attention_bias=True"]
 
 
+@pytest.mark.slow
 def test_trl_peer_at_a_micro_shape():
   python = _peer_python("trl")
   config = bench.shape_config("tiny", MICRO)
@@ -413,6 +417,7 @@ def test_peer_spec_without_lora_fields_is_still_complete():
   assert peer_trl.missing_fields(spec | {"lora_rank": 2}) == list(peer_trl.LORA_FIELDS)
 
 
+@pytest.mark.slow
 def test_trl_peer_trains_as_many_lora_parameters_as_ours():
   python = _peer_python("trl", "peft", "torch")
   from jaxrl_llm.models import hf, lora
@@ -448,6 +453,7 @@ def test_grouped_sweep_tries_the_settings_in_use_and_only_valid_ones():
       assert len(settings) == len({tuple(s.values()) for s in settings}) >= 6
 
 
+@pytest.mark.slow
 def test_grouped_sweep_checks_each_setting_against_ragged_dot_in_the_interpreter():
   """A sweep row of the forward kernel (under the Pallas GPU interpreter on CPU) carries its
   relative error against `jax.lax.ragged_dot` and its timings; a setting the kernel refuses

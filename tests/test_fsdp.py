@@ -28,9 +28,10 @@ def one_device():
   return run_steps(tiny_config(**BASE, **{"mesh.data": 1}), 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   "mesh",
-  [pytest.param("fsdp8", marks=pytest.mark.slow), "fsdp4_model2"],  # 4x2 covers both
+  ["fsdp4_model2"],  # 4x2 covers fsdp8's path too
 )
 def test_fsdp_mesh_matches_one_device(mesh, one_device):
   config = tiny_config(**BASE, **MESHES[mesh])
@@ -77,13 +78,10 @@ def _compiled_step_text(exp, ctx=None) -> str:
   return jitted.lower(exp.state, batch, key).compile().as_text()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   "mesh,scan",
-  [
-    ("fsdp8", False),
-    pytest.param("fsdp8", True, marks=pytest.mark.slow),
-    pytest.param("fsdp4_model2", False, marks=pytest.mark.slow),
-  ],
+  [("fsdp8", True), ("fsdp4_model2", False)],
 )
 def test_decode_loop_gathers_no_weights(mesh, scan):
   exp = build(tiny_config(**BASE, **MESHES[mesh], **{"model.scan_layers": scan}), abstract=True)
@@ -121,6 +119,7 @@ def test_mesh_config_errors_name_the_fields():
     check(parse(config), num_devices=8)
 
 
+@pytest.mark.slow
 def test_a_mesh_of_fewer_devices_than_present_uses_the_first_and_says_so(caplog):
   """`mesh.data=2` on 8 devices: the mesh holds the first 2 (a warning names 2 of 8), the state
   lives on those 2 only, and the update runs there with the metrics of the same update on

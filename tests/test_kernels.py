@@ -94,13 +94,10 @@ def _tiny_model(**kw):
   return cfg, params, tokens, valid
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   "policy",
-  [
-    "full",
-    pytest.param("dots_saveable", marks=pytest.mark.slow),
-    pytest.param("dots_with_no_batch_dims_saveable", marks=pytest.mark.slow),
-  ],
+  ["full", "dots_saveable", "dots_with_no_batch_dims_saveable"],
 )
 def test_remat_policies_give_the_same_gradients(policy):
   from jaxrl_llm.sampling import score

@@ -64,6 +64,7 @@ def _merged(params, alpha: float, rank: int):
   return traverse_util.unflatten_dict(out)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   "kw",
   [dict(), dict(scan_layers=True), dict(attention_bias=True, tie_embeddings=False), MOE],
@@ -140,6 +141,7 @@ def _leaves(tree) -> dict:
   return {k: np.asarray(v) for k, v in traverse_util.flatten_dict(tree).items()}
 
 
+@pytest.mark.slow
 def test_a_run_with_adapters_trains_them_alone_on_the_base_and_its_reference_is_the_base():
   """Three fused updates with adapters and a KL term: the base is bit-identical, every adapter
   moves, the optimiser holds moments for the adapters only, no reference copy is made, and
@@ -162,13 +164,14 @@ def test_a_run_with_adapters_trains_them_alone_on_the_base_and_its_reference_is_
   assert all(np.isfinite(float(m["policy/loss"])) for m in metrics)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   "kw",
   [
     dict(),
-    pytest.param(dict(scan_layers=True), marks=pytest.mark.slow),
+    dict(scan_layers=True),
     dict(attention_bias=True, tie_embeddings=False),
-    pytest.param(MOE, marks=pytest.mark.slow),
+    MOE,
   ],
   ids=["dense", "scanned", "qwen2", "moe_shared"],
 )

@@ -14,13 +14,12 @@ def _one_step(config):
   return states[-1].params, metrics[-1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   "dtype",
   [
-    pytest.param("float32", marks=pytest.mark.slow),
-    pytest.param("bfloat16", marks=pytest.mark.slow),
-    "int8",
-    pytest.param("int4", marks=pytest.mark.slow),
+    "float32",
+    "int8",  # bfloat16 and int4 samplers: tests/test_rl_on_policy.py, tests/test_lora.py
   ],
 )
 def test_sampler_precision_drives_mismatch_metrics(dtype):
@@ -72,16 +71,14 @@ REJECTING = {
 @pytest.mark.parametrize(
   ("aggregation", "extra"),
   [  # all in the slow tier (microbatching is also covered by test_share_prompt)
-    pytest.param("token_mean", {}, marks=pytest.mark.slow),
     pytest.param("seq_mean_token_mean", {}, marks=pytest.mark.slow),
     pytest.param("seq_mean_token_sum_norm", {}, marks=pytest.mark.slow),
     pytest.param(  # verl's
       "seq_mean_token_sum_norm", {"aggregation.sum_norm_sequences": False}, marks=pytest.mark.slow
     ),
-    pytest.param("token_mean", REJECTING, marks=pytest.mark.slow),
     pytest.param("seq_mean_token_mean", REJECTING, marks=pytest.mark.slow),
   ],
-  ids=["token_mean", "seq_mean_token_mean", "sum_norm", "sum_norm_verl", "token_rej", "seq_rej"],
+  ids=["seq_mean_token_mean", "sum_norm", "sum_norm_verl", "seq_rej"],
 )
 def test_microbatches_do_not_change_the_update(aggregation, extra):
   base = {"aggregation.name": aggregation, "rl.num_minibatches": 1, "optim.grad_clip": 0.0, **extra}

@@ -38,6 +38,7 @@ def _setup(variant="llama", **kw):
   return cfg, model, nn.unbox(variables["params"]), tokens, mask
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_kv_cache_decode_matches_full_forward(variant):
   cfg, model, params, prompt, mask = _setup(variant)
@@ -72,6 +73,7 @@ def test_kv_cache_decode_matches_full_forward(variant):
   np.testing.assert_allclose(logits[:, -1], ref_logits[:, prompt.shape[1] - 1], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_left_padding_does_not_change_logits():
   _cfg, model, params, _, _ = _setup()
   seq = jnp.array([[5, 6, 7, 8]])
@@ -131,6 +133,7 @@ def test_eos_handling_lengths_mask_truncation():
   assert (~np.asarray(r.truncated)).any(), "temperature 3 should emit EOS somewhere"
 
 
+@pytest.mark.slow
 def test_greedy_is_deterministic_and_argmax():
   _cfg, model, params, prompt, mask = _setup()
   scfg = SamplingConfig(max_new_tokens=4, group_size=2, greedy=True, eos_id=2)
@@ -152,6 +155,7 @@ def test_top_k_top_p_restrict_support():
   assert np.isfinite(np.asarray(_restrict(logp, 0, p))).sum() == 2
 
 
+@pytest.mark.slow
 def test_early_exit_stops_decoding():
   """When every sequence has emitted EOS the while_loop stops before max_new_tokens."""
   _cfg, model, params, prompt, mask = _setup()
@@ -211,9 +215,8 @@ def test_a_packs_decode_loop_stops_for_every_run_together_and_copies_no_cache():
   assert int(got.decode_steps[0]) < int(got.decode_steps[1])  # one run ended first
 
 
-@pytest.mark.parametrize(
-  "scan_layers,dtype", [(False, "float32"), pytest.param(True, "bfloat16", marks=pytest.mark.slow)]
-)
+@pytest.mark.slow
+@pytest.mark.parametrize("scan_layers,dtype", [(False, "float32"), (True, "bfloat16")])
 def test_decode_steps_write_the_cache_in_place_alone_and_in_a_pack(scan_layers, dtype):
   """The compiled decode loop, of a run alone and of a vmapped pack of 1 and of 2, holds no copy
   of a cache array: each step writes its slot in place (the attention reads the cache before the

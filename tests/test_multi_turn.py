@@ -45,6 +45,7 @@ def test_the_calculator_evaluates_left_to_right_and_answers_errors_with_the_erro
   assert calc.answer_len == 8  # a sign, six digits and the end
 
 
+@pytest.mark.slow
 def test_the_countdown_tool_checks_the_prompts_digits():
   check = envs.CountdownCheck(tokenizer=TOK, numbers=4)
   answers, errors = _respond(check, "5381>23", ["5*3+8=", "8-5-3=", "5*5=", "12+3=", "1*0="])
@@ -262,7 +263,8 @@ def build_task():
   return get_task("countdown")
 
 
-@pytest.mark.parametrize("fn", [pytest.param("hang", marks=pytest.mark.slow), "fail"])
+@pytest.mark.slow
+@pytest.mark.parametrize("fn", ["hang", "fail"])
 def test_a_host_tool_that_hangs_or_raises_is_bounded_counted_and_never_stops_the_run(fn):
   """Every call answered with the error token (a hung call killed at data.verifier_timeout_s)
   and counted in tool/errors_mean; both RL updates finish."""

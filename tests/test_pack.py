@@ -156,7 +156,8 @@ def _check_hugging_face_export(workdir, out, params):
   _assert_same_params(exported, params)
 
 
-@pytest.mark.parametrize("at_once", [0, pytest.param(1, marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("at_once", [0, 1])
 def test_the_packed_step_compiles_once(at_once):
   pack = build_pack(_configs(**{"mesh.runs_at_once": at_once}))
   data = pack_iterator(pack)
@@ -168,6 +169,7 @@ def test_the_packed_step_compiles_once(at_once):
     assert step == 0 or not lowered, (step, lowered)  # no program compiles after the first step
 
 
+@pytest.mark.slow
 def test_stacking_unstacking_and_the_reference_copy_each_run_as_one_program():
   # One small multi-device program per leaf is a burst of launches that, on XLA:CPU, can fill a
   # device's queue while an earlier program's collective waits for that device: the process
@@ -332,42 +334,12 @@ def file_configs(tmp_path, monkeypatch):
   return _configs(GRID, **overrides)
 
 
-@pytest.mark.slow
-def test_a_pack_of_prompt_file_runs_verifies_each_runs_completions_as_the_run_alone(file_configs):
-  """Host verifiers in a pack: the packed sampler, each run's completions decoded and scored
-  against its own prompts' answers, the packed learner; every metric (verifier counts and
-  reward terms included) and the parameters equal each run's `host_reward_step` alone."""
-  from jaxrl_llm.run import host_reward_step
-  from jaxrl_llm.run.packed import _host_reward_update
-
-  pack = build_pack(file_configs)
-  assert pack.exp.task.rewards_on_host
-  data = pack_iterator(pack)
-  state = init_reference(pack.state, pack.configs[0].kl.beta)
-  got = []
-  for i in range(2):
-    with lowerings() as lowered:
-      state, m = _host_reward_update(pack, state, next(data), packed_keys(state.rng, i))
-    assert i == 0 or not lowered, lowered  # no program compiles after the first step
-    got.append(m)
-  for r, config in enumerate(file_configs):
-    exp = build(config)
-    own, it = init_reference(exp.state, exp.config.kl.beta), train_iterator(exp)
-    for i in range(2):
-      own, want = host_reward_step(exp, own, next(it), jax.random.fold_in(own.rng, i))
-      want = jax.device_get(want)
-      assert set(want) == set(got[i]) and "reward/parity" in want
-      for tag in set(want) - {"verifier/seconds"}:  # wall-clock
-        np.testing.assert_allclose(got[i][tag][r], want[tag], rtol=1e-5, atol=1e-5, err_msg=tag)
-    assert np.std(want["hist/reward"]) > 0  # the rewards differed: the update had a signal
-    _assert_same_params(jax.device_get(unstack(state, r).params), jax.device_get(own.params))
-
-
 def _always_fails(completion: str, reference: str) -> float:
   """A verifier broken for every input."""
   raise ImportError("no module named 'the_checker'")
 
 
+@pytest.mark.slow
 def test_a_verifier_failing_every_call_stops_a_pack_keeping_its_checkpoints(
   file_configs, tmp_path, monkeypatch
 ):

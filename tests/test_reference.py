@@ -21,6 +21,7 @@ def test_beta_zero_has_no_reference_model():
   assert history[0].ref_params is None and history[-1].ref_params is None
 
 
+@pytest.mark.slow
 def test_frozen_reference_stays_at_the_initial_policy():
   # The untrained tiny policy earns no reward (zero advantages): the entropy bonus moves it.
   history = _run(tiny_config(**{"kl.beta": 0.05, "rl.entropy_coef": 0.01}), 2)

@@ -82,6 +82,7 @@ def test_a_recipes_explicit_widths_win_and_a_flag_wins_over_both():
   assert sapo.hyperparameters == {"tau_pos": 1.0, "tau_neg": 1.05}
 
 
+@pytest.mark.slow
 def test_gspo_from_the_command_line_trains_with_gspo_widths():
   """`--config.objective.name=gspo` runs an update whose clipping is GSPO's 3e-4/4e-4."""
   argv = [

@@ -38,6 +38,7 @@ def toy():
   del objectives.OBJECTIVES["toy_scaled_pg"]
 
 
+@pytest.mark.slow
 def test_a_registered_toy_objective_runs_one_fused_step(toy):
   c = tiny_config(**{"objective.name": toy})
   check(parse(c), num_devices=8)

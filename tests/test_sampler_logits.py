@@ -18,6 +18,7 @@ from jaxrl_llm.config import parse
 from jaxrl_llm.sampling import _prefill, sample
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   "arch",
   [{}, {"model.tie_embeddings": False}, {"model.moe_num_experts": 4, "model.moe_top_k": 2}],

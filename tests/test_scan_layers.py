@@ -189,12 +189,13 @@ def _unrolled_grads(name):
   return _loss_grads(cfg, params, _batch(cfg, prompt, mask))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   "name",
   [
     "dense_untied_bias",
-    pytest.param("moe", marks=pytest.mark.slow),
-    pytest.param("moe_every_2_shared", marks=pytest.mark.slow),
+    "moe",
+    "moe_every_2_shared",
   ],
 )
 def test_gradients_match_unrolled(name):
@@ -203,12 +204,10 @@ def test_gradients_match_unrolled(name):
   _trees_close(unscan_params(cfg, got), _unrolled_grads(name), atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   "policy",
-  [
-    p if p == "full" else pytest.param(p, marks=pytest.mark.slow)
-    for p in sorted(set(REMAT_POLICIES) - {"none"})
-  ],
+  sorted(set(REMAT_POLICIES) - {"none"}),
 )
 def test_remat_policies_with_scan_give_the_same_gradients(policy):
   cfg, scfg, _, scanned, prompt, mask = _setup("moe_every_2_shared")
@@ -307,6 +306,7 @@ def test_checkpoint_meta_from_before_the_field_reads_as_unrolled():
   assert ModelConfig.from_dict(old).scan_layers is False
 
 
+@pytest.mark.slow
 def test_config_field_reaches_the_model_and_an_rl_step_runs():
   c = tiny_config(**{"model.scan_layers": True, "train.num_steps": 1})
   assert parse(c).model.arch.scan_layers

@@ -43,11 +43,9 @@ def _batch():
   return prompts, mask, tokens
 
 
-# Two corners of (k, remat, scan): the default tier's full remat unrolled at 4 blocks, the
-# slow tier's no remat, scanned, at 2.
-@pytest.mark.parametrize(
-  "k,remat,scan", [(4, "full", False), pytest.param(2, "none", True, marks=pytest.mark.slow)]
-)
+# Two corners of (k, remat, scan): full remat unrolled at 4 blocks, no remat scanned at 2.
+@pytest.mark.slow
+@pytest.mark.parametrize("k,remat,scan", [(4, "full", False), (2, "none", True)])
 def test_shared_prompt_scores_and_gradients_equal_the_unshared_pass(k, remat, scan):
   model, params = _model(remat, value_head=True, scan_layers=scan)
   prompts, mask, tokens = _batch()
@@ -103,7 +101,6 @@ def test_block_shuffle_and_split_keep_prompt_blocks_together():
 @pytest.mark.parametrize(
   "extra",
   [
-    pytest.param({}, marks=pytest.mark.slow),  # one microbatch: blocks of G = 4
     pytest.param(
       {"rl.num_microbatches": 2, "kl.beta": 0.05, "rl.old_pass": "always"},  # blocks of 2 rows
       marks=pytest.mark.slow,

@@ -260,6 +260,7 @@ def test_redirected_every_line_keeps_absls_prefix_naming_its_source(dense_raw):
     assert files == {file}, (start, files)
 
 
+@pytest.mark.slow
 def test_on_a_terminal_the_lines_are_bare_in_the_readmes_order(terminal):
   """On a pseudo-terminal, lines with no absl prefix, once each and in order: the banner, the
   objective and learner (the objective the run's HParams record, its resolved microbatches and
@@ -290,6 +291,7 @@ def test_on_a_terminal_the_lines_are_bare_in_the_readmes_order(terminal):
   assert compiling <= loop <= wall
 
 
+@pytest.mark.slow
 def test_the_rl_step_compiling_and_its_first_update_are_announced_once(terminal):
   """`compiling the RL step` comes before the first update, then `RL step compiled; first update
   done in <s>s` once, before the first progress line and within the RL loop's time; a finished
@@ -306,6 +308,7 @@ def test_the_rl_step_compiling_and_its_first_update_are_announced_once(terminal)
   assert not [x for x in again if "compiling the RL step" in x or "RL step compiled" in x]
 
 
+@pytest.mark.slow
 def test_the_rate_and_eta_leave_the_compiling_update_out(terminal):
   """Logging every update: step 1's line has no rate or ETA (its only interval is the compiling
   one); later lines give a rate and the ETA of the 1000 steps' remainder at that rate (to the
@@ -322,6 +325,7 @@ def test_the_rate_and_eta_leave_the_compiling_update_out(terminal):
       assert float(rate) > 0 and abs(_seconds(eta) - left) <= 0.5 + 0.01 * left, (step, rate, eta)
 
 
+@pytest.mark.slow
 def test_the_summary_rates_count_what_the_updates_after_the_first_generated(terminal):
   """The summary's generated tokens/s over its steps/s is the mean number of tokens generated
   per update after the first (compiling) one, as TensorBoard holds them; it trained steps 0..3,
@@ -341,6 +345,7 @@ def test_the_summary_rates_count_what_the_updates_after_the_first_generated(term
   assert float(tokens_s) / float(steps_s) == pytest.approx(mean, rel=0.015), (trained, tokens)
 
 
+@pytest.mark.slow
 def test_with_debug_a_terminal_keeps_absls_prefix(terminal):
   """With --debug, even on a (pseudo-)terminal each line keeps absl's prefix: the relaunch's
   banner and workdir lines from record.py, its `already holds` line from loop.py, its final
@@ -376,6 +381,7 @@ def _level_off(line: str) -> str:
   return re.sub(r"^(warning|error|critical): ", "", line)
 
 
+@pytest.mark.slow
 def test_the_log_file_keeps_every_line_the_libraries_lines_only_there_unless_debug(terminal):
   """`<workdir>/log.txt` holds both launches, each line with absl's prefix: every line the
   terminal showed and the libraries' INFO lines (orbax's checkpoint manager among them), which

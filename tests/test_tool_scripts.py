@@ -128,6 +128,7 @@ def test_trace_summary_of_the_benchs_profiled_warm_step(tmp_path):
   assert top15["top"] == rows[:15] and top15["busy_ms"] == got["busy_ms"]
 
 
+@pytest.mark.slow
 def test_trace_summary_of_the_trainers_profiled_steps(tmp_path):
   """`--config.train.profile_steps=2` traces updates 2 and 3 (after the compiling one) into the
   workdir; `tools/trace_summary.py <workdir>` reads that trace: the RL update ran twice in it

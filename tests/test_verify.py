@@ -94,6 +94,7 @@ def test_auto_never_chooses_an_unverified_path_here():
   assert all(kind != jax.devices()[0].device_kind for _, kind, _ in verify.VERIFIED)
 
 
+@pytest.mark.slow
 def test_the_device_check_tool_prints_the_table_and_writes_json(tmp_path, capsys):
   sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "tools"))
   import device_check
