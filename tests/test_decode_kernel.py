@@ -90,7 +90,7 @@ def _sampler(impl, cfg, prompt_len=16):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kv_block", [0, 16])
+@pytest.mark.parametrize("kv_block", [16])  # decode stages of 16 steps (the staged path)
 def test_a_sampler_on_the_kernel_equals_the_einsum_sampler(kv_block):
   """model.attention=pallas: the decode steps run the kernel (the prefill stays einsum) and the
   rollout's tokens and log-probs equal the einsum sampler's, sampled at temperature 1 with 2

@@ -19,12 +19,16 @@ from jaxrl_llm.sampling import _prefill, sample
 
 
 @pytest.mark.slow
+# Each head once, the float32 and bfloat16 samplers between them.
 @pytest.mark.parametrize(
-  "arch",
-  [{}, {"model.tie_embeddings": False}, {"model.moe_num_experts": 4, "model.moe_top_k": 2}],
-  ids=["tied", "lm_head", "moe"],
+  "arch,dtype",
+  [
+    ({}, "bfloat16"),
+    ({"model.tie_embeddings": False}, "float32"),
+    ({"model.moe_num_experts": 4, "model.moe_top_k": 2}, "bfloat16"),
+  ],
+  ids=["tied-bfloat16", "lm_head-float32", "moe-bfloat16"],
 )
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_fast_logits_path_draws_the_reference_tokens(arch, dtype):
   """Same tokens, log-probs within float32 rounding, for float32 and bfloat16 samplers."""
   cfg = parse(tiny_config(**arch))
