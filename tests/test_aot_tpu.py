@@ -31,7 +31,7 @@ def v5e_2x2():
   return plan.tpu_slice_devices("v5e:2x2")
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_fused_step_fits_a_v5e_chip(v5e_2x2):
   assert len(v5e_2x2) == 4 and v5e_2x2[0].platform == "tpu"
   p = parsed.plan(tiny_config(**CONFIG), v5e_2x2)
@@ -42,7 +42,7 @@ def test_fused_step_fits_a_v5e_chip(v5e_2x2):
   assert p.argument_bytes > 0 and 0 < p.peak_bytes <= p.capacity_bytes and p.fits
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_tpu_decode_loop_gathers_no_weights(v5e_2x2):
   exp = build(tiny_config(**CONFIG), abstract=True, devices=v5e_2x2)
   text = (
@@ -66,7 +66,7 @@ MOE = {
 
 @pytest.mark.parametrize(
   "mesh",
-  [pytest.param(m, marks=pytest.mark.slow) for m in ({"mesh.expert": 4, "mesh.fsdp": 1}, {})],
+  [pytest.param(m, marks=pytest.mark.extended) for m in ({"mesh.expert": 4, "mesh.fsdp": 1}, {})],
   ids=["expert4", "fsdp4"],
 )
 def test_moe_step_compiles_for_a_v5e_slice(v5e_2x2, mesh):

@@ -69,7 +69,7 @@ def test_full_forward_xla_matches_einsum(variant):
   assert np.abs(np.asarray(want)[m]).max() > 0.1  # real logits, not a vacuous comparison
 
 
-@pytest.mark.parametrize("variant", ["gqa", pytest.param("moe", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("variant", ["gqa", pytest.param("moe", marks=pytest.mark.extended)])
 def test_prefill_decode_and_prefix_pass_xla_match_einsum(variant):
   """Sampler-style: prefill at slot 0, decode steps at a traced cache_index, and a learner pass
   of all T completion tokens from the prefilled cache (static cache_index = S)."""
@@ -103,7 +103,7 @@ def test_prefill_decode_and_prefix_pass_xla_match_einsum(variant):
   np.testing.assert_allclose(fix_x, full[:, s:], atol=2e-5, rtol=2e-5)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_greedy_rollout_is_the_same_under_xla():
   cfg, params, tokens, _ = _setup("gqa")
   prompt = tokens[:, : PROMPT_MASK.shape[1]]
@@ -248,7 +248,7 @@ def test_cudnn_bf16_matches_einsum():
 
 
 @pytest.mark.parametrize(
-  "heads,kv_heads", [pytest.param(4, 4, marks=pytest.mark.slow), (4, 2), (6, 1)]
+  "heads,kv_heads", [pytest.param(4, 4, marks=pytest.mark.extended), (4, 2), (6, 1)]
 )
 def test_one_query_form_matches_reference_values_and_gradients(heads, kv_heads):
   """The decode-step einsums (query axis dropped) equal the reference at Q = 1: values and the

@@ -47,7 +47,7 @@ def _capacity(peak: float) -> int:
   return int(peak / (1 - plan.AUTO_MARGIN)) + 1
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_the_attention_remat_keeps_the_attention_alone_and_changes_no_number():
   cfg = ModelConfig(
     vocab_size=64, d_model=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16, mlp_dim=64
@@ -78,7 +78,7 @@ def test_the_attention_remat_keeps_the_attention_alone_and_changes_no_number():
     np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_auto_takes_the_fewest_slices_whose_plan_fits(config, peaks):
   assert peaks["none", 1] > peaks["none", 2] > peaks["none", 4]  # slices lower the peak
   none = dataclasses.replace(config, rl=dataclasses.replace(config.rl, remat="none"))
@@ -92,7 +92,7 @@ def test_auto_takes_the_fewest_slices_whose_plan_fits(config, peaks):
     plan.auto_learner(none, ROWS, cpu, capacity_bytes=_capacity(peaks["none", 8] // 2))
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_auto_remat_recomputes_more_only_where_less_needs_many_slices(config, peaks):
   """Where no remat fits only in 8 slices and attention-only remat in 4, auto takes the
   latter; where no remat fits in 2, it takes that."""
@@ -105,7 +105,7 @@ def test_auto_remat_recomputes_more_only_where_less_needs_many_slices(config, pe
   assert plan.auto_learner(config, ROWS, cpu, capacity_bytes=capacity)[:2] == (2, "none")
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_a_run_with_auto_slices_builds_with_the_planned_choice():
   """The trainer resolves auto at build time (this machine's memory holds a tiny run whole);
   a bad value is one line."""

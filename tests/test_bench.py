@@ -97,7 +97,7 @@ def test_bench_reports_all_measurements_at_the_tiny_shape():
   assert "peer" not in result
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_sample_only_times_the_sampler_alone_with_the_same_decode_figures():
   """`--sample_only` (the decode goal's measurement in a short device call): no fused step is
   compiled; the sampler's figures are those of the full bench's, at the same shape."""
@@ -117,7 +117,7 @@ def _bench_cli(*args: str) -> subprocess.CompletedProcess:
   return subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_the_bench_command_line_takes_settings_and_device_limits():
   """`python tools/bench.py --shape=tiny --set=FIELD=VALUE --hbm_bytes_per_s --peak_flops`
   prints one JSON object: the setting applied (a bf16 sampler copy: 2 bytes a parameter), and
@@ -267,7 +267,7 @@ def test_peer_tokenizer_gives_one_token_per_word_at_a_real_vocabulary():
   assert tokenizer("t13 t2 t21 t0 t49151")["input_ids"] == [13, 2, 21, 0, 49151]
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_trl_peer_loads_a_checkpoint_of_the_specs_dimensions_only():
   """The spec's `checkpoint` (tiny Qwen2: qkv bias, tied) is what the peer trains: transformers'
   model of that directory, as many parameters as ours, 13-token prompts, full-length
@@ -296,7 +296,7 @@ def test_trl_peer_loads_a_checkpoint_of_the_specs_dimensions_only():
   assert "Traceback" not in wrong["output_tail"]
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_the_static_cache_peer_generates_with_transformers_static_cache():
   """`--peer_cache=static`: the peer's generation uses transformers' static KV cache (compiled
   only on a GPU, and `peer_setup` says which), full length; an unknown cache is one line."""
@@ -315,7 +315,7 @@ def test_the_static_cache_peer_generates_with_transformers_static_cache():
   assert "cache='paged'; allowed: dynamic, static" in bad["error"], bad
 
 
-@pytest.mark.slow  # ~30 s: both sides compile and run a (micro) step
+@pytest.mark.extended  # ~30 s: both sides compile and run a (micro) step
 def test_bench_and_peer_both_start_from_the_checkpoint():
   """`--peer=trl --set=model.checkpoint=DIR`: ours loads the checkpoint's weights and the
   peer the same directory's; both say so, at the same parameter count and prompt length."""
@@ -334,7 +334,7 @@ def test_bench_and_peer_both_start_from_the_checkpoint():
   assert peer["ratios"]["step_time"] > 0
 
 
-@pytest.mark.slow  # fetches SmolLM2-135M-Instruct once (the `smollm2` fixture)
+@pytest.mark.extended  # fetches SmolLM2-135M-Instruct once (the `smollm2` fixture)
 def test_smollm2_shape_is_the_real_model_on_both_sides(smollm2):
   """The smollm2-135m shape: the architecture is the checkpoint's (30 layers of 576, 9 query
   and 3 KV heads of 64, MLP 1536, 49152 ids, tied, no bias: 134,515,008 parameters), a small
@@ -372,7 +372,7 @@ MICRO = ["model.d_model=32", "model.num_layers=1", "model.mlp_dim=64", "rl.num_p
 MICRO += ["sampling.group_size=2", "sampling.max_new_tokens=4", "model.attention_bias=True"]
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_trl_peer_at_a_micro_shape():
   python = _peer_python("trl")
   config = bench.shape_config("tiny", MICRO)
@@ -417,7 +417,7 @@ def test_peer_spec_without_lora_fields_is_still_complete():
   assert peer_trl.missing_fields(spec | {"lora_rank": 2}) == list(peer_trl.LORA_FIELDS)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_trl_peer_trains_as_many_lora_parameters_as_ours():
   python = _peer_python("trl", "peft", "torch")
   from jaxrl_llm.models import hf, lora
@@ -453,7 +453,7 @@ def test_grouped_sweep_tries_the_settings_in_use_and_only_valid_ones():
       assert len(settings) == len({tuple(s.values()) for s in settings}) >= 6
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_grouped_sweep_checks_each_setting_against_ragged_dot_in_the_interpreter():
   """A sweep row of the forward kernel (under the Pallas GPU interpreter on CPU) carries its
   relative error against `jax.lax.ragged_dot` and its timings; a setting the kernel refuses

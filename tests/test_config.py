@@ -135,7 +135,7 @@ def test_prompts_that_do_not_split_over_the_devices_are_one_line():
     build(config, abstract=True)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_incompatible_checkpoint_in_workdir(tmp_path):
   train_and_evaluate(tiny_config(**{"train.num_steps": 2}), str(tmp_path))
   bigger = tiny_config(**{"train.num_steps": 4, "model.num_layers": 3})

@@ -89,7 +89,7 @@ def _sampler(impl, cfg, prompt_len=16):
   return jax.jit(lambda p, k: sample(model, p, tokens, mask, k, cfg)), params
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.parametrize("kv_block", [16])  # decode stages of 16 steps (the staged path)
 def test_a_sampler_on_the_kernel_equals_the_einsum_sampler(kv_block):
   """model.attention=pallas: the decode steps run the kernel (the prefill stays einsum) and the

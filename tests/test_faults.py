@@ -103,7 +103,7 @@ def test_a_vmapped_guard_skips_its_bad_runs_alone_and_compiles_in_linear_size():
   assert lines[1] < 6 * lines[0], lines  # 4x the leaves: about 4x the program, not 16x
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_a_run_that_keeps_diverging_stops_and_saves_only_finite_state(tmp_path):
   """lr 1e38 without clipping (an entropy bonus gives a gradient before any reward): every
   update's norm overflows float32 (Adam's steps of about 1e38 each), so each is skipped; after
@@ -133,7 +133,7 @@ def test_a_run_that_keeps_diverging_stops_and_saves_only_finite_state(tmp_path):
       assert not checkpoint.non_finite_paths(state)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_a_run_whose_every_update_was_skipped_does_not_end_as_if_it_had_learned(tmp_path):
   """Fewer skipped updates than train.max_skipped_updates, but all of them: the run stops with
   one line naming the steps instead of exiting as a finished run; its checkpoints are kept."""
@@ -421,7 +421,7 @@ def test_a_read_only_checkpoints_folder_in_a_writable_workdir_is_one_line_at_onc
     next(mount, None)  # unmounts
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_a_packed_sweep_on_a_full_disk_ends_in_its_one_line_without_a_traceback(small_disk):
   """A pack's checkpoints fill the disk: the pack's disk-full line is the last, and writing
   sweep.json on the full disk adds no traceback (nor a second line)."""
@@ -493,7 +493,7 @@ def test_a_corrupted_latest_checkpoint_is_set_aside_and_the_run_resumes(tmp_path
   assert sorted(p.name for p in root.iterdir()) == before
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_the_sft_warm_start_is_checkpointed_and_not_redone(tmp_path):
   """The warm start is saved as step 0: a run killed before its first RL checkpoint resumes
   from it (no second warm start) and ends where an uninterrupted run ends."""
@@ -740,7 +740,7 @@ def test_sigterm_during_start_up_or_the_warm_start_is_one_line_and_keeps_the_war
   assert [s for s, _ in losses] == list(range(1, 401))  # each warm-start step once
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_a_run_started_with_sigint_ignored_keeps_ignoring_it(tmp_path):
   """A background job of a shell starts with SIGINT ignored: a Ctrl-C meant for the shell's
   foreground job must not stop it (the loop installs its Ctrl-C handler only where SIGINT is
@@ -858,7 +858,7 @@ def test_background_thread_failures_are_one_log_line_unless_debugging(tmp_path):
   assert loud.stderr.count("Traceback") >= 2  # --debug keeps them
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_a_workdir_of_another_recipe_is_not_resumed_without_saying_so(tmp_path, caplog):
   """A finished (or interrupted) run's workdir, relaunched under other learner settings (here
   DAPO's clip-higher over GRPO's) or another task: refused with the changed fields named,
@@ -891,7 +891,7 @@ def test_a_workdir_of_another_recipe_is_not_resumed_without_saying_so(tmp_path, 
     assert ckpt.all_steps()[-1] == 8
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_a_ctrl_c_that_python_drops_in_a_gc_callback_still_stops_the_run(tmp_path):
   """Python drops an exception raised in a finalizer or a gc callback (it prints "Exception
   ignored") and some libraries catch every exception: a Ctrl-C whose KeyboardInterrupt lands

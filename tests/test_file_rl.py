@@ -70,7 +70,7 @@ def test_the_held_out_split_is_the_same_for_every_seed(file_config):
   assert 0 < len(tasks[0].eval_records) < len(tasks[0].train_records)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_host_reward_rewards_are_the_verifiers(file_config):
   config, records = file_config
   exp = build(config)
@@ -102,7 +102,7 @@ def test_host_reward_rewards_are_the_verifiers(file_config):
   assert int(state.step) == 1
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_the_default_reward_weights_reward_the_correct_term_on_prompt_files(
   file_config, monkeypatch
 ):
@@ -170,7 +170,7 @@ def _broken_verifier_run(file_config, monkeypatch, limit: int):
   return config
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_a_verifier_failing_every_call_stops_the_run_keeping_its_checkpoints(
   file_config, tmp_path, monkeypatch
 ):

@@ -78,7 +78,7 @@ def _compiled_step_text(exp, ctx=None) -> str:
   return jitted.lower(exp.state, batch, key).compile().as_text()
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.parametrize(
   "mesh,scan",
   [("fsdp8", True), ("fsdp4_model2", False)],
@@ -119,7 +119,7 @@ def test_mesh_config_errors_name_the_fields():
     check(parse(config), num_devices=8)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_a_mesh_of_fewer_devices_than_present_uses_the_first_and_says_so(caplog):
   """`mesh.data=2` on 8 devices: the mesh holds the first 2 (a warning names 2 of 8), the state
   lives on those 2 only, and the update runs there with the metrics of the same update on

@@ -28,7 +28,7 @@ def _experiment(arch):
   return cfg, build(cfg)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.parametrize("arch", ARCHS)
 def test_the_fused_sampler_draws_the_unfused_samplers_tokens(arch):
   """Same tokens, log-probs within float32 rounding, for every architecture variant."""

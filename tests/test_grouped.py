@@ -113,9 +113,9 @@ def test_explicit_kernel_where_it_cannot_run_names_why(device, dtype, dims, why)
   "sizes",
   [
     [37, 0, 100, 63],  # empty
-    pytest.param([0, 0, 200, 0], marks=pytest.mark.slow),  # hot
+    pytest.param([0, 0, 200, 0], marks=pytest.mark.extended),  # hot
     [0, 0, 0, 0],  # none
-    pytest.param([50, 50, 50, 20], marks=pytest.mark.slow),  # < M
+    pytest.param([50, 50, 50, 20], marks=pytest.mark.extended),  # < M
   ],
   ids=["random-with-empty", "one-hot-expert", "no-rows", "rows-past-the-groups"],
 )
@@ -174,7 +174,7 @@ ROUTES = {
   "name,tile",
   [(name, None) for name in ROUTES if name != "one_hot_expert"]
   + [
-    pytest.param(name, tile, marks=pytest.mark.slow)
+    pytest.param(name, tile, marks=pytest.mark.extended)
     for name, tile in [("one_hot_expert", None), ("random", 4), ("empty_experts", 8)]
   ],
 )

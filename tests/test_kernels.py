@@ -94,7 +94,7 @@ def _tiny_model(**kw):
   return cfg, params, tokens, valid
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.parametrize(
   "policy",
   ["full", "dots_saveable", "dots_with_no_batch_dims_saveable"],

@@ -64,7 +64,7 @@ def _merged(params, alpha: float, rank: int):
   return traverse_util.unflatten_dict(out)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.parametrize(
   "kw",
   [dict(), dict(attention_bias=True, tie_embeddings=False)],  # scanned, MoE: the gradient test
@@ -141,7 +141,7 @@ def _leaves(tree) -> dict:
   return {k: np.asarray(v) for k, v in traverse_util.flatten_dict(tree).items()}
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_a_run_with_adapters_trains_them_alone_on_the_base_and_its_reference_is_the_base():
   """Three fused updates with adapters and a KL term: the base is bit-identical, every adapter
   moves, the optimiser holds moments for the adapters only, no reference copy is made, and
@@ -164,7 +164,7 @@ def test_a_run_with_adapters_trains_them_alone_on_the_base_and_its_reference_is_
   assert all(np.isfinite(float(m["policy/loss"])) for m in metrics)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.parametrize(
   "kw",
   [dict(scan_layers=True), MOE],  # dense and qwen2 layouts: the merged-weights test above
@@ -233,7 +233,7 @@ def test_an_int8_base_is_the_model_on_its_dequantised_weights(kw):
     )
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_a_run_on_an_int8_base_trains_the_adapters_and_never_changes_the_base():
   """Three fused updates on an int8 base: the int8 kernels and their scales are bit-identical,
   every adapter moves, and the plan's resident weights shrink by the projections' 3 of 4
@@ -332,7 +332,7 @@ def _assert_resumes_exactly(overrides: dict, tmp_path) -> None:
     assert dict(a[tag]) == dict(b[tag]) and sorted(dict(a[tag])) == [1, 2, 3, 4], tag
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_a_run_on_an_int8_base_resumes_and_exports_the_policy_it_trained(tmp_path):
   """An int8-base run stopped after 2 updates and resumed equals 4 straight updates; its
   export (merged weights in float) gives the adapted int8 model's logits."""
@@ -358,7 +358,7 @@ def test_a_run_on_an_int8_base_resumes_and_exports_the_policy_it_trained(tmp_pat
   )
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_a_run_with_adapters_resumes_exactly(tmp_path):
   """4 updates straight equal 2 + 2 across a restart, scalar for scalar."""
   overrides = {"model.lora_rank": 4, "rl.entropy_coef": 0.01, "train.checkpoint_every": 2}
@@ -523,7 +523,7 @@ def test_unsupported_peft_configs_are_one_error_line(tmp_path):
       hf_adapters.load_adapters(folder, cfg, base)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_the_memory_plan_holds_adam_moments_for_the_adapters_only():
   """`plan.plan` (the `--dry_run`) of a run with adapters: its resident state is the weights
   plus twice the adapters (Adam's moments), where full training holds three times the weights."""
@@ -539,7 +539,7 @@ def test_the_memory_plan_holds_adam_moments_for_the_adapters_only():
   )
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_the_export_merges_the_adapters_onto_the_base_the_checkpoint_records(tmp_path):
   """A run with adapters on a random base: its checkpoint records the base's seed; editing
   config.json's seed afterwards does not move the export onto another base, and a

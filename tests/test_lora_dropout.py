@@ -75,7 +75,7 @@ def _two_steps(rate: float, monkeypatch):
   return metrics, seen
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_dropout_acts_in_the_loss_pass_alone_with_a_key_per_microbatch_and_step(monkeypatch):
   """Same random adapters, same batch and key, dropout 0.5 against 0: the sampler's rollout and
   the old and reference passes are bit-identical (the old pass still reproduces the sampler's
@@ -112,7 +112,7 @@ def _random_ops(rate: float | None, rank: int = 4) -> dict[str, int]:
   return {op: ops.count(op) for op in set(ops)}
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_without_dropout_no_key_is_made():
   """lora_dropout = 0 (and the field left out) trace the fused step with the same PRNG
   operations as a model without adapters: no dropout key is split or folded, so every other
@@ -123,7 +123,7 @@ def test_without_dropout_no_key_is_made():
   assert sum(on.values()) > sum(none.values()), (on, none)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_a_run_with_dropout_trains():
   """lora_dropout = 0.1 trains two fused steps with finite metrics (scanned layers draw their
   masks as unrolled ones do: the per-layer mask test below)."""
@@ -139,7 +139,7 @@ def test_a_run_with_dropout_trains():
   )
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_the_warm_start_loss_drops_with_a_key_per_update():
   """The SFT update with dropout on: its loss under the run's key differs from the keyless
   (deterministic) loss and between two updates, and one update's key gives one loss."""
@@ -155,7 +155,7 @@ def test_the_warm_start_loss_drops_with_a_key_per_update():
   assert len({keyless, first, second}) == 3, (keyless, first, second)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
 def test_each_layer_draws_its_own_mask_only_when_given_a_dropout_rng(scan):
   """Two layers' adapters on q: with a `dropout` rng each layer's dropout mask is its own,

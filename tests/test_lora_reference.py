@@ -110,7 +110,7 @@ def _assert_same_metrics(got: dict, want: dict, step: int):
     _assert_close(got[name], value, f"step {step}: {name}")
 
 
-@pytest.mark.slow  # checks the oracle itself; the model side is in test_lora.py
+@pytest.mark.extended  # checks the oracle itself; the model side is in test_lora.py
 @pytest.mark.parametrize("scan", [False, True], ids=["layers", "scanned"])
 def test_the_reference_computes_what_the_adapted_model_does(scan):
   """`MergedWeights` on base + adapters gives the adapted model's logits (random adapters,

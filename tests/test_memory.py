@@ -45,7 +45,7 @@ def test_fsdp_plan_holds_an_eighth_of_the_state_per_device():
   assert eight.argument_bytes < one.argument_bytes / 6
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.parametrize(
   "flags, code, says",
   [(["--device_memory_gib=0.001"], 3, "does NOT fit in 1.0 MiB per device"),

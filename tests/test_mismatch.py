@@ -14,7 +14,7 @@ def _one_step(config):
   return states[-1].params, metrics[-1]
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.parametrize(
   "dtype",
   [
@@ -70,13 +70,15 @@ REJECTING = {
 
 @pytest.mark.parametrize(
   ("aggregation", "extra"),
-  [  # all in the slow tier (microbatching is also covered by test_share_prompt)
-    pytest.param("seq_mean_token_mean", {}, marks=pytest.mark.slow),
+  [  # sum_norm in the slow tier, the others extended (the loss level: tests/objectives)
+    pytest.param("seq_mean_token_mean", {}, marks=pytest.mark.extended),
     pytest.param("seq_mean_token_sum_norm", {}, marks=pytest.mark.slow),
     pytest.param(  # verl's
-      "seq_mean_token_sum_norm", {"aggregation.sum_norm_sequences": False}, marks=pytest.mark.slow
+      "seq_mean_token_sum_norm",
+      {"aggregation.sum_norm_sequences": False},
+      marks=pytest.mark.extended,
     ),
-    pytest.param("seq_mean_token_mean", REJECTING, marks=pytest.mark.slow),
+    pytest.param("seq_mean_token_mean", REJECTING, marks=pytest.mark.extended),
   ],
   ids=["seq_mean_token_mean", "sum_norm", "sum_norm_verl", "seq_rej"],
 )

@@ -38,7 +38,7 @@ def _setup(variant="llama", **kw):
   return cfg, model, nn.unbox(variables["params"]), tokens, mask
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_kv_cache_decode_matches_full_forward(variant):
   cfg, model, params, prompt, mask = _setup(variant)
@@ -73,7 +73,7 @@ def test_kv_cache_decode_matches_full_forward(variant):
   np.testing.assert_allclose(logits[:, -1], ref_logits[:, prompt.shape[1] - 1], atol=1e-5)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_left_padding_does_not_change_logits():
   _cfg, model, params, _, _ = _setup()
   seq = jnp.array([[5, 6, 7, 8]])
@@ -133,7 +133,7 @@ def test_eos_handling_lengths_mask_truncation():
   assert (~np.asarray(r.truncated)).any(), "temperature 3 should emit EOS somewhere"
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_greedy_is_deterministic_and_argmax():
   _cfg, model, params, prompt, mask = _setup()
   scfg = SamplingConfig(max_new_tokens=4, group_size=2, greedy=True, eos_id=2)
@@ -155,7 +155,7 @@ def test_top_k_top_p_restrict_support():
   assert np.isfinite(np.asarray(_restrict(logp, 0, p))).sum() == 2
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_early_exit_stops_decoding():
   """When every sequence has emitted EOS the while_loop stops before max_new_tokens."""
   _cfg, model, params, prompt, mask = _setup()
@@ -180,7 +180,7 @@ def _loop_conditions(jaxpr):
       yield from _loop_conditions(sub)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_a_packs_decode_loop_stops_for_every_run_together_and_copies_no_cache():
   """vmapped over a pack's runs with `loop_axis`, the decode loop's condition is one boolean
   for every run (a per-run condition, the control, is lowered to a select between the old and
@@ -215,7 +215,7 @@ def test_a_packs_decode_loop_stops_for_every_run_together_and_copies_no_cache():
   assert int(got.decode_steps[0]) < int(got.decode_steps[1])  # one run ended first
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.parametrize("scan_layers,dtype", [(False, "float32"), (True, "bfloat16")])
 def test_decode_steps_write_the_cache_in_place_alone_and_in_a_pack(scan_layers, dtype):
   """The compiled decode loop, of a run alone and of a vmapped pack of 1 and of 2, holds no copy

@@ -78,7 +78,7 @@ def test_ragged_matches_dense_values_and_gradients(top_k, shared, impl):
   assert ("shared" in params) == bool(shared)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_hopper_kernel_layer_matches_dense_in_the_gpu_interpreter():
   """`impl=kernel` (Mosaic GPU grouped matmuls, forward run by the Pallas GPU interpreter)
   gives the dense reference's output, losses and gradients in bf16, with and without replay."""

@@ -62,7 +62,7 @@ def _valid(r):
   return np.concatenate([np.asarray(r.prompt_mask), np.asarray(r.loss_mask) > 0], axis=1)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_sampler_records_routing_of_every_processed_token():
   model, params, prompt, mask = _moe_model()
   r = _rollout(model, params, prompt, mask)
@@ -73,7 +73,7 @@ def test_sampler_records_routing_of_every_processed_token():
   np.testing.assert_array_equal(np.asarray(sc.moe.routing)[valid], np.asarray(r.routing)[valid])
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_slots_the_decode_loop_never_reaches_hold_the_routing_sentinel():
   """One prompt, near-greedy sampling, and its greedy first token as EOS: every row ends after
   one step, so the loop stops and slots 2..8 are never routed (-1, never expert 0). Replaying
@@ -93,7 +93,7 @@ def test_slots_the_decode_loop_never_reaches_hold_the_routing_sentinel():
   assert not np.any(np.asarray(replayed.moe.own_differs))
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_decode_stages_record_the_same_routing():
   """Decode stages (kv_block 3 over T = 8, and one stage of 16) sample the same tokens, log-probs
   and routing as the whole-cache decode (kv_block 0)."""
@@ -135,7 +135,7 @@ def test_r3_replay_reproduces_sampler_logprobs_after_router_change(top_k):
   )
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_router_gets_gradient_under_replay():
   model, params, prompt, mask = _moe_model()
   r = _rollout(model, params, prompt, mask)
@@ -219,8 +219,8 @@ EP = {**MOE, "model.moe_num_experts": 8, "replay.name": "r2", "rl.num_prompts": 
   "mesh,impl",
   [
     pytest.param({"mesh.expert": 8}, "ragged", marks=pytest.mark.slow),
-    pytest.param({"mesh.expert": 4, "mesh.data": 2}, "portable", marks=pytest.mark.slow),
-    pytest.param({"mesh.expert": 2, "mesh.fsdp": 4}, "portable", marks=pytest.mark.slow),
+    pytest.param({"mesh.expert": 4, "mesh.data": 2}, "portable", marks=pytest.mark.extended),
+    pytest.param({"mesh.expert": 2, "mesh.fsdp": 4}, "portable", marks=pytest.mark.extended),
     # No expert parallelism: each device routes its own rows.
     pytest.param({"mesh.fsdp": 8}, "portable", marks=pytest.mark.slow),
   ],
@@ -256,7 +256,7 @@ def test_expert_count_must_divide_over_the_expert_axis():
     build(tiny_config(**MOE, **{"mesh.expert": 8}), abstract=True)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_portable_grouped_matmul_gives_the_ragged_step():
   """The whole fused MoE step (R3 replay) with `moe_impl=portable` equals `ragged`'s."""
   ragged = tiny_config(**MOE, **{"replay.name": "r3", "model.moe_impl": "ragged"})
@@ -267,7 +267,7 @@ def test_portable_grouped_matmul_gives_the_ragged_step():
   _assert_same_runs((s1, m1), (s2, m2), keys, rtol=1e-3)
 
 
-@pytest.mark.slow  # 46 s: the interpreter runs every kernel block through host callbacks
+@pytest.mark.extended  # 46 s: the interpreter runs every kernel block through host callbacks
 def test_hopper_kernel_gives_the_ragged_step_in_the_gpu_interpreter():
   """The whole fused MoE step (R3 replay, bf16) with `moe_impl=kernel`, its forward grouped
   matmuls run by the Pallas GPU interpreter, equals `ragged`'s."""
@@ -305,7 +305,7 @@ def test_old_pass_in_slices_equals_one_pass(replay):
     np.testing.assert_array_equal(stages.merge_leading(split, block), rows)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_moe_statistics_count_real_tokens_only():
   """Padding after EOS changes neither the log-probs nor, given the completion mask, the MoE
   load, load-balance loss or z-loss (§8); without the mask the pads would be counted."""

@@ -45,7 +45,7 @@ def test_the_calculator_evaluates_left_to_right_and_answers_errors_with_the_erro
   assert calc.answer_len == 8  # a sign, six digits and the end
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_the_countdown_tool_checks_the_prompts_digits():
   check = envs.CountdownCheck(tokenizer=TOK, numbers=4)
   answers, errors = _respond(check, "5381>23", ["5*3+8=", "8-5-3=", "5*5=", "12+3=", "1*0="])
@@ -183,7 +183,7 @@ def _warm_steps(config, workdir, steps: int = 2):
   return jax.device_get(state), metrics
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_a_multi_turn_run_whose_policy_never_calls_equals_the_single_turn_run(tmp_path):
   """The reverse task's warm-started policy, drawing among its 4 most likely tokens, writes
   letters, never the call's `=`: with the calculator offered, its two RL updates give every
@@ -220,7 +220,7 @@ def test_metrics_count_turns_calls_errors_and_the_tools_share():
   assert 0 <= float(m["tool/error_frac"]) <= 1
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_a_pack_of_multi_turn_runs_trains(tmp_path):
   """Two runs (temperatures) of a multi-turn config as one packed program."""
   from parsed import train_pack
@@ -263,7 +263,7 @@ def build_task():
   return get_task("countdown")
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.parametrize("fn", ["hang", "fail"])
 def test_a_host_tool_that_hangs_or_raises_is_bounded_counted_and_never_stops_the_run(fn):
   """Every call answered with the error token (a hung call killed at data.verifier_timeout_s)

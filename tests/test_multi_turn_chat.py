@@ -226,7 +226,7 @@ def test_the_turn_budget_bounds_every_policy_segment_of_a_rollout():
   assert longest == 3  # some segment reached the budget, none passed it
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_a_prompt_file_run_with_a_tool_trains_in_the_tokenizers_chat_format(tmp_path):
   """The trainer on a prompt file with a ChatML tokenizer and the arithmetic tool: the tool's
   tokens are counted and masked, and the update runs."""

@@ -23,8 +23,6 @@ from text_fixtures import build_bpe_tokenizer, write_math_jsonl
 
 from jaxrl_llm import checkpoint, checkpoint_manifest, metrics
 
-pytestmark = pytest.mark.slow  # each case launches the command line several times
-
 TINY = {
   "model.d_model": 32,
   "model.mlp_dim": 64,
@@ -139,6 +137,7 @@ def _tiny_config(**extra):
   return tiny_config(**{**TINY, **extra})
 
 
+@pytest.mark.slow
 def test_several_processes_equal_one_process_and_resume_after_a_kill(tmp_path):
   # 2 processes; 4 (a run's rows over processes of a group) in the runs-axis pack test below.
   processes = 2
@@ -171,6 +170,7 @@ def test_several_processes_equal_one_process_and_resume_after_a_kill(tmp_path):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+@pytest.mark.extended
 def test_two_processes_train_in_a_bucket_and_resume_from_it_as_in_a_local_workdir(tmp_path):
   """`gs://` and `--distributed` together (an emulated bucket): 2 processes x 4 devices write
   config.json, one event file per launch (process 0's) and checksummed checkpoints there; the
@@ -232,6 +232,7 @@ except Exception as err:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("program", ["lockstep", "bare"])
 def test_a_programs_first_run_waits_for_a_process_that_arrives_late(tmp_path, program):
   # After a relaunch process 0 loads the step from the compilation cache (only it writes one)
@@ -297,6 +298,7 @@ def _start_process(index, port, cmd, **popen):
   return subprocess.Popen(cmd, cwd=REPO, env=env, text=True, **popen)
 
 
+@pytest.mark.slow
 def test_processes_started_with_different_configs_stop_with_a_clear_line(tmp_path):
   config = _config_file(tmp_path, {"train.num_steps": 2})
   port = 20000 + os.getpid() % 20000
@@ -313,6 +315,7 @@ def test_processes_started_with_different_configs_stop_with_a_clear_line(tmp_pat
     assert last.startswith("error: processes [1] were started with a config that differs"), last
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stopped", [1, 0])  # 0 also hosts the coordination service
 def test_one_interrupted_process_ends_the_job_with_its_reason_on_every_process(tmp_path, stopped):
   """Ctrl-C on one host of a running job: that process says so in one line and exits 130 at
@@ -386,6 +389,7 @@ def _sigterm_one_of_two(tmp_path, commands, progress: str) -> int:
   return steps[0]
 
 
+@pytest.mark.slow
 def test_sigterm_to_one_process_stops_every_process_after_the_same_saved_step(tmp_path):
   """A preemption notice that reaches one host of a job (JAX's preemption service tells the
   others): both processes stop after the same step, saved, and the job resumes from it."""
@@ -399,6 +403,7 @@ def test_sigterm_to_one_process_stops_every_process_after_the_same_saved_step(tm
   assert max(_committed(workdir / "checkpoints")) == step + 2
 
 
+@pytest.mark.slow
 def test_sigterm_to_one_process_of_a_packed_sweep_stops_the_pack_after_a_saved_step(tmp_path):
   """The same for a pack whose runs axis spans the two processes: each process saves its own
   runs after the same step, exits 143, and the same command resumes the pack."""
@@ -418,6 +423,7 @@ def _committed(directory) -> list[int]:
   return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
 
 
+@pytest.mark.slow
 def test_a_mesh_that_does_not_divide_the_devices_stops_every_process(tmp_path):
   config = _config_file(tmp_path, {"train.num_steps": 2, "mesh.data": 3})
   rc, out = _launch(2, config, tmp_path / "run")
@@ -427,6 +433,7 @@ def test_a_mesh_that_does_not_divide_the_devices_stops_every_process(tmp_path):
     assert "mesh" in mine[-1] and "8" in mine[-1], mine[-3:]
 
 
+@pytest.mark.slow
 def test_an_unreachable_coordinator_stops_with_a_clear_line(tmp_path):
   config = _config_file(tmp_path, {"train.num_steps": 2})
   env = cli_env()
@@ -483,6 +490,7 @@ def _assert_same_packs(a, b, names, keys, steps):
     assert sa["eval/accuracy"] == sb["eval/accuracy"], name
 
 
+@pytest.mark.extended
 def test_a_prompt_file_pack_on_two_processes_scores_each_process_rows_as_one_process(tmp_path):
   names = [f"sampling.temperature={t}" for t in (0.7, 1.0)]
   roots = {1: tmp_path / "one", 2: tmp_path / "two"}
@@ -491,6 +499,7 @@ def test_a_prompt_file_pack_on_two_processes_scores_each_process_rows_as_one_pro
   _assert_same_packs(roots[1], roots[2], names, keys, 2)
 
 
+@pytest.mark.extended
 def test_a_pack_whose_runs_axis_spans_the_processes_equals_it_on_one_and_resumes(tmp_path):
   # 4 runs over mesh.runs=2 device groups of 4 devices: on 2 processes each process holds one
   # group (2 runs, all their rows), on 4 each group spans 2 processes (each feeds half of the
@@ -558,6 +567,7 @@ except ConfigError as e:
 """
 
 
+@pytest.mark.extended
 def test_a_prompt_file_pack_with_two_device_groups_on_each_process_scores_as_one_process(
   tmp_path,
 ):

@@ -156,7 +156,7 @@ def _check_hugging_face_export(workdir, out, params):
   _assert_same_params(exported, params)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.parametrize("at_once", [0, 1])
 def test_the_packed_step_compiles_once(at_once):
   pack = build_pack(_configs(**{"mesh.runs_at_once": at_once}))
@@ -169,7 +169,7 @@ def test_the_packed_step_compiles_once(at_once):
     assert step == 0 or not lowered, (step, lowered)  # no program compiles after the first step
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_stacking_unstacking_and_the_reference_copy_each_run_as_one_program():
   # One small multi-device program per leaf is a burst of launches that, on XLA:CPU, can fill a
   # device's queue while an earlier program's collective waits for that device: the process
@@ -262,7 +262,7 @@ def _assert_same_steps(packed, configs, steps: int):
     _assert_same_params(params, alone_params)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_every_kind_of_packable_field_gives_each_run_its_own_value():
   """top-k / top-p (traced, on in one run and off in the other), the KL and entropy
   coefficients and the overlong shaping, packed, equal each run alone step by step."""
@@ -286,7 +286,7 @@ def test_traced_top_k_and_top_p_restrict_as_the_static_ones(top_k, top_p):
   np.testing.assert_array_equal(traced, _restrict(logp, top_k, top_p))
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_the_default_configs_2x2x2_grid_packed_equals_each_run_alone(tmp_path):
   """The acceptance grid on the default config itself (warm start included, 6 RL steps):
   clip_high x temperature x seed, every run of the pack against the run alone."""
@@ -339,7 +339,7 @@ def _always_fails(completion: str, reference: str) -> float:
   raise ImportError("no module named 'the_checker'")
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_a_verifier_failing_every_call_stops_a_pack_keeping_its_checkpoints(
   file_configs, tmp_path, monkeypatch
 ):
@@ -416,7 +416,7 @@ def test_a_pack_of_adapters_on_random_bases_of_several_seeds_is_refused_in_one_l
   assert len(str(err.value).splitlines()) == 1
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_a_pack_of_adapter_runs_trains_checkpoints_adapters_alone_and_resumes(tmp_path):
   """`train_pack` of runs with adapters on a Hugging Face base (a warm start per seed): each
   run equals the run alone (every scalar, the adapters at the end); the pack's checkpoints
@@ -446,7 +446,7 @@ def test_a_pack_of_adapter_runs_trains_checkpoints_adapters_alone_and_resumes(tm
   _assert_same_params(_params(out, STEPS), _params(root, STEPS, 1))
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_the_plan_of_a_pack_with_adapters_holds_the_base_once():
   """`parsed.plan(..., runs=4)` (the packed `--dry_run`): three more runs add three times each
   run's adapters and Adam's two moments of them to the arguments, and no copy of the base."""
@@ -468,7 +468,7 @@ GRID4 = tuple(
 )
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.parametrize("at_once", [1])
 def test_a_pack_stepped_a_block_at_a_time_equals_it_stepped_at_once(tmp_path, at_once):
   """`mesh.runs_at_once`: 4 runs trained 1 or 2 at a time (the rest in turn, in one program)
@@ -487,7 +487,7 @@ def test_a_pack_stepped_a_block_at_a_time_equals_it_stepped_at_once(tmp_path, at
     _assert_same_params(_params(tmp_path / "blocks", 2, r), _params(tmp_path / "all", 2, r))
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_blocks_of_a_pack_over_a_runs_axis_equal_its_runs_alone():
   """8 fake CPU devices, runs=2 x data=4, one run of each group at a time: every run equals
   that run trained alone on data=4 (metrics of every step, final parameters)."""
@@ -499,7 +499,7 @@ def test_blocks_of_a_pack_over_a_runs_axis_equal_its_runs_alone():
   _assert_same_steps(_packed_steps(packed, 2), configs, 2)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_a_pack_stepped_a_run_at_a_time_plans_one_runs_activations():
   """The compile-only plan of 8 runs one at a time holds every run's state but one run's
   activations: its peak is below the plan of the 8 at once by at least 7 times what one
@@ -522,7 +522,7 @@ def test_runs_at_once_that_do_not_divide_a_groups_runs_are_refused():
   assert len(str(e.value).splitlines()) == 1
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_a_pack_of_adapter_runs_one_at_a_time_equals_it_all_at_once():
   """Under adapters the frozen base has no runs axis: stepped one run at a time (not vmapped),
   every run's metrics at each step and final adapters equal the pack stepped all at once."""
@@ -536,7 +536,7 @@ def test_a_pack_of_adapter_runs_one_at_a_time_equals_it_all_at_once():
     _assert_same_params(got_params, want_params)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_a_pack_relaunched_with_a_changed_learner_setting_is_refused_as_a_run_alone(tmp_path):
   """Both go through the one loop: a pack trained 2 of 4 steps, relaunched with
   `objective.clip_low` 0.2 → 0.25 for both runs, is refused in one line naming each run's
@@ -573,7 +573,7 @@ def test_a_pack_relaunched_with_a_changed_learner_setting_is_refused_as_a_run_al
     assert record["config"]["objective"]["clip_low"] == pytest.approx(0.25)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_a_pack_profiles_the_steps_after_the_compiling_one(tmp_path):
   """`train.profile_steps` in a pack, as in a single run: a jax.profiler trace of the steps
   after the compiling one in the pack's root, which `tools/trace_summary.py` reads."""

@@ -197,7 +197,7 @@ def _has_color(img, color, tol=0.02):
   return bool((np.abs(img - np.array(mcolors.to_rgb(color))).max(axis=-1) < tol).any())
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_figures_of_a_real_sweep(real_sweep, tmp_path):
   root = real_sweep
   out = tmp_path / "curves.png"

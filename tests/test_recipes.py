@@ -81,7 +81,7 @@ def test_recipe_step_traces_with_its_metrics(name):
     assert (tags[tag].shape, tags[tag].dtype) == ((), np.float32), tag
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_verl_grpo_config_sets_verls_conventions_and_runs():
   config = tiny_config("verl_grpo")
   s = parse(config).learner

@@ -21,7 +21,7 @@ def test_beta_zero_has_no_reference_model():
   assert history[0].ref_params is None and history[-1].ref_params is None
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_frozen_reference_stays_at_the_initial_policy():
   # The untrained tiny policy earns no reward (zero advantages): the entropy bonus moves it.
   history = _run(tiny_config(**{"kl.beta": 0.05, "rl.entropy_coef": 0.01}), 2)
@@ -29,7 +29,7 @@ def test_frozen_reference_stays_at_the_initial_policy():
   assert not _equal(history[-1].params, history[0].params)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_reset_every_copies_the_policy():
   history = _run(
     tiny_config(
@@ -48,7 +48,7 @@ def test_reset_every_copies_the_policy():
   assert not _equal(history[3].params, history[2].params)  # (while the policy moves)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_ema_reference():
   alpha = 0.25
   history = _run(

@@ -82,7 +82,7 @@ def test_a_recipes_explicit_widths_win_and_a_flag_wins_over_both():
   assert sapo.hyperparameters == {"tau_pos": 1.0, "tau_neg": 1.05}
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_gspo_from_the_command_line_trains_with_gspo_widths():
   """`--config.objective.name=gspo` runs an update whose clipping is GSPO's 3e-4/4e-4."""
   argv = [
@@ -124,7 +124,7 @@ def test_objective_range_checks_run_at_start_up_and_name_the_field():
   check(parse(tiny_config(**{"objective.name": "gspo", "objective.clip_log": -1.0})), num_devices=1)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_generated_tokens_count_the_groups_dynamic_sampling_drops():
   """`perf/generated_tokens` counts every sampled row, the oversampled groups that §7 filters
   away included (the rollout/* statistics describe the kept batch)."""

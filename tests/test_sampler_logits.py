@@ -18,7 +18,7 @@ from jaxrl_llm.config import parse
 from jaxrl_llm.sampling import _prefill, sample
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 # Each head once, the float32 and bfloat16 samplers between them.
 @pytest.mark.parametrize(
   "arch,dtype",

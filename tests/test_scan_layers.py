@@ -106,7 +106,7 @@ def test_forward_and_moe_outputs_match_unrolled(name):
 
 
 @pytest.mark.parametrize(
-  "name", ["dense", pytest.param("moe_every_2_shared", marks=pytest.mark.slow)]
+  "name", ["dense", pytest.param("moe_every_2_shared", marks=pytest.mark.extended)]
 )
 def test_kv_cache_prefill_and_decode_match_unrolled(name):
   cfg, scfg, params, scanned, prompt, mask = _setup(name)
@@ -139,8 +139,8 @@ def _sample_and_score(cfg, params, prompt, mask, sampling):
   "name",
   [
     "dense",
-    pytest.param("moe", marks=pytest.mark.slow),
-    pytest.param("moe_every_2_shared", marks=pytest.mark.slow),
+    pytest.param("moe", marks=pytest.mark.extended),
+    pytest.param("moe_every_2_shared", marks=pytest.mark.extended),
   ],
 )
 def test_sampler_and_learner_match_unrolled(name):
@@ -189,7 +189,7 @@ def _unrolled_grads(name):
   return _loss_grads(cfg, params, _batch(cfg, prompt, mask))
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.parametrize(
   "name",
   [
@@ -204,7 +204,7 @@ def test_gradients_match_unrolled(name):
   _trees_close(unscan_params(cfg, got), _unrolled_grads(name), atol=1e-5)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.parametrize(
   "policy",
   sorted(set(REMAT_POLICIES) - {"none"}),
@@ -306,7 +306,7 @@ def test_checkpoint_meta_from_before_the_field_reads_as_unrolled():
   assert ModelConfig.from_dict(old).scan_layers is False
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_config_field_reaches_the_model_and_an_rl_step_runs():
   c = tiny_config(**{"model.scan_layers": True, "train.num_steps": 1})
   assert parse(c).model.arch.scan_layers

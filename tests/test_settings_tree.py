@@ -188,7 +188,7 @@ def plugin():
   sys.path.remove(str(REPO / "tests"))
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_an_objective_with_a_new_hyperparameter_is_one_module(plugin):
   """A module outside the package registers `tilted_pg` with a hyperparameter named `tilt`;
   the command line sets it, and a fused step trains with it. Nothing else declares `tilt`."""

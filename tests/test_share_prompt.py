@@ -44,7 +44,7 @@ def _batch():
 
 
 # Two corners of (k, remat, scan): full remat unrolled at 4 blocks, no remat scanned at 2.
-@pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.parametrize("k,remat,scan", [(4, "full", False), (2, "none", True)])
 def test_shared_prompt_scores_and_gradients_equal_the_unshared_pass(k, remat, scan):
   model, params = _model(remat, value_head=True, scan_layers=scan)
@@ -65,7 +65,7 @@ def test_shared_prompt_scores_and_gradients_equal_the_unshared_pass(k, remat, sc
   assert float(jnp.abs(jax.tree.leaves(g1)[0]).max()) > 0  # gradients are not trivially zero
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_sharing_runs_each_prompt_once_per_block():
   model, params = _model()
   prompts, mask, tokens = _batch()
@@ -103,7 +103,7 @@ def test_block_shuffle_and_split_keep_prompt_blocks_together():
   [
     pytest.param(
       {"rl.num_microbatches": 2, "kl.beta": 0.05, "rl.old_pass": "always"},  # blocks of 2 rows
-      marks=pytest.mark.slow,
+      marks=pytest.mark.extended,
     ),
   ],
 )

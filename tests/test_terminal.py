@@ -204,7 +204,7 @@ def test_a_relaunched_finished_workdir_says_so_and_prints_its_final_evaluation(d
   assert strip(again[-1]) == strip(lines[-1]) and again[-1].startswith("final eval: eval/")
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_a_moe_banner_gives_the_parameters_active_per_token(tmp_path):
   """A mixture-of-experts model (4 experts, top 2): the banner gives the total, the run's
   HParams count, and, fewer, the parameters one token uses: the total less the routed experts'
@@ -260,7 +260,7 @@ def test_redirected_every_line_keeps_absls_prefix_naming_its_source(dense_raw):
     assert files == {file}, (start, files)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_on_a_terminal_the_lines_are_bare_in_the_readmes_order(terminal):
   """On a pseudo-terminal, lines with no absl prefix, once each and in order: the banner, the
   objective and learner (the objective the run's HParams record, its resolved microbatches and
@@ -291,7 +291,7 @@ def test_on_a_terminal_the_lines_are_bare_in_the_readmes_order(terminal):
   assert compiling <= loop <= wall
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_the_rl_step_compiling_and_its_first_update_are_announced_once(terminal):
   """`compiling the RL step` comes before the first update, then `RL step compiled; first update
   done in <s>s` once, before the first progress line and within the RL loop's time; a finished
@@ -308,7 +308,7 @@ def test_the_rl_step_compiling_and_its_first_update_are_announced_once(terminal)
   assert not [x for x in again if "compiling the RL step" in x or "RL step compiled" in x]
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_the_rate_and_eta_leave_the_compiling_update_out(terminal):
   """Logging every update: step 1's line has no rate or ETA (its only interval is the compiling
   one); later lines give a rate and the ETA of the 1000 steps' remainder at that rate (to the
@@ -325,7 +325,7 @@ def test_the_rate_and_eta_leave_the_compiling_update_out(terminal):
       assert float(rate) > 0 and abs(_seconds(eta) - left) <= 0.5 + 0.01 * left, (step, rate, eta)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_the_summary_rates_count_what_the_updates_after_the_first_generated(terminal):
   """The summary's generated tokens/s over its steps/s is the mean number of tokens generated
   per update after the first (compiling) one, as TensorBoard holds them; it trained steps 0..3,
@@ -345,7 +345,7 @@ def test_the_summary_rates_count_what_the_updates_after_the_first_generated(term
   assert float(tokens_s) / float(steps_s) == pytest.approx(mean, rel=0.015), (trained, tokens)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_with_debug_a_terminal_keeps_absls_prefix(terminal):
   """With --debug, even on a (pseudo-)terminal each line keeps absl's prefix: the relaunch's
   banner and workdir lines from record.py, its `already holds` line from loop.py, its final
@@ -381,7 +381,7 @@ def _level_off(line: str) -> str:
   return re.sub(r"^(warning|error|critical): ", "", line)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_the_log_file_keeps_every_line_the_libraries_lines_only_there_unless_debug(terminal):
   """`<workdir>/log.txt` holds both launches, each line with absl's prefix: every line the
   terminal showed and the libraries' INFO lines (orbax's checkpoint manager among them), which
@@ -407,7 +407,7 @@ def packed_sweep(tmp_path_factory):
   return root, _pty(cmd), _pty([*cmd, "--debug"])
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_a_packed_sweep_on_a_terminal_prints_plain_lines_and_logs_the_rest(packed_sweep):
   """A packed sweep on a terminal prints as a run does: no `INFO:absl:` or absl prefix, no
   library line; the pack's clock line, then each run's lines under its trial id, all within 80
@@ -430,7 +430,7 @@ def test_a_packed_sweep_on_a_terminal_prints_plain_lines_and_logs_the_rest(packe
     assert len([x for x in lines if x.startswith(notice)]) == 1, (notice, lines)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_with_debug_a_packed_sweep_shows_the_library_lines(packed_sweep):
   """With --debug the relaunch's terminal shows the libraries' lines its log section holds
   (orbax restoring the pack), with absl's prefix; its own lines keep the prefix too."""

@@ -27,7 +27,7 @@ def _tool(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
   )  # fmt: skip
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_soak_samples_the_trainers_host_memory_over_its_steps(tmp_path):
   """`tools/soak.py --steps=N -- <overrides>` runs the trainer in the given workdir and prints
   one JSON object: its exit status, the RSS at the first logged step, at each quarter and at the
@@ -105,7 +105,7 @@ def test_trace_summary_reads_the_newest_trace_under_the_directory(tmp_path):
   assert "in_the_newer_trace" in kernels and "in_the_older_trace" not in kernels, kernels[:3000]
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_trace_summary_of_the_benchs_profiled_warm_step(tmp_path):
   """The README's chain: `tools/bench.py --shape=tiny --profile_dir=DIR` then
   `tools/trace_summary.py DIR`: the trace holds the fused step; with every kernel listed the
@@ -128,7 +128,7 @@ def test_trace_summary_of_the_benchs_profiled_warm_step(tmp_path):
   assert top15["top"] == rows[:15] and top15["busy_ms"] == got["busy_ms"]
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_trace_summary_of_the_trainers_profiled_steps(tmp_path):
   """`--config.train.profile_steps=2` traces updates 2 and 3 (after the compiling one) into the
   workdir; `tools/trace_summary.py <workdir>` reads that trace: the RL update ran twice in it
@@ -150,7 +150,7 @@ def test_trace_summary_of_the_trainers_profiled_steps(tmp_path):
   assert (run / "checkpoints" / "4").is_dir()
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_decode_copies_finds_no_cache_copy_in_the_scanned_bf16_sampler_alone_or_packed():
   """`tools/decode_copies.py --scan_layers --dtype=bfloat16` (the README's row): one JSON object
   with seconds, cache copies and cache writes for the sampler alone and in a pack of 1; no copy
@@ -166,7 +166,7 @@ def test_decode_copies_finds_no_cache_copy_in_the_scanned_bf16_sampler_alone_or_
   assert got["same_tokens"] is True
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_gpu_card_writes_each_steps_output_into_out_as_it_runs(tmp_path):
   """tools/gpu_card.sh on this machine with one step (the import check): its stdout and stderr
   go straight into $OUT/NAME.json and NAME.log, its status into steps.txt; an unknown step is

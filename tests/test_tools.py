@@ -515,7 +515,7 @@ def _markdown_tables(text: str) -> list[list[list[str]]]:
           for block in text.split("\n\n") if block.startswith("| ")]  # fmt: skip
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_a_packed_dry_run_plans_the_pack_or_names_the_packable_fields(tmp_path):
   args = [CONFIG, f"--root={tmp_path / 'p'}", GRID, "--seeds=0,1", *TINY, "--packed", "--dry_run"]
   proc, _ = _tool("sweep", *args)

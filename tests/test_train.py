@@ -77,7 +77,7 @@ def test_first_minibatch_is_on_policy(tiny_run):
   assert all(abs(v - 1) < 1e-5 for _, v in s["behaviour/rho_max"])
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_moe_run_resumes_under_another_expert_implementation(tmp_path):
   """`model.moe_impl` picks how, not what: a run saved under `ragged` resumes under `portable`
   (the default `auto` on CPU) and continues as the uninterrupted run, to float32 rounding."""
@@ -104,9 +104,9 @@ def test_moe_run_resumes_under_another_expert_implementation(tmp_path):
   [
     pytest.param({}, id="one"),
     pytest.param(
-      {"mesh.data": 1, "mesh.fsdp": 8, "rl.num_prompts": 8}, id="fsdp8", marks=pytest.mark.slow
+      {"mesh.data": 1, "mesh.fsdp": 8, "rl.num_prompts": 8}, id="fsdp8", marks=pytest.mark.extended
     ),
-    pytest.param({"model.lora_rank": 4}, id="adapters", marks=pytest.mark.slow),
+    pytest.param({"model.lora_rank": 4}, id="adapters", marks=pytest.mark.extended),
     pytest.param(
       {"task.name": "countdown", "sampling.tool": "countdown", "sampling.max_turns": 3},
       id="multi-turn",
@@ -217,7 +217,7 @@ def test_host_reward_path_matches_fused_step():
   jax.tree.map(np.testing.assert_array_equal, params_h, jax.device_get(state_f.params))
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_the_run_records_its_config_once(tmp_path):
   """config.json holds every resolved field and the provenance; TensorBoard gets the table;
   a relaunch of a finished run reports its last evaluation and writes nothing (no empty event

@@ -61,7 +61,7 @@ def _tool(*args):
   return subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_the_tool_prints_every_tasks_table_and_refuses_a_bad_config_in_one_line(tmp_path):
   """Without a config: one table per built-in task. With the arithmetic config's files: the
   records' own baselines. A bad value: one `error:` line, exit 2."""

@@ -60,7 +60,7 @@ def test_an_unknown_setting_is_one_error_line(tmp_path):
   assert "lora | full" in _one_error_line(proc)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_a_micro_run_writes_the_eval_curve_with_the_configs_settings(smollm2, tmp_path):
   for name in ("torch", "transformers", "trl", "peft", "datasets"):
     pytest.importorskip(name)

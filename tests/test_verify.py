@@ -27,7 +27,7 @@ def _checks(**cases) -> dict[str, verify.Check]:
   return {name: verify.Check(case, _always(None), 1e-5, name) for name, case in cases.items()}
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_every_check_that_runs_on_cpu_passes_and_the_others_say_why():
   results = {r.name: r for r in verify.run_all(interpret=True)}
   assert set(results) == set(verify.CHECKS)
@@ -94,7 +94,7 @@ def test_auto_never_chooses_an_unverified_path_here():
   assert all(kind != jax.devices()[0].device_kind for _, kind, _ in verify.VERIFIED)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_the_device_check_tool_prints_the_table_and_writes_json(tmp_path, capsys):
   sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "tools"))
   import device_check
