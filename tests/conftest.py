@@ -126,6 +126,14 @@ def tiny():
   return tiny_config
 
 
+def _train_batches(exp, config):
+  """The global batches of `config`'s training prompts (seed 0), in order."""
+  from jaxrl_llm.data import pipeline
+
+  it = pipeline.make_prompt_iterator(exp.task.train_examples(0), config.rl.num_prompts, seed=0)
+  return (to_global_batch(prompts, exp.batch_sharding) for prompts in it)
+
+
 def run_steps(config, steps: int = 1):
   """Builds `config` and runs `steps` fused RL updates on its training prompts.
 
@@ -133,15 +141,14 @@ def run_steps(config, steps: int = 1):
   """
   import jax
 
-  from jaxrl_llm.data import pipeline
   from jaxrl_llm.rl import init_reference
 
   exp = build(config)
   state = init_reference(exp.state, config.kl.beta)
-  it = pipeline.make_prompt_iterator(exp.task.train_examples(0), config.rl.num_prompts, seed=0)
+  batches = _train_batches(exp, config)
   states, metrics = [jax.device_get(state)], []
   for i in range(steps):
-    batch = to_global_batch(next(it), exp.batch_sharding)
+    batch = next(batches)
     state, m = exp.rl_step(state, batch, jax.random.fold_in(state.rng, i))
     states.append(jax.device_get(state))
     metrics.append(jax.device_get(m))
@@ -153,12 +160,10 @@ def traced_step_metrics(config) -> dict:
   abstract state and a real batch of training prompts, nothing compiled or allocated."""
   import jax
 
-  from jaxrl_llm.data import pipeline
   from jaxrl_llm.rl import init_reference
 
   exp = build(config, abstract=True)
-  it = pipeline.make_prompt_iterator(exp.task.train_examples(0), config.rl.num_prompts, seed=0)
-  batch = to_global_batch(next(it), exp.batch_sharding)
+  batch = next(_train_batches(exp, config))
 
   def step(state, batch, key):
     return exp.rl_step(init_reference(state, config.kl.beta), batch, key)
