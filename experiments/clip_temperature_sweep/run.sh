@@ -24,7 +24,10 @@ if [ "$CONFIRM" = 1 ]; then  # claims.json on fresh seeds 100-123 (confirmation.
   python tools/sweep.py --config=configs/countdown.py --root="$ROOT.confirm" --packed \
     --seeds=$CONFIRM_SEEDS --grid=objective.clip_high=0.2,0.28 --set=sampling.temperature=1.0 \
     --set=$SET > "$ROOT.confirm.log" 2>&1
+  # exploratory columns (added after the confirmation was seen; no verdict): the warm start's
+  # accuracy and its fall at this learning rate, how often the clip binds
   python experiments/seed_table.py --root="$ROOT.confirm" --claims="$HERE/claims.json" \
+    --cols=eval/accuracy@0,eval/accuracy@50,policy/clip_frac_high@avg \
     --per_seed > "$HERE/confirmation.md"
 fi
 for tag in eval/accuracy policy/entropy; do
