@@ -17,10 +17,11 @@
 #   alone in each arm, STEPS updates (clip_higher 30, the others 20), held-out accuracy on 64
 #   problems at 0, STEPS/2 and STEPS. It does not fit the 15 minutes aimed at: timed alone on
 #   2 cores, the clip_higher pack took 1777 s for 30 updates and 1044 s for 8 (evaluated at 0
-#   and 8 only), of which 8 to 10 minutes are start-up, compiling the
-#   evaluation and the RL step, and the first update; each further pack pays that again
-#   (length_bias and mismatch_corrections not yet timed alone). One seed: the tables give no
-#   interval, so this size shows that the arm runs and where it goes, not an effect.
+#   and 8 only), of which 8 to 10 minutes are start-up, compiling the evaluation and the RL
+#   step, and the first update; each further pack pays that again (length_bias's first pack
+#   alone: 13 min 12 s for 20 updates; mismatch_corrections not yet timed alone). One seed: the
+#   tables give no interval, so this size shows that the arm runs and where it goes, not an
+#   effect.
 # SIZE=gpu: the full setting (`:full`: every parameter, bfloat16 compute, 256 rows an update),
 #   seeds 0-3 packed in each arm, STEPS updates (default 40), evaluations every 10.
 # STEPS and SEEDS override the size's. Outputs go under $ROOT (default
