@@ -115,9 +115,9 @@ def choose_backend(debug: bool = False) -> None:
 
 
 def dry_run(config, device_memory_gib: float | None = None) -> int:
-  """Compiles the fused step of `config` from shapes alone and prints its memory per device
-  against the capacity (`device_memory_gib`, else the device's); exit status: 0 fits, 3 does
-  not, 2 a bad config (its line printed)."""
+  """Compiles the fused step of `config` (host verifiers: its sample and learn programs) from
+  shapes alone and prints its memory per device against the capacity (`device_memory_gib`,
+  else the device's); exit status: 0 fits, 3 does not, 2 a bad config (its line printed)."""
   from jaxrl_llm import plan
 
   try:

@@ -1,8 +1,9 @@
 """Memory plans compiled ahead of time: will this run fit, before anything is allocated?
 
-The whole fused step is built from abstract state (`run.build(config, abstract=True)`),
-lowered and compiled for a set of devices (this machine's, fake CPU devices, or a TPU slice's
-from `jax.experimental.topologies`), and its `memory_analysis()` gives the bytes per device.
+The whole fused step (for host verifiers, the sample and learn programs around them) is built
+from abstract state (`run.build(config, abstract=True)`), lowered and compiled for a set of
+devices (this machine's, fake CPU devices, or a TPU slice's from `jax.experimental.topologies`),
+and its `memory_analysis()` gives the bytes per device.
 Nothing is initialised, loaded or placed. Used by `--dry_run` and `tools/memory_table.py`.
 """
 
@@ -95,6 +96,7 @@ class MemoryPlan:
   compile_s: float
   refused: str = ""  # the compiler's out-of-memory message when it refused the program (TPU)
   runs: int = 0  # runs of a pack (0: a single run)
+  host_rewards: bool = False  # two programs (sample, learn) around host verifiers; the larger
 
   @property
   def peak_bytes(self) -> int:
@@ -117,6 +119,10 @@ class MemoryPlan:
       f"{self.num_devices} x {self.device_kind} ({mesh})"
     )
     step = f"the packed step of {self.runs} runs" if self.runs else "the fused step"
+    if self.host_rewards:  # the verifiers run on the host between two programs
+      step = "the larger of the sample and learn programs" + (
+        f" of a pack of {self.runs} runs" if self.runs else ""
+      )
     if self.capacity_bytes is None:
       return f"{step} needs {need}; the device reports no memory limit"
     if self.refused:
@@ -160,7 +166,10 @@ def plan(
     "runs": runs,
   }
   try:
-    compiled = exp.program.step.lower(*args).compile()
+    if exp.task.rewards_on_host:  # sample -> host verifiers -> learn: the larger program's peak
+      compiled = max(_sample_and_learn(exp, args), key=_peak)
+    else:
+      compiled = exp.program.step.lower(*args).compile()
   except jax.errors.JaxRuntimeError as err:  # TPU compilers refuse what exceeds the HBM
     message = str(err)
     if "RESOURCE_EXHAUSTED" not in message:
@@ -174,16 +183,45 @@ def plan(
       temp_bytes=int(float(temp.group(1)) * GIB) if temp else 0,
       compile_s=time.perf_counter() - t0,
       refused=message.split("RESOURCE_EXHAUSTED:", 1)[1].strip().splitlines()[0],
+      host_rewards=exp.task.rewards_on_host,
       **common,
     )
   mem = compiled.memory_analysis()
   return MemoryPlan(
+    host_rewards=exp.task.rewards_on_host,
     argument_bytes=int(mem.argument_size_in_bytes),
     output_bytes=int(mem.output_size_in_bytes),
     alias_bytes=int(mem.alias_size_in_bytes),
     temp_bytes=int(mem.temp_size_in_bytes),
     compile_s=time.perf_counter() - t0,
     **common,
+  )
+
+
+def _sample_and_learn(exp, args: tuple) -> tuple:
+  """The compiled sample and learn programs of a task whose verifiers run on the host, the
+  learner's arguments those the sampler returns, with the task's reward terms per row."""
+  state, _, key, *values = args
+  sample = exp.program.sample.lower(*args).compile()
+  rollout = jax.tree.map(_abstract, sample.out_info)
+  rows = rollout.lengths  # [B], or [R, B] in a pack: one float32 per row and term
+  terms = {k: _abstract(rows, jnp.float32) for k in exp.task.host_term_names}
+  return sample, exp.program.learn.lower(state, rollout, terms, key, *values).compile()
+
+
+def _abstract(x, dtype=None) -> jax.ShapeDtypeStruct:
+  """`x`'s shape and sharding (and dtype, unless given) without its layout."""
+  return jax.ShapeDtypeStruct(x.shape, dtype or x.dtype, sharding=x.sharding)
+
+
+def _peak(compiled) -> int:
+  """A compiled program's peak bytes per device (as `MemoryPlan.peak_bytes`)."""
+  m = compiled.memory_analysis()
+  return (
+    m.argument_size_in_bytes
+    + m.output_size_in_bytes
+    - m.alias_size_in_bytes
+    + (m.temp_size_in_bytes)
   )
 
 

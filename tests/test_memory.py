@@ -6,9 +6,11 @@ import subprocess
 import sys
 
 import jax
+import numpy as np
 import pytest
 from conftest import REPO, cli_env, tiny_config
 
+from jaxrl_llm.config import parse
 from jaxrl_llm.rl import init_reference
 
 sys.path.insert(0, str(REPO / "tools"))
@@ -35,6 +37,26 @@ def test_the_fused_step_compiles_from_abstract_state_and_reports_memory():
   assert p.capacity_bytes and p.capacity_bytes > 2**30  # the host's memory on a CPU
   assert p.fits is True
   assert "fits in" in p.summary() and "1 x cpu (one device)" in p.summary()
+
+
+def test_a_host_verifier_task_plans_its_sample_and_learn_programs(tmp_path):
+  """Prompt files score on the host between two programs: the plan (`--dry_run`,
+  `rl.microbatch_tokens=auto`) compiles both, the learner's inputs the sampler's outputs with
+  the task's reward terms, and reports the larger peak, for one run and a pack."""
+  from text_fixtures import math_file_run
+
+  from jaxrl_llm.data import file_task
+
+  overrides, _ = math_file_run(tmp_path)
+  config = tiny_config(**overrides)
+  task = file_task.build_file_task(parse(config), "")
+  terms, _ = task.host_reward_terms(np.zeros((2, 4), np.int32), ["1", "2"])
+  assert set(task.host_term_names) == set(terms) and "correct" in terms
+  one = parsed.plan(config)
+  assert one.host_rewards and one.temp_bytes > 0 and one.fits is True
+  assert one.summary().startswith("the larger of the sample and learn programs needs ")
+  two = parsed.plan(config, runs=2, varied=["objective.clip_high"])
+  assert two.argument_bytes > one.argument_bytes and "of a pack of 2 runs" in two.summary()
 
 
 def test_fsdp_plan_holds_an_eighth_of_the_state_per_device():

@@ -93,14 +93,24 @@ class FileTask(Task):
     """Completion token rows [B, T] -> text (cut at the first stop token)."""
     return [self.tokenizer.decode(row.tolist()) for row in np.asarray(tokens)]
 
+  def _verifiers(self) -> dict[str, Callable[[str, str], float]]:
+    """The weighted verifiers, and `correct_term`'s (accuracy) when it has no weight."""
+    fns = dict(self.reward_fns)
+    if self.correct_term not in fns:
+      fns[self.correct_term] = verifiers.get_reward_fn(self.correct_term)
+    return fns
+
+  @property
+  def host_term_names(self) -> tuple[str, ...]:
+    """The names of the reward terms `host_reward_terms` returns (`correct` among them)."""
+    return tuple(sorted({*self._verifiers(), "correct"}))
+
   def host_reward_terms(
     self, completions: np.ndarray, references: Sequence[str]
   ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
     """Scores decoded completions: named [B] float32 reward terms and verifier failure counts."""
     texts = self.decode(completions)
-    fns = dict(self.reward_fns)
-    if self.correct_term not in fns:
-      fns[self.correct_term] = verifiers.get_reward_fn(self.correct_term)
+    fns = self._verifiers()
     # Worker processes (kept between steps): a verifier that hangs is killed at the time limit,
     # scored 0 and counted in `verifier/timeouts`, which the step logs with its metrics.
     terms, stats = verifiers.score_batch(
