@@ -294,9 +294,9 @@ def test_on_a_terminal_the_lines_are_bare_in_the_readmes_order(terminal):
 @pytest.mark.extended
 def test_the_rl_step_compiling_and_its_first_update_are_announced_once(terminal):
   """`compiling the RL step` comes before the first update, then `RL step compiled; first update
-  done in <s>s` once, before the first progress line and within the RL loop's time; a finished
-  workdir's relaunch compiles nothing and says neither."""
-  _, lines, again = terminal
+  done in <s>s` once, before the first progress line, counting from the first (not the
+  evaluation before it); a finished workdir's relaunch compiles nothing and says neither."""
+  workdir, lines, again = terminal
   compiling = [i for i, x in enumerate(lines) if x.startswith("compiling the RL step ")]
   done = [(i, x) for i, x in enumerate(lines) if x.startswith("RL step compiled; ")]
   first = next(i for i, x in enumerate(lines) if PROGRESS.match(x))
@@ -305,6 +305,14 @@ def test_the_rl_step_compiling_and_its_first_update_are_announced_once(terminal)
   assert took, done
   loop = re.search(r"trained RL steps 0\.\.3 in (\S+) ", "\n".join(lines))
   assert float(took[1]) <= _seconds(loop[1]) + 0.5  # the loop's time is rounded to the second
+  stamps = {}  # the two lines' times in the workdir's log.txt (absl's prefix: I1201 00:20:59.74)
+  for line in (workdir / "log.txt").read_text().splitlines():
+    for key in ("compiling the RL step", "RL step compiled"):
+      if key in line and key not in stamps:
+        h, m, sec = line.split()[1].split(":")
+        stamps[key] = 3600 * int(h) + 60 * int(m) + float(sec)
+  between = stamps["RL step compiled"] - stamps["compiling the RL step"]
+  assert abs(float(took[1]) - between) < 0.3, (took[1], between)  # not the evaluation before
   assert not [x for x in again if "compiling the RL step" in x or "RL step compiled" in x]
 
 

@@ -313,6 +313,7 @@ class _Pass:
   profiler: Profiler
   start: int  # the step this invocation resumed from
   end: int  # the step it stops after
+  t0: float = dataclasses.field(default_factory=time.time)  # when the first update began
 
 
 def _loop(trainee, state, data, ckpt, evaluate: Evaluator):
@@ -321,11 +322,11 @@ def _loop(trainee, state, data, ckpt, evaluate: Evaluator):
   SIGINT, KeyboardInterrupt (after the step when a library caught the first one)."""
   tr, start = trainee.exp.config.train, trainee.step_of(state)
   end = min(tr.num_steps, start + tr.stop_after_steps) if tr.stop_after_steps else tr.num_steps
+  what = f" of {len(trainee.members)} runs" if len(trainee.members) > 1 else ""
+  logging.info("compiling the RL step%s (its first run includes compilation) ...", what)
   run = _Pass(
     trainee, data, ckpt, evaluate, Profiler(tr.profile_steps, start, end, trainee.root), start, end
   )
-  what = f" of {len(trainee.members)} runs" if len(trainee.members) > 1 else ""
-  logging.info("compiling the RL step%s (its first run includes compilation) ...", what)
   with StopSignals() as signals:
     for step in range(start, end):
       state = _step(run, state, step)
@@ -346,8 +347,8 @@ def _step(run: _Pass, state, step: int):
     skipped = int(metrics["optim/skipped_updates"])
     _guarded(trainee, r, state, done, member.logger.guard.update, done, skipped, updates=updates)
   run.profiler.after(done, state)
-  if done == run.start + 1:  # one notice per program
-    took = time.time() - trainee.members[0].logger.t_loop
+  if done == run.start + 1:  # one notice per program; the first evaluation is not in it
+    took = time.time() - run.t0
     logging.info("RL step compiled; first update done in %.1fs", took)
   for r, (member, metrics) in enumerate(zip(trainee.members, per_run, strict=True)):
     _guarded(trainee, r, state, done, member.logger.step, done, metrics)
