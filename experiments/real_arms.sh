@@ -11,17 +11,17 @@
 #                         4 minibatch updates a rollout (the setting's 1 would never clip)
 #   length_bias           length growth: GRPO (grpo, seq_mean_token_mean) vs Dr. GRPO
 #                         (mean_only, seq_mean_token_sum_norm), a pack each
-#   mismatch_corrections  truncation: an int4 sampler without and with tis_token, and a float32
-#                         sampler (no mismatch), a pack each
-# SIZE=cpu: the adapters setting (`:lora`: rank 16, 16 rows x 64 new tokens an update), seed 0
-#   alone in each arm, STEPS updates (clip_higher 30, the others 20), held-out accuracy on 64
-#   problems at 0, STEPS/2 and STEPS. It does not fit the 15 minutes aimed at: timed alone on
-#   2 cores, the clip_higher pack took 1777 s for 30 updates and 1044 s for 8 (evaluated at 0
-#   and 8 only), of which 8 to 10 minutes are start-up, compiling the evaluation and the RL
-#   step, and the first update; each further pack pays that again (length_bias's first pack
-#   alone: 13 min 12 s for 20 updates; mismatch_corrections not yet timed alone). One seed: the
-#   tables give no interval, so this size shows that the arm runs and where it goes, not an
-#   effect.
+#   mismatch_corrections  truncation: an int8 sampler without and with tis_token, and a float32
+#                         sampler (no mismatch), a pack each (an int4 sampler's samples earn no
+#                         reward at all on this model: mismatch_corrections/real_cpu.md)
+# SIZE=cpu: the adapters setting (`:lora`: rank 16, 16 rows x 64 new tokens an update) with
+#   the layers scanned (the RL step compiles in a sixth of the unrolled layers' time), seed 0
+#   alone in each arm, STEPS updates (clip_higher 10, the others 20), held-out accuracy on 64
+#   problems at 0 and STEPS: the size at which each pack fits 15 minutes on 2 cores, timed
+#   alone, each study's first pack from an empty compilation cache (clip_higher's pack of two
+#   runs: 860 s; mismatch_corrections': 625-673 s a pack; length_bias's: 644 and 742 s). One
+#   seed: the tables give no interval, so this size shows that the arm runs and where it goes,
+#   not an effect.
 # SIZE=gpu: the full setting (`:full`: every parameter, bfloat16 compute, 256 rows an update),
 #   seeds 0-3 packed in each arm, STEPS updates (default 40), evaluations every 10.
 # STEPS and SEEDS override the size's. Outputs go under $ROOT (default
@@ -34,11 +34,12 @@ ROOT=${ROOT:-/tmp/jaxrl_experiments/real_$STUDY}
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$ROOT.jax_cache}
 case $SIZE in
   cpu) SETTING=lora SEEDS=${SEEDS:-0} EVAL=""
-    [ "$STUDY" = clip_higher ] && STEPS=${STEPS:-30} || STEPS=${STEPS:-20} ;;
+    [ "$STUDY" = clip_higher ] && STEPS=${STEPS:-10} || STEPS=${STEPS:-20} ;;
   gpu) SETTING=full SEEDS=${SEEDS:-0,1,2,3} STEPS=${STEPS:-40} EVAL=,train.eval_every=10 ;;
   *) echo "error: SIZE=$SIZE; allowed: cpu | gpu" >&2; exit 2 ;;
 esac
-[ "$SIZE" = cpu ] && EVAL=,train.eval_every=$((STEPS / 2)),train.checkpoint_every=$STEPS
+[ "$SIZE" = cpu ] && EVAL=,train.eval_every=$STEPS,train.checkpoint_every=$STEPS
+[ "$SIZE" = cpu ] && EVAL=$EVAL,model.scan_layers=True
 SET=train.num_steps=$STEPS$EVAL
 mkdir -p "$(dirname "$ROOT")"
 
@@ -64,11 +65,11 @@ case $STUDY in
     COLS=$COLS,eval/accuracy@0,eval/accuracy@final ;;
   mismatch_corrections)
     pack float32 --set=sampling.param_dtype=float32,correction.name=none
-    pack int4 --set=sampling.param_dtype=int4,correction.name=none
-    pack int4_tis --set=sampling.param_dtype=int4,correction.name=tis_token
+    pack int8 --set=sampling.param_dtype=int8,correction.name=none
+    pack int8_tis --set=sampling.param_dtype=int8,correction.name=tis_token
     G=sampling.param_dtype,correction.name BASE=float32,none
     COLS=eval/accuracy@0,eval/accuracy@final,behaviour/kl_k3@avg,behaviour/rho_max@avg
-    COLS=$COLS,behaviour/frac_truncated@avg ;;
+    COLS=$COLS,behaviour/frac_truncated@avg,rollout/reward_mean@avg,rollout/length_mean@final ;;
   *)
     echo "error: STUDY=${STUDY:-<none>}; allowed: clip_higher | length_bias | mismatch_corrections" >&2
     exit 2 ;;

@@ -45,7 +45,8 @@ class PackedRuns:
       Member(name, pack.run(r), paths.join(root, name)) for r, name in enumerate(pack.names)
     ]
     self.varied = pack.varied  # fields that differ between the members
-    self.intro = f"a pack of {pack.size} runs varying {', '.join(pack.varied) or 'nothing'}"
+    runs = f"{pack.size} runs" if pack.size > 1 else "one run"
+    self.intro = f"a pack of {runs} varying {', '.join(pack.varied) or 'nothing'}"
     keys = [np.asarray(jax.random.PRNGKey(c.seed + 7)) for c in pack.configs]  # a run's own
     self.eval_keys = jax.device_put(np.stack(keys), per_run_sharding(self.exp.mesh))
     self.stopped: dict[int, Any] = {}  # run -> its state when it stopped, kept from then on
