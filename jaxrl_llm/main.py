@@ -38,7 +38,8 @@ _DRY_RUN = flags.DEFINE_bool(
   "dry_run",
   False,
   "Compile the fused step (with host verifiers: the sample and learn programs) from shapes "
-  "alone, print its memory per device against the device's capacity and exit (0: fits, 3: does not); nothing is allocated. --workdir is not needed.",
+  "alone, print its memory per device against the device's capacity and exit (0: fits, 3: "
+  "does not); nothing is allocated. --workdir is not needed.",
 )
 _DEVICE_MEMORY_GIB = flags.DEFINE_float(
   "device_memory_gib",

@@ -217,12 +217,8 @@ def _abstract(x, dtype=None) -> jax.ShapeDtypeStruct:
 def _peak(compiled) -> int:
   """A compiled program's peak bytes per device (as `MemoryPlan.peak_bytes`)."""
   m = compiled.memory_analysis()
-  return (
-    m.argument_size_in_bytes
-    + m.output_size_in_bytes
-    - m.alias_size_in_bytes
-    + (m.temp_size_in_bytes)
-  )
+  args, temp = m.argument_size_in_bytes, m.temp_size_in_bytes
+  return args + m.output_size_in_bytes - m.alias_size_in_bytes + temp
 
 
 def _pack_args(exp, args: tuple, runs: int, varied: Sequence[str] | None) -> tuple:
