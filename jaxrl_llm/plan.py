@@ -101,7 +101,7 @@ class MemoryPlan:
   @property
   def peak_bytes(self) -> int:
     """Arguments + outputs not aliased to them + temp: the step's peak per device."""
-    return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
+    return _peak_of(self.argument_bytes, self.output_bytes, self.alias_bytes, self.temp_bytes)
 
   @property
   def fits(self) -> bool | None:
@@ -167,7 +167,7 @@ def plan(
   }
   try:
     if exp.task.rewards_on_host:  # sample -> host verifiers -> learn: the larger program's peak
-      compiled = max(_sample_and_learn(exp, args), key=_peak)
+      compiled = max(_sample_and_learn(exp, args), key=lambda c: _peak_of(**_sizes(c)))
     else:
       compiled = exp.program.step.lower(*args).compile()
   except jax.errors.JaxRuntimeError as err:  # TPU compilers refuse what exceeds the HBM
@@ -186,14 +186,10 @@ def plan(
       host_rewards=exp.task.rewards_on_host,
       **common,
     )
-  mem = compiled.memory_analysis()
   return MemoryPlan(
     host_rewards=exp.task.rewards_on_host,
-    argument_bytes=int(mem.argument_size_in_bytes),
-    output_bytes=int(mem.output_size_in_bytes),
-    alias_bytes=int(mem.alias_size_in_bytes),
-    temp_bytes=int(mem.temp_size_in_bytes),
     compile_s=time.perf_counter() - t0,
+    **_sizes(compiled),
     **common,
   )
 
@@ -214,11 +210,20 @@ def _abstract(x, dtype=None) -> jax.ShapeDtypeStruct:
   return jax.ShapeDtypeStruct(x.shape, dtype or x.dtype, sharding=x.sharding)
 
 
-def _peak(compiled) -> int:
-  """A compiled program's peak bytes per device (as `MemoryPlan.peak_bytes`)."""
+def _sizes(compiled) -> dict[str, int]:
+  """A compiled program's memory analysis as `MemoryPlan`'s byte fields."""
   m = compiled.memory_analysis()
-  args, temp = m.argument_size_in_bytes, m.temp_size_in_bytes
-  return args + m.output_size_in_bytes - m.alias_size_in_bytes + temp
+  return {
+    "argument_bytes": int(m.argument_size_in_bytes),
+    "output_bytes": int(m.output_size_in_bytes),
+    "alias_bytes": int(m.alias_size_in_bytes),
+    "temp_bytes": int(m.temp_size_in_bytes),
+  }
+
+
+def _peak_of(argument_bytes: int, output_bytes: int, alias_bytes: int, temp_bytes: int) -> int:
+  """Arguments + outputs not aliased to them + temp: a program's peak bytes per device."""
+  return argument_bytes + output_bytes - alias_bytes + temp_bytes
 
 
 def _pack_args(exp, args: tuple, runs: int, varied: Sequence[str] | None) -> tuple:
