@@ -19,7 +19,7 @@ G=objective.clip_high,sampling.temperature
 COLS=eval/accuracy@0,eval/accuracy@final,eval/pass@4@final,policy/entropy@final
 COLS=$COLS,rollout/reward_mean@avg:130-150,policy/clip_frac_high@avg
 python experiments/seed_table.py --root="$ROOT" --group_by=$G --cols=$COLS --baseline=0.2,1.0 \
-  --csv="$ROOT/table.csv"
+  --per_seed --csv="$ROOT/table.csv"
 if [ "$CONFIRM" = 1 ]; then  # claims.json on fresh seeds 100-123 (confirmation.md)
   python tools/sweep.py --config=configs/countdown.py --root="$ROOT.confirm" --packed \
     --seeds=$CONFIRM_SEEDS --grid=objective.clip_high=0.2,0.28 --set=sampling.temperature=1.0 \
