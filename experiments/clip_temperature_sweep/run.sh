@@ -2,8 +2,8 @@
 # clip_temperature_sweep: objective.clip_high {0.2, 0.28} x sampling.temperature {0.7, 1.0, 1.3}
 # x 8 seeds, one pack of 48 runs on the countdown testbed (configs/countdown.py), 150 RL updates
 # of 8 optimiser steps each (2 epochs x 4 minibatches) at learning rate 1e-3. Prints the tables
-# (tables.md: each cell's interval and its paired difference to the default cell 0.2, 1.0);
-# heat maps here.
+# (tables.md: each cell's interval, its paired difference to the default cell 0.2, 1.0, and
+# every run's values); heat maps and pass@k here.
 set -euo pipefail
 source "$(dirname "$0")/../study_env.sh"  # HERE, ROOT, the XLA cache; cd to the repo
 CONFIRM=${CONFIRM:-0}  # 1: also train the arms claims.json names on fresh seeds (confirmation.md)
