@@ -17,7 +17,8 @@ Settings (`--config=configs/smollm2_arith.py:SETTING`):
   full  every parameter trained, bfloat16 compute, 256 rows an update, 200 updates: a GPU run.
   tool  lora with the in-graph `arithmetic` tool: the model may write `<tool_call>12 * 35</tool_call>`,
         the result comes back in a ChatML `tool` turn inside the same program, and it goes on
-        (up to 2 calls, 48 tokens a segment; the tool's tokens are never learned).
+        (up to 2 calls, 48 tokens a segment; the tool's tokens are never learned);
+  full_tool  full with that tool: a GPU run.
 The model and data paths follow `$JAXRL_LLM_CACHE` (default ~/.cache/jaxrl_llm), as the script.
 """
 
@@ -28,7 +29,7 @@ import ml_collections
 from jaxrl_llm.config import recipes
 from jaxrl_llm.models import pretrained
 
-SETTINGS = ("lora", "full", "tool")
+SETTINGS = ("lora", "full", "tool", "full_tool")
 SYSTEM = (
   "You are a math assistant. Solve the problem, then write the result on a final line as: "
   "Answer: <number>"
@@ -40,7 +41,7 @@ TOOL_SYSTEM = (
 
 
 def get_config(setting: str = "lora"):
-  """GRPO + SmolLM2-135M-Instruct + arithmetic word problems at `setting` (lora | full | tool)."""
+  """GRPO + SmolLM2-135M-Instruct + arithmetic word problems at `setting` (one of SETTINGS)."""
   if setting not in SETTINGS:
     raise ValueError(f"configs/smollm2_arith.py:{setting}: the settings are {' | '.join(SETTINGS)}")
   data = os.path.join(pretrained.cache_dir(), "arith")
@@ -66,7 +67,7 @@ def get_config(setting: str = "lora"):
   c.optim.weight_decay = 0.0
   c.train.log_every = 1
   c.train.pass_k = 1
-  if setting == "tool":
+  if setting in ("tool", "full_tool"):
     c.data.system_prompt = TOOL_SYSTEM
     c.data.prompt_len = 112  # the longest problem with the system message above: 110 tokens
     c.sampling.tool = "arithmetic"  # in-graph, the usual precedence (jaxrl_llm/envs.py)

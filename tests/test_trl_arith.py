@@ -60,6 +60,15 @@ def test_an_unknown_setting_is_one_error_line(tmp_path):
   assert "lora | full" in _one_error_line(proc)
 
 
+@pytest.mark.parametrize("setting", ["tool", "full_tool"])
+def test_a_tool_setting_is_refused_in_one_line(setting, tmp_path):
+  """TRL's run has no tool here: the tool settings are ours alone, never run without it."""
+  out = tmp_path / "out"
+  proc = _run(f"--setting={setting}", "--steps=1", f"--out={out}", timeout=120)
+  assert "sampling.tool='arithmetic' has no TRL counterpart" in _one_error_line(proc)
+  assert not out.exists()
+
+
 @pytest.mark.extended
 def test_a_micro_run_writes_the_eval_curve_with_the_configs_settings(smollm2, tmp_path):
   for name in ("torch", "transformers", "trl", "peft", "datasets"):

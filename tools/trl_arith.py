@@ -106,6 +106,7 @@ def settings_from_config(cfg, args, module) -> dict:
     ("filtering.name", cfg.filtering.name, ("none",)),
     ("shaping.name", cfg.shaping.name, ("none",)),
     ("replay.name", cfg.replay.name, ("none",)),
+    ("sampling.tool", cfg.sampling.tool, ("none",)),  # the tool settings: ours only
   ):
     if value not in allowed:
       raise InputError(f"{field}={value!r} has no TRL counterpart here ({', '.join(allowed)})")
