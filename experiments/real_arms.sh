@@ -14,10 +14,13 @@
 #   mismatch_corrections  truncation: an int8 sampler without and with tis_token, and a float32
 #                         sampler (no mismatch), a pack each (an int4 sampler's samples earn no
 #                         reward at all on this model: mismatch_corrections/real_cpu.md)
+#   tool_use              tool use: the `arithmetic` tool's setting (`:tool`, `:full_tool` at
+#                         SIZE=gpu) beside the same setting without it at the tool setting's
+#                         budget of 144 new tokens, a pack each
 # SIZE=cpu: the adapters setting (`:lora`: rank 16, 16 rows x 64 new tokens an update) with
 #   the layers scanned (the RL step compiles in a sixth of the unrolled layers' time), seed 0
-#   alone in each arm, STEPS updates (clip_higher 10, the others 20), held-out accuracy on 64
-#   problems at 0 and STEPS: the size at which each pack fits 15 minutes on 2 cores, timed
+#   alone in each arm, STEPS updates (clip_higher 10, tool_use 15, the others 20), held-out
+#   accuracy on 64 problems at 0 and STEPS: the size at which each pack fits 15 minutes on 2 cores, timed
 #   alone, each study's first pack from an empty compilation cache (clip_higher's pack of two
 #   runs: 860 s; mismatch_corrections': 625-673 s a pack; length_bias's: 644 and 742 s). One
 #   seed: the tables give no interval, so this size shows that the arm runs and where it goes,
@@ -34,7 +37,8 @@ ROOT=${ROOT:-/tmp/jaxrl_experiments/real_$STUDY}
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$ROOT.jax_cache}
 case $SIZE in
   cpu) SETTING=lora SEEDS=${SEEDS:-0} EVAL=""
-    [ "$STUDY" = clip_higher ] && STEPS=${STEPS:-10} || STEPS=${STEPS:-20} ;;
+    case $STUDY in clip_higher) STEPS=${STEPS:-10} ;; tool_use) STEPS=${STEPS:-15} ;;
+      *) STEPS=${STEPS:-20} ;; esac ;;
   gpu) SETTING=full SEEDS=${SEEDS:-0,1,2,3} STEPS=${STEPS:-40} EVAL=,train.eval_every=10 ;;
   *) echo "error: SIZE=$SIZE; allowed: cpu | gpu" >&2; exit 2 ;;
 esac
@@ -70,8 +74,17 @@ case $STUDY in
     G=sampling.param_dtype,correction.name BASE=float32,none
     COLS=eval/accuracy@0,eval/accuracy@final,behaviour/kl_k3@avg,behaviour/rho_max@avg
     COLS=$COLS,behaviour/frac_truncated@avg,rollout/reward_mean@avg,rollout/length_mean@final ;;
+  tool_use)
+    [ "$SIZE" = cpu ] && TOOL_SETTING=tool || TOOL_SETTING=full_tool
+    pack none --set=sampling.max_new_tokens=144
+    SETTING=$TOOL_SETTING pack tool
+    G=sampling.tool BASE=none
+    COLS=eval/accuracy@0,eval/accuracy@final,eval/reward/answer_line_format@final
+    COLS=$COLS,tool/used_frac@1,tool/used_frac@final,tool/calls_mean@avg,tool/error_frac@avg
+    COLS=$COLS,rollout/reward_mean@avg,rollout/length_mean@final ;;
   *)
-    echo "error: STUDY=${STUDY:-<none>}; allowed: clip_higher | length_bias | mismatch_corrections" >&2
+    echo "error: STUDY=${STUDY:-<none>}; allowed: clip_higher | length_bias |" \
+      "mismatch_corrections | tool_use" >&2
     exit 2 ;;
 esac
 echo "# $STUDY on SmolLM2-135M-Instruct (configs/smollm2_arith.py:$SETTING), SIZE=$SIZE:"

@@ -263,6 +263,10 @@ if both:
         f(rows[s].get("ours_fmt")), "TRL", f(rows[s]["trl_fmt"]), "; step time TRL / ours", ratio)
 '
 
+for s in $SKIP; do
+  case $s in ours | trl | pack) ;; *) echo "error: SKIP=$SKIP: $s; allowed: ours trl pack" >&2; exit 2 ;; esac
+done
+
 case $MODE in
   prepare)
     prepare
