@@ -20,15 +20,16 @@
 # SIZE=cpu: the adapters setting (`:lora`: rank 16, 16 rows x 64 new tokens an update) with
 #   the layers scanned (the RL step compiles in a sixth of the unrolled layers' time), seed 0
 #   alone in each arm, STEPS updates (clip_higher 10, tool_use 15, the others 20), held-out
-#   accuracy on 64 problems at 0 and STEPS: the size at which each pack fits 15 minutes on 2 cores, timed
-#   alone, each study's first pack from an empty compilation cache (clip_higher's pack of two
-#   runs: 860 s; mismatch_corrections': 625-673 s a pack; length_bias's: 644 and 742 s). One
-#   seed: the tables give no interval, so this size shows that the arm runs and where it goes,
-#   not an effect.
+#   accuracy on 64 problems at 0 and STEPS: the size at which each pack fits 15 minutes on 2
+#   cores, timed alone, each study's first pack from an empty compilation cache (clip_higher's
+#   pack of two runs: 860 s; mismatch_corrections': 625-673 s a pack; length_bias's: 644 and
+#   742 s; tool_use's: 1305 s for both). One seed: the tables give no interval, so this size
+#   shows that the arm runs and where it goes, not an effect.
 # SIZE=gpu: the full setting (`:full`: every parameter, bfloat16 compute, 256 rows an update),
 #   seeds 0-3 packed in each arm, STEPS updates (default 40), evaluations every 10.
-# STEPS and SEEDS override the size's. Outputs go under $ROOT (default
-# /tmp/jaxrl_experiments/real_STUDY), with a compilation cache beside it; the tables on stdout.
+# STEPS and SEEDS override the size's; TABLES_ONLY=1 prints the tables of the runs already
+# made. Outputs go under $ROOT (default /tmp/jaxrl_experiments/real_STUDY), with a compilation
+# cache beside it; the tables on stdout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STUDY=${1:-}
@@ -51,6 +52,7 @@ mkdir -p "$(dirname "$ROOT")"
 pack() {
   local name=$1
   shift
+  [ "${TABLES_ONLY:-0}" = 1 ] && return 0
   python tools/sweep.py --config="configs/smollm2_arith.py:$SETTING" --root="$ROOT/$name" \
     --packed --seeds="$SEEDS" --set="$SET" "$@" > "$ROOT.$name.log" 2>&1
 }
@@ -80,8 +82,9 @@ case $STUDY in
     SETTING=$TOOL_SETTING pack tool
     G=sampling.tool BASE=none
     COLS=eval/accuracy@0,eval/accuracy@final,eval/reward/answer_line_format@final
-    COLS=$COLS,tool/used_frac@1,tool/used_frac@final,tool/calls_mean@avg,tool/error_frac@avg
-    COLS=$COLS,rollout/reward_mean@avg,rollout/length_mean@final ;;
+    COLS=$COLS,tool/used_frac@avg,tool/used_frac@final,tool/calls_mean@avg,tool/error_frac@avg
+    COLS=$COLS,rollout/reward_mean@avg,rollout/length_mean@final
+    SETTING="$SETTING without the tool, :$TOOL_SETTING with it" ;;
   *)
     echo "error: STUDY=${STUDY:-<none>}; allowed: clip_higher | length_bias |" \
       "mismatch_corrections | tool_use" >&2
