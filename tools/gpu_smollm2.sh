@@ -45,10 +45,13 @@
 #          tools/compare.py; both into $OUT/pack.log. At the defaults little remains for it:
 #          SKIP="ours trl" (the steps to leave out) runs it alone, in a later call on a machine
 #          that still holds the model (or after a setup that makes it again)
+#   after  AFTER, a command run with the model in place and what the budget has left (e.g. the
+#          real model's study arms: SKIP="ours trl pack" AFTER="SIZE=gpu bash
+#          experiments/real_arms.sh clip_higher"), its output into $OUT/after.log
 # OURS_ARGS and TRL_ARGS add flags to those two commands (e.g. TRL_ARGS=--microbatches=4).
 # Then a side-by-side summary. $OUT holds: summary.txt (every step's ending, the summary),
-# setup.log, ours.log, ours_eval.json, trl.log, trl/trl_arith.json, pack.log (7 files; each
-# log written as its step runs).
+# setup.log, ours.log, ours_eval.json, trl.log, trl/trl_arith.json, pack.log, after.log (at
+# most 8 files, what a call brings back; each log written as its step runs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:-run}
@@ -346,6 +349,9 @@ elif [ "$LEFT" -ge "$PACK_MIN_S" ]; then
     --tags=eval/accuracy,eval/reward/answer_line_format,rollout/reward_mean
 else
   say "== pack: skipped, ${LEFT}s left (PACK_MIN_S=$PACK_MIN_S)"
+fi
+if [ -n "${AFTER:-}" ]; then
+  step after 0 "$OUT/after.log" bash -c "$AFTER"
 fi
 python3 -c "$SUMMARY" "$OUT" 2>&1 | tee -a "$OUT/summary.txt"
 say "== done in $(($(date +%s) - START))s"
