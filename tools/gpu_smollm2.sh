@@ -267,7 +267,10 @@ if both:
 '
 
 for s in $SKIP; do
-  case $s in ours | trl | pack) ;; *) echo "error: SKIP=$SKIP: $s; allowed: ours trl pack" >&2; exit 2 ;; esac
+  case $s in
+    ours | trl | pack) ;;
+    *) echo "error: SKIP=$SKIP: $s; allowed: ours trl pack" >&2; exit 2 ;;
+  esac
 done
 
 case $MODE in
