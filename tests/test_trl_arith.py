@@ -64,7 +64,8 @@ def test_an_unknown_setting_is_one_error_line(tmp_path):
 def test_a_tool_setting_is_refused_in_one_line(setting, tmp_path):
   """TRL's run has no tool here: the tool settings are ours alone, never run without it."""
   out = tmp_path / "out"
-  proc = _run(f"--setting={setting}", "--steps=1", f"--out={out}", timeout=120)
+  no_model = f"--model={tmp_path / 'no_model'}"  # refused before the files are looked for
+  proc = _run(f"--setting={setting}", "--steps=1", f"--out={out}", no_model, timeout=120)
   assert "sampling.tool='arithmetic' has no TRL counterpart" in _one_error_line(proc)
   assert not out.exists()
 

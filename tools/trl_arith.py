@@ -274,6 +274,7 @@ def run(args) -> dict:
   """Trains and evaluates; returns the record also written to OUT/trl_arith.json."""
   t_start = time.perf_counter()
   cfg, module = load_config(args.setting)
+  s = settings_from_config(cfg, args, module)  # a setting TRL cannot run, before the files
   model_dir = args.model or cfg.model.checkpoint
   data_dir = args.data or os.path.dirname(cfg.data.train_files)
   if not os.path.isfile(os.path.join(model_dir, "config.json")):
@@ -281,7 +282,6 @@ def run(args) -> dict:
   for split in ("train.jsonl", "eval.jsonl"):
     if not os.path.isfile(os.path.join(data_dir, split)):
       raise InputError(f"no {split} in {data_dir}: run `{FETCH_HINT}` first")
-  s = settings_from_config(cfg, args, module)
   s["model_dir"], s["data_dir"] = os.path.abspath(model_dir), os.path.abspath(data_dir)
   try:
     import peer_trl
