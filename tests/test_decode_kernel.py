@@ -70,12 +70,20 @@ def test_the_kernel_reads_no_block_past_the_step_nor_a_split_of_padding():
   np.testing.assert_array_equal(got, clean)
 
 
-def _tiny(attention_impl, prompt_len=16):
+def _tiny(attention_impl, prompt_len=16, scan_layers=False):
   from flax import linen as nn
 
   from jaxrl_llm.models.transformer import Transformer, positions_from_mask
 
-  cfg = ModelConfig(vocab_size=40, d_model=64, num_heads=6, num_kv_heads=2, head_dim=16, mlp_dim=96)
+  cfg = ModelConfig(
+    vocab_size=40,
+    d_model=64,
+    num_heads=6,
+    num_kv_heads=2,
+    head_dim=16,
+    mlp_dim=96,
+    scan_layers=scan_layers,
+  )
   tokens = jax.random.randint(jax.random.PRNGKey(0), (2, prompt_len), 3, cfg.vocab_size)
   mask = jnp.arange(prompt_len)[None, :] >= jnp.array([[5], [0]])  # row 0 left-padded by 5
   tokens = jnp.where(mask, tokens, 0)
@@ -84,9 +92,25 @@ def _tiny(attention_impl, prompt_len=16):
   return model, params["params"], tokens, mask
 
 
-def _sampler(impl, cfg, prompt_len=16):
-  model, params, tokens, mask = _tiny(impl, prompt_len)
+def _sampler(impl, cfg, prompt_len=16, scan_layers=False):
+  model, params, tokens, mask = _tiny(impl, prompt_len, scan_layers)
   return jax.jit(lambda p, k: sample(model, p, tokens, mask, k, cfg)), params
+
+
+def test_the_scanned_layers_decode_by_the_kernel_asked_for():
+  """model.attention reaches the scanned layers (scan_layers=True) as it reaches the unrolled
+  ones: `pallas` puts the kernel in the decode loop, `einsum` does not, and the two samplers
+  draw the same tokens (they decoded by `auto` whatever was asked before)."""
+  cfg = SamplingConfig(max_new_tokens=8, group_size=2, eos_id=-1)
+  key = jax.random.PRNGKey(7)
+  outs = {}
+  for impl in ("einsum", "pallas"):
+    fn, params = _sampler(impl, cfg, scan_layers=True)
+    calls = str(jax.make_jaxpr(fn)(params, key)).count("pallas_call")
+    assert (calls > 0) == (impl == "pallas"), (impl, calls)
+    outs[impl] = fn(params, key)
+  np.testing.assert_array_equal(outs["pallas"].tokens, outs["einsum"].tokens)
+  np.testing.assert_allclose(outs["pallas"].logprobs, outs["einsum"].logprobs, atol=2e-5)
 
 
 @pytest.mark.extended

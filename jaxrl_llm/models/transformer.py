@@ -252,6 +252,7 @@ class LayerGroup(nn.Module):
   cfg: ModelConfig
   remat: str = "none"  # a REMAT_POLICIES name, applied to each block
   decode: bool = False  # a decode step (its cache_index was traced before the scan)
+  attention: str = attention.AUTO  # kernels.attention.IMPLEMENTATIONS, as the unrolled blocks'
 
   @nn.compact
   def __call__(self, carry, xs, positions, key_valid, cache_index, token_valid):
@@ -271,7 +272,7 @@ class LayerGroup(nn.Module):
       if cache_k is not None:
         kc = jax.lax.dynamic_index_in_dim(cache_k, layer, keepdims=False)
         vc = jax.lax.dynamic_index_in_dim(cache_v, layer, keepdims=False)
-      block = block_cls(cfg, is_moe=is_moe, name=f"block_{j}")
+      block = block_cls(cfg, is_moe=is_moe, attention=self.attention, name=f"block_{j}")
       x, keys, values, aux = block(
         x, positions, key_valid, kc, vc, cache_index, replay if is_moe else None, token_valid
       )
@@ -396,7 +397,7 @@ class Transformer(nn.Module):
       in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
       length=num_groups,
       metadata_params={nn.PARTITION_NAME: SCAN_NAME},
-    )(cfg, remat=remat, decode=decode, name=SCAN_NAME)
+    )(cfg, remat=remat, decode=decode, attention=self.attention, name=SCAN_NAME)
     carry = (x, None, None) if cache is None else (x, cache.k, cache.v)
     index = jnp.asarray(cache_index, jnp.int32)
     (x, cache_k, cache_v), moe = scanned(carry, xs, positions, key_valid, index, token_valid)
