@@ -194,6 +194,43 @@ def _max_err(a, b, m):
   return float(np.abs(np.asarray(a, np.float32) - np.asarray(b, np.float32))[m].max())
 
 
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_a_cached_prefill_picks_the_cudnn_form_in_either_layer_layout(scan_layers, monkeypatch):
+  """A prefill into a cache at slot 0 (the sampler's) reaches `select` with a static start in
+  scanned layers as in unrolled ones, so model.attention=cudnn picks the cuDNN form in both
+  (scanned layers took einsum before). cuDNN's refusal is lifted as on a GPU; its form traced
+  as the reference (this CPU has no cuDNN)."""
+  picked = []
+  select = attention.select
+  monkeypatch.setattr(attention, "cudnn_refusal", lambda dtype, head_dim: None)
+  monkeypatch.setattr(
+    attention, "select", lambda *a, **k: picked.append(select(*a, **k)) or picked[-1]
+  )
+
+  def padded_causal(q, keys, values, key_valid, implementation="cudnn"):
+    picked.append(f"form:{implementation}")
+    q_len = q.shape[1]
+    m = attention.mask(key_valid[:, :q_len], q_len, 0)
+    return attention.reference(q, keys[:, :, :q_len], values[:, :, :q_len], m)
+
+  monkeypatch.setattr(attention, "padded_causal", padded_causal)
+  cfg = ModelConfig(num_layers=2, d_model=32, mlp_dim=32, scan_layers=scan_layers, dtype="bfloat16")
+  model = Transformer(cfg, attention="cudnn")
+  s, n = 8, 16
+  tokens, key_valid = jnp.ones((2, s), jnp.int32), jnp.ones((2, n), bool)
+  positions = jnp.broadcast_to(jnp.arange(s), (2, s))
+  init = lambda: model.init(jax.random.PRNGKey(0), tokens, positions, key_valid[:, :s])  # noqa: E731
+  params = jax.eval_shape(init)["params"]
+  picked.clear()
+  jax.eval_shape(
+    lambda p: model.apply(
+      {"params": p}, tokens, positions, key_valid, cache=init_cache(cfg, 2, n), cache_index=0
+    ),
+    params,
+  )
+  assert picked and set(picked) == {"cudnn", "form:cudnn"}, picked  # every block, each trace
+
+
 @pytest.mark.gpu
 def test_cudnn_bf16_matches_einsum():
   """cuDNN in bfloat16 is as close to the float32 einsum as einsum in bfloat16 is: values and

@@ -399,7 +399,8 @@ class Transformer(nn.Module):
       metadata_params={nn.PARTITION_NAME: SCAN_NAME},
     )(cfg, remat=remat, decode=decode, attention=self.attention, name=SCAN_NAME)
     carry = (x, None, None) if cache is None else (x, cache.k, cache.v)
-    index = jnp.asarray(cache_index, jnp.int32)
+    # A static slot stays static (a prefill at 0 may take the cuDNN form, as unrolled blocks do).
+    index = jnp.asarray(cache_index, jnp.int32) if decode else cache_index
     (x, cache_k, cache_v), moe = scanned(carry, xs, positions, key_valid, index, token_valid)
     new_cache = None if cache is None else KVCache(k=cache_k, v=cache_v)
     return x, new_cache, None if moe is None else _collect_moe(moe)
