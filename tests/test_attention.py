@@ -194,12 +194,15 @@ def _max_err(a, b, m):
   return float(np.abs(np.asarray(a, np.float32) - np.asarray(b, np.float32))[m].max())
 
 
+@pytest.mark.parametrize("remat", ["none", "full"])
 @pytest.mark.parametrize("scan_layers", [False, True])
-def test_a_cached_prefill_picks_the_cudnn_form_in_either_layer_layout(scan_layers, monkeypatch):
-  """A prefill into a cache at slot 0 (the sampler's) reaches `select` with a static start in
-  scanned layers as in unrolled ones, so model.attention=cudnn picks the cuDNN form in both
-  (scanned layers took einsum before). cuDNN's refusal is lifted as on a GPU; its form traced
-  as the reference (this CPU has no cuDNN)."""
+def test_a_cached_prefill_picks_the_cudnn_form_in_either_layer_layout(
+  scan_layers, remat, monkeypatch
+):
+  """A prefill into a cache at slot 0 (the sampler's; with remat, a learner pass's shared
+  prompt) reaches `select` with a static start in scanned layers as in unrolled ones, so
+  model.attention=cudnn picks the cuDNN form in both (scanned layers took einsum before).
+  cuDNN's refusal is lifted as on a GPU; its form traced as the reference (no cuDNN here)."""
   picked = []
   select = attention.select
   monkeypatch.setattr(attention, "cudnn_refusal", lambda dtype, head_dim: None)
@@ -215,7 +218,7 @@ def test_a_cached_prefill_picks_the_cudnn_form_in_either_layer_layout(scan_layer
 
   monkeypatch.setattr(attention, "padded_causal", padded_causal)
   cfg = ModelConfig(num_layers=2, d_model=32, mlp_dim=32, scan_layers=scan_layers, dtype="bfloat16")
-  model = Transformer(cfg, attention="cudnn")
+  model = Transformer(cfg, remat=remat, attention="cudnn")
   s, n = 8, 16
   tokens, key_valid = jnp.ones((2, s), jnp.int32), jnp.ones((2, n), bool)
   positions = jnp.broadcast_to(jnp.arange(s), (2, s))

@@ -262,8 +262,10 @@ class LayerGroup(nn.Module):
     group, replay, probe = xs  # replay, probe: [B, Q, K] or None
     p = cfg.scan_period
     block_cls = Block
-    if self.remat != "none":
-      block_cls = nn.remat(Block, policy=REMAT_POLICIES[self.remat], prevent_cse=False)
+    if self.remat != "none":  # never in a decode step: cache_index is a Python int, kept static
+      block_cls = nn.remat(
+        Block, policy=REMAT_POLICIES[self.remat], prevent_cse=False, static_argnums=(6,)
+      )
     moe = None
     for j in range(p):
       is_moe = bool(cfg.moe_num_experts) and j == p - 1
