@@ -4,6 +4,8 @@ interpreter: values, the slots it reads, a whole sampler, `auto`'s choice and it
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -75,15 +77,8 @@ def _tiny(attention_impl, prompt_len=16, scan_layers=False):
 
   from jaxrl_llm.models.transformer import Transformer, positions_from_mask
 
-  cfg = ModelConfig(
-    vocab_size=40,
-    d_model=64,
-    num_heads=6,
-    num_kv_heads=2,
-    head_dim=16,
-    mlp_dim=96,
-    scan_layers=scan_layers,
-  )
+  cfg = ModelConfig(vocab_size=40, d_model=64, num_heads=6, num_kv_heads=2, head_dim=16, mlp_dim=96)
+  cfg = dataclasses.replace(cfg, scan_layers=scan_layers)
   tokens = jax.random.randint(jax.random.PRNGKey(0), (2, prompt_len), 3, cfg.vocab_size)
   mask = jnp.arange(prompt_len)[None, :] >= jnp.array([[5], [0]])  # row 0 left-padded by 5
   tokens = jnp.where(mask, tokens, 0)
