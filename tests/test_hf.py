@@ -79,7 +79,8 @@ def test_fixtures_cover_every_model_type_and_stay_small():
 def test_logits_match_transformers(name):
   cfg, params = _load(name)
   ref = _reference(name)
-  np.testing.assert_allclose(_logits(cfg, params, ref), ref["logits"], rtol=0, atol=1e-5)
+  # rtol: float32 sums in another order (jax 0.11 against 0.10) moved one logit of 7.8 by 1.05e-5
+  np.testing.assert_allclose(_logits(cfg, params, ref), ref["logits"], rtol=2e-6, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", NAMES)

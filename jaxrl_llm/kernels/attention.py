@@ -183,8 +183,11 @@ def filled_slots_beside(q, keys, values, own_k, own_v, key_valid, start) -> jax.
   first = jnp.argmax(key_valid, axis=1).astype(jnp.int32)  # [B]: the first valid slot
   end = jnp.broadcast_to(jnp.asarray(start, jnp.int32), (b,))
   qg = q.reshape(b, j, h // j, dh)
+  # Under a jit of its own, which dead-code elimination drops when nothing reads it: jax keeps a
+  # bare pallas_call, and flax 0.12.9+ refuses an nn.scan body (scanned layers) that keeps one in
+  # its trace for the broadcast variables ("broadcasted variable has a data dependency").
   per_head = jax.vmap(kernel, in_axes=(0, 0, 0, None, None))
-  o, (total, top) = jax.vmap(per_head)(qg, keys, values, first, end)  # o [B, J, G, Dh]
+  o, (total, top) = jax.jit(jax.vmap(per_head))(qg, keys, values, first, end)  # o [B, J, G, Dh]
   f32 = jnp.float32
   own = jnp.einsum("bjgd,bjd->bjg", qg.astype(f32), own_k[:, :, 0].astype(f32)) / np.sqrt(dh)
   own_valid = jax.lax.dynamic_slice_in_dim(key_valid, start, 1, axis=1)[:, :, None]  # [B, 1, 1]
