@@ -4,6 +4,7 @@
 # objective.clip_high=0.2 vs 0.28 x 4 seeds (tools/sweep.py --packed).
 #
 #   bash tools/gpu_smollm2.sh prepare     # HERE, with a network: the wheels and the model's parts
+#   bash tools/gpu_smollm2.sh rehearse    # HERE, after prepare: call 2 at a tiny size (below)
 #   bash tools/gpu_smollm2.sh stage       # GPU machine, device call 1: keeps the part carried
 #   BUDGET_S=500 bash tools/gpu_smollm2.sh [run]   # GPU machine, device call 2: everything else
 #
@@ -79,6 +80,10 @@ SKIP=${SKIP:-}
 PACK_MIN_S=${PACK_MIN_S:-150}
 PACK_STEPS=${PACK_STEPS:-30}
 START=$(date +%s)
+# The GPU image's versions that matter here (KINDS.md's pip list; its other packages unpinned).
+IMAGE_PINS=(jax==0.11.2 jaxlib==0.11.2 numpy==2.5.2 transformers==5.17.0 safetensors==0.8.0
+  tokenizers==0.23.2 flax optax orbax-checkpoint chex tensorboard jinja2 absl-py etils humanize
+  cloudpickle protobuf psutil pyyaml requests tqdm pandas pyarrow xxhash fsspec)
 
 prepare() {
   # Wheels for the GPU machine's Python (cp312, manylinux x86_64), without their dependencies.
@@ -133,6 +138,34 @@ prepare() {
   echo "device call 1: run(command=\"bash tools/gpu_smollm2.sh stage\", carry=[$carry0], timeout_s=120)"
   echo "device call 2, at once: run(command=\"BUDGET_S=500 bash tools/gpu_smollm2.sh\"," \
     "carry=[$carry1], timeout_s=540)"
+}
+
+rehearse() {
+  # Call 2 on this CPU at a tiny size, under the GPU image's Python and versions (IMAGE_PINS, in
+  # a venv of Python $GPU_PY: jax 0.11 needs 3.12, this machine's default may be older), the
+  # wheels installed from .whl as there, and the Pallas decode kernel asked for (what `auto`
+  # picks on the H200), run by the Pallas interpreter. Not torch (its Linux build is several
+  # GB): the preflight skips TRL's step, as it would there without torch. Catches what a jax or
+  # flax release the image holds breaks before device time is spent on it (flax 0.12.12
+  # refused the scanned layers' Pallas decode).
+  local py venv=${REHEARSE_VENV:-/tmp/gpu_image_venv} work=/tmp/gpu_smollm2_rehearse
+  for py in "python$GPU_PY" ~/.pyenv/versions/"$GPU_PY".*/bin/python ""; do
+    [ -n "$py" ] && "$py" -c "" >/dev/null 2>&1 && break
+  done
+  [ -n "$py" ] || { echo "error: no Python $GPU_PY here (python$GPU_PY, or pyenv's)" >&2; return 2; }
+  if [ ! -x "$venv/bin/python" ]; then
+    "$py" -m venv "$venv" && "$venv/bin/pip" install -q "${IMAGE_PINS[@]}" ||
+      { echo "error: the image's packages did not install into $venv" >&2; return 2; }
+  fi
+  rm -rf "$work/out"
+  PATH="$venv/bin:$PATH" WORK=$work SITE=$work/site STEPS=2 EVAL_EVERY=2 SKIP=pack \
+    OURS_ARGS="--config.rl.num_prompts=1 --config.sampling.group_size=4 --config.task.eval_size=4
+    --config.sampling.max_new_tokens=8 --config.model.attention=pallas" bash "$0" run
+  if ! grep -q '^== ours: rc=0' "$work/out/summary.txt"; then
+    echo "error: ours did not run under the image's versions: $work/out/ours.log" >&2
+    return 1
+  fi
+  echo "rehearsal: ours ran under the image's versions ($work/out)"
 }
 
 install_wheels() {
@@ -280,6 +313,10 @@ case $MODE in
     prepare
     exit $?
     ;;
+  rehearse)
+    rehearse
+    exit $?
+    ;;
   stage)
     stage
     install_wheels
@@ -287,7 +324,7 @@ case $MODE in
     ;;
   run) ;;
   *)
-    echo "error: mode $MODE: prepare | stage | run" >&2
+    echo "error: mode $MODE: prepare | rehearse | stage | run" >&2
     exit 2
     ;;
 esac
