@@ -13,7 +13,7 @@ scores 2% on the held-out split (`trivial.json` beside the data).
 
 Settings (`--config=configs/smollm2_arith.py:SETTING`):
   lora  (default) rank-16 adapters on every projection, 16 rows × 64 new tokens an update:
-        13 minutes on a 2-core CPU (30 updates, evaluations at 0, 15 and 30 on 64 problems);
+        5-13 minutes on a 2-core CPU (30 updates, evaluations at 0, 15 and 30 on 64 problems);
   full  every parameter trained, bfloat16 compute, 256 rows an update, 200 updates, the layers
         scanned (one layer compiled, not 30): a GPU run.
   tool  lora with the in-graph `arithmetic` tool: the model may write `<tool_call>12 * 35</tool_call>`,
