@@ -26,7 +26,7 @@ GRID = f"--grid=objective.clip_high={','.join(CLIPS)}"
 TINY = (
   "--set=train.num_steps=2,sft.steps=0,task.eval_size=8,rl.num_prompts=4,train.eval_every=2",
   "--set=train.log_every=1,train.pass_k=1,model.d_model=32,model.mlp_dim=64,model.num_layers=1",
-  "--set=sampling.group_size=4,rl.num_minibatches=1",
+  "--set=sampling.group_size=4,rl.num_minibatches=2",  # two updates a rollout: the clip binds
 )
 
 
@@ -112,6 +112,18 @@ def test_bad_value_and_repeated_field_fail_before_any_run(tmp_path, capsys):
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and "are the same run" in err[0], err
   assert "sampling.temperature=0.7 and sampling.temperature=0.70" in err[0]
+  # A clip swept where it cannot bind (one update per rollout: every ratio is 1): one line.
+  assert sweep.main([*args, GRID, "--set=rl.num_minibatches=1"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "objective.clip_high" in err[0] and "no clip binds" in err[0], err
+  # With the old policy's own forward pass (dropout or MoE routing may move a ratio off 1): planned.
+  cfg, grid = str(REPO / "configs" / "default.py"), [GRID.removeprefix("--grid=")]
+  assert (
+    len(
+      sweep.plan(cfg, str(tmp_path / "p"), grid, ["rl.num_minibatches=1,rl.old_pass=always"], None)
+    )
+    == 2
+  )
   assert not (tmp_path / "s").exists()
   # A --root that is a file: one line, nothing written.
   (tmp_path / "f").write_text("x")

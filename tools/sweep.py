@@ -70,6 +70,9 @@ _COMMIT_FILE = "commit_success.txt"  # a checkpoint step counts once orbax has c
 _FIELD = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
 # Fields whose change does not alter a run's results, so a workdir may resume with another value.
 _RESUMABLE_CHANGES = ("train.stop_after_steps",)
+# The objectives' hyperparameters that bound a ratio (§2): with one optimiser update per rollout
+# the old log-probs are the learner's own, sg[ℓ] (§0), every ratio is 1 and none of them binds.
+_RATIO_BOUNDS = ("clip_low", "clip_high", "dual_clip", "clip_log", "is_clip_low", "is_clip_high")
 
 
 class SweepError(ValueError):
@@ -174,6 +177,18 @@ def resolve_config(config: str, overrides: dict[str, str]):
     raise SweepError(f"bad value: {e}") from None
 
 
+def check_bounds_bind(fields: Sequence[str], settings) -> None:
+  """A SweepError where the grid varies a ratio's bound (`_RATIO_BOUNDS`) that cannot bind in
+  a run of `settings`: one optimiser update per rollout, so the grid's values train alike."""
+  inert = [f for f in fields if f.partition(".")[::2] in (("objective", b) for b in _RATIO_BOUNDS)]
+  if inert and settings.learner.skips_old_pass(settings.model.arch.moe_num_experts > 0):
+    raise SweepError(
+      f"--grid over {', '.join(inert)}: each run makes one optimiser update per rollout "
+      "(rl.num_epochs * rl.num_minibatches = 1), so every ratio is 1 and no clip binds: the "
+      "values would train alike; set rl.num_minibatches (or rl.num_epochs) above 1"
+    )
+
+
 def absolute_config(config: str) -> str:
   """`path[:arg]` with the path made absolute, so a run's command works from any directory."""
   path, sep, arg = config.partition(":")
@@ -221,9 +236,11 @@ def plan(
     overrides = {**dict(fixed), **params}
     cfg = resolve_config(config, overrides)
     try:  # every point's values in range before any run starts
-      typed = parse(cfg).to_json()
+      settings = parse(cfg)
     except ConfigError as e:
       raise SweepError(f"grid point {name}: {e}") from None
+    check_bounds_bind([f for f, _ in grid], settings)
+    typed = settings.to_json()
     if typed in same:  # e.g. 0.7 and 0.70: the same run twice
       raise SweepError(
         f"grid points {same[typed]} and {name} are the same run (their values are equal once "
