@@ -118,12 +118,10 @@ def test_bad_value_and_repeated_field_fail_before_any_run(tmp_path, capsys):
   assert len(err) == 1 and "objective.clip_high" in err[0] and "no clip binds" in err[0], err
   # With the old policy's own forward pass (dropout or MoE routing may move a ratio off 1): planned.
   cfg, grid = str(REPO / "configs" / "default.py"), [GRID.removeprefix("--grid=")]
-  assert (
-    len(
-      sweep.plan(cfg, str(tmp_path / "p"), grid, ["rl.num_minibatches=1,rl.old_pass=always"], None)
-    )
-    == 2
-  )
+  old_pass = ["rl.num_minibatches=1,rl.old_pass=always"]
+  assert len(sweep.plan(cfg, str(tmp_path / "p"), grid, old_pass, None)) == 2
+  one = ["objective.clip_high=0.28"]  # one value: nothing is compared, nothing refused
+  assert len(sweep.plan(cfg, str(tmp_path / "p"), one, ["rl.num_minibatches=1"], "0,1")) == 2
   assert not (tmp_path / "s").exists()
   # A --root that is a file: one line, nothing written.
   (tmp_path / "f").write_text("x")

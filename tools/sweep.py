@@ -178,8 +178,8 @@ def resolve_config(config: str, overrides: dict[str, str]):
 
 
 def check_bounds_bind(fields: Sequence[str], settings) -> None:
-  """A SweepError where the grid varies a ratio's bound (`_RATIO_BOUNDS`) that cannot bind in
-  a run of `settings`: one optimiser update per rollout, so the grid's values train alike."""
+  """A SweepError where the grid varies (`fields`) a ratio's bound (`_RATIO_BOUNDS`) that cannot
+  bind in a run of `settings`: one optimiser update per rollout, so its values train alike."""
   inert = [f for f in fields if f.partition(".")[::2] in (("objective", b) for b in _RATIO_BOUNDS)]
   if inert and settings.learner.skips_old_pass(settings.model.arch.moe_num_experts > 0):
     raise SweepError(
@@ -239,7 +239,7 @@ def plan(
       settings = parse(cfg)
     except ConfigError as e:
       raise SweepError(f"grid point {name}: {e}") from None
-    check_bounds_bind([f for f, _ in grid], settings)
+    check_bounds_bind([f for f, values in grid if len(values) > 1], settings)
     typed = settings.to_json()
     if typed in same:  # e.g. 0.7 and 0.70: the same run twice
       raise SweepError(
