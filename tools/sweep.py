@@ -228,6 +228,7 @@ def plan(
   root = os.path.abspath(root)
   check_root(root)
   runs, names, same = [], {}, {}
+  varied = [f for f, values in grid if len(values) > 1]
   for params in expand(grid):
     name = folder_name(params)
     if name in names:
@@ -239,7 +240,7 @@ def plan(
       settings = parse(cfg)
     except ConfigError as e:
       raise SweepError(f"grid point {name}: {e}") from None
-    check_bounds_bind([f for f, values in grid if len(values) > 1], settings)
+    check_bounds_bind(varied, settings)
     typed = settings.to_json()
     if typed in same:  # e.g. 0.7 and 0.70: the same run twice
       raise SweepError(
