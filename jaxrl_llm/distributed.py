@@ -267,9 +267,13 @@ def _client():
     return None
 
 
-def _leave(client, code: int, wait_s: float = 5.0, margin_s: float = 0.2) -> None:
+def _leave(
+  client, code: int, wait_s: float = 5.0, margin_s: float = 0.2, line: str | None = None
+) -> None:
   """Ends this process of a stopping job with exit `code`, in the order that keeps every
-  process's one line its last. Process 0 hosts the coordination service, and JAX aborts a
+  process's one line its last (`line`, when given, goes to stderr just before the exit, since
+  the main thread may log an update it was finishing while this waits). Process 0 hosts the
+  coordination service, and JAX aborts a
   process that is alive when the service ends, so process 0 says it leaves, waits (at most
   `wait_s`) until every other process has said it leaves too, then leaves `margin_s` later;
   each other process, once process 0 has said so (or after `wait_s`), says it leaves and does.
@@ -297,6 +301,9 @@ def _leave(client, code: int, wait_s: float = 5.0, margin_s: float = 0.2) -> Non
   else:
     wait_for(_HOST_LEAVES)
     say(f"{_LEAVING}{me}")
+  if line:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
   os._exit(code)
 
 
@@ -358,9 +365,7 @@ def watch_peers(interval_s: float = 0.5) -> threading.Thread | None:
         return
       line = peer_stopped(entries, me, processes, seen, time.monotonic())
       if line:
-        sys.stderr.write(line + "\n")
-        sys.stderr.flush()
-        _leave(client, 1)
+        _leave(client, 1, line=line)
 
   thread = threading.Thread(target=watch, name="watch_peers", daemon=True)
   thread.start()
