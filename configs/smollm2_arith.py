@@ -20,6 +20,10 @@ Settings (`--config=configs/smollm2_arith.py:SETTING`):
         the result comes back in a ChatML `tool` turn inside the same program, and it goes on
         (up to 2 calls, 48 tokens a segment; the tool's tokens are never learned);
   full_tool  full with that tool: a GPU run.
+  calc  lora with the in-graph `arithmetic_inline` tool: where the model writes a calculation
+        and ` =` in its own working ("so 12 * 35 ="), the program writes the value (" 420") and
+        the model goes on (up to 3 calls, 96 new tokens; the values are never learned);
+  full_calc  full with that tool: a GPU run.
 The model and data paths follow `$JAXRL_LLM_CACHE` (default ~/.cache/jaxrl_llm), as the script.
 """
 
@@ -30,9 +34,14 @@ import ml_collections
 from jaxrl_llm.config import recipes
 from jaxrl_llm.models import pretrained
 
-SETTINGS = ("lora", "full", "tool", "full_tool")
+SETTINGS = ("lora", "full", "tool", "full_tool", "calc", "full_calc")
 SYSTEM = (
   "You are a math assistant. Solve the problem, then write the result on a final line as: "
+  "Answer: <number>"
+)
+CALC_SYSTEM = (
+  "You are a math assistant with a calculator: write a calculation such as 14 * 23 = and its "
+  "result is filled in. Solve the problem, then write the result on a final line as: "
   "Answer: <number>"
 )
 TOOL_SYSTEM = (
@@ -75,7 +84,13 @@ def get_config(setting: str = "lora"):
     c.sampling.max_turns = 3
     c.sampling.turn_tokens = 48
     c.sampling.max_new_tokens = 144  # three segments of 48 (the tool's answers count too)
-  if setting in ("lora", "tool"):
+  if setting in ("calc", "full_calc"):
+    c.data.system_prompt = CALC_SYSTEM
+    c.data.prompt_len = 120  # the longest problem with the system message above: 115 tokens
+    c.sampling.tool = "arithmetic_inline"  # in-graph, after ` =` in the model's own text
+    c.sampling.max_turns = 4
+    c.sampling.max_new_tokens = 96  # the working and its values (the untrained model's is longer)
+  if setting in ("lora", "tool", "calc"):
     c.model.lora_rank = 16
     c.model.lora_alpha = 32.0
     c.optim.learning_rate = 2e-4

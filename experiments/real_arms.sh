@@ -22,14 +22,17 @@
 #   tool_use              tool use: the `arithmetic` tool's setting (`:tool`, `:full_tool` at
 #                         SIZE=gpu) beside the same setting without it at the tool setting's
 #                         budget of 144 new tokens, a pack each
+#   tool_calc             the inline calculator: `:calc` (`:full_calc` at SIZE=gpu) beside the
+#                         same setting with sampling.tool=none (same prompt, 96 new tokens)
 # SIZE=cpu: the adapters setting (`:lora`: rank 16, 16 rows x 64 new tokens an update) with
 #   the layers scanned (the RL step compiles in a sixth of the unrolled layers' time), seed 0
-#   alone in each arm, STEPS updates (clip_higher 10, tool_use 15, the others 20), held-out
-#   accuracy on 64 problems at 0 and STEPS: the size at which each pack fits 15 minutes on 2
-#   cores, timed alone, each study's first pack from an empty compilation cache (clip_higher's
-#   pack of two runs: 860 s; mismatch_corrections': 625-673 s a pack; length_bias's: 644 and
-#   742 s; tool_use's: 1305 s for both). One seed: the tables give no interval, so this size
-#   shows that the arm runs and where it goes, not an effect.
+#   alone in each arm, STEPS updates (clip_higher 10, tool_use 15, tool_calc 60, the others
+#   20), held-out accuracy on 64 problems at 0 and STEPS: the size at which each pack fits 15
+#   minutes on 2 cores, timed alone, each study's first pack from an empty compilation cache
+#   (clip_higher's pack of two runs: 860 s; mismatch_corrections': 625-673 s a pack;
+#   length_bias's: 644 and 742 s; tool_use's: 1305 s for both; tool_calc not timed as packs:
+#   experiments/tool_use/real_calc.md ran its arms alone). One seed: the tables give no
+#   interval, so this size shows that the arm runs and where it goes, not an effect.
 # SIZE=gpu: the full setting (`:full`: every parameter, bfloat16 compute, 256 rows an update),
 #   seeds 0-3 packed in each arm, STEPS updates (default 40), evaluations every 10.
 # STEPS and SEEDS override the size's; TABLES_ONLY=1 prints the tables of the runs already
@@ -44,7 +47,7 @@ export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$ROOT.jax_cache}
 case $SIZE in
   cpu) SETTING=lora SEEDS=${SEEDS:-0} EVAL=""
     case $STUDY in clip_higher) STEPS=${STEPS:-10} ;; tool_use) STEPS=${STEPS:-15} ;;
-      *) STEPS=${STEPS:-20} ;; esac ;;
+      tool_calc) STEPS=${STEPS:-60} ;; *) STEPS=${STEPS:-20} ;; esac ;;
   gpu) SETTING=full SEEDS=${SEEDS:-0,1,2,3} STEPS=${STEPS:-40} EVAL=,train.eval_every=10 ;;
   *) echo "error: SIZE=$SIZE; allowed: cpu | gpu" >&2; exit 2 ;;
 esac
@@ -90,9 +93,18 @@ case $STUDY in
     COLS=$COLS,tool/used_frac@avg,tool/used_frac@final,tool/calls_mean@avg,tool/error_frac@avg
     COLS=$COLS,rollout/reward_mean@avg,rollout/length_mean@final
     SETTING="$SETTING without the tool, :$TOOL_SETTING with it" ;;
+  tool_calc)
+    [ "$SIZE" = cpu ] && SETTING=calc || SETTING=full_calc
+    pack none --set=sampling.tool=none
+    pack calc
+    G=sampling.tool BASE=none
+    COLS=eval/accuracy@0,eval/accuracy@final,eval/reward/answer_line_format@final
+    COLS=$COLS,tool/used_frac@avg,tool/used_frac@final,tool/error_frac@avg
+    COLS=$COLS,rollout/accuracy@avg,rollout/length_mean@final
+    SETTING="$SETTING with sampling.tool none and arithmetic_inline" ;;
   *)
     echo "error: STUDY=${STUDY:-<none>}; allowed: clip_higher | length_bias |" \
-      "mismatch_corrections | tool_use" >&2
+      "mismatch_corrections | tool_use | tool_calc" >&2
     exit 2 ;;
 esac
 echo "# $STUDY on SmolLM2-135M-Instruct (configs/smollm2_arith.py:$SETTING), SIZE=$SIZE:"

@@ -11,11 +11,16 @@ depends on the tokenizer (`FORMATS`, chosen by `tool_format`):
   chatml  ChatML's tool role: ``<tool_call>12*35</tool_call>`` is answered
           ``<|im_end|>\n<|im_start|>tool\n420<|im_end|>\n<|im_start|>assistant\n``
   llama3  Llama 3's: ``<|python_tag|>12*35<|eom_id|>`` is answered by an ``ipython`` turn
+  inline  (`arithmetic_inline`, any Hugging Face tokenizer) in the policy's own prose, as a
+          calculator fills in a result: ``so 12 * 35 =`` is answered `` 420`` (an error
+          `` ?``) and the policy writes on; ``x`` and ``×`` multiply too
 
 Registered by name like the objectives (`ENVIRONMENTS`, the `sampling.tool` setting):
 
   calculator  `+ - *` over whole numbers, left to right (a calculator chain: ``2+3*4`` is 20)
   arithmetic  `+ - *` over whole numbers with the usual precedence (``2+3*4`` is 14)
+  arithmetic_inline  the same, called inline (the `inline` format; the task alphabet's calls
+              are inline already: `plain`)
   countdown   the countdown task's own check of an expression: single digits, each used at
               most as often as the prompt gives it, left to right; anything else is an error
   host:M:F    the Python callable M.F(call, prompt) -> number, on the host (`HostTool`), e.g.
@@ -43,6 +48,7 @@ CALL_CLOSE = "="  # ends a tool call: the environment answers after it
 ANSWER_END = ","  # ends the environment's answer
 ERROR = ":"  # the answer to a call the environment cannot evaluate
 OPS = "+-*"
+INLINE_TIMES = ("x", "×")  # the inline format's other ways to write `*`
 NUMBER = re.compile(r"[0-9]{1,9}")  # a number token's text (surrounding whitespace aside)
 
 
@@ -82,6 +88,7 @@ FORMATS = {
     "error",
     opening="<|python_tag|>",
   ),
+  "inline": ToolFormat("inline", " =", " ", "", "?"),
 }
 
 
@@ -104,11 +111,14 @@ class ToolTokens:
   vocab_size: int
 
 
-def tool_format(tokenizer) -> ToolFormat:
-  """The format of `tokenizer`'s calls: plain for the task alphabet, ChatML or Llama 3 by the
-  chat tokens a Hugging Face tokenizer holds; a ValueError naming what it lacks otherwise."""
+def tool_format(tokenizer, inline: bool = False) -> ToolFormat:
+  """The format of `tokenizer`'s calls: plain for the task alphabet; `inline` for a Hugging
+  Face tokenizer when asked; else ChatML or Llama 3 by the chat tokens it holds, and a
+  ValueError naming what it lacks otherwise."""
   if isinstance(tokenizer, CharTokenizer):
     return FORMATS["plain"]
+  if inline:
+    return FORMATS["inline"]
   special = set(tokenizer.special_tokens)
   if "<|start_header_id|>" in special:
     if "<|eom_id|>" not in special:
@@ -126,9 +136,10 @@ def tool_format(tokenizer) -> ToolFormat:
 
 
 @functools.cache
-def tool_tokens(tokenizer) -> ToolTokens:
-  """`tokenizer`'s `ToolTokens` (built once per tokenizer)."""
-  fmt = tool_format(tokenizer)
+def tool_tokens(tokenizer, inline: bool = False) -> ToolTokens:
+  """`tokenizer`'s `ToolTokens` in its format (`tool_format`), built once per tokenizer and
+  format."""
+  fmt = tool_format(tokenizer, inline)
   if isinstance(tokenizer, CharTokenizer):
     texts = {tokenizer.char_id(c): c for c in tokenizer.alphabet}
 
@@ -150,6 +161,8 @@ def tool_tokens(tokenizer) -> ToolTokens:
   ops = tuple(
     (i, OPS.index(strip(s)) + 1) for i, s in texts.items() if strip(s) and strip(s) in OPS
   )
+  if fmt.name == "inline":
+    ops += tuple((i, 3) for i, s in texts.items() if strip(s) in INLINE_TIMES)
   blanks = tuple(i for i, s in texts.items() if fmt.trailing and s and not s.strip())
   close = encode(fmt.close)
   if not close:
@@ -184,13 +197,14 @@ class ToolEnv:
 
   name: ClassVar[str] = "tool"
   precedence: ClassVar[bool] = False  # `*` before `+ -` (else left to right)
+  inline: ClassVar[bool] = False  # called in the policy's prose (`FORMATS["inline"]`)
   tokenizer: Any = dataclasses.field(default_factory=CharTokenizer)
   max_digits: int = 6  # values of more digits are errors
 
   @property
   def tokens(self) -> ToolTokens:
     """The tokenizer's call and answer tokens."""
-    return tool_tokens(self.tokenizer)
+    return tool_tokens(self.tokenizer, self.inline)
 
   @property
   def answer_len(self) -> int:
@@ -308,9 +322,11 @@ class ToolEnv:
     error_ids = jnp.asarray(t_.error, jnp.int32)
     body = jnp.where(error[:, None], error_ids[jnp.clip(i - p, 0, len(t_.error) - 1)], body)
     body_n = jnp.where(error, len(t_.error), body_n)
-    suffix = jnp.asarray(t_.suffix, jnp.int32)
-    after = i - p - body_n[:, None]  # index in the suffix
-    out = jnp.where(after >= 0, suffix[jnp.clip(after, 0, len(t_.suffix) - 1)], body)
+    out = body
+    if t_.suffix:
+      suffix = jnp.asarray(t_.suffix, jnp.int32)
+      after = i - p - body_n[:, None]  # index in the suffix
+      out = jnp.where(after >= 0, suffix[jnp.clip(after, 0, len(t_.suffix) - 1)], body)
     if p:
       out = jnp.where(i < p, jnp.asarray(t_.prefix, jnp.int32)[jnp.clip(i, 0, p - 1)], out)
     length = p + body_n + len(t_.suffix)
@@ -338,6 +354,15 @@ class Arithmetic(ToolEnv):
 
   name: ClassVar[str] = "arithmetic"
   precedence: ClassVar[bool] = True
+
+
+@dataclasses.dataclass(frozen=True)
+class InlineArithmetic(Arithmetic):
+  """`Arithmetic` called inline: the number, operator and blank run before `` =`` in the
+  policy's own text is the call, its value is written after it, and the policy goes on."""
+
+  name: ClassVar[str] = "arithmetic_inline"
+  inline: ClassVar[bool] = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -426,6 +451,7 @@ def arithmetic(call: str, prompt: str) -> int:
 ENVIRONMENTS: dict[str, type[ToolEnv]] = {
   "calculator": Calculator,
   "arithmetic": Arithmetic,
+  "arithmetic_inline": InlineArithmetic,
   "countdown": CountdownCheck,
 }
 HOST = "host:"  # `sampling.tool=host:module:function`: that callable as a `HostTool`

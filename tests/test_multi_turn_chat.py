@@ -120,6 +120,20 @@ def test_llama3_calls_close_with_eom_and_answers_are_an_ipython_turn(llama3):
   assert envs.Arithmetic(tokenizer=llama3).close_len == 1
 
 
+def test_inline_calls_are_the_arithmetic_before_the_equals_sign_and_answers_follow_it(chatml):
+  """`arithmetic_inline`: the number, operator and blank run before ` =` in the policy's prose
+  is the call (`x` multiplies too), and its value follows as that prose would write it."""
+  env = envs.get_env("arithmetic_inline", type("Task", (), {"tokenizer": chatml})())
+  assert (
+    env.tokens.format.name == "inline"
+    and envs.Arithmetic(tokenizer=chatml).tokens.format.name == "chatml"
+  )
+  calls = ["so it has 12 * 35 + 7 =", "2+3*4 =", "she buys 4 x 6 =", "Let a =", "12 + ="]
+  shown, errors = _answers(env, calls)
+  assert shown == [" 427", " 14", " 24", " ?", " ?"]
+  assert errors == [False, False, False, True, True]
+
+
 def _episode(env, policy_segments, t_max=96):
   """Runs `take_turns` over the policy's segments token by token, as the sampler's decode loop
   does (a pending answer's tokens are forced in); returns the completion ids, env mask and the
@@ -188,6 +202,40 @@ def test_an_episode_renders_as_the_chat_template_with_a_tool_turn(fmt, request):
   assert np.array_equal(tokens[n_call : n_call + len(answer)], answer)
   assert np.array_equal(np.nonzero(env_mask)[0], np.arange(n_call, n_call + len(answer)))
   assert int(turns.calls[0]) == 1 and int(turns.errors[0]) == 0
+
+
+def test_an_inline_episode_reads_as_prose_and_the_verifier_reads_the_policys_answer(chatml):
+  """The value written after ` =` is the environment's (masked), the text reads as one piece of
+  prose, and the completion the verifier reads is the policy's own after the last value."""
+  from jaxrl_llm.data.verifiers.rewards import answer_line_correct
+  from jaxrl_llm.turns import final_segment
+  from jaxrl_llm.types import Rollout
+
+  env = envs.InlineArithmetic(tokenizer=chatml)
+  segments = ["A crate holds 14 * 23 =", " pens.\nAnswer: 322"]
+  tokens, env_mask, turns = _episode(env, segments)
+  text = chatml.decode(tokens, skip_special_tokens=False, stop_at_eos=False)
+  assert text == "A crate holds 14 * 23 = 322 pens.\nAnswer: 322"
+  n_call, k = len(chatml.encode(segments[0])), int(env_mask.sum())
+  assert chatml.decode(tokens[n_call : n_call + k], stop_at_eos=False) == " 322"
+  assert np.array_equal(np.nonzero(env_mask)[0], np.arange(n_call, n_call + k))
+  assert int(turns.calls[0]) == 1 and int(turns.errors[0]) == 0
+  t = len(tokens)
+  rollout = Rollout(
+    prompt_tokens=jnp.zeros((1, 2), jnp.int32),
+    prompt_mask=jnp.ones((1, 2), bool),
+    tokens=jnp.asarray(tokens)[None],
+    loss_mask=jnp.asarray(1.0 - env_mask)[None],
+    lengths=jnp.asarray([t]),
+    truncated=jnp.asarray([False]),
+    logprobs=jnp.zeros((1, t)),
+    decode_steps=jnp.asarray(t),
+    env_mask=jnp.asarray(env_mask)[None],
+  )
+  read, mask = final_segment(rollout)
+  read = np.asarray(read[0])[np.asarray(mask[0]) > 0]
+  assert chatml.decode(read, stop_at_eos=False) == " pens.\nAnswer: 322"
+  assert answer_line_correct(chatml.decode(read, stop_at_eos=False), "322") == 1.0
 
 
 def test_a_close_with_no_calls_left_is_not_a_call(chatml):
@@ -292,3 +340,18 @@ def test_smollm2s_tool_turns_render_as_its_own_chat_template(smollm2):
   fmt = envs.FORMATS["chatml"]
   assert int(turns.calls[0]) == 1
   assert env_mask.sum() == len(tok.encode(fmt.prefix)) + 3 + len(tok.encode(fmt.suffix))
+
+
+@pytest.mark.slow
+def test_smollm2s_inline_values_are_its_tokenizers_own_tokens(smollm2):
+  """On the real model's tokenizer (every digit its own token), the calculations the untrained
+  model writes get their values, in exactly the tokens the tokenizer gives the finished text."""
+  hf_dir, _ = smollm2
+  tok = HFTokenizer.from_dir(hf_dir)
+  env = envs.InlineArithmetic(tokenizer=tok)
+  calls = ["A building has 11 * 4 * 6 =", "Tom has 19 x 2 =", "so 30 - 2*4 =", "Let a ="]
+  shown, errors = _answers(env, calls)
+  assert shown == [" 264", " 38", " 22", " ?"] and errors == [False, False, False, True]
+  tokens, env_mask, _ = _episode(env, ["It has 11 * 4 * 6 =", " windows.\nAnswer: 264"])
+  assert list(tokens) == tok.encode("It has 11 * 4 * 6 = 264 windows.\nAnswer: 264")
+  assert env_mask.sum() == len(tok.encode(" 264")) == 4

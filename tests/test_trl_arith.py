@@ -60,13 +60,14 @@ def test_an_unknown_setting_is_one_error_line(tmp_path):
   assert "lora | full" in _one_error_line(proc)
 
 
-@pytest.mark.parametrize("setting", ["tool", "full_tool"])
+@pytest.mark.parametrize("setting", ["tool", "full_tool", "calc", "full_calc"])
 def test_a_tool_setting_is_refused_in_one_line(setting, tmp_path):
   """TRL's run has no tool here: the tool settings are ours alone, never run without it."""
   out = tmp_path / "out"
   no_model = f"--model={tmp_path / 'no_model'}"  # refused before the files are looked for
   proc = _run(f"--setting={setting}", "--steps=1", f"--out={out}", no_model, timeout=120)
-  assert "sampling.tool='arithmetic' has no TRL counterpart" in _one_error_line(proc)
+  tool = _config(setting)[0].sampling.tool
+  assert f"sampling.tool={tool!r} has no TRL counterpart" in _one_error_line(proc)
   assert not out.exists()
 
 

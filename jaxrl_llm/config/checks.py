@@ -234,7 +234,8 @@ def _task(cfg: Config, mc: ModelConfig, task) -> list[str]:
     from jaxrl_llm import envs
 
     try:
-      envs.tool_tokens(task.tokenizer)
+      env = envs.ENVIRONMENTS.get(cfg.sampling.tool, envs.ToolEnv)
+      envs.tool_tokens(task.tokenizer, env.inline)
     except ValueError as e:
       out.append(f"sampling.tool={cfg.sampling.tool!r}: {e}")
   return out

@@ -183,7 +183,7 @@ class SamplingSettings(Section):
   top_p: float = setting(1.0, per_run=TRACED)  # nucleus sampling mass in (0, 1] (1 = off)
   param_dtype: str = "auto"  # sampler copy: auto (bf16, CPU f32) | float32 | bfloat16 | int8 | int4
   kv_block: int = 128  # decode stages of this many steps read only filled KV slots (0 = all S+T)
-  tool: str = "none"  # multi-turn tool: none | calculator | arithmetic | countdown | host:<m>:<f>
+  tool: str = "none"  # multi-turn tool: none | calculator | arithmetic | arithmetic_inline | countdown | host:<m>:<f>
   max_turns: int = 3  # with a tool: the policy's segments per episode (at most max_turns - 1 calls)
   turn_tokens: int = 0  # with a tool: the most tokens of one policy segment (0 = only the budget T)
 
