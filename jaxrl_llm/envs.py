@@ -5,7 +5,8 @@ appends the environment's answer (a value, or an error for a call it cannot eval
 token per decode step, its keys and values written to the KV cache like the policy's own, and
 the policy goes on. The answer's tokens are the environment's: never learned from
 (`Rollout.env_mask`), their log-probs never recorded. How calls and answers are written
-depends on the tokenizer (`FORMATS`, chosen by `tool_format`):
+depends on the tokenizer, and for `arithmetic_inline` on the tool (`FORMATS`, chosen by
+`tool_format`):
 
   plain   the built-in tasks' alphabet: ``5*3+8=`` is answered ``23,`` (an error ``:,``)
   chatml  ChatML's tool role: ``<tool_call>12*35</tool_call>`` is answered
