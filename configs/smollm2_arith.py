@@ -22,7 +22,8 @@ Settings (`--config=configs/smollm2_arith.py:SETTING`):
   full_tool  full with that tool: a GPU run.
   calc  lora with the in-graph `arithmetic_inline` tool: where the model writes a calculation
         and ` =` in its own working ("so 12 * 35 ="), the program writes the value (" 420") and
-        the model goes on (up to 3 calls, 96 new tokens; the values are never learned);
+        the model goes on (up to 3 calls, 96 new tokens; the values are never learned); 60
+        updates, evaluations at 0, 30 and 60 on 64 problems;
   full_calc  full with that tool: a GPU run.
 The model and data paths follow `$JAXRL_LLM_CACHE` (default ~/.cache/jaxrl_llm), as the script.
 """
@@ -98,6 +99,8 @@ def get_config(setting: str = "lora"):
     c.rl.remat = "none"  # 16 rows fit without recomputing the forward pass (auto: full from 1e8)
     c.task.eval_size = 64
     c.train.num_steps, c.train.eval_every, c.train.checkpoint_every = 30, 15, 15
+    if setting == "calc":  # 12-15 minutes on a 2-core CPU (experiments/tool_use/real_calc.md)
+      c.train.num_steps, c.train.eval_every, c.train.checkpoint_every = 60, 30, 30
   else:
     c.model.dtype = "bfloat16"  # compute dtype; log-probs and log-ratios stay float32
     c.model.scan_layers = True  # compiles in a fraction of the unrolled time: a 9-minute GPU call
