@@ -99,7 +99,7 @@ def get_config(setting: str = "lora"):
     c.rl.remat = "none"  # 16 rows fit without recomputing the forward pass (auto: full from 1e8)
     c.task.eval_size = 64
     c.train.num_steps, c.train.eval_every, c.train.checkpoint_every = 30, 15, 15
-    if setting == "calc":  # 12-15 minutes on a 2-core CPU (experiments/tool_use/real_calc.md)
+    if setting == "calc":  # 10-15 minutes on a 2-core CPU (experiments/tool_use/real_calc.md)
       c.train.num_steps, c.train.eval_every, c.train.checkpoint_every = 60, 30, 30
   else:
     c.model.dtype = "bfloat16"  # compute dtype; log-probs and log-ratios stay float32
