@@ -81,3 +81,18 @@ def test_the_tool_prints_every_tasks_table_and_refuses_a_bad_config_in_one_line(
   assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
     "error: invalid config: task.numbers=9 must be in [2, 5]"
   ]
+
+
+def test_evaluated_scores_the_problems_the_trainers_evaluation_scores(tmp_path):
+  """`--evaluated`: the first `task.eval_size` records (64 in the adapter settings), where the
+  best constant can score more than on the whole file; without it, the whole file."""
+  arith.write_splits(str(tmp_path), n_train=10, n_eval=300, seed=1)
+  records = [json.loads(line) for line in (tmp_path / "eval.jsonl").read_text().splitlines()]
+  args = [f"--config={REPO / 'configs' / 'smollm2_arith.py'}:calc"]
+  args += [f"--config.data.eval_files={tmp_path / 'eval.jsonl'}", "--json"]
+  whole, first = _tool(*args), _tool(*args, "--evaluated")
+  assert whole.returncode == first.returncode == 0, whole.stderr + first.stderr
+  whole, first = json.loads(whole.stdout), json.loads(first.stdout)
+  assert (whole["n"], first["n"]) == (300, 64)
+  assert first["best"] == arith.trivial_baselines(records[:64])["best"]
+  assert whole["best"] == arith.trivial_baselines(records)["best"]

@@ -4,12 +4,15 @@ answers' accuracy, to read beside the policy's.
   python tools/trivial_answers.py                                  # every built-in task
   python tools/trivial_answers.py --config=configs/countdown.py    # a config's task
   python tools/trivial_answers.py --config=configs/countdown.py --config.task.numbers=3
+  python tools/trivial_answers.py --config=configs/smollm2_arith.py --evaluated
 
 For a built-in task: its rules over the prompt (an operand, the first two added, every digit
 chained by fixed operators, the string echoed, ...) and its best constant answer, scored by the
 task's own verifier on its evaluation set (`jaxrl_llm.data.tasks.trivial`). For the arithmetic
 word problems of configs/smollm2_arith.py (records with `operands`): `arith.trivial_baselines`
-on its eval file. Prints one markdown table per task, best first (`--json`: one JSON object).
+on its eval file, or with `--evaluated` on the first `task.eval_size` records, the problems the
+trainer's evaluation scores (every prompt of tools/make_arith.py fits the config's
+`data.prompt_len`, so none is skipped). Prints one markdown table per task, best first (`--json`: one JSON object).
 A bad config ends with one `error:` line and exit code 2.
 """
 
@@ -24,8 +27,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXIT_BAD_INPUT = 2
 
 
-def _file_table(cfg) -> dict:
-  """The arithmetic records' trivial baselines (their eval file's `operands`)."""
+def _file_table(cfg, evaluated: bool = False) -> dict:
+  """The arithmetic records' trivial baselines (their eval file's `operands`; with `evaluated`,
+  the first `task.eval_size` records')."""
   from jaxrl_llm.data import arith
 
   files = cfg.data.eval_files or ()
@@ -38,6 +42,8 @@ def _file_table(cfg) -> dict:
       f"data.eval_files={files!r}: trivial answers are known for the built-in tasks and for "
       "arithmetic records with `operands` (tools/make_arith.py), not for these files"
     )
+  if evaluated and cfg.task.eval_size:
+    records = records[: cfg.task.eval_size]
   table = arith.trivial_baselines(records)
   rules = {k: v for k, v in table.items() if k not in ("best", "best_rule")}
   return {"task": "arith", "n": len(records), "rules": rules, "best": table["best"],
@@ -58,7 +64,7 @@ def tables(argv: list[str]) -> list[dict]:
   cfg = parse(launch.parse_config(["trivial_answers.py", *configs]))
   if not cfg.uses_files:
     return [trivial_table(tasks.get_task(cfg.task.name, **cfg.task.task_fields))]
-  return [_file_table(cfg)]
+  return [_file_table(cfg, "--evaluated" in argv)]
 
 
 def markdown(table: dict) -> str:
@@ -77,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
 
   backend.choose()  # as the trainer's command line does: no backend's start-up chatter here
   try:
-    out = tables([a for a in argv if a != "--json"])
+    out = tables([a for a in argv if a != "--json"])  # --evaluated is read by `tables`
   except (ValueError, OSError) as e:
     print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
     return EXIT_BAD_INPUT
