@@ -273,10 +273,10 @@ def _leave(
   """Ends this process of a stopping job with exit `code`, in the order that keeps every
   process's one line its last (`line`, when given, goes to stderr just before the exit, since
   the main thread may log an update it was finishing while this waits). Process 0 hosts the
-  coordination service, and JAX aborts a
-  process that is alive when the service ends, so process 0 says it leaves, waits (at most
-  `wait_s`) until every other process has said it leaves too, then leaves `margin_s` later;
-  each other process, once process 0 has said so (or after `wait_s`), says it leaves and does.
+  coordination service, and JAX aborts a process that is alive when the service ends, so
+  process 0 says it leaves, waits (at most `wait_s`) until every other process has said it
+  leaves too, then leaves `margin_s` later; each other process, once process 0 has said so
+  (or after `wait_s`), says it leaves and does.
   Leaving this close together also keeps a process waiting in a collective with one that is
   gone from aborting in it (CPU collectives can) before it leaves."""
   me, deadline = jax.process_index(), time.monotonic() + wait_s

@@ -49,7 +49,6 @@ CALL_CLOSE = "="  # ends a tool call: the environment answers after it
 ANSWER_END = ","  # ends the environment's answer
 ERROR = ":"  # the answer to a call the environment cannot evaluate
 OPS = "+-*"
-INLINE_TIMES = ("x", "×")  # the inline format's other ways to write `*`
 NUMBER = re.compile(r"[0-9]{1,9}")  # a number token's text (surrounding whitespace aside)
 
 
@@ -68,6 +67,7 @@ class ToolFormat:
   error: str
   opening: str = ""  # the tag a call opens with, shown to the policy in its instructions
   trailing: bool = True
+  times: tuple[str, ...] = ()  # other ways the policy may write `*` in a call
 
 
 # The formats by tokenizer: the task alphabet's, ChatML's tool role, Llama 3's `ipython` role.
@@ -89,7 +89,7 @@ FORMATS = {
     "error",
     opening="<|python_tag|>",
   ),
-  "inline": ToolFormat("inline", " =", " ", "", "?"),
+  "inline": ToolFormat("inline", " =", " ", "", "?", times=("x", "×")),
 }
 
 
@@ -162,8 +162,7 @@ def tool_tokens(tokenizer, inline: bool = False) -> ToolTokens:
   ops = tuple(
     (i, OPS.index(strip(s)) + 1) for i, s in texts.items() if strip(s) and strip(s) in OPS
   )
-  if fmt.name == "inline":
-    ops += tuple((i, 3) for i, s in texts.items() if strip(s) in INLINE_TIMES)
+  ops += tuple((i, 3) for i, s in texts.items() if strip(s) and strip(s) in fmt.times)
   blanks = tuple(i for i, s in texts.items() if fmt.trailing and s and not s.strip())
   close = encode(fmt.close)
   if not close:
