@@ -126,6 +126,34 @@ def test_a_studys_claims_were_committed_before_its_confirmation(study):
   assert declared is not None and confirmed is not None and declared < confirmed
 
 
+PAGE_CLAIMS = sorted(EXPERIMENTS.glob("*/*.claims.json"))
+
+
+def _first_commit_with(path: pathlib.Path, text: str) -> int | None:
+  """Unix time of the first commit whose `path` holds `text`, None when none does."""
+  proc = subprocess.run(
+    ["git", "log", "--format=%ct", f"-S{text}", "--", str(path)],
+    cwd=REPO, capture_output=True, text=True,
+  )  # fmt: skip
+  times = proc.stdout.split()
+  return int(times[-1]) if proc.returncode == 0 and times else None
+
+
+@pytest.mark.parametrize("claims", PAGE_CLAIMS, ids=[p.name for p in PAGE_CLAIMS])
+def test_a_pages_claims_were_committed_before_its_results(claims):
+  """A study page's own claims (<study>/<page>.claims.json beside <page>.md, e.g. a real-model
+  comparison) parse, confirm on seeds no exploration used, and entered the history before the
+  page held results: where <page>.md has `## Results`, an earlier commit added the claims."""
+  spec = seed_table.load_claims(claims)
+  assert spec["claims"] and spec["declared"]
+  page = claims.with_name(claims.name.removesuffix(".claims.json") + ".md")
+  assert page.exists() and claims.name in page.read_text()
+  if "## Results" not in page.read_text():
+    return
+  declared, results = _first_commit(claims), _first_commit_with(page, "## Results")
+  assert declared is not None and results is not None and declared < results
+
+
 def test_holm_over_a_claims_file_is_the_family_of_that_file():
   """The claims table corrects over the declared claims only: a claim with p 0.03 among two is
   reproduced (0.03 <= 0.05 / 1 after the first), not among five."""
