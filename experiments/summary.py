@@ -8,6 +8,10 @@ CONFIRM=1), with each testbed's best trivial answer above it.
 A claim without a confirmation yet (or whose confirmation has no seed of an arm it names) reads
 "not yet confirmed"; its verdict comes only from the confirmation table (Holm-corrected over the
 study's own claims), never from the seeds that explored it.
+
+A study page with claims of its own (`<study>/<page>.claims.json`, e.g. a comparison on the real
+model) gets rows beside its study's, from the claims table printed into `<page>.md`; its
+testbed's trivial answer is the best line of the raw output its `trivial_raw` names.
 """
 
 from __future__ import annotations
@@ -30,9 +34,17 @@ def studies() -> list[str]:
   return sorted(d for d in os.listdir(HERE) if os.path.isfile(os.path.join(HERE, d, "run.sh")))
 
 
-def confirmed(study: str) -> dict[str, list[str]]:
-  """{claim id: its row of the confirmation's claims table} (empty without a confirmation)."""
-  path = os.path.join(HERE, study, "confirmation.md")
+def pages(study: str) -> list[str]:
+  """The study's pages with claims of their own (`<page>.claims.json` beside `<page>.md`)."""
+  suffix = ".claims.json"
+  names = os.listdir(os.path.join(HERE, study))
+  return sorted(n.removesuffix(suffix) for n in names if n.endswith(suffix))
+
+
+def confirmed(study: str, page: str = "confirmation") -> dict[str, list[str]]:
+  """{claim id: its row of the claims table printed into `<study>/<page>.md`} (empty without
+  one)."""
+  path = os.path.join(HERE, study, f"{page}.md")
   if not os.path.exists(path):
     return {}
   rows, inside = {}, False
@@ -55,17 +67,26 @@ def table() -> str:
     "|---|---|---|---|---|---|---|",
   ]
   for study in studies():
-    spec = seed_table.load_claims(os.path.join(HERE, study, "claims.json"))
-    done = confirmed(study)
-    for c in spec["claims"]:
-      a, b = (f"{','.join(map(str, x['arm']))} `{x['col']}`" for x in (c["a"], c["b"]))
-      head = f"| [{study}]({study}/README.md) | {c['claim']} | {a} − {b} ({c['direction']}) |"
-      row = done.get(c["id"])
-      if row is None or row[5] == "0":  # n = 0: an arm it names is not trained on them yet
-        lines.append(f"{head} not yet confirmed (seeds {spec['confirmation_seeds']}) | | | |")
-      else:
-        lines.append(f"{head} {row[4]} | {row[5]} | {row[6]} | **{row[7]}** |")
+    parts = [(study, "README", "claims.json", "confirmation")]
+    parts += [(f"{study}/{p}", p, f"{p}.claims.json", p) for p in pages(study)]
+    for name, page, claims, results in parts:
+      spec = seed_table.load_claims(os.path.join(HERE, study, claims))
+      lines += _rows(f"[{name}]({study}/{page}.md)", spec, confirmed(study, results))
   return "\n".join(lines)
+
+
+def _rows(link: str, spec: dict, done: dict[str, list[str]]) -> list[str]:
+  """The table's rows of one claims file, given its printed claims table's rows."""
+  lines = []
+  for c in spec["claims"]:
+    a, b = (f"{','.join(map(str, x['arm']))} `{x['col']}`" for x in (c["a"], c["b"]))
+    head = f"| {link} | {c['claim']} | {a} − {b} ({c['direction']}) |"
+    row = done.get(c["id"])
+    if row is None or row[5] == "0":  # n = 0: an arm it names is not trained on them yet
+      lines.append(f"{head} not yet confirmed (seeds {spec['confirmation_seeds']}) | | | |")
+    else:
+      lines.append(f"{head} {row[4]} | {row[5]} | {row[6]} | **{row[7]}** |")
+  return lines
 
 
 def testbeds() -> dict[str, list[str]]:
@@ -108,7 +129,34 @@ def trivial_line() -> str:
       f"- {', '.join(names)}: `{t['best_rule']}` scores {t['best']:.3f} on the {t['n']} "
       f"held-out problems (`python tools/trivial_answers.py --config=configs/countdown.py{sets}`)."
     )
-  return "\n".join(lines)
+  return "\n".join(lines + _page_trivial_lines())
+
+
+def _page_trivial_lines() -> list[str]:
+  """A line per study page whose claims name a raw `tools/trivial_answers.py` output
+  (`trivial_raw`, from the repository's root): its best trivial answer, as that output says."""
+  import re
+
+  lines = []
+  for study in studies():
+    for page in pages(study):
+      spec = seed_table.load_claims(os.path.join(HERE, study, f"{page}.claims.json"))
+      if "trivial_raw" not in spec:
+        continue
+      with open(os.path.join(os.path.dirname(HERE), spec["trivial_raw"])) as f:
+        text = f.read()
+      command = text.splitlines()[0].removeprefix("# ").split(" (", 1)[0]
+      best = re.search(r"\((\d+) held-out problems\): best ([\d.]+) \((.+)\)", text)
+      if best is None:
+        raise SystemExit(
+          f"error: {spec['trivial_raw']}: no `best` line of tools/trivial_answers.py"
+        )
+      n, score, rule = best.groups()
+      lines.append(
+        f"- {study}/{page}: `{rule}` scores {score} on the {n} held-out problems its evaluation "
+        f"scores (`{command}`; raw output: `{spec['trivial_raw']}`)."
+      )
+  return lines
 
 
 def render(readme: str) -> str:

@@ -166,7 +166,8 @@ def test_holm_over_a_claims_file_is_the_family_of_that_file():
 
 def test_the_cross_study_table_is_the_one_summary_py_generates():
   """experiments/README.md's cross-study table is what experiments/summary.py writes from the
-  studies' claims and confirmations (and the testbed's best trivial answer) now."""
+  studies' claims and confirmations, and their pages' own (and the testbed's best trivial
+  answer) now."""
   proc = subprocess.run(
     [sys.executable, str(EXPERIMENTS / "summary.py"), "--check"],
     capture_output=True, text=True, timeout=300,
@@ -176,6 +177,9 @@ def test_the_cross_study_table_is_the_one_summary_py_generates():
   assert readme.count("| [") >= sum(
     len(seed_table.load_claims(EXPERIMENTS / s / "claims.json")["claims"]) for s in STUDIES
   )
+  for claims in PAGE_CLAIMS:  # a page's own claims get rows too, linked to the page
+    page = f"({claims.parent.name}/{claims.name.removesuffix('.claims.json')}.md)"
+    assert readme.count(page) >= len(seed_table.load_claims(claims)["claims"]), page
 
 
 NUMBER = r"(?<![\w.])[-−]?\d+\.\d+(?:e[-−]?\d+)?"
