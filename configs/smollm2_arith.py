@@ -23,7 +23,8 @@ Settings (`--config=configs/smollm2_arith.py:SETTING`):
   calc  lora with the in-graph `arithmetic_inline` tool: where the model writes a calculation
         and ` =` in its own working ("so 12 * 35 ="), the program writes the value (" 420") and
         the model goes on (up to 3 calls, 96 new tokens; the values are never learned); 60
-        updates, evaluations at 0, 30 and 60 on 64 problems;
+        updates, evaluations at 0, 30 and 60 on 64 problems (without the format reward,
+        `--config.task.reward_weights.answer_line_format=0`: experiments/tool_use/real_calc_format.md);
   full_calc  full with that tool: a GPU run.
 The model and data paths follow `$JAXRL_LLM_CACHE` (default ~/.cache/jaxrl_llm), as the script.
 """
