@@ -142,8 +142,8 @@ def _first_commit_with(path: pathlib.Path, text: str) -> int | None:
 @pytest.mark.parametrize("claims", PAGE_CLAIMS, ids=[p.name for p in PAGE_CLAIMS])
 def test_a_pages_claims_were_committed_before_its_results(claims):
   """A study page's own claims (<study>/<page>.claims.json beside <page>.md, e.g. a real-model
-  comparison) parse, confirm on seeds no exploration used, and entered the history before the
-  page held results: where <page>.md has `## Results`, an earlier commit added the claims."""
+  comparison) parse, the page names them, and they entered the history before the page held
+  results: where <page>.md has `## Results`, an earlier commit added the claims."""
   spec = seed_table.load_claims(claims)
   assert spec["claims"] and spec["declared"]
   page = claims.with_name(claims.name.removesuffix(".claims.json") + ".md")
