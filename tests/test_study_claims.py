@@ -101,10 +101,12 @@ def test_every_study_declares_its_claims_on_fresh_seeds(study):
   assert "--claims=" in run_sh and "CONFIRM" in run_sh
 
 
-def _first_commit(path: pathlib.Path) -> int | None:
-  """Unix time of the first commit that added `path`, None when git has none."""
+def _first_commit(path: pathlib.Path, holding: str | None = None) -> int | None:
+  """Unix time of the first commit that added `path` (with `holding`: the first whose `path`
+  holds that text), None when git has none."""
+  select = ["--diff-filter=A"] if holding is None else [f"-S{holding}"]
   proc = subprocess.run(
-    ["git", "log", "--diff-filter=A", "--format=%ct", "--", str(path)],
+    ["git", "log", *select, "--format=%ct", "--", str(path)],
     cwd=REPO, capture_output=True, text=True,
   )  # fmt: skip
   times = proc.stdout.split()
@@ -129,16 +131,6 @@ def test_a_studys_claims_were_committed_before_its_confirmation(study):
 PAGE_CLAIMS = sorted(EXPERIMENTS.glob("*/*.claims.json"))
 
 
-def _first_commit_with(path: pathlib.Path, text: str) -> int | None:
-  """Unix time of the first commit whose `path` holds `text`, None when none does."""
-  proc = subprocess.run(
-    ["git", "log", "--format=%ct", f"-S{text}", "--", str(path)],
-    cwd=REPO, capture_output=True, text=True,
-  )  # fmt: skip
-  times = proc.stdout.split()
-  return int(times[-1]) if proc.returncode == 0 and times else None
-
-
 @pytest.mark.parametrize("claims", PAGE_CLAIMS, ids=[p.name for p in PAGE_CLAIMS])
 def test_a_pages_claims_were_committed_before_its_results(claims):
   """A study page's own claims (<study>/<page>.claims.json beside <page>.md, e.g. a real-model
@@ -150,7 +142,7 @@ def test_a_pages_claims_were_committed_before_its_results(claims):
   assert page.exists() and claims.name in page.read_text()
   if "## Results" not in page.read_text():
     return
-  declared, results = _first_commit(claims), _first_commit_with(page, "## Results")
+  declared, results = _first_commit(claims), _first_commit(page, holding="## Results")
   assert declared is not None and results is not None and declared < results
 
 

@@ -12,7 +12,8 @@ task's own verifier on its evaluation set (`jaxrl_llm.data.tasks.trivial`). For 
 word problems of configs/smollm2_arith.py (records with `operands`): `arith.trivial_baselines`
 on its eval file, or with `--evaluated` on the first `task.eval_size` records, the problems the
 trainer's evaluation scores (every prompt of tools/make_arith.py fits the config's
-`data.prompt_len`, so none is skipped). Prints one markdown table per task, best first (`--json`: one JSON object).
+`data.prompt_len`, so none is skipped). Prints one markdown table per task, best first
+(`--json`: one JSON object).
 A bad config ends with one `error:` line and exit code 2.
 """
 
