@@ -29,7 +29,10 @@ With --claims=FILE (a study's claims.json, declared before its results: `load_cl
 group_by fields, the baseline and the claimed columns come from the file, and a third table
 words each declared claim (`a` minus `b`, paired by seed: an arm against the baseline, or one
 arm's column against another of its columns) with Holm's correction over the file's claims
-alone. Columns of --cols that no claim names are exploratory: printed, never worded.
+alone. A claim with `"count": {"at_most": X}` counts, per arm, the seeds whose value is at most
+X (e.g. a collapse onto a trivial answer's score) and words the difference of the two counts
+with the exact McNemar test's p-value (`study_stats.paired_count_test`). Columns of --cols that
+no claim names are exploratory: printed, never worded.
 """
 
 from __future__ import annotations
@@ -147,18 +150,27 @@ def _differences(arms, fields, cols, baseline, expect, header=None):
 
 
 CLAIM_KEYS = {"id", "claim", "a", "b", "direction"}
+OPTIONAL_KEYS = {"count"}  # {"at_most": X}: a count of seeds at or below X (see the docstring)
 
 
 def load_claims(path):
   """A study's declared claims: {"group_by": [fields], "baseline": [values], "claims": [{"id",
-  "claim", "a": {"arm": [values], "col": TAG@WHAT}, "b": {...}, "direction": "+" | "-"}], ...}
+  "claim", "a": {"arm": [values], "col": TAG@WHAT}, "b": {...}, "direction": "+" | "-",
+  optionally "count": {"at_most": X}}], ...}
   (its seeds and declaration date too); a malformed file exits with one line naming it."""
   with open(path) as f:
     spec = json.load(f)
   problems = [k for k in ("group_by", "baseline", "claims") if k not in spec]
   for c in spec.get("claims", []):
-    if set(c) != CLAIM_KEYS or c["direction"] not in "+-" or not {"arm", "col"} == set(c["a"]):
-      problems.append(f"claim {c.get('id', '?')}: want keys {sorted(CLAIM_KEYS)}")
+    keys_ok = CLAIM_KEYS <= set(c) <= CLAIM_KEYS | OPTIONAL_KEYS
+    if not keys_ok or c["direction"] not in "+-" or not {"arm", "col"} == set(c["a"]):
+      problems.append(
+        f"claim {c.get('id', '?')}: want keys {sorted(CLAIM_KEYS)}, optionally {sorted(OPTIONAL_KEYS)}"
+      )
+    elif "count" in c and not (
+      set(c["count"]) == {"at_most"} and isinstance(c["count"]["at_most"], int | float)
+    ):
+      problems.append(f'claim {c["id"]}: `count` wants {{"at_most": a number}}')
     elif {"arm", "col"} != set(c["b"]) or "@" not in c["a"]["col"] + c["b"]["col"]:
       problems.append(f"claim {c['id']}: `a` and `b` each want an arm and a TAG@WHAT col")
   if problems:
@@ -169,7 +181,11 @@ def load_claims(path):
 def _claims_table(arms, claims, cols):
   """Each declared claim's paired difference, p-value and Holm-corrected verdict."""
   print("declared claims (a − b paired by seed) [t 95% interval] (n seeds), p (paired t-test),")
-  print("verdict Holm-corrected over these claims alone\n")
+  print("verdict Holm-corrected over these claims alone")
+  if any("count" in c for c in claims):
+    print("(a count claim: a − b is the difference of the shares of seeds at or below its")
+    print("threshold, p the exact McNemar test's)")
+  print()
   tests, rows = [], []
   for c in claims:
     side = []
@@ -177,9 +193,14 @@ def _claims_table(arms, claims, cols):
       runs = arms.get(tuple(str(v) for v in part["arm"]), {})
       j = cols.index(part["col"])
       side.append({s: r[j] for s, r in runs.items() if r[j] is not None})
-    diff, p = stats.paired_test(*side)
+    if "count" in c:
+      diff, p = stats.paired_count_test(*side, at_most=c["count"]["at_most"])
+    else:
+      diff, p = stats.paired_test(*side)
     tests.append((diff, p, 1 if c["direction"] == "+" else -1))
     a, b = (f"{','.join(map(str, x['arm']))} {x['col']}" for x in (c["a"], c["b"]))
+    if "count" in c:
+      a, b = (f"seeds with {x} <= {c['count']['at_most']}" for x in (a, b))
     rows.append([c["id"], c["claim"], f"{a} − {b}", c["direction"], str(diff), str(diff.n),
                  stats.fmt(p)])  # fmt: skip
   for row, word in zip(rows, stats.verdicts(tests)):

@@ -11,7 +11,9 @@ Below `MIN_SEEDS` seeds no interval is claimed (low and high are NaN and a table
 an arm whose seeds all gave one value has that value as its interval.
 
 A paired difference (`paired_test`) has the t interval of the per-seed differences and the
-two-sided one-sample t-test's p-value. `verdicts` words a study's claims as one family: a claim
+two-sided one-sample t-test's p-value. A paired count (`paired_count_test`: how many seeds
+of each arm end at or below a threshold, e.g. a collapse onto a trivial answer) has the exact
+McNemar test's p-value: the two-sided binomial test of the discordant seeds. `verdicts` words a study's claims as one family: a claim
 is "reproduced" or "refuted" only when Holm–Bonferroni (`holm`, family-wise alpha 0.05) rejects
 a zero difference over every claim passed in together, else "inconclusive". `verdict` words a
 single claim from its interval alone, uncorrected.
@@ -103,6 +105,46 @@ def paired_test(arm: dict[int, float], base: dict[int, float]) -> tuple[Interval
   return diff, float(stats.ttest_1samp(x, 0.0).pvalue)
 
 
+@dataclasses.dataclass(frozen=True)
+class Count:
+  """How many of `n` paired seeds end at or below a threshold in arm a and in arm b, and how
+  many seeds are discordant each way (`only_a`: a at or below, b above; `only_b`: the reverse)."""
+
+  a: int
+  b: int
+  n: int
+  only_a: int
+  only_b: int
+
+  @property
+  def mean(self) -> float:
+    """The difference of the two shares, a − b (NaN without seeds)."""
+    return (self.a - self.b) / self.n if self.n else float("nan")
+
+  def __str__(self) -> str:
+    return (
+      f"{fmt(self.mean)} ({self.a} − {self.b} of {self.n} seeds; discordant "
+      f"{self.only_a}:{self.only_b}, exact McNemar)"
+    )
+
+
+def paired_count_test(
+  arm: dict[int, float], base: dict[int, float], at_most: float
+) -> tuple[Count, float]:
+  """The seeds both arms have (each a {seed: value}) whose value is at most `at_most`, counted
+  per arm, and the exact McNemar test's two-sided p-value of equal shares: a binomial test at
+  1/2 of the discordant seeds (1.0 without any)."""
+  seeds = sorted(set(arm) & set(base))
+  a = [arm[s] <= at_most for s in seeds]
+  b = [base[s] <= at_most for s in seeds]
+  only_a = sum(x and not y for x, y in zip(a, b))
+  only_b = sum(y and not x for x, y in zip(a, b))
+  count = Count(sum(a), sum(b), len(seeds), only_a, only_b)
+  if only_a + only_b == 0:
+    return count, 1.0
+  return count, float(stats.binomtest(only_a, only_a + only_b, 0.5).pvalue)
+
+
 def holm(pvalues: Sequence[float], alpha: float = ALPHA) -> list[bool]:
   """Holm–Bonferroni: which of `pvalues` (one family) are rejected at family-wise `alpha`, in
   their own order. The k-th smallest (k from 0) is rejected when it and every smaller one are at
@@ -118,8 +160,8 @@ def holm(pvalues: Sequence[float], alpha: float = ALPHA) -> list[bool]:
   return rejected
 
 
-def verdicts(tests: Sequence[tuple[Interval, float, int]]) -> list[str]:
-  """The word each claim (difference, p-value, expected sign +1 or -1) supports, corrected for
+def verdicts(tests: Sequence[tuple[Interval | Count, float, int]]) -> list[str]:
+  """The word each claim (difference or paired count, p-value, expected sign +1 or -1) supports, corrected for
   the whole family passed in: "reproduced" or "refuted" (by the difference's sign) only where
   `holm` rejects a zero difference, else "inconclusive"; "too few seeds" below `MIN_SEEDS`.
   Pass all of a study's claims at once: claims worded in separate calls are not corrected for

@@ -80,6 +80,8 @@ def _rows(link: str, spec: dict, done: dict[str, list[str]]) -> list[str]:
   lines = []
   for c in spec["claims"]:
     a, b = (f"{','.join(map(str, x['arm']))} `{x['col']}`" for x in (c["a"], c["b"]))
+    if "count" in c:  # a count of seeds at or below a threshold (seed_table.py's docstring)
+      a, b = (f"seeds with {x} ≤ {c['count']['at_most']}" for x in (a, b))
     head = f"| {link} | {c['claim']} | {a} − {b} ({c['direction']}) |"
     row = done.get(c["id"])
     if row is None or row[5] == "0":  # n = 0: an arm it names is not trained on them yet

@@ -86,6 +86,36 @@ def test_claims_are_worded_over_their_own_family_and_other_columns_are_explorato
   assert proc.returncode == 1 and proc.stderr.strip().startswith(f"error: {path}: claim collapse")
 
 
+def test_a_count_claim_counts_seeds_at_or_below_its_threshold(tmp_path):
+  """A declared count (`"count": {"at_most": X}`): per arm, the seeds whose column is at most X,
+  worded with the exact McNemar test over real TensorBoard events; a malformed count is one
+  error line."""
+  base = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.4, 0.5])  # 6 of 8 seeds at 0
+  _write_runs(
+    tmp_path / "runs", {"0.2": {"eval/accuracy": base}, "0.0": {"eval/accuracy": base * 0 + 0.3}}
+  )
+  claim = {
+    "id": "fewer", "claim": "fewer seeds collapse without the term",
+    "a": {"arm": ["0.0"], "col": "eval/accuracy@final"},
+    "b": {"arm": ["0.2"], "col": "eval/accuracy@final"},
+    "direction": "-", "count": {"at_most": 0.047},
+  }  # fmt: skip
+  claims = {"declared": "before", "group_by": ["objective.clip_high"], "baseline": ["0.2"]}
+  path = tmp_path / "claims.json"
+  path.write_text(json.dumps({**claims, "claims": [claim]}))
+  cmd = [sys.executable, str(EXPERIMENTS / "seed_table.py"), f"--root={tmp_path / 'runs'}"]
+  out = subprocess.run([*cmd, f"--claims={path}"], capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0, out.stderr
+  (row,) = [line for line in out.stdout.splitlines() if line.startswith("| fewer |")]
+  assert "-0.750 (0 − 6 of 8 seeds; discordant 0:6, exact McNemar)" in row
+  assert "| 0.031 | reproduced |" in row and "seeds with 0.0 eval/accuracy@final <= 0.047" in row
+  path.write_text(json.dumps({**claims, "claims": [{**claim, "count": {"below": 1}}]}))
+  proc = subprocess.run([*cmd, f"--claims={path}"], capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 1 and proc.stderr.strip() == (
+    f'error: {path}: claim fewer: `count` wants {{"at_most": a number}}'
+  )
+
+
 @pytest.mark.parametrize("study", STUDIES)
 def test_every_study_declares_its_claims_on_fresh_seeds(study):
   """Each study's claims.json parses, names the baseline's failure and the fix's effect on

@@ -127,6 +127,34 @@ def test_paired_differences_give_the_verdict_their_interval_supports(shift, word
   assert unpaired.high - unpaired.low > 5 * (diff.high - diff.low)
 
 
+def test_the_paired_count_test_is_exact_mcnemar_and_holds_its_level():
+  """Counts of seeds at or below a threshold: 6 seeds discordant one way and none the other
+  give the exact McNemar p-value 2 / 2**6; simulated studies of 16 paired seeds with equal
+  collapse rates reject at most 5% of the time, and a collapse rate of 0.5 against 0 is found
+  in most of them."""
+  arm = {s: (0.0 if s < 6 else 0.4) for s in range(16)}
+  base = {s: 0.4 for s in range(16)}
+  count, p = study_stats.paired_count_test(arm, base, at_most=0.05)
+  assert (count.a, count.b, count.n, count.only_a, count.only_b) == (6, 0, 16, 6, 0)
+  assert p == pytest.approx(2 / 2**6) and count.mean == pytest.approx(6 / 16)
+  assert study_stats.verdicts([(count, p, 1)]) == ["reproduced"]
+  assert study_stats.verdicts([(count, p, -1)]) == ["refuted"]
+  assert study_stats.paired_count_test(base, base, at_most=0.05)[1] == 1.0
+  assert "6 − 0 of 16 seeds" in str(count)
+  rng = np.random.default_rng(16)
+
+  def rejections(rate_a, rate_b, studies=4000):
+    a, b = rng.random((studies, 16)) < rate_a, rng.random((studies, 16)) < rate_b
+    hits = 0
+    for x, y in zip(a, b):
+      _, p = study_stats.paired_count_test(dict(enumerate(1.0 - x)), dict(enumerate(1.0 - y)), 0.0)
+      hits += p <= study_stats.ALPHA
+    return hits / studies
+
+  assert rejections(0.3, 0.3) <= study_stats.ALPHA
+  assert rejections(0.5, 0.0) >= 0.8
+
+
 def test_compare_tables_holds_means_to_the_committed_intervals():
   import compare_tables
 
