@@ -123,6 +123,32 @@ def test_the_default_reward_weights_reward_the_correct_term_on_prompt_files(
   assert 0 < np.mean(want) < 1  # the check had something to check
 
 
+def test_a_verifier_at_weight_zero_is_logged_and_adds_nothing_to_the_reward(
+  file_config, monkeypatch
+):
+  """A verifier named at weight 0 is scored on every completion and logged as `reward/NAME`
+  (a diagnostic, e.g. the format rate of a run without the format reward), while the reward is
+  the weighted terms' alone."""
+  config, _ = file_config
+  monkeypatch.setitem(verifiers.REWARD_FNS, "parity", _parity)
+  config.task.reward_weights = ml_collections.ConfigDict({"math_correct": 1.0, "parity": 0.0})
+  exp = build(config)
+  assert "parity" in exp.task.host_term_names
+  np_batch = next(exp.task.train_iterator(config.rl.num_prompts, config.seed))
+  rollout = exp.program.sample(
+    exp.state, to_global_batch(np_batch, exp.batch_sharding), jax.random.PRNGKey(2)
+  )
+  texts = exp.task.decode(np.asarray(rollout.tokens))
+  _, m = host_reward_step(exp, exp.state, np_batch, jax.random.PRNGKey(2))
+  m = jax.device_get(m)
+  parity = [_parity(t, "") for t in texts]
+  assert 0 < np.mean(parity) < 1  # the diagnostic had something to show
+  np.testing.assert_allclose(m["reward/parity"], np.mean(parity), rtol=1e-6)
+  answers = np.repeat(np_batch["answer"], len(texts) // len(np_batch["answer"]))
+  correct = [verifiers.math_correct(t, r) for t, r in zip(texts, answers, strict=True)]
+  np.testing.assert_allclose(m["hist/reward"], correct)
+
+
 def test_verifier_failures_are_counted_not_fatal(file_config):
   config, _ = file_config
   exp = build(config)

@@ -94,7 +94,8 @@ class FileTask(Task):
     return [self.tokenizer.decode(row.tolist()) for row in np.asarray(tokens)]
 
   def _verifiers(self) -> dict[str, Callable[[str, str], float]]:
-    """The weighted verifiers, and `correct_term`'s (accuracy) when it has no weight."""
+    """The named verifiers (weighted or diagnostic), and `correct_term`'s (accuracy) when the
+    weights do not name it."""
     fns = dict(self.reward_fns)
     if self.correct_term not in fns:
       fns[self.correct_term] = verifiers.get_reward_fn(self.correct_term)
@@ -210,8 +211,15 @@ def build_file_task(config, tokenizer_dir: str) -> FileTask:
       "the evaluation split is empty: set data.eval_files or a data.eval_fraction > 0"
     )
   weights = dict(config.task.reward_weights)  # `correct`: data.correct_term's verifier
+  # A verifier named at weight 0 is still scored and logged (`reward/NAME`, `eval/reward/NAME`)
+  # but adds nothing to the reward: a diagnostic beside the runs that weight it. Names at weight
+  # 0 that are no verifier here (the built-in tasks' `format`), or whose package is missing,
+  # are left out, as before.
   reward_fns = {
-    name: verifiers.get_reward_fn(name) for name, w in weights.items() if w and name != "correct"
+    name: verifiers.get_reward_fn(name)
+    for name, w in weights.items()
+    if name != "correct"
+    and (w or (name in verifiers.REWARD_FNS and verifiers.missing_package(name) is None))
   }
   return FileTask(
     tokenizer=tokenizer,
