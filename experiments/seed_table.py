@@ -164,9 +164,8 @@ def load_claims(path):
   for c in spec.get("claims", []):
     keys_ok = CLAIM_KEYS <= set(c) <= CLAIM_KEYS | OPTIONAL_KEYS
     if not keys_ok or c["direction"] not in "+-" or not {"arm", "col"} == set(c["a"]):
-      problems.append(
-        f"claim {c.get('id', '?')}: want keys {sorted(CLAIM_KEYS)}, optionally {sorted(OPTIONAL_KEYS)}"
-      )
+      want = f"want keys {sorted(CLAIM_KEYS)}, optionally {sorted(OPTIONAL_KEYS)}"
+      problems.append(f"claim {c.get('id', '?')}: {want}")
     elif "count" in c and not (
       set(c["count"]) == {"at_most"} and isinstance(c["count"]["at_most"], int | float)
     ):

@@ -11,12 +11,12 @@ Below `MIN_SEEDS` seeds no interval is claimed (low and high are NaN and a table
 an arm whose seeds all gave one value has that value as its interval.
 
 A paired difference (`paired_test`) has the t interval of the per-seed differences and the
-two-sided one-sample t-test's p-value. A paired count (`paired_count_test`: how many seeds
-of each arm end at or below a threshold, e.g. a collapse onto a trivial answer) has the exact
-McNemar test's p-value: the two-sided binomial test of the discordant seeds. `verdicts` words a study's claims as one family: a claim
-is "reproduced" or "refuted" only when Holm–Bonferroni (`holm`, family-wise alpha 0.05) rejects
-a zero difference over every claim passed in together, else "inconclusive". `verdict` words a
-single claim from its interval alone, uncorrected.
+two-sided one-sample t-test's p-value. A paired count (`paired_count_test`: how many seeds of
+each arm end at or below a threshold, e.g. a collapse onto a trivial answer) has the exact
+McNemar test's p-value: the two-sided binomial test of the discordant seeds. `verdicts` words a
+study's claims as one family: a claim is "reproduced" or "refuted" only when Holm–Bonferroni
+(`holm`, family-wise alpha 0.05) rejects a zero difference over every claim passed in together,
+else "inconclusive". `verdict` words a single claim from its interval alone, uncorrected.
 """
 
 from __future__ import annotations
@@ -161,11 +161,11 @@ def holm(pvalues: Sequence[float], alpha: float = ALPHA) -> list[bool]:
 
 
 def verdicts(tests: Sequence[tuple[Interval | Count, float, int]]) -> list[str]:
-  """The word each claim (difference or paired count, p-value, expected sign +1 or -1) supports, corrected for
-  the whole family passed in: "reproduced" or "refuted" (by the difference's sign) only where
-  `holm` rejects a zero difference, else "inconclusive"; "too few seeds" below `MIN_SEEDS`.
-  Pass all of a study's claims at once: claims worded in separate calls are not corrected for
-  one another."""
+  """The word each claim (difference or paired count, p-value, expected sign +1 or -1)
+  supports, corrected for the whole family passed in: "reproduced" or "refuted" (by the
+  difference's sign) only where `holm` rejects a zero difference, else "inconclusive"; "too few
+  seeds" below `MIN_SEEDS`. Pass all of a study's claims at once: claims worded in separate
+  calls are not corrected for one another."""
   rejected = holm([p for _, p, _ in tests])
   words = []
   for (diff, _, expected), reject in zip(tests, rejected, strict=True):

@@ -63,7 +63,7 @@ def confirmed(study: str, page: str = "confirmation") -> dict[str, list[str]]:
 def table() -> str:
   """The markdown table: one row per declared claim of every study."""
   lines = [
-    "| study | claim | a − b (expected sign) | on fresh seeds: difference [t 95%] | n | p | verdict |",
+    "| study | claim | a − b (expected sign) | on fresh seeds: difference [t 95%] or count | n | p | verdict |",
     "|---|---|---|---|---|---|---|",
   ]
   for study in studies():
