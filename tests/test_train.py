@@ -68,6 +68,38 @@ def test_tensorboard_has_the_required_tags(tiny_run):
   assert result["eval/accuracy"] == evals[-1][1]
 
 
+def test_a_run_exports_to_raw_files_read_back_from_its_events(tiny_run, tmp_path):
+  """tools/export_runs.py writes a run's config, every scalar and every logged sample from its
+  own TensorBoard events; a second export into the same folder is one error line and changes
+  nothing."""
+  import json
+  import shutil
+
+  workdir, _ = tiny_run
+  root = tmp_path / "study"
+  shutil.copytree(workdir, root / "run_a", ignore=shutil.ignore_patterns("checkpoints"))
+  (root / "run_a.log").write_text("the terminal's lines\n")
+  tool = str(REPO / "tools" / "export_runs.py")
+  cmd = [sys.executable, tool, f"--root={root}", f"--out={tmp_path / 'out'}"]
+  subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=300)
+  out = tmp_path / "out" / "run_a"
+  scalars = json.loads((out / "scalars.json").read_text())
+  want = metrics.read_scalars(str(workdir))
+  assert scalars == {k: [[s, v] for s, v in vs] for k, vs in want.items()} and scalars
+  rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+  logged = metrics.read_text(str(workdir))["samples"]
+  assert len(rows) == sum(text.count("\n| `") for _, text in logged) > 0
+  assert {r["step"] for r in rows} == {s for s, _ in logged}
+  assert all(r["prompt"] and isinstance(r["reward"], float) for r in rows)
+  assert (out / "run.log").read_text() == "the terminal's lines\n"
+  assert (out / "config.json").read_text() == (workdir / "config.json").read_text()
+  before = (out / "scalars.json").stat().st_mtime_ns
+  again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+  assert again.returncode == 2 and again.stderr.strip().startswith("error: --out=")
+  assert len(again.stderr.strip().splitlines()) == 1
+  assert (out / "scalars.json").stat().st_mtime_ns == before
+
+
 def test_first_minibatch_is_on_policy(tiny_run):
   workdir, _ = tiny_run
   s = metrics.read_scalars(str(workdir))
