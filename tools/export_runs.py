@@ -25,21 +25,14 @@ import os
 import re
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "experiments"))
+from seed_table import find_runs  # noqa: E402  (the runs a study's tables read)
 
 EXIT_BAD_INPUT = 2
 # One row of record.text_summary's markdown table; prompts and completions may hold newlines.
 ROW = re.compile(r"^\| `(.*?)` \| `(.*?)` \| (-?\d+(?:\.\d+)?) \|$", re.S | re.M)
-
-
-def find_runs(root: str) -> list[str]:
-  """The run folders under `root` (those with a config.json), sorted, checkpoints skipped."""
-  runs = []
-  for dirpath, dirnames, filenames in os.walk(root):
-    dirnames[:] = sorted(d for d in dirnames if d not in ("checkpoints", "sft"))
-    if "config.json" in filenames:
-      runs.append(dirpath)
-  return sorted(runs)
 
 
 def samples(markdown: str, step: int) -> list[dict]:
