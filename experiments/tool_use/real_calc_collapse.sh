@@ -8,9 +8,10 @@
 #   SEEDS="8 9" bash experiments/tool_use/real_calc_collapse.sh
 #   TABLES_ONLY=1 bash experiments/tool_use/real_calc_collapse.sh
 #
-# Runs go one after another, seed by seed, the format term's arm first; each alone takes about
-# 5-8 minutes on a 2-core CPU (python tools/get_smollm2.py first). A run that ended (exit 0) is
-# kept and skipped when the script is started again; one that did not is started afresh. Each
+# Runs go one after another, seed by seed, the format term's arm first (python
+# tools/get_smollm2.py first); each alone took 487-591 s on a 2-core CPU. A run that ended
+# (exit 0) is kept and skipped when the script is started again; one that did not is started
+# afresh. Each
 # run's exit status and seconds are appended to $ROOT.queue.txt. Outputs under $ROOT (default
 # /tmp/calc_collapse), a compilation cache beside it, the tables on stdout.
 set -euo pipefail
