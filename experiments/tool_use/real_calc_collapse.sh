@@ -9,7 +9,7 @@
 #   TABLES_ONLY=1 bash experiments/tool_use/real_calc_collapse.sh
 #
 # Runs go one after another, seed by seed, the format term's arm first (python
-# tools/get_smollm2.py first); each alone took 487-962 s on a 2-core CPU, longer where the
+# tools/get_smollm2.py first); each alone took 487-966 s on a 2-core CPU, longer where the
 # completions are longer. A run that ended (exit 0) is kept and skipped when the script is
 # started again; one that did not is started afresh. Each run's exit status and seconds are
 # appended to $ROOT.queue.txt. Outputs under $ROOT (default
