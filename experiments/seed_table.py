@@ -117,10 +117,11 @@ def _arms(roots, fields, cols):
 
 
 def _table(header, rows):
+  """A markdown table; a `|` inside a cell (e.g. KL(p||q) in a claim) is escaped as `\\|`."""
   print("| " + " | ".join(header) + " |")
   print("|" + "---|" * len(header))
   for row in rows:
-    print("| " + " | ".join(row) + " |")
+    print("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
   print()
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -47,17 +48,25 @@ def confirmed(study: str, page: str = "confirmation") -> dict[str, list[str]]:
   path = os.path.join(HERE, study, f"{page}.md")
   if not os.path.exists(path):
     return {}
-  rows, inside = {}, False
+  rows, inside, width = {}, False, 0
   with open(path) as f:
     for line in f:
       if line.startswith("| claim | statement |"):
-        inside = True
+        inside, width = True, len(_cells(line))
       elif inside and line.startswith("| ") and not line.startswith("|---"):
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        cells = _cells(line)
+        # A statement's own bars, left unescaped by tables printed before seed_table.py
+        # escaped them, join back into it: every other cell is fixed.
+        cells[1 : len(cells) - width + 2] = ["|".join(cells[1 : len(cells) - width + 2])]
         rows[cells[0]] = cells
       elif inside and not line.strip():
         inside = bool(not rows)
   return rows
+
+
+def _cells(line: str) -> list[str]:
+  """A markdown table row's cells, split at the bars no backslash escapes."""
+  return [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
 
 
 def table() -> str:
@@ -82,7 +91,8 @@ def _rows(link: str, spec: dict, done: dict[str, list[str]]) -> list[str]:
     a, b = (f"{','.join(map(str, x['arm']))} `{x['col']}`" for x in (c["a"], c["b"]))
     if "count" in c:  # a count of seeds at or below a threshold (seed_table.py's docstring)
       a, b = (f"seeds with {x} ≤ {c['count']['at_most']}" for x in (a, b))
-    head = f"| {link} | {c['claim']} | {a} − {b} ({c['direction']}) |"
+    claim = c["claim"].replace("|", "\\|")  # a bar of its own (KL(p||q)) would split its cell
+    head = f"| {link} | {claim} | {a} − {b} ({c['direction']}) |"
     row = done.get(c["id"])
     if row is None or row[5] == "0":  # n = 0: an arm it names is not trained on them yet
       lines.append(f"{head} not yet confirmed (seeds {spec['confirmation_seeds']}) | | | |")

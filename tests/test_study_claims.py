@@ -204,6 +204,38 @@ def test_the_cross_study_table_is_the_one_summary_py_generates():
     assert readme.count(page) >= len(seed_table.load_claims(claims)["claims"]), page
 
 
+def test_a_bar_inside_a_claim_keeps_every_table_cell_in_its_column(tmp_path, monkeypatch):
+  """A claim worded with bars of its own (KL(p||q)) is printed by seed_table.py with them
+  escaped, read back by summary.py with its p-value and verdict in their columns (also from a
+  table printed before the escaping), and every row of the cross-study table has its 7 cells."""
+  import summary
+
+  rng = np.random.default_rng(3)
+  _write_runs(
+    tmp_path / "runs",
+    {"0.2": {"kl": rng.normal(1, 0.01, 8)}, "0.28": {"kl": rng.normal(2, 0.01, 8)}},
+  )
+  claim = {"id": "kl", "claim": "KL(pi||ref) grows", "a": {"arm": ["0.28"], "col": "kl@final"},
+           "b": {"arm": ["0.2"], "col": "kl@final"}, "direction": "+"}  # fmt: skip
+  spec = {"group_by": ["objective.clip_high"], "baseline": ["0.2"], "claims": [claim]}
+  (tmp_path / "claims.json").write_text(json.dumps(spec))
+  cmd = [sys.executable, str(EXPERIMENTS / "seed_table.py"), f"--root={tmp_path / 'runs'}"]
+  out = subprocess.run([*cmd, f"--claims={tmp_path / 'claims.json'}"], capture_output=True,
+                       text=True, timeout=120, check=True).stdout  # fmt: skip
+  (row,) = [line for line in out.splitlines() if line.startswith("| kl |")]
+  assert "KL(pi\\|\\|ref) grows" in row and len(summary._cells(row)) == 8
+  header = "| claim | statement | a − b | expected | difference | n | p | verdict |"
+  (tmp_path / "study").mkdir()
+  monkeypatch.setattr(summary, "HERE", str(tmp_path))
+  for printed in (row, row.replace("\\|", "|")):  # escaped, and as printed before escaping
+    (tmp_path / "study" / "confirmation.md").write_text(f"{header}\n|---|\n{printed}\n")
+    cells = summary.confirmed("study")["kl"]
+    assert len(cells) == 8 and cells[5] == "8" and cells[7] == "reproduced", cells
+  readme = (EXPERIMENTS / "README.md").read_text()
+  rows = [line for line in readme.splitlines() if line.startswith("| [")]
+  assert rows and all(len(summary._cells(line)) == 7 for line in rows)
+
+
 NUMBER = r"(?<![\w.])[-−]?\d+\.\d+(?:e[-−]?\d+)?"
 
 
