@@ -83,6 +83,20 @@ def test_the_tool_prints_every_tasks_table_and_refuses_a_bad_config_in_one_line(
   ]
 
 
+def test_the_tool_answers_help_and_refuses_an_unknown_flag_before_computing_anything():
+  """`--help` prints the usage and exits 0; a flag it does not know is one `error:` line, exit
+  2, with nothing printed on stdout."""
+  proc = _tool("--help")
+  assert proc.returncode == 0 and proc.stdout.startswith("What a policy scores")
+  assert "| trivial answer |" not in proc.stdout  # the usage alone: no table computed
+  proc = _tool("--jsn")
+  assert proc.returncode == 2 and proc.stdout == ""
+  assert proc.stderr.strip().splitlines() == [
+    "error: unknown flag --jsn; want --config=FILE, --config.FIELD=VALUE, --json, --evaluated "
+    "or --help"
+  ]
+
+
 def test_evaluated_scores_the_problems_the_trainers_evaluation_scores(tmp_path):
   """`--evaluated`: the first `task.eval_size` records (64 in the adapter settings), where the
   best constant can score more than on the whole file; without it, the whole file."""

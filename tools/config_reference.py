@@ -27,21 +27,21 @@ COMMAND = "python tools/config_reference.py"
 def _bounds(text: str) -> tuple[int, int]:
   """(end of the start marker, start of the end marker); ValueError without both, in order."""
   if text.count(START) != 1 or text.count(END) != 1:
-    raise ValueError(f"README needs exactly one {START} and one {END}")
+    raise ValueError(f"the page needs exactly one {START} and one {END}")
   begin, end = text.index(START) + len(START), text.index(END)
   if end < begin:
-    raise ValueError(f"README's {END} comes before its {START}")
+    raise ValueError(f"the page's {END} comes before its {START}")
   return begin, end
 
 
 def shown(text: str) -> str:
-  """The config reference the README shows (between the markers, stripped)."""
+  """The config reference the page shows (between the markers, stripped)."""
   begin, end = _bounds(text)
   return text[begin:end].strip()
 
 
 def regenerate(text: str, table: str | None = None) -> str:
-  """The README `text` with the section between the markers replaced by `table` (default:
+  """The page's `text` with the section between the markers replaced by `table` (default:
   `reference_markdown()`), a blank line either side; the rest unchanged."""
   if table is None:
     from jaxrl_llm.config.tree import reference_markdown
@@ -52,6 +52,7 @@ def regenerate(text: str, table: str | None = None) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+  """Rewrites the page's table, or with --check exits 1 in one line when it differs."""
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--check", action="store_true", help="exit 1 if the table differs")
   parser.add_argument("--readme", type=Path, default=_REPO / "docs" / "config.md")

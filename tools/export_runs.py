@@ -65,6 +65,7 @@ def read_run(run: str) -> dict[str, str]:
 
 
 def main(argv=None) -> int:
+  """Writes each run's raw outputs under --out, one folder a run; a bad --root or --out is one line."""
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--root", required=True, help="the folder holding the runs")
   p.add_argument("--out", required=True, help="where the raw files go (one folder per run)")

@@ -398,6 +398,7 @@ def count(root: Path = _REPO) -> tuple[list[SecondHome], int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+  """Prints each setting read in more than one place; with --max, exits 1 above that many."""
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--max", type=int, default=None, help="exit 1 above this many settings")
   args = parser.parse_args(argv)

@@ -26,6 +26,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 EXIT_BAD_INPUT = 2
+FLAGS = ("--json", "--evaluated")  # besides --config and its overrides
 
 
 def _file_table(cfg, evaluated: bool = False) -> dict:
@@ -78,8 +79,16 @@ def markdown(table: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-  """Prints the tables; a bad config is one `error:` line, exit code 2."""
+  """Prints the tables; a bad config or flag is one `error:` line, exit code 2."""
   argv = sys.argv[1:] if argv is None else list(argv)
+  if {"-h", "--help"} & set(argv):
+    print(__doc__.strip())
+    return 0
+  unknown = [a for a in argv if not a.startswith("--config") and a not in FLAGS]
+  if unknown:
+    print(f"error: unknown flag {unknown[0]}; want --config=FILE, --config.FIELD=VALUE, "
+          f"{', '.join(FLAGS)} or --help", file=sys.stderr)  # fmt: skip
+    return EXIT_BAD_INPUT
   from jaxrl_llm import backend
 
   backend.choose()  # as the trainer's command line does: no backend's start-up chatter here

@@ -175,6 +175,7 @@ def settings_from_config(cfg, args, module) -> dict:
 
 
 def read_jsonl(path: str) -> list[dict]:
+  """The records of a JSON-lines file, blank lines skipped."""
   with open(path) as f:
     return [json.loads(line) for line in f if line.strip()]
 
@@ -218,6 +219,7 @@ def _text(completion) -> str:
 
 
 def write_json(path: str, obj: dict) -> None:
+  """Writes `obj` to `path` through a temporary file, so a reader never sees half of it."""
   tmp = f"{path}.partial"
   with open(tmp, "w") as f:
     json.dump(obj, f, indent=1)
@@ -485,6 +487,7 @@ def step_rows(step_times, gen_times, logs_by_step, s) -> list[dict]:
 
 
 def main(argv=None) -> int:
+  """Trains the config's setting with TRL's GRPOTrainer and writes its curve and step times."""
   p = _Parser(description=__doc__.splitlines()[0])
   p.add_argument("--setting", default="lora", help="lora | full (the config's settings)")
   p.add_argument("--steps", type=int, default=0, help="optimiser steps (default: the config's)")
