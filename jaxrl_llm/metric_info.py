@@ -2,7 +2,7 @@
 names TRL's GRPOTrainer and verl give the same quantity.
 
 One table serves `tools/compare.py` ("best" only where a direction is better), the HParams
-metrics each run declares, and the README's mapping table. Kept free of JAX so tools import it
+metrics each run declares, and docs/tensorboard.md's mapping table. Kept free of JAX so tools import it
 cheaply.
 """
 
@@ -20,7 +20,7 @@ class MetricInfo:
 
   pattern: str  # a tag or fnmatch glob, e.g. "eval/pass@*"
   direction: str | None  # MAX, MIN or None
-  meaning: str  # one line, shown in TensorBoard's HParams view and the README
+  meaning: str  # one line, shown in TensorBoard's HParams view and docs/tensorboard.md
   trl: str = ""  # TRL GRPOTrainer's name for the same quantity ("" when it logs none)
   verl: str = ""  # verl's name for the same quantity ("" when it logs none)
 
@@ -128,7 +128,7 @@ def direction(tag: str) -> str | None:
 
 
 def mapping_table() -> str:
-  """The README's markdown table: each metric with a peer name, its direction and meaning."""
+  """docs/tensorboard.md's markdown table: each metric with a peer name, its direction and meaning."""
   arrow = {MAX: "higher", MIN: "lower", None: "neither"}
   rows = [
     "| this project | TRL GRPOTrainer | verl | better | meaning |",

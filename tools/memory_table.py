@@ -247,7 +247,7 @@ def row(
 
 
 def markdown(rows: list[dict]) -> str:
-  """The rows as the README's table."""
+  """The rows as a markdown table."""
   lines = [
     "| shape | target | mesh | arguments | temp | peak per device | capacity | fits |",
     "|---|---|---|---|---|---|---|---|",

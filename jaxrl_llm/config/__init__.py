@@ -7,7 +7,7 @@ learner.py   the learner's sections (rl, advantage, objective, ..., filtering) a
 sections.py  task, data, model, sampling, optim, sft, train, mesh
 tree.py      `Config` (the whole tree), `parse` (ConfigDict -> Config, once, at the entry
              point), `default_config` (the embedded default, generated from the dataclasses)
-             and `reference` (the README's config reference)
+             and `reference` (docs/config.md's config reference)
 checks.py    the checks that span sections or need the devices, the task or the model
 """
 

@@ -1,5 +1,5 @@
 """The run's sections besides the learner's: task, data, model, sampling, optimiser, warm
-start, loop and mesh. Each field's comment is its documentation (the README's config
+start, loop and mesh. Each field's comment is its documentation (docs/config.md's config
 reference and `--help`-style listings are generated from it)."""
 
 from __future__ import annotations

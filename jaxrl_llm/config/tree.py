@@ -251,7 +251,7 @@ def _kinds(name: str, cls: type) -> dict[str, type]:
 
 
 def reference() -> list[tuple[str, Any, str]]:
-  """(field, default, comment) of every config field: the README's config reference."""
+  """(field, default, comment) of every config field: docs/config.md's config reference."""
   from jaxrl_llm import objectives
 
   tree, rows = Config(), [("seed", 0, field_docs(Config)["seed"])]
@@ -264,7 +264,7 @@ def reference() -> list[tuple[str, Any, str]]:
 
 
 def reference_markdown() -> str:
-  """The config reference as a markdown table (the README's, kept equal by a test)."""
+  """The config reference as a markdown table (docs/config.md's, kept equal by a test)."""
   rows = ["| field | default | meaning |", "|---|---|---|"]
   for field, default, doc in reference():
     shown = json.dumps(default, ensure_ascii=False) if default is not None else "unset"
