@@ -202,6 +202,10 @@ def test_the_cross_study_table_is_the_one_summary_py_generates():
   for claims in PAGE_CLAIMS:  # a page's own claims get rows too, linked to the page
     page = f"({claims.parent.name}/{claims.name.removesuffix('.claims.json')}.md)"
     assert readme.count(page) >= len(seed_table.load_claims(claims)["claims"]), page
+  rows = [line for line in readme.splitlines() if line.startswith("| [")]
+  reproduced = sum(line.rstrip().endswith("| **reproduced** |") for line in rows)
+  top = (REPO / "README.md").read_text()  # the project README's count is the table's
+  assert f"tested on fresh seeds: {reproduced} of {len(rows)} reproduced" in top
 
 
 def test_a_bar_inside_a_claim_keeps_every_table_cell_in_its_column(tmp_path, monkeypatch):
