@@ -339,6 +339,9 @@ def leave_job(code: int, why: str | None = None) -> None:
   """
   sys.stdout.flush()
   sys.stderr.flush()
+  scoring = sys.modules.get("jaxrl_llm.data.verifiers.scoring")
+  if scoring is not None:  # its worker processes, stopped at exit by atexit, which this skips
+    scoring.shutdown_workers(timeout_s=1.0)
   if why is not None and in_a_job():
     from jaxrl_llm import distributed
 

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 from jaxrl_llm import sigterm
 
-sigterm.listen()  # first: a SIGTERM while the rest imports or the run starts is one line
+if __name__ == "__main__":  # not where a fork server re-imports this module as __mp_main__:
+  sigterm.listen()  # first: a SIGTERM while the rest imports or the run starts is one line
 
-import sys  # noqa: E402
-import time  # noqa: E402
+import sys
+import time
 
-from absl import app, flags, logging  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
+from absl import app, flags, logging
+from ml_collections import config_flags
 
-from jaxrl_llm import launch, terminal  # noqa: E402
-from jaxrl_llm.config import ConfigError  # noqa: E402
+from jaxrl_llm import launch, terminal
+from jaxrl_llm.config import ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Experiment config file.", lock_config=True

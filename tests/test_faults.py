@@ -945,3 +945,61 @@ def test_ctrl_c_entered_off_the_main_thread_leaves_python_s_hooks_as_they_were()
   thread.start()
   thread.join()
   assert seen == [True] and sys.unraisablehook is before
+
+
+def _group(pgid: int, *, parent: int | None = None) -> list[int]:
+  """The live processes of process group `pgid` (zombies aside); with `parent`, those whose
+  parent is not `parent` (the grandchildren: the fork server's workers)."""
+  out = []
+  for entry in os.listdir("/proc"):
+    if entry.isdigit():
+      try:
+        with open(f"/proc/{entry}/stat") as f:
+          fields = f.read().rsplit(")", 1)[1].split()
+      except OSError:  # gone meanwhile
+        continue
+      if fields[0] != "Z" and int(fields[2]) == pgid:
+        if parent is None or int(fields[1]) != parent:
+          out.append(int(entry))
+  return out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads process groups from /proc")
+def test_sigterm_leaves_no_verifier_worker_behind(tmp_path):
+  """A run whose rewards are scored in host worker processes, stopped by SIGTERM (exit 143,
+  which skips the interpreter's teardown), takes its workers with it: nothing of its process
+  group outlives it, and a worker it started answers SIGTERM by stopping (the command line's
+  SIGTERM flag is the trainer's own, not inherited by the workers through the fork server)."""
+  from text_fixtures import math_file_run
+
+  overrides, _ = math_file_run(tmp_path)
+  overrides.update({"train.num_steps": 400, "train.eval_every": 1000, "train.log_every": 1})
+  overrides["train.checkpoint_every"] = 1000
+  cmd = [sys.executable, "-m", "jaxrl_llm.main", "--config=configs/default.py"]
+  cmd += [f"--workdir={tmp_path / 'w'}", *TINY_MODEL, "--config.sft.steps=0"]
+  cmd += [f"--config.{k}={v}" for k, v in overrides.items()]
+  proc = subprocess.Popen(
+    cmd, cwd=REPO, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    start_new_session=True,  # its own process group: the trainer's pid is the group's id
+  )  # fmt: skip
+  try:
+    _wait_for(proc, r"step \d+/400")
+    workers = [p for p in _group(proc.pid, parent=proc.pid) if p != proc.pid]
+    assert workers, "no worker process: the rewards were not scored in processes"
+    os.kill(workers[0], signal.SIGTERM)  # a worker stops when told
+    deadline = time.monotonic() + 10
+    while workers[0] in _group(proc.pid) and time.monotonic() < deadline:
+      time.sleep(0.05)
+    assert workers[0] not in _group(proc.pid), "a worker ignored SIGTERM"
+    _wait_for(proc, r"step \d+/400")  # the run goes on: a lost worker is replaced
+    proc.send_signal(signal.SIGTERM)
+    err = proc.communicate(timeout=300)[1]
+    assert proc.returncode == 143, err[-3000:]
+    deadline = time.monotonic() + 10
+    while _group(proc.pid) and time.monotonic() < deadline:
+      time.sleep(0.05)
+    assert not _group(proc.pid), "worker processes outlived the run"
+  finally:
+    for pid in _group(proc.pid):
+      os.kill(pid, signal.SIGKILL)

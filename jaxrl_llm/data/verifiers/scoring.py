@@ -59,8 +59,10 @@ _shared_pool: _Pool | None = None  # the process pool kept between batches (unde
 
 
 def _init_worker(events) -> None:
-  """Process-pool initializer: keeps the event queue and reports this worker's pid."""
+  """Process-pool initializer: keeps the event queue and reports this worker's pid. SIGTERM
+  ends a worker, whatever handler the process it was forked from had (a trainer's is a flag)."""
   global _WORKER_EVENTS
+  signal.signal(signal.SIGTERM, signal.SIG_DFL)
   _WORKER_EVENTS = events
   events.put(("pid", os.getpid()))
 
