@@ -122,3 +122,22 @@ def test_the_configs_expert_settings_apply_to_a_moe_checkpoint():
   mc = build(tiny_config(**base), abstract=True).model.cfg
   assert mc.moe_impl == "auto" and mc.moe_aux_loss_coef == imported.moe_aux_loss_coef
   assert mc.moe_z_loss_coef == imported.moe_z_loss_coef
+
+
+def test_a_lora_rank_is_bounded_by_the_checkpoints_projections_not_the_placeholders():
+  """With `model.checkpoint`, the config's own architecture is a placeholder: a rank over its
+  narrow projections but within the checkpoint's (k: 16 wide) builds, and a rank over the
+  checkpoint's is one error naming the checkpoint's width and the checkpoint."""
+  from jaxrl_llm.config import ConfigError, parse
+
+  narrow = {"model.d_model": 8, "model.mlp_dim": 16}  # the placeholder's k: 8 wide
+  with pytest.raises(ConfigError, match=r"narrower side is 8; allowed: 1\.\.8"):
+    parse(tiny_config(**narrow, **{"model.lora_rank": 12}))  # no checkpoint: its own widths
+  base = {"model.checkpoint": str(FIXTURE), "kl.reference": "frozen", **narrow}
+  mc = build(tiny_config(**base, **{"model.lora_rank": 12}), abstract=True).model.cfg
+  assert mc.lora_rank == 12 and mc.d_model == 32
+  with pytest.raises(ConfigError) as e:
+    build(tiny_config(**base, **{"model.lora_rank": 17}), abstract=True)
+  line = str(e.value)
+  assert "model.lora_rank=17 is larger than projection 'k', whose narrower side is 16" in line
+  assert "allowed: 1..16" in line and str(FIXTURE) in line and "\n" not in line

@@ -21,7 +21,7 @@ from jaxrl_llm.config.fields import (
   setting,
 )
 from jaxrl_llm.kernels import attention
-from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.models.config import ModelConfig, widths_from_checkpoint
 from jaxrl_llm.quant import SAMPLER_DTYPES
 
 REWARD_WEIGHTS = (("correct", 1.0), ("format", 0.0))  # the built-in tasks' reward terms
@@ -138,8 +138,9 @@ class ModelSettings(Section):
     given = dict(section.items())
     types = {f.name: f.type for f in dataclasses.fields(ModelConfig)}  # finite floats, typed
     arch = {k: coerce(types[k], v, f"model.{k}") if k in types else v for k, v in given.items()}
-    arch = ModelConfig.from_dict({k: v for k, v in arch.items() if k not in RUN_FIELDS})
     run = {k: str(given.get(k, getattr(cls, k))) for k in RUN_FIELDS}
+    with widths_from_checkpoint(bool(run["checkpoint"])):  # a checkpoint's widths bound a rank
+      arch = ModelConfig.from_dict({k: v for k, v in arch.items() if k not in RUN_FIELDS})
     return cls(**run, arch=arch)
 
   def to_dict(self) -> dict[str, Any]:

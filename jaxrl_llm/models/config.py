@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 from typing import Any, ClassVar, TypeVar
 
@@ -17,6 +19,22 @@ _Config = TypeVar("_Config", bound="_DictConfig")
 LORA_BASE_DTYPES = ("auto", "int8")  # what model.lora_base_dtype may be
 PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")  # what lora_targets may name
 HF_NAMES = {f"{p}_proj": p for p in PROJECTIONS}  # Hugging Face module names: q_proj -> q
+
+
+# True while a config names a checkpoint: its placeholder architecture's widths are not the
+# ones the adapters will sit on, so a LoRA rank is held to the checkpoint's (at `onto`).
+_WIDTHS_FROM_CHECKPOINT = contextvars.ContextVar("widths_from_checkpoint", default=False)
+
+
+@contextlib.contextmanager
+def widths_from_checkpoint(yes: bool = True):
+  """Within it, a ModelConfig built leaves out the checks that need the real projections' widths
+  (the LoRA rank's bound, the targeted projections' presence): a checkpoint will set them."""
+  token = _WIDTHS_FROM_CHECKPOINT.set(yes)
+  try:
+    yield
+  finally:
+    _WIDTHS_FROM_CHECKPOINT.reset(token)
 
 
 def target_names(targets: str) -> tuple[str, ...]:
@@ -228,6 +246,8 @@ class ModelConfig(_DictConfig):
       )
     if not self.lora_alpha > 0:
       errors.append(f"model.lora_alpha={self.lora_alpha} must be > 0")
+    if _WIDTHS_FROM_CHECKPOINT.get():  # checked again on the checkpoint's architecture
+      return errors
     widths, names = self.projection_widths, target_names(self.lora_targets)
     absent = [n for n in names if n not in widths and not errors]
     if absent:

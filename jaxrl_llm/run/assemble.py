@@ -185,7 +185,16 @@ def _pretrained_config(cfg: Config) -> ModelConfig:
 
   with open(os.path.join(cfg.model.checkpoint, "config.json")) as f:
     mc = hf_config.config_from_hf(json.load(f), source=cfg.model.checkpoint)
-  return cfg.model.arch.onto(mc)
+  return _onto(cfg, mc)
+
+
+def _onto(cfg: Config, mc: ModelConfig) -> ModelConfig:
+  """The checkpoint's architecture with the config's fields on it (`ModelConfig.onto`); a field
+  the checkpoint's sizes refuse (a LoRA rank over a projection's width) is a ConfigError."""
+  try:
+    return cfg.model.arch.onto(mc)
+  except ValueError as e:
+    raise ConfigError(f"{e} (model.checkpoint={cfg.model.checkpoint!r})") from None
 
 
 def _load_pretrained(cfg: Config, mesh: Mesh, rules) -> tuple[ModelConfig, Any]:
@@ -201,7 +210,7 @@ def _load_pretrained(cfg: Config, mesh: Mesh, rules) -> tuple[ModelConfig, Any]:
     dtype=arch.dtype,
     scan_layers=arch.scan_layers,
   )
-  return arch.onto(mc), params
+  return _onto(cfg, mc), params
 
 
 def _hf_model_type(path: str) -> str:
