@@ -252,3 +252,36 @@ def test_the_verifier_guard_counts_steps_in_a_row_per_term():
   assert (
     VerifierGuard(0, 4, 5.0).update(1, {"verifier/errors/a": 4, "verifier/timeouts/a": 0}) is None
   )
+
+
+def test_a_chat_template_that_cannot_render_a_prompt_is_one_error_before_the_run(tmp_path):
+  """A tokenizer with no chat template, one with a syntax error, and one that refuses the system
+  turn the config asks for: building the task is one `DataError` line naming data.template and
+  what to change, before any batch (it was a traceback at the first one). The refusing template
+  without a system prompt builds."""
+  from text_fixtures import build_bpe_tokenizer
+
+  from jaxrl_llm.data import records
+
+  overrides, _ = math_file_run(tmp_path)
+  refuses = (
+    "{% for m in messages %}{% if m['role'] == 'system' %}"
+    "{{ raise_exception('System role not supported') }}{% endif %}"
+    "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+  )
+  cases = {
+    "none": (None, "has no chat template"),
+    "syntax": ("{% for m in messages %}{{ m['content'] }}", "TemplateSyntaxError"),
+    "system": (refuses, "System role not supported"),
+  }
+  for name, (template, why) in cases.items():
+    tok = build_bpe_tokenizer(tmp_path / name, chat_template=template)
+    cfg = tiny_config(**overrides | {"data.tokenizer": str(tok), "data.system_prompt": "Be brief."})
+    with pytest.raises(records.DataError) as e:
+      file_task.build_file_task(cfg, "")
+    line = str(e.value)
+    assert line.startswith("data.template='qwen_math_chat' cannot render the first prompt: ")
+    assert why in line and "\n" not in line and "leave data.system_prompt empty" in line, line
+  cfg = tiny_config(**overrides | {"data.tokenizer": str(tmp_path / "system")})
+  assert file_task.build_file_task(cfg, "").template == "qwen_math_chat"

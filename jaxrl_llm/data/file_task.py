@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from absl import logging
 
-from jaxrl_llm.data import prompt_batches, records, verifiers
+from jaxrl_llm.data import prompt_batches, records, templates, verifiers
 from jaxrl_llm.data.task import Task
 from jaxrl_llm.data.tokenizers import HFTokenizer
 
@@ -186,6 +186,25 @@ def _tokenizer(path: str) -> HFTokenizer:
     ) from e
 
 
+def _check_chat_template(tokenizer: HFTokenizer, first: dict[str, Any], d) -> None:
+  """A chat template that cannot render a prompt (none in the tokenizer's files, a syntax error,
+  a turn it refuses) is one `DataError` now, before the run starts, not a traceback at its
+  first batch."""
+  if not templates.uses_chat_template(d.template):
+    return
+  render = templates.render_prompt if d.special_tokens_in_text else templates.render_prompt_parts
+  try:
+    render(first["prompt"], d.template, tokenizer=tokenizer, system=d.system_prompt or None)
+  except ValueError as e:
+    plain = ", ".join(sorted(set(templates.PROMPT_TEMPLATES) - templates.CHAT_PROMPT_TEMPLATES))
+    raise records.DataError(
+      f"data.template={d.template!r} cannot render the first prompt: "
+      f"{str(e).splitlines()[0].rstrip('.')}; give the tokenizer a chat template that renders a user turn (tokenizer_config.json's "
+      "chat_template or chat_template.jinja), leave data.system_prompt empty where it refuses "
+      f"a system turn, or use a template without one ({plain})"
+    ) from None
+
+
 def build_file_task(config, tokenizer_dir: str) -> FileTask:
   """The `FileTask` described by `config.data` (files, fields, template, verifiers)."""
   d = config.data
@@ -210,6 +229,7 @@ def build_file_task(config, tokenizer_dir: str) -> FileTask:
     raise records.DataError(
       "the evaluation split is empty: set data.eval_files or a data.eval_fraction > 0"
     )
+  _check_chat_template(tokenizer, train[0] if train else evaluation[0], d)
   weights = dict(config.task.reward_weights)  # `correct`: data.correct_term's verifier
   # A verifier named at weight 0 is still scored and logged (`reward/NAME`, `eval/reward/NAME`)
   # but adds nothing to the reward: a diagnostic beside the runs that weight it. Names at weight
