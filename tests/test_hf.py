@@ -818,6 +818,11 @@ def _truncate(path: pathlib.Path) -> None:
       id="field_type",
     ),
     pytest.param(
+      lambda p: _edit_config(p, num_attention_heads=0),
+      "{p}/config.json: num_attention_heads=0 must be >= 1",
+      id="zero_heads",
+    ),
+    pytest.param(
       lambda p: _replace_tensor(p, "model.layers.1.mlp.up_proj.weight", None),
       "{p}/model.safetensors: missing tensor 'model.layers.1.mlp.up_proj.weight'",
       id="missing_tensor",

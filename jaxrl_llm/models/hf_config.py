@@ -36,6 +36,7 @@ _INT_FIELDS = (
   "decoder_sparse_step",
 )
 _FLOAT_FIELDS = ("rms_norm_eps", "rope_theta", "router_aux_loss_coef")
+_SIZE_FIELDS = _INT_FIELDS[:7]  # the widths and counts every model has: each at least 1
 
 
 class CheckpointFormatError(ValueError):
@@ -121,6 +122,8 @@ def _check_types(hf: Mapping[str, Any], source: str) -> None:
       raise CheckpointFormatError(f"{source}: {key}={v!r} is not an integer")
     if isinstance(v, bool) or not isinstance(v, (int, float)):
       raise CheckpointFormatError(f"{source}: {key}={v!r} is not a number")
+    if key in _SIZE_FIELDS and v < 1:  # a width or count of 0 would divide by it
+      raise CheckpointFormatError(f"{source}: {key}={v!r} must be >= 1")
 
 
 def _get(hf: Mapping[str, Any], fam: Family, key: str) -> Any:
