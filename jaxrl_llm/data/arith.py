@@ -350,15 +350,20 @@ def trivial_baselines(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 def write_splits(out_dir: str, n_train: int = 20000, n_eval: int = 500, seed: int = 0) -> dict:
   """Writes `train.jsonl`, `eval.jsonl` and `trivial.json` (the eval split's trivial
-  baselines) in `out_dir`; returns their paths, the counts and the baselines (`baselines`)."""
+  baselines) in `out_dir`, each through a temporary file and trivial.json last (so all three
+  there means a finished write); returns their paths, the counts and the baselines."""
   train, evaluation = generate(n_train, n_eval, seed)
   os.makedirs(out_dir, exist_ok=True)
   names = {"train": "train.jsonl", "eval": "eval.jsonl", "trivial": "trivial.json"}
   paths = {k: os.path.join(out_dir, name) for k, name in names.items()}
-  for key, recs in (("train", train), ("eval", evaluation)):
-    with open(paths[key], "w") as f:
-      f.writelines(json.dumps(r) + "\n" for r in recs)
   trivial = trivial_baselines(evaluation)
-  with open(paths["trivial"], "w") as f:
-    json.dump(trivial, f, indent=2)
+  texts = {
+    "train": "".join(json.dumps(r) + "\n" for r in train),
+    "eval": "".join(json.dumps(r) + "\n" for r in evaluation),
+    "trivial": json.dumps(trivial, indent=2),  # last: its presence marks the splits complete
+  }
+  for key, text in texts.items():  # each whole or not at all: an interrupted write leaves none
+    with open(paths[key] + ".partial", "w") as f:
+      f.write(text)
+    os.replace(paths[key] + ".partial", paths[key])
   return {**paths, "n_train": len(train), "n_eval": len(evaluation), "baselines": trivial}
