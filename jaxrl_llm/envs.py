@@ -463,6 +463,25 @@ def is_tool(name: str) -> bool:
   return name in TOOLS[:-1] or (name.startswith(HOST) and name.count(":") == 2)
 
 
+def host_callable(name: str):
+  """The callable M.F of host tool `name` (`host:M:F`), or why it cannot be had: a line naming
+  `sampling.tool` and what is allowed (any exception importing M is the user's module's)."""
+  module, _, function = name.removeprefix(HOST).partition(":")
+  try:
+    fn = getattr(importlib.import_module(module), function)
+  except Exception as e:  # ImportError, AttributeError, or the module's own failure
+    return (
+      f"sampling.tool={name!r}: cannot import {module}.{function} ({type(e).__name__}: {e}); "
+      f"allowed: {HOST}<module>:<function> naming an importable callable"
+    )
+  if not callable(fn):
+    return (
+      f"sampling.tool={name!r}: {module}.{function} is a {type(fn).__name__}, not a callable; "
+      f"allowed: {HOST}<module>:<function> naming a function(call, prompt) -> number"
+    )
+  return fn
+
+
 def get_env(name: str, task, timeout_s: float | None = None) -> ToolEnv | None:
   """The environment `name` for `task` (None for "none"): a registered one, or a host tool
   `host:module:function` whose calls each get `timeout_s`; a ValueError naming the allowed
@@ -470,11 +489,11 @@ def get_env(name: str, task, timeout_s: float | None = None) -> ToolEnv | None:
   if name == "none":
     return None
   if name.startswith(HOST):
-    module, _, function = name.removeprefix(HOST).partition(":")
-    try:
-      fn = getattr(importlib.import_module(module), function)
-    except (ImportError, AttributeError) as e:
-      raise ValueError(f"sampling.tool={name!r}: cannot import {module}.{function} ({e})") from None
+    fn = host_callable(name)
+    if isinstance(fn, str):
+      from jaxrl_llm.config.fields import ConfigError
+
+      raise ConfigError(f"invalid config: {fn}")
     return HostTool(tokenizer=task.tokenizer, fn=fn, timeout_s=timeout_s)
   if name not in ENVIRONMENTS:
     raise ValueError(f"sampling.tool={name!r}: allowed {' | '.join(TOOLS)}")

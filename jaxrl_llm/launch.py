@@ -118,8 +118,19 @@ def dry_run(config, device_memory_gib: float | None = None) -> int:
   """Compiles the fused step of `config` (host verifiers: its sample and learn programs) from
   shapes alone and prints its memory per device against the capacity (`device_memory_gib`,
   else the device's); exit status: 0 fits, 3 does not, 2 a bad config (its line printed)."""
+  import math
+
   from jaxrl_llm import plan
 
+  if device_memory_gib is not None and not (
+    math.isfinite(device_memory_gib) and device_memory_gib > 0
+  ):
+    print(
+      f"error: --device_memory_gib={device_memory_gib} must be a finite number > 0 (GiB per "
+      "device)",
+      file=sys.stderr,
+    )
+    return 2
   try:
     capacity = None if device_memory_gib is None else int(device_memory_gib * plan.GIB)
     memory = plan.plan(parse(config), capacity_bytes=capacity)

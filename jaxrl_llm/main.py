@@ -73,10 +73,11 @@ def main(argv):
     launch.join_job(_JOIN_TIMEOUT_S.value)
   if _DRY_RUN.value:  # no backend chosen: a dry run may compile for a TPU slice through libtpu
     sys.exit(launch.dry_run(_CONFIG.value, _DEVICE_MEMORY_GIB.value))
-  launch.choose_backend(debug)
   workdir = _WORKDIR.value
   if not workdir:
-    raise app.UsageError("--workdir is required (except with --dry_run)")
+    print("error: --workdir is required (a directory; not needed with --dry_run)", file=sys.stderr)
+    sys.exit(2)
+  launch.choose_backend(debug)
   fresh = launch.open_workdir(workdir)
   terminal.setup(debug, log_file=terminal.log_path(workdir, launch.process_index()))
   started = time.time()

@@ -197,6 +197,26 @@ def write_csv(path: str, header: Sequence[str], rows: Sequence[Sequence[object]]
       w.writerow(["" if v is None else v for v in row])
 
 
+def csv_problem(path: str) -> str | None:
+  """Why `--csv=path` cannot be written (a directory, a file on its folder's path, a missing or
+  read-only folder), or None when it can: checked before any run is read."""
+  if os.path.isdir(path):
+    return "it is a directory; give a file path (e.g. runs.csv)"
+  folder = os.path.dirname(os.path.abspath(path))
+  existing = folder
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    return f"{existing} is a file, not a directory; give a file path in an existing directory"
+  if existing != folder:
+    return f"its directory {folder} does not exist; give a file path in an existing directory"
+  if not os.access(folder, os.W_OK | os.X_OK) or (
+    os.path.exists(path) and not os.access(path, os.W_OK)
+  ):
+    return "it is not writable; give a writable file path"
+  return None
+
+
 def _split(text: str) -> list[str]:
   return [t.strip() for t in text.split(",") if t.strip()]
 
@@ -232,6 +252,10 @@ def main(argv: Sequence[str] | None = None) -> int:
   args = p.parse_args(argv)
   if not os.path.isdir(args.root):
     print(f"error: --root {args.root!r} is not a directory", file=sys.stderr)
+    return 2
+  problem = args.csv and csv_problem(args.csv)
+  if problem:
+    print(f"error: --csv={args.csv}: {problem}", file=sys.stderr)
     return 2
   try:
     header, rows = compare(

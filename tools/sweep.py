@@ -196,15 +196,27 @@ def absolute_config(config: str) -> str:
 
 
 def check_root(root: str) -> None:
-  """A SweepError unless `root` is (or can be made) a writable directory: not a file, and its
-  nearest existing folder writable."""
+  """A SweepError unless `root` is (or can be made) a writable directory, tested as the
+  trainer tests its --workdir (`launch.workdir_problem`); a folder made for the test is removed."""
   if os.path.exists(root) and not os.path.isdir(root):
     raise SweepError(f"--root={root} is a file; give a directory (it holds a folder per run)")
-  existing = root
-  while not os.path.exists(existing):
-    existing = os.path.dirname(existing)
-  if not os.access(existing, os.W_OK | os.X_OK):
-    raise SweepError(f"--root={root}: {existing} is not writable; give a writable directory")
+  made = [p for p in _parents(root) if not os.path.lexists(p)]
+  problem = launch.workdir_problem(root)
+  for path in made:  # deepest first: nothing is left behind by the check
+    try:
+      os.rmdir(path)
+    except OSError:
+      pass
+  if problem:
+    raise SweepError(f"--root={root}: {problem}")
+
+
+def _parents(path: str) -> list[str]:
+  """`path` and its parent folders, deepest first."""
+  out = [path]
+  while os.path.dirname(out[-1]) != out[-1]:
+    out.append(os.path.dirname(out[-1]))
+  return out
 
 
 def plan(

@@ -212,6 +212,9 @@ class SamplingSettings(Section):
     from jaxrl_llm import envs  # the registry of tools (it reads the tasks' tokenizer)
 
     out += [] if envs.is_tool(self.tool) else allowed("sampling.tool", self.tool, envs.TOOLS)
+    if envs.is_tool(self.tool) and self.tool.startswith(envs.HOST):  # importable, callable
+      fn = envs.host_callable(self.tool)
+      out += [fn] if isinstance(fn, str) else []
     return out + allowed("sampling.param_dtype", self.param_dtype, SAMPLER_DTYPES)
 
   def sampler(

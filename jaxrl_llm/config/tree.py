@@ -12,7 +12,16 @@ from typing import Any
 import ml_collections
 from ml_collections.config_dict import FieldReference, placeholder
 
-from jaxrl_llm.config.fields import STATE, ConfigError, field_docs, invalid, setting, tag_matches
+from jaxrl_llm.config.fields import (
+  STATE,
+  ConfigError,
+  coerce,
+  field_docs,
+  invalid,
+  need,
+  setting,
+  tag_matches,
+)
 from jaxrl_llm.config.learner import (
   AdvantageSettings,
   AggregationSettings,
@@ -117,7 +126,8 @@ class Config:
 
   def errors(self) -> list[str]:
     """Every section's own range-check messages, then those across sections."""
-    out = [e for n in self.sections() for e in getattr(self, n).errors()]
+    out = need(0 <= self.seed < 2**32, f"seed={self.seed} must be in [0, 2**32)")
+    out += [e for n in self.sections() for e in getattr(self, n).errors()]
     return out + self._file_reward_errors()
 
   def _file_reward_errors(self) -> list[str]:
@@ -202,6 +212,10 @@ def parse(config: ml_collections.ConfigDict | Config) -> Config:
   unknown = sorted(set(config.keys()) - {"seed", *Config.sections()})
   errors = [f"unknown config section(s) {unknown}; allowed: {sorted(Config.sections())}"]
   errors = errors if unknown else []
+  try:
+    seed = coerce("int", config.seed, "seed")
+  except ValueError as e:
+    seed, errors = 0, [*errors, str(e)]
   sections = {}
   for name, cls in Config.sections().items():
     try:
@@ -211,7 +225,7 @@ def parse(config: ml_collections.ConfigDict | Config) -> Config:
       errors.append(f"config section {name!r}: missing" if isinstance(e, KeyError) else message)
   if errors:
     raise invalid(errors)
-  tree = Config(seed=int(config.seed), **sections)
+  tree = Config(seed=seed, **sections)
   errors = tree.errors()
   if errors:
     raise invalid(errors)

@@ -1,0 +1,103 @@
+"""Bad inputs to the trainer and its tools: each is one `error: ...` line with exit status 2,
+refused before anything is written."""
+
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, cli_env
+
+sys.path.insert(0, str(REPO / "tools"))
+import compare
+import sweep
+
+CONFIG = f"--config={REPO / 'configs' / 'default.py'}"
+
+
+def _main(*args):
+  """Runs the trainer's command line as a user would; (exit status, stderr's lines)."""
+  cmd = [sys.executable, "-m", "jaxrl_llm.main", CONFIG, *args]
+  proc = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120)
+  return proc.returncode, proc.stderr.strip().splitlines()
+
+
+@pytest.mark.parametrize("seed", ["-1", "4294967296", "99999999999999999999"])
+def test_a_seed_outside_its_range_is_one_line_before_the_workdir_is_made(tmp_path, seed):
+  """A seed must be in [0, 2**32): refused at config parse (it was a numpy traceback after
+  the workdir's checkpoints/ and log.txt were made, and a dry run said it fits)."""
+  workdir = tmp_path / "run"
+  code, err = _main(f"--workdir={workdir}", f"--config.seed={seed}")
+  assert (code, err) == (2, [f"error: invalid config: seed={seed} must be in [0, 2**32)"])
+  assert not workdir.exists()
+  code, err = _main("--dry_run", f"--config.seed={seed}")
+  assert (code, err) == (2, [f"error: invalid config: seed={seed} must be in [0, 2**32)"])
+
+
+def test_a_sweep_over_a_bad_seed_is_refused_before_any_run(tmp_path, capsys):
+  """--seeds=0,-1 (packed or not) is one line up front; the good seed was trained then died."""
+  root = tmp_path / "sweep"
+  for extra in ([], ["--packed"]):
+    assert sweep.main([CONFIG, f"--root={root}", "--seeds=0,-1", *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: grid point seed=-1: invalid config: seed=-1 must be in [0, 2**32)"]
+  assert not root.exists()
+
+
+def test_a_host_tool_that_cannot_be_imported_is_one_config_line(tmp_path):
+  """sampling.tool=host:M:F naming no importable callable is refused at config parse in one
+  line, exit 2, no workdir made (it was a 30-line traceback from building the sampler)."""
+  workdir = tmp_path / "run"
+  code, err = _main(f"--workdir={workdir}", "--config.sampling.tool=host:nosuchmod:f")
+  assert code == 2 and len(err) == 1, err
+  assert err[0].startswith("error: invalid config: sampling.tool='host:nosuchmod:f': cannot ")
+  assert "No module named 'nosuchmod'" in err[0] and "allowed: host:<module>:<function>" in err[0]
+  assert not workdir.exists()
+  code, err = _main("--dry_run", "--config.sampling.tool=host:os:sep")  # not a callable
+  assert code == 2 and len(err) == 1 and "os.sep is a str, not a callable" in err[0], err
+
+
+@pytest.mark.parametrize("gib", ["nan", "inf", "-1", "0"])
+def test_dry_run_refuses_a_memory_capacity_that_is_not_a_positive_number(gib):
+  """--device_memory_gib must be finite and > 0 (nan was a traceback, -1 'does NOT fit in
+  -1024.0 MiB')."""
+  code, err = _main("--dry_run", f"--device_memory_gib={gib}")
+  assert code == 2 and len(err) == 1, err
+  assert (
+    err[0].startswith("error: --device_memory_gib=") and "must be a finite number > 0" in err[0]
+  )
+
+
+def test_a_missing_workdir_is_one_line():
+  """No --workdir (and no --dry_run): one line and exit 2, not 39 lines of usage and exit 1."""
+  assert _main() == (2, ["error: --workdir is required (a directory; not needed with --dry_run)"])
+
+
+def test_compare_refuses_a_csv_path_it_cannot_write_before_reading_runs(tmp_path, capsys):
+  """--csv naming a directory, a path under a file or a missing folder: one line, exit 2 (they
+  were IsADirectoryError / NotADirectoryError tracebacks after the table was printed)."""
+  (tmp_path / "f").write_text("x")
+  cases = {
+    str(tmp_path): "it is a directory",
+    str(tmp_path / "f" / "x.csv"): f"{tmp_path / 'f'} is a file, not a directory",
+    str(tmp_path / "none" / "x.csv"): f"its directory {tmp_path / 'none'} does not exist",
+  }
+  for path, says in cases.items():
+    assert compare.main([f"--root={tmp_path}", f"--csv={path}"]) == 2
+    out = capsys.readouterr()
+    err = out.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: --csv={path}: {says}"), err
+    assert out.out == ""  # refused before any run is read or printed
+  assert (tmp_path / "f").read_text() == "x"
+
+
+def test_a_sweep_root_that_cannot_be_made_is_one_line(tmp_path, capsys):
+  """A --root whose folder cannot be created (here under /proc) is refused up front, as the
+  trainer refuses such a --workdir; it was a FileNotFoundError traceback from os.makedirs."""
+  if not (sys.platform.startswith("linux") and __import__("os").path.isdir("/proc")):
+    pytest.skip("needs Linux's /proc")
+  assert sweep.main([CONFIG, "--root=/proc/nope", "--grid=seed=0,1"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("error: --root=/proc/nope: cannot create it"), err
+  # The check leaves nothing behind where it could make the folders.
+  assert sweep.main([CONFIG, f"--root={tmp_path / 'a' / 'b'}", "--seeds=0", "--dry_run"]) == 0
+  assert not (tmp_path / "a").exists()
