@@ -113,13 +113,15 @@ def write_gguf(
   template: str | None = CHATML,
   rope_scaling: str | None = None,
   edit=None,
+  meta=None,
   seed: int = 0,
 ):
   """Writes a tiny Llama GGUF file at `path`: every matrix quantized to `qtype` by
   `gguf.quants.quantize` (the norms stay F32, as llama.cpp keeps them), the query and key rows
   permuted as llama.cpp does. `edit` maps a tensor name to (data, type name) to write instead
   (float32 values, or uint8 bytes of a quantized type; a new name is added), or to None to leave
-  the tensor out.
+  the tensor out. `meta` maps a key of the metadata written (`GGUFWriter.add_<key>`, e.g.
+  "feed_forward_length") to the value to write instead, or to None to leave it out.
 
   Returns {GGUF name: (Hugging Face layout float32 weights, the array written, its type name)}.
   """
@@ -127,31 +129,35 @@ def write_gguf(
   from gguf import GGMLQuantizationType, quants
 
   w = gguf.GGUFWriter(str(path), arch)
-  w.add_name("tiny-llama")
-  w.add_context_length(256)
-  w.add_embedding_length(D)
-  w.add_block_count(LAYERS)
-  w.add_feed_forward_length(FFN)
-  w.add_head_count(HEADS)
-  w.add_head_count_kv(KV_HEADS)
-  w.add_rope_dimension_count(HEAD_DIM)
-  w.add_rope_freq_base(50000.0)
-  w.add_layer_norm_rms_eps(1e-5)
-  w.add_vocab_size(VOCAB)
+  calls = {  # GGUFWriter.add_<key>(value), in this order
+    "name": "tiny-llama",
+    "context_length": 256,
+    "embedding_length": D,
+    "block_count": LAYERS,
+    "feed_forward_length": FFN,
+    "head_count": HEADS,
+    "head_count_kv": KV_HEADS,
+    "rope_dimension_count": HEAD_DIM,
+    "rope_freq_base": 50000.0,
+    "layer_norm_rms_eps": 1e-5,
+    "vocab_size": VOCAB,
+    "tokenizer_model": tokenizer_model,
+    "tokenizer_pre": pre,
+    "token_list": TOKENS,
+    "token_types": TOKEN_TYPES,
+    "token_merges": list(MERGES),
+    "bos_token_id": BOS,
+    "eos_token_id": EOS,
+    "pad_token_id": PAD,
+    "add_bos_token": False,
+    "chat_template": template,
+  }
   if rope_scaling:
-    w.add_rope_scaling_type(gguf.RopeScalingType(rope_scaling))
-    w.add_rope_scaling_factor(2.0)
-  w.add_tokenizer_model(tokenizer_model)
-  w.add_tokenizer_pre(pre)
-  w.add_token_list(TOKENS)
-  w.add_token_types(TOKEN_TYPES)
-  w.add_token_merges(list(MERGES))
-  w.add_bos_token_id(BOS)
-  w.add_eos_token_id(EOS)
-  w.add_pad_token_id(PAD)
-  w.add_add_bos_token(False)
-  if template is not None:
-    w.add_chat_template(template)
+    calls["rope_scaling_type"] = gguf.RopeScalingType(rope_scaling)
+    calls["rope_scaling_factor"] = 2.0
+  for key, value in {**calls, **(meta or {})}.items():
+    if value is not None:
+      getattr(w, f"add_{key}")(value)
 
   heads = {"attn_q": HEADS, "attn_k": KV_HEADS}  # the permuted projections
   tensors = {}
@@ -487,11 +493,57 @@ BAD_FILES = {
     lambda: dict(template="{% for m in messages %}{{ m['content'] }}"),
     ("tokenizer.chat_template",),
   ),
+  # Metadata that disagrees with the tensors, or with itself.
+  "feed_forward_length": (
+    lambda: dict(meta={"feed_forward_length": 2 * FFN}),
+    ("'blk.0.ffn_gate.weight'", f"[{FFN}, {D}]", f"llama.feed_forward_length={2 * FFN}"),
+  ),
+  "block_count": (
+    lambda: dict(meta={"block_count": LAYERS - 1}),
+    ("'blk.1.attn_norm.weight'", f"llama.block_count={LAYERS - 1}"),
+  ),
+  "head_count_kv": (
+    lambda: dict(meta={"head_count_kv": 1}),
+    ("'blk.0.attn_k.weight'", "llama.attention.head_count_kv=1"),
+  ),
+  "vocab_size": (
+    lambda: dict(meta={"vocab_size": VOCAB + 7}),
+    (f"llama.vocab_size={VOCAB + 7}", f"tokenizer.ggml.tokens holds {VOCAB}"),
+  ),
+  "head_count against rope": (
+    lambda: dict(meta={"head_count": 2 * HEADS}),
+    (f"llama.rope.dimension_count={HEAD_DIM}", f"llama.attention.head_count={2 * HEADS}"),
+  ),
+  "head_count not dividing": (
+    lambda: dict(meta={"head_count": 6, "rope_dimension_count": None}),
+    (f"llama.embedding_length={D} is not a multiple of llama.attention.head_count=6",),
+  ),
+  "head_count_kv not dividing": (
+    lambda: dict(meta={"head_count_kv": 3}),
+    (f"llama.attention.head_count={HEADS} is not a multiple of llama.attention.head_count_kv=3",),
+  ),
+  "partial rotary": (
+    lambda: dict(meta={"rope_dimension_count": HEAD_DIM // 2}),
+    (f"llama.rope.dimension_count={HEAD_DIM // 2}", "partial rotary"),
+  ),
+  "bos out of the vocabulary": (
+    lambda: dict(meta={"bos_token_id": 99999}),
+    (f"tokenizer.ggml.bos_token_id=99999 is outside the vocabulary of {VOCAB} tokens",),
+  ),
+  "no token list": (
+    lambda: dict(meta={"token_list": None}),
+    ("tokenizer.ggml.tokens is missing",),
+  ),
+  "token types of another length": (
+    lambda: dict(meta={"token_types": TOKEN_TYPES[:-1]}),
+    ("tokenizer.ggml.token_type", f"{VOCAB - 1}", f"{VOCAB}"),
+  ),
 }
 
 
 @pytest.mark.parametrize("case", BAD_FILES)
 def test_refused_file_is_named_in_one_line_and_nothing_is_written(tmp_path, case):
+  """Each file of BAD_FILES is one GGUFError naming the file and what is wrong in it."""
   kwargs, names = BAD_FILES[case]
   path = tmp_path / "bad.gguf"
   write_gguf(path, "Q8_0", **kwargs())
@@ -530,6 +582,71 @@ def test_directory_holding_weights_is_left_as_it_was(tmp_path, tiny_gguf):
   assert not (tmp_path / "other").exists()
 
 
+# Files an import writes, and weights of another layout: each already in OUT_DIR is refused.
+TAKEN = (
+  "model.safetensors",
+  "model.safetensors.index.json",
+  "model-00001-of-00002.safetensors",
+  "config.json",
+  "tokenizer.json",
+  "tokenizer_config.json",
+  "generation_config.json",
+)
+
+
+@pytest.mark.parametrize("name", TAKEN)
+def test_directory_holding_weights_or_an_imported_file_is_refused(tmp_path, tiny_gguf, name):
+  """A directory holding any weights, or a file the import would write, is refused, naming
+  that file, and left as it was."""
+  path, _, _, _ = tiny_gguf("Q8_0")
+  out = tmp_path / "out"
+  out.mkdir()
+  (out / name).write_text("the user's")
+  (out / "README.md").write_text("kept")
+  _refused(path, out, f"{out / name}")
+
+
+def test_directory_holding_a_sharded_checkpoint_is_left_as_it_was(tmp_path, tiny_gguf):
+  """A Hugging Face directory with sharded weights, its config and tokenizer: refused, with
+  every file kept (an import there would replace the config and leave two weight layouts)."""
+  path, _, _, _ = tiny_gguf("Q8_0")
+  out = tmp_path / "hf"
+  out.mkdir()
+  files = {
+    "config.json": '{"model_type": "qwen2"}',
+    "tokenizer.json": "{}",
+    "model.safetensors.index.json": '{"weight_map": {}}',
+    "model-00001-of-00001.safetensors": "weights",
+  }
+  for name, text in files.items():
+    (out / name).write_text(text)
+  msg = _refused(path, out, str(out))
+  assert "already" in msg
+  assert {p.name: p.read_text() for p in out.iterdir()} == files
+
+
+def test_directory_with_other_files_is_imported_into(tmp_path, tiny_gguf):
+  """Files the import does not write (a README) do not stop it, and are kept."""
+  path, _, _, _ = tiny_gguf("Q8_0")
+  out = tmp_path / "out"
+  out.mkdir()
+  (out / "README.md").write_text("kept")
+  gguf_import.import_gguf(path, out)
+  assert (out / "README.md").read_text() == "kept"
+  assert (out / "model.safetensors").is_file()
+
+
+def test_out_dir_that_is_a_file_is_refused_before_reading_the_gguf(tmp_path):
+  """An OUT_DIR that is a file (or lies under one) is refused up front, even before the GGUF
+  file is read: the message names it, not a later `File exists`."""
+  taken = tmp_path / "taken"
+  taken.write_text("a file")
+  absent = tmp_path / "absent.gguf"  # never read: the output is refused first
+  _refused(absent, taken, f"{taken}", "is a file")
+  _refused(absent, taken / "sub", f"{taken}", "is a file")
+  assert taken.read_text() == "a file"
+
+
 def _hf_convert():
   sys.path.insert(0, str(TOOLS))
   import hf_convert
@@ -554,6 +671,21 @@ def test_cli_imports_a_file_and_refuses_a_bad_one_in_one_error_line(tmp_path, ti
   assert len(lines) == 1 and lines[0].startswith("error: "), captured.err
   assert "qwen2" in lines[0] and str(bad) in lines[0]
   assert captured.out == "" and not (tmp_path / "out").exists()
+
+
+def test_cli_names_out_dir_when_it_is_a_file(tmp_path, tiny_gguf, capsys):
+  """`import-gguf FILE OUT_DIR` with OUT_DIR a file: one error line naming OUT_DIR."""
+  hf_convert = _hf_convert()
+  path, _, _, _ = tiny_gguf("Q8_0")
+  taken = tmp_path / "taken"
+  taken.write_text("a file")
+  assert hf_convert.cli(["import-gguf", str(path), str(taken)]) == 2
+  captured = capsys.readouterr()
+  lines = captured.err.splitlines()
+  assert lines == [f"error: OUT_DIR={taken}: is a file, not a directory; name a new directory"], (
+    captured.err
+  )
+  assert taken.read_text() == "a file" and captured.out == ""
 
 
 # ------------------------------------------------------------------------------ pretrained

@@ -11,8 +11,10 @@
   * ``tokenizer_config.json`` (special tokens, the chat template) and ``generation_config.json``.
 
 Anything else (a tensor type outside `TENSOR_TYPES`, an architecture other than Llama, a
-truncated file, a tokenizer model other than byte-level BPE, an unknown tensor) is refused with
-one `GGUFError` naming what was found and what is allowed, before anything is written.
+truncated file, a tokenizer model other than byte-level BPE, an unknown tensor, a tensor whose
+shape the metadata does not give, a token id outside the vocabulary) is refused with one
+`GGUFError` naming what was found and what is allowed, before anything is written. So is an
+OUT_DIR that is a file or already holds weights or a file the import writes (`check_out_dir`).
 """
 
 from __future__ import annotations
@@ -102,10 +104,37 @@ def _metadata(reader, path: str) -> dict[str, Any]:
   if scaling not in ("none", None) or any(t.name == "rope_freqs.weight" for t in reader.tensors):
     raise GGUFError(f"{path}: RoPE scaling ({scaling!r} / rope_freqs.weight) is not imported")
   heads = int(need("attention.head_count"))
+  kv_heads = int(_field(reader, f"{arch}.attention.head_count_kv", heads))
   d = int(need("embedding_length"))
-  head_dim = int(_field(reader, f"{arch}.attention.key_length", d // heads))
-  if _field(reader, f"{arch}.rope.dimension_count", head_dim) != head_dim:
-    raise GGUFError(f"{path}: partial rotary dimensions are not imported")
+  head_count = f"{arch}.attention.head_count={heads}"
+  if heads < 1 or kv_heads < 1 or heads % kv_heads:
+    raise GGUFError(
+      f"{path}: {head_count} is not a multiple of {arch}.attention.head_count_kv={kv_heads}"
+    )
+  key_length = _field(reader, f"{arch}.attention.key_length")
+  if key_length is None and d % heads:
+    raise GGUFError(f"{path}: {arch}.embedding_length={d} is not a multiple of {head_count}")
+  head_dim = int(key_length) if key_length is not None else d // heads
+  if head_dim < 2 or head_dim % 2:  # rotary embeddings turn pairs of dimensions
+    raise GGUFError(f"{path}: the head dimension {head_dim} is not a positive even number")
+  rope = _field(reader, f"{arch}.rope.dimension_count", head_dim)
+  if rope != head_dim:
+    where = (
+      f"{arch}.attention.key_length={head_dim}"
+      if key_length is not None
+      else f"{arch}.embedding_length={d} / {head_count}"
+    )
+    # Fewer rotary dimensions than a head has is a real model we do not run; more is metadata
+    # at odds with itself (a wrong head count, most likely).
+    why = (
+      "partial rotary dimensions are not imported"
+      if rope < head_dim
+      else "a head cannot hold more rotary dimensions than it has: the metadata contradicts itself"
+    )
+    raise GGUFError(
+      f"{path}: {arch}.rope.dimension_count={rope} differs from the head dimension {head_dim} "
+      f"({where}): {why}"
+    )
   tokens = _field(reader, "tokenizer.ggml.tokens") or []
   return {
     "architectures": ["LlamaForCausalLM"],
@@ -114,7 +143,7 @@ def _metadata(reader, path: str) -> dict[str, Any]:
     "intermediate_size": int(need("feed_forward_length")),
     "num_hidden_layers": int(need("block_count")),
     "num_attention_heads": heads,
-    "num_key_value_heads": int(_field(reader, f"{arch}.attention.head_count_kv", heads)),
+    "num_key_value_heads": kv_heads,
     "head_dim": head_dim,
     "rms_norm_eps": float(need("attention.layer_norm_rms_epsilon")),
     "rope_theta": float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
@@ -169,10 +198,55 @@ def _hf_name(name: str, path: str) -> tuple[str, str | None]:
   return f"model.layers.{m[1]}.{_LAYER_NAMES[m[2]]}.weight", kind
 
 
+def _shapes(reader, config: Mapping[str, Any]) -> dict[str, list[tuple[int, str]]]:
+  """The shape each Hugging Face tensor must have by the metadata: per dimension, (size, the
+  metadata it comes from)."""
+  arch = _field(reader, "general.architecture")
+  c = config
+  d = (c["hidden_size"], f"{arch}.embedding_length={c['hidden_size']}")
+  ffn = (c["intermediate_size"], f"{arch}.feed_forward_length={c['intermediate_size']}")
+  vocab = (
+    (c["vocab_size"], f"{arch}.vocab_size={c['vocab_size']}")
+    if _field(reader, f"{arch}.vocab_size") is not None
+    else (c["vocab_size"], f"the {c['vocab_size']} tokens of tokenizer.ggml.tokens")
+  )
+  head_dim = f"head dimension {c['head_dim']}"
+  q = (
+    c["num_attention_heads"] * c["head_dim"],
+    f"{arch}.attention.head_count={c['num_attention_heads']} x {head_dim}",
+  )
+  kv = (
+    c["num_key_value_heads"] * c["head_dim"],
+    f"{arch}.attention.head_count_kv={c['num_key_value_heads']} x {head_dim}",
+  )
+  layer = {
+    "input_layernorm": [d],
+    "post_attention_layernorm": [d],
+    "self_attn.q_proj": [q, d],
+    "self_attn.k_proj": [kv, d],
+    "self_attn.v_proj": [kv, d],
+    "self_attn.o_proj": [d, q],
+    "mlp.gate_proj": [ffn, d],
+    "mlp.up_proj": [ffn, d],
+    "mlp.down_proj": [d, ffn],
+  }
+  out = {
+    "model.embed_tokens.weight": [vocab, d],
+    "model.norm.weight": [d],
+    "lm_head.weight": [vocab, d],
+  }
+  for i in range(c["num_hidden_layers"]):
+    out.update({f"model.layers.{i}.{k}.weight": v for k, v in layer.items()})
+  return out
+
+
 def _tensors(reader, config: Mapping[str, Any], path: str) -> list[tuple[str, Callable]]:
-  """[(HF name, a function returning its float32 array)], checked before anything is read."""
+  """[(HF name, a function returning its float32 array)], checked before anything is read:
+  each tensor's type, name and shape (against the metadata's)."""
   from gguf import quants
 
+  shapes = _shapes(reader, config)
+  arch = _field(reader, "general.architecture")
   out = []
   for t in reader.tensors:
     kind = t.tensor_type.name
@@ -182,6 +256,21 @@ def _tensors(reader, config: Mapping[str, Any], path: str) -> list[tuple[str, Ca
         f"{', '.join(TENSOR_TYPES)}"
       )
     name, permuted = _hf_name(t.name, path)
+    if name not in shapes:  # a layer past the last one
+      raise GGUFError(
+        f"{path}: tensor {t.name!r} is beyond the {arch}.block_count={config['num_hidden_layers']}"
+        " layers the metadata holds"
+      )
+    # Checked here, not when the import loads the model: a file whose metadata disagrees with
+    # its tensors would otherwise be written as a directory that does not load.
+    shape = [int(n) for n in reversed(t.shape)]  # GGUF lists dims innermost first
+    want = shapes[name]
+    if shape != [n for n, _ in want]:
+      keys = [key for (n, key), got in zip(want, shape + [None] * len(want)) if n != got]
+      raise GGUFError(
+        f"{path}: tensor {t.name!r} has shape {shape}, but the metadata implies "
+        f"{[n for n, _ in want]} ({', '.join(keys) or 'its number of dimensions'})"
+      )
     heads = config["num_attention_heads" if permuted == "q" else "num_key_value_heads"]
 
     def load(t=t, permuted=permuted, heads=heads) -> np.ndarray:
@@ -216,9 +305,19 @@ def _tokenizer(reader, path: str):
       f"{path}: tokenizer.ggml.pre={pre!r} is not imported; allowed: "
       f"{', '.join(sorted(PRE_TOKENIZERS))}"
     )
-  tokens = list(_field(reader, "tokenizer.ggml.tokens"))
+  tokens = _field(reader, "tokenizer.ggml.tokens")
+  if not tokens:
+    raise GGUFError(f"{path}: tokenizer.ggml.tokens is missing (a vocabulary is needed)")
+  tokens = list(tokens)
   types = list(_field(reader, "tokenizer.ggml.token_type", [1] * len(tokens)))
+  if len(types) != len(tokens):
+    raise GGUFError(
+      f"{path}: tokenizer.ggml.token_type holds {len(types)} entries but tokenizer.ggml.tokens "
+      f"{len(tokens)}: there must be one per token"
+    )
   merges = [tuple(m.split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges", [])]
+  if bad := next((m for m in merges if len(m) != 2), None):
+    raise GGUFError(f"{path}: tokenizer.ggml.merges holds {bad[0]!r}, not two tokens 'a b'")
   vocab = {tok: i for i, tok in enumerate(tokens)}
   tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
   byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
@@ -238,7 +337,23 @@ def _tokenizer(reader, path: str):
   return tok, tokens
 
 
-def _tokenizer_config(reader, tokens: list[str], max_len: int) -> dict[str, Any]:
+def _token_ids(reader, tokens: list[str], path: str) -> dict[str, int]:
+  """{"bos" / "eos" / "pad" / "unk": token id} of the file, each checked to be in the vocabulary."""
+  out = {}
+  for k, key in (("bos", "bos"), ("eos", "eos"), ("pad", "padding"), ("unk", "unknown")):
+    i = _field(reader, f"tokenizer.ggml.{key}_token_id")
+    if i is None:
+      continue
+    if not 0 <= int(i) < len(tokens):
+      raise GGUFError(
+        f"{path}: tokenizer.ggml.{key}_token_id={int(i)} is outside the vocabulary of "
+        f"{len(tokens)} tokens (ids 0 to {len(tokens) - 1})"
+      )
+    out[k] = int(i)
+  return out
+
+
+def _tokenizer_config(reader, tokens: list[str], max_len: int, path: str) -> dict[str, Any]:
   out: dict[str, Any] = {
     "tokenizer_class": "PreTrainedTokenizerFast",
     "add_bos_token": bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),
@@ -246,10 +361,8 @@ def _tokenizer_config(reader, tokens: list[str], max_len: int) -> dict[str, Any]
     "clean_up_tokenization_spaces": False,
     "model_max_length": max_len,
   }
-  for k, key in (("bos", "bos"), ("eos", "eos"), ("pad", "padding"), ("unk", "unknown")):
-    i = _field(reader, f"tokenizer.ggml.{key}_token_id")
-    if i is not None:
-      out[f"{k}_token"] = tokens[int(i)]
+  for k, i in _token_ids(reader, tokens, path).items():
+    out[f"{k}_token"] = tokens[i]
   template = _field(reader, "tokenizer.chat_template")
   if template:
     out["chat_template"] = template
@@ -282,6 +395,42 @@ def _check_template(config: Mapping[str, Any], path: str) -> None:
     raise GGUFError(f"{path}: tokenizer.chat_template cannot be rendered: {msg}") from None
 
 
+# What an import writes, and the weight files of any other layout: an OUT_DIR holding one of
+# them is refused (the import would replace a user's file or leave two sets of weights).
+WRITES = (
+  "config.json",
+  "model.safetensors",
+  "tokenizer.json",
+  "tokenizer_config.json",
+  "generation_config.json",
+)
+WEIGHTS = ("*.safetensors", "*.safetensors.index.json", "*.bin", "*.bin.index.json")
+
+
+def check_out_dir(out_dir: str) -> None:
+  """GGUFError unless `out_dir` can take an import: a directory to be made (under directories
+  only), or one that holds no weights and none of the files an import writes."""
+  import glob
+
+  if os.path.lexists(out_dir) and not os.path.isdir(out_dir):
+    raise GGUFError(f"{out_dir}: is a file, not a directory; choose a new directory")
+  if not os.path.isdir(out_dir):
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    while not os.path.lexists(parent):
+      parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+      raise GGUFError(f"{out_dir}: cannot be made: {parent} is a file, not a directory")
+    return
+  taken = [os.path.join(out_dir, n) for n in WRITES if os.path.lexists(os.path.join(out_dir, n))]
+  taken += sorted({f for w in WEIGHTS for f in glob.glob(os.path.join(glob.escape(out_dir), w))})
+  if taken:
+    raise GGUFError(
+      f"{taken[0]}: already exists ({len(set(taken))} such files in all); an import writes into a "
+      f"new directory or one that holds no weights ({', '.join(WEIGHTS)}) and none of "
+      f"{', '.join(WRITES)}"
+    )
+
+
 def import_gguf(path: str | os.PathLike, out_dir: str | os.PathLike, *, dtype: str = "float32"):
   """Writes the Hugging Face directory of the GGUF file `path` at `out_dir` (see the module
   docstring); returns a summary dict. GGUFError, with nothing written, for what it cannot."""
@@ -290,19 +439,24 @@ def import_gguf(path: str | os.PathLike, out_dir: str | os.PathLike, *, dtype: s
   path, out_dir = os.fspath(path), os.fspath(out_dir)
   if dtype not in DTYPES:
     raise GGUFError(f"dtype={dtype!r} is not one of {', '.join(DTYPES)}")
-  if os.path.exists(os.path.join(out_dir, "model.safetensors")):
-    raise GGUFError(f"{out_dir}: already holds model.safetensors; choose a new directory")
+  check_out_dir(out_dir)
   reader = _reader(path)
   config = _metadata(reader, path)
-  tensors = _tensors(reader, config, path)
   tok, tokens = _tokenizer(reader, path)
-  tok_config = _tokenizer_config(reader, tokens, config["max_position_embeddings"])
+  tok_config = _tokenizer_config(reader, tokens, config["max_position_embeddings"], path)
   _check_template(tok_config, path)
-  if tok.get_vocab_size() != config["vocab_size"]:
+  arch = _field(reader, "general.architecture")
+  if len(tokens) != config["vocab_size"]:
     raise GGUFError(
-      f"{path}: the vocabulary holds {tok.get_vocab_size()} tokens but the model "
-      f"{config['vocab_size']}"
+      f"{path}: {arch}.vocab_size={config['vocab_size']} but tokenizer.ggml.tokens holds "
+      f"{len(tokens)} tokens"
     )
+  if tok.get_vocab_size() != len(tokens):  # a token listed twice
+    raise GGUFError(
+      f"{path}: tokenizer.ggml.tokens holds {len(tokens)} tokens but only "
+      f"{tok.get_vocab_size()} distinct ones"
+    )
+  tensors = _tensors(reader, config, path)
   import ml_dtypes
 
   np_dtype = np.float32 if dtype == "float32" else ml_dtypes.bfloat16
@@ -326,7 +480,8 @@ def import_gguf(path: str | os.PathLike, out_dir: str | os.PathLike, *, dtype: s
         json.dump(content, f, indent=2, sort_keys=True)
         f.write("\n")
     os.makedirs(out_dir, exist_ok=True)
-    for name in os.listdir(tmp):
+    # The weights last: their presence marks a complete import (as `pretrained.fetch` reads it).
+    for name in sorted(os.listdir(tmp), key=lambda n: n == "model.safetensors"):
       os.chmod(os.path.join(tmp, name), 0o644)
       os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))
   finally:
