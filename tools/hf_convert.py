@@ -19,7 +19,9 @@ axis).
 F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 tensors, dequantized): config.json,
 model.safetensors, tokenizer.json, tokenizer_config.json (with the chat template) and
 generation_config.json, which `import` and `model.checkpoint` then read
-(`jaxrl_llm/models/gguf.py`). Anything else in the file is refused and nothing is written.
+(`jaxrl_llm/models/gguf.py`). Anything else in the file is refused and nothing is written; so is
+an OUT_DIR that is a file or already holds weights (*.safetensors, an index) or one of those
+files.
 
 `export` restores the policy parameters of a trainer checkpoint (`<workdir>/checkpoints/<step>`,
 latest step by default) and writes them as an HF checkpoint. The ModelConfig comes from the
@@ -31,6 +33,10 @@ From it the export keeps max_position_embeddings, the bos / eos / pad token ids,
 generation_config.json and the tokenizer files; --tokenizer (default: the run's
 `data.tokenizer`, else the source's) picks other tokenizer files. A model with no source gets
 the model type's default max_position_embeddings unless --max_position_embeddings is given.
+Before anything is written, `export` refuses an --out or --adapters that is a trainer workdir
+(its config.json is the run record: even with --overwrite) and, without --overwrite, one that
+holds files the export would replace (weights, config.json, generation_config.json, the
+tokenizer files, the adapter files); a refused export leaves every directory as it was.
 
 Bad input (a missing or malformed file, field or tensor) ends with one line on stderr,
 `error: <file>: <what is wrong>`, and exit code 2; --debug also prints the traceback.
@@ -55,6 +61,37 @@ class ConvertError(Exception):
   """Bad input to a sub-command (reported as one `error:` line, exit code 2)."""
 
 
+def trainer_workdir(path: str) -> str | None:
+  """Why directory `path` is a trainer workdir (a checkpoints/ directory, a run record
+  config.json: one holding a 'config' object), or None when it is not one."""
+  if os.path.isdir(os.path.join(path, "checkpoints")):
+    return "it holds checkpoints/"
+  try:
+    with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+      record = json.load(f)
+  except (OSError, ValueError):  # absent, or not JSON: no run record
+    return None
+  if isinstance(record, dict) and isinstance(record.get("config"), dict):
+    return "its config.json is a run record"
+  return None
+
+
+def _check_dir_flag(flag: str, path: str) -> None:
+  """ConvertError naming `flag` unless `path` is a directory or can be made one: a file there
+  (or in place of a directory above it) or a directory above it that cannot be written."""
+  if os.path.lexists(path) and not os.path.isdir(path):
+    raise ConvertError(f"{flag}={path}: is a file, not a directory; name a directory")
+  if os.path.isdir(path):
+    return
+  above = os.path.dirname(os.path.abspath(path))
+  while not os.path.lexists(above):
+    above = os.path.dirname(above)
+  if not os.path.isdir(above):
+    raise ConvertError(f"{flag}: Not a directory: '{path}' ({above} is a file)")
+  if not os.access(above, os.W_OK | os.X_OK):
+    raise ConvertError(f"{flag}: Permission denied: '{path}' ({above} cannot be written)")
+
+
 def _param_count(params) -> int:
   import jax
 
@@ -66,6 +103,14 @@ def cmd_import(args) -> dict:
   from jaxrl_llm.models import hf
 
   out = os.path.abspath(args.out) if args.out else None
+  if os.path.isdir(args.hf_dir) and (why := trainer_workdir(args.hf_dir)):
+    raise ConvertError(
+      f"--hf_dir={args.hf_dir}: is a trainer workdir ({why}), not a Hugging Face checkpoint; "
+      f"write one from it with: python tools/hf_convert.py export --workdir={args.hf_dir} "
+      "--out=HF_DIR"
+    )
+  if out:
+    _check_dir_flag("--out", args.out)
   if out and os.path.exists(os.path.join(out, "params")):
     raise ConvertError(f"{out}/params: already exists; choose a new --out")
   cfg, params = hf.load_checkpoint(
@@ -296,68 +341,110 @@ def _resolve_inputs(args):
   return source, tokenizer
 
 
-def _export_adapters(args, cfg, params, model_type: str, source) -> list[str]:
-  """With `--adapters=DIR`, writes the run's adapters there in PEFT's format, naming the run's
-  source checkpoint as their base (none for a random-init base); returns the target modules."""
-  from jaxrl_llm.models import hf_adapters, lora
-
-  if not args.adapters:
-    return []
-  if not lora.has_adapters(params):
+def _check_flags(args) -> None:
+  """ConvertError for an export flag out of range or a directory flag naming a file."""
+  if args.max_shard_bytes < 1:
     raise ConvertError(
-      f"--adapters={args.adapters}: {args.workdir} trained no adapters (model.lora_rank=0); "
-      "leave --adapters out"
+      f"--max_shard_bytes={args.max_shard_bytes}: must be at least 1 (the most bytes of tensors "
+      "in one safetensors file)"
     )
-  base = source.path if source is not None else None
-  if base is None:  # a random-init base: PEFT needs it too, so it is exported beside them
-    base = _export_base(args, cfg, params, model_type)
-  return hf_adapters.save_adapters(
-    args.adapters, cfg, params, model_type=model_type, base_model=base, overwrite=args.overwrite
-  )
+  if args.max_position_embeddings is not None and args.max_position_embeddings < 1:
+    raise ConvertError(
+      f"--max_position_embeddings={args.max_position_embeddings}: must be at least 1"
+    )
+  for flag, path in (("--out", args.out), ("--adapters", args.adapters)):
+    if path:
+      _check_dir_flag(flag, path)
 
 
-def _export_base(args, cfg, params, model_type: str) -> str:
-  """Writes a random-init base the adapters sit on (no Hugging Face source to name) as a
-  Hugging Face checkpoint in `<adapters>/base`; returns its absolute path, which the adapters'
-  `base_model_name_or_path` names: `PeftModel.from_pretrained(<that base>, <adapters>)` is the
-  trained policy (as `--out`'s merged export is: load adapters onto one or the other, not both)."""
-  from jaxrl_llm.models import hf_export, lora
+def _check_destinations(args, source, tokenizer) -> None:
+  """ConvertError, before anything is written, for an export that would destroy what a
+  directory holds: --out or --adapters naming a trainer workdir (even with --overwrite: its
+  config.json is the run record), or holding files the export replaces without --overwrite
+  (weights, config.json, generation_config.json, tokenizer files, adapters)."""
+  from jaxrl_llm.models import hf_adapters, hf_export
+
+  workdir = os.path.isdir(args.workdir) and args.workdir
+  for flag, path in (("--out", args.out), ("--adapters", args.adapters)):
+    if not path or not os.path.isdir(path):
+      continue
+    why = "it is --workdir" if workdir and os.path.samefile(path, workdir) else None
+    if why := why or trainer_workdir(path):
+      raise ConvertError(
+        f"{flag}={path}: is a trainer workdir ({why}); an export there would replace the run's "
+        f"files, with --overwrite too: name another {flag}"
+      )
+  if args.overwrite:
+    return
+  # (flag, directory, whether weights go there, the other files written there)
+  dests = [("--out", args.out, True, hf_export.written_files(source, tokenizer))]
+  if args.adapters:
+    adapter_files = [hf_adapters.ADAPTER_WEIGHTS_FILE, hf_adapters.ADAPTER_CONFIG_FILE]
+    dests.append(("--adapters", args.adapters, False, adapter_files))
+    if source is None:  # a random-init base is written beside the adapters (`_base_export`)
+      base = os.path.join(args.adapters, "base")
+      dests.append(("--adapters", base, True, hf_export.written_files()))
+  for flag, path, weights, names in dests:
+    if weights and (old := hf_export.weight_files(path)):
+      raise ConvertError(
+        f"{path} already holds weights ({', '.join(old)}); pass --overwrite to replace them or "
+        f"name another {flag}"
+      )
+    for name in names:
+      if os.path.lexists(os.path.join(path, name)):
+        raise ConvertError(
+          f"{os.path.join(path, name)}: already exists and the export would replace it; pass "
+          f"--overwrite to replace it or name another {flag}"
+        )
+
+
+def _base_export(args, cfg, params, model_type: str) -> tuple[str, dict]:
+  """(path, save_checkpoint arguments) of a random-init base the adapters sit on (no Hugging
+  Face source to name): a Hugging Face checkpoint in `<adapters>/base`, whose absolute path the
+  adapters' `base_model_name_or_path` names: `PeftModel.from_pretrained(<that base>,
+  <adapters>)` is the trained policy (as `--out`'s merged export is: load adapters onto one or
+  the other, not both)."""
+  from jaxrl_llm.models import lora
 
   path = os.path.abspath(os.path.join(args.adapters, "base"))
   base = lora.split_adapters(params)[0]
-  hf_export.save_checkpoint(
-    path,
-    cfg.without_adapters(),
-    lora.dequantized(base),  # an int8 base in float32, as the merged export holds it
+  return path, dict(
+    cfg=cfg.without_adapters(),
+    params=lora.dequantized(base),  # an int8 base in float32, as the merged export holds it
     model_type=model_type,
     dtype=args.dtype,
     overwrite=args.overwrite,
     max_position_embeddings=args.max_position_embeddings,
   )
-  return path
 
 
 def cmd_export(args) -> dict:
   """Writes the params of a trainer checkpoint as an HF checkpoint directory (adapters, when
-  the run had them, merged into the weights they adapt)."""
-  from jaxrl_llm.models import hf_config, hf_export, lora
+  the run had them, merged into the weights they adapt). Every output is checked before any
+  is written: a refused export leaves every directory as it was."""
+  from jaxrl_llm.models import hf_adapters, hf_config, hf_export, lora
 
+  _check_flags(args)
   source, tokenizer = _resolve_inputs(args)
-  cfg, params, meta, step = restore_params(args.workdir, args.step)
+  cfg, params, meta, step = restore_params(args.workdir, args.step)  # the run, then the outputs
+  _check_destinations(args, source, tokenizer)
   model_type = (
     args.model_type
     or meta.get("hf_model_type")
     or (source.model_type if source is not None else None)
     or hf_config.default_model_type(cfg.without_adapters())
   )
-  targets = _export_adapters(args, cfg, params, model_type, source)
-  if lora.has_adapters(params):  # a run with adapters exports its merged weights
-    params = lora.merged(params, cfg.lora_alpha / cfg.lora_rank)
-    cfg = cfg.without_adapters()
-  model_type = hf_export.save_checkpoint(
-    args.out,
-    cfg,
-    params,
+  adapted = lora.has_adapters(params)
+  if args.adapters and not adapted:
+    raise ConvertError(
+      f"--adapters={args.adapters}: {args.workdir} trained no adapters (model.lora_rank=0); "
+      "leave --adapters out"
+    )
+  out_cfg, out_params = cfg, params
+  if adapted:  # a run with adapters exports its merged weights
+    out_params = lora.merged(params, cfg.lora_alpha / cfg.lora_rank)
+    out_cfg = cfg.without_adapters()
+  out_kwargs = dict(
     model_type=model_type,
     dtype=args.dtype,
     max_shard_bytes=args.max_shard_bytes,
@@ -366,6 +453,26 @@ def cmd_export(args) -> dict:
     tokenizer=tokenizer,
     max_position_embeddings=args.max_position_embeddings,
   )
+  # Each output checked before any is written: the adapters (and a random-init base beside
+  # them, which PEFT needs too) are written first, so a refused --out would come too late.
+  hf_export.check_checkpoint(args.out, out_cfg, out_params, **out_kwargs)
+  base = source.path if source is not None else None  # the adapters' base model
+  base_kwargs = None
+  if args.adapters:
+    hf_adapters.check_adapters(
+      args.adapters, cfg, params, model_type=model_type, overwrite=args.overwrite
+    )
+    if base is None:
+      base, base_kwargs = _base_export(args, cfg, params, model_type)
+      hf_export.check_checkpoint(base, **base_kwargs)
+  targets = []
+  if args.adapters:
+    if base_kwargs is not None:
+      hf_export.save_checkpoint(base, **base_kwargs)
+    targets = hf_adapters.save_adapters(
+      args.adapters, cfg, params, model_type=model_type, base_model=base, overwrite=args.overwrite
+    )
+  model_type = hf_export.save_checkpoint(args.out, out_cfg, out_params, **out_kwargs)
   summary = {
     "workdir": os.path.abspath(args.workdir),
     "step": step,
@@ -373,7 +480,7 @@ def cmd_export(args) -> dict:
     "hf_model_type": model_type,
     "hf_source": source.path if source is not None else None,
     "dtype": args.dtype,
-    "num_params": _param_count(params),
+    "num_params": _param_count(out_params),
     "files": sorted(os.listdir(args.out)),
   }
   if targets:
@@ -386,6 +493,8 @@ def cmd_import_gguf(args) -> dict:
   """Writes the HF directory of a GGUF file (`models.gguf.import_gguf`) and prints its summary."""
   from jaxrl_llm.models import gguf
 
+  if os.path.lexists(args.out_dir) and not os.path.isdir(args.out_dir):
+    raise ConvertError(f"OUT_DIR={args.out_dir}: is a file, not a directory; name a new directory")
   summary = gguf.import_gguf(args.gguf, args.out_dir, dtype=args.dtype)
   print(json.dumps(summary, indent=2))
   return summary
@@ -404,7 +513,11 @@ def build_parser() -> argparse.ArgumentParser:
   imp.add_argument("--scan_layers", action="store_true", help="scanned layout (model.scan_layers)")
   gg = sub.add_parser("import-gguf", parents=[common], help="a GGUF file as an HF directory")
   gg.add_argument("gguf", help="the .gguf file (a Llama architecture)")
-  gg.add_argument("out_dir", help="the HF directory to write (must not hold weights yet)")
+  gg.add_argument(
+    "out_dir",
+    help="the HF directory to write: a new one, or one holding no weights (*.safetensors) and "
+    "none of the files the import writes (config.json, tokenizer*.json, generation_config.json)",
+  )
   gg.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
   exp = sub.add_parser("export", parents=[common], help="write a trainer policy as HF checkpoint")
   exp.add_argument("--workdir", required=True, help="trainer workdir (holds checkpoints/)")
@@ -414,8 +527,15 @@ def build_parser() -> argparse.ArgumentParser:
     "--model_type", default=None, help="HF model_type: a family of jaxrl_llm/models/families.py"
   )
   exp.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-  exp.add_argument("--max_shard_bytes", type=int, default=5 * 2**30)
-  exp.add_argument("--overwrite", action="store_true", help="replace weights already in --out")
+  exp.add_argument(
+    "--max_shard_bytes", type=int, default=5 * 2**30, help="most bytes of one safetensors file"
+  )
+  exp.add_argument(
+    "--overwrite",
+    action="store_true",
+    help="replace weights and the files an export writes already in --out / --adapters (never "
+    "in a trainer workdir)",
+  )
   exp.add_argument(
     "--adapters",
     default=None,

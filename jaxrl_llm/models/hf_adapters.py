@@ -35,7 +35,13 @@ from jaxrl_llm.models.hf_layout import (
   write_json,
 )
 
-__all__ = ["ADAPTER_CONFIG_FILE", "ADAPTER_WEIGHTS_FILE", "load_adapters", "save_adapters"]
+__all__ = [
+  "ADAPTER_CONFIG_FILE",
+  "ADAPTER_WEIGHTS_FILE",
+  "check_adapters",
+  "load_adapters",
+  "save_adapters",
+]
 
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
 ADAPTER_CONFIG_FILE = "adapter_config.json"
@@ -103,22 +109,45 @@ def save_adapters(
   target modules."""
   from safetensors.numpy import save_file
 
-  if not cfg.lora_rank:
-    raise ValueError("save_adapters: the model has no adapters (model.lora_rank=0)")
-  path, mt = os.fspath(path), model_type or default_model_type(cfg)
-  tensors = _adapter_tensors(cfg, mt, flatten(params))
-  if not tensors:
-    raise ValueError(f"save_adapters: no adapter of these params maps to a {mt} module")
-  if os.path.exists(os.path.join(path, ADAPTER_WEIGHTS_FILE)) and not overwrite:
-    raise FileExistsError(f"{path} already holds {ADAPTER_WEIGHTS_FILE}; pass overwrite=True")
-  # Two trailing name parts (`self_attn.q_proj`, `mlp.gate_proj`): PEFT matches a module whose
-  # name ends in one, so routed experts (`mlp.experts.0.gate_proj`) get none.
-  targets = sorted({".".join(k.split(".")[-4:-2]) for k in tensors})
+  path = os.fspath(path)
+  tensors, targets = _prepare(path, cfg, params, model_type, overwrite)
   if jax.process_index() == 0:
     os.makedirs(path, exist_ok=True)
     save_file(tensors, os.path.join(path, ADAPTER_WEIGHTS_FILE), metadata={"format": "pt"})
     write_json(os.path.join(path, ADAPTER_CONFIG_FILE), _peft_config(cfg, base_model, targets))
   return targets
+
+
+def _prepare(path: str, cfg: ModelConfig, params: Any, model_type: str | None, overwrite: bool):
+  """Every check of `save_adapters`, writing nothing; returns (PEFT's tensors, the target
+  modules)."""
+  if not cfg.lora_rank:
+    raise ValueError("save_adapters: the model has no adapters (model.lora_rank=0)")
+  mt = model_type or default_model_type(cfg)
+  tensors = _adapter_tensors(cfg, mt, flatten(params))
+  if not tensors:
+    raise ValueError(f"save_adapters: no adapter of these params maps to a {mt} module")
+  if os.path.lexists(path) and not os.path.isdir(path):
+    raise NotADirectoryError(f"{path}: is a file, not a directory")
+  for name in (ADAPTER_WEIGHTS_FILE, ADAPTER_CONFIG_FILE):  # either would be replaced
+    if os.path.lexists(os.path.join(path, name)) and not overwrite:
+      raise FileExistsError(f"{path} already holds {name}; pass overwrite=True")
+  # Two trailing name parts (`self_attn.q_proj`, `mlp.gate_proj`): PEFT matches a module whose
+  # name ends in one, so routed experts (`mlp.experts.0.gate_proj`) get none.
+  return tensors, sorted({".".join(k.split(".")[-4:-2]) for k in tensors})
+
+
+def check_adapters(
+  path: str | os.PathLike,
+  cfg: ModelConfig,
+  params: Any,
+  *,
+  model_type: str | None = None,
+  overwrite: bool = False,
+) -> list[str]:
+  """Raises what `save_adapters` with the same arguments would, writing nothing; returns the
+  target modules."""
+  return _prepare(os.fspath(path), cfg, params, model_type, overwrite)[1]
 
 
 def _adapter_config(path: str) -> dict[str, Any]:

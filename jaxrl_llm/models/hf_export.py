@@ -49,7 +49,7 @@ from jaxrl_llm.models.hf_layout import (
   write_json,
 )
 
-__all__ = ["save_checkpoint"]
+__all__ = ["check_checkpoint", "save_checkpoint", "weight_files", "written_files"]
 
 _SAVE_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 
@@ -57,15 +57,18 @@ _SAVE_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16"
 # --------------------------------------------------------------------------- arguments, metadata
 
 
-def _check_save_args(dtype: str, max_position_embeddings: Any) -> None:
-  """Raises ValueError for a storage dtype or context length that `save_checkpoint` refuses."""
+def _is_count(n: Any) -> bool:
+  return isinstance(n, int) and not isinstance(n, bool) and n >= 1
+
+
+def _check_save_args(dtype: str, max_position_embeddings: Any, max_shard_bytes: Any) -> None:
+  """Raises ValueError for a storage dtype, context length or shard size that `save_checkpoint`
+  refuses."""
   if dtype not in _SAVE_DTYPES:
     raise ValueError(f"dtype={dtype!r} must be one of {list(_SAVE_DTYPES)}")
-  if max_position_embeddings is not None and not (
-    isinstance(max_position_embeddings, int)
-    and not isinstance(max_position_embeddings, bool)
-    and max_position_embeddings >= 1
-  ):
+  if not _is_count(max_shard_bytes):  # 0 or less would write every tensor in a shard of its own
+    raise ValueError(f"max_shard_bytes={max_shard_bytes!r} must be an int >= 1")
+  if max_position_embeddings is not None and not _is_count(max_position_embeddings):
     raise ValueError(f"max_position_embeddings={max_position_embeddings!r} must be an int >= 1")
 
 
@@ -76,11 +79,12 @@ def _export_config(
   dtype: str,
   max_position_embeddings: int | None,
   hf_overrides: Mapping[str, Any] | None,
+  warn: bool = True,
 ) -> dict[str, Any]:
   """The config.json of an export: `cfg` as `mt`, the source's carried fields, the overrides."""
   fields = dict(source.fields) if source is not None else {}
   max_pos = max_position_embeddings or fields.get("max_position_embeddings")
-  if max_pos is None:
+  if max_pos is None and warn:
     logging.warning(
       "no context length known for this model: config.json gets %s's default "
       "max_position_embeddings (pass max_position_embeddings or the source checkpoint)",
@@ -133,7 +137,9 @@ def _copy(src: str, dst: str) -> None:
 # --------------------------------------------------------------------------- weights
 
 
-def _check_params(cfg: ModelConfig, flat: Mapping, entries: list[Entry], mt: str) -> None:
+def _check_params(
+  cfg: ModelConfig, flat: Mapping, entries: list[Entry], mt: str, warn: bool = True
+) -> None:
   """Raises ValueError naming a parameter of the wrong shape, a missing one or one that `mt`
   cannot store (a value head is only warned about: it is not exported)."""
   shapes = {k: v.shape for k, v in flatten(nn.unbox(abstract_params(cfg))).items()}
@@ -144,18 +150,39 @@ def _check_params(cfg: ModelConfig, flat: Mapping, entries: list[Entry], mt: str
   extra = sorted("/".join(k) for k in set(flat) - {e.path for e in entries})
   if any(not k.startswith("value_head/") for k in extra):
     raise ValueError(f"params hold entries that {mt} cannot store: {extra}")
-  if extra:
+  if extra and warn:
     logging.warning("not exporting the value head (%s)", ", ".join(extra))
+
+
+def weight_files(path: str | os.PathLike) -> list[str]:
+  """The weight files in directory `path` that an export there replaces (sorted; none when it
+  does not exist)."""
+  path = glob.escape(os.fspath(path))
+  return sorted(
+    glob.glob(os.path.join(path, "model*.safetensors")) + glob.glob(os.path.join(path, INDEX_FILE))
+  )
+
+
+def written_files(
+  source: HFSource | None = None, tokenizer: str | os.PathLike | None = None
+) -> list[str]:
+  """The names of the files other than weights that an export with this source and tokenizer
+  writes (config.json, generation_config.json, the tokenizer files copied)."""
+  return [
+    CONFIG_FILE,
+    GENERATION_CONFIG_FILE,
+    *(n for _, n in _tokenizer_sources(tokenizer, source)),
+  ]
 
 
 def _clear_weights(path: str, overwrite: bool, writer: bool) -> None:
   """Refuses a directory holding weights unless `overwrite`; then (`writer` only) creates it and
   removes the old weights."""
-  old = glob.glob(os.path.join(path, "model*.safetensors")) + glob.glob(
-    os.path.join(path, INDEX_FILE)
-  )
+  if os.path.lexists(path) and not os.path.isdir(path):
+    raise NotADirectoryError(f"{path}: is a file, not a directory")
+  old = weight_files(path)
   if old and not overwrite:
-    raise FileExistsError(f"{path} already holds weights ({sorted(old)}); pass overwrite=True")
+    raise FileExistsError(f"{path} already holds weights ({old}); pass overwrite=True")
   if writer:
     os.makedirs(path, exist_ok=True)
     for f in old:
@@ -253,17 +280,19 @@ def save_checkpoint(
   written, with the token ids config.json holds.
   """
   path = os.fspath(path)
-  _check_save_args(dtype, max_position_embeddings)
-  if source is not None and not isinstance(source, HFSource):
-    source = read_source(source)
-  mt = model_type or default_model_type(cfg)
-  hf = _export_config(cfg, mt, source, dtype, max_position_embeddings, hf_overrides)
-  generation = _generation_config(hf, source)
-  tokenizer_copies = _tokenizer_sources(tokenizer, source)
-  params_map = param_map(cfg, BY_MODEL_TYPE[mt])
-  flat = flatten(params)
-  _check_params(cfg, flat, param_entries(cfg, params_map), mt)
-
+  mt, hf, generation, tokenizer_copies, params_map, flat = _prepare(
+    path,
+    cfg,
+    params,
+    model_type=model_type,
+    dtype=dtype,
+    max_shard_bytes=max_shard_bytes,
+    hf_overrides=hf_overrides,
+    overwrite=overwrite,
+    source=source,
+    tokenizer=tokenizer,
+    max_position_embeddings=max_position_embeddings,
+  )
   writer = jax.process_index() == 0
   _clear_weights(path, overwrite, writer)
   shards = _ShardWriter(path, max_shard_bytes, writer)
@@ -275,3 +304,56 @@ def save_checkpoint(
       _copy(src, os.path.join(path, name))
     write_json(os.path.join(path, CONFIG_FILE), hf)
   return mt
+
+
+def _prepare(path: str, cfg: ModelConfig, params: Any, warn: bool = True, **kwargs):
+  """Every check of `save_checkpoint(path, cfg, params, **kwargs)`, writing nothing; returns
+  (model type, config.json, generation_config.json, tokenizer copies, param map, flat params).
+  `warn`: log what the export lacks (a check leaves that to the export)."""
+  source, tokenizer = kwargs["source"], kwargs["tokenizer"]
+  dtype, max_pos = kwargs["dtype"], kwargs["max_position_embeddings"]
+  _check_save_args(dtype, max_pos, kwargs["max_shard_bytes"])
+  if source is not None and not isinstance(source, HFSource):
+    source = read_source(source)
+  mt = kwargs["model_type"] or default_model_type(cfg)
+  hf = _export_config(cfg, mt, source, dtype, max_pos, kwargs["hf_overrides"], warn)
+  generation = _generation_config(hf, source)
+  tokenizer_copies = _tokenizer_sources(tokenizer, source)
+  params_map = param_map(cfg, BY_MODEL_TYPE[mt])
+  flat = flatten(params)
+  _check_params(cfg, flat, param_entries(cfg, params_map), mt, warn)
+  _clear_weights(path, kwargs["overwrite"], writer=False)
+  return mt, hf, generation, tokenizer_copies, params_map, flat
+
+
+def check_checkpoint(
+  path: str | os.PathLike,
+  cfg: ModelConfig,
+  params: Any,
+  *,
+  model_type: str | None = None,
+  dtype: str = "float32",
+  max_shard_bytes: int = 5 * 2**30,
+  hf_overrides: Mapping[str, Any] | None = None,
+  overwrite: bool = False,
+  source: str | os.PathLike | HFSource | None = None,
+  tokenizer: str | os.PathLike | None = None,
+  max_position_embeddings: int | None = None,
+) -> str:
+  """Raises what `save_checkpoint` with the same arguments would, writing nothing (for a
+  caller writing several outputs: each is checked before any is written); returns the model
+  type."""
+  return _prepare(
+    os.fspath(path),
+    cfg,
+    params,
+    warn=False,
+    model_type=model_type,
+    dtype=dtype,
+    max_shard_bytes=max_shard_bytes,
+    hf_overrides=hf_overrides,
+    overwrite=overwrite,
+    source=source,
+    tokenizer=tokenizer,
+    max_position_embeddings=max_position_embeddings,
+  )[0]

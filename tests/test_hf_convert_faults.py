@@ -1,0 +1,181 @@
+"""`tools/hf_convert.py` refuses what would destroy or half-write a directory: an export into a
+trainer workdir (the run's own, even with --overwrite), over files it would replace without
+--overwrite, with --adapters written before --out is refused; bad flag values; an `import` of a
+trainer workdir. Each refusal is one `error:` line naming the flag, written before anything is.
+"""
+
+import json
+import pathlib
+import shutil
+import sys
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import pytest
+
+from jaxrl_llm.checkpoint import Checkpointer
+from jaxrl_llm.models import ModelConfig, Transformer, hf, hf_export
+from jaxrl_llm.types import TrainState
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+LLAMA = REPO / "tests" / "fixtures" / "hf" / "llama"
+sys.path.insert(0, str(REPO / "tools"))
+
+import hf_convert  # noqa: E402
+
+
+def _save_run(workdir: pathlib.Path, cfg: ModelConfig, params, record: dict | None) -> None:
+  """A trainer checkpoint of `params` at step 3 (meta: the model config) and the run record."""
+  state = TrainState(
+    step=jnp.zeros((), jnp.int32),
+    params=params,
+    opt_state=(),
+    ref_params=None,
+    rng=jax.random.PRNGKey(0),
+  )
+  with Checkpointer(str(workdir), save_every=1, async_save=False) as ckpt:
+    ckpt.save(3, state, meta={"model": cfg.to_dict(), "hf_model_type": "llama"}, force=True)
+  if record is not None:
+    (workdir / "config.json").write_text(json.dumps(record))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  """{"llama": a run started from a copy of the llama fixture (its record names it),
+  "adapters": a run of a random-init model with adapters (no record)}."""
+  root = tmp_path_factory.mktemp("runs")
+  src = root / "llama"
+  shutil.copytree(LLAMA, src)
+  cfg, params = hf.load_checkpoint(src)
+  record = {"config": {"model": {"checkpoint": str(src)}, "data": {"tokenizer": ""}}}
+  _save_run(root / "llama_run", cfg, params, record)
+  cfg = ModelConfig(
+    vocab_size=24, d_model=32, num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=48, lora_rank=4
+  )
+  tokens = jnp.ones((1, 4), jnp.int32)
+  mask = jnp.ones((1, 4), bool)
+  positions = jnp.arange(4)[None]
+  params = nn.unbox(Transformer(cfg).init(jax.random.PRNGKey(1), tokens, positions, mask)["params"])
+  _save_run(root / "lora_run", cfg, params, None)
+  return {"llama": root / "llama_run", "adapters": root / "lora_run"}
+
+
+def _tree(root: pathlib.Path) -> dict[str, bytes | None]:
+  """Every path under `root` with its bytes (None for a directory)."""
+  return {str(p): p.read_bytes() if p.is_file() else None for p in root.rglob("*")}
+
+
+def _error(capsys, *argv: str) -> str:
+  """Runs the command line, which must exit with 2 and one `error:` line; returns that line."""
+  capsys.readouterr()
+  assert hf_convert.cli(list(argv)) == 2
+  captured = capsys.readouterr()
+  lines = captured.err.splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: "), captured.err
+  assert captured.out == ""
+  return lines[0]
+
+
+def test_export_never_writes_into_a_trainer_workdir(runs, tmp_path, capsys):
+  """--out naming the run's own workdir is refused even with --overwrite (its config.json is
+  the run record), as is another run's workdir; nothing in either changes."""
+  workdir = shutil.copytree(runs["llama"], tmp_path / "run")  # the fixture's stays whole
+  before = _tree(workdir)
+  for extra in ([], ["--overwrite"]):
+    line = _error(capsys, "export", f"--workdir={workdir}", f"--out={workdir}", *extra)
+    assert f"--out={workdir}" in line and "trainer workdir" in line, line
+    assert _tree(workdir) == before
+  other = tmp_path / "other_run"
+  (other / "checkpoints").mkdir(parents=True)
+  line = _error(capsys, "export", f"--workdir={workdir}", f"--out={other}", "--overwrite")
+  assert f"--out={other}" in line and "trainer workdir" in line, line
+  assert [p.name for p in other.iterdir()] == ["checkpoints"]
+
+
+def test_export_replaces_a_file_it_writes_only_with_overwrite(runs, tmp_path, capsys):
+  """A directory holding a config.json the export would replace is refused, naming the file
+  and --overwrite, and kept; with --overwrite the export is written there and loads."""
+  out = tmp_path / "out"
+  out.mkdir()
+  (out / "config.json").write_text('{"the user": "s"}')
+  line = _error(capsys, "export", f"--workdir={runs['llama']}", f"--out={out}")
+  assert f"{out / 'config.json'}" in line and "--overwrite" in line, line
+  assert [p.name for p in out.iterdir()] == ["config.json"]
+  assert (out / "config.json").read_text() == '{"the user": "s"}'
+  assert (
+    hf_convert.cli(["export", f"--workdir={runs['llama']}", f"--out={out}", "--overwrite"]) == 0
+  )
+  assert hf.load_checkpoint(out)[0] == hf.load_checkpoint(LLAMA)[0]
+
+
+def test_refused_out_writes_no_adapters(runs, tmp_path, capsys):
+  """An --out holding weights is refused before --adapters gets a file, and the message names
+  the flag --overwrite (not the function argument overwrite=True)."""
+  out, peft = tmp_path / "out", tmp_path / "peft"
+  out.mkdir()
+  (out / "model.safetensors").write_bytes(b"earlier weights")
+  args = ["export", f"--workdir={runs['adapters']}", f"--out={out}", f"--adapters={peft}"]
+  line = _error(capsys, *args)
+  assert "already holds weights" in line and "--overwrite" in line, line
+  assert "overwrite=True" not in line
+  assert not peft.exists()
+  assert (out / "model.safetensors").read_bytes() == b"earlier weights"
+
+
+def test_adapters_holding_adapters_are_refused_before_anything_is_written(runs, tmp_path, capsys):
+  """An --adapters directory holding adapters is refused naming --overwrite, before its base
+  (a random-init run's) or --out is written."""
+  out, peft = tmp_path / "out", tmp_path / "peft"
+  peft.mkdir()
+  (peft / "adapter_model.safetensors").write_bytes(b"earlier adapters")
+  args = ["export", f"--workdir={runs['adapters']}", f"--out={out}", f"--adapters={peft}"]
+  line = _error(capsys, *args)
+  assert f"{peft / 'adapter_model.safetensors'}" in line and "--overwrite" in line, line
+  assert "overwrite=True" not in line
+  assert [p.name for p in peft.iterdir()] == ["adapter_model.safetensors"]
+  assert not out.exists()
+
+
+@pytest.mark.parametrize("value", [0, -5])
+def test_max_shard_bytes_below_one_is_refused(runs, tmp_path, capsys, value):
+  """--max_shard_bytes below 1 is one error line naming it; nothing is written."""
+  out = tmp_path / "out"
+  args = ["export", f"--workdir={runs['llama']}", f"--out={out}", f"--max_shard_bytes={value}"]
+  line = _error(capsys, *args)
+  assert f"--max_shard_bytes={value}" in line and "at least 1" in line, line
+  assert not out.exists()
+
+
+def test_a_file_given_for_a_directory_is_named_by_its_flag(runs, tmp_path, capsys):
+  """A file given as --out or --adapters: one line naming the flag, not `File exists`, and
+  nothing is written (no --out beside a refused --adapters)."""
+  taken = tmp_path / "taken"
+  taken.write_text("a file")
+  line = _error(capsys, "export", f"--workdir={runs['llama']}", f"--out={taken}")
+  assert line == f"error: --out={taken}: is a file, not a directory; name a directory", line
+  out = tmp_path / "out"
+  args = ["export", f"--workdir={runs['adapters']}", f"--out={out}", f"--adapters={taken}"]
+  line = _error(capsys, *args)
+  assert line == f"error: --adapters={taken}: is a file, not a directory; name a directory"
+  assert not out.exists() and taken.read_text() == "a file"
+
+
+def test_import_of_a_trainer_workdir_points_to_export(runs, tmp_path, capsys):
+  """`import --hf_dir=<trainer workdir>` says what the directory is and which sub-command
+  reads it (not that model_type=None is unsupported)."""
+  workdir = runs["llama"]
+  line = _error(capsys, "import", f"--hf_dir={workdir}", f"--out={tmp_path / 'o'}")
+  assert f"--hf_dir={workdir}" in line and "trainer workdir" in line, line
+  assert f"export --workdir={workdir}" in line, line
+  assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("value", [0, -1])
+def test_save_checkpoint_refuses_max_shard_bytes_below_one(tmp_path, value):
+  """`hf_export.save_checkpoint(max_shard_bytes < 1)` is a ValueError naming it, with nothing
+  written (it wrote every tensor in a shard of its own)."""
+  cfg, params = hf.load_checkpoint(LLAMA)
+  with pytest.raises(ValueError, match=f"max_shard_bytes={value} must be an int >= 1"):
+    hf_export.save_checkpoint(tmp_path / "out", cfg, params, max_shard_bytes=value)
+  assert not (tmp_path / "out").exists()
