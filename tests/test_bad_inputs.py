@@ -101,3 +101,44 @@ def test_a_sweep_root_that_cannot_be_made_is_one_line(tmp_path, capsys):
   # The check leaves nothing behind where it could make the folders.
   assert sweep.main([CONFIG, f"--root={tmp_path / 'a' / 'b'}", "--seeds=0", "--dry_run"]) == 0
   assert not (tmp_path / "a").exists()
+
+
+def test_resuming_after_a_prompt_file_changed_is_refused_naming_the_file(tmp_path):
+  """A prompt file replaced at the same path (other records) is a changed data setting: the
+  resume is refused in one line naming the file, nothing written; train.resume_changed resumes.
+  A record written before the files' hashes were kept still resumes."""
+  import json
+
+  from conftest import tiny_config
+  from text_fixtures import math_file_run, write_math_jsonl
+
+  from jaxrl_llm.config import ConfigError, parse
+  from jaxrl_llm.run import record, train_and_evaluate
+
+  overrides, _ = math_file_run(tmp_path)
+  overrides |= {"train.num_steps": 2, "train.eval_every": 2, "train.checkpoint_every": 2}
+  workdir, data = str(tmp_path / "run"), overrides["data.train_files"]
+  train_and_evaluate(parse(tiny_config(**overrides)), workdir)
+  saved = json.loads((tmp_path / "run" / "config.json").read_text())
+  assert list(saved["data_files"]) == [data] and saved["data_files"][data]["bytes"] > 0
+  write_math_jsonl(data, n=40)  # other contents, same path
+  more = overrides | {"train.num_steps": 3, "train.eval_every": 3, "train.checkpoint_every": 3}
+  listing = sorted(p.name for p in (tmp_path / "run").iterdir())
+  with pytest.raises(ConfigError) as err:
+    train_and_evaluate(parse(tiny_config(**more)), workdir)
+  line = str(err.value)
+  assert "\n" not in line and f"data file {data}: " in line, line
+  assert "--config.train.resume_changed=True" in line
+  assert sorted(p.name for p in (tmp_path / "run").iterdir()) == listing
+  assert sweep.committed_steps(workdir) == [2]
+  # An older record, without the files' hashes: nothing to compare, the resume goes on.
+  kept = (tmp_path / "run" / "config.json").read_text()
+  del saved["data_files"]
+  (tmp_path / "run" / "config.json").write_text(json.dumps(saved))
+  assert record.changed_data(parse(tiny_config(**more)), workdir) == []
+  (tmp_path / "run" / "config.json").write_text(kept)
+  # Told to: it resumes, and records the files it now reads.
+  train_and_evaluate(parse(tiny_config(**more, **{"train.resume_changed": True})), workdir)
+  assert sweep.committed_steps(workdir)[-1] == 3
+  resumed = json.loads((tmp_path / "run" / "config.resume-2.json").read_text())
+  assert resumed["data_files"][data] != json.loads(kept)["data_files"][data]

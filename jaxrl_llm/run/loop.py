@@ -201,6 +201,7 @@ def _changed_settings(trainee) -> list[str]:
   changed = []
   for member in trainee.members:
     changed += [member.prefix + c for c in record.changed_learner(member.config, member.workdir)]
+    changed += [member.prefix + c for c in record.changed_data(member.config, member.workdir)]
   if changed and not trainee.exp.config.train.resume_changed:
     raise ConfigError(
       f"{trainee.root} holds a run with other settings of what is learned "

@@ -124,6 +124,44 @@ def changed_learner(cfg: Config, workdir: str) -> list[str]:
   return out
 
 
+def data_files(cfg: Config) -> dict[str, dict[str, int | str]]:
+  """{path: {"bytes", "sha256"}} of each prompt file `data.train_files` names (a glob: each
+  file it matches), as read now: the run record keeps it, so a resume finds a file whose
+  contents changed at the same path. Empty for the built-in task."""
+  import glob
+  import hashlib
+
+  out = {}
+  for spec in (f.strip() for f in cfg.data.train_files.split(",")):
+    matches = sorted(glob.glob(spec, recursive=True)) if glob.has_magic(spec) else [spec]
+    for path in (p for p in matches if p and os.path.isfile(p)):
+      digest = hashlib.sha256()
+      with open(path, "rb") as f:
+        for chunk in iter(lambda f=f: f.read(1 << 20), b""):
+          digest.update(chunk)
+      out[path] = {"bytes": os.path.getsize(path), "sha256": digest.hexdigest()}
+  return out
+
+
+def changed_data(cfg: Config, workdir: str) -> list[str]:
+  """`data file PATH: saved → now` for each prompt file (`data_files`) whose size or contents
+  differ from those the run recorded in `workdir` (`newest_record`), or that it did not read
+  or no longer reads. Empty without a record, or with one older than these fields (compat)."""
+  saved = newest_record(workdir)
+  if saved is None or "data_files" not in saved:
+    return []
+  old, new = saved["data_files"], data_files(cfg)
+
+  def shown(entry):
+    return "none" if entry is None else f"{entry['bytes']} bytes, sha256 {entry['sha256'][:12]}"
+
+  return [
+    f"data file {path}: {shown(old.get(path))} → {shown(new.get(path))}"
+    for path in sorted(set(old) | set(new))
+    if old.get(path) != new.get(path)
+  ]
+
+
 STOPPED = "stopped.json"  # in a pack's run folder: the run its guards stopped, and why
 
 
@@ -178,15 +216,16 @@ def record_run(
   after overrides plus the package version and commit, JAX version, backend and device count,
   the same fields as a TensorBoard text table (tag `config`), and `hparams` as the run's
   HParams session named `trial` (default: the workdir's name; metrics:
-  `metric_info.HPARAMS_METRICS`; `varied`: the columns a sweep varies, shown first). A resumed run with the config of the
+  `metric_info.HPARAMS_METRICS`; `varied`: the columns a sweep varies, shown first), with the
+  prompt files' sizes and hashes (`data_files`). A resumed run with the config and files of the
   latest launch (`newest_record`) writes nothing; one with a changed config writes
   `config.resume-<step>.json` (and a new table at `step`; the HParams session stays the first
   one). Returns the file written, or None."""
   if jax.process_index() != 0:
     return None
-  fields, latest = json.loads(cfg.to_json()), newest_record(workdir)
+  fields, latest, files = json.loads(cfg.to_json()), newest_record(workdir), data_files(cfg)
   first = latest is None
-  if not first and latest.get("config") == fields:
+  if not first and latest.get("config") == fields and latest.get("data_files", files) == files:
     return None
   path = paths.join(workdir, "config.json" if first else f"config.resume-{step}.json")
   record = {
@@ -198,6 +237,7 @@ def record_run(
     "devices": jax.device_count(),
     "processes": jax.process_count(),
     "step": step,
+    "data_files": files,
     "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
   }
   paths.makedirs(workdir)
