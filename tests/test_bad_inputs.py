@@ -142,3 +142,63 @@ def test_resuming_after_a_prompt_file_changed_is_refused_naming_the_file(tmp_pat
   assert sweep.committed_steps(workdir)[-1] == 3
   resumed = json.loads((tmp_path / "run" / "config.resume-2.json").read_text())
   assert resumed["data_files"][data] != json.loads(kept)["data_files"][data]
+
+
+def _checkpoint_with_context(folder, positions: int, **fields):
+  """The tiny qwen2 fixture copied into `folder` with max_position_embeddings=`positions` (and
+  the config.json `fields` given)."""
+  import json
+  import shutil
+
+  fixture = REPO / "tests" / "fixtures" / "hf" / "qwen2"
+  shutil.copytree(fixture, folder)
+  config = json.loads((folder / "config.json").read_text())
+  (folder / "config.json").write_text(
+    json.dumps(config | {"max_position_embeddings": positions, **fields})
+  )
+  return folder
+
+
+def test_a_prompt_and_completion_longer_than_the_checkpoints_context_are_refused(tmp_path):
+  """With model.checkpoint, the prompt plus the completion budget the sampler allocates (with a
+  tool: every segment and tool answer) must fit config.json's max_position_embeddings: one
+  line naming both and the limit; a sum equal to it builds."""
+  import re
+
+  from conftest import tiny_config
+  from parsed import build
+
+  from jaxrl_llm.config import ConfigError
+
+  small = _checkpoint_with_context(tmp_path / "ckpt", 8)
+  base = {"model.checkpoint": str(small), "sampling.max_new_tokens": 6}
+  with pytest.raises(ConfigError) as err:
+    build(tiny_config(**base), abstract=True)
+  line = str(err.value)
+  assert "\n" not in line and "the task's prompt length " in line, line
+  assert "+ sampling.max_new_tokens=6 = " in line
+  assert f"max_position_embeddings=8 in {small / 'config.json'}" in line
+  total = int(re.search(r"= (\d+) tokens exceed", line).group(1))
+  tool = {"sampling.tool": "calculator", "sampling.max_new_tokens": 0}
+  with pytest.raises(ConfigError, match=r"sampling\.max_turns=3 segments and the tool's answers"):
+    build(tiny_config(**(base | tool)), abstract=True)
+  fits = _checkpoint_with_context(tmp_path / "fits", total)
+  exp = build(tiny_config(**(base | {"model.checkpoint": str(fits)})), abstract=True)
+  assert exp.prompt_len + 6 == total
+
+
+def test_the_dry_run_refuses_a_prompt_file_run_over_the_checkpoints_context(tmp_path):
+  """The command line's dry run of a prompt-file run whose data.prompt_len + max_new_tokens
+  exceed the checkpoint's context: one line, exit 2 (it said the run fits)."""
+  from conftest import TINY_CLI
+  from text_fixtures import math_file_run
+
+  overrides, _ = math_file_run(tmp_path)
+  small = _checkpoint_with_context(tmp_path / "ckpt", 100, vocab_size=512)  # the BPE's 400 fit
+  flags = [f"--config.{k}={v}" for k, v in overrides.items() if k != "model.vocab_size"]
+  code, err = _main(
+    "--dry_run", *TINY_CLI, *flags, f"--config.model.checkpoint={small}", "--config.sft.steps=0"
+  )
+  assert code == 2 and err[-1].startswith("error: invalid config: data.prompt_len=128 + "), err
+  assert "sampling.max_new_tokens=12 = 140 tokens" in err[-1]
+  assert "max_position_embeddings=100" in err[-1]

@@ -221,6 +221,31 @@ def _tool(cfg: Config) -> list[str]:
   )
 
 
+def context(
+  cfg: Config, prompt_len: int, new_tokens: int, limit: int | None, source: str
+) -> list[str]:
+  """The prompt and the completion the sampler allocates (S + T: with a tool every segment
+  and tool answer of the episode) fit the checkpoint's context, `limit` positions
+  (max_position_embeddings of `source`; None: not recorded, nothing to check)."""
+  if limit is None or prompt_len + new_tokens <= limit:
+    return []
+  s = (
+    f"data.prompt_len={prompt_len}" if cfg.uses_files else f"the task's prompt length {prompt_len}"
+  )
+  if cfg.sampling.max_new_tokens:
+    t = f"sampling.max_new_tokens={new_tokens}"
+  elif cfg.sampling.tool != "none":
+    t = f"the completion budget {new_tokens} (sampling.max_new_tokens=0: "
+    t += f"sampling.max_turns={cfg.sampling.max_turns} segments and the tool's answers)"
+  else:
+    t = f"the completion budget {new_tokens} (sampling.max_new_tokens=0: the task's)"
+  return [
+    f"{s} + {t} = {prompt_len + new_tokens} tokens exceed the checkpoint's context: "
+    f"max_position_embeddings={limit} in {source}; allowed: a prompt and completion of at most "
+    f"{limit} tokens together"
+  ]
+
+
 def _task(cfg: Config, mc: ModelConfig, task) -> list[str]:
   """The model's vocabulary holds the task's tokens; a tool can write its calls and answers
   in the task's tokenizer."""

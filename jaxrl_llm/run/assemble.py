@@ -24,7 +24,8 @@ from jaxrl_llm import (
   quant,
   sharding,
 )
-from jaxrl_llm.config import Config, ConfigError, Settings, check, typed
+from jaxrl_llm.config import Config, ConfigError, Settings, check, checks, typed
+from jaxrl_llm.config.fields import invalid
 from jaxrl_llm.data import file_task, pipeline, tasks
 from jaxrl_llm.data.task import Task
 from jaxrl_llm.kernels import verify
@@ -177,6 +178,21 @@ def _check_checkpoint_dir(path: str) -> None:
       f"model.checkpoint={path!r} {what}; point it at a local Hugging Face checkpoint "
       "(config.json + *.safetensors)"
     )
+
+
+def _check_context(cfg: Config, prompt_len: int, new_tokens: int) -> None:
+  """With `model.checkpoint`: a ConfigError unless the prompt and the sampler's completion
+  budget fit its context (config.json's max_position_embeddings; `checks.context`)."""
+  if not cfg.model.checkpoint:
+    return
+  from jaxrl_llm.models import hf_config
+
+  source = os.path.join(cfg.model.checkpoint, "config.json")
+  with open(source) as f:
+    limit = hf_config.carried_fields(json.load(f), source=source).get("max_position_embeddings")
+  errors = checks.context(cfg, prompt_len, new_tokens, limit, source)
+  if errors:
+    raise invalid(errors)
 
 
 def _pretrained_config(cfg: Config) -> ModelConfig:
@@ -409,10 +425,11 @@ def build(
   task = build_task(cfg)
   devices = list(devices if devices is not None else jax.devices())
   mesh, rules = _mesh(cfg, devices, runs)
+  samp = cfg.sampling.sampler(task, tool_timeout_s=cfg.data.verifier_timeout_s)
+  _check_context(cfg, prompt_len or task.prompt_len, samp.max_new_tokens)  # before loading
   mc, model, params, param_shardings = _model(
     cfg, task, mesh, rules, abstract=abstract, devices=devices
   )
-  samp = cfg.sampling.sampler(task, tool_timeout_s=cfg.data.verifier_timeout_s)
   tx, schedule, rebuild = _optimizer(cfg)
   rng = jax.random.PRNGKey(cfg.seed)
   state = _fresh_state(cfg, tx, params, param_shardings, mesh, rng, abstract=abstract)
