@@ -185,6 +185,11 @@ def test_a_prompt_and_completion_longer_than_the_checkpoints_context_are_refused
   fits = _checkpoint_with_context(tmp_path / "fits", total)
   exp = build(tiny_config(**(base | {"model.checkpoint": str(fits)})), abstract=True)
   assert exp.prompt_len + 6 == total
+  (small / "config.json").write_text("{not json")  # the loader's one line, naming the file
+  from jaxrl_llm.models.hf_config import CheckpointFormatError
+
+  with pytest.raises(CheckpointFormatError, match=f"^{small / 'config.json'}: not valid JSON"):
+    build(tiny_config(**base), abstract=True)
 
 
 def test_the_dry_run_refuses_a_prompt_file_run_over_the_checkpoints_context(tmp_path):

@@ -185,11 +185,11 @@ def _check_context(cfg: Config, prompt_len: int, new_tokens: int) -> None:
   budget fit its context (config.json's max_position_embeddings; `checks.context`)."""
   if not cfg.model.checkpoint:
     return
-  from jaxrl_llm.models import hf_config
+  from jaxrl_llm.models import hf_config, hf_layout
 
   source = os.path.join(cfg.model.checkpoint, "config.json")
-  with open(source) as f:
-    limit = hf_config.carried_fields(json.load(f), source=source).get("max_position_embeddings")
+  hf = hf_layout.read_json(source)  # not JSON: one line naming the file, as the loader's
+  limit = hf_config.carried_fields(hf, source=source).get("max_position_embeddings")
   errors = checks.context(cfg, prompt_len, new_tokens, limit, source)
   if errors:
     raise invalid(errors)
