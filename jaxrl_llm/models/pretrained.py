@@ -139,6 +139,11 @@ def fetch(
   if os.path.isfile(os.path.join(out, "model.safetensors")):
     log(f"{out}: already imported")
     return out
+  left = [n for n in gguf.WRITES if os.path.isfile(os.path.join(out, n))]
+  if left:  # an import of ours cut short before its weights (moved in last): done again
+    log(f"{out}: an earlier import stopped before its weights; importing again")
+    for n in left:
+      os.remove(os.path.join(out, n))
   log(f"importing {gguf_file} -> {out} ({dtype})")
   try:
     gguf.import_gguf(gguf_file, out, dtype=dtype)
