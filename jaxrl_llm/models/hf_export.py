@@ -11,6 +11,7 @@ and the tokenizer files.
 from __future__ import annotations
 
 import glob
+import inspect
 import json
 import os
 import shutil
@@ -326,34 +327,11 @@ def _prepare(path: str, cfg: ModelConfig, params: Any, warn: bool = True, **kwar
   return mt, hf, generation, tokenizer_copies, params_map, flat
 
 
-def check_checkpoint(
-  path: str | os.PathLike,
-  cfg: ModelConfig,
-  params: Any,
-  *,
-  model_type: str | None = None,
-  dtype: str = "float32",
-  max_shard_bytes: int = 5 * 2**30,
-  hf_overrides: Mapping[str, Any] | None = None,
-  overwrite: bool = False,
-  source: str | os.PathLike | HFSource | None = None,
-  tokenizer: str | os.PathLike | None = None,
-  max_position_embeddings: int | None = None,
-) -> str:
-  """Raises what `save_checkpoint` with the same arguments would, writing nothing (for a
+def check_checkpoint(path: str | os.PathLike, cfg: ModelConfig, params: Any, **kwargs) -> str:
+  """Raises what `save_checkpoint(path, cfg, params, **kwargs)` would, writing nothing (for a
   caller writing several outputs: each is checked before any is written); returns the model
   type."""
-  return _prepare(
-    os.fspath(path),
-    cfg,
-    params,
-    warn=False,
-    model_type=model_type,
-    dtype=dtype,
-    max_shard_bytes=max_shard_bytes,
-    hf_overrides=hf_overrides,
-    overwrite=overwrite,
-    source=source,
-    tokenizer=tokenizer,
-    max_position_embeddings=max_position_embeddings,
-  )[0]
+  args = inspect.signature(save_checkpoint).bind(path, cfg, params, **kwargs)
+  args.apply_defaults()
+  given = {k: v for k, v in args.arguments.items() if k not in ("path", "cfg", "params")}
+  return _prepare(os.fspath(path), cfg, params, warn=False, **given)[0]
