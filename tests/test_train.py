@@ -70,7 +70,7 @@ def test_tensorboard_has_the_required_tags(tiny_run):
 
 def test_a_run_exports_to_raw_files_read_back_from_its_events(tiny_run, tmp_path):
   """tools/export_runs.py writes a run's config, every scalar and every logged sample from its
-  own TensorBoard events; a second export into the same folder is one error line and changes
+  own TensorBoard events, and its terminal log (or else the trainer's log.txt); a second export into the same folder is one error line and changes
   nothing."""
   import json
   import shutil
@@ -79,6 +79,8 @@ def test_a_run_exports_to_raw_files_read_back_from_its_events(tiny_run, tmp_path
   root = tmp_path / "study"
   shutil.copytree(workdir, root / "run_a", ignore=shutil.ignore_patterns("checkpoints"))
   (root / "run_a.log").write_text("the terminal's lines\n")
+  shutil.copytree(workdir, root / "run_b", ignore=shutil.ignore_patterns("checkpoints"))
+  (root / "run_b" / "log.txt").write_text("the trainer's own log\n")  # no terminal log beside
   tool = str(REPO / "tools" / "export_runs.py")
   cmd = [sys.executable, tool, f"--root={root}", f"--out={tmp_path / 'out'}"]
   subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=300)
@@ -92,6 +94,7 @@ def test_a_run_exports_to_raw_files_read_back_from_its_events(tiny_run, tmp_path
   assert {r["step"] for r in rows} == {s for s, _ in logged}
   assert all(r["prompt"] and isinstance(r["reward"], float) for r in rows)
   assert (out / "run.log").read_text() == "the terminal's lines\n"
+  assert (tmp_path / "out" / "run_b" / "run.log").read_text() == "the trainer's own log\n"
   assert (out / "config.json").read_text() == (workdir / "config.json").read_text()
   before = (out / "scalars.json").stat().st_mtime_ns
   again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)

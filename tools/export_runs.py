@@ -10,7 +10,8 @@ included) is a run. For each, OUT/<its path under root>/ gets:
   scalars.json    every scalar of its TensorBoard events: {tag: [[step, value], ...]}
   samples.jsonl   every row of its `samples` text summaries: {"step", "prompt", "completion",
                   "reward"} (the first `train.text_samples` completions of each logged update)
-  run.log         the terminal log, where `<root>/<name>.log` or `<run>/run.log` exists
+  run.log         the terminal log, where `<root>/<name>.log` exists, else the trainer's own
+                  `<run>/log.txt` (or a `<run>/run.log`)
 
 A run is exported whole or not at all: nothing under OUT is written until every run has been
 read. An existing OUT/<run> is refused (one `error:` line), so an export never overwrites
@@ -56,7 +57,8 @@ def read_run(run: str) -> dict[str, str]:
     r for step, text in metrics.read_text(run).get("samples", []) for r in samples(text, step)
   ]
   out["samples.jsonl"] = "".join(json.dumps(r) + "\n" for r in rows)
-  for log in (run.rstrip(os.sep) + ".log", os.path.join(run, "run.log")):
+  logs = ("log.txt", "run.log")  # the trainer's own log file; a sweep's copy of the terminal
+  for log in (run.rstrip(os.sep) + ".log", *(os.path.join(run, n) for n in logs)):
     if os.path.isfile(log):
       with open(log) as f:
         out["run.log"] = f.read()
