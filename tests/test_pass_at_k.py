@@ -32,3 +32,21 @@ def test_the_evaluation_logs_pass_at_every_power_of_two_below_k_and_the_curve_ri
   ]  # fmt: skip
   assert all(float(a) < float(b) for a, b in itertools.pairwise(curve))
   assert float(out["eval/pass@16"]) == pytest.approx(float(jnp.mean(correct.max(axis=1))))
+
+
+def test_pass_at_j_is_exactly_zero_without_a_correct_sample_and_never_falls_with_j():
+  """Under jit, where a division may be a reciprocal times the numerator: no correct sample
+  gives pass@j = 0 exactly for every j up to k = 1000 (each factor (k - i) / (k - i) was a hair
+  under 1, so pass@512 read 4e-6 and pass@1000 0), and the curve never falls with j."""
+  import jax
+
+  k = 1000
+  rows = np.zeros((3, k), np.float32)
+  rows[1, :1] = 1.0  # one correct sample of 1000
+  rows[2, :500] = 1.0
+  js = (1, 2, 64, 512, 999, 1000)
+  at = jax.jit(lambda c: jnp.stack([jax.vmap(lambda r, j=j: pass_at(r[None], j))(c) for j in js]))
+  got = np.asarray(at(jnp.asarray(rows)))  # [len(js), 3]
+  assert (got[:, 0] == 0.0).all(), got[:, 0]
+  assert (np.diff(got[:, 1:], axis=0) >= 0).all() and (got <= 1.0).all()
+  assert got[-1, 1] == got[-1, 2] == 1.0  # j = k: any correct sample is in the one subset

@@ -26,8 +26,11 @@ def pass_at(correct: jax.Array, j: int) -> jax.Array:
   k = correct.shape[1]
   c = correct.sum(axis=1).astype(jnp.float32)
   i = jnp.arange(j, dtype=jnp.float32)
-  none = jnp.prod(jnp.maximum(k - c[:, None] - i, 0.0) / (k - i), axis=1)
-  return jnp.mean(1.0 - none)
+  ratio = jnp.maximum(k - c[:, None] - i, 0.0) / (k - i)
+  # Exactly 1 without a correct sample: a compiled division may be a reciprocal times the
+  # numerator, a hair under 1, and a product of j of them read as pass@j > 0 (or < 0).
+  none = jnp.prod(jnp.where(c[:, None] > 0, ratio, 1.0), axis=1)
+  return jnp.mean(jnp.clip(1.0 - none, 0.0, 1.0))
 
 
 def _summarise(acc, pk, lengths, k: int) -> dict:
