@@ -180,11 +180,17 @@ def _check_checkpoint_dir(path: str) -> None:
     )
 
 
-def _check_context(cfg: Config, prompt_len: int, new_tokens: int) -> None:
+def _check_context(cfg: Config, task, prompt_len: int) -> None:
   """With `model.checkpoint`: a ConfigError unless the prompt and the sampler's completion
   budget fit its context (config.json's max_position_embeddings; `checks.context`)."""
   if not cfg.model.checkpoint:
     return
+  try:
+    new_tokens = cfg.sampling.sampler(
+      task, tool_timeout_s=cfg.data.verifier_timeout_s
+    ).max_new_tokens
+  except Exception:  # a sampler that cannot be built (a tool the task cannot take): `check`,
+    return  # which runs with the checkpoint's architecture, names what is wrong in one line
   from jaxrl_llm.models import hf_config, hf_layout
 
   source = os.path.join(cfg.model.checkpoint, "config.json")
@@ -425,11 +431,11 @@ def build(
   task = build_task(cfg)
   devices = list(devices if devices is not None else jax.devices())
   mesh, rules = _mesh(cfg, devices, runs)
-  samp = cfg.sampling.sampler(task, tool_timeout_s=cfg.data.verifier_timeout_s)
-  _check_context(cfg, prompt_len or task.prompt_len, samp.max_new_tokens)  # before loading
+  _check_context(cfg, task, prompt_len or task.prompt_len)  # before the weights load
   mc, model, params, param_shardings = _model(
     cfg, task, mesh, rules, abstract=abstract, devices=devices
   )
+  samp = cfg.sampling.sampler(task, tool_timeout_s=cfg.data.verifier_timeout_s)
   tx, schedule, rebuild = _optimizer(cfg)
   rng = jax.random.PRNGKey(cfg.seed)
   state = _fresh_state(cfg, tx, params, param_shardings, mesh, rng, abstract=abstract)
