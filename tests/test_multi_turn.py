@@ -208,6 +208,12 @@ def test_a_tool_is_refused_in_one_line_where_it_cannot_run():
     parse(tiny_config(**{"sampling.tool": "abacus"}))
   with pytest.raises(ConfigError, match=r"sampling.max_turns=0 must be >= 1"):
     parse(tiny_config(**{"sampling.max_turns": 0}))
+  one = {"sampling.tool": "calculator", "sampling.max_turns": 1}  # no call could be answered
+  with pytest.raises(
+    ConfigError, match=r"sampling\.max_turns=1 with sampling\.tool='calculator' leaves no turn"
+  ):
+    parse(tiny_config(**one))
+  assert parse(tiny_config(**{"sampling.max_turns": 1})).sampling.max_turns == 1  # no tool: fine
 
 
 def test_metrics_count_turns_calls_errors_and_the_tools_share():

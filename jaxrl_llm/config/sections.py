@@ -212,6 +212,11 @@ class SamplingSettings(Section):
     from jaxrl_llm import envs  # the registry of tools (it reads the tasks' tokenizer)
 
     out += [] if envs.is_tool(self.tool) else allowed("sampling.tool", self.tool, envs.TOOLS)
+    out += need(
+      self.tool == "none" or self.max_turns >= 2,
+      f"sampling.max_turns={self.max_turns} with sampling.tool={self.tool!r} leaves no turn for "
+      "the tool's answer (max_turns - 1 calls); allowed: 2 or more, or sampling.tool='none'",
+    )
     if envs.is_tool(self.tool) and self.tool.startswith(envs.HOST):  # importable, callable
       fn = envs.host_callable(self.tool)
       out += [fn] if isinstance(fn, str) else []
