@@ -86,26 +86,10 @@ def _field(reader, key: str, default: Any = None) -> Any:
   return default if f is None else f.contents()
 
 
-def _metadata(reader, path: str) -> dict[str, Any]:
-  """The architecture's hyperparameters, checked; GGUFError for what cannot be imported."""
-  arch = _field(reader, "general.architecture")
-  if arch not in ARCHITECTURES:
-    raise GGUFError(
-      f"{path}: general.architecture={arch!r} is not imported; allowed: {', '.join(ARCHITECTURES)}"
-    )
-
-  def need(key: str) -> Any:
-    value = _field(reader, f"{arch}.{key}")
-    if value is None:
-      raise GGUFError(f"{path}: metadata {arch}.{key} is missing")
-    return value
-
-  scaling = _field(reader, f"{arch}.rope.scaling.type", "none")
-  if scaling not in ("none", None) or any(t.name == "rope_freqs.weight" for t in reader.tensors):
-    raise GGUFError(f"{path}: RoPE scaling ({scaling!r} / rope_freqs.weight) is not imported")
-  heads = int(need("attention.head_count"))
+def _heads(reader, arch: str, heads: int, d: int, path: str) -> tuple[int, int, int]:
+  """(query heads, key-value heads, head dimension) of the metadata, each checked against the
+  others (`heads` from attention.head_count, `d` the embedding length)."""
   kv_heads = int(_field(reader, f"{arch}.attention.head_count_kv", heads))
-  d = int(need("embedding_length"))
   head_count = f"{arch}.attention.head_count={heads}"
   if heads < 1 or kv_heads < 1 or heads % kv_heads:
     raise GGUFError(
@@ -135,6 +119,28 @@ def _metadata(reader, path: str) -> dict[str, Any]:
       f"{path}: {arch}.rope.dimension_count={rope} differs from the head dimension {head_dim} "
       f"({where}): {why}"
     )
+  return heads, kv_heads, head_dim
+
+
+def _metadata(reader, path: str) -> dict[str, Any]:
+  """The architecture's hyperparameters, checked; GGUFError for what cannot be imported."""
+  arch = _field(reader, "general.architecture")
+  if arch not in ARCHITECTURES:
+    raise GGUFError(
+      f"{path}: general.architecture={arch!r} is not imported; allowed: {', '.join(ARCHITECTURES)}"
+    )
+
+  def need(key: str) -> Any:
+    value = _field(reader, f"{arch}.{key}")
+    if value is None:
+      raise GGUFError(f"{path}: metadata {arch}.{key} is missing")
+    return value
+
+  scaling = _field(reader, f"{arch}.rope.scaling.type", "none")
+  if scaling not in ("none", None) or any(t.name == "rope_freqs.weight" for t in reader.tensors):
+    raise GGUFError(f"{path}: RoPE scaling ({scaling!r} / rope_freqs.weight) is not imported")
+  d = int(need("embedding_length"))
+  heads, kv_heads, head_dim = _heads(reader, arch, int(need("attention.head_count")), d, path)
   tokens = _field(reader, "tokenizer.ggml.tokens") or []
   return {
     "architectures": ["LlamaForCausalLM"],
@@ -431,6 +437,21 @@ def check_out_dir(out_dir: str) -> None:
     )
 
 
+def _check_vocabulary(reader, config: Mapping[str, Any], tok, tokens: list[str], path: str) -> None:
+  """GGUFError unless the metadata's vocabulary size is the token list's, each token once."""
+  arch = _field(reader, "general.architecture")
+  if len(tokens) != config["vocab_size"]:
+    raise GGUFError(
+      f"{path}: {arch}.vocab_size={config['vocab_size']} but tokenizer.ggml.tokens holds "
+      f"{len(tokens)} tokens"
+    )
+  if tok.get_vocab_size() != len(tokens):  # a token listed twice
+    raise GGUFError(
+      f"{path}: tokenizer.ggml.tokens holds {len(tokens)} tokens but only "
+      f"{tok.get_vocab_size()} distinct ones"
+    )
+
+
 def import_gguf(path: str | os.PathLike, out_dir: str | os.PathLike, *, dtype: str = "float32"):
   """Writes the Hugging Face directory of the GGUF file `path` at `out_dir` (see the module
   docstring); returns a summary dict. GGUFError, with nothing written, for what it cannot."""
@@ -445,17 +466,7 @@ def import_gguf(path: str | os.PathLike, out_dir: str | os.PathLike, *, dtype: s
   tok, tokens = _tokenizer(reader, path)
   tok_config = _tokenizer_config(reader, tokens, config["max_position_embeddings"], path)
   _check_template(tok_config, path)
-  arch = _field(reader, "general.architecture")
-  if len(tokens) != config["vocab_size"]:
-    raise GGUFError(
-      f"{path}: {arch}.vocab_size={config['vocab_size']} but tokenizer.ggml.tokens holds "
-      f"{len(tokens)} tokens"
-    )
-  if tok.get_vocab_size() != len(tokens):  # a token listed twice
-    raise GGUFError(
-      f"{path}: tokenizer.ggml.tokens holds {len(tokens)} tokens but only "
-      f"{tok.get_vocab_size()} distinct ones"
-    )
+  _check_vocabulary(reader, config, tok, tokens, path)
   tensors = _tensors(reader, config, path)
   import ml_dtypes
 
