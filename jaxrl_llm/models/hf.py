@@ -157,8 +157,8 @@ def _check_tensors(
   head = f"{len(problems)} problem(s) with the weights of {os.path.dirname(cfg_file)}"
   if mismatched:
     head += f" ({cfg_file} does not match the weights' shapes)"
-  shown = problems[:20] + ([f"... and {len(problems) - 20} more"] if len(problems) > 20 else [])
-  raise CheckpointFormatError(head + ":\n  " + "\n  ".join(shown))
+  more = f"; and {len(problems) - 1} more like it" if len(problems) > 1 else ""
+  raise CheckpointFormatError(f"{head}: {problems[0]}{more}")  # one line: the first names it
 
 
 class _Reader:
