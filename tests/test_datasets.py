@@ -178,6 +178,9 @@ def test_malformed_files_name_file_and_line(tmp_path):
     records_lib.load_records([latin])
   with pytest.raises(FileNotFoundError, match=r"missing\.jsonl does not exist"):
     records_lib.load_records([tmp_path / "missing.jsonl"])
+  (tmp_path / "shards").mkdir()
+  with pytest.raises(FileNotFoundError, match=r"shards is a directory; name its files \(e\.g\. "):
+    records_lib.load_records([tmp_path / "shards"])
   with pytest.raises(ValueError, match="clash with the keys"):
     records_lib.load_records([empty], metadata_fields=("index",))
 

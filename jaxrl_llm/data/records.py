@@ -81,6 +81,10 @@ def _expand(files: Sequence[str] | str) -> list[str]:
         raise FileNotFoundError(f"No files match the pattern {f!r}.")
       out.extend(matches)
     else:
+      if pathlib.Path(f).is_dir():  # a folder where a file belongs: name what it holds
+        raise FileNotFoundError(
+          f"Dataset file {f} is a directory; name its files (e.g. {f.rstrip('/')}/*.jsonl)."
+        )
       if not pathlib.Path(f).is_file():
         raise FileNotFoundError(f"Dataset file {f} does not exist.")
       out.append(f)
