@@ -51,7 +51,16 @@ def failed_backends() -> dict[str, str]:
   from jax._src import xla_bridge
 
   errors = getattr(xla_bridge, "_backend_errors", {})  # filled by JAX's backend start-up
-  return {name: str(why).strip().splitlines()[0][:200] for name, why in errors.items() if why}
+  out = {name: str(why).strip().splitlines()[0][:200] for name, why in errors.items() if why}
+  for name in out:
+    if "libtpu_lockfile" in str(
+      errors[name]
+    ):  # libtpu's advice: delete a lock a live process holds
+      out[name] = (
+        "the TPU is held by another process (its /tmp/libtpu_lockfile: another run, or a sweep "
+        "with --parallel > 1); leave the lock alone and wait for that process, or run there"
+      )
+  return out
 
 
 # How JAX's built-in TPU client says that libtpu is not installed, or that it is but this machine

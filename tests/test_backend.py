@@ -94,6 +94,24 @@ def test_a_failing_backend_falls_back_with_its_reason_and_its_chatter_stays_in_t
   assert len(chatter) == 1 and "backend start-up: " in chatter[0], err
 
 
+def test_a_tpu_held_by_another_process_is_said_so_without_the_advice_to_delete_its_lock():
+  """libtpu, when another process holds the TPU, advises `sudo rm /tmp/libtpu_lockfile`,
+  which would break that process: the fall-back line says the TPU is busy instead."""
+  code = _FAILING.replace(
+    "NOT_FOUND: no such device here",
+    "ABORTED: The TPU is already in use by process with pid 4242. Not attempting to load "
+    'libtpu.so in this process.\\nRun \\"$ sudo rm /tmp/libtpu_lockfile\\".',
+  )
+  proc = subprocess.run(
+    [sys.executable, "-c", code + _CHOOSE.format(debug=False)], cwd=REPO,
+    env=cli_env("JAX_PLATFORMS"), capture_output=True, text=True, timeout=120,
+  )  # fmt: skip
+  said = _said(proc.stderr.splitlines(), "running on the CPU: ")
+  assert proc.stdout.strip() == "cpu" and len(said) == 1, proc.stderr[-2000:]
+  assert "failing: the TPU is held by another process" in said[0], said
+  assert "sudo rm" not in proc.stderr, proc.stderr[-2000:]
+
+
 def test_jax_platforms_is_obeyed():
   """JAX_PLATFORMS=cpu: the CPU without a fall-back line, even beside a failing plugin; a
   named backend that cannot start (or has no plugin) is one error line, no fall-back."""
