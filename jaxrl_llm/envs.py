@@ -419,14 +419,21 @@ class HostTool(ToolEnv):
     calls = [tok.decode(np.asarray(tokens)[i, start[i] : end[i]], stop_at_eos=False) for i in rows]
     calls = [c.rpartition(opening)[2].strip() for c in calls] if opening else calls
     prompts = [tok.decode(np.asarray(prompt_tokens)[i]) for i in rows]
-    scores, _ = score_batch(
-      calls, prompts, terms={"tool": self.fn}, timeout_s=self.timeout_s, fill=float("nan")
-    )
-    got = scores["tool"].astype(np.float64)
+    name = f"{getattr(self.fn, '__module__', '')}.{getattr(self.fn, '__qualname__', 'tool')}"
+    scores, stats = score_batch(
+      calls, prompts, terms={name: self.fn}, timeout_s=self.timeout_s, fill=float("nan"),
+      warn=name not in _WARNED, label="host tool",
+    )  # fmt: skip
+    if stats["verifier/errors"]:  # its first failure is said once a run; the rest are counted
+      _WARNED.add(name)
+    got = scores[name].astype(np.float64)
     ok = np.isfinite(got) & (np.abs(got) < 10**self.max_digits) & (got == np.round(got))
     value[rows] = np.where(ok, got, 0).astype(np.int32)
     error[rows] = ~ok
     return value, error
+
+
+_WARNED: set[str] = set()  # host tools whose first failure this process has logged
 
 
 def arithmetic(call: str, prompt: str) -> int:

@@ -263,6 +263,22 @@ def test_the_host_arithmetic_tool_answers_with_the_usual_precedence():
   assert _respond(envs.Calculator(tokenizer=TOK), "", ["2+3*4="])[0] == ["20,"]
 
 
+def test_a_failing_host_tool_is_logged_once_as_a_tool_then_only_counted(caplog, monkeypatch):
+  """A host tool that raises on every call: its first failure is one warning naming it as a
+  host tool (it was a "reward term 'tool' failed" line for every decode step with a call, 87
+  in a 2-update run); later batches only count their errors."""
+  import logging
+
+  monkeypatch.setattr(envs, "_WARNED", set())
+  host = envs.get_env("host:host_tools:fail", build_task(), timeout_s=5.0)
+  with caplog.at_level(logging.WARNING):
+    for _ in range(3):  # three decode steps with calls
+      answers, errors = _respond(host, "", ["2+3=", "4*5="])
+      assert answers == [":,", ":,"] and errors == [True, True]
+  said = [r.getMessage() for r in caplog.records if "failed on item" in r.getMessage()]
+  assert len(said) == 1 and said[0].startswith("host tool 'host_tools.fail' failed on item"), said
+
+
 def build_task():
   from jaxrl_llm.data.tasks import get_task
 

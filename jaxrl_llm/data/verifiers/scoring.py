@@ -287,6 +287,8 @@ def score_batch(
   max_workers: int | None = None,
   executor: str = "process",
   fill: float = 0.0,
+  warn: bool = True,
+  label: str = "reward term",
 ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
   """Scores every completion with every term → ({name: float32 [B]}, stats); never raises.
   A failed call scores `fill` (0.0; NaN tells failures apart, as the host tools do).
@@ -297,6 +299,8 @@ def score_batch(
   `verifier/timeouts`). `executor` is 'process' (default: hung calls are killed; terms must
   pickle) or 'thread' (see the module docstring); `max_workers` defaults to the usable CPUs
   (at most 32). Bad arguments, and terms that cannot pickle for 'process', raise ValueError.
+  A term's first failure in the batch is logged as `<label> <name> failed ...` (unless `warn`
+  is False: a caller that has said so already).
   """
   if len(completions) != len(references):
     raise ValueError(f"{len(completions)} completions but {len(references)} references")
@@ -324,6 +328,7 @@ def score_batch(
     if executor == "thread":  # a thread pool is private to the batch: no idle threads
       workers = min(workers, len(tasks))
     runner = _Runner(completions, references, terms, timeout_s, workers, executor)
+    runner.label, runner.quiet = label, () if warn else tuple(names)
     runner.run(tasks, scores, errors, timeouts)
 
   stats: dict[str, float] = {}
@@ -341,6 +346,7 @@ class _Runner:
 
   def __init__(self, completions, references, terms, timeout_s, workers, kind):
     self.completions, self.references, self.terms = completions, references, terms
+    self.label, self.quiet = "reward term", ()  # what a term is called when it fails; unlogged
     self.timeout_s, self.workers, self.kind = timeout_s, workers, kind
     self.done: queue.SimpleQueue = queue.SimpleQueue()  # (future, call ids) of finished tasks
     self.previous: dict[int, int] = {}  # call id → the call before it in the same task
@@ -373,7 +379,9 @@ class _Runner:
   def run(self, tasks, scores, errors, timeouts) -> None:
     """Runs every task, filling `scores`, `errors` and `timeouts` in place."""
     self.scores, self.errors, self.timeouts = scores, errors, timeouts
-    self.logged: set[str] = set()  # terms whose first failure was logged
+    self.logged: set[str] = set(
+      self.quiet
+    )  # terms whose first failure was logged (or is not to be)
     self.pending: dict = {}  # call id -> (its future, (name, index))
     self.abandoned: list[cf.Future] = []  # timed-out thread calls that are still running
     self.pool, shared = _checkout(self.kind, self.workers)
@@ -450,7 +458,7 @@ class _Runner:
         self.errors[name] += 1
         if name not in self.logged:
           self.logged.add(name)
-          logger.warning("reward term %r failed on item %d: %s", name, i, error)
+          logger.warning("%s %r failed on item %d: %s", self.label, name, i, error)
 
   def _expire(self, now: float) -> None:
     """Times out the calls running longer than `timeout_s`: each scores 0.0 and is counted."""
