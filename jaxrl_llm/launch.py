@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import importlib.util
+import inspect
 import os
 import sys
 import traceback
@@ -53,8 +54,8 @@ def _disk_full(err: BaseException) -> OSError | None:
     seen.add(id(err))
     if isinstance(err, OSError) and err.errno == errno.ENOSPC:
       return err
-    if "No space left on device" in str(err):
-      return OSError(errno.ENOSPC, str(err).splitlines()[0][:300])
+    if "No space left on device" in str(err):  # a library's long message: the OS's words alone
+      return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     err = err.__cause__ or err.__context__
   return None
 
@@ -223,7 +224,14 @@ def check_overrides(argv: list[str]) -> None:
     spec = importlib.util.spec_from_file_location("_jaxrl_llm_config", file)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    if arg and not inspect.signature(module.get_config).parameters:
+      raise ConfigError(
+        f"{file} has no settings to choose (its get_config takes none): drop ':{arg}' from "
+        f"--config={path}"
+      )
     config = module.get_config(arg) if arg else module.get_config()
+  except ConfigError:
+    raise
   except Exception as e:
     raise ConfigError(f"cannot load config file {file!r}: {e}") from None
   for arg in argv:

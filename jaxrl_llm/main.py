@@ -97,9 +97,8 @@ def _parse_flags(argv: list[str]) -> list[str]:
   except ConfigError as e:
     print(f"error: {e}", file=sys.stderr)
   except flags.Error as e:  # e.g. --config.train.num_steps=abc: not an int
-    print(
-      f"error: {e} (a --config.FIELD=VALUE takes the type of the field's default)", file=sys.stderr
-    )
+    hint = " (a --config.FIELD=VALUE takes the type of the field's default)"
+    print(f"error: {e}{hint if 'config.' in str(e) else ''}", file=sys.stderr)
   sys.exit(2)
 
 

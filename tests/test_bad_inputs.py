@@ -88,6 +88,14 @@ def test_compare_refuses_a_csv_path_it_cannot_write_before_reading_runs(tmp_path
     assert len(err) == 1 and err[0].startswith(f"error: --csv={path}: {says}"), err
     assert out.out == ""  # refused before any run is read or printed
   assert (tmp_path / "f").read_text() == "x"
+  flags = {  # the table's width, and a tag asked to be best both ways
+    "--width=-5": "error: --width=-5 must be >= 0 (0: one block)",
+    "--minimize=eval/*": "error: 'eval/*' is in both --minimize and --maximize; name it in one",
+  }
+  for flag, says in flags.items():
+    assert compare.main([f"--root={tmp_path}", flag, "--maximize=eval/*,x"]) == 2
+    out = capsys.readouterr()
+    assert out.err.strip().splitlines() == [says] and out.out == ""
 
 
 def test_a_sweep_root_that_cannot_be_made_is_one_line(tmp_path, capsys):
@@ -98,6 +106,11 @@ def test_a_sweep_root_that_cannot_be_made_is_one_line(tmp_path, capsys):
   assert sweep.main([CONFIG, "--root=/proc/nope", "--grid=seed=0,1"]) == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and err[0].startswith("error: --root=/proc/nope: cannot create it"), err
+  for bad in ("-1", "0", "nan"):  # how often a running run's line shows
+    assert sweep.main([CONFIG, f"--root={tmp_path}", "--grid=seed=0,1", f"--progress_s={bad}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: --progress_s must be a number of seconds > 0, got {float(bad)}"], err
+  assert not list(tmp_path.iterdir())  # nothing started
   # The check leaves nothing behind where it could make the folders.
   assert sweep.main([CONFIG, f"--root={tmp_path / 'a' / 'b'}", "--seeds=0", "--dry_run"]) == 0
   assert not (tmp_path / "a").exists()
@@ -207,3 +220,50 @@ def test_the_dry_run_refuses_a_prompt_file_run_over_the_checkpoints_context(tmp_
   assert code == 2 and err[-1].startswith("error: invalid config: data.prompt_len=128 + "), err
   assert "sampling.max_new_tokens=12 = 140 tokens" in err[-1]
   assert "max_position_embeddings=100" in err[-1]
+
+
+def test_the_real_model_config_without_the_model_says_how_to_fetch_it(tmp_path):
+  """configs/smollm2_arith.py on a machine whose cache lacks the model: one line naming the
+  directory and the command that fetches it, and no workdir made."""
+  env = cli_env() | {"JAXRL_LLM_CACHE": str(tmp_path / "empty_cache")}
+  workdir = tmp_path / "run"
+  cmd = [sys.executable, "-m", "jaxrl_llm.main", "--config=configs/smollm2_arith.py"]
+  proc = subprocess.run(
+    [*cmd, f"--workdir={workdir}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+  )
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+  assert str(tmp_path / "empty_cache" / "SmolLM2-135M-Instruct") in lines[0]
+  assert lines[0].endswith("; fetch it first: python tools/get_smollm2.py")
+  assert not (workdir / "checkpoints").exists()
+
+
+def test_a_setting_asked_of_a_config_without_settings_is_one_plain_line(tmp_path):
+  """`--config=configs/lora.py:x` (lora.py's get_config takes no setting): one line saying to
+  drop ':x' (it was Python's "takes 0 positional arguments but 1 was given")."""
+  cmd = [sys.executable, "-m", "jaxrl_llm.main", "--config=configs/lora.py:x"]
+  proc = subprocess.run(
+    [*cmd, f"--workdir={tmp_path / 'run'}"], cwd=REPO, env=cli_env(), capture_output=True,
+    text=True, timeout=120,
+  )  # fmt: skip
+  assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+    "error: configs/lora.py has no settings to choose (its get_config takes none): drop ':x' "
+    "from --config=configs/lora.py:x"
+  ]
+
+
+def test_a_missing_config_is_one_line_without_the_override_hint(tmp_path):
+  """No --config: one line saying so, without the hint about --config.FIELD=VALUE types that
+  a bad override gets (and still gets)."""
+  base = [sys.executable, "-m", "jaxrl_llm.main", f"--workdir={tmp_path / 'run'}"]
+  run = lambda *a: subprocess.run(  # noqa: E731
+    [*base, *a], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120
+  )
+  proc = run()
+  assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+    "error: flag --config=None: Flag --config must have a value other than None."
+  ]
+  proc = run("--config=configs/default.py", "--config.train.num_steps=abc")
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == 2 and len(lines) == 1
+  assert lines[0].endswith("(a --config.FIELD=VALUE takes the type of the field's default)")

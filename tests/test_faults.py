@@ -451,6 +451,7 @@ def test_a_full_disk_ends_in_one_clear_line_and_keeps_the_last_checkpoint(small_
   lines = proc.stderr.strip().splitlines()
   assert proc.returncode == 2, proc.stderr[-3000:]
   assert lines[-1].startswith("error: disk full"), lines[-5:]
+  assert "No space left on device. The checkpoints" in lines[-1]  # the OS's words, not cut
   assert "relaunch to resume" in lines[-1]
   # Library background threads may report the same failure first, as single log lines (the
   # hooks are tested below); the full tracebacks (370-990 lines before) need --debug.

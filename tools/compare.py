@@ -253,6 +253,15 @@ def main(argv: Sequence[str] | None = None) -> int:
   if not os.path.isdir(args.root):
     print(f"error: --root {args.root!r} is not a directory", file=sys.stderr)
     return 2
+  if args.width < 0:
+    print(f"error: --width={args.width} must be >= 0 (0: one block)", file=sys.stderr)
+    return 2
+  both = sorted(set(_split(args.minimize)) & set(_split(args.maximize)))
+  if both:
+    print(
+      f"error: {both[0]!r} is in both --minimize and --maximize; name it in one", file=sys.stderr
+    )
+    return 2
   problem = args.csv and csv_problem(args.csv)
   if problem:
     print(f"error: --csv={args.csv}: {problem}", file=sys.stderr)

@@ -772,6 +772,8 @@ def _checked_runs(args: argparse.Namespace) -> list[Run]:
   """The runs of the command line's grid; raises SweepError/ConfigError for a bad one."""
   if args.parallel < 1:
     raise SweepError(f"--parallel must be >= 1, got {args.parallel}")
+  if not args.progress_s > 0:  # nan and inf too: a running run's line every that many seconds
+    raise SweepError(f"--progress_s must be a number of seconds > 0, got {args.progress_s}")
   if args.distributed and (not args.packed or args.dry_run):
     raise SweepError(
       "--distributed trains a pack over several processes: it needs --packed and no --dry_run"

@@ -173,10 +173,16 @@ def _check_checkpoint_dir(path: str) -> None:
   """`model.checkpoint` (when set) is a directory holding a config.json: checked before the
   task, which takes its tokenizer from there."""
   if path and not os.path.isfile(os.path.join(path, "config.json")):
+    from jaxrl_llm.models import pretrained
+
     what = "has no config.json" if os.path.isdir(path) else "is not a directory"
+    fetched = {os.path.abspath(pretrained.model_dir(n)): n for n in pretrained.MODELS}
+    hint = (  # a model `tools/get_smollm2.py` writes, not fetched yet
+      "; fetch it first: python tools/get_smollm2.py" if os.path.abspath(path) in fetched else ""
+    )
     raise ConfigError(
       f"model.checkpoint={path!r} {what}; point it at a local Hugging Face checkpoint "
-      "(config.json + *.safetensors)"
+      f"(config.json + *.safetensors){hint}"
     )
 
 
