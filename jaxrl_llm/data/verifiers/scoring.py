@@ -299,8 +299,7 @@ def score_batch(
   `verifier/timeouts`). `executor` is 'process' (default: hung calls are killed; terms must
   pickle) or 'thread' (see the module docstring); `max_workers` defaults to the usable CPUs
   (at most 32). Bad arguments, and terms that cannot pickle for 'process', raise ValueError.
-  A term's first failure in the batch is logged as `<label> <name> failed ...` (unless `warn`
-  is False: a caller that has said so already).
+  A term's first failure is logged as `<label> <name> failed ...` unless `warn` is False.
   """
   if len(completions) != len(references):
     raise ValueError(f"{len(completions)} completions but {len(references)} references")
