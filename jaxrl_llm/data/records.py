@@ -69,6 +69,11 @@ def skip_counts(records: Sequence[dict[str, Any]]) -> dict[str, int]:
 # ---- loading ----------------------------------------------------------------------------------
 
 
+def matches(pattern: str) -> list[str]:
+  """The files a glob `pattern` matches (sorted), or `[pattern]` itself when it is no glob."""
+  return sorted(glob.glob(pattern, recursive=True)) if glob.has_magic(pattern) else [pattern]
+
+
 def _expand(files: Sequence[str] | str) -> list[str]:
   """Expands glob patterns (sorted matches); a pattern matching nothing is an error."""
   if isinstance(files, (str, pathlib.Path)):
@@ -76,10 +81,10 @@ def _expand(files: Sequence[str] | str) -> list[str]:
   out = []
   for f in map(str, files):
     if glob.has_magic(f):
-      matches = sorted(glob.glob(f, recursive=True))
-      if not matches:
+      found = matches(f)
+      if not found:
         raise FileNotFoundError(f"No files match the pattern {f!r}.")
-      out.extend(matches)
+      out.extend(found)
     else:
       if pathlib.Path(f).is_dir():  # a folder where a file belongs: name what it holds
         raise FileNotFoundError(

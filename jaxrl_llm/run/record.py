@@ -128,13 +128,13 @@ def data_files(cfg: Config) -> dict[str, dict[str, int | str]]:
   """{path: {"bytes", "sha256"}} of each prompt file `data.train_files` names (a glob: each
   file it matches), as read now: the run record keeps it, so a resume finds a file whose
   contents changed at the same path. Empty for the built-in task."""
-  import glob
   import hashlib
+
+  from jaxrl_llm.data import records
 
   out = {}
   for spec in (f.strip() for f in cfg.data.train_files.split(",")):
-    matches = sorted(glob.glob(spec, recursive=True)) if glob.has_magic(spec) else [spec]
-    for path in (p for p in matches if p and os.path.isfile(p)):
+    for path in (p for p in records.matches(spec) if p and os.path.isfile(p)):
       digest = hashlib.sha256()
       with open(path, "rb") as f:
         for chunk in iter(lambda f=f: f.read(1 << 20), b""):

@@ -326,8 +326,8 @@ def score_batch(
     workers = max(1, max_workers or _default_workers(executor))
     if executor == "thread":  # a thread pool is private to the batch: no idle threads
       workers = min(workers, len(tasks))
-    runner = _Runner(completions, references, terms, timeout_s, workers, executor)
-    runner.label, runner.quiet = label, () if warn else tuple(names)
+    quiet = () if warn else tuple(names)
+    runner = _Runner(completions, references, terms, timeout_s, workers, executor, label, quiet)
     runner.run(tasks, scores, errors, timeouts)
 
   stats: dict[str, float] = {}
@@ -343,9 +343,9 @@ def score_batch(
 class _Runner:
   """The submit / collect / time-out loop behind `score_batch`."""
 
-  def __init__(self, completions, references, terms, timeout_s, workers, kind):
+  def __init__(self, completions, references, terms, timeout_s, workers, kind, label, quiet):
     self.completions, self.references, self.terms = completions, references, terms
-    self.label, self.quiet = "reward term", ()  # what a term is called when it fails; unlogged
+    self.label, self.quiet = label, quiet  # what a term is called when it fails; those unlogged
     self.timeout_s, self.workers, self.kind = timeout_s, workers, kind
     self.done: queue.SimpleQueue = queue.SimpleQueue()  # (future, call ids) of finished tasks
     self.previous: dict[int, int] = {}  # call id → the call before it in the same task
