@@ -324,7 +324,7 @@ class TrainSettings(Section):
   text_samples: int = 8  # completions shown in the TensorBoard text summary
   stop_after_steps: int = 0  # end this invocation after N steps (time-limited jobs; 0 = off)
   profile_steps: int = 0  # trace N RL steps after the compiling one (TensorBoard Profile tab)
-  resume_changed: bool = False  # resume a workdir whose run used other learner or task settings
+  resume_changed: bool = False  # resume a workdir whose learned settings or prompt files changed
 
   def errors(self) -> list[str]:
     """Periods, k and limits >= 1; optional counts >= 0."""

@@ -53,7 +53,7 @@ class Config:
 
   seed: int = setting(
     0, per_run=STATE, hparam=True
-  )  # one PRNG key per run; step keys are fold_in(key, step)
+  )  # one PRNG key per run, in [0, 2**32); step keys are fold_in(key, step)
   task: TaskSettings = TaskSettings()
   data: DataSettings = DataSettings()
   model: ModelSettings = ModelSettings()
