@@ -5,16 +5,7 @@ appends the environment's answer (a value, or an error for a call it cannot eval
 token per decode step, its keys and values written to the KV cache like the policy's own, and
 the policy goes on. The answer's tokens are the environment's: never learned from
 (`Rollout.env_mask`), their log-probs never recorded. How calls and answers are written
-depends on the tokenizer, and for `arithmetic_inline` on the tool (`FORMATS`, chosen by
-`tool_format`):
-
-  plain   the built-in tasks' alphabet: ``5*3+8=`` is answered ``23,`` (an error ``:,``)
-  chatml  ChatML's tool role: ``<tool_call>12*35</tool_call>`` is answered
-          ``<|im_end|>\n<|im_start|>tool\n420<|im_end|>\n<|im_start|>assistant\n``
-  llama3  Llama 3's: ``<|python_tag|>12*35<|eom_id|>`` is answered by an ``ipython`` turn
-  inline  (`arithmetic_inline`, any Hugging Face tokenizer) in the policy's own prose, as a
-          calculator fills in a result: ``so 12 * 35 =`` is answered `` 420`` (an error
-          `` ?``) and the policy writes on; ``x`` and ``×`` multiply too
+depends on the tokenizer, and for `arithmetic_inline` on the tool (`tool_formats`).
 
 Registered by name like the objectives (`ENVIRONMENTS`, the `sampling.tool` setting):
 
@@ -32,10 +23,8 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import functools
 import importlib
 import operator
-import re
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -44,143 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm.data.tasks.tokenizer import CharTokenizer
-
-CALL_CLOSE = "="  # ends a tool call: the environment answers after it
-ANSWER_END = ","  # ends the environment's answer
-ERROR = ":"  # the answer to a call the environment cannot evaluate
-OPS = "+-*"
-NUMBER = re.compile(r"[0-9]{1,9}")  # a number token's text (surrounding whitespace aside)
-
-
-@dataclasses.dataclass(frozen=True)
-class ToolFormat:
-  """How calls and answers are written in a tokenizer's text: the policy closes a call with
-  `close`; the environment answers `prefix + value + suffix` (or `prefix + error + suffix`).
-  With `trailing`, the call is the run of number, operator and blank tokens just before the
-  close (what precedes it, such as an opening tag, is the policy's prose); without, the whole
-  segment since the last answer is the call."""
-
-  name: str
-  close: str
-  prefix: str
-  suffix: str
-  error: str
-  opening: str = ""  # the tag a call opens with, shown to the policy in its instructions
-  trailing: bool = True
-  times: tuple[str, ...] = ()  # other ways the policy may write `*` in a call
-
-
-# The formats by tokenizer: the task alphabet's, ChatML's tool role, Llama 3's `ipython` role.
-FORMATS = {
-  "plain": ToolFormat("plain", CALL_CLOSE, "", ANSWER_END, ERROR, trailing=False),
-  "chatml": ToolFormat(
-    "chatml",
-    "</tool_call>",
-    "<|im_end|>\n<|im_start|>tool\n",
-    "<|im_end|>\n<|im_start|>assistant\n",
-    "error",
-    opening="<tool_call>",
-  ),
-  "llama3": ToolFormat(
-    "llama3",
-    "<|eom_id|>",
-    "<|start_header_id|>ipython<|end_header_id|>\n\n",
-    "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
-    "error",
-    opening="<|python_tag|>",
-  ),
-  "inline": ToolFormat("inline", " =", " ", "", "?", times=("x", "×")),
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class ToolTokens:
-  """A tool's view of a tokenizer, as token ids: the close sequence, the number, operator and
-  blank tokens a call is read from, and the pieces of an answer."""
-
-  format: ToolFormat
-  close: tuple[int, ...]
-  numbers: tuple[tuple[int, int, int], ...]  # (id, value, digits) of each number token
-  ops: tuple[tuple[int, int], ...]  # (id, 1 '+' | 2 '-' | 3 '*')
-  blanks: tuple[int, ...]  # whitespace tokens, skipped inside a trailing call
-  digits: tuple[int, ...]  # the ids of "0".."9", to write a value
-  minus: int
-  prefix: tuple[int, ...]
-  suffix: tuple[int, ...]
-  error: tuple[int, ...]
-  pad: int
-  vocab_size: int
-
-
-def tool_format(tokenizer, inline: bool = False) -> ToolFormat:
-  """The format of `tokenizer`'s calls: plain for the task alphabet; `inline` for a Hugging
-  Face tokenizer when asked; else ChatML or Llama 3 by the chat tokens it holds, and a
-  ValueError naming what it lacks otherwise."""
-  if isinstance(tokenizer, CharTokenizer):
-    return FORMATS["plain"]
-  if inline:
-    return FORMATS["inline"]
-  special = set(tokenizer.special_tokens)
-  if "<|start_header_id|>" in special:
-    if "<|eom_id|>" not in special:
-      raise ValueError(
-        f"{tokenizer.source}: a tool needs the Llama 3 tool-call token '<|eom_id|>', which is "
-        "missing from the vocabulary (Llama 3.1 and later have it)"
-      )
-    return FORMATS["llama3"]
-  if "<|im_start|>" in special:
-    return FORMATS["chatml"]
-  raise ValueError(
-    f"{tokenizer.source}: a tool needs a chat format with a tool role, ChatML (<|im_start|>) "
-    "or Llama 3 (<|start_header_id|>); the tokenizer has neither"
-  )
-
-
-@functools.cache
-def tool_tokens(tokenizer, inline: bool = False) -> ToolTokens:
-  """`tokenizer`'s `ToolTokens` in its format (`tool_format`), built once per tokenizer and
-  format."""
-  fmt = tool_format(tokenizer, inline)
-  if isinstance(tokenizer, CharTokenizer):
-    texts = {tokenizer.char_id(c): c for c in tokenizer.alphabet}
-
-    def encode(text):
-      return tuple(int(i) for i in tokenizer.ids_of(text))
-  else:
-    texts = {
-      i: tokenizer.decode([i], skip_special_tokens=False, stop_at_eos=False)
-      for i in range(tokenizer.vocab_size)
-    }
-
-    def encode(text):
-      return tuple(tokenizer.encode(text))
-
-  strip = (lambda s: s.strip()) if fmt.trailing else (lambda s: s)
-  numbers = tuple(
-    (i, int(strip(s)), len(strip(s))) for i, s in texts.items() if NUMBER.fullmatch(strip(s))
-  )
-  ops = tuple(
-    (i, OPS.index(strip(s)) + 1) for i, s in texts.items() if strip(s) and strip(s) in OPS
-  )
-  ops += tuple((i, 3) for i, s in texts.items() if strip(s) and strip(s) in fmt.times)
-  blanks = tuple(i for i, s in texts.items() if fmt.trailing and s and not s.strip())
-  close = encode(fmt.close)
-  if not close:
-    raise ValueError(f"the tool-call close {fmt.close!r} is missing from the vocabulary")
-  return ToolTokens(
-    format=fmt,
-    close=close,
-    numbers=numbers,
-    ops=ops,
-    blanks=blanks,
-    digits=tuple(encode(str(d))[0] for d in range(10)),
-    minus=encode("-")[0],
-    prefix=encode(fmt.prefix) if fmt.prefix else (),
-    suffix=encode(fmt.suffix),
-    error=encode(fmt.error),
-    pad=tokenizer.pad_id,
-    vocab_size=tokenizer.vocab_size,
-  )
+from jaxrl_llm.tool_formats import ToolTokens, tool_tokens
 
 
 def _table(size: int, pairs, fill: int = 0) -> jax.Array:

@@ -1,5 +1,5 @@
 """Tools for Hugging Face tokenizers: calls and answers in ChatML's tool role and Llama 3's
-`ipython` role, read and written as token ids inside the program (`envs.ToolTokens`).
+`ipython` role, read and written as token ids inside the program (`tool_formats.ToolTokens`).
 
 The tokenizers are real byte-level BPE tokenizers trained by `text_fixtures`, with the chat
 tokens of each format; the rendered episode is checked against the chat template itself.
@@ -15,8 +15,9 @@ from conftest import tiny_config
 from parsed import build, train_and_evaluate
 from text_fixtures import build_bpe_tokenizer, math_file_run
 
-from jaxrl_llm import envs, metrics
+from jaxrl_llm import envs, metrics, tool_formats
 from jaxrl_llm.config import ConfigError, parse
+from jaxrl_llm.data.tasks.tokenizer import CharTokenizer
 from jaxrl_llm.data.tokenizers import HFTokenizer
 from jaxrl_llm.sampling import SamplingConfig
 from jaxrl_llm.turns import Turns, over_budget, take_turns
@@ -84,12 +85,12 @@ def _answers(env, texts):
 
 
 def test_the_format_follows_the_tokenizers_chat_tokens(chatml, llama3, tmp_path_factory):
-  assert envs.tool_format(chatml).name == "chatml"
-  assert envs.tool_format(llama3).name == "llama3"
-  assert envs.tool_format(envs.CharTokenizer()).name == "plain"
+  assert tool_formats.tool_format(chatml).name == "chatml"
+  assert tool_formats.tool_format(llama3).name == "llama3"
+  assert tool_formats.tool_format(CharTokenizer()).name == "plain"
   no_eom = _tokenizer(tmp_path_factory, "llama3_no_eom", LLAMA3_ANY_ROLE, LLAMA3_TOKENS)
   with pytest.raises(ValueError, match=r"'<\|eom_id\|>', which is missing from the vocabulary"):
-    envs.tool_tokens(no_eom)
+    tool_formats.tool_tokens(no_eom)
 
 
 def test_chatml_calls_are_the_arithmetic_before_the_close_and_answers_are_a_tool_turn(chatml):
@@ -197,7 +198,7 @@ def test_an_episode_renders_as_the_chat_template_with_a_tool_turn(fmt, request):
   whole = tok.apply_chat_template(messages, add_generation_prompt=False)
   text = tok.decode(tokens, skip_special_tokens=False, stop_at_eos=False)
   assert prompt + text == whole.removesuffix("\n")  # the policy stops at its turn's end
-  answer = tok.encode(envs.FORMATS[fmt].prefix + "322" + envs.FORMATS[fmt].suffix)
+  answer = tok.encode(tool_formats.FORMATS[fmt].prefix + "322" + tool_formats.FORMATS[fmt].suffix)
   n_call = len(tok.encode(call))
   assert np.array_equal(tokens[n_call : n_call + len(answer)], answer)
   assert np.array_equal(np.nonzero(env_mask)[0], np.arange(n_call, n_call + len(answer)))
@@ -244,8 +245,8 @@ def test_a_close_with_no_calls_left_is_not_a_call(chatml):
   call = "<tool_call>2*3</tool_call>"
   _, env_mask, turns = _episode(env, [call, call])
   assert int(turns.calls[0]) == 1
-  assert env_mask.sum() == len(chatml.encode(envs.FORMATS["chatml"].prefix + "6")) + len(
-    chatml.encode(envs.FORMATS["chatml"].suffix)
+  assert env_mask.sum() == len(chatml.encode(tool_formats.FORMATS["chatml"].prefix + "6")) + len(
+    chatml.encode(tool_formats.FORMATS["chatml"].suffix)
   )
 
 
@@ -337,7 +338,7 @@ def test_smollm2s_tool_turns_render_as_its_own_chat_template(smollm2):
   whole = tok.apply_chat_template(messages, add_generation_prompt=False)
   text = tok.decode(tokens, skip_special_tokens=False, stop_at_eos=False)
   assert prompt + text == whole.removesuffix("\n")
-  fmt = envs.FORMATS["chatml"]
+  fmt = tool_formats.FORMATS["chatml"]
   assert int(turns.calls[0]) == 1
   assert env_mask.sum() == len(tok.encode(fmt.prefix)) + 3 + len(tok.encode(fmt.suffix))
 

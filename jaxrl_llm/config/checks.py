@@ -256,11 +256,11 @@ def _task(cfg: Config, mc: ModelConfig, task) -> list[str]:
     f"{vocab} tokens",
   )
   if cfg.sampling.tool != "none":
-    from jaxrl_llm import envs
+    from jaxrl_llm import envs, tool_formats
 
     try:
       env = envs.ENVIRONMENTS.get(cfg.sampling.tool, envs.ToolEnv)
-      envs.tool_tokens(task.tokenizer, env.inline)
+      tool_formats.tool_tokens(task.tokenizer, env.inline)
     except ValueError as e:
       out.append(f"sampling.tool={cfg.sampling.tool!r}: {e}")
   return out
