@@ -29,80 +29,31 @@ from typing import Any
 
 import numpy as np
 
+from jaxrl_llm.models import gguf_tokenizer
+from jaxrl_llm.models.gguf_reader import GGUFError, field, open_reader
+
 # Tensor types imported (each dequantized by gguf.quants, tested against its own quantizer).
 TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
 ARCHITECTURES = ("llama",)
 DTYPES = ("float32", "bfloat16")
-# tokenizer.ggml.pre values -> whether digits are split one by one before the byte-level regex
-# (llama.cpp's "smollm", "starcoder" and "refact" pre-tokenizers do; "gpt-2" and "default" don't).
-PRE_TOKENIZERS = {
-  "default": False,
-  "gpt-2": False,
-  "smollm": True,
-  "starcoder": True,
-  "refact": True,
-}
-_CONTROL, _USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values of added tokens
-
-
-class GGUFError(ValueError):
-  """A GGUF file this importer cannot turn into a Hugging Face directory (one line)."""
-
-
-def _reader(path: str):
-  """gguf's reader of `path`, or a GGUFError when it is missing, truncated or not GGUF."""
-  import gguf
-
-  if not os.path.isfile(path):
-    what = "is a directory, not a GGUF file" if os.path.isdir(path) else "no such file"
-    raise GGUFError(f"{path}: {what}")
-  size = os.path.getsize(path)
-
-  class Truncated(Exception):
-    pass
-
-  class Reader(gguf.GGUFReader):
-    # gguf's reader slices its memory map, so a cut file fails later (a reshape, an index) with
-    # an error that does not say why: every read past the end is caught here instead.
-    def _get(self, offset, dtype, count=1, override_order=None):
-      end = int(offset) + np.dtype(dtype).itemsize * int(count)
-      if end > size:
-        raise Truncated(end)
-      return super()._get(offset, dtype, count, override_order)
-
-  try:
-    reader = Reader(path, "r")
-  except Truncated as e:
-    raise GGUFError(
-      f"{path}: truncated: it needs {e.args[0]:,} bytes but the file holds {size:,} bytes"
-    ) from None
-  except Exception as e:  # the reader raises ValueError, IndexError, ... on bad bytes
-    msg = " ".join(str(e).split())
-    raise GGUFError(f"{path}: not a complete GGUF file ({type(e).__name__}: {msg})") from None
-  return reader
-
-
-def _field(reader, key: str, default: Any = None) -> Any:
-  f = reader.fields.get(key)
-  return default if f is None else f.contents()
 
 
 def _heads(reader, arch: str, heads: int, d: int, path: str) -> tuple[int, int, int]:
   """(query heads, key-value heads, head dimension) of the metadata, each checked against the
   others (`heads` from attention.head_count, `d` the embedding length)."""
-  kv_heads = int(_field(reader, f"{arch}.attention.head_count_kv", heads))
+  kv_heads = int(field(reader, f"{arch}.attention.head_count_kv", heads))
   head_count = f"{arch}.attention.head_count={heads}"
   if heads < 1 or kv_heads < 1 or heads % kv_heads:
     raise GGUFError(
       f"{path}: {head_count} is not a multiple of {arch}.attention.head_count_kv={kv_heads}"
     )
-  key_length = _field(reader, f"{arch}.attention.key_length")
+  key_length = field(reader, f"{arch}.attention.key_length")
   if key_length is None and d % heads:
     raise GGUFError(f"{path}: {arch}.embedding_length={d} is not a multiple of {head_count}")
   head_dim = int(key_length) if key_length is not None else d // heads
   if head_dim < 2 or head_dim % 2:  # rotary embeddings turn pairs of dimensions
     raise GGUFError(f"{path}: the head dimension {head_dim} is not a positive even number")
-  rope = _field(reader, f"{arch}.rope.dimension_count", head_dim)
+  rope = field(reader, f"{arch}.rope.dimension_count", head_dim)
   if rope != head_dim:
     where = (
       f"{arch}.attention.key_length={head_dim}"
@@ -125,24 +76,24 @@ def _heads(reader, arch: str, heads: int, d: int, path: str) -> tuple[int, int, 
 
 def _metadata(reader, path: str) -> dict[str, Any]:
   """The architecture's hyperparameters, checked; GGUFError for what cannot be imported."""
-  arch = _field(reader, "general.architecture")
+  arch = field(reader, "general.architecture")
   if arch not in ARCHITECTURES:
     raise GGUFError(
       f"{path}: general.architecture={arch!r} is not imported; allowed: {', '.join(ARCHITECTURES)}"
     )
 
   def need(key: str) -> Any:
-    value = _field(reader, f"{arch}.{key}")
+    value = field(reader, f"{arch}.{key}")
     if value is None:
       raise GGUFError(f"{path}: metadata {arch}.{key} is missing")
     return value
 
-  scaling = _field(reader, f"{arch}.rope.scaling.type", "none")
+  scaling = field(reader, f"{arch}.rope.scaling.type", "none")
   if scaling not in ("none", None) or any(t.name == "rope_freqs.weight" for t in reader.tensors):
     raise GGUFError(f"{path}: RoPE scaling ({scaling!r} / rope_freqs.weight) is not imported")
   d = int(need("embedding_length"))
   heads, kv_heads, head_dim = _heads(reader, arch, int(need("attention.head_count")), d, path)
-  tokens = _field(reader, "tokenizer.ggml.tokens") or []
+  tokens = field(reader, "tokenizer.ggml.tokens") or []
   return {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
@@ -153,9 +104,9 @@ def _metadata(reader, path: str) -> dict[str, Any]:
     "num_key_value_heads": kv_heads,
     "head_dim": head_dim,
     "rms_norm_eps": float(need("attention.layer_norm_rms_epsilon")),
-    "rope_theta": float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+    "rope_theta": float(field(reader, f"{arch}.rope.freq_base", 10000.0)),
     "max_position_embeddings": int(need("context_length")),
-    "vocab_size": int(_field(reader, f"{arch}.vocab_size", len(tokens))),
+    "vocab_size": int(field(reader, f"{arch}.vocab_size", len(tokens))),
     "tie_word_embeddings": not any(t.name == "output.weight" for t in reader.tensors),
     "hidden_act": "silu",
     "attention_bias": False,
@@ -163,7 +114,7 @@ def _metadata(reader, path: str) -> dict[str, Any]:
     **{
       f"{k}_token_id": int(v)
       for k, key in (("bos", "bos"), ("eos", "eos"), ("pad", "padding"))
-      if (v := _field(reader, f"tokenizer.ggml.{key}_token_id")) is not None
+      if (v := field(reader, f"tokenizer.ggml.{key}_token_id")) is not None
     },
   }
 
@@ -208,13 +159,13 @@ def _hf_name(name: str, path: str) -> tuple[str, str | None]:
 def _shapes(reader, config: Mapping[str, Any]) -> dict[str, list[tuple[int, str]]]:
   """The shape each Hugging Face tensor must have by the metadata: per dimension, (size, the
   metadata it comes from)."""
-  arch = _field(reader, "general.architecture")
+  arch = field(reader, "general.architecture")
   c = config
   d = (c["hidden_size"], f"{arch}.embedding_length={c['hidden_size']}")
   ffn = (c["intermediate_size"], f"{arch}.feed_forward_length={c['intermediate_size']}")
   vocab = (
     (c["vocab_size"], f"{arch}.vocab_size={c['vocab_size']}")
-    if _field(reader, f"{arch}.vocab_size") is not None
+    if field(reader, f"{arch}.vocab_size") is not None
     else (c["vocab_size"], f"the {c['vocab_size']} tokens of tokenizer.ggml.tokens")
   )
   head_dim = f"head dimension {c['head_dim']}"
@@ -253,7 +204,7 @@ def _tensors(reader, config: Mapping[str, Any], path: str) -> list[tuple[str, Ca
   from gguf import quants
 
   shapes = _shapes(reader, config)
-  arch = _field(reader, "general.architecture")
+  arch = field(reader, "general.architecture")
   out = []
   for t in reader.tensors:
     kind = t.tensor_type.name
@@ -297,111 +248,6 @@ def _tensors(reader, config: Mapping[str, Any], path: str) -> list[tuple[str, Ca
   return out
 
 
-def _tokenizer(reader, path: str):
-  """The `tokenizers.Tokenizer` of the GGUF vocabulary (byte-level BPE only)."""
-  from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
-  kind = _field(reader, "tokenizer.ggml.model")
-  if kind != "gpt2":
-    raise GGUFError(
-      f"{path}: tokenizer.ggml.model={kind!r} is not imported; allowed: gpt2 (byte-level BPE)"
-    )
-  pre = _field(reader, "tokenizer.ggml.pre", "default")
-  if pre not in PRE_TOKENIZERS:
-    raise GGUFError(
-      f"{path}: tokenizer.ggml.pre={pre!r} is not imported; allowed: "
-      f"{', '.join(sorted(PRE_TOKENIZERS))}"
-    )
-  tokens = _field(reader, "tokenizer.ggml.tokens")
-  if not tokens:
-    raise GGUFError(f"{path}: tokenizer.ggml.tokens is missing (a vocabulary is needed)")
-  tokens = list(tokens)
-  types = list(_field(reader, "tokenizer.ggml.token_type", [1] * len(tokens)))
-  if len(types) != len(tokens):
-    raise GGUFError(
-      f"{path}: tokenizer.ggml.token_type holds {len(types)} entries but tokenizer.ggml.tokens "
-      f"{len(tokens)}: there must be one per token"
-    )
-  merges = [tuple(m.split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges", [])]
-  if bad := next((m for m in merges if len(m) != 2), None):
-    raise GGUFError(f"{path}: tokenizer.ggml.merges holds {bad[0]!r}, not two tokens 'a b'")
-  vocab = {tok: i for i, tok in enumerate(tokens)}
-  tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
-  byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
-  tok.pre_tokenizer = (
-    pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-    if PRE_TOKENIZERS[pre]
-    else byte_level
-  )
-  tok.decoder = decoders.ByteLevel()
-  added = [
-    AddedToken(tokens[i], special=types[i] == _CONTROL, normalized=False)
-    for i in range(len(tokens))
-    if types[i] in (_CONTROL, _USER_DEFINED)
-  ]
-  tok.add_special_tokens([a for a in added if a.special])
-  tok.add_tokens([a for a in added if not a.special])
-  return tok, tokens
-
-
-def _token_ids(reader, tokens: list[str], path: str) -> dict[str, int]:
-  """{"bos" / "eos" / "pad" / "unk": token id} of the file, each checked to be in the vocabulary."""
-  out = {}
-  for k, key in (("bos", "bos"), ("eos", "eos"), ("pad", "padding"), ("unk", "unknown")):
-    i = _field(reader, f"tokenizer.ggml.{key}_token_id")
-    if i is None:
-      continue
-    if not 0 <= int(i) < len(tokens):
-      raise GGUFError(
-        f"{path}: tokenizer.ggml.{key}_token_id={int(i)} is outside the vocabulary of "
-        f"{len(tokens)} tokens (ids 0 to {len(tokens) - 1})"
-      )
-    out[k] = int(i)
-  return out
-
-
-def _tokenizer_config(reader, tokens: list[str], max_len: int, path: str) -> dict[str, Any]:
-  out: dict[str, Any] = {
-    "tokenizer_class": "PreTrainedTokenizerFast",
-    "add_bos_token": bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),
-    "add_eos_token": bool(_field(reader, "tokenizer.ggml.add_eos_token", False)),
-    "clean_up_tokenization_spaces": False,
-    "model_max_length": max_len,
-  }
-  for k, i in _token_ids(reader, tokens, path).items():
-    out[f"{k}_token"] = tokens[i]
-  template = _field(reader, "tokenizer.chat_template")
-  if template:
-    out["chat_template"] = template
-  return out
-
-
-def _check_template(config: Mapping[str, Any], path: str) -> None:
-  """Renders the chat template over a system, user and assistant turn (as training will);
-  GGUFError when it cannot."""
-  from jaxrl_llm.data import templates
-
-  template = config.get("chat_template")
-  if not template:
-    return
-  turns = [
-    {"role": "system", "content": "s"},
-    {"role": "user", "content": "u"},
-    {"role": "assistant", "content": "a"},
-  ]
-  try:
-    for messages in (turns[1:2], turns):
-      templates.apply_chat_template(
-        messages,
-        template,
-        bos_token=config.get("bos_token", ""),
-        eos_token=config.get("eos_token", ""),
-      )
-  except Exception as e:  # a template may raise anything while it renders
-    msg = " ".join(str(e).split())  # one line, whatever the template raised
-    raise GGUFError(f"{path}: tokenizer.chat_template cannot be rendered: {msg}") from None
-
-
 # What an import writes, and the weight files of any other layout: an OUT_DIR holding one of
 # them is refused (the import would replace a user's file or leave two sets of weights).
 WRITES = (
@@ -438,21 +284,6 @@ def check_out_dir(out_dir: str) -> None:
     )
 
 
-def _check_vocabulary(reader, config: Mapping[str, Any], tok, tokens: list[str], path: str) -> None:
-  """GGUFError unless the metadata's vocabulary size is the token list's, each token once."""
-  arch = _field(reader, "general.architecture")
-  if len(tokens) != config["vocab_size"]:
-    raise GGUFError(
-      f"{path}: {arch}.vocab_size={config['vocab_size']} but tokenizer.ggml.tokens holds "
-      f"{len(tokens)} tokens"
-    )
-  if tok.get_vocab_size() != len(tokens):  # a token listed twice
-    raise GGUFError(
-      f"{path}: tokenizer.ggml.tokens holds {len(tokens)} tokens but only "
-      f"{tok.get_vocab_size()} distinct ones"
-    )
-
-
 def import_gguf(path: str | os.PathLike, out_dir: str | os.PathLike, *, dtype: str = "float32"):
   """Writes the Hugging Face directory of the GGUF file `path` at `out_dir` (see the module
   docstring); returns a summary dict. GGUFError, with nothing written, for what it cannot."""
@@ -462,12 +293,14 @@ def import_gguf(path: str | os.PathLike, out_dir: str | os.PathLike, *, dtype: s
   if dtype not in DTYPES:
     raise GGUFError(f"dtype={dtype!r} is not one of {', '.join(DTYPES)}")
   check_out_dir(out_dir)
-  reader = _reader(path)
+  reader = open_reader(path)
   config = _metadata(reader, path)
-  tok, tokens = _tokenizer(reader, path)
-  tok_config = _tokenizer_config(reader, tokens, config["max_position_embeddings"], path)
-  _check_template(tok_config, path)
-  _check_vocabulary(reader, config, tok, tokens, path)
+  tok, tokens = gguf_tokenizer.tokenizer(reader, path)
+  tok_config = gguf_tokenizer.tokenizer_config(
+    reader, tokens, config["max_position_embeddings"], path
+  )
+  gguf_tokenizer.check_template(tok_config, path)
+  gguf_tokenizer.check_vocabulary(reader, config, tok, tokens, path)
   tensors = _tensors(reader, config, path)
   import ml_dtypes
 
@@ -505,5 +338,5 @@ def import_gguf(path: str | os.PathLike, out_dir: str | os.PathLike, *, dtype: s
     "tensors": len(arrays),
     "parameters": int(sum(a.size for n, a in arrays.items())),
     "tensor_types": sorted({t.tensor_type.name for t in reader.tensors}),
-    "name": _field(reader, "general.name"),
+    "name": field(reader, "general.name"),
   }
