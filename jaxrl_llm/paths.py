@@ -34,6 +34,24 @@ for _protocol in ("gs", "gcs", "s3", "s3a", "az", "abfs"):
   fsspec.config.conf.setdefault(_protocol, {}).setdefault("use_listings_cache", False)
 
 
+def dir_problem(path: str) -> str | None:
+  """Why the local `path` cannot be, or be made, a directory to write in, found without
+  creating anything: a file there, a file in place of a directory above it, or a directory
+  above it that cannot be written; None when it can."""
+  if os.path.lexists(path) and not os.path.isdir(path):
+    return "is a file, not a directory"
+  if os.path.isdir(path):
+    return None
+  above = os.path.dirname(os.path.abspath(path))
+  while not os.path.lexists(above):
+    above = os.path.dirname(above)
+  if not os.path.isdir(above):
+    return f"cannot be made: {above} is a file, not a directory"
+  if not os.access(above, os.W_OK | os.X_OK):
+    return f"cannot be made: {above} cannot be written"
+  return None
+
+
 def scheme(path: PathLike) -> str | None:
   """The URL scheme of `path` ('gs', 's3', ...), or None for a local path."""
   head, sep, _ = os.fspath(path).partition("://")

@@ -155,6 +155,31 @@ def run_steps(config, steps: int = 1):
   return states, metrics
 
 
+def save_trainer_checkpoint(workdir, params, meta: dict, record=None, opt_state=()) -> None:
+  """A trainer workdir as the tools read it: an orbax checkpoint of `params` (and `opt_state`)
+  at step 3 (the trainer's `Checkpointer`, with `meta`) and, given `record` (a dict), the run
+  record config.json."""
+  import json
+
+  import jax
+  import jax.numpy as jnp
+
+  from jaxrl_llm.checkpoint import Checkpointer
+  from jaxrl_llm.types import TrainState
+
+  state = TrainState(
+    step=jnp.zeros((), jnp.int32),
+    params=params,
+    opt_state=opt_state,
+    ref_params=None,
+    rng=jax.random.PRNGKey(0),
+  )
+  with Checkpointer(str(workdir), save_every=1, async_save=False) as ckpt:
+    ckpt.save(3, state, meta=meta, force=True)
+  if record is not None:
+    (pathlib.Path(workdir) / "config.json").write_text(json.dumps(record))
+
+
 def traced_step_metrics(config) -> dict:
   """The metrics of `config`'s fused RL step as shape/dtype structs: the step traced on the
   abstract state and a real batch of training prompts, nothing compiled or allocated."""

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import REPO, cli_env
+from conftest import REPO, cli_env, save_trainer_checkpoint
 from jax.sharding import PartitionSpec as P
 from safetensors.numpy import load_file, save_file
 
@@ -467,9 +467,6 @@ def test_export_refuses_what_the_model_type_cannot_express(tmp_path):
 def test_convert_cli_import_and_export(tmp_path, capsys):
   import optax
 
-  from jaxrl_llm.checkpoint import Checkpointer
-  from jaxrl_llm.types import TrainState
-
   sys.path.insert(0, str(TOOLS))
   import hf_convert
 
@@ -484,17 +481,10 @@ def test_convert_cli_import_and_export(tmp_path, capsys):
 
   # A trainer-style checkpoint (TrainState + meta), exported back to HF format.
   cfg, params = _load("mixtral")
-  tx = optax.adamw(1e-3)
-  state = TrainState(
-    step=jnp.zeros((), jnp.int32),
-    params=params,
-    opt_state=tx.init(params),
-    ref_params=None,
-    rng=jax.random.PRNGKey(0),
-  )
   workdir = tmp_path / "run"
-  with Checkpointer(str(workdir), save_every=1, async_save=False) as ckpt:
-    ckpt.save(3, state, meta={"model": cfg.to_dict()}, force=True)
+  save_trainer_checkpoint(
+    workdir, params, {"model": cfg.to_dict()}, opt_state=optax.adamw(1e-3).init(params)
+  )
   out = tmp_path / "hf_out"
   summary = hf_convert.main(["export", f"--workdir={workdir}", f"--out={out}"])
   assert summary["step"] == 3 and summary["hf_model_type"] == "mixtral"
@@ -709,25 +699,13 @@ def test_transformers_reads_the_export(tmp_path):
 def _trainer_workdir(path: pathlib.Path, name: str, *, source="", model=None) -> pathlib.Path:
   """A trainer-style workdir: a checkpoint of fixture `name`'s params at step 3 with the meta
   the trainer writes, and the run record `config.json` naming `source` as model.checkpoint."""
-  from jaxrl_llm.checkpoint import Checkpointer
-  from jaxrl_llm.types import TrainState
-
   cfg, params = _load(name)
-  state = TrainState(
-    step=jnp.zeros((), jnp.int32),
-    params=params,
-    opt_state=(),
-    ref_params=None,
-    rng=jax.random.PRNGKey(0),
-  )
   meta = {
     "model": (model or cfg).to_dict(),
     "hf_model_type": MANIFEST["fixtures"][name]["model_type"],
   }
-  with Checkpointer(str(path), save_every=1, async_save=False) as ckpt:
-    ckpt.save(3, state, meta=meta, force=True)
   record = {"config": {"model": {"checkpoint": str(source)}, "data": {"tokenizer": ""}}}
-  (path / "config.json").write_text(json.dumps(record))
+  save_trainer_checkpoint(path, params, meta, record)
   return path
 
 
@@ -860,7 +838,9 @@ def _bad_model_type(workdir, tmp):
 
 def _out_under_a_file(workdir, tmp):
   (tmp / "file").write_text("")
-  return [f"--out={tmp / 'file' / 'sub'}"], f"Not a directory: '{tmp / 'file' / 'sub'}'"
+  return [
+    f"--out={tmp / 'file' / 'sub'}"
+  ], f"cannot be made: {tmp / 'file'} is a file, not a directory"
 
 
 def _bad_source_token_id(workdir, tmp):
@@ -941,4 +921,4 @@ def test_convert_cli_names_an_unwritable_output_directory(llama_run, tmp_path):
   locked = tmp_path / "locked"
   locked.mkdir(mode=0o555)
   line = _cli_error("export", f"--workdir={workdir}", f"--out={locked / 'out'}")
-  assert f"Permission denied: '{locked / 'out'}'" in line
+  assert f"--out={locked / 'out'}: cannot be made: {locked} cannot be written" in line

@@ -4,7 +4,6 @@ trainer workdir (the run's own, even with --overwrite), over files it would repl
 trainer workdir. Each refusal is one `error:` line naming the flag, written before anything is.
 """
 
-import json
 import pathlib
 import shutil
 import sys
@@ -13,10 +12,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import pytest
+from conftest import save_trainer_checkpoint
 
-from jaxrl_llm.checkpoint import Checkpointer
 from jaxrl_llm.models import ModelConfig, Transformer, hf, hf_export
-from jaxrl_llm.types import TrainState
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 LLAMA = REPO / "tests" / "fixtures" / "hf" / "llama"
@@ -27,17 +25,9 @@ import hf_convert  # noqa: E402
 
 def _save_run(workdir: pathlib.Path, cfg: ModelConfig, params, record: dict | None) -> None:
   """A trainer checkpoint of `params` at step 3 (meta: the model config) and the run record."""
-  state = TrainState(
-    step=jnp.zeros((), jnp.int32),
-    params=params,
-    opt_state=(),
-    ref_params=None,
-    rng=jax.random.PRNGKey(0),
+  save_trainer_checkpoint(
+    workdir, params, {"model": cfg.to_dict(), "hf_model_type": "llama"}, record
   )
-  with Checkpointer(str(workdir), save_every=1, async_save=False) as ckpt:
-    ckpt.save(3, state, meta={"model": cfg.to_dict(), "hf_model_type": "llama"}, force=True)
-  if record is not None:
-    (workdir / "config.json").write_text(json.dumps(record))
 
 
 @pytest.fixture(scope="module")
@@ -159,6 +149,21 @@ def test_a_file_given_for_a_directory_is_named_by_its_flag(runs, tmp_path, capsy
   line = _error(capsys, *args)
   assert line == f"error: --adapters={taken}: is a file, not a directory; name a directory"
   assert not out.exists() and taken.read_text() == "a file"
+
+
+def test_a_destination_under_a_file_is_refused_the_same_way_by_import_and_import_gguf(
+  tmp_path, capsys
+):
+  """An --out or OUT_DIR whose parent is a file: one line from the shared check
+  (`paths.dir_problem`) naming the file in the way, before any input is read."""
+  (tmp_path / "file").write_text("x")
+  under = tmp_path / "file" / "sub"
+  why = f"cannot be made: {tmp_path / 'file'} is a file, not a directory"
+  line = _error(capsys, "import", f"--hf_dir={LLAMA}", f"--out={under}")
+  assert line == f"error: --out={under}: {why}; name a directory", line
+  line = _error(capsys, "import-gguf", str(tmp_path / "absent.gguf"), str(under))
+  assert line == f"error: {under}: {why}; choose a new directory", line
+  assert (tmp_path / "file").read_text() == "x"
 
 
 def test_import_of_a_trainer_workdir_points_to_export(runs, tmp_path, capsys):

@@ -77,19 +77,12 @@ def trainer_workdir(path: str) -> str | None:
 
 
 def _check_dir_flag(flag: str, path: str) -> None:
-  """ConvertError naming `flag` unless `path` is a directory or can be made one: a file there
-  (or in place of a directory above it) or a directory above it that cannot be written."""
-  if os.path.lexists(path) and not os.path.isdir(path):
-    raise ConvertError(f"{flag}={path}: is a file, not a directory; name a directory")
-  if os.path.isdir(path):
-    return
-  above = os.path.dirname(os.path.abspath(path))
-  while not os.path.lexists(above):
-    above = os.path.dirname(above)
-  if not os.path.isdir(above):
-    raise ConvertError(f"{flag}: Not a directory: '{path}' ({above} is a file)")
-  if not os.access(above, os.W_OK | os.X_OK):
-    raise ConvertError(f"{flag}: Permission denied: '{path}' ({above} cannot be written)")
+  """ConvertError naming `flag` unless `path` is a directory or can be made one
+  (`paths.dir_problem`)."""
+  from jaxrl_llm import paths
+
+  if problem := paths.dir_problem(path):
+    raise ConvertError(f"{flag}={path}: {problem}; name a directory")
 
 
 def _param_count(params) -> int:

@@ -261,18 +261,15 @@ WEIGHTS = ("*.safetensors", "*.safetensors.index.json", "*.bin", "*.bin.index.js
 
 
 def check_out_dir(out_dir: str) -> None:
-  """GGUFError unless `out_dir` can take an import: a directory to be made (under directories
-  only), or one that holds no weights and none of the files an import writes."""
+  """GGUFError unless `out_dir` can take an import: a directory to be made (`paths.dir_problem`),
+  or one that holds no weights and none of the files an import writes."""
   import glob
 
-  if os.path.lexists(out_dir) and not os.path.isdir(out_dir):
-    raise GGUFError(f"{out_dir}: is a file, not a directory; choose a new directory")
+  from jaxrl_llm import paths
+
+  if problem := paths.dir_problem(out_dir):
+    raise GGUFError(f"{out_dir}: {problem}; choose a new directory")
   if not os.path.isdir(out_dir):
-    parent = os.path.dirname(os.path.abspath(out_dir))
-    while not os.path.lexists(parent):
-      parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-      raise GGUFError(f"{out_dir}: cannot be made: {parent} is a file, not a directory")
     return
   taken = [os.path.join(out_dir, n) for n in WRITES if os.path.lexists(os.path.join(out_dir, n))]
   taken += sorted({f for w in WEIGHTS for f in glob.glob(os.path.join(glob.escape(out_dir), w))})
