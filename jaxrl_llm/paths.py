@@ -138,8 +138,12 @@ def write_text(path: PathLike, text: str) -> None:
     p.write_text(text)
     return
   tmp = p.parent / f".{p.name}.tmp-{os.getpid()}"
-  tmp.write_text(text)
-  tmp.replace(p)
+  try:
+    tmp.write_text(text)
+    tmp.replace(p)
+  except BaseException:  # a full disk, an interrupt: no partial temporary file is left behind
+    tmp.unlink(missing_ok=True)
+    raise
 
 
 def rename(src: PathLike, dst: PathLike) -> None:

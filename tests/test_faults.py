@@ -20,7 +20,7 @@ from conftest import REPO, cli_env, default_sigint, tiny_config
 from conftest import TINY_CLI as TINY_MODEL
 from parsed import build, train_and_evaluate
 
-from jaxrl_llm import checkpoint, metrics, optim
+from jaxrl_llm import checkpoint, metrics, optim, paths
 from jaxrl_llm.config import ConfigError, check, parse
 from jaxrl_llm.run import NonFiniteError
 
@@ -419,6 +419,23 @@ def test_a_read_only_checkpoints_folder_in_a_writable_workdir_is_one_line_at_onc
     assert f"cannot write in {mounted} " in lines[0], lines
   finally:
     next(mount, None)  # unmounts
+
+
+def test_a_record_written_on_a_full_disk_keeps_the_old_one_and_leaves_no_temporary_file(
+  small_disk,
+):
+  """`paths.write_text` (run records, sweep.json) on a disk with no room: the OS's error, the
+  file's earlier text intact, and no partial `.NAME.tmp-PID` beside it."""
+  record = small_disk / "config.json"
+  paths.write_text(record, "old")
+  with open(small_disk / "filler", "wb", buffering=0) as f:
+    with pytest.raises(OSError, match="No space left"):
+      while True:  # the disk filled to its last block
+        f.write(b"x" * 4096)
+  with pytest.raises(OSError, match="No space left"):
+    paths.write_text(record, "new " * 100_000)
+  assert record.read_text() == "old"
+  assert sorted(p.name for p in small_disk.iterdir()) == ["config.json", "filler"]
 
 
 @pytest.mark.extended
