@@ -4,6 +4,7 @@ trainer workdir (the run's own, even with --overwrite), over files it would repl
 trainer workdir. Each refusal is one `error:` line naming the flag, written before anything is.
 """
 
+import json
 import pathlib
 import shutil
 import sys
@@ -81,6 +82,23 @@ def test_export_never_writes_into_a_trainer_workdir(runs, tmp_path, capsys):
   line = _error(capsys, "export", f"--workdir={workdir}", f"--out={other}", "--overwrite")
   assert f"--out={other}" in line and "trainer workdir" in line, line
   assert [p.name for p in other.iterdir()] == ["checkpoints"]
+
+
+def test_export_never_writes_over_the_checkpoint_it_reads(runs, tmp_path, capsys):
+  """--out naming the run's source checkpoint (its model.checkpoint), or the --hf_source given:
+  refused with --overwrite too, the source untouched (its weights are what the export carries
+  over, and what adapters exported beside it would name as their base)."""
+  record = json.loads((runs["llama"] / "config.json").read_text())
+  src = pathlib.Path(record["config"]["model"]["checkpoint"])
+  before = _tree(src)
+  for extra in ([], [f"--hf_source={src}"]):
+    line = _error(
+      capsys, "export", f"--workdir={runs['llama']}", f"--out={src}", "--overwrite", *extra
+    )
+    assert line.startswith(
+      f"error: --out={src}: is the Hugging Face checkpoint the export reads"
+    ), line
+  assert _tree(src) == before
 
 
 def test_export_replaces_a_file_it_writes_only_with_overwrite(runs, tmp_path, capsys):

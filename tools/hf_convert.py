@@ -353,7 +353,8 @@ def _check_flags(args) -> None:
 def _check_destinations(args, source, tokenizer) -> None:
   """ConvertError, before anything is written, for an export that would destroy what a
   directory holds: --out or --adapters naming a trainer workdir (even with --overwrite: its
-  config.json is the run record), or holding files the export replaces without --overwrite
+  config.json is the run record), --out naming the source checkpoint (even with --overwrite), or
+  holding files the export replaces without --overwrite
   (weights, config.json, generation_config.json, tokenizer files, adapters)."""
   from jaxrl_llm.models import hf_adapters, hf_export
 
@@ -367,6 +368,12 @@ def _check_destinations(args, source, tokenizer) -> None:
         f"{flag}={path}: is a trainer workdir ({why}); an export there would replace the run's "
         f"files, with --overwrite too: name another {flag}"
       )
+  if source is not None and os.path.isdir(args.out) and os.path.samefile(args.out, source.path):
+    raise ConvertError(
+      f"--out={args.out}: is the Hugging Face checkpoint the export reads (the run's "
+      "model.checkpoint, or --hf_source): writing there would replace the weights and files it "
+      "carries over, with --overwrite too; name another --out"
+    )
   if args.overwrite:
     return
   # (flag, directory, whether weights go there, the other files written there)
