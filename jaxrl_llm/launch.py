@@ -305,7 +305,7 @@ def train_or_leave(
     fields = hparam_fields(config, hparams, sys.argv)
     result = run.train_and_evaluate(cfg, workdir, hparam_fields=fields)
   except run.Preempted as e:  # SIGTERM: the step was saved; a scheduler may relaunch
-    print(f"{e}", file=sys.stderr)
+    say(f"{e}")
     leave_job(143)  # 128 + SIGTERM, as if the signal had ended the process
   except Exception as e:
     if fresh:
@@ -318,13 +318,19 @@ def train_or_leave(
         raise
       traceback.print_exc()
       leave_job(1, f"{type(e).__name__}: {distributed.first_line(e)}")
-    print(line, file=sys.stderr)
+    say(line)
     leave_job(2, line)  # an aborted async save must not print more
   except KeyboardInterrupt:  # Ctrl-C: the run's `finally` has waited for a save in flight
     if debug and not in_a_job():
       raise
     stop_on_sigint(workdir)
   return result
+
+
+def say(line: str) -> None:
+  """A stopping run's one line: on stderr, and in the run's log file (`terminal.in_log_files`)."""
+  print(line, file=sys.stderr, flush=True)
+  terminal.in_log_files(line)
 
 
 def stop_on_sigint(workdir: str) -> None:
@@ -334,7 +340,7 @@ def stop_on_sigint(workdir: str) -> None:
     f"stopped by SIGINT (Ctrl-C): the checkpoints committed before it are intact in "
     f"{workdir}; relaunch the same command{every} to resume"
   )
-  print(line, file=sys.stderr)
+  say(line)
   leave_job(130, line)
 
 

@@ -184,6 +184,7 @@ def keep_log(path: str) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     handler = _LogFile(path, mode="a", encoding="utf-8")
     handler.stream.write(f"\n### {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(sys.argv)}\n")
+    handler.flush()  # on disk now: a launch that ends in `os._exit` still leaves its header
   except OSError as e:  # e.g. a full disk: the run goes on without its log file
     logging.warning("no log file %s: %s", path, e.strerror or e)
     return
@@ -195,6 +196,15 @@ def keep_log(path: str) -> None:
 def log_files() -> list[str]:
   """The paths of the log files this process keeps."""
   return [h.baseFilename for h in std_logging.getLogger().handlers if isinstance(h, _LogFile)]
+
+
+def in_log_files(line: str) -> None:
+  """Writes `line` to the log files kept, not to the terminal: a stopping run's own line (an
+  error, SIGTERM, Ctrl-C), which the caller prints on stderr, so that the log says why too."""
+  record = std_logging.LogRecord("jaxrl_llm", std_logging.ERROR, __file__, 0, line, None, None)
+  for handler in std_logging.getLogger().handlers:
+    if isinstance(handler, _LogFile):
+      handler.handle(record)
 
 
 def close_log(path: str) -> None:

@@ -33,6 +33,21 @@ def test_a_seed_outside_its_range_is_one_line_before_the_workdir_is_made(tmp_pat
   assert (code, err) == (2, [f"error: invalid config: seed={seed} must be in [0, 2**32)"])
 
 
+def test_a_refused_launch_in_an_existing_workdir_says_why_in_its_log_too(tmp_path):
+  """A bad config in a workdir that exists (a relaunch): the workdir stays, nothing else is
+  written, and log.txt holds the error line after the launch's header (it held the header
+  alone, which read like a launch that ended without a word)."""
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  (workdir / "notes.txt").write_text("mine")
+  code, err = _main(f"--workdir={workdir}", "--config.seed=-1")
+  line = "error: invalid config: seed=-1 must be in [0, 2**32)"
+  assert (code, err) == (2, [line])
+  assert sorted(p.name for p in workdir.iterdir()) == ["log.txt", "notes.txt"]
+  log = (workdir / "log.txt").read_text().strip().splitlines()
+  assert log[0].startswith("### ") and log[-1].endswith(line), log
+
+
 def test_a_sweep_over_a_bad_seed_is_refused_before_any_run(tmp_path, capsys):
   """--seeds=0,-1 (packed or not) is one line up front; the good seed was trained then died."""
   root = tmp_path / "sweep"
