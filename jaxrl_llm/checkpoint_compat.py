@@ -61,6 +61,35 @@ class MetaCheck:
   ignore: Sequence[str] = ()  # dotted fields that are never compared
 
 
+def _lookup(tree: Any, field: str) -> Any:
+  """The value at dotted `field` of a JSON tree (`_MISSING` where it has none)."""
+  for k in field.split("."):
+    if not isinstance(tree, Mapping) or k not in tree:
+      return _MISSING
+    tree = tree[k]
+  return tree
+
+
+def _collapse_absent(diffs: dict, saved: Mapping, current: Mapping) -> dict:
+  """`diffs` with each subtree that only one side holds said once, as that subtree (not a
+  `<absent>` per field under it): `model.base=<absent>` against `model.base={...}`."""
+  out: dict[str, tuple[Any, Any]] = {}
+  for f, pair in diffs.items():
+    side = 0 if pair[0] == _MISSING else 1 if pair[1] == _MISSING else None
+    parts = f.split(".")
+    top = f
+    for i in range(len(parts) - 1, 0, -1):  # the widest parent absent on that side
+      parent = ".".join(parts[:i])
+      if side is None or _lookup((saved, current)[side], parent) is not _MISSING:
+        break
+      top = parent
+    if top == f:
+      out[f] = pair
+    elif side is not None:
+      out[top] = (_MISSING, _lookup(current, top)) if side == 0 else (_lookup(saved, top), _MISSING)
+  return out
+
+
 def check_compatible(
   saved_meta: Mapping[str, Any],
   current_meta: Mapping[str, Any],
@@ -96,6 +125,7 @@ def check_compatible(
   }
   if not diffs:
     return
+  diffs = _collapse_absent(diffs, saved, current)
   where = f"workdir {workdir}" if workdir else "the checkpoint directory"
   at = f" (step {step})" if step is not None else ""
   what = "/".join(keys)

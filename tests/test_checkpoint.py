@@ -149,15 +149,18 @@ def test_incompatible_meta_raises_helpful_error(tmp_path):
 
 
 def test_check_compatible_reports_missing_and_extra_fields():
-  saved = {"model": {"num_layers": 2, "moe": {"experts": 4}}, "task": "a"}
+  """A field one side lacks is `<absent>` there; a subtree one side lacks is said once, as the
+  subtree (a resume adding adapters on a base listed `<absent>` for each base field)."""
+  saved = {"model": {"num_layers": 2, "moe": {"experts": 4, "top_k": {"train": 2}}}, "task": "a"}
   current = {"model": {"num_layers": 2, "rope": True}, "task": "b"}
   with pytest.raises(checkpoint_compat.CheckpointMismatchError) as err:
     checkpoint_compat.check_compatible(saved, current, keys=("model", "task"), workdir="/x")
   assert err.value.diffs == {
-    "model.moe.experts": (4, "<absent>"),
+    "model.moe": ({"experts": 4, "top_k": {"train": 2}}, "<absent>"),
     "model.rope": ("<absent>", True),
     "task": ("a", "b"),
   }
+  assert "model.moe.experts" not in str(err.value) and str(err.value).count("<absent>") == 2
   assert str(err.value).startswith("workdir /x holds a checkpoint of a model/task with")
   checkpoint_compat.check_compatible(saved, {**current, "model": saved["model"]}, keys=("model",))
 
