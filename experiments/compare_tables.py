@@ -23,19 +23,30 @@ _CELL = re.compile(
 
 
 def tables(text: str) -> dict[tuple[int, str, str], str]:
-  """{(table number, row label, column header): cell} of every Markdown table in `text`."""
-  cells: dict[tuple[int, str, str], str] = {}
-  header, number = None, -1
+  """{(table number, row label, column header): cell} of every Markdown table in `text`. A
+  row's label is its first cells, as many as it takes to tell the table's rows apart (a table
+  grouped by two fields repeats the first field's value: `0.2 | 0.7`, `0.2 | 1.0`)."""
+  found: list[tuple[list[str], list[list[str]]]] = []  # (header, rows) of each table
   for line in text.splitlines():
     if not line.startswith("|"):
-      header = None
+      if found and found[-1][0]:
+        found.append(([], []))  # the next table's header is the next table row
       continue
     parts = [p.strip() for p in line.strip().strip("|").split("|")]
-    if header is None:
-      header, number = parts, number + 1
+    if not found or not found[-1][0]:
+      found[-1:] = [(parts, [])]
     elif not set("".join(parts)) <= set("-: "):
-      for name, cell in zip(header[1:], parts[1:], strict=False):
-        cells[(number, parts[0], name)] = cell
+      found[-1][1].append(parts)
+  cells: dict[tuple[int, str, str], str] = {}
+  for number, (header, rows) in enumerate(t for t in found if t[0]):
+    width = next(
+      (k for k in range(1, len(header) + 1) if len({tuple(r[:k]) for r in rows}) == len(rows)),
+      len(header),
+    )
+    for parts in rows:
+      label = " | ".join(parts[:width])
+      for name, cell in zip(header[width:], parts[width:], strict=False):
+        cells[(number, label, name)] = cell
   return cells
 
 
@@ -69,10 +80,17 @@ def compare(committed: str, new: str) -> tuple[list[str], dict[str, int]]:
 def main(argv: list[str]) -> int:
   """Compare two tables files; print the summary; 1 if a mean is out of tolerance."""
   if len(argv) != 2:
-    print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
+    print(f"usage: {__doc__.strip().splitlines()[3].strip()}", file=sys.stderr)
     return 2
-  with open(argv[0]) as f, open(argv[1]) as g:
-    problems, counts = compare(f.read(), g.read())
+  texts = []
+  for path in argv:
+    try:
+      with open(path) as f:
+        texts.append(f.read())
+    except OSError as e:
+      print(f"error: {path}: {e.strerror or e}; give two tables.md files", file=sys.stderr)
+      return 2
+  problems, counts = compare(*texts)
   for line in problems:
     print(line)
   print(

@@ -180,6 +180,26 @@ def test_compare_tables_holds_means_to_the_committed_intervals():
   assert not problems and counts["means"] == 0 and counts["single_equal"] == 4
 
 
+def test_compare_tables_compares_every_row_of_a_table_grouped_by_two_fields():
+  """Rows that share their first cell (`0.2 | 0.7`, `0.2 | 1.0`) are told apart by the next:
+  every mean is compared, and a changed first row fails (only the last row of each first value
+  was compared before, so an arm going from 0.03 to 0.9 passed)."""
+  import compare_tables
+
+  committed = "| clip | temp | seeds | acc |\n|---|---|---|---|\n" + "".join(
+    f"| {c} | {t} | 8 | 0.0{i} [0.0{i}0, 0.0{i}9] |\n"
+    for i, (c, t) in enumerate([(c, t) for c in ("0.2", "0.28") for t in ("0.7", "1.0")], 1)
+  )
+  problems, counts = compare_tables.compare(committed, committed)
+  assert not problems and counts["means"] == 4
+  changed = committed.replace(
+    "| 0.2 | 0.7 | 8 | 0.01 [0.010, 0.019] |", "| 0.2 | 0.7 | 8 | 0.9 [0.85, 0.95] |"
+  )
+  assert changed != committed
+  problems, _ = compare_tables.compare(committed, changed)
+  assert len(problems) == 1 and "'0.2 | 0.7'" in problems[0], problems
+
+
 def test_the_seed_table_corrects_its_verdicts_over_the_table(tmp_path):
   """experiments/seed_table.py over runs written as the trainer writes them (config.json and
   TensorBoard events): of two claims, a clear effect is reproduced, and an effect whose own
