@@ -41,6 +41,7 @@ import argparse
 import csv
 import json
 import os
+import re
 import sys
 
 import numpy as np
@@ -97,12 +98,33 @@ def value(series, what):
   return float(vals[sel][-1]) if sel.any() else None
 
 
+_WHAT = re.compile(r"final|sum|avg|avg:\d+-\d+|\d+")  # what a TAG@WHAT column takes
+
+
+def check_col(col: str) -> str | None:
+  """Why `col` is not a TAG@WHAT column (None when it is)."""
+  tag, at, what = col.rpartition("@")
+  if not at or not tag:
+    return f"{col!r} is not TAG@WHAT"
+  if not _WHAT.fullmatch(what):
+    return f"{col!r}: @{what} is none of @final, @STEP, @avg, @avg:A-B, @sum"
+  return None
+
+
 def _arms(roots, fields, cols):
-  """{arm key: {seed: [value of each column]}} and the per-run rows."""
+  """{arm key: {seed: [value of each column]}} and the per-run rows; exits with one line for a
+  --group_by field no run's config has or a column whose tag no run logged."""
+  loaded = [(root, d, *load(d)) for root in roots for d in find_runs(root)]
+  seen_fields = {f for *_, cfg, _ in loaded for f in cfg}
+  seen_tags = {t for *_, scalars in loaded for t in scalars}
+  if loaded and (missing := [f for f in fields if f not in seen_fields]):
+    raise SystemExit(f"error: group_by field {missing[0]!r} is in no run's config.json")
+  if loaded and (unlogged := [c for c in cols if c.rpartition("@")[0] not in seen_tags]):
+    tag = unlogged[0].rpartition("@")[0]
+    raise SystemExit(f"error: column {unlogged[0]!r}: no run logged the tag {tag!r}")
   arms: dict[tuple, dict[int, list]] = {}
   per_run = []
-  for root, d in [(r, d) for r in roots for d in find_runs(r)]:
-    cfg, scalars = load(d)
+  for root, d, cfg, scalars in loaded:
     key = tuple(str(cfg.get(f)) for f in fields)
     row = [value(scalars.get(c.rsplit("@", 1)[0], []), c.rsplit("@", 1)[1]) for c in cols]
     seed = int(cfg.get("seed", 0))
@@ -123,6 +145,19 @@ def _table(header, rows):
   for row in rows:
     print("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
   print()
+
+
+def _means(arms, fields, header):
+  """The first table: each arm's mean over seeds with its interval; a cell over fewer seeds than
+  its arm's (a run that logged no value there) says its n."""
+  rows = []
+  for key, runs in arms.items():
+    cells = []
+    for j in range(len(header)):
+      cell = stats.interval([r[j] for r in runs.values()])
+      cells.append(f"{cell}" if cell.n in (len(runs), 0) else f"{cell} (n={cell.n})")
+    rows.append([*key, str(len(runs)), *cells])
+  _table([*fields, "seeds", *header], rows)
 
 
 def _differences(arms, fields, cols, baseline, expect, header=None):
@@ -159,19 +194,26 @@ def load_claims(path):
   "claim", "a": {"arm": [values], "col": TAG@WHAT}, "b": {...}, "direction": "+" | "-",
   optionally "count": {"at_most": X}}], ...}
   (its seeds and declaration date too); a malformed file exits with one line naming it."""
-  with open(path) as f:
-    spec = json.load(f)
-  problems = [k for k in ("group_by", "baseline", "claims") if k not in spec]
+  try:
+    with open(path) as f:
+      spec = json.load(f)
+  except (OSError, ValueError) as e:
+    raise SystemExit(f"error: {path}: {getattr(e, 'strerror', None) or e}") from None
+  if not isinstance(spec, dict):
+    raise SystemExit(f"error: {path}: want a JSON object with group_by, baseline and claims")
+  problems = [f"missing {k!r}" for k in ("group_by", "baseline", "claims") if k not in spec]
   for c in spec.get("claims", []):
     keys_ok = CLAIM_KEYS <= set(c) <= CLAIM_KEYS | OPTIONAL_KEYS
-    if not keys_ok or c["direction"] not in "+-" or not {"arm", "col"} == set(c["a"]):
-      want = f"want keys {sorted(CLAIM_KEYS)}, optionally {sorted(OPTIONAL_KEYS)}"
+    sides_ok = keys_ok and all(isinstance(c[x], dict) for x in "ab")
+    if not sides_ok or c["direction"] not in ("+", "-") or not {"arm", "col"} == set(c["a"]):
+      want = f"want keys {sorted(CLAIM_KEYS)}, optionally {sorted(OPTIONAL_KEYS)}; `a` and `b`"
+      want += ' objects with an arm and a col; direction "+" or "-"'
       problems.append(f"claim {c.get('id', '?')}: {want}")
     elif "count" in c and not (
       set(c["count"]) == {"at_most"} and isinstance(c["count"]["at_most"], int | float)
     ):
       problems.append(f'claim {c["id"]}: `count` wants {{"at_most": a number}}')
-    elif {"arm", "col"} != set(c["b"]) or "@" not in c["a"]["col"] + c["b"]["col"]:
+    elif {"arm", "col"} != set(c["b"]) or any(check_col(c[x]["col"]) for x in "ab"):
       problems.append(f"claim {c['id']}: `a` and `b` each want an arm and a TAG@WHAT col")
   if problems:
     raise SystemExit(f"error: {path}: {problems[0]}")
@@ -230,25 +272,29 @@ def main(argv=None):
     if args.expect:
       raise SystemExit("error: --expect and --claims: the claims file declares the expectations")
   fields = [f.strip() for f in args.group_by.split(",") if f.strip()]
+  if bad := next(filter(None, map(check_col, cols)), None):
+    raise SystemExit(f"error: column {bad}")
   expect = {}
   for item in filter(None, args.expect.split(",")):
-    col, sign = item.rsplit(":", 1)
-    if col not in cols or sign not in "+-":
+    col, _, sign = item.rpartition(":")
+    if col not in cols or sign not in ("+", "-"):
       raise SystemExit(f"error: --expect={item}: want COL:+ or COL:- with COL one of --cols")
     expect[col] = 1 if sign == "+" else -1
   arms, per_run = _arms(args.root, fields, cols)
   if not arms:
     print(f"error: no runs (config.json) under {' or '.join(args.root)}", file=sys.stderr)
     return 1
+  if claims is not None:
+    named = [tuple(map(str, x["arm"])) for c in claims["claims"] for x in (c["a"], c["b"])]
+    if absent := [k for k in [tuple(args.baseline.split(",")), *named] if k not in arms]:
+      raise SystemExit(
+        f"error: {args.claims}: arm {','.join(absent[0])} is no arm; arms: {sorted(arms)}"
+      )
   print(f"mean over seeds [t 95% interval]; {' + '.join(args.root)}\n")
-  rows = []
-  for key, runs in arms.items():
-    cells = [str(stats.interval([r[j] for r in runs.values()])) for j in range(len(cols))]
-    rows.append([*key, str(len(runs)), *cells])
   header = cols
   if claims is not None:  # a column no claim names is exploratory: no verdict word
     header = [c if c in claimed else f"{c} (exploratory)" for c in cols]
-  _table([*fields, "seeds", *header], rows)
+  _means(arms, fields, header)
   if args.baseline is not None:
     _differences(arms, fields, cols, tuple(args.baseline.split(",")), expect, header)
   if claims is not None:

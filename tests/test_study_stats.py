@@ -235,3 +235,83 @@ def test_the_seed_table_corrects_its_verdicts_over_the_table(tmp_path):
   assert t.low > 0 and 0.025 < p < 0.05  # alone, it would be "reproduced"
   assert rows["0.28"].count("reproduced") == 2
   assert rows["0.4"].count("inconclusive") == 2 and "reproduced" not in rows["0.4"]
+
+
+def _runs(root: pathlib.Path, arms: dict[str, list[float | None]]) -> None:
+  """Runs as the trainer writes them (config.json, TensorBoard events): one per arm and seed,
+  `eval/accuracy` logged at step 10 (not at all for a None)."""
+  import json
+
+  from jaxrl_llm import metrics
+
+  for clip, values in arms.items():
+    for seed, v in enumerate(values):
+      run = root / f"clip={clip},seed={seed}"
+      run.mkdir(parents=True)
+      config = {"config": {"seed": seed, "objective": {"clip_high": float(clip)}}}
+      (run / "config.json").write_text(json.dumps(config))
+      writer = metrics.SummaryWriter(str(run))
+      writer.scalars(10, {"policy/entropy": 1.0} | ({} if v is None else {"eval/accuracy": v}))
+      writer.close()
+
+
+@pytest.mark.parametrize(
+  "args, says",
+  [
+    (["--cols=eval/accuracy"], "error: column 'eval/accuracy' is not TAG@WHAT"),
+    (["--cols=eval/accuracy@fnal"], "error: column 'eval/accuracy@fnal': @fnal is none of"),
+    (["--cols=eval/acuracy@final"], "error: column 'eval/acuracy@final': no run logged the tag"),
+    (["--cols=eval/accuracy@final", "--expect=eval/accuracy@final"], "error: --expect="),
+    (["--group_by=objective.clip_hgh"], "error: group_by field 'objective.clip_hgh' is in no"),
+    (["--claims=CLAIMS", "--direction="], "error: CLAIMS: claim c: want keys"),
+    (["--claims=CLAIMS", "--arm=0.20"], "error: CLAIMS: arm 0.20 is no arm"),
+    (["--claims=MISSING"], "error: MISSING: No such file or directory"),
+    (["--claims=CLAIMS", "--truncate"], "error: CLAIMS: "),
+  ],
+)
+def test_the_seed_table_refuses_what_it_cannot_word_in_one_line(tmp_path, args, says):
+  """A malformed column, a tag or field no run has, an --expect without its sign, a claim with
+  no direction or an arm that is not there, a claims file missing or cut short: one `error:`
+  line and no table (they were tracebacks, or tables of `- [-, -]` worded "too few seeds" with
+  exit status 0, or, for a misspelt --group_by, every run in one arm)."""
+  import json
+  import subprocess
+
+  _runs(tmp_path / "runs", {"0.2": [0.5, 0.6, 0.55], "0.28": [0.7, 0.8, 0.75]})
+  claim = {"id": "c", "claim": "x", "direction": "+"}
+  claim |= {"a": {"arm": ["0.28"], "col": "eval/accuracy@final"}}
+  claim |= {"b": {"arm": ["0.2"], "col": "eval/accuracy@final"}}
+  for flag in [a for a in args if a.startswith(("--direction=", "--arm="))]:
+    key, value = flag[2:].split("=")
+    claim |= {"direction": value} if key == "direction" else {"a": {**claim["a"], "arm": [value]}}
+  text = json.dumps({"group_by": ["objective.clip_high"], "baseline": ["0.2"], "claims": [claim]})
+  claims = tmp_path / "claims.json"
+  claims.write_text(text[:40] if "--truncate" in args else text)
+  argv = [a for a in args if not a.startswith(("--direction=", "--arm=", "--truncate"))]
+  argv = [
+    a.replace("CLAIMS", str(claims)).replace("MISSING", str(tmp_path / "no.json")) for a in argv
+  ]
+  if not any(a.startswith("--claims") for a in argv):
+    argv = ["--group_by=objective.clip_high", "--cols=eval/accuracy@final", *argv]
+  script = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "seed_table.py"
+  cmd = [sys.executable, str(script), f"--root={tmp_path / 'runs'}", *argv]
+  proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+  said = says.replace("CLAIMS", str(claims)).replace("MISSING", str(tmp_path / "no.json"))
+  assert proc.returncode != 0 and proc.stdout == "", proc.stdout
+  assert proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr
+  assert proc.stderr.startswith(said), proc.stderr
+
+
+def test_a_mean_over_fewer_seeds_than_its_arm_says_its_n(tmp_path):
+  """A run that logged no value for a column leaves that cell over fewer seeds: the cell says
+  its n (the seeds column counts the arm's runs, and it read as if every seed were in it)."""
+  import subprocess
+
+  _runs(tmp_path, {"0.2": [0.5, 0.6, 0.55, 0.52], "0.28": [0.7, None, 0.75, 0.72]})
+  script = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "seed_table.py"
+  cmd = [sys.executable, str(script), f"--root={tmp_path}", "--group_by=objective.clip_high"]
+  cmd += ["--cols=eval/accuracy@final,policy/entropy@final"]
+  out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True).stdout
+  rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| 0.")}
+  assert rows["0.28"].count("(n=3)") == 1 and "| 4 |" in rows["0.28"], rows["0.28"]
+  assert "(n=" not in rows["0.2"], rows["0.2"]
