@@ -23,8 +23,11 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import importlib
 import operator
+import pickle
+import string
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -33,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm.data.tasks.tokenizer import CharTokenizer
-from jaxrl_llm.tool_formats import ToolTokens, tool_tokens
+from jaxrl_llm.tool_formats import ToolTokens, token_texts, tool_tokens
 
 
 def _table(size: int, pairs, fill: int = 0) -> jax.Array:
@@ -81,65 +84,115 @@ class ToolEnv:
 
   def _parse(self, prompt_tokens, tokens, start, end):
     """(value [B] int32, error [B] bool, is_digit [B, T]) of each row's call in
-    tokens[start:end)."""
+    tokens[start:end). Every value the call reaches (a number read, a product, a sum) stays
+    below 10**max_digits in magnitude or the call is an error: int32 never wraps."""
+    if not 0 < self.max_digits <= 9:  # twice the limit must fit in int32
+      raise ValueError(f"max_digits={self.max_digits}: allowed 1 to 9")
     t_ = self.tokens
     v = t_.vocab_size  # ids past it (a model's padded vocabulary) read as its last: no call
-    value_of = _table(v, [(i, x) for i, x, _ in t_.numbers], -1)
-    places_of = _table(v, [(i, 10**n) for i, _, n in t_.numbers], 1)
-    op_of = _table(v, t_.ops)
-    blank_of = _table(v, [(i, 1) for i in t_.blanks]) > 0
-    b, t = tokens.shape
-    pos = jnp.arange(t)[None, :]
+    tables = _call_tables(self.tokenizer, self.inline)
+    lookup = {
+      "value": _table(v, [(i, x) for i, x, _ in t_.numbers], -1),
+      "places": _table(v, [(i, 10**n) for i, _, n in t_.numbers], 1),
+      "op": _table(v, t_.ops),
+      "blank": _table(v, [(i, 1) for i in t_.blanks]) > 0,
+      "lead": jnp.asarray(tables["lead"]),
+      "trail": jnp.asarray(tables["trail"]),
+    }
+    error = jnp.zeros(tokens.shape[:1], bool)
     if t_.format.trailing:  # the call: the number, operator and blank run before the close
-      callish = (value_of[tokens] >= 0) | (op_of[tokens] > 0) | blank_of[tokens]
-      other = (pos >= start[:, None]) & (pos < end[:, None]) & ~callish
-      start = jnp.maximum(start, jnp.max(jnp.where(other, pos + 1, 0), axis=1))
+      start, error = self._trailing_call(tokens, start, end, lookup, tables)
+    pos = jnp.arange(tokens.shape[1])[None, :]
     inside = (pos >= start[:, None]) & (pos < end[:, None])
-    limit = 10**self.max_digits
-    zeros = jnp.zeros((b,), jnp.int32)
+    step = functools.partial(self._step, lookup, 10**self.max_digits)
+    zeros = jnp.zeros_like(start)
+    carry = ((zeros, zeros, zeros + 1), zeros, zeros, error & False, error & False, error)
+    (acc, number, op, has_number, _, error), is_digit = jax.lax.scan(
+      step, carry, (tokens.T, inside.T)
+    )
+    value, over = self._value(acc, number, op, 10**self.max_digits)
+    error |= ~has_number | over | (jnp.abs(value) >= 10**self.max_digits)
+    return jnp.where(error, 0, value), error, is_digit.T
 
-    def step(carry, x):
-      acc, number, op, has_number, error = carry
-      tok_t, inside_t = x
-      d, o = value_of[tok_t], op_of[tok_t]
-      is_digit, is_op = inside_t & (d >= 0), inside_t & (o > 0)
-      error |= inside_t & ~(d >= 0) & ~(o > 0) & ~blank_of[tok_t]  # what no call holds
-      error |= is_op & ~has_number  # an operator without a number before it
-      number = jnp.where(is_digit, number * places_of[tok_t] + jnp.maximum(d, 0), number)
-      error |= is_digit & (number >= limit)
-      number = jnp.where(number >= limit, 0, number)  # no overflow past the error
-      acc = jax.tree.map(
-        lambda new, old: jnp.where(is_op, new, old), self._fold(acc, number, op, o), acc
-      )
-      op = jnp.where(is_op, o, op)
-      number = jnp.where(is_op, 0, number)
-      has_number = jnp.where(is_op, False, has_number | is_digit)
-      return (acc, number, op, has_number, error), is_digit
+  def _trailing_call(self, tokens, start, end, lookup, tables):
+    """(start [B], error [B]) of each row's trailing call: the run of number, operator and
+    blank tokens before the close. With an opening tag it must follow the segment's last tag
+    (or fill the segment); inline, a run cut from a larger expression (`3.5 * 2`, `(2+3)*4`:
+    the token before it ends in `.` or `)`, no blank between) is an error."""
+    v = self.tokens.vocab_size
+    tok = jnp.clip(tokens, 0, v - 1)
+    callish = (lookup["value"][tok] >= 0) | (lookup["op"][tok] > 0) | lookup["blank"][tok]
+    pos = jnp.arange(tokens.shape[1])[None, :]
+    other = (pos >= start[:, None]) & (pos < end[:, None]) & ~callish
+    run = jnp.maximum(start, jnp.max(jnp.where(other, pos + 1, 0), axis=1))
 
-    carry = ((zeros, zeros, jnp.ones((b,), jnp.int32)), zeros, zeros, zeros > 0, zeros > 0)
-    (acc, number, op, has_number, error), is_digit = jax.lax.scan(step, carry, (tokens.T, inside.T))
-    value = self._value(acc, number, op)
-    error |= ~has_number | (jnp.abs(value) >= limit)
-    return value, error, is_digit.T
+    def at(p):  # [B] the token at slot p [B] of each row
+      return jnp.take_along_axis(tok, jnp.clip(p, 0, tokens.shape[1] - 1)[:, None], 1)[:, 0]
 
-  def _fold(self, acc, number, op, new_op):
-    """The accumulator (total, term, sign) after `number` and the operator `new_op`, with `op`
-    the operator before `number` (0 at the start)."""
+    if "opening" not in tables:  # inline: the token before the run must not cut it
+      cut = jnp.asarray(tables["cut"])[at(run - 1)] & ~lookup["lead"][at(run)]
+      return run, (run > start) & cut
+    walk = jnp.asarray(tables["opening"])  # [n + 1, V]: text left of the tag to match
+    n = walk.shape[0] - 1
+
+    def back(k, state):  # one token further left, while the tag is part matched
+      p = run - 1 - k
+      new = jnp.where(p >= start, walk[jnp.clip(state, 0, n), at(p)], -1)
+      return jnp.where(state > 0, new, state)
+
+    state = jax.lax.fori_loop(0, n, back, jnp.full_like(run, n))
+    return run, (run > start) & (state != 0)
+
+  def _step(self, lookup, limit, carry, x):
+    """One token of the call scan: reads numbers and folds operators; errors are sticky."""
+    acc, number, op, has_number, gap, error = carry
+    tok_t, inside_t = x
+    tok_t = jnp.clip(tok_t, 0, lookup["value"].shape[0] - 1)
+    d, o, places = lookup["value"][tok_t], lookup["op"][tok_t], lookup["places"][tok_t]
+    is_digit, is_op = inside_t & (d >= 0), inside_t & (o > 0)
+    blank = inside_t & lookup["blank"][tok_t]
+    error |= inside_t & ~(d >= 0) & ~(o > 0) & ~blank  # what no call holds
+    error |= is_op & ~has_number  # an operator without a number before it
+    error |= is_digit & has_number & (gap | lookup["lead"][tok_t])  # `12 35`: no operator
+    d = jnp.maximum(d, 0)
+    over = number > (limit - 1 - d) // places  # number * places + d would reach the limit
+    number = jnp.where(is_digit, jnp.where(over, 0, number) * places + d, number)
+    number = jnp.where(is_digit & over, 0, number)  # no overflow past the error
+    error |= is_digit & over
+    gap = jnp.where(is_digit, lookup["trail"][tok_t], gap | blank)
+    folded, over = self._fold(acc, number, op, o, limit)
+    acc = jax.tree.map(lambda new, old: jnp.where(is_op, new, old), folded, acc)
+    error |= is_op & over
+    op = jnp.where(is_op, o, op)
+    number = jnp.where(is_op, 0, number)
+    has_number = jnp.where(is_op, False, has_number | is_digit)
+    return (acc, number, op, has_number, gap, error), is_digit
+
+  def _fold(self, acc, number, op, new_op, limit):
+    """(The accumulator (total, term, sign) after `number` and the operator `new_op`, with `op`
+    the operator before `number` (0 at the start); whether a value reached `limit`)."""
     total, term, sign = acc
     if not self.precedence:  # a chain: the total so far, `op` applied
-      return _apply(total, number, op), term, sign
-    term = jnp.where(op == 3, term * number, number)  # `*` binds first
+      total, over = _apply(total, number, op, limit)
+      return (total, term, sign), over
+    product, over = _mul(term, number, limit)
+    over &= op == 3
+    term = jnp.where(op == 3, product, number)  # `*` binds first
     additive = new_op != 3
-    total = jnp.where(additive, total + sign * term, total)
+    summed, over_sum = _add(total, sign * term, limit)
+    total = jnp.where(additive, summed, total)
     sign = jnp.where(additive, jnp.where(new_op == 2, -1, 1), sign)
-    return total, jnp.where(additive, 0, term), sign
+    return (total, jnp.where(additive, 0, term), sign), over | (additive & over_sum)
 
-  def _value(self, acc, number, op):
-    """The call's value at its end (`number` the last, after `op`)."""
+  def _value(self, acc, number, op, limit):
+    """(The call's value at its end (`number` the last, after `op`); whether a value reached
+    `limit`)."""
     total, term, sign = acc
     if not self.precedence:
-      return _apply(total, number, op)
-    return total + sign * jnp.where(op == 3, term * number, number)
+      return _apply(total, number, op, limit)
+    product, over = _mul(term, number, limit)
+    value, over_sum = _add(total, sign * jnp.where(op == 3, product, number), limit)
+    return value, ((op == 3) & over) | over_sum
 
   def check(self, prompt_tokens, tokens, start, end, is_digit):
     """Extra errors [B] bool of a call (none by default)."""
@@ -187,11 +240,65 @@ class ToolEnv:
     return out.astype(jnp.int32), length.astype(jnp.int32)
 
 
-def _apply(value, number, op):
-  """`value op number` (op 0: no value yet, the number itself; 1 +, 2 -, 3 *)."""
-  return jnp.select(
-    [op == 1, op == 2, op == 3], [value + number, value - number, value * number], number
+def _apply(value, number, op, limit):
+  """(`value op number` (op 0: no value yet, the number itself; 1 +, 2 -, 3 *); whether it
+  reached `limit`)."""
+  (plus, over_plus), (minus, over_minus) = _add(value, number, limit), _add(value, -number, limit)
+  times, over_times = _mul(value, number, limit)
+  ops = [op == 1, op == 2, op == 3]
+  return jnp.select(ops, [plus, minus, times], number), jnp.select(
+    ops, [over_plus, over_minus, over_times], False
   )
+
+
+def _add(a, b, limit):
+  """(a + b, or 0 where its magnitude reaches `limit`; where it does) for |a|, |b| < limit."""
+  total = a + b  # below 2 * limit <= 2 * 10**9: no int32 wrap
+  over = jnp.abs(total) >= limit
+  return jnp.where(over, 0, total), over
+
+
+def _mul(a, b, limit):
+  """(a * b, or 0 where its magnitude would reach `limit`; where it would), checked before
+  multiplying so int32 never wraps (|a|, |b| < limit)."""
+  over = jnp.abs(a) > (limit - 1) // jnp.maximum(jnp.abs(b), 1)
+  return jnp.where(over, 0, a) * b, over
+
+
+# What ends the token before an inline call cut from a larger expression (`3.5`, `(2+3)*4`).
+_CUT = frozenset(".,/)]}^*+-×%!_" + string.ascii_letters + string.digits)
+
+
+@functools.cache
+def _call_tables(tokenizer, inline: bool = False) -> dict[str, np.ndarray]:
+  """numpy tables over `tokenizer`'s ids that read a trailing call (built once per tokenizer):
+  `lead`/`trail` [V] the token's text starts/ends with whitespace; `cut` [V] it ends in a
+  character that joins it to a number after it (`.` of `3.5`, `)` of `(2+3)*4`); `opening`
+  [n + 1, V] the backward walk over the opening tag (n characters): from `r` characters of the
+  tag left to match, a token leaves `r - len(text)` (0: matched) or -1 (no tag)."""
+  t_ = tool_tokens(tokenizer, inline)
+  v, fmt = t_.vocab_size, t_.format
+  out = {"lead": np.zeros(v, bool), "trail": np.zeros(v, bool)}
+  if not fmt.trailing:
+    return out
+  texts = token_texts(tokenizer)  # as each id reads after other text
+  out["lead"] = np.asarray([s[:1].isspace() for s in texts])
+  out["trail"] = np.asarray([s[-1:].isspace() for s in texts])
+  if not fmt.opening:
+    out["cut"] = np.asarray([s[-1:] in _CUT for s in texts]) & ~out["trail"]
+    return out
+  tag, n = fmt.opening, len(fmt.opening)
+  walk = np.full((n + 1, v), -1, np.int32)
+  walk[0] = 0
+  for r in range(1, n + 1):
+    for i, s in enumerate(texts):
+      s = s.rstrip() if r == n else s  # blanks may follow the tag
+      if s.endswith(tag[:r]):
+        walk[r, i] = 0
+      elif s and tag[:r].endswith(s):
+        walk[r, i] = r - len(s)
+  out["opening"] = walk
+  return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,6 +357,11 @@ class HostTool(ToolEnv):
   fn: Callable[[str, str], float] | None = None
   timeout_s: float | None = None  # seconds a call may run (None: no limit)
 
+  def __post_init__(self):
+    """Refuses answers longer than the scorer's float32 holds exactly."""
+    if self.max_digits > 7:  # the scorer's float32 holds every whole number below 10**7
+      raise ValueError(f"a host tool's max_digits={self.max_digits}: allowed 1 to 7")
+
   def respond(self, prompt_tokens, tokens, start, end, calling=None):
     """The host's answers to the calling rows' calls (every row when `calling` is None)."""
     b = tokens.shape[0]
@@ -273,8 +385,9 @@ class HostTool(ToolEnv):
     calls = [c.rpartition(opening)[2].strip() for c in calls] if opening else calls
     prompts = [tok.decode(np.asarray(prompt_tokens)[i]) for i in rows]
     name = f"{getattr(self.fn, '__module__', '')}.{getattr(self.fn, '__qualname__', 'tool')}"
+    whole = functools.partial(_whole, self.fn, 10**self.max_digits)  # checked in the worker
     scores, stats = score_batch(
-      calls, prompts, terms={name: self.fn}, timeout_s=self.timeout_s, fill=float("nan"),
+      calls, prompts, terms={name: whole}, timeout_s=self.timeout_s, fill=float("nan"),
       warn=name not in _WARNED, label="host tool",
     )  # fmt: skip
     if stats["verifier/errors"]:  # its first failure is said once a run; the rest are counted
@@ -287,6 +400,22 @@ class HostTool(ToolEnv):
 
 
 _WARNED: set[str] = set()  # host tools whose first failure this process has logged
+
+
+def _whole(fn, limit: int, call: str, prompt: str) -> int:
+  """A host tool's answer `fn(call, prompt)` where it is a whole number below `limit` in
+  magnitude: an int (not a bool) or a float that is exactly whole, checked at full precision
+  before the scorer stores it as float32; a ValueError otherwise (the call's error token)."""
+  got = fn(call, prompt)
+  if isinstance(got, bool | np.bool_) or not isinstance(
+    got, int | float | np.integer | np.floating
+  ):
+    raise ValueError(f"host tool answer {got!r} is no number: return an int")
+  if isinstance(got, float | np.floating) and not float(got).is_integer():
+    raise ValueError(f"host tool answer {got!r} is no whole number")
+  if abs(int(got)) >= limit:
+    raise ValueError(f"host tool answer {got!r} is not below {limit}")
+  return int(got)
 
 
 def arithmetic(call: str, prompt: str) -> int:
@@ -338,6 +467,15 @@ def host_callable(name: str):
     return (
       f"sampling.tool={name!r}: {module}.{function} is a {type(fn).__name__}, not a callable; "
       f"allowed: {HOST}<module>:<function> naming a function(call, prompt) -> number"
+    )
+  try:  # a host tool runs in worker processes (`score_batch`): it must pickle, by reference
+    pickle.dumps(fn)
+  except Exception as e:
+    why = " ".join(f"{type(e).__name__}: {e}".split())
+    return (
+      f"sampling.tool={name!r}: {module}.{function} cannot be pickled ({why}); allowed: "
+      f"{HOST}<module>:<function> naming a module-level function(call, prompt) -> number, "
+      "picklable, since a host tool runs in worker processes"
     )
   return fn
 

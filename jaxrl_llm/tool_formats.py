@@ -112,24 +112,92 @@ def tool_format(tokenizer, inline: bool = False) -> ToolFormat:
 
 
 @functools.cache
-def tool_tokens(tokenizer, inline: bool = False) -> ToolTokens:
-  """`tokenizer`'s `ToolTokens` in its format (`tool_format`), built once per tokenizer and
-  format."""
-  fmt = tool_format(tokenizer, inline)
+def token_texts(tokenizer) -> tuple[str, ...]:
+  """Each id's text as it reads inside an episode, after other text: decoded after an anchor
+  token (special tokens kept), less the anchor's text. A Metaspace (SentencePiece-style)
+  decoder drops the blank of a sequence's first token, so alone `▁5` reads "5" and `▁` reads
+  ""; here they read " 5" and " "."""
+  anchor = list(tokenizer.encode("a")[-1:])
+  head = _decode(tokenizer, anchor)
+  return tuple(_after(tokenizer, anchor, head, [i]) for i in range(tokenizer.vocab_size))
+
+
+def _decode(tokenizer, ids):
+  return tokenizer.decode(list(ids), skip_special_tokens=False, stop_at_eos=False)
+
+
+def _after(tokenizer, anchor, head, ids):
+  """The text `ids` write after the `anchor` ids (whose text is `head`)."""
+  s = _decode(tokenizer, [*anchor, *ids])
+  return s[len(head) :] if s.startswith(head) else _decode(tokenizer, ids)
+
+
+def _reader(tokenizer):
+  """(texts, encode, text_of) of `tokenizer`: each id's text (`token_texts`), the ids of a
+  text, and the text a run of ids writes inside an episode."""
   if isinstance(tokenizer, CharTokenizer):
     texts = {tokenizer.char_id(c): c for c in tokenizer.alphabet}
 
     def encode(text):
       return tuple(int(i) for i in tokenizer.ids_of(text))
-  else:
-    texts = {
-      i: tokenizer.decode([i], skip_special_tokens=False, stop_at_eos=False)
-      for i in range(tokenizer.vocab_size)
-    }
 
-    def encode(text):
-      return tuple(tokenizer.encode(text))
+    return texts, encode, lambda ids: "".join(texts.get(i, "\ufffd") for i in ids)
+  anchor = list(tokenizer.encode("a")[-1:])
+  head = _decode(tokenizer, anchor)
 
+  def encode(text):
+    return tuple(tokenizer.encode(text))
+
+  return (
+    dict(enumerate(token_texts(tokenizer))),
+    encode,
+    functools.partial(_after, tokenizer, anchor, head),
+  )
+
+
+def _writer(texts, encode, text_of):
+  """`ids(piece)`: the ids that write `piece` exactly (its encoding; without a blank that the
+  tokenizer prepends to a sequence; or the one token of that text), None when none does."""
+  exact = {}
+  for i, s in texts.items():
+    exact.setdefault(s, []).append(i)
+  preferred = set(encode("0123456789-"))  # the tokenizer's own digit tokens (not byte fallback)
+
+  def ids(piece):
+    enc = encode(piece)
+    if text_of(enc) == piece:
+      return enc
+    if len(enc) > 1 and not text_of(enc[:1]).strip() and text_of(enc[1:]) == piece:
+      return enc[1:]
+    if piece in exact:
+      return (min(exact[piece], key=lambda i: (i not in preferred, i)),)
+    return None
+
+  return ids
+
+
+@functools.cache
+def tool_tokens(tokenizer, inline: bool = False) -> ToolTokens:
+  """`tokenizer`'s `ToolTokens` in its format (`tool_format`), built once per tokenizer and
+  format; a ValueError naming each piece the tool writes or reads (close, digits, minus,
+  prefix, suffix, error) that no ids of the tokenizer write exactly."""
+  fmt = tool_format(tokenizer, inline)
+  texts, encode, text_of = _reader(tokenizer)
+  ids = _writer(texts, encode, text_of)
+  pieces = {"close": fmt.close, "prefix": fmt.prefix, "suffix": fmt.suffix, "error": fmt.error}
+  written = {k: ids(v) if v else () for k, v in pieces.items()}
+  digits = [ids(str(d)) for d in range(10)]
+  minus = ids("-")
+  missing = [f"{k} {pieces[k]!r}" for k, v in written.items() if v is None]
+  lacking = "".join(str(d) for d in range(10) if not digits[d] or len(digits[d]) != 1)
+  missing += [f"digits {lacking!r}"] if lacking else []
+  missing += ["minus '-'"] if not minus or len(minus) != 1 else []
+  if missing:
+    raise ValueError(
+      f"{getattr(tokenizer, 'source', 'the tokenizer')}: the tool's pieces missing from the "
+      f"vocabulary: {', '.join(missing)} (no ids decode to exactly the text the tool writes "
+      "or reads)"
+    )
   strip = (lambda s: s.strip()) if fmt.trailing else (lambda s: s)
   numbers = tuple(
     (i, int(strip(s)), len(strip(s))) for i, s in texts.items() if NUMBER.fullmatch(strip(s))
@@ -139,20 +207,14 @@ def tool_tokens(tokenizer, inline: bool = False) -> ToolTokens:
   )
   ops += tuple((i, 3) for i, s in texts.items() if strip(s) and strip(s) in fmt.times)
   blanks = tuple(i for i, s in texts.items() if fmt.trailing and s and not s.strip())
-  close = encode(fmt.close)
-  if not close:
-    raise ValueError(f"the tool-call close {fmt.close!r} is missing from the vocabulary")
   return ToolTokens(
     format=fmt,
-    close=close,
+    **written,
     numbers=numbers,
     ops=ops,
     blanks=blanks,
-    digits=tuple(encode(str(d))[0] for d in range(10)),
-    minus=encode("-")[0],
-    prefix=encode(fmt.prefix) if fmt.prefix else (),
-    suffix=encode(fmt.suffix),
-    error=encode(fmt.error),
+    digits=tuple(d[0] for d in digits),
+    minus=minus[0],
     pad=tokenizer.pad_id,
     vocab_size=tokenizer.vocab_size,
   )

@@ -26,6 +26,7 @@ from jaxrl_llm.quant import SAMPLER_DTYPES
 
 REWARD_WEIGHTS = (("correct", 1.0), ("format", 0.0))  # the built-in tasks' reward terms
 MIN_TEMPERATURE = 0.01  # sampling.temperature's floor
+MAX_BUDGET = 2**20  # the completion budget's bound in tokens (sampling.max_new_tokens or derived)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,6 +210,7 @@ class SamplingSettings(Section):
       f"sampling.turn_tokens={self.turn_tokens} exceeds the completion budget "
       f"sampling.max_new_tokens={self.max_new_tokens}; allowed: 0 (off) to {self.max_new_tokens}",
     )
+    out += self._budget_errors()
     from jaxrl_llm import envs  # the registry of tools (it reads the tasks' tokenizer)
 
     out += [] if envs.is_tool(self.tool) else allowed("sampling.tool", self.tool, envs.TOOLS)
@@ -221,6 +223,32 @@ class SamplingSettings(Section):
       fn = envs.host_callable(self.tool)
       out += [fn] if isinstance(fn, str) else []
     return out + allowed("sampling.param_dtype", self.param_dtype, SAMPLER_DTYPES)
+
+  def _budget_errors(self) -> list[str]:
+    """The completion budget below `MAX_BUDGET` tokens (int32 far away): T when set; with a
+    tool and T = 0, max_turns × (a segment, turn_tokens or the task's answer, + the tool's
+    answer), which is at least max_turns × (max(turn_tokens, 1) + 1)."""
+    limit = f"2**20 = {MAX_BUDGET} tokens"
+    out = need(
+      self.max_new_tokens < MAX_BUDGET,
+      f"sampling.max_new_tokens={self.max_new_tokens} is too large; allowed: a completion "
+      f"budget below {limit}",
+    )
+    if self.tool == "none":
+      return out
+    per_turn = 1 if self.max_new_tokens else max(self.turn_tokens, 1) + 1
+    how = (
+      f"sampling.max_new_tokens={self.max_new_tokens} allows at most that many turns"
+      if self.max_new_tokens
+      else f"with sampling.turn_tokens={self.turn_tokens} and sampling.max_new_tokens=0 it "
+      f"makes a completion budget of at least {self.max_turns * per_turn} tokens (max_turns x "
+      "(each segment + the tool's answer))"
+    )
+    return out + need(
+      self.max_turns * per_turn < MAX_BUDGET,
+      f"sampling.max_turns={self.max_turns} is too large: {how}; allowed: a budget below "
+      f"{limit}: sampling.max_turns at most {(MAX_BUDGET - 1) // per_turn} here",
+    )
 
   def sampler(
     self, task, *, greedy: bool = False, group_size: int | None = None, tool_timeout_s=None
