@@ -182,11 +182,14 @@ def render(readme: str) -> str:
 
 def main(argv: list[str]) -> int:
   """Writes (or with --check compares) the table in experiments/README.md."""
+  if argv not in ([], ["--check"]):
+    print(f"error: unexpected arguments {argv}; usage: summary.py [--check]", file=sys.stderr)
+    return 2
   path = os.path.join(HERE, "README.md")
   with open(path) as f:
     old = f.read()
   new = render(old)
-  if "--check" in argv:
+  if argv == ["--check"]:
     if new != old:
       print(
         f"{path}: the cross-study table is stale; run python experiments/summary.py",

@@ -282,3 +282,53 @@ def test_a_missing_config_is_one_line_without_the_override_hint(tmp_path):
   lines = proc.stderr.strip().splitlines()
   assert proc.returncode == 2 and len(lines) == 1
   assert lines[0].endswith("(a --config.FIELD=VALUE takes the type of the field's default)")
+
+
+def test_a_sweep_root_with_an_unreadable_run_record_is_one_line(tmp_path, capsys):
+  """A run's run.json that is not JSON, or a directory: one line naming it (they were
+  JSONDecodeError / IsADirectoryError tracebacks); --seeds=0,0 names --seeds, not --grid."""
+  for i, make in enumerate([lambda p: p.write_text("{oops"), lambda p: p.mkdir()]):
+    root = tmp_path / f"sweep{i}"
+    (root / "seed=0").mkdir(parents=True)
+    make(root / "seed=0" / "run.json")
+    assert sweep.main([CONFIG, f"--root={root}", "--seeds=0", "--dry_run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith(f"error: {root / 'seed=0' / 'run.json'}: cannot be read"), err
+  assert sweep.main([CONFIG, f"--root={tmp_path / 'new'}", "--seeds=0,0", "--dry_run"]) == 2
+  assert capsys.readouterr().err.strip() == "error: --seeds='0,0': repeated value"
+
+
+def test_compare_sorts_a_nan_last_and_refuses_a_glob_that_matches_nothing(tmp_path, capsys):
+  """--sort with a run whose final value is NaN: the finite values largest first, the NaN
+  last (the NaN broke the sort: 0.1186 above 0.12); --tags with a glob no run logged is one
+  line (it printed a table of run and step alone, exit 0)."""
+  import json
+
+  from jaxrl_llm import metrics
+
+  for name, v in {"a": 0.1186, "b": float("nan"), "c": 0.12, "d": 0.05}.items():
+    run = tmp_path / name
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"config": {"seed": 0}}))
+    writer = metrics.SummaryWriter(str(run))
+    writer.scalars(10, {"eval/accuracy": v})
+    writer.close()
+  _, rows = compare.compare(str(tmp_path), ["eval/accuracy"], sort="eval/accuracy")
+  assert [r[0] for r in rows] == ["c", "a", "d", "b"], rows
+  assert compare.main([f"--root={tmp_path}", "--tags=evl/*"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("error: tag pattern 'evl/*' matches no tag"), err
+
+
+def test_summary_refuses_an_argument_it_does_not_know_without_writing(tmp_path):
+  """`summary.py --chek` (a typo of the CI check) rewrote experiments/README.md and exited 0."""
+  readme = REPO / "experiments" / "README.md"
+  before = readme.stat().st_mtime_ns
+  proc = subprocess.run(
+    [sys.executable, str(REPO / "experiments" / "summary.py"), "--chek"],
+    capture_output=True, text=True, timeout=120,
+  )  # fmt: skip
+  assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+  assert proc.stderr.startswith("error: unexpected arguments ['--chek']"), proc.stderr
+  assert readme.stat().st_mtime_ns == before

@@ -161,6 +161,11 @@ def compare(
   tag's best is its maximum or minimum by `direction`; tags of neither kind have no best."""
   runs = {run_name(root, d): read_run(d) for d in find_runs(root)}
   available = sorted({t for scalars in runs.values() for t in scalars})
+  empty = [g for g in tags if any(c in g for c in "*?[") and not expand_tags([g], available)]
+  if runs and empty and tuple(tags) != DEFAULT_TAGS:  # a glob the user gave matches nothing
+    raise ValueError(
+      f"tag pattern {empty[0]!r} matches no tag under {root}; available: {', '.join(available)}"
+    )
   tags = expand_tags(tags, available)
   unknown = [t for t in tags if t not in available]
   if runs and unknown:  # in no run at all: a typo, most likely
@@ -184,7 +189,11 @@ def compare(
     col = header.index(f"{sort} final") if f"{sort} final" in header else None
     if col is None:
       raise ValueError(f"--sort tag {sort!r} is not among the shown tags {tags}")
-    rows.sort(key=lambda r: (r[col] is None, -(r[col] if r[col] is not None else 0.0)))
+    missing = [r[col] is None or not math.isfinite(r[col]) for r in rows]  # last, in order
+    order = sorted(
+      range(len(rows)), key=lambda i: (missing[i], 0.0 if missing[i] else -rows[i][col])
+    )
+    rows = [rows[i] for i in order]
   return header, rows
 
 

@@ -230,7 +230,10 @@ def plan(
   grid = [parse_grid(g) for g in grid_flags]
   fixed = [kv for s in set_flags for kv in parse_set(s)]
   if seeds:
-    grid.append(parse_grid(f"seed={seeds}"))
+    try:
+      grid.append(parse_grid(f"seed={seeds}"))
+    except SweepError as e:
+      raise SweepError(str(e).replace(f"--grid='seed={seeds}'", f"--seeds={seeds!r}")) from None
   fields = [f for f, _ in grid] + [f for f, _ in fixed]
   dupes = sorted({f for f in fields if fields.count(f) > 1})
   if dupes:
@@ -306,6 +309,13 @@ def changed_overrides(run: Run) -> dict[str, tuple[str | None, str | None]]:
       rec = json.load(f)
   except FileNotFoundError:
     return {}
+  except (OSError, ValueError) as e:  # a directory there, or no JSON: not the sweep's record
+    raise SweepError(
+      f"{_record_path(run)}: cannot be read as the run's record ({getattr(e, 'strerror', None) or e}); "
+      "move it aside or give another --root"
+    ) from None
+  if not isinstance(rec, dict):
+    raise SweepError(f"{_record_path(run)}: not a run record (a JSON object); move it aside")
   diffs = {}
   if rec.get("config") != _config_of(run):
     diffs["--config"] = (rec.get("config"), _config_of(run))
