@@ -332,3 +332,25 @@ def test_summary_refuses_an_argument_it_does_not_know_without_writing(tmp_path):
   assert proc.returncode == 2 and proc.stdout == "", proc.stdout
   assert proc.stderr.startswith("error: unexpected arguments ['--chek']"), proc.stderr
   assert readme.stat().st_mtime_ns == before
+
+
+def test_a_sweep_root_holding_the_other_kind_of_checkpoints_is_refused(tmp_path, capsys):
+  """A packed sweep over a root of runs trained one by one (checkpoints in each workdir), or
+  separate runs over a pack's root (checkpoints in ROOT/checkpoints): one line (the other kind
+  trained every finished run again from step 0, beside its old events)."""
+  import jax.numpy as jnp
+  from conftest import save_trainer_checkpoint
+
+  params = {"w": jnp.zeros((2,), jnp.float32)}
+  runs = tmp_path / "runs"
+  save_trainer_checkpoint(runs / "seed=0", params, {})
+  assert sweep.main([CONFIG, f"--root={runs}", "--seeds=0,1", "--packed", "--dry_run"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "holds runs trained one by one" in err[0], err
+  assert "drop --packed to resume them" in err[0]
+  pack = tmp_path / "pack"
+  save_trainer_checkpoint(pack, params, {})
+  assert sweep.main([CONFIG, f"--root={pack}", "--seeds=0,1", "--dry_run"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "holds a pack's checkpoints" in err[0], err
+  assert sweep.main([CONFIG, f"--root={runs}", "--seeds=0,1", "--dry_run"]) == 0  # its own kind

@@ -778,6 +778,23 @@ def _parser() -> argparse.ArgumentParser:
   return p
 
 
+def _check_kind(root: str, runs: Sequence[Run], packed: bool) -> None:
+  """SweepError when `root` holds checkpoints of the other kind of sweep: a pack keeps one set
+  in ROOT/checkpoints, separate runs one each in their workdirs; the other kind would not see
+  them and would train every run again from step 0."""
+  if packed and (done := next((r for r in runs if committed_steps(r.workdir)), None)):
+    raise SweepError(
+      f"--root={root} holds runs trained one by one ({done.workdir}/checkpoints): a pack "
+      "would train them again from step 0; drop --packed to resume them, or give another --root"
+    )
+  if not packed and committed_steps(root):
+    raise SweepError(
+      f"--root={root} holds a pack's checkpoints ({os.path.join(root, 'checkpoints')}): runs "
+      "one by one would start again from step 0; pass --packed to resume it, or give another "
+      "--root"
+    )
+
+
 def _checked_runs(args: argparse.Namespace) -> list[Run]:
   """The runs of the command line's grid; raises SweepError/ConfigError for a bad one."""
   if args.parallel < 1:
@@ -789,6 +806,7 @@ def _checked_runs(args: argparse.Namespace) -> list[Run]:
       "--distributed trains a pack over several processes: it needs --packed and no --dry_run"
     )
   runs = plan(args.config, args.root, args.grid, args.set, args.seeds)
+  _check_kind(args.root, runs, args.packed)
   changed = {r.name: d for r in runs if (d := changed_overrides(r))}
   if changed and not args.allow_changed:
     lines = [
