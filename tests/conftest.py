@@ -213,3 +213,19 @@ def smollm2():
     except pretrained.FetchError as e:
       pytest.skip(f"SmolLM2-135M-Instruct could not be had: {e}")
   return pathlib.Path(path), pathlib.Path(pretrained.gguf_path(root=root))
+
+
+@pytest.fixture(scope="module")
+def chatml(tmp_path_factory):
+  """A BPE tokenizer with ChatML's chat tokens and a template of any role."""
+  from text_fixtures import CHATML_ANY_ROLE, chat_tokenizer
+
+  return chat_tokenizer(tmp_path_factory, "chatml", CHATML_ANY_ROLE)
+
+
+@pytest.fixture(scope="module")
+def llama3(tmp_path_factory):
+  """A BPE tokenizer with Llama 3's header tokens and <|eom_id|>."""
+  from text_fixtures import LLAMA3_ANY_ROLE, LLAMA3_TOKENS, chat_tokenizer
+
+  return chat_tokenizer(tmp_path_factory, "llama3", LLAMA3_ANY_ROLE, (*LLAMA3_TOKENS, "<|eom_id|>"))

@@ -13,7 +13,12 @@ import numpy as np
 import pytest
 from conftest import tiny_config
 from parsed import build, train_and_evaluate
-from text_fixtures import build_bpe_tokenizer, math_file_run
+from text_fixtures import (
+  LLAMA3_ANY_ROLE,
+  LLAMA3_TOKENS,
+  chat_tokenizer,
+  math_file_run,
+)
 
 from jaxrl_llm import envs, metrics, tool_formats
 from jaxrl_llm.config import ConfigError, parse
@@ -21,43 +26,6 @@ from jaxrl_llm.data.tasks.tokenizer import CharTokenizer
 from jaxrl_llm.data.tokenizers import HFTokenizer
 from jaxrl_llm.sampling import SamplingConfig
 from jaxrl_llm.turns import Turns, over_budget, take_turns
-
-# A ChatML template of any role (the tool's answers come back in a `tool` turn).
-CHATML_ANY_ROLE = (
-  "{%- for message in messages %}<|im_start|>{{ message['role'] }}\n"
-  "{{ message['content'] }}<|im_end|>\n{% endfor %}"
-  "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-# Llama 3's header turns (the tool's answers come back in an `ipython` turn).
-LLAMA3_ANY_ROLE = (
-  "{%- for message in messages %}<|start_header_id|>{{ message['role'] }}<|end_header_id|>\n\n"
-  "{{ message['content'] }}{% if message.get('eom') %}<|eom_id|>{% else %}<|eot_id|>{% endif %}"
-  "{% endfor %}{%- if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n"
-  "{% endif %}"
-)
-LLAMA3_TOKENS = ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|python_tag|>")
-
-
-def _tokenizer(tmp_path_factory, name, template, extra=()):
-  """A trained BPE tokenizer with the chat tokens `extra` added as special tokens."""
-  d = build_bpe_tokenizer(tmp_path_factory.mktemp(name), chat_template=template)
-  if extra:
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(d / "tokenizer.json"))
-    tok.add_special_tokens(list(extra))
-    tok.save(str(d / "tokenizer.json"))
-  return HFTokenizer.from_dir(d)
-
-
-@pytest.fixture(scope="module")
-def chatml(tmp_path_factory):
-  return _tokenizer(tmp_path_factory, "chatml", CHATML_ANY_ROLE)
-
-
-@pytest.fixture(scope="module")
-def llama3(tmp_path_factory):
-  return _tokenizer(tmp_path_factory, "llama3", LLAMA3_ANY_ROLE, (*LLAMA3_TOKENS, "<|eom_id|>"))
 
 
 def _rows(tok, texts):
@@ -88,7 +56,7 @@ def test_the_format_follows_the_tokenizers_chat_tokens(chatml, llama3, tmp_path_
   assert tool_formats.tool_format(chatml).name == "chatml"
   assert tool_formats.tool_format(llama3).name == "llama3"
   assert tool_formats.tool_format(CharTokenizer()).name == "plain"
-  no_eom = _tokenizer(tmp_path_factory, "llama3_no_eom", LLAMA3_ANY_ROLE, LLAMA3_TOKENS)
+  no_eom = chat_tokenizer(tmp_path_factory, "llama3_no_eom", LLAMA3_ANY_ROLE, LLAMA3_TOKENS)
   with pytest.raises(ValueError, match=r"'<\|eom_id\|>', which is missing from the vocabulary"):
     tool_formats.tool_tokens(no_eom)
 

@@ -9,14 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from test_multi_turn import build_task
-from test_multi_turn_chat import (
-  CHATML_ANY_ROLE,
-  LLAMA3_ANY_ROLE,
-  LLAMA3_TOKENS,
-  _answers,
-  _tokenizer,
-)
-from text_fixtures import build_bpe_tokenizer
+from test_multi_turn_chat import _answers
+from text_fixtures import CHATML_ANY_ROLE, build_bpe_tokenizer
 from tokenizers import Tokenizer
 
 from jaxrl_llm import envs
@@ -35,16 +29,6 @@ def _respond(env, calls: list[str]):
   answer, length, error = env.respond(jnp.asarray(prompts), jnp.asarray(comp), 0 * end, end)
   shown = [TOK.decode(a[:n]) for a, n in zip(np.asarray(answer), np.asarray(length))]
   return shown, list(np.asarray(error))
-
-
-@pytest.fixture(scope="module")
-def chatml(tmp_path_factory):
-  return _tokenizer(tmp_path_factory, "chatml", CHATML_ANY_ROLE)
-
-
-@pytest.fixture(scope="module")
-def llama3(tmp_path_factory):
-  return _tokenizer(tmp_path_factory, "llama3", LLAMA3_ANY_ROLE, (*LLAMA3_TOKENS, "<|eom_id|>"))
 
 
 @pytest.fixture(scope="module")

@@ -153,3 +153,33 @@ def build_bpe_tokenizer(
     ids = [tok.token_to_id(t) for t in generation_eos]
     (d / "generation_config.json").write_text(json.dumps({"eos_token_id": ids}), encoding="utf-8")
   return d
+
+
+# A ChatML template of any role (the tool's answers come back in a `tool` turn).
+CHATML_ANY_ROLE = (
+  "{%- for message in messages %}<|im_start|>{{ message['role'] }}\n"
+  "{{ message['content'] }}<|im_end|>\n{% endfor %}"
+  "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+# Llama 3's header turns (the tool's answers come back in an `ipython` turn).
+LLAMA3_ANY_ROLE = (
+  "{%- for message in messages %}<|start_header_id|>{{ message['role'] }}<|end_header_id|>\n\n"
+  "{{ message['content'] }}{% if message.get('eom') %}<|eom_id|>{% else %}<|eot_id|>{% endif %}"
+  "{% endfor %}{%- if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n"
+  "{% endif %}"
+)
+LLAMA3_TOKENS = ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|python_tag|>")
+
+
+def chat_tokenizer(tmp_path_factory, name, template, extra=()):
+  """A trained BPE tokenizer with the chat tokens `extra` added as special tokens."""
+  d = build_bpe_tokenizer(tmp_path_factory.mktemp(name), chat_template=template)
+  if extra:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+    tok.add_special_tokens(list(extra))
+    tok.save(str(d / "tokenizer.json"))
+  from jaxrl_llm.data.tokenizers import HFTokenizer
+
+  return HFTokenizer.from_dir(d)
