@@ -153,16 +153,40 @@ def test_a_huge_max_turns_is_refused_at_parse():
     parse(tiny_config(**{**huge, "sampling.max_turns": 10**10, "sampling.max_new_tokens": 64}))
 
 
-def test_the_command_line_refuses_a_huge_max_turns_before_the_workdir_is_made(tmp_path):
+def test_a_max_turns_whose_exact_budget_is_too_large_is_refused_with_the_task():
+  """Parse bounds the budget from below (max_turns x 2); with the task built, the check uses
+  its sizes: max_turns x (the task's answer + the tool's answer). The largest max_turns it
+  names is accepted, one more is refused."""
+  from jaxrl_llm.config.checks import check
+  from jaxrl_llm.run.assemble import build_task
+
+  def problems(max_turns):
+    cfg = parse(tiny_config(**{"sampling.tool": "calculator", "sampling.max_turns": max_turns}))
+    try:
+      check(cfg, num_devices=1, task=build_task(cfg))
+    except ConfigError as e:
+      return str(e)
+    return ""
+
+  said = problems(2**19 - 1)  # accepted at parse: 2 x (2**19 - 1) < 2**20
+  assert said.startswith("invalid config: sampling.max_turns=524287 is too large"), said
+  assert "completion budget of" in said and "the tool's answer" in said, said
+  most = int(said.rsplit("at most ", 1)[1].split()[0])
+  assert problems(most) == ""
+  assert problems(most + 1).startswith(f"invalid config: sampling.max_turns={most + 1} is too")
+
+
+@pytest.mark.parametrize("max_turns", [1000000000, 200000])  # refused at parse; with the task
+def test_the_command_line_refuses_a_huge_max_turns_before_the_workdir_is_made(tmp_path, max_turns):
   workdir = tmp_path / "run"
   code, err = _main(
     f"--workdir={workdir}",
     "--config.sampling.tool=calculator",
-    "--config.sampling.max_turns=1000000000",
+    f"--config.sampling.max_turns={max_turns}",
     "--config.train.num_steps=1",
     "--config.sft.steps=1",
   )
   errors = [line for line in err if line.startswith("error:")]
   assert code == 2, err[-5:]
-  assert len(errors) == 1 and "sampling.max_turns=1000000000" in errors[0], err[-5:]
+  assert len(errors) == 1 and f"sampling.max_turns={max_turns} is too large" in errors[0], err[-5:]
   assert not workdir.exists()

@@ -9,6 +9,7 @@ import math
 import jax
 
 from jaxrl_llm.config.fields import invalid, need
+from jaxrl_llm.config.sections import MAX_BUDGET
 from jaxrl_llm.config.tree import Config
 from jaxrl_llm.kernels import attention
 from jaxrl_llm.models.config import ModelConfig
@@ -263,4 +264,28 @@ def _task(cfg: Config, mc: ModelConfig, task) -> list[str]:
       tool_formats.tool_tokens(task.tokenizer, env.inline)
     except ValueError as e:
       out.append(f"sampling.tool={cfg.sampling.tool!r}: {e}")
+    else:
+      out += _tool_budget(cfg, task)
   return out
+
+
+def _tool_budget(cfg: Config, task) -> list[str]:
+  """With a tool and sampling.max_new_tokens=0, the episode's budget (`SamplingSettings.budget`:
+  max_turns x (a segment + the tool's answer), the task's sizes) below MAX_BUDGET tokens; the
+  parse-time check bounds it from below only."""
+  from jaxrl_llm import envs
+
+  s = cfg.sampling
+  if s.max_new_tokens:  # bounded at parse
+    return []
+  env = envs.get_env(s.tool, task)
+  segment = s.turn_tokens or task.max_new_tokens
+  per_turn = segment + env.answer_len
+  what = f"sampling.turn_tokens={segment}" if s.turn_tokens else f"the task's answer, {segment}"
+  return need(
+    s.budget(task, env) < MAX_BUDGET,
+    f"sampling.max_turns={s.max_turns} is too large: with sampling.max_new_tokens=0 it makes a "
+    f"completion budget of {s.budget(task, env)} tokens (max_turns x ({what} + the tool's "
+    f"answer, {env.answer_len})); allowed: a budget below 2**20 = {MAX_BUDGET} tokens: "
+    f"sampling.max_turns at most {(MAX_BUDGET - 1) // per_turn} here",
+  )

@@ -250,6 +250,16 @@ class SamplingSettings(Section):
       f"{limit}: sampling.max_turns at most {(MAX_BUDGET - 1) // per_turn} here",
     )
 
+  def budget(self, task, tool) -> int:
+    """The completion budget T for `task` with the environment `tool` (None: no tool):
+    `max_new_tokens` when set; else the task's answer, or with a tool max_turns × (a segment,
+    turn_tokens or the task's answer, + the tool's answer)."""
+    if self.max_new_tokens:
+      return self.max_new_tokens
+    if tool is None:
+      return task.max_new_tokens
+    return self.max_turns * ((self.turn_tokens or task.max_new_tokens) + tool.answer_len)
+
   def sampler(
     self, task, *, greedy: bool = False, group_size: int | None = None, tool_timeout_s=None
   ):
@@ -259,14 +269,8 @@ class SamplingSettings(Section):
     from jaxrl_llm.sampling import SamplingConfig  # the sampler reads this section's defaults
 
     tool = envs.get_env(self.tool, task, tool_timeout_s)
-    # A tool's default budget: each segment the task's answer, each call's answer the tool's.
-    budget = (
-      task.max_new_tokens
-      if tool is None
-      else self.max_turns * ((self.turn_tokens or task.max_new_tokens) + tool.answer_len)
-    )
     return SamplingConfig(
-      max_new_tokens=self.max_new_tokens or budget,
+      max_new_tokens=self.budget(task, tool),
       group_size=group_size or self.group_size,
       temperature=self.temperature,
       top_k=self.top_k,
