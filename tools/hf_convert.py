@@ -11,7 +11,8 @@
 its ModelConfig, model type, parameter count and the metadata an export carries over (context
 length, token ids, generation_config.json, tokenizer files); with --out it also writes the
 parameters as an orbax checkpoint (`CKPT_DIR/params`, StandardSave) with `CKPT_DIR/meta.json`
-holding {"model": ModelConfig dict, "hf_model_type": ..., "hf_source": DIR}. --scan_layers loads
+holding {"model": ModelConfig dict, "hf_model_type": ..., "hf_source": DIR} (an --out already
+holding either is refused before anything is read or written). --scan_layers loads
 them in the scanned layout (model.scan_layers: each layer parameter stacked on a leading layer
 axis).
 
@@ -104,8 +105,9 @@ def cmd_import(args) -> dict:
     )
   if out:
     _check_dir_flag("--out", args.out)
-  if out and os.path.exists(os.path.join(out, "params")):
-    raise ConvertError(f"{out}/params: already exists; choose a new --out")
+  for name in ("params", "meta.json") if out else ():  # what --out gets: never replaced
+    if os.path.exists(os.path.join(out, name)):
+      raise ConvertError(f"{out}/{name}: already exists; choose a new --out")
   cfg, params = hf.load_checkpoint(
     args.hf_dir, param_dtype=args.param_dtype, scan_layers=args.scan_layers or None
   )

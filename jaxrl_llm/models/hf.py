@@ -88,6 +88,11 @@ def _tensor_infos(path: str) -> tuple[dict[str, _TensorInfo], str]:
     weight_map = listed.get("weight_map") if isinstance(listed, dict) else None
     if not isinstance(weight_map, dict):
       raise CheckpointFormatError(f"{index}: has no 'weight_map' dict")
+    for key, name in weight_map.items():
+      if not isinstance(name, str):
+        raise CheckpointFormatError(
+          f"{index}: weight_map[{key!r}]={name!r} must be the name of a safetensors file (a string)"
+        )
     files, listing = sorted(set(weight_map.values())), index
   elif os.path.exists(single):
     files, listing = [SINGLE_FILE], single
@@ -189,15 +194,22 @@ class _Reader:
     return np.frombuffer(buf, dtype="<u2").view(ml_dtypes.bfloat16).reshape(info.shape)
 
   def read(self, name: str) -> np.ndarray:
-    """The tensor `name` as a host array of its stored dtype."""
+    """The tensor `name` as a host array of its stored dtype; CheckpointFormatError naming the
+    file and tensor if it holds a NaN or inf (which would only surface as a diverged run)."""
     info = self._infos[name]
     if info.dtype == "BF16":  # numpy has no bfloat16, so the numpy reader refuses it
-      return self._raw_bf16(name, info)
-    if info.file not in self._files:
-      from safetensors import safe_open
+      host = self._raw_bf16(name, info)
+    else:
+      if info.file not in self._files:
+        from safetensors import safe_open
 
-      self._files[info.file] = self._stack.enter_context(safe_open(info.file, framework="numpy"))
-    return self._files[info.file].get_tensor(name)
+        self._files[info.file] = self._stack.enter_context(safe_open(info.file, framework="numpy"))
+      host = self._files[info.file].get_tensor(name)
+    if not np.isfinite(host).all():
+      raise CheckpointFormatError(
+        f"{info.file}: tensor {name} holds non-finite values (NaN or inf)"
+      )
+    return host
 
 
 def abstract_params(cfg: ModelConfig) -> Any:

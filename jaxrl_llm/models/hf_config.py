@@ -37,6 +37,14 @@ _INT_FIELDS = (
 )
 _FLOAT_FIELDS = ("rms_norm_eps", "rope_theta", "router_aux_loss_coef")
 _SIZE_FIELDS = _INT_FIELDS[:7]  # the widths and counts every model has: each at least 1
+# The flags config.json is read for (null: the family's default, or off).
+_BOOL_FIELDS = (
+  "tie_word_embeddings",
+  "attention_bias",
+  "mlp_bias",
+  "norm_topk_prob",
+  "use_sliding_window",
+)
 
 
 class CheckpointFormatError(ValueError):
@@ -50,15 +58,21 @@ class MissingCheckpointFileError(CheckpointFormatError, FileNotFoundError):
 # --------------------------------------------------------------------------- configs
 
 
+def _rope_dict(hf: Mapping[str, Any]) -> tuple[str, Any]:
+  """(key, value) of the RoPE settings: `rope_parameters` (transformers 5), else `rope_scaling`
+  (4; `{}` where config.json has neither)."""
+  key = "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"
+  return key, hf.get(key) or {}
+
+
 def _rope_fields(hf: Mapping[str, Any], fam: Family, errors: list[str]) -> dict[str, Any]:
   """RoPE fields from `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling` (4)."""
-  key = "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"
-  rp = hf.get(key) or {}
+  key, rp = _rope_dict(hf)
   if not isinstance(rp, Mapping) or any(isinstance(v, Mapping) for v in rp.values()):
     errors.append(f"{key}={rp!r} (per-layer-type RoPE parameters are not supported)")
     return {}
-  theta = rp.get("rope_theta", hf.get("rope_theta")) or fam.default("rope_theta")
-  out: dict[str, Any] = {"rope_theta": float(theta)}
+  theta = rp.get("rope_theta", hf.get("rope_theta"))  # `_check_rope_theta` refused 0 and nulls
+  out: dict[str, Any] = {"rope_theta": float(fam.default("rope_theta") if theta is None else theta)}
   partial = rp.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
   if partial not in (None, 1, 1.0):
     errors.append(f"partial_rotary_factor={partial} (only full-width RoPE is supported)")
@@ -113,7 +127,8 @@ def _is_int(v: Any) -> bool:
 
 
 def _check_types(hf: Mapping[str, Any], source: str) -> None:
-  """Raises CheckpointFormatError naming the first numeric field that holds something else."""
+  """Raises CheckpointFormatError naming the first numeric or boolean field that holds something
+  else."""
   for key in _INT_FIELDS + _FLOAT_FIELDS:
     v = hf.get(key)
     if v is None:
@@ -124,6 +139,27 @@ def _check_types(hf: Mapping[str, Any], source: str) -> None:
       raise CheckpointFormatError(f"{source}: {key}={v!r} is not a number")
     if key in _SIZE_FIELDS and v < 1:  # a width or count of 0 would divide by it
       raise CheckpointFormatError(f"{source}: {key}={v!r} must be >= 1")
+  for key in _BOOL_FIELDS:  # bool("false") is True: a string would turn the flag on
+    v = hf.get(key)
+    if v is not None and not isinstance(v, bool):
+      raise CheckpointFormatError(f"{source}: {key}={v!r} must be true or false (a JSON boolean)")
+
+
+def _check_rope_theta(hf: Mapping[str, Any], source: str) -> None:
+  """Raises CheckpointFormatError unless each rope_theta config.json gives (top-level, in its
+  RoPE dict) is a finite number > 0. A null one inside the RoPE dict is refused too:
+  transformers keeps it there over the top-level value (and then fails)."""
+  key, rp = _rope_dict(hf)
+  given = [("rope_theta", hf.get("rope_theta"))]
+  if isinstance(rp, Mapping) and "rope_theta" in rp:
+    given.append((f"{key}.rope_theta", rp["rope_theta"]))
+  for name, v in given:
+    if v is None and name == "rope_theta":
+      continue  # absent or null: the family's default, unless the RoPE dict gives one
+    number = isinstance(v, (int, float)) and not isinstance(v, bool)
+    if not (number and math.isfinite(v) and v > 0):
+      hint = " (or omitted, to use the top-level rope_theta or the default)" if v is None else ""
+      raise CheckpointFormatError(f"{source}: {name}={v!r} must be a finite number > 0{hint}")
 
 
 def _get(hf: Mapping[str, Any], fam: Family, key: str) -> Any:
@@ -268,6 +304,7 @@ def _hf_fields(hf: Mapping[str, Any], source: str) -> tuple[dict[str, Any], dict
   """(fields fixed by config.json, HF-derived defaults that the `jaxrl_llm` extras may override)."""
   fam = _family(hf, source)
   _check_types(hf, source)
+  _check_rope_theta(hf, source)
   _check_required(hf, fam, source)
   errors = _unsupported(hf, fam)
   hard = _attention_fields(hf, fam)

@@ -1,0 +1,178 @@
+"""Malformed Hugging Face checkpoints are refused in one line naming the file and the field or
+tensor, never read as another model: a boolean field holding a string, a rope_theta of 0 or an
+explicit null one, non-finite weights, a non-string file in the index's weight_map. An `import
+--out` never replaces a meta.json that is already there.
+"""
+
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import REPO, cli_env
+from safetensors.numpy import load_file, save_file
+
+from jaxrl_llm.models import hf
+from jaxrl_llm.models.hf_config import CheckpointFormatError, config_from_hf
+
+FIXTURES = REPO / "tests" / "fixtures" / "hf"
+Q_PROJ = "model.layers.0.self_attn.q_proj.weight"
+
+
+def _copy(tmp_path: pathlib.Path, name: str = "llama") -> pathlib.Path:
+  """A copy of the fixture checkpoint `name` under `tmp_path`."""
+  return pathlib.Path(shutil.copytree(FIXTURES / name, tmp_path / name))
+
+
+def _config(name: str, **changes) -> dict:
+  """The config.json dict of fixture `name` with `changes`."""
+  return {**json.loads((FIXTURES / name / "config.json").read_text()), **changes}
+
+
+def _refused(hf_config: dict, source: str = "config.json") -> str:
+  """The one-line CheckpointFormatError that config_from_hf raises for `hf_config`."""
+  with pytest.raises(CheckpointFormatError) as e:
+    config_from_hf(hf_config, source=source)
+  assert "\n" not in str(e.value), e.value
+  return str(e.value)
+
+
+def test_a_string_tie_word_embeddings_is_refused_not_read_as_tied(tmp_path):
+  """ "false" is a true string: read with bool() it tied the embeddings and dropped lm_head."""
+  d = _copy(tmp_path)
+  (d / "config.json").write_text(json.dumps(_config("llama", tie_word_embeddings="false")))
+  with pytest.raises(CheckpointFormatError) as e:
+    hf.load_checkpoint(d)
+  assert str(e.value) == (
+    f"{d / 'config.json'}: tie_word_embeddings='false' must be true or false (a JSON boolean)"
+  )
+
+
+@pytest.mark.parametrize(
+  "name, key, value",
+  [
+    ("llama", "attention_bias", "false"),
+    ("llama", "mlp_bias", "false"),
+    ("llama", "tie_word_embeddings", 0),
+    ("qwen2", "use_sliding_window", "false"),
+    ("qwen3_moe", "norm_topk_prob", "true"),
+    ("qwen3_moe", "tie_word_embeddings", 1),
+  ],
+)
+def test_boolean_fields_must_hold_json_booleans(name, key, value):
+  """Each boolean field config.json is read for: a string or number is named, not misread."""
+  line = _refused(_config(name, **{key: value}), source="x/config.json")
+  assert line == f"x/config.json: {key}={value!r} must be true or false (a JSON boolean)"
+  for ok in (True, False, None):  # null: the family's default, as before
+    if not (ok and key in ("attention_bias", "mlp_bias", "use_sliding_window")):
+      config_from_hf(_config(name, **{key: ok}))
+
+
+@pytest.mark.parametrize(
+  "changes, want",
+  [
+    (
+      {"rope_parameters": {"rope_theta": 0, "rope_type": "default"}},
+      "rope_parameters.rope_theta=0",
+    ),
+    ({"rope_parameters": None, "rope_theta": 0}, "rope_theta=0"),
+    ({"rope_parameters": None, "rope_theta": -5.0}, "rope_theta=-5.0"),
+    ({"rope_parameters": None, "rope_theta": float("inf")}, "rope_theta=inf"),
+    ({"rope_parameters": {"rope_theta": "5e5"}}, "rope_parameters.rope_theta='5e5'"),
+  ],
+)
+def test_a_rope_theta_that_is_not_a_positive_number_is_refused(changes, want):
+  """0 used to become the family's default 10000; a string was converted with float()."""
+  line = _refused(_config("llama", **changes), source="x/config.json")
+  assert line == f"x/config.json: {want} must be a finite number > 0", line
+
+
+def test_a_null_rope_theta_in_rope_parameters_is_refused(tmp_path):
+  """An explicit null beside a real top-level rope_theta used to become 10000; transformers keeps
+  the null (and fails building the rotary embedding), so it is refused."""
+  d = _copy(tmp_path)
+  rope = {"rope_theta": None, "rope_type": "default"}
+  (d / "config.json").write_text(
+    json.dumps(_config("llama", rope_parameters=rope, rope_theta=500000.0))
+  )
+  with pytest.raises(CheckpointFormatError) as e:
+    hf.load_checkpoint(d)
+  assert str(e.value) == (
+    f"{d / 'config.json'}: rope_parameters.rope_theta=None must be a finite number > 0 "
+    "(or omitted, to use the top-level rope_theta or the default)"
+  )
+  # Omitted from rope_parameters, the top-level value applies.
+  del rope["rope_theta"]
+  cfg = config_from_hf(_config("llama", rope_parameters=rope, rope_theta=500000.0))
+  assert cfg.rope_theta == 500000.0
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_weights_are_refused_naming_the_file_and_tensor(tmp_path, bad):
+  """A NaN or inf weight loaded silently; the run later blamed its learning rate."""
+  d = _copy(tmp_path)
+  index = json.loads((d / "model.safetensors.index.json").read_text())
+  file = d / index["weight_map"][Q_PROJ]
+  tensors = load_file(file)
+  tensors[Q_PROJ] = tensors[Q_PROJ].copy()
+  tensors[Q_PROJ][1, 2] = bad
+  save_file(tensors, file, metadata={"format": "pt"})
+  with pytest.raises(CheckpointFormatError) as e:
+    hf.load_checkpoint(d)
+  assert str(e.value) == f"{file}: tensor {Q_PROJ} holds non-finite values (NaN or inf)"
+
+
+def test_a_bf16_nan_weight_is_refused(tmp_path):
+  """bfloat16 tensors take another read path; a NaN among them is refused too."""
+  d = _copy(tmp_path, "llama3_rope_bf16")
+  file = next(d.glob("*.safetensors"))
+  with open(file, "rb") as f:
+    n = int.from_bytes(f.read(8), "little")
+    header = json.loads(f.read(n))
+  name = next(k for k in header if k.endswith("q_proj.weight"))
+  assert header[name]["dtype"] == "BF16"
+  data = bytearray(file.read_bytes())
+  at = 8 + n + header[name]["data_offsets"][0]
+  data[at : at + 2] = b"\xc0\x7f"  # a bfloat16 NaN, little-endian
+  file.write_bytes(bytes(data))
+  with pytest.raises(CheckpointFormatError) as e:
+    hf.load_checkpoint(d)
+  assert str(e.value) == f"{file}: tensor {name} holds non-finite values (NaN or inf)"
+
+
+@pytest.mark.parametrize("value", [3, None, ["model-00001-of-00003.safetensors"]])
+def test_a_non_string_file_in_the_weight_map_is_refused(tmp_path, value):
+  """A number in weight_map failed sorting its values: `'<' not supported between int and str`."""
+  d = _copy(tmp_path)
+  index = d / "model.safetensors.index.json"
+  listed = json.loads(index.read_text())
+  listed["weight_map"][Q_PROJ] = value
+  index.write_text(json.dumps(listed))
+  with pytest.raises(CheckpointFormatError) as e:
+    hf.load_checkpoint(d)
+  assert str(e.value) == (
+    f"{index}: weight_map[{Q_PROJ!r}]={value!r} must be the name of a safetensors file (a string)"
+  )
+
+
+def test_import_never_overwrites_an_existing_meta_json(tmp_path):
+  """`import --out` wrote over a meta.json already there (only params/ was checked): it is
+  refused in one line before anything is read or written."""
+  out = tmp_path / "out"
+  out.mkdir()
+  (out / "meta.json").write_text('{"mine": 1}\n')
+  proc = subprocess.run(
+    [sys.executable, str(REPO / "tools" / "hf_convert.py"), "import",
+     f"--hf_dir={FIXTURES / 'llama'}", f"--out={out}"],
+    cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120,
+  )  # fmt: skip
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert proc.stderr.splitlines() == [
+    f"error: {out}/meta.json: already exists; choose a new --out"
+  ], proc.stderr
+  assert proc.stdout == ""
+  assert (out / "meta.json").read_text() == '{"mine": 1}\n'
+  assert sorted(p.name for p in out.iterdir()) == ["meta.json"]
