@@ -70,23 +70,34 @@ class FileTask(Task):
 
   def eval_set(self, multiple_of: int = 1) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Up to `eval_size` held-out prompts (a multiple of `multiple_of`), tokenized, and their
-    reference answers (the batch's ``answer`` column, taken out of it)."""
-    examples, _ = prompt_batches.tokenize_records(
-      self.eval_records[: self.eval_size * 2],
-      self.tokenizer,
-      template=self.template,
-      prompt_len=self.prompt_len,
-      system=self.system,
-      special_tokens_in_text=self.special_tokens_in_text,
-    )
-    n = min(len(examples["tokens"]), self.eval_size)
+    reference answers (the batch's ``answer`` column, taken out of it). Records too long for
+    `prompt_len` are passed over: the split is read in chunks until `eval_size` fit."""
+    chunk, kept = max(2 * self.eval_size, 256), []
+    for at in range(0, len(self.eval_records), chunk):
+      try:
+        examples, _ = prompt_batches.tokenize_records(
+          self.eval_records[at : at + chunk],
+          self.tokenizer,
+          template=self.template,
+          prompt_len=self.prompt_len,
+          system=self.system,
+          special_tokens_in_text=self.special_tokens_in_text,
+        )
+      except records.DataError:  # every prompt of this chunk is too long: read on
+        continue
+      kept.append(examples)
+      if sum(len(e["tokens"]) for e in kept) >= self.eval_size:
+        break
+    fits = sum(len(e["tokens"]) for e in kept)
+    n = min(fits, self.eval_size)
     n -= n % multiple_of
     if n < 1:
       raise ValueError(
-        f"no evaluation prompt fits data.prompt_len={self.prompt_len} in a multiple of "
-        f"{multiple_of} devices; add eval data or raise data.prompt_len"
+        f"{fits} of the {len(self.eval_records)} evaluation prompts fit data.prompt_len="
+        f"{self.prompt_len}, and an evaluation needs a multiple of {multiple_of} (devices); "
+        "add eval data (data.eval_files or data.eval_fraction) or raise data.prompt_len"
       )
-    batch = {k: v[:n] for k, v in examples.items()}
+    batch = {k: np.concatenate([e[k] for e in kept])[:n] for k in kept[0]}
     return batch, batch.pop("answer")
 
   def decode(self, tokens: np.ndarray) -> list[str]:
@@ -170,19 +181,22 @@ def _warn_if_answers_do_not_parse(loaded: Sequence[dict], field: str, term: str)
   return True
 
 
-def _tokenizer(path: str) -> HFTokenizer:
-  """The tokenizer at `path` (a directory holding tokenizer.json, or the file), or one
-  `DataError` naming `data.tokenizer` and what it must be."""
-  if not path:
+def _tokenizer(path: str, checkpoint: str) -> HFTokenizer:
+  """The tokenizer at `path` (data.tokenizer: a directory holding tokenizer.json, or the
+  file), else `checkpoint`'s (model.checkpoint); one `DataError` naming the setting it came
+  from and what it must be."""
+  if not path and not checkpoint:
     raise records.DataError(
       "data.tokenizer is empty and there is no model.checkpoint to take the tokenizer from; "
       "set --config.data.tokenizer=DIR (a directory with tokenizer.json)"
     )
+  setting = f"data.tokenizer={path!r}" if path else f"model.checkpoint={checkpoint!r}"
+  path = path or checkpoint
   try:
     return HFTokenizer.from_dir(path) if os.path.isdir(path) else HFTokenizer.from_file(path)
   except (FileNotFoundError, ValueError) as e:
     raise records.DataError(
-      f"data.tokenizer={path!r}: {e} (a directory holding tokenizer.json, or that file)"
+      f"{setting}: {e} (a directory holding tokenizer.json, or that file)"
     ) from e
 
 
@@ -214,7 +228,7 @@ def build_file_task(config, tokenizer_dir: str) -> FileTask:
   except (FileNotFoundError, records.DataError) as e:  # missing, unreadable, empty, malformed
     raise records.DataError(f"data.train_files={d.train_files!r}: {e}") from e
   _warn_if_answers_do_not_parse(loaded, d.answer_field, d.correct_term)
-  tokenizer = _tokenizer(d.tokenizer or tokenizer_dir)
+  tokenizer = _tokenizer(d.tokenizer, tokenizer_dir)
   eval_files = _split_files(d.eval_files) or None
   share = 0.0 if eval_files else d.eval_fraction
   try:

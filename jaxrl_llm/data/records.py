@@ -18,7 +18,9 @@ import hashlib
 import json
 import math
 import numbers
+import os
 import pathlib
+import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -95,6 +97,15 @@ def _expand(files: Sequence[str] | str) -> list[str]:
       out.append(f)
   if not out:
     raise DataError("No dataset files given.")
+  seen: dict[str, str] = {}
+  for f in out:  # the same file twice would double its records without a word
+    key = os.path.realpath(f)
+    if key in seen:
+      raise DataError(
+        f"Dataset file {f} is named twice ({seen[key]!r} and {f!r}, by the names or patterns "
+        "given); allowed: each file once"
+      )
+    seen[key] = f
   return out
 
 
@@ -138,10 +149,10 @@ def _answer_text(value: Any) -> str:
 def _jsonl_rows(path: str):
   """(location, parsed object) per non-blank line of a .jsonl or .jsonl.gz file."""
   opener = gzip.open if path.endswith(".gz") else open
-  try:
-    with opener(path, "rt", encoding="utf-8") as f:
+  try:  # lines end at "\n" alone: a JSON string may hold a raw carriage return
+    with opener(path, "rt", encoding="utf-8", newline="\n") as f:
       lines = list(f)
-  except (OSError, UnicodeDecodeError, EOFError) as e:
+  except (OSError, UnicodeDecodeError, EOFError, zlib.error) as e:
     raise DataError(f"{path}: could not read the file as UTF-8 text: {e}") from e
   for line_no, line in enumerate(lines, start=1):
     if not line.strip():
@@ -155,6 +166,8 @@ def _jsonl_rows(path: str):
         f"{path}:{line_no}: JSON nested too deeply to read ({len(line)} characters); records "
         "are flat objects with a prompt and an answer field"
       ) from None
+    except ValueError as e:  # a number past Python's int conversion limit (4300 digits)
+      raise DataError(f"{path}:{line_no}: a value JSON cannot read here ({e})") from None
     if not isinstance(row, dict):
       raise DataError(f"{path}:{line_no}: expected a JSON object, found {type(row).__name__}.")
     yield f"{path}:{line_no}", row, sorted(row)
@@ -168,13 +181,16 @@ def _parquet_rows(path: str, fields: Sequence[str]):
   try:
     pf = pq.ParquetFile(path)
   except Exception as e:  # pyarrow raises several error types for a bad file
-    raise DataError(f"{path}: not a readable Parquet file: {e}") from e
+    raise DataError(f"{path}: not a readable Parquet file: {' '.join(str(e).split())}") from e
   names = pf.schema_arrow.names
   wanted = {f if f in names else f.split(".")[0] for f in fields}
   columns = [n for n in names if n in wanted]
   if len(columns) < len(wanted):
     columns = None  # some field is absent: read everything so the error lists the columns
-  rows = pf.read(columns=columns).to_pylist()
+  try:
+    rows = pf.read(columns=columns).to_pylist()
+  except Exception as e:  # a damaged page: pyarrow raises OSError, ArrowInvalid and others
+    raise DataError(f"{path}: not a readable Parquet file: {' '.join(str(e).split())}") from e
   for k, row in enumerate(rows):
     yield f"{path} row {k}", row, names
 

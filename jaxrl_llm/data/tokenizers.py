@@ -36,6 +36,24 @@ def _read_json(path: pathlib.Path) -> dict[str, Any]:
   return value
 
 
+def _generation_ids(gc: Mapping[str, Any]) -> tuple[list[int], int | None]:
+  """(eos ids, pad id) of a generation_config: `eos_token_id` an id >= 0 or a list of them,
+  `pad_token_id` an id >= 0, either null or absent; a ValueError naming a value that is not
+  (a string, a float or a boolean is no id)."""
+
+  def is_id(v):
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+  eos = gc.get("eos_token_id")
+  ids = [] if eos is None else eos if isinstance(eos, list) else [eos]
+  if not all(is_id(i) for i in ids):
+    raise ValueError(f"eos_token_id={eos!r} is not a token id >= 0, a list of them or null")
+  pad = gc.get("pad_token_id")
+  if pad is not None and not is_id(pad):
+    raise ValueError(f"pad_token_id={pad!r} is not a token id >= 0 or null")
+  return ids, pad
+
+
 def _config_dict(config: Mapping[str, Any] | str | pathlib.Path | None) -> tuple[dict, str]:
   """A config given as a dict or a JSON path → (dict, description for messages)."""
   if config is None:
@@ -165,15 +183,17 @@ class HFTokenizer:
       template = chat_template or _pick_chat_template(tc.get("chat_template"))
     except ValueError as e:
       raise ValueError(f"{tc_name}: {e}") from e
-    gen_eos = gc.get("eos_token_id")
-    gen_eos = [] if gen_eos is None else [gen_eos] if isinstance(gen_eos, int) else list(gen_eos)
+    try:
+      gen_eos, gen_pad = _generation_ids(gc)
+    except ValueError as e:
+      raise ValueError(f"{gc_name}: {e}") from e
     return cls(
       tok,
       eos_token=eos,
       pad_token=pad,
       bos_token=bos,
       eos_token_ids=gen_eos,
-      pad_token_id=gc.get("pad_token_id"),
+      pad_token_id=gen_pad,
       chat_template=template,
       add_bos_token=bool(tc.get("add_bos_token", False)),
       source=f"{path} (tokenizer_config: {tc_name}, generation_config: {gc_name})",
