@@ -12,9 +12,11 @@
 
 Anything else (a tensor type outside `TENSOR_TYPES`, an architecture other than Llama, a
 truncated file, a tokenizer model other than byte-level BPE, an unknown tensor, a tensor whose
-shape the metadata does not give, a token id outside the vocabulary) is refused with one
-`GGUFError` naming what was found and what is allowed, before anything is written. So is an
-OUT_DIR that is a file or already holds weights or a file the import writes (`check_out_dir`).
+shape the metadata does not give, a token id outside the vocabulary, metadata of the wrong type
+or out of range, text that is not UTF-8) is refused with one `GGUFError` naming the file, the
+key and what is allowed, before anything is written; so is anything the loader would refuse in
+the directory about to be written (`_check_loads` runs its own checks on it). So is an OUT_DIR
+that is a file or already holds weights or a file the import writes (`check_out_dir`).
 """
 
 from __future__ import annotations
@@ -30,7 +32,15 @@ from typing import Any
 import numpy as np
 
 from jaxrl_llm.models import gguf_tokenizer
-from jaxrl_llm.models.gguf_reader import GGUFError, field, open_reader
+from jaxrl_llm.models.gguf_reader import (
+  REQUIRED,
+  GGUFError,
+  array,
+  field,
+  open_reader,
+  positive,
+  whole,
+)
 
 # Tensor types imported (each dequantized by gguf.quants, tested against its own quantizer).
 TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
@@ -41,19 +51,19 @@ DTYPES = ("float32", "bfloat16")
 def _heads(reader, arch: str, heads: int, d: int, path: str) -> tuple[int, int, int]:
   """(query heads, key-value heads, head dimension) of the metadata, each checked against the
   others (`heads` from attention.head_count, `d` the embedding length)."""
-  kv_heads = int(field(reader, f"{arch}.attention.head_count_kv", heads))
+  kv_heads = whole(reader, f"{arch}.attention.head_count_kv", heads, least=1)
   head_count = f"{arch}.attention.head_count={heads}"
   if heads < 1 or kv_heads < 1 or heads % kv_heads:
     raise GGUFError(
       f"{path}: {head_count} is not a multiple of {arch}.attention.head_count_kv={kv_heads}"
     )
-  key_length = field(reader, f"{arch}.attention.key_length")
+  key_length = whole(reader, f"{arch}.attention.key_length")
   if key_length is None and d % heads:
     raise GGUFError(f"{path}: {arch}.embedding_length={d} is not a multiple of {head_count}")
-  head_dim = int(key_length) if key_length is not None else d // heads
+  head_dim = key_length if key_length is not None else d // heads
   if head_dim < 2 or head_dim % 2:  # rotary embeddings turn pairs of dimensions
     raise GGUFError(f"{path}: the head dimension {head_dim} is not a positive even number")
-  rope = field(reader, f"{arch}.rope.dimension_count", head_dim)
+  rope = whole(reader, f"{arch}.rope.dimension_count", head_dim)
   if rope != head_dim:
     where = (
       f"{arch}.attention.key_length={head_dim}"
@@ -82,39 +92,37 @@ def _metadata(reader, path: str) -> dict[str, Any]:
       f"{path}: general.architecture={arch!r} is not imported; allowed: {', '.join(ARCHITECTURES)}"
     )
 
-  def need(key: str) -> Any:
-    value = field(reader, f"{arch}.{key}")
-    if value is None:
-      raise GGUFError(f"{path}: metadata {arch}.{key} is missing")
-    return value
+  def need(key: str) -> int:
+    """Metadata `{arch}.{key}`: present, a whole number >= 1."""
+    return whole(reader, f"{arch}.{key}", REQUIRED, least=1)
 
   scaling = field(reader, f"{arch}.rope.scaling.type", "none")
   if scaling not in ("none", None) or any(t.name == "rope_freqs.weight" for t in reader.tensors):
     raise GGUFError(f"{path}: RoPE scaling ({scaling!r} / rope_freqs.weight) is not imported")
-  d = int(need("embedding_length"))
-  heads, kv_heads, head_dim = _heads(reader, arch, int(need("attention.head_count")), d, path)
-  tokens = field(reader, "tokenizer.ggml.tokens") or []
+  d = need("embedding_length")
+  heads, kv_heads, head_dim = _heads(reader, arch, need("attention.head_count"), d, path)
+  tokens = array(reader, "tokenizer.ggml.tokens", str, [])
   return {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
     "hidden_size": d,
-    "intermediate_size": int(need("feed_forward_length")),
-    "num_hidden_layers": int(need("block_count")),
+    "intermediate_size": need("feed_forward_length"),
+    "num_hidden_layers": need("block_count"),
     "num_attention_heads": heads,
     "num_key_value_heads": kv_heads,
     "head_dim": head_dim,
-    "rms_norm_eps": float(need("attention.layer_norm_rms_epsilon")),
-    "rope_theta": float(field(reader, f"{arch}.rope.freq_base", 10000.0)),
-    "max_position_embeddings": int(need("context_length")),
-    "vocab_size": int(field(reader, f"{arch}.vocab_size", len(tokens))),
+    "rms_norm_eps": positive(reader, f"{arch}.attention.layer_norm_rms_epsilon", REQUIRED),
+    "rope_theta": positive(reader, f"{arch}.rope.freq_base", 10000.0),
+    "max_position_embeddings": need("context_length"),
+    "vocab_size": whole(reader, f"{arch}.vocab_size", len(tokens), least=1),
     "tie_word_embeddings": not any(t.name == "output.weight" for t in reader.tensors),
     "hidden_act": "silu",
     "attention_bias": False,
     "mlp_bias": False,
     **{
-      f"{k}_token_id": int(v)
+      f"{k}_token_id": v
       for k, key in (("bos", "bos"), ("eos", "eos"), ("pad", "padding"))
-      if (v := field(reader, f"tokenizer.ggml.{key}_token_id")) is not None
+      if (v := whole(reader, f"tokenizer.ggml.{key}_token_id")) is not None
     },
   }
 
@@ -281,15 +289,40 @@ def check_out_dir(out_dir: str) -> None:
     )
 
 
-def import_gguf(path: str | os.PathLike, out_dir: str | os.PathLike, *, dtype: str = "float32"):
-  """Writes the Hugging Face directory of the GGUF file `path` at `out_dir` (see the module
-  docstring); returns a summary dict. GGUFError, with nothing written, for what it cannot."""
-  from safetensors.numpy import save_file
+def _check_loads(files: Mapping[str, Any], tok, path: str) -> None:
+  """GGUFError unless the JSON `files` and tokenizer about to be written pass the loader's own
+  checks: `hf_config.config_from_hf` (as `hf.load_checkpoint` runs it), `hf.read_source` and
+  `HFTokenizer.from_dir`, run on a scratch copy of them. The metadata's own checks name the GGUF
+  key first; these keep the import from writing a directory the loader would refuse."""
+  from jaxrl_llm.data.tokenizers import HFTokenizer
+  from jaxrl_llm.models import hf, hf_config
 
-  path, out_dir = os.fspath(path), os.fspath(out_dir)
-  if dtype not in DTYPES:
-    raise GGUFError(f"dtype={dtype!r} is not one of {', '.join(DTYPES)}")
-  check_out_dir(out_dir)
+  with tempfile.TemporaryDirectory(prefix="gguf-import-check-") as scratch:
+    _write_json(scratch, files)
+    tok.save(os.path.join(scratch, "tokenizer.json"))
+    config = os.path.join(scratch, "config.json")
+    try:
+      hf_config.config_from_hf(files["config.json"], source=config)
+      hf.read_source(scratch)
+      HFTokenizer.from_dir(scratch)
+    except ValueError as e:  # CheckpointFormatError is one
+      msg = " ".join(str(e).replace(os.path.join(scratch, ""), "").split())
+      raise GGUFError(
+        f"{path}: it would be imported as a directory that does not load: {msg}"
+      ) from None
+
+
+def _write_json(directory: str, files: Mapping[str, Any]) -> None:
+  """Writes each of `files` ({name: content}) as an indented JSON file in `directory`."""
+  for name, content in files.items():
+    with open(os.path.join(directory, name), "w") as f:
+      json.dump(content, f, indent=2, sort_keys=True)
+      f.write("\n")
+
+
+def _read(path: str, dtype: str) -> tuple[Any, dict[str, Any], Any, list[tuple[str, Callable]]]:
+  """(reader, {name: content} of the JSON files to write, the tokenizer, the tensors) of the GGUF
+  file `path`: every value read and checked, here and by the loader's checks (`_check_loads`)."""
   reader = open_reader(path)
   config = _metadata(reader, path)
   tok, tokens = gguf_tokenizer.tokenizer(reader, path)
@@ -298,29 +331,29 @@ def import_gguf(path: str | os.PathLike, out_dir: str | os.PathLike, *, dtype: s
   )
   gguf_tokenizer.check_template(tok_config, path)
   gguf_tokenizer.check_vocabulary(reader, config, tok, tokens, path)
-  tensors = _tensors(reader, config, path)
-  import ml_dtypes
+  files = {
+    "config.json": {**config, "torch_dtype": dtype},
+    "tokenizer_config.json": tok_config,
+    "generation_config.json": {
+      k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in config
+    },
+  }
+  _check_loads(files, tok, path)
+  return reader, files, tok, _tensors(reader, config, path)
 
-  np_dtype = np.float32 if dtype == "float32" else ml_dtypes.bfloat16
-  arrays = {name: load().astype(np_dtype) for name, load in tensors}
+
+def _write(out_dir: str, arrays: Mapping[str, np.ndarray], tok, files: Mapping[str, Any]) -> None:
+  """Writes the weights, the tokenizer and the JSON `files` beside `out_dir`, then moves them in:
+  an interrupted import leaves no half directory."""
+  from safetensors.numpy import save_file
+
   parent = os.path.dirname(os.path.abspath(out_dir))
   os.makedirs(parent, exist_ok=True)
   tmp = tempfile.mkdtemp(prefix=".gguf-import-", dir=parent)
-  try:  # written beside, then moved into place: an interrupted import leaves no half directory
-    save_file(arrays, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+  try:
+    save_file(dict(arrays), os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
     tok.save(os.path.join(tmp, "tokenizer.json"))
-    generation = {
-      k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in config
-    }
-    files = {
-      "config.json": {**config, "torch_dtype": dtype},
-      "tokenizer_config.json": tok_config,
-      "generation_config.json": generation,
-    }
-    for name, content in files.items():
-      with open(os.path.join(tmp, name), "w") as f:
-        json.dump(content, f, indent=2, sort_keys=True)
-        f.write("\n")
+    _write_json(tmp, files)
     os.makedirs(out_dir, exist_ok=True)
     # The weights last: their presence marks a complete import (as `pretrained.fetch` reads it).
     for name in sorted(os.listdir(tmp), key=lambda n: n == "model.safetensors"):
@@ -328,7 +361,22 @@ def import_gguf(path: str | os.PathLike, out_dir: str | os.PathLike, *, dtype: s
       os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
-  return {
+
+
+def import_gguf(path: str | os.PathLike, out_dir: str | os.PathLike, *, dtype: str = "float32"):
+  """Writes the Hugging Face directory of the GGUF file `path` at `out_dir` (see the module
+  docstring); returns a summary dict. GGUFError, with nothing written, for what it cannot: all
+  of the file is read and checked (the summary's too) before anything is written."""
+  import ml_dtypes
+
+  path, out_dir = os.fspath(path), os.fspath(out_dir)
+  if dtype not in DTYPES:
+    raise GGUFError(f"dtype={dtype!r} is not one of {', '.join(DTYPES)}")
+  check_out_dir(out_dir)
+  reader, files, tok, tensors = _read(path, dtype)
+  np_dtype = np.float32 if dtype == "float32" else ml_dtypes.bfloat16
+  arrays = {name: load().astype(np_dtype) for name, load in tensors}
+  summary = {
     "gguf": os.path.abspath(path),
     "out": os.path.abspath(out_dir),
     "dtype": dtype,
@@ -337,3 +385,5 @@ def import_gguf(path: str | os.PathLike, out_dir: str | os.PathLike, *, dtype: s
     "tensor_types": sorted({t.tensor_type.name for t in reader.tensors}),
     "name": field(reader, "general.name"),
   }
+  _write(out_dir, arrays, tok, files)
+  return summary

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from jaxrl_llm.models.gguf_reader import GGUFError, field
+from jaxrl_llm.models.gguf_reader import GGUFError, array, field, flag, text, whole
 
 # tokenizer.ggml.pre values -> whether digits are split one by one before the byte-level regex
 # (llama.cpp's "smollm", "starcoder" and "refact" pre-tokenizers do; "gpt-2" and "default" don't).
@@ -29,27 +29,31 @@ def tokenizer(reader, path: str):
     raise GGUFError(
       f"{path}: tokenizer.ggml.model={kind!r} is not imported; allowed: gpt2 (byte-level BPE)"
     )
-  pre = field(reader, "tokenizer.ggml.pre", "default")
+  pre = text(reader, "tokenizer.ggml.pre", "default")
   if pre not in PRE_TOKENIZERS:
     raise GGUFError(
       f"{path}: tokenizer.ggml.pre={pre!r} is not imported; allowed: "
       f"{', '.join(sorted(PRE_TOKENIZERS))}"
     )
-  tokens = field(reader, "tokenizer.ggml.tokens")
+  tokens = array(reader, "tokenizer.ggml.tokens", str)
   if not tokens:
     raise GGUFError(f"{path}: tokenizer.ggml.tokens is missing (a vocabulary is needed)")
-  tokens = list(tokens)
-  types = list(field(reader, "tokenizer.ggml.token_type", [1] * len(tokens)))
+  types = array(reader, "tokenizer.ggml.token_type", int, [1] * len(tokens))
   if len(types) != len(tokens):
     raise GGUFError(
       f"{path}: tokenizer.ggml.token_type holds {len(types)} entries but tokenizer.ggml.tokens "
       f"{len(tokens)}: there must be one per token"
     )
-  merges = [tuple(m.split(" ", 1)) for m in field(reader, "tokenizer.ggml.merges", [])]
-  if bad := next((m for m in merges if len(m) != 2), None):
-    raise GGUFError(f"{path}: tokenizer.ggml.merges holds {bad[0]!r}, not two tokens 'a b'")
   vocab = {tok: i for i, tok in enumerate(tokens)}
-  tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+  merges = _merges(reader, vocab, path)
+  try:
+    bpe = models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False)
+  except Exception as e:  # the Rust library raises a plain Exception
+    msg = " ".join(str(e).split())
+    raise GGUFError(
+      f"{path}: tokenizer.ggml.tokens and tokenizer.ggml.merges do not make a BPE model ({msg})"
+    ) from None
+  tok = Tokenizer(bpe)
   byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
   tok.pre_tokenizer = (
     pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
@@ -67,19 +71,41 @@ def tokenizer(reader, path: str):
   return tok, tokens
 
 
+def _merges(reader, vocab: Mapping[str, int], path: str) -> list[tuple[str, str]]:
+  """tokenizer.ggml.merges as pairs (a, b), each checked: two tokens 'a b', with a, b and ab
+  each in the vocabulary (as BPE needs them)."""
+  merges = []
+  for i, merge in enumerate(array(reader, "tokenizer.ggml.merges", str, [])):
+    pair = tuple(merge.split(" ", 1))
+    if len(pair) != 2:
+      raise GGUFError(f"{path}: tokenizer.ggml.merges holds {merge!r}, not two tokens 'a b'")
+    if unknown := next((t for t in (*pair, "".join(pair)) if t not in vocab), None):
+      raise GGUFError(
+        f"{path}: tokenizer.ggml.merges[{i}]={merge!r} needs the token {unknown!r}, which is not "
+        "in tokenizer.ggml.tokens (a merge 'a b' needs a, b and ab in the vocabulary)"
+      )
+    merges.append(pair)
+  return merges
+
+
 def _token_ids(reader, tokens: list[str], path: str) -> dict[str, int]:
-  """{"bos" / "eos" / "pad" / "unk": token id} of the file, each checked to be in the vocabulary."""
+  """{"bos" / "eos" / "pad" / "unk": token id} of the file, each checked to be in the vocabulary;
+  the eos id is required."""
   out = {}
   for k, key in (("bos", "bos"), ("eos", "eos"), ("pad", "padding"), ("unk", "unknown")):
-    i = field(reader, f"tokenizer.ggml.{key}_token_id")
+    i = whole(reader, f"tokenizer.ggml.{key}_token_id")
     if i is None:
       continue
-    if not 0 <= int(i) < len(tokens):
+    if i >= len(tokens):
       raise GGUFError(
-        f"{path}: tokenizer.ggml.{key}_token_id={int(i)} is outside the vocabulary of "
+        f"{path}: tokenizer.ggml.{key}_token_id={i} is outside the vocabulary of "
         f"{len(tokens)} tokens (ids 0 to {len(tokens) - 1})"
       )
-    out[k] = int(i)
+    out[k] = i
+  if "eos" not in out:  # completions end with it: the loader refuses a tokenizer without one
+    raise GGUFError(
+      f"{path}: tokenizer.ggml.eos_token_id is missing: an import needs the end-of-sequence token"
+    )
   return out
 
 
@@ -87,14 +113,19 @@ def tokenizer_config(reader, tokens: list[str], max_len: int, path: str) -> dict
   """tokenizer_config.json of the file: its special tokens, BOS/EOS flags and chat template."""
   out: dict[str, Any] = {
     "tokenizer_class": "PreTrainedTokenizerFast",
-    "add_bos_token": bool(field(reader, "tokenizer.ggml.add_bos_token", False)),
-    "add_eos_token": bool(field(reader, "tokenizer.ggml.add_eos_token", False)),
+    "add_bos_token": flag(reader, "tokenizer.ggml.add_bos_token"),
+    "add_eos_token": flag(reader, "tokenizer.ggml.add_eos_token"),
     "clean_up_tokenization_spaces": False,
     "model_max_length": max_len,
   }
-  for k, i in _token_ids(reader, tokens, path).items():
+  ids = _token_ids(reader, tokens, path)
+  if out["add_bos_token"] and "bos" not in ids:
+    raise GGUFError(
+      f"{path}: tokenizer.ggml.add_bos_token is true but tokenizer.ggml.bos_token_id is missing"
+    )
+  for k, i in ids.items():
     out[f"{k}_token"] = tokens[i]
-  template = field(reader, "tokenizer.chat_template")
+  template = text(reader, "tokenizer.chat_template")
   if template:
     out["chat_template"] = template
   return out
