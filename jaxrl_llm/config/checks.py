@@ -114,12 +114,25 @@ def _learner(cfg: Config, mc: ModelConfig, task) -> list[str]:
     )
   sh = cfg.shaping
   if sh.name == "soft_overlong" and task is not None:
-    t_max = cfg.sampling.max_new_tokens or task.max_new_tokens
+    t_max = _budget(cfg, task)
     out += need(
       1 <= sh.cache_len < t_max,
-      f"shaping.cache_len={sh.cache_len} must be in [1, max_new_tokens={t_max})",
+      f"shaping.cache_len={sh.cache_len} must be in [1, T={t_max}), T the completion budget "
+      "(sampling.max_new_tokens, or with 0 the task's, times the turns with a tool)",
     )
   return out
+
+
+def _budget(cfg: Config, task) -> int:
+  """The sampler's completion budget T for `task` (`SamplingSettings.budget`); a tool the task's
+  tokenizer cannot take counts as none here (`_task` names it)."""
+  from jaxrl_llm import envs
+
+  try:
+    env = envs.get_env(cfg.sampling.tool, task)
+  except ValueError:
+    env = None
+  return cfg.sampling.budget(task, env)
 
 
 def _devices(cfg: Config, mc: ModelConfig, num_devices: int) -> list[str]:

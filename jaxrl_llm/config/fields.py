@@ -69,6 +69,8 @@ def coerce(annotation: str, value: Any, where: str) -> Any:
     return value
   if base == "bool" and not isinstance(value, bool | int):
     raise ValueError(f"{where}={value!r} must be a bool")
+  if base == "int" and (isinstance(value, bool) or (isinstance(value, float) and value % 1)):
+    raise ValueError(f"{where}={value!r} must be a whole number")  # int() would drop it silently
   try:
     out = _CASTS[base](value)
   except (TypeError, ValueError):

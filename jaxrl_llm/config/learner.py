@@ -231,19 +231,30 @@ class CorrectionSettings(LearnedSection):
   name: str = setting(
     "none", hparam=True
   )  # §3: none | tis_token | tis_seq | mis_token | mis_seq, optional "+geo_mask"
-  cap: float = 2.0  # C: truncation / rejection threshold of ρ
-  geo_low: float = 0.0  # C_low of geo_mask (0 = upper bound only)
+  cap: float = 2.0  # C: truncation / rejection threshold of ρ (>= 1 with a correction)
+  geo_low: float = 0.0  # C_low of geo_mask, <= 1 (0 = upper bound only)
   geo_high: float = 0.0  # C_high of geo_mask (0 = use `cap`)
 
   def errors(self) -> list[str]:
-    """A known correction; C > 0; 0 <= C_low < C_high."""
+    """A known correction; C > 0, and >= 1 where a base correction uses it (below 1 it truncates
+    or rejects every on-policy token, ρ = 1); geo_mask's 0 <= C_low <= 1 <= C_high (geo_high, or
+    C when 0), C_low < C_high."""
     out = _name_error("correction", "correction", self.name)
     out += need(self.cap > 0, f"correction.cap={self.cap} must be > 0")
     out += at_least("correction", self, 0, "geo_low")
-    if self.geo_high:
+    parts = self.name.split("+")
+    out += need(
+      all(p in ("none", "geo_mask") for p in parts) or self.cap >= 1,
+      f"correction.cap={self.cap} with correction.name={self.name!r} truncates or rejects every "
+      "on-policy token (ρ = 1 > C); allowed: a cap >= 1",
+    )
+    if "geo_mask" in parts:  # 1[C_low <= ρ_geo <= C_high] must keep an on-policy sequence
+      high, which = (self.geo_high, "geo_high") if self.geo_high else (self.cap, "cap")
       out += need(
-        self.geo_high > self.geo_low,
-        f"correction.geo_high={self.geo_high} must exceed correction.geo_low={self.geo_low}",
+        self.geo_low <= 1 <= high and self.geo_low < high,
+        f"correction.geo_low={self.geo_low} and correction.{which}={high} (C_high) leave "
+        "geo_mask no interval around an on-policy sequence's ρ = 1, so it masks every "
+        "sequence; allowed: geo_low <= 1 <= C_high (geo_low 0 = upper bound only)",
       )
     return out
 

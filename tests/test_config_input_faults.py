@@ -1,0 +1,87 @@
+"""Config values that parsed and then trained nothing, or were changed without a word: a
+correction whose bounds exclude every on-policy token, a whole-number setting given a bool or
+a fraction, and a soft-overlong window checked against the wrong budget with a tool on."""
+
+import pytest
+from conftest import tiny_config
+
+from jaxrl_llm.config import ConfigError, parse
+from jaxrl_llm.config.checks import check
+from jaxrl_llm.run.assemble import build_task
+
+
+def _said(**overrides) -> str:
+  """The ConfigError `parse` raises for `overrides` on the tiny config ("" if none)."""
+  try:
+    parse(tiny_config(**overrides))
+  except ConfigError as e:
+    return str(e)
+  return ""
+
+
+@pytest.mark.parametrize(
+  "overrides, said",
+  [
+    ({"correction.name": "geo_mask", "correction.geo_low": 5.0}, "correction.cap=2.0 (C_high)"),
+    ({"correction.name": "tis_seq+geo_mask", "correction.geo_low": 4.0,
+      "correction.geo_high": 3.0}, "correction.geo_high=3.0 (C_high)"),
+    ({"correction.name": "geo_mask", "correction.geo_high": 0.9}, "correction.geo_high=0.9"),
+    ({"correction.name": "mis_token", "correction.cap": 0.5}, "correction.cap=0.5 with"),
+    ({"correction.name": "mis_seq", "correction.cap": 0.99}, "correction.cap=0.99 with"),
+    ({"correction.name": "tis_token", "correction.cap": 0.5}, "correction.cap=0.5 with"),
+  ],
+)  # fmt: skip
+def test_a_correction_that_excludes_every_on_policy_token_is_refused(overrides, said):
+  """geo_low=5 (C_high 2) masked every sequence and trained nothing with exit 0; a cap below 1
+  truncates or rejects every token whose ratio is 1."""
+  got = _said(**overrides)
+  assert got.startswith("invalid config: correction.") and said in got, got
+  assert "\n" not in got
+
+
+@pytest.mark.parametrize(
+  "overrides",
+  [
+    {"correction.name": "geo_mask", "correction.geo_low": 0.5},  # [0.5, cap 2]
+    {"correction.name": "geo_mask", "correction.geo_low": 1.0, "correction.geo_high": 1.01},
+    {"correction.name": "geo_mask", "correction.geo_high": 3.0, "correction.cap": 0.5},
+    {"correction.name": "mis_token", "correction.cap": 1.0},
+    {"correction.name": "none", "correction.cap": 0.5},  # unused
+  ],
+)
+def test_corrections_that_keep_on_policy_tokens_are_accepted(overrides):
+  assert _said(**overrides) == ""
+
+
+@pytest.mark.parametrize("value", [True, 4096.5, float("nan")])
+def test_a_whole_number_setting_refuses_a_bool_or_a_fraction(value):
+  """int(True) = 1 and int(4096.5) = 4096 were taken without a word."""
+  got = _said(**{"rl.microbatch_tokens": value})
+  assert got == f"invalid config: rl.microbatch_tokens={value!r} must be a whole number", got
+  assert parse(tiny_config(**{"rl.microbatch_tokens": 4096.0})).rl.microbatch_tokens == 4096
+
+
+def test_soft_overlong_is_checked_against_the_budget_a_tool_gives():
+  """With a tool and max_new_tokens=0 the budget is max_turns x (answer + the tool's answer);
+  the window was checked against the task's answer alone and refused what fits."""
+  base = {
+    "task.name": "addition",
+    "sampling.tool": "calculator",
+    "shaping.name": "soft_overlong",
+    "shaping.weight": 1.0,
+  }
+
+  def problems(cache_len):
+    cfg = parse(tiny_config(**base | {"shaping.cache_len": cache_len}))
+    task = build_task(cfg)
+    try:
+      check(cfg, num_devices=1, task=task)
+    except ConfigError as e:
+      return str(e), cfg.sampling.sampler(task).max_new_tokens
+    return "", cfg.sampling.sampler(task).max_new_tokens
+
+  said, t = problems(1)
+  assert said == "" and t > 3 * build_task(parse(tiny_config(**base))).max_new_tokens
+  assert problems(t - 1)[0] == ""
+  said, _ = problems(t)
+  assert said.startswith(f"invalid config: shaping.cache_len={t} must be in [1, T={t})"), said
