@@ -35,9 +35,13 @@ generation_config.json and the tokenizer files; --tokenizer (default: the run's
 `data.tokenizer`, else the source's) picks other tokenizer files. A model with no source gets
 the model type's default max_position_embeddings unless --max_position_embeddings is given.
 Before anything is written, `export` refuses an --out or --adapters that is a trainer workdir
-(its config.json is the run record: even with --overwrite) and, without --overwrite, one that
-holds files the export would replace (weights, config.json, generation_config.json, the
-tokenizer files, the adapter files); a refused export leaves every directory as it was.
+(its config.json is the run record: even with --overwrite), or is or lies inside a trainer's
+checkpoints/ or a checkpoint the run started from or the export reads (its recorded
+model.checkpoint, its adapters' base, --hf_source: even with --overwrite) and, without
+--overwrite, one that holds files the export would replace (weights, config.json,
+generation_config.json, the tokenizer files, the adapter files); a refused export leaves every
+directory as it was. A packed sweep (its root or a run folder) is refused: `jaxrl_llm.run.packed.take_out` writes one
+of its runs out as a workdir to export.
 
 Bad input (a missing or malformed file, field or tensor) ends with one line on stderr,
 `error: <file>: <what is wrong>`, and exit code 2; --debug also prints the traceback.
@@ -67,14 +71,81 @@ def trainer_workdir(path: str) -> str | None:
   config.json: one holding a 'config' object), or None when it is not one."""
   if os.path.isdir(os.path.join(path, "checkpoints")):
     return "it holds checkpoints/"
+  if _has_run_record(path):
+    return "its config.json is a run record"
+  return None
+
+
+def _has_run_record(path: str) -> bool:
+  """Whether directory `path` holds a run record config.json (one with a 'config' object)."""
   try:
     with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
       record = json.load(f)
   except (OSError, ValueError):  # absent, or not JSON: no run record
-    return None
-  if isinstance(record, dict) and isinstance(record.get("config"), dict):
-    return "its config.json is a run record"
+    return False
+  return isinstance(record, dict) and isinstance(record.get("config"), dict)
+
+
+def _ancestors(path: str):
+  """`path` made absolute, then every directory above it, nearest first."""
+  path = os.path.abspath(path)
+  while True:
+    yield path
+    if (parent := os.path.dirname(path)) == path:
+      return
+    path = parent
+
+
+def _trainer_checkpoints(path: str) -> str | None:
+  """The checkpoints/ directory of a trainer workdir (beside a run record, or holding a numbered
+  step) that `path` is or lies inside, else None."""
+  for above in _ancestors(path):
+    if os.path.basename(above) != "checkpoints" or not os.path.isdir(above):
+      continue
+    steps = [n for n in os.listdir(above) if n.isdigit() and os.path.isdir(f"{above}/{n}")]
+    if steps or _has_run_record(os.path.dirname(above)):
+      return above
   return None
+
+
+def _packed_sweep(workdir: str) -> tuple[str, list] | None:
+  """(root, run names) of the packed sweep that `workdir` is the root of (its newest checkpoint's
+  meta names the pack's runs, 'pack') or a run folder of (ROOT/<name>, no checkpoints/ of its
+  own), else None. The meta is read from its file: nothing under the root is touched."""
+  root = os.path.abspath(workdir)
+  if not os.path.isdir(root):
+    return None
+  if not os.path.isdir(os.path.join(root, "checkpoints")):
+    root = os.path.dirname(root)
+  steps = os.path.join(root, "checkpoints")
+  names = os.listdir(steps) if os.path.isdir(steps) else []
+  for step in sorted((int(n) for n in names if n.isdigit()), reverse=True):
+    try:
+      with open(os.path.join(steps, str(step), "meta", "metadata"), encoding="utf-8") as f:
+        meta = json.load(f)
+    except (OSError, ValueError):  # an unfinished step: look at the one before
+      continue
+    pack = meta.get("pack") if isinstance(meta, dict) else None
+    return (root, list(pack.get("names") or [])) if isinstance(pack, dict) else None
+  return None
+
+
+def _check_not_a_pack(workdir: str) -> None:
+  """ConvertError for a --workdir that is a packed sweep or one of its runs' folders: the
+  pack's checkpoints hold every run's parameters stacked, which export does not read."""
+  if (pack := _packed_sweep(workdir)) is None:
+    return
+  root, names = pack
+  run = os.path.relpath(os.path.abspath(workdir), root)
+  what = f"is a packed sweep (runs {', '.join(names)})"
+  if run != ".":
+    what = f"is run {run} of the packed sweep {root}"
+  raise ConvertError(
+    f"--workdir={workdir}: {what}, whose checkpoints hold every run at once, which export "
+    "cannot read; write one run out as a workdir of its own with "
+    "jaxrl_llm.run.packed.take_out(configs, root, name, workdir) (docs/sweeps.md) and export "
+    "that workdir"
+  )
 
 
 def _check_dir_flag(flag: str, path: str) -> None:
@@ -180,6 +251,7 @@ def restore_params(workdir: str, step: int | None = None):
   from jaxrl_llm.models import hf, lora
   from jaxrl_llm.models.config import ModelConfig
 
+  _check_not_a_pack(workdir)
   if not os.path.isdir(os.path.join(workdir, "checkpoints")):
     raise ConvertError(f"{workdir}: has no checkpoints/ directory (not a trainer workdir?)")
   ckpt = Checkpointer(workdir, save_every=0, async_save=False)
@@ -337,7 +409,10 @@ def _resolve_inputs(args):
 
 
 def _check_flags(args) -> None:
-  """ConvertError for an export flag out of range or a directory flag naming a file."""
+  """ConvertError for an export flag out of range, a directory flag naming a file, a
+  --workdir that is a packed sweep (`_check_not_a_pack`) or a destination that `_check_kept`
+  refuses (before any weights are read)."""
+  _check_not_a_pack(args.workdir)
   if args.max_shard_bytes < 1:
     raise ConvertError(
       f"--max_shard_bytes={args.max_shard_bytes}: must be at least 1 (the most bytes of tensors "
@@ -350,14 +425,57 @@ def _check_flags(args) -> None:
   for flag, path in (("--out", args.out), ("--adapters", args.adapters)):
     if path:
       _check_dir_flag(flag, path)
+  _check_kept(args, _kept_checkpoints(args, {}))
 
 
-def _check_destinations(args, source, tokenizer) -> None:
+def _kept_checkpoints(args, meta: dict) -> list[tuple[str, str]]:
+  """(directory, what it is) of each Hugging Face checkpoint that the run depends on or the
+  export reads: the run's recorded model.checkpoint, its adapters' base (in the checkpoint's
+  `meta`), --hf_source."""
+  kept = [
+    (recorded_inputs(args.workdir)[0], "the run's model.checkpoint"),
+    ((meta.get("base") or {}).get("checkpoint") or "", "the base of the run's adapters"),
+    (args.hf_source if args.hf_source != NONE else "", "--hf_source"),
+  ]
+  return [(path, what) for path, what in kept if path and os.path.isdir(path)]
+
+
+def _is_or_inside(path: str, above: str) -> str:
+  """How `path` stands to directory `above`, which is `path` or a directory above it."""
+  same = os.path.isdir(path) and os.path.samefile(path, above)
+  return "is" if same else f"lies inside {above}, which is"
+
+
+def _check_kept(args, kept: list[tuple[str, str]]) -> None:
+  """ConvertError for an --out or --adapters that is or lies inside a trainer's checkpoints/
+  or a checkpoint of `kept` (`_kept_checkpoints`), with --overwrite too."""
+  for flag, path in (("--out", args.out), ("--adapters", args.adapters)):
+    if not path:
+      continue
+    if ckpts := _trainer_checkpoints(path):
+      raise ConvertError(
+        f"{flag}={path}: {_is_or_inside(path, ckpts)} a trainer's checkpoints/: the trainer "
+        "would take what is written there for a corrupt step and train it again; --overwrite "
+        f"or not, name another {flag}"
+      )
+    for above in _ancestors(path):
+      for kept_path, what in kept:
+        if os.path.isdir(above) and os.path.samefile(above, kept_path):
+          raise ConvertError(
+            f"{flag}={path}: {_is_or_inside(path, kept_path)} the Hugging Face checkpoint the "
+            f"export reads or the run started from ({what}): writing there would change the "
+            f"weights that the run's resume and export check; --overwrite or not, name another "
+            f"{flag}"
+          )
+
+
+def _check_destinations(args, source, tokenizer, meta: dict) -> None:
   """ConvertError, before anything is written, for an export that would destroy what a
   directory holds: --out or --adapters naming a trainer workdir (even with --overwrite: its
-  config.json is the run record), --out naming the source checkpoint (even with --overwrite), or
-  holding files the export replaces without --overwrite
-  (weights, config.json, generation_config.json, tokenizer files, adapters)."""
+  config.json is the run record), lying in a trainer's checkpoints/ or in a checkpoint the run
+  started from or the export reads (`_check_kept`), or holding files the export replaces
+  without --overwrite (weights, config.json, generation_config.json, tokenizer files,
+  adapters)."""
   from jaxrl_llm.models import hf_adapters, hf_export
 
   workdir = os.path.isdir(args.workdir) and args.workdir
@@ -370,12 +488,7 @@ def _check_destinations(args, source, tokenizer) -> None:
         f"{flag}={path}: is a trainer workdir ({why}); an export there would replace the run's "
         f"files, with --overwrite too: name another {flag}"
       )
-  if source is not None and os.path.isdir(args.out) and os.path.samefile(args.out, source.path):
-    raise ConvertError(
-      f"--out={args.out}: is the Hugging Face checkpoint the export reads (the run's "
-      "model.checkpoint, or --hf_source): writing there would replace the weights and files it "
-      "carries over, with --overwrite too; name another --out"
-    )
+  _check_kept(args, _kept_checkpoints(args, meta))  # again, with the adapters' base
   if args.overwrite:
     return
   # (flag, directory, whether weights go there, the other files written there)
@@ -429,7 +542,7 @@ def cmd_export(args) -> dict:
   _check_flags(args)
   source, tokenizer = _resolve_inputs(args)
   cfg, params, meta, step = restore_params(args.workdir, args.step)  # the run, then the outputs
-  _check_destinations(args, source, tokenizer)
+  _check_destinations(args, source, tokenizer, meta)
   model_type = (
     args.model_type
     or meta.get("hf_model_type")
