@@ -85,3 +85,24 @@ def test_soft_overlong_is_checked_against_the_budget_a_tool_gives():
   assert problems(t - 1)[0] == ""
   said, _ = problems(t)
   assert said.startswith(f"invalid config: shaping.cache_len={t} must be in [1, T={t})"), said
+
+
+@pytest.mark.slow  # two short runs (about 40 s)
+def test_a_resume_that_switches_kl_or_clipping_on_or_off_is_one_line(tmp_path):
+  """kl.beta 0 → 0.04 adds a reference model the checkpoint lacks; optim.grad_clip 1 → 0
+  drops the clip element of the optimiser state. With train.resume_changed both printed a
+  dump of every differing path (84 for grad_clip) and never named the setting. Now one line
+  names it, before anything is written; a change that keeps each on or off still resumes."""
+  from parsed import train_and_evaluate
+
+  workdir = tmp_path / "w"
+  train_and_evaluate(tiny_config(**{"train.num_steps": 1}), str(workdir))
+  before = {p.name: p.stat().st_mtime_ns for p in workdir.iterdir()}
+  go_on = {"train.num_steps": 2, "train.resume_changed": True}
+  for field, old, new in (("kl.beta", 0.0, 0.04), ("optim.grad_clip", 1.0, 0.0)):
+    with pytest.raises(ConfigError) as e:
+      train_and_evaluate(tiny_config(**go_on, **{field: new}), str(workdir))
+    said = str(e.value)
+    assert f"({field}: {old!r} → {new!r}: on or off" in said and "\n" not in said, said
+    assert {p.name: p.stat().st_mtime_ns for p in workdir.iterdir()} == before
+  train_and_evaluate(tiny_config(**go_on, **{"optim.grad_clip": 0.5}), str(workdir))

@@ -298,7 +298,7 @@ class OptimSettings(Section):
   weight_decay: float = 0.0  # AdamW decoupled weight decay
   b1: float = 0.9  # Adam β1
   b2: float = 0.99  # Adam β2
-  grad_clip: float = 1.0  # global-norm gradient clipping (0 = off)
+  grad_clip: float = setting(1.0, switch=True)  # global-norm gradient clipping (0 = off)
 
   def errors(self) -> list[str]:
     """A positive rate, non-negative warmup, decay and clip, moment decays in [0, 1)."""

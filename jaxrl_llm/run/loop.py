@@ -197,11 +197,20 @@ def _start_state(trainee, ckpt, data):
 
 def _changed_settings(trainee) -> list[str]:
   """Each run's learner settings that differ from those its folder recorded (`[name] ` in
-  front in a pack); raises ConfigError unless train.resume_changed."""
-  changed = []
+  front in a pack); raises ConfigError unless train.resume_changed, and always for a term
+  switched on or off (`record.switched`)."""
+  changed, switched = [], []
   for member in trainee.members:
     changed += [member.prefix + c for c in record.changed_learner(member.config, member.workdir)]
     changed += [member.prefix + c for c in record.changed_data(member.config, member.workdir)]
+    switched += [member.prefix + c for c in record.switched(member.config, member.workdir)]
+  if switched:
+    raise ConfigError(
+      f"{trainee.root} holds a run whose checkpoints differ in kind from this one's "
+      f"({'; '.join(switched)}: on or off, the reference model or the optimiser's clip state "
+      "is in the checkpoint or not); no resume crosses that, train.resume_changed or not: keep "
+      "each on (> 0) or off (0) as it was, or give a fresh --workdir"
+    )
   if changed and not trainee.exp.config.train.resume_changed:
     raise ConfigError(
       f"{trainee.root} holds a run with other settings of what is learned "

@@ -15,7 +15,16 @@ from absl import logging
 
 from jaxrl_llm import __version__, backend, metric_info, paths
 from jaxrl_llm import metrics as metrics_lib
-from jaxrl_llm.config import HPARAM, PER_RUN, STATE, Config, ConfigError, blocks_resume, tagged
+from jaxrl_llm.config import (
+  HPARAM,
+  PER_RUN,
+  STATE,
+  SWITCH,
+  Config,
+  ConfigError,
+  blocks_resume,
+  tagged,
+)
 from jaxrl_llm.models import lora
 
 
@@ -121,6 +130,23 @@ def changed_learner(cfg: Config, workdir: str) -> list[str]:
         continue
       if old.get(name) != new.get(name):
         out.append(f"{section}.{name}: {old.get(name)!r} → {new.get(name)!r}")
+  return out
+
+
+def switched(cfg: Config, workdir: str) -> list[str]:
+  """`section.field: saved → now` for each field that switches a term on or off (`SWITCH`: > 0
+  or 0; kl.beta's reference model, optim.grad_clip's element of the optimiser state) across 0
+  since the run recorded in `workdir`: what a checkpoint holds differs, so no resume crosses it."""
+  saved = newest_record(workdir)
+  if saved is None:
+    return []
+  saved, now = saved.get("config", {}), json.loads(cfg.to_json())
+  out = []
+  for field in tagged(SWITCH):
+    section, name = field.split(".")
+    old, new = saved.get(section, {}).get(name), now.get(section, {}).get(name)
+    if isinstance(old, int | float) and isinstance(new, int | float) and (old > 0) != (new > 0):
+      out.append(f"{field}: {old!r} → {new!r}")
   return out
 
 
