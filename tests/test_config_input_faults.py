@@ -106,3 +106,29 @@ def test_a_resume_that_switches_kl_or_clipping_on_or_off_is_one_line(tmp_path):
     assert f"({field}: {old!r} → {new!r}: on or off" in said and "\n" not in said, said
     assert {p.name: p.stat().st_mtime_ns for p in workdir.iterdir()} == before
   train_and_evaluate(tiny_config(**go_on, **{"optim.grad_clip": 0.5}), str(workdir))
+
+
+def test_a_changed_sampling_setting_blocks_a_resume_but_the_samplers_dtype_does_not(tmp_path):
+  """Group size, temperature, budget and tool decide the rollouts learned from: a relaunch that
+  changed them resumed with no word. The sampler's dtype and KV blocks are speed knobs."""
+  import json
+
+  from jaxrl_llm.run import record
+
+  (tmp_path / "config.json").write_text(
+    json.dumps({"config": json.loads(parse(tiny_config()).to_json())})
+  )
+  changed = {
+    "sampling.group_size": 2,
+    "sampling.temperature": 0.3,
+    "sampling.max_new_tokens": 3,
+    "sampling.param_dtype": "bfloat16",
+    "sampling.kv_block": 0,
+  }
+  said = record.changed_learner(parse(tiny_config(**changed)), str(tmp_path))
+  assert [s.split(":")[0] for s in said] == [
+    "sampling.group_size",
+    "sampling.max_new_tokens",
+    "sampling.temperature",
+  ], said
+  assert "sampling.temperature: 1.0 → 0.3" in said

@@ -172,8 +172,9 @@ class ModelSettings(Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class SamplingSettings(Section):
-  """`sampling`: the rollout's group size, budget and decoding, and the sampler's weights."""
+class SamplingSettings(LearnedSection):
+  """`sampling`: the rollout's group size, budget and decoding, and the sampler's weights (what
+  the rollouts are, so a change blocks a resume; the sampler's dtype and KV blocks do not)."""
 
   SECTION: ClassVar[str] = "sampling"
   group_size: int = setting(8, hparam=True)  # G completions per prompt (>= 2 for group advantages)
@@ -183,8 +184,12 @@ class SamplingSettings(Section):
   )  # τ_s >= 0.01; recorded log-probs are of logits / τ_s (§0)
   top_k: int = setting(0, per_run=TRACED)  # draw among the k most likely tokens (0 = off)
   top_p: float = setting(1.0, per_run=TRACED)  # nucleus sampling mass in (0, 1] (1 = off)
-  param_dtype: str = "auto"  # sampler copy: auto (bf16, CPU f32) | float32 | bfloat16 | int8 | int4
-  kv_block: int = 128  # decode stages of this many steps read only filled KV slots (0 = all S+T)
+  param_dtype: str = setting(
+    "auto", resume=False
+  )  # sampler copy: auto (bf16, CPU f32) | float32 | bfloat16 | int8 | int4
+  kv_block: int = setting(
+    128, resume=False
+  )  # decode stages of this many steps read only filled KV slots (0 = all S+T)
   tool: str = "none"  # multi-turn tool: none | calculator | arithmetic | arithmetic_inline | countdown | host:<m>:<f>
   max_turns: int = 3  # with a tool: the policy's segments per episode (at most max_turns - 1 calls)
   turn_tokens: int = 0  # with a tool: the most tokens of one policy segment (0 = only the budget T)
