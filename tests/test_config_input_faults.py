@@ -132,3 +132,12 @@ def test_a_changed_sampling_setting_blocks_a_resume_but_the_samplers_dtype_does_
     "sampling.temperature",
   ], said
   assert "sampling.temperature: 1.0 → 0.3" in said
+
+
+def test_a_tool_the_task_cannot_take_is_named_not_a_traceback_of_the_budget_checks():
+  """The budget checks build the tool's environment: countdown's on another task has no
+  numbers to check (an AttributeError); `_tool` names it in one line instead."""
+  for more in ({}, {"shaping.name": "soft_overlong", "shaping.weight": 1.0}):
+    cfg = parse(tiny_config(**{"sampling.tool": "countdown"}, **more))
+    with pytest.raises(ConfigError, match=r"sampling\.tool='countdown' checks countdown"):
+      check(cfg, num_devices=1, task=build_task(cfg))

@@ -124,12 +124,12 @@ def _learner(cfg: Config, mc: ModelConfig, task) -> list[str]:
 
 
 def _budget(cfg: Config, task) -> int:
-  """The sampler's completion budget T for `task` (`SamplingSettings.budget`); a tool the task's
-  tokenizer cannot take counts as none here (`_task` names it)."""
+  """The sampler's completion budget T for `task` (`SamplingSettings.budget`); a tool the task
+  or its tokenizer cannot take counts as none here (`_tool` and `_task` name it)."""
   from jaxrl_llm import envs
 
   try:
-    env = envs.get_env(cfg.sampling.tool, task)
+    env = None if _tool(cfg) else envs.get_env(cfg.sampling.tool, task)
   except ValueError:
     env = None
   return cfg.sampling.budget(task, env)
@@ -289,7 +289,7 @@ def _tool_budget(cfg: Config, task) -> list[str]:
   from jaxrl_llm import envs
 
   s = cfg.sampling
-  if s.max_new_tokens:  # bounded at parse
+  if s.max_new_tokens or _tool(cfg):  # bounded at parse; a tool this task cannot take (named)
     return []
   env = envs.get_env(s.tool, task)
   segment = s.turn_tokens or task.max_new_tokens
