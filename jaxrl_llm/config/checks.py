@@ -295,10 +295,11 @@ def _tool_budget(cfg: Config, task) -> list[str]:
   segment = s.turn_tokens or task.max_new_tokens
   per_turn = segment + env.answer_len
   what = f"sampling.turn_tokens={segment}" if s.turn_tokens else f"the task's answer, {segment}"
+  budget = s.budget(task, env)
   return need(
-    s.budget(task, env) < MAX_BUDGET,
+    budget < MAX_BUDGET,
     f"sampling.max_turns={s.max_turns} is too large: with sampling.max_new_tokens=0 it makes a "
-    f"completion budget of {s.budget(task, env)} tokens (max_turns x ({what} + the tool's "
+    f"completion budget of {budget} tokens (max_turns x ({what} + the tool's "
     f"answer, {env.answer_len})); allowed: a budget below 2**20 = {MAX_BUDGET} tokens: "
     f"sampling.max_turns at most {(MAX_BUDGET - 1) // per_turn} here",
   )
