@@ -186,13 +186,16 @@ def open_workdir(workdir: str) -> bool:
 
 def remove_if_empty(workdir: str) -> None:
   """Removes the local directory `workdir` if it holds nothing but this process's log file
-  (closed and removed with it); object stores: nothing done."""
+  (closed and removed with it) and an empty `checkpoints/`; object stores: nothing done."""
   from jaxrl_llm import paths
 
   if paths.is_remote(workdir):
     return
   logs = [p for p in terminal.log_files() if os.path.dirname(p) == os.path.abspath(workdir)]
   try:
+    empty = os.path.join(workdir, "checkpoints")
+    if os.path.isdir(empty) and not os.listdir(empty):
+      os.rmdir(empty)
     if set(os.listdir(workdir)) <= {os.path.basename(p) for p in logs}:
       for path in logs:
         terminal.close_log(path)

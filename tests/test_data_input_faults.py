@@ -114,7 +114,7 @@ def test_the_held_out_split_reads_past_prompts_too_long_for_prompt_len(tmp_path)
     assert list(answers) == [json.loads(line)["answer"] for line in lines[:4]]
   eval_file.write_text(long * 5)
   cfg = _file_config(tmp_path, **{"data.eval_files": str(eval_file)})
-  with pytest.raises(ValueError, match=r"0 of the 5 evaluation prompts fit data.prompt_len=128"):
+  with pytest.raises(records_lib.DataError, match=r"0 of the 5 held-out prompts fit data.prompt"):
     file_task.build_file_task(cfg, "").eval_set()
 
 
@@ -129,3 +129,31 @@ def test_a_broken_tokenizer_in_the_checkpoint_names_model_checkpoint(tmp_path):
     file_task.build_file_task(cfg, str(ckpt))
   assert str(e.value).startswith(f"model.checkpoint={str(ckpt)!r}: "), e.value
   assert "not a valid tokenizer.json" in str(e.value) and "data.tokenizer" not in str(e.value)
+
+
+@pytest.mark.parametrize("split", ["train", "held-out"])
+def test_prompts_that_cannot_fit_are_one_line_before_the_run_writes(tmp_path, split):
+  """A split whose every prompt is too long for data.prompt_len: the held-out one was a
+  traceback after config.json, events and checkpoints/ were written; either left an empty
+  checkpoints/ that kept the refused launch's fresh workdir. Now both are one line
+  (`launch.explain`) before anything is written, and the fresh workdir goes."""
+  from jaxrl_llm import launch
+  from jaxrl_llm.config import parse
+  from jaxrl_llm.run import train_and_evaluate
+
+  long_file = tmp_path / "long.jsonl"
+  long_file.write_text((json.dumps({"prompt": "word " * 400, "answer": "1"}) + "\n") * 5)
+  files = {"data.eval_files": str(long_file), "data.eval_fraction": 0.0}
+  if split == "train":  # the long prompts to learn from, the held-out split the good file
+    files = {"data.train_files": str(long_file), "data.eval_files": str(tmp_path / "math.jsonl")}
+  cfg = parse(_file_config(tmp_path, **(files | {"data.eval_fraction": 0.0})))
+  workdir = tmp_path / "run"
+  assert launch.open_workdir(str(workdir))  # made by this launch
+  with pytest.raises(records_lib.DataError) as e:
+    train_and_evaluate(cfg, str(workdir))
+  line = launch.explain(e.value)
+  assert line.startswith("error: ") and "\n" not in line and "data.prompt_len=128" in line
+  assert list(workdir.iterdir()) == [], "nothing is written before the prompts are read"
+  (workdir / "checkpoints").mkdir()  # what a later failure leaves: the Checkpointer's folder
+  launch.remove_if_empty(str(workdir))
+  assert not workdir.exists()

@@ -92,8 +92,8 @@ class FileTask(Task):
     n = min(fits, self.eval_size)
     n -= n % multiple_of
     if n < 1:
-      raise ValueError(
-        f"{fits} of the {len(self.eval_records)} evaluation prompts fit data.prompt_len="
+      raise records.DataError(
+        f"{fits} of the {len(self.eval_records)} held-out prompts fit data.prompt_len="
         f"{self.prompt_len}, and an evaluation needs a multiple of {multiple_of} (devices); "
         "add eval data (data.eval_files or data.eval_fraction) or raise data.prompt_len"
       )

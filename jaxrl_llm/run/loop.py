@@ -451,12 +451,14 @@ def train(trainee, *, hparam_fields: Sequence[str] = ()) -> dict[str, dict[str, 
   )
   if trainee.intro:
     logging.info(trainee.intro)
+  # The prompts and the held-out split are read before anything is written: a file that
+  # cannot serve them leaves a fresh workdir empty (`launch.remove_if_empty`).
+  data, evaluate = trainee.data(), Evaluator(trainee)
   ckpt = ckpt_lib.Checkpointer(
     trainee.root, save_every=tr.checkpoint_every, max_to_keep=tr.max_to_keep
   )
   try:
     preempt.stop_if_asked("while the run was built, before anything was saved", trainee.root)
-    data = trainee.data()
     changed = _changed_settings(trainee)
     state = _start_state(trainee, ckpt, data)  # a checkpoint of another run: refused here
     start = trainee.step_of(state)
@@ -467,7 +469,6 @@ def train(trainee, *, hparam_fields: Sequence[str] = ()) -> dict[str, dict[str, 
       logging.warning("resuming %s under changed settings: %s", trainee.root, "; ".join(changed))
     _open_members(trainee, start, hparam_fields)
     _resume_stopped(trainee, state)
-    evaluate = Evaluator(trainee)
     if start == 0:
       evaluate(0, state.params)
     state, end = _loop(trainee, state, data, ckpt, evaluate)
