@@ -141,3 +141,83 @@ def test_a_tool_the_task_cannot_take_is_named_not_a_traceback_of_the_budget_chec
     cfg = parse(tiny_config(**{"sampling.tool": "countdown"}, **more))
     with pytest.raises(ConfigError, match=r"sampling\.tool='countdown' checks countdown"):
       check(cfg, num_devices=1, task=build_task(cfg))
+
+
+IGNORED = [  # (settings, the one a command line gives that has no effect, why)
+  ({}, "objective.tau_pos", 2.0, "objective.name='ppo_clip' does not take it"),
+  ({"objective.name": "sapo"}, "objective.clip_high", 0.28, "objective.name='sapo' does not"),
+  ({}, "objective.value_coef", 1.0, "has no critic"),
+  ({}, "kl.name", "k2", "kl.beta=0 has no KL term"),
+  ({"kl.beta": 0.04, "kl.placement": "reward"}, "kl.name", "k2", "subtracts k1 from the"),
+  ({"kl.beta": 0.04, "kl.placement": "reward"}, "kl.k3_clamp", 10.0, "subtracts k1"),
+  ({"kl.beta": 0.04, "kl.name": "k2"}, "kl.k3_clamp", 10.0, "kl.name='k2' is not k3"),
+  ({"kl.beta": 0.04}, "kl.reset_every", 10, "kl.reference='frozen'"),
+  ({"kl.beta": 0.04, "kl.reference": "reset_every", "kl.reset_every": 5}, "kl.ema", 0.5, "ema"),
+  ({}, "correction.cap", 3.0, "correction.name='none' does not use it"),
+  ({"correction.name": "tis_token"}, "correction.geo_low", 0.5, "'tis_token' does not use it"),
+  ({"correction.name": "geo_mask", "correction.geo_high": 3.0}, "correction.cap", 5.0, "does"),
+]
+
+
+@pytest.mark.parametrize("base, field, value, why", IGNORED)
+def test_a_setting_the_run_ignores_is_refused_where_the_command_line_sets_it(
+  base, field, value, why
+):
+  """A field the command line (or a sweep) sets that the run never reads was accepted without
+  a word: `--config.objective.tau_pos=2` trained PPO-clip, `--config.kl.name=k2` trained with no
+  KL (β = 0) or k1 (the reward placement). Now one line naming it, its value and why; the same
+  value in the config file alone, or the embedded default's value, is no error."""
+  from jaxrl_llm import launch
+
+  config = tiny_config(**base, **{field: value})
+  with pytest.raises(ConfigError) as e:
+    launch.parse_set(config, [*base, field])
+  line = str(e.value)
+  assert "\n" not in line and line.startswith(f"invalid config: {field}={value!r} has no effect")
+  assert why in line, line
+  launch.parse_set(config, list(base))  # set by the file, not the command line: kept silent
+
+
+def test_a_setting_that_acts_or_holds_its_default_is_accepted():
+  """What the run reads, or a default restated (the kl_estimators study's kl.name=k3 beside
+  kl.beta=0), passes."""
+  from jaxrl_llm import launch
+
+  acting = {
+    "objective.name": "sapo",
+    "objective.tau_pos": 1.5,
+    "kl.beta": 0.04,
+    "kl.name": "k2",
+    "correction.name": "tis_token",
+    "correction.cap": 3.0,
+  }
+  launch.parse_set(tiny_config(**acting), list(acting))
+  restated = {"kl.beta": 0.0, "kl.name": "k3", "correction.cap": 2.0}
+  launch.parse_set(tiny_config(**restated), list(restated))
+
+
+def test_a_sweep_point_that_ignores_a_setting_is_refused_before_any_run(tmp_path, capsys):
+  """A grid over objectives and SAPO's τ: the PPO-clip points would be the same run twice."""
+  import sys
+
+  from conftest import REPO
+
+  sys.path.insert(0, str(REPO / "tools"))
+  import sweep
+
+  root = tmp_path / "sweep"
+  for packed in ([], ["--packed"]):
+    code = sweep.main(
+      [
+        f"--config={REPO / 'configs' / 'default.py'}",
+        f"--root={root}",
+        *packed,
+        "--grid=objective.name=ppo_clip,sapo",
+        "--grid=objective.tau_pos=1.0,2.0",
+      ]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith("error: grid point objective.name=ppo_clip,objective.tau_pos=1.0: ")
+    assert "objective.tau_pos=1.0 has no effect" in err[0]
+  assert not root.exists()

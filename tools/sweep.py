@@ -251,8 +251,8 @@ def plan(
     names[name] = params
     overrides = {**dict(fixed), **params}
     cfg = resolve_config(config, overrides)
-    try:  # every point's values in range before any run starts
-      settings = parse(cfg)
+    try:  # every point's values in range, and each one it sets acting, before any run starts
+      settings = launch.parse_set(cfg, list(overrides))
     except ConfigError as e:
       raise SweepError(f"grid point {name}: {e}") from None
     check_bounds_bind(varied, settings)

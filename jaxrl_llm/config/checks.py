@@ -8,6 +8,7 @@ import math
 
 import jax
 
+from jaxrl_llm import objectives
 from jaxrl_llm.config.fields import invalid, need
 from jaxrl_llm.config.sections import MAX_BUDGET
 from jaxrl_llm.config.tree import Config
@@ -303,3 +304,73 @@ def _tool_budget(cfg: Config, task) -> list[str]:
     f"answer, {env.answer_len})); allowed: a budget below 2**20 = {MAX_BUDGET} tokens: "
     f"sampling.max_turns at most {(MAX_BUDGET - 1) // per_turn} here",
   )
+
+
+def _kl_unused(cfg: Config, field: str) -> str | None:
+  """Why the run ignores the KL setting `field` (None when it acts)."""
+  kl = cfg.kl
+  if field == "kl.beta":
+    return None
+  if kl.beta == 0:
+    return "kl.beta=0 has no KL term (set kl.beta > 0)"
+  if field in ("kl.name", "kl.k3_clamp") and kl.placement == "reward":
+    return "kl.placement='reward' subtracts k1 from the rewards (§4)"
+  if field == "kl.k3_clamp" and kl.name not in ("k3", "k3_is"):
+    return f"kl.name={kl.name!r} is not k3 or k3_is"
+  if field in ("kl.reset_every", "kl.reset_optimizer") and kl.reference != "reset_every":
+    return f"kl.reference={kl.reference!r} (it acts with kl.reference='reset_every')"
+  if field == "kl.ema" and kl.reference != "ema":
+    return f"kl.reference={kl.reference!r} (it acts with kl.reference='ema')"
+  return None
+
+
+def _unused_reason(cfg: Config, field: str) -> str | None:
+  """Why the run of `cfg` ignores the setting `field` (None when it acts or is not judged)."""
+  section, _, name = field.partition(".")
+  if section == "objective" and name in ("value_coef", "value_clip"):
+    critic = cfg.objective.name == "ppo_critic"
+    return None if critic else f"objective.name={cfg.objective.name!r} has no critic (ppo_critic)"
+  if section == "objective" and name != "name":
+    taken = cfg.objective.spec.hyperparameters
+    if name in taken:
+      return None
+    return f"objective.name={cfg.objective.name!r} does not take it (it takes: {sorted(taken)})"
+  if section == "kl":
+    return _kl_unused(cfg, field)
+  if section == "correction" and name in ("cap", "geo_low", "geo_high"):
+    parts = cfg.correction.name.split("+")
+    if name == "cap" and parts != ["none"] and parts != ["geo_mask"]:
+      return None
+    if name == "cap" and "geo_mask" in parts and not cfg.correction.geo_high:
+      return None  # geo_mask's C_high
+    if name != "cap" and "geo_mask" in parts:
+      return None
+    return f"correction.name={cfg.correction.name!r} does not use it"
+  return None
+
+
+def _value(cfg: Config, field: str):
+  """The value of the setting `field` ("section.name") in `cfg` (an objective's
+  hyperparameter: the value set, None when unset)."""
+  section, _, name = field.partition(".")
+  node = getattr(cfg, section)
+  if section == "objective" and name in objectives.hyperparameter_kinds():
+    return node.get(name)
+  return getattr(node, name)
+
+
+def unused(cfg: Config, fields) -> list[str]:
+  """The settings among `fields` (those a command line or a sweep sets) that hold another value
+  than the embedded default and that the run of `cfg` ignores, each with why: an objective
+  hyperparameter the selected objective does not take, a KL setting without a KL term or beside
+  what acts (k1 in the reward, the reference's update), a correction bound its correction does
+  not use."""
+  from jaxrl_llm.config.tree import default_config, parse
+
+  default, out = parse(default_config()), []
+  for field in dict.fromkeys(fields):
+    why = _unused_reason(cfg, field)
+    if why is not None and _value(cfg, field) != _value(default, field):
+      shown = f"{field}={_value(cfg, field)!r}"
+      out.append(f"{shown} has no effect: {why}; drop it or set what it acts with")
+  return out
