@@ -221,3 +221,10 @@ def test_a_sweep_point_that_ignores_a_setting_is_refused_before_any_run(tmp_path
     assert err[0].startswith("error: grid point objective.name=ppo_clip,objective.tau_pos=1.0: ")
     assert "objective.tau_pos=1.0 has no effect" in err[0]
   assert not root.exists()
+
+
+def test_an_unknown_expert_implementation_is_refused_on_a_dense_model_too():
+  """model.moe_impl='bogus' passed on a dense model (checked only with experts), to fail when a
+  checkpoint or a later launch brought experts."""
+  assert "model.moe_impl='bogus'; allowed: auto" in _said(**{"model.moe_impl": "bogus"})
+  assert _said(**{"model.moe_impl": "dense"}) == ""

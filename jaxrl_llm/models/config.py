@@ -202,6 +202,8 @@ class ModelConfig(_DictConfig):
     for name in ("dtype", "param_dtype"):
       if getattr(self, name) not in _DTYPES:
         errors.append(f"model.{name}={getattr(self, name)!r} must be one of {sorted(_DTYPES)}")
+    if self.moe_impl not in IMPLS:  # a dense model too: a checkpoint or a relaunch may be MoE
+      errors.append(f"model.moe_impl={self.moe_impl!r}; allowed: {', '.join(IMPLS)}")
     if self.moe_num_experts < 0:
       errors.append(f"model.moe_num_experts={self.moe_num_experts} must be >= 0 (0 = dense)")
     if self.moe_num_experts:
@@ -212,8 +214,6 @@ class ModelConfig(_DictConfig):
         )
       if not 1 <= self.moe_every <= self.num_layers:
         errors.append(f"model.moe_every={self.moe_every} must be in [1, {self.num_layers}]")
-      if self.moe_impl not in IMPLS:
-        errors.append(f"model.moe_impl={self.moe_impl!r}; allowed: {', '.join(IMPLS)}")
       if self.scan_layers and 1 <= self.moe_every <= self.num_layers:
         if self.num_layers % self.moe_every:
           errors.append(
