@@ -132,6 +132,8 @@ def test_a_changed_sampling_setting_blocks_a_resume_but_the_samplers_dtype_does_
     "sampling.temperature",
   ], said
   assert "sampling.temperature: 1.0 → 0.3" in said
+  said = record.changed_learner(parse(tiny_config(seed=5)), str(tmp_path))  # the data order
+  assert said == ["seed: 0 → 5"], said
 
 
 def test_a_tool_the_task_cannot_take_is_named_not_a_traceback_of_the_budget_checks():

@@ -115,14 +115,16 @@ def _config_table(cfg: Config, record: Mapping, name: str) -> str:
 
 
 def changed_learner(cfg: Config, workdir: str) -> list[str]:
-  """`section.field: saved → now` for each learner field whose value differs from the run
-  recorded in `workdir` (its newest `config.resume-<step>.json`, else `config.json`; empty
+  """`section.field: saved → now` for the seed and each learner field whose value differs from
+  the run recorded in `workdir` (its newest `config.resume-<step>.json`, else `config.json`; empty
   without either)."""
   saved = newest_record(workdir)
   if saved is None:
     return []
   saved, now = saved.get("config", {}), json.loads(cfg.to_json())
-  out = []
+  out = []  # the seed: the prompts' order and the evaluation's draws after the resume
+  if "seed" in saved and saved["seed"] != now["seed"]:
+    out.append(f"seed: {saved['seed']!r} → {now['seed']!r}")
   for section in Config.sections():
     old, new = saved.get(section, {}), now.get(section, {})
     for name in sorted(set(old) | set(new)):
