@@ -533,16 +533,11 @@ def _base_export(args, cfg, params, model_type: str) -> tuple[str, dict]:
   )
 
 
-def cmd_export(args) -> dict:
-  """Writes the params of a trainer checkpoint as an HF checkpoint directory (adapters, when
-  the run had them, merged into the weights they adapt). Every output is checked before any
-  is written: a refused export leaves every directory as it was."""
-  from jaxrl_llm.models import hf_adapters, hf_config, hf_export, lora
+def _export_model(args, cfg, params, meta, source):
+  """(hf model_type, the config and params written to --out): a run with adapters exports its
+  merged weights; --adapters without any trained is refused."""
+  from jaxrl_llm.models import hf_config, lora
 
-  _check_flags(args)
-  source, tokenizer = _resolve_inputs(args)
-  cfg, params, meta, step = restore_params(args.workdir, args.step)  # the run, then the outputs
-  _check_destinations(args, source, tokenizer, meta)
   model_type = (
     args.model_type
     or meta.get("hf_model_type")
@@ -555,10 +550,39 @@ def cmd_export(args) -> dict:
       f"--adapters={args.adapters}: {args.workdir} trained no adapters (model.lora_rank=0); "
       "leave --adapters out"
     )
-  out_cfg, out_params = cfg, params
-  if adapted:  # a run with adapters exports its merged weights
-    out_params = lora.merged(params, cfg.lora_alpha / cfg.lora_rank)
-    out_cfg = cfg.without_adapters()
+  if not adapted:
+    return model_type, cfg, params
+  return model_type, cfg.without_adapters(), lora.merged(params, cfg.lora_alpha / cfg.lora_rank)
+
+
+def _export_summary(args, step, source, model_type, out_params, targets) -> dict:
+  """What an export wrote, as `cmd_export` prints it."""
+  summary = {
+    "workdir": os.path.abspath(args.workdir),
+    "step": step,
+    "out": os.path.abspath(args.out),
+    "hf_model_type": model_type,
+    "hf_source": source.path if source is not None else None,
+    "dtype": args.dtype,
+    "num_params": _param_count(out_params),
+    "files": sorted(os.listdir(args.out)),
+  }
+  if targets:
+    summary["adapters"] = {"out": os.path.abspath(args.adapters), "target_modules": targets}
+  return summary
+
+
+def cmd_export(args) -> dict:
+  """Writes the params of a trainer checkpoint as an HF checkpoint directory (adapters, when
+  the run had them, merged into the weights they adapt). Every output is checked before any
+  is written: a refused export leaves every directory as it was."""
+  from jaxrl_llm.models import hf_adapters, hf_export
+
+  _check_flags(args)
+  source, tokenizer = _resolve_inputs(args)
+  cfg, params, meta, step = restore_params(args.workdir, args.step)  # the run, then the outputs
+  _check_destinations(args, source, tokenizer, meta)
+  model_type, out_cfg, out_params = _export_model(args, cfg, params, meta, source)
   out_kwargs = dict(
     model_type=model_type,
     dtype=args.dtype,
@@ -572,7 +596,7 @@ def cmd_export(args) -> dict:
   # them, which PEFT needs too) are written first, so a refused --out would come too late.
   hf_export.check_checkpoint(args.out, out_cfg, out_params, **out_kwargs)
   base = source.path if source is not None else None  # the adapters' base model
-  base_kwargs = None
+  base_kwargs, targets = None, []
   if args.adapters:
     hf_adapters.check_adapters(
       args.adapters, cfg, params, model_type=model_type, overwrite=args.overwrite
@@ -580,26 +604,13 @@ def cmd_export(args) -> dict:
     if base is None:
       base, base_kwargs = _base_export(args, cfg, params, model_type)
       hf_export.check_checkpoint(base, **base_kwargs)
-  targets = []
-  if args.adapters:
     if base_kwargs is not None:
       hf_export.save_checkpoint(base, **base_kwargs)
     targets = hf_adapters.save_adapters(
       args.adapters, cfg, params, model_type=model_type, base_model=base, overwrite=args.overwrite
     )
   model_type = hf_export.save_checkpoint(args.out, out_cfg, out_params, **out_kwargs)
-  summary = {
-    "workdir": os.path.abspath(args.workdir),
-    "step": step,
-    "out": os.path.abspath(args.out),
-    "hf_model_type": model_type,
-    "hf_source": source.path if source is not None else None,
-    "dtype": args.dtype,
-    "num_params": _param_count(out_params),
-    "files": sorted(os.listdir(args.out)),
-  }
-  if targets:
-    summary["adapters"] = {"out": os.path.abspath(args.adapters), "target_modules": targets}
+  summary = _export_summary(args, step, source, model_type, out_params, targets)
   print(json.dumps(summary, indent=2))
   return summary
 
