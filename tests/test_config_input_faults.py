@@ -158,6 +158,8 @@ IGNORED = [  # (settings, the one a command line gives that has no effect, why)
   ({}, "correction.cap", 3.0, "correction.name='none' does not use it"),
   ({"correction.name": "tis_token"}, "correction.geo_low", 0.5, "'tis_token' does not use it"),
   ({"correction.name": "geo_mask", "correction.geo_high": 3.0}, "correction.cap", 5.0, "does"),
+  ({}, "model.moe_top_k", 4, "model.moe_num_experts=0 builds a dense model"),
+  ({}, "model.lora_alpha", 32.0, "model.lora_rank=0 trains no adapters"),
 ]
 
 
@@ -185,6 +187,8 @@ def test_a_setting_that_acts_or_holds_its_default_is_accepted():
   kl.beta=0), passes."""
   from jaxrl_llm import launch
 
+  moe = {"model.moe_num_experts": 4, "model.moe_top_k": 1, "model.moe_impl": "dense"}
+  launch.parse_set(tiny_config(**moe), list(moe))
   acting = {
     "objective.name": "sapo",
     "objective.tau_pos": 1.5,

@@ -324,6 +324,19 @@ def _kl_unused(cfg: Config, field: str) -> str | None:
   return None
 
 
+def _model_unused(cfg: Config, name: str) -> str | None:
+  """Why the run ignores the model setting `name`: an expert's shape on a dense model built
+  from the config (a checkpoint's own architecture is not judged), an adapter's alpha or
+  targets without adapters."""
+  arch = cfg.model.arch
+  moe = name.startswith("moe_") and name not in ("moe_num_experts", "moe_impl")
+  if moe and not cfg.model.checkpoint and not arch.moe_num_experts:
+    return "model.moe_num_experts=0 builds a dense model"
+  if name in ("lora_alpha", "lora_targets") and not arch.lora_rank:
+    return "model.lora_rank=0 trains no adapters"
+  return None
+
+
 def _unused_reason(cfg: Config, field: str) -> str | None:
   """Why the run of `cfg` ignores the setting `field` (None when it acts or is not judged)."""
   section, _, name = field.partition(".")
@@ -337,6 +350,8 @@ def _unused_reason(cfg: Config, field: str) -> str | None:
     return f"objective.name={cfg.objective.name!r} does not take it (it takes: {sorted(taken)})"
   if section == "kl":
     return _kl_unused(cfg, field)
+  if section == "model":
+    return _model_unused(cfg, name)
   if section == "correction" and name in ("cap", "geo_low", "geo_high"):
     parts = cfg.correction.name.split("+")
     if name == "cap" and parts != ["none"] and parts != ["geo_mask"]:
@@ -354,6 +369,8 @@ def _value(cfg: Config, field: str):
   hyperparameter: the value set, None when unset)."""
   section, _, name = field.partition(".")
   node = getattr(cfg, section)
+  if section == "model" and name not in ("checkpoint", "attention"):
+    node = node.arch
   if section == "objective" and name in objectives.hyperparameter_kinds():
     return node.get(name)
   return getattr(node, name)
