@@ -352,6 +352,8 @@ def _unused_reason(cfg: Config, field: str) -> str | None:
     return _kl_unused(cfg, field)
   if section == "model":
     return _model_unused(cfg, name)
+  if section == "sampling" and name in ("max_turns", "turn_tokens") and cfg.sampling.tool == "none":
+    return "sampling.tool='none' samples one segment, with no turns"
   if section == "correction" and name in ("cap", "geo_low", "geo_high"):
     parts = cfg.correction.name.split("+")
     if name == "cap" and parts != ["none"] and parts != ["geo_mask"]:
@@ -381,7 +383,7 @@ def unused(cfg: Config, fields) -> list[str]:
   than the embedded default and that the run of `cfg` ignores, each with why: an objective
   hyperparameter the selected objective does not take, a KL setting without a KL term or beside
   what acts (k1 in the reward, the reference's update), a correction bound its correction does
-  not use."""
+  not use, an expert's or adapter's setting without experts or adapters, turns without a tool."""
   from jaxrl_llm.config.tree import default_config, parse
 
   default, out = parse(default_config()), []
