@@ -203,8 +203,10 @@ def test_a_setting_that_acts_or_holds_its_default_is_accepted():
   launch.parse_set(tiny_config(**restated), list(restated))
 
 
-def test_a_sweep_point_that_ignores_a_setting_is_refused_before_any_run(tmp_path, capsys):
-  """A grid over objectives and SAPO's τ: the PPO-clip points would be the same run twice."""
+def test_a_sweep_leaves_out_what_a_point_never_reads_and_refuses_what_none_reads(tmp_path, capsys):
+  """A point that would not read a field it is given (kl.name at kl.beta=0, SAPO's τ under
+  PPO-clip) runs without it, said once; two points that then differ in nothing are one run,
+  and a field no point reads is refused, before any run, packed or not."""
   import sys
 
   from conftest import REPO
@@ -212,22 +214,33 @@ def test_a_sweep_point_that_ignores_a_setting_is_refused_before_any_run(tmp_path
   sys.path.insert(0, str(REPO / "tools"))
   import sweep
 
-  root = tmp_path / "sweep"
-  for packed in ([], ["--packed"]):
-    code = sweep.main(
-      [
-        f"--config={REPO / 'configs' / 'default.py'}",
-        f"--root={root}",
-        *packed,
-        "--grid=objective.name=ppo_clip,sapo",
-        "--grid=objective.tau_pos=1.0,2.0",
-      ]
-    )
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1, err
-    assert err[0].startswith("error: grid point objective.name=ppo_clip,objective.tau_pos=1.0: ")
-    assert "objective.tau_pos=1.0 has no effect" in err[0]
-  assert not root.exists()
+  config, root = str(REPO / "configs" / "default.py"), str(tmp_path / "sweep")
+  runs = sweep.plan(config, root, ["kl.beta=0,0.04"], ["kl.name=k2"], None)
+  assert [r.overrides for r in runs] == [{"kl.beta": "0"}, {"kl.name": "k2", "kl.beta": "0.04"}]
+  assert "--config.kl.name=k2" not in runs[0].argv and "--config.kl.name=k2" in runs[1].argv
+  note = capsys.readouterr().err.strip().splitlines()
+  assert note == [
+    "note: kl.name is left out of 1 of the 2 runs (kl.name='k2' has no effect: "
+    "kl.beta=0 has no KL term (set kl.beta > 0))"
+  ], note
+  cases = [
+    (
+      ["--grid=objective.name=ppo_clip,sapo", "--grid=objective.tau_pos=1.0,2.0"],
+      "error: grid points objective.name=ppo_clip,objective.tau_pos=1.0 and objective.name="
+      "ppo_clip,objective.tau_pos=2.0 are the same run (their values are equal once parsed; "
+      "objective.tau_pos=2.0 has no effect: objective.name='ppo_clip' does not take it",
+    ),
+    (
+      ["--grid=objective.clip_high=0.2,0.3", "--set=objective.tau_pos=2.0"],
+      "error: objective.tau_pos=2.0 has no effect: objective.name='ppo_clip' does not take it",
+    ),
+  ]
+  for args, said in cases:
+    for packed in ([], ["--packed"]):
+      assert sweep.main([f"--config={config}", f"--root={root}", *packed, *args]) == 2
+      err = capsys.readouterr().err.strip().splitlines()
+      assert len(err) == 1 and err[0].startswith(said), err
+  assert not (tmp_path / "sweep").exists()
 
 
 def test_an_unknown_expert_implementation_is_refused_on_a_dense_model_too():

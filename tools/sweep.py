@@ -57,7 +57,7 @@ from typing import Any
 import compare  # tools/compare.py, next to this file
 
 from jaxrl_llm import launch, terminal
-from jaxrl_llm.config import ConfigError, parse
+from jaxrl_llm.config import ConfigError, checks, parse
 from jaxrl_llm.run.record import folder_name
 
 TRAINER = ("-m", "jaxrl_llm.main")
@@ -242,25 +242,21 @@ def plan(
   check_fields(config, [(f, ",".join(v)) for f, v in grid] + fixed)
   root = os.path.abspath(root)
   check_root(root)
-  runs, names, same = [], {}, {}
+  runs, names, same, idle = [], {}, {}, {}
   varied = [f for f, values in grid if len(values) > 1]
   for params in expand(grid):
     name = folder_name(params)
     if name in names:
       raise SweepError(f"grid points {names[name]} and {params} share the workdir name {name!r}")
     names[name] = params
-    overrides = {**dict(fixed), **params}
-    cfg = resolve_config(config, overrides)
-    try:  # every point's values in range, and each one it sets acting, before any run starts
-      settings = launch.parse_set(cfg, list(overrides))
-    except ConfigError as e:
-      raise SweepError(f"grid point {name}: {e}") from None
+    overrides, cfg, settings, left_out = _acting(config, {**dict(fixed), **params}, name, idle)
     check_bounds_bind(varied, settings)
     typed = settings.to_json()
-    if typed in same:  # e.g. 0.7 and 0.70: the same run twice
+    if typed in same:  # e.g. 0.7 and 0.70, or values one of them never reads: the same run
+      why = f"; {left_out}" if left_out else ""
       raise SweepError(
         f"grid points {same[typed]} and {name} are the same run (their values are equal once "
-        "parsed): give each value once"
+        f"parsed{why}): give each value once"
       )
     same[typed] = name
     workdir = os.path.join(root, name)
@@ -274,7 +270,37 @@ def plan(
         final_step=int(cfg.train.num_steps),
       )
     )
+  _check_idle(idle, len(runs))
   return runs
+
+
+def _acting(config: str, overrides: dict[str, str], name: str, idle: dict):
+  """(overrides, config, typed settings, what it left out) of grid point `name`, its values in
+  range, without the fields the point would not read (`checks.ignored`: a KL estimator at
+  kl.beta=0, another objective's hyperparameter): left out, so two points that differ only
+  there are one run. `idle` collects {field: [why, at each point that leaves it out]}."""
+  try:
+    settings = parse(cfg := resolve_config(config, overrides))
+    left_out = {f: checks.ignored(settings, f) for f in overrides}
+    left_out = {f: why for f, why in left_out.items() if why}
+    if left_out:
+      overrides = {k: v for k, v in overrides.items() if k not in left_out}
+      settings = parse(cfg := resolve_config(config, overrides))
+  except ConfigError as e:
+    raise SweepError(f"grid point {name}: {e}") from None
+  for field, why in left_out.items():
+    idle.setdefault(field, []).append(why)
+  return overrides, cfg, settings, "; ".join(left_out.values())
+
+
+def _check_idle(idle: dict[str, list[str]], points: int) -> None:
+  """A field no point reads is refused; one some points leave out is said once."""
+  for field, whys in idle.items():
+    if len(whys) == points:
+      raise SweepError(f"{whys[0]}, in every run of the sweep; drop it or set what it acts with")
+    print(
+      f"note: {field} is left out of {len(whys)} of the {points} runs ({whys[0]})", file=sys.stderr
+    )
 
 
 # ----------------------------------------------------------------------------- workdir state

@@ -378,18 +378,22 @@ def _value(cfg: Config, field: str):
   return getattr(node, name)
 
 
+def ignored(cfg: Config, field: str) -> str | None:
+  """`field=value has no effect: why` when the setting `field` holds another value than the
+  embedded default and the run of `cfg` never reads it (`unused`); None otherwise."""
+  from jaxrl_llm.config.tree import default_config, parse
+
+  why = _unused_reason(cfg, field)
+  if why is None or _value(cfg, field) == _value(parse(default_config()), field):
+    return None
+  return f"{field}={_value(cfg, field)!r} has no effect: {why}"
+
+
 def unused(cfg: Config, fields) -> list[str]:
   """The settings among `fields` (those a command line or a sweep sets) that hold another value
   than the embedded default and that the run of `cfg` ignores, each with why: an objective
   hyperparameter the selected objective does not take, a KL setting without a KL term or beside
   what acts (k1 in the reward, the reference's update), a correction bound its correction does
   not use, an expert's or adapter's setting without experts or adapters, turns without a tool."""
-  from jaxrl_llm.config.tree import default_config, parse
-
-  default, out = parse(default_config()), []
-  for field in dict.fromkeys(fields):
-    why = _unused_reason(cfg, field)
-    if why is not None and _value(cfg, field) != _value(default, field):
-      shown = f"{field}={_value(cfg, field)!r}"
-      out.append(f"{shown} has no effect: {why}; drop it or set what it acts with")
-  return out
+  said = [ignored(cfg, field) for field in dict.fromkeys(fields)]
+  return [f"{line}; drop it or set what it acts with" for line in said if line]
