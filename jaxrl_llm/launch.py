@@ -134,7 +134,7 @@ def dry_run(config, device_memory_gib: float | None = None) -> int:
     return 2
   try:
     capacity = None if device_memory_gib is None else int(device_memory_gib * plan.GIB)
-    memory = plan.plan(parse_set(config, overridden_fields(sys.argv)), capacity_bytes=capacity)
+    memory = plan.plan(parse_acting(config, overridden_fields(sys.argv)), capacity_bytes=capacity)
   except ConfigError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
@@ -266,7 +266,7 @@ def hparam_fields(config, hparams: list[str] | None, argv: list[str]) -> list[st
   return fields
 
 
-def parse_set(config, fields: list[str]):
+def parse_acting(config, fields: list[str]):
   """The typed tree of `config` (`parse`); ConfigError when a field the command line sets
   (`fields`) has no effect on the run (`config.checks.unused`)."""
   from jaxrl_llm.config import checks
@@ -317,7 +317,7 @@ def train_or_leave(
   from jaxrl_llm import distributed, run
 
   try:
-    cfg = parse_set(config, overridden_fields(sys.argv))
+    cfg = parse_acting(config, overridden_fields(sys.argv))
     fields = hparam_fields(config, hparams, sys.argv)
     result = run.train_and_evaluate(cfg, workdir, hparam_fields=fields)
   except run.Preempted as e:  # SIGTERM: the step was saved; a scheduler may relaunch

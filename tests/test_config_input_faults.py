@@ -176,11 +176,11 @@ def test_a_setting_the_run_ignores_is_refused_where_the_command_line_sets_it(
 
   config = tiny_config(**base, **{field: value})
   with pytest.raises(ConfigError) as e:
-    launch.parse_set(config, [*base, field])
+    launch.parse_acting(config, [*base, field])
   line = str(e.value)
   assert "\n" not in line and line.startswith(f"invalid config: {field}={value!r} has no effect")
   assert why in line, line
-  launch.parse_set(config, list(base))  # set by the file, not the command line: kept silent
+  launch.parse_acting(config, list(base))  # set by the file, not the command line: kept silent
 
 
 def test_a_setting_that_acts_or_holds_its_default_is_accepted():
@@ -189,7 +189,7 @@ def test_a_setting_that_acts_or_holds_its_default_is_accepted():
   from jaxrl_llm import launch
 
   moe = {"model.moe_num_experts": 4, "model.moe_top_k": 1, "model.moe_impl": "dense"}
-  launch.parse_set(tiny_config(**moe), list(moe))
+  launch.parse_acting(tiny_config(**moe), list(moe))
   acting = {
     "objective.name": "sapo",
     "objective.tau_pos": 1.5,
@@ -198,9 +198,9 @@ def test_a_setting_that_acts_or_holds_its_default_is_accepted():
     "correction.name": "tis_token",
     "correction.cap": 3.0,
   }
-  launch.parse_set(tiny_config(**acting), list(acting))
+  launch.parse_acting(tiny_config(**acting), list(acting))
   restated = {"kl.beta": 0.0, "kl.name": "k3", "correction.cap": 2.0}
-  launch.parse_set(tiny_config(**restated), list(restated))
+  launch.parse_acting(tiny_config(**restated), list(restated))
 
 
 def test_a_sweep_leaves_out_what_a_point_never_reads_and_refuses_what_none_reads(tmp_path, capsys):
