@@ -354,3 +354,17 @@ def test_a_sweep_root_holding_the_other_kind_of_checkpoints_is_refused(tmp_path,
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and "holds a pack's checkpoints" in err[0], err
   assert sweep.main([CONFIG, f"--root={runs}", "--seeds=0,1", "--dry_run"]) == 0  # its own kind
+
+
+def test_a_setting_the_run_never_reads_is_one_line_before_the_workdir_is_made(tmp_path):
+  """--config.kl.name=k2 with the default kl.beta=0 trained with no KL term, exit 0."""
+  workdir = tmp_path / "run"
+  code, err = _main(f"--workdir={workdir}", "--config.kl.name=k2")
+  assert (code, err) == (
+    2,
+    [
+      "error: invalid config: kl.name='k2' has no effect: kl.beta=0 has no KL term (set kl.beta > "
+      "0); drop it or set what it acts with"
+    ],
+  )
+  assert not workdir.exists()
