@@ -8,7 +8,8 @@
 
 Every directory under --root (repeatable: a study's extra seeds may lie under a second root)
 holding a `config.json` (written by the trainer, a pack's runs included) is a run; its settings
-are that file's resolved config. Runs are grouped into arms by the --group_by fields. A column
+are that file's resolved config, its scalars those of its event files (or, in a folder
+tools/export_runs.py wrote, such as docs/cpu_runs/*, its scalars.json). Runs are grouped into arms by the --group_by fields. A column
 is `TAG@WHAT`:
 
   TAG@final        the run's last logged value
@@ -70,11 +71,28 @@ def find_runs(root):
 
 
 def load(run_dir):
+  """(the run's flattened config, its scalars {tag: [(step, value)]}): from its TensorBoard
+  events, or, in a folder `tools/export_runs.py` wrote (no events), from its scalars.json, so a
+  committed export tabulates as its run did. A scalars.json that does not read exits with one
+  line naming it."""
   from jaxrl_llm import metrics
 
   with open(os.path.join(run_dir, "config.json")) as f:
     cfg = flatten(json.load(f)["config"])
-  return cfg, metrics.read_scalars(run_dir)
+  exported = os.path.join(run_dir, "scalars.json")
+  if any(n.startswith("events.out.tfevents") for n in os.listdir(run_dir)) or not os.path.isfile(
+    exported
+  ):
+    return cfg, metrics.read_scalars(run_dir)
+  try:
+    with open(exported) as f:
+      raw = json.load(f)
+    return cfg, {tag: [(int(s), float(v)) for s, v in series] for tag, series in raw.items()}
+  except (OSError, ValueError, TypeError, AttributeError) as e:
+    raise SystemExit(
+      f"error: {exported}: not the {{tag: [[step, value], ...]}} that tools/export_runs.py "
+      f"writes ({type(e).__name__}: {e})"
+    ) from None
 
 
 def value(series, what):

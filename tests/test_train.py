@@ -103,6 +103,33 @@ def test_a_run_exports_to_raw_files_read_back_from_its_events(tiny_run, tmp_path
   assert (out / "scalars.json").stat().st_mtime_ns == before
 
 
+def test_a_committed_export_tabulates_as_its_run_did(tiny_run, tmp_path):
+  """experiments/seed_table.py over tools/export_runs.py's folder (no events, a scalars.json)
+  prints the per-seed table the run's own events give, and a scalars.json that does not read is
+  one error line naming it."""
+  import shutil
+
+  workdir, _ = tiny_run
+  shutil.copytree(workdir, tmp_path / "study" / "run", ignore=shutil.ignore_patterns("checkpoints"))
+  export = [sys.executable, str(REPO / "tools" / "export_runs.py"), f"--root={tmp_path / 'study'}"]
+  subprocess.run(
+    [*export, f"--out={tmp_path / 'out'}"], check=True, capture_output=True, timeout=300
+  )
+  table = [sys.executable, str(REPO / "experiments" / "seed_table.py"), "--group_by=seed",
+           "--per_seed", "--cols=eval/accuracy@0,eval/accuracy@final,policy/entropy@avg"]  # fmt: skip
+  rows = {}
+  for name in ("study", "out"):
+    out = subprocess.run([*table, f"--root={tmp_path / name}"], capture_output=True, text=True,
+                         timeout=120, check=True).stdout  # fmt: skip
+    rows[name] = [line for line in out.splitlines() if line.startswith("|")]
+  assert rows["out"] == rows["study"] and "| run | 0 | " in "\n".join(rows["out"]), rows
+  (tmp_path / "out" / "run" / "scalars.json").write_text('{"eval/accuracy": [[0]]}')
+  bad = subprocess.run([*table, f"--root={tmp_path / 'out'}"], capture_output=True, text=True,
+                       timeout=120)  # fmt: skip
+  assert bad.returncode != 0 and bad.stderr.strip().startswith("error: "), bad.stderr
+  assert len(bad.stderr.strip().splitlines()) == 1 and "scalars.json" in bad.stderr
+
+
 def test_first_minibatch_is_on_policy(tiny_run):
   workdir, _ = tiny_run
   s = metrics.read_scalars(str(workdir))
