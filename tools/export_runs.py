@@ -14,8 +14,14 @@ included) is a run. For each, OUT/<its path under root>/ gets:
                   `<run>/log.txt` (or a `<run>/run.log`)
 
 A run is exported whole or not at all: nothing under OUT is written until every run has been
-read. An existing OUT/<run> is refused (one `error:` line), so an export never overwrites
-outputs already committed.
+read and every destination checked, and each run is written into a temporary sibling folder
+and then renamed into place (a failed write removes what this export made). Refused, each with
+one `error:` line and exit 2, before anything is written: an existing OUT/<run> (an export never
+overwrites outputs already committed), an OUT (or a folder on the way to OUT/<run>) that is a
+file, an OUT inside ROOT (a second export would read the first), a run whose config.json is not
+a JSON object with a "config" key (as the trainer writes it), and a run with no TensorBoard
+scalars: no event files (such as a folder this tool wrote: export the run it came from) or
+none that read.
 """
 
 from __future__ import annotations
@@ -24,7 +30,9 @@ import argparse
 import json
 import os
 import re
+import shutil
 import sys
+import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -44,14 +52,33 @@ def samples(markdown: str, step: int) -> list[dict]:
   ]
 
 
+class BadRun(Exception):
+  """A run that cannot be exported; its message names the run and what is wrong."""
+
+
 def read_run(run: str) -> dict[str, str]:
-  """{file name: text} of one run's export."""
+  """{file name: text} of one run's export; BadRun where its config.json or events do not read."""
   from jaxrl_llm import metrics
 
   out = {}
-  with open(os.path.join(run, "config.json")) as f:
-    out["config.json"] = f.read()
-  scalars = metrics.read_scalars(run)
+  path = os.path.join(run, "config.json")
+  try:
+    with open(path) as f:
+      out["config.json"] = f.read()
+    record = json.loads(out["config.json"])
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise BadRun(
+      f"{path} does not read as JSON ({e}); it must be the trainer's run record"
+    ) from None
+  if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
+    raise BadRun(f'{path} is not a run record: it must be a JSON object with a "config" object')
+  events = [n for n in os.listdir(run) if "tfevents" in n]  # tensorboard's IsTensorFlowEventsFile
+  scalars = metrics.read_scalars(run) if events else {}
+  if not scalars:
+    why = "no event files" if not events else f"none of its {len(events)} event files reads"
+    if not events and os.path.isfile(os.path.join(run, "scalars.json")):
+      why += ": it is an export already; export the run it came from"
+    raise BadRun(f"{run} has no TensorBoard scalars ({why}); nothing exported")
   out["scalars.json"] = json.dumps({k: [[s, v] for s, v in vs] for k, vs in scalars.items()})
   rows = [
     r for step, text in metrics.read_text(run).get("samples", []) for r in samples(text, step)
@@ -60,10 +87,56 @@ def read_run(run: str) -> dict[str, str]:
   logs = ("log.txt", "run.log")  # the trainer's own log file; a sweep's copy of the terminal
   for log in (run.rstrip(os.sep) + ".log", *(os.path.join(run, n) for n in logs)):
     if os.path.isfile(log):
-      with open(log) as f:
-        out["run.log"] = f.read()
+      try:
+        with open(log) as f:
+          out["run.log"] = f.read()
+      except (OSError, UnicodeDecodeError) as e:
+        raise BadRun(f"{log} does not read as text ({e}); nothing exported") from None
       break
   return out
+
+
+def blocked(out: str, name: str) -> str | None:
+  """Why OUT/<name> cannot be written (there already, or a file on its way), else None."""
+  dest = os.path.join(out, name)
+  if os.path.lexists(dest):
+    return f"{name} is there already; export to a new folder"
+  parent = os.path.dirname(dest)
+  while not os.path.lexists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    return f"{parent} is a file, not a folder; export to a new folder"
+  return None
+
+
+def write(out: str, exported: dict[str, dict[str, str]]) -> None:
+  """Writes each run (parents before nested runs) into a temporary sibling of OUT/<run>, then
+  renames it into place; on an OSError removes every folder this made and raises it."""
+  made, done = [], []
+  try:
+    for name, files in sorted(exported.items()):
+      dest = os.path.join(out, name)
+      missing, parent = [], os.path.dirname(os.path.abspath(dest))
+      while not os.path.isdir(parent):
+        missing.append(parent)
+        parent = os.path.dirname(parent)
+      for d in reversed(missing):
+        os.mkdir(d)
+        made.append(d)
+      temp = tempfile.mkdtemp(prefix=f".{os.path.basename(dest)}.", dir=os.path.dirname(dest))
+      done.append(temp)
+      for file, text in files.items():
+        with open(os.path.join(temp, file), "w") as f:
+          f.write(text)
+      os.rename(temp, dest)
+      done[-1] = dest
+  except OSError:
+    for d in reversed(done):
+      shutil.rmtree(d, ignore_errors=True)
+    for d in reversed(made):
+      if os.path.isdir(d) and not os.listdir(d):
+        os.rmdir(d)
+    raise
 
 
 def main(argv=None) -> int:
@@ -76,22 +149,37 @@ def main(argv=None) -> int:
   if not runs:
     print(f"error: --root={args.root}: no runs (config.json) under it", file=sys.stderr)
     return EXIT_BAD_INPUT
-  names = [os.path.relpath(r, args.root) for r in runs]
-  taken = [n for n in names if os.path.exists(os.path.join(args.out, n))]
-  if taken:
+  real_root, real_out = os.path.realpath(args.root), os.path.realpath(args.out)
+  if real_out == real_root or real_out.startswith(real_root.rstrip(os.sep) + os.sep):
     print(
-      f"error: --out={args.out}: {taken[0]} is there already; export to a new folder",
+      f"error: --out={args.out}: inside --root={args.root}; a later export would read this "
+      "one: export outside the root",
       file=sys.stderr,
     )
     return EXIT_BAD_INPUT
-  exported = {n: read_run(r) for n, r in zip(names, runs)}  # all read, then written
+  if os.path.lexists(args.out) and not os.path.isdir(args.out):
+    print(
+      f"error: --out={args.out}: is a file, not a folder; export to a new folder", file=sys.stderr
+    )
+    return EXIT_BAD_INPUT
+  names = [os.path.relpath(r, args.root) for r in runs]
+  for name in names:
+    why = blocked(args.out, name)
+    if why:
+      print(f"error: --out={args.out}: {why}", file=sys.stderr)
+      return EXIT_BAD_INPUT
+  try:
+    exported = {n: read_run(r) for n, r in zip(names, runs)}  # all read, then written
+  except BadRun as e:
+    print(f"error: --root={args.root}: {e}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+  try:
+    write(args.out, exported)
+  except OSError as e:
+    print(f"error: --out={args.out}: cannot write ({e}); nothing exported", file=sys.stderr)
+    return EXIT_BAD_INPUT
   for name, files in exported.items():
-    folder = os.path.join(args.out, name)
-    os.makedirs(folder)
-    for file, text in files.items():
-      with open(os.path.join(folder, file), "w") as f:
-        f.write(text)
-    print(f"{folder}: {', '.join(sorted(files))}")
+    print(f"{os.path.join(args.out, name)}: {', '.join(sorted(files))}")
   return 0
 
 
