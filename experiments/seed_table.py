@@ -51,7 +51,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import study_stats as stats  # experiments/study_stats.py
 
 
+def _fail(msg):
+  """Exits 2 with one `error: msg` line on stderr (a bad input: no traceback)."""
+  print(f"error: {msg}", file=sys.stderr)
+  raise SystemExit(2)
+
+
 def flatten(tree, prefix=""):
+  """{dotted key: leaf} of a nested dict."""
   out = {}
   for k, v in tree.items():
     if isinstance(v, dict) and v:
@@ -62,6 +69,7 @@ def flatten(tree, prefix=""):
 
 
 def find_runs(root):
+  """Every directory under `root` holding a config.json, sorted."""
   runs = []
   for dirpath, dirnames, filenames in os.walk(root):
     dirnames[:] = sorted(d for d in dirnames if d not in ("checkpoints", "sft"))
@@ -73,26 +81,38 @@ def find_runs(root):
 def load(run_dir):
   """(the run's flattened config, its scalars {tag: [(step, value)]}): from its TensorBoard
   events, or, in a folder `tools/export_runs.py` wrote (no events), from its scalars.json, so a
-  committed export tabulates as its run did. A scalars.json that does not read exits with one
-  line naming it."""
+  committed export tabulates as its run did. A config.json or scalars.json that does not read,
+  or no scalars at all exits with one line naming it."""
+  path = os.path.join(run_dir, "config.json")
+  try:
+    with open(path) as f:
+      cfg = flatten(json.load(f)["config"])
+  except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+    _fail(f'{path}: not the trainer\'s {{"config": {{...}}}} ({type(e).__name__}: {e})')
+  scalars = _scalars(run_dir)
+  if not scalars:
+    _fail(f"run {run_dir}: no scalars (no event files with scalars, no scalars.json)")
+  return cfg, scalars
+
+
+def _scalars(run_dir):
+  """The run's scalars {tag: [(step, value)]} (see `load`)."""
   from jaxrl_llm import metrics
 
-  with open(os.path.join(run_dir, "config.json")) as f:
-    cfg = flatten(json.load(f)["config"])
   exported = os.path.join(run_dir, "scalars.json")
   if any(n.startswith("events.out.tfevents") for n in os.listdir(run_dir)) or not os.path.isfile(
     exported
   ):
-    return cfg, metrics.read_scalars(run_dir)
+    return metrics.read_scalars(run_dir)
   try:
     with open(exported) as f:
       raw = json.load(f)
-    return cfg, {tag: [(int(s), float(v)) for s, v in series] for tag, series in raw.items()}
+    return {tag: [(int(s), float(v)) for s, v in series] for tag, series in raw.items()}
   except (OSError, ValueError, TypeError, AttributeError) as e:
-    raise SystemExit(
-      f"error: {exported}: not the {{tag: [[step, value], ...]}} that tools/export_runs.py "
+    _fail(
+      f"{exported}: not the {{tag: [[step, value], ...]}} that tools/export_runs.py "
       f"writes ({type(e).__name__}: {e})"
-    ) from None
+    )
 
 
 def value(series, what):
@@ -126,20 +146,27 @@ def check_col(col: str) -> str | None:
     return f"{col!r} is not TAG@WHAT"
   if not _WHAT.fullmatch(what):
     return f"{col!r}: @{what} is none of @final, @STEP, @avg, @avg:A-B, @sum"
+  if what.startswith("avg:") and int(what[4:].split("-")[0]) > int(what.split("-")[1]):
+    return f"{col!r}: @{what} has A > B; want @avg:A-B with A <= B"
   return None
 
 
 def _arms(roots, fields, cols):
   """{arm key: {seed: [value of each column]}} and the per-run rows; exits with one line for a
-  --group_by field no run's config has or a column whose tag no run logged."""
+  --group_by field no run's config has, a column whose tag no run logged, or a NaN in a column's
+  tag (a seed would silently drop out of its arm's mean)."""
   loaded = [(root, d, *load(d)) for root in roots for d in find_runs(root)]
+  for _, d, _, scalars in loaded:
+    for tag in dict.fromkeys(c.rpartition("@")[0] for c in cols):
+      if (nan := next((s for s, v in scalars.get(tag, []) if v != v), None)) is not None:
+        _fail(f"run {d}: tag {tag!r} is NaN at step {nan}; want a number at every step")
   seen_fields = {f for *_, cfg, _ in loaded for f in cfg}
   seen_tags = {t for *_, scalars in loaded for t in scalars}
   if loaded and (missing := [f for f in fields if f not in seen_fields]):
-    raise SystemExit(f"error: group_by field {missing[0]!r} is in no run's config.json")
+    _fail(f"group_by field {missing[0]!r} is in no run's config.json")
   if loaded and (unlogged := [c for c in cols if c.rpartition("@")[0] not in seen_tags]):
     tag = unlogged[0].rpartition("@")[0]
-    raise SystemExit(f"error: column {unlogged[0]!r}: no run logged the tag {tag!r}")
+    _fail(f"column {unlogged[0]!r}: no run logged the tag {tag!r}")
   arms: dict[tuple, dict[int, list]] = {}
   per_run = []
   for root, d, cfg, scalars in loaded:
@@ -147,7 +174,7 @@ def _arms(roots, fields, cols):
     row = [value(scalars.get(c.rsplit("@", 1)[0], []), c.rsplit("@", 1)[1]) for c in cols]
     seed = int(cfg.get("seed", 0))
     if seed in arms.setdefault(key, {}):
-      raise SystemExit(f"error: arm {','.join(key)} has seed {seed} twice (second in {d})")
+      _fail(f"arm {','.join(key)} has seed {seed} twice (second in {d})")
     arms[key][seed] = row
     name = (
       os.path.relpath(d, root) if len(roots) == 1 else os.path.relpath(d, os.path.dirname(root))
@@ -178,10 +205,14 @@ def _means(arms, fields, header):
   _table([*fields, "seeds", *header], rows)
 
 
+def _arm_names(arms):
+  """The arms as `a, b` (each arm's values comma-joined), for an error line."""
+  return ", ".join(",".join(k) for k in sorted(arms))
+
+
 def _differences(arms, fields, cols, baseline, expect, header=None):
-  base = arms.get(baseline)
-  if base is None:
-    raise SystemExit(f"error: --baseline={','.join(baseline)} is no arm; arms: {sorted(arms)}")
+  """The second table: each arm's paired difference to `baseline` (an arm: main checks it)."""
+  base = arms[baseline]
   print(f"paired difference to the baseline ({', '.join(fields)} = {', '.join(baseline)})")
   print("[t 95% interval] (n seeds); verdicts Holm-corrected over the table's claims\n")
   rows, claims = [], []  # claims: (row, column, (difference, p, expected sign))
@@ -216,26 +247,53 @@ def load_claims(path):
     with open(path) as f:
       spec = json.load(f)
   except (OSError, ValueError) as e:
-    raise SystemExit(f"error: {path}: {getattr(e, 'strerror', None) or e}") from None
+    _fail(f"{path}: {getattr(e, 'strerror', None) or e}")
   if not isinstance(spec, dict):
-    raise SystemExit(f"error: {path}: want a JSON object with group_by, baseline and claims")
+    _fail(f"{path}: want a JSON object with group_by, baseline and claims")
   problems = [f"missing {k!r}" for k in ("group_by", "baseline", "claims") if k not in spec]
-  for c in spec.get("claims", []):
+  problems += [
+    f"{k!r} must be a list of strings"
+    for k in ("group_by", "baseline")
+    if k in spec and not _strings(spec[k])
+  ]
+  claims = spec.get("claims", [])
+  if not isinstance(claims, list) or not all(isinstance(c, dict) for c in claims):
+    _fail(f'{path}: "claims" must be a list of claim objects')
+  if "claims" in spec and not claims:
+    problems.append('"claims" is empty; want at least one claim object')
+  ids = [c.get("id") for c in claims]
+  if twice := next((i for n, i in enumerate(ids) if i in ids[:n]), None):
+    problems.append(f"claim id {twice!r} twice; ids must be unique (one Holm family member each)")
+  for c in claims:
     keys_ok = CLAIM_KEYS <= set(c) <= CLAIM_KEYS | OPTIONAL_KEYS
     sides_ok = keys_ok and all(isinstance(c[x], dict) for x in "ab")
     if not sides_ok or c["direction"] not in ("+", "-") or not {"arm", "col"} == set(c["a"]):
       want = f"want keys {sorted(CLAIM_KEYS)}, optionally {sorted(OPTIONAL_KEYS)}; `a` and `b`"
       want += ' objects with an arm and a col; direction "+" or "-"'
       problems.append(f"claim {c.get('id', '?')}: {want}")
+    elif not all(isinstance(c[k], str) for k in ("id", "claim")):
+      problems.append(f"claim {c['id']!r}: `id` and `claim` must be strings")
     elif "count" in c and not (
-      set(c["count"]) == {"at_most"} and isinstance(c["count"]["at_most"], int | float)
+      isinstance(c["count"], dict)
+      and set(c["count"]) == {"at_most"}
+      and isinstance(c["count"]["at_most"], int | float)
+      and not isinstance(c["count"]["at_most"], bool)
     ):
       problems.append(f'claim {c["id"]}: `count` wants {{"at_most": a number}}')
-    elif {"arm", "col"} != set(c["b"]) or any(check_col(c[x]["col"]) for x in "ab"):
+    elif {"arm", "col"} != set(c["b"]) or any(
+      not isinstance(c[x]["col"], str) or check_col(c[x]["col"]) for x in "ab"
+    ):
       problems.append(f"claim {c['id']}: `a` and `b` each want an arm and a TAG@WHAT col")
+    elif not all(_strings(c[x]["arm"]) for x in "ab"):
+      problems.append(f"claim {c['id']}: each side's `arm` must be a list of strings")
   if problems:
-    raise SystemExit(f"error: {path}: {problems[0]}")
+    _fail(f"{path}: {problems[0]}")
   return spec
+
+
+def _strings(x):
+  """Whether `x` is a non-empty list of strings (a claims file's group_by, baseline or arm)."""
+  return isinstance(x, list) and bool(x) and all(isinstance(v, str) for v in x)
 
 
 def _claims_table(arms, claims, cols):
@@ -268,7 +326,20 @@ def _claims_table(arms, claims, cols):
   _table(["claim", "statement", "a − b", "expected", "difference", "n", "p", "verdict"], rows)
 
 
+def _csv_problem(path):
+  """Why --csv=path cannot be written (None when it can), checked before any table prints."""
+  folder = os.path.dirname(os.path.abspath(path))
+  if os.path.isdir(path):
+    return "is a folder; want a file path"
+  if not os.path.isdir(folder):
+    return f"its folder {folder} does not exist; want a file in an existing folder"
+  if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+    return "is not writable; want a file path this user can write"
+  return None
+
+
 def main(argv=None):
+  """The command line (see the module docstring); 0, or exit 2 with one line for a bad input."""
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--root", required=True, action="append", help="repeatable")
   p.add_argument("--group_by", default=None, help="comma-separated config fields")
@@ -279,35 +350,39 @@ def main(argv=None):
   p.add_argument("--per_seed", action="store_true", help="also print every run's values")
   p.add_argument("--csv", default=None, help="also write one row per run to this file")
   args = p.parse_args(argv)
+  if args.csv and (why := _csv_problem(args.csv)):
+    _fail(f"--csv={args.csv} {why}")
   claims = load_claims(args.claims) if args.claims else None
   if claims is None and (not args.group_by or not args.cols):
-    raise SystemExit("error: --group_by and --cols are needed without --claims")
+    _fail("--group_by and --cols are needed without --claims")
   cols = [c.strip() for c in args.cols.split(",") if c.strip()]
   if claims is not None:
     claimed = [x["col"] for c in claims["claims"] for x in (c["a"], c["b"])]
     cols = list(dict.fromkeys([*claimed, *cols]))
+    for flag in ("expect", "group_by", "baseline"):
+      if getattr(args, flag):
+        _fail(f"--{flag} and --claims: the claims file declares the {flag}; drop --{flag}")
     args.group_by, args.baseline = ",".join(claims["group_by"]), ",".join(claims["baseline"])
-    if args.expect:
-      raise SystemExit("error: --expect and --claims: the claims file declares the expectations")
   fields = [f.strip() for f in args.group_by.split(",") if f.strip()]
   if bad := next(filter(None, map(check_col, cols)), None):
-    raise SystemExit(f"error: column {bad}")
+    _fail(f"column {bad}")
   expect = {}
   for item in filter(None, args.expect.split(",")):
     col, _, sign = item.rpartition(":")
     if col not in cols or sign not in ("+", "-"):
-      raise SystemExit(f"error: --expect={item}: want COL:+ or COL:- with COL one of --cols")
+      _fail(f"--expect={item}: want COL:+ or COL:- with COL one of --cols")
+    if col in expect:
+      _fail(f"--expect names {col} twice; want each column at most once")
     expect[col] = 1 if sign == "+" else -1
   arms, per_run = _arms(args.root, fields, cols)
   if not arms:
-    print(f"error: no runs (config.json) under {' or '.join(args.root)}", file=sys.stderr)
-    return 1
+    _fail(f"no runs (config.json) under {' or '.join(args.root)}")
   if claims is not None:
     named = [tuple(map(str, x["arm"])) for c in claims["claims"] for x in (c["a"], c["b"])]
     if absent := [k for k in [tuple(args.baseline.split(",")), *named] if k not in arms]:
-      raise SystemExit(
-        f"error: {args.claims}: arm {','.join(absent[0])} is no arm; arms: {sorted(arms)}"
-      )
+      _fail(f"{args.claims}: arm {','.join(absent[0])} is no arm; arms: {_arm_names(arms)}")
+  elif args.baseline is not None and tuple(args.baseline.split(",")) not in arms:
+    _fail(f"--baseline={args.baseline} is no arm; arms: {_arm_names(arms)}")
   print(f"mean over seeds [t 95% interval]; {' + '.join(args.root)}\n")
   header = cols
   if claims is not None:  # a column no claim names is exploratory: no verdict word
@@ -322,11 +397,14 @@ def main(argv=None):
             for name, seed, _, row in per_run]  # fmt: skip
     _table(["run", "seed", *cols], rows)
   if args.csv:
-    with open(args.csv, "w", newline="") as f:
-      w = csv.writer(f)
-      w.writerow(["run", "seed", *fields, *cols])
-      for name, seed, key, row in per_run:
-        w.writerow([name, seed, *key, *["" if x is None else x for x in row]])
+    try:
+      with open(args.csv, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["run", "seed", *fields, *cols])
+        for name, seed, key, row in per_run:
+          w.writerow([name, seed, *key, *["" if x is None else x for x in row]])
+    except OSError as e:
+      _fail(f"--csv={args.csv}: {e.strerror or e}")
   return 0
 
 

@@ -83,7 +83,7 @@ def test_claims_are_worded_over_their_own_family_and_other_columns_are_explorato
   bad = dict(claims, claims=[{**claims["claims"][0], "direction": "up"}])
   path.write_text(json.dumps(bad))
   proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-  assert proc.returncode == 1 and proc.stderr.strip().startswith(f"error: {path}: claim collapse")
+  assert proc.returncode == 2 and proc.stderr.strip().startswith(f"error: {path}: claim collapse")
 
 
 def test_a_count_claim_counts_seeds_at_or_below_its_threshold(tmp_path):
@@ -111,7 +111,7 @@ def test_a_count_claim_counts_seeds_at_or_below_its_threshold(tmp_path):
   assert "| 0.031 | reproduced |" in row and "seeds with 0.0 eval/accuracy@final <= 0.047" in row
   path.write_text(json.dumps({**claims, "claims": [{**claim, "count": {"below": 1}}]}))
   proc = subprocess.run([*cmd, f"--claims={path}"], capture_output=True, text=True, timeout=120)
-  assert proc.returncode == 1 and proc.stderr.strip() == (
+  assert proc.returncode == 2 and proc.stderr.strip() == (
     f'error: {path}: claim fewer: `count` wants {{"at_most": a number}}'
   )
 

@@ -1,0 +1,142 @@
+"""experiments/seed_table.py refuses a bad input with one `error:` line naming it, exit status 2,
+and (where the check can be made before any table) nothing on stdout; these were tracebacks,
+exit status 1, silently ignored flags or inputs read as something else."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "experiments"))
+import seed_table  # noqa: E402
+
+RUNS = REPO / "docs" / "cpu_runs" / "smollm2_calc"
+COL = "eval/accuracy@final"
+CLAIM = {
+  "id": "acc", "claim": "calc beats none", "direction": "+",
+  "a": {"arm": ["arithmetic_inline"], "col": COL}, "b": {"arm": ["none"], "col": COL},
+}  # fmt: skip
+SPEC = {"group_by": ["sampling.tool"], "baseline": ["none"], "claims": [CLAIM]}
+
+
+@pytest.fixture
+def root(tmp_path):
+  """Four exported runs (two arms of sampling.tool, seeds 1 and 2): config.json, scalars.json."""
+  for name in ("calc_s1", "none_s1", "calc_s2", "none_s2"):
+    (tmp_path / "runs" / name).mkdir(parents=True)
+    for f in ("config.json", "scalars.json"):
+      shutil.copy(RUNS / name / f, tmp_path / "runs" / name / f)
+  return tmp_path / "runs"
+
+
+def _refused(capsys, root, *argv):
+  """Runs seed_table on `root` and asserts exit 2 with one `error:` line; (stdout, stderr)."""
+  with pytest.raises(SystemExit) as e:
+    seed_table.main([f"--root={root}", *argv])
+  out, err = capsys.readouterr()
+  assert e.value.code == 2, (e.value.code, err)
+  assert err.startswith("error: ") and err.strip().splitlines() == [err.strip()], err
+  return out, err
+
+
+def _claims(tmp_path, spec):
+  path = tmp_path / "claims.json"
+  path.write_text(json.dumps(spec))
+  return path
+
+
+@pytest.mark.parametrize(
+  "change, says",
+  [
+    ({"claims": ["x"]}, '"claims" must be a list of claim objects'),
+    ({"claims": {"acc": CLAIM}}, '"claims" must be a list of claim objects'),
+    ({"claims": []}, '"claims" is empty'),
+    ({"baseline": "none"}, "'baseline' must be a list of strings"),
+    ({"group_by": "sampling.tool"}, "'group_by' must be a list of strings"),
+    ({"claims": [{**CLAIM, "a": {"arm": "arithmetic_inline", "col": COL}}]}, "must be a list of"),
+    ({"claims": [CLAIM, {**CLAIM, "direction": "-"}]}, "claim id 'acc' twice"),
+    ({"claims": [{**CLAIM, "count": {"at_most": True}}]}, '`count` wants {"at_most": a number}'),
+  ],
+)
+def test_a_malformed_claims_file_is_one_error_line(tmp_path, root, capsys, change, says):
+  """A claims list that is no list of objects, or empty; a group_by, baseline or arm that is a
+  string (it was split into characters); a claim id twice (two members of the Holm family); a
+  boolean count threshold."""
+  path = _claims(tmp_path, {**SPEC, **change})
+  out, err = _refused(capsys, root, f"--claims={path}")
+  assert out == "" and err.startswith(f"error: {path}: ") and says in err, err
+
+
+@pytest.mark.parametrize("text", ['{"config": {"seed": 1', '{"cfg": {"seed": 1}}', "[1]"])
+def test_a_run_whose_config_does_not_read_is_named(root, capsys, text):
+  """A config.json cut short, without its "config" key, or of another shape."""
+  (root / "calc_s2" / "config.json").write_text(text)
+  out, err = _refused(capsys, root, "--group_by=sampling.tool", f"--cols={COL}")
+  assert out == "" and f"{root / 'calc_s2' / 'config.json'}: not the trainer's" in err, err
+
+
+def test_a_nan_scalar_is_named_not_dropped(root, capsys):
+  """A NaN value (it silently dropped the seed from @final) names the run, tag and step."""
+  path = root / "calc_s1" / "scalars.json"
+  scalars = json.loads(path.read_text())
+  scalars["eval/accuracy"][1][1] = float("nan")
+  path.write_text(json.dumps(scalars))
+  out, err = _refused(capsys, root, "--group_by=sampling.tool", f"--cols={COL}")
+  step = scalars["eval/accuracy"][1][0]
+  assert out == "" and "calc_s1" in err and "'eval/accuracy'" in err and f"step {step}" in err
+
+
+def test_a_nan_in_a_tag_no_column_reads_leaves_the_table(root, capsys):
+  """A NaN elsewhere in a run (a diverged step's grad norm) does not stop the columns' table."""
+  path = root / "calc_s1" / "scalars.json"
+  scalars = json.loads(path.read_text())
+  scalars["optim/grad_norm"][0][1] = float("nan")
+  path.write_text(json.dumps(scalars))
+  seed_table.main([f"--root={root}", "--group_by=sampling.tool", f"--cols={COL}", "--per_seed"])
+  assert "| calc_s1 | 1 | 0.438 |" in capsys.readouterr().out
+
+
+def test_a_run_without_scalars_is_named(root, capsys):
+  """A run folder with a config.json and no scalars (it counted as a seed of `-` cells)."""
+  (root / "none_s2" / "scalars.json").unlink()
+  out, err = _refused(capsys, root, "--group_by=sampling.tool", f"--cols={COL}")
+  assert out == "" and "none_s2" in err and "no scalars" in err, err
+
+
+def test_no_runs_exits_2(tmp_path, capsys):
+  """A root with no run (it returned 1)."""
+  out, err = _refused(capsys, tmp_path, "--group_by=sampling.tool", f"--cols={COL}")
+  assert out == "" and "no runs" in err
+
+
+@pytest.mark.parametrize(
+  "args, says",
+  [
+    (["--csv=MISSING/rows.csv"], "does not exist"),
+    (["--csv=TMP"], "is a folder"),
+    (["--baseline=calc"], "--baseline=calc is no arm; arms: arithmetic_inline, none"),
+    ([f"--expect={COL}:+,{COL}:-", "--baseline=none"], f"--expect names {COL} twice"),
+    (["--cols=eval/accuracy@avg:300-100"], "@avg:300-100 has A > B"),
+  ],
+)
+def test_a_bad_flag_is_refused_before_any_table(tmp_path, root, capsys, args, says):
+  """A --csv path that cannot be written and a --baseline that is no arm (found after tables
+  printed), an --expect naming a column twice (the last won), @avg:A-B with A > B (every cell
+  `-`)."""
+  args = [a.replace("MISSING", str(tmp_path / "no")).replace("TMP", str(tmp_path)) for a in args]
+  cols = [] if any(a.startswith("--cols") for a in args) else [f"--cols={COL}"]
+  out, err = _refused(capsys, root, "--group_by=sampling.tool", *cols, *args)
+  assert out == "" and says in err, err
+
+
+@pytest.mark.parametrize("flag", ["--group_by=sampling.tool", "--baseline=arithmetic_inline"])
+def test_claims_refuses_the_flags_it_declares(tmp_path, root, capsys, flag):
+  """--group_by or --baseline beside --claims (they were silently overridden by the file)."""
+  path = _claims(tmp_path, SPEC)
+  out, err = _refused(capsys, root, f"--claims={path}", flag)
+  assert out == "" and f"{flag.split('=')[0]} and --claims" in err, err
