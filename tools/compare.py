@@ -161,6 +161,11 @@ def compare(
   tag's best is its maximum or minimum by `direction`; tags of neither kind have no best."""
   runs = {run_name(root, d): read_run(d) for d in find_runs(root)}
   available = sorted({t for scalars in runs.values() for t in scalars})
+  if runs and not available:  # every event file empty or unreadable
+    if len(runs) == 1:
+      where = os.path.normpath(os.path.join(root, next(iter(runs))))
+      raise ValueError(f"{where}: its event files hold no scalars (empty or unreadable)")
+    raise ValueError(f"no run under {root} holds scalars: its event files are empty or unreadable")
   empty = [g for g in tags if any(c in g for c in "*?[") and not expand_tags([g], available)]
   if runs and empty and tuple(tags) != DEFAULT_TAGS:  # a glob the user gave matches nothing
     raise ValueError(
@@ -174,6 +179,10 @@ def compare(
       f"; did you mean {' or '.join(near)}?" if near else f"; available: {', '.join(available)}"
     )
     raise ValueError(f"tag {unknown[0]!r} is in no run under {root}{hint}")
+  for flag, patterns in (("--minimize", minimize), ("--maximize", maximize)):
+    for p in patterns:
+      if runs and not any(fnmatch.fnmatchcase(t, p) for t in tags):
+        raise ValueError(f"{flag} pattern {p!r} matches none of the shown tags: {', '.join(tags)}")
   header = ["run", "step"]
   for tag in tags:
     header += [f"{tag} final", f"{tag} best", f"{tag} best_step"]
@@ -271,6 +280,9 @@ def main(argv: Sequence[str] | None = None) -> int:
       f"error: {both[0]!r} is in both --minimize and --maximize; name it in one", file=sys.stderr
     )
     return 2
+  if not _split(args.tags):
+    print(f"error: --tags={args.tags!r} is empty; give tags or glob patterns", file=sys.stderr)
+    return 2
   problem = args.csv and csv_problem(args.csv)
   if problem:
     print(f"error: --csv={args.csv}: {problem}", file=sys.stderr)
@@ -284,7 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 2
   if not rows:
     print(f"error: no TensorBoard event files under {args.root}", file=sys.stderr)
-    return 1
+    return 2
   # The terminal table leaves out best_step; the CSV keeps every column.
   shown = [i for i, h in enumerate(header) if not h.endswith(" best_step")]
   print(

@@ -51,6 +51,7 @@ import numpy as np
 
 SEED = "seed"
 IGNORED_FIELDS = ("train.stop_after_steps",)  # differ between invocations of one run
+MAX_SIDE_PX, MAX_PIXELS = 65536, 2**28  # a figure larger than this would exhaust memory
 PSEUDO_FIELDS = ("path", "run")  # --group_by only: the PATH argument, the run's directory
 BANDS = {
   "ci": "t 95% interval of the mean over seeds",
@@ -59,6 +60,7 @@ BANDS = {
   "none": "",
 }
 _NAME_PART = re.compile(r"([A-Za-z_][A-Za-z0-9_.]*)=([^,]*)")
+_PASSK = re.compile(r"eval/pass@(\d+)")
 
 
 class PlotError(ValueError):
@@ -166,6 +168,19 @@ def _read_json(path: str) -> Any:
     return None
 
 
+def _read_record(path: str, expect: str) -> Any:
+  """`path` as JSON, None if absent; PlotError if it exists but is unreadable or not valid
+  JSON (a run whose settings cannot be read would silently join another arm)."""
+  if not os.path.exists(path):
+    return None
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, ValueError) as e:
+    reason = e.strerror if isinstance(e, OSError) else "not valid JSON"
+    raise PlotError(f"{path}: {reason}; expected {expect} (fix or remove it)") from None
+
+
 def _sweep_params(root: str) -> tuple[dict[str, dict[str, str]], list[str]]:
   """From `root/sweep.json`: run name -> grid values, and the grid's fields (none without one)."""
   record = _read_json(os.path.join(root, "sweep.json"))
@@ -180,8 +195,13 @@ def run_params(
 ) -> tuple[dict[str, Any], str]:
   """A run's settings (field -> value) and their source: its config.json, else its run.json or
   sweep.json overrides, else the `field=value,...` workdir name; ({}, 'none') if none of these."""
-  config = _read_json(os.path.join(run_dir, "config.json"))
-  record = _read_json(os.path.join(run_dir, "run.json"))
+  trainers = 'the trainer\'s {"config": {...}, ...}'
+  config = _read_record(os.path.join(run_dir, "config.json"), trainers)
+  record = _read_record(os.path.join(run_dir, "run.json"), 'a sweep\'s {"overrides": {...}}')
+  if config is not None and not (
+    isinstance(config, dict) and isinstance(config.get("config"), dict)
+  ):
+    raise PlotError(f"{os.path.join(run_dir, 'config.json')}: not {trainers}; fix or remove it")
   overrides = None
   if isinstance(record, dict) and isinstance(record.get("overrides"), dict):
     overrides = {k: parse_value(str(v)) for k, v in record["overrides"].items()}
@@ -241,6 +261,7 @@ def load_runs(paths: Sequence[str]) -> tuple[list[RunData], list[str]]:
     if not found:
       raise PlotError(f"no TensorBoard event files under {path}")
     sweeps: dict[str, dict[str, dict[str, str]]] = {}
+    before = len(runs)
     for workdir, event_dirs in found.items():
       real = os.path.realpath(workdir)
       if real in seen:  # the same run reached through two PATH arguments
@@ -259,6 +280,12 @@ def load_runs(paths: Sequence[str]) -> tuple[list[RunData], list[str]]:
           else:
             scalars[tag] = values
       runs.append(RunData(workdir, compare.run_name(path, workdir), path, params, source, scalars))
+    if len(runs) > before and not any(r.scalars for r in runs[before:]):
+      raise PlotError(
+        f"{', '.join(found)}: its event files hold no scalars (empty or unreadable)"
+        if len(found) == 1
+        else f"no run under {path} holds scalars: its event files are empty or unreadable"
+      )
   return runs, grid_fields
 
 
@@ -489,6 +516,7 @@ def curves_data(
   _check_options(smooth, band)
   arms = arms_for(runs, grid_fields, group_by, where)
   tags = check_tags(tags, [r for a in arms for r in a.runs])
+  _warn_nonfinite([r for a in arms for r in a.runs], tags)
   out = {}
   for tag in tags:
     out[tag] = [c for a in arms if (c := aggregate(a, tag, smooth, band)) is not None]
@@ -507,11 +535,20 @@ def passk_data(
   (`eval/sample_accuracy`) and every k of an `eval/pass@k` tag, the mean over seeds with its t
   95% interval (none below 3 seeds). A Curve's `steps` hold the k values."""
   arms = arms_for(runs, grid_fields, group_by, where)
-  ks = sorted(
-    {1} | {int(t.split("@")[1]) for r in runs for t in r.scalars if t.startswith("eval/pass@")}
-  )
+  selected = [r for a in arms for r in a.runs]
+  logged = {int(m.group(1)) for r in selected for t in r.scalars if (m := _PASSK.fullmatch(t))}
+  ks = sorted({1} | logged)
   if ks == [1]:
+    if logged:
+      raise PlotError("only eval/pass@1 is logged: pass@1 alone makes no curve; log k > 1 too")
     raise PlotError("no run logged eval/pass@k: nothing to draw a pass@k curve from")
+  if step is not None:
+    steps = {s for r in selected for k in ks[1:] for s, _ in r.scalars.get(f"eval/pass@{k}", [])}
+    if step not in steps:
+      raise PlotError(
+        f"--step={step}: no eval/pass@k logged there; eval steps: "
+        + ", ".join(map(str, sorted(steps)))
+      )
   out = []
   for arm in arms:
     per_run = []
@@ -572,6 +609,7 @@ def heatmap_data(
   if len(tags) > 1:
     raise PlotError(f"--tag={tag!r} matches several tags: {', '.join(tags)}; give one")
   tag = tags[0]
+  _warn_nonfinite(runs, [tag])
   swept = swept_fields(runs, grid_fields)
   axes = []
   for flag, name in (("--x", x), ("--y", y)):
@@ -769,11 +807,23 @@ def plot_heatmap(
 
 
 def _save(fig, out: str, dpi: int) -> None:
+  """Writes `fig` to `out` through a temporary file, so a failed save leaves `out` as it was."""
   import matplotlib.pyplot as plt
 
-  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
   try:
-    fig.savefig(out, dpi=dpi)
+    width, height = fig.get_size_inches()
+    _check_pixels(width, height, dpi, f"the figure ({width:g}x{height:g} inches)")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    root, ext = os.path.splitext(out)
+    tmp = f"{root}.tmp{os.getpid()}{ext}"
+    try:
+      fig.savefig(tmp, dpi=dpi, format=ext[1:].lower() or None)
+      os.replace(tmp, out)
+    except OSError as e:
+      raise PlotError(f"--out={out}: cannot write it: {e.strerror or e}") from None
+    finally:
+      if os.path.exists(tmp):
+        os.remove(tmp)
   finally:
     plt.close(fig)
 
@@ -808,6 +858,53 @@ def _check_options(smooth: float, band: str) -> None:
     raise PlotError(f"--smooth must be in [0, 1), got {smooth}")
   if band not in BANDS:
     raise PlotError(f"--band must be one of {', '.join(BANDS)}, got {band!r}")
+
+
+def _check_pixels(width: float, height: float, dpi: int, what: str) -> None:
+  """PlotError if `width`x`height` inches at `dpi` exceeds the pixel limits (MAX_SIDE_PX a
+  side, MAX_PIXELS in all): such an image would exhaust memory."""
+  w, h = round(width * dpi), round(height * dpi)
+  if max(w, h) > MAX_SIDE_PX or w * h > MAX_PIXELS:
+    raise PlotError(
+      f"{what} at --dpi={dpi} is {w}x{h} pixels; the limit is {MAX_SIDE_PX} a side and "
+      f"{MAX_PIXELS} (2^28) in all: lower --size or --dpi"
+    )
+
+
+def _out_problem(out: str) -> str | None:
+  """Why the figure cannot be written to `out` (a directory, an unknown format, a file on its
+  folder's path, a read-only folder), or None when it can: checked before any run is read."""
+  _pyplot()  # the matplotlib error first, where it is missing
+  from matplotlib.backend_bases import FigureCanvasBase
+
+  formats = sorted(FigureCanvasBase.get_supported_filetypes())
+  ext = os.path.splitext(out)[1].lower().lstrip(".")
+  if os.path.isdir(out):
+    return "it is a directory; give a file path (e.g. curves.png)"
+  if ext not in formats:
+    what = f"unknown format .{ext}" if ext else "no file extension"
+    return f"{what}; give one of .{', .'.join(formats)}"
+  folder = os.path.dirname(os.path.abspath(out))
+  existing = folder
+  while not os.path.exists(existing):  # missing folders are made
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    return f"{existing} is a file, not a directory; give a file path in a directory"
+  if not os.access(existing, os.W_OK | os.X_OK) or (
+    os.path.exists(out) and not os.access(out, os.W_OK)
+  ):
+    return "it is not writable; give a writable file path"
+  return None
+
+
+def _warn_nonfinite(runs: Sequence[RunData], tags: Sequence[str]) -> None:
+  """One warning naming the first NaN or infinite value of `tags` in `runs` (drawn as gaps)."""
+  bad = [(r, t, s, v) for r in runs for t in tags for s, v in series(r, t).items()]
+  bad = [b for b in bad if not math.isfinite(b[3])]
+  if bad:
+    r, tag, step, value = bad[0]
+    more = f" (and {len(bad) - 1} more value(s))" if len(bad) > 1 else ""
+    _warn(f"{r.name}: {tag} is {value} at step {step}{more}; not drawn there")
 
 
 def _split(text: str | None) -> list[str]:
@@ -865,6 +962,15 @@ def main(argv: Sequence[str] | None = None) -> int:
   out = args.out or f"{args.command}.png"
   try:
     size = _size(args.size)
+    if args.dpi <= 0:
+      raise PlotError(f"--dpi={args.dpi}: must be a positive number of pixels per inch")
+    if getattr(args, "cols", 1) <= 0:
+      raise PlotError(f"--cols={args.cols}: must be a positive number of subplots per row")
+    problem = _out_problem(out)
+    if problem:
+      raise PlotError(f"--out={out}: {problem}")
+    if size:
+      _check_pixels(*size, args.dpi, f"--size={args.size}")
     _check_options(args.smooth, getattr(args, "band", "none"))
     runs, grid_fields = load_runs(args.paths)
     if args.command == "curves":
