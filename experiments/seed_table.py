@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import os
 import re
 import sys
@@ -153,13 +154,14 @@ def check_col(col: str) -> str | None:
 
 def _arms(roots, fields, cols):
   """{arm key: {seed: [value of each column]}} and the per-run rows; exits with one line for a
-  --group_by field no run's config has, a column whose tag no run logged, or a NaN in a column's
-  tag (a seed would silently drop out of its arm's mean)."""
+  --group_by field no run's config has, a column whose tag no run logged, or a NaN or infinity
+  in a column's tag (a seed would silently drop out of its arm's mean)."""
   loaded = [(root, d, *load(d)) for root in roots for d in find_runs(root)]
   for _, d, _, scalars in loaded:
     for tag in dict.fromkeys(c.rpartition("@")[0] for c in cols):
-      if (nan := next((s for s, v in scalars.get(tag, []) if v != v), None)) is not None:
-        _fail(f"run {d}: tag {tag!r} is NaN at step {nan}; want a number at every step")
+      bad = next(((s, v) for s, v in scalars.get(tag, []) if not math.isfinite(v)), None)
+      if bad is not None:
+        _fail(f"run {d}: tag {tag!r} is {bad[1]} at step {bad[0]}; want a finite number")
   seen_fields = {f for *_, cfg, _ in loaded for f in cfg}
   seen_tags = {t for *_, scalars in loaded for t in scalars}
   if loaded and (missing := [f for f in fields if f not in seen_fields]):

@@ -80,11 +80,13 @@ def test_a_run_whose_config_does_not_read_is_named(root, capsys, text):
   assert out == "" and f"{root / 'calc_s2' / 'config.json'}: not the trainer's" in err, err
 
 
-def test_a_nan_scalar_is_named_not_dropped(root, capsys):
-  """A NaN value (it silently dropped the seed from @final) names the run, tag and step."""
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_nan_scalar_is_named_not_dropped(root, capsys, bad):
+  """A NaN value (it silently dropped the seed from @final) or an infinity (it made the arm's
+  mean infinite) names the run, tag and step."""
   path = root / "calc_s1" / "scalars.json"
   scalars = json.loads(path.read_text())
-  scalars["eval/accuracy"][1][1] = float("nan")
+  scalars["eval/accuracy"][1][1] = bad
   path.write_text(json.dumps(scalars))
   out, err = _refused(capsys, root, "--group_by=sampling.tool", f"--cols={COL}")
   step = scalars["eval/accuracy"][1][0]
