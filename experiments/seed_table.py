@@ -288,6 +288,14 @@ def load_claims(path):
       problems.append(f"claim {c['id']}: `a` and `b` each want an arm and a TAG@WHAT col")
     elif not all(_strings(c[x]["arm"]) for x in "ab"):
       problems.append(f"claim {c['id']}: each side's `arm` must be a list of strings")
+    elif _strings(spec.get("group_by")) and any(
+      len(c[x]["arm"]) != len(spec["group_by"]) for x in "ab"
+    ):
+      n = len(spec["group_by"])
+      problems.append(f"claim {c['id']}: each side's `arm` wants {n} value(s), one per group_by")
+  if _strings(spec.get("group_by")) and _strings(spec.get("baseline")):
+    if len(spec["baseline"]) != len(spec["group_by"]):
+      problems.append(f"'baseline' wants {len(spec['group_by'])} value(s), one per group_by")
   if problems:
     _fail(f"{path}: {problems[0]}")
   return spec

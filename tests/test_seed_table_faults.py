@@ -61,12 +61,14 @@ def _claims(tmp_path, spec):
     ({"claims": [{**CLAIM, "a": {"arm": "arithmetic_inline", "col": COL}}]}, "must be a list of"),
     ({"claims": [CLAIM, {**CLAIM, "direction": "-"}]}, "claim id 'acc' twice"),
     ({"claims": [{**CLAIM, "count": {"at_most": True}}]}, '`count` wants {"at_most": a number}'),
+    ({"baseline": ["none", "0.2"]}, "'baseline' wants 1 value(s), one per group_by"),
+    ({"claims": [{**CLAIM, "b": {"arm": ["none", "x"], "col": COL}}]}, "`arm` wants 1 value(s)"),
   ],
 )
 def test_a_malformed_claims_file_is_one_error_line(tmp_path, root, capsys, change, says):
   """A claims list that is no list of objects, or empty; a group_by, baseline or arm that is a
   string (it was split into characters); a claim id twice (two members of the Holm family); a
-  boolean count threshold."""
+  boolean count threshold; a baseline or arm of another length than group_by (it was "no arm")."""
   path = _claims(tmp_path, {**SPEC, **change})
   out, err = _refused(capsys, root, f"--claims={path}")
   assert out == "" and err.startswith(f"error: {path}: ") and says in err, err
