@@ -39,7 +39,6 @@ no claim names are exploratory: printed, never worded.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import os
@@ -98,12 +97,10 @@ def load(run_dir):
 
 def _scalars(run_dir):
   """The run's scalars {tag: [(step, value)]} (see `load`)."""
-  from jaxrl_llm import metrics
+  from jaxrl_llm import metric_info, metrics
 
   exported = os.path.join(run_dir, "scalars.json")
-  if any(n.startswith("events.out.tfevents") for n in os.listdir(run_dir)) or not os.path.isfile(
-    exported
-  ):
+  if any(map(metric_info.is_event_file, os.listdir(run_dir))) or not os.path.isfile(exported):
     return metrics.read_scalars(run_dir)
   try:
     with open(exported) as f:
@@ -336,18 +333,6 @@ def _claims_table(arms, claims, cols):
   _table(["claim", "statement", "a − b", "expected", "difference", "n", "p", "verdict"], rows)
 
 
-def _csv_problem(path):
-  """Why --csv=path cannot be written (None when it can), checked before any table prints."""
-  folder = os.path.dirname(os.path.abspath(path))
-  if os.path.isdir(path):
-    return "is a folder; want a file path"
-  if not os.path.isdir(folder):
-    return f"its folder {folder} does not exist; want a file in an existing folder"
-  if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-    return "is not writable; want a file path this user can write"
-  return None
-
-
 def main(argv=None):
   """The command line (see the module docstring); 0, or exit 2 with one line for a bad input."""
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
@@ -360,8 +345,10 @@ def main(argv=None):
   p.add_argument("--per_seed", action="store_true", help="also print every run's values")
   p.add_argument("--csv", default=None, help="also write one row per run to this file")
   args = p.parse_args(argv)
-  if args.csv and (why := _csv_problem(args.csv)):
-    _fail(f"--csv={args.csv} {why}")
+  from jaxrl_llm import paths
+
+  if args.csv and (why := paths.file_problem(args.csv)):
+    _fail(f"--csv={args.csv}: {why}")
   claims = load_claims(args.claims) if args.claims else None
   if claims is None and (not args.group_by or not args.cols):
     _fail("--group_by and --cols are needed without --claims")
@@ -407,14 +394,12 @@ def main(argv=None):
             for name, seed, _, row in per_run]  # fmt: skip
     _table(["run", "seed", *cols], rows)
   if args.csv:
+    rows = [[name, seed, *key, *["" if x is None else x for x in row]]
+            for name, seed, key, row in per_run]  # fmt: skip
     try:
-      with open(args.csv, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["run", "seed", *fields, *cols])
-        for name, seed, key, row in per_run:
-          w.writerow([name, seed, *key, *["" if x is None else x for x in row]])
+      paths.write_csv(args.csv, ["run", "seed", *fields, *cols], rows)
     except OSError as e:
-      _fail(f"--csv={args.csv}: {e.strerror or e}")
+      _fail(f"--csv={args.csv}: cannot write it: {e.strerror or e}")
   return 0
 
 

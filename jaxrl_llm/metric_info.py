@@ -2,14 +2,24 @@
 names TRL's GRPOTrainer and verl give the same quantity.
 
 One table serves `tools/compare.py` ("best" only where a direction is better), the HParams
-metrics each run declares, and docs/tensorboard.md's mapping table. Kept free of JAX so tools import it
-cheaply.
+metrics each run declares, and docs/tensorboard.md's mapping table. It also says which files are
+event files, for every tool that looks for runs. Kept free of JAX so tools import it cheaply.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import os
+
+EVENT_FILE_PREFIX = "events.out.tfevents."  # the writer's file names (tensorboard's own naming)
+
+
+def is_event_file(name: str) -> bool:
+  """Whether TensorBoard's reader takes the file `name` (a name or a path) for an event file: its
+  rule (`io_wrapper.IsTensorFlowEventsFile`) is "tfevents" in the base name."""
+  return "tfevents" in os.path.basename(name)
+
 
 MAX, MIN = "max", "min"  # directions; None: neither is better in general
 

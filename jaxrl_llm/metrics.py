@@ -33,7 +33,7 @@ from tensorboard.plugins.text import summary_v2 as text_summary
 from tensorboard.summary.writer.record_writer import RecordWriter
 from tensorboard.util import tensor_util
 
-from jaxrl_llm import paths
+from jaxrl_llm import metric_info, paths
 
 DEFAULT_BUCKETS = 30  # TensorBoard's own default bucket count for histograms
 _FILE_IDS = itertools.count()
@@ -63,7 +63,9 @@ class EventFile:
 
   def _open(self) -> RecordWriter:
     # tensorboard's EventFileWriter naming: time, host, process, a counter of this process.
-    name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}"
+    name = (
+      f"{metric_info.EVENT_FILE_PREFIX}{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}"
+    )
     name += f".{next(_FILE_IDS)}"
     self._file = paths.AppendFile(self.logdir / name)
     self._records = RecordWriter(self._file)

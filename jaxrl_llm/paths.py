@@ -15,9 +15,12 @@ rename locally.
 
 from __future__ import annotations
 
+import csv
+import io
 import os
 import shutil
 import tempfile
+from collections.abc import Iterable, Sequence
 from typing import IO
 
 import fsspec
@@ -49,6 +52,24 @@ def dir_problem(path: str) -> str | None:
     return f"cannot be made: {above} is a file, not a directory"
   if not os.access(above, os.W_OK | os.X_OK):
     return f"cannot be made: {above} cannot be written"
+  return None
+
+
+def file_problem(path: str) -> str | None:
+  """Why a file cannot be written at the local `path`, found without creating anything: a
+  directory there, a read-only file there, or a folder above it that cannot be made or written
+  (`dir_problem`; the writer makes missing folders), or a URL; None when it can."""
+  if scheme(path) is not None:
+    return "is a URL; give a local file path"
+  if os.path.isdir(path):
+    return "is a directory; give a file path"
+  folder = os.path.dirname(os.path.abspath(path))
+  if problem := dir_problem(folder):
+    return f"cannot be written: its folder {folder} {problem}"
+  if os.path.isdir(folder) and not os.access(folder, os.W_OK | os.X_OK):
+    return f"cannot be written: its folder {folder} is read-only"
+  if os.path.lexists(path) and not os.access(path, os.W_OK):
+    return "cannot be written: the file there is read-only"
   return None
 
 
@@ -144,6 +165,17 @@ def write_text(path: PathLike, text: str) -> None:
   except BaseException:  # a full disk, an interrupt: no partial temporary file is left behind
     tmp.unlink(missing_ok=True)
     raise
+
+
+def write_csv(path: PathLike, header: Sequence[str], rows: Iterable[Sequence[object]]) -> None:
+  """Writes a table as CSV to `path` (None as an empty cell, floats at full precision) with
+  `write_text`, making missing folders: a failed write leaves a file already there as it was."""
+  text = io.StringIO()
+  w = csv.writer(text)
+  w.writerow(header)
+  w.writerows(["" if v is None else v for v in row] for row in rows)
+  makedirs(as_path(path).parent)
+  write_text(path, text.getvalue())
 
 
 def rename(src: PathLike, dst: PathLike) -> None:

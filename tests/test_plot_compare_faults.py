@@ -79,7 +79,8 @@ def _bad_root(tmp_path, kind):
     (["curves", "{root}", "--cols=-2"], ["--cols=-2: must be a positive"]),
     (["curves", "{root}", "--out={tmp}/p.xyz"], ["unknown format .xyz; give one of", ".png"]),
     (["curves", "{root}", "--out={tmp}/noext"], ["no file extension; give one of", ".pdf"]),
-    (["curves", "{root}", "--out={tmp}"], ["it is a directory"]),
+    (["curves", "{root}", "--out={tmp}"], ["is a directory; give a file path"]),
+    (["curves", "{root}", "--out=gs://bucket/c.png"], ["is a URL; give a local file path"]),
     (["passk", "{root}", "--out={tmp}/keep.png/x.png"], ["keep.png is a file, not a directory"]),
     (["passk", "{root}", "--step=2"], ["--step=2: no eval/pass@k logged there; eval steps: 0, 3"]),
   ],
@@ -148,3 +149,86 @@ def test_compare_bad_input_is_one_error_line(root, tmp_path, capsys, args, words
     argv.append(a.format(root=root, empty=tmp_path / "empty"))
   _one_error(capsys, compare.main([*argv, f"--csv={keep}"]), *words)
   assert keep.read_bytes() == KEEP
+
+
+sys.path.insert(0, str(REPO / "experiments"))
+import seed_table  # noqa: E402
+
+
+def _seed_table(root, out):
+  """seed_table's exit status over `root`'s arms of clip_high, writing --csv=`out`."""
+  cols = "--cols=eval/accuracy@final"
+  argv = [f"--root={root}", "--group_by=objective.clip_high", cols, f"--csv={out}"]
+  try:
+    return seed_table.main(argv)
+  except SystemExit as e:
+    return e.code
+
+
+WRITERS = {  # the three tools that write a file a user names: {tool: (extension, run)}
+  "compare --csv": (
+    "csv",
+    lambda root, out: compare.main([f"--root={root}", "--tags=eval/*", f"--csv={out}"]),
+  ),
+  "seed_table --csv": ("csv", _seed_table),
+  "plot --out": ("png", lambda root, out: plot.main(["curves", str(root), f"--out={out}"])),
+}
+
+
+@pytest.mark.parametrize("tool", list(WRITERS))
+@pytest.mark.parametrize(
+  "where, words",
+  [
+    ("{tmp}", "is a directory; give a file path"),
+    ("{tmp}/keep.{ext}/x.{ext}", "keep.{ext} is a file, not a directory"),
+    ("gs://bucket/x.{ext}", "is a URL; give a local file path"),
+  ],
+)
+def test_every_output_path_is_checked_alike(root, tmp_path, capsys, tool, where, words):
+  """compare's and seed_table's --csv and plot's --out refuse the same bad paths with the same
+  words (`paths.file_problem`) before reading a run; a file there is left as it was."""
+  ext, run = WRITERS[tool]
+  keep = tmp_path / f"keep.{ext}"
+  keep.write_bytes(KEEP)
+  out = where.format(tmp=tmp_path, ext=ext)
+  _one_error(capsys, run(root, out), words.format(ext=ext))
+  assert keep.read_bytes() == KEEP and sorted(p.name for p in tmp_path.iterdir()) == [keep.name]
+
+
+@pytest.mark.parametrize("tool", list(WRITERS))
+def test_every_output_makes_its_missing_folders(root, tmp_path, capsys, tool):
+  """A --csv or --out in folders that do not exist yet is written there (compare and
+  seed_table refused it), and written again over itself."""
+  ext, run = WRITERS[tool]
+  out = tmp_path / "new" / "deeper" / f"table.{ext}"
+  for _ in range(2):
+    assert run(root, str(out)) == 0, capsys.readouterr().err
+    assert out.stat().st_size > 0
+  assert sorted(p.name for p in out.parent.iterdir()) == [out.name]  # no temporary file left
+
+
+@pytest.mark.parametrize(
+  "name",
+  ["events.out.tfevents.1700000000.host.1.0", "events.out.tfevents.1.h.v2", "x.tfevents.bak",
+   "run.tfevents", "events.out.tfevent.1", "config.json", "scalars.json", "tfevents"],
+)  # fmt: skip
+def test_event_files_are_those_tensorboard_reads(name):
+  """Every tool's test for an event file is TensorBoard's reader's own rule."""
+  from tensorboard.backend.event_processing import io_wrapper
+
+  from jaxrl_llm import metric_info
+
+  assert metric_info.is_event_file(name) == io_wrapper.IsTensorFlowEventsFile(name)
+  assert metric_info.is_event_file(f"/some/dir/{name}") == io_wrapper.IsTensorFlowEventsFile(
+    f"/some/dir/{name}"
+  )
+
+
+def test_the_writers_event_files_are_found(tmp_path):
+  """The trainer's own event files carry the prefix and are found by the run finders."""
+  from jaxrl_llm import metric_info
+
+  _write_run(tmp_path / "r", 0.2, 0)
+  names = [p.name for p in (tmp_path / "r").iterdir() if p.name != "config.json"]
+  assert names and all(n.startswith(metric_info.EVENT_FILE_PREFIX) for n in names)
+  assert compare.find_runs(str(tmp_path)) == [str(tmp_path / "r")]

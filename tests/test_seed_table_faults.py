@@ -121,8 +121,8 @@ def test_no_runs_exits_2(tmp_path, capsys):
 @pytest.mark.parametrize(
   "args, says",
   [
-    (["--csv=MISSING/rows.csv"], "does not exist"),
-    (["--csv=TMP"], "is a folder"),
+    (["--csv=FILE/rows.csv"], "FILE is a file, not a directory"),
+    (["--csv=TMP"], "is a directory; give a file path"),
     (["--baseline=calc"], "--baseline=calc is no arm; arms: arithmetic_inline, none"),
     ([f"--expect={COL}:+,{COL}:-", "--baseline=none"], f"--expect names {COL} twice"),
     (["--cols=eval/accuracy@avg:300-100"], "@avg:300-100 has A > B"),
@@ -132,7 +132,9 @@ def test_a_bad_flag_is_refused_before_any_table(tmp_path, root, capsys, args, sa
   """A --csv path that cannot be written and a --baseline that is no arm (found after tables
   printed), an --expect naming a column twice (the last won), @avg:A-B with A > B (every cell
   `-`)."""
-  args = [a.replace("MISSING", str(tmp_path / "no")).replace("TMP", str(tmp_path)) for a in args]
+  (tmp_path / "FILE").write_text("")
+  args = [a.replace("FILE", str(tmp_path / "FILE")).replace("TMP", str(tmp_path)) for a in args]
+  says = says.replace("FILE", str(tmp_path / "FILE"))
   cols = [] if any(a.startswith("--cols") for a in args) else [f"--cols={COL}"]
   out, err = _refused(capsys, root, "--group_by=sampling.tool", *cols, *args)
   assert out == "" and says in err, err

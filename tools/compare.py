@@ -2,7 +2,8 @@
 
 Every directory under `--root` that holds TensorBoard event files is a run (a sweep's workdirs,
 or any set of trainer workdirs). Prints one row per run with the final and best value of each
-tag; `--csv` also writes the table as CSV. Tags may be glob patterns (`--tags='eval/*'`).
+tag; `--csv` also writes the table as CSV (making its missing folders). Tags may be glob patterns
+(`--tags='eval/*'`).
 "Best" follows each metric's declared direction (`jaxrl_llm/metric_info.py`): the maximum
 for accuracy or reward, the minimum for skipped updates or timeouts, none for entropy, length or
 clip fraction; `--maximize`/`--minimize` override it. The table is split into blocks of columns
@@ -14,7 +15,6 @@ TensorBoard shows the same runs side by side: `tensorboard --logdir /tmp/sweep`.
 from __future__ import annotations
 
 import argparse
-import csv
 import difflib
 import fnmatch
 import math
@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from jaxrl_llm import metric_info  # no JAX: keeps --help fast
 
 DEFAULT_TAGS = ("eval/accuracy", "eval/pass@*", "rollout/reward_mean")
-EVENT_PREFIX = "events.out.tfevents."
 
 
 SKIPPED = ("checkpoints", "sft", "plugins")  # a run's own subfolders: not runs of their own
@@ -37,7 +36,7 @@ def find_runs(root: str, skip: Sequence[str] = SKIPPED) -> list[str]:
   runs = []
   for dirpath, dirnames, filenames in os.walk(root):
     dirnames[:] = sorted(d for d in dirnames if d not in skip)
-    if any(f.startswith(EVENT_PREFIX) for f in filenames):
+    if any(map(metric_info.is_event_file, filenames)):
       runs.append(dirpath)
   return sorted(runs)
 
@@ -206,35 +205,6 @@ def compare(
   return header, rows
 
 
-def write_csv(path: str, header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
-  """Writes the table as CSV (missing values as empty cells, floats at full precision)."""
-  with open(path, "w", newline="") as f:
-    w = csv.writer(f)
-    w.writerow(header)
-    for row in rows:
-      w.writerow(["" if v is None else v for v in row])
-
-
-def csv_problem(path: str) -> str | None:
-  """Why `--csv=path` cannot be written (a directory, a file on its folder's path, a missing or
-  read-only folder), or None when it can: checked before any run is read."""
-  if os.path.isdir(path):
-    return "it is a directory; give a file path (e.g. runs.csv)"
-  folder = os.path.dirname(os.path.abspath(path))
-  existing = folder
-  while not os.path.exists(existing):
-    existing = os.path.dirname(existing)
-  if not os.path.isdir(existing):
-    return f"{existing} is a file, not a directory; give a file path in an existing directory"
-  if existing != folder:
-    return f"its directory {folder} does not exist; give a file path in an existing directory"
-  if not os.access(folder, os.W_OK | os.X_OK) or (
-    os.path.exists(path) and not os.access(path, os.W_OK)
-  ):
-    return "it is not writable; give a writable file path"
-  return None
-
-
 def _split(text: str) -> list[str]:
   return [t.strip() for t in text.split(",") if t.strip()]
 
@@ -283,7 +253,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   if not _split(args.tags):
     print(f"error: --tags={args.tags!r} is empty; give tags or glob patterns", file=sys.stderr)
     return 2
-  problem = args.csv and csv_problem(args.csv)
+  from jaxrl_llm import paths
+
+  problem = args.csv and paths.file_problem(args.csv)
   if problem:
     print(f"error: --csv={args.csv}: {problem}", file=sys.stderr)
     return 2
@@ -303,7 +275,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     format_blocks([header[i] for i in shown], [[r[i] for i in shown] for r in rows], args.width)
   )
   if args.csv:
-    write_csv(args.csv, header, rows)
+    try:
+      paths.write_csv(args.csv, header, rows)
+    except OSError as e:
+      print(f"error: --csv={args.csv}: cannot write it: {e.strerror or e}", file=sys.stderr)
+      return 2
     print(f"wrote {args.csv}")
   return 0
 

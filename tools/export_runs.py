@@ -58,7 +58,7 @@ class BadRun(Exception):
 
 def read_run(run: str) -> dict[str, str]:
   """{file name: text} of one run's export; BadRun where its config.json or events do not read."""
-  from jaxrl_llm import metrics
+  from jaxrl_llm import metric_info, metrics
 
   out = {}
   path = os.path.join(run, "config.json")
@@ -72,7 +72,7 @@ def read_run(run: str) -> dict[str, str]:
     ) from None
   if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
     raise BadRun(f'{path} is not a run record: it must be a JSON object with a "config" object')
-  events = [n for n in os.listdir(run) if "tfevents" in n]  # tensorboard's IsTensorFlowEventsFile
+  events = [n for n in os.listdir(run) if metric_info.is_event_file(n)]
   scalars = metrics.read_scalars(run) if events else {}
   if not scalars:
     why = "no event files" if not events else f"none of its {len(events)} event files reads"

@@ -879,22 +879,12 @@ def _out_problem(out: str) -> str | None:
 
   formats = sorted(FigureCanvasBase.get_supported_filetypes())
   ext = os.path.splitext(out)[1].lower().lstrip(".")
-  if os.path.isdir(out):
-    return "it is a directory; give a file path (e.g. curves.png)"
-  if ext not in formats:
+  if ext not in formats and not os.path.isdir(out):
     what = f"unknown format .{ext}" if ext else "no file extension"
     return f"{what}; give one of .{', .'.join(formats)}"
-  folder = os.path.dirname(os.path.abspath(out))
-  existing = folder
-  while not os.path.exists(existing):  # missing folders are made
-    existing = os.path.dirname(existing)
-  if not os.path.isdir(existing):
-    return f"{existing} is a file, not a directory; give a file path in a directory"
-  if not os.access(existing, os.W_OK | os.X_OK) or (
-    os.path.exists(out) and not os.access(out, os.W_OK)
-  ):
-    return "it is not writable; give a writable file path"
-  return None
+  from jaxrl_llm import paths
+
+  return paths.file_problem(out)
 
 
 def _warn_nonfinite(runs: Sequence[RunData], tags: Sequence[str]) -> None:

@@ -36,7 +36,6 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Wall-clock tags: seconds, rates per second and anything named after time differ run to run.
 EXCLUDED = ("perf/step_time_s", "perf/*_per_s", "*time*", "*_s")
 DEFAULT_CONFIGS = ("configs/default.py", "configs/dr_grpo.py")
-EVENTS = "events.out.tfevents."
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -148,13 +147,13 @@ def read_runs(workdir: str, min_step: int = -1, folder: str | None = None) -> di
   """Scalars of the run folders under `workdir` (all but checkpoints, or only `folder`) as
   'folder:tag' -> {step: [values]}, for the steps above `min_step`."""
   sys.path.insert(0, str(ROOT))
-  from jaxrl_llm import metrics
+  from jaxrl_llm import metric_info, metrics
 
   out = {}
   for dirpath, dirnames, files in os.walk(workdir):
     dirnames[:] = sorted(d for d in dirnames if d != "checkpoints")
     name = os.path.relpath(dirpath, workdir)
-    if any(f.startswith(EVENTS) for f in files) and folder in (None, name):
+    if any(map(metric_info.is_event_file, files)) and folder in (None, name):
       for tag, series in metrics.read_scalars(dirpath).items():
         steps = out.setdefault(f"{name}:{tag}", {})
         for step, value in series:
