@@ -1,12 +1,13 @@
 """Writes the arithmetic word-problem dataset (`jaxrl_llm.data.arith`) as prompt files.
 
-  python tools/make_arith.py OUT_DIR [--n_train=20000] [--n_eval=500] [--seed=0]
+  python tools/make_arith.py OUT_DIR [--n_train=20000] [--n_eval=500] [--seed=0] [--overwrite]
 
 Writes OUT_DIR/train.jsonl, OUT_DIR/eval.jsonl (records with `prompt` and `answer` fields, for
 `--config.data.train_files` / `--config.data.eval_files` with
 `--config.data.correct_term=answer_line_correct`) and OUT_DIR/trivial.json, the held-out accuracy
-of trivial answers, which it also prints as JSON. Bad arguments end with one line on stderr,
-`error: <what is wrong>`, and exit code 2.
+of trivial answers, which it also prints as JSON. An OUT_DIR that already holds one of them is
+refused unless `--overwrite` is given. Bad arguments end with one line on stderr,
+`error: <what is wrong>`, and exit code 2 (nothing written).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--n_train", type=int, default=20000, help="training problems (default 20000)")
   p.add_argument("--n_eval", type=int, default=500, help="held-out problems (default 500)")
   p.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
+  p.add_argument("--overwrite", action="store_true", help="replace the files of an earlier write")
   return p
 
 
@@ -47,8 +49,20 @@ def main(argv=None) -> dict:
     raise ArgError(
       f"--n_train={args.n_train} --n_eval={args.n_eval}: need n_train >= 0, n_eval >= 1"
     )
+  if not args.out_dir.strip():
+    raise ArgError("OUT_DIR is empty; want the directory for train.jsonl, eval.jsonl, trivial.json")
   if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
     raise ArgError(f"{args.out_dir}: exists and is not a directory")
+  names = ("train.jsonl", "eval.jsonl", "trivial.json")
+  there = [n for n in names if os.path.lexists(os.path.join(args.out_dir, n))]
+  if there and not args.overwrite:
+    raise ArgError(
+      f"{args.out_dir} already holds {', '.join(there)}; pass --overwrite to replace them, or "
+      "name another OUT_DIR"
+    )
+  blocked = [n for n in there if os.path.isdir(os.path.join(args.out_dir, n))]
+  if blocked:  # os.replace would fail there after the files before it were replaced
+    raise ArgError(f"{os.path.join(args.out_dir, blocked[0])}: is a directory, not a file")
   from jaxrl_llm.data import arith
 
   return arith.write_splits(args.out_dir, n_train=args.n_train, n_eval=args.n_eval, seed=args.seed)

@@ -15,7 +15,8 @@ GPUs, against their own capacity (compile only: nothing is allocated); `tpu:SLIC
 v6e-8, ...) compiles for that TPU slice through libtpu (`pip install -e '.[tpu]'`) and uses the
 chip's HBM. The mesh is fsdp over all N devices unless axes are given. On a CPU-only machine the
 CPU backend's plan is an upper-bound proxy for a GPU's (GPU compilers fuse more). One JSON line
-per row; `--markdown` adds the table.
+per row; `--markdown` adds the table. A bad shape, target, count or `--set` is one `error:` line
+on stderr and exit code 2, before anything is compiled.
 """
 
 from __future__ import annotations
@@ -176,6 +177,8 @@ def parse_target(spec: str) -> tuple[str, str, dict[str, int]]:
   name, *axes = rest.split(":") if rest else ["1"]
   if kind not in ("cpu", "gpu", "tpu"):
     raise ValueError(f"target {spec!r}: starts with cpu:, gpu: or tpu:")
+  if kind != "tpu" and not (name.isdigit() and int(name) >= 1):
+    raise ValueError(f"target {spec!r}: {kind}:N wants a device count N >= 1, not {name!r}")
   mesh = {"data": 1, "fsdp": -1}
   for item in axes:
     axis, _, size = item.partition("=")
@@ -184,6 +187,8 @@ def parse_target(spec: str) -> tuple[str, str, dict[str, int]]:
         f"target {spec!r}: {item!r} is not AXIS=SIZE (runs, data, fsdp, expert, model)"
       )
     mesh[axis] = int(size)
+    if mesh[axis] == 0 or mesh[axis] < -1:
+      raise ValueError(f"target {spec!r}: {item!r}: SIZE is >= 1 (or -1: what is left)")
   return kind, name, mesh
 
 
@@ -206,6 +211,16 @@ def target_devices(kind: str, name: str):
   return jax.devices()[:n]
 
 
+def row_config(shape: str, target: str, overrides: list[str], new_tokens: int = 0):
+  """The config of `shape` on `target`'s mesh with `new_tokens` (0: the shape's) and the
+  user's overrides."""
+  _, _, mesh = parse_target(target)
+  extra = [f"mesh.{k}={v}" for k, v in mesh.items()]
+  if new_tokens:
+    extra.append(f"sampling.max_new_tokens={new_tokens}")
+  return shape_config(shape, [*extra, *overrides])
+
+
 def row(
   shape: str, target: str, overrides: list[str], prompt_len, new_tokens, capacity_gib, runs=0
 ):
@@ -214,11 +229,8 @@ def row(
   from jaxrl_llm import plan
   from jaxrl_llm.config import parse
 
-  kind, name, mesh = parse_target(target)
-  extra = [f"mesh.{k}={v}" for k, v in mesh.items()]
-  if new_tokens:
-    extra.append(f"sampling.max_new_tokens={new_tokens}")
-  config = shape_config(shape, [*extra, *overrides])
+  kind, name, _ = parse_target(target)
+  config = row_config(shape, target, overrides, new_tokens)
   out = {"shape": shape, "target": target, "overrides": overrides, "runs": runs or None}
   try:
     devices = target_devices(kind, name)
@@ -258,19 +270,72 @@ def markdown(rows: list[dict]) -> str:
       continue
     mesh = " x ".join(f"{k} {v}" for k, v in r["mesh"].items() if v > 1) or "1 device"
     cap = "–" if r["capacity_gib"] is None else f"{r['capacity_gib']:.1f} GiB"
+    fits = {True: "yes", False: "no", None: "unknown"}[r["fits"]]  # None: no capacity known
     lines.append(
       f"| {r['shape']} | {r['target']} | {mesh} | {r['argument_gib']:.1f} GiB | "
-      f"{r['temp_gib']:.1f} GiB | {r['peak_estimate_gib']:.1f} GiB | {cap} | "
-      f"{'yes' if r['fits'] else 'no'} |"
+      f"{r['temp_gib']:.1f} GiB | {r['peak_estimate_gib']:.1f} GiB | {cap} | {fits} |"
     )
   return "\n".join(lines)
 
 
+class ArgError(Exception):
+  """A bad command line (reported as one `error:` line, exit code 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+  def error(self, message):
+    raise ArgError(message)
+
+
+def check_args(args) -> list[tuple[str, str, dict[str, int]]]:
+  """The parsed targets of valid arguments (JAX not imported yet: its platform is still to be
+  chosen); ArgError names the first bad shape, target, count or capacity."""
+  for name in args.shapes.split(","):
+    if name not in SHAPES:
+      raise ArgError(f"unknown shape {name!r}; known: {', '.join(SHAPES)}")
+  try:
+    parsed = [parse_target(t) for t in args.targets.split(",")]
+  except ValueError as err:
+    raise ArgError(str(err)) from None
+  for flag in ("prompt_len", "new_tokens", "runs"):
+    if getattr(args, flag) < 0:
+      raise ArgError(f"--{flag}={getattr(args, flag)}: want >= 0 (0: the default)")
+  if not 0 < args.capacity_gib < float("inf"):
+    raise ArgError(f"--capacity_gib={args.capacity_gib}: want a number of GiB > 0")
+  return parsed
+
+
+def check_configs(args, parsed: list[tuple[str, str, dict[str, int]]]) -> None:
+  """Before anything is compiled: ArgError names the first target whose mesh does not fit its
+  devices, or the first row config that `--set` makes unknown or invalid."""
+  from absl import flags
+
+  from jaxrl_llm import sharding
+  from jaxrl_llm.config import parse
+
+  shapes, targets = args.shapes.split(","), args.targets.split(",")
+  for target, (kind, name, mesh) in zip(targets, parsed):
+    try:  # a TPU slice's size is known once its devices are
+      if kind != "tpu":
+        sharding.mesh_shape(int(name), **mesh)
+      if mesh.get("runs", 1) > 1 and not args.runs:
+        raise ValueError("the runs axis splits a pack's runs: give --runs=N too")
+    except ValueError as err:
+      raise ArgError(f"target {target!r}: {err}") from None
+  for shape in shapes:  # every row's config, so a bad --set stops the table before it starts
+    for target in targets:
+      # ConfigError (a ValueError): an unknown field or a value out of range; flags.Error: a
+      # value of the wrong type or an override without one.
+      try:
+        parse(row_config(shape, target, args.set, args.new_tokens))
+      except (ValueError, flags.Error) as err:
+        raise ArgError(" ".join(str(err).split())) from None
+
+
 def main(argv: list[str]) -> int:
-  """Command line: one JSON line per (shape, target)."""
-  parser = argparse.ArgumentParser(
-    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-  )
+  """Command line: one JSON line per (shape, target); a bad argument is one `error:` line on
+  stderr and exit code 2, before anything is compiled."""
+  parser = _Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument(
     "--shapes", default=",".join(SHAPES), help=f"comma-separated, of: {', '.join(SHAPES)}"
   )
@@ -294,25 +359,23 @@ def main(argv: list[str]) -> int:
     "target axis runs=K the pack's runs are split over K device groups",
   )
   parser.add_argument("--set", action="append", default=[], help="FIELD=VALUE (repeatable)")
-  args = parser.parse_args(argv)
-  shapes, targets = args.shapes.split(","), args.targets.split(",")
-  for name in shapes:
-    if name not in SHAPES:
-      print(f"unknown shape {name!r}; known: {', '.join(SHAPES)}", file=sys.stderr)
-      return 2
   try:
-    parsed = [parse_target(t) for t in targets]
-  except ValueError as err:
-    print(err, file=sys.stderr)
+    args = parser.parse_args(argv)
+    parsed = check_args(args)
+    most = max([int(n) for k, n, _ in parsed if k == "cpu"] or [1])
+    # CPU targets compile on the CPU backend alone; a gpu target needs JAX's GPU platform too.
+    # Both set before JAX is imported (`check_configs`) and starts.
+    kinds = {k for k, _, _ in parsed}
+    os.environ.setdefault("JAX_PLATFORMS", "cuda,cpu" if "gpu" in kinds else "cpu")
+    if most > 1:  # fake CPU devices
+      os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={most}"
+      )
+    check_configs(args, parsed)
+  except ArgError as err:
+    print(f"error: {err}", file=sys.stderr)
     return 2
-  most = max([int(n) for k, n, _ in parsed if k == "cpu"] or [1])
-  # CPU targets compile on the CPU backend alone; a gpu target needs JAX's GPU platform too.
-  kinds = {k for k, _, _ in parsed}
-  os.environ.setdefault("JAX_PLATFORMS", "cuda,cpu" if "gpu" in kinds else "cpu")
-  if most > 1:  # fake CPU devices; set before JAX starts
-    os.environ["XLA_FLAGS"] = (
-      os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={most}"
-    )
+  shapes, targets = args.shapes.split(","), args.targets.split(",")
   rows = []
   for i, (shape, target) in enumerate((s, t) for s in shapes for t in targets):
     # Progress on stderr: a large shape's compile can take many minutes on a small machine.
