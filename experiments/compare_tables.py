@@ -8,7 +8,9 @@ Every cell of the form `mean [low, high]` (a mean over seeds with its t 95% inte
 the committed one when it lies within the committed interval's half-width of it: the tolerance
 is the seeds' own variation, as the interval states it. Per-seed cells (single numbers) are
 counted as equal or not, for information. Prints one line per cell out of tolerance and a
-summary; exit status 1 if any mean is out of tolerance or a committed cell is missing.
+summary (with the committed cells the new file lacks); exit status 1 if any mean is out of
+tolerance or a committed cell is missing, 2 on a bad input (a file unreadable, not text, or
+without a Markdown table).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import re
 import sys
 
-_NUMBER = r"(-?\d[\d.]*(?:e[+-]?\d+)?)"
+_NUMBER = r"(-?\d+(?:\.\d+)?(?:e[+-]?\d+)?)"  # one number: `0.5.1` is none
 _CELL = re.compile(
   rf"^{_NUMBER} \[{_NUMBER}, {_NUMBER}\]"
 )  # "mean [low, high]"; "- [-, -]" is not one
@@ -78,24 +80,39 @@ def compare(committed: str, new: str) -> tuple[list[str], dict[str, int]]:
 
 
 def main(argv: list[str]) -> int:
-  """Compare two tables files; print the summary; 1 if a mean is out of tolerance."""
+  """Compare two tables files; print the summary; 1 if a mean is out of tolerance, 2 on a bad
+  input."""
+  usage = __doc__.strip().splitlines()[3].strip()
+  if option := next((a for a in argv if a.startswith("-")), None):
+    print(f"error: unknown option {option}; usage: {usage}", file=sys.stderr)
+    return 2
   if len(argv) != 2:
-    print(f"usage: {__doc__.strip().splitlines()[3].strip()}", file=sys.stderr)
+    print(f"error: want 2 files, got {len(argv)}; usage: {usage}", file=sys.stderr)
     return 2
   texts = []
   for path in argv:
     try:
-      with open(path) as f:
+      with open(path, encoding="utf-8") as f:
         texts.append(f.read())
-    except OSError as e:
-      print(f"error: {path}: {e.strerror or e}; give two tables.md files", file=sys.stderr)
+    except (OSError, UnicodeDecodeError) as e:
+      why = "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else e.strerror or e
+      print(f"error: {path}: {why}; give two tables.md files", file=sys.stderr)
+      return 2
+    if not tables(texts[-1]):
+      print(
+        f"error: {path}: no Markdown table with rows (lines starting with |); give two "
+        "tables.md files as seed_table.py prints them",
+        file=sys.stderr,
+      )
       return 2
   problems, counts = compare(*texts)
   for line in problems:
     print(line)
+  missing = sum(line.startswith("missing: ") for line in problems)  # run_all.sh prints the last
   print(
     f"{counts['within']}/{counts['means']} means within the committed interval's half-width; "
     f"{counts['single_equal']}/{counts['single']} other cells identical"
+    + (f"; {missing} committed cells missing" if missing else "")
   )
   return int(bool(problems))
 

@@ -37,11 +37,32 @@
 #   seeds 0-3 packed in each arm, STEPS updates (default 40), evaluations every 10.
 # STEPS and SEEDS override the size's; TABLES_ONLY=1 prints the tables of the runs already
 # made. Outputs go under $ROOT (default /tmp/jaxrl_experiments/real_STUDY), with a compilation
-# cache beside it; the tables on stdout.
+# cache beside it; the tables on stdout. A bad input (an argument after STUDY, an unknown STUDY
+# or SIZE, STEPS, SEEDS or TABLES_ONLY that is no such value) is one `error:` line and exit 2,
+# before anything is written or trained.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STUDY=${1:-}
 SIZE=${SIZE:-cpu}
+fail() {
+  echo "error: $*" >&2
+  exit 2
+}
+[ $# -le 1 ] || fail "unexpected arguments after STUDY: ${*:2}; usage:" \
+  "[SIZE=cpu|gpu] bash experiments/real_arms.sh STUDY"
+case $STUDY in
+  clip_higher | length_bias | mismatch_corrections | tool_use | tool_calc) ;;
+  *) fail "STUDY=${STUDY:-<none>}; allowed: clip_higher | length_bias |" \
+    "mismatch_corrections | tool_use | tool_calc" ;;
+esac
+[[ ${STEPS:-1} =~ ^[1-9][0-9]*$ ]] ||
+  fail "STEPS=$STEPS; allowed: a positive whole number of updates"
+[[ ${SEEDS:-0} =~ ^[0-9]+(,[0-9]+)*$ ]] ||
+  fail "SEEDS=$SEEDS; allowed: comma-separated seeds, e.g. 0,1,2,3"
+case ${TABLES_ONLY:-0} in
+  0 | 1) ;;
+  *) fail "TABLES_ONLY=$TABLES_ONLY; allowed: 0 | 1 (1: the tables of the runs already made)" ;;
+esac
 ROOT=${ROOT:-/tmp/jaxrl_experiments/real_$STUDY}
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$ROOT.jax_cache}
 case $SIZE in
@@ -49,20 +70,26 @@ case $SIZE in
     case $STUDY in clip_higher) STEPS=${STEPS:-10} ;; tool_use) STEPS=${STEPS:-15} ;;
       tool_calc) STEPS=${STEPS:-60} ;; *) STEPS=${STEPS:-20} ;; esac ;;
   gpu) SETTING=full SEEDS=${SEEDS:-0,1,2,3} STEPS=${STEPS:-40} EVAL=,train.eval_every=10 ;;
-  *) echo "error: SIZE=$SIZE; allowed: cpu | gpu" >&2; exit 2 ;;
+  *) fail "SIZE=$SIZE; allowed: cpu | gpu" ;;
 esac
 [ "$SIZE" = cpu ] && EVAL=,train.eval_every=$STEPS,train.checkpoint_every=$STEPS
 [ "$SIZE" = cpu ] && EVAL=$EVAL,model.scan_layers=True
 SET=train.num_steps=$STEPS$EVAL
 mkdir -p "$(dirname "$ROOT")"
 
-# pack NAME SETTINGS...: one pack of $SEEDS under $ROOT/NAME
+# pack NAME SETTINGS...: one pack of $SEEDS under $ROOT/NAME (its output in $ROOT.NAME.log; a
+# failed pack ends the script with its log's last line on stderr and the sweep's exit status)
 pack() {
-  local name=$1
+  local name=$1 rc=0
   shift
   [ "${TABLES_ONLY:-0}" = 1 ] && return 0
   python tools/sweep.py --config="configs/smollm2_arith.py:$SETTING" --root="$ROOT/$name" \
-    --packed --seeds="$SEEDS" --set="$SET" "$@" > "$ROOT.$name.log" 2>&1
+    --packed --seeds="$SEEDS" --set="$SET" "$@" > "$ROOT.$name.log" 2>&1 || rc=$?
+  if [ "$rc" -ne 0 ]; then
+    echo "error: the $name pack failed (exit $rc): $(tail -n 1 "$ROOT.$name.log"); its log:" \
+      "$ROOT.$name.log" >&2
+    exit "$rc"
+  fi
 }
 case $STUDY in
   clip_higher)
@@ -102,10 +129,6 @@ case $STUDY in
     COLS=$COLS,tool/used_frac@avg,tool/used_frac@final,tool/error_frac@avg
     COLS=$COLS,rollout/accuracy@avg,rollout/length_mean@final
     SETTING="$SETTING with sampling.tool none and arithmetic_inline" ;;
-  *)
-    echo "error: STUDY=${STUDY:-<none>}; allowed: clip_higher | length_bias |" \
-      "mismatch_corrections | tool_use | tool_calc" >&2
-    exit 2 ;;
 esac
 echo "# $STUDY on SmolLM2-135M-Instruct (configs/smollm2_arith.py:$SETTING), SIZE=$SIZE:"
 echo "# seeds $SEEDS, $STEPS updates per run"

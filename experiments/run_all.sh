@@ -9,11 +9,28 @@
 # the only source of a verdict; about twice a study's time again).
 # A study stopped by a signal (Ctrl-C, SIGTERM: exit 130 or 143) is reported as interrupted,
 # not failed, and the studies after it do not start; run_all.sh then exits 130.
+# A bad input (an argument, an unknown study in STUDIES, CONFIRM other than 0 or 1, a ROOT_BASE
+# it cannot create) is one `error:` line and exit 2, before any study starts.
 set -uo pipefail
 cd "$(dirname "$0")"
+ALL=$(for d in */run.sh; do dirname "$d"; done | tr '\n' ' ')
+fail() {
+  echo "error: $*" >&2
+  exit 2
+}
+[ $# -eq 0 ] || fail "run_all.sh takes no arguments, got: $*; pick studies with" \
+  "STUDIES=\"a b\" (allowed: ${ALL% })"
 ROOT_BASE=${ROOT_BASE:-/tmp/jaxrl_experiments}
-mkdir -p "$ROOT_BASE"
-STUDIES=${STUDIES:-$(for d in */run.sh; do dirname "$d"; done)}
+STUDIES=${STUDIES:-$ALL}
+for study in $STUDIES; do
+  [ -f "$study/run.sh" ] || fail "STUDIES names '$study', which is no study; allowed: ${ALL% }"
+done
+case ${CONFIRM:-0} in
+  0 | 1) ;;
+  *) fail "CONFIRM=$CONFIRM; allowed: 0 | 1 (1: also the confirmation on fresh seeds)" ;;
+esac
+mkdir -p "$ROOT_BASE" 2>/dev/null ||
+  fail "ROOT_BASE=$ROOT_BASE: cannot create it; want a folder this user can write"
 failed=()
 interrupted=""
 child=""

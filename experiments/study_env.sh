@@ -1,7 +1,13 @@
 # Sourced by each study's run.sh: HERE is the study folder, the working directory becomes the
 # repository root, outputs go under $ROOT (default /tmp/jaxrl_experiments/<study>), and a
 # persistent XLA cache beside it lets later seeds reuse the first seed's compiled programs
-# (results unchanged).
+# (results unchanged). CONFIRM other than 0 or 1 (below) is one `error:` line and exit 2.
+case ${CONFIRM:-0} in
+  0 | 1) ;;
+  *)
+    echo "error: CONFIRM=$CONFIRM; allowed: 0 | 1 (1: also the confirmation on fresh seeds)" >&2
+    exit 2 ;;
+esac
 HERE=$(cd "$(dirname "${BASH_SOURCE[1]}")" && pwd)
 cd "$HERE/../.."
 ROOT=${ROOT:-/tmp/jaxrl_experiments/$(basename "$HERE")}
@@ -24,4 +30,19 @@ tool_arms() {
     python tools/sweep.py --config=configs/countdown.py --root="$3/sampling.tool=$tool" --packed \
       --seeds="$2" "${sets[@]}" > "$3.$tool.log" 2>&1
   done
+}
+
+# write_if_ok FILE COMMAND...: COMMAND's output becomes FILE only when COMMAND succeeds; where it
+# fails, FILE (a committed table) is kept as it was, and its exit status is returned.
+write_if_ok() {
+  local out=$1 rc=0
+  shift
+  "$@" > "$out.tmp" || rc=$?
+  if [ "$rc" -eq 0 ]; then
+    mv "$out.tmp" "$out"
+  else
+    rm -f "$out.tmp"
+    echo "error: $out kept as it was: the command that writes it failed (exit $rc)" >&2
+  fi
+  return "$rc"
 }

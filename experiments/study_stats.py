@@ -82,6 +82,11 @@ def interval(values: Sequence[float], seed: int = 0) -> Interval:
   return Interval(mean, float(low), float(high), n)
 
 
+def _finite(v: float | None) -> bool:
+  """Whether `v` is a value a statistic counts (not None, NaN or infinite)."""
+  return v is not None and bool(np.isfinite(v))
+
+
 def _paired(arm: dict[int, float], base: dict[int, float]) -> list[float]:
   return [arm[s] - base[s] for s in sorted(set(arm) & set(base))]
 
@@ -131,10 +136,11 @@ class Count:
 def paired_count_test(
   arm: dict[int, float], base: dict[int, float], at_most: float
 ) -> tuple[Count, float]:
-  """The seeds both arms have (each a {seed: value}) whose value is at most `at_most`, counted
-  per arm, and the exact McNemar test's two-sided p-value of equal shares: a binomial test at
-  1/2 of the discordant seeds (1.0 without any)."""
-  seeds = sorted(set(arm) & set(base))
+  """The seeds both arms have (each a {seed: value}; a seed with a None or non-finite value in
+  either arm dropped, as `paired_test` drops it) whose value is at most `at_most`, counted per
+  arm, and the exact McNemar test's two-sided p-value of equal shares: a binomial test at 1/2 of
+  the discordant seeds (1.0 without any)."""
+  seeds = [s for s in sorted(set(arm) & set(base)) if _finite(arm[s]) and _finite(base[s])]
   a = [arm[s] <= at_most for s in seeds]
   b = [base[s] <= at_most for s in seeds]
   only_a = sum(x and not y for x, y in zip(a, b))
@@ -197,6 +203,6 @@ def fmt(x: float) -> str:
   a = abs(x)
   if a == 0:
     return "0"
-  if a >= 1000 or a < 1e-3:
+  if round(a, 1) >= 1000 or a < 1e-3:  # by the size it prints at: 999.96 is 1.00e+03
     return f"{x:.2e}"
-  return f"{x:.3f}" if a < 10 else f"{x:.1f}"
+  return f"{x:.3f}" if round(a, 3) < 10 else f"{x:.1f}"  # 9.9996 is 10.0

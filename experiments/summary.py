@@ -30,6 +30,23 @@ BEGIN = "<!-- cross-study table: python experiments/summary.py writes it -->"
 END = "<!-- end of the cross-study table -->"
 
 
+def _fail(msg: str):
+  """Exits 2 with one `error: msg` line on stderr (a bad input: no traceback)."""
+  print(f"error: {msg}", file=sys.stderr)
+  raise SystemExit(2)
+
+
+def _read(path: str, what: str) -> str:
+  """The text of `path`; a file missing, unreadable or not UTF-8 exits 2 naming it and `what`
+  it should be."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      return f.read()
+  except (OSError, UnicodeDecodeError) as e:
+    why = "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else e.strerror or e
+    _fail(f"{path}: {why}; want {what}")
+
+
 def studies() -> list[str]:
   """The study folders (those with a run.sh), sorted."""
   return sorted(d for d in os.listdir(HERE) if os.path.isfile(os.path.join(HERE, d, "run.sh")))
@@ -49,18 +66,21 @@ def confirmed(study: str, page: str = "confirmation") -> dict[str, list[str]]:
   if not os.path.exists(path):
     return {}
   rows, inside, width = {}, False, 0
-  with open(path) as f:
-    for line in f:
-      if line.startswith("| claim | statement |"):
-        inside, width = True, len(_cells(line))
-      elif inside and line.startswith("| ") and not line.startswith("|---"):
-        cells = _cells(line)
-        # A statement's own bars, left unescaped by tables printed before seed_table.py
-        # escaped them, join back into it: every other cell is fixed.
-        cells[1 : len(cells) - width + 2] = ["|".join(cells[1 : len(cells) - width + 2])]
-        rows[cells[0]] = cells
-      elif inside and not line.strip():
-        inside = bool(not rows)
+  for line in _read(path, "the claims table seed_table.py --claims prints").split("\n"):
+    if line.startswith("| claim | statement |"):
+      inside, width = True, len(_cells(line))
+    elif inside and line.startswith("| ") and not line.startswith("|---"):
+      cells = _cells(line)
+      if len(cells) < width:
+        _fail(
+          f"{path}: claims-table row {cells[0]!r} has {len(cells)} of the header's {width} cells"
+        )
+      # A statement's own bars, left unescaped by tables printed before seed_table.py
+      # escaped them, join back into it: every other cell is fixed.
+      cells[1 : len(cells) - width + 2] = ["|".join(cells[1 : len(cells) - width + 2])]
+      rows[cells[0]] = cells
+    elif inside and not line.strip():
+      inside = bool(not rows)
   return rows
 
 
@@ -155,14 +175,12 @@ def _page_trivial_lines() -> list[str]:
       spec = seed_table.load_claims(os.path.join(HERE, study, f"{page}.claims.json"))
       if "trivial_raw" not in spec:
         continue
-      with open(os.path.join(os.path.dirname(HERE), spec["trivial_raw"])) as f:
-        text = f.read()
-      command = text.splitlines()[0].removeprefix("# ").split(" (", 1)[0]
+      want = "the raw output of tools/trivial_answers.py (trivial_raw, from the repository)"
+      text = _read(os.path.join(os.path.dirname(HERE), spec["trivial_raw"]), want)
       best = re.search(r"\((\d+) held-out problems\): best ([\d.]+) \((.+)\)", text)
       if best is None:
-        raise SystemExit(
-          f"error: {spec['trivial_raw']}: no `best` line of tools/trivial_answers.py"
-        )
+        _fail(f"{spec['trivial_raw']}: no `best` line of tools/trivial_answers.py; want {want}")
+      command = text.splitlines()[0].removeprefix("# ").split(" (", 1)[0]
       n, score, rule = best.groups()
       lines.append(
         f"- {study}/{page}: `{rule}` scores {score} on the {n} held-out problems its evaluation "
@@ -174,7 +192,9 @@ def _page_trivial_lines() -> list[str]:
 def render(readme: str) -> str:
   """`readme` with the generated block between the markers."""
   if BEGIN not in readme or END not in readme:
-    raise SystemExit(f"error: experiments/README.md lacks the markers {BEGIN!r} and {END!r}")
+    _fail(
+      f"experiments/README.md lacks the markers {BEGIN!r} and {END!r}; put them around the table"
+    )
   head, rest = readme.split(BEGIN, 1)
   _, tail = rest.split(END, 1)
   return f"{head}{BEGIN}\n{trivial_line()}\n\n{table()}\n{END}{tail}"
@@ -186,8 +206,7 @@ def main(argv: list[str]) -> int:
     print(f"error: unexpected arguments {argv}; usage: summary.py [--check]", file=sys.stderr)
     return 2
   path = os.path.join(HERE, "README.md")
-  with open(path) as f:
-    old = f.read()
+  old = _read(path, "experiments/README.md with the cross-study table's markers")
   new = render(old)
   if argv == ["--check"]:
     if new != old:

@@ -22,8 +22,9 @@ if [ "$CONFIRM" = 1 ]; then  # claims.json on fresh seeds 100-123 (confirmation.
   python tools/sweep.py --config=configs/countdown.py --root="$ROOT.confirm" --packed \
     --seeds=$CONFIRM_SEEDS --grid=objective.clip_high=0.2,0.28 --set=$SET \
     > "$ROOT.confirm.log" 2>&1
-  python experiments/seed_table.py --root="$ROOT.confirm" --claims="$HERE/claims.json" \
-    --per_seed > "$HERE/confirmation.md"
+  write_if_ok "$HERE/confirmation.md" python experiments/seed_table.py --root="$ROOT.confirm" \
+    --claims="$HERE/claims.json" \
+    --per_seed
 fi
 python tools/plot.py curves "$ROOT" --group_by=objective.clip_high --band=ci --size=9x5.4 \
   --dpi=70 --tags=policy/entropy,eval/accuracy,policy/clip_frac_high,rollout/length_mean \

@@ -26,9 +26,10 @@ if [ "$CONFIRM" = 1 ]; then  # claims.json on fresh seeds 100-123 (confirmation.
     --set=$SET > "$ROOT.confirm.log" 2>&1
   # exploratory columns (added after the confirmation was seen; no verdict): the warm start's
   # accuracy and its fall at this learning rate, how often the clip binds
-  python experiments/seed_table.py --root="$ROOT.confirm" --claims="$HERE/claims.json" \
+  write_if_ok "$HERE/confirmation.md" python experiments/seed_table.py --root="$ROOT.confirm" \
+    --claims="$HERE/claims.json" \
     --cols=eval/accuracy@0,eval/accuracy@50,policy/clip_frac_high@avg \
-    --per_seed > "$HERE/confirmation.md"
+    --per_seed
 fi
 for tag in eval/accuracy policy/entropy; do
   python tools/plot.py heatmap "$ROOT" --tag=$tag --x=objective.clip_high \

@@ -37,8 +37,9 @@ if [ "$CONFIRM" = 1 ]; then  # claims.json on fresh seeds 100-123 (confirmation.
       --packed --seeds=$CONFIRM_SEEDS --set=$COMMON --set=filtering.name=$name,train.num_steps=150 \
       > "$ROOT.confirm.$name,150.log" 2>&1
   done
-  python experiments/seed_table.py --root="$ROOT.confirm" --claims="$HERE/claims.json" \
-    --per_seed > "$HERE/confirmation.md"
+  write_if_ok "$HERE/confirmation.md" python experiments/seed_table.py --root="$ROOT.confirm" \
+    --claims="$HERE/claims.json" \
+    --per_seed
 fi
 python tools/plot.py curves "$ROOT" --group_by=filtering.name,train.num_steps --band=ci \
   --size=9x3.6 --dpi=70 --tags=rollout/zero_std_group_frac,eval/accuracy \

@@ -32,8 +32,9 @@ if [ "$CONFIRM" = 1 ]; then  # claims.json on fresh seeds 100-123 (confirmation.
       --packed --seeds=$CONFIRM_SEEDS --set=kl.beta=0.1,kl.name=$est,sampling.param_dtype=int8 \
       --set=train.num_steps=300 > "$ROOT.confirm.0.1,$est.log" 2>&1
   done
-  python experiments/seed_table.py --root="$ROOT.confirm" --claims="$HERE/claims.json" \
-    --per_seed > "$HERE/confirmation.md"
+  write_if_ok "$HERE/confirmation.md" python experiments/seed_table.py --root="$ROOT.confirm" \
+    --claims="$HERE/claims.json" \
+    --per_seed
 fi
 python tools/plot.py curves "$ROOT" --group_by=$G --band=ci --size=9x3.6 --dpi=70 \
   --tags=eval/accuracy,kl/ref_kl --out="$HERE/training.png" > /dev/null

@@ -31,8 +31,9 @@ if [ "$CONFIRM" = 1 ]; then  # claims.json on fresh seeds 100-123 (confirmation.
       --packed --seeds=$CONFIRM_SEEDS --set=advantage.name=$adv,aggregation.name=$agg \
       --set=$COMMON > "$ROOT.confirm.$adv,$agg.log" 2>&1
   done
-  python experiments/seed_table.py --root="$ROOT.confirm" --claims="$HERE/claims.json" \
-    --per_seed > "$HERE/confirmation.md"
+  write_if_ok "$HERE/confirmation.md" python experiments/seed_table.py --root="$ROOT.confirm" \
+    --claims="$HERE/claims.json" \
+    --per_seed
 fi
 python tools/plot.py curves "$ROOT" --group_by=$G --band=ci --size=9x6.5 --dpi=70 \
   --smooth=0.6 --out="$HERE/curves.png" > /dev/null \

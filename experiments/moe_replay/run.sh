@@ -26,8 +26,9 @@ if [ "$CONFIRM" = 1 ]; then  # claims.json on fresh seeds 100-123 (confirmation.
       --packed --seeds=$CONFIRM_SEEDS --set=replay.name=$replay,rl.num_minibatches=4 \
       --set=train.num_steps=300 > "$ROOT.confirm.$replay.log" 2>&1
   done
-  python experiments/seed_table.py --root="$ROOT.confirm" --claims="$HERE/claims.json" \
-    --per_seed > "$HERE/confirmation.md"
+  write_if_ok "$HERE/confirmation.md" python experiments/seed_table.py --root="$ROOT.confirm" \
+    --claims="$HERE/claims.json" \
+    --per_seed
 fi
 python tools/plot.py curves "$ROOT" --group_by=replay.name --band=ci --size=9x3.6 --dpi=70 \
   --tags=eval/accuracy,policy/ratio_var --out="$HERE/curves.png" > /dev/null

@@ -22,8 +22,9 @@ python experiments/seed_table.py --root="$ROOT" --group_by=sampling.tool --cols=
   --expect=eval/accuracy@final:+,eval/pass@16@final:+
 if [ "$CONFIRM" = 1 ]; then  # claims.json on fresh seeds 100-123 (confirmation.md)
   tool_arms countdown "$CONFIRM_SEEDS" "$ROOT.confirm"
-  python experiments/seed_table.py --root="$ROOT.confirm" --claims="$HERE/claims.json" \
-    --per_seed > "$HERE/confirmation.md"
+  write_if_ok "$HERE/confirmation.md" python experiments/seed_table.py --root="$ROOT.confirm" \
+    --claims="$HERE/claims.json" \
+    --per_seed
 fi
 python tools/plot.py curves "$ROOT" --group_by=sampling.tool --band=ci --size=9x5.4 --dpi=70 \
   --tags=eval/accuracy,eval/pass@16,rollout/length_mean,tool/used_frac --out="$HERE/curves.png" \
