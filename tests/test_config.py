@@ -24,7 +24,7 @@ from jaxrl_llm.config import ConfigError
     ("aggregation.name", "mean", "unknown aggregation 'mean'"),
     ("model.num_kv_heads", 3, "model.num_heads=2 must be a multiple of model.num_kv_heads=3"),
     ("model.vocab_size", 8, "model.vocab_size=8 is smaller than task"),
-    ("task.name", "chess", "Unknown task 'chess'"),
+    ("task.name", "chess", "task.name='chess'; allowed: addition, countdown, reverse, sort"),
     ("sampling.param_dtype", "fp8", "sampling.param_dtype='fp8'; allowed: auto, float32"),
   ],
 )

@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import errno
 import itertools
 import json
 import os
@@ -56,12 +57,13 @@ from typing import Any
 
 import compare  # tools/compare.py, next to this file
 
-from jaxrl_llm import launch, terminal
+from jaxrl_llm import launch, paths, terminal
 from jaxrl_llm.config import ConfigError, checks, parse
 from jaxrl_llm.run.record import folder_name
 
 TRAINER = ("-m", "jaxrl_llm.main")
 SUMMARY_TAGS = ("eval/accuracy", "eval/pass@*", "rollout/reward_mean")
+JOIN_TIMEOUT_S = 300.0  # with --distributed: give up joining the job after (--join_timeout_s)
 STOP_GRACE_S = 30.0  # after Ctrl-C: how long the runs get to stop on their own
 PROGRESS_S = 20.0  # a running run's newest progress line is shown this often (--progress_s)
 _PREFIX = re.compile(r"^[IWEF]\d{4} [\d:.]+ +\d+ \S+:\d+\] ")  # absl's, in a run.log
@@ -196,8 +198,17 @@ def absolute_config(config: str) -> str:
 
 
 def check_root(root: str) -> None:
-  """A SweepError unless `root` is (or can be made) a writable directory, tested as the
-  trainer tests its --workdir (`launch.workdir_problem`); a folder made for the test is removed."""
+  """A SweepError unless `root` is (or can be made) a writable local directory, tested as the
+  trainer tests its --workdir (`launch.workdir_problem`); a folder made for the test is removed.
+  ROOT/sweep.json, when there, must be a file (it is rewritten as the sweep goes)."""
+  if not root:  # os.path.abspath('') is the current directory
+    raise SweepError("--root is empty; give the sweep's directory (one folder per run)")
+  if paths.scheme(root) is not None:  # the logs, records and checkpoint checks are local calls
+    raise SweepError(
+      f"--root={root}: a sweep's root is a local directory (it holds each run's log and "
+      "sweep.json); give a local path (a single run's --workdir may be remote)"
+    )
+  root = os.path.abspath(root)
   if os.path.exists(root) and not os.path.isdir(root):
     raise SweepError(f"--root={root} is a file; give a directory (it holds a folder per run)")
   made = [p for p in _parents(root) if not os.path.lexists(p)]
@@ -209,6 +220,11 @@ def check_root(root: str) -> None:
       pass
   if problem:
     raise SweepError(f"--root={root}: {problem}")
+  record = os.path.join(root, "sweep.json")
+  if os.path.lexists(record) and not os.path.isfile(record):
+    raise SweepError(
+      f"{record} is not a file (the sweep's record); move it aside or give another --root"
+    )
 
 
 def _parents(path: str) -> list[str]:
@@ -229,7 +245,7 @@ def plan(
   """Validates the specification and returns the runs; raises SweepError/ConfigError."""
   grid = [parse_grid(g) for g in grid_flags]
   fixed = [kv for s in set_flags for kv in parse_set(s)]
-  if seeds:
+  if seeds is not None:  # --seeds= (empty) is refused, not ignored
     try:
       grid.append(parse_grid(f"seed={seeds}"))
     except SweepError as e:
@@ -240,8 +256,8 @@ def plan(
     raise SweepError(f"fields given more than once in --grid/--set/--seeds: {dupes}")
   config = absolute_config(config)
   check_fields(config, [(f, ",".join(v)) for f, v in grid] + fixed)
-  root = os.path.abspath(root)
   check_root(root)
+  root = os.path.abspath(root)
   runs, names, same, idle = [], {}, {}, {}
   varied = [f for f, values in grid if len(values) > 1]
   for params in expand(grid):
@@ -330,6 +346,10 @@ def _record_path(run: Run) -> str:
 
 def changed_overrides(run: Run) -> dict[str, tuple[str | None, str | None]]:
   """Settings that differ from those recorded when the workdir last ran: name -> (was, now)."""
+  if os.path.lexists(run.workdir) and not os.path.isdir(run.workdir):
+    raise SweepError(
+      f"{run.workdir} is a file, not the run's folder; move it aside or give another --root"
+    )
   try:
     with open(_record_path(run)) as f:
       rec = json.load(f)
@@ -340,8 +360,11 @@ def changed_overrides(run: Run) -> dict[str, tuple[str | None, str | None]]:
       f"{_record_path(run)}: cannot be read as the run's record ({getattr(e, 'strerror', None) or e}); "
       "move it aside or give another --root"
     ) from None
-  if not isinstance(rec, dict):
-    raise SweepError(f"{_record_path(run)}: not a run record (a JSON object); move it aside")
+  if not isinstance(rec, dict) or not isinstance(rec.get("overrides", {}), dict):
+    raise SweepError(
+      f"{_record_path(run)}: not a run record (a JSON object with an object of overrides); "
+      "move it aside"
+    )
   diffs = {}
   if rec.get("config") != _config_of(run):
     diffs["--config"] = (rec.get("config"), _config_of(run))
@@ -372,8 +395,9 @@ def _write_json(path: str, obj: Any) -> None:
   except OSError as e:
     with contextlib.suppress(OSError):
       os.remove(tmp)
+    fix = "free space" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "move it aside"
     raise SweepError(
-      f"{path} could not be written ({e.strerror}); the runs' checkpoints are kept: free space "
+      f"{path} could not be written ({e.strerror}); the runs' checkpoints are kept: {fix} "
       "and rerun the same command"
     ) from None
 
@@ -734,6 +758,11 @@ def run_unpacked(
   previous = {n: signal.signal(n, _raise_interrupt) for n in names}
   try:
     sweep.execute()
+  except SweepError as e:  # a record that cannot be written: the runs stop, checkpoints kept
+    print(f"error: {e}", file=sys.stderr, flush=True)
+    with contextlib.suppress(SweepError):
+      sweep.stop()
+    return 2
   except KeyboardInterrupt as e:
     signum = getattr(e, "signum", signal.SIGINT)
     for n in previous:  # a second signal must not cut the stopping short
@@ -757,9 +786,14 @@ def run_unpacked(
   return 0
 
 
+class _Parser(argparse.ArgumentParser):
+  def error(self, message):  # one `error:` line and exit status 2, not the usage (`main`)
+    raise SweepError(f"{message} (see --help)")
+
+
 def _parser() -> argparse.ArgumentParser:
   """The command line's flags."""
-  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  p = _Parser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--config", required=True, help="Experiment config file (path[:arg]).")
   p.add_argument("--root", required=True, help="Directory of the sweep; one workdir per run.")
   p.add_argument("--grid", action="append", default=[], help="FIELD=V1,V2,... swept (repeatable).")
@@ -771,7 +805,7 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument(
     "--progress_s",
     type=float,
-    default=PROGRESS_S,
+    default=None,
     help=f"Show each running run's newest progress line this often (default {PROGRESS_S:g} s).",
   )
   p.add_argument(
@@ -787,7 +821,10 @@ def _parser() -> argparse.ArgumentParser:
     "host, as the trainer's --distributed); each run's rows spread over the processes.",
   )
   p.add_argument(
-    "--join_timeout_s", type=float, default=300, help="With --distributed: give up joining after."
+    "--join_timeout_s",
+    type=float,
+    default=None,
+    help=f"With --distributed: give up joining after (default {JOIN_TIMEOUT_S:g} s).",
   )
   p.add_argument("--dry_run", action="store_true", help="Print the runs and commands; run nothing.")
   p.add_argument(
@@ -821,16 +858,43 @@ def _check_kind(root: str, runs: Sequence[Run], packed: bool) -> None:
     )
 
 
-def _checked_runs(args: argparse.Namespace) -> list[Run]:
-  """The runs of the command line's grid; raises SweepError/ConfigError for a bad one."""
+def _check_flags(args: argparse.Namespace) -> None:
+  """SweepError for a flag out of range, or one the chosen kind of sweep would ignore; fills
+  the defaults of `--progress_s` and `--join_timeout_s`."""
   if args.parallel < 1:
     raise SweepError(f"--parallel must be >= 1, got {args.parallel}")
+  if args.packed and args.parallel != 1:
+    raise SweepError(
+      f"--parallel={args.parallel} runs separate processes at once; --packed trains every run "
+      "in one program: drop one of them"
+    )
+  if args.packed and args.progress_s is not None:
+    raise SweepError(
+      "--progress_s shows each separate run's progress; with --packed the pack prints its "
+      "own lines: drop one of them"
+    )
+  if args.join_timeout_s is not None and not args.distributed:
+    raise SweepError(
+      "--join_timeout_s is how long --distributed waits to join the job; without it there is "
+      "none to join: drop it or add --distributed"
+    )
+  args.progress_s = PROGRESS_S if args.progress_s is None else args.progress_s
+  args.join_timeout_s = JOIN_TIMEOUT_S if args.join_timeout_s is None else args.join_timeout_s
   if not args.progress_s > 0:  # nan and inf too: a running run's line every that many seconds
     raise SweepError(f"--progress_s must be a number of seconds > 0, got {args.progress_s}")
+  if not 0 < args.join_timeout_s < float("inf"):  # nan too
+    raise SweepError(
+      f"--join_timeout_s must be a finite number of seconds > 0, got {args.join_timeout_s}"
+    )
   if args.distributed and (not args.packed or args.dry_run):
     raise SweepError(
       "--distributed trains a pack over several processes: it needs --packed and no --dry_run"
     )
+
+
+def _checked_runs(args: argparse.Namespace) -> list[Run]:
+  """The runs of the command line's grid; raises SweepError/ConfigError for a bad one."""
+  _check_flags(args)
   runs = plan(args.config, args.root, args.grid, args.set, args.seeds)
   _check_kind(args.root, runs, args.packed)
   changed = {r.name: d for r in runs if (d := changed_overrides(r))}
@@ -851,7 +915,7 @@ def _print_plan(runs: Sequence[Run]) -> int:
   """The dry run of separate runs: each run's state and command; exit status 0."""
   for i, run in enumerate(runs):
     steps = committed_steps(run.workdir)
-    if run.final_step in steps:
+    if is_complete(run):  # as `Sweep.execute` decides
       state = "skip (complete)"
     elif steps:
       state = f"resume at step {steps[-1]}"
@@ -883,8 +947,8 @@ def _packed(args: argparse.Namespace, runs: list[Run], spec: dict[str, Any]) -> 
 
 def main(argv: Sequence[str] | None = None) -> int:
   """Command line entry point; returns the exit status."""
-  args = _parser().parse_args(argv)
   try:
+    args = _parser().parse_args(argv)
     runs = _checked_runs(args)
   except (SweepError, ConfigError) as e:
     print(f"error: {e}", file=sys.stderr)

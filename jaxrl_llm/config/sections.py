@@ -70,13 +70,16 @@ class TaskSettings(LearnedSection):
     return {k: v for k, v in super().to_dict().items() if k not in ("name", "reward_weights")}
 
   def errors(self) -> list[str]:
-    """Each task field in its task's range (`data.tasks.field_errors`), some non-zero
-    reward weight."""
+    """A built-in task's name, each task field in its task's range (`data.tasks.field_errors`),
+    some non-zero reward weight."""
     from jaxrl_llm.data import tasks  # the tasks declare their fields' ranges
 
     weights = [w for _, w in self.reward_weights]
-    return tasks.field_errors(self.task_fields) + need(
-      any(weights), "task.reward_weights are all 0: the reward would be constant"
+    known = allowed("task.name", self.name, tuple(sorted(tasks.TASKS)))
+    return (
+      known
+      + tasks.field_errors(self.task_fields)
+      + need(any(weights), "task.reward_weights are all 0: the reward would be constant")
     )
 
 
