@@ -222,7 +222,11 @@ def check_overrides(argv: list[str]) -> None:
   path = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
   if path is None:
     return
-  file, _, arg = path.partition(":")
+  file, colon, arg = path.partition(":")
+  if colon and not arg:  # ml_collections would call get_config("")
+    raise ConfigError(
+      f"--config={path} ends in ':' with no setting after it: drop the ':' or name a setting"
+    )
   try:
     spec = importlib.util.spec_from_file_location("_jaxrl_llm_config", file)
     module = importlib.util.module_from_spec(spec)

@@ -253,18 +253,26 @@ def test_the_real_model_config_without_the_model_says_how_to_fetch_it(tmp_path):
   assert not (workdir / "checkpoints").exists()
 
 
-def test_a_setting_asked_of_a_config_without_settings_is_one_plain_line(tmp_path):
-  """`--config=configs/lora.py:x` (lora.py's get_config takes no setting): one line saying to
-  drop ':x' (it was Python's "takes 0 positional arguments but 1 was given")."""
-  cmd = [sys.executable, "-m", "jaxrl_llm.main", "--config=configs/lora.py:x"]
+@pytest.mark.parametrize(
+  "config, says",
+  [
+    ("configs/lora.py:x", "configs/lora.py has no settings to choose (its get_config takes "
+     "none): drop ':x' from --config=configs/lora.py:x"),
+    ("configs/lora.py:", "--config=configs/lora.py: ends in ':' with no setting after it: drop "
+     "the ':' or name a setting"),
+  ],
+)  # fmt: skip
+def test_a_setting_asked_of_a_config_without_settings_is_one_plain_line(tmp_path, config, says):
+  """`--config=configs/lora.py:x` (lora.py's get_config takes no setting) and a trailing ':'
+  with nothing after it: one line each (both were Python's "takes 0 positional arguments but 1
+  was given" traceback, the second through ml_collections), and no workdir made."""
+  cmd = [sys.executable, "-m", "jaxrl_llm.main", f"--config={config}"]
   proc = subprocess.run(
     [*cmd, f"--workdir={tmp_path / 'run'}"], cwd=REPO, env=cli_env(), capture_output=True,
     text=True, timeout=120,
   )  # fmt: skip
-  assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
-    "error: configs/lora.py has no settings to choose (its get_config takes none): drop ':x' "
-    "from --config=configs/lora.py:x"
-  ]
+  assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [f"error: {says}"]
+  assert not (tmp_path / "run").exists()
 
 
 def test_a_missing_config_is_one_line_without_the_override_hint(tmp_path):
