@@ -88,14 +88,14 @@ def test_a_missing_workdir_is_one_line():
 
 
 def test_compare_refuses_a_csv_path_it_cannot_write_before_reading_runs(tmp_path, capsys):
-  """--csv naming a directory, a path under a file or a missing folder: one line, exit 2 (they
+  """--csv naming a directory, a path under a file or a URL: one line, exit 2 (the first two
   were IsADirectoryError / NotADirectoryError tracebacks after the table was printed)."""
   (tmp_path / "f").write_text("x")
   cases = {
-    str(tmp_path): "it is a directory",
-    str(tmp_path / "f" / "x.csv"): f"{tmp_path / 'f'} is a file, not a directory",
-    str(tmp_path / "none" / "x.csv"): f"its directory {tmp_path / 'none'} does not exist",
-  }
+    str(tmp_path): "is a directory; give a file path",
+    str(tmp_path / "f" / "x.csv"): f"cannot be written: its folder {tmp_path / 'f'} is a file",
+    "gs://bucket/x.csv": "is a URL; give a local file path",
+  }  # a missing folder is made (test_plot_compare_faults.py)
   for path, says in cases.items():
     assert compare.main([f"--root={tmp_path}", f"--csv={path}"]) == 2
     out = capsys.readouterr()
