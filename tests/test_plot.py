@@ -114,14 +114,17 @@ def test_heatmap_data_is_the_final_value_over_seeds(synthetic):
 
 
 def test_settings_from_sweep_json_or_workdir_names_group_alike(tmp_path):
-  """Runs without config.json: the overrides in sweep.json, else the field=value workdir name."""
+  """Runs without config.json: the overrides in sweep.json (the runs of its grid and of earlier
+  grids), else the field=value workdir name."""
   names = [f"objective.clip_high={c},seed={s}" for c in BASE for s in SEEDS]
   for name in names:
     clip, seed = (float(p.split("=")[1]) for p in name.split(","))
     _write_run(tmp_path / name, clip, int(seed), config=False)
+  entries = [{"name": n, "params": dict(p.split("=") for p in n.split(","))} for n in names]
   record = {
     "grid": {"objective.clip_high": ["0.2", "0.28"], "seed": ["0", "1", "2"]},
-    "runs": [{"name": n, "params": dict(p.split("=") for p in n.split(","))} for n in names],
+    "runs": entries[:4],
+    "earlier_runs": entries[4:],  # a sweep run again with fewer seeds keeps these
   }
   (tmp_path / "sweep.json").write_text(json.dumps(record))
   for source in ("sweep.json", "name"):

@@ -181,3 +181,53 @@ def test_the_dry_run_says_skip_for_every_run_the_sweep_skips(tmp_path, capsys, s
   assert code == 0 and out.startswith("[1/1] skip (complete): seed=0"), out
   config, fixed = CONFIG.removeprefix("--config="), [TINY.removeprefix("--set=")]
   assert sweep.is_complete(sweep.plan(config, str(tmp_path), [], fixed, "0")[0])  # as it skips
+
+
+def test_a_sweep_run_again_with_another_grid_keeps_the_earlier_runs_in_its_record(tmp_path):
+  """Seeds 0 then seed 1 in one root: sweep.json was rewritten with seed=1 alone, so the record
+  lost seed=0 while its workdir stayed; now it keeps it, as it was, under `earlier_runs`."""
+  assert _cli(CONFIG, f"--root={tmp_path}", "--seeds=0", TINY)[0] == 0
+  first = json.loads((tmp_path / "sweep.json").read_text())["runs"]
+  assert _cli(CONFIG, f"--root={tmp_path}", "--seeds=1", TINY)[0] == 0
+  record = json.loads((tmp_path / "sweep.json").read_text())
+  assert [r["name"] for r in record["runs"]] == ["seed=1"]
+  assert record["earlier_runs"] == first and first[0]["status"] == "done"
+  assert _cli(CONFIG, f"--root={tmp_path}", "--seeds=0", TINY)[0] == 0  # named again: a run
+  record = json.loads((tmp_path / "sweep.json").read_text())
+  assert [r["name"] for r in record["runs"]] == ["seed=0"]
+  assert [r["name"] for r in record["earlier_runs"]] == ["seed=1"]
+  assert record["runs"][0]["status"] == "skipped"
+
+
+def test_a_packed_sweep_run_again_with_another_set_is_refused_as_separate_runs_are(tmp_path):
+  """A pack run again with a changed --set (a field every run shares): its dry run planned it,
+  and only the built pack refused it, in the trainer's words, as a pack wrote no run.json. Now
+  each run's folder holds its run.json, and the change is refused as it is for separate runs,
+  dry run too, before anything is built; nothing is touched."""
+  args = [CONFIG, f"--root={tmp_path}", "--seeds=0,1", TINY, "--packed"]
+  assert _cli(*args, "--set=objective.clip_low=0.2")[0] == 0
+  record = json.loads((tmp_path / "seed=0" / "run.json").read_text())
+  assert record["overrides"]["objective.clip_low"] == "0.2"
+  before = sorted(str(p) for p in tmp_path.rglob("*"))
+  for dry in ([], ["--dry_run"]):
+    code, err = _cli(*args, "--set=objective.clip_low=0.1", *dry)
+    assert code == 2 and err[0] == "error: these workdirs were run with other settings:", err
+    assert err[1] == "  seed=0: objective.clip_low: '0.2' -> '0.1'", err
+  assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+
+
+def test_a_sweep_json_that_is_not_a_record_is_refused_not_overwritten(tmp_path, capsys):
+  """A sweep.json that is not JSON (or not a sweep's record) was overwritten without a word
+  once the first run started; now it is one line before any run, dry run too, and kept."""
+  args = [CONFIG, f"--root={tmp_path}", "--seeds=0", TINY]
+  for text, why in (
+    ("my notes", "cannot be read as the sweep's record"),
+    ('{"runs": [1]}', "not a sweep's record"),
+  ):
+    (tmp_path / "sweep.json").write_text(text)
+    code, err, out = _main(capsys, *args, "--dry_run")
+    assert code == 2 and len(err) == 1 and why in err[0] and out == "", (err, out)
+    assert err[0].startswith(f"error: {tmp_path / 'sweep.json'}: "), err
+    assert _cli(*args) == (2, err)
+    assert (tmp_path / "sweep.json").read_text() == text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.json"]

@@ -16,8 +16,8 @@ encloses it, e.g. `<workdir>/sft`; any other is a run by itself. `checkpoints/` 
 
 Runs are grouped into arms by their settings. A run's settings are its recorded config
 (`config.json`, written by the trainer); where a run lacks one, the overrides its sweep recorded
-(`run.json`, or its entry in the root's `sweep.json`), and failing those the `field=value,...`
-name tools/sweep.py gives its workdir. The fields that differ between the runs plotted
+(`run.json`, or its entry in the root's `sweep.json`, earlier grids' runs included), and failing
+those the `field=value,...` name tools/sweep.py gives its workdir. The fields that differ between the runs plotted
 (`train.stop_after_steps` aside, which does not change results) define the arms; `seed` never
 does: the runs of an arm are its seeds, averaged step by step (over the steps every seed logged).
 `--group_by` names the fields instead (`path` and `run` group by PATH argument or by run, so
@@ -186,7 +186,10 @@ def _sweep_params(root: str) -> tuple[dict[str, dict[str, str]], list[str]]:
   record = _read_json(os.path.join(root, "sweep.json"))
   if not isinstance(record, dict):
     return {}, []
-  runs = {r["name"]: r.get("overrides") or r.get("params") or {} for r in record.get("runs", [])}
+  entries = [*record.get("runs", []), *record.get("earlier_runs", [])]  # earlier grids' runs too
+  runs = {}
+  for r in entries:
+    runs.setdefault(r["name"], r.get("overrides") or r.get("params") or {})
   return runs, list(record.get("grid", {}))
 
 

@@ -16,14 +16,16 @@ checkpoint at its final step is skipped, and an unfinished one resumes (the trai
 from its workdir), so an interrupted sweep is resumed by rerunning the same command. Each run's
 output goes to `<workdir>/run.log` and its overrides to `<workdir>/run.json` (a workdir is not
 resumed with different overrides unless `--allow_changed`). `ROOT/sweep.json` records the runs and
-their status; a summary table is printed at the end. A failed run is reported with the tail of
+their status (runs that an earlier grid named and this one does not stay in it, as
+`earlier_runs`); a summary table is printed at the end. A failed run is reported with the tail of
 its log and the sweep goes on; the exit status is 1 if any run failed.
 
 With `--packed`, the runs train together in this process (with `--distributed`, in the
 multi-process job this command joins on every host, as the trainer's `--distributed`; with
 `mesh.runs=1` each run's rows spread over the processes, with `mesh.runs` > 1 the runs do):
 each keeps its folder
-`ROOT/<name>` (events, config.json, HParams), the pack checkpoints in `ROOT/checkpoints` and
+`ROOT/<name>` (events, config.json, HParams, and run.json: a pack is not resumed with other
+overrides either), the pack checkpoints in `ROOT/checkpoints` and
 resumes from there when the same command is run again; `--dry_run` checks that the grid packs
 and prints the packed step's memory per device (compile only). A grid over a field that changes
 the program (objective name, model shape, group size, ...) is refused with one line naming the
@@ -225,6 +227,40 @@ def check_root(root: str) -> None:
     raise SweepError(
       f"{record} is not a file (the sweep's record); move it aside or give another --root"
     )
+  earlier_runs(root, ())  # an unreadable record is refused before any run starts
+
+
+def earlier_runs(root: str, names: Sequence[str]) -> list[dict[str, Any]]:
+  """The runs that `root/sweep.json` records (its `runs`, then its `earlier_runs`) and `names`
+  does not hold: a sweep run again with another grid keeps them in its record, as their
+  workdirs are kept. A SweepError when the file is there but is not a sweep's record."""
+  path = os.path.join(root, "sweep.json")
+  try:
+    with open(path) as f:
+      record = json.load(f)
+  except FileNotFoundError:
+    return []
+  except (OSError, ValueError) as e:  # not UTF-8 or not JSON: not the sweep's record
+    raise SweepError(
+      f"{path}: cannot be read as the sweep's record ({getattr(e, 'strerror', None) or e}); "
+      "move it aside or give another --root"
+    ) from None
+  entries = (
+    record.get("runs", []) + record.get("earlier_runs", []) if isinstance(record, dict) else None
+  )
+  if not isinstance(entries, list) or not all(
+    isinstance(r, dict) and isinstance(r.get("name"), str) for r in entries
+  ):
+    raise SweepError(
+      f"{path}: not a sweep's record (a JSON object whose runs are objects with a name); "
+      "move it aside or give another --root"
+    )
+  kept, seen = [], set(names)
+  for entry in entries:
+    if entry["name"] not in seen:
+      seen.add(entry["name"])
+      kept.append(entry)
+  return kept
 
 
 def _parents(path: str) -> list[str]:
@@ -441,6 +477,7 @@ class Sweep:
       self.env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
       self.spec = {**spec, "env": {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}}
     self._running: list[tuple[Run, subprocess.Popen, Any, float]] = []
+    self.earlier = earlier_runs(self.root, [r.name for r in runs])
 
   @property
   def path(self) -> str:
@@ -457,6 +494,8 @@ class Sweep:
       "status": counts,
       "runs": [r.to_json() for r in self.runs],
     }
+    if self.earlier:  # runs of an earlier grid: their workdirs are kept, and so are their records
+      record["earlier_runs"] = self.earlier
     _write_json(self.path, record)
 
   def _say(self, i: int, run: Run, what: str) -> None:
@@ -632,6 +671,11 @@ def run_packed(
 
   launch.choose_backend(debug)  # as the trainer's command line does
   terminal.setup(debug, log_file=terminal.log_path(root, launch.process_index()))
+  earlier = earlier_runs(root, [r.name for r in runs])
+  if launch.process_index() == 0:  # each run's settings, checked when the pack is run again
+    for run in runs:
+      os.makedirs(run.workdir, exist_ok=True)
+      _write_record(run)
   t0 = time.time()
   status, code = _train_packed(_pack_configs(config, runs), runs, root)
   if jax.process_index() != 0:  # the runs' events, and so the record, are process 0's
@@ -644,8 +688,11 @@ def run_packed(
     run.elapsed_s = round(time.time() - t0, 1)
     read_metrics(run)
   record = {**spec, "packed": True, "updated": time.strftime("%Y-%m-%d %H:%M:%S")}
+  record["runs"] = [r.to_json() for r in runs]
+  if earlier:
+    record["earlier_runs"] = earlier
   try:
-    _write_json(os.path.join(root, "sweep.json"), {**record, "runs": [r.to_json() for r in runs]})
+    _write_json(os.path.join(root, "sweep.json"), record)
   except SweepError:
     if code == 0:
       raise
@@ -936,7 +983,7 @@ def _packed(args: argparse.Namespace, runs: list[Run], spec: dict[str, Any]) -> 
     launch.join_job(args.join_timeout_s)
   try:
     rc = run_packed(spec["config"], runs, spec["root"], spec, args.debug)
-  except ConfigError as e:
+  except (ConfigError, SweepError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   if not args.distributed or _process_index() == 0:
