@@ -2,9 +2,10 @@
 # Runs every study (its sweep, tables and figures), one after the other, from the repository.
 # Each study writes under $ROOT_BASE/<study> (default /tmp/jaxrl_experiments) and puts its
 # figures in its own folder; `STUDIES="clip_higher length_bias" bash experiments/run_all.sh`
-# runs some of them. A study that fails is reported and the others still run. Where a study's
-# tables.md existed, the new one is compared with it first (compare_tables.py: every mean within
-# the old interval's half-width) and the summary line printed; `git diff` shows the rest.
+# runs some of them (STUDIES unset: all; set but empty is refused). A study that fails is
+# reported and the others still run. Where a study's tables.md existed, the new one is compared
+# with it first (compare_tables.py: every mean within the old interval's half-width) and the
+# summary line printed; `git diff` shows the rest.
 # `CONFIRM=1` also runs each study's confirmation on fresh seeds 100-123 (its confirmation.md,
 # the only source of a verdict; about twice a study's time again).
 # A study stopped by a signal (Ctrl-C, SIGTERM: exit 130 or 143) is reported as interrupted,
@@ -21,7 +22,9 @@ fail() {
 [ $# -eq 0 ] || fail "run_all.sh takes no arguments, got: $*; pick studies with" \
   "STUDIES=\"a b\" (allowed: ${ALL% })"
 ROOT_BASE=${ROOT_BASE:-/tmp/jaxrl_experiments}
-STUDIES=${STUDIES:-$ALL}
+STUDIES=${STUDIES-$ALL}  # unset: every study; set but empty is refused, not read as every one
+[ -n "${STUDIES//[[:space:]]/}" ] ||
+  fail "STUDIES is empty; name the studies to run, or leave it unset for all (allowed: ${ALL% })"
 for study in $STUDIES; do
   [ -f "$study/run.sh" ] || fail "STUDIES names '$study', which is no study; allowed: ${ALL% }"
 done

@@ -241,7 +241,7 @@ def load_claims(path):
   """A study's declared claims: {"group_by": [fields], "baseline": [values], "claims": [{"id",
   "claim", "a": {"arm": [values], "col": TAG@WHAT}, "b": {...}, "direction": "+" | "-",
   optionally "count": {"at_most": X}}], ...}
-  (its seeds and declaration date too); a malformed file exits with one line naming it."""
+  (its seeds and declaration date too, and optionally "trivial_raw": a path); a malformed file exits with one line naming it."""
   try:
     with open(path) as f:
       spec = json.load(f)
@@ -255,6 +255,8 @@ def load_claims(path):
     for k in ("group_by", "baseline")
     if k in spec and not _strings(spec[k])
   ]
+  if "trivial_raw" in spec and not (isinstance(spec["trivial_raw"], str) and spec["trivial_raw"]):
+    problems.append("'trivial_raw' must be a file's path from the repository's root (a string)")
   claims = spec.get("claims", [])
   if not isinstance(claims, list) or not all(isinstance(c, dict) for c in claims):
     _fail(f'{path}: "claims" must be a list of claim objects')

@@ -68,6 +68,15 @@ def test_make_arith_names_an_empty_out_dir(capsys):
   _refused(capsys, make_arith.cli(["", "--n_eval=2"]), "OUT_DIR is empty")
 
 
+@pytest.mark.parametrize("sizes", [["--n_eval=5000000"], ["--n_train=100000000", "--n_eval=2"]])
+def test_make_arith_refuses_a_count_that_would_draw_for_hours(tmp_path, capsys, sizes):
+  """`--n_eval=5000000` (a digit too many) drew for about two hours before writing anything;
+  now the bounds are said in one line at once."""
+  code = make_arith.cli([str(tmp_path / "a"), *sizes])
+  _refused(capsys, code, "need 0 <= n_train <= 1000000 and 1 <= n_eval <= 100000")
+  assert not (tmp_path / "a").exists()
+
+
 # ---- trivial_answers -----------------------------------------------------------------------
 
 

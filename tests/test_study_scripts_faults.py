@@ -160,6 +160,16 @@ def test_summary_refuses_a_missing_or_wrong_trivial_raw(study, capsys, raw):
   _exits_2(capsys, summary._page_trivial_lines, "triv.txt")
 
 
+@pytest.mark.parametrize("raw", [3, ["triv.txt"], None, ""])
+def test_summary_refuses_a_trivial_raw_that_is_not_a_path(study, capsys, raw):
+  """A page's `trivial_raw` that is a number, a list or null raised TypeError in os.path.join
+  with a traceback, and "" read the repository's root as a file; now the claims file's check
+  names it."""
+  spec = json.loads((study / "s1" / "claims.json").read_text())
+  (study / "s1" / "pg.claims.json").write_text(json.dumps({**spec, "trivial_raw": raw}))
+  _exits_2(capsys, summary._page_trivial_lines, "pg.claims.json", "'trivial_raw' must be")
+
+
 def test_summary_without_its_markers_exits_2_and_keeps_the_readme(study, capsys):
   """A README.md without the table's markers exited 1, which --check uses for "stale"."""
   (study / "README.md").write_text("# no markers\n")
@@ -221,12 +231,15 @@ def _studies(tmp_path, names=("a", "b")):
     ({"STUDIES": "a nope"}, [], ["STUDIES", "'nope'", "a b"]),
     ({}, ["a"], ["got: a", "STUDIES="]),
     ({"CONFIRM": "yes"}, [], ["CONFIRM=yes", "0 | 1"]),
+    ({"STUDIES": ""}, [], ["STUDIES is empty", "a b"]),
+    ({"STUDIES": " \t"}, [], ["STUDIES is empty", "a b"]),
   ],
 )
 def test_run_all_refuses_a_bad_input_before_any_study_runs(tmp_path, env, args, says):
   """An unknown study in STUDIES was run and reported FAILED (exit 1) after the others ran; an
   argument (`run_all.sh a`, as if it picked a study) was ignored and every study ran; CONFIRM=yes
-  ran the exploration alone, with no confirmation and no word."""
+  ran the exploration alone, with no confirmation and no word; STUDIES="" (a selection left
+  empty, say by a script) ran every study, hours of them."""
   root = _studies(tmp_path)
   env = {"ROOT_BASE": str(tmp_path / "out"), **env}
   _one_error(_run(["bash", str(root / "run_all.sh"), *args], env=env), *says)
