@@ -28,7 +28,7 @@ from jax.sharding import PartitionSpec as P
 from safetensors.numpy import load_file, save_file
 
 from jaxrl_llm import sharding
-from jaxrl_llm.models import hf, hf_config, hf_export, hf_layout
+from jaxrl_llm.models import families, hf, hf_config, hf_export, hf_layout
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.transformer import Transformer, positions_from_mask
 from jaxrl_llm.sampling import SamplingConfig, sample
@@ -375,7 +375,7 @@ def test_mistral_sliding_window_defaults_as_its_reference_class():
     e.value
   )
   cfg = _load("mistral")[0]
-  exported = hf_config.config_to_hf(cfg, "mistral")
+  exported = hf_export.config_to_hf(cfg, "mistral")
   assert exported["sliding_window"] is None and exported["architectures"] == ["MistralForCausalLM"]
   assert hf_config.config_from_hf(exported) == cfg
 
@@ -415,7 +415,7 @@ def test_omitted_fields_read_as_the_reference_config_class_reads_them(model_type
       assert (ours.moe_num_experts, ours.moe_top_k) == (experts, ref.num_experts_per_tok), omitted
       assert ours.moe_normalize_gates == getattr(ref, "norm_topk_prob", True), omitted
   # An export without a known context length gets the reference class's default.
-  exported = hf_config.config_to_hf(hf_config.config_from_hf(base), model_type)
+  exported = hf_export.config_to_hf(hf_config.config_from_hf(base), model_type)
   default = transformers.AutoConfig.for_model(model_type).max_position_embeddings
   assert exported["max_position_embeddings"] == default
 
@@ -430,7 +430,7 @@ def test_default_model_type_follows_the_features():
     ({"moe_num_experts": 4}, "mixtral"),
     ({"moe_num_experts": 4, "qk_norm": True}, "qwen3_moe"),
   ):
-    assert hf_config.default_model_type(dataclasses.replace(base, **changes)) == want, changes
+    assert families.default_model_type(dataclasses.replace(base, **changes)) == want, changes
 
 
 def test_older_config_spellings_and_sparse_step():
@@ -454,7 +454,7 @@ def test_export_refuses_what_the_model_type_cannot_express(tmp_path):
     hf_export.save_checkpoint(tmp_path, cfg, params, model_type="qwen2")
   moe = dataclasses.replace(_load("qwen3_moe")[0], qk_norm=False, moe_every=2)
   with pytest.raises(ValueError, match="mixtral needs moe_every=1"):
-    hf_config.config_to_hf(moe, "mixtral")
+    hf_export.config_to_hf(moe, "mixtral")
   with pytest.raises(ValueError, match=r"params\[layer_0/attn/q/kernel\]: expected shape"):
     bad = jax.tree.map(lambda x: x, params)
     bad["layer_0"]["attn"]["q"]["kernel"] = jnp.zeros((3, 3))

@@ -536,13 +536,13 @@ def _base_export(args, cfg, params, model_type: str) -> tuple[str, dict]:
 def _export_model(args, cfg, params, meta, source):
   """(hf model_type, the config and params written to --out): a run with adapters exports its
   merged weights; --adapters without any trained is refused."""
-  from jaxrl_llm.models import hf_config, lora
+  from jaxrl_llm.models import families, lora
 
   model_type = (
     args.model_type
     or meta.get("hf_model_type")
     or (source.model_type if source is not None else None)
-    or hf_config.default_model_type(cfg.without_adapters())
+    or families.default_model_type(cfg.without_adapters())
   )
   adapted = lora.has_adapters(params)
   if args.adapters and not adapted:

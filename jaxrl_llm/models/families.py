@@ -1,4 +1,4 @@
-"""The Hugging Face model families that `hf` and `hf_config` import and export: one row each.
+"""The Hugging Face model families that `hf_config` imports and `hf_export` exports: one row each.
 
 A `Family` row holds everything that differs between families: the `model_type` and class name
 that config.json carries, the defaults its reference configuration class assumes for fields that
@@ -18,7 +18,10 @@ from __future__ import annotations
 import dataclasses
 import types
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+  from jaxrl_llm.models.config import ModelConfig
 
 # Which models hold a tensor (`Tensor.when`): all of them, those with an untied output layer,
 # q/k/v biases or QK-norm; each dense feed-forward layer; each MoE layer.
@@ -172,7 +175,7 @@ class Family:
 
 _QWEN_WINDOW = "use_sliding_window"
 
-# In `hf_config.default_model_type`'s order of preference: the first that fits a model wins.
+# In `default_model_type`'s order of preference: the first that fits a model wins.
 FAMILIES: tuple[Family, ...] = (
   Family("llama", "LlamaForCausalLM", {"max_position_embeddings": 2048}),
   Family(
@@ -238,3 +241,22 @@ FAMILIES: tuple[Family, ...] = (
 )
 BY_MODEL_TYPE: Mapping[str, Family] = types.MappingProxyType({f.model_type: f for f in FAMILIES})
 MODEL_TYPES = tuple(BY_MODEL_TYPE)
+
+
+def features(cfg: ModelConfig, fam: Family) -> tuple[tuple[str, bool, bool], ...]:
+  """(feature, whether `cfg` has it, whether `fam` has it) for each feature of a family row."""
+  return (
+    ("attention_bias", cfg.attention_bias, fam.qkv_bias),
+    ("qk_norm", cfg.qk_norm, fam.qk_norm),
+    ("MoE layers (moe_num_experts > 0)", bool(cfg.moe_num_experts), fam.experts is not None),
+  )
+
+
+def default_model_type(cfg: ModelConfig) -> str:
+  """The HF model type whose architecture matches `cfg` most directly.
+
+  The first family in `FAMILIES` with the features of `cfg`; where none has them all, the one
+  that differs least, MoE layers counting first, then QK-norm, then attention biases.
+  """
+  mismatch = lambda fam: tuple(have != wanted for _, have, wanted in features(cfg, fam))[::-1]  # noqa: E731
+  return min(FAMILIES, key=mismatch).model_type

@@ -21,9 +21,9 @@ import numpy as np
 
 from jaxrl_llm.models import lora as lora_lib
 from jaxrl_llm.models.config import ModelConfig
-from jaxrl_llm.models.families import BY_MODEL_TYPE
+from jaxrl_llm.models.families import BY_MODEL_TYPE, default_model_type
 from jaxrl_llm.models.hf import abstract_params
-from jaxrl_llm.models.hf_config import CheckpointFormatError, default_model_type
+from jaxrl_llm.models.hf_config import CheckpointFormatError
 from jaxrl_llm.models.hf_layout import (
   Param,
   flatten,

@@ -1,7 +1,8 @@
-"""Hugging Face config.json <-> ModelConfig for the families of `families` (Llama, Qwen2, ...).
+"""Hugging Face config.json -> ModelConfig for the families of `families` (Llama, Qwen2, ...);
+the way back is `hf_export.config_to_hf`.
 
 Reads both spellings of RoPE settings (`rope_theta` + `rope_scaling` of transformers 4,
-`rope_parameters` of transformers 5) and writes both. ModelConfig fields that config.json has no
+`rope_parameters` of transformers 5); the export writes both. ModelConfig fields that config.json has no
 name for (moe_impl, the z-loss coefficient, dtypes, ...) are written under the `jaxrl_llm` key
 and restored on import, so a config survives export and import unchanged. Everything that differs
 between families comes from their `families.Family` rows.
@@ -15,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from jaxrl_llm.models.config import ModelConfig
-from jaxrl_llm.models.families import BY_MODEL_TYPE, FAMILIES, MODEL_TYPES, Family
+from jaxrl_llm.models.families import BY_MODEL_TYPE, MODEL_TYPES, Family
 
 EXTRA_KEY = "jaxrl_llm"  # config.json key holding the ModelConfig fields HF has no name for
 _FIELDS = {f.name for f in dataclasses.fields(ModelConfig)}
@@ -300,8 +301,9 @@ def _mlp_fields(
   return hard, soft
 
 
-def _hf_fields(hf: Mapping[str, Any], source: str) -> tuple[dict[str, Any], dict[str, Any]]:
-  """(fields fixed by config.json, HF-derived defaults that the `jaxrl_llm` extras may override)."""
+def hf_fields(hf: Mapping[str, Any], source: str) -> tuple[dict[str, Any], dict[str, Any]]:
+  """The ModelConfig fields of config.json `hf`: (those it fixes, HF-derived defaults that the
+  `jaxrl_llm` extras may override); a CheckpointFormatError names what it cannot import."""
   fam = _family(hf, source)
   _check_types(hf, source)
   _check_rope_theta(hf, source)
@@ -328,7 +330,7 @@ def config_from_hf(hf_config: Mapping[str, Any], *, source: str = "config.json")
       f"{source}: holds a JSON {type(hf_config).__name__}, not an object of config fields"
     )
   try:
-    hard, soft = _hf_fields(hf_config, source)
+    hard, soft = hf_fields(hf_config, source)
   except CheckpointFormatError:
     raise
   except (TypeError, ValueError, AttributeError) as e:  # e.g. a string where a number belongs
@@ -382,134 +384,3 @@ def carried_fields(hf_config: Mapping[str, Any], *, source: str = "config.json")
     else:
       _check_token_id(key, v, source)
   return out
-
-
-def _features(cfg: ModelConfig, fam: Family) -> tuple[tuple[str, bool, bool], ...]:
-  """(feature, whether `cfg` has it, whether `fam` has it) for each feature of a family row."""
-  return (
-    ("attention_bias", cfg.attention_bias, fam.qkv_bias),
-    ("qk_norm", cfg.qk_norm, fam.qk_norm),
-    ("MoE layers (moe_num_experts > 0)", bool(cfg.moe_num_experts), fam.experts is not None),
-  )
-
-
-def default_model_type(cfg: ModelConfig) -> str:
-  """The HF model type whose architecture matches `cfg` most directly.
-
-  The first family in `FAMILIES` with the features of `cfg`; where none has them all, the one
-  that differs least, MoE layers counting first, then QK-norm, then attention biases.
-  """
-  mismatch = lambda fam: tuple(have != wanted for _, have, wanted in _features(cfg, fam))[::-1]  # noqa: E731
-  return min(FAMILIES, key=mismatch).model_type
-
-
-def _inexpressible(cfg: ModelConfig, fam: Family) -> list[str]:
-  """What `cfg` has that `fam`'s config.json cannot express (or lacks that it needs)."""
-  mt = fam.model_type
-  errors = [
-    f"{mt} {'needs' if wanted else 'cannot have'} {name}"
-    for name, have, wanted in _features(cfg, fam)
-    if have != wanted
-  ]
-  if not cfg.moe_num_experts:
-    return errors
-  if cfg.moe_num_shared_experts:
-    errors.append(
-      f"{mt} has no shared experts (moe_num_shared_experts={cfg.moe_num_shared_experts})"
-    )
-  ex = fam.experts
-  if ex is not None:
-    fixed = []  # what the family's config.json has no field for
-    if not ex.layer_pattern:
-      fixed.append(("moe_every=1", cfg.moe_every == 1))
-    if ex.normalize_key is None:
-      fixed.append(("moe_normalize_gates=True", cfg.moe_normalize_gates))
-    if not all(ok for _, ok in fixed):
-      errors.append(f"{mt} needs " + " and ".join(name for name, _ in fixed))
-  return errors
-
-
-def _rope_hf(cfg: ModelConfig) -> dict[str, Any]:
-  """The RoPE fields of config.json, in both spellings: `rope_theta` + `rope_scaling`
-  (transformers 4) and `rope_parameters` (5)."""
-  rope: dict[str, Any] = {"rope_type": "default"}
-  if cfg.rope_scaling != "none":
-    rope = {"rope_type": cfg.rope_scaling, "factor": cfg.rope_scaling_factor}
-    if cfg.rope_scaling == "llama3":
-      rope.update(
-        low_freq_factor=cfg.rope_low_freq_factor,
-        high_freq_factor=cfg.rope_high_freq_factor,
-        original_max_position_embeddings=cfg.rope_original_max_len,
-      )
-  return {
-    "rope_theta": cfg.rope_theta,
-    "rope_scaling": None if cfg.rope_scaling == "none" else dict(rope),
-    "rope_parameters": {**rope, "rope_theta": cfg.rope_theta},
-  }
-
-
-def _feature_hf(cfg: ModelConfig, fam: Family) -> dict[str, Any]:
-  """The config.json fields of the family's features: biases, sliding window, experts."""
-  out: dict[str, Any] = {}
-  if not fam.qkv_bias:
-    out["attention_bias"] = False
-  if fam.window_key is not None:  # its flag off, or (where the field is the size) no window
-    out.update({fam.window_key: False, "sliding_window": None})
-  ex = fam.experts
-  if ex is None:
-    return out
-  out.update({ex.count_key: cfg.moe_num_experts, ex.dim_key: cfg.moe_expert_mlp_dim})
-  if ex.normalize_key is not None:
-    out[ex.normalize_key] = cfg.moe_normalize_gates
-  if ex.layer_pattern:
-    out.update(decoder_sparse_step=cfg.moe_every, mlp_only_layers=[])
-  out.update(
-    num_experts_per_tok=cfg.moe_top_k,
-    router_aux_loss_coef=cfg.moe_aux_loss_coef / cfg.moe_top_k,
-    output_router_logits=False,
-  )
-  return out
-
-
-def config_to_hf(
-  cfg: ModelConfig,
-  model_type: str | None = None,
-  *,
-  dtype: str = "float32",
-  max_position_embeddings: int | None = None,
-):
-  """The config.json dict of `cfg` as `model_type`; raises ValueError if it cannot express it.
-
-  ModelConfig records no context length: `max_position_embeddings` defaults to the one the
-  reference configuration class of `model_type` assumes when config.json omits it.
-  """
-  mt = model_type or default_model_type(cfg)
-  if mt not in BY_MODEL_TYPE:
-    raise ValueError(f"model_type={mt!r} is not supported; supported: {list(MODEL_TYPES)}")
-  fam = BY_MODEL_TYPE[mt]
-  errors = _inexpressible(cfg, fam)
-  if errors:
-    raise ValueError(f"cannot export this model as model_type={mt!r}: " + "; ".join(errors))
-  hf: dict[str, Any] = {
-    "architectures": [fam.architecture],
-    "model_type": mt,
-    "vocab_size": cfg.vocab_size,
-    "hidden_size": cfg.d_model,
-    "intermediate_size": cfg.mlp_dim,  # Mixtral's experts' width replaces it (`_feature_hf`)
-    "num_hidden_layers": cfg.num_layers,
-    "num_attention_heads": cfg.num_heads,
-    "num_key_value_heads": cfg.num_kv_heads,
-    "head_dim": cfg.head_dim,
-    "hidden_act": "silu",
-    "max_position_embeddings": max_position_embeddings or fam.default("max_position_embeddings"),
-    "rms_norm_eps": cfg.norm_eps,
-    **_rope_hf(cfg),
-    "tie_word_embeddings": cfg.tie_embeddings,
-    "torch_dtype": dtype,
-    "use_cache": True,
-    **_feature_hf(cfg, fam),
-  }
-  hard, _ = _hf_fields(hf, "config_to_hf")
-  ours = cfg.to_dict()
-  hf[EXTRA_KEY] = {k: v for k, v in ours.items() if k not in hard}
-  return hf

@@ -1,4 +1,6 @@
-"""Export of our models as Hugging Face checkpoint directories (`save_checkpoint`).
+"""Export of our models as Hugging Face checkpoint directories (`save_checkpoint`), and of a
+ModelConfig as a family's config.json (`config_to_hf`: RoPE in both transformers spellings, the
+fields config.json has no name for under the `jaxrl_llm` key).
 
 The tensors are written in the family's order, in safetensors shards of a bounded size (with an
 index file when there are several); a scanned model's parameters come off the device one layer at
@@ -25,13 +27,19 @@ import numpy as np
 from absl import logging
 
 from jaxrl_llm.models.config import ModelConfig
-from jaxrl_llm.models.families import BY_MODEL_TYPE
+from jaxrl_llm.models.families import (
+  BY_MODEL_TYPE,
+  MODEL_TYPES,
+  Family,
+  default_model_type,
+  features,
+)
 from jaxrl_llm.models.hf import HFSource, abstract_params, read_source
 from jaxrl_llm.models.hf_config import (
   CARRIED_FIELDS,
+  EXTRA_KEY,
   MissingCheckpointFileError,
-  config_to_hf,
-  default_model_type,
+  hf_fields,
 )
 from jaxrl_llm.models.hf_layout import (
   CONFIG_FILE,
@@ -56,6 +64,118 @@ _SAVE_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16"
 
 
 # --------------------------------------------------------------------------- arguments, metadata
+
+
+def _inexpressible(cfg: ModelConfig, fam: Family) -> list[str]:
+  """What `cfg` has that `fam`'s config.json cannot express (or lacks that it needs)."""
+  mt = fam.model_type
+  errors = [
+    f"{mt} {'needs' if wanted else 'cannot have'} {name}"
+    for name, have, wanted in features(cfg, fam)
+    if have != wanted
+  ]
+  if not cfg.moe_num_experts:
+    return errors
+  if cfg.moe_num_shared_experts:
+    errors.append(
+      f"{mt} has no shared experts (moe_num_shared_experts={cfg.moe_num_shared_experts})"
+    )
+  ex = fam.experts
+  if ex is not None:
+    fixed = []  # what the family's config.json has no field for
+    if not ex.layer_pattern:
+      fixed.append(("moe_every=1", cfg.moe_every == 1))
+    if ex.normalize_key is None:
+      fixed.append(("moe_normalize_gates=True", cfg.moe_normalize_gates))
+    if not all(ok for _, ok in fixed):
+      errors.append(f"{mt} needs " + " and ".join(name for name, _ in fixed))
+  return errors
+
+
+def _rope_hf(cfg: ModelConfig) -> dict[str, Any]:
+  """The RoPE fields of config.json, in both spellings: `rope_theta` + `rope_scaling`
+  (transformers 4) and `rope_parameters` (5)."""
+  rope: dict[str, Any] = {"rope_type": "default"}
+  if cfg.rope_scaling != "none":
+    rope = {"rope_type": cfg.rope_scaling, "factor": cfg.rope_scaling_factor}
+    if cfg.rope_scaling == "llama3":
+      rope.update(
+        low_freq_factor=cfg.rope_low_freq_factor,
+        high_freq_factor=cfg.rope_high_freq_factor,
+        original_max_position_embeddings=cfg.rope_original_max_len,
+      )
+  return {
+    "rope_theta": cfg.rope_theta,
+    "rope_scaling": None if cfg.rope_scaling == "none" else dict(rope),
+    "rope_parameters": {**rope, "rope_theta": cfg.rope_theta},
+  }
+
+
+def _feature_hf(cfg: ModelConfig, fam: Family) -> dict[str, Any]:
+  """The config.json fields of the family's features: biases, sliding window, experts."""
+  out: dict[str, Any] = {}
+  if not fam.qkv_bias:
+    out["attention_bias"] = False
+  if fam.window_key is not None:  # its flag off, or (where the field is the size) no window
+    out.update({fam.window_key: False, "sliding_window": None})
+  ex = fam.experts
+  if ex is None:
+    return out
+  out.update({ex.count_key: cfg.moe_num_experts, ex.dim_key: cfg.moe_expert_mlp_dim})
+  if ex.normalize_key is not None:
+    out[ex.normalize_key] = cfg.moe_normalize_gates
+  if ex.layer_pattern:
+    out.update(decoder_sparse_step=cfg.moe_every, mlp_only_layers=[])
+  out.update(
+    num_experts_per_tok=cfg.moe_top_k,
+    router_aux_loss_coef=cfg.moe_aux_loss_coef / cfg.moe_top_k,
+    output_router_logits=False,
+  )
+  return out
+
+
+def config_to_hf(
+  cfg: ModelConfig,
+  model_type: str | None = None,
+  *,
+  dtype: str = "float32",
+  max_position_embeddings: int | None = None,
+):
+  """The config.json dict of `cfg` as `model_type`; raises ValueError if it cannot express it.
+
+  ModelConfig records no context length: `max_position_embeddings` defaults to the one the
+  reference configuration class of `model_type` assumes when config.json omits it.
+  """
+  mt = model_type or default_model_type(cfg)
+  if mt not in BY_MODEL_TYPE:
+    raise ValueError(f"model_type={mt!r} is not supported; supported: {list(MODEL_TYPES)}")
+  fam = BY_MODEL_TYPE[mt]
+  errors = _inexpressible(cfg, fam)
+  if errors:
+    raise ValueError(f"cannot export this model as model_type={mt!r}: " + "; ".join(errors))
+  hf: dict[str, Any] = {
+    "architectures": [fam.architecture],
+    "model_type": mt,
+    "vocab_size": cfg.vocab_size,
+    "hidden_size": cfg.d_model,
+    "intermediate_size": cfg.mlp_dim,  # Mixtral's experts' width replaces it (`_feature_hf`)
+    "num_hidden_layers": cfg.num_layers,
+    "num_attention_heads": cfg.num_heads,
+    "num_key_value_heads": cfg.num_kv_heads,
+    "head_dim": cfg.head_dim,
+    "hidden_act": "silu",
+    "max_position_embeddings": max_position_embeddings or fam.default("max_position_embeddings"),
+    "rms_norm_eps": cfg.norm_eps,
+    **_rope_hf(cfg),
+    "tie_word_embeddings": cfg.tie_embeddings,
+    "torch_dtype": dtype,
+    "use_cache": True,
+    **_feature_hf(cfg, fam),
+  }
+  hard, _ = hf_fields(hf, "config_to_hf")
+  ours = cfg.to_dict()
+  hf[EXTRA_KEY] = {k: v for k, v in ours.items() if k not in hard}
+  return hf
 
 
 def _is_count(n: Any) -> bool:
