@@ -1,6 +1,7 @@
 """What a person reads on the terminal, and where the rest of the log goes: one `setup` for the
 trainer's command line (`python -m jaxrl_llm.main`) and for tools/sweep.py (separate runs, or a
-pack trained in its own process).
+pack trained in its own process); and `ArgParser`, the tools' command lines, whose mistakes are
+one `error:` line rather than argparse's usage block.
 
 Without `--debug`, on a terminal absl's lines lose their prefix (`I1124 18:35:15.886093
 140514125208448 loop.py:790] `; redirected to a file they keep it), the libraries' INFO chatter
@@ -13,6 +14,7 @@ the terminal shows all of it too, with the prefix.
 
 from __future__ import annotations
 
+import argparse
 import logging as std_logging
 import os
 import shlex
@@ -20,6 +22,7 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Callable
 
 from absl import flags, logging
 
@@ -234,3 +237,53 @@ def setup(debug: bool = False, log_file: str | None = None) -> None:
     _set_up = True
   if log_file is not None:
     keep_log(log_file)
+
+
+class ArgParser(argparse.ArgumentParser):
+  """The tools' argument parser: a bad command line is one line, not argparse's usage block.
+  `error` raises `raise_as(message)` for the tool to print as its one `error:` line (and its
+  exit status 2); without `raise_as` it prints `error: message` and exits 2 itself."""
+
+  def __init__(self, *args, raise_as: Callable[[str], Exception] | None = None, **kwargs):
+    """argparse's arguments, and `raise_as`: the tool's own error for a bad command line."""
+    super().__init__(*args, **kwargs)
+    self.raise_as = raise_as
+
+  def error(self, message: str):
+    """One line for `message` (what argparse found wrong), as the class docstring says."""
+    if self.raise_as is not None:
+      raise self.raise_as(message)
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
+def count(text: str, least: int = 1) -> int:
+  """An argparse `type`: a whole number >= `least` (1), else argparse's one error line."""
+  try:
+    n = int(text)
+  except ValueError:
+    n = least - 1
+  if n < least:
+    raise argparse.ArgumentTypeError(f"{text!r}: want a whole number >= {least}")
+  return n
+
+
+def counts(text: str, least: int = 1) -> list[int]:
+  """An argparse `type`: comma-separated whole numbers, each >= `least` (1)."""
+  try:
+    return [count(t.strip(), least) for t in text.split(",")]
+  except argparse.ArgumentTypeError:
+    raise argparse.ArgumentTypeError(
+      f"{text!r}: want comma-separated whole numbers, each >= {least}"
+    ) from None
+
+
+def positive(text: str) -> float:
+  """An argparse `type`: a finite number > 0."""
+  try:
+    x = float(text)
+  except ValueError:
+    x = float("nan")
+  if not 0 < x < float("inf"):
+    raise argparse.ArgumentTypeError(f"{text!r}: want a finite number > 0")
+  return x

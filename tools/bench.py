@@ -38,7 +38,6 @@ unless both are given.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import json
@@ -59,9 +58,10 @@ for _path in (_REPO, _TOOLS):  # run from a checkout without installing it
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jaxrl_llm import quant, sampling  # noqa: E402
+from jaxrl_llm import quant, sampling, terminal  # noqa: E402
 from jaxrl_llm.config import ConfigError, parse  # noqa: E402
 from jaxrl_llm.data import pipeline  # noqa: E402
+from jaxrl_llm.paths import dir_problem  # noqa: E402
 from jaxrl_llm.rl import make_rl_step  # noqa: E402
 from jaxrl_llm.run import Experiment, build, build_task, to_global_batch  # noqa: E402
 
@@ -159,7 +159,7 @@ def shape_config(name: str, overrides: list[str] = ()):
 
   shapes = _shapes()
   if name not in shapes:
-    raise ValueError(f"unknown shape {name!r}; known: {', '.join(shapes)}")
+    raise ConfigError(f"unknown shape {name!r}; known: {', '.join(shapes)}")
   config_file = os.path.join(_REPO, "configs", "default.py")
   fixed = [f"--config.{k}={v}" for k, v in {**RUN, **shapes[name]}.items()]
   return trainer_main.parse_config(
@@ -665,14 +665,14 @@ def run(
 
 def main(argv: list[str]) -> int:
   """Command line: prints the benchmark result as JSON."""
-  parser = argparse.ArgumentParser(
+  parser = terminal.ArgParser(
     description=__doc__.splitlines()[0],
     epilog="Other arguments --config.FIELD=VALUE override config fields (as for the trainer).",
   )
   parser.add_argument("--config", help="experiment config file (or give --shape)")
   parser.add_argument("--shape", choices=SHAPE_NAMES, help="benchmark shape (or give --config)")
   parser.add_argument("--set", action="append", default=[], help="FIELD=VALUE (repeatable)")
-  parser.add_argument("--steps", type=int, default=5, help="warm RL steps to time")
+  parser.add_argument("--steps", type=terminal.count, default=5, help="warm RL steps to time")
   parser.add_argument(
     "--full_length",
     action="store_true",
@@ -682,15 +682,21 @@ def main(argv: list[str]) -> int:
   parser.add_argument("--nofull_length", dest="full_length", action="store_false")
   parser.add_argument("--peer", choices=["trl"], help="also run this trainer at the same shape")
   parser.add_argument("--peer_python", help="Python of the peer (default: this one)")
-  parser.add_argument("--peer_timeout_s", type=float, help="give up on the peer after this long")
+  parser.add_argument(
+    "--peer_timeout_s", type=terminal.positive, help="give up on the peer after this long"
+  )
   parser.add_argument(
     "--peer_cache",
     choices=["dynamic", "static"],
-    default="dynamic",
-    help="the peer's generation cache: static is transformers' compiled static-cache decode",
+    help="the peer's generation cache (default dynamic): static is transformers' compiled "
+    "static-cache decode",
   )
-  parser.add_argument("--hbm_bytes_per_s", type=float, help="device HBM bandwidth (default: table)")
-  parser.add_argument("--peak_flops", type=float, help="device peak FLOP/s (default: table)")
+  parser.add_argument(
+    "--hbm_bytes_per_s", type=terminal.positive, help="device HBM bandwidth (default: table)"
+  )
+  parser.add_argument(
+    "--peak_flops", type=terminal.positive, help="device peak FLOP/s (default: table)"
+  )
   parser.add_argument("--profile_dir", help="trace one more warm fused step into this directory")
   parser.add_argument(
     "--sample_only",
@@ -703,6 +709,15 @@ def main(argv: list[str]) -> int:
     parser.error(f"unrecognised arguments: {' '.join(unknown)}")
   if bool(args.shape) == bool(args.config):
     parser.error("give exactly one of --shape and --config")
+  for_peer = [f"--{f}" for f in ("peer_python", "peer_timeout_s", "peer_cache") if getattr(args, f)]
+  if for_peer and not args.peer:
+    parser.error(f"{', '.join(for_peer)}: for the peer's run only; add --peer=trl or drop it")
+  if args.profile_dir and args.sample_only:
+    parser.error("--profile_dir traces a fused step, which --sample_only does not run: drop one")
+  if args.profile_dir:  # found now, not after the benchmark's minutes
+    if problem := dir_problem(args.profile_dir):
+      parser.error(f"--profile_dir={args.profile_dir} {problem}")
+  args.peer_cache = args.peer_cache or "dynamic"
 
   overrides = list(args.set)
   for a in rest:  # --config.a.b=v -> a.b=v; --noconfig.a.b -> a.b=False

@@ -22,7 +22,6 @@ over a grid of block sizes, one JSON line per setting and then the fastest besid
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import os
@@ -37,7 +36,7 @@ if _REPO not in sys.path:
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from jaxrl_llm import fast_paths  # noqa: E402
+from jaxrl_llm import fast_paths, terminal  # noqa: E402
 from jaxrl_llm.kernels import grouped, verify  # noqa: E402
 
 
@@ -190,12 +189,16 @@ def sweep(x, w, sizes, iters: int) -> None:
 
 def main(argv: list[str]) -> int:
   """Parse flags, time each implementation (or sweep the kernels), print JSON lines."""
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--rows", type=int, default=137_728, help="routed rows M (tokens x top-k)")
-  parser.add_argument("--k", type=int, default=1024, help="input width (d_model)")
-  parser.add_argument("--n", type=int, default=384, help="output width (expert width)")
-  parser.add_argument("--experts", type=int, default=64, help="number of groups E")
-  parser.add_argument("--iters", type=int, default=20, help="timed calls per measurement")
+  parser = terminal.ArgParser(description=__doc__.splitlines()[0])
+  parser.add_argument(
+    "--rows", type=terminal.count, default=137_728, help="routed rows M (tokens x top-k)"
+  )
+  parser.add_argument("--k", type=terminal.count, default=1024, help="input width (d_model)")
+  parser.add_argument("--n", type=terminal.count, default=384, help="output width (expert width)")
+  parser.add_argument("--experts", type=terminal.count, default=64, help="number of groups E")
+  parser.add_argument(
+    "--iters", type=terminal.count, default=20, help="timed calls per measurement"
+  )
   parser.add_argument("--sweep", action="store_true", help="the Mosaic kernels' block sizes")
   args = parser.parse_args(argv)
   m, k, n, e = args.rows, args.k, args.n, args.experts

@@ -29,8 +29,8 @@ sys.path.insert(0, os.path.join(_REPO, "tools"))
 import bench  # noqa: E402  (tools/bench.py, next to this file)
 import jax  # noqa: E402
 
-from jaxrl_llm import backend, plan  # noqa: E402
-from jaxrl_llm.config import parse  # noqa: E402
+from jaxrl_llm import backend, plan, terminal  # noqa: E402
+from jaxrl_llm.config import ConfigError, parse  # noqa: E402
 from jaxrl_llm.rl import init_reference  # noqa: E402
 from jaxrl_llm.run import build, to_global_batch  # noqa: E402
 from jaxrl_llm.run.loop import train_iterator  # noqa: E402
@@ -102,13 +102,29 @@ def time_pack(configs, steps: int) -> tuple[float, float]:
 
 def main(argv=None) -> int:
   """Command line entry point."""
-  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  p = terminal.ArgParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--shape", default="default")
-  p.add_argument("--runs", default="8,16", help="Comma-separated pack sizes.")
-  p.add_argument("--steps", type=int, default=3, help="Timed steps after the first.")
-  p.add_argument("--at_once", default="0", help="Comma-separated mesh.runs_at_once values.")
+  p.add_argument(
+    "--runs", type=terminal.counts, default=[8, 16], help="Comma-separated pack sizes."
+  )
+  p.add_argument("--steps", type=terminal.count, default=3, help="Timed steps after the first.")
+  p.add_argument(
+    "--at_once",
+    type=lambda t: terminal.counts(t, least=0),
+    default=[0],
+    help="Comma-separated mesh.runs_at_once values (0: every run at once).",
+  )
   p.add_argument("--set", action="append", default=[], help="FIELD=VALUE (repeatable)")
   args = p.parse_args(argv)
+  try:  # a bad --set field or value, a pack the devices cannot split: one line
+    return _bench(args)
+  except ConfigError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+
+
+def _bench(args) -> int:
+  """The measurements of the command line `args`, a JSON line per pack size and runs_at_once."""
   backend.choose()  # as the trainer's command line does
   config = base_config(args.shape, args.set)
   config.mesh.data = 1
@@ -117,8 +133,7 @@ def main(argv=None) -> int:
   bench.progress("one run's compile-only plan")
   one = plan.plan(parse(config), devices=jax.devices()[:1])
   device = jax.devices()[0]
-  sizes = [int(x) for x in args.runs.split(",")]
-  for n, at_once in itertools.product(sizes, (int(x) for x in args.at_once.split(","))):
+  for n, at_once in itertools.product(args.runs, args.at_once):
     config.mesh.runs_at_once = at_once
     configs = grid(config, n)
     bench.progress(f"the packed step of {n} runs, {at_once or n} at once")

@@ -21,7 +21,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxrl_llm import hlo, sharding
+from jaxrl_llm import hlo, sharding, terminal
 from jaxrl_llm.models import ModelConfig, Transformer
 from jaxrl_llm.models.transformer import positions_from_mask
 from jaxrl_llm.sampling import DECODE_SCOPE, SamplingConfig, sample
@@ -53,10 +53,15 @@ def seconds(fn, *args) -> float:
 
 def main(argv=None) -> int:
   """Command line entry point."""
-  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  p = terminal.ArgParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--scan_layers", action="store_true", help="blocks under nn.scan")
-  p.add_argument("--dtype", default="float32", help="compute dtype (parameters stay float32)")
-  p.add_argument("--runs", type=int, default=1, help="runs in the pack")
+  p.add_argument(
+    "--dtype",
+    default="float32",
+    choices=["float32", "bfloat16", "float16"],
+    help="compute dtype (parameters stay float32)",
+  )
+  p.add_argument("--runs", type=terminal.count, default=1, help="runs in the pack")
   args = p.parse_args(argv)
   cfg = ModelConfig(
     vocab_size=4096, d_model=256, num_layers=6, num_heads=8, num_kv_heads=4, head_dim=32,

@@ -24,6 +24,8 @@ import sys
 import threading
 import time
 
+from jaxrl_llm.terminal import ArgParser
+
 
 def free_port() -> int:
   """A TCP port nobody listens on now."""
@@ -53,11 +55,6 @@ class ArgError(Exception):
   """A bad command line (reported as one `error:` line, exit code 2)."""
 
 
-class _Parser(argparse.ArgumentParser):
-  def error(self, message):
-    raise ArgError(message)
-
-
 def _exit_code(returncode: int) -> int:
   """A process's exit status as a shell reports it: 128 + N when signal N ended it."""
   return 128 - returncode if returncode < 0 else returncode
@@ -71,7 +68,9 @@ def _pump(index: int, stream, out) -> None:
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
   """(flags, command) of the command line; ArgError names what is wrong."""
-  parser = _Parser(prog="launch_local.py", usage=USAGE, description=__doc__.splitlines()[0])
+  parser = ArgParser(
+    raise_as=ArgError, prog="launch_local.py", usage=USAGE, description=__doc__.splitlines()[0]
+  )
   parser.add_argument("--processes", type=int, default=2, help="number of processes")
   parser.add_argument("--devices_per_process", type=int, default=4, help="fake CPU devices each")
   parser.add_argument("--port", type=int, default=0, help="coordinator port (0: a free one)")

@@ -20,6 +20,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from jaxrl_llm.terminal import ArgParser
+
 EXIT_BAD_INPUT = 2
 # The largest splits drawn: about 0.1 ms a training problem and 1.5 ms a held-out one on one core
 # (the held-out split keeps 1 draw in 10), so a mistyped count is refused, not hours of drawing.
@@ -30,14 +32,9 @@ class ArgError(Exception):
   """A bad command line (reported as one `error:` line, exit code 2)."""
 
 
-class _Parser(argparse.ArgumentParser):
-  def error(self, message):
-    raise ArgError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
   """The command line: OUT_DIR and the split sizes and seed."""
-  p = _Parser(prog="make_arith.py", description=__doc__.split("\n", 1)[0])
+  p = ArgParser(raise_as=ArgError, prog="make_arith.py", description=__doc__.split("\n", 1)[0])
   p.add_argument("out_dir", help="directory for train.jsonl, eval.jsonl and trivial.json")
   p.add_argument("--n_train", type=int, default=20000, help="training problems (default 20000)")
   p.add_argument("--n_eval", type=int, default=500, help="held-out problems (default 500)")

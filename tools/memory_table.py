@@ -31,6 +31,8 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:  # run from a checkout without installing it
   sys.path.insert(0, _REPO)
 
+from jaxrl_llm.terminal import ArgParser  # noqa: E402 (after the path above; imports no JAX)
+
 _SMALL: dict[str, object] = {  # a Qwen-vocabulary 8-layer d512 body
   "model.vocab_size": 151936,
   "model.d_model": 512,
@@ -282,11 +284,6 @@ class ArgError(Exception):
   """A bad command line (reported as one `error:` line, exit code 2)."""
 
 
-class _Parser(argparse.ArgumentParser):
-  def error(self, message):
-    raise ArgError(message)
-
-
 def check_args(args) -> list[tuple[str, str, dict[str, int]]]:
   """The parsed targets of valid arguments (JAX not imported yet: its platform is still to be
   chosen); ArgError names the first bad shape, target, count or capacity."""
@@ -335,7 +332,9 @@ def check_configs(args, parsed: list[tuple[str, str, dict[str, int]]]) -> None:
 def main(argv: list[str]) -> int:
   """Command line: one JSON line per (shape, target); a bad argument is one `error:` line on
   stderr and exit code 2, before anything is compiled."""
-  parser = _Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = ArgParser(
+    raise_as=ArgError, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   parser.add_argument(
     "--shapes", default=",".join(SHAPES), help=f"comma-separated, of: {', '.join(SHAPES)}"
   )

@@ -450,10 +450,20 @@ def main(argv: list[str]) -> int:
   """Command line: prints `PEER_RESULT {json}` as the last line."""
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--spec", required=True, help="JSON object with the fields SPEC_FIELDS")
-  spec = DEFAULTS | json.loads(parser.parse_args(argv).spec)  # an older spec: no adapters
+  text = parser.parse_args(argv).spec
+  try:
+    given = json.loads(text)
+  except ValueError as e:
+    given = f"not JSON ({e})"
+  if not isinstance(given, dict):
+    print(
+      f"error: --spec={text[:80]!r}: want a JSON object (peer_trl.SPEC_FIELDS)", file=sys.stderr
+    )
+    return 2
+  spec = DEFAULTS | given  # an older spec: no adapters
   missing = missing_fields(spec)
   if missing:
-    print(f"spec lacks {missing}", file=sys.stderr)
+    print(f"error: the spec lacks {missing} (peer_trl.SPEC_FIELDS)", file=sys.stderr)
     return 2
   if spec["cache"] not in CACHES:
     print(f"error: spec cache={spec['cache']!r}; allowed: {', '.join(CACHES)}", file=sys.stderr)

@@ -833,14 +833,13 @@ def run_unpacked(
   return 0
 
 
-class _Parser(argparse.ArgumentParser):
-  def error(self, message):  # one `error:` line and exit status 2, not the usage (`main`)
-    raise SweepError(f"{message} (see --help)")
-
-
 def _parser() -> argparse.ArgumentParser:
   """The command line's flags."""
-  p = _Parser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  p = terminal.ArgParser(
+    raise_as=lambda m: SweepError(f"{m} (see --help)"),
+    description=__doc__,
+    formatter_class=argparse.RawTextHelpFormatter,
+  )
   p.add_argument("--config", required=True, help="Experiment config file (path[:arg]).")
   p.add_argument("--root", required=True, help="Directory of the sweep; one workdir per run.")
   p.add_argument("--grid", action="append", default=[], help="FIELD=V1,V2,... swept (repeatable).")

@@ -38,7 +38,6 @@ before training (no model, no data, no TRL) is one `error:` line and exit status
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import math
@@ -50,6 +49,8 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "tools"))
+
+from jaxrl_llm.terminal import ArgParser  # noqa: E402 (after the path above)
 
 CONFIG_PATH = os.path.join(REPO, "configs", "smollm2_arith.py")
 EXIT_BAD_INPUT = 2
@@ -70,12 +71,6 @@ DIFFERENCES = (
 
 class InputError(ValueError):
   """The run cannot start as asked (one line)."""
-
-
-class _Parser(argparse.ArgumentParser):
-  def error(self, message):  # one `error:` line and exit 2, as every other failure here
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(EXIT_BAD_INPUT)
 
 
 def load_config(setting: str):
@@ -488,7 +483,7 @@ def step_rows(step_times, gen_times, logs_by_step, s) -> list[dict]:
 
 def main(argv=None) -> int:
   """Trains the config's setting with TRL's GRPOTrainer and writes its curve and step times."""
-  p = _Parser(description=__doc__.splitlines()[0])
+  p = ArgParser(description=__doc__.splitlines()[0])
   p.add_argument("--setting", default="lora", help="lora | full (the config's settings)")
   p.add_argument("--steps", type=int, default=0, help="optimiser steps (default: the config's)")
   p.add_argument("--out", required=True, help="directory of trl_arith.json")
