@@ -453,8 +453,8 @@ def main(argv: list[str]) -> int:
   text = parser.parse_args(argv).spec
   try:
     given = json.loads(text)
-  except ValueError as e:
-    given = f"not JSON ({e})"
+  except ValueError:
+    given = None  # not JSON: refused below as what is not an object
   if not isinstance(given, dict):
     print(
       f"error: --spec={text[:80]!r}: want a JSON object (peer_trl.SPEC_FIELDS)", file=sys.stderr
