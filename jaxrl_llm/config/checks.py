@@ -4,6 +4,7 @@ anything compiles, and name every field involved."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -22,7 +23,7 @@ def check(cfg: Config, *, num_devices: int, task=None, model: ModelConfig | None
   starting from one, else `cfg.model.arch`)."""
   mc = model or cfg.model.arch
   errors = _batch(cfg) + _model(cfg, mc) + _adapters(cfg, mc) + _learner(cfg, mc, task)
-  errors += _tool(cfg)
+  errors += _tool(cfg) + _tool_traces(cfg)
   errors += _devices(cfg, mc, num_devices) if not errors else []
   if task is not None:
     errors += _task(cfg, mc, task)
@@ -236,6 +237,28 @@ def _tool(cfg: Config) -> list[str]:
   )
 
 
+def _tool_traces(cfg: Config) -> list[str]:
+  """Warm-start traces that call the tool need a tool to answer those calls (a task without
+  tool traces ignores them: `_unused_reason`)."""
+  traces = cfg.task.tool_traces
+  if not traces or cfg.sampling.tool != "none" or cfg.uses_files:
+    return []
+  return need(
+    cfg.task.name not in _traced_tasks(),
+    f"task.tool_traces={traces} warm-starts on traces that call a tool, but sampling.tool='none' "
+    "answers no call; allowed: task.tool_traces=0 without a tool, or a sampling.tool that "
+    "answers the traces' calls",
+  )
+
+
+def _traced_tasks() -> list[str]:
+  """The built-in tasks that write tool traces (`task.tool_traces`)."""
+  from jaxrl_llm.data import tasks
+
+  fields = {n: {f.name for f in dataclasses.fields(c)} for n, c in tasks.TASKS.items()}
+  return sorted(n for n, names in fields.items() if "tool_traces" in names)
+
+
 def context(
   cfg: Config, prompt_len: int, new_tokens: int, limit: int | None, source: str
 ) -> list[str]:
@@ -279,7 +302,7 @@ def _task(cfg: Config, mc: ModelConfig, task) -> list[str]:
     except ValueError as e:
       out.append(f"sampling.tool={cfg.sampling.tool!r}: {e}")
     else:
-      out += _tool_budget(cfg, task)
+      out += _tool_budget(cfg, task) + _tool_room(cfg, task)
   return out
 
 
@@ -303,6 +326,35 @@ def _tool_budget(cfg: Config, task) -> list[str]:
     f"completion budget of {budget} tokens (max_turns x ({what} + the tool's "
     f"answer, {env.answer_len})); allowed: a budget below 2**20 = {MAX_BUDGET} tokens: "
     f"sampling.max_turns at most {(MAX_BUDGET - 1) // per_turn} here",
+  )
+
+
+def _tool_room(cfg: Config, task) -> list[str]:
+  """A policy segment of sampling.turn_tokens holds a call (a number token and the close), and
+  the completion budget one call, the tool's shortest answer and a token after it: else the
+  tool could never act."""
+  from jaxrl_llm import envs
+
+  s = cfg.sampling
+  if _tool(cfg):  # a tool this task cannot take (named)
+    return []
+  t_ = envs.get_env(s.tool, task).tokens
+  close, shown = len(t_.close), repr(t_.format.close)
+  call, answer = 1 + close, len(t_.prefix) + 1 + len(t_.suffix)
+  out = need(
+    not s.turn_tokens or s.turn_tokens >= call,
+    f"sampling.turn_tokens={s.turn_tokens} ends every segment before a call can close: a call "
+    f"takes at least {call} tokens here (a number and the close {shown}, {close} "
+    f"token{'s' if close > 1 else ''}); allowed: 0 (off) or at least {call}",
+  )
+  budget, least = _budget(cfg, task), call + answer + 1
+  t = f"sampling.max_new_tokens={budget}" if s.max_new_tokens else f"the budget of {budget} tokens"
+  return out + need(
+    budget >= least,
+    f"{t} leaves no room for a tool call: a call, the tool's answer and a token after it take "
+    f"at least {least} tokens here (the call, a number and the close {shown}: {call}; the "
+    f"shortest answer: {answer}; one after); allowed: sampling.max_new_tokens at least {least}, "
+    "or sampling.tool='none'",
   )
 
 
@@ -352,6 +404,8 @@ def _unused_reason(cfg: Config, field: str) -> str | None:
     return _kl_unused(cfg, field)
   if section == "model":
     return _model_unused(cfg, name)
+  if section == "task" and name == "tool_traces" and cfg.task.name not in _traced_tasks():
+    return f"task.name={cfg.task.name!r} writes no tool traces ({', '.join(_traced_tasks())} do)"
   if section == "sampling" and name in ("max_turns", "turn_tokens") and cfg.sampling.tool == "none":
     return "sampling.tool='none' samples one segment, with no turns"
   if section == "correction" and name in ("cap", "geo_low", "geo_high"):
@@ -394,6 +448,7 @@ def unused(cfg: Config, fields) -> list[str]:
   than the embedded default and that the run of `cfg` ignores, each with why: an objective
   hyperparameter the selected objective does not take, a KL setting without a KL term or beside
   what acts (k1 in the reward, the reference's update), a correction bound its correction does
-  not use, an expert's or adapter's setting without experts or adapters, turns without a tool."""
+  not use, an expert's or adapter's setting without experts or adapters, turns without a tool,
+  tool traces on a task that writes none."""
   said = [ignored(cfg, field) for field in dict.fromkeys(fields)]
   return [f"{line}; drop it or set what it acts with" for line in said if line]

@@ -1,0 +1,86 @@
+"""Multi-turn settings that trained without a word while the tool could never act as asked: a
+turn budget too short for any call, a completion budget too short for one call and its answer,
+and warm-start tool traces that no tool answers (or that the task never writes). Each is one
+`error:` line, exit 2, before the workdir is made."""
+
+import subprocess
+import sys
+
+from conftest import REPO, cli_env, tiny_config
+
+from jaxrl_llm.config import ConfigError, parse
+from jaxrl_llm.config.checks import check
+from jaxrl_llm.run.assemble import build_task
+
+CONFIG = f"--config={REPO / 'configs' / 'default.py'}"
+CHEAP = ("--config.train.num_steps=1", "--config.sft.steps=0", "--config.task.eval_size=8")
+
+
+def _refused(tmp_path, *args) -> str:
+  """The one line the trainer's command line refuses `args` with (exit 2, no workdir made)."""
+  workdir = tmp_path / "run"
+  cmd = [sys.executable, "-m", "jaxrl_llm.main", CONFIG, f"--workdir={workdir}", *CHEAP, *args]
+  proc = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120)
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+  assert "Traceback" not in proc.stderr and not workdir.exists()
+  return lines[0]
+
+
+def _problems(**overrides) -> str:
+  """The ConfigError the run's checks raise for `overrides` on the tiny config ("" if none)."""
+  try:
+    cfg = parse(tiny_config(**overrides))
+    check(cfg, num_devices=1, task=build_task(cfg))
+  except ConfigError as e:
+    return str(e)
+  return ""
+
+
+def test_a_turn_budget_shorter_than_any_call_is_refused(tmp_path):
+  """turn_tokens=1 ended every segment after one token: no call could close, the tool never
+  answered, and the run trained single-turn (rc 0)."""
+  got = _refused(tmp_path, "--config.sampling.tool=calculator", "--config.sampling.turn_tokens=1")
+  assert got == (
+    "error: invalid config: sampling.turn_tokens=1 ends every segment before a call can close: "
+    "a call takes at least 2 tokens here (a number and the close '=', 1 token); allowed: 0 "
+    "(off) or at least 2"
+  )
+  assert _problems(**{"sampling.tool": "calculator", "sampling.turn_tokens": 2}) == ""
+
+
+def test_a_completion_budget_too_short_for_one_call_is_refused(tmp_path):
+  """max_new_tokens=4 with the calculator left no room for a call, its answer and a token
+  after it: the tool was silently never used (rc 0)."""
+  got = _refused(
+    tmp_path, "--config.sampling.tool=calculator", "--config.sampling.max_new_tokens=4"
+  )
+  assert got == (
+    "error: invalid config: sampling.max_new_tokens=4 leaves no room for a tool call: a call, "
+    "the tool's answer and a token after it take at least 5 tokens here (the call, a number "
+    "and the close '=': 2; the shortest answer: 2; one after); allowed: "
+    "sampling.max_new_tokens at least 5, or sampling.tool='none'"
+  )
+  assert _problems(**{"sampling.tool": "calculator", "sampling.max_new_tokens": 5}) == ""
+
+
+def test_tool_traces_without_a_tool_are_refused(tmp_path):
+  """addition with task.tool_traces=0.5 and no tool warm-started on `12+35=47,47` and then
+  sampled with no one to answer the calls (rc 0)."""
+  got = _refused(tmp_path, "--config.task.name=addition", "--config.task.tool_traces=0.5")
+  assert got == (
+    "error: invalid config: task.tool_traces=0.5 warm-starts on traces that call a tool, but "
+    "sampling.tool='none' answers no call; allowed: task.tool_traces=0 without a tool, or a "
+    "sampling.tool that answers the traces' calls"
+  )
+  tool = {"task.name": "addition", "task.tool_traces": 0.5, "sampling.tool": "calculator"}
+  assert _problems(**tool) == ""
+
+
+def test_tool_traces_on_a_task_that_writes_none_are_refused(tmp_path):
+  """reverse has no tool traces: task.tool_traces=0.5 was taken and did nothing (rc 0)."""
+  got = _refused(tmp_path, "--config.sampling.tool=calculator", "--config.task.tool_traces=0.5")
+  assert got == (
+    "error: invalid config: task.tool_traces=0.5 has no effect: task.name='reverse' writes no "
+    "tool traces (addition, countdown do); drop it or set what it acts with"
+  )
