@@ -231,3 +231,16 @@ def test_a_sweep_json_that_is_not_a_record_is_refused_not_overwritten(tmp_path, 
     assert _cli(*args) == (2, err)
     assert (tmp_path / "sweep.json").read_text() == text
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.json"]
+
+
+def test_a_refused_pack_leaves_no_run_records_to_refuse_the_corrected_command(tmp_path):
+  """A pack refused before it trained (sampling.tool varied: it changes the program) left a
+  run.json in each run's new folder, so the corrected command, as separate runs with another
+  --set, was refused for settings no run had trained with. Now the root keeps only its log."""
+  grid = "--grid=sampling.tool=none,calculator"
+  code, err = _cli(CONFIG, f"--root={tmp_path}", grid, TINY, "--packed")
+  assert code == 2 and len(err) == 1, err
+  assert err[0].startswith("error: a pack cannot vary sampling.tool: it changes the program")
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["log.txt"]
+  code, err = _cli(CONFIG, f"--root={tmp_path}", grid, TINY, "--set=kl.beta=0.01", "--dry_run")
+  assert code == 0 and err == [], err

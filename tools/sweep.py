@@ -672,12 +672,19 @@ def run_packed(
   launch.choose_backend(debug)  # as the trainer's command line does
   terminal.setup(debug, log_file=terminal.log_path(root, launch.process_index()))
   earlier = earlier_runs(root, [r.name for r in runs])
+  new = []  # the runs whose record this command writes first
   if launch.process_index() == 0:  # each run's settings, checked when the pack is run again
     for run in runs:
+      if not os.path.exists(_record_path(run)):
+        new.append(run)
       os.makedirs(run.workdir, exist_ok=True)
       _write_record(run)
   t0 = time.time()
-  status, code = _train_packed(_pack_configs(config, runs), runs, root)
+  try:
+    status, code = _train_packed(_pack_configs(config, runs), runs, root)
+  except ConfigError:
+    _forget(new)
+    raise
   if jax.process_index() != 0:  # the runs' events, and so the record, are process 0's
     return code
   from jaxrl_llm.run import record as run_record
@@ -701,6 +708,16 @@ def run_packed(
     print(f"error: {len(stopped)} run(s) stopped: {', '.join(sorted(stopped))}", file=sys.stderr)
     return 1
   return code
+
+
+def _forget(runs: Sequence[Run]) -> None:
+  """Removes the records of `runs` that a refused pack wrote before it trained (and their
+  folders if nothing else is in them): a corrected command is not then refused for settings
+  no run trained with."""
+  for run in runs:
+    if os.listdir(run.workdir) == ["run.json"]:
+      os.remove(_record_path(run))
+      os.rmdir(run.workdir)
 
 
 def _train_packed(configs: list, runs: Sequence[Run], root: str) -> tuple[str, int]:
