@@ -12,7 +12,6 @@ Exit status 1 when any check fails or errors, else 0.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -24,24 +23,27 @@ if _REPO not in sys.path:  # run from a checkout without installing it
 
 import jax  # noqa: E402
 
-from jaxrl_llm import fast_paths  # noqa: E402, F401  (registers the checks)
+from jaxrl_llm import fast_paths, paths, terminal  # noqa: E402, F401  (fast_paths: the checks)
 from jaxrl_llm.kernels import verify  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
   """Parse flags, run the checks, print the table (and write JSON); 1 if any failed."""
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = terminal.ArgParser(description=__doc__.splitlines()[0])
   parser.add_argument("--interpret", action="store_true", help="grouped kernels interpreted")
   parser.add_argument("--json", help="also write the results here as JSON")
   args = parser.parse_args(argv)
+  if args.json and (problem := paths.file_problem(args.json)):  # found before the checks run
+    parser.error(f"--json={args.json} {problem}")
   device = jax.devices()[0]
   results = verify.run_all(interpret=args.interpret)
   print(f"device: {device.device_kind} ({device.platform}); jax {jax.__version__}")
   print(verify.table(results))
-  if args.json:
-    with open(args.json, "w") as f:
-      record = {"device_kind": device.device_kind, "jax": jax.__version__}
-      json.dump({**record, "results": [dataclasses.asdict(r) for r in results]}, f, indent=1)
+  if args.json:  # the folders it names are made; an earlier file is replaced whole, or kept
+    record = {"device_kind": device.device_kind, "jax": jax.__version__}
+    record["results"] = [dataclasses.asdict(r) for r in results]
+    paths.makedirs(os.path.dirname(os.path.abspath(args.json)))
+    paths.write_text(args.json, json.dumps(record, indent=1))
   return int(any(r.status in ("fail", "error") for r in results))
 
 

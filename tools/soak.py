@@ -12,7 +12,6 @@ Linux only (/proc).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -23,6 +22,11 @@ import threading
 import time
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _REPO not in sys.path:  # run from a checkout without installing it
+  sys.path.insert(0, _REPO)
+
+from jaxrl_llm import paths, terminal  # noqa: E402
+
 _STEP = re.compile(r"step (\d+)/(\d+)")
 
 
@@ -43,11 +47,15 @@ def main(argv: list[str]) -> int:
   extra: list[str] = []
   if "--" in argv:
     argv, extra = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--steps", type=int, default=300, help="RL steps to run")
-  parser.add_argument("--interval_s", type=float, default=1.0, help="RSS sampling period")
+  parser = terminal.ArgParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--steps", type=terminal.count, default=300, help="RL steps to run")
+  parser.add_argument(
+    "--interval_s", type=terminal.positive, default=1.0, help="RSS sampling period"
+  )
   parser.add_argument("--workdir", help="workdir (default: a fresh temporary directory)")
   args = parser.parse_args(argv)
+  if args.workdir and (problem := paths.dir_problem(args.workdir)):
+    parser.error(f"--workdir={args.workdir} {problem}")
   workdir = args.workdir or tempfile.mkdtemp(prefix="soak-")
   cmd = [
     sys.executable,

@@ -15,13 +15,18 @@ of that sum, not of the wall time.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import glob
 import gzip
 import json
 import os
 import sys
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _REPO not in sys.path:  # run from a checkout without installing it
+  sys.path.insert(0, _REPO)
+
+from jaxrl_llm import terminal  # noqa: E402
 
 
 def newest_trace(root: str) -> str:
@@ -67,9 +72,9 @@ def summarize(events: list[dict], device: str = "GPU", top: int = 15) -> dict[st
 
 def main(argv: list[str]) -> int:
   """Parse flags, summarise the newest trace under DIR, print JSON."""
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = terminal.ArgParser(description=__doc__.splitlines()[0])
   parser.add_argument("root", help="the directory given to jax.profiler.trace")
-  parser.add_argument("--top", type=int, default=15, help="kernels listed")
+  parser.add_argument("--top", type=terminal.count, default=15, help="kernels listed")
   parser.add_argument("--device", default="GPU", help="substring of the device processes' names")
   args = parser.parse_args(argv)
   try:
@@ -77,11 +82,27 @@ def main(argv: list[str]) -> int:
   except FileNotFoundError as e:
     print(f"error: {e} (make one with tools/bench.py --profile_dir=DIR)", file=sys.stderr)
     return 2
-  with gzip.open(path, "rt") as f:
-    trace = json.load(f)
-  events = trace["traceEvents"] if isinstance(trace, dict) else trace
+  try:
+    events = read_events(path)
+  except ValueError as e:
+    print(f"error: {path}: {e}", file=sys.stderr)
+    return 2
   print(json.dumps(summarize(events, args.device, args.top), indent=1))
   return 0
+
+
+def read_events(path: str) -> list[dict]:
+  """The trace events of the gzipped perfetto trace at `path`; ValueError says why a file is
+  not one (not gzip, cut short, not JSON, no list of events)."""
+  try:
+    with gzip.open(path, "rt") as f:
+      trace = json.load(f)
+  except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise ValueError(f"not a readable gzipped JSON trace ({type(e).__name__}: {e})") from None
+  events = trace.get("traceEvents") if isinstance(trace, dict) else trace
+  if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
+    raise ValueError("not a trace: want a JSON list of events, or an object with traceEvents")
+  return events
 
 
 if __name__ == "__main__":

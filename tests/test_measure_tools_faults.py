@@ -1,0 +1,132 @@
+"""The measuring tools (tools/trace_summary.py, soak.py, device_check.py) refuse a bad command
+line or trace with one `error:` line on stderr, exit status 2 and nothing on stdout, before any
+run or check starts. These were argparse's usage block, tracebacks (a trace file that is not
+gzip, cut short or not a trace; `soak.py --interval_s=-1` after the trainer had started), values
+taken without a word (`--top=-3` listed all kernels but the last three, `soak.py --steps=0`
+started a trainer that was refused) or an output path found bad only after every device check
+had run (`device_check.py --json=DIR`)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import sys
+
+import pytest
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "tools"))
+import device_check
+import soak
+import trace_summary
+
+
+def _refused(capsys, main, argv, says: str) -> str:
+  """`main(argv)` ends with exit status 2, one `error:` line holding `says`, no stdout."""
+  try:
+    code = main(argv)
+  except SystemExit as e:
+    code = e.code
+  out, err = capsys.readouterr()
+  assert code == 2, (code, out, err)
+  assert err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
+  assert says in err and out == "", (says, err, out)
+  return err
+
+
+def _trace(path, raw: bytes) -> None:
+  """A file named as jax.profiler names its perfetto trace, holding `raw`."""
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_bytes(raw)
+
+
+@pytest.mark.parametrize("top", ["0", "-3", "x"])
+def test_trace_summary_refuses_a_top_that_is_not_a_count(tmp_path, capsys, top):
+  _refused(capsys, trace_summary.main, [str(tmp_path), f"--top={top}"], f"'{top}': want a whole")
+
+
+@pytest.mark.parametrize(
+  "raw, says",
+  [
+    (b"not gzip", "not a readable gzipped JSON trace (BadGzipFile"),
+    (gzip.compress(b'{"traceEvents": [')[:12], "not a readable gzipped JSON trace (EOFError"),
+    (gzip.compress(b'{"traceEvents": ['), "not a readable gzipped JSON trace (JSONDecodeError"),
+    (gzip.compress(b'{"a": 1}'), "not a trace: want a JSON list of events"),
+    (gzip.compress(b"[1, 2]"), "not a trace: want a JSON list of events"),
+  ],
+)
+def test_trace_summary_names_a_trace_file_it_cannot_read(tmp_path, capsys, raw, says):
+  path = tmp_path / "plugins" / "profile" / "run" / "host.perfetto_trace.json.gz"
+  _trace(path, raw)
+  err = _refused(capsys, trace_summary.main, [str(tmp_path)], says)
+  assert err.startswith(f"error: {path}: "), err
+
+
+def test_trace_summary_still_reads_a_list_of_events(tmp_path, capsys):
+  """The two forms a perfetto trace takes (a list, or an object with traceEvents) both read."""
+  events = [
+    {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
+    {"ph": "X", "name": "gemm", "pid": 1, "ts": 0, "dur": 3000},
+    {"ph": "X", "name": "gemm", "pid": 1, "ts": 5000, "dur": 1000},
+  ]
+  path = tmp_path / "a.perfetto_trace.json.gz"
+  for form in (events, {"traceEvents": events}):
+    _trace(path, gzip.compress(json.dumps(form).encode()))
+    assert trace_summary.main([str(tmp_path), "--top=1"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["busy_ms"] == 4.0 and got["span_ms"] == 6.0
+    assert got["top"] == [{"kernel": "gemm", "ms": 4.0, "count": 2, "share": 1.0}]
+
+
+@pytest.mark.parametrize(
+  "argv, says",
+  [
+    (["--steps=0"], "argument --steps: '0': want a whole number >= 1"),
+    (["--interval_s=-1"], "argument --interval_s: '-1': want a finite number > 0"),
+    (["--interval_s=nan"], "argument --interval_s: 'nan': want a finite number > 0"),
+    (["--interval_s=0"], "argument --interval_s: '0': want a finite number > 0"),
+    (["--stpes=3"], "unrecognized arguments: --stpes=3"),
+  ],
+)
+def test_soak_refuses_a_bad_flag_before_starting_the_trainer(tmp_path, capsys, argv, says):
+  workdir = tmp_path / "run"
+  _refused(capsys, soak.main, [*argv, f"--workdir={workdir}", "--", "--config.sft.steps=0"], says)
+  assert not workdir.exists()
+
+
+def test_soak_refuses_a_workdir_that_cannot_be_made(tmp_path, capsys):
+  (tmp_path / "file").write_text("kept")
+  workdir = tmp_path / "file" / "run"
+  _refused(capsys, soak.main, [f"--workdir={workdir}"], "a file, not a directory")
+  assert (tmp_path / "file").read_text() == "kept"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_device_check_refuses_a_read_only_json_before_the_checks(tmp_path, capsys):
+  folder = tmp_path / "ro"
+  folder.mkdir()
+  (folder / "checks.json").write_text("earlier")
+  folder.chmod(0o555)
+  try:
+    _refused(capsys, device_check.main, [f"--json={folder / 'checks.json'}"], "read-only")
+  finally:
+    folder.chmod(0o755)
+  assert (folder / "checks.json").read_text() == "earlier"
+
+
+@pytest.mark.parametrize(
+  "where, says",
+  [
+    ("dir", "is a directory; give a file path"),
+    ("gs://bucket/checks.json", "is a URL; give a local file path"),
+    ("file/checks.json", "a file, not a directory"),
+  ],
+)
+def test_device_check_refuses_a_json_path_before_the_checks(tmp_path, capsys, where, says):
+  """These failed only after every check had run (minutes on a GPU), with a traceback."""
+  (tmp_path / "dir").mkdir()
+  (tmp_path / "file").write_text("kept")
+  path = where if "://" in where else str(tmp_path / where)
+  _refused(capsys, device_check.main, [f"--json={path}"], says)
+  assert (tmp_path / "file").read_text() == "kept"
