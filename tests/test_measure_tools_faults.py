@@ -1,10 +1,11 @@
-"""The measuring tools (tools/trace_summary.py, soak.py, device_check.py) refuse a bad command
-line or trace with one `error:` line on stderr, exit status 2 and nothing on stdout, before any
+"""The measuring tools (tools/trace_summary.py, soak.py, device_check.py, same_behaviour.py)
+refuse a bad command line or trace with one `error:` line on stderr, exit status 2 and nothing on stdout, before any
 run or check starts. These were argparse's usage block, tracebacks (a trace file that is not
 gzip, cut short or not a trace; `soak.py --interval_s=-1` after the trainer had started), values
 taken without a word (`--top=-3` listed all kernels but the last three, `soak.py --steps=0`
 started a trainer that was refused) or an output path found bad only after every device check
-had run (`device_check.py --json=DIR`)."""
+had run (`device_check.py --json=DIR`), or by a run that failed minutes in (same_behaviour's
+`--config` missing from a tree, `--set=foo`)."""
 
 from __future__ import annotations
 
@@ -18,12 +19,14 @@ from conftest import REPO
 
 sys.path.insert(0, str(REPO / "tools"))
 import device_check
+import same_behaviour
 import soak
 import trace_summary
 
 
-def _refused(capsys, main, argv, says: str) -> str:
-  """`main(argv)` ends with exit status 2, one `error:` line holding `says`, no stdout."""
+def _refused(capsys, main, argv, says: str, stdout: bool = False) -> str:
+  """`main(argv)` ends with exit status 2, one `error:` line holding `says`, and no stdout
+  (with `stdout`, what it printed before it found the fault is allowed)."""
   try:
     code = main(argv)
   except SystemExit as e:
@@ -31,7 +34,7 @@ def _refused(capsys, main, argv, says: str) -> str:
   out, err = capsys.readouterr()
   assert code == 2, (code, out, err)
   assert err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
-  assert says in err and out == "", (says, err, out)
+  assert says in err and (stdout or out == ""), (says, err, out)
   return err
 
 
@@ -129,4 +132,41 @@ def test_device_check_refuses_a_json_path_before_the_checks(tmp_path, capsys, wh
   (tmp_path / "file").write_text("kept")
   path = where if "://" in where else str(tmp_path / where)
   _refused(capsys, device_check.main, [f"--json={path}"], says)
+  assert (tmp_path / "file").read_text() == "kept"
+
+
+@pytest.mark.parametrize(
+  "argv, says",
+  [
+    (["--before=HEAD", "--steps=0"], "argument --steps: '0': want a whole number >= 1"),
+    (["--before=HEAD", "--set=foo"], "--set=foo: want section.field=value"),
+    (["--before=HEAD", "--grid=seed="], "--grid=seed=: want section.field=value"),
+    (["--steps=3"], "--before is required (unless --freeze_configs)"),
+    (["--before=no-such-revision"], "--before=no-such-revision: neither a folder nor a git"),
+    (["--before=HEAD", "--after=no-such-revision"], "--after=no-such-revision: neither"),
+  ],
+)
+def test_same_behaviour_refuses_a_bad_command_line_before_training(capsys, argv, says):
+  """--steps=0 trained nothing and compared nothing; --set=foo passed `--config.foo` to both
+  trainers, each refusing it minutes apart; a bad revision exited 1, as a difference does."""
+  _refused(capsys, same_behaviour.main, argv, says, stdout="revision" in says or "neither" in says)
+
+
+def test_same_behaviour_refuses_a_config_missing_from_a_tree_before_training(capsys):
+  """A --config that one tree lacks was found by that tree's trainer run failing, after the
+  other side's run had trained; now both trees are looked in before any run."""
+  err = _refused(
+    capsys,
+    same_behaviour.main,
+    ["--before=HEAD", "--config=configs/nope.py"],
+    "no such file",
+    stdout=True,
+  )
+  assert err.startswith("error: --config=configs/nope.py: no such file in the before tree, HEAD")
+
+
+def test_same_behaviour_refuses_a_freeze_path_it_cannot_write(tmp_path, capsys):
+  (tmp_path / "file").write_text("kept")
+  for path, says in ((tmp_path, "is a directory"), (tmp_path / "file" / "x.json", "a file, not")):
+    _refused(capsys, same_behaviour.main, [f"--freeze_configs={path}"], says)
   assert (tmp_path / "file").read_text() == "kept"

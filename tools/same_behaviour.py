@@ -33,6 +33,11 @@ import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run from a checkout without installing it
+  sys.path.insert(0, str(ROOT))
+
+from jaxrl_llm import paths, terminal  # noqa: E402
+
 # Wall-clock tags: seconds, rates per second and anything named after time differ run to run.
 EXCLUDED = ("perf/step_time_s", "perf/*_per_s", "*time*", "*_s")
 DEFAULT_CONFIGS = ("configs/default.py", "configs/dr_grpo.py")
@@ -40,10 +45,10 @@ DEFAULT_CONFIGS = ("configs/default.py", "configs/dr_grpo.py")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   """The command line (see the module docstring)."""
-  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  p = terminal.ArgParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--before", help="git revision to compare against")
   p.add_argument("--after", default=str(ROOT), help="tree path or revision (default: this tree)")
-  p.add_argument("--steps", type=int, default=10, help="RL steps per run")
+  p.add_argument("--steps", type=terminal.count, default=10, help="RL steps per run")
   p.add_argument("--config", action="append", help="config file inside each tree (repeatable)")
   p.add_argument("--set", action="append", default=[], help="section.field=value for both sides")
   p.add_argument("--set_after", action="append", default=[], help=argparse.SUPPRESS)  # self-test
@@ -53,6 +58,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   args = p.parse_args(argv)
   if not args.freeze_configs and not args.before:
     p.error("--before is required (unless --freeze_configs)")
+  if args.freeze_configs and (problem := paths.file_problem(args.freeze_configs)):
+    p.error(f"--freeze_configs={args.freeze_configs} {problem}")
+  for flag in ("set", "set_after", "grid"):
+    for text in getattr(args, flag):
+      field, eq, value = text.partition("=")
+      if not (eq and value and field and all(part.isidentifier() for part in field.split("."))):
+        p.error(f"--{flag}={text}: want section.field=value")
   args.config = args.config or list(DEFAULT_CONFIGS)
   return args
 
@@ -74,8 +86,13 @@ def freeze_configs(out: str) -> None:
   frozen = {"default": plain(default_config())}
   for path in sorted((ROOT / "configs").glob("*.py")):
     frozen[f"configs/{path.name}"] = plain(load_config(path))
-  pathlib.Path(out).write_text(json.dumps(frozen, sort_keys=True, indent=2) + "\n")
+  paths.makedirs(os.path.dirname(os.path.abspath(out)))
+  paths.write_text(out, json.dumps(frozen, sort_keys=True, indent=2) + "\n")
   print(f"wrote {len(frozen)} configs to {out}")
+
+
+class BadTree(Exception):
+  """A tree or config that cannot be compared (one `error:` line, exit status 2)."""
 
 
 @contextlib.contextmanager
@@ -88,7 +105,7 @@ def materialise(spec: str, tmp: str, name: str):
   git = ["git", "-C", str(ROOT)]
   sha = subprocess.run([*git, "rev-parse", "--short", spec], capture_output=True, text=True)
   if sha.returncode:
-    raise SystemExit(f"error: {spec!r} is neither a folder nor a git revision")
+    raise BadTree(f"--{name}={spec}: neither a folder nor a git revision of {ROOT}")
   path = os.path.join(tmp, name)
   subprocess.run([*git, "worktree", "add", "--detach", "-q", path, spec], check=True)
   try:
@@ -262,15 +279,24 @@ def main(argv: list[str] | None = None) -> int:
   if args.set_after:
     print(f"after only (debug): {args.set_after}")
   ok, t0 = True, time.time()
-  with tempfile.TemporaryDirectory(prefix="same_behaviour_") as tmp:
-    with (
-      materialise(args.before, tmp, "before") as (b, bl),
-      materialise(args.after, tmp, "after") as (a, al),
-    ):
-      print(f"before: {bl}\nafter:  {al}")
-      trees = {"before": b, "after": a}
-      for config in args.config:
-        ok = run_config(config, trees, tmp, args) and ok
+  try:
+    with tempfile.TemporaryDirectory(prefix="same_behaviour_") as tmp:
+      with (
+        materialise(args.before, tmp, "before") as (b, bl),
+        materialise(args.after, tmp, "after") as (a, al),
+      ):
+        print(f"before: {bl}\nafter:  {al}")
+        trees = {"before": b, "after": a}
+        labels = {"before": bl, "after": al}
+        for side, tree in trees.items():  # every config in both trees, before any run
+          for config in args.config:
+            if not os.path.isfile(os.path.join(tree, config)):
+              raise BadTree(f"--config={config}: no such file in the {side} tree, {labels[side]}")
+        for config in args.config:
+          ok = run_config(config, trees, tmp, args) and ok
+  except BadTree as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
   print(f"{'equal' if ok else 'DIFFERENT'} ({time.time() - t0:.0f}s)")
   return 0 if ok else 1
 
