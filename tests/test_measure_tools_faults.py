@@ -1,5 +1,5 @@
 """The measuring tools (tools/trace_summary.py, soak.py, device_check.py, same_behaviour.py)
-refuse a bad command line or trace with one `error:` line on stderr, exit status 2 and nothing on stdout, before any
+and get_smollm2.py refuse a bad command line or trace with one `error:` line on stderr, exit status 2 and nothing on stdout, before any
 run or check starts. These were argparse's usage block, tracebacks (a trace file that is not
 gzip, cut short or not a trace; `soak.py --interval_s=-1` after the trainer had started), values
 taken without a word (`--top=-3` listed all kernels but the last three, `soak.py --steps=0`
@@ -19,6 +19,7 @@ from conftest import REPO
 
 sys.path.insert(0, str(REPO / "tools"))
 import device_check
+import get_smollm2
 import same_behaviour
 import soak
 import trace_summary
@@ -170,3 +171,25 @@ def test_same_behaviour_refuses_a_freeze_path_it_cannot_write(tmp_path, capsys):
   for path, says in ((tmp_path, "is a directory"), (tmp_path / "file" / "x.json", "a file, not")):
     _refused(capsys, same_behaviour.main, [f"--freeze_configs={path}"], says)
   assert (tmp_path / "file").read_text() == "kept"
+
+
+@pytest.mark.parametrize(
+  "argv, says",
+  [
+    (["--root={tmp}/file/x"], "--root={tmp}/file/x cannot be made: {tmp}/file is a file, not a"),
+    (["--root={tmp}/file"], "--root={tmp}/file is a file, not a directory"),
+    (["--root=gs://bucket/cache"], "--root=gs://bucket/cache is a URL; give a local folder"),
+    (["--dtype=int8"], "argument --dtype: invalid choice: 'int8'"),
+  ],
+)
+def test_get_smollm2_refuses_a_bad_root_or_flag_before_fetching(tmp_path, capsys, argv, says):
+  """A root under a file was `[Errno 20] Not a directory` (no flag named) and a URL root made a
+  local folder `gs:`; a bad flag was argparse's usage block. Nothing is fetched or written."""
+  (tmp_path / "file").write_text("kept")
+  argv = [a.format(tmp=tmp_path) for a in argv]
+  code = get_smollm2.cli(argv)
+  out, err = capsys.readouterr()
+  assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, (out, err)
+  assert err.startswith(f"error: {says.format(tmp=tmp_path)}"), err
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+  assert (tmp_path / "file").read_text() == "kept" and not os.path.exists("gs:")

