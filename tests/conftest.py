@@ -42,6 +42,20 @@ def cli_env(*drop: str) -> dict[str, str]:
   return env
 
 
+def refused(capsys, main, argv, says: str, stdout: bool = False) -> str:
+  """A tool's `main(argv)` ends with exit status 2, one `error:` line holding `says` and no
+  stdout (with `stdout`, what it printed before it found the fault is allowed); the line."""
+  try:
+    code = main(argv)
+  except SystemExit as e:
+    code = e.code
+  out, err = capsys.readouterr()
+  assert code == 2, (code, out, err)
+  assert err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
+  assert says in err and (stdout or out == ""), (says, err, out)
+  return err
+
+
 @contextlib.contextmanager
 def lowerings():
   """Counts the programs lowered while inside, by name (`jit(fused_step)`): JAX lowers a

@@ -13,7 +13,7 @@ import json
 import sys
 
 import pytest
-from conftest import REPO
+from conftest import REPO, refused
 
 from jaxrl_llm import terminal
 
@@ -24,19 +24,6 @@ import bench_pack
 import decode_copies
 import peer_trl
 import sampler_memory
-
-
-def _refused(capsys, main, argv, says: str) -> str:
-  """`main(argv)` ends with exit status 2, one `error:` line holding `says`, no stdout."""
-  try:
-    code = main(argv)
-  except SystemExit as e:
-    code = e.code
-  out, err = capsys.readouterr()
-  assert code == 2, (code, out, err)
-  assert err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
-  assert says in err and out == "", (says, err, out)
-  return err
 
 
 @pytest.mark.parametrize(
@@ -61,7 +48,7 @@ def test_bench_refuses_a_bad_command_line_in_one_line(capsys, argv, says):
   flags without `--peer` and `--profile_dir` with `--sample_only` were dropped without a word,
   after minutes of benchmark, and a `--profile_dir` that could not be made failed only then; a
   mistyped flag printed the usage block."""
-  _refused(capsys, bench.main, argv, says)
+  refused(capsys, bench.main, argv, says)
 
 
 @pytest.mark.parametrize(
@@ -78,14 +65,14 @@ def test_bench_refuses_a_bad_command_line_in_one_line(capsys, argv, says):
 def test_bench_pack_refuses_a_bad_command_line_in_one_line(capsys, argv, says):
   """`--runs=8,x` was a ValueError traceback after one run's step had been timed; a bad `--set`,
   an unknown `--shape` and `--runs=0` (after one run's step too) were tracebacks."""
-  _refused(capsys, bench_pack.main, argv, says)
+  refused(capsys, bench_pack.main, argv, says)
 
 
 @pytest.mark.parametrize("argv", [["--rows=0"], ["--iters=x"], ["--experts=-4"]])
 def test_bench_grouped_refuses_a_size_that_is_not_a_count(capsys, argv):
   """`--rows=0` timed an empty matmul and printed 0 TFLOP/s as a result, a negative expert
   count was a traceback from JAX; `x` printed the usage block."""
-  _refused(capsys, bench_grouped.main, argv, "want a whole number >= 1")
+  refused(capsys, bench_grouped.main, argv, "want a whole number >= 1")
 
 
 @pytest.mark.parametrize(
@@ -95,7 +82,7 @@ def test_bench_grouped_refuses_a_size_that_is_not_a_count(capsys, argv):
 def test_decode_copies_refuses_a_bad_dtype_or_pack_size(capsys, argv, says):
   """`--dtype=int8` was ModelConfig's ValueError traceback, `--runs=0` numpy's, on stacking no
   runs."""
-  _refused(capsys, decode_copies.main, argv, says)
+  refused(capsys, decode_copies.main, argv, says)
 
 
 @pytest.mark.parametrize(
@@ -105,7 +92,7 @@ def test_decode_copies_refuses_a_bad_dtype_or_pack_size(capsys, argv, says):
 def test_peer_trl_refuses_a_spec_it_cannot_read_in_one_line(capsys, spec, says):
   """A spec that is not JSON was a JSONDecodeError traceback, a list a TypeError, and a missing
   field a line without `error:`."""
-  _refused(capsys, peer_trl.main, [f"--spec={spec}"], says)
+  refused(capsys, peer_trl.main, [f"--spec={spec}"], says)
 
 
 def test_arg_parser_raises_the_tools_own_error_or_prints_one_line(capsys):
@@ -123,7 +110,7 @@ def test_arg_parser_raises_the_tools_own_error_or_prints_one_line(capsys):
   plain = terminal.ArgParser(prog="x")
   plain.add_argument("--xs", type=terminal.counts)
   assert plain.parse_args(["--xs=1, 2"]).xs == [1, 2]
-  _refused(capsys, plain.parse_args, ["--ys=1"], "unrecognized arguments: --ys=1")
+  refused(capsys, plain.parse_args, ["--ys=1"], "unrecognized arguments: --ys=1")
   for bad in ("0", "inf", "-1", "x"):
     with pytest.raises(argparse.ArgumentTypeError):
       terminal.positive(bad)
@@ -136,7 +123,7 @@ def test_arg_parser_raises_the_tools_own_error_or_prints_one_line(capsys):
 )
 def test_sampler_memory_refuses_a_bad_command_line(capsys, argv, says):
   """The tool was a module-level script that took no arguments: every flag was ignored."""
-  _refused(capsys, sampler_memory.main, argv, says)
+  refused(capsys, sampler_memory.main, argv, says)
 
 
 def test_sampler_memory_measures_the_shape_it_is_given(tmp_path, capsys):

@@ -15,7 +15,7 @@ import os
 import sys
 
 import pytest
-from conftest import REPO
+from conftest import REPO, refused
 
 sys.path.insert(0, str(REPO / "tools"))
 import device_check
@@ -23,20 +23,6 @@ import get_smollm2
 import same_behaviour
 import soak
 import trace_summary
-
-
-def _refused(capsys, main, argv, says: str, stdout: bool = False) -> str:
-  """`main(argv)` ends with exit status 2, one `error:` line holding `says`, and no stdout
-  (with `stdout`, what it printed before it found the fault is allowed)."""
-  try:
-    code = main(argv)
-  except SystemExit as e:
-    code = e.code
-  out, err = capsys.readouterr()
-  assert code == 2, (code, out, err)
-  assert err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
-  assert says in err and (stdout or out == ""), (says, err, out)
-  return err
 
 
 def _trace(path, raw: bytes) -> None:
@@ -47,7 +33,7 @@ def _trace(path, raw: bytes) -> None:
 
 @pytest.mark.parametrize("top", ["0", "-3", "x"])
 def test_trace_summary_refuses_a_top_that_is_not_a_count(tmp_path, capsys, top):
-  _refused(capsys, trace_summary.main, [str(tmp_path), f"--top={top}"], f"'{top}': want a whole")
+  refused(capsys, trace_summary.main, [str(tmp_path), f"--top={top}"], f"'{top}': want a whole")
 
 
 @pytest.mark.parametrize(
@@ -63,7 +49,7 @@ def test_trace_summary_refuses_a_top_that_is_not_a_count(tmp_path, capsys, top):
 def test_trace_summary_names_a_trace_file_it_cannot_read(tmp_path, capsys, raw, says):
   path = tmp_path / "plugins" / "profile" / "run" / "host.perfetto_trace.json.gz"
   _trace(path, raw)
-  err = _refused(capsys, trace_summary.main, [str(tmp_path)], says)
+  err = refused(capsys, trace_summary.main, [str(tmp_path)], says)
   assert err.startswith(f"error: {path}: "), err
 
 
@@ -95,14 +81,14 @@ def test_trace_summary_still_reads_a_list_of_events(tmp_path, capsys):
 )
 def test_soak_refuses_a_bad_flag_before_starting_the_trainer(tmp_path, capsys, argv, says):
   workdir = tmp_path / "run"
-  _refused(capsys, soak.main, [*argv, f"--workdir={workdir}", "--", "--config.sft.steps=0"], says)
+  refused(capsys, soak.main, [*argv, f"--workdir={workdir}", "--", "--config.sft.steps=0"], says)
   assert not workdir.exists()
 
 
 def test_soak_refuses_a_workdir_that_cannot_be_made(tmp_path, capsys):
   (tmp_path / "file").write_text("kept")
   workdir = tmp_path / "file" / "run"
-  _refused(capsys, soak.main, [f"--workdir={workdir}"], "a file, not a directory")
+  refused(capsys, soak.main, [f"--workdir={workdir}"], "a file, not a directory")
   assert (tmp_path / "file").read_text() == "kept"
 
 
@@ -113,7 +99,7 @@ def test_device_check_refuses_a_read_only_json_before_the_checks(tmp_path, capsy
   (folder / "checks.json").write_text("earlier")
   folder.chmod(0o555)
   try:
-    _refused(capsys, device_check.main, [f"--json={folder / 'checks.json'}"], "read-only")
+    refused(capsys, device_check.main, [f"--json={folder / 'checks.json'}"], "read-only")
   finally:
     folder.chmod(0o755)
   assert (folder / "checks.json").read_text() == "earlier"
@@ -132,7 +118,7 @@ def test_device_check_refuses_a_json_path_before_the_checks(tmp_path, capsys, wh
   (tmp_path / "dir").mkdir()
   (tmp_path / "file").write_text("kept")
   path = where if "://" in where else str(tmp_path / where)
-  _refused(capsys, device_check.main, [f"--json={path}"], says)
+  refused(capsys, device_check.main, [f"--json={path}"], says)
   assert (tmp_path / "file").read_text() == "kept"
 
 
@@ -150,13 +136,13 @@ def test_device_check_refuses_a_json_path_before_the_checks(tmp_path, capsys, wh
 def test_same_behaviour_refuses_a_bad_command_line_before_training(capsys, argv, says):
   """--steps=0 trained nothing and compared nothing; --set=foo passed `--config.foo` to both
   trainers, each refusing it minutes apart; a bad revision exited 1, as a difference does."""
-  _refused(capsys, same_behaviour.main, argv, says, stdout="revision" in says or "neither" in says)
+  refused(capsys, same_behaviour.main, argv, says, stdout="revision" in says or "neither" in says)
 
 
 def test_same_behaviour_refuses_a_config_missing_from_a_tree_before_training(capsys):
   """A --config that one tree lacks was found by that tree's trainer run failing, after the
   other side's run had trained; now both trees are looked in before any run."""
-  err = _refused(
+  err = refused(
     capsys,
     same_behaviour.main,
     ["--before=HEAD", "--config=configs/nope.py"],
@@ -169,7 +155,7 @@ def test_same_behaviour_refuses_a_config_missing_from_a_tree_before_training(cap
 def test_same_behaviour_refuses_a_freeze_path_it_cannot_write(tmp_path, capsys):
   (tmp_path / "file").write_text("kept")
   for path, says in ((tmp_path, "is a directory"), (tmp_path / "file" / "x.json", "a file, not")):
-    _refused(capsys, same_behaviour.main, [f"--freeze_configs={path}"], says)
+    refused(capsys, same_behaviour.main, [f"--freeze_configs={path}"], says)
   assert (tmp_path / "file").read_text() == "kept"
 
 
