@@ -70,8 +70,8 @@ def test_tool_traces_without_a_tool_are_refused(tmp_path):
   got = _refused(tmp_path, "--config.task.name=addition", "--config.task.tool_traces=0.5")
   assert got == (
     "error: invalid config: task.tool_traces=0.5 warm-starts on traces that call a tool, but "
-    "sampling.tool='none' answers no call; allowed: task.tool_traces=0 without a tool, or a "
-    "sampling.tool that answers the traces' calls"
+    "sampling.tool='none' answers no call; allowed: task.tool_traces=0 without a tool, or "
+    "sampling.tool in calculator, arithmetic"
   )
   tool = {"task.name": "addition", "task.tool_traces": 0.5, "sampling.tool": "calculator"}
   assert _problems(**tool) == ""
@@ -84,3 +84,25 @@ def test_tool_traces_on_a_task_that_writes_none_are_refused(tmp_path):
     "error: invalid config: task.tool_traces=0.5 has no effect: task.name='reverse' writes no "
     "tool traces (addition, countdown do); drop it or set what it acts with"
   )
+
+
+def test_tool_traces_a_tool_answers_otherwise_are_refused(tmp_path):
+  """countdown's traces are worked left to right (`5*3+8=23,5*3+8`, as its own tool and the
+  calculator answer); with sampling.tool=arithmetic (the usual precedence: `2+3*4` is 14) the
+  warm start taught answers that the tool then contradicted, without a word (rc 0)."""
+  got = _refused(
+    tmp_path,
+    "--config.task.name=countdown",
+    "--config.task.tool_traces=1",
+    "--config.sampling.tool=arithmetic",
+  )
+  assert got == (
+    "error: invalid config: task.tool_traces=1.0: countdown's traces show the answers of "
+    "countdown or calculator, which sampling.tool='arithmetic' does not give alike; allowed: "
+    "sampling.tool in countdown, calculator, or task.tool_traces=0"
+  )
+  for tool in ("countdown", "calculator"):
+    trace = {"task.name": "countdown", "task.tool_traces": 1.0, "sampling.tool": tool}
+    assert _problems(**trace) == "", tool
+  sums = {"task.name": "addition", "task.tool_traces": 0.5, "sampling.tool": "arithmetic"}
+  assert _problems(**sums) == ""  # a sum is the same with or without precedence

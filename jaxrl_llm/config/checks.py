@@ -4,7 +4,6 @@ anything compiles, and name every field involved."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import jax
@@ -238,25 +237,34 @@ def _tool(cfg: Config) -> list[str]:
 
 
 def _tool_traces(cfg: Config) -> list[str]:
-  """Warm-start traces that call the tool need a tool to answer those calls (a task without
-  tool traces ignores them: `_unused_reason`)."""
-  traces = cfg.task.tool_traces
-  if not traces or cfg.sampling.tool != "none" or cfg.uses_files:
+  """Warm-start traces that call the tool need a tool that answers those calls as the traces
+  do (a task without tool traces ignores them: `_unused_reason`; a host tool is the user's)."""
+  from jaxrl_llm import envs
+
+  traces, tool = cfg.task.tool_traces, cfg.sampling.tool
+  answer = _trace_tools().get(cfg.task.name)
+  if not traces or answer is None or cfg.uses_files or tool.startswith(envs.HOST):
     return []
+  if tool == "none":
+    return [
+      f"task.tool_traces={traces} warm-starts on traces that call a tool, but "
+      "sampling.tool='none' answers no call; allowed: task.tool_traces=0 without a tool, or "
+      f"sampling.tool in {', '.join(answer)}"
+    ]
   return need(
-    cfg.task.name not in _traced_tasks(),
-    f"task.tool_traces={traces} warm-starts on traces that call a tool, but sampling.tool='none' "
-    "answers no call; allowed: task.tool_traces=0 without a tool, or a sampling.tool that "
-    "answers the traces' calls",
+    tool in answer,
+    f"task.tool_traces={traces}: {cfg.task.name}'s traces show the answers of "
+    f"{' or '.join(answer)}, which sampling.tool={tool!r} does not give alike; allowed: "
+    f"sampling.tool in {', '.join(answer)}, or task.tool_traces=0",
   )
 
 
-def _traced_tasks() -> list[str]:
-  """The built-in tasks that write tool traces (`task.tool_traces`)."""
+def _trace_tools() -> dict[str, tuple[str, ...]]:
+  """The built-in tasks that write tool traces (`task.tool_traces`), each with the tools whose
+  answers its traces show."""
   from jaxrl_llm.data import tasks
 
-  fields = {n: {f.name for f in dataclasses.fields(c)} for n, c in tasks.TASKS.items()}
-  return sorted(n for n, names in fields.items() if "tool_traces" in names)
+  return {n: c.trace_tools for n, c in sorted(tasks.TASKS.items()) if hasattr(c, "trace_tools")}
 
 
 def context(
@@ -404,8 +412,8 @@ def _unused_reason(cfg: Config, field: str) -> str | None:
     return _kl_unused(cfg, field)
   if section == "model":
     return _model_unused(cfg, name)
-  if section == "task" and name == "tool_traces" and cfg.task.name not in _traced_tasks():
-    return f"task.name={cfg.task.name!r} writes no tool traces ({', '.join(_traced_tasks())} do)"
+  if section == "task" and name == "tool_traces" and cfg.task.name not in _trace_tools():
+    return f"task.name={cfg.task.name!r} writes no tool traces ({', '.join(_trace_tools())} do)"
   if section == "sampling" and name in ("max_turns", "turn_tokens") and cfg.sampling.tool == "none":
     return "sampling.tool='none' samples one segment, with no turns"
   if section == "correction" and name in ("cap", "geo_low", "geo_high"):

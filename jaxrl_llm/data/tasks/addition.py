@@ -30,6 +30,8 @@ class AdditionTask(BuiltinTask):
   """
 
   name: ClassVar[str] = "addition"
+  # The tools whose answers the tool traces show (a sum: with or without precedence alike).
+  trace_tools: ClassVar[tuple[str, ...]] = ("calculator", "arithmetic")
 
   digits: int = ranged(TASK_DEFAULTS.digits, 1, 9)
   wrong_traces: float = ranged(TASK_DEFAULTS.wrong_traces, 0, 1)

@@ -106,6 +106,8 @@ class CountdownTask(BuiltinTask):
   """
 
   name: ClassVar[str] = "countdown"
+  # The tools whose answers the tool traces show (left to right, as the expressions are built).
+  trace_tools: ClassVar[tuple[str, ...]] = ("countdown", "calculator")
 
   numbers: int = ranged(TASK_DEFAULTS.numbers, 2, 5)
   wrong_traces: float = ranged(TASK_DEFAULTS.wrong_traces, 0, 1)
