@@ -162,11 +162,19 @@ def test_tool_traces_hold_what_the_countdown_tool_answers():
   calls = [t.split("=")[0] + "=" for t in traces]
   comp, _ = tok.encode_batch(calls, 8, bos=False, eos=False, left_pad=False)
   prompt_ids, _ = tok.encode_batch(prompts, 8, bos=True, eos=False, left_pad=True)
-  env = envs.CountdownCheck(tokenizer=tok, numbers=4)
   end = jnp.asarray([len(c) - 1 for c in calls])
-  answer, length, error = env.respond(
-    jnp.asarray(prompt_ids), jnp.asarray(comp), jnp.zeros_like(end), end
-  )
-  shown = [tok.decode(a[:n]) for a, n in zip(np.asarray(answer), np.asarray(length))]
-  assert shown == [t.split("=")[1].split(",")[0] + "," for t in traces]
-  assert not np.asarray(error).any()
+  expected = [t.split("=")[1].split(",")[0] + "," for t in traces]
+
+  def answers(name):
+    """What the tool `name` appends to each trace's call (and whether any was an error)."""
+    env = envs.get_env(name, tooled)
+    answer, length, error = env.respond(
+      jnp.asarray(prompt_ids), jnp.asarray(comp), jnp.zeros_like(end), end
+    )
+    shown = [tok.decode(a[:n]) for a, n in zip(np.asarray(answer), np.asarray(length))]
+    return shown, bool(np.asarray(error).any())
+
+  assert isinstance(envs.get_env("countdown", tooled), envs.CountdownCheck)
+  for name in tooled.trace_tools:  # the tools the config check lets a traced run use
+    assert answers(name) == (expected, False), name
+  assert answers("arithmetic")[0] != expected  # precedence answers some calls otherwise

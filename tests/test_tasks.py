@@ -320,14 +320,15 @@ def test_addition_tool_traces_hold_what_the_calculator_answers():
   assert max(map(len, traces)) + 1 <= tooled.answer_len
   tok = tooled.tokenizer
   comp, _ = tok.encode_batch(calls, 8, bos=False, eos=False, left_pad=False)
-  env = envs.Calculator(tokenizer=tok)
   end = jnp.asarray([len(c) - 1 for c in calls])
-  answer, length, error = env.respond(
-    jnp.zeros((len(calls), 1), jnp.int32), jnp.asarray(comp), jnp.zeros_like(end), end
-  )
-  shown = [tok.decode(a[:n]) for a, n in zip(np.asarray(answer), np.asarray(length))]
-  assert shown == [t.split("=")[1].split(",")[0] + "," for t in traces if "=" in t]
-  assert not np.asarray(error).any()
+  assert isinstance(envs.get_env("calculator", tooled), envs.Calculator)
+  for name in tooled.trace_tools:  # the tools the config check lets a traced run use
+    answer, length, error = envs.get_env(name, tooled).respond(
+      jnp.zeros((len(calls), 1), jnp.int32), jnp.asarray(comp), jnp.zeros_like(end), end
+    )
+    shown = [tok.decode(a[:n]) for a, n in zip(np.asarray(answer), np.asarray(length))]
+    assert shown == [t.split("=")[1].split(",")[0] + "," for t in traces if "=" in t], name
+    assert not np.asarray(error).any(), name
   held = tooled.key_held_out(tooled.split_key(index))
   truth = [str(sum(int(x) for x in p[:-1].split("+"))) for p in prompts]
   assert all(t.split(",")[-1] == x for t, x, h in zip(traces, truth, held) if h)
