@@ -40,7 +40,9 @@ for _protocol in ("gs", "gcs", "s3", "s3a", "az", "abfs"):
 def dir_problem(path: str) -> str | None:
   """Why the local `path` cannot be, or be made, a directory to write in, found without
   creating anything: a file there, a file in place of a directory above it, or a directory
-  above it that cannot be written; None when it can."""
+  above it that cannot be written, or no path at all; None when it can."""
+  if not path:
+    return "is empty; give a folder"
   if os.path.lexists(path) and not os.path.isdir(path):
     return "is a file, not a directory"
   if os.path.isdir(path):
@@ -58,7 +60,10 @@ def dir_problem(path: str) -> str | None:
 def file_problem(path: str) -> str | None:
   """Why a file cannot be written at the local `path`, found without creating anything: a
   directory there, a read-only file there, or a folder above it that cannot be made or written
-  (`dir_problem`; the writer makes missing folders), or a URL; None when it can."""
+  (`dir_problem`; the writer makes missing folders), a URL, or no path at all; None when it
+  can."""
+  if not path:
+    return "is empty; give a file path"
   if scheme(path) is not None:
     return "is a URL; give a local file path"
   if os.path.isdir(path):

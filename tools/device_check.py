@@ -33,9 +33,8 @@ def main(argv: list[str]) -> int:
   parser.add_argument("--interpret", action="store_true", help="grouped kernels interpreted")
   parser.add_argument("--json", help="also write the results here as JSON")
   args = parser.parse_args(argv)
-  if args.json is not None:  # found before the checks run
-    if problem := "is empty; give a file path" if not args.json else paths.file_problem(args.json):
-      parser.error(f"--json={args.json} {problem}")
+  if args.json is not None and (problem := paths.file_problem(args.json)):  # before the checks
+    parser.error(f"--json={args.json} {problem}")
   device = jax.devices()[0]
   results = verify.run_all(interpret=args.interpret)
   print(f"device: {device.device_kind} ({device.platform}); jax {jax.__version__}")

