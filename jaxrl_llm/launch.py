@@ -173,20 +173,26 @@ def workdir_problem(workdir: str) -> str | None:
   return None
 
 
-def open_workdir(workdir: str) -> bool:
+def open_workdir(workdir: str) -> str | None:
   """Makes `workdir` ready for a run (`workdir_problem`; exit status 2 and one line when it
-  cannot hold one); returns whether this launch made it (`fresh`)."""
-  fresh = not os.path.lexists(workdir)  # made by this launch: removed if left empty
+  cannot hold one); returns the outermost folder this launch made (`workdir` or a missing
+  parent of it), None when `workdir` was there already."""
+  made = None
+  folder = os.path.abspath(workdir)
+  while not os.path.lexists(folder):  # made by this launch: removed if left empty
+    made, folder = folder, os.path.dirname(folder)
   problem = workdir_problem(workdir)
   if problem:
     print(f"error: --workdir={workdir}: {problem}", file=sys.stderr, flush=True)
     sys.exit(2)
-  return fresh
+  return made
 
 
-def remove_if_empty(workdir: str) -> None:
+def remove_if_empty(workdir: str, made: str | None = None) -> None:
   """Removes the local directory `workdir` if it holds nothing but this process's log file
-  (closed and removed with it) and an empty `checkpoints/`; object stores: nothing done."""
+  (closed and removed with it) and an empty `checkpoints/`, then its parents up to `made` (the
+  outermost folder this launch made, `open_workdir`) that are left empty; object stores:
+  nothing done."""
   from jaxrl_llm import paths
 
   if paths.is_remote(workdir):
@@ -201,6 +207,11 @@ def remove_if_empty(workdir: str) -> None:
         terminal.close_log(path)
         os.remove(path)
     os.rmdir(workdir)  # only an empty directory goes
+    folder = os.path.abspath(workdir)
+    outermost = os.path.abspath(made or workdir)
+    while folder != outermost and folder.startswith(outermost + os.sep):
+      folder = os.path.dirname(folder)
+      os.rmdir(folder)  # a parent this launch made; one holding anything else stays
   except OSError:
     pass
 
@@ -311,12 +322,17 @@ def parse_config(argv: list[str]):
 
 
 def train_or_leave(
-  config, workdir: str, fresh: bool = False, debug: bool = False, hparams: list[str] | None = None
+  config,
+  workdir: str,
+  made: str | None = None,
+  debug: bool = False,
+  hparams: list[str] | None = None,
 ) -> dict:
   """Trains the run of the command line's `config` in `workdir` and returns its final
   evaluation; a run that stops (SIGTERM, a known error, Ctrl-C, or an unexpected error in a
-  multi-process job) prints its line and leaves through `leave_job`. `fresh`: this launch
-  made `workdir`; an error that leaves it empty (a refused config) removes it. `debug`: an
+  multi-process job) prints its line and leaves through `leave_job`. `made`: the outermost
+  folder this launch made (`open_workdir`); an error that leaves it empty (a refused config)
+  removes it. `debug`: an
   error's traceback instead of its line; `hparams`: `--hparams` (see `hparam_fields`)."""
   from jaxrl_llm import distributed, run
 
@@ -328,8 +344,8 @@ def train_or_leave(
     say(f"{e}")
     leave_job(143)  # 128 + SIGTERM, as if the signal had ended the process
   except Exception as e:
-    if fresh:
-      remove_if_empty(workdir)
+    if made:
+      remove_if_empty(workdir, made)
     if interrupted(e) and not (debug and not in_a_job()):
       stop_on_sigint(workdir)  # Ctrl-C cut a save (or a library call) that then failed
     line = explain(e)

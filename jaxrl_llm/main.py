@@ -78,10 +78,10 @@ def main(argv):
     print("error: --workdir is required (a directory; not needed with --dry_run)", file=sys.stderr)
     sys.exit(2)
   launch.choose_backend(debug)
-  fresh = launch.open_workdir(workdir)
+  made = launch.open_workdir(workdir)
   terminal.setup(debug, log_file=terminal.log_path(workdir, launch.process_index()))
   started = time.time()
-  result = launch.train_or_leave(_CONFIG.value, workdir, fresh, debug, _HPARAMS.value)
+  result = launch.train_or_leave(_CONFIG.value, workdir, made, debug, _HPARAMS.value)
   from jaxrl_llm import metrics
 
   shown = "  ".join(f"{k}={v:.4g}" for k, v in sorted(result.items())) or "(no evaluation)"

@@ -48,6 +48,19 @@ def test_a_refused_launch_in_an_existing_workdir_says_why_in_its_log_too(tmp_pat
   assert log[0].startswith("### ") and log[-1].endswith(line), log
 
 
+def test_a_refused_launch_removes_the_parent_folders_it_made_and_only_those(tmp_path):
+  """--workdir=new/deeper/run with a bad config: the folders the launch made for it go with the
+  workdir (`new/` and `new/deeper/` were left behind, empty); a parent that was there stays."""
+  there = tmp_path / "there"
+  there.mkdir()
+  line = "error: model.checkpoint='/nonexistent' is not a directory"
+  for workdir in (tmp_path / "new" / "deeper" / "run", there / "made" / "run"):
+    code, err = _main(f"--workdir={workdir}", "--config.model.checkpoint=/nonexistent")
+    assert code == 2 and len(err) == 1 and err[0].startswith(line), err
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["there"]
+  assert list(there.iterdir()) == []
+
+
 def test_a_sweep_over_a_bad_seed_is_refused_before_any_run(tmp_path, capsys):
   """--seeds=0,-1 (packed or not) is one line up front; the good seed was trained then died."""
   root = tmp_path / "sweep"
