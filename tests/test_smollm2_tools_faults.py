@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import json
 import sys
+import tempfile
 
 import pytest
 from conftest import REPO, refused
@@ -113,6 +114,15 @@ def test_soak_reads_a_relative_workdir_from_where_it_is_run(tmp_path, capsys, mo
   argv = ["--steps=2", "--workdir=README.md/run", "--", "--config.model.checkpoint=/nonexistent"]
   err = refused(capsys, soak.main, argv, "model.checkpoint='/nonexistent' is not a directory")
   assert "README.md" not in err
+
+
+def test_soak_removes_its_own_temporary_workdir(tmp_path, capsys, monkeypatch):
+  """Without --workdir soak ran in a `soak-*` temporary folder and left it (checkpoints and
+  all) without saying where; it is removed now, whatever the run's end."""
+  monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+  argv = ["--steps=2", "--", "--config.model.checkpoint=/nonexistent"]
+  refused(capsys, soak.main, argv, "model.checkpoint='/nonexistent' is not a directory")
+  assert list(tmp_path.iterdir()) == []
 
 
 # ---- device_check --------------------------------------------------------------------------

@@ -2,9 +2,9 @@
 
   python tools/soak.py --steps=300 [--interval_s=1] [-- --config.rl.num_prompts=16 ...]
 
-Launches `python -m jaxrl_llm.main --config=configs/default.py` in a fresh workdir with
-`train.num_steps=STEPS` (plus any flags after `--`), reads the child's resident set size from
-/proc every `--interval_s` seconds and the step from its progress lines, and prints one JSON
+Launches `python -m jaxrl_llm.main --config=configs/default.py` in a fresh workdir (`--workdir`,
+kept; else a temporary one, removed at the end) with `train.num_steps=STEPS` (plus any flags
+after `--`), reads the child's resident set size from /proc every `--interval_s` seconds and the step from its progress lines, and prints one JSON
 object: RSS (MiB) at the first logged RL step (after compilation), at each quarter of the run
 and at the end, the largest RSS seen, and the growth from the first logged step to the end.
 Linux only (/proc).
@@ -16,6 +16,7 @@ import collections
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -53,7 +54,9 @@ def main(argv: list[str]) -> int:
   parser.add_argument(
     "--interval_s", type=terminal.positive, default=1.0, help="RSS sampling period"
   )
-  parser.add_argument("--workdir", help="workdir (default: a fresh temporary directory)")
+  parser.add_argument(
+    "--workdir", help="workdir, kept (default: a temporary directory, removed at the end)"
+  )
   args = parser.parse_args(argv)
   for flag, instead in (("--workdir", "--workdir"), ("--config.train.num_steps", "--steps")):
     if given := [a for a in extra if a.split("=", 1)[0] == flag]:
@@ -65,6 +68,15 @@ def main(argv: list[str]) -> int:
       parser.error(f"--workdir={args.workdir} is not empty: a run there would resume, not start")
   # Absolute: the trainer runs in the repository, not in this process's folder.
   workdir = os.path.abspath(args.workdir) if args.workdir else tempfile.mkdtemp(prefix="soak-")
+  try:
+    return _soak(args, extra, workdir)
+  finally:
+    if not args.workdir:  # soak's own temporary workdir: its checkpoints are of no use after
+      shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _soak(args, extra: list[str], workdir: str) -> int:
+  """Runs the trainer in `workdir`, samples its RSS, prints the summary; the exit status."""
   cmd = [
     sys.executable,
     "-m",
