@@ -466,6 +466,17 @@ def _launch_pack(processes, config, root, *grid):
   return proc.returncode, proc.stdout + proc.stderr
 
 
+def test_a_pack_refused_on_two_processes_leaves_no_run_records(tmp_path):
+  """A pack refused before it trains (sampling.tool varied) on two processes: process 0 left the
+  job at once, keeping the run.json it had just written in each run's folder, so a corrected
+  command was refused for settings no run trained with. The root keeps only its logs."""
+  config = _config_file(tmp_path, {"train.num_steps": 2, "mesh.runs": 2})
+  root = tmp_path / "pack"
+  rc, out = _launch_pack(2, config, root, "sampling.tool=none,calculator")
+  assert rc == 2 and "a pack cannot vary sampling.tool" in out, _why(out)
+  assert sorted(p.name for p in root.iterdir()) == ["log.1.txt", "log.txt"], _why(out)
+
+
 GRID = ("objective.clip_high=0.2,0.28", "sampling.temperature=0.7,1.0")
 NAMES = [
   f"objective.clip_high={c},sampling.temperature={t}" for c in (0.2, 0.28) for t in (0.7, 1.0)

@@ -681,7 +681,7 @@ def run_packed(
       _write_record(run)
   t0 = time.time()
   try:
-    status, code = _train_packed(_pack_configs(config, runs), runs, root)
+    status, code = _train_packed(_pack_configs(config, runs), runs, root, new)
   except ConfigError:
     _forget(new)
     raise
@@ -715,15 +715,18 @@ def _forget(runs: Sequence[Run]) -> None:
   folders if nothing else is in them): a corrected command is not then refused for settings
   no run trained with."""
   for run in runs:
-    if os.listdir(run.workdir) == ["run.json"]:
+    if os.path.isdir(run.workdir) and os.listdir(run.workdir) == ["run.json"]:
       os.remove(_record_path(run))
       os.rmdir(run.workdir)
 
 
-def _train_packed(configs: list, runs: Sequence[Run], root: str) -> tuple[str, int]:
+def _train_packed(
+  configs: list, runs: Sequence[Run], root: str, new: Sequence[Run] = ()
+) -> tuple[str, int]:
   """`train_pack` of the grid in `root`: (the runs' status, exit status). A SIGTERM (every
   process stopped after the same step, saved), a Ctrl-C or a known failure prints its one line;
-  in a multi-process job the last two also tell the peers and stop this process at once."""
+  in a multi-process job the last two also tell the peers and stop this process at once (a
+  refused pack first removes the records of `new`, `_forget`)."""
   from jaxrl_llm.run import Preempted
   from jaxrl_llm.run.packed import train_pack
 
@@ -734,6 +737,7 @@ def _train_packed(configs: list, runs: Sequence[Run], root: str) -> tuple[str, i
     return ("done" if steps and steps[-1] >= runs[0].final_step else "incomplete"), 0
   except ConfigError as e:  # `main` prints its line; in a job, this process prints it and stops
     if launch.in_a_job():
+      _forget(new)
       print(f"error: {e}", file=sys.stderr, flush=True)
       leave_job(2, f"error: {e}")
     raise
