@@ -224,6 +224,7 @@ class Lockstep:
     self.jitted, self.name, self.ready = jitted, name, set()
 
   def __call__(self, *args, **kwargs):
+    """Runs the program; its first run of a signature compiles, then waits at a barrier."""
     key = _signature(args, kwargs)
     if key not in self.ready:
       start = time.monotonic()

@@ -56,6 +56,7 @@ def run_lengths(cfg, scalars, rows):
 
 
 def first_reach(x, acc, level):
+  """The first x at which accuracy `acc` reaches `level` (None if it never does)."""
   hit = np.nonzero(acc >= level)[0]
   return float(x[hit[0]]) if hit.size else None
 
@@ -72,6 +73,7 @@ def ms(xs, digits="{:.3f}"):
 
 
 def main():
+  """Prints accuracy against generated tokens for the runs under --root (and draws --out)."""
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--root", required=True)
   p.add_argument("--out", default=None, help="figure path (PNG)")
