@@ -36,15 +36,20 @@ def test_trace_summary_refuses_a_top_that_is_not_a_count(tmp_path, capsys, top):
   refused(capsys, trace_summary.main, [str(tmp_path), f"--top={top}"], f"'{top}': want a whole")
 
 
+def _gz(data: bytes) -> bytes:
+  return gzip.compress(data, mtime=0)  # the same bytes at every collection (xdist compares ids)
+
+
 @pytest.mark.parametrize(
   "raw, says",
   [
     (b"not gzip", "not a readable gzipped JSON trace (BadGzipFile"),
-    (gzip.compress(b'{"traceEvents": [')[:12], "not a readable gzipped JSON trace (EOFError"),
-    (gzip.compress(b'{"traceEvents": ['), "not a readable gzipped JSON trace (JSONDecodeError"),
-    (gzip.compress(b'{"a": 1}'), "not a trace: want a JSON list of events"),
-    (gzip.compress(b"[1, 2]"), "not a trace: want a JSON list of events"),
+    (_gz(b'{"traceEvents": [')[:12], "not a readable gzipped JSON trace (EOFError"),
+    (_gz(b'{"traceEvents": ['), "not a readable gzipped JSON trace (JSONDecodeError"),
+    (_gz(b'{"a": 1}'), "not a trace: want a JSON list of events"),
+    (_gz(b"[1, 2]"), "not a trace: want a JSON list of events"),
   ],
+  ids=["not-gzip", "cut-short", "not-json", "an-object", "not-events"],
 )
 def test_trace_summary_names_a_trace_file_it_cannot_read(tmp_path, capsys, raw, says):
   path = tmp_path / "plugins" / "profile" / "run" / "host.perfetto_trace.json.gz"
