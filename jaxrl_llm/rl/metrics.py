@@ -159,4 +159,4 @@ def step_summary(
 
 def grad_norm(grads) -> Metrics:
   """The global gradient norm of one minibatch (before clipping)."""
-  return {"optim/grad_norm": optax.global_norm(grads)}
+  return {"optim/grad_norm": optax.tree_utils.tree_norm(grads)}

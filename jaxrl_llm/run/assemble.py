@@ -271,8 +271,7 @@ def _init_params(model, task, mesh, rules, init_key, *, abstract: bool, adapters
     boxed = jax.eval_shape(boxed_init, init_key)
     shardings = sharding.param_shardings(boxed, mesh, rules)
     return _abstract_like(nn.unbox(boxed), shardings), shardings
-  with mesh:
-    return sharding.init_sharded(boxed_init, init_key, mesh, rules)
+  return sharding.init_sharded(boxed_init, init_key, mesh, rules)
 
 
 def _fresh_state(cfg: Config, tx, params, param_shardings, mesh, rng, *, abstract: bool):
