@@ -71,13 +71,13 @@ def main(argv):
   terminal.setup(debug)
   if _DISTRIBUTED.value:
     launch.join_job(_JOIN_TIMEOUT_S.value)
-  if _DRY_RUN.value:  # no backend chosen: a dry run may compile for a TPU slice through libtpu
-    sys.exit(launch.dry_run(_CONFIG.value, _DEVICE_MEMORY_GIB.value))
   workdir = _WORKDIR.value
-  if not workdir:
+  if not workdir and not _DRY_RUN.value:
     print("error: --workdir is required (a directory; not needed with --dry_run)", file=sys.stderr)
     sys.exit(2)
-  launch.choose_backend(debug)
+  launch.choose_backend(debug)  # a dry run too: a failing plugin's chatter stays off the terminal
+  if _DRY_RUN.value:
+    sys.exit(launch.dry_run(_CONFIG.value, _DEVICE_MEMORY_GIB.value))
   made = launch.open_workdir(workdir)
   terminal.setup(debug, log_file=terminal.log_path(workdir, launch.process_index()))
   started = time.time()

@@ -143,3 +143,33 @@ def test_command_line_refuses_a_backend_that_cannot_start(tmp_path):
   assert len(errors) == 1 and "JAX_PLATFORMS=nosuchplatform" in errors[0], proc.stderr
   assert "Traceback" not in proc.stderr
   assert not (tmp_path / "w" / "checkpoints").exists()
+
+
+_DRY_RUNS = {
+  "trainer": "from jaxrl_llm import main\nsys.argv = ['main', '--config=configs/default.py', "
+  "'--dry_run', *TINY]\nmain.run()",
+  "packed sweep": "sys.path.insert(0, 'tools')\nimport sweep\nsys.exit(sweep.main(["
+  "'--config=configs/default.py', f'--root={ROOT}', '--seeds=0,1', '--packed', '--dry_run', "
+  "*(f'--set={a.removeprefix(\"--config.\")}' for a in TINY)]))",
+}
+
+
+@pytest.mark.parametrize("which", list(_DRY_RUNS))
+def test_a_dry_run_keeps_a_failing_plugins_chatter_off_the_terminal(tmp_path, which):
+  """`--dry_run` (the trainer's, and a packed sweep's) starts the backends as a run does: a
+  failing plugin's native stderr stays off the terminal (libtpu's six lines, on a machine with
+  the tpu extra and no TPU, were printed around the plan's one line)."""
+  from conftest import TINY_CLI
+
+  code = (
+    _FAILING
+    + f"import sys\nTINY = {list(TINY_CLI)!r}\nROOT = {str(tmp_path / 'pack')!r}\n"
+    + _DRY_RUNS[which]
+  )
+  proc = subprocess.run(
+    [sys.executable, "-c", code], cwd=REPO, env=cli_env("JAX_PLATFORMS"), capture_output=True,
+    text=True, timeout=300,
+  )  # fmt: skip
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert proc.stdout.strip().splitlines()[-1].startswith("dry run: "), proc.stdout
+  assert "plugin start-up chatter" not in proc.stderr, proc.stderr

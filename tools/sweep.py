@@ -1023,6 +1023,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
   if args.packed and args.dry_run:
     terminal.setup(args.debug)  # the plan compiles: library lines off the terminal
+    launch.choose_backend(args.debug)  # and a failing plugin's chatter, as the trainer's
     try:
       return dry_run_packed(absolute_config(args.config), runs)
     except ConfigError as e:
