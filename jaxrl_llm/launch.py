@@ -115,10 +115,11 @@ def choose_backend(debug: bool = False) -> None:
     sys.exit(2)
 
 
-def dry_run(config, device_memory_gib: float | None = None) -> int:
+def dry_run(config, device_memory_gib: float | None = None, debug: bool = False) -> int:
   """Compiles the fused step of `config` (host verifiers: its sample and learn programs) from
   shapes alone and prints its memory per device against the capacity (`device_memory_gib`,
-  else the device's); exit status: 0 fits, 3 does not, 2 a bad config (its line printed)."""
+  else the device's); exit status: 0 fits, 3 does not, 2 a known failure, as a run's (a bad
+  config, data file or checkpoint: its line printed; `debug`: its traceback)."""
   import math
 
   from jaxrl_llm import plan
@@ -135,8 +136,11 @@ def dry_run(config, device_memory_gib: float | None = None) -> int:
   try:
     capacity = None if device_memory_gib is None else int(device_memory_gib * plan.GIB)
     memory = plan.plan(parse_acting(config, overridden_fields(sys.argv)), capacity_bytes=capacity)
-  except ConfigError as e:
-    print(f"error: {e}", file=sys.stderr)
+  except Exception as e:
+    line = explain(e)
+    if line is None or debug:
+      raise
+    print(line, file=sys.stderr)
     return 2
   print(f"dry run: {memory.summary()}", flush=True)
   return 3 if memory.fits is False else 0

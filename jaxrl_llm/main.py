@@ -77,7 +77,7 @@ def main(argv):
     sys.exit(2)
   launch.choose_backend(debug)  # a dry run too: a failing plugin's chatter stays off the terminal
   if _DRY_RUN.value:
-    sys.exit(launch.dry_run(_CONFIG.value, _DEVICE_MEMORY_GIB.value))
+    sys.exit(launch.dry_run(_CONFIG.value, _DEVICE_MEMORY_GIB.value, debug))
   made = launch.open_workdir(workdir)
   terminal.setup(debug, log_file=terminal.log_path(workdir, launch.process_index()))
   started = time.time()

@@ -95,6 +95,21 @@ def test_dry_run_refuses_a_memory_capacity_that_is_not_a_positive_number(gib):
   )
 
 
+def test_a_dry_run_names_a_missing_data_file_in_one_line(tmp_path, capsys):
+  """A dry run (the trainer's, a packed sweep's) of a prompt-file run whose file is missing:
+  the run's one line naming `data.train_files`, exit 2 (both were a 40-line traceback, exit 1;
+  only a bad config value was one line)."""
+  missing = tmp_path / "none.jsonl"
+  line = f"error: data.train_files='{missing}': Dataset file {missing} does not exist."
+  assert _main("--dry_run", f"--config.data.train_files={missing}") == (2, [line])
+  root = tmp_path / "pack"
+  argv = [CONFIG, f"--root={root}", "--seeds=0,1", "--packed", "--dry_run"]
+  assert sweep.main([*argv, f"--set=data.train_files={missing}"]) == 2
+  err = capsys.readouterr().err
+  assert err.strip().splitlines() == [line], err
+  assert not root.exists()
+
+
 def test_a_missing_workdir_is_one_line():
   """No --workdir (and no --dry_run): one line and exit 2, not 39 lines of usage and exit 1."""
   assert _main() == (2, ["error: --workdir is required (a directory; not needed with --dry_run)"])

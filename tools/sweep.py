@@ -1026,8 +1026,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     launch.choose_backend(args.debug)  # and a failing plugin's chatter, as the trainer's
     try:
       return dry_run_packed(absolute_config(args.config), runs)
-    except ConfigError as e:
-      print(f"error: {e}", file=sys.stderr)
+    except Exception as e:  # a known failure is one line, as the trainer's dry run says it
+      line = launch.explain(e)
+      if line is None or args.debug:
+        raise
+      print(line, file=sys.stderr)
       return 2
   if args.dry_run:
     return _print_plan(runs)
