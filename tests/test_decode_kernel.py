@@ -164,3 +164,29 @@ def test_shapes_the_kernel_cannot_serve_are_refused_in_one_line():
   config = tiny_config(**{"model.attention": "pallas", "mesh.data": 2})
   with pytest.raises(ConfigError, match=r"model\.attention='pallas' runs on one device"):
     check(parse(config), num_devices=2)
+
+
+def test_a_jax_without_the_pallas_decode_kernel_refuses_it_in_one_line(monkeypatch):
+  """jax 0.11 deprecates the Pallas Triton ops the kernel comes from; a jax that has removed
+  them failed every import of the package (the kernel was imported with it). Now it is imported
+  when first needed, and a jax without it refuses `pallas` in one line, config check included."""
+  import sys
+
+  import jax.experimental.pallas.ops.gpu  # noqa: F401 - the package a jax without it keeps
+  from conftest import tiny_config
+
+  from jaxrl_llm.config import ConfigError, check, parse
+
+  with monkeypatch.context() as m:
+    m.setitem(sys.modules, "jax.experimental.pallas.ops.gpu.decode_attention", None)
+    m.delattr(sys.modules["jax.experimental.pallas.ops.gpu"], "decode_attention", raising=False)
+    attention._decode_kernel.cache_clear()
+    try:
+      with pytest.raises(ValueError, match="attention='pallas'") as err:
+        attention.select_decode("pallas", jnp.float32, jnp.float32, 16, 48)
+      assert "has no Pallas GPU decode kernel" in str(err.value) and "\n" not in str(err.value)
+      with pytest.raises(ConfigError, match="has no Pallas GPU decode kernel"):
+        check(parse(tiny_config(**{"model.attention": "pallas"})), num_devices=1)
+    finally:
+      attention._decode_kernel.cache_clear()
+  assert attention.select_decode("pallas", jnp.float32, jnp.float32, 16, 48) == "pallas"

@@ -35,7 +35,6 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental.pallas.ops.gpu import decode_attention
 
 AUTO = "auto"  # the fastest implementation verified on this device, else einsum
 IMPLEMENTATIONS = (AUTO, "einsum", "xla", "cudnn", "pallas")
@@ -125,6 +124,18 @@ def one_query_beside(q, keys, values, own_k, own_v, key_valid, start) -> jax.Arr
   return out.astype(q.dtype).reshape(b, 1, h, dh)
 
 
+@functools.cache
+def _decode_kernel():
+  """jax's Pallas GPU decode kernel module, imported when first needed; None where this jax has
+  none. jax 0.11 deprecates the Pallas Triton ops of `jax.experimental.pallas.ops.gpu` (and the
+  Triton backend): a later release removes them, and then `auto` decodes by einsum."""
+  try:
+    from jax.experimental.pallas.ops.gpu import decode_attention
+  except ImportError:
+    return None
+  return decode_attention
+
+
 def pallas_refusal(dtype, cache_dtype, head_dim: int, num_slots: int) -> str | None:
   """Why the Pallas decode kernel cannot serve a decode step over `num_slots` cache slots
   (None if it can). Off a GPU it runs in the Pallas interpreter (tests only: slow)."""
@@ -134,6 +145,11 @@ def pallas_refusal(dtype, cache_dtype, head_dim: int, num_slots: int) -> str | N
     return f"the cache's {num_slots} slots must be a multiple of {DECODE_BLOCK} (`cache_slots`)"
   if jnp.dtype(cache_dtype) != jnp.dtype(dtype):
     return f"the cache's dtype {jnp.dtype(cache_dtype).name} must be the compute dtype's"
+  if _decode_kernel() is None:
+    return (
+      f"jax {jax.__version__} has no Pallas GPU decode kernel "
+      "(jax.experimental.pallas.ops.gpu.decode_attention)"
+    )
   return None
 
 
@@ -167,7 +183,7 @@ def filled_slots_beside(q, keys, values, own_k, own_v, key_valid, start) -> jax.
   block_k, k_splits = decode_blocks(n)
   block_h = max(DECODE_BLOCK, 1 << (h // j - 1).bit_length())  # the G heads of a KV head
   kernel = functools.partial(
-    decode_attention.decode_attn_unbatched,
+    _decode_kernel().decode_attn_unbatched,
     sm_scale=1.0 / float(np.sqrt(dh)),
     block_h=block_h,
     block_k=block_k,
