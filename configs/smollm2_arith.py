@@ -56,7 +56,7 @@ def get_config(setting: str = "lora"):
   """GRPO + SmolLM2-135M-Instruct + arithmetic word problems at `setting` (one of SETTINGS)."""
   if setting not in SETTINGS:
     raise ValueError(f"configs/smollm2_arith.py:{setting}: the settings are {' | '.join(SETTINGS)}")
-  data = os.path.join(pretrained.cache_dir(), "arith")
+  data = pretrained.data_dir()  # written by tools/get_smollm2.py
   c = recipes.get_config("grpo")
   c.model.checkpoint = pretrained.model_dir()  # written by tools/get_smollm2.py
   c.data.train_files = os.path.join(data, "train.jsonl")

@@ -110,3 +110,23 @@ def test_evaluated_scores_the_problems_the_trainers_evaluation_scores(tmp_path):
   assert (whole["n"], first["n"]) == (300, 64)
   assert first["best"] == arith.trivial_baselines(records[:64])["best"]
   assert whole["best"] == arith.trivial_baselines(records)["best"]
+
+
+def test_the_real_models_problems_not_written_yet_say_how_to_write_them(tmp_path):
+  """tasks.md's `--config=configs/smollm2_arith.py` on a machine whose cache lacks the problems
+  (`tools/get_smollm2.py` writes them): one line naming the file and the command that writes it
+  (it named the missing file alone); a missing file elsewhere is named as before."""
+  env = cli_env() | {"JAXRL_LLM_CACHE": str(tmp_path / "cache")}
+  cmd = [sys.executable, str(REPO / "tools" / "trivial_answers.py")]
+  config = f"--config={REPO / 'configs' / 'smollm2_arith.py'}"
+  proc = subprocess.run([*cmd, config], cwd=REPO, env=env, capture_output=True, text=True)
+  missing = tmp_path / "cache" / "arith" / "eval.jsonl"
+  assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+    f"error: data.eval_files='{missing}': Dataset file {missing} does not exist; write it "
+    "first: python tools/get_smollm2.py"
+  ], proc.stderr[-2000:]
+  elsewhere = tmp_path / "mine.jsonl"
+  proc = _tool(config, f"--config.data.eval_files={elsewhere}")
+  assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+    f"error: data.eval_files='{elsewhere}': Dataset file {elsewhere} does not exist."
+  ], proc.stderr[-2000:]

@@ -92,8 +92,10 @@ def _expand(files: Sequence[str] | str) -> list[str]:
         raise FileNotFoundError(
           f"Dataset file {f} is a directory; name its files (e.g. {f.rstrip('/')}/*.jsonl)."
         )
-      if not pathlib.Path(f).is_file():
-        raise FileNotFoundError(f"Dataset file {f} does not exist.")
+      if not pathlib.Path(f).is_file():  # one `tools/get_smollm2.py` writes: say so
+        from jaxrl_llm.models.pretrained import write_hint
+
+        raise FileNotFoundError(f"Dataset file {f} does not exist{write_hint(f) or '.'}")
       out.append(f)
   if not out:
     raise DataError("No dataset files given.")

@@ -66,6 +66,18 @@ def model_dir(name: str = "smollm2-135m-instruct", root: str | None = None) -> s
   return os.path.join(root or cache_dir(), _row(name).directory)
 
 
+def data_dir(root: str | None = None) -> str:
+  """The folder of the arithmetic word problems `tools/get_smollm2.py` writes beside the model
+  (train.jsonl, eval.jsonl, trivial.json; `configs/smollm2_arith.py` reads them)."""
+  return os.path.join(root or cache_dir(), "arith")
+
+
+def write_hint(path: str) -> str:
+  """`; write it first: python tools/get_smollm2.py` for a file of `data_dir()`, else ''."""
+  inside = os.path.dirname(os.path.abspath(path)) == os.path.abspath(data_dir())
+  return "; write it first: python tools/get_smollm2.py" if inside else ""
+
+
 def gguf_path(name: str = "smollm2-135m-instruct", root: str | None = None) -> str:
   """The GGUF file `fetch(name)` keeps beside the directory (transformers' oracle reads it)."""
   return os.path.join(root or cache_dir(), os.path.basename(_row(name).member))
