@@ -166,10 +166,10 @@ def test_a_dry_run_keeps_a_failing_plugins_chatter_off_the_terminal(tmp_path, wh
     + f"import sys\nTINY = {list(TINY_CLI)!r}\nROOT = {str(tmp_path / 'pack')!r}\n"
     + _DRY_RUNS[which]
   )
+  env = cli_env("JAX_PLATFORMS") | {"ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}  # libtpu's lock: others'
   proc = subprocess.run(
-    [sys.executable, "-c", code], cwd=REPO, env=cli_env("JAX_PLATFORMS"), capture_output=True,
-    text=True, timeout=300,
-  )  # fmt: skip
+    [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+  )
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert proc.stdout.strip().splitlines()[-1].startswith("dry run: "), proc.stdout
   assert "plugin start-up chatter" not in proc.stderr, proc.stderr
