@@ -36,7 +36,9 @@ except backend.BackendError as e:
 
 def _choose(platforms: str | None, failing: bool = False, debug: bool = False):
   """Runs backend.choose in a fresh process; returns (stdout, stderr lines)."""
-  env = cli_env("JAX_PLATFORMS")
+  # libtpu's lock (/tmp/libtpu_lockfile) held by another process (a TPU plan compiling beside
+  # the tests) would make libtpu fail as "in use", not "no TPU": the lock is not what is tested.
+  env = cli_env("JAX_PLATFORMS") | {"ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
   if platforms is not None:
     env["JAX_PLATFORMS"] = platforms
   code = (_FAILING if failing else "") + _CHOOSE.format(debug=debug)
