@@ -486,3 +486,23 @@ def test_an_unawaited_background_failure_stays_in_the_log_file_unless_debug(tmp_
   assert shown == [mode == "debug"] * 3, proc.stderr[-3000:]
   if mode == "plain":
     assert proc.stderr.strip().splitlines()[-1] == "error: disk full", proc.stderr[-3000:]
+
+
+def test_a_summary_of_one_step_gives_no_rate_rather_than_nan(caplog):
+  """A run (or a resumed one) that makes one update has no update after the compiling one to
+  time: its summary said "nan steps/s, nan generated tokens/s"; it says so in words now."""
+  import logging
+
+  from jaxrl_llm.run import record
+
+  with caplog.at_level(logging.INFO):
+    record.log_summary("/w", "/w/checkpoints", (4, 5), (9.0, 1.0, 8.0, 8.5), 640.0, [])
+  trained = next(r.getMessage() for r in caplog.records if "trained RL steps" in r.getMessage())
+  assert "nan" not in trained and trained.endswith(
+    "| 1 step: no rate after the first (compiling) one"
+  )
+  caplog.clear()
+  with caplog.at_level(logging.INFO):
+    record.log_summary("/w", "/w/checkpoints", (0, 3), (9.0, 1.0, 3.0, 7.0), 640.0, [])
+  trained = next(r.getMessage() for r in caplog.records if "trained RL steps" in r.getMessage())
+  assert trained.endswith("| 0.5 steps/s, 160 generated tokens/s after the first (compiling) step")

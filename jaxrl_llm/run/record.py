@@ -352,17 +352,22 @@ def log_summary(
   ended at), first and final evaluation, and where checkpoints and events are."""
   (start, end), (wall_s, t_loop, t_compiled, t_end) = span, times
   steady = max(t_end - t_compiled, 1e-9)
+  if end - start > 1:
+    rates = (
+      f"{(end - start - 1) / steady:.3g} steps/s, {tokens / steady:.3g} generated tokens/s "
+      "after the first (compiling) step"
+    )
+  else:  # "nan steps/s" before: the one step there was compiled, and no step came after it
+    rates = f"{end - start} step{'' if end - start == 1 else 's'}: no rate after the first (compiling) one"
   logging.info(
     "trained RL steps %d..%d in %s (the RL loop, of which %s compiling and the first step; %s "
-    "wall time with start-up and warm start) | %.3g steps/s, %.3g generated tokens/s after "
-    "the first (compiling) step",
+    "wall time with start-up and warm start) | %s",
     start,
     end,
     metrics_lib.format_duration(t_end - t_loop),
     metrics_lib.format_duration(t_compiled - t_loop),
     metrics_lib.format_duration(wall_s),
-    (end - start - 1) / steady if end - start > 1 else float("nan"),
-    tokens / steady if end - start > 1 else float("nan"),
+    rates,
   )
   if evals:
     (s0, first), (s1, last) = evals[0], evals[-1]
