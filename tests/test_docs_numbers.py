@@ -323,6 +323,12 @@ QWEN05_PARAMS = V * D + D + LAYERS * (
   + 3 * D * MLP  # gate, up, down
   + 2 * D  # two norms
 )  # fmt: skip
+# Qwen2.5-7B's (tools/memory_table.py's `qwen2.5-7b`): V 152064, D 3584, 28 layers of 28 / 4
+# heads of 128 with qkv bias, MLP 18944, untied output layer.
+V7, D7, Q7, KV7 = 152064, 3584, 28 * 128, 4 * 128
+QWEN7_PARAMS = (
+  2 * V7 * D7 + D7 + 28 * (2 * D7 * Q7 + Q7 + 2 * (D7 * KV7 + KV7) + 3 * D7 * 18944 + 2 * D7)
+)
 GROUPED_FLOP = 2 * 16384 * 1024 * 384  # the grouped matmul's forward at M=16,384, K=1,024, N=384
 
 
@@ -369,6 +375,31 @@ def _spec_sheets() -> list[float]:
   """tools/bench.py's table of device limits (HBM bytes/s, dense bf16 FLOP/s)."""
   table = re.findall(r'\("h\d+", ([\d.e]+), ([\d.e]+)\)', (REPO / "tools" / "bench.py").read_text())
   return [float(x) for row in table for x in row]
+
+
+MEMORY = CPU / "memory_tables"
+
+
+@functools.cache
+def _plan_rows(name: str) -> dict[tuple[str, str], dict]:
+  """tools/memory_table.py's JSON rows of a committed run (memory_tables/NAME.stdout.txt), by
+  (shape, target)."""
+  lines = (MEMORY / f"{name}.stdout.txt").read_text().splitlines()
+  rows = [json.loads(x) for x in lines if x.startswith("{")]  # then the markdown table
+  return {(r["shape"], r["target"]): r for r in rows}
+
+
+def _plan_values(*rows: dict) -> list[float]:
+  """The printed numbers of plan rows, each figure in GiB also in bytes (a figure in GB), and by
+  how much a row's peak exceeds its capacity."""
+  out = []
+  for r in rows:
+    for k, v in r.items():
+      if isinstance(v, (int, float)) and not isinstance(v, bool):
+        out += [float(v), *([v * 2**30] if k.endswith("_gib") else [])]
+    if r.get("capacity_gib"):
+      out.append(r["peak_estimate_gib"] - r["capacity_gib"])
+  return out
 
 
 # --- the pages ---------------------------------------------------------------------------------
@@ -537,8 +568,9 @@ def test_every_figure_of_the_performance_page_is_a_committed_raw_output():
   """docs/performance.md: the CPU benchmark against TRL, the fused projections' A/B, the H200's
   device checks, step figures, grouped-matmul runs and sweep, the 0.5B peak-memory arithmetic
   and the GPU steps' time limits are each a value of the raw output the statement names (or
-  its derivation here); the spec-sheet limits are tools/bench.py's table; figures with no raw
-  output (the H100 decode figures, earlier CPU tables, the memory plans) say so in the text."""
+  its derivation here); each row of the memory plans' tables is its own row of the committed
+  tools/memory_table.py run; the spec-sheet limits are tools/bench.py's table; figures with no
+  raw output (the H100 decode figures, earlier CPU tables and memory plans) say so in the text."""
   h200 = GPU / "2026-11-26_h200"
   notes = [*_values(h200 / "README.md"), *_values(GPU / "2026-11-27_h200" / "README.md")]
   sources = {
@@ -565,11 +597,70 @@ def test_every_figure_of_the_performance_page_is_a_committed_raw_output():
     "Not measured yet on a GPU": lambda: notes,
     "Where the goals are not met": lambda: [*_values(h200 / "README.md"), *_grouped()],
   }
+  # The memory plans: each table row is its own row of the committed run (memory_tables/), the
+  # prose around a table the values of its rows (the TPU compiler's temp against the CPU
+  # backend's for the same fsdp 8 program; the decode loop's bf16 copy of 7B's weights).
+  dense = {**_plan_rows("dense_cpu"), **_plan_rows("dense_tpu")}
+  models = {"qwen2.5-0.5b": "0.5B", "qwen2.5-1.5b": "1.5B", "qwen2.5-7b": "7B"}
+  layouts = {
+    "cpu:1": "1 GPU of 80 GB (CPU proxy)",
+    "cpu:8:fsdp=8": "8 GPUs (CPU proxy), fsdp 8",
+    "cpu:8:fsdp=4:model=2": "8 GPUs (CPU proxy), fsdp 4 x model 2",
+    "tpu:v5e-8": "TPU v5e-8 (8 chips), fsdp 8",
+    "tpu:v5p-8": "TPU v5p-8 (4 chips), fsdp 4",
+    "tpu:v6e-8": "TPU v6e-8 (8 chips), fsdp 8",
+  }
+  for (shape, target), r in dense.items():
+    sources[f"| {models[shape]} | {layouts[target]} |"] = functools.partial(_plan_values, r)
+  tpu_saving = [
+    1 - dense[shape, tpu]["temp_gib"] / dense[shape, "cpu:8:fsdp=8"]["temp_gib"]
+    for shape in models
+    for tpu in ("tpu:v5e-8", "tpu:v6e-8")
+  ]
+  sources["Qwen2.5 shapes (7B"] = lambda: [*_plan_values(*dense.values()), *tpu_saving]
+  sources["So 1.5B trains on one"] = lambda: [*_plan_values(*dense.values()), 2 * QWEN7_PARAMS]
+  moe = {"float32": _plan_rows("moe_float32"), "bfloat16": _plan_rows("moe_bfloat16")}
+  moe_layouts = {
+    "cpu:8:expert=8": "expert 8",
+    "cpu:8:fsdp=8": "fsdp 8",
+    "cpu:8:expert=4:fsdp=2": "expert 4 x fsdp 2",
+    "cpu:8:expert=2:fsdp=4": "expert 2 x fsdp 4",
+  }
+  for dtype, rows in moe.items():
+    for target, layout in moe_layouts.items():
+      row = rows["qwen3-30b-a3b", target]
+      sources[f"| 30B-A3B | {dtype} | {layout} |"] = functools.partial(_plan_values, row)
+    # Mixtral's layouts in one row: their values, each figure of a range an end of it
+    mixtral = [rows["mixtral-8x7b", t] for t in moe_layouts]
+    sources[f"| Mixtral-8x7B | {dtype} | {' / '.join(moe_layouts.values())} |"] = functools.partial(
+      _plan_values, *mixtral
+    )
+  for (_, target), r in _plan_rows("moe_mixtral_16").items():
+    layout = " x ".join(a.replace("=", " ") for a in target.split(":")[2:])
+    sources[f"| Mixtral-8x7B | bfloat16 | 16 devices: {layout} |"] = functools.partial(
+      _plan_values, r
+    )
+  all_moe = [*moe["float32"].values(), *moe["bfloat16"].values()]
+  sources["Both run with R3 replay"] = lambda: _plan_values(*all_moe)
+  sources["What the table says"] = lambda: _plan_values(
+    *all_moe, *_plan_rows("moe_mixtral_16").values()
+  )
+  sources["The tool builds the whole fused step"] = lambda: _plan_values(
+    *_plan_rows("small_defaults").values()
+  )
+  sources["Five things make the difference"] = lambda: _plan_values(
+    *_plan_rows("remat_none_0.5b").values(), *_plan_rows("remat_full_0.5b").values()
+  )
+  sources["The fused MoE step also compiles"] = lambda: _plan_values(
+    *_plan_rows("moe_e64_tpu").values()
+  )
   without_results = {"`--shape` runs a fixed workload": "the benchmark shapes' configuration"}
   settings = [
     r"the 64 MiB that may be sent",  # the device machine's transfer limit
     r"fits one 80 GB card",  # the card's capacity, against the planned peak
     r"A ratio of 0\.5x",  # the goal
+    r"(?:above|from)\s+1e8\s+parameters",  # rl.remat=auto's threshold
+    r"within\s+90%\s+of\s+the\s+device's",  # rl.microbatch_tokens=auto's headroom
   ]
   text = (REPO / "docs" / "performance.md").read_text()
   assert f"Qwen2.5-0.5B has {QWEN05_PARAMS:,} parameters" in text
