@@ -175,3 +175,20 @@ def test_a_dry_run_keeps_a_failing_plugins_chatter_off_the_terminal(tmp_path, wh
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert proc.stdout.strip().splitlines()[-1].startswith("dry run: "), proc.stdout
   assert "plugin start-up chatter" not in proc.stderr, proc.stderr
+
+
+def test_device_check_keeps_a_failing_plugins_chatter_off_the_terminal(tmp_path):
+  """tools/device_check.py (as bench.py and decode_copies.py) starts the backends as the
+  trainer does: a failing plugin's native stderr stays off the terminal, where libtpu's six
+  lines were printed above the table on a machine with the tpu extra and no TPU."""
+  code = _FAILING + (
+    "import sys\nsys.path.insert(0, 'tools')\nimport device_check\n"
+    f"sys.exit(device_check.main(['--json={tmp_path / 'checks.json'}']))"
+  )
+  env = cli_env("JAX_PLATFORMS") | {"ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}  # libtpu's lock: others'
+  proc = subprocess.run(
+    [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+  )
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert proc.stdout.startswith("device: "), proc.stdout[:500]
+  assert "plugin start-up chatter" not in proc.stderr, proc.stderr

@@ -724,6 +724,9 @@ def main(argv: list[str]) -> int:
     overrides.append(a[len("--config.") :] if a.startswith("--config.") else a[10:] + "=False")
   passed = ("shape", "peer", "peer_python", "peer_timeout_s", "full_length", "hbm_bytes_per_s")
   passed += ("peak_flops", "profile_dir", "peer_cache", "sample_only")
+  from jaxrl_llm import launch
+
+  launch.choose_backend()  # as the trainer's command line: a failing plugin's chatter kept off
   try:  # a bad field or value (or a peer that cannot run this config): one line
     config = _config(args, overrides)
     result = run(config, args.steps, **{name: getattr(args, name) for name in passed})

@@ -21,7 +21,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxrl_llm import hlo, sharding, terminal
+from jaxrl_llm import hlo, launch, sharding, terminal
 from jaxrl_llm.models import ModelConfig, Transformer
 from jaxrl_llm.models.transformer import positions_from_mask
 from jaxrl_llm.sampling import DECODE_SCOPE, SamplingConfig, sample
@@ -63,6 +63,7 @@ def main(argv=None) -> int:
   )
   p.add_argument("--runs", type=terminal.count, default=1, help="runs in the pack")
   args = p.parse_args(argv)
+  launch.choose_backend()  # as the trainer's command line: a failing plugin's chatter kept off
   cfg = ModelConfig(
     vocab_size=4096, d_model=256, num_layers=6, num_heads=8, num_kv_heads=4, head_dim=32,
     mlp_dim=1024, dtype=args.dtype, param_dtype="float32", scan_layers=args.scan_layers,

@@ -23,7 +23,7 @@ if _REPO not in sys.path:  # run from a checkout without installing it
 
 import jax  # noqa: E402
 
-from jaxrl_llm import fast_paths, paths, terminal  # noqa: E402, F401  (fast_paths: the checks)
+from jaxrl_llm import fast_paths, launch, paths, terminal  # noqa: E402, F401  (fast_paths: the checks)
 from jaxrl_llm.kernels import verify  # noqa: E402
 
 
@@ -35,6 +35,7 @@ def main(argv: list[str]) -> int:
   args = parser.parse_args(argv)
   if args.json is not None and (problem := paths.file_problem(args.json)):  # before the checks
     parser.error(f"--json={args.json} {problem}")
+  launch.choose_backend()  # as the trainer's command line: a failing plugin's chatter kept off
   device = jax.devices()[0]
   results = verify.run_all(interpret=args.interpret)
   print(f"device: {device.device_kind} ({device.platform}); jax {jax.__version__}")
