@@ -336,8 +336,8 @@ def train_or_leave(
   evaluation; a run that stops (SIGTERM, a known error, Ctrl-C, or an unexpected error in a
   multi-process job) prints its line and leaves through `leave_job`. `made`: the outermost
   folder this launch made (`open_workdir`); an error that leaves it empty (a refused config)
-  removes it. `debug`: an
-  error's traceback instead of its line; `hparams`: `--hparams` (see `hparam_fields`)."""
+  removes it. `debug`: an error's traceback instead of its line; `hparams`: `--hparams` (see
+  `hparam_fields`)."""
   from jaxrl_llm import distributed, run
 
   try:

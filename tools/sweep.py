@@ -680,11 +680,7 @@ def run_packed(
       os.makedirs(run.workdir, exist_ok=True)
       _write_record(run)
   t0 = time.time()
-  try:
-    status, code = _train_packed(_pack_configs(config, runs), runs, root, new)
-  except ConfigError:
-    _forget(new)
-    raise
+  status, code = _train_packed(_pack_configs(config, runs), runs, root, new)
   if jax.process_index() != 0:  # the runs' events, and so the record, are process 0's
     return code
   from jaxrl_llm.run import record as run_record
@@ -715,7 +711,7 @@ def _forget(runs: Sequence[Run]) -> None:
   folders if nothing else is in them): a corrected command is not then refused for settings
   no run trained with."""
   for run in runs:
-    if os.path.isdir(run.workdir) and os.listdir(run.workdir) == ["run.json"]:
+    if os.listdir(run.workdir) == ["run.json"]:
       os.remove(_record_path(run))
       os.rmdir(run.workdir)
 
@@ -725,8 +721,8 @@ def _train_packed(
 ) -> tuple[str, int]:
   """`train_pack` of the grid in `root`: (the runs' status, exit status). A SIGTERM (every
   process stopped after the same step, saved), a Ctrl-C or a known failure prints its one line;
-  in a multi-process job the last two also tell the peers and stop this process at once (a
-  refused pack first removes the records of `new`, `_forget`)."""
+  in a multi-process job the last two also tell the peers and stop this process at once. A
+  pack refused before it trains first removes the records of `new` (`_forget`)."""
   from jaxrl_llm.run import Preempted
   from jaxrl_llm.run.packed import train_pack
 
@@ -736,8 +732,8 @@ def _train_packed(
     steps = committed_steps(root)
     return ("done" if steps and steps[-1] >= runs[0].final_step else "incomplete"), 0
   except ConfigError as e:  # `main` prints its line; in a job, this process prints it and stops
+    _forget(new)
     if launch.in_a_job():
-      _forget(new)
       print(f"error: {e}", file=sys.stderr, flush=True)
       leave_job(2, f"error: {e}")
     raise
