@@ -76,6 +76,29 @@ def test_an_overflowing_update_is_skipped_too():
   assert int(skipped) == 1
 
 
+def test_the_guard_does_not_hold_the_whole_update(monkeypatch):
+  """Compiled for a TPU chip (through libtpu, nothing runs), the guarded update of 4 x 16 MiB of
+  float32 parameters plans less temp than two copies of them: its check of the update's norm
+  reduces each leaf as it is computed. Computed once and kept for the check, the update took
+  three copies (the lone `lax.cond` takes one)."""
+  pytest.importorskip("libtpu", reason="compiling for a TPU needs libtpu: pip install -e '.[tpu]'")
+  monkeypatch.setenv("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  from jaxrl_llm import plan
+
+  device = plan.tpu_slice_devices("v5e:2x2")[0]
+  on = jax.sharding.SingleDeviceSharding(device)
+  params = {f"w{i}": jax.ShapeDtypeStruct((256, 16384), jnp.float32, sharding=on) for i in range(4)}
+  tx = _tx()
+  state = jax.tree.map(
+    lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=on), jax.eval_shape(tx.init, params)
+  )
+  loss = jax.ShapeDtypeStruct((), jnp.float32, sharding=on)
+  step = jax.jit(lambda g, s, p, lo: optim.guarded_update(tx, g, s, p, lo), donate_argnums=(1, 2))
+  temp = step.lower(params, state, params, loss).compile().memory_analysis().temp_size_in_bytes
+  tree_bytes = 4 * 256 * 16384 * 4
+  assert 0 < temp < 2 * tree_bytes, (temp, tree_bytes)
+
+
 def test_a_vmapped_guard_skips_its_bad_runs_alone_and_compiles_in_linear_size():
   """In a pack the guard is vmapped (its `lax.cond` becomes a select in every leaf): a run whose
   gradient holds a NaN keeps its parameters and Adam state while the others update, and the
