@@ -8,6 +8,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxrl_llm import sharding
+
 
 def make_optimizer(
   *,
@@ -72,7 +74,19 @@ def finite_norm(tree) -> jax.Array:
   return jnp.isfinite(jnp.sum(jnp.sort(squares)))
 
 
-def guarded_update(tx: optax.GradientTransformation, grads, opt_state, params, loss=None):
+# The compilers for which `guarded_update` computes the update twice rather than holding it.
+RECOMPUTE_ON = frozenset({"tpu"})
+
+
+def guarded_update(
+  tx: optax.GradientTransformation,
+  grads,
+  opt_state,
+  params,
+  loss=None,
+  *,
+  recompute: bool | None = None,
+):
   """One optimiser step that is skipped when the loss, the gradient or the update holds a
   non-finite value, or the norm of the gradient or the update overflows float32: parameters and
   optimiser state then stay as they were. Returns (params, opt_state, skipped [] int32: 1 if
@@ -80,25 +94,32 @@ def guarded_update(tx: optax.GradientTransformation, grads, opt_state, params, l
   by less than 1.9e19, which would take some 1e19 updates to overflow float32's 3.4e38.
 
   The update is computed only for a finite gradient and applied only when finite (`lax.cond`).
-  It is computed twice: once for its norm, reduced leaf by leaf and dropped, and again where it
-  is applied. Computed once and kept for the check, the whole float32 update was held before
-  it was applied: Qwen2.5-7B's step planned 3.4 GiB more temp per TPU v5p chip (33.9 against
-  30.5 GiB, which is also the unguarded step's), and a lone update of 4 x 64 MiB of float32
-  leaves 771 MiB of temp against 259 MiB (the TPU compiler; docs/cpu_runs/guard_memory/). The
-  second computation is elementwise: one more read of gradient, moments and parameters.
+  `recompute` (None: for the platform compiled for, `RECOMPUTE_ON`) computes it twice: once
+  for its norm, reduced leaf by leaf and dropped, and again where it is applied. The TPU
+  compiler then never holds the whole float32 update: Qwen2.5-7B's step plans 30.5 GiB of temp
+  per v5p chip (as unguarded) against 33.9 GiB, and Qwen3-30B-A3B in bfloat16 45.9 GiB, where
+  the update held made the TPU compiler refuse it (99.5 GiB). The CPU backend instead materialises the first
+  computation leaf by leaf beside the rest and plans more (7B 114.9 against 113.5 GiB on one
+  device; 30B-A3B 57.5 against 44.4 GiB on 8), so it holds the update; GPUs too, until their
+  compiler is planned both ways (docs/cpu_runs/guard_memory/). Both forms give equal results.
 
   The same checks as a select of new against old values in every leaf, with every leaf's new
   value checked too, made XLA compile Qwen2.5-0.5B's fused step in 499 s; so it takes 106 s,
   and 70 s unguarded (the CPU backend of this project's 2-core machine)."""
+  if recompute is None:
+    recompute = (sharding.active_platform() or jax.default_backend()) in RECOMPUTE_ON
   kept = lambda: (params, opt_state, jnp.int32(1))  # noqa: E731
 
-  def applied():
-    updates, new_state = tx.update(grads, opt_state, params)
+  def apply(updates, new_state):
     return optax.apply_updates(params, updates), new_state, jnp.int32(0)
 
   def update():
-    # Only the norm of this first update is used: XLA reduces each leaf as it computes it.
-    return jax.lax.cond(finite_norm(tx.update(grads, opt_state, params)[0]), applied, kept)
+    updates, new_state = tx.update(grads, opt_state, params)
+    if recompute:  # only the first update's norm is used, reduced leaf by leaf
+      applied = lambda: apply(*tx.update(grads, opt_state, params))  # noqa: E731
+    else:
+      applied = lambda: apply(updates, new_state)  # noqa: E731
+    return jax.lax.cond(finite_norm(updates), applied, kept)
 
   ok = finite_norm(grads)
   if loss is not None:

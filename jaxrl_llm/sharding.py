@@ -182,6 +182,14 @@ def active_mesh() -> tuple[Mesh, tuple[str, ...]] | None:
   return mesh, axes
 
 
+def active_platform() -> str | None:
+  """The platform ('cpu', 'gpu', 'tpu') of the devices of the mesh under `activation_rules`:
+  the one the program is compiled for, also for a TPU slice planned from a CPU machine; None
+  outside them."""
+  active = _ACTIVE.get()
+  return None if active is None else active[0].devices.flat[0].platform
+
+
 def logical_spec(logical_axes: tuple[str | None, ...]) -> PartitionSpec | None:
   """The mesh layout `logical_axes` map to under the active rules; None outside them."""
   active = _ACTIVE.get()
