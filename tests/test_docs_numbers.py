@@ -389,6 +389,14 @@ def _plan_rows(name: str) -> dict[tuple[str, str], dict]:
   return {(r["shape"], r["target"]): r for r in rows}
 
 
+def _guard_plans() -> list[dict]:
+  """The plan rows of cpu_runs/guard_memory/ (its *.jsonl and its saved tool outputs)."""
+  folder = CPU / "guard_memory"
+  lines = [x for f in sorted(folder.glob("*.jsonl")) for x in f.read_text().splitlines()]
+  lines += [x for f in sorted(folder.glob("*.stdout.txt")) for x in f.read_text().splitlines()]
+  return [json.loads(x) for x in lines if x.startswith("{")]
+
+
 def _plan_values(*rows: dict) -> list[float]:
   """The printed numbers of plan rows, each figure in GiB also in bytes (a figure in GB), and by
   how much a row's peak exceeds its capacity."""
@@ -617,7 +625,10 @@ def test_every_figure_of_the_performance_page_is_a_committed_raw_output():
     for shape in models
     for tpu in ("tpu:v5e-8", "tpu:v6e-8")
   ]
-  sources["Qwen2.5 shapes (7B"] = lambda: [*_plan_values(*dense.values()), *tpu_saving]
+  sources["Qwen2.5 shapes (7B"] = lambda: [
+    *_plan_values(*dense.values(), *_guard_plans()),
+    *tpu_saving,
+  ]
   sources["So 1.5B trains on one"] = lambda: [*_plan_values(*dense.values()), 2 * QWEN7_PARAMS]
   moe = {"float32": _plan_rows("moe_float32"), "bfloat16": _plan_rows("moe_bfloat16")}
   moe_layouts = {
@@ -643,7 +654,7 @@ def test_every_figure_of_the_performance_page_is_a_committed_raw_output():
   all_moe = [*moe["float32"].values(), *moe["bfloat16"].values()]
   sources["Both run with R3 replay"] = lambda: _plan_values(*all_moe)
   sources["What the table says"] = lambda: _plan_values(
-    *all_moe, *_plan_rows("moe_mixtral_16").values()
+    *all_moe, *_plan_rows("moe_mixtral_16").values(), *_guard_plans()
   )
   sources["The tool builds the whole fused step"] = lambda: _plan_values(
     *_plan_rows("small_defaults").values()

@@ -111,6 +111,20 @@ def test_a_gpu_target_without_a_gpu_is_a_skipped_row_naming_what_is_missing():
   assert row["skipped"] == "gpu:1 needs 1 GPUs; this process has 0"
 
 
+def test_memory_table_plans_each_form_of_the_guard_and_restores_the_platforms_own():
+  """`--guard=held,twice`: a row per form, each naming it; the guard's choice by platform is as
+  it was afterwards (a form is set only while its row compiles)."""
+  from jaxrl_llm import optim
+
+  own = optim.RECOMPUTE_ON
+  rows = [
+    memory_table.row("dense-e64-twin", "cpu:1", [], 0, 0, 80.0, guard=g) for g in ("held", "twice")
+  ]
+  assert optim.RECOMPUTE_ON == own
+  assert [r["guard"] for r in rows] == ["held", "twice"] and all(r["temp_gib"] > 0 for r in rows)
+  assert "update twice" in memory_table.markdown(rows).splitlines()[-1]
+
+
 def test_memory_table_help_lists_the_shapes_and_the_target_syntax(capsys):
   with pytest.raises(SystemExit):
     memory_table.main(["--help"])

@@ -204,6 +204,7 @@ def test_launch_local_reports_a_signal_as_a_shell_does(capsys):
     (["--runs=-1"], "--runs=-1: want >= 0"),  # compiled
     (["--capacity_gib=0"], "--capacity_gib=0.0: want a number of GiB > 0"),  # "fits: no"
     (["--capacity_gib=nan"], "--capacity_gib=nan"),  # traceback
+    (["--guard=held,cached"], "--guard=held,cached: unknown form 'cached'"),
     (["--set=model.bogus=1"], "unknown config field 'model.bogus'"),  # traceback
     (["--set=model.d_model=abc"], "--config.model.d_model=abc: invalid literal"),  # traceback
   ],

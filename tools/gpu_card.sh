@@ -28,6 +28,9 @@
 #                   autotuning off, so it runs beside a timed step without touching the card)
 #   pack_plan       likewise, Qwen2.5-7B with an int8 base and rank-16 adapters, a pack of 2 runs
 #                   of 64 x (512 + 4,096) tokens: the adapter pack's 80 GB claim on a GPU compiler
+#   guard_plan      likewise, Qwen2.5-7B at that length in float32 with the non-finite guard's
+#                   update held for its check and computed twice (--guard=held,twice): which form
+#                   the GPU compiler plans less for (optim.RECOMPUTE_ON; docs/cpu_runs/guard_memory)
 #   pack_medium     tools/bench_pack.py --shape=medium --runs=8: a pack of 8 against 8 runs alone,
 #                   all at once and 2 at a time (mesh.runs_at_once)
 #   pack_qwen05     the same at qwen2.5-0.5b, a pack of 4 (three compiles: give it half an invocation)
@@ -146,6 +149,8 @@ run_step() {
     pack_plan)
       step pack_plan 300 "${PLAN[@]}" --shapes=qwen2.5-7b "${LONG[@]}" \
         --set=model.lora_rank=16 --set=model.lora_base_dtype=int8 --runs=2 ;;
+    guard_plan)
+      step guard_plan 300 "${PLAN[@]}" --shapes=qwen2.5-7b "${LONG[@]:0:4}" --guard=held,twice ;;
     pack_medium)
       step pack_medium 300 python3 tools/bench_pack.py --shape=medium --runs=8 --steps=3 \
         --at_once=0,2 ;;
@@ -195,7 +200,7 @@ sys.exit("cannot import " + "; ".join(missing) if missing else 0)'
 # The default, in order of value for one invocation of at most 9 minutes (BUDGET_S=540): what no card
 # has measured, the goals' shapes, then the stronger peer.
 FIRST=(preflight grouped pack16 decode256_only decode256_pallas qwen15_auto qwen05_static_trl)
-ALL=("${FIRST[@]}" qwen15 checks grouped_sweep moe_plan pack_plan pack_medium pack_qwen05 moe
+ALL=("${FIRST[@]}" qwen15 checks grouped_sweep moe_plan pack_plan guard_plan pack_medium pack_qwen05 moe
   dense_twin decode256 decode256_kv0 qwen15_trl lora15_trl qwen15_noremat qwen05_bf16_trl qwen05)
 [ ${#STEPS[@]} -eq 0 ] && STEPS=("${FIRST[@]}")
 [ "${STEPS[*]}" = all ] && STEPS=("${ALL[@]}")

@@ -15,8 +15,10 @@ GPUs, against their own capacity (compile only: nothing is allocated); `tpu:SLIC
 v6e-8, ...) compiles for that TPU slice through libtpu (`pip install -e '.[tpu]'`) and uses the
 chip's HBM. The mesh is fsdp over all N devices unless axes are given. On a CPU-only machine the
 CPU backend's plan is an upper-bound proxy for a GPU's (GPU compilers fuse more). One JSON line
-per row; `--markdown` adds the table. A bad shape, target, count or `--set` is one `error:` line
-on stderr and exit code 2, before anything is compiled.
+per row; `--markdown` adds the table. `--guard=held,twice` plans each row with the non-finite
+guard's update held for its check and computed twice (`optim.guarded_update`; by default each
+platform's own form). A bad shape, target, count, form or `--set` is one `error:` line on stderr
+and exit code 2, before anything is compiled.
 """
 
 from __future__ import annotations
@@ -223,23 +225,42 @@ def row_config(shape: str, target: str, overrides: list[str], new_tokens: int = 
   return shape_config(shape, [*extra, *overrides])
 
 
+GUARD_FORMS = ("auto", "held", "twice")  # --guard: each platform's own form, or one for all
+
+
 def row(
-  shape: str, target: str, overrides: list[str], prompt_len, new_tokens, capacity_gib, runs=0
+  shape: str,
+  target: str,
+  overrides: list[str],
+  prompt_len,
+  new_tokens,
+  capacity_gib,
+  runs=0,
+  guard="auto",
 ):
-  """One table row: the plan of `shape` on `target` (a pack of `runs` runs when > 0) as a
-  JSON-able dict."""
-  from jaxrl_llm import plan
+  """One table row: the plan of `shape` on `target` (a pack of `runs` runs when > 0; the
+  guard's update in the form `guard`, one of GUARD_FORMS) as a JSON-able dict."""
+  from jaxrl_llm import optim, plan
   from jaxrl_llm.config import parse
 
   kind, name, _ = parse_target(target)
   config = row_config(shape, target, overrides, new_tokens)
   out = {"shape": shape, "target": target, "overrides": overrides, "runs": runs or None}
+  if guard != "auto":
+    out["guard"] = guard
   try:
     devices = target_devices(kind, name)
   except RuntimeError as err:
     return {**out, "skipped": str(err)}
   capacity = int(capacity_gib * plan.GIB) if kind == "cpu" else None
-  p = plan.plan(parse(config), devices, prompt_len=prompt_len, capacity_bytes=capacity, runs=runs)
+  platform = devices[0].platform
+  own = optim.RECOMPUTE_ON
+  if guard != "auto":  # the guard picks its form by the platform compiled for
+    optim.RECOMPUTE_ON = own | {platform} if guard == "twice" else own - {platform}
+  try:
+    p = plan.plan(parse(config), devices, prompt_len=prompt_len, capacity_bytes=capacity, runs=runs)
+  finally:
+    optim.RECOMPUTE_ON = own
   gib = plan.GIB
   return {
     **out,
@@ -271,6 +292,8 @@ def markdown(rows: list[dict]) -> str:
       lines.append(f"| {r['shape']} | {r['target']} | – | – | – | – | – | {r['skipped']} |")
       continue
     mesh = " x ".join(f"{k} {v}" for k, v in r["mesh"].items() if v > 1) or "1 device"
+    if "guard" in r:
+      mesh += f", update {r['guard']}"
     cap = "–" if r["capacity_gib"] is None else f"{r['capacity_gib']:.1f} GiB"
     fits = {True: "yes", False: "no", None: "unknown"}[r["fits"]]  # None: no capacity known
     lines.append(
@@ -297,6 +320,9 @@ def check_args(args) -> list[tuple[str, str, dict[str, int]]]:
   for flag in ("prompt_len", "new_tokens", "runs"):
     if getattr(args, flag) < 0:
       raise ArgError(f"--{flag}={getattr(args, flag)}: want >= 0 (0: the default)")
+  unknown = [g for g in args.guard.split(",") if g not in GUARD_FORMS]
+  if unknown:
+    raise ArgError(f"--guard={args.guard}: unknown form {unknown[0]!r}; want of {GUARD_FORMS}")
   if not 0 < args.capacity_gib < float("inf"):
     raise ArgError(f"--capacity_gib={args.capacity_gib}: want a number of GiB > 0")
   return parsed
@@ -357,6 +383,12 @@ def main(argv: list[str]) -> int:
     help="plan a pack of this many runs (0: one run); with a "
     "target axis runs=K the pack's runs are split over K device groups",
   )
+  parser.add_argument(
+    "--guard",
+    default="auto",
+    help="comma-separated forms of the non-finite guard's update to plan each row with: auto "
+    "(the platform's own), held (kept for its check), twice (computed again where applied)",
+  )
   parser.add_argument("--set", action="append", default=[], help="FIELD=VALUE (repeatable)")
   try:
     args = parser.parse_args(argv)
@@ -374,14 +406,25 @@ def main(argv: list[str]) -> int:
   except ArgError as err:
     print(f"error: {err}", file=sys.stderr)
     return 2
-  shapes, targets = args.shapes.split(","), args.targets.split(",")
+  shapes, targets, guards = args.shapes.split(","), args.targets.split(","), args.guard.split(",")
+  todo = [(s, t, g) for s in shapes for t in targets for g in guards]
   rows = []
-  for i, (shape, target) in enumerate((s, t) for s in shapes for t in targets):
+  for i, (shape, target, guard) in enumerate(todo):
     # Progress on stderr: a large shape's compile can take many minutes on a small machine.
-    print(f"[{i + 1}/{len(shapes) * len(targets)}] compiling {shape} for {target} ...",
+    form = "" if guard == "auto" else f" (update {guard})"
+    print(f"[{i + 1}/{len(todo)}] compiling {shape} for {target}{form} ...",
           file=sys.stderr, flush=True)  # fmt: skip
     start = time.monotonic()
-    r = row(shape, target, args.set, args.prompt_len, args.new_tokens, args.capacity_gib, args.runs)
+    r = row(
+      shape,
+      target,
+      args.set,
+      args.prompt_len,
+      args.new_tokens,
+      args.capacity_gib,
+      args.runs,
+      guard,
+    )
     print(f"  done in {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
     rows.append(r)
     print(json.dumps(r), flush=True)
