@@ -2,6 +2,7 @@
 that keeps producing them stops with a clear message (objectives.md §5 applies finite updates
 only); numeric config fields with a range are validated before anything compiles."""
 
+import contextlib
 import os
 import re
 import shutil
@@ -115,9 +116,8 @@ def _guard_temp(device, recompute=None, platform_mesh=None) -> tuple[int, int]:
   loss = jax.ShapeDtypeStruct((), jnp.float32, sharding=on)
 
   def guard(g, s, p, lo):
-    if platform_mesh is None:
-      return optim.guarded_update(tx, g, s, p, lo, recompute=recompute)
-    with sharding.activation_rules(Mesh(np.array(platform_mesh), ("fsdp",)), ()):
+    mesh = None if platform_mesh is None else Mesh(np.array(platform_mesh), ("fsdp",))
+    with contextlib.nullcontext() if mesh is None else sharding.activation_rules(mesh, ()):
       return optim.guarded_update(tx, g, s, p, lo, recompute=recompute)
 
   step = jax.jit(guard, donate_argnums=(1, 2))
@@ -157,9 +157,7 @@ def test_the_guard_holds_the_update_on_the_cpu_backend():
 
   def text(recompute=None, mesh=None):
     def guard(*a):
-      if mesh is None:
-        return optim.guarded_update(tx, *a, recompute=recompute)
-      with sharding.activation_rules(mesh, ()):
+      with contextlib.nullcontext() if mesh is None else sharding.activation_rules(mesh, ()):
         return optim.guarded_update(tx, *a, recompute=recompute)
 
     return str(jax.make_jaxpr(guard)(*args))
