@@ -101,8 +101,8 @@ def guarded_update(
   the held update made the TPU compiler refuse it (99.5 GiB). The CPU backend instead
   materialises the first computation's leaves beside the rest and plans more (7B 114.9 against
   113.5 GiB on one device; 30B-A3B 57.5 against 44.4 GiB on 8), so it holds the update; GPUs
-  too, until their compiler is planned both ways (docs/cpu_runs/guard_memory/). Both forms
-  give equal results.
+  too: an H200's compiler plans 7B's step the same either way (docs/cpu_runs/guard_memory/).
+  Both forms give equal results.
 
   The same checks as a select of new against old values in every leaf, with every leaf's new
   value checked too, made XLA compile Qwen2.5-0.5B's fused step in 499 s; so it takes 106 s,

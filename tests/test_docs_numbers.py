@@ -260,6 +260,38 @@ def _wall_times(*logs: pathlib.Path) -> list[float]:
   return out
 
 
+SMOL_H200 = GPU / "2026-12-04_h200_smollm2"
+
+
+def _smollm2_h200() -> list[float]:
+  """The real model's GPU run beside TRL: the summary (curves side by side, step times, each
+  command's seconds), the trivial answers, TRL's settings and curve, each trainer log's RL-loop
+  and compile times in seconds, and the packed pair's printed tables (not its log lines)."""
+  times = []
+  for log in (SMOL_H200 / "ours.log", SMOL_H200 / "pack" / "pack.log"):
+    for hms in re.findall(
+      r"trained RL steps \S+ in (\d+:\d\d:\d\d) \(the RL loop, of which "
+      r"(\d+:\d\d:\d\d)",
+      log.read_text(),
+    ):
+      for t in hms:
+        h, m, sec = map(int, t.split(":"))
+        times.append(3600 * h + 60 * m + sec)
+  tables = [
+    float(x)
+    for line in (SMOL_H200 / "pack" / "pack.log").read_text().splitlines()
+    if not re.match(r"[IWE]\d{4} ", line)
+    for x in re.findall(rf"(?<![\w.=]){NUM}(?![\w.])", line)
+  ]
+  return [
+    *_values(SMOL_H200 / "summary.txt"),
+    *_values(SMOL_H200 / "setup.log"),
+    *_values(SMOL_H200 / "trl_arith.json"),
+    *times,
+    *tables,
+  ]
+
+
 # The best trivial answer on the 64 evaluated problems, a constant (trivial_evaluated.txt).
 BEST_TRIVIAL_64 = 3 / 64
 
@@ -485,6 +517,7 @@ def test_every_figure_of_the_readmes_results_is_a_committed_raw_output():
       *trivial,
     ],
     "| the same for 400 updates": lambda: [*_tags(LORA400, "eval/accuracy"), *_answer_12_shares()],
+    "| SmolLM2-135M-Instruct on one H200": _smollm2_h200,
     "| SmolLM2-135M-Instruct with an inline calculator": lambda: [
       *(v for r in CALC + NONE for v in _tags(r, "eval/accuracy")),
       *trivial,
@@ -558,6 +591,8 @@ def test_every_figure_of_the_real_model_page_is_a_committed_raw_output():
       _learned(*CALC, *FORMAT),
       _learned(*NO_FORMAT),
     ],
+    "On one H200, every parameter, beside TRL": _smollm2_h200,
+    "Both learn the answer line within 20 updates": _smollm2_h200,
     "Against TRL on this CPU": lambda: trl,
     "Peak host memory is higher on our side": lambda: trl,
   }
@@ -568,6 +603,7 @@ def test_every_figure_of_the_real_model_page_is_a_committed_raw_output():
     r"temperature 0\.7",  # configs/smollm2_arith.py
     r"format reward 0\.2\)",  # the same weight
     r"the format's 0\.2",  # the same weight
+    r"4 minibatch updates a\s+rollout",  # tools/gpu_smollm2.sh's pack
   ]
   _check("docs/real_model.md", sources, settings, unsourced=4)
 

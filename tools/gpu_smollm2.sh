@@ -36,7 +36,8 @@
 #          (metrics.read_scalars) go to $OUT/ours_eval.json, also when the limit cut it (SIGTERM:
 #          the trainer saves and stops; the curve is the evaluations it reached). A failure
 #          other than the limit runs it once more with the layers unrolled (the config scans
-#          them; scanned layers have not run on a GPU yet), in what is left of OURS_S
+#          them: they ran on an H200 on 2026-12-04, another image may refuse them), in what is
+#          left of OURS_S
 #   trl    python tools/trl_arith.py --setting=full --steps=TRL_STEPS (default STEPS), with
 #          whatever the budget has left (TRL_S caps it; 0, the default: no cap): TRL's
 #          generation is the slower, so it reaches fewer updates; $OUT/trl/trl_arith.json is
@@ -45,9 +46,11 @@
 #   pack   if PACK_MIN_S (default 150) seconds remain: tools/sweep.py --packed over
 #          objective.clip_high=0.2,0.28 x seeds 0-3 at PACK_STEPS updates (default 30), with 4
 #          minibatch updates a rollout (the config's one would never clip; sweep.py refuses it), then
-#          tools/compare.py; both into $OUT/pack.log. At the defaults little remains for it:
+#          tools/compare.py; both into $OUT/pack.log. At the defaults little remains for it
+#          (on an H200, 2026-12-04: ours 110 s, TRL 225 s, 140 s left; the pack alone took 179 s):
 #          SKIP="ours trl" (the steps to leave out) runs it alone, in a later invocation on a machine
-#          that still holds the model (or after a setup that makes it again)
+#          that still holds the model. The machine goes back after 30 s idle: send that call at
+#          once, or stage part0 again first (a setup then joins and imports the model again)
 #   after  AFTER, a command run with the model in place and what the budget has left (e.g. the
 #          real model's study arms: SKIP="ours trl pack" AFTER="SIZE=gpu bash
 #          experiments/real_arms.sh clip_higher"), its output into $OUT/after.log
@@ -398,8 +401,8 @@ if ! skipped ours; then
   # shellcheck disable=SC2086  # OURS_ARGS: flags split on spaces
   ours ours "$OURS_S" ${OURS_ARGS:-}
   RC_OURS=$?
-  # A failure that is not the limit (the scanned layers have not run on a GPU before): once
-  # more with the layers unrolled, in what is left of OURS_S.
+  # A failure that is not the limit (another image may refuse the scanned layers): once more
+  # with the layers unrolled, in what is left of OURS_S.
   if [ "$RC_OURS" -ne 0 ] && [ "$RC_OURS" -ne 124 ] && [ "$RC_OURS" -ne 137 ]; then
     LEFT_OURS=$((OURS_S - ($(date +%s) - T_OURS)))
     if [ "$LEFT_OURS" -ge 120 ]; then
