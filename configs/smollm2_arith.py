@@ -15,7 +15,8 @@ Settings (`--config=configs/smollm2_arith.py:SETTING`):
   lora  (default) rank-16 adapters on every projection, 16 rows × 64 new tokens an update:
         5-13 minutes on a 2-core CPU (30 updates, evaluations at 0, 15 and 30 on 64 problems);
   full  every parameter trained, bfloat16 compute, 256 rows an update, 200 updates, the layers
-        scanned (one layer compiled, not 30): a GPU run.
+        scanned (one layer compiled, not 30), the learner's slices sized by the device's
+        memory (rl.microbatch_tokens=auto): a GPU run.
   tool  lora with the in-graph `arithmetic` tool: the model may write `<tool_call>12 * 35</tool_call>`,
         the result comes back in a ChatML `tool` turn inside the same program, and it goes on
         (up to 2 calls, 48 tokens a segment; the tool's tokens are never learned);
@@ -107,6 +108,10 @@ def get_config(setting: str = "lora"):
     c.model.scan_layers = True  # compiles in a fraction of the unrolled time: a 9-minute GPU call
     c.optim.learning_rate = 2e-6
     c.rl.num_prompts = 32
+    # Learner slices from the device's plans: on an H200 the default 4096 tokens a slice made
+    # 16 slices with full recomputation (docs/gpu_runs/2026-12-04_h200_smollm2/ours.log); the
+    # whole minibatch in one slice, no recomputation, plans 49 GiB on the CPU backend.
+    c.rl.microbatch_tokens = "auto"
     c.task.eval_size = 500
     c.train.num_steps, c.train.eval_every, c.train.checkpoint_every = 200, 20, 100
   return c

@@ -277,10 +277,11 @@ def auto_learner(
   """`rl.microbatch_tokens=auto`: (microbatches, remat, the plans compiled) for `config`.
 
   The fewest microbatches k (a divisor of a device's minibatch rows) whose compile-only plan
-  (`plan`) peaks within (1 - AUTO_MARGIN) of the device's memory, found by bisection (the peak
-  falls as k grows). With `rl.remat=auto` the policies are tried least recomputation first
-  (AUTO_REMATS) and the first one that fits in at most AUTO_MAX_SLICES slices is taken (else
-  the last's fewest slices that fit). A ConfigError says what was tried when nothing fits."""
+  (`plan`) peaks within (1 - AUTO_MARGIN) of the device's memory: one plan where the whole
+  minibatch fits; else the k that plan's temp predicts (split k ways), checked, then bisection
+  (the peak falls as k grows). With `rl.remat=auto` the policies are tried least recomputation
+  first (AUTO_REMATS) and the first one that fits in at most AUTO_MAX_SLICES slices is taken
+  (else the last's fewest slices that fit). A ConfigError says what was tried when nothing fits."""
   from jaxrl_llm.config import ConfigError
 
   devices = list(devices if devices is not None else jax.devices())
@@ -306,11 +307,22 @@ def auto_learner(
     )
     ok = not p.refused and p.peak_bytes <= budget
     tried.append({"microbatches": k, "remat": remat, "peak_bytes": p.peak_bytes, "fits": ok})
+    temps.append(None if p.refused else p.temp_bytes)
     return ok
+
+  temps: list[int | None] = []
+
+  def guess() -> int | None:
+    """The slices the one-slice plan just made predicts: its temp split k ways, the rest kept."""
+    temp = temps[-1]
+    if not temp:
+      return None
+    room = budget - (tried[-1]["peak_bytes"] - temp)
+    return next((d for d in divisors if room > 0 and temp / d <= room), divisors[-1])
 
   fallback = None
   for remat in remats:
-    k = _fewest(divisors, lambda k, remat=remat: fits(k, remat))
+    k = _fewest(divisors, lambda k, remat=remat: fits(k, remat), guess)
     if k is not None and k <= AUTO_MAX_SLICES:
       return k, remat, tried
     fallback = fallback or (k and (k, remat))
@@ -324,12 +336,30 @@ def auto_learner(
   )
 
 
-def _fewest(divisors: list[int], fits) -> int | None:
+def _fewest(divisors: list[int], fits, guess=lambda: None) -> int | None:
   """The smallest of the ascending `divisors` that `fits` (None when the largest does not),
-  by bisection: what fits at k fits at every larger k."""
-  if not fits(divisors[-1]):
-    return None
-  lo, hi = 0, len(divisors) - 1  # divisors[hi] fits
+  with few plans: the smallest first, where a large device holds the whole minibatch in one
+  plan; then `guess()`'s divisor (predicted from that plan) and its neighbour below (it fits
+  and that does not: found in two plans) or above; then bisection between what failed and
+  what fits, the largest checked first (what fits at k fits at every larger k)."""
+  if fits(divisors[0]):
+    return divisors[0]
+  lo, hi, last = 1, None, len(divisors) - 1  # divisors[lo - 1] does not fit; divisors[hi] fits
+  g = guess()
+  if g in divisors[lo:]:
+    i = divisors.index(g)
+    if fits(g):
+      if i == lo or not fits(divisors[i - 1]):
+        return g
+      hi = i - 1
+    else:
+      if i < last and fits(divisors[i + 1]):
+        return divisors[i + 1]
+      lo = i + 2
+  if hi is None:
+    if lo > last or not fits(divisors[last]):
+      return None
+    hi = last
   while lo < hi:
     mid = (lo + hi) // 2
     if fits(divisors[mid]):

@@ -47,6 +47,32 @@ def _capacity(peak: float) -> int:
   return int(peak / (1 - plan.AUTO_MARGIN)) + 1
 
 
+def test_the_search_finds_the_fewest_slices_whatever_the_guess():
+  """`plan._fewest` over every threshold and every guess (right, low, high, none, not a
+  divisor): the smallest divisor that fits, or None, no plan made twice; one plan where the
+  first fits, two more where the guess is right or one short."""
+  divisors = [1, 2, 4, 8, 16, 32, 64]
+  for need in [*divisors, None]:  # None: nothing fits
+    for g in [*divisors, 3, None]:
+      calls = []
+
+      def fits(k, need=need, calls=calls):
+        calls.append(k)
+        return need is not None and k >= need
+
+      assert plan._fewest(divisors, fits, lambda g=g: g) == need, (need, g)
+      assert len(calls) == len(set(calls))  # no plan compiled twice
+      if need == 1:
+        assert calls == [1]
+      elif need is not None and g == need:
+        assert calls == ([1, 2] if need == 2 else [1, need, need // 2])
+      elif need is not None and g == need // 2 > 1:  # one short: the guess, then the one above
+        assert calls == [1, g, need]
+  calls = []
+  assert plan._fewest(divisors, lambda k: calls.append(k) or k >= 8) == 8
+  assert calls == [1, 64, 8, 4]  # without a guess: the largest, then bisection
+
+
 @pytest.mark.extended
 def test_the_attention_remat_keeps_the_attention_alone_and_changes_no_number():
   cfg = ModelConfig(
@@ -86,8 +112,9 @@ def test_auto_takes_the_fewest_slices_whose_plan_fits(config, peaks):
   k, remat, tried = plan.auto_learner(none, ROWS, cpu, capacity_bytes=_capacity(peaks["none", 2]))
   assert (k, remat) == (2, "none")
   assert all(t["fits"] == (t["peak_bytes"] <= peaks["none", 2]) for t in tried)
-  k, _, _ = plan.auto_learner(none, ROWS, cpu, capacity_bytes=_capacity(peaks["none", 1]))
+  k, _, tried = plan.auto_learner(none, ROWS, cpu, capacity_bytes=_capacity(peaks["none", 1]))
   assert k == 1
+  assert len(tried) == 1  # a device that holds the whole minibatch costs one plan
   with pytest.raises(ConfigError, match=r"rl.microbatch_tokens=auto: no microbatching fits"):
     plan.auto_learner(none, ROWS, cpu, capacity_bytes=_capacity(peaks["none", 8] // 2))
 

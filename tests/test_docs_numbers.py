@@ -266,7 +266,8 @@ SMOL_H200 = GPU / "2026-12-04_h200_smollm2"
 def _smollm2_h200() -> list[float]:
   """The real model's GPU run beside TRL: the summary (curves side by side, step times, each
   command's seconds), the trivial answers, TRL's settings and curve, each trainer log's RL-loop
-  and compile times in seconds, and the packed pair's printed tables (not its log lines)."""
+  and compile times in seconds, its learner's slices, and the packed pair's printed tables (not
+  its log lines)."""
   times = []
   for log in (SMOL_H200 / "ours.log", SMOL_H200 / "pack" / "pack.log"):
     for hms in re.findall(
@@ -283,7 +284,9 @@ def _smollm2_h200() -> list[float]:
     if not re.match(r"[IWE]\d{4} ", line)
     for x in re.findall(rf"(?<![\w.=]){NUM}(?![\w.])", line)
   ]
+  slices = re.findall(r"learner: (\d+) microbatch", (SMOL_H200 / "ours.log").read_text())
   return [
+    *map(float, slices),
     *_values(SMOL_H200 / "summary.txt"),
     *_values(SMOL_H200 / "setup.log"),
     *_values(SMOL_H200 / "trl_arith.json"),

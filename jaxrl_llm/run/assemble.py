@@ -8,6 +8,7 @@ import dataclasses
 import functools
 import json
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from absl import logging
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_llm import (
@@ -377,7 +379,11 @@ def _learner_settings(
     from jaxrl_llm import plan
 
     devices = list(mesh.devices.flat)
-    k, remat, _ = plan.auto_learner(cfg, max(rows, 1), devices, prompt_len=prompt_len, runs=runs)
+    logging.info("rl.microbatch_tokens=auto: sizing the learner's slices by compile-only plans")
+    start, n = time.perf_counter(), max(rows, 1)
+    k, remat, tried = plan.auto_learner(cfg, n, devices, prompt_len=prompt_len, runs=runs)
+    msg = "rl.microbatch_tokens=auto: %d slice(s), remat %s, from %d plan(s) in %.1fs"
+    logging.info(msg, k, remat, len(tried), time.perf_counter() - start)
     rl = dataclasses.replace(rl, num_microbatches=k, remat=remat)
   rl = rl.resolved(rows_per_device=max(rows, 1), seq_len=seq_len, num_params=num_params)
   return dataclasses.replace(settings, rl=rl)  # `record.log_banner` shows the resolved values
