@@ -8,13 +8,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import tiny_config
+from conftest import REPO, cli_env, tiny_config
 from parsed import build
+from text_fixtures import math_file_run
 
 from jaxrl_llm import plan
 from jaxrl_llm.config import ConfigError, parse
@@ -141,3 +144,29 @@ def test_a_run_with_auto_slices_builds_with_the_planned_choice():
   assert (rl.num_microbatches, rl.remat) == (1, "none")
   with pytest.raises(ConfigError, match=r"rl.microbatch_tokens='fast'; allowed: a number >= 1"):
     parse(tiny_config(**{"rl.microbatch_tokens": "fast"}))
+
+
+def test_a_host_verifier_run_compiles_its_learner_once_the_plan_and_the_step_alike(tmp_path):
+  """`rl.microbatch_tokens=auto` compiles the learner of a prompt-file run (host verifiers) to
+  plan it; the run's own learner call is that same program, so with a persistent compilation
+  cache it is loaded, not compiled again: the cache holds one learner (and one sampler) after
+  a run of the command line."""
+  overrides, _ = math_file_run(tmp_path)
+  overrides |= {"train.num_steps": 1, "train.eval_every": 1, "train.checkpoint_every": 1}
+  overrides |= {"rl.microbatch_tokens": "auto", "sft.steps": 0, "model.d_model": 32}
+  overrides |= {"model.mlp_dim": 64, "rl.num_prompts": 2, "sampling.group_size": 4}
+  cache = tmp_path / "xla_cache"
+  env = cli_env("JAX_COMPILATION_CACHE_DIR")
+  env |= {
+    "JAX_COMPILATION_CACHE_DIR": str(cache),
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+  }
+  env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+  cmd = [sys.executable, "-m", "jaxrl_llm.main", "--config=configs/default.py"]
+  cmd += [f"--workdir={tmp_path / 'run'}", *(f"--config.{k}={v}" for k, v in overrides.items())]
+  proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "rl.microbatch_tokens=auto: 1 slice(s), remat none, from 1 plan(s)" in proc.stderr
+  programs = [p.name.split("-")[0] for p in cache.glob("*-cache")]  # not the LRU's -atime
+  assert programs.count("jit_learn") == 1, sorted(programs)
+  assert programs.count("jit_sample_phase") == 1, sorted(programs)
