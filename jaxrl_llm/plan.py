@@ -273,8 +273,10 @@ def auto_learner(
   prompt_len: int | None = None,
   capacity_bytes: int | None = None,
   runs: int = 0,
+  varied: Sequence[str] | None = None,
 ) -> tuple[int, str, list[dict]]:
-  """`rl.microbatch_tokens=auto`: (microbatches, remat, the plans compiled) for `config`.
+  """`rl.microbatch_tokens=auto`: (microbatches, remat, the plans compiled) for `config`
+  (a pack of `runs` varying `varied`, as `plan` takes them).
 
   The fewest microbatches k (a divisor of a device's minibatch rows) whose compile-only plan
   (`plan`) peaks within (1 - AUTO_MARGIN) of the device's memory: one plan where the whole
@@ -304,6 +306,7 @@ def auto_learner(
       prompt_len=prompt_len,
       capacity_bytes=capacity,
       runs=runs,
+      varied=varied,
     )
     ok = not p.refused and p.peak_bytes <= budget
     tried.append({"microbatches": k, "remat": remat, "peak_bytes": p.peak_bytes, "fits": ok})

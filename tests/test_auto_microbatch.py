@@ -146,11 +146,14 @@ def test_a_run_with_auto_slices_builds_with_the_planned_choice():
     parse(tiny_config(**{"rl.microbatch_tokens": "fast"}))
 
 
-def test_a_host_verifier_run_compiles_its_learner_once_the_plan_and_the_step_alike(tmp_path):
-  """`rl.microbatch_tokens=auto` compiles the learner of a prompt-file run (host verifiers) to
-  plan it; the run's own learner call is that same program, so with a persistent compilation
-  cache it is loaded, not compiled again: the cache holds one learner (and one sampler) after
-  a run of the command line."""
+@pytest.mark.parametrize("packed", [False, True], ids=["run", "pack"])
+def test_a_host_verifier_run_compiles_its_learner_once_the_plan_and_the_step_alike(
+  tmp_path, packed
+):
+  """`rl.microbatch_tokens=auto` compiles the sampler and learner of a prompt-file run (host
+  verifiers) to plan them; the run's own calls are those same programs, so with a persistent
+  compilation cache they are loaded, not compiled again: the cache holds one learner and one
+  sampler after a run of the command line, or a pack of two (`tools/sweep.py --packed`)."""
   overrides, _ = math_file_run(tmp_path)
   overrides |= {"train.num_steps": 1, "train.eval_every": 1, "train.checkpoint_every": 1}
   overrides |= {"rl.microbatch_tokens": "auto", "sft.steps": 0, "model.d_model": 32}
@@ -162,8 +165,13 @@ def test_a_host_verifier_run_compiles_its_learner_once_the_plan_and_the_step_ali
     "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
   }
   env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
-  cmd = [sys.executable, "-m", "jaxrl_llm.main", "--config=configs/default.py"]
-  cmd += [f"--workdir={tmp_path / 'run'}", *(f"--config.{k}={v}" for k, v in overrides.items())]
+  if packed:
+    cmd = [sys.executable, "tools/sweep.py", "--config=configs/default.py", "--packed"]
+    cmd += [f"--root={tmp_path / 'pack'}", "--grid=objective.clip_high=0.2,0.28", "--seeds=0"]
+    cmd += ["--set=" + ",".join(f"{k}={v}" for k, v in overrides.items())]
+  else:
+    cmd = [sys.executable, "-m", "jaxrl_llm.main", "--config=configs/default.py"]
+    cmd += [f"--workdir={tmp_path / 'run'}", *(f"--config.{k}={v}" for k, v in overrides.items())]
   proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "rl.microbatch_tokens=auto: 1 slice(s), remat none, from 1 plan(s)" in proc.stderr

@@ -9,7 +9,7 @@ import functools
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -368,21 +368,19 @@ def _sampler_dtype(dtype: str, platform: str) -> str:
 
 
 def _learner_settings(
-  cfg: Config, params, mesh, seq_len: int, samp, prompt_len: int | None, runs: int
+  cfg: Config, params, mesh, seq_len: int, samp, prompt_len: int | None, runs: int, varied
 ) -> Settings:
   """The learner settings with the `auto` microbatching and remat made concrete
   (`rl.microbatch_tokens=auto`: from the device's compile-only plans, `plan.auto_learner`)."""
-  settings = cfg.learner
-  rl = settings.rl
+  settings, rl = cfg.learner, cfg.learner.rl
   num_params = sum(x.size for x in jax.tree.leaves(params))
   rows = rl.num_prompts * samp.group_size // rl.num_minibatches // sharding.batch_size_divisor(mesh)
   if rl.microbatch_tokens == "auto" and rl.num_microbatches == 0:
     from jaxrl_llm import plan
 
-    devices = list(mesh.devices.flat)
     logging.info("rl.microbatch_tokens=auto: sizing the learner's slices by compile-only plans")
-    start, n = time.perf_counter(), max(rows, 1)
-    k, remat, tried = plan.auto_learner(cfg, n, devices, prompt_len=prompt_len, runs=runs)
+    start, kw = time.perf_counter(), {"prompt_len": prompt_len, "runs": runs, "varied": varied}
+    k, remat, tried = plan.auto_learner(cfg, max(rows, 1), list(mesh.devices.flat), **kw)
     msg = "rl.microbatch_tokens=auto: %d slice(s), remat %s, from %d plan(s) in %.1fs"
     logging.info(msg, k, remat, len(tried), time.perf_counter() - start)
     rl = dataclasses.replace(rl, num_microbatches=k, remat=remat)
@@ -425,6 +423,7 @@ def build(
   devices: list[jax.Device] | None = None,
   prompt_len: int | None = None,
   runs: int = 0,
+  varied: Sequence[str] | None = None,
 ) -> Experiment:
   """Builds the mesh, task, model, initial state and jitted programs of a run (`config`: its
   `Config`; an experiment ConfigDict is `config.parse`d by the caller).
@@ -435,8 +434,9 @@ def build(
   `devices` (default `jax.devices()`) builds the mesh from other devices: fake CPU devices, or
   a TPU topology's (`jax.experimental.topologies`) for an abstract build compiled for TPU.
   `prompt_len` (planning only) sizes the step for prompts of another length than the task's.
-  `runs` > 0 builds the programs of a pack of that many runs (`run.pack`); the state is then
-  the first run's, which the pack stacks with the others'.
+  `runs` > 0 builds the programs of a pack of that many runs (`run.pack`) varying the traced
+  fields `varied` (what `rl.microbatch_tokens=auto` plans); the state is then the first
+  run's, which the pack stacks with the others'.
   """
   cfg = typed(config, "build")
   _check_checkpoint_dir(cfg.model.checkpoint)
@@ -452,7 +452,7 @@ def build(
   rng = jax.random.PRNGKey(cfg.seed)
   state = _fresh_state(cfg, tx, params, param_shardings, mesh, rng, abstract=abstract)
   seq_len = (prompt_len or task.prompt_len) + samp.max_new_tokens
-  settings = _learner_settings(cfg, params, mesh, seq_len, samp, prompt_len, runs)
+  settings = _learner_settings(cfg, params, mesh, seq_len, samp, prompt_len, runs, varied)
   state_shardings = jax.tree.map(lambda x: x.sharding, state)
   sampler_dtype = _sampler_dtype(cfg.sampling.param_dtype, devices[0].platform)
   reward_fn = task.reward_terms  # None when the verifiers run on the host

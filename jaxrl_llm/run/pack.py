@@ -140,7 +140,8 @@ def build_pack(
       f"each seed initialises its own (seeds {seeds}): start them from a checkpoint, or pack "
       "each seed's runs apart"
     )
-  exp = build(configs[0], devices=devices, runs=len(configs))
+  traced = list(run_values(configs, varied))  # the per-run values the programs take
+  exp = build(configs[0], devices=devices, runs=len(configs), varied=traced)
   groups = exp.mesh.shape[sharding.RUNS_AXIS]
   if len(configs) % groups:
     raise ConfigError(
