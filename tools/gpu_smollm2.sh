@@ -18,6 +18,8 @@
 #   1: send .whl and build/smollm2/part0; run `bash tools/gpu_smollm2.sh stage` (limit 120 s)
 #   2: send .whl and build/smollm2/part1; run `BUDGET_S=500 bash tools/gpu_smollm2.sh` (limit 540 s)
 # An invocation 2 that lands on a fresh machine finds part0 missing, says so in one line and stops.
+# Invocation 1 may go on to other work once staged (`bash tools/gpu_smollm2.sh stage && BUDGET_S=480
+# bash tools/gpu_card.sh`): the part stays on the machine while it is held.
 #
 # The wheels the image lacks (the image's package list: jax, flax, optax, orbax,
 # chex, tensorboard, torch, transformers, peft, accelerate, pyarrow, ... are there) go to .whl/
