@@ -270,13 +270,11 @@ def auto_learner(
   rows_per_device: int,
   devices: list[jax.Device] | None = None,
   *,
-  prompt_len: int | None = None,
   capacity_bytes: int | None = None,
-  runs: int = 0,
-  varied: Sequence[str] | None = None,
+  **plan_kw,
 ) -> tuple[int, str, list[dict]]:
   """`rl.microbatch_tokens=auto`: (microbatches, remat, the plans compiled) for `config`
-  (a pack of `runs` varying `varied`, as `plan` takes them).
+  (`plan_kw`: prompt_len, and a pack's runs and varied fields, as `plan` takes them).
 
   The fewest microbatches k (a divisor of a device's minibatch rows) whose compile-only plan
   (`plan`) peaks within (1 - AUTO_MARGIN) of the device's memory: one plan where the whole
@@ -300,29 +298,14 @@ def auto_learner(
 
   def fits(k: int, remat: str) -> bool:
     rl = dataclasses.replace(config.rl, num_microbatches=k, remat=remat)
-    p = plan(
-      dataclasses.replace(config, rl=rl),
-      devices,
-      prompt_len=prompt_len,
-      capacity_bytes=capacity,
-      runs=runs,
-      varied=varied,
-    )
+    p = plan(dataclasses.replace(config, rl=rl), devices, capacity_bytes=capacity, **plan_kw)
     ok = not p.refused and p.peak_bytes <= budget
+    temp = None if p.refused else p.temp_bytes
     tried.append({"microbatches": k, "remat": remat, "peak_bytes": p.peak_bytes, "fits": ok})
-    temps.append(None if p.refused else p.temp_bytes)
+    tried[-1]["temp_bytes"] = temp
     return ok
 
-  temps: list[int | None] = []
-
-  def guess() -> int | None:
-    """The slices the one-slice plan just made predicts: its temp split k ways, the rest kept."""
-    temp = temps[-1]
-    if not temp:
-      return None
-    room = budget - (tried[-1]["peak_bytes"] - temp)
-    return next((d for d in divisors if room > 0 and temp / d <= room), divisors[-1])
-
+  guess = lambda: _predicted(tried[-1], budget, divisors)  # noqa: E731  (after the first plan)
   fallback = None
   for remat in remats:
     k = _fewest(divisors, lambda k, remat=remat: fits(k, remat), guess)
@@ -337,6 +320,15 @@ def auto_learner(
     f"({100 * (1 - AUTO_MARGIN):.0f}% of {human_bytes(capacity)}); the smallest plan needs "
     f"{human_bytes(smallest)} (remat {', '.join(remats)}, up to {divisors[-1]} slices)"
   )
+
+
+def _predicted(one: dict, budget: float, divisors: list[int]) -> int | None:
+  """The slices a one-slice plan (`one`, a `tried` entry) predicts: the fewest of `divisors`
+  whose share of its temp fits `budget` beside the rest of its peak (None: it was refused)."""
+  if not one["temp_bytes"]:
+    return None
+  room = budget - (one["peak_bytes"] - one["temp_bytes"])
+  return next((d for d in divisors if room > 0 and one["temp_bytes"] / d <= room), divisors[-1])
 
 
 def _fewest(divisors: list[int], fits, guess=lambda: None) -> int | None:
