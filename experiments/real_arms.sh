@@ -38,11 +38,12 @@
 #   a pack of 8 such runs (4 minibatch updates a rollout, the learner then in 16-row slices
 #   with full recomputation) ran 30 updates in 2 min 18 s, 42 s of it compiling
 #   (docs/gpu_runs/2026-12-04_h200_smollm2/pack/).
-# STEPS and SEEDS override the size's; TABLES_ONLY=1 prints the tables of the runs already
-# made. Outputs go under $ROOT (default /tmp/jaxrl_experiments/real_STUDY), with a compilation
-# cache beside it; the tables on stdout. A bad input (an argument after STUDY, an unknown STUDY
-# or SIZE, STEPS, SEEDS or TABLES_ONLY that is no such value) is one `error:` line and exit 2,
-# before anything is written or trained.
+# STEPS and SEEDS override the size's; EXTRA_SET (key=value,...) adds config settings to every
+# pack (e.g. SIZE=gpu at a few rows, to rehearse it on a CPU); TABLES_ONLY=1 prints the tables
+# of the runs already made. Outputs go under $ROOT (default /tmp/jaxrl_experiments/real_STUDY),
+# with a compilation cache beside it; the tables on stdout. A bad input (an argument after
+# STUDY, an unknown STUDY or SIZE, STEPS, SEEDS, EXTRA_SET or TABLES_ONLY that is no such value)
+# is one `error:` line and exit 2, before anything is written or trained.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STUDY=${1:-}
@@ -62,6 +63,9 @@ esac
   fail "STEPS=$STEPS; allowed: a positive whole number of updates"
 [[ ${SEEDS:-0} =~ ^[0-9]+(,[0-9]+)*$ ]] ||
   fail "SEEDS=$SEEDS; allowed: comma-separated seeds, e.g. 0,1,2,3"
+[[ -z ${EXTRA_SET:-} || $EXTRA_SET =~ ^[a-z_.]+=[^,=]+(,[a-z_.]+=[^,=]+)*$ ]] ||
+  fail "EXTRA_SET=$EXTRA_SET; allowed: config settings as key=value,..., e.g." \
+    "rl.num_prompts=1,task.eval_size=4"
 case ${TABLES_ONLY:-0} in
   0 | 1) ;;
   *) fail "TABLES_ONLY=$TABLES_ONLY; allowed: 0 | 1 (1: the tables of the runs already made)" ;;
@@ -77,7 +81,7 @@ case $SIZE in
 esac
 [ "$SIZE" = cpu ] && EVAL=,train.eval_every=$STEPS,train.checkpoint_every=$STEPS
 [ "$SIZE" = cpu ] && EVAL=$EVAL,model.scan_layers=True
-SET=train.num_steps=$STEPS$EVAL
+SET=train.num_steps=$STEPS$EVAL${EXTRA_SET:+,$EXTRA_SET}
 mkdir -p "$(dirname "$ROOT")"
 
 # pack NAME SETTINGS...: one pack of $SEEDS under $ROOT/NAME (its output in $ROOT.NAME.log; a

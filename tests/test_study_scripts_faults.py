@@ -278,6 +278,7 @@ def test_a_study_refuses_a_confirm_it_does_not_know(tmp_path, value):
     ({"STEPS": "0"}, ["clip_higher"], ["STEPS=0", "positive whole number"]),
     ({"SEEDS": "0 1"}, ["clip_higher"], ["SEEDS=0 1", "0,1,2,3"]),
     ({"TABLES_ONLY": "yes"}, ["clip_higher"], ["TABLES_ONLY=yes", "0 | 1"]),
+    ({"EXTRA_SET": "rl.num_prompts"}, ["clip_higher"], ["EXTRA_SET=rl.num_prompts", "key=value"]),
     ({}, ["clip_hihger"], ["STUDY=clip_hihger", "clip_higher |"]),
   ],
 )
