@@ -158,6 +158,15 @@ def local_block(x: jax.Array) -> np.ndarray:
   return out
 
 
+def placed_like(values: dict, like: jax.Array, to_global) -> dict:
+  """Host arrays {name: [rows...]} as float32 device arrays: in one process laid out as `like`
+  (the layout a compile-only plan gave those inputs, so the program it compiled is the one
+  called); across processes each process's block through `to_global`."""
+  if jax.process_count() == 1:
+    return {k: jax.device_put(np.asarray(v, np.float32), like.sharding) for k, v in values.items()}
+  return {k: to_global(np.asarray(v, np.float32)) for k, v in values.items()}
+
+
 def summed(values: np.ndarray) -> np.ndarray:
   """`values` summed over the processes (each process's own counts; a collective: every
   process must call it). On one process, `values` as they are."""

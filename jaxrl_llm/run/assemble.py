@@ -126,11 +126,8 @@ def host_reward_step(exp: Experiment, state: TrainState, np_batch: dict, rng: ja
   rollout = exp.program.sample(state, batch, rng)
   completions = distributed.local_block(rollout.tokens)
   terms, stats = verify_on_host(exp, completions, np_batch["answer"])
-  if jax.process_count() == 1:  # as the rollout's rows: the learner `plan` compiled (its cache)
-    put = functools.partial(jax.device_put, device=rollout.lengths.sharding)
-  else:
-    put = functools.partial(jax.make_array_from_process_local_data, exp.batch_sharding)
-  terms = {k: put(np.asarray(v, np.float32)) for k, v in terms.items()}
+  to_global = functools.partial(jax.make_array_from_process_local_data, exp.batch_sharding)
+  terms = distributed.placed_like(terms, rollout.lengths, to_global)  # the rollout's rows
   if jax.process_count() > 1:
     keys = sorted(stats)
     stats = dict(zip(keys, distributed.summed(np.asarray([stats[k] for k in keys], np.float64))))

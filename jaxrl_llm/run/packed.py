@@ -123,11 +123,8 @@ def _host_reward_update(pack: Pack, state, np_batch: dict, keys):
   runs = own_runs(pack)
   answers = np_batch["answer"]
   scored = [verify_on_host(pack.run(r), tokens[i], answers[i]) for i, r in enumerate(runs)]
-  if jax.process_count() == 1:  # as the rollout's rows: the learner `plan` compiled (its cache)
-    put = functools.partial(jax.device_put, device=rollout.lengths.sharding)
-  else:
-    put = functools.partial(to_rows, mesh=exp.mesh)
-  terms = {k: put(np.stack([t[k] for t, _ in scored]).astype(np.float32)) for k in scored[0][0]}
+  terms = {k: np.stack([t[k] for t, _ in scored]) for k in scored[0][0]}
+  terms = distributed.placed_like(terms, rollout.lengths, functools.partial(to_rows, mesh=exp.mesh))
   state, metrics = exp.program.learn(state, rollout, terms, keys, pack.values)
   host = distributed.host_values(metrics)
   names = sorted(scored[0][1])
