@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 
 import jax
 import jax.numpy as jnp
@@ -168,19 +169,30 @@ def test_decode_copies_finds_no_cache_copy_in_the_scanned_bf16_sampler_alone_or_
 
 @pytest.mark.extended
 def test_gpu_card_writes_each_steps_output_into_out_as_it_runs(tmp_path):
-  """tools/gpu_card.sh on this machine with one step (the import check): its stdout and stderr
-  go straight into $OUT/NAME.json and NAME.log, its status into steps.txt; an unknown step is
-  one line, and a step past the budget is skipped, not started."""
-  env = {**cli_env(), "OUT": str(tmp_path), "WHEELS": str(tmp_path / "none")}
+  """tools/gpu_card.sh on this machine with one step (the import check), twice: its stdout and
+  stderr go into $OUT/NAME.json and NAME.log as it runs and then into $OUT/card.tgz, its status
+  into steps.txt, so $OUT holds 2 files however many steps ran (a device call brings back 8); an
+  unknown step is one line, and a step past the budget is skipped, not started."""
+  out = tmp_path / "out"
+  env = {
+    **cli_env(),
+    "OUT": str(out),
+    "WHEELS": str(tmp_path / "none"),
+    "DONE": str(tmp_path / "done"),
+  }
   proc = subprocess.run(
-    ["bash", "tools/gpu_card.sh", "preflight", "nosuchstep"],
+    ["bash", "tools/gpu_card.sh", "preflight", "nosuchstep", "preflight"],
     cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
   )  # fmt: skip
   assert proc.returncode == 0, proc.stderr[-2000:]
-  steps = (tmp_path / "steps.txt").read_text().splitlines()
-  assert len(steps) == 1 and steps[0].startswith("== preflight: rc=0 in "), steps
-  assert "'jax':" in (tmp_path / "preflight.json").read_text()
-  assert (tmp_path / "preflight.log").exists()
+  assert sorted(f.name for f in out.iterdir()) == ["card.tgz", "steps.txt"]
+  lines = (out / "steps.txt").read_text().splitlines()
+  steps = [line for line in lines if line.startswith("== ") and not line.startswith("== done")]
+  assert len(steps) == 2 and all(s.startswith("== preflight: rc=0 in ") for s in steps), lines
+  assert lines[-1].startswith("== done in ") and any(line.startswith("jax ") for line in lines)
+  with tarfile.open(out / "card.tgz") as tar:
+    assert sorted(tar.getnames()) == [".", "./preflight.json", "./preflight.log"]
+    assert "'jax':" in tar.extractfile("./preflight.json").read().decode()
   assert "== nosuchstep: no such step" in proc.stdout
   skipped = subprocess.run(
     ["bash", "tools/gpu_card.sh", "preflight"],

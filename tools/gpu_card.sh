@@ -45,19 +45,22 @@
 #                   peak-memory ratio where weights and Adam state are not already 0.65x of TRL's
 #   qwen05, qwen15  (measured once) qwen2.5-0.5b against TRL with a profile of one warm step;
 #                   qwen2.5-1.5b
-# Wheels in $WHEELS (default .whl/: untracked, so it travels with the working tree) not
-# installed on the machine go to $SITE first; gather them beforehand with
-#   pip download --no-deps -d .whl grain portpicker array_record ml_collections trl datasets \
-#     'dill<0.4.2' 'multiprocess<0.70.20'
+# Wheels in $WHEELS (default .whl/, which travels with the working tree, or in the call's carry
+# where .git/info/exclude ignores it) that the machine lacks go to $SITE first; gather them
+# beforehand with `bash tools/gpu_card.sh wheels` (or `bash tools/gpu_smollm2.sh prepare`, which
+# pins the versions installed here)
 # (grain 0.2.18 and datasets 5.2 with what they need that the 2026-11 CUDA image lacks; peft,
 # torch and transformers are in it).
 # An invocation may run 10 minutes and the machine is held 15 in all: compile-only steps can run in
 # a second copy beside the timed ones (with its own OUT), e.g.
-#   (OUT=$OUT/a bash tools/gpu_card.sh moe_plan pack_plan > $OUT/a.txt 2>&1) &
+#   (OUT=$OUT/a bash tools/gpu_card.sh moe_plan pack_plan > /dev/null 2>&1) &
 #   OUT=$OUT/b bash tools/gpu_card.sh preflight checks decode256 qwen15_trl; wait
-# Results go to $OUT (or /tmp/gpu_card): each step's stdout (a bench's raw JSON) in NAME.json
-# and its stderr in NAME.log as it runs, and one line per step in steps.txt. Commit them raw
-# under docs/gpu_runs/.
+# Results go to $OUT (or /tmp/gpu_card): the step running writes its stdout (a bench's raw JSON)
+# into $OUT/NAME.json and its stderr into $OUT/NAME.log as it runs; once it ends they move into
+# $OUT/card.tgz (rewritten after every step) and one line goes to $OUT/steps.txt. So $OUT holds at
+# most 4 files whatever the steps (a call brings back 8: room for a second copy in $OUT/a), and a
+# call cut off keeps every finished step and the running one's output so far. Unpack card.tgz
+# and commit it raw under docs/gpu_runs/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = wheels ]; then  # on a machine with the package index, before the GPU invocation
@@ -68,7 +71,8 @@ OUT=${OUT:-/tmp/gpu_card}
 BUDGET_S=${BUDGET_S:-540}
 WHEELS=${WHEELS:-.whl}
 SITE=${SITE:-/tmp/jaxrl_llm_site}
-mkdir -p "$OUT"
+DONE=${DONE:-/tmp/gpu_card_done/$$}  # the finished steps' files, archived into $OUT/card.tgz
+mkdir -p "$OUT" "$DONE"
 START=$(date +%s)
 # No preallocation: the TRL peer shares the card with our process, and the peaks are real use.
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false XLA_PYTHON_CLIENT_PREALLOCATE=false
@@ -98,11 +102,24 @@ step() {
   echo "== $name: rc=$rc in $(($(date +%s) - t0))s (limit ${limit}s)" | tee -a "$OUT/steps.txt"
   tail -c 1500 "$OUT/$name.json"
   [ "$rc" -ne 0 ] && grep -v '^    @' "$OUT/$name.log" | tail -n 8
+  archive
+}
+
+# archive: every file the finished step left in $OUT (its JSON and log, a tool's own output file)
+# moves into $DONE, and $OUT/card.tgz is rewritten from it (a new file, then renamed: a call cut
+# off mid-write keeps the previous archive).
+archive() {
+  find "$OUT" -maxdepth 1 -type f ! -name card.tgz ! -name steps.txt ! -name '.*' \
+    -exec mv -t "$DONE" {} +
+  tar czf "$OUT/.card.tgz" -C "$DONE" . && mv "$OUT/.card.tgz" "$OUT/card.tgz"
 }
 
 STEPS=("$@")
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader || true
-python3 -c "import jax, jaxlib; print('jax', jax.__version__, jax.devices())"
+# The machine first, in steps.txt too (stdout repeats steps.txt: a copy run beside needs no file of its own).
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader || true
+  python3 -c "import jax, jaxlib; print('jax', jax.__version__, jax.devices())" 2>&1 | tail -n 1
+} | tee -a "$OUT/steps.txt"
 # XLA's GPU autotuning results, kept per fusion as each is tuned: a step cut off while compiling
 # leaves them for the next invocation on the same machine (timings do not depend on it). Set only
 # where this XLA knows the flag (an unknown flag stops every program).
@@ -207,4 +224,4 @@ ALL=("${FIRST[@]}" qwen15 checks grouped_sweep moe_plan pack_plan guard_plan pac
 for name in "${STEPS[@]}"; do
   run_step "$name"
 done
-echo "== done in $(($(date +%s) - START))s"
+echo "== done in $(($(date +%s) - START))s" | tee -a "$OUT/steps.txt"
