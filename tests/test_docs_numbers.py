@@ -514,6 +514,7 @@ def test_every_figure_of_the_readmes_results_is_a_committed_raw_output():
       *_values(CPU / "readme_commands_2026-12-02.txt"),
       *_run_log_summary(DEFAULT),
     ],
+    "On another 2-core machine": lambda: _values(CPU / "readme_commands_2026-12-04.txt"),
     "| default run (command 1)": lambda: _tags(DEFAULT, "eval/accuracy"),
     "| SmolLM2-135M-Instruct (command 3)": lambda: [
       *_tags(COMMAND3, "eval/accuracy", "eval/reward/answer_line_format"),
