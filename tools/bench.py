@@ -335,7 +335,9 @@ def bench(
   alone: no fused step is compiled, its fields are null); returns the measurements."""
   config = parse(config)
   progress("building the run")
-  exp = build(config)
+  start = time.perf_counter()
+  exp = build(config)  # rl.microbatch_tokens=auto: its plans too (their count in the info log)
+  build_s = time.perf_counter() - start
   program = program_for(exp, full_length)
   ctx = program.learner
   samp = ctx.sampling
@@ -417,6 +419,7 @@ def bench(
       "max_new_tokens": t,
       "epochs": config.rl.num_epochs,
       "minibatches": config.rl.num_minibatches,
+      "microbatch_tokens": config.rl.microbatch_tokens,
       "microbatches": ctx.settings.rl.num_microbatches,
       "remat": ctx.settings.rl.remat,
       "sampler_param_dtype": ctx.sampler_dtype,
@@ -425,6 +428,7 @@ def bench(
       "kv_block": samp.kv_block,
       "attention": config.model.attention,  # pallas: decode reads about the filled slots
     },
+    "build_s": build_s,
     "rl_step_s": step_s,
     "step_times_s": step_times,
     "compile_s": compile_s,
@@ -665,6 +669,9 @@ def run(
 
 def main(argv: list[str]) -> int:
   """Command line: prints the benchmark result as JSON."""
+  from absl import logging as absl_logging
+
+  absl_logging.set_verbosity(absl_logging.INFO)  # the build's own lines (auto's plans) on stderr
   parser = terminal.ArgParser(
     description=__doc__.splitlines()[0],
     epilog="Other arguments --config.FIELD=VALUE override config fields (as for the trainer).",

@@ -3,7 +3,14 @@
 # each step under its own time limit and within an overall deadline:
 #
 #   bash tools/gpu_card.sh wheels                  # here, beforehand: the wheels the image lacks
+#   bash tools/gpu_card.sh rehearse [STEP ...]     # here, beforehand: the steps on this CPU
 #   BUDGET_S=540 bash tools/gpu_card.sh [STEP ... | all]   # on the GPU machine
+#
+# `rehearse` runs the steps' own command lines at tiny shapes (bench's `tiny`, a pack of 2, a
+# small grouped matmul) under the GPU image's versions (the venv `tools/gpu_smollm2.sh venv`
+# makes), with the wheels installed from $WHEELS as there and the TRL peer in this machine's
+# Python (torch is not in that venv), into /tmp/gpu_card_rehearse: what a jax, flax or TRL release
+# of the image breaks shows here before device time is spent. Compile-only steps need a GPU.
 #
 # Steps run in the order given (default: preflight grouped pack16 decode256_only
 # decode256_pallas qwen15_auto qwen05_static_trl, the order of value for one 9-minute invocation;
@@ -65,6 +72,14 @@ cd "$(dirname "$0")/.."
 if [ "${1:-}" = wheels ]; then  # on a machine with the package index, before the GPU invocation
   exec python3 -m pip download --no-deps -d "${WHEELS:-.whl}" grain portpicker array_record \
     ml_collections trl datasets 'dill<0.4.2' 'multiprocess<0.70.20' gguf
+fi
+REHEARSE=""
+if [ "${1:-}" = rehearse ]; then  # here, on this CPU: the steps' own command lines at tiny shapes
+  shift
+  HOST_PY=$(command -v python3)  # the TRL peer's Python: torch is not in the image's venv here
+  VENV=$(bash tools/gpu_smollm2.sh venv) || exit 2
+  export PATH="$VENV/bin:$PATH"
+  REHEARSE=1 OUT=${OUT:-/tmp/gpu_card_rehearse} SITE=${SITE:-/tmp/gpu_card_rehearse/site}
 fi
 OUT=${OUT:-/tmp/gpu_card}
 BUDGET_S=${BUDGET_S:-540}
@@ -144,19 +159,29 @@ B05=(--shape=qwen2.5-0.5b --steps=2)
 B15=(--shape=qwen2.5-1.5b --steps=2)
 B256=("${B05[@]}" --set=rl.num_prompts=32)  # 256 sequences
 GROUPED=(--rows=16384 --k=1024 --n=384 --experts=64)
+PACK16=(--shape=default --runs=16 --steps=3)
+PEER=()
+if [ -n "$REHEARSE" ]; then  # the same command lines at sizes this CPU runs in seconds
+  B05=(--shape=tiny --steps=2)
+  B15=("${B05[@]}")
+  B256=("${B05[@]}" --set=rl.num_prompts=4)
+  GROUPED=(--rows=512 --k=64 --n=32 --experts=4)
+  PACK16=(--shape=default --runs=2 --steps=2)
+  PEER=(--peer_python="$HOST_PY")
+fi
 # run_step NAME: one step by name (the names above; anything else is refused in one line).
 run_step() {
   case $1 in
-    preflight) step preflight 60 python3 -c "$PREFLIGHT" ;;
+    preflight) step preflight 60 python3 -c "$PREFLIGHT" "${MODULES[@]}" ;;
     pack16)
-      step pack16 240 python3 tools/bench_pack.py --shape=default --runs=16 --steps=3 ;;
+      step pack16 240 python3 tools/bench_pack.py "${PACK16[@]}" ;;
     decode256_only) step decode256_only 150 python3 tools/bench.py "${B256[@]}" --sample_only ;;
     decode256_pallas)
       step decode256_pallas 150 python3 tools/bench.py "${B256[@]}" --sample_only \
         --set=model.attention=pallas ;;
     qwen05_static_trl)
       step qwen05_static_trl 300 python3 tools/bench.py "${B05[@]}" --peer=trl --peer_cache=static \
-        --peer_timeout_s=200 --set=model.param_dtype=bfloat16 ;;
+        --peer_timeout_s=200 --set=model.param_dtype=bfloat16 "${PEER[@]}" ;;
     checks) step checks 150 python3 tools/device_check.py --json="$OUT/device_checks.json" ;;
     grouped) step grouped 60 python3 tools/bench_grouped.py "${GROUPED[@]}" --iters=20 ;;
     grouped_sweep)
@@ -197,11 +222,14 @@ run_step() {
     *) echo "== $1: no such step (steps: ${ALL[*]})" ;;
   esac
 }
-# Every module a step imports, before any step spends its time: a missing wheel is one line.
+# Every module a step imports, before any step spends its time: a missing wheel is one line (trl
+# and peft need torch, which a rehearsal's venv lacks: its peer runs in this machine's Python).
+MODULES=(jaxrl_llm.run grain ml_collections trl peft datasets transformers)
+[ -n "$REHEARSE" ] && MODULES=(jaxrl_llm.run grain ml_collections datasets transformers)
 PREFLIGHT='
 import importlib, importlib.metadata as md, sys
 missing = []
-for m in ("jaxrl_llm.run", "grain", "ml_collections", "trl", "peft", "datasets", "transformers"):
+for m in sys.argv[1:]:
   try:
     importlib.import_module(m)
   except ImportError as err:

@@ -5,6 +5,7 @@
 #
 #   bash tools/gpu_smollm2.sh prepare     # HERE, with a network: the wheels and the model's parts
 #   bash tools/gpu_smollm2.sh rehearse    # HERE, after prepare: invocation 2 at a tiny size (below)
+#   bash tools/gpu_smollm2.sh venv        # HERE: the GPU image's versions in a venv; prints its path
 #   bash tools/gpu_smollm2.sh stage       # GPU machine, invocation 1: keeps the part sent with it
 #   BUDGET_S=500 bash tools/gpu_smollm2.sh [run]   # GPU machine, invocation 2: everything else
 #
@@ -153,15 +154,8 @@ rehearse() {
   # GB): the preflight skips TRL's step, as it would there without torch. Catches what a jax or
   # flax release the image holds breaks before device time is spent on it (flax 0.12.12
   # refused the scanned layers' Pallas decode).
-  local py venv=${REHEARSE_VENV:-/tmp/gpu_image_venv} work=/tmp/gpu_smollm2_rehearse
-  for py in "python$GPU_PY" ~/.pyenv/versions/"$GPU_PY".*/bin/python ""; do
-    [ -n "$py" ] && "$py" -c "" >/dev/null 2>&1 && break
-  done
-  [ -n "$py" ] || { echo "error: no Python $GPU_PY here (python$GPU_PY, or pyenv's)" >&2; return 2; }
-  if [ ! -x "$venv/bin/python" ]; then
-    "$py" -m venv "$venv" && "$venv/bin/pip" install -q "${IMAGE_PINS[@]}" ||
-      { echo "error: the image's packages did not install into $venv" >&2; return 2; }
-  fi
+  local venv work=/tmp/gpu_smollm2_rehearse
+  venv=$(image_venv) || return 2
   rm -rf "$work/out"
   PATH="$venv/bin:$PATH" WORK=$work SITE=$work/site STEPS=2 EVAL_EVERY=2 SKIP=pack \
     OURS_ARGS="--config.rl.num_prompts=1 --config.sampling.group_size=4 --config.task.eval_size=4
@@ -171,6 +165,21 @@ rehearse() {
     return 1
   fi
   echo "rehearsal: ours ran under the image's versions ($work/out)"
+}
+
+image_venv() {
+  # A venv of Python $GPU_PY holding the GPU image's versions (IMAGE_PINS; made once, at
+  # $REHEARSE_VENV, default /tmp/gpu_image_venv); prints its path on stdout, the rest on stderr.
+  local py venv=${REHEARSE_VENV:-/tmp/gpu_image_venv}
+  for py in "python$GPU_PY" ~/.pyenv/versions/"$GPU_PY".*/bin/python ""; do
+    [ -n "$py" ] && "$py" -c "" >/dev/null 2>&1 && break
+  done
+  [ -n "$py" ] || { echo "error: no Python $GPU_PY here (python$GPU_PY, or pyenv's)" >&2; return 2; }
+  if [ ! -x "$venv/bin/python" ]; then
+    { "$py" -m venv "$venv" && "$venv/bin/pip" install -q "${IMAGE_PINS[@]}"; } >&2 ||
+      { echo "error: the image's packages did not install into $venv" >&2; return 2; }
+  fi
+  echo "$venv"
 }
 
 install_wheels() {
@@ -322,6 +331,10 @@ case $MODE in
     rehearse
     exit $?
     ;;
+  venv)  # the image's versions in a venv here (made once; tools/gpu_card.sh rehearse uses it)
+    image_venv
+    exit $?
+    ;;
   stage)
     stage
     install_wheels
@@ -329,7 +342,7 @@ case $MODE in
     ;;
   run) ;;
   *)
-    echo "error: mode $MODE: prepare | rehearse | stage | run" >&2
+    echo "error: mode $MODE: prepare | rehearse | venv | stage | run" >&2
     exit 2
     ;;
 esac
