@@ -97,9 +97,8 @@ fi
 export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}"
 
 # step NAME LIMIT_S CMD...: runs CMD with its stdout straight into $OUT/NAME.json (a bench's raw
-# JSON, written as the step runs: an invocation cut short keeps every finished step's) and its stderr
-# into $OUT/NAME.log, under min(LIMIT_S, what is left of BUDGET_S); prints how it ended, and
-# appends it to $OUT/steps.txt.
+# JSON, written as the step runs) and its stderr into $OUT/NAME.log, under min(LIMIT_S, what is
+# left of BUDGET_S); prints how it ended, appends it to $OUT/steps.txt, then archives them.
 step() {
   local name=$1 limit=$2
   shift 2
@@ -129,7 +128,7 @@ archive() {
 }
 
 STEPS=("$@")
-# The machine first, in steps.txt too (stdout repeats steps.txt: a copy run beside needs no file of its own).
+# The machine first, into steps.txt too (a copy run beside needs no file for its stdout).
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader || true
   python3 -c "import jax, jaxlib; print('jax', jax.__version__, jax.devices())" 2>&1 | tail -n 1
