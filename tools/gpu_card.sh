@@ -53,7 +53,8 @@
 #   qwen05, qwen15  (measured once) qwen2.5-0.5b against TRL with a profile of one warm step;
 #                   qwen2.5-1.5b
 # Wheels in $WHEELS (default .whl/, ignored by git: name it in the call's carry) that the machine
-# lacks go to $SITE first; gather them beforehand with `bash tools/gpu_card.sh wheels` (or
+# lacks go to $SITE first, once per machine (tools/gpu_wheels.sh: a copy beside waits for the
+# other's install); gather them beforehand with `bash tools/gpu_card.sh wheels` (or
 # `bash tools/gpu_smollm2.sh prepare`, which pins the versions installed here)
 # (grain 0.2.18 and datasets 5.2 with what they need that the 2026-11 CUDA image lacks; peft,
 # torch and transformers are in it).
@@ -90,10 +91,8 @@ mkdir -p "$OUT" "$DONE"
 START=$(date +%s)
 # No preallocation: the TRL peer shares the card with our process, and the peaks are real use.
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false XLA_PYTHON_CLIENT_PREALLOCATE=false
-if [ -d "$WHEELS" ] && ls "$WHEELS"/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target "$SITE" "$WHEELS"/*.whl >&2 || echo "wheel install failed" >&2
-fi
+source tools/gpu_wheels.sh
+install_wheels >&2
 export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}"
 
 # step NAME LIMIT_S CMD...: runs CMD with its stdout straight into $OUT/NAME.json (a bench's raw

@@ -63,6 +63,7 @@
 # most 8 files, what an invocation brings back; each log written as its step runs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+source tools/gpu_wheels.sh  # install_wheels
 MODE=${1:-run}
 WHEELS=${WHEELS:-.whl}
 PARTS=build/smollm2
@@ -180,20 +181,6 @@ image_venv() {
       { echo "error: the image's packages did not install into $venv" >&2; return 2; }
   fi
   echo "$venv"
-}
-
-install_wheels() {
-  # The wheels into $SITE once per machine (a marker names the wheels installed).
-  local mark
-  mark="$SITE/.installed_$(ls "$WHEELS"/*.whl 2>/dev/null | md5sum | cut -c1-12)"
-  if [ -f "$mark" ]; then
-    echo "wheels: already in $SITE"
-  elif ls "$WHEELS"/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target "$SITE" "$WHEELS"/*.whl && touch "$mark" && echo "wheels: installed into $SITE"
-  else
-    echo "wheels: none in $WHEELS (bash tools/gpu_smollm2.sh prepare, here)"
-  fi
 }
 
 stage() {
