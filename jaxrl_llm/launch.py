@@ -163,7 +163,13 @@ def workdir_problem(workdir: str) -> str | None:
     return f"cannot create it: {e.strerror or e}; give a writable directory"
   if not os.path.isdir(workdir):
     return "it is a file, not a directory; give a directory (it is created if missing)"
-  for folder in (workdir, os.path.join(workdir, "checkpoints")):  # where the run writes
+  checkpoints = os.path.join(workdir, "checkpoints")
+  if os.path.lexists(checkpoints) and not os.path.isdir(checkpoints):
+    return (
+      f"{checkpoints} is a file, not a directory; move it away (the run keeps its "
+      "checkpoints there) or give another directory"
+    )
+  for folder in (workdir, checkpoints):  # where the run writes
     if folder != workdir and not os.path.isdir(folder):
       continue  # made by the run, in a workdir it can write in
     probe = os.path.join(folder, f".write_test.{os.getpid()}")

@@ -65,8 +65,13 @@ flags.mark_flags_as_required(["config"])
 
 def main(argv):
   """Parses flags, turns the config into its typed tree once, and runs the experiment."""
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if len(argv) > 1:  # e.g. a value with an unquoted space, or a field without --config.
+    print(
+      f"error: unexpected arguments {argv[1:]}; allowed: flags only "
+      "(--config=FILE, --workdir=DIR, --config.SECTION.FIELD=VALUE, ...; --help lists them)",
+      file=sys.stderr,
+    )
+    sys.exit(2)
   debug = _DEBUG.value
   terminal.setup(debug)
   if _DISTRIBUTED.value:

@@ -115,6 +115,38 @@ def test_a_missing_workdir_is_one_line():
   assert _main() == (2, ["error: --workdir is required (a directory; not needed with --dry_run)"])
 
 
+def test_a_stray_argument_is_one_line_before_the_workdir_is_made(tmp_path):
+  """A word that is not a flag (an unquoted space, a field without --config.): one line and
+  exit 2, not the whole usage text and exit 1."""
+  workdir = tmp_path / "run"
+  code, err = _main(f"--workdir={workdir}", "train.num_steps=5")
+  assert code == 2 and len(err) == 1, err
+  assert err[0].startswith("error: unexpected arguments ['train.num_steps=5']; allowed: "), err
+  assert not workdir.exists()
+
+
+def test_a_checkpoints_file_in_the_workdir_is_one_line_and_is_kept(tmp_path):
+  """`W/checkpoints` a file, not a folder: one line naming it at start-up (it was a
+  NotADirectoryError traceback from the checkpointer, exit 1), and the file is left as it was."""
+  workdir = tmp_path / "w"
+  workdir.mkdir()
+  (workdir / "checkpoints").write_text("mine")
+  code, err = _main(f"--workdir={workdir}")
+  assert code == 2 and len(err) == 1, err
+  assert err[0] == (
+    f"error: --workdir={workdir}: {workdir / 'checkpoints'} is a file, not a directory; move it "
+    "away (the run keeps its checkpoints there) or give another directory"
+  )
+  assert (workdir / "checkpoints").read_text() == "mine"
+
+
+def test_a_negative_completion_budget_is_one_reason_not_two(tmp_path):
+  """max_new_tokens=-1 names itself only: the turn budget's check (turn_tokens <= T) said
+  "allowed: 0 (off) to -1" for a turn budget nobody set."""
+  code, err = _main(f"--workdir={tmp_path / 'run'}", "--config.sampling.max_new_tokens=-1")
+  assert (code, err) == (2, ["error: invalid config: sampling.max_new_tokens=-1 must be >= 0"])
+
+
 def test_compare_refuses_a_csv_path_it_cannot_write_before_reading_runs(tmp_path, capsys):
   """--csv naming a directory, a path under a file or a URL: one line, exit 2 (the first two
   were IsADirectoryError / NotADirectoryError tracebacks after the table was printed)."""

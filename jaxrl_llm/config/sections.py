@@ -214,7 +214,7 @@ class SamplingSettings(LearnedSection):
     out += at_least("sampling", self, 1, "max_turns")
     out += at_least("sampling", self, 0, "turn_tokens")
     out += need(
-      not self.max_new_tokens or self.turn_tokens <= self.max_new_tokens,
+      self.max_new_tokens <= 0 or self.turn_tokens <= self.max_new_tokens,
       f"sampling.turn_tokens={self.turn_tokens} exceeds the completion budget "
       f"sampling.max_new_tokens={self.max_new_tokens}; allowed: 0 (off) to {self.max_new_tokens}",
     )
