@@ -449,6 +449,39 @@ def test_a_packed_sweep_trains_every_grid_point_in_one_program(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_pack_resumes_from_its_grid_in_another_order_and_refuses_other_runs(tmp_path):
+  """A pack's runs are fixed when it starts: the same grid values in another order resume it
+  (they were refused as another pack, every run marked failed, exit 1), and a grid with a run
+  more is one line, exit 2, before anything is written."""
+  root = tmp_path / "p"
+  every = "--set=train.checkpoint_every=1"
+  first = [CONFIG, f"--root={root}", GRID, "--seeds=0", *TINY, every, "--packed"]
+  proc, _ = _tool("sweep", *first, "--set=train.stop_after_steps=1")
+  assert proc.returncode == 0 and sweep.committed_steps(str(root)) == [1], proc.stderr[-3000:]
+  names = sweep.saved_pack_names(str(root))
+  assert names == [f"objective.clip_high={c},seed=0" for c in CLIPS]
+  reordered = f"--grid=objective.clip_high={','.join(reversed(CLIPS))}"
+  proc, _ = _tool(
+    "sweep", CONFIG, f"--root={root}", reordered, "--seeds=0", *TINY, every, "--packed"
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  record = json.loads((root / "sweep.json").read_text())
+  assert [(r["name"], r["status"], r["last_step"]) for r in record["runs"]] == [
+    (name, "done", 2) for name in names
+  ]
+  more = f"--grid=objective.clip_high={','.join(CLIPS)},0.25"
+  before = sorted(p.name for p in root.iterdir())
+  proc, _ = _tool("sweep", CONFIG, f"--root={root}", more, "--seeds=0", *TINY, every, "--packed")
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  assert proc.stderr.strip().splitlines() == [
+    f"error: --root={root} holds a pack of 2 runs at step 2, and this grid adds "
+    "['objective.clip_high=0.25,seed=0']: a pack's runs are fixed when it starts; give its "
+    "grid again to resume it, or another --root for these runs"
+  ]
+  assert sorted(p.name for p in root.iterdir()) == before
+
+
+@pytest.mark.slow
 # SIGTERM only: a pack and a run stop in one loop (run/loop.py), whose Ctrl-C test_faults.py sends.
 @pytest.mark.parametrize("signum", [signal.SIGTERM], ids=["SIGTERM"])
 def test_a_packed_sweep_stopped_by_a_signal_says_so_in_one_line_and_resumes(tmp_path, signum):

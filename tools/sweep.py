@@ -921,6 +921,41 @@ def _check_kind(root: str, runs: Sequence[Run], packed: bool) -> None:
     )
 
 
+def saved_pack_names(root: str) -> list[str] | None:
+  """The run names of the pack saved in ROOT's newest committed checkpoint (its meta's
+  `pack.names`, as orbax wrote it), or None when there is none or it cannot be read."""
+  steps = committed_steps(root)
+  meta = os.path.join(root, "checkpoints", str(steps[-1]), "meta", "metadata") if steps else ""
+  try:
+    with open(meta) as f:
+      names = json.load(f)["pack"]["names"]
+  except (OSError, ValueError, KeyError, TypeError):
+    return None  # the trainer's restore then says what is wrong with the checkpoint
+  return names if isinstance(names, list) else None
+
+
+def _in_saved_order(root: str, runs: list[Run]) -> list[Run]:
+  """A packed grid resumed: `runs` in the order of the pack saved in `root` (the same runs
+  given in another order resume it); a SweepError when the saved pack holds other runs."""
+  saved = saved_pack_names(root)
+  by_name = {r.name: r for r in runs}
+  if saved is None or saved == list(by_name):
+    return runs
+  if sorted(saved) == sorted(by_name):
+    return [by_name[name] for name in saved]
+  step, ran = committed_steps(root)[-1], set(saved)
+  added = [n for n in by_name if n not in ran]
+  missing = [n for n in saved if n not in by_name]
+  raise SweepError(
+    f"--root={root} holds a pack of {len(saved)} runs at step {step}, and this grid "
+    + (f"adds {added}" if added else "")
+    + (" and " if added and missing else "")
+    + (f"leaves out {missing}" if missing else "")
+    + ": a pack's runs are fixed when it starts; give its grid again to resume it, or "
+    "another --root for these runs"
+  )
+
+
 def _check_flags(args: argparse.Namespace) -> None:
   """SweepError for a flag out of range, or one the chosen kind of sweep would ignore; fills
   the defaults of `--progress_s` and `--join_timeout_s`."""
@@ -960,6 +995,8 @@ def _checked_runs(args: argparse.Namespace) -> list[Run]:
   _check_flags(args)
   runs = plan(args.config, args.root, args.grid, args.set, args.seeds)
   _check_kind(args.root, runs, args.packed)
+  if args.packed:
+    runs = _in_saved_order(args.root, runs)
   changed = {r.name: d for r in runs if (d := changed_overrides(r))}
   if changed and not args.allow_changed:
     lines = [
