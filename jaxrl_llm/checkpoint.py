@@ -303,6 +303,21 @@ class Checkpointer:
     restored = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
     return dict(restored.meta or {})
 
+  def check_meta(self, step: int, expect: MetaCheck) -> None:
+    """Raises CheckpointMismatchError when the meta saved at `step` differs from `expect`;
+    a meta that cannot be read is left to the restore to report."""
+    try:
+      meta = self.read_meta(step)
+    except Exception:  # a damaged step: `restore_latest` sets it aside or says why
+      return
+    self._check(meta, expect, step)
+
+  def _check(self, meta: dict[str, Any], expect: MetaCheck, step: int) -> None:
+    check_compatible(
+      meta, expect.current, expect.keys, workdir=self.workdir, step=step,
+      defaults=expect.defaults, ignore=expect.ignore,
+    )  # fmt: skip
+
   def restore(
     self,
     step: int,
@@ -323,15 +338,7 @@ class Checkpointer:
     step_dir = self._step_dir(step)
     meta = self.read_meta(step)
     if expect is not None:
-      check_compatible(
-        meta,
-        expect.current,
-        expect.keys,
-        workdir=self.workdir,
-        step=step,
-        defaults=expect.defaults,
-        ignore=expect.ignore,
-      )
+      self._check(meta, expect, step)
     where = f"checkpoint step {step} in {self.directory}"
     saved_tree = self._manager.item_metadata(step).get("state")
     if saved_tree is not None:

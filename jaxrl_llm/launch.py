@@ -138,8 +138,10 @@ def dry_run(config, device_memory_gib: float | None = None, debug: bool = False)
     memory = plan.plan(parse_acting(config, overridden_fields(sys.argv)), capacity_bytes=capacity)
   except Exception as e:
     line = explain(e)
-    if line is None or debug:
+    if line is None:
       raise
+    if debug:  # the traceback, and the exit status of the line it stands for
+      traceback.print_exc()
     print(line, file=sys.stderr)
     return 2
   print(f"dry run: {memory.summary()}", flush=True)
@@ -359,11 +361,13 @@ def train_or_leave(
     if interrupted(e) and not (debug and not in_a_job()):
       stop_on_sigint(workdir)  # Ctrl-C cut a save (or a library call) that then failed
     line = explain(e)
-    if line is None or debug:
-      if not in_a_job():
-        raise
+    if line is None and not in_a_job():
+      raise
+    if line is None or debug:  # a known failure under --debug: its traceback, its exit status
       traceback.print_exc()
-      leave_job(1, f"{type(e).__name__}: {distributed.first_line(e)}")
+      leave_job(
+        1 if line is None else 2, line or f"{type(e).__name__}: {distributed.first_line(e)}"
+      )
     say(line)
     leave_job(2, line)  # an aborted async save must not print more
   except KeyboardInterrupt:  # Ctrl-C: the run's `finally` has waited for a save in flight

@@ -77,6 +77,9 @@ def main(argv):
   if _DISTRIBUTED.value:
     launch.join_job(_JOIN_TIMEOUT_S.value)
   workdir = _WORKDIR.value
+  if _DEVICE_MEMORY_GIB.value is not None and not _DRY_RUN.value:
+    print("error: --device_memory_gib plans a --dry_run; add --dry_run or drop it", file=sys.stderr)
+    sys.exit(2)
   if not workdir and not _DRY_RUN.value:
     print("error: --workdir is required (a directory; not needed with --dry_run)", file=sys.stderr)
     sys.exit(2)

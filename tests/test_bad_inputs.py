@@ -31,6 +31,11 @@ def test_a_seed_outside_its_range_is_one_line_before_the_workdir_is_made(tmp_pat
   assert not workdir.exists()
   code, err = _main("--dry_run", f"--config.seed={seed}")
   assert (code, err) == (2, [f"error: invalid config: seed={seed} must be in [0, 2**32)"])
+  for where in (f"--workdir={workdir}", "--dry_run"):  # --debug: the traceback, the same status
+    code, err = _main(where, f"--config.seed={seed}", "--debug")
+    assert code == 2 and "Traceback (most recent call last):" in err, err
+    assert err[-1].endswith(f"invalid config: seed={seed} must be in [0, 2**32)"), err
+  assert not workdir.exists()
 
 
 def test_a_refused_launch_in_an_existing_workdir_says_why_in_its_log_too(tmp_path):
@@ -435,4 +440,32 @@ def test_a_setting_the_run_never_reads_is_one_line_before_the_workdir_is_made(tm
       "0); drop it or set what it acts with"
     ],
   )
+  assert not workdir.exists()
+
+
+@pytest.mark.parametrize("field", ["data.tokenizer=/nowhere", "data.prompt_len=1"])
+def test_a_prompt_file_setting_on_a_built_in_task_is_one_line(tmp_path, field):
+  """A data.* setting without data.train_files (the built-in task reads no files) trained as if
+  it were not there, exit 0: a user who thought their tokenizer was used had no hint."""
+  workdir = tmp_path / "run"
+  code, err = _main(f"--workdir={workdir}", f"--config.{field}")
+  name, value = field.split("=")
+  shown = repr(value) if name == "data.tokenizer" else value
+  assert (code, err) == (
+    2,
+    [
+      f"error: invalid config: {name}={shown} has no effect: data.train_files is empty: the "
+      "built-in task 'reverse' reads no files; drop it or set what it acts with"
+    ],
+  )
+  assert not workdir.exists()
+
+
+def test_a_memory_to_plan_against_without_a_dry_run_is_one_line(tmp_path):
+  """--device_memory_gib is read only by --dry_run; a training run ignored it without a word."""
+  workdir = tmp_path / "run"
+  code, err = _main(f"--workdir={workdir}", "--device_memory_gib=5")
+  assert (code, err) == (
+    2, ["error: --device_memory_gib plans a --dry_run; add --dry_run or drop it"]
+  )  # fmt: skip
   assert not workdir.exists()

@@ -1001,6 +1001,21 @@ def test_a_workdir_of_another_recipe_is_not_resumed_without_saying_so(tmp_path, 
     assert ckpt.all_steps()[-1] == 8
 
 
+def test_a_workdir_of_another_model_names_the_model_first(tmp_path):
+  """Relaunched as a mixture of experts over a dense run's workdir, with a learned setting
+  changed too: the refusal names the model's change, which no setting lets a resume cross (it
+  named only the learned setting and offered train.resume_changed, whose resume then failed on
+  the model); nothing is written."""
+  workdir = str(tmp_path / "w")
+  train_and_evaluate(tiny_config(**{"train.num_steps": 1}), workdir)
+  before = sorted(p.name for p in (tmp_path / "w").iterdir())
+  moe = {"train.num_steps": 2, "model.moe_num_experts": 4, "objective.clip_high": 0.28}
+  with pytest.raises(checkpoint.CheckpointMismatchError) as err:
+    train_and_evaluate(tiny_config(**moe), workdir)
+  assert "model.moe_num_experts=0" in str(err.value) and "resume_changed" not in str(err.value)
+  assert sorted(p.name for p in (tmp_path / "w").iterdir()) == before
+
+
 @pytest.mark.extended
 def test_a_ctrl_c_that_python_drops_in_a_gc_callback_still_stops_the_run(tmp_path):
   """Python drops an exception raised in a finalizer or a gc callback (it prints "Exception

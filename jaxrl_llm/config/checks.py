@@ -416,6 +416,8 @@ def _unused_reason(cfg: Config, field: str) -> str | None:
     return f"task.name={cfg.task.name!r} writes no tool traces ({', '.join(_trace_tools())} do)"
   if section == "sampling" and name in ("max_turns", "turn_tokens") and cfg.sampling.tool == "none":
     return "sampling.tool='none' samples one segment, with no turns"
+  if section == "data" and name not in ("train_files", "verifier_timeout_s") and not cfg.uses_files:
+    return f"data.train_files is empty: the built-in task {cfg.task.name!r} reads no files"
   if section == "correction" and name in ("cap", "geo_low", "geo_high"):
     parts = cfg.correction.name.split("+")
     if name == "cap" and parts != ["none"] and parts != ["geo_mask"]:
@@ -457,6 +459,6 @@ def unused(cfg: Config, fields) -> list[str]:
   hyperparameter the selected objective does not take, a KL setting without a KL term or beside
   what acts (k1 in the reward, the reference's update), a correction bound its correction does
   not use, an expert's or adapter's setting without experts or adapters, turns without a tool,
-  tool traces on a task that writes none."""
+  tool traces on a task that writes none, a prompt file's setting without prompt files."""
   said = [ignored(cfg, field) for field in dict.fromkeys(fields)]
   return [f"{line}; drop it or set what it acts with" for line in said if line]

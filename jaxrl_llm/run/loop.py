@@ -148,15 +148,14 @@ class Evaluator:
 
 
 def resume_target(state, meta: dict, keys: Sequence[str] = ("model",)):
-  """(abstract `state`, MetaCheck of `meta` under `keys`): what a resume restores into and
-  holds the saved meta against (model fields added since an old checkpoint default; fields
+  """(abstract `state` or None, MetaCheck of `meta` under `keys`): what a resume restores into
+  and holds the saved meta against (model fields added since an old checkpoint default; fields
   declared numerics-only may differ)."""
   abstract = jax.tree.map(
     lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state
   )
   defaults = {"model": ModelConfig().to_dict()}  # fields added since it was written
-  numerics = tagged("numerics")
-  return abstract, checkpoint_compat.MetaCheck(meta, keys=keys, defaults=defaults, ignore=numerics)
+  return abstract, checkpoint_compat.MetaCheck(meta, keys, defaults, ignore=tagged("numerics"))
 
 
 def train_iterator(exp: Experiment, shard: tuple[int, int] | None = None):
@@ -195,15 +194,18 @@ def _start_state(trainee, ckpt, data):
   return fresh
 
 
-def _changed_settings(trainee) -> list[str]:
+def _changed_settings(trainee, ckpt) -> list[str]:
   """Each run's learner settings that differ from those its folder recorded (`[name] ` in
   front in a pack); raises ConfigError unless train.resume_changed, and always for a term
-  switched on or off (`record.switched`)."""
+  switched on or off (`record.switched`). A checkpoint of another model or grid is refused
+  first (CheckpointMismatchError, as the restore would): no setting lets a resume cross that."""
   changed, switched = [], []
   for member in trainee.members:
     changed += [member.prefix + c for c in record.changed_learner(member.config, member.workdir)]
     changed += [member.prefix + c for c in record.changed_data(member.config, member.workdir)]
     switched += [member.prefix + c for c in record.switched(member.config, member.workdir)]
+  if (changed or switched) and (steps := ckpt.all_steps()):
+    ckpt.check_meta(steps[-1], resume_target(None, trainee.meta(), trainee.resume_keys)[1])
   if switched:
     raise ConfigError(
       f"{trainee.root} holds a run whose checkpoints differ in kind from this one's "
@@ -459,7 +461,7 @@ def train(trainee, *, hparam_fields: Sequence[str] = ()) -> dict[str, dict[str, 
   )
   try:
     preempt.stop_if_asked("while the run was built, before anything was saved", trainee.root)
-    changed = _changed_settings(trainee)
+    changed = _changed_settings(trainee, ckpt)
     state = _start_state(trainee, ckpt, data)  # a checkpoint of another run: refused here
     start = trainee.step_of(state)
     preempt.stop_if_asked(f"while it started (at step {start})", trainee.root, start)
