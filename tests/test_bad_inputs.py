@@ -469,3 +469,12 @@ def test_a_memory_to_plan_against_without_a_dry_run_is_one_line(tmp_path):
     2, ["error: --device_memory_gib plans a --dry_run; add --dry_run or drop it"]
   )  # fmt: skip
   assert not workdir.exists()
+
+
+def test_a_step_count_past_the_int32_step_counter_is_one_line(tmp_path):
+  """train.num_steps beyond 2**31 (even beyond int64) started training."""
+  workdir = tmp_path / "run"
+  code, err = _main(f"--workdir={workdir}", "--config.train.num_steps=99999999999999999999")
+  message = "train.num_steps=99999999999999999999 must be < 2**31 (an int32 step)"
+  assert (code, err) == (2, [f"error: invalid config: {message}"])
+  assert not workdir.exists()

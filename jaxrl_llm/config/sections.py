@@ -369,6 +369,9 @@ class TrainSettings(Section):
   def errors(self) -> list[str]:
     """Periods, k and limits >= 1; optional counts >= 0."""
     out = at_least("train", self, 1, "num_steps", "eval_every", "log_every", "checkpoint_every")
+    out += need(  # the state's step counter is an int32
+      self.num_steps < 2**31, f"train.num_steps={self.num_steps} must be < 2**31 (an int32 step)"
+    )
     out += at_least("train", self, 0, "stop_after_steps", "max_failed_verifier_steps")
     out += at_least("train", self, 0, "profile_steps", note=" (0 = off)")
     out += at_least("train", self, 1, "pass_k", "max_to_keep", "max_skipped_updates")
