@@ -154,6 +154,12 @@ class Checkpointer:
         self.directory,
         ", ".join(p.name for p in leftovers),
       )
+    if strays := self.step_files():
+      logging.warning(
+        "%s holds files named like steps (ignored; a save of that step moves them aside): %s",
+        self.directory,
+        ", ".join(p.name for p in strays),
+      )
 
   def clean_leftovers(self) -> list[str]:
     """Removes unfinished saves (`<s>.partial-*`, `<s>.uncommitted-*`, `<s>.orbax-checkpoint-tmp`)
@@ -222,6 +228,10 @@ class Checkpointer:
       if p.name.split(".", 1)[0].isdigit() and p.name not in committed and paths.is_dir(p)
     ]
 
+  def step_files(self) -> list[epath.Path]:
+    """Files (not directories) under `checkpoints/` named like a step, `<step>`."""
+    return [p for p in paths.listdir(self.directory) if p.name.isdigit() and not paths.is_dir(p)]
+
   def _free_name(self, base: str) -> epath.Path:
     """`<checkpoints>/<base>`, or `<base>-<n>` when that exists (a name to move a step to)."""
     target, n = self.directory / base, 1
@@ -230,7 +240,8 @@ class Checkpointer:
     return target
 
   def _set_aside(self, step: int) -> None:
-    """Moves an unfinished directory of `step` out of orbax's way (deleting it only if empty)."""
+    """Moves an unfinished directory of `step` (or a file of its name) out of orbax's way
+    (deleting an empty directory)."""
     if jax.process_index() != 0:
       return
     stamp = time.strftime("%Y%m%dT%H%M%S")
@@ -240,7 +251,7 @@ class Checkpointer:
     ):
       if not paths.exists(path):
         continue
-      if not paths.listdir(path):
+      if paths.is_dir(path) and not paths.listdir(path):
         paths.remove_tree(path)
         continue
       target = self._free_name(f"{step}.{label}-{stamp}")

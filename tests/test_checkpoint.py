@@ -282,6 +282,26 @@ def test_unfinished_checkpoints_are_ignored_and_kept(tmp_path):
   assert names == ["7"]  # retention works; leftovers older than 7 are gone; 7 was replaced
 
 
+def test_a_file_named_like_a_step_is_named_at_start_and_moved_aside_by_that_steps_save(
+  tmp_path, caplog
+):
+  """`checkpoints/4` a file, not a folder: the run resumed from 3 without a word and, at step
+  4's save, stopped with a NotADirectoryError traceback. Now it is named at start-up and moved
+  aside, kept, when step 4 is saved."""
+  state = _saved(tmp_path, (3,), max_to_keep=5)
+  root = tmp_path / "checkpoints"
+  (root / "4").write_text("mine")
+  with caplog.at_level("WARNING"), checkpoint.Checkpointer(tmp_path, save_every=1) as ckpt:
+    assert ckpt.all_steps() == [3] and [p.name for p in ckpt.step_files()] == ["4"]
+    assert ckpt.save(4, state, meta=META)
+    ckpt.wait()
+    assert ckpt.all_steps() == [3, 4]
+  assert any("files named like steps" in r.getMessage() and "4" in r.getMessage()
+             for r in caplog.records)  # fmt: skip
+  aside = [p for p in root.iterdir() if p.name.startswith("4.uncommitted-")]
+  assert len(aside) == 1 and aside[0].read_text() == "mine"
+
+
 def _byte_files(step_dir):
   """The files of a step's array data, largest first."""
   files = [p for p in (step_dir / "state").rglob("*") if p.is_file()]
