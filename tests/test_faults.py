@@ -1001,6 +1001,26 @@ def test_a_workdir_of_another_recipe_is_not_resumed_without_saying_so(tmp_path, 
     assert ckpt.all_steps()[-1] == 8
 
 
+def test_a_run_record_of_the_wrong_shape_is_one_line_and_the_checkpoints_stay(tmp_path):
+  """config.json (or config.resume-N.json) valid JSON but not a record, `[]` or
+  `{"config": 5}`: an AttributeError / TypeError traceback; now one line like invalid JSON's."""
+  workdir = tmp_path / "w"
+  train_and_evaluate(tiny_config(**{"train.num_steps": 1}), str(workdir))
+  good = (workdir / "config.json").read_text()
+  for text in ("[]", '{"config": 5}'):
+    (workdir / "config.json").write_text(text)
+    with pytest.raises(ConfigError) as err:
+      train_and_evaluate(tiny_config(**{"train.num_steps": 2}), str(workdir))
+    assert str(err.value) == (
+      f'{workdir / "config.json"}: the run record is not an object with a "config" object; '
+      "restore it, or move it aside to resume (the run then records its config anew)"
+    )
+    with checkpoint.Checkpointer(str(workdir), save_every=1) as ckpt:
+      assert ckpt.all_steps() == [1]
+  (workdir / "config.json").write_text(good)
+  train_and_evaluate(tiny_config(**{"train.num_steps": 2}), str(workdir))
+
+
 def test_a_workdir_of_another_model_names_the_model_first(tmp_path):
   """Relaunched as a mixture of experts over a dense run's workdir, with a learned setting
   changed too: the refusal names the model's change, which no setting lets a resume cross (it

@@ -222,13 +222,16 @@ def newest_record(workdir: str) -> dict | None:
   name = newest or ("config.json" if "config.json" in records else None)
   if name is None:
     return None
+  fix = "restore it, or move it aside to resume (the run then records its config anew)"
   try:
-    return json.loads(paths.read_text(records[name]))
+    record = json.loads(paths.read_text(records[name]))
   except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
+    raise ConfigError(f"{records[name]}: the run record is not valid JSON ({err}); {fix}") from None
+  if not (isinstance(record, dict) and isinstance(record.get("config", {}), dict)):
     raise ConfigError(
-      f"{records[name]}: the run record is not valid JSON ({err}); restore it, or move it aside "
-      "to resume (the run then records its config anew)"
-    ) from None
+      f'{records[name]}: the run record is not an object with a "config" object; {fix}'
+    )
+  return record
 
 
 def record_run(
