@@ -127,3 +127,18 @@ def test_a_failed_write_removes_what_it_made(capsys, tmp_path, monkeypatch):
   code, err = _export(capsys, root, out)
   _refused(code, err, out, "No space left")
   assert not out.exists()
+
+
+def test_a_root_that_is_itself_a_run_is_exported_under_its_folder_name(capsys, tmp_path):
+  """--root=a single workdir: its run's name was "." and the write failed with a message
+  blaming OUT (and an existing OUT was refused as "." being there already)."""
+  run = _run(tmp_path / "w")
+  _run(run / "inner")
+  out = tmp_path / "out"
+  out.mkdir()  # an existing, empty OUT
+  code, err = _export(capsys, run, out)
+  assert (code, err) == (0, [])
+  files = ("config.json", "samples.jsonl", "scalars.json")
+  assert sorted(_tree(out)) == sorted([f"w/{f}" for f in files] + [f"w/inner/{f}" for f in files])
+  scalars = json.loads((out / "w" / "scalars.json").read_text())["eval/accuracy"]
+  assert [step for step, _ in scalars] == [0, 1]

@@ -4,7 +4,8 @@ logged sample and its terminal log, read back from the run's own folder.
   python tools/export_runs.py --root=/tmp/calc_collapse --out=docs/cpu_runs/smollm2_calc_collapse
 
 Every directory under --root holding a `config.json` (written by the trainer, a pack's runs
-included) is a run. For each, OUT/<its path under root>/ gets:
+included) is a run; a --root that is itself a run is exported as OUT/<its folder's name>/. For
+each, OUT/<its path under root>/ gets:
 
   config.json     the run's config.json, as written
   scalars.json    every scalar of its TensorBoard events: {tag: [[step, value], ...]}
@@ -163,6 +164,9 @@ def main(argv=None) -> int:
     )
     return EXIT_BAD_INPUT
   names = [os.path.relpath(r, args.root) for r in runs]
+  if "." in names:  # --root is itself a run: OUT/<its folder's name>/, nested runs below it
+    base = os.path.basename(os.path.abspath(args.root))
+    names = [base if n == "." else os.path.join(base, n) for n in names]
   for name in names:
     why = blocked(args.out, name)
     if why:
