@@ -83,6 +83,9 @@ def main(argv: list[str]) -> int:
   """Compare two tables files; print the summary; 1 if a mean is out of tolerance, 2 on a bad
   input."""
   usage = __doc__.strip().splitlines()[3].strip()
+  if "-h" in argv or "--help" in argv:
+    print(__doc__.strip())
+    return 0
   if option := next((a for a in argv if a.startswith("-")), None):
     print(f"error: unknown option {option}; usage: {usage}", file=sys.stderr)
     return 2

@@ -184,3 +184,9 @@ def test_the_command_prints_each_home_and_the_count_and_max_fails_above_it(monke
   ]
   assert homes.main(["--max", "2"]) == 0
   assert homes.main(["--max", "1"]) == 1
+
+
+def test_a_negative_max_is_one_line(capsys):
+  """--max=-1 ran the count and exited 1 ("more than --max=-1"); it is refused, exit 2."""
+  assert homes.main(["--max=-1"]) == 2
+  assert capsys.readouterr().err == "error: --max=-1: give a count of settings >= 0\n"

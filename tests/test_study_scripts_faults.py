@@ -96,11 +96,11 @@ def test_compare_tables_reads_a_malformed_number_as_no_mean(tmp_path):
 
 
 @pytest.mark.parametrize(
-  "args", [[], ["one.md"], ["a.md", "b.md", "c.md"], ["--strict", "a.md", "b.md"], ["-h", "a.md"]]
+  "args", [[], ["one.md"], ["a.md", "b.md", "c.md"], ["--strict", "a.md", "b.md"], ["-x", "a.md"]]
 )
 def test_compare_tables_names_its_usage_in_an_error_line(tmp_path, args):
   """A wrong number of files, or an option beside two files (`--strict`), printed a `usage:`
-  line with no `error:`; an option with one file (`-h a.md`) was read as a file name."""
+  line with no `error:`; an option with one file (`-x a.md`) was read as a file name."""
   proc = _run([sys.executable, str(EXPERIMENTS / "compare_tables.py"), *args], cwd=tmp_path)
   _one_error(proc, "COMMITTED.md NEW.md")
 
@@ -324,3 +324,11 @@ def test_a_failed_confirmation_table_keeps_the_committed_one(tmp_path):
   for run in sorted(EXPERIMENTS.glob("*/run.sh")):  # every study writes it through write_if_ok
     text = run.read_text()
     assert 'confirmation.md"' not in text.replace('write_if_ok "$HERE/confirmation.md"', ""), run
+
+
+@pytest.mark.parametrize("flag", ["-h", "--help"])
+def test_compare_tables_help_prints_its_usage(tmp_path, flag):
+  """--help was refused as an unknown option (exit 2); it prints the docstring, exit 0."""
+  proc = _run([sys.executable, str(EXPERIMENTS / "compare_tables.py"), flag])
+  assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+  assert "python experiments/compare_tables.py COMMITTED.md NEW.md" in proc.stdout

@@ -402,6 +402,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--max", type=int, default=None, help="exit 1 above this many settings")
   args = parser.parse_args(argv)
+  if args.max is not None and args.max < 0:
+    print(f"error: --max={args.max}: give a count of settings >= 0", file=sys.stderr)
+    return 2
   homes, total = count()
   for home in homes:
     print(home)
