@@ -140,6 +140,17 @@ def test_parquet_and_globs(tmp_path, math):
     records_lib.load_records([bad])
 
 
+def test_a_line_that_is_not_utf8_is_named_by_its_number(tmp_path):
+  """A Latin-1 byte on line 2 was reported by its byte offset in the whole file."""
+  path = tmp_path / "latin1.jsonl"
+  path.write_bytes(b'{"prompt": "q", "answer": "1"}\n{"prompt": "caf\xe9", "answer": "2"}\n')
+  with pytest.raises(ValueError) as err:
+    records_lib.load_records([str(path)])
+  assert str(err.value) == (
+    f"{path}:2: not UTF-8 text (byte 0xe9 at column 16); save the file as UTF-8"
+  )
+
+
 def test_malformed_files_name_file_and_line(tmp_path):
   good = {"prompt": "What is 2+2?", "answer": "4"}
   cases = [

@@ -636,7 +636,7 @@ def _parquet(path, table):
 BAD_FILES = {
   "non-utf8": (
     lambda p: p.with_suffix(".jsonl").write_bytes(b'{"prompt": "caf\xe9", "answer": "1"}\n'),
-    r"bad\.jsonl: could not read the file as UTF-8",
+    r"bad\.jsonl:1: not UTF-8 text \(byte 0xe9 at column 16\); save the file as UTF-8",
   ),
   "deep-nesting": (
     lambda p: p.with_suffix(".jsonl").write_text(

@@ -151,12 +151,20 @@ def _answer_text(value: Any) -> str:
 def _jsonl_rows(path: str):
   """(location, parsed object) per non-blank line of a .jsonl or .jsonl.gz file."""
   opener = gzip.open if path.endswith(".gz") else open
-  try:  # lines end at "\n" alone: a JSON string may hold a raw carriage return
-    with opener(path, "rt", encoding="utf-8", newline="\n") as f:
-      lines = list(f)
-  except (OSError, UnicodeDecodeError, EOFError, zlib.error) as e:
+  try:
+    with opener(path, "rb") as f:
+      data = f.read()
+  except (OSError, EOFError, zlib.error) as e:
     raise DataError(f"{path}: could not read the file as UTF-8 text: {e}") from e
-  for line_no, line in enumerate(lines, start=1):
+  # Lines end at "\n" alone: a JSON string may hold a raw carriage return.
+  for line_no, raw in enumerate(data.split(b"\n"), start=1):
+    try:
+      line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+      raise DataError(
+        f"{path}:{line_no}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
+        "save the file as UTF-8"
+      ) from None
     if not line.strip():
       continue
     try:
