@@ -59,6 +59,12 @@ def verify_manifest(step_dir: paths.PathLike) -> str | None:
     entries = json.loads(paths.read_text(manifest))["files"]
   except (ValueError, KeyError, TypeError) as e:
     return f"its {MANIFEST} is unreadable ({e})"
+  well_formed = isinstance(entries, dict) and all(
+    isinstance(v, list) and len(v) == 2 and all(type(x) is int for x in v)
+    for v in entries.values()
+  )
+  if not well_formed:  # valid JSON of another shape: as unreadable as a flipped byte
+    return f"its {MANIFEST} is unreadable (not {{path: [size, crc32]}})"
   unlisted = sorted(set(str(p.relative_to(root)) for p in _files(root)) - set(entries))
   if unlisted:  # an emptied or stale manifest checks nothing of these
     return f"{unlisted[0]} is not in its {MANIFEST}"

@@ -322,6 +322,11 @@ CORRUPTIONS = {
   "garbage-metadata": lambda d: (d / "state" / "_METADATA").write_bytes(b"{not json"),
   "meta-deleted": lambda d: __import__("shutil").rmtree(d / "meta"),
   "checksums-garbage": lambda d: (d / "checksums.json").write_text("]["),
+  # valid JSON of another shape (a TypeError traceback out of the resume, exit 1)
+  "checksums-files-null": lambda d: (d / "checksums.json").write_text('{"files": null}'),
+  "checksums-entry-short": lambda d: (d / "checksums.json").write_text(
+    '{"files": {"meta/metadata": [96]}}'
+  ),
 }
 
 
