@@ -60,8 +60,7 @@ def verify_manifest(step_dir: paths.PathLike) -> str | None:
   except (ValueError, KeyError, TypeError) as e:
     return f"its {MANIFEST} is unreadable ({e})"
   well_formed = isinstance(entries, dict) and all(
-    isinstance(v, list) and len(v) == 2 and all(type(x) is int for x in v)
-    for v in entries.values()
+    isinstance(v, list) and len(v) == 2 and all(type(x) is int for x in v) for v in entries.values()
   )
   if not well_formed:  # valid JSON of another shape: as unreadable as a flipped byte
     return f"its {MANIFEST} is unreadable (not {{path: [size, crc32]}})"

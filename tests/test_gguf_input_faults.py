@@ -216,3 +216,16 @@ def test_a_directory_the_loader_refuses_is_refused_by_its_own_checks(tmp_path, m
   }
   with pytest.raises(gguf_import.GGUFError, match="no end-of-sequence token"):
     gguf_import._check_loads(no_eos, tok, str(path))
+
+
+def test_a_tensor_with_non_finite_values_is_refused_before_writing(tmp_path):
+  """An inf in the embedding (here an F32 file; a Q8_0 block's scale does the same) was written
+  out with exit 0, and the directory was then refused by the import and the trainer."""
+  import numpy as np
+
+  written = write_gguf(tmp_path / "ok.gguf")["token_embd.weight"][1]
+  bad = np.array(written, np.float32)
+  bad.flat[0] = np.inf
+  write_gguf(tmp_path / "bad.gguf", edit={"token_embd.weight": (bad, "F32")})
+  line = _cli_refuses(tmp_path / "bad.gguf", tmp_path / "out", "'token_embd.weight'")
+  assert line.endswith("holds non-finite values (NaN or inf)"), line

@@ -241,6 +241,8 @@ def _tensors(reader, config: Mapping[str, Any], path: str) -> list[tuple[str, Ca
 
     def load(t=t, permuted=permuted, heads=heads) -> np.ndarray:
       w = np.asarray(quants.dequantize(t.data, t.tensor_type), np.float32)
+      if not np.isfinite(w).all():  # as the Hugging Face loader refuses them: before writing
+        raise GGUFError(f"{path}: tensor {t.name!r} holds non-finite values (NaN or inf)")
       w = w.reshape([int(n) for n in reversed(t.shape)])  # GGUF lists dims innermost first
       return _unpermute(w, heads) if permuted else w
 
