@@ -17,7 +17,7 @@ import sys
 import traceback
 
 from absl import flags
-from ml_collections import config_flags
+from ml_collections import ConfigDict, config_flags
 
 from jaxrl_llm import terminal
 from jaxrl_llm.config import ConfigError, parse
@@ -250,6 +250,8 @@ def check_overrides(argv: list[str]) -> None:
     raise ConfigError(
       f"--config={path} ends in ':' with no setting after it: drop the ':' or name a setting"
     )
+  if not file.endswith(".py"):
+    raise ConfigError(f"--config={path}: a config is a Python file (FILE.py[:SETTING])")
   try:
     spec = importlib.util.spec_from_file_location("_jaxrl_llm_config", file)
     module = importlib.util.module_from_spec(spec)
@@ -264,6 +266,11 @@ def check_overrides(argv: list[str]) -> None:
     raise
   except Exception as e:
     raise ConfigError(f"cannot load config file {file!r}: {e}") from None
+  if not isinstance(config, ConfigDict):
+    raise ConfigError(
+      f"{file}: get_config() returned a {type(config).__name__}; it must return the "
+      "ml_collections.ConfigDict of configs/default.py's layout"
+    )
   for arg in argv:
     if not arg.startswith("--config.") and not arg.startswith("--noconfig."):
       continue

@@ -478,3 +478,24 @@ def test_a_step_count_past_the_int32_step_counter_is_one_line(tmp_path):
   message = "train.num_steps=99999999999999999999 must be < 2**31 (an int32 step)"
   assert (code, err) == (2, [f"error: invalid config: {message}"])
   assert not workdir.exists()
+
+
+@pytest.mark.parametrize(
+  "name, body, says",
+  [
+    ("dict.py", 'def get_config():\n  return {"seed": 1}\n', "get_config() returned a dict; "),
+    ("five.py", "def get_config():\n  return 5\n", "get_config() returned a int; "),
+    ("config.txt", "def get_config():\n  return 5\n", "a config is a Python file"),
+  ],
+)
+def test_a_config_file_that_is_not_a_config_is_one_line(tmp_path, name, body, says):
+  """get_config() returning a dict or an int was an AttributeError traceback from the parse; a
+  file not ending in .py said "'NoneType' object has no attribute 'loader'"."""
+  path = tmp_path / name
+  path.write_text(body)
+  cmd = [sys.executable, "-m", "jaxrl_llm.main", f"--config={path}", f"--workdir={tmp_path / 'w'}"]
+  proc = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120)
+  err = proc.stderr.strip().splitlines()
+  assert proc.returncode == 2 and len(err) == 1 and err[0].startswith("error: "), err
+  assert says in err[0] and str(path) in err[0], err
+  assert not (tmp_path / "w").exists()

@@ -37,6 +37,7 @@ import sampler_memory
     (["--shape=tiny", "--peer_timeout_s=5"], "--peer_timeout_s: for the peer's run only"),
     (["--shape=tiny", "--peer_cache=static", "--peer_python=/x"], "--peer_python, --peer_cache"),
     (["--shape=tiny", "--sample_only", "--profile_dir=/tmp/p"], "which --sample_only does not"),
+    (["--shape=tiny", "--peer=trl", "--peer_python=/nonexistent"], "no executable file there"),
     (["--shape=tiny", "--nosuch"], "unrecognised arguments: --nosuch"),
     (["--steps=3"], "give exactly one of --shape and --config"),
     (["--shape=tiny", f"--profile_dir={REPO / 'README.md'}/t"], "README.md is a file"),
@@ -47,7 +48,8 @@ def test_bench_refuses_a_bad_command_line_in_one_line(capsys, argv, says):
   a negative or NaN device limit printed negative or NaN fractions of the hardware; the peer's
   flags without `--peer` and `--profile_dir` with `--sample_only` were dropped without a word,
   after minutes of benchmark, and a `--profile_dir` that could not be made failed only then; a
-  mistyped flag printed the usage block."""
+  mistyped flag printed the usage block; a missing `--peer_python` was a FileNotFoundError
+  traceback after our side's benchmark."""
   refused(capsys, bench.main, argv, says)
 
 

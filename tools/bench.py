@@ -719,6 +719,10 @@ def main(argv: list[str]) -> int:
   for_peer = [f"--{f}" for f in ("peer_python", "peer_timeout_s", "peer_cache") if getattr(args, f)]
   if for_peer and not args.peer:
     parser.error(f"{', '.join(for_peer)}: for the peer's run only; add --peer=trl or drop it")
+  if args.peer_python and not (
+    os.path.isfile(args.peer_python) and os.access(args.peer_python, os.X_OK)
+  ):
+    parser.error(f"--peer_python={args.peer_python}: no executable file there; give a Python")
   if args.profile_dir and args.sample_only:
     parser.error("--profile_dir traces a fused step, which --sample_only does not run: drop one")
   if args.profile_dir:  # found now, not after the benchmark's minutes
