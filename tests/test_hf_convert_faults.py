@@ -202,3 +202,19 @@ def test_save_checkpoint_refuses_max_shard_bytes_below_one(tmp_path, value):
   with pytest.raises(ValueError, match=f"max_shard_bytes={value} must be an int >= 1"):
     hf_export.save_checkpoint(tmp_path / "out", cfg, params, max_shard_bytes=value)
   assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("text", ['{"x":', '{"prompt": "q", "answer": "1"}'])
+def test_a_tokenizer_file_that_does_not_parse_is_refused_before_writing(
+  runs, tmp_path, capsys, text
+):
+  """--tokenizer=FILE was copied as tokenizer.json whatever it held (a truncated JSON, a line of
+  prompt data), exit 0; the trainer then refused the export."""
+  bad = tmp_path / "tok.json"
+  bad.write_text(text)
+  out = tmp_path / "out"
+  line = _error(
+    capsys, "export", f"--workdir={runs['llama']}", f"--out={out}", f"--tokenizer={bad}"
+  )
+  assert line.startswith(f"error: {bad} is not a valid tokenizer.json: "), line
+  assert not out.exists()

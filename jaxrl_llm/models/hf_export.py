@@ -38,6 +38,7 @@ from jaxrl_llm.models.hf import HFSource, abstract_params, read_source
 from jaxrl_llm.models.hf_config import (
   CARRIED_FIELDS,
   EXTRA_KEY,
+  CheckpointFormatError,
   MissingCheckpointFileError,
   hf_fields,
 )
@@ -237,15 +238,24 @@ def _tokenizer_sources(
     return [(os.path.join(source.path, n), n) for n in source.tokenizer_files]
   tokenizer = os.fspath(tokenizer)
   if os.path.isfile(tokenizer):
-    return [(tokenizer, TOKENIZER_FILES[0])]
-  if not os.path.isdir(tokenizer):
+    pairs = [(tokenizer, TOKENIZER_FILES[0])]
+  elif not os.path.isdir(tokenizer):
     raise MissingCheckpointFileError(f"{tokenizer}: no such tokenizer directory or file")
-  names = tokenizer_files(tokenizer)
-  if not names:
+  elif not (names := tokenizer_files(tokenizer)):
     raise MissingCheckpointFileError(
       f"{tokenizer}: holds none of the tokenizer files {list(TOKENIZER_FILES)}"
     )
-  return [(os.path.join(tokenizer, n), n) for n in names]
+  else:
+    pairs = [(os.path.join(tokenizer, n), n) for n in names]
+  for path, name in pairs:  # checked before anything is written, as the trainer reads it
+    if name == TOKENIZER_FILES[0]:
+      from tokenizers import Tokenizer
+
+      try:
+        Tokenizer.from_file(path)
+      except Exception as e:  # the library's own parse error
+        raise CheckpointFormatError(f"{path} is not a valid tokenizer.json: {e}") from None
+  return pairs
 
 
 def _copy(src: str, dst: str) -> None:
