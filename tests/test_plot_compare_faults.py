@@ -151,6 +151,24 @@ def test_compare_bad_input_is_one_error_line(root, tmp_path, capsys, args, words
   assert keep.read_bytes() == KEEP
 
 
+def test_compare_warns_of_a_run_whose_events_do_not_read_beside_runs_that_do(
+  root, tmp_path, capsys
+):
+  """A run whose event file is garbage, beside readable runs, was a blank row with exit 0 and
+  nothing said (seed_table.py refuses the same root)."""
+  mixed = tmp_path / "mixed"
+  _write_run(mixed / "a", 0.2, 0)
+  (mixed / "b").mkdir()
+  (mixed / "b" / "events.out.tfevents.1.x").write_text("garbage, not an event file\n")
+  assert compare.main([f"--root={mixed}", "--tags=eval/accuracy"]) == 0
+  out, err = capsys.readouterr()
+  assert err == (
+    f"warning: {mixed / 'b'}: its event files hold no scalars (empty or unreadable); its row "
+    "is blank\n"
+  )
+  assert [line.split()[0] for line in out.splitlines()[-2:]] == ["a", "b"], out
+
+
 sys.path.insert(0, str(REPO / "experiments"))
 import seed_table  # noqa: E402
 

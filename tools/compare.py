@@ -165,6 +165,12 @@ def compare(
       where = os.path.normpath(os.path.join(root, next(iter(runs))))
       raise ValueError(f"{where}: its event files hold no scalars (empty or unreadable)")
     raise ValueError(f"no run under {root} holds scalars: its event files are empty or unreadable")
+  for name in (n for n, scalars in runs.items() if not scalars):  # shown, as blanks
+    print(
+      f"warning: {os.path.normpath(os.path.join(root, name))}: its event files hold no scalars "
+      "(empty or unreadable); its row is blank",
+      file=sys.stderr,
+    )
   empty = [g for g in tags if any(c in g for c in "*?[") and not expand_tags([g], available)]
   if runs and empty and tuple(tags) != DEFAULT_TAGS:  # a glob the user gave matches nothing
     raise ValueError(
