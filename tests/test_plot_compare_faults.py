@@ -151,11 +151,11 @@ def test_compare_bad_input_is_one_error_line(root, tmp_path, capsys, args, words
   assert keep.read_bytes() == KEEP
 
 
-def test_compare_warns_of_a_run_whose_events_do_not_read_beside_runs_that_do(
+def test_compare_and_plot_warn_of_a_run_whose_events_do_not_read_beside_runs_that_do(
   root, tmp_path, capsys
 ):
   """A run whose event file is garbage, beside readable runs, was a blank row with exit 0 and
-  nothing said (seed_table.py refuses the same root)."""
+  nothing said (seed_table.py refuses the same root); plot.py drew its arm without it."""
   mixed = tmp_path / "mixed"
   _write_run(mixed / "a", 0.2, 0)
   (mixed / "b").mkdir()
@@ -167,6 +167,10 @@ def test_compare_warns_of_a_run_whose_events_do_not_read_beside_runs_that_do(
     "is blank\n"
   )
   assert [line.split()[0] for line in out.splitlines()[-2:]] == ["a", "b"], out
+  png = tmp_path / "c.png"
+  assert plot.main(["curves", str(mixed), f"--out={png}", "--dpi=20"]) == 0
+  err = capsys.readouterr().err
+  assert f"warning: {mixed / 'b'}: its event files hold no scalars" in err and png.exists(), err
 
 
 sys.path.insert(0, str(REPO / "experiments"))

@@ -289,6 +289,8 @@ def load_runs(paths: Sequence[str]) -> tuple[list[RunData], list[str]]:
         if len(found) == 1
         else f"no run under {path} holds scalars: its event files are empty or unreadable"
       )
+    for run in (r for r in runs[before:] if not r.scalars):  # beside runs that read: kept
+      _warn(f"{run.path}: its event files hold no scalars (empty or unreadable); nothing drawn")
   return runs, grid_fields
 
 
