@@ -523,6 +523,77 @@ def test_unsupported_peft_configs_are_one_error_line(tmp_path):
       hf_adapters.load_adapters(folder, cfg, base)
 
 
+def _edit_tensors(folder, fn):
+  from safetensors.numpy import load_file, save_file
+
+  tensors = load_file(folder / "adapter_model.safetensors")
+  fn(tensors)
+  save_file(tensors, folder / "adapter_model.safetensors")
+
+
+def _first(tensors, suffix):
+  return next(k for k in sorted(tensors) if k.endswith(suffix))
+
+
+def _nan(t):
+  t[_first(t, "lora_A.weight")][0, 0] = np.nan
+
+
+def _unpaired(t):
+  del t[_first(t, "lora_B.weight")]
+
+
+def _beyond(t):
+  key = _first(t, "lora_A.weight")
+  t[key.replace("layers.0.", "layers.7.")] = t[key]
+
+
+def _wrong_shape(t):
+  key = _first(t, "lora_A.weight")
+  t[key] = t[key][:, :-1].copy()
+
+
+BAD_ADAPTERS = {  # (edit of adapter_config.json or of the tensors, what the line says)
+  "config-a-list": (lambda f: (f / "adapter_config.json").write_text("[1]"), "not a JSON object"),
+  "no-r": (lambda f: _edit_config(f, r=None), "r=None; the rank is a whole number >= 1"),
+  "r-0": (lambda f: _edit_config(f, r=0), "r=0; the rank"),
+  "alpha-text": (lambda f: _edit_config(f, lora_alpha="big"), "lora_alpha='big'"),
+  "r-wrong": (lambda f: _edit_config(f, r=8), "does not fit this model's"),
+  "no-weights": (lambda f: (f / "adapter_model.safetensors").unlink(), "no such file"),
+  "nan": (lambda f: _edit_tensors(f, _nan), "holds non-finite values"),
+  "int32": (
+    lambda f: _edit_tensors(f, lambda t: t.update({k: v.astype(np.int32) for k, v in t.items()})),
+    "holds dtype int32",
+  ),
+  "unpaired": (lambda f: _edit_tensors(f, _unpaired), "is missing beside its pair"),
+  "beyond-layers": (lambda f: _edit_tensors(f, _beyond), "matches no projection of this model"),
+  "wrong-shape": (lambda f: _edit_tensors(f, _wrong_shape), "does not fit this model's"),
+}
+
+
+def _edit_config(folder, **changes):
+  config = json.loads((folder / "adapter_config.json").read_text())
+  config.update(changes)
+  (folder / "adapter_config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("case", list(BAD_ADAPTERS))
+def test_a_bad_peft_directory_is_one_error_naming_its_file(tmp_path, case):
+  """Adapters with NaN, int32 or unpaired tensors, or for layers the model lacks, loaded
+  without a word (the last two as zero adapters); a config without r, or of the wrong shape,
+  and a missing weights file raised KeyError, reshape or FileNotFoundError naming nothing."""
+  from jaxrl_llm.models import hf, hf_adapters, hf_config
+
+  cfg, base = hf.load_checkpoint(HF_LLAMA)
+  folder = tmp_path / case
+  shutil.copytree(PEFT_FIXTURE, folder)
+  edit, says = BAD_ADAPTERS[case]
+  edit(folder)
+  with pytest.raises(hf_config.CheckpointFormatError) as err:
+    hf_adapters.load_adapters(folder, cfg, base)
+  assert str(err.value).startswith(str(folder / "adapter_")) and says in str(err.value), err.value
+
+
 @pytest.mark.extended
 def test_the_memory_plan_holds_adam_moments_for_the_adapters_only():
   """`plan.plan` (the `--dry_run`) of a run with adapters: its resident state is the weights

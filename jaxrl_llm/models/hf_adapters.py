@@ -152,7 +152,17 @@ def check_adapters(
 
 def _adapter_config(path: str) -> dict[str, Any]:
   """`adapter_config.json` of a PEFT LoRA directory, refused where this model cannot run it."""
-  config = read_json(os.path.join(path, ADAPTER_CONFIG_FILE))
+  where = os.path.join(path, ADAPTER_CONFIG_FILE)
+  if not os.path.isfile(where):
+    raise CheckpointFormatError(f"{where}: no such file; a PEFT LoRA directory holds one")
+  config = read_json(where)
+  if not isinstance(config, dict):
+    raise CheckpointFormatError(f"{where}: not a JSON object (PEFT's adapter config)")
+  r, alpha = config.get("r"), config.get("lora_alpha")
+  if type(r) is not int or r < 1:
+    raise CheckpointFormatError(f"{where}: r={r!r}; the rank is a whole number >= 1")
+  if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not np.isfinite(alpha):
+    raise CheckpointFormatError(f"{where}: lora_alpha={alpha!r}; it is a finite number")
   unsupported = {
     "peft_type": ("LORA", config.get("peft_type")),
     "bias": ("none", config.get("bias", "none")),
@@ -170,16 +180,31 @@ def _adapter_config(path: str) -> dict[str, Any]:
   return config
 
 
+def _read_adapter_tensors(path: str) -> dict[str, np.ndarray]:
+  """The tensors of `adapter_model.safetensors`: each a finite floating-point array."""
+  from safetensors.numpy import load_file
+
+  if not os.path.isfile(path):
+    raise CheckpointFormatError(f"{path}: no such file; a PEFT LoRA directory holds one")
+  try:
+    tensors = load_file(path)
+  except Exception as e:  # the library's own parse error
+    raise CheckpointFormatError(f"{path}: not a readable safetensors file ({e})") from None
+  for name, value in tensors.items():
+    if value.dtype.kind != "f" or not np.isfinite(value).all():
+      what = f"dtype {value.dtype}" if value.dtype.kind != "f" else "non-finite values"
+      raise CheckpointFormatError(f"{path}: tensor {name} holds {what}; LoRA weights are floats")
+  return tensors
+
+
 def load_adapters(path: str | os.PathLike, cfg: ModelConfig, params: Any, *, model_type=None):
   """PEFT LoRA adapters (`adapter_config.json` + `adapter_model.safetensors`) put on `params`
   of `cfg` (the base's model, without adapters). Returns (the ModelConfig with the adapters'
   rank, alpha and targets, the parameters with adapters); a targeted projection that PEFT did
   not adapt (e.g. outside `layers_to_transform`) gets a zero adapter."""
-  from safetensors.numpy import load_file
-
   path, mt = os.fspath(path), model_type or default_model_type(cfg)
   config = _adapter_config(path)
-  tensors = load_file(os.path.join(path, ADAPTER_WEIGHTS_FILE))
+  tensors = _read_adapter_tensors(os.path.join(path, ADAPTER_WEIGHTS_FILE))
   modules = sorted({k.split(".")[-3] for k in tensors if k.endswith(".lora_A.weight")})
   names = [lora_lib.HF_NAMES.get(m, m) for m in modules]
   adapted = dataclasses.replace(
@@ -192,15 +217,30 @@ def load_adapters(path: str | os.PathLike, cfg: ModelConfig, params: Any, *, mod
   flat = flatten(params)
   shapes = {k: v.shape for k, v in flatten(nn.unbox(abstract_params(adapted))).items()}
   out = {k: np.zeros(v, np.float32) for k, v in shapes.items() if lora_lib.is_adapter(k)}
+  weights, used = os.path.join(path, ADAPTER_WEIGHTS_FILE), set()
   for p in param_map(adapted, BY_MODEL_TYPE[mt]):
     module = p.names[0].removesuffix(".weight")
-    a, b = (tensors.get(f"base_model.model.{module}.lora_{n}.weight") for n in "AB")
-    if a is None or b is None or p.stacked:
+    keys = [f"base_model.model.{module}.lora_{n}.weight" for n in "AB"]
+    a, b = (tensors.get(k) for k in keys)
+    if (a is None) != (b is None):
+      raise CheckpointFormatError(f"{weights}: {keys[a is not None]} is missing beside its pair")
+    used.update(keys)
+    if a is None or p.stacked:
       continue
     owner, layer = _adapter_owner(adapted, p)
-    for name, value in (("lora_a", a.T), ("lora_b", b.T)):  # ours: [in..., r] and [r, out...]
-      target = out[(*owner, name)]
+    for key, name, value in ((keys[0], "lora_a", a.T), (keys[1], "lora_b", b.T)):
+      target = out[(*owner, name)]  # ours: [in..., r] and [r, out...]
       slot = target if layer is None else target[layer]
+      if value.size != slot.size:
+        raise CheckpointFormatError(
+          f"{weights}: tensor {key} has shape {list(value.T.shape)}, which does not fit this "
+          f"model's {module} at r={adapted.lora_rank} ({slot.size} values)"
+        )
       slot[...] = value.reshape(slot.shape)
+  if unused := sorted(set(tensors) - used):
+    raise CheckpointFormatError(
+      f"{weights}: tensor {unused[0]} ({len(unused)} in all) matches no projection of this "
+      f"model ({cfg.num_layers} layers)"
+    )
   flat.update({k: jnp.asarray(v) for k, v in out.items()})
   return adapted, unflatten(flat)
