@@ -29,6 +29,8 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
+from jaxrl_llm import sigterm
+
 ENV_COORDINATOR = "JAXRL_LLM_COORDINATOR"
 ENV_NUM_PROCESSES = "JAXRL_LLM_NUM_PROCESSES"
 ENV_PROCESS_ID = "JAXRL_LLM_PROCESS_ID"
@@ -220,30 +222,35 @@ def _signature(args: tuple, kwargs: dict):
   )
 
 
-class Lockstep:
-  """A jitted program whose first run of each input signature starts on every process at
-  once: compiled ahead (`lower(...).compile()`; the call then reuses it), then a barrier.
+class Program:
+  """A jitted program compiled ahead on its first run of each input signature
+  (`lower(...).compile()`; the call then reuses it): under `sigterm.compiling(what)`, so a
+  SIGTERM or Ctrl-C that comes during a compilation of minutes stops the run at once; in a
+  multi-process job then a barrier, so its first run starts on every process at once.
 
   The processes must enter a program's first cross-process collective within gloo's 30 s
   rendezvous, which a compile may exceed: a persistent compilation cache holds process 0's
   executables only (on CPU each process's key differs), so after a relaunch process 0 loads
   the step while the others compile it. Every other attribute is the jitted function's."""
 
-  def __init__(self, jitted, name: str):
-    self.jitted, self.name, self.ready = jitted, name, set()
+  def __init__(self, jitted, name: str, what: str):
+    self.jitted, self.name, self.what, self.ready = jitted, name, what, set()
 
   def __call__(self, *args, **kwargs):
-    """Runs the program; its first run of a signature compiles, then waits at a barrier."""
+    """Runs the program; its first run of a signature compiles (then, in a job, waits at a
+    barrier)."""
     key = _signature(args, kwargs)
     if key not in self.ready:
       start = time.monotonic()
-      self.jitted.lower(*args, **kwargs).compile()
-      compiled = time.monotonic()
-      barrier(f"compiled/{self.name}/{len(self.ready)}")
-      logging.info(
-        "%s: compiled in %.1fs, then waited %.1fs for every process to compile it",
-        self.name, compiled - start, time.monotonic() - compiled,
-      )  # fmt: skip
+      with sigterm.compiling(self.what):
+        self.jitted.lower(*args, **kwargs).compile()
+      if jax.process_count() > 1:
+        compiled = time.monotonic()
+        barrier(f"compiled/{self.name}/{len(self.ready)}")
+        logging.info(
+          "%s: compiled in %.1fs, then waited %.1fs for every process to compile it",
+          self.name, compiled - start, time.monotonic() - compiled,
+        )  # fmt: skip
       self.ready.add(key)
     return self.jitted(*args, **kwargs)
 
@@ -251,9 +258,10 @@ class Lockstep:
     return getattr(self.jitted, attr)
 
 
-def lockstep(jitted, name: str):
-  """`jitted` as a `Lockstep` in a multi-process job; `jitted` itself on one process."""
-  return Lockstep(jitted, name) if jax.process_count() > 1 else jitted
+def program(jitted, name: str, what: str) -> Program:
+  """`jitted` as a `Program` named `name` (its barriers' name) that compiles `what` (e.g. "the
+  RL step": the line of a stop during its compilation)."""
+  return Program(jitted, name, what)
 
 
 # Why a process stopped, for its peers: `jaxrl_llm/stopped/<process>` = "<exit code> <line>".

@@ -13,6 +13,7 @@ import errno
 import importlib.util
 import inspect
 import os
+import signal
 import sys
 import traceback
 
@@ -353,12 +354,13 @@ def train_or_leave(
   folder this launch made (`open_workdir`); an error that leaves it empty (a refused config)
   removes it. `debug`: an error's traceback instead of its line; `hparams`: `--hparams` (see
   `hparam_fields`)."""
-  from jaxrl_llm import distributed, run
+  from jaxrl_llm import distributed, run, sigterm
 
   try:
     cfg = parse_acting(config, overridden_fields(sys.argv))
     fields = hparam_fields(config, hparams, sys.argv)
-    result = run.train_and_evaluate(cfg, workdir, hparam_fields=fields)
+    with sigterm.leaving(lambda signum, what: stop_while_compiling(signum, what, workdir)):
+      result = run.train_and_evaluate(cfg, workdir, hparam_fields=fields)
   except run.Preempted as e:  # SIGTERM: the step was saved; a scheduler may relaunch
     say(f"{e}")
     leave_job(143)  # 128 + SIGTERM, as if the signal had ended the process
@@ -399,6 +401,19 @@ def stop_on_sigint(workdir: str) -> None:
   )
   say(line)
   leave_job(130, line)
+
+
+def stop_while_compiling(signum: int, what: str, workdir: str) -> None:
+  """The line and exit status of a SIGTERM or Ctrl-C that came while XLA compiled `what`
+  (`sigterm.compiling`; on its watcher thread, after the run's saves in flight finished)."""
+  if signum == signal.SIGINT:
+    stop_on_sigint(workdir)
+  line = (
+    f"stopped by SIGTERM while compiling {what}: the checkpoints in {workdir} are kept; "
+    "relaunch the same command to resume"
+  )
+  say(line)
+  leave_job(143, line)
 
 
 def in_a_job() -> bool:

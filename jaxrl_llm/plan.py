@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
+from jaxrl_llm import sigterm
 from jaxrl_llm.config import PER_RUN, TRACED, tagged
 
 GIB = 2**30
@@ -166,10 +167,11 @@ def plan(
     "runs": runs,
   }
   try:
-    if exp.task.rewards_on_host:  # sample -> host verifiers -> learn: the larger program's peak
-      compiled = max(_sample_and_learn(exp, args), key=lambda c: _peak_of(**_sizes(c)))
-    else:
-      compiled = exp.program.step.lower(*args).compile()
+    with sigterm.compiling("the RL step (a plan: nothing is written)"):
+      if exp.task.rewards_on_host:  # sample -> host verifiers -> learn: the larger peak
+        compiled = max(_sample_and_learn(exp, args), key=lambda c: _peak_of(**_sizes(c)))
+      else:
+        compiled = exp.program.step.lower(*args).compile()
   except jax.errors.JaxRuntimeError as err:  # TPU compilers refuse what exceeds the HBM
     message = str(err)
     if "RESOURCE_EXHAUSTED" not in message:

@@ -4,14 +4,31 @@ A scheduler may send SIGTERM while a run starts (imports, the build, a restore) 
 warm start. `listen`, called before anything heavy is imported, makes the signal set a flag;
 the run asks `seen()` at its next safe point and stops in one line (`run.preempt`), saving the
 warm start's progress. Standard library only, so it can run first.
+
+While XLA compiles, the main thread is inside one C++ call that may last minutes, and Python runs
+no signal handler until it returns. `compiling` covers such a call: the C-level part of Python's
+signal handling writes the signal's number to a wakeup socket, a watcher thread reads it, and a
+SIGTERM or SIGINT (Ctrl-C) that comes while compiling ends the process at once through the hooks
+of `closing` (a checkpointer's saves in flight finish) and `leaving` (the one line, the exit
+status 128 + signal). Nothing is lost: while the run holds progress that no checkpoint has yet
+(`unsaved`: a warm start's result, the steps since the last save), a compilation is not cut,
+and the signal is taken after it, at the run's next safe point, which saves that progress.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
+import socket
+import sys
 import threading
 
 _TERM = {"seen": False}
+# What the main thread is compiling (None: nothing), the hooks of a stop during it, and the
+# watcher's wakeup socket (made once).
+_COMPILE: dict = {"what": None, "closers": [], "leave": None, "socket": None, "unsaved": False}
+CLOSE_TIMEOUT_S = 60.0  # the closers' time to finish before the process ends anyway
 
 
 def _on_term(signum, frame) -> None:
@@ -34,3 +51,98 @@ def note() -> None:
 def seen() -> bool:
   """Whether SIGTERM came since `listen`."""
   return _TERM["seen"]
+
+
+def unsaved(held: bool) -> None:
+  """Says whether the run now holds progress that no checkpoint has (see `compiling`)."""
+  _COMPILE["unsaved"] = held
+
+
+@contextlib.contextmanager
+def compiling(what: str):
+  """While inside (XLA compiling `what`, e.g. "the RL step"), SIGTERM or SIGINT ends the process
+  at once: the `closing` hooks run, then the `leaving` hook (its line, its exit status; by
+  default a line naming `what` and 128 + the signal). Elsewhere than in the main thread, where
+  the signal has no Python handler (SIGTERM before `listen`), or while progress is `unsaved`,
+  nothing changes."""
+  if threading.current_thread() is not threading.main_thread() or _COMPILE["unsaved"]:
+    yield
+    return
+  previous = signal.set_wakeup_fd(_wakeup_socket(), warn_on_full_buffer=False)
+  _COMPILE["what"] = what
+  try:
+    yield
+  finally:
+    _COMPILE["what"] = None
+    signal.set_wakeup_fd(previous)
+
+
+@contextlib.contextmanager
+def closing(close):
+  """While inside, a stop during `compiling` first calls `close()` (e.g. waits for the saves
+  in flight and closes the event files), newest hook first."""
+  _COMPILE["closers"].append(close)
+  try:
+    yield
+  finally:
+    _COMPILE["closers"].remove(close)
+
+
+@contextlib.contextmanager
+def leaving(leave):
+  """While inside, a stop during `compiling` ends through `leave(signum, what)`, which prints
+  the stop's line and ends the process (e.g. `os._exit`)."""
+  outer, _COMPILE["leave"] = _COMPILE["leave"], leave
+  try:
+    yield
+  finally:
+    _COMPILE["leave"] = outer
+
+
+def _wakeup_socket() -> int:
+  """The write end's descriptor of the watcher's socket pair (made, and the watcher started,
+  on the first call)."""
+  if _COMPILE["socket"] is None:
+    read, write = socket.socketpair()
+    write.setblocking(False)
+    threading.Thread(target=_watch, args=(read,), name="sigterm-compiling", daemon=True).start()
+    _COMPILE["socket"] = write
+  return _COMPILE["socket"].fileno()
+
+
+def _watch(read: socket.socket) -> None:
+  """The watcher thread: a SIGTERM or SIGINT byte that comes while compiling ends the process;
+  any other (or one after the compilation, which the main thread's handler takes) is dropped."""
+  while True:
+    for signum in read.recv(64):
+      what = _COMPILE["what"]
+      if what is not None and signum in (signal.SIGTERM, signal.SIGINT):
+        _stop(signum, what)
+
+
+def _stop(signum: int, what: str) -> None:
+  """Runs the closers (for at most `CLOSE_TIMEOUT_S`), then leaves."""
+  if signum == signal.SIGTERM:
+    note()
+
+  def close_all():
+    for close in reversed(list(_COMPILE["closers"])):
+      try:
+        close()
+      except Exception as e:  # the stop goes on; the reason is printed
+        print(f"warning: while stopping: {type(e).__name__}: {e}", file=sys.stderr)
+
+  closer = threading.Thread(target=close_all, daemon=True)
+  closer.start()
+  closer.join(CLOSE_TIMEOUT_S)
+  leave = _COMPILE["leave"] or _leave
+  leave(signum, what)
+  os._exit(128 + signum)  # a hook that returned
+
+
+def _leave(signum: int, what: str) -> None:
+  """The default stop during compilation: one line, exit status 128 + the signal."""
+  name = "SIGTERM" if signum == signal.SIGTERM else "SIGINT (Ctrl-C)"
+  print(f"stopped by {name} while compiling {what}", file=sys.stderr, flush=True)
+  sys.stdout.flush()
+  os._exit(128 + signum)

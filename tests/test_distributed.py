@@ -1,13 +1,16 @@
 """How a process of a multi-process job reads its peers' stop notices (`distributed.peer_stopped`)
-and starts a program's first run (`distributed.Lockstep`, on one process here), and how a job
+and compiles a program's first run ahead, stoppable by a signal (`distributed.Program`, on one
+process here), and how a job
 whose processes watch their peers ends (a real 4-process job); the training job itself is
 exercised in `tests/test_multihost.py` (slow tier)."""
 
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
-from conftest import REPO, cli_env
+from conftest import REPO, cli_env, default_sigint
 
 from jaxrl_llm import distributed
 
@@ -31,14 +34,13 @@ def test_an_error_every_process_may_meet_itself_waits_so_each_prints_its_own_lin
   assert "process 0 of 2 stopped (error: mesh.data=3 does not divide" in line
 
 
-def test_a_lockstep_program_compiles_ahead_once_per_signature_and_runs_the_same():
+def test_a_program_compiles_ahead_once_per_signature_and_runs_the_same():
   import jax
   import jax.numpy as jnp
   from jax import monitoring
 
   jitted = jax.jit(lambda x: jnp.sin(x).sum())
-  assert distributed.lockstep(jitted, "f") is jitted  # one process: nothing to wait for
-  program = distributed.Lockstep(jitted, "f")
+  program = distributed.program(jitted, "f", "the sum")
   x, y, z = jnp.arange(4.0), jnp.arange(4.0) + 1, jnp.arange(8.0)
   want_x, want_y = float(jnp.sin(x).sum()), float(jnp.sin(y).sum())
   compiles = []
@@ -52,6 +54,55 @@ def test_a_lockstep_program_compiles_ahead_once_per_signature_and_runs_the_same(
     assert len(compiles) == 2 and len(program.ready) == 2  # a new signature: one more
   finally:
     monitoring.unregister_event_duration_listener(count)
+
+
+COMPILING = """
+import sys, time
+import jax, jax.numpy as jnp
+from jaxrl_llm import distributed, sigterm
+
+sigterm.listen()
+sigterm.unsaved(sys.argv[1] == "unsaved")
+
+def f(x):  # a program XLA takes seconds to compile: thousands of distinct operations
+  for i in range(800):
+    x = jnp.sin(x @ x + i)
+  return x
+
+program = distributed.program(jax.jit(f), "f", "the test program")
+print("compiling", flush=True)
+program(jnp.ones((8, 8)))
+print("compiled; SIGTERM seen:", sigterm.seen(), flush=True)
+"""
+
+
+@pytest.mark.parametrize("case", ["SIGTERM", "SIGINT", "unsaved"])
+def test_a_signal_during_a_compilation_stops_at_once_unless_progress_is_unsaved(tmp_path, case):
+  # XLA compiles in one C++ call in which Python runs no signal handler: the watcher thread of
+  # `sigterm.compiling` ends the process with the stop's line (and 128 + the signal) while the
+  # compilation goes on. With progress no checkpoint holds, the compilation is not cut: the
+  # signal is taken after it (the run then saves at its next safe point).
+  script = tmp_path / "compiling.py"
+  script.write_text(COMPILING)
+  proc = subprocess.Popen(
+    [sys.executable, str(script), case],
+    cwd=REPO,
+    env=cli_env(),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+    preexec_fn=default_sigint,
+  )
+  assert proc.stdout.readline() == "compiling\n"
+  time.sleep(0.5)  # inside the program's first call: tracing, then XLA
+  proc.send_signal(signal.SIGINT if case == "SIGINT" else signal.SIGTERM)
+  out, err = proc.communicate(timeout=300)
+  if case == "unsaved":
+    assert proc.returncode == 0 and out == "compiled; SIGTERM seen: True\n", err[-2000:]
+    return
+  name = "SIGTERM" if case == "SIGTERM" else "SIGINT (Ctrl-C)"
+  assert proc.returncode == (143 if case == "SIGTERM" else 130), err[-2000:]
+  assert out == "" and err.splitlines()[-1] == f"stopped by {name} while compiling the test program"
 
 
 WATCHING = """

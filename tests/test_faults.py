@@ -820,6 +820,47 @@ def test_sigterm_saves_the_step_it_finished_and_the_relaunch_resumes_from_it(tmp
 
 
 @pytest.mark.slow
+def test_sigterm_while_xla_compiles_stops_at_once_unless_a_warm_start_is_unsaved(tmp_path):
+  """SIGTERM while XLA compiles (Python runs no handler inside that call): a fresh run stops at
+  once with one line naming the program, exit 143, nothing saved; so does a resumed run
+  compiling its RL step, its checkpoint kept and resumed. After a warm start, whose result no
+  checkpoint holds yet, the compilation is not cut: the run saves step 1 and stops."""
+  workdir, wide = tmp_path / "w", ("--config.model.d_model=128", "--config.model.mlp_dim=256")
+  root = workdir / "checkpoints"
+
+  def stopped(pattern, *args):
+    proc = _launch(workdir, *wide, *args)
+    _wait_for(proc, pattern)
+    time.sleep(1.0)  # inside the program's first call: tracing, then XLA
+    proc.send_signal(signal.SIGTERM)
+    err = proc.communicate(timeout=300)[1]
+    assert proc.returncode == 143, err[-3000:]
+    return err.strip().splitlines()[-1]
+
+  fresh = ("--config.sft.steps=0", "--config.train.num_steps=2")
+  last = stopped(r"compiling the held-out evaluation", *fresh)
+  assert last == (
+    f"stopped by SIGTERM while compiling the held-out evaluation: the checkpoints in {workdir} "
+    "are kept; relaunch the same command to resume"
+  )
+  assert _committed(root) == set()
+  done = _launch(workdir, *wide, *fresh)
+  assert done.wait(timeout=300) == 0 and max(_committed(root)) == 2
+  more = ("--config.sft.steps=0", "--config.train.num_steps=4")
+  last = stopped(r"compiling the RL step", *more)
+  assert last.startswith("stopped by SIGTERM while compiling the RL step: "), last
+  assert max(_committed(root)) == 2
+  resumed = _launch(workdir, *wide, *more)
+  err = resumed.communicate(timeout=300)[1]
+  assert resumed.returncode == 0 and "at step 2" in err and max(_committed(root)) == 4, err[-3000:]
+
+  workdir, root = tmp_path / "warm", tmp_path / "warm" / "checkpoints"
+  last = stopped(r"compiling the held-out evaluation", "--config.sft.steps=20")
+  assert re.match(r"stopped by SIGTERM after step 1: checkpoint 1 is saved in ", last), last
+  assert max(_committed(root)) == 1
+
+
+@pytest.mark.slow
 def test_sigterm_during_start_up_or_the_warm_start_is_one_line_and_keeps_the_warm_start(tmp_path):
   """SIGTERM a moment after launch (imports, build): exit 143 and one line, nothing lost. SIGTERM
   during a 400-step warm start: its progress is saved and the relaunch resumes it there (each

@@ -259,7 +259,7 @@ def test_progress_and_eval_lines_fit_80_columns_with_a_packs_run_name():
   a progress line fits 80 columns, and so does a pack run's line after its label (the pack's
   clock is its own line): the least wanted scalars go first, the skipped count stays. So does
   an evaluation's line."""
-  from jaxrl_llm.run.loop import eval_line
+  from jaxrl_llm.run.held_out import eval_line
 
   progress = metrics.Progress(10000)
   progress.mark(9000, now=0.0)

@@ -221,7 +221,7 @@ local = np.full((jax.local_device_count(),), jax.process_index() + 1.0, np.float
 x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("data")), local)
 total = jax.jit(jnp.sum, out_shardings=NamedSharding(mesh, P()))
 if sys.argv[1] == "lockstep":
-  total = distributed.lockstep(total, "total")
+  total = distributed.program(total, "total", "the total")
 if jax.process_index() == 1:
   time.sleep(float(sys.argv[2]))  # a process that compiles while process 0 loads from a cache
 try:
@@ -237,7 +237,7 @@ except Exception as err:
 def test_a_programs_first_run_waits_for_a_process_that_arrives_late(tmp_path, program):
   # After a relaunch process 0 loads the step from the compilation cache (only it writes one)
   # while its peers compile: they reach the first collective tens of seconds apart, past
-  # gloo's 30 s rendezvous. A `Lockstep` program compiles, then waits in a barrier of the
+  # gloo's 30 s rendezvous. A `Program` compiles, then waits in a barrier of the
   # coordination service; a bare jitted one fails (the control: the skew is past the limit).
   script = tmp_path / "skewed.py"
   script.write_text(SKEWED)

@@ -666,8 +666,9 @@ def run_packed(
   """Trains the grid as one pack in `root` (resuming it), records sweep.json (process 0 of a
   multi-process job); exit status (143 after SIGTERM, 130 after Ctrl-C, as the trainer's).
   The terminal is set up as the trainer's (`terminal.setup`), every log line in `root`'s log
-  file (`ROOT/log.txt`)."""
-  import jax
+  file (`ROOT/log.txt`). A SIGTERM or Ctrl-C while XLA compiles stops it at once, as the
+  trainer's (`sigterm.compiling`)."""
+  from jaxrl_llm import sigterm
 
   launch.choose_backend(debug)  # as the trainer's command line does
   terminal.setup(debug, log_file=terminal.log_path(root, launch.process_index()))
@@ -680,7 +681,30 @@ def run_packed(
       os.makedirs(run.workdir, exist_ok=True)
       _write_record(run)
   t0 = time.time()
-  status, code = _train_packed(_pack_configs(config, runs), runs, root, new)
+
+  def stop_while_compiling(signum: int, what: str) -> None:  # on `sigterm`'s watcher thread
+    if signum == signal.SIGINT:
+      _stopped_by_ctrl_c(root)
+    line = (
+      f"stopped by SIGTERM while compiling {what}: the pack's checkpoints in "
+      f"{os.path.join(root, 'checkpoints')} are kept; rerun the same command to resume"
+    )
+    print(line, file=sys.stderr, flush=True)
+    _record_pack(runs, root, spec, earlier, t0, "interrupted", 143)
+    launch.leave_job(143, line)
+
+  with sigterm.leaving(stop_while_compiling):
+    status, code = _train_packed(_pack_configs(config, runs), runs, root, new)
+  return _record_pack(runs, root, spec, earlier, t0, status, code)
+
+
+def _record_pack(
+  runs: Sequence[Run], root: str, spec: dict, earlier: list, t0: float, status: str, code: int
+) -> int:
+  """Writes sweep.json of a pack that ended with `status` and exit status `code` (process 0
+  of a job only); returns the command's exit status."""
+  import jax
+
   if jax.process_index() != 0:  # the runs' events, and so the record, are process 0's
     return code
   from jaxrl_llm.run import record as run_record

@@ -465,7 +465,7 @@ def build(
     model=model,
     state=state,
     state_shardings=state_shardings,
-    program=_in_lockstep(program),
+    program=_compiled_ahead(program),
     eval_fn=make_eval_fn(model, task, cfg, mesh, rules, runs, run_axes(state).params),
     schedule=schedule,
     batch_sharding=sharding.rows(mesh),
@@ -475,11 +475,17 @@ def build(
   )
 
 
-def _in_lockstep(program: RLProgram) -> RLProgram:
-  """`program` whose jitted parts start together on every process (`distributed.lockstep`)."""
-  parts = {
-    p: distributed.lockstep(getattr(program, p), f"rl-{p}") for p in ("step", "sample", "learn")
-  }
+_PARTS = {
+  "step": "the RL step",
+  "sample": "the RL step's sampler",
+  "learn": "the RL step's learner",
+}
+
+
+def _compiled_ahead(program: RLProgram) -> RLProgram:
+  """`program` whose jitted parts compile ahead, stoppable, and start together on every process
+  (`distributed.program`)."""
+  parts = {p: distributed.program(getattr(program, p), f"rl-{p}", w) for p, w in _PARTS.items()}
   return dataclasses.replace(program, **parts)
 
 

@@ -97,7 +97,7 @@ def make_eval_fn(
     in_axes = (param_axes, None, 0, 0)
     eval_fn = sharding.vmap_runs(eval_fn, in_axes, at_once=at_once, groups=groups)
   jitted = jax.jit(sharding.traced_with_rules(eval_fn, mesh, rules), out_shardings=repl)
-  jitted = distributed.lockstep(jitted, "evaluation")
+  jitted = distributed.program(jitted, "evaluation", "the held-out evaluation")
   if not host:
     return lambda params, batch, rng, answers=None, values=None: jitted(params, batch, rng, values)
 

@@ -13,6 +13,7 @@ the checkpoints and the profile trace are the trainee's (`root`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -22,14 +23,15 @@ import numpy as np
 from absl import logging
 
 from jaxrl_llm import checkpoint as ckpt_lib
-from jaxrl_llm import checkpoint_compat, distributed, paths, sharding
+from jaxrl_llm import checkpoint_compat, distributed, paths, sigterm
 from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm.config import Config, ConfigError, tagged
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.rl import init_reference
 from jaxrl_llm.run import preempt, record
-from jaxrl_llm.run.assemble import Experiment, build, to_global_batch
+from jaxrl_llm.run.assemble import Experiment, build
 from jaxrl_llm.run.guard import NonFiniteError, SkipGuard, VerifierError, VerifierGuard
+from jaxrl_llm.run.held_out import Evaluator
 from jaxrl_llm.run.preempt import StopSignals
 from jaxrl_llm.run.warm_start import warm_start
 
@@ -101,50 +103,6 @@ class SingleRun:
   def evaluate(self, params, batch, answers) -> list[dict]:
     """[the held-out evaluation's metrics of `params`]."""
     return [self.exp.eval_fn(params, batch, self.key, answers)]
-
-
-def eval_line(step: int, m: dict[str, float], took: float, width: int) -> str:
-  """An evaluation as one log line within `width` characters: `eval step 6: accuracy 0.5
-  pass@4 0.75 ... (1.2s)`, accuracy and pass@k first, the other scalars while they fit."""
-  first = [k for k in ["eval/accuracy", *m] if k in m and (k == "eval/accuracy" or "pass@" in k)]
-  first = list(dict.fromkeys(first))
-  shown = [
-    f"{k.removeprefix('eval/')} {m[k]:.3g}" for k in [*first, *(k for k in m if k not in first)]
-  ]
-  while True:
-    line = f"eval step {step}: {' '.join(shown)} ({took:.1f}s)"
-    if len(line) <= width or len(shown) <= 1:
-      return line
-    shown.pop()
-
-
-class Evaluator:
-  """The held-out set on the devices, evaluated for every member of a trainee in one program;
-  each run's scalars go to its own events, history and log line."""
-
-  def __init__(self, trainee):
-    exp = trainee.exp
-    eval_np, self.answers = exp.task.eval_set(multiple_of=sharding.batch_size_divisor(exp.mesh))
-    # Every process holds the whole evaluation set and feeds the rows its devices hold.
-    own = distributed.own_block(exp.batch_sharding, (len(eval_np["tokens"]),))[0]
-    self.batch = to_global_batch({k: v[own] for k, v in eval_np.items()}, exp.batch_sharding)
-    self.trainee, self.calls = trainee, 0
-
-  def __call__(self, step: int, params) -> None:
-    """Evaluates `params`, writes and logs each run's scalars at `step`."""
-    if not self.calls:
-      logging.info("compiling the held-out evaluation (its first run includes compilation) ...")
-    self.calls += 1
-    t = time.time()
-    per_run = self.trainee.evaluate(params, self.batch, self.answers)
-    per_run = [metrics_lib.flatten_metrics(m) for m in per_run]
-    for member, m in zip(self.trainee.members, per_run, strict=True):
-      if member.stopped:
-        continue
-      member.writer.scalars(step, m)
-      member.history.append((step, m))
-      width = metrics_lib.LINE_WIDTH - len(member.label)
-      logging.info(member.label + eval_line(step, m, time.time() - t, width))
 
 
 def resume_target(state, meta: dict, keys: Sequence[str] = ("model",)):
@@ -369,9 +327,10 @@ def _step(run: _Pass, state, step: int):
   if done % tr.eval_every == 0 or done == tr.num_steps:
     run.evaluate(done, state.params)
   force = done in (run.end, tr.num_steps)
-  run.ckpt.save(
+  saved = run.ckpt.save(
     done, trainee.exp.stored(state), data_iter=run.data, meta=trainee.meta(), force=force
   )
+  sigterm.unsaved(not saved)  # a stop during a compilation then waits to save these steps
   return state
 
 
@@ -459,32 +418,40 @@ def train(trainee, *, hparam_fields: Sequence[str] = ()) -> dict[str, dict[str, 
   ckpt = ckpt_lib.Checkpointer(
     trainee.root, save_every=tr.checkpoint_every, max_to_keep=tr.max_to_keep
   )
-  try:
-    preempt.stop_if_asked("while the run was built, before anything was saved", trainee.root)
-    changed = _changed_settings(trainee, ckpt)
-    state = _start_state(trainee, ckpt, data)  # a checkpoint of another run: refused here
-    start = trainee.step_of(state)
-    preempt.stop_if_asked(f"while it started (at step {start})", trainee.root, start)
-    if start >= tr.num_steps:  # finished: each run's last evaluation, nothing written
-      return {m.name: finished_run(m.workdir, start, tr.num_steps) for m in trainee.members}
-    if changed:
-      logging.warning("resuming %s under changed settings: %s", trainee.root, "; ".join(changed))
-    _open_members(trainee, start, hparam_fields)
-    _resume_stopped(trainee, state)
-    if start == 0:
-      evaluate(0, state.params)
-    state, end = _loop(trainee, state, data, ckpt, evaluate)
-    ckpt.wait()
-    for member in trainee.members:  # after the checkpoints: the last finite state is kept
-      if not member.stopped:
-        member.logger.guard.any_applied((start, end), member.prefix)
-    _close_members(trainee, ckpt, (start, end), wall_start)
-  finally:
-    ckpt.close()  # pending saves finish (or fail) before the error propagates
-    for member in trainee.members:
-      if member.writer is not None:
-        member.writer.close()
+  close = functools.partial(_close, trainee, ckpt)
+  sigterm.unsaved(False)
+  with sigterm.closing(close):  # also when a signal stops a compilation
+    try:
+      preempt.stop_if_asked("while the run was built, before anything was saved", trainee.root)
+      changed = _changed_settings(trainee, ckpt)
+      state = _start_state(trainee, ckpt, data)  # a checkpoint of another run: refused here
+      start = trainee.step_of(state)
+      preempt.stop_if_asked(f"while it started (at step {start})", trainee.root, start)
+      if start >= tr.num_steps:  # finished: each run's last evaluation, nothing written
+        return {m.name: finished_run(m.workdir, start, tr.num_steps) for m in trainee.members}
+      if changed:
+        logging.warning("resuming %s under changed settings: %s", trainee.root, "; ".join(changed))
+      _open_members(trainee, start, hparam_fields)
+      _resume_stopped(trainee, state)
+      if start == 0:
+        evaluate(0, state.params)
+      state, end = _loop(trainee, state, data, ckpt, evaluate)
+      ckpt.wait()
+      for member in trainee.members:  # after the checkpoints: the last finite state is kept
+        if not member.stopped:
+          member.logger.guard.any_applied((start, end), member.prefix)
+      _close_members(trainee, ckpt, (start, end), wall_start)
+    finally:
+      close()  # pending saves finish (or fail) before the error propagates
   return {m.name: m.history[-1][1] if m.history else {} for m in trainee.members}
+
+
+def _close(trainee, ckpt) -> None:
+  """Waits for the saves in flight and closes the members' event files."""
+  ckpt.close()
+  for member in trainee.members:
+    if member.writer is not None:
+      member.writer.close()
 
 
 def train_and_evaluate(

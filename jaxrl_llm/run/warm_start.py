@@ -44,7 +44,7 @@ def _sft_step(exp: Experiment, tx):
     return lora.with_frozen(frozen, trained), opt_state, loss, skipped
 
   jitted = jax.jit(sharding.traced_with_rules(sft_update, exp.mesh, exp.rules))
-  return distributed.lockstep(jitted, "sft-update")
+  return distributed.program(jitted, "sft-update", "the warm start's update")
 
 
 def warm_start(exp: Experiment, workdir: str) -> TrainState:
@@ -93,6 +93,7 @@ def warm_start(exp: Experiment, workdir: str) -> TrainState:
       writer.close()
       saved.save(i + 1, progress.replace(params=params, opt_state=opt_state))
   writer.close()
+  sigterm.unsaved(steps > 0)  # its result is in no checkpoint until the first RL step's
   return exp.state.replace(params=params)
 
 

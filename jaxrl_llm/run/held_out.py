@@ -1,0 +1,56 @@
+"""The held-out evaluation inside the run loop: every member of a trainee evaluated in one
+program (`Evaluator`), each run's scalars to its own events, history and log line."""
+
+from __future__ import annotations
+
+import time
+
+from absl import logging
+
+from jaxrl_llm import distributed, sharding
+from jaxrl_llm import metrics as metrics_lib
+from jaxrl_llm.run.assemble import to_global_batch
+
+
+def eval_line(step: int, m: dict[str, float], took: float, width: int) -> str:
+  """An evaluation as one log line within `width` characters: `eval step 6: accuracy 0.5
+  pass@4 0.75 ... (1.2s)`, accuracy and pass@k first, the other scalars while they fit."""
+  first = [k for k in ["eval/accuracy", *m] if k in m and (k == "eval/accuracy" or "pass@" in k)]
+  first = list(dict.fromkeys(first))
+  shown = [
+    f"{k.removeprefix('eval/')} {m[k]:.3g}" for k in [*first, *(k for k in m if k not in first)]
+  ]
+  while True:
+    line = f"eval step {step}: {' '.join(shown)} ({took:.1f}s)"
+    if len(line) <= width or len(shown) <= 1:
+      return line
+    shown.pop()
+
+
+class Evaluator:
+  """The held-out set on the devices, evaluated for every member of a trainee in one program;
+  each run's scalars go to its own events, history and log line."""
+
+  def __init__(self, trainee):
+    exp = trainee.exp
+    eval_np, self.answers = exp.task.eval_set(multiple_of=sharding.batch_size_divisor(exp.mesh))
+    # Every process holds the whole evaluation set and feeds the rows its devices hold.
+    own = distributed.own_block(exp.batch_sharding, (len(eval_np["tokens"]),))[0]
+    self.batch = to_global_batch({k: v[own] for k, v in eval_np.items()}, exp.batch_sharding)
+    self.trainee, self.calls = trainee, 0
+
+  def __call__(self, step: int, params) -> None:
+    """Evaluates `params`, writes and logs each run's scalars at `step`."""
+    if not self.calls:
+      logging.info("compiling the held-out evaluation (its first run includes compilation) ...")
+    self.calls += 1
+    t = time.time()
+    per_run = self.trainee.evaluate(params, self.batch, self.answers)
+    per_run = [metrics_lib.flatten_metrics(m) for m in per_run]
+    for member, m in zip(self.trainee.members, per_run, strict=True):
+      if member.stopped:
+        continue
+      member.writer.scalars(step, m)
+      member.history.append((step, m))
+      width = metrics_lib.LINE_WIDTH - len(member.label)
+      logging.info(member.label + eval_line(step, m, time.time() - t, width))
