@@ -26,6 +26,7 @@ import pytest
 from conftest import REPO, cli_env, save_trainer_checkpoint
 from jax.sharding import PartitionSpec as P
 from safetensors.numpy import load_file, save_file
+from tokenizers import Tokenizer
 
 from jaxrl_llm import sharding
 from jaxrl_llm.models import families, hf, hf_config, hf_export, hf_layout
@@ -849,6 +850,31 @@ def _bad_source_token_id(workdir, tmp):
   return [f"--hf_source={bad}"], f"error: {bad}/config.json: eos_token_id='</s>' is not a token id"
 
 
+def _source_of_another_vocab(workdir, tmp):
+  other = _copy("llama", tmp)
+  _edit_config(other, vocab_size=32000)
+  return [f"--hf_source={other}"], f"error: {other}: config.json has vocab_size=32000, the model 64"
+
+
+def _source_id_past_the_vocab(workdir, tmp):
+  bad = _copy("llama", tmp)
+  _edit_config(bad, eos_token_id=[2, 64])
+  return [f"--hf_source={bad}"], (
+    f"error: {bad}/config.json: eos_token_id=[2, 64] is not below the model's vocab_size=64"
+  )
+
+
+def _tokenizer_of_another_vocab(workdir, tmp):
+  from text_fixtures import build_bpe_tokenizer
+
+  build_bpe_tokenizer(tmp / "big", vocab_size=400)
+  size = Tokenizer.from_file(str(tmp / "big" / "tokenizer.json")).get_vocab_size(True)
+  return [f"--tokenizer={tmp / 'big'}"], (
+    f"error: {tmp / 'big' / 'tokenizer.json'}: a tokenizer of {size} tokens, more than the "
+    "model's vocab_size=64"
+  )
+
+
 def _source_generation_config_not_json(workdir, tmp):
   bad = _copy("llama", tmp)
   (bad / "generation_config.json").write_text("[1, 2")
@@ -877,6 +903,9 @@ def _output_holds_weights(workdir, tmp):
     _bad_model_type,
     _out_under_a_file,
     _bad_source_token_id,
+    _source_of_another_vocab,
+    _source_id_past_the_vocab,
+    _tokenizer_of_another_vocab,
     _source_generation_config_not_json,
     _lost_source,
     _output_holds_weights,

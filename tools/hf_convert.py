@@ -32,7 +32,10 @@ llama). The source is the HF directory the run started from: --hf_source, else t
 `model.checkpoint` recorded in `<workdir>/config.json` (none for a randomly initialised model).
 From it the export keeps max_position_embeddings, the bos / eos / pad token ids,
 generation_config.json and the tokenizer files; --tokenizer (default: the run's
-`data.tokenizer`, else the source's) picks other tokenizer files. A model with no source gets
+`data.tokenizer`, else the source's) picks other tokenizer files. A source whose config.json has
+another vocab_size than the model, a token id at or past the model's vocab_size, or a
+tokenizer.json of more tokens than it has rows is refused (one of another model). A model with no
+source gets
 the model type's default max_position_embeddings unless --max_position_embeddings is given.
 Before anything is written, `export` refuses an --out or --adapters that is a trainer workdir
 (its config.json is the run record: even with --overwrite), or is or lies inside a trainer's

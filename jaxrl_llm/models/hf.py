@@ -322,6 +322,7 @@ class HFSource:
   fields: dict[str, Any]  # the `CARRIED_FIELDS` its config.json holds
   generation_config: dict[str, Any] | None  # its generation_config.json, if it has one
   tokenizer_files: tuple[str, ...]  # the `TOKENIZER_FILES` it holds
+  vocab_size: Any = None  # its config.json's vocab_size (as written there)
 
 
 def read_source(path: str | os.PathLike) -> HFSource:
@@ -344,7 +345,9 @@ def read_source(path: str | os.PathLike) -> HFSource:
     carried_fields(
       {k: v for k, v in generation.items() if k != "max_position_embeddings"}, source=gen_file
     )
-  return HFSource(path, hf.get("model_type"), fields, generation, tokenizer_files(path))
+  return HFSource(
+    path, hf.get("model_type"), fields, generation, tokenizer_files(path), hf.get("vocab_size")
+  )
 
 
 def weights_digest(path: str | os.PathLike) -> str:

@@ -258,6 +258,45 @@ def _tokenizer_sources(
   return pairs
 
 
+_TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
+
+
+def _check_vocab(vocab: int, source: HFSource | None, configs: Mapping[str, Mapping]) -> None:
+  """Raises CheckpointFormatError when `source` was made for another vocabulary than the
+  model's `vocab` rows, or a token id an exported config (`configs`: file name -> dict) holds
+  reaches past them (a source or override of another model)."""
+  if source is not None and source.vocab_size is not None and source.vocab_size != vocab:
+    raise CheckpointFormatError(
+      f"{source.path}: config.json has vocab_size={source.vocab_size!r}, the model "
+      f"{vocab}: not the checkpoint this model was imported from (its token ids and tokenizer "
+      "would not fit)"
+    )
+  for name, conf in configs.items():
+    for key in _TOKEN_IDS:
+      value = conf.get(key)
+      ids = value if isinstance(value, list) else [value]
+      if any(isinstance(i, int) and i >= vocab for i in ids):
+        where = os.path.join(source.path, name) if source is not None else f"the exported {name}"
+        raise CheckpointFormatError(
+          f"{where}: {key}={value!r} is not below the model's vocab_size={vocab}"
+        )
+
+
+def _check_tokenizer_vocab(vocab: int, tokenizer_copies: list[tuple[str, str]]) -> None:
+  """Raises CheckpointFormatError when the tokenizer.json an export copies knows more tokens
+  than the model has rows (the tokenizer of another model)."""
+  for path, name in tokenizer_copies:
+    if name == TOKENIZER_FILES[0]:
+      from tokenizers import Tokenizer
+
+      size = Tokenizer.from_file(path).get_vocab_size(with_added_tokens=True)
+      if size > vocab:
+        raise CheckpointFormatError(
+          f"{path}: a tokenizer of {size} tokens, more than the model's vocab_size={vocab} "
+          "(the tokenizer of another model?)"
+        )
+
+
 def _copy(src: str, dst: str) -> None:
   """Copies file `src` to `dst` (nothing to do when both are the same file)."""
   if os.path.exists(dst) and os.path.samefile(src, dst):
@@ -450,6 +489,8 @@ def _prepare(path: str, cfg: ModelConfig, params: Any, warn: bool = True, **kwar
   hf = _export_config(cfg, mt, source, dtype, max_pos, kwargs["hf_overrides"], warn)
   generation = _generation_config(hf, source)
   tokenizer_copies = _tokenizer_sources(tokenizer, source)
+  _check_vocab(cfg.vocab_size, source, {CONFIG_FILE: hf, GENERATION_CONFIG_FILE: generation})
+  _check_tokenizer_vocab(cfg.vocab_size, tokenizer_copies)
   params_map = param_map(cfg, BY_MODEL_TYPE[mt])
   flat = flatten(params)
   _check_params(cfg, flat, param_entries(cfg, params_map), mt, warn)
