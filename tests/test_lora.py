@@ -594,6 +594,50 @@ def test_a_bad_peft_directory_is_one_error_naming_its_file(tmp_path, case):
   assert str(err.value).startswith(str(folder / "adapter_")) and says in str(err.value), err.value
 
 
+def test_peft_adapters_on_routed_experts_are_refused_naming_the_tensor(tmp_path):
+  """PEFT adapts every expert whose module name a target ends (`gate_proj` reaches
+  `mlp.experts.E.gate_proj` in Qwen3-MoE); this model adapts no routed expert. Such adapters
+  were dropped without a word (expert 0's) or named as matching no projection (the others)."""
+  from safetensors.numpy import save_file
+
+  from jaxrl_llm.models import hf, hf_adapters, hf_config
+
+  cfg, base = hf.load_checkpoint(REPO / "tests" / "fixtures" / "hf" / "qwen3_moe")
+  rng, r = np.random.default_rng(0), 2
+  config = {"peft_type": "LORA", "r": r, "lora_alpha": 4, "target_modules": ["q_proj"]}
+  q = "base_model.model.model.layers.0.self_attn.q_proj"
+  q_out = cfg.num_heads * cfg.head_dim
+  tensors = {
+    f"{q}.lora_A.weight": rng.normal(size=(r, cfg.d_model)).astype(np.float32),
+    f"{q}.lora_B.weight": rng.normal(size=(q_out, r)).astype(np.float32),
+  }
+  folder = tmp_path / "attention"
+  folder.mkdir()
+  (folder / "adapter_config.json").write_text(json.dumps(config))
+  save_file(tensors, str(folder / "adapter_model.safetensors"))
+  adapted_cfg, _ = hf_adapters.load_adapters(folder, cfg, base)  # the control: attention loads
+  assert adapted_cfg.lora_rank == r
+  for expert in (0, 3):
+    e = f"base_model.model.model.layers.1.mlp.experts.{expert}.gate_proj"
+    more = {
+      f"{e}.lora_A.weight": rng.normal(size=(r, cfg.d_model)).astype(np.float32),
+      f"{e}.lora_B.weight": rng.normal(size=(cfg.moe_expert_mlp_dim, r)).astype(np.float32),
+    }
+    folder = tmp_path / f"expert{expert}"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text(
+      json.dumps({**config, "target_modules": ["q_proj", "gate_proj"]})
+    )
+    save_file({**tensors, **more}, str(folder / "adapter_model.safetensors"))
+    with pytest.raises(hf_config.CheckpointFormatError) as err:
+      hf_adapters.load_adapters(folder, cfg, base)
+    assert str(err.value) == (
+      f"{folder / 'adapter_model.safetensors'}: tensor {e}.lora_A.weight adapts a routed "
+      "expert; this model's adapters are on attention, dense MLP and shared-expert projections "
+      "only (train the adapters without the experts' modules in target_modules)"
+    )
+
+
 @pytest.mark.extended
 def test_the_memory_plan_holds_adam_moments_for_the_adapters_only():
   """`plan.plan` (the `--dry_run`) of a run with adapters: its resident state is the weights

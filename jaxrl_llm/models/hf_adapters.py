@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -197,6 +198,20 @@ def _read_adapter_tensors(path: str) -> dict[str, np.ndarray]:
   return tensors
 
 
+_ROUTED_EXPERT = re.compile(r"\.experts\.\d+\.")  # `mlp.experts.3.gate_proj`, `experts.0.w1`
+
+
+def _refuse_expert_adapters(weights: str, tensors: Mapping) -> None:
+  """Raises CheckpointFormatError when `tensors` adapt a routed expert (PEFT adapts every
+  expert whose module name a target ends; this model adapts none)."""
+  if keys := sorted(k for k in tensors if _ROUTED_EXPERT.search(k)):
+    raise CheckpointFormatError(
+      f"{weights}: tensor {keys[0]} adapts a routed expert; this model's adapters are on "
+      "attention, dense MLP and shared-expert projections only (train the adapters without "
+      "the experts' modules in target_modules)"
+    )
+
+
 def load_adapters(path: str | os.PathLike, cfg: ModelConfig, params: Any, *, model_type=None):
   """PEFT LoRA adapters (`adapter_config.json` + `adapter_model.safetensors`) put on `params`
   of `cfg` (the base's model, without adapters). Returns (the ModelConfig with the adapters'
@@ -205,6 +220,7 @@ def load_adapters(path: str | os.PathLike, cfg: ModelConfig, params: Any, *, mod
   path, mt = os.fspath(path), model_type or default_model_type(cfg)
   config = _adapter_config(path)
   tensors = _read_adapter_tensors(os.path.join(path, ADAPTER_WEIGHTS_FILE))
+  _refuse_expert_adapters(os.path.join(path, ADAPTER_WEIGHTS_FILE), tensors)
   modules = sorted({k.split(".")[-3] for k in tensors if k.endswith(".lora_A.weight")})
   names = [lora_lib.HF_NAMES.get(m, m) for m in modules]
   adapted = dataclasses.replace(
@@ -219,13 +235,15 @@ def load_adapters(path: str | os.PathLike, cfg: ModelConfig, params: Any, *, mod
   out = {k: np.zeros(v, np.float32) for k, v in shapes.items() if lora_lib.is_adapter(k)}
   weights, used = os.path.join(path, ADAPTER_WEIGHTS_FILE), set()
   for p in param_map(adapted, BY_MODEL_TYPE[mt]):
+    if p.stacked:  # routed experts: their adapters were refused above
+      continue
     module = p.names[0].removesuffix(".weight")
     keys = [f"base_model.model.{module}.lora_{n}.weight" for n in "AB"]
     a, b = (tensors.get(k) for k in keys)
     if (a is None) != (b is None):
       raise CheckpointFormatError(f"{weights}: {keys[a is not None]} is missing beside its pair")
     used.update(keys)
-    if a is None or p.stacked:
+    if a is None:
       continue
     owner, layer = _adapter_owner(adapted, p)
     for key, name, value in ((keys[0], "lora_a", a.T), (keys[1], "lora_b", b.T)):
