@@ -101,7 +101,10 @@ def _scalars(run_dir):
 
   exported = os.path.join(run_dir, "scalars.json")
   if any(map(metric_info.is_event_file, os.listdir(run_dir))) or not os.path.isfile(exported):
-    return metrics.read_scalars(run_dir)
+    try:
+      return metrics.read_scalars(run_dir)
+    except metrics.EventFileError as e:
+      _fail(f"run {run_dir}: {e}")
   try:
     with open(exported) as f:
       raw = json.load(f)
@@ -166,6 +169,13 @@ def _arms(roots, fields, cols):
   if loaded and (unlogged := [c for c in cols if c.rpartition("@")[0] not in seen_tags]):
     tag = unlogged[0].rpartition("@")[0]
     _fail(f"column {unlogged[0]!r}: no run logged the tag {tag!r}")
+  for _, d, cfg, _ in loaded:
+    if absent := [f for f in fields if f not in cfg]:
+      _fail(
+        f"run {d}: its config.json has no {absent[0]!r}, which other runs have; every run of "
+        "the table needs each group_by field"
+      )
+  _check_lengths([(d, scalars) for _, d, _, scalars in loaded], cols)
   arms: dict[tuple, dict[int, list]] = {}
   per_run = []
   for root, d, cfg, scalars in loaded:
@@ -180,6 +190,33 @@ def _arms(roots, fields, cols):
     )
     per_run.append((name, cfg.get("seed"), key, row))
   return arms, per_run
+
+
+def _check_lengths(runs, cols):
+  """Exits with one line when a column reads past a run's end (`@STEP` or `@avg:A-B` beyond
+  the run's last logged step) or `@final`, `@avg` or `@sum` would compare runs whose tag ends
+  at different steps (a run that stopped early would count as if it had finished)."""
+  for col in cols:
+    tag, _, what = col.rpartition("@")
+    ends = {}  # run -> the step its tag's last value was logged at
+    for d, scalars in runs:
+      end = max((s for series in scalars.values() for s, _ in series), default=0)
+      at = int(what) if what.isdigit() else int(what.split("-")[1]) if ":" in what else None
+      if at is not None and end < at:
+        _fail(
+          f"run {d} ends at step {end}; column {col!r} reads step {at} (a run that stopped "
+          "early? finish it, or leave it out of the table)"
+        )
+      if at is None and scalars.get(tag):
+        ends[d] = max(s for s, _ in scalars[tag])
+    if len(set(ends.values())) > 1:
+      order = sorted(ends.items(), key=lambda kv: kv[1])
+      (d1, s1), (d2, s2) = order[0], order[-1]
+      _fail(
+        f"column {col!r}: run {d1}'s {tag!r} ends at step {s1}, run {d2}'s at {s2}; @{what} "
+        "compares runs of one length (a run that stopped early? finish it, or read a step both "
+        "reached with @STEP)"
+      )
 
 
 def _table(header, rows):
@@ -263,8 +300,10 @@ def load_claims(path):
   if "claims" in spec and not claims:
     problems.append('"claims" is empty; want at least one claim object')
   ids = [c.get("id") for c in claims]
-  if twice := next((i for n, i in enumerate(ids) if i in ids[:n]), None):
-    problems.append(f"claim id {twice!r} twice; ids must be unique (one Holm family member each)")
+  if (twice := next((n for n, i in enumerate(ids) if i in ids[:n]), None)) is not None:
+    problems.append(
+      f"claim id {ids[twice]!r} twice; ids must be unique (one Holm family member each)"
+    )
   for c in claims:
     keys_ok = CLAIM_KEYS <= set(c) <= CLAIM_KEYS | OPTIONAL_KEYS
     sides_ok = keys_ok and all(isinstance(c[x], dict) for x in "ab")
@@ -272,15 +311,16 @@ def load_claims(path):
       want = f"want keys {sorted(CLAIM_KEYS)}, optionally {sorted(OPTIONAL_KEYS)}; `a` and `b`"
       want += ' objects with an arm and a col; direction "+" or "-"'
       problems.append(f"claim {c.get('id', '?')}: {want}")
-    elif not all(isinstance(c[k], str) for k in ("id", "claim")):
-      problems.append(f"claim {c['id']!r}: `id` and `claim` must be strings")
+    elif not all(isinstance(c[k], str) and c[k].strip() for k in ("id", "claim")):
+      problems.append(f"claim {c['id']!r}: `id` and `claim` must be non-empty strings")
     elif "count" in c and not (
       isinstance(c["count"], dict)
       and set(c["count"]) == {"at_most"}
       and isinstance(c["count"]["at_most"], int | float)
       and not isinstance(c["count"]["at_most"], bool)
+      and math.isfinite(c["count"]["at_most"])
     ):
-      problems.append(f'claim {c["id"]}: `count` wants {{"at_most": a number}}')
+      problems.append(f'claim {c["id"]}: `count` wants {{"at_most": a finite number}}')
     elif {"arm", "col"} != set(c["b"]) or any(
       not isinstance(c[x]["col"], str) or check_col(c[x]["col"]) for x in "ab"
     ):
@@ -292,6 +332,10 @@ def load_claims(path):
     ):
       n = len(spec["group_by"])
       problems.append(f"claim {c['id']}: each side's `arm` wants {n} value(s), one per group_by")
+    elif c["a"] == c["b"]:
+      problems.append(
+        f"claim {c['id']}: `a` and `b` are the same arm and column (a difference of 0)"
+      )
   if _strings(spec.get("group_by")) and _strings(spec.get("baseline")):
     if len(spec["baseline"]) != len(spec["group_by"]):
       problems.append(f"'baseline' wants {len(spec['group_by'])} value(s), one per group_by")

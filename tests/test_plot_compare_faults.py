@@ -254,3 +254,62 @@ def test_the_writers_event_files_are_found(tmp_path):
   names = [p.name for p in (tmp_path / "r").iterdir() if p.name != "config.json"]
   assert names and all(n.startswith(metric_info.EVENT_FILE_PREFIX) for n in names)
   assert compare.find_runs(str(tmp_path)) == [str(tmp_path / "r")]
+
+
+def _damage_the_middle(workdir):
+  """Flips a byte in the middle record of `workdir`'s event file; returns (file, its size)."""
+  (path,) = [p for p in workdir.iterdir() if metrics.metric_info.is_event_file(p.name)]
+  data = bytearray(path.read_bytes())
+  data[len(data) // 2] ^= 0xFF
+  path.write_bytes(bytes(data))
+  return path, len(data)
+
+
+def test_an_event_file_damaged_inside_is_named_not_read_as_a_shorter_run(root, tmp_path, capsys):
+  """A flipped byte in a run's event file: TensorBoard's reader stopped at that record without
+  a word, so the run was read as a shorter one (its @final an earlier step's, a seed dropped
+  from a later step, its export cut short). seed_table.py and export_runs.py refuse it naming
+  the file and byte; compare.py and plot.py warn of it and show what precedes the damage."""
+  import export_runs
+
+  runs = tmp_path / "runs"
+  for seed in (0, 1, 2):
+    _write_run(runs / f"s{seed}", 0.2, seed)
+  path, size = _damage_the_middle(runs / "s1")
+  assert len(metrics.read_scalars(str(runs / "s1"), damaged_ok=True)["eval/accuracy"]) < 4
+  with pytest.raises(SystemExit) as e:
+    seed_table.main([f"--root={runs}", "--group_by=objective.clip_high", "--cols=eval/accuracy@2"])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and err.startswith(f"error: run {runs / 's1'}: {path}: damaged at byte ")
+  assert f" of {size} (a record does not match its checksum)" in err, err
+  assert export_runs.main([f"--root={runs}", f"--out={tmp_path / 'out'}"]) == 2
+  assert f"{path}: damaged at byte " in capsys.readouterr().err
+  assert not (tmp_path / "out").exists()
+  assert compare.main([f"--root={runs}", "--tags=eval/accuracy"]) == 0
+  err = capsys.readouterr().err
+  assert err.startswith(f"warning: {path}: damaged at byte ") and "not shown" in err, err
+
+
+def test_plot_passk_refuses_runs_evaluated_at_other_steps(tmp_path, capsys):
+  """A run that stopped early (its last pass@k at step 0, the others' at 3): its step-0 curve
+  was averaged with the others' step-3 ones; with --step=3 its arm was drawn without it (a NaN
+  mean) under a legend still counting it."""
+  runs = tmp_path / "runs"
+  for clip in (0.2, 0.28):
+    for seed in (0, 1):
+      _write_run(runs / f"c{clip}_s{seed}", clip, seed)
+  short = runs / "c0.28_s2"
+  with metrics.SummaryWriter(str(short)) as w:
+    w.scalars(0, {"eval/accuracy": 0.3, "eval/sample_accuracy": 0.3, "eval/pass@2": 0.4})
+  config = {"objective": {"clip_high": 0.28}, "seed": 2}
+  (short / "config.json").write_text(json.dumps({"config": config, "step": 0}))
+  png = tmp_path / "p.png"
+  _one_error(
+    capsys, plot.main(["passk", str(runs), f"--out={png}"]), "c0.28_s2's last", "at step 0"
+  )
+  _one_error(
+    capsys, plot.main(["passk", str(runs), "--step=3", f"--out={png}"]), "c0.28_s2: no", "step 3"
+  )
+  assert not png.exists()
+  assert plot.main(["passk", str(runs), "--step=0", f"--out={png}", "--dpi=20"]) == 0
+  assert png.exists()

@@ -60,7 +60,10 @@ def _claims(tmp_path, spec):
     ({"group_by": "sampling.tool"}, "'group_by' must be a list of strings"),
     ({"claims": [{**CLAIM, "a": {"arm": "arithmetic_inline", "col": COL}}]}, "must be a list of"),
     ({"claims": [CLAIM, {**CLAIM, "direction": "-"}]}, "claim id 'acc' twice"),
-    ({"claims": [{**CLAIM, "count": {"at_most": True}}]}, '`count` wants {"at_most": a number}'),
+    (
+      {"claims": [{**CLAIM, "count": {"at_most": True}}]},
+      '`count` wants {"at_most": a finite number}',
+    ),
     ({"baseline": ["none", "0.2"]}, "'baseline' wants 1 value(s), one per group_by"),
     ({"claims": [{**CLAIM, "b": {"arm": ["none", "x"], "col": COL}}]}, "`arm` wants 1 value(s)"),
   ],
@@ -146,3 +149,58 @@ def test_claims_refuses_the_flags_it_declares(tmp_path, root, capsys, flag):
   path = _claims(tmp_path, SPEC)
   out, err = _refused(capsys, root, f"--claims={path}", flag)
   assert out == "" and f"{flag.split('=')[0]} and --claims" in err, err
+
+
+def _cut_at(root, run, last_step):
+  """Run `run`'s scalars as if it had stopped after `last_step`."""
+  path = root / run / "scalars.json"
+  scalars = json.loads(path.read_text())
+  cut = {t: [[s, v] for s, v in series if s <= last_step] for t, series in scalars.items()}
+  path.write_text(json.dumps({t: series for t, series in cut.items() if series}))
+
+
+@pytest.mark.parametrize(
+  "col, says",
+  [
+    ("eval/accuracy@final", "'eval/accuracy' ends at step 30, run "),
+    ("eval/accuracy@avg", "@avg compares runs of one length"),
+    ("eval/accuracy@60", "ends at step 30; column 'eval/accuracy@60' reads step 60"),
+    ("eval/accuracy@avg:40-60", "reads step 60"),
+  ],
+)
+def test_a_run_that_stopped_early_is_named_not_read_as_finished(root, capsys, col, says):
+  """A run that stopped at step 30 of 60: its step-30 value was read as its @final, its @60
+  and its share of @avg:40-60 (or it left the window's arm with too few seeds), paired with
+  runs that finished, with exit 0."""
+  _cut_at(root, "calc_s2", 30)
+  out, err = _refused(capsys, root, "--group_by=sampling.tool", f"--cols={col}")
+  assert out == "" and "calc_s2" in err and says in err, err
+  seed_table.main([f"--root={root}", "--group_by=sampling.tool", "--cols=eval/accuracy@30"])
+  assert "eval/accuracy@30" in capsys.readouterr().out  # a step every run reached: a table
+
+
+def test_a_run_without_a_group_by_field_is_named_not_made_an_arm(root, capsys):
+  """A run whose config.json lacks the group_by field others have: it became an arm "None"."""
+  path = root / "calc_s2" / "config.json"
+  record = json.loads(path.read_text())
+  del record["config"]["sampling"]["tool"]
+  path.write_text(json.dumps(record))
+  out, err = _refused(capsys, root, "--group_by=sampling.tool", f"--cols={COL}")
+  assert out == "" and "calc_s2" in err and "has no 'sampling.tool'" in err, err
+
+
+@pytest.mark.parametrize(
+  "claims, says",
+  [
+    ([{**CLAIM, "count": {"at_most": float("nan")}}], '`count` wants {"at_most": a finite'),
+    ([{**CLAIM, "id": ""}, {**CLAIM, "id": ""}], "claim id '' twice"),
+    ([{**CLAIM, "id": " "}], "`id` and `claim` must be non-empty strings"),
+    ([{**CLAIM, "b": CLAIM["a"]}], "`a` and `b` are the same arm and column"),
+  ],
+)
+def test_a_claim_that_can_decide_nothing_is_refused(tmp_path, root, capsys, claims, says):
+  """A NaN count threshold (every count 0: "inconclusive"), two claims with an empty id (one
+  row overwrote the other in the summary), a claim of a column against itself (0 [0, 0])."""
+  path = _claims(tmp_path, {**SPEC, "claims": claims})
+  out, err = _refused(capsys, root, f"--claims={path}")
+  assert out == "" and says in err, err

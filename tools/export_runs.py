@@ -74,7 +74,10 @@ def read_run(run: str) -> dict[str, str]:
   if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
     raise BadRun(f'{path} is not a run record: it must be a JSON object with a "config" object')
   events = [n for n in os.listdir(run) if metric_info.is_event_file(n)]
-  scalars = metrics.read_scalars(run) if events else {}
+  try:
+    scalars = metrics.read_scalars(run) if events else {}
+  except metrics.EventFileError as e:
+    raise BadRun(f"{e}; nothing exported") from None
   if not scalars:
     why = "no event files" if not events else f"none of its {len(events)} event files reads"
     if not events and os.path.isfile(os.path.join(run, "scalars.json")):

@@ -277,7 +277,10 @@ def load_runs(paths: Sequence[str]) -> tuple[list[RunData], list[str]]:
       params, source = run_params(workdir, sweeps[parent])
       scalars: dict[str, list[tuple[int, float]]] = {}
       for d in sorted(event_dirs, key=lambda d: (d != workdir, d)):  # the workdir's own first
-        for tag, values in metrics.read_scalars(d).items():
+        for e in metrics.damaged_event_files(d):  # at byte 0: nothing reads (said below)
+          if e.offset:
+            _warn(f"{e}; its events from there on are not drawn")
+        for tag, values in metrics.read_scalars(d, damaged_ok=True).items():
           if tag in scalars:
             _warn(f"{d}: tag {tag!r} is also logged in {workdir}; using the workdir's")
           else:
@@ -554,15 +557,36 @@ def passk_data(
         f"--step={step}: no eval/pass@k logged there; eval steps: "
         + ", ".join(map(str, sorted(steps)))
       )
+  if step is None:  # each run's last evaluation: the same step, or runs that stopped early
+    last = {}
+    for r in selected:
+      steps = [s for s, _ in r.scalars.get(f"eval/pass@{ks[1]}", [])]
+      if not steps:
+        raise PlotError(f"{r.name}: logged no eval/pass@{ks[1]}; every run of the curve needs it")
+      last[r.name] = max(steps)
+    if len(set(last.values())) > 1:
+      (n1, s1), (n2, s2) = (
+        min(last.items(), key=lambda kv: kv[1]),
+        max(last.items(), key=lambda kv: kv[1]),
+      )
+      raise PlotError(
+        f"{n1}'s last eval/pass@{ks[1]} is at step {s1}, {n2}'s at {s2} (a run that stopped "
+        "early?); pick a step every run evaluated with --step"
+      )
   out = []
   for arm in arms:
     per_run = []
     for r in arm.runs:
       row = []
       for k in ks:
-        pts = dict(r.scalars.get("eval/sample_accuracy" if k == 1 else f"eval/pass@{k}", []))
+        tag = "eval/sample_accuracy" if k == 1 else f"eval/pass@{k}"
+        pts = dict(r.scalars.get(tag, []))
         at = max(pts, default=None) if step is None else step
-        row.append(pts.get(at, np.nan))
+        if at not in pts:
+          raise PlotError(
+            f"{r.name}: no {tag} at step {at}; every run of a pass@k curve needs each k there"
+          )
+        row.append(pts[at])
       per_run.append(row)
     values = np.array(per_run, dtype=np.float64)
     mean = np.nanmean(values, axis=0)
@@ -653,6 +677,8 @@ def heatmap_data(
     if len(steps) > 1:
       where = f"{x}={_fmt(vx)}" + (f", {y}={_fmt(vy)}" if y else "")
       _warn(f"{where}: the seeds' last {tag} steps differ ({sorted(steps)}); averaged anyway")
+  if len(ends := {max(steps) for steps in last_steps.values()}) > 1:
+    _warn(f"the cells' last {tag} steps differ ({sorted(ends)}): cells of runs that stopped early")
   shape = (len(ys), len(xs))
   mean, std, n = np.full(shape, np.nan), np.full(shape, np.nan), np.zeros(shape, dtype=int)
   for (vy, vx), vals in finals.items():

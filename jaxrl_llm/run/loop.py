@@ -185,7 +185,11 @@ def finished_run(workdir: str, start: int, num_steps: int) -> dict[str, float]:
   logging.info(
     "%s already holds step %d of train.num_steps=%d: nothing to train", workdir, start, num_steps
   )
-  saved = metrics_lib.read_scalars(workdir) if jax.process_index() == 0 else {}
+  try:
+    saved = metrics_lib.read_scalars(workdir) if jax.process_index() == 0 else {}
+  except metrics_lib.EventFileError as e:  # the checkpoints are what matters here
+    logging.warning("its last evaluation is not shown: %s", e)
+    saved = {}
   return {k: v[-1][1] for k, v in saved.items() if k.startswith("eval/") and v}
 
 
