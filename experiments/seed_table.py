@@ -18,6 +18,10 @@ is `TAG@WHAT`:
   TAG@avg:A-B      the mean of the values logged at steps A <= step <= B
   TAG@sum          the sum of all logged values (e.g. counts)
 
+A run that stopped early is refused, not read as finished: @final, @avg and @sum want every run's
+tag to end at the same step, @STEP and @avg:A-B a run that reached STEP or B. So is an event
+file damaged inside (TensorBoard's reader stops at such a record without a word).
+
 The first table gives each arm's mean over seeds with its 95% interval (`stats.interval`). With
 --baseline (the baseline arm's --group_by values, comma-separated), a second table gives each
 other arm's paired difference to the baseline over the seeds both ran, with its interval, and
