@@ -8,8 +8,10 @@
 # summary line printed; `git diff` shows the rest.
 # `CONFIRM=1` also runs each study's confirmation on fresh seeds 100-123 (its confirmation.md,
 # the only source of a verdict; about twice a study's time again).
-# A study stopped by a signal (Ctrl-C, SIGTERM: exit 130 or 143) is reported as interrupted,
-# not failed, and the studies after it do not start; run_all.sh then exits 130.
+# A study interrupted (Ctrl-C or SIGTERM, to run_all.sh or to the study: exit 130 or 143) is
+# reported as interrupted, not failed, and the studies after it do not start; run_all.sh then
+# exits 130. A study killed otherwise (e.g. SIGKILL by the out-of-memory killer: exit 137) is a
+# failed study: reported with its exit status, and the others still run.
 # A bad input (an argument, an unknown study in STUDIES, CONFIRM other than 0 or 1, a ROOT_BASE
 # it cannot create) is one `error:` line and exit 2, before any study starts.
 set -uo pipefail
@@ -53,7 +55,7 @@ for study in $STUDIES; do
     rc=$?
   done
   child=""
-  if [ "$rc" -eq 130 ] || [ "$rc" -eq 143 ] || [ "$rc" -eq 137 ] || [ -n "$interrupted" ]; then
+  if [ "$rc" -eq 130 ] || [ "$rc" -eq 143 ] || [ -n "$interrupted" ]; then  # Ctrl-C, SIGTERM
     rm -f "$study/tables.md.new"
     echo "   INTERRUPTED after $(( $(date +%s) - start )) s (exit $rc; log: $ROOT_BASE.$study.log): its committed tables are unchanged"
     interrupted=$study
@@ -68,7 +70,11 @@ for study in $STUDIES; do
   else
     rm -f "$study/tables.md.new"
     failed+=("$study")
-    echo "   FAILED (log: $ROOT_BASE.$study.log)"
+    why="exit $rc"  # above 128: killed by a signal other than INT or TERM (KILL: out of memory?)
+    if [ "$rc" -gt 128 ] && sig=$(kill -l "$((rc - 128))" 2>/dev/null); then
+      why="$why: killed by SIG$sig"
+    fi
+    echo "   FAILED ($why; log: $ROOT_BASE.$study.log)"
   fi
 done
 [ ${#failed[@]} -eq 0 ] || echo "failed: ${failed[*]}" >&2

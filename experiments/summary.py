@@ -5,6 +5,13 @@ CONFIRM=1), with each testbed's best trivial answer above it.
   python experiments/summary.py           # rewrites the table in experiments/README.md
   python experiments/summary.py --check   # exits 1 naming the file when the table is stale
 
+A confirmation's claims table must be that of the claims file as it is now (the same claim ids,
+each with the statement, `a − b` and expected sign it was confirmed with): a claim edited, added
+or removed since is refused in one line naming the study, the claim and what differs, never
+printed beside a verdict worded for another claim or Holm family. A claims file without its
+`confirmation_seeds`, or with a `testbed` that is not settings over configs/countdown.py, is
+refused the same way.
+
 A claim without a confirmation yet (or whose confirmation has no seed of an arm it names) reads
 "not yet confirmed"; its verdict comes only from the confirmation table (Holm-corrected over the
 study's own claims), never from the seeds that explored it.
@@ -45,6 +52,34 @@ def _read(path: str, what: str) -> str:
   except (OSError, UnicodeDecodeError) as e:
     why = "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else e.strerror or e
     _fail(f"{path}: {why}; want {what}")
+
+
+TESTBED = (
+  'a JSON object {"section.field": value, ...} of settings over configs/countdown.py, each a '
+  'field it has at a value it allows (e.g. {"task.name": "addition", "task.digits": 3}); no '
+  "testbed: countdown"
+)
+
+
+def load(path: str) -> dict:
+  """`seed_table.load_claims(path)` with the fields summary.py reads checked too: its
+  `confirmation_seeds` ("A-B") and, where given, the shape of its `testbed` (`TESTBED`); a
+  malformed one exits 2 with one line naming the file and the field."""
+  spec = seed_table.load_claims(path)
+  want = 'the fresh seeds its confirmation trains, a string "A-B" (e.g. "100-123")'
+  if "confirmation_seeds" not in spec:
+    _fail(f"{path}: missing 'confirmation_seeds'; want {want}")
+  seeds = spec["confirmation_seeds"]
+  span = re.fullmatch(r"(\d+)-(\d+)", seeds) if isinstance(seeds, str) else None
+  if span is None or int(span[1]) > int(span[2]):
+    _fail(f"{path}: 'confirmation_seeds' is {json.dumps(seeds)}; want {want}")
+  testbed = spec.get("testbed", {})
+  if not isinstance(testbed, dict):
+    _fail(f"{path}: 'testbed' is {json.dumps(testbed)}; want {TESTBED}")
+  for field in testbed:
+    if not re.fullmatch(r"[A-Za-z_]\w*\.[A-Za-z_]\w*", field):
+      _fail(f"{path}: testbed setting {field!r} is no section.field; want {TESTBED}")
+  return spec
 
 
 def studies() -> list[str]:
@@ -99,9 +134,65 @@ def table() -> str:
     parts = [(study, "README", "claims.json", "confirmation")]
     parts += [(f"{study}/{p}", p, f"{p}.claims.json", p) for p in pages(study)]
     for name, page, claims, results in parts:
-      spec = seed_table.load_claims(os.path.join(HERE, study, claims))
-      lines += _rows(f"[{name}]({study}/{page}.md)", spec, confirmed(study, results))
+      spec = load(os.path.join(HERE, study, claims))
+      done = confirmed(study, results)
+      check_confirmed(name, f"{study}/{results}.md", f"{study}/{claims}", spec, done)
+      lines += _rows(f"[{name}]({study}/{page}.md)", spec, done)
   return "\n".join(lines)
+
+
+def printed(claim: dict) -> dict[str, str]:
+  """{cell: its text} of the cells seed_table.py's claims table (`_claims_table`) prints for a
+  declared `claim` as worded, bars unescaped: its statement, `a − b` and expected sign."""
+  a, b = (f"{','.join(map(str, x['arm']))} {x['col']}" for x in (claim["a"], claim["b"]))
+  if "count" in claim:
+    a, b = (f"seeds with {x} <= {claim['count']['at_most']}" for x in (a, b))
+  sign = claim["direction"]
+  return {"statement": claim["claim"].strip(), "a − b": f"{a} − {b}", "expected sign": sign}
+
+
+def check_confirmed(name: str, page: str, claims: str, spec: dict, done: dict) -> None:
+  """Exits 2 naming the study, the claim and what differs when the claims table printed into
+  `page` (`done`: `confirmed`'s rows) is not that of the claims file `claims` (`spec`) as it is
+  now: a claim added, removed or renamed since (the Holm family its verdicts were corrected
+  over is another), or one whose statement, arms, columns, count or expected sign changed (its
+  verdict was worded for the claim as confirmed). No table yet: nothing to match."""
+  if not done:
+    return
+  root = os.path.dirname(HERE)
+  page, claims = (os.path.relpath(os.path.join(HERE, p), root) for p in (page, claims))
+  redo = f"a claim changed since needs a new confirmation on fresh seeds, or restore {claims}"
+  ids = [c["id"] for c in spec["claims"]]
+  if added := [i for i in ids if i not in done]:
+    _fail(
+      f"study {name}: claim {added[0]!r} of {claims} is not in the claims table of "
+      f"{page} (added or renamed since: the verdicts there were Holm-corrected over another "
+      f"family); {redo}"
+    )
+  if gone := [i for i in done if i not in ids]:
+    _fail(
+      f"study {name}: the claims table of {page} words claim {gone[0]!r}, which "
+      f"{claims} no longer declares (removed or renamed since: the Holm family of its "
+      f"verdicts is another); {redo}"
+    )
+  for c in spec["claims"]:
+    row = [cell.replace("\\|", "|") for cell in done[c["id"]]]
+    for (what, now), then in zip(printed(c).items(), row[1:4]):
+      if now != then:
+        _fail(
+          f"study {name}: claim {c['id']!r}: its {what} reads {_clip(then, now)!r} in "
+          f"{page} but {_clip(now, then)!r} in {claims} now (its verdict was "
+          f"worded for the claim as confirmed); {redo}"
+        )
+
+
+def _clip(text: str, other: str) -> str:
+  """`text` around its first difference from `other` (all of it when short)."""
+  if len(text) <= 60:
+    return text
+  at = next((i for i, (x, y) in enumerate(zip(text, other)) if x != y), min(len(text), len(other)))
+  start, end = max(0, at - 20), at + 40
+  return f"{'…' * (start > 0)}{text[start:end]}{'…' * (end < len(text))}"
 
 
 def _rows(link: str, spec: dict, done: dict[str, list[str]]) -> list[str]:
@@ -127,7 +218,7 @@ def testbeds() -> dict[str, list[str]]:
   studies on it}."""
   found: dict[str, list[str]] = {}
   for study in studies():
-    spec = seed_table.load_claims(os.path.join(HERE, study, "claims.json"))
+    spec = load(os.path.join(HERE, study, "claims.json"))
     found.setdefault(json.dumps(spec.get("testbed", {}), sort_keys=True), []).append(study)
   return found
 
@@ -151,11 +242,24 @@ def trivial_line() -> str:
   lines = ["Read every accuracy below beside its testbed's best trivial answer:", ""]
   for key, names in testbeds().items():
     cfg = module.get_config()
-    for field, value in json.loads(key).items():
-      section, name = field.split(".")
-      setattr(cfg[section], name, value)
-    task = parse(cfg).task
-    t = trivial_table(get_task(task.name, **task.task_fields))
+    settings = json.loads(key)
+    try:
+      for field, value in settings.items():
+        section, name = field.split(".")
+        sections = sorted(k for k in cfg if hasattr(cfg[k], "keys"))
+        if section not in sections:
+          raise KeyError(f"{field!r}: no section {section!r} (sections: {', '.join(sections)})")
+        if name not in cfg[section]:
+          fields = ", ".join(sorted(cfg[section]))
+          raise KeyError(f"{field!r}: section {section!r} has no {name!r} (fields: {fields})")
+        setattr(cfg[section], name, value)
+      task = parse(cfg).task
+      built = get_task(task.name, **task.task_fields)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:  # ConfigError: a ValueError
+      why = " ".join(str(e.args[0] if isinstance(e, KeyError) else e).split())
+      path = os.path.join(HERE, names[0], "claims.json")
+      _fail(f"{path}: testbed {key}: {why}; want {TESTBED}")
+    t = trivial_table(built)
     sets = "".join(f" --config.{k}={v}" for k, v in json.loads(key).items())
     lines.append(
       f"- {', '.join(names)}: `{t['best_rule']}` scores {t['best']:.3f} on the {t['n']} "
@@ -172,7 +276,7 @@ def _page_trivial_lines() -> list[str]:
   lines = []
   for study in studies():
     for page in pages(study):
-      spec = seed_table.load_claims(os.path.join(HERE, study, f"{page}.claims.json"))
+      spec = load(os.path.join(HERE, study, f"{page}.claims.json"))
       if "trivial_raw" not in spec:
         continue
       want = "the raw output of tools/trivial_answers.py (trivial_raw, from the repository)"
@@ -197,7 +301,8 @@ def render(readme: str) -> str:
     )
   head, rest = readme.split(BEGIN, 1)
   _, tail = rest.split(END, 1)
-  return f"{head}{BEGIN}\n{trivial_line()}\n\n{table()}\n{END}{tail}"
+  rows = table()  # first: a claims file or confirmation refused before any testbed is built
+  return f"{head}{BEGIN}\n{trivial_line()}\n\n{rows}\n{END}{tail}"
 
 
 def main(argv: list[str]) -> int:

@@ -112,7 +112,7 @@ def test_a_count_claim_counts_seeds_at_or_below_its_threshold(tmp_path):
   path.write_text(json.dumps({**claims, "claims": [{**claim, "count": {"below": 1}}]}))
   proc = subprocess.run([*cmd, f"--claims={path}"], capture_output=True, text=True, timeout=120)
   assert proc.returncode == 2 and proc.stderr.strip() == (
-    f'error: {path}: claim fewer: `count` wants {{"at_most": a number}}'
+    f'error: {path}: claim fewer: `count` wants {{"at_most": a finite number}}'
   )
 
 
