@@ -458,7 +458,7 @@ def host_callable(name: str):
   module, _, function = name.removeprefix(HOST).partition(":")
   try:
     fn = getattr(importlib.import_module(module), function)
-  except Exception as e:  # ImportError, AttributeError, or the module's own failure
+  except (Exception, SystemExit) as e:  # ImportError, AttributeError, the module's own failure
     return (
       f"sampling.tool={name!r}: cannot import {module}.{function} ({type(e).__name__}: {e}); "
       f"allowed: {HOST}<module>:<function> naming an importable callable"

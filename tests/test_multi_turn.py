@@ -318,3 +318,12 @@ def test_a_host_tools_answers_join_the_context():
 def test_a_host_tool_that_cannot_be_imported_is_refused_in_one_line():
   with pytest.raises(ValueError, match=r"cannot import nowhere\.fn"):
     build(tiny_config(**{"task.name": "countdown", "sampling.tool": "host:nowhere:fn"}))
+
+
+def test_a_host_tool_module_that_exits_on_import_is_refused_in_one_line(tmp_path, monkeypatch):
+  """A module calling sys.exit() as it is imported ended the trainer with its status and no
+  word, leaving the new workdir behind (an exception at import was already one line)."""
+  (tmp_path / "exits_on_import.py").write_text("import sys\nsys.exit(5)\n")
+  monkeypatch.syspath_prepend(str(tmp_path))
+  with pytest.raises(ValueError, match=r"cannot import exits_on_import\.f \(SystemExit: 5\)"):
+    build(tiny_config(**{"task.name": "countdown", "sampling.tool": "host:exits_on_import:f"}))

@@ -176,6 +176,33 @@ def test_a_max_turns_whose_exact_budget_is_too_large_is_refused_with_the_task():
   assert problems(most + 1).startswith(f"invalid config: sampling.max_turns={most + 1} is too")
 
 
+def test_a_huge_turn_tokens_is_named_with_its_largest_allowed_value():
+  """turn_tokens past what even a tool's fewest turns (2) fit in the budget: the line blamed
+  max_turns and offered "max_turns at most 0", which a tool refuses (2 or more)."""
+  from jaxrl_llm.config.checks import check
+  from jaxrl_llm.run.assemble import build_task
+
+  def problems(turn_tokens, **more):
+    overrides = {"sampling.tool": "calculator", "sampling.turn_tokens": turn_tokens, **more}
+    try:
+      cfg = parse(tiny_config(**overrides))
+      check(cfg, num_devices=1, task=build_task(cfg))
+    except ConfigError as e:
+      return str(e)
+    return ""
+
+  said = problems(10**8)  # at parse: the bound with the shortest answer (1 token)
+  assert said.startswith("invalid config: sampling.turn_tokens=100000000 is too large"), said
+  assert "max_turns" not in said and "turn_tokens at most 524286" in said, said
+  said = problems(524286, **{"sampling.max_turns": 2})  # with the task: its answer's length
+  assert said.startswith("invalid config: sampling.turn_tokens=524286 is too large"), said
+  most = int(said.rsplit("at most ", 1)[1].split()[0])
+  assert problems(most, **{"sampling.max_turns": 2}) == ""
+  assert problems(most + 1, **{"sampling.max_turns": 2}).startswith(
+    f"invalid config: sampling.turn_tokens={most + 1} is too large"
+  )
+
+
 @pytest.mark.parametrize("max_turns", [1000000000, 200000])  # refused at parse; with the task
 def test_the_command_line_refuses_a_huge_max_turns_before_the_workdir_is_made(tmp_path, max_turns):
   workdir = tmp_path / "run"

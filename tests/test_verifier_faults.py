@@ -47,6 +47,16 @@ def _dies_on_die(completion: str, reference: str) -> float:
   return 1.0
 
 
+def _interrupts(completion: str, reference: str) -> float:
+  """Raises KeyboardInterrupt itself (a term's own failure, not the user's Ctrl-C)."""
+  raise KeyboardInterrupt("from the term")
+
+
+def _huge_error(completion: str, reference: str) -> float:
+  """Fails with a message of ten million characters."""
+  raise ValueError("x" * 10_000_000)
+
+
 def _box(inner: str) -> str:
   return r"\boxed{" + inner + "}"
 
@@ -308,3 +318,39 @@ def test_a_thousand_hostile_calls_leak_no_process_or_file_descriptor(tmp_path):
   V.score_batch(*ok, terms=terms, max_workers=2)  # the last pool back to full strength
   assert _open_fds() <= fds + 2
   assert len(_children()) <= len(children)
+
+
+def test_a_term_that_raises_keyboard_interrupt_fails_its_calls_and_is_not_a_ctrl_c(caplog):
+  """A term raising KeyboardInterrupt in a worker was taken for the user's Ctrl-C: the run
+  stopped "by SIGINT" and told the user to relaunch, which failed the same way. A worker
+  ignores SIGINT (the trainer takes Ctrl-C and kills its workers), so the interrupt is the
+  call's own: scored as failed and counted; in a thread worker too."""
+  for executor in ("process", "thread"):
+    scores, stats = scoring.score_batch(
+      ["a", "b"], ["r", "r"], terms={"mine": _interrupts}, executor=executor, timeout_s=30
+    )
+    assert stats["verifier/errors/mine"] == 2 and list(scores["mine"]) == [0.0, 0.0], executor
+  assert "KeyboardInterrupt('from the term')" in caplog.text
+
+
+def test_a_huge_error_message_is_cut(caplog):
+  """A term failing with a 10-million-character message: each call carried it back, the warning
+  printed it whole (one line of 10 MB on the terminal and in log.txt) and the run crawled."""
+  _, stats = scoring.score_batch(["a"] * 4, ["r"] * 4, terms={"mine": _huge_error})
+  assert stats["verifier/errors/mine"] == 4
+  (line,) = [r.getMessage() for r in caplog.records if "failed on item" in r.getMessage()]
+  assert len(line) < 1000 and line.endswith("... (10000014 characters)"), line[:300]
+
+
+def test_a_timed_out_call_is_said_once(tmp_path, caplog):
+  """A hung call was killed and counted without a word: a run whose tool hung every call
+  printed nothing for minutes."""
+  flag = tmp_path / "pid"
+  _, stats = scoring.score_batch(
+    ["hang", "ok"], [str(flag), "x"], terms={"spin": _spins_on_hang}, timeout_s=1.0
+  )
+  assert stats["verifier/timeouts/spin"] == 1
+  said = [r.getMessage() for r in caplog.records if "timed out" in r.getMessage()]
+  assert said == [
+    "reward term 'spin' timed out on item 0 (it ran past 1 s: scored as failed, and counted)"
+  ]

@@ -328,6 +328,15 @@ def _tool_budget(cfg: Config, task) -> list[str]:
   per_turn = segment + env.answer_len
   what = f"sampling.turn_tokens={segment}" if s.turn_tokens else f"the task's answer, {segment}"
   budget = s.budget(task, env)
+  if budget >= MAX_BUDGET and s.turn_tokens and (MAX_BUDGET - 1) // per_turn < 2:
+    return need(  # even a tool's fewest turns (2) overflow: the segment is what is too long
+      False,
+      f"sampling.turn_tokens={s.turn_tokens} is too large: with sampling.max_new_tokens=0 even "
+      f"the 2 turns a tool takes at least make a completion budget of {2 * per_turn} tokens "
+      f"(2 x (turn_tokens + the tool's answer, {env.answer_len})); allowed: a budget below "
+      f"2**20 = {MAX_BUDGET} tokens: sampling.turn_tokens at most "
+      f"{(MAX_BUDGET - 1) // 2 - env.answer_len} here",
+    )
   return need(
     budget < MAX_BUDGET,
     f"sampling.max_turns={s.max_turns} is too large: with sampling.max_new_tokens=0 it makes a "

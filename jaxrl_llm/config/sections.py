@@ -245,6 +245,14 @@ class SamplingSettings(LearnedSection):
     if self.tool == "none":
       return out
     per_turn = 1 if self.max_new_tokens else max(self.turn_tokens, 1) + 1
+    if not self.max_new_tokens and 2 * per_turn >= MAX_BUDGET:  # even a tool's 2 turns overflow
+      why = (
+        f"sampling.turn_tokens={self.turn_tokens} is too large: with sampling.max_new_tokens=0 "
+        f"even the 2 turns a tool takes at least make a completion budget of at least "
+        f"{2 * per_turn} tokens (2 x (turn_tokens + the tool's answer)); allowed: a budget "
+        f"below {limit}: sampling.turn_tokens at most {(MAX_BUDGET - 1) // 2 - 1}"
+      )
+      return [*out, why]
     how = (
       f"sampling.max_new_tokens={self.max_new_tokens} allows at most that many turns"
       if self.max_new_tokens

@@ -60,11 +60,37 @@ _shared_pool: _Pool | None = None  # the process pool kept between batches (unde
 
 def _init_worker(events) -> None:
   """Process-pool initializer: keeps the event queue and reports this worker's pid. SIGTERM
-  ends a worker, whatever handler the process it was forked from had (a trainer's is a flag)."""
+  ends a worker, whatever handler the process it was forked from had (a trainer's is a flag);
+  Ctrl-C is the trainer's to take (it kills its workers), so a KeyboardInterrupt in a worker is
+  a call's own failure; and a worker dies with the fork server that started it, which ends with
+  the trainer (a hung call outlived a trainer killed with SIGKILL)."""
   global _WORKER_EVENTS
   signal.signal(signal.SIGTERM, signal.SIG_DFL)
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  _die_with_parent()
   _WORKER_EVENTS = events
   events.put(("pid", os.getpid()))
+
+
+def _die_with_parent() -> None:
+  """Linux: this process gets SIGKILL when its parent ends (prctl PR_SET_PDEATHSIG)."""
+  try:
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+  except (OSError, AttributeError):  # not Linux
+    pass
+
+
+_ERROR_CHARS = 500  # most characters of a call's error kept (a 10 MB message slowed the run)
+
+
+def _said(e: BaseException) -> str:
+  """`repr(e)`, cut to `_ERROR_CHARS` characters."""
+  text = repr(e)
+  if len(text) <= _ERROR_CHARS:
+    return text
+  return f"{text[:_ERROR_CHARS]}... ({len(text)} characters)"
 
 
 _Call = tuple[int, RewardFn, str, str]  # (call id, term, completion, reference)
@@ -92,10 +118,12 @@ def _run_calls(events, calls: Sequence[_Call]) -> list[tuple[int, float, str | N
       if not (math.isfinite(value) and abs(value) <= _FLOAT32_MAX):
         raise ValueError(f"reward {value} is not a finite float32")
       out.append((call_id, value, None))
-    except Exception as e:
-      out.append((call_id, 0.0, repr(e)))
-    except SystemExit as e:  # a verifier that calls sys.exit() fails; the worker carries on
-      out.append((call_id, 0.0, repr(e)))
+    except (Exception, SystemExit) as e:  # sys.exit() in a verifier fails; the worker goes on
+      out.append((call_id, 0.0, _said(e)))
+    except KeyboardInterrupt as e:  # the user's Ctrl-C reaches the main thread of the trainer
+      if _WORKER_EVENTS is None and threading.current_thread() is threading.main_thread():
+        raise
+      out.append((call_id, 0.0, _said(e)))  # a call's own, in a worker
   return out
 
 
@@ -445,7 +473,7 @@ class _Runner:
           raise
         if isinstance(e, cf.BrokenExecutor):
           self.pool.broken = True  # a worker died: the pool is replaced after this batch
-        results = [(c, 0.0, repr(e)) for c in ids]
+        results = [(c, 0.0, _said(e)) for c in ids]
       for call_id, value, error in results:
         if call_id not in self.pending:
           continue
@@ -469,10 +497,16 @@ class _Runner:
     if not expired:
       return
     for call_id in expired:
-      fut, (name, _) = self.pending.pop(call_id)
+      fut, (name, i) = self.pending.pop(call_id)
       del self.started[call_id]
       self.timeouts[name] += 1
       self.abandoned.append(fut)
+      if name not in self.logged:  # its first failure, a timeout as an error, is said once
+        self.logged.add(name)
+        logger.warning(
+          "%s %r timed out on item %d (it ran past %g s: scored as failed, and counted)",
+          self.label, name, i, self.timeout_s,
+        )  # fmt: skip
     self.abandoned = [f for f in self.abandoned if not f.done()]
     if self.kind == "process" or len(self.abandoned) >= self.workers:
       # Processes: kill the hung workers. Threads: every worker is stuck, so start afresh.
