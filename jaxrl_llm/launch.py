@@ -10,6 +10,7 @@ as one line with 130, SIGTERM with 143, the peers of a job told why (`leave_job`
 from __future__ import annotations
 
 import errno
+import gc
 import importlib.util
 import inspect
 import os
@@ -439,6 +440,7 @@ def leave_job(code: int, why: str | None = None) -> None:
   scoring = sys.modules.get("jaxrl_llm.data.verifiers.scoring")
   if scoring is not None:  # its worker processes, stopped at exit by atexit, which this skips
     scoring.shutdown_workers(timeout_s=1.0)
+    gc.collect()  # the pools' semaphores unregistered (else a warning follows the last line)
   if why is not None and in_a_job():
     from jaxrl_llm import distributed
 

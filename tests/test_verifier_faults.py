@@ -354,3 +354,36 @@ def test_a_timed_out_call_is_said_once(tmp_path, caplog):
   assert said == [
     "reward term 'spin' timed out on item 0 (it ran past 1 s: scored as failed, and counted)"
   ]
+
+
+LEAVING = """
+import os, sys
+from jaxrl_llm import launch
+from jaxrl_llm.data.verifiers import scoring
+from dying import dies
+
+if __name__ == "__main__":
+  for _ in range(3):  # each batch's pool breaks (a worker exits) and is replaced
+    scoring.score_batch(["a", "b", "c"], ["r"] * 3, terms={"d": dies})
+  print("the stop's line", file=sys.stderr, flush=True)
+  launch.leave_job(143)
+"""
+
+
+def test_a_run_leaving_after_broken_pools_prints_nothing_after_its_line(tmp_path):
+  """Pools broken by a worker that exits (a host tool calling os._exit) left semaphores that
+  Python's resource tracker warned of after the run's stop line, which was then not the last."""
+  import subprocess
+  import sys
+
+  from conftest import REPO, cli_env
+
+  (tmp_path / "dying.py").write_text("import os\n\ndef dies(c, r):\n  os._exit(1)\n")
+  (tmp_path / "leaving.py").write_text(LEAVING)
+  env = {**cli_env(), "PYTHONPATH": f"{tmp_path}:{cli_env().get('PYTHONPATH', '')}"}
+  proc = subprocess.run(
+    [sys.executable, str(tmp_path / "leaving.py")], cwd=REPO, env=env, capture_output=True,
+    text=True, timeout=300,
+  )  # fmt: skip
+  assert proc.returncode == 143, proc.stderr[-2000:]
+  assert proc.stderr.strip().splitlines()[-1] == "the stop's line", proc.stderr[-2000:]
