@@ -285,3 +285,28 @@ def test_a_chat_template_that_cannot_render_a_prompt_is_one_error_before_the_run
     assert why in line and "\n" not in line and "leave data.system_prompt empty" in line, line
   cfg = tiny_config(**overrides | {"data.tokenizer": str(tmp_path / "system")})
   assert file_task.build_file_task(cfg, "").template == "qwen_math_chat"
+
+
+def test_the_logged_prompt_keeps_the_end_of_turn_tokens_its_pad_id_shares(tmp_path):
+  """A tokenizer that pads with its end-of-turn token (SmolLM2 pads with <|im_end|>): the
+  samples' prompt text dropped every <|im_end|> the model saw, not only the left padding."""
+  from text_fixtures import build_bpe_tokenizer, write_math_jsonl
+
+  write_math_jsonl(tmp_path / "math.jsonl", n=40)
+  tok = build_bpe_tokenizer(tmp_path / "tok", eos_token="<|im_end|>", pad_token="<|im_end|>")
+  config = tiny_config(
+    **{
+      "data.train_files": str(tmp_path / "math.jsonl"),
+      "data.tokenizer": str(tok),
+      "data.template": "chat",
+      "data.system_prompt": "Be brief.",
+      "data.prompt_len": 256,
+      "task.eval_size": 4,
+    }
+  )
+  task = file_task.build_file_task(config, "")
+  assert task.tokenizer.pad_id == task.tokenizer.eos_id
+  batch, _ = task.eval_set()
+  shown, _ = task.describe(batch["tokens"][0], np.array([task.tokenizer.eos_id]))
+  assert shown.startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n"), shown
+  assert shown.count("<|im_end|>") == 2 and shown.endswith("<|im_start|>assistant\n"), shown

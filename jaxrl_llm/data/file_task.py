@@ -134,9 +134,12 @@ class FileTask(Task):
   def describe(self, prompt: np.ndarray, completion: np.ndarray) -> tuple[str, str]:
     """Human-readable (prompt, completion) of one row for the TensorBoard text summary."""
     prompt = np.asarray(prompt)
-    keep = prompt != self.tokenizer.pad_id
+    # The left padding only: a pad id inside the prompt is a token it holds (SmolLM2 pads with
+    # <|im_end|>, which closes each of its turns).
+    real = np.nonzero(prompt != self.tokenizer.pad_id)[0]
+    first = int(real[0]) if real.size else len(prompt)
     shown = self.tokenizer.decode(
-      prompt[keep].tolist(), skip_special_tokens=False, stop_at_eos=False
+      prompt[first:].tolist(), skip_special_tokens=False, stop_at_eos=False
     )
     return shown, self.decode(completion[None])[0]
 
