@@ -145,6 +145,28 @@ def test_adapters_holding_adapters_are_refused_before_anything_is_written(runs, 
   assert not out.exists()
 
 
+@pytest.mark.parametrize("where", ["same", "adapters-beside-weights", "out-beside-adapters"])
+def test_merged_weights_and_adapters_in_one_folder_are_refused(runs, tmp_path, capsys, where):
+  """--adapters equal to --out wrote the merged weights and the adapters into one folder, exit
+  0: transformers loads it as the model with the adapters on top of weights that already hold
+  them (the adapters counted twice). So would a folder of weights given as --adapters, or one
+  holding adapter_config.json given as --out. Nothing is written."""
+  out, peft = tmp_path / "out", tmp_path / "peft"
+  if where == "same":
+    peft = out
+  elif where == "adapters-beside-weights":
+    peft.mkdir()
+    (peft / "model.safetensors").write_bytes(b"a merged export")
+  else:
+    out.mkdir()
+    (out / "adapter_config.json").write_text("{}")
+  before = {p: _tree(p) for p in (out, peft) if p.exists()}
+  args = ["export", f"--workdir={runs['adapters']}", f"--out={out}", f"--adapters={peft}"]
+  line = _error(capsys, *args, "--overwrite")
+  assert "count twice" in line, line
+  assert {p: _tree(p) for p in (out, peft) if p.exists()} == before
+
+
 @pytest.mark.parametrize("value", [0, -5])
 def test_max_shard_bytes_below_one_is_refused(runs, tmp_path, capsys, value):
   """--max_shard_bytes below 1 is one error line naming it; nothing is written."""

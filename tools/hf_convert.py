@@ -34,7 +34,10 @@ From it the export keeps max_position_embeddings, the bos / eos / pad token ids,
 generation_config.json and the tokenizer files; --tokenizer (default: the run's
 `data.tokenizer`, else the source's) picks other tokenizer files. A source whose config.json has
 another vocab_size than the model, a token id at or past the model's vocab_size, or a
-tokenizer.json of more tokens than it has rows is refused (one of another model). A model with no
+tokenizer.json of more tokens than it has rows is refused (one of another model), and so are
+merged weights and adapters in one folder (--adapters naming --out or a folder of weights, an
+--out holding adapter_config.json): transformers would put the adapters on top of weights that
+already hold them. A model with no
 source gets
 the model type's default max_position_embeddings unless --max_position_embeddings is given.
 Before anything is written, `export` refuses an --out or --adapters that is a trainer workdir
@@ -429,6 +432,7 @@ def _check_flags(args) -> None:
     if path:
       _check_dir_flag(flag, path)
   _check_kept(args, _kept_checkpoints(args, {}))
+  _check_apart(args)
 
 
 def _kept_checkpoints(args, meta: dict) -> list[tuple[str, str]]:
@@ -447,6 +451,33 @@ def _is_or_inside(path: str, above: str) -> str:
   """How `path` stands to directory `above`, which is `path` or a directory above it."""
   same = os.path.isdir(path) and os.path.samefile(path, above)
   return "is" if same else f"lies inside {above}, which is"
+
+
+def _check_apart(args) -> None:
+  """ConvertError for merged weights and adapters in one folder: --adapters naming --out, a
+  folder holding weights, or an --out holding adapter_config.json. transformers loads such a
+  folder as the model with the adapters put on top of weights that already hold them."""
+  from jaxrl_llm.models import hf_adapters, hf_export
+
+  twice = "(the merged weights already hold the adapters: they would count twice)"
+  if args.adapters and args.out and os.path.realpath(args.adapters) == os.path.realpath(args.out):
+    raise ConvertError(
+      f"--adapters={args.adapters}: is --out; transformers loads a folder holding a model and "
+      f"adapter_config.json as the model with those adapters on top {twice}: name another "
+      "--adapters"
+    )
+  if args.adapters and os.path.isdir(args.adapters) and hf_export.weight_files(args.adapters):
+    raise ConvertError(
+      f"--adapters={args.adapters}: holds model weights; transformers would load the adapters "
+      f"on top of them {twice}, with --overwrite too: name a folder of its own"
+    )
+  config = os.path.join(args.out or "", hf_adapters.ADAPTER_CONFIG_FILE)
+  if args.out and os.path.isfile(config):
+    raise ConvertError(
+      f"--out={args.out}: holds {hf_adapters.ADAPTER_CONFIG_FILE}; transformers would load "
+      f"those adapters on top of the exported weights {twice}, with --overwrite too: name "
+      "another --out"
+    )
 
 
 def _check_kept(args, kept: list[tuple[str, str]]) -> None:
