@@ -131,6 +131,31 @@ def test_a_broken_tokenizer_in_the_checkpoint_names_model_checkpoint(tmp_path):
   assert "not a valid tokenizer.json" in str(e.value) and "data.tokenizer" not in str(e.value)
 
 
+def test_a_tokenizer_of_another_vocabulary_than_the_checkpoints_is_refused(tmp_path):
+  """data.tokenizer from another model beside model.checkpoint's own: the run trained on
+  prompts the model read through ids it never learned (digits gone, its own special tokens
+  others), and the export shipped that tokenizer with the weights. The checkpoint's tokenizer
+  under another chat template is its own vocabulary: accepted."""
+  ckpt = tmp_path / "ckpt"
+  shutil.copytree(build_bpe_tokenizer(tmp_path / "own", vocab_size=300), ckpt)
+  other = build_bpe_tokenizer(tmp_path / "other", vocab_size=120)
+  cfg = _file_config(tmp_path, **{"data.tokenizer": str(other)})
+  with pytest.raises(records_lib.DataError) as e:
+    file_task.build_file_task(cfg, str(ckpt))
+  line = str(e.value)
+  assert line.startswith(f"data.tokenizer={str(other)!r}: its vocabulary ("), line
+  assert f"is not model.checkpoint={str(ckpt)!r}'s (" in line and "\n" not in line, line
+  again = tmp_path / "again"
+  shutil.copytree(ckpt, again)
+  config = json.loads((again / "tokenizer_config.json").read_text())
+  config["chat_template"] = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+  (again / "tokenizer_config.json").write_text(json.dumps(config))
+  cfg = _file_config(tmp_path, **{"data.tokenizer": str(again)})
+  assert (
+    file_task.build_file_task(cfg, str(ckpt)).tokenizer.chat_template == config["chat_template"]
+  )
+
+
 @pytest.mark.parametrize("split", ["train", "held-out"])
 def test_prompts_that_cannot_fit_are_one_line_before_the_run_writes(tmp_path, split):
   """A split whose every prompt is too long for data.prompt_len: the held-out one was a

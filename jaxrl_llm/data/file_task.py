@@ -194,13 +194,40 @@ def _tokenizer(path: str, checkpoint: str) -> HFTokenizer:
       "set --config.data.tokenizer=DIR (a directory with tokenizer.json)"
     )
   setting = f"data.tokenizer={path!r}" if path else f"model.checkpoint={checkpoint!r}"
-  path = path or checkpoint
+  given, path = bool(path), path or checkpoint
   try:
-    return HFTokenizer.from_dir(path) if os.path.isdir(path) else HFTokenizer.from_file(path)
+    tok = HFTokenizer.from_dir(path) if os.path.isdir(path) else HFTokenizer.from_file(path)
   except (FileNotFoundError, ValueError) as e:
     raise records.DataError(
       f"{setting}: {e} (a directory holding tokenizer.json, or that file)"
     ) from e
+  own = os.path.join(checkpoint, "tokenizer.json") if checkpoint else ""
+  if given and os.path.isfile(own):
+    _check_same_vocabulary(tok, own, setting, checkpoint)
+  return tok
+
+
+def _check_same_vocabulary(tok: HFTokenizer, own: str, setting: str, checkpoint: str) -> None:
+  """A `DataError` when data.tokenizer's vocabulary is not that of model.checkpoint's own
+  tokenizer.json `own`: the model would read every prompt through ids it never learned
+  (another chat template is fine). An unreadable `own` is left to the checkpoint's import."""
+  from tokenizers import Tokenizer
+
+  try:
+    theirs = Tokenizer.from_file(own).get_vocab(with_added_tokens=True)
+  except Exception:  # the library's parse error: not this setting's fault
+    return
+  mine = tok.vocabulary()
+  if mine == theirs:
+    return
+  differ = next((t for t in sorted(mine) if theirs.get(t) != mine[t]), None)
+  at = f"{differ!r} is id {mine[differ]} here, {theirs.get(differ)} there" if differ else ""
+  raise records.DataError(
+    f"{setting}: its vocabulary ({len(mine)} tokens) is not model.checkpoint={checkpoint!r}'s "
+    f"({len(theirs)} tokens{'; ' + at if at else ''}): the model would read the prompts "
+    "through ids it never learned; allowed: the checkpoint's own tokenizer (a copy, or one with "
+    "another chat template), or leave data.tokenizer empty to use it"
+  )
 
 
 def _check_chat_template(tokenizer: HFTokenizer, first: dict[str, Any], d) -> None:

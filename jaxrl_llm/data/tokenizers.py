@@ -267,6 +267,10 @@ class HFTokenizer:
     table may be larger)."""
     return int(self._tok.get_vocab_size(with_added_tokens=True))
 
+  def vocabulary(self) -> dict[str, int]:
+    """Token -> id, added tokens included."""
+    return self._tok.get_vocab(with_added_tokens=True)
+
   # ---- encode / decode --------------------------------------------------------------------
 
   def _finish(self, ids: list[int], add_special_tokens: bool) -> list[int]:
