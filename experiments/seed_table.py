@@ -101,13 +101,13 @@ def load(run_dir):
 
 def _scalars(run_dir):
   """The run's scalars {tag: [(step, value)]} (see `load`)."""
-  from jaxrl_llm import metric_info, metrics
+  from jaxrl_llm import event_files, metric_info, metrics
 
   exported = os.path.join(run_dir, "scalars.json")
   if any(map(metric_info.is_event_file, os.listdir(run_dir))) or not os.path.isfile(exported):
     try:
       return metrics.read_scalars(run_dir)
-    except metrics.EventFileError as e:
+    except event_files.EventFileError as e:
       _fail(f"run {run_dir}: {e}")
   try:
     with open(exported) as f:

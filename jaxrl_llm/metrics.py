@@ -15,7 +15,6 @@ import itertools
 import math
 import os
 import socket
-import struct
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -24,7 +23,6 @@ import jax
 import numpy as np
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.compat.proto import event_pb2, summary_pb2
-from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 from tensorboard.plugins.histogram import metadata as histogram_metadata
 from tensorboard.plugins.histogram import summary_v2 as histogram_summary
 from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
@@ -36,6 +34,7 @@ from tensorboard.summary.writer.record_writer import RecordWriter
 from tensorboard.util import tensor_util
 
 from jaxrl_llm import metric_info, paths
+from jaxrl_llm.event_files import damaged_event_files
 
 DEFAULT_BUCKETS = 30  # TensorBoard's own default bucket count for histograms
 _FILE_IDS = itertools.count()
@@ -359,57 +358,9 @@ def _load(logdir: str) -> event_accumulator.EventAccumulator:
   return event_accumulator.EventAccumulator(os.fspath(logdir), size_guidance=guidance).Reload()
 
 
-class EventFileError(ValueError):
-  """An event file damaged inside: TensorBoard's reader stops at the record without a word;
-  `offset` is the byte where (0: nothing of it reads)."""
-
-  def __init__(self, message: str, offset: int):
-    super().__init__(message)
-    self.offset = offset
-
-
-def check_event_file(path: str) -> None:
-  """Raises EventFileError when event file `path` holds a record whose length or data does
-  not match its checksum (TensorBoard's framing: length, its masked CRC-32C, data, its CRC).
-  A last record cut short (a writer killed mid-write) is no damage: the readers skip it."""
-  data, offset = paths.as_path(path).read_bytes(), 0
-  while len(data) - offset >= 12:
-    header, header_crc = data[offset : offset + 8], data[offset + 8 : offset + 12]
-    if struct.pack("<I", masked_crc32c(header)) != header_crc:
-      break
-    length = struct.unpack("<Q", header)[0]
-    body = data[offset + 12 : offset + 12 + length]
-    footer = data[offset + 12 + length : offset + 16 + length]
-    if len(footer) < 4:
-      return  # cut short at the end
-    if struct.pack("<I", masked_crc32c(body)) != footer:
-      break
-    offset += 16 + length
-  else:
-    return
-  raise EventFileError(
-    f"{path}: damaged at byte {offset} of {len(data)} (a record does not match its checksum); "
-    "TensorBoard reads no event after it",
-    offset,
-  )
-
-
-def damaged_event_files(logdir: str) -> list[EventFileError]:
-  """The EventFileError of each event file of `logdir` damaged inside (`check_event_file`), in
-  name order."""
-  out = []
-  for path in paths.listdir(logdir):
-    if metric_info.is_event_file(path.name) and path.is_file():
-      try:
-        check_event_file(str(path))
-      except EventFileError as e:
-        out.append(e)
-  return out
-
-
 def read_scalars(logdir: str, *, damaged_ok: bool = False) -> dict[str, list[tuple[int, float]]]:
   """Reads every scalar in `logdir`'s event files: tag -> [(step, value)] in step order.
-  Raises EventFileError for an event file damaged inside (`check_event_file`), unless
+  Raises `event_files.EventFileError` for an event file damaged inside, unless
   `damaged_ok` (the events before the damage are read)."""
   if not damaged_ok and (damaged := damaged_event_files(logdir)):
     raise damaged[0]

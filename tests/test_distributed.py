@@ -70,8 +70,9 @@ def f(x):  # a program XLA takes seconds to compile: thousands of distinct opera
   return x
 
 program = distributed.program(jax.jit(f), "f", "the test program")
+x = jnp.ones((8, 8)).block_until_ready()  # its own small compilation done before the marker
 print("compiling", flush=True)
-program(jnp.ones((8, 8)))
+program(x)
 print("compiled; SIGTERM seen:", sigterm.seen(), flush=True)
 """
 

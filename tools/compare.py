@@ -49,9 +49,9 @@ def run_name(root: str, run_dir: str) -> str:
 def read_run(run_dir: str) -> dict[str, list[tuple[int, float]]]:
   """All scalars of one run: tag -> [(step, value)] in step order; an event file damaged
   inside is warned of, and its events before the damage read."""
-  from jaxrl_llm import metrics  # imports jax; kept out of --help
+  from jaxrl_llm import event_files, metrics  # imports jax; kept out of --help
 
-  for e in metrics.damaged_event_files(run_dir):  # at byte 0: nothing reads (said below)
+  for e in event_files.damaged_event_files(run_dir):  # at byte 0: nothing reads (said below)
     if e.offset:
       print(f"warning: {e}; its events from there on are not shown", file=sys.stderr)
   return metrics.read_scalars(run_dir, damaged_ok=True)

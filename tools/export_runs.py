@@ -59,7 +59,7 @@ class BadRun(Exception):
 
 def read_run(run: str) -> dict[str, str]:
   """{file name: text} of one run's export; BadRun where its config.json or events do not read."""
-  from jaxrl_llm import metric_info, metrics
+  from jaxrl_llm import event_files, metric_info, metrics
 
   out = {}
   path = os.path.join(run, "config.json")
@@ -76,7 +76,7 @@ def read_run(run: str) -> dict[str, str]:
   events = [n for n in os.listdir(run) if metric_info.is_event_file(n)]
   try:
     scalars = metrics.read_scalars(run) if events else {}
-  except metrics.EventFileError as e:
+  except event_files.EventFileError as e:
     raise BadRun(f"{e}; nothing exported") from None
   if not scalars:
     why = "no event files" if not events else f"none of its {len(events)} event files reads"

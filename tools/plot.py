@@ -252,7 +252,7 @@ def workdirs(path: str) -> dict[str, list[str]]:
 def load_runs(paths: Sequence[str]) -> tuple[list[RunData], list[str]]:
   """Every run under `paths` with its settings and scalars, and the fields of the sweeps' grids
   (in grid order). Raises PlotError if a path is missing or holds no event files."""
-  from jaxrl_llm import metrics  # imports jax; kept out of --help
+  from jaxrl_llm import event_files, metrics  # imports jax; kept out of --help
 
   runs: list[RunData] = []
   grid_fields: list[str] = []
@@ -277,7 +277,7 @@ def load_runs(paths: Sequence[str]) -> tuple[list[RunData], list[str]]:
       params, source = run_params(workdir, sweeps[parent])
       scalars: dict[str, list[tuple[int, float]]] = {}
       for d in sorted(event_dirs, key=lambda d: (d != workdir, d)):  # the workdir's own first
-        for e in metrics.damaged_event_files(d):  # at byte 0: nothing reads (said below)
+        for e in event_files.damaged_event_files(d):  # at byte 0: nothing reads (said below)
           if e.offset:
             _warn(f"{e}; its events from there on are not drawn")
         for tag, values in metrics.read_scalars(d, damaged_ok=True).items():

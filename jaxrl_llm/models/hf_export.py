@@ -229,15 +229,14 @@ def _generation_config(hf: Mapping[str, Any], source: HFSource | None) -> dict[s
 
 
 def _tokenizer_sources(
-  tokenizer: str | os.PathLike | None, source: HFSource | None
+  tokenizer: str | os.PathLike | None, source: HFSource | None, vocab: int | None = None
 ) -> list[tuple[str, str]]:
-  """(file to copy, name in the export) of each tokenizer file an export writes."""
+  """(file to copy, name in the export) of each tokenizer file an export writes; a
+  tokenizer.json that does not parse, or (given `vocab`, the model's rows) that knows more
+  tokens (the tokenizer of another model), raises CheckpointFormatError."""
   if tokenizer is None:
-    if source is None:
-      return []
-    return [(os.path.join(source.path, n), n) for n in source.tokenizer_files]
-  tokenizer = os.fspath(tokenizer)
-  if os.path.isfile(tokenizer):
+    pairs = [(os.path.join(source.path, n), n) for n in source.tokenizer_files] if source else []
+  elif os.path.isfile(tokenizer := os.fspath(tokenizer)):
     pairs = [(tokenizer, TOKENIZER_FILES[0])]
   elif not os.path.isdir(tokenizer):
     raise MissingCheckpointFileError(f"{tokenizer}: no such tokenizer directory or file")
@@ -252,9 +251,14 @@ def _tokenizer_sources(
       from tokenizers import Tokenizer
 
       try:
-        Tokenizer.from_file(path)
+        size = Tokenizer.from_file(path).get_vocab_size(with_added_tokens=True)
       except Exception as e:  # the library's own parse error
         raise CheckpointFormatError(f"{path} is not a valid tokenizer.json: {e}") from None
+      if vocab is not None and size > vocab:
+        raise CheckpointFormatError(
+          f"{path}: a tokenizer of {size} tokens, more than the model's vocab_size={vocab} "
+          "(the tokenizer of another model?)"
+        )
   return pairs
 
 
@@ -279,21 +283,6 @@ def _check_vocab(vocab: int, source: HFSource | None, configs: Mapping[str, Mapp
         where = os.path.join(source.path, name) if source is not None else f"the exported {name}"
         raise CheckpointFormatError(
           f"{where}: {key}={value!r} is not below the model's vocab_size={vocab}"
-        )
-
-
-def _check_tokenizer_vocab(vocab: int, tokenizer_copies: list[tuple[str, str]]) -> None:
-  """Raises CheckpointFormatError when the tokenizer.json an export copies knows more tokens
-  than the model has rows (the tokenizer of another model)."""
-  for path, name in tokenizer_copies:
-    if name == TOKENIZER_FILES[0]:
-      from tokenizers import Tokenizer
-
-      size = Tokenizer.from_file(path).get_vocab_size(with_added_tokens=True)
-      if size > vocab:
-        raise CheckpointFormatError(
-          f"{path}: a tokenizer of {size} tokens, more than the model's vocab_size={vocab} "
-          "(the tokenizer of another model?)"
         )
 
 
@@ -488,9 +477,8 @@ def _prepare(path: str, cfg: ModelConfig, params: Any, warn: bool = True, **kwar
   mt = kwargs["model_type"] or default_model_type(cfg)
   hf = _export_config(cfg, mt, source, dtype, max_pos, kwargs["hf_overrides"], warn)
   generation = _generation_config(hf, source)
-  tokenizer_copies = _tokenizer_sources(tokenizer, source)
+  tokenizer_copies = _tokenizer_sources(tokenizer, source, cfg.vocab_size)
   _check_vocab(cfg.vocab_size, source, {CONFIG_FILE: hf, GENERATION_CONFIG_FILE: generation})
-  _check_tokenizer_vocab(cfg.vocab_size, tokenizer_copies)
   params_map = param_map(cfg, BY_MODEL_TYPE[mt])
   flat = flatten(params)
   _check_params(cfg, flat, param_entries(cfg, params_map), mt, warn)

@@ -475,17 +475,11 @@ def build(
   )
 
 
-_PARTS = {
-  "step": "the RL step",
-  "sample": "the RL step's sampler",
-  "learn": "the RL step's learner",
-}
-
-
 def _compiled_ahead(program: RLProgram) -> RLProgram:
   """`program` whose jitted parts compile ahead, stoppable, and start together on every process
   (`distributed.program`)."""
-  parts = {p: distributed.program(getattr(program, p), f"rl-{p}", w) for p, w in _PARTS.items()}
+  said = {"step": "the RL step", "sample": "the RL sampler", "learn": "the RL learner"}
+  parts = {p: distributed.program(getattr(program, p), f"rl-{p}", w) for p, w in said.items()}
   return dataclasses.replace(program, **parts)
 
 

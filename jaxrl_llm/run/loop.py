@@ -23,7 +23,7 @@ import numpy as np
 from absl import logging
 
 from jaxrl_llm import checkpoint as ckpt_lib
-from jaxrl_llm import checkpoint_compat, distributed, paths, sigterm
+from jaxrl_llm import checkpoint_compat, distributed, event_files, paths, sigterm
 from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm.config import Config, ConfigError, tagged
 from jaxrl_llm.models.config import ModelConfig
@@ -187,7 +187,7 @@ def finished_run(workdir: str, start: int, num_steps: int) -> dict[str, float]:
   )
   try:
     saved = metrics_lib.read_scalars(workdir) if jax.process_index() == 0 else {}
-  except metrics_lib.EventFileError as e:  # the checkpoints are what matters here
+  except event_files.EventFileError as e:  # the checkpoints are what matters here
     logging.warning("its last evaluation is not shown: %s", e)
     saved = {}
   return {k: v[-1][1] for k, v in saved.items() if k.startswith("eval/") and v}

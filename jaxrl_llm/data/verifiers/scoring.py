@@ -34,7 +34,6 @@ import atexit
 import concurrent.futures as cf
 import itertools
 import logging
-import math
 import multiprocessing
 import multiprocessing.forkserver as forkserver
 import os
@@ -47,89 +46,16 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from jaxrl_llm.data.verifiers import workers
 from jaxrl_llm.data.verifiers.rewards import RewardFn
 
 logger = logging.getLogger(__name__)
+_MAX_CHUNK = 8  # most calls sent to a process worker as one task
 
 _EXECUTORS = ("thread", "process")
-_WORKER_EVENTS = None  # in a process-pool worker: the queue that reports pids and call starts
 _CALL_IDS = itertools.count()  # unique across batches: a kept pool may report an old call late
 _SHARED_LOCK = threading.Lock()  # held by the batch using the kept process pool
 _shared_pool: _Pool | None = None  # the process pool kept between batches (under the lock)
-
-
-def _init_worker(events) -> None:
-  """Process-pool initializer: keeps the event queue and reports this worker's pid. SIGTERM
-  ends a worker, whatever handler the process it was forked from had (a trainer's is a flag);
-  Ctrl-C is the trainer's to take (it kills its workers), so a KeyboardInterrupt in a worker is
-  a call's own failure; and a worker dies with the fork server that started it, which ends with
-  the trainer (a hung call outlived a trainer killed with SIGKILL)."""
-  global _WORKER_EVENTS
-  signal.signal(signal.SIGTERM, signal.SIG_DFL)
-  signal.signal(signal.SIGINT, signal.SIG_IGN)
-  _die_with_parent()
-  _WORKER_EVENTS = events
-  events.put(("pid", os.getpid()))
-
-
-def _die_with_parent() -> None:
-  """Linux: this process gets SIGKILL when its parent ends (prctl PR_SET_PDEATHSIG)."""
-  try:
-    import ctypes
-
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
-  except (OSError, AttributeError):  # not Linux
-    pass
-
-
-_ERROR_CHARS = 500  # most characters of a call's error kept (a 10 MB message slowed the run)
-
-
-def _said(e: BaseException) -> str:
-  """`repr(e)`, cut to `_ERROR_CHARS` characters."""
-  text = repr(e)
-  if len(text) <= _ERROR_CHARS:
-    return text
-  return f"{text[:_ERROR_CHARS]}... ({len(text)} characters)"
-
-
-_Call = tuple[int, RewardFn, str, str]  # (call id, term, completion, reference)
-_MAX_CHUNK = 8  # most calls sent to a process worker as one task
-
-
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
-
-
-def _run_calls(events, calls: Sequence[_Call]) -> list[tuple[int, float, str | None]]:
-  """Runs calls in order, reporting each start on `events` → [(call id, value, error or None)].
-
-  A call that raises or returns a non-numeric value (a string included) or one that is not
-  finite in float32 (the rewards' dtype) gets value 0.0 and the error's repr (a string, so the
-  list always pickles).
-  """
-  out = []
-  for call_id, fn, completion, reference in calls:
-    events.put(("start", call_id))
-    try:
-      raw = fn(completion, reference)
-      if isinstance(raw, str | bytes):
-        raise TypeError(f"reward {raw!r} is a string; return a number")
-      value = float(raw)
-      if not (math.isfinite(value) and abs(value) <= _FLOAT32_MAX):
-        raise ValueError(f"reward {value} is not a finite float32")
-      out.append((call_id, value, None))
-    except (Exception, SystemExit) as e:  # sys.exit() in a verifier fails; the worker goes on
-      out.append((call_id, 0.0, _said(e)))
-    except KeyboardInterrupt as e:  # the user's Ctrl-C reaches the main thread of the trainer
-      if _WORKER_EVENTS is None and threading.current_thread() is threading.main_thread():
-        raise
-      out.append((call_id, 0.0, _said(e)))  # a call's own, in a worker
-  return out
-
-
-def _calls_in_process(calls: Sequence[_Call]) -> list[tuple[int, float, str | None]]:
-  """`_run_calls` in a process worker (its calls are unpickled before the first start)."""
-  return _run_calls(_WORKER_EVENTS, calls)
 
 
 def _gone(pid: int) -> bool:
@@ -176,15 +102,15 @@ class _Pool:
       ctx = _process_context()
       self.events = ctx.SimpleQueue()
       self.executor = cf.ProcessPoolExecutor(
-        max_workers, mp_context=ctx, initializer=_init_worker, initargs=(self.events,)
+        max_workers, mp_context=ctx, initializer=workers.init_worker, initargs=(self.events,)
       )
 
-  def submit(self, calls: Sequence[_Call]) -> cf.Future:
+  def submit(self, calls: Sequence[workers.Call]) -> cf.Future:
     """Submits calls as one task; a pool that cannot take it (broken) yields a failed future."""
     try:
       if self.kind == "thread":
-        return self.executor.submit(_run_calls, self.events, calls)
-      return self.executor.submit(_calls_in_process, calls)
+        return self.executor.submit(workers.run_calls, self.events, calls)
+      return self.executor.submit(workers.calls_in_process, calls)
     except Exception as e:
       self.broken = True
       fut = cf.Future()
@@ -473,7 +399,7 @@ class _Runner:
           raise
         if isinstance(e, cf.BrokenExecutor):
           self.pool.broken = True  # a worker died: the pool is replaced after this batch
-        results = [(c, 0.0, _said(e)) for c in ids]
+        results = [(c, 0.0, workers.said(e)) for c in ids]
       for call_id, value, error in results:
         if call_id not in self.pending:
           continue
