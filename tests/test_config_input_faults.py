@@ -248,3 +248,15 @@ def test_an_unknown_expert_implementation_is_refused_on_a_dense_model_too():
   checkpoint or a later launch brought experts."""
   assert "model.moe_impl='bogus'; allowed: auto" in _said(**{"model.moe_impl": "bogus"})
   assert _said(**{"model.moe_impl": "dense"}) == ""
+
+
+@pytest.mark.parametrize("value", ["None", "none", " null "])
+def test_a_system_prompt_spelled_none_is_refused(value):
+  """--config.data.system_prompt=None trained with the literal system message "None" (the
+  command line's None is text for a string field); "" is no system message."""
+  got = _said(**{"data.system_prompt": value})
+  assert got == (
+    f"invalid config: data.system_prompt={value!r} would be the system message's text; "
+    "allowed: '' for no system message, or the message itself"
+  )
+  assert _said(**{"data.system_prompt": ""}) == _said(**{"data.system_prompt": "Be brief."}) == ""

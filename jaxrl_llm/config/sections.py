@@ -108,7 +108,8 @@ class DataSettings(LearnedSection):
   )  # per-completion verifier time limit (failures score 0)
 
   def errors(self) -> list[str]:
-    """Held-out share in [0, 1), S >= 1, a known template and accuracy term, a time limit."""
+    """Held-out share in [0, 1), S >= 1, a known template and accuracy term, a system prompt
+    that is no spelling of None, a time limit."""
     from jaxrl_llm.data import templates, verifiers  # light; imported here to keep this lean
 
     out = need(
@@ -117,6 +118,11 @@ class DataSettings(LearnedSection):
     out += at_least("data", self, 1, "prompt_len")
     out += allowed("data.template", self.template, tuple(sorted(templates.PROMPT_TEMPLATES)))
     out += allowed("data.correct_term", self.correct_term, tuple(sorted(verifiers.REWARD_FNS)))
+    out += need(  # the command line's None is the text "None", not "no system message"
+      self.system_prompt.strip() not in ("None", "none", "null"),
+      f"data.system_prompt={self.system_prompt!r} would be the system message's text; allowed: "
+      "'' for no system message, or the message itself",
+    )
     timeout = self.verifier_timeout_s
     return out + need(timeout > 0, f"data.verifier_timeout_s={timeout} must be > 0")
 
