@@ -686,8 +686,8 @@ def _committed(root):
   }
 
 
-def _launch(workdir, *args):
-  env = cli_env()
+def _launch(workdir, *args, env=None):
+  env = {**cli_env(), **(env or {})}
   cmd = [sys.executable, "-m", "jaxrl_llm.main", "--config=configs/default.py"]
   cmd += [f"--workdir={workdir}", *TINY_CLI, *args]
   return subprocess.Popen(
@@ -828,8 +828,8 @@ def test_sigterm_while_xla_compiles_stops_at_once_unless_a_warm_start_is_unsaved
   workdir, wide = tmp_path / "w", ("--config.model.d_model=128", "--config.model.mlp_dim=256")
   root = workdir / "checkpoints"
 
-  def stopped(pattern, *args):
-    proc = _launch(workdir, *wide, *args)
+  def stopped(pattern, *args):  # no compilation cache: each program really compiles
+    proc = _launch(workdir, *wide, *args, env={"JAX_COMPILATION_CACHE_DIR": ""})
     _wait_for(proc, pattern)
     time.sleep(1.0)  # inside the program's first call: tracing, then XLA
     proc.send_signal(signal.SIGTERM)
