@@ -134,6 +134,21 @@ def tiny_config(name: str = "default", /, **overrides):
   return c
 
 
+def config_problems(**overrides) -> str:
+  """The ConfigError that parsing `tiny_config(**overrides)` and the run's checks with its task
+  raise ("" if none)."""
+  from jaxrl_llm.config import ConfigError, parse
+  from jaxrl_llm.config.checks import check
+  from jaxrl_llm.run.assemble import build_task
+
+  try:
+    cfg = parse(tiny_config(**overrides))
+    check(cfg, num_devices=1, task=build_task(cfg))
+  except ConfigError as e:
+    return str(e)
+  return ""
+
+
 @pytest.fixture
 def tiny():
   """Factory fixture for `tiny_config`."""

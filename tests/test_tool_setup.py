@@ -14,7 +14,7 @@ import sys
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import REPO, cli_env, tiny_config
+from conftest import REPO, cli_env, config_problems, tiny_config
 from text_fixtures import write_math_jsonl
 
 from jaxrl_llm import envs, tool_formats
@@ -179,17 +179,11 @@ def test_a_max_turns_whose_exact_budget_is_too_large_is_refused_with_the_task():
 def test_a_huge_turn_tokens_is_named_with_its_largest_allowed_value():
   """turn_tokens past what even a tool's fewest turns (2) fit in the budget: the line blamed
   max_turns and offered "max_turns at most 0", which a tool refuses (2 or more)."""
-  from jaxrl_llm.config.checks import check
-  from jaxrl_llm.run.assemble import build_task
 
   def problems(turn_tokens, **more):
-    overrides = {"sampling.tool": "calculator", "sampling.turn_tokens": turn_tokens, **more}
-    try:
-      cfg = parse(tiny_config(**overrides))
-      check(cfg, num_devices=1, task=build_task(cfg))
-    except ConfigError as e:
-      return str(e)
-    return ""
+    return config_problems(
+      **{"sampling.tool": "calculator", "sampling.turn_tokens": turn_tokens, **more}
+    )
 
   said = problems(10**8)  # at parse: the bound with the shortest answer (1 token)
   assert said.startswith("invalid config: sampling.turn_tokens=100000000 is too large"), said

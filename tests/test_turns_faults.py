@@ -6,11 +6,7 @@ and warm-start tool traces that no tool answers (or that the task never writes).
 import subprocess
 import sys
 
-from conftest import REPO, cli_env, tiny_config
-
-from jaxrl_llm.config import ConfigError, parse
-from jaxrl_llm.config.checks import check
-from jaxrl_llm.run.assemble import build_task
+from conftest import REPO, cli_env, config_problems
 
 CONFIG = f"--config={REPO / 'configs' / 'default.py'}"
 CHEAP = ("--config.train.num_steps=1", "--config.sft.steps=0", "--config.task.eval_size=8")
@@ -27,16 +23,6 @@ def _refused(tmp_path, *args) -> str:
   return lines[0]
 
 
-def _problems(**overrides) -> str:
-  """The ConfigError the run's checks raise for `overrides` on the tiny config ("" if none)."""
-  try:
-    cfg = parse(tiny_config(**overrides))
-    check(cfg, num_devices=1, task=build_task(cfg))
-  except ConfigError as e:
-    return str(e)
-  return ""
-
-
 def test_a_turn_budget_shorter_than_any_call_is_refused(tmp_path):
   """turn_tokens=1 ended every segment after one token: no call could close, the tool never
   answered, and the run trained single-turn (rc 0)."""
@@ -46,7 +32,7 @@ def test_a_turn_budget_shorter_than_any_call_is_refused(tmp_path):
     "a call takes at least 2 tokens here (a number and the close '=', 1 token); allowed: 0 "
     "(off) or at least 2"
   )
-  assert _problems(**{"sampling.tool": "calculator", "sampling.turn_tokens": 2}) == ""
+  assert config_problems(**{"sampling.tool": "calculator", "sampling.turn_tokens": 2}) == ""
 
 
 def test_a_completion_budget_too_short_for_one_call_is_refused(tmp_path):
@@ -61,7 +47,7 @@ def test_a_completion_budget_too_short_for_one_call_is_refused(tmp_path):
     "and the close '=': 2; the shortest answer: 2; one after); allowed: "
     "sampling.max_new_tokens at least 5, or sampling.tool='none'"
   )
-  assert _problems(**{"sampling.tool": "calculator", "sampling.max_new_tokens": 5}) == ""
+  assert config_problems(**{"sampling.tool": "calculator", "sampling.max_new_tokens": 5}) == ""
 
 
 def test_tool_traces_without_a_tool_are_refused(tmp_path):
@@ -74,7 +60,7 @@ def test_tool_traces_without_a_tool_are_refused(tmp_path):
     "sampling.tool in calculator, arithmetic"
   )
   tool = {"task.name": "addition", "task.tool_traces": 0.5, "sampling.tool": "calculator"}
-  assert _problems(**tool) == ""
+  assert config_problems(**tool) == ""
 
 
 def test_tool_traces_on_a_task_that_writes_none_are_refused(tmp_path):
@@ -103,6 +89,6 @@ def test_tool_traces_a_tool_answers_otherwise_are_refused(tmp_path):
   )
   for tool in ("countdown", "calculator"):
     trace = {"task.name": "countdown", "task.tool_traces": 1.0, "sampling.tool": tool}
-    assert _problems(**trace) == "", tool
+    assert config_problems(**trace) == "", tool
   sums = {"task.name": "addition", "task.tool_traces": 0.5, "sampling.tool": "arithmetic"}
-  assert _problems(**sums) == ""  # a sum is the same with or without precedence
+  assert config_problems(**sums) == ""  # a sum is the same with or without precedence
