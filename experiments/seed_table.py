@@ -200,12 +200,14 @@ def _check_lengths(runs, cols):
   """Exits with one line when a column reads past a run's end (`@STEP` or `@avg:A-B` beyond
   the run's last logged step) or `@final`, `@avg` or `@sum` would compare runs whose tag ends
   at different steps (a run that stopped early would count as if it had finished)."""
+  last = {d: max((s for series in scalars.values() for s, _ in series), default=0)
+          for d, scalars in runs}  # fmt: skip
   for col in cols:
     tag, _, what = col.rpartition("@")
+    at = int(what) if what.isdigit() else int(what.split("-")[1]) if ":" in what else None
     ends = {}  # run -> the step its tag's last value was logged at
     for d, scalars in runs:
-      end = max((s for series in scalars.values() for s, _ in series), default=0)
-      at = int(what) if what.isdigit() else int(what.split("-")[1]) if ":" in what else None
+      end = last[d]
       if at is not None and end < at:
         _fail(
           f"run {d} ends at step {end}; column {col!r} reads step {at} (a run that stopped "
