@@ -13,6 +13,11 @@ of `closing` (a checkpointer's saves in flight finish) and `leaving` (the one li
 status 128 + signal). Nothing is lost: while the run holds progress that no checkpoint has yet
 (`unsaved`: a warm start's result, the steps since the last save), a compilation is not cut,
 and the signal is taken after it, at the run's next safe point, which saves that progress.
+
+The same watcher sets the flag at once whenever SIGTERM comes after `listen`: while the main
+thread waits for a running program (inside C++ too), the threads serving the program's host
+calls see `seen()` and cut their waits short (a hung host tool's calls are answered with the
+error token), so the step ends and is saved within the scheduler's grace period.
 """
 
 from __future__ import annotations
@@ -37,10 +42,12 @@ def _on_term(signum, frame) -> None:
 
 
 def listen() -> None:
-  """SIGTERM sets the flag from now on (main thread only; JAX's preemption service, started
-  later in a multi-process job, installs its own handler over this one)."""
+  """SIGTERM sets the flag from now on, also while the main thread is inside a C++ call (main
+  thread only; JAX's preemption service, started later in a multi-process job, installs its
+  own handler over this one)."""
   if threading.current_thread() is threading.main_thread():
     signal.signal(signal.SIGTERM, _on_term)
+    signal.set_wakeup_fd(_wakeup_socket(), warn_on_full_buffer=False)
 
 
 def note() -> None:
@@ -112,12 +119,15 @@ def _wakeup_socket() -> int:
 
 def _watch(read: socket.socket) -> None:
   """The watcher thread: a SIGTERM or SIGINT byte that comes while compiling ends the process;
-  any other (or one after the compilation, which the main thread's handler takes) is dropped."""
+  another SIGTERM sets the flag (the main thread's handler, when it runs, sets it too); any
+  other byte is dropped."""
   while True:
     for signum in read.recv(64):
       what = _COMPILE["what"]
       if what is not None and signum in (signal.SIGTERM, signal.SIGINT):
         _stop(signum, what)
+      elif signum == signal.SIGTERM:
+        note()
 
 
 def _stop(signum: int, what: str) -> None:

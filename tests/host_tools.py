@@ -1,6 +1,7 @@
 """Host tools that misbehave, for tests/test_multi_turn.py (top-level, so worker processes
 can import them)."""
 
+import os
 import time
 
 
@@ -17,4 +18,14 @@ def fail(call: str, prompt: str) -> int:
 
 def length(call: str, prompt: str) -> int:
   """The call's length: a tool that always answers."""
+  return len(call)
+
+
+def hang_when_told(call: str, prompt: str) -> int:
+  """The call's length until the file named by $HANG_WHEN exists; then it writes that name +
+  '.hung' and never answers in time."""
+  told = os.environ.get("HANG_WHEN", "")
+  if told and os.path.exists(told):
+    open(told + ".hung", "a").close()
+    time.sleep(600)
   return len(call)

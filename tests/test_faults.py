@@ -860,6 +860,79 @@ def test_sigterm_while_xla_compiles_stops_at_once_unless_a_warm_start_is_unsaved
   assert max(_committed(root)) == 1
 
 
+def _until(path, proc, timeout: float = 300) -> None:
+  """Polls until `path` exists; fails when `proc` ended first or the time ran out."""
+  deadline = time.monotonic() + timeout
+  while not path.exists():
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    assert time.monotonic() < deadline, f"{path} never appeared"
+    time.sleep(0.05)
+
+
+def _terminated(proc, within_s: float = 120) -> str:
+  """Sends SIGTERM; `proc`'s stderr once it ended (killed, and the test failed, when it is
+  still running after `within_s`)."""
+  proc.send_signal(signal.SIGTERM)
+  try:
+    return proc.communicate(timeout=within_s)[1]
+  except subprocess.TimeoutExpired as e:
+    proc.kill()
+    raise AssertionError(
+      f"still running {within_s} s after SIGTERM:\n{proc.communicate()[1][-3000:]}"
+    ) from e
+
+
+@pytest.mark.slow
+def test_sigterm_while_a_host_tool_hangs_cuts_its_calls_and_the_run_stops_saved(tmp_path):
+  """A host tool whose calls hang, under a 600 s limit per call: a SIGTERM waited for every
+  decode step's calls in turn (the main thread waits inside the program; tens of minutes).
+  Now the signal cuts the calls in flight and later ones (answered with the error token).
+  During the first evaluation the run stops at once, that evaluation unrecorded and nothing
+  saved; during an RL step the step ends, is saved, and the run stops (exit 143 both)."""
+  tell = tmp_path / "hang"
+  hung = tmp_path / "hang.hung"
+  tests = os.path.join(REPO, "tests")
+  env = {"PYTHONPATH": f"{tests}:{cli_env().get('PYTHONPATH', '')}", "HANG_WHEN": str(tell)}
+  args = (
+    "--config.task.name=countdown", "--config.sampling.tool=host:host_tools:hang_when_told",
+    "--config.sampling.max_turns=2", "--config.sft.steps=0", "--config.train.num_steps=50",
+    "--config.data.verifier_timeout_s=600",
+  )  # fmt: skip
+  said = "SIGTERM: host tool 'host_tools.hang_when_told' calls are answered with the error token"
+
+  tell.touch()  # hangs from the first call: the evaluation at step 0
+  first = tmp_path / "first"
+  proc = _launch(first, *args, env=env)
+  _until(hung, proc)
+  err = _terminated(proc)
+  assert proc.returncode == 143, err[-3000:]
+  assert said in err and "eval step 0 not recorded: SIGTERM cut " in err, err[-3000:]
+  assert (
+    err.strip()
+    .splitlines()[-1]
+    .startswith("stopped by SIGTERM during the first evaluation, before anything was saved: ")
+  ), err[-3000:]
+  assert _committed(first / "checkpoints") == set()
+  assert "eval/accuracy" not in metrics.read_scalars(str(first))
+
+  tell.unlink()
+  hung.unlink()
+  second = tmp_path / "second"
+  proc = _launch(second, *args, env=env)
+  _wait_for(proc, r"step 1/50")  # one update done, its calls answered
+  tell.touch()
+  _until(hung, proc)
+  err = _terminated(proc)
+  assert proc.returncode == 143, err[-3000:]
+  assert said in err, err[-3000:]
+  last = re.fullmatch(
+    r"stopped by SIGTERM after step (\d+): checkpoint \1 is saved in .*",
+    err.strip().splitlines()[-1],
+  )
+  assert last, err[-3000:]
+  assert max(_committed(second / "checkpoints")) == int(last.group(1)) >= 2
+
+
 @pytest.mark.slow
 def test_sigterm_during_start_up_or_the_warm_start_is_one_line_and_keeps_the_warm_start(tmp_path):
   """SIGTERM a moment after launch (imports, build): exit 143 and one line, nothing lost. SIGTERM

@@ -12,7 +12,7 @@ import pytest
 from conftest import run_steps, tiny_config
 from parsed import build
 
-from jaxrl_llm import envs, objectives
+from jaxrl_llm import envs, host_tool, objectives
 from jaxrl_llm.config import ConfigError, parse
 from jaxrl_llm.data.tasks import CharTokenizer
 from jaxrl_llm.rl import loss as rl_loss
@@ -269,7 +269,7 @@ def test_a_failing_host_tool_is_logged_once_as_a_tool_then_only_counted(caplog, 
   in a 2-update run); later batches only count their errors."""
   import logging
 
-  monkeypatch.setattr(envs, "_WARNED", set())
+  monkeypatch.setattr(host_tool, "_WARNED", set())
   host = envs.get_env("host:host_tools:fail", build_task(), timeout_s=5.0)
   with caplog.at_level(logging.WARNING):
     for _ in range(3):  # three decode steps with calls

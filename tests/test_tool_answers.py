@@ -13,7 +13,7 @@ from test_multi_turn_chat import _answers
 from text_fixtures import CHATML_ANY_ROLE, build_bpe_tokenizer
 from tokenizers import Tokenizer
 
-from jaxrl_llm import envs
+from jaxrl_llm import envs, host_tool
 from jaxrl_llm.config import ConfigError
 from jaxrl_llm.data.tasks import CharTokenizer
 from jaxrl_llm.data.tokenizers import HFTokenizer
@@ -161,7 +161,7 @@ def huge_float(call: str, prompt: str) -> float:
 
 def test_a_host_tool_answer_that_is_no_whole_number_is_an_error(monkeypatch):
   """`5.00000001` was answered 5 and `True` 1, both without error (float32 scores)."""
-  monkeypatch.setattr(envs, "_WARNED", set())
+  monkeypatch.setattr(host_tool, "_WARNED", set())
   got = {}
   for fn in [five_and_a_bit, true, whole_float, numpy_int, a_string, huge_float]:
     host = envs.get_env(f"host:test_tool_answers:{fn.__name__}", build_task(), timeout_s=20.0)

@@ -6,6 +6,7 @@ no thread timeout can stop; the process executor must kill them and replace its 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import pathlib
@@ -387,3 +388,95 @@ def test_a_run_leaving_after_broken_pools_prints_nothing_after_its_line(tmp_path
   )  # fmt: skip
   assert proc.returncode == 143, proc.stderr[-2000:]
   assert proc.stderr.strip().splitlines()[-1] == "the stop's line", proc.stderr[-2000:]
+
+
+REPLACED = """
+import sys
+import jaxrl_llm.launch  # the trainer's imports: jax among them
+from jaxrl_llm.data.verifiers import scoring
+from dying import dies
+
+if __name__ == "__main__":
+  scoring.score_batch(["a"], ["r"], terms={"d": dies})  # starts the fork server; a worker dies
+  print("REPLACED", file=sys.stderr, flush=True)
+  for _ in range(2):  # two more pools, each replacing a broken one
+    _, stats = scoring.score_batch(["a", "b"], ["r"] * 2, terms={"d": dies}, max_workers=2)
+    assert stats["verifier/errors"] == 2, stats
+"""
+
+
+def test_a_replaced_pools_workers_do_not_import_the_trainer_again(tmp_path):
+  """A worker runs the parent's main module again before its first call. Under
+  `python -m <module>` that imported jax anew in every worker (the fork server's `__main__`
+  preload never applies), 1.2 s per replaced pool: 43 s a step for a host tool that ends its
+  worker. The package's loaded modules are now preloaded: after the first pool, workers import
+  nothing of jax (Python's import-time report, which workers inherit, says what each imports)."""
+  import subprocess
+  import sys
+
+  from conftest import cli_env
+
+  (tmp_path / "dying.py").write_text("import os\n\ndef dies(c, r):\n  os._exit(1)\n")
+  (tmp_path / "replaced.py").write_text(REPLACED)
+  env = {**cli_env(), "PYTHONPATH": f"{tmp_path}:{cli_env().get('PYTHONPATH', '')}"}
+  env["PYTHONPROFILEIMPORTTIME"] = "1"
+  proc = subprocess.run(
+    [sys.executable, "-m", "replaced"], cwd=tmp_path, env=env, capture_output=True, text=True,
+    timeout=300,
+  )  # fmt: skip
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  before, after = (
+    [line.rsplit("|", 1)[-1].strip() for line in part.splitlines() if "|" in line]
+    for part in proc.stderr.split("REPLACED\n")
+  )
+  assert "jax" in before  # the report is on: the parent imported jax before the marker
+  imported = after
+  assert imported, proc.stderr[-2000:]  # the workers re-ran the main module (its own imports)
+  assert not [m for m in imported if m == "jax" or m.startswith(("jax.", "jaxrl_llm"))], imported
+
+
+ORPHANED = """
+import os, pathlib, sys, time
+from jaxrl_llm.data.verifiers import scoring
+
+def sleeps(completion, reference):
+  pathlib.Path(reference).write_text(str(os.getpid()))
+  time.sleep(600)
+  return 1.0
+
+if __name__ == "__main__":
+  scoring.score_batch(["a"], [sys.argv[1]], terms={"s": sleeps}, timeout_s=None)
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="Linux: a worker dies with its parent")
+def test_a_hung_worker_ends_with_a_trainer_killed_by_sigkill(tmp_path):
+  """A worker inherited the fork server's keep-alive pipe: while its call hung, the server
+  outlived the killed trainer, and the worker (which dies with the server) lived on for the
+  call's whole 600 s, holding the trainer's stderr open."""
+  import signal
+  import subprocess
+  import sys
+
+  from conftest import cli_env
+
+  (tmp_path / "orphaned.py").write_text(ORPHANED)
+  pid_file = tmp_path / "worker.pid"
+  proc = subprocess.Popen(
+    [sys.executable, str(tmp_path / "orphaned.py"), str(pid_file)], env=cli_env(),
+    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+  )  # fmt: skip
+  try:
+    deadline = time.monotonic() + 120
+    while not pid_file.exists() or not pid_file.read_text():
+      assert proc.poll() is None and time.monotonic() < deadline, "the call never started"
+      time.sleep(0.02)
+    worker = int(pid_file.read_text())
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert _gone(worker), "the hung worker outlived the killed trainer"
+  finally:
+    proc.kill()
+    if pid_file.exists() and pid_file.read_text():
+      with contextlib.suppress(ProcessLookupError):
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)

@@ -7,7 +7,7 @@ import time
 
 from absl import logging
 
-from jaxrl_llm import distributed, sharding
+from jaxrl_llm import distributed, host_tool, sharding
 from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm.run.assemble import to_global_batch
 
@@ -44,9 +44,15 @@ class Evaluator:
     if not self.calls:
       logging.info("compiling the held-out evaluation (its first run includes compilation) ...")
     self.calls += 1
-    t = time.time()
+    t, cut = time.time(), host_tool.CUT["calls"]
     per_run = self.trainee.evaluate(params, self.batch, self.answers)
     per_run = [metrics_lib.flatten_metrics(m) for m in per_run]
+    if host_tool.CUT["calls"] > cut:  # a SIGTERM answered its tool calls with errors
+      logging.warning(
+        "eval step %d not recorded: SIGTERM cut %d of its host tool calls", step,
+        host_tool.CUT["calls"] - cut,
+      )  # fmt: skip
+      return
     for member, m in zip(self.trainee.members, per_run, strict=True):
       if member.stopped:
         continue

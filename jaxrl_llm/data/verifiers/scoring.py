@@ -40,9 +40,10 @@ import os
 import pickle
 import queue
 import signal
+import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -70,11 +71,17 @@ def _gone(pid: int) -> bool:
 
 
 def _process_context():
-  """The forkserver context (spawn where there is none), preloading this module if it can.
+  """The forkserver context (spawn where there is none), preloading what workers import.
 
-  When this process's fork server has not started yet, this module (and so numpy and the
-  built-in verifiers) joins its preload list, next to `__main__`: every worker forked from it
-  then starts in milliseconds, which matters when a pool is replaced after a timeout.
+  A forkserver worker runs the parent's `__main__` again (as `__mp_main__`) before its first
+  call, and so imports what it imports. When this process's fork server has not started yet,
+  this module and every module of this package the process has loaded (the trainer's bring
+  jax) join the server's preload list, the main module itself excepted (its body runs again in
+  each worker and would define its flags twice). A worker then starts in milliseconds, which
+  matters when a pool is replaced after a timeout or a worker's death: each replacement took
+  1.2 s, 43 s a step for a host tool that ends its worker. The list's own `__main__` entry does
+  not do this: the fork server looks for a `main_path` its preparation data never holds
+  (CPython 3.11 and 3.12).
   """
   if "forkserver" not in multiprocessing.get_all_start_methods():
     return multiprocessing.get_context("spawn")
@@ -82,8 +89,16 @@ def _process_context():
   server = getattr(forkserver, "_forkserver", None)
   if server is not None and getattr(server, "_forkserver_pid", 0) is None:  # not started
     preload = list(getattr(server, "_preload_modules", None) or ["__main__"])
-    if __name__ not in preload:
-      ctx.set_forkserver_preload([*preload, __name__])
+    main = getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", None)
+    package = __name__.split(".")[0]
+    loaded = sorted(
+      name
+      for name in list(sys.modules)
+      if (name == package or name.startswith(package + ".")) and name != main
+    )
+    wanted = [name for name in [*loaded, __name__] if name not in preload]
+    if wanted:
+      ctx.set_forkserver_preload([*preload, *dict.fromkeys(wanted)])
   return ctx
 
 
@@ -243,6 +258,7 @@ def score_batch(
   fill: float = 0.0,
   warn: bool = True,
   label: str = "reward term",
+  stop: Callable[[], bool] | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
   """Scores every completion with every term → ({name: float32 [B]}, stats); never raises.
   A failed call scores `fill` (0.0; NaN tells failures apart, as the host tools do).
@@ -254,6 +270,9 @@ def score_batch(
   pickle) or 'thread' (see the module docstring); `max_workers` defaults to the usable CPUs
   (at most 32). Bad arguments, and terms that cannot pickle for 'process', raise ValueError.
   A term's first failure is logged as `<label> <name> failed ...` unless `warn` is False.
+  When `stop()` turns true (e.g. `sigterm.seen`: the run is stopping), the calls not finished
+  are cut: killed, scored `fill`, and counted in `verifier/cut` (a key only given with `stop`);
+  once it is true, no call starts.
   """
   if len(completions) != len(references):
     raise ValueError(f"{len(completions)} completions but {len(references)} references")
@@ -282,7 +301,8 @@ def score_batch(
       workers = min(workers, len(tasks))
     quiet = () if warn else tuple(names)
     runner = _Runner(completions, references, terms, timeout_s, workers, executor, label, quiet)
-    runner.run(tasks, scores, errors, timeouts)
+    runner.stop = stop
+    cut = runner.run(tasks, scores, errors, timeouts)
 
   stats: dict[str, float] = {}
   for name in names:
@@ -291,7 +311,15 @@ def score_batch(
   stats["verifier/errors"] = sum(errors.values())
   stats["verifier/timeouts"] = sum(timeouts.values())
   stats["verifier/seconds"] = time.monotonic() - start
+  if stop is not None:
+    stats["verifier/cut"] = cut if tasks else 0
   return scores, stats
+
+
+_WORKER_ENDED = (
+  "the worker process running it ended (os._exit, a crash or a kill); its calls in that batch "
+  "count as errors and the pool is replaced"
+)
 
 
 class _Runner:
@@ -303,6 +331,8 @@ class _Runner:
     self.timeout_s, self.workers, self.kind = timeout_s, workers, kind
     self.done: queue.SimpleQueue = queue.SimpleQueue()  # (future, call ids) of finished tasks
     self.previous: dict[int, int] = {}  # call id → the call before it in the same task
+    self.stop: Callable[[], bool] | None = None  # true: cut the calls not finished
+    self.cut = 0  # calls cut by `stop`
 
   def _submit_all(self, pool: _Pool, tasks) -> dict[int, tuple[cf.Future, tuple[str, int]]]:
     """Submits (name, index) tasks under fresh call ids → {call id: (its future, task)}.
@@ -329,9 +359,11 @@ class _Runner:
       fut.add_done_callback(lambda f, ids=ids: self.done.put((f, ids)))
     return pending
 
-  def run(self, tasks, scores, errors, timeouts) -> None:
-    """Runs every task, filling `scores`, `errors` and `timeouts` in place."""
+  def run(self, tasks, scores, errors, timeouts) -> int:
+    """Runs every task, filling `scores`, `errors` and `timeouts` in place → the calls cut."""
     self.scores, self.errors, self.timeouts = scores, errors, timeouts
+    if self.stop is not None and self.stop():  # stopping: no call starts
+      return len(tasks)
     self.logged: set[str] = set(
       self.quiet
     )  # terms whose first failure was logged (or is not to be)
@@ -351,7 +383,9 @@ class _Runner:
       if self.kind == "thread":
         self.pool.close(kill=True)
       else:
-        _checkin(self.pool, shared=shared, kill=bool(self.pending or self.abandoned))
+        kill = bool(self.pending or self.abandoned or self.cut)
+        _checkin(self.pool, shared=shared, kill=kill)
+    return self.cut
 
   def _wait(self) -> None:
     """Collects results until no call is pending, timing the calls that run.
@@ -376,6 +410,8 @@ class _Runner:
           self.started.pop(self.previous.pop(call_id, -1), None)
       if timeout_s is not None:
         self._expire(now)
+      if self.stop is not None and self.pending and self.stop():
+        self.cut, self.pending = len(self.pending), {}  # scored `fill`; the pool is killed
 
   def _finished(self, until: float) -> list[tuple[cf.Future, list[int]]]:
     """The (future, call ids) of the tasks that finished, waiting for one until `until`."""
@@ -397,9 +433,11 @@ class _Runner:
       except BaseException as e:  # the task as a whole failed (or was cancelled)
         if isinstance(e, KeyboardInterrupt):
           raise
+        said = workers.said(e)
         if isinstance(e, cf.BrokenExecutor):
           self.pool.broken = True  # a worker died: the pool is replaced after this batch
-        results = [(c, 0.0, workers.said(e)) for c in ids]
+          said = _WORKER_ENDED
+        results = [(c, 0.0, said) for c in ids]
       for call_id, value, error in results:
         if call_id not in self.pending:
           continue

@@ -22,13 +22,31 @@ def init_worker(events) -> None:
   ends a worker, whatever handler the process it was forked from had (a trainer's is a flag);
   Ctrl-C is the trainer's to take (it kills its workers), so a KeyboardInterrupt in a worker is
   a call's own failure; and a worker dies with the fork server that started it, which ends with
-  the trainer (a hung call outlived a trainer killed with SIGKILL)."""
+  the trainer (a hung call outlived a trainer killed with SIGKILL; `leave_fork_server`)."""
   global _EVENTS
   signal.signal(signal.SIGTERM, signal.SIG_DFL)
   signal.signal(signal.SIGINT, signal.SIG_IGN)
   die_with_parent()
+  leave_fork_server()
   _EVENTS = events
   events.put(("pid", os.getpid()))
+
+
+def leave_fork_server() -> None:
+  """Closes this worker's copy of the fork server's keep-alive pipe, which a forkserver child
+  inherits so that the server outlives its parent while children live: a hung call then kept
+  the server, and so itself (`die_with_parent`), alive after the trainer was killed. Without
+  the copy the server ends with the trainer, and its workers with it."""
+  import multiprocessing.forkserver as forkserver
+
+  server = getattr(forkserver, "_forkserver", None)
+  fd = getattr(server, "_forkserver_alive_fd", None)
+  if fd is not None:
+    server._forkserver_alive_fd = None
+    try:
+      os.close(fd)
+    except OSError:
+      pass
 
 
 def die_with_parent() -> None:
