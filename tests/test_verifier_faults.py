@@ -95,6 +95,25 @@ def test_hung_call_is_killed_through_the_default_executor(tmp_path):
   assert _gone(int(pidfile.read_text()))  # the worker that ran it was killed (and reaped)
 
 
+def test_a_stop_cuts_the_calls_in_flight_and_starts_no_more(tmp_path):
+  """`stop` (a run's SIGTERM): a call hung with no time limit is cut once it turns true,
+  scored `fill`, counted in `verifier/cut`, its worker killed; once true, no call starts."""
+  pidfile = tmp_path / "pid"
+  told = lambda: pidfile.exists() and bool(pidfile.read_text())  # noqa: E731  (the call hangs)
+  scores, stats = V.score_batch(
+    ["ok", "hang"], [str(pidfile)] * 2, terms={"spin": _spins_on_hang}, timeout_s=None,
+    fill=-1.0, stop=told,
+  )  # fmt: skip
+  assert scores["spin"][1] == -1.0 and stats["verifier/cut"] >= 1
+  assert stats["verifier/timeouts"] == 0 and stats["verifier/errors"] == 0
+  assert _gone(int(pidfile.read_text()))
+  scores, stats = V.score_batch(
+    ["ok"] * 3, [""] * 3, terms={"spin": _spins_on_hang}, fill=-1.0, stop=told
+  )
+  assert stats["verifier/cut"] == 3 and list(scores["spin"]) == [-1.0] * 3
+  assert "verifier/cut" not in V.score_batch(["ok"], [""], terms={"spin": _spins_on_hang})[1]
+
+
 def test_kept_pool_is_reused_across_batches_and_replaced_after_a_timeout(tmp_path):
   quick = {"correct": V.math_correct}
   completions, references = [_box(str(i)) for i in range(8)], [str(i) for i in range(8)]

@@ -294,14 +294,14 @@ def score_batch(
   errors = dict.fromkeys(names, 0)
   timeouts = dict.fromkeys(names, 0)
   tasks = [(name, i) for name in names for i in range(batch)]
-  start = time.monotonic()
+  start, cut = time.monotonic(), 0
   if tasks:
     workers = max(1, max_workers or _default_workers(executor))
     if executor == "thread":  # a thread pool is private to the batch: no idle threads
       workers = min(workers, len(tasks))
     quiet = () if warn else tuple(names)
     runner = _Runner(completions, references, terms, timeout_s, workers, executor, label, quiet)
-    runner.stop = stop
+    runner.stop = stop  # true: cut the calls not finished
     cut = runner.run(tasks, scores, errors, timeouts)
 
   stats: dict[str, float] = {}
@@ -312,7 +312,7 @@ def score_batch(
   stats["verifier/timeouts"] = sum(timeouts.values())
   stats["verifier/seconds"] = time.monotonic() - start
   if stop is not None:
-    stats["verifier/cut"] = cut if tasks else 0
+    stats["verifier/cut"] = cut
   return scores, stats
 
 
