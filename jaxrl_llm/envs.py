@@ -25,6 +25,7 @@ import ast
 import dataclasses
 import functools
 import importlib
+import inspect
 import operator
 import pickle
 import string
@@ -377,13 +378,31 @@ def is_tool(name: str) -> bool:
   return name in TOOLS[:-1] or (name.startswith(HOST) and name.count(":") == 2)
 
 
+def _not_a_tool_function(fn) -> str:
+  """Why `fn` can never answer `fn(call, prompt)` with a number ("" when it may): a signature
+  that does not take two arguments, or a generator or coroutine function."""
+  if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+    return "is a generator function (its calls give a generator, not a number)"
+  if inspect.iscoroutinefunction(fn):
+    return "is a coroutine function (its calls give a coroutine, not a number)"
+  try:
+    signature = inspect.signature(fn)
+  except (TypeError, ValueError):  # no signature to read (some builtins): its calls will tell
+    return ""
+  try:
+    signature.bind("call", "prompt")
+  except TypeError as e:
+    return f"takes {signature}, not (call, prompt) ({e})"
+  return ""
+
+
 def host_callable(name: str):
   """The callable M.F of host tool `name` (`host:M:F`), or why it cannot be had: a line naming
   `sampling.tool` and what is allowed (any exception importing M is the user's module's)."""
   module, _, function = name.removeprefix(HOST).partition(":")
   try:
     fn = getattr(importlib.import_module(module), function)
-  except (Exception, SystemExit) as e:  # ImportError, AttributeError, the module's own failure
+  except (Exception, SystemExit, KeyboardInterrupt) as e:  # the module's own, ImportError, ...
     return (
       f"sampling.tool={name!r}: cannot import {module}.{function} ({type(e).__name__}: {e}); "
       f"allowed: {HOST}<module>:<function> naming an importable callable"
@@ -392,6 +411,12 @@ def host_callable(name: str):
     return (
       f"sampling.tool={name!r}: {module}.{function} is a {type(fn).__name__}, not a callable; "
       f"allowed: {HOST}<module>:<function> naming a function(call, prompt) -> number"
+    )
+  cannot = _not_a_tool_function(fn)
+  if cannot:
+    return (
+      f"sampling.tool={name!r}: {module}.{function} {cannot}; allowed: {HOST}<module>:<function> "
+      "naming a function(call, prompt) -> number"
     )
   try:  # a host tool runs in worker processes (`score_batch`): it must pickle, by reference
     pickle.dumps(fn)

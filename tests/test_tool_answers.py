@@ -175,3 +175,50 @@ def test_a_host_tool_answer_that_is_no_whole_number_is_an_error(monkeypatch):
     "a_string": (":,", True),
     "huge_float": (":,", True),
   }
+
+
+def test_a_host_tool_that_can_never_take_a_call_and_a_prompt_is_refused_in_one_line(
+  tmp_path, monkeypatch
+):
+  """A one-argument function and a generator function passed the start-up checks; the run
+  trained with every call failing (tool/error_frac 1.0). A module raising KeyboardInterrupt as
+  it is imported was taken for the user's Ctrl-C (exit 130, its workdir left behind)."""
+  (tmp_path / "odd_tools.py").write_text(
+    textwrap.dedent(
+      """
+      def one(call):
+        return 1
+
+      def gen(call, prompt):
+        yield 1
+
+      async def coro(call, prompt):
+        return 1
+
+      def three(call, prompt, extra):
+        return 1
+
+      def extra_default(call, prompt, extra=0, *args, **kwargs):
+        return 1
+      """
+    )
+  )
+  (tmp_path / "interrupts.py").write_text("raise KeyboardInterrupt\n")
+  monkeypatch.syspath_prepend(str(tmp_path))
+  for name, says in [
+    ("one", "takes (call), not (call, prompt) (too many positional arguments)"),
+    ("gen", "is a generator function"),
+    ("coro", "is a coroutine function"),
+    ("three", "takes (call, prompt, extra), not (call, prompt)"),
+  ]:
+    said = envs.host_callable(f"host:odd_tools:{name}")
+    assert isinstance(said, str) and "\n" not in said, said
+    assert said.startswith(f"sampling.tool='host:odd_tools:{name}': odd_tools.{name} {says}")
+    assert said.endswith(
+      "allowed: host:<module>:<function> naming a function(call, prompt) -> number"
+    )
+  assert callable(envs.host_callable("host:odd_tools:extra_default"))
+  said = envs.host_callable("host:interrupts:f")
+  assert said.startswith(
+    "sampling.tool='host:interrupts:f': cannot import interrupts.f (KeyboardInterrupt"
+  )
