@@ -75,8 +75,8 @@ def _process_context():
 
   A forkserver worker runs the parent's `__main__` again (as `__mp_main__`) before its first
   call, and so imports what it imports. When this process's fork server has not started yet,
-  this module and every module of this package the process has loaded (the trainer's bring
-  jax) join the server's preload list, the main module itself excepted (its body runs again in
+  this module and, where the worker will run the main module again, every module of this
+  package the process has loaded (the trainer's bring jax) join the server's preload list, the main module itself excepted (its body runs again in
   each worker and would define its flags twice). A worker then starts in milliseconds, which
   matters when a pool is replaced after a timeout or a worker's death: each replacement took
   1.2 s, 43 s a step for a host tool that ends its worker. The list's own `__main__` entry does
@@ -89,12 +89,17 @@ def _process_context():
   server = getattr(forkserver, "_forkserver", None)
   if server is not None and getattr(server, "_forkserver_pid", 0) is None:  # not started
     preload = list(getattr(server, "_preload_modules", None) or ["__main__"])
-    main = getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", None)
+    main_module = sys.modules.get("__main__")
+    main = getattr(getattr(main_module, "__spec__", None), "name", None)
+    if main is None:  # a script's main runs again in a worker, interactive input does not
+      rerun = hasattr(main_module, "__file__")
+    else:  # `python -m M` runs again, `M/__main__.py` (pytest's) does not
+      rerun = main != "__main__" and not main.endswith(".__main__")
     package = __name__.split(".")[0]
     loaded = sorted(
       name
       for name in list(sys.modules)
-      if (name == package or name.startswith(package + ".")) and name != main
+      if rerun and (name == package or name.startswith(package + ".")) and name != main
     )
     wanted = [name for name in [*loaded, __name__] if name not in preload]
     if wanted:
@@ -247,6 +252,24 @@ def _default_workers(kind: str) -> int:
   return min(32, cpus + 4) if kind == "thread" else min(32, cpus)
 
 
+def _check_arguments(completions, references, terms, executor: str) -> None:
+  """`score_batch`'s ValueError for unequal lengths, an unknown executor, or a term that
+  cannot pickle for 'process'."""
+  if len(completions) != len(references):
+    raise ValueError(f"{len(completions)} completions but {len(references)} references")
+  if executor not in _EXECUTORS:
+    raise ValueError(f"executor {executor!r} is not one of {_EXECUTORS}")
+  if executor == "process":
+    for name, fn in terms.items():
+      try:
+        pickle.dumps(fn)
+      except Exception as e:
+        raise ValueError(
+          f"reward term {name!r} cannot be pickled ({e}); executor='process' needs top-level "
+          "functions (or functools.partial of them), or pass executor='thread'"
+        ) from e
+
+
 def score_batch(
   completions: Sequence[str],
   references: Sequence[str],
@@ -274,20 +297,7 @@ def score_batch(
   are cut: killed, scored `fill`, and counted in `verifier/cut` (a key only given with `stop`);
   once it is true, no call starts.
   """
-  if len(completions) != len(references):
-    raise ValueError(f"{len(completions)} completions but {len(references)} references")
-  if executor not in _EXECUTORS:
-    raise ValueError(f"executor {executor!r} is not one of {_EXECUTORS}")
-  if executor == "process":
-    for name, fn in terms.items():
-      try:
-        pickle.dumps(fn)
-      except Exception as e:
-        raise ValueError(
-          f"reward term {name!r} cannot be pickled ({e}); executor='process' needs top-level "
-          "functions (or functools.partial of them), or pass executor='thread'"
-        ) from e
-
+  _check_arguments(completions, references, terms, executor)
   batch = len(completions)
   names = list(terms)
   scores = {name: np.full((batch,), fill, np.float32) for name in names}
