@@ -110,7 +110,10 @@ class Checkpointer:
   ):
     """Opens (creating if needed) the checkpoint directory of `workdir`."""
     self.workdir = os.fspath(workdir)
-    self.directory = paths.as_path(self.workdir) / "checkpoints"
+    where = paths.as_path(self.workdir)
+    if not paths.is_remote(where):  # orbax saves to absolute paths only (a relative --workdir)
+      where = epath.Path(os.path.abspath(where))
+    self.directory = where / "checkpoints"
     policies = [ocp.checkpoint_managers.PreemptionCheckpointingPolicy()]
     if save_every > 0:
       policies.append(ocp.checkpoint_managers.FixedIntervalPolicy(save_every))

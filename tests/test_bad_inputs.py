@@ -1,6 +1,7 @@
 """Bad inputs to the trainer and its tools: each is one `error: ...` line with exit status 2,
 refused before anything is written."""
 
+import os
 import subprocess
 import sys
 
@@ -499,3 +500,21 @@ def test_a_config_file_that_is_not_a_config_is_one_line(tmp_path, name, body, sa
   assert proc.returncode == 2 and len(err) == 1 and err[0].startswith("error: "), err
   assert says in err[0] and str(path) in err[0], err
   assert not (tmp_path / "w").exists()
+
+
+def test_a_relative_workdir_trains_and_saves(tmp_path):
+  """A relative --workdir trained, then failed at its first save with a 100-line traceback
+  (orbax saves to absolute paths only); a relaunch redid the warm start and failed again."""
+  cmd = [
+    sys.executable,
+    "-m",
+    "jaxrl_llm.main",
+    f"--config={os.path.join(REPO, 'configs', 'default.py')}",
+  ]
+  cmd += ["--workdir=rel run", "--config.sft.steps=0", "--config.train.num_steps=1"]
+  cmd += ["--config.model.d_model=32", "--config.model.mlp_dim=64", "--config.task.eval_size=16"]
+  proc = subprocess.run(
+    cmd, cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=300
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert (tmp_path / "rel run" / "checkpoints" / "1" / "commit_success.txt").exists()
