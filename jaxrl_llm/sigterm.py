@@ -65,6 +65,11 @@ def unsaved(held: bool) -> None:
   _COMPILE["unsaved"] = held
 
 
+def holding() -> bool:
+  """Whether the run holds progress that no checkpoint has (as `unsaved` last said)."""
+  return _COMPILE["unsaved"]
+
+
 @contextlib.contextmanager
 def compiling(what: str):
   """While inside (XLA compiling `what`, e.g. "the RL step"), SIGTERM or SIGINT ends the process

@@ -439,9 +439,9 @@ def train(trainee, *, hparam_fields: Sequence[str] = ()) -> dict[str, dict[str, 
       _resume_stopped(trainee, state)
       if start == 0:
         evaluate(0, state.params)
-        preempt.stop_if_asked(
-          "during the first evaluation, before anything was saved", trainee.root
-        )
+        if not sigterm.holding():  # a warm start's result: the first step saves it, then stops
+          where = "during the first evaluation, before anything was saved"
+          preempt.stop_if_asked(where, trainee.root)
       state, end = _loop(trainee, state, data, ckpt, evaluate)
       ckpt.wait()
       for member in trainee.members:  # after the checkpoints: the last finite state is kept
