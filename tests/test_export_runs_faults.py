@@ -142,3 +142,15 @@ def test_a_root_that_is_itself_a_run_is_exported_under_its_folder_name(capsys, t
   assert sorted(_tree(out)) == sorted([f"w/{f}" for f in files] + [f"w/inner/{f}" for f in files])
   scalars = json.loads((out / "w" / "scalars.json").read_text())["eval/accuracy"]
   assert [step for step, _ in scalars] == [0, 1]
+
+
+def test_a_relative_out_is_exported(capsys, tmp_path, monkeypatch):
+  """A relative --out (as the tool's own --help shows) spun forever looking for a parent of
+  "" and wrote nothing."""
+  _run(tmp_path / "root" / "a")
+  monkeypatch.chdir(tmp_path)
+  code, err = _export(capsys, "root", "exported/here")
+  assert (code, err) == (0, [])
+  assert sorted(_tree(tmp_path / "exported" / "here")) == [
+    "a/config.json", "a/samples.jsonl", "a/scalars.json"
+  ]  # fmt: skip

@@ -102,7 +102,7 @@ def read_run(run: str) -> dict[str, str]:
 
 def blocked(out: str, name: str) -> str | None:
   """Why OUT/<name> cannot be written (there already, or a file on its way), else None."""
-  dest = os.path.join(out, name)
+  dest = os.path.abspath(os.path.join(out, name))  # a relative OUT's parents end in "/"
   if os.path.lexists(dest):
     return f"{name} is there already; export to a new folder"
   parent = os.path.dirname(dest)
