@@ -15,8 +15,8 @@ Registered by name like the objectives (`ENVIRONMENTS`, the `sampling.tool` sett
               are inline already: `plain`)
   countdown   the countdown task's own check of an expression: single digits, each used at
               most as often as the prompt gives it, left to right; anything else is an error
-  host:M:F    the Python callable M.F(call, prompt) -> number, on the host (`host_tool.HostTool`), e.g.
-              `host:jaxrl_llm.envs:arithmetic`
+  host:M:F    the Python callable M.F(call, prompt) -> number, on the host
+              (`host_tool.HostTool`), e.g. `host:jaxrl_llm.envs:arithmetic`
 """
 
 from __future__ import annotations

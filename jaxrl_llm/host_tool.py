@@ -68,13 +68,12 @@ class HostTool(ToolEnv):
     )  # fmt: skip
     if stats["verifier/errors"] or stats["verifier/timeouts"]:  # said once a run; then counted
       _WARNED.add(name)
-    CUT["calls"] += stats["verifier/cut"]
-    if stats["verifier/cut"] and not _CUT_SAID:  # said once a process
-      _CUT_SAID.add(name)
+    if stats["verifier/cut"] and not CUT["calls"]:  # said once a process
       logger.warning(
         "SIGTERM: host tool %r calls are answered with the error token from now on (%d cut) so "
         "that this step ends and is saved", name, stats["verifier/cut"],
       )  # fmt: skip
+    CUT["calls"] += stats["verifier/cut"]
     got = scores[name].astype(np.float64)
     ok = np.isfinite(got) & (np.abs(got) < 10**self.max_digits) & (got == np.round(got))
     value[rows] = np.where(ok, got, 0).astype(np.int32)
@@ -83,7 +82,6 @@ class HostTool(ToolEnv):
 
 
 _WARNED: set[str] = set()  # host tools whose first failure this process has logged
-_CUT_SAID: set[str] = set()  # host tools whose calls a SIGTERM cut
 CUT = {"calls": 0}  # host tool calls a SIGTERM cut in this process (an evaluation then unsaid)
 
 

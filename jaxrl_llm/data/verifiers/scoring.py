@@ -76,10 +76,11 @@ def _process_context():
   A forkserver worker runs the parent's `__main__` again (as `__mp_main__`) before its first
   call, and so imports what it imports. When this process's fork server has not started yet,
   this module and, where the worker will run the main module again, every module of this
-  package the process has loaded (the trainer's bring jax) join the server's preload list, the main module itself excepted (its body runs again in
-  each worker and would define its flags twice). A worker then starts in milliseconds, which
-  matters when a pool is replaced after a timeout or a worker's death: each replacement took
-  1.2 s, 43 s a step for a host tool that ends its worker. The list's own `__main__` entry does
+  package the process has loaded (the trainer's bring jax) join the server's preload list, the
+  main module itself excepted (its body runs again in each worker and would define its flags
+  twice). A worker then starts in milliseconds, which matters when a pool is replaced after a
+  timeout or a worker's death: each replacement took 1.2 s, 43 s a step for a host tool that
+  ends its worker. The list's own `__main__` entry does
   not do this: the fork server looks for a `main_path` its preparation data never holds
   (CPython 3.11 and 3.12).
   """
@@ -96,11 +97,8 @@ def _process_context():
     else:  # `python -m M` runs again, `M/__main__.py` (pytest's) does not
       rerun = main != "__main__" and not main.endswith(".__main__")
     package = __name__.split(".")[0]
-    loaded = sorted(
-      name
-      for name in list(sys.modules)
-      if rerun and (name == package or name.startswith(package + ".")) and name != main
-    )
+    ours = [n for n in list(sys.modules) if n == package or n.startswith(package + ".")]
+    loaded = sorted(n for n in ours if n != main) if rerun else []
     wanted = [name for name in [*loaded, __name__] if name not in preload]
     if wanted:
       ctx.set_forkserver_preload([*preload, *dict.fromkeys(wanted)])
@@ -310,8 +308,9 @@ def score_batch(
     if executor == "thread":  # a thread pool is private to the batch: no idle threads
       workers = min(workers, len(tasks))
     quiet = () if warn else tuple(names)
-    runner = _Runner(completions, references, terms, timeout_s, workers, executor, label, quiet)
-    runner.stop = stop  # true: cut the calls not finished
+    runner = _Runner(
+      completions, references, terms, timeout_s, workers, executor, label, quiet, stop=stop
+    )
     cut = runner.run(tasks, scores, errors, timeouts)
 
   stats: dict[str, float] = {}
@@ -335,13 +334,15 @@ _WORKER_ENDED = (
 class _Runner:
   """The submit / collect / time-out loop behind `score_batch`."""
 
-  def __init__(self, completions, references, terms, timeout_s, workers, kind, label, quiet):
+  def __init__(
+    self, completions, references, terms, timeout_s, workers, kind, label, quiet, stop=None
+  ):
     self.completions, self.references, self.terms = completions, references, terms
     self.label, self.quiet = label, quiet  # what a term is called when it fails; those unlogged
     self.timeout_s, self.workers, self.kind = timeout_s, workers, kind
     self.done: queue.SimpleQueue = queue.SimpleQueue()  # (future, call ids) of finished tasks
     self.previous: dict[int, int] = {}  # call id → the call before it in the same task
-    self.stop: Callable[[], bool] | None = None  # true: cut the calls not finished
+    self.stop: Callable[[], bool] | None = stop  # true: cut the calls not finished
     self.cut = 0  # calls cut by `stop`
 
   def _submit_all(self, pool: _Pool, tasks) -> dict[int, tuple[cf.Future, tuple[str, int]]]:
