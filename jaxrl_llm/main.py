@@ -94,7 +94,7 @@ def main(argv):
 
   shown = "  ".join(f"{k}={v:.4g}" for k, v in sorted(result.items())) or "(no evaluation)"
   took = metrics.format_duration(time.time() - started)
-  logging.info("final eval: %s; wall time %s; workdir %s", shown, took, workdir)
+  logging.info("last eval: %s; wall time %s; workdir %s", shown, took, workdir)
 
 
 def _parse_flags(argv: list[str]) -> list[str]:

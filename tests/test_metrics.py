@@ -280,6 +280,9 @@ def test_progress_and_eval_lines_fit_80_columns_with_a_packs_run_name():
   line = eval_line(12000, m, 1.25, metrics.LINE_WIDTH - 21)
   assert len(line) <= 59 and line.startswith("eval step 12000: accuracy 0.562 pass@4 0.688")
   assert line.endswith("(1.2s)") and "length_mean 12.2" in eval_line(12000, m, 1.25, 200)
+  ks = {f"eval/pass@{k}": k / 100 for k in (16, 2, 32, 4, 8)}  # as text: 16 < 2 < 32 < 4 < 8
+  line = eval_line(3, {"eval/length_mean": 5.0, **ks, "eval/accuracy": 0.5}, 1.0, 200)
+  assert "accuracy 0.5 pass@2 0.02 pass@4 0.04 pass@8 0.08 pass@16 0.16 pass@32 0.32 len" in line
 
 
 def test_every_logged_tag_declares_itself_and_the_readme_maps_the_peers():

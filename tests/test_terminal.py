@@ -172,7 +172,7 @@ def test_the_progress_lines_show_the_scalars_written_to_tensorboard(dense):
 def test_the_summary_gives_rates_evaluations_and_where_things_are(dense):
   """The closing lines: steps 0..4 with steps/s and generated tokens/s, each evaluation tag from
   the first evaluation (step 0) to the last (step 4) as TensorBoard has them, the checkpoints'
-  and events' places, then `final eval: ...; wall time ...; workdir ...`."""
+  and events' places, then `last eval: ...; wall time ...; workdir ...`."""
   workdir, lines, _ = dense
   trained = next(x for x in lines if x.startswith("trained RL steps 0..4 in "))
   rates = re.search(r"\| (\S+) steps/s, (\S+) generated tokens/s after the first", trained)
@@ -190,7 +190,7 @@ def test_the_summary_gives_rates_evaluations_and_where_things_are(dense):
   place = f"checkpoints in {ckpts} | events in {workdir}: tensorboard --logdir {workdir}"
   assert place in lines and (ckpts / "4").is_dir()
   final = lines[-1]
-  assert final.startswith("final eval: ") and final.endswith(f"; workdir {workdir}"), final
+  assert final.startswith("last eval: ") and final.endswith(f"; workdir {workdir}"), final
   assert f"accuracy={scalars['eval/accuracy'][-1][1]:.4g}" in final and "; wall time " in final
 
 
@@ -201,7 +201,7 @@ def test_a_relaunched_finished_workdir_says_so_and_prints_its_final_evaluation(d
   assert f"{workdir} already holds step 4 of train.num_steps=4: nothing to train" in again
   assert not [x for x in again if PROGRESS.search(x) or x.startswith("trained RL steps")]
   strip = lambda line: line.split("; wall time")[0]  # noqa: E731
-  assert strip(again[-1]) == strip(lines[-1]) and again[-1].startswith("final eval: eval/")
+  assert strip(again[-1]) == strip(lines[-1]) and again[-1].startswith("last eval: eval/")
 
 
 @pytest.mark.extended
@@ -254,7 +254,7 @@ def test_redirected_every_line_keeps_absls_prefix_naming_its_source(dense_raw):
     assert raw and all(PREFIX.match(x) for x in raw if x.strip()), raw[:5]
   source = {PREFIX.sub("", x): PREFIX.match(x)[1] for x in lines + again}
   expected = {"jaxrl_llm ": "record.py", "step 2/4 ": "loop.py", "trained RL steps ": "record.py"}
-  expected |= {"already holds step 4": "loop.py", "final eval: ": "main.py"}
+  expected |= {"already holds step 4": "loop.py", "last eval: ": "main.py"}
   for start, file in expected.items():
     files = {f for line, f in source.items() if start in line}
     assert files == {file}, (start, files)
@@ -274,7 +274,7 @@ def test_on_a_terminal_the_lines_are_bare_in_the_readmes_order(terminal):
     r"RL step compiled; ", r"step 1/1000 ", r"step 2/1000 ", r"step 3/1000 ",
     r"eval step 3: accuracy ", r"trained RL steps 0\.\.3 in (\S+) \(the RL loop, of which (\S+) compiling and the first "
     r"step; (\S+) wall time",
-    r"eval from step 0 to 3: ", r"checkpoints in \S+ \| events in \S+: ", r"final eval: eval/",
+    r"eval from step 0 to 3: ", r"checkpoints in \S+ \| events in \S+: ", r"last eval: eval/",
   ]  # fmt: skip
   found = [(i, re.match(p, x)) for x in lines for i, p in enumerate(order) if re.match(p, x)]
   assert [i for i, _ in found] == list(range(len(order))), lines
@@ -353,6 +353,29 @@ def test_the_summary_rates_count_what_the_updates_after_the_first_generated(term
   assert float(tokens_s) / float(steps_s) == pytest.approx(mean, rel=0.015), (trained, tokens)
 
 
+@pytest.mark.slow
+def test_an_invocation_that_stop_after_steps_ends_says_so_and_its_resume_rates_leave_compiling_out(
+  tmp_path,
+):
+  """`train.stop_after_steps=2` of 4 steps: the summary, then a line naming the step it stopped
+  after, the step of its last evaluation (0) and that the same command resumes, then `last eval`.
+  The resumed invocation (steps 2..4) compiles the held-out evaluation inside the RL loop (step
+  3): its summary says the rates leave that compilation out, and it has no stop line."""
+  workdir = tmp_path / "run"
+  args = ("--config.train.num_steps=4", "--config.train.eval_every=3")
+  first = _run(workdir, *args, "--config.train.stop_after_steps=2")
+  stop = "stopped after step 2 of train.num_steps=4 (train.stop_after_steps=2); the last "
+  stop += "evaluation was at step 0; the same command resumes from step 2"
+  assert first[-2] == stop and first[-1].startswith("last eval: eval/accuracy="), first[-4:]
+  assert "and the evaluation's compilation" not in next(x for x in first if "steps/s, " in x)
+  again = _run(workdir, *args, "--config.train.stop_after_steps=2")
+  trained = next(x for x in again if x.startswith("trained RL steps 2..4 in "))
+  assert trained.endswith("after the first (compiling) step and the evaluation's compilation")
+  assert not [x for x in again if x.startswith("stopped after step")], again[-4:]
+  evals = metrics.read_scalars(str(workdir))["eval/accuracy"]
+  assert [s for s, _ in evals] == [0, 3, 4]
+
+
 @pytest.mark.extended
 def test_with_debug_a_terminal_keeps_absls_prefix(terminal):
   """With --debug, even on a (pseudo-)terminal each line keeps absl's prefix: the relaunch's
@@ -362,13 +385,13 @@ def test_with_debug_a_terminal_keeps_absls_prefix(terminal):
   assert all(PREFIX.match(x) for x in again), again[:5]
   source = {PREFIX.sub("", x): PREFIX.match(x)[1] for x in again}
   expected = {"jaxrl_llm ": "record.py", f"workdir {workdir} | watch it: ": "record.py"}
-  expected |= {f"{workdir} already holds step 3 ": "loop.py", "final eval: eval/": "main.py"}
+  expected |= {f"{workdir} already holds step 3 ": "loop.py", "last eval: eval/": "main.py"}
   for start, file in expected.items():
     assert [f for line, f in source.items() if line.startswith(start)] == [file], (start, again)
-  final = next(x for x in source if x.startswith("final eval: "))
+  final = next(x for x in source if x.startswith("last eval: "))
   evals = {k: v for k, v in metrics.read_scalars(str(workdir)).items() if k.startswith("eval/")}
   assert evals and {v[-1][0] for v in evals.values()} == {3}
-  shown = dict(x.split("=") for x in final.split(";")[0].removeprefix("final eval: ").split())
+  shown = dict(x.split("=") for x in final.split(";")[0].removeprefix("last eval: ").split())
   assert shown == {k: f"{v[-1][1]:.4g}" for k, v in evals.items()}, final
 
 

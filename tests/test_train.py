@@ -236,7 +236,7 @@ def test_cli_runs_and_writes_checkpoint(tmp_path):
   assert sum("running on the CPU: " in line for line in lines) == int(on_cpu), lines[:4]
   assert not [line for line in lines if "InitGoogle" in line or "TPU_WORKER" in line], lines[:5]
   assert "jaxrl_llm" in next(line for line in lines if "record.py" in line and "|" in line)
-  assert "final eval: eval/accuracy=" in lines[-1] and "wall time" in lines[-1]
+  assert "last eval: eval/accuracy=" in lines[-1] and "wall time" in lines[-1]
   # The terminal's order: the banner first, the parameter count once, every compilation
   # announced before it runs, the RL loop's time apart from the whole wall time.
   logged = [line for line in lines if line[:1] in "IWE" and "] " in line]

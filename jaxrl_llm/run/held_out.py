@@ -15,8 +15,8 @@ from jaxrl_llm.run.assemble import to_global_batch
 def eval_line(step: int, m: dict[str, float], took: float, width: int) -> str:
   """An evaluation as one log line within `width` characters: `eval step 6: accuracy 0.5
   pass@4 0.75 ... (1.2s)`, accuracy and pass@k first, the other scalars while they fit."""
-  first = [k for k in ["eval/accuracy", *m] if k in m and (k == "eval/accuracy" or "pass@" in k)]
-  first = list(dict.fromkeys(first))
+  passes = sorted((k for k in m if "pass@" in k), key=_pass_order)  # pass@2 before pass@16
+  first = [k for k in ["eval/accuracy", *passes] if k in m]
   shown = [
     f"{k.removeprefix('eval/')} {m[k]:.3g}" for k in [*first, *(k for k in m if k not in first)]
   ]
@@ -25,6 +25,13 @@ def eval_line(step: int, m: dict[str, float], took: float, width: int) -> str:
     if len(line) <= width or len(shown) <= 1:
       return line
     shown.pop()
+
+
+def _pass_order(key: str) -> tuple[str, int, str]:
+  """`eval/pass@16` after `eval/pass@2`: the tag before the `@`, then k as a number."""
+  head, _, tail = key.partition("@")
+  digits = "".join(c for c in tail if c.isdigit())
+  return head, int(digits) if digits else 0, tail
 
 
 class Evaluator:
@@ -38,6 +45,12 @@ class Evaluator:
     own = distributed.own_block(exp.batch_sharding, (len(eval_np["tokens"]),))[0]
     self.batch = to_global_batch({k: v[own] for k, v in eval_np.items()}, exp.batch_sharding)
     self.trainee, self.calls = trainee, 0
+    self.first: tuple[float, float] | None = None  # (began, seconds) of the compiling call
+
+  def compiling_after(self, t: float) -> float:
+    """Seconds of the evaluation's compiling call when it began after time `t` (a resumed
+    invocation compiles it inside the RL loop), else 0."""
+    return self.first[1] if self.first and self.first[0] >= t else 0.0
 
   def __call__(self, step: int, params) -> None:
     """Evaluates `params`, writes and logs each run's scalars at `step`."""
@@ -47,6 +60,8 @@ class Evaluator:
     t, cut = time.time(), host_tool.CUT["calls"]
     per_run = self.trainee.evaluate(params, self.batch, self.answers)
     per_run = [metrics_lib.flatten_metrics(m) for m in per_run]
+    if self.first is None:
+      self.first = (t, time.time() - t)
     if host_tool.CUT["calls"] > cut:  # a SIGTERM answered its tool calls with errors
       logging.warning(
         "eval step %d not recorded: SIGTERM cut %d of its host tool calls", step,

@@ -392,9 +392,11 @@ def _open_members(trainee, start: int, hparam_fields: Sequence[str]) -> None:
     member.logger = Logger(member, guard, start, clock)
 
 
-def _close_members(trainee, ckpt, span: tuple[int, int], wall_start: float) -> None:
-  """Each run's session end (when it reached train.num_steps) and closing summary."""
-  last = trainee.exp.config.train.num_steps
+def _close_members(trainee, ckpt, span: tuple[int, int], wall_start: float, evaluate) -> None:
+  """Each run's session end (when it reached train.num_steps) and closing summary; a line
+  when `train.stop_after_steps` ended the invocation before the end."""
+  tr = trainee.exp.config.train
+  last = tr.num_steps
   for member in trainee.members:
     if member.stopped:
       member.writer.session_end(last, "failure")
@@ -402,7 +404,18 @@ def _close_members(trainee, ckpt, span: tuple[int, int], wall_start: float) -> N
       member.writer.session_end(last)
     log = member.logger
     times = (time.time() - wall_start, log.t_loop, log.t_compiled, time.time())
-    record.log_summary(member.workdir, str(ckpt.directory), span, times, log.tokens, member.history)
+    compiling = evaluate.compiling_after(log.t_compiled)
+    evals = member.history
+    record.log_summary(
+      member.workdir, str(ckpt.directory), span, times, log.tokens, evals, compiling
+    )
+  if span[1] < last:
+    evaluated = max((m.history[-1][0] for m in trainee.members if m.history), default=None)
+    seen = "" if evaluated is None else f"; the last evaluation was at step {evaluated}"
+    logging.info(
+      "stopped after step %d of train.num_steps=%d (train.stop_after_steps=%d)%s; the same "
+      "command resumes from step %d", span[1], last, tr.stop_after_steps, seen, span[1],
+    )  # fmt: skip
 
 
 def train(trainee, *, hparam_fields: Sequence[str] = ()) -> dict[str, dict[str, float]]:
@@ -447,7 +460,7 @@ def train(trainee, *, hparam_fields: Sequence[str] = ()) -> dict[str, dict[str, 
       for member in trainee.members:  # after the checkpoints: the last finite state is kept
         if not member.stopped:
           member.logger.guard.any_applied((start, end), member.prefix)
-      _close_members(trainee, ckpt, (start, end), wall_start)
+      _close_members(trainee, ckpt, (start, end), wall_start, evaluate)
     finally:
       close()  # pending saves finish (or fail) before the error propagates
   return {m.name: m.history[-1][1] if m.history else {} for m in trainee.members}

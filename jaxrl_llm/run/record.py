@@ -346,19 +346,23 @@ def log_summary(
   workdir: str,
   checkpoints: str,
   span: tuple[int, int],
-  times: tuple[float, float, float],
+  times: tuple[float, float, float, float],
   tokens: float,
   evals: Sequence[tuple[int, Mapping[str, float]]],
+  compiling_s: float = 0.0,
 ) -> None:
   """The run's last lines: steps, the RL loop's time and the whole wall time, RL steps/s and
   generated tokens/s after compilation (`times` = wall seconds, loop started at, compiled at,
-  ended at), first and final evaluation, and where checkpoints and events are."""
+  ended at; `compiling_s`: seconds after the first step spent compiling the held-out
+  evaluation, left out of the rates), first and last evaluation, and where checkpoints and
+  events are."""
   (start, end), (wall_s, t_loop, t_compiled, t_end) = span, times
-  steady = max(t_end - t_compiled, 1e-9)
+  steady = max(t_end - t_compiled - compiling_s, 1e-9)
   if end - start > 1:
+    also = " and the evaluation's compilation" if compiling_s else ""
     rates = (
       f"{(end - start - 1) / steady:.3g} steps/s, {tokens / steady:.3g} generated tokens/s "
-      "after the first (compiling) step"
+      f"after the first (compiling) step{also}"
     )
   else:  # "nan steps/s" before: the one step there was compiled, and no step came after it
     rates = f"{end - start} step{'' if end - start == 1 else 's'}: no rate after the first (compiling) one"
