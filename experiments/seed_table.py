@@ -82,6 +82,13 @@ def find_runs(root):
   return sorted(runs)
 
 
+def _resolved(record) -> dict:
+  """config.json's `resolved` (the objective's hyperparameters as the run used them); empty
+  where the record predates it or holds something else."""
+  resolved = record.get("resolved")
+  return resolved if isinstance(resolved, dict) else {}
+
+
 def load(run_dir):
   """(the run's flattened config, its scalars {tag: [(step, value)]}): from its TensorBoard
   events, or, in a folder `tools/export_runs.py` wrote (no events), from its scalars.json, so a
@@ -90,7 +97,9 @@ def load(run_dir):
   path = os.path.join(run_dir, "config.json")
   try:
     with open(path) as f:
-      cfg = flatten(json.load(f)["config"])
+      record = json.load(f)
+    cfg = flatten(record["config"])  # an objective's unset field: the value it used
+    cfg |= {k: v for k, v in _resolved(record).items() if k in cfg}
   except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
     _fail(f'{path}: not the trainer\'s {{"config": {{...}}}} ({type(e).__name__}: {e})')
   scalars = _scalars(run_dir)

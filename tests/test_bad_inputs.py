@@ -215,6 +215,8 @@ def test_resuming_after_a_prompt_file_changed_is_refused_naming_the_file(tmp_pat
   train_and_evaluate(parse(tiny_config(**overrides)), workdir)
   saved = json.loads((tmp_path / "run" / "config.json").read_text())
   assert list(saved["data_files"]) == [data] and saved["data_files"][data]["bytes"] > 0
+  unset = saved["config"]["objective"]["clip_high"] is None  # the objective's default: as used
+  assert unset and saved["resolved"]["objective.clip_high"] == 0.2
   write_math_jsonl(data, n=40)  # other contents, same path
   more = overrides | {"train.num_steps": 3, "train.eval_every": 3, "train.checkpoint_every": 3}
   listing = sorted(p.name for p in (tmp_path / "run").iterdir())

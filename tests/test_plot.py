@@ -137,6 +137,28 @@ def test_settings_from_sweep_json_or_workdir_names_group_alike(tmp_path):
     (tmp_path / "sweep.json").unlink(missing_ok=True)
 
 
+def test_an_objectives_unset_field_groups_as_the_value_the_run_used(tmp_path):
+  """config.json's `clip_high: null` (unset: the objective's default) with `resolved` naming
+  0.2 is one arm with an explicit 0.2, not a `None` arm; a record without `resolved` (older)
+  keeps its null."""
+  for seed, clip in ((0, 0.2), (1, 0.2), (2, 0.28)):
+    _write_run(tmp_path / "runs" / f"s{seed}", clip, seed)
+    path = tmp_path / "runs" / f"s{seed}" / "config.json"
+    record = json.loads(path.read_text())
+    record["resolved"] = {"objective.clip_high": clip, "objective.clip_low": 0.2}
+    record["config"]["objective"]["clip_high"] = None if seed == 0 else clip
+    path.write_text(json.dumps(record))
+  runs, _ = plot.load_runs([str(tmp_path / "runs")])
+  arms, _ = plot.curves_data(runs, ["eval/accuracy"])
+  assert [(a.label, a.seeds) for a in arms] == [("clip_high=0.2", [0, 1]), ("clip_high=0.28", [2])]
+  grid = plot.heatmap_data(runs, "eval/accuracy", "clip_high", None)
+  assert grid.xs == [0.2, 0.28] and grid.n.tolist() == [[2, 1]]
+  (tmp_path / "old").mkdir()
+  old = {"config": {"objective": {"clip_high": None}}}
+  (tmp_path / "old" / "config.json").write_text(json.dumps(old))
+  assert plot.run_params(str(tmp_path / "old"))[0] == {"objective.clip_high": None}
+
+
 def test_config_json_wins_over_run_json_and_a_disagreement_is_reported(tmp_path, capsys):
   _write_run(tmp_path / "r", 0.2, 0)
   overrides = {"objective.clip_high": "0.28", "seed": "0", "train.stop_after_steps": "9"}

@@ -293,6 +293,12 @@ def test_the_run_records_its_config_once(tmp_path):
   assert len(traces) == 1 and traces[0].stat().st_size > 0
   record = json.loads((tmp_path / "config.json").read_text())
   assert record["config"]["objective"]["clip_high"] == 0.28
+  assert record["config"]["objective"]["clip_low"] is None  # unset in the config: ...
+  assert record["resolved"]["objective.clip_low"] == 0.2  # ... the objective's default, used
+  assert record["resolved"]["objective.clip_high"] == 0.28
+  assert record["resolved"] == {
+    f"objective.{k}": v for k, v in parse(config).objective.hyperparameters.items()
+  }
   assert record["config"]["train"]["num_steps"] == 2
   assert record["jax"] == jax.__version__ and record["devices"] == jax.device_count()
   assert "config" in metrics.read_tags(str(tmp_path))["tensors"]

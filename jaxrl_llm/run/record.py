@@ -244,7 +244,8 @@ def record_run(
   varied: Sequence[str] = (),
 ) -> str | None:
   """Records the run's resolved config in `workdir` (process 0): `config.json` with every field
-  after overrides plus the package version and commit, JAX version, backend and device count,
+  after overrides, the selected objective's hyperparameters as it uses them (`resolved`:
+  defaults filled in), the package version and commit, JAX version, backend and device count,
   the same fields as a TensorBoard text table (tag `config`), and `hparams` as the run's
   HParams session named `trial` (default: the workdir's name; metrics:
   `metric_info.HPARAMS_METRICS`; `varied`: the columns a sweep varies, shown first), with the
@@ -261,6 +262,8 @@ def record_run(
   path = paths.join(workdir, "config.json" if first else f"config.resume-{step}.json")
   record = {
     "config": fields,
+    # What the selected objective uses: an unset hyperparameter (null above) as its default.
+    "resolved": {f"objective.{k}": v for k, v in cfg.objective.hyperparameters.items()},
     "jaxrl_llm": __version__,
     "commit": _commit(),
     "jax": jax.__version__,
