@@ -187,14 +187,20 @@ def workdir_problem(workdir: str) -> str | None:
   return None
 
 
+def outermost_missing(path: str) -> str | None:
+  """The outermost folder of `path` (itself or a parent) that does not exist yet, absolute;
+  None when `path` exists."""
+  made, folder = None, os.path.abspath(path)
+  while not os.path.lexists(folder):
+    made, folder = folder, os.path.dirname(folder)
+  return made
+
+
 def open_workdir(workdir: str) -> str | None:
   """Makes `workdir` ready for a run (`workdir_problem`; exit status 2 and one line when it
   cannot hold one); returns the outermost folder this launch made (`workdir` or a missing
   parent of it), None when `workdir` was there already."""
-  made = None
-  folder = os.path.abspath(workdir)
-  while not os.path.lexists(folder):  # made by this launch: removed if left empty
-    made, folder = folder, os.path.dirname(folder)
+  made = outermost_missing(workdir)  # made by this launch: removed if left empty
   problem = workdir_problem(workdir)
   if problem:
     print(f"error: --workdir={workdir}: {problem}", file=sys.stderr, flush=True)

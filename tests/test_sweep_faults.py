@@ -236,11 +236,26 @@ def test_a_sweep_json_that_is_not_a_record_is_refused_not_overwritten(tmp_path, 
 def test_a_refused_pack_leaves_no_run_records_to_refuse_the_corrected_command(tmp_path):
   """A pack refused before it trained (sampling.tool varied: it changes the program) left a
   run.json in each run's new folder, so the corrected command, as separate runs with another
-  --set, was refused for settings no run had trained with. Now the root keeps only its log."""
+  --set, was refused for settings no run had trained with. Now the root keeps only its log,
+  and a root the refused command made goes with it."""
   grid = "--grid=sampling.tool=none,calculator"
   code, err = _cli(CONFIG, f"--root={tmp_path}", grid, TINY, "--packed")
   assert code == 2 and len(err) == 1, err
   assert err[0].startswith("error: a pack cannot vary sampling.tool: it changes the program")
   assert sorted(p.name for p in tmp_path.iterdir()) == ["log.txt"]
+  # A root the refused command made goes with its log, as a refused run's workdir does.
+  code, err = _cli(CONFIG, f"--root={tmp_path / 'new' / 'root'}", grid, TINY, "--packed")
+  assert code == 2 and err[0].startswith("error: a pack cannot vary sampling.tool"), err
+  assert not (tmp_path / "new").exists()
   code, err = _cli(CONFIG, f"--root={tmp_path}", grid, TINY, "--set=kl.beta=0.01", "--dry_run")
   assert code == 0 and err == [], err
+
+
+def test_a_misspelt_grid_or_set_field_is_named_as_the_flag_given(tmp_path, capsys):
+  """A typo in --grid or --set was named as the trainer's `--config.FIELD=VALUE` the sweep
+  turns it into, a flag the user never typed; now as the --grid/--set flag given."""
+  for flag in ("--grid=objective.clip_hgh=0.2,0.28", "--set=objective.clip_hgh=0.2"):
+    code, err, _ = _main(capsys, CONFIG, f"--root={tmp_path}", flag, "--dry_run")
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"error: unknown config field 'objective.clip_hgh' in '{flag}': ")
+    assert "'clip_high'" in err[0] and "--config." not in err[0]

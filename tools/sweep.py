@@ -165,11 +165,15 @@ def trainer_argv(
   ]
 
 
-def check_fields(config: str, assignments: Sequence[tuple[str, str]]) -> None:
-  """Raises ConfigError, listing the allowed fields, if the config lacks a field of `assignments`."""
-  launch.check_overrides(
-    ["sweep", f"--config={config}", *(f"--config.{f}={v}" for f, v in assignments)]
-  )
+def check_fields(config: str, assignments: Sequence[tuple[str, str, str]]) -> None:
+  """Raises ConfigError, listing the allowed fields, if the config lacks a field of
+  `assignments` ((field, value, the sweep flag that gave it), the flag named in the error)."""
+  for field, value, flag in assignments:
+    as_trainer = f"--config.{field}={value}"
+    try:
+      launch.check_overrides(["sweep", f"--config={config}", as_trainer])
+    except ConfigError as e:
+      raise ConfigError(str(e).replace(f"'{as_trainer}'", f"'{flag}'")) from None
 
 
 def resolve_config(config: str, overrides: dict[str, str]):
@@ -291,7 +295,8 @@ def plan(
   if dupes:
     raise SweepError(f"fields given more than once in --grid/--set/--seeds: {dupes}")
   config = absolute_config(config)
-  check_fields(config, [(f, ",".join(v)) for f, v in grid] + fixed)
+  given = [(f, ",".join(v), f"--grid={f}={','.join(v)}") for f, v in grid]
+  check_fields(config, given + [(f, v, f"--set={f}={v}") for f, v in fixed])
   check_root(root)
   root = os.path.abspath(root)
   runs, names, same, idle = [], {}, {}, {}
@@ -865,7 +870,7 @@ def run_unpacked(
   print()
   print(summary_table(runs))
   failed = [r for r in runs if r.status == "failed"]
-  print(f"\n{sweep.path}; compare: python tools/compare.py --root={sweep.root}")
+  print(f"\n{sweep.path}; compare: python tools/compare.py --root={shlex.quote(sweep.root)}")
   if failed:
     print(f"{len(failed)} of {len(runs)} runs failed:", file=sys.stderr)
     for r in failed:
@@ -1058,10 +1063,13 @@ def _packed(args: argparse.Namespace, runs: list[Run], spec: dict[str, Any]) -> 
   sigterm.listen()  # a SIGTERM while the pack builds or warms up: one line, progress saved
   if args.distributed:  # JAX's preemption service then takes SIGTERM over (every process)
     launch.join_job(args.join_timeout_s)
+  made = launch.outermost_missing(spec["root"])  # a refused pack leaves no folder it made
   try:
     rc = run_packed(spec["config"], runs, spec["root"], spec, args.debug)
   except (ConfigError, SweepError) as e:
     print(f"error: {e}", file=sys.stderr)
+    if made:
+      launch.remove_if_empty(spec["root"], made)
     return 2
   if not args.distributed or _process_index() == 0:
     print()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
@@ -332,7 +333,7 @@ def log_banner(params, mc, mesh, workdir: str, cfg: Config | None = None, rl=Non
       rl.num_microbatches,
       rl.remat,
     )
-  logging.info("workdir %s | watch it: tensorboard --logdir %s", workdir, workdir)
+  logging.info("workdir %s | watch it: tensorboard --logdir %s", workdir, shlex.quote(workdir))
 
 
 def text_summary(task, m: Mapping, limit: int) -> str:
@@ -387,5 +388,8 @@ def log_summary(
     if s1 != s0:
       logging.info("eval from step %d to %d: %s", s0, s1, ", ".join(pairs))
   logging.info(
-    "checkpoints in %s | events in %s: tensorboard --logdir %s", checkpoints, workdir, workdir
+    "checkpoints in %s | events in %s: tensorboard --logdir %s",
+    checkpoints,
+    workdir,
+    shlex.quote(workdir),
   )
