@@ -36,6 +36,11 @@ def test_trace_summary_refuses_a_top_that_is_not_a_count(tmp_path, capsys, top):
   refused(capsys, trace_summary.main, [str(tmp_path), f"--top={top}"], f"'{top}': want a whole")
 
 
+def test_trace_summary_names_a_missing_folder_as_missing(tmp_path, capsys):
+  """A mistyped folder was "no perfetto_trace.json.gz under" it, as if it were there."""
+  refused(capsys, trace_summary.main, [str(tmp_path / "typo")], "typo: no such directory; give")
+
+
 def _gz(data: bytes) -> bytes:
   return gzip.compress(data, mtime=0)  # the same bytes at every collection (xdist compares ids)
 

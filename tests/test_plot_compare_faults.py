@@ -83,6 +83,8 @@ def _bad_root(tmp_path, kind):
     (["curves", "{root}", "--out=gs://bucket/c.png"], ["is a URL; give a local file path"]),
     (["passk", "{root}", "--out={tmp}/keep.png/x.png"], ["keep.png is a file, not a directory"]),
     (["passk", "{root}", "--step=2"], ["--step=2: no eval/pass@k logged there; eval steps: 0, 3"]),
+    (["curves", "{tmp}/keep.png"], ["keep.png: a file, not a directory; give a run's workdir"]),
+    (["curves", "{tmp}/none"], ["none: no such directory; give a run's workdir or a sweep's"]),
   ],
 )
 def test_plot_bad_input_is_one_error_line(root, tmp_path, capsys, args, words):
@@ -117,7 +119,7 @@ def test_plot_warns_once_of_nan_values(tmp_path, capsys):
   out = tmp_path / "c.png"
   assert plot.main(["curves", str(tmp_path / "r"), f"--out={out}", "--dpi=20"]) == 0
   err = capsys.readouterr().err
-  assert err == "warning: .: eval/accuracy is nan at step 2; not drawn there\n", err
+  assert err == "warning: r: eval/accuracy is nan at step 2; not drawn there\n", err  # its folder
   assert out.exists()
 
 
@@ -313,3 +315,10 @@ def test_plot_passk_refuses_runs_evaluated_at_other_steps(tmp_path, capsys):
   assert not png.exists()
   assert plot.main(["passk", str(runs), "--step=0", f"--out={png}", "--dpi=20"]) == 0
   assert png.exists()
+
+
+def test_compare_names_a_single_runs_row_by_its_folder(root, capsys):
+  """`--root` at one run's workdir: its row is named by the folder (it was `.`)."""
+  assert compare.main([f"--root={root / 'c0.2_s1'}", "--tags=eval/accuracy"]) == 0
+  rows = capsys.readouterr().out.splitlines()
+  assert [r.split()[0] for r in rows if r.split() and r.split()[0].startswith("c0")] == ["c0.2_s1"]

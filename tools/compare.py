@@ -42,8 +42,10 @@ def find_runs(root: str, skip: Sequence[str] = SKIPPED) -> list[str]:
 
 
 def run_name(root: str, run_dir: str) -> str:
-  """Name of a run: its path relative to `root` ('.' for root itself)."""
-  return os.path.relpath(run_dir, root)
+  """Name of a run: its path relative to `root`; `root` itself (a single run's workdir) by its
+  folder's name."""
+  name = os.path.relpath(run_dir, root)
+  return os.path.basename(os.path.abspath(run_dir)) if name == "." else name
 
 
 def read_run(run_dir: str) -> dict[str, list[tuple[int, float]]]:

@@ -267,7 +267,8 @@ def load_runs(paths: Sequence[str]) -> tuple[list[RunData], list[str]]:
   seen: set[str] = set()
   for path in paths:
     if not os.path.isdir(path):
-      raise PlotError(f"no such directory: {path}")
+      what = "a file, not a directory" if os.path.exists(path) else "no such directory"
+      raise PlotError(f"{path}: {what}; give a run's workdir or a sweep's root")
     found = workdirs(path)
     if not found:
       raise PlotError(f"no TensorBoard event files under {path}")

@@ -34,6 +34,8 @@ def newest_trace(root: str) -> str:
   """The newest perfetto trace under `root` (FileNotFoundError naming `root` if none)."""
   if os.path.isfile(root):
     raise FileNotFoundError(f"{root} is a file; give the directory jax.profiler.trace wrote")
+  if not os.path.isdir(root):
+    raise FileNotFoundError(f"{root}: no such directory; give the one jax.profiler.trace wrote")
   pattern = os.path.join(glob.escape(root), "**", "*perfetto_trace.json.gz")
   paths = [p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p)]
   if not paths:
