@@ -6,6 +6,7 @@ its orbax checkpoint.
 """
 
 import json
+import logging
 import pathlib
 import sys
 
@@ -88,13 +89,19 @@ def _assert_same_params(got, want):
 
 
 @pytest.mark.slow
-def test_packed_runs_equal_their_runs_alone_resume_and_come_out_whole(tmp_path):
+def test_packed_runs_equal_their_runs_alone_resume_and_come_out_whole(tmp_path, caplog):
   """One pack serves every check of the acceptance list (it is the costly part): each run
   equals the run trained alone (scalars at every step, final parameters, last evaluation), has
   its own TensorBoard folder and HParams session, a killed pack resumes to the uninterrupted
-  result, a run taken out continues alone as in the pack, another grid is refused."""
+  result, a run taken out continues alone as in the pack, another grid is refused. Each run's
+  closing summary lines carry its label, as its step and eval lines do."""
   configs, root = _configs(), tmp_path / "pack"
-  names, final = _names(configs), train_pack(_configs(), str(root))
+  with caplog.at_level(logging.INFO):
+    names, final = _names(configs), train_pack(_configs(), str(root))
+  for start in ("trained RL steps 0..", "eval from step 0 to ", "checkpoints in "):
+    lines = [r.getMessage() for r in caplog.records if start in r.getMessage()]
+    labels = {x.split("] ")[0] for x in lines if x.startswith("[") and "] " + start in x}
+    assert len(lines) == len(configs) == len(labels), lines
   for r, (config, name) in enumerate(zip(configs, names, strict=True)):
     alone = tmp_path / "alone" / name
     final_alone = train_and_evaluate(config, str(alone))

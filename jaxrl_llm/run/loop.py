@@ -407,7 +407,7 @@ def _close_members(trainee, ckpt, span: tuple[int, int], wall_start: float, eval
     compiling = evaluate.compiling_after(log.t_compiled)
     evals = member.history
     record.log_summary(
-      member.workdir, str(ckpt.directory), span, times, log.tokens, evals, compiling
+      member.workdir, str(ckpt.directory), span, times, log.tokens, evals, compiling, member.label
     )
   if span[1] < last:
     evaluated = max((m.history[-1][0] for m in trainee.members if m.history), default=None)

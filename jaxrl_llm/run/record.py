@@ -354,12 +354,13 @@ def log_summary(
   tokens: float,
   evals: Sequence[tuple[int, Mapping[str, float]]],
   compiling_s: float = 0.0,
+  label: str = "",
 ) -> None:
   """The run's last lines: steps, the RL loop's time and the whole wall time, RL steps/s and
   generated tokens/s after compilation (`times` = wall seconds, loop started at, compiled at,
   ended at; `compiling_s`: seconds after the first step spent compiling the held-out
   evaluation, left out of the rates), first and last evaluation, and where checkpoints and
-  events are."""
+  events are; each line begins with `label` (a pack's run: `[ch0.28 s0] `)."""
   (start, end), (wall_s, t_loop, t_compiled, t_end) = span, times
   steady = max(t_end - t_compiled - compiling_s, 1e-9)
   if end - start > 1:
@@ -371,7 +372,8 @@ def log_summary(
   else:  # "nan steps/s" before: the one step there was compiled, and no step came after it
     rates = f"{end - start} step{'' if end - start == 1 else 's'}: no rate after the first (compiling) one"
   logging.info(
-    "trained RL steps %d..%d in %s (the RL loop, of which %s compiling and the first step; %s "
+    label
+    + "trained RL steps %d..%d in %s (the RL loop, of which %s compiling and the first step; %s "
     "wall time with start-up and warm start) | %s",
     start,
     end,
@@ -386,9 +388,9 @@ def log_summary(
       f"{k.removeprefix('eval/')} {first[k]:.3g} -> {v:.3g}" for k, v in last.items() if k in first
     ]
     if s1 != s0:
-      logging.info("eval from step %d to %d: %s", s0, s1, ", ".join(pairs))
+      logging.info(label + "eval from step %d to %d: %s", s0, s1, ", ".join(pairs))
   logging.info(
-    "checkpoints in %s | events in %s: tensorboard --logdir %s",
+    label + "checkpoints in %s | events in %s: tensorboard --logdir %s",
     checkpoints,
     workdir,
     shlex.quote(workdir),
