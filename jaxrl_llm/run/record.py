@@ -372,9 +372,9 @@ def log_summary(
   else:  # "nan steps/s" before: the one step there was compiled, and no step came after it
     rates = f"{end - start} step{'' if end - start == 1 else 's'}: no rate after the first (compiling) one"
   logging.info(
-    label
-    + "trained RL steps %d..%d in %s (the RL loop, of which %s compiling and the first step; %s "
+    "%strained RL steps %d..%d in %s (the RL loop, of which %s compiling and the first step; %s "
     "wall time with start-up and warm start) | %s",
+    label,
     start,
     end,
     metrics_lib.format_duration(t_end - t_loop),
@@ -388,9 +388,10 @@ def log_summary(
       f"{k.removeprefix('eval/')} {first[k]:.3g} -> {v:.3g}" for k, v in last.items() if k in first
     ]
     if s1 != s0:
-      logging.info(label + "eval from step %d to %d: %s", s0, s1, ", ".join(pairs))
+      logging.info("%seval from step %d to %d: %s", label, s0, s1, ", ".join(pairs))
   logging.info(
-    label + "checkpoints in %s | events in %s: tensorboard --logdir %s",
+    "%scheckpoints in %s | events in %s: tensorboard --logdir %s",
+    label,
     checkpoints,
     workdir,
     shlex.quote(workdir),
