@@ -69,6 +69,7 @@ def test_trace_summary_lists_a_real_traces_top_kernels(tmp_path):
   assert all(r["count"] >= 1 and r["share"] == pytest.approx(r["ms"] / got["busy_ms"]) for r in top)
   other = json.loads(_tool("tools/trace_summary.py", str(tmp_path / "trace")).stdout)
   assert other["processes"] == other["top"] == [] and "/host:CPU" in other["all_processes"]
+  (tmp_path / "none").mkdir()
   missing = _tool("tools/trace_summary.py", str(tmp_path / "none"))
   assert missing.returncode == 2 and missing.stderr.strip().splitlines() == [
     f"error: no perfetto_trace.json.gz under {tmp_path / 'none'} (make one with "
