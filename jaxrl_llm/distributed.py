@@ -213,6 +213,23 @@ def barrier(name: str, timeout_s: float = BARRIER_TIMEOUT_S) -> None:
     ) from None
 
 
+def _same_program(a, b) -> bool:
+  """Whether signatures `a` and `b` (`_signature`) compile to one program: the same
+  structure, shapes and dtypes, and equivalent shardings (a step's output `P()` for its input
+  `P(('fsdp', 'expert'))` on axes of size 1)."""
+  if a[0] != b[0]:
+    return False
+  for (shape, dtype, x), (shape_b, dtype_b, y) in zip(a[1], b[1], strict=True):
+    if shape != shape_b or dtype != dtype_b:
+      return False
+    if isinstance(x, jax.sharding.Sharding) and isinstance(y, jax.sharding.Sharding):
+      if not x.is_equivalent_to(y, len(shape)):
+        return False
+    elif x != y:
+      return False
+  return True
+
+
 def _signature(args: tuple, kwargs: dict):
   """What decides a jitted program's compilation: the arguments' structure, shapes, dtypes
   and shardings."""
@@ -234,13 +251,13 @@ class Program:
   the step while the others compile it. Every other attribute is the jitted function's."""
 
   def __init__(self, jitted, name: str, what: str):
-    self.jitted, self.name, self.what, self.ready = jitted, name, what, set()
+    self.jitted, self.name, self.what, self.ready = jitted, name, what, []
 
   def __call__(self, *args, **kwargs):
     """Runs the program; its first run of a signature compiles (then, in a job, waits at a
     barrier)."""
     key = _signature(args, kwargs)
-    if key not in self.ready:
+    if not any(_same_program(key, seen) for seen in self.ready):
       start = time.monotonic()
       with sigterm.compiling(self.what):
         self.jitted.lower(*args, **kwargs).compile()
@@ -251,7 +268,7 @@ class Program:
           "%s: compiled in %.1fs, then waited %.1fs for every process to compile it",
           self.name, compiled - start, time.monotonic() - compiled,
         )  # fmt: skip
-      self.ready.add(key)
+      self.ready.append(key)
     return self.jitted(*args, **kwargs)
 
   def __getattr__(self, attr: str):

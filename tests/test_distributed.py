@@ -56,6 +56,24 @@ def test_a_program_compiles_ahead_once_per_signature_and_runs_the_same():
     monitoring.unregister_event_duration_listener(count)
 
 
+def test_a_program_takes_equivalent_shardings_as_its_signature():
+  """A step's output comes back as `P()` where its input was `P(None)` or sharded over axes of
+  size 1: the same program, so no second ahead-of-time compile (each was one, under the
+  SIGTERM watcher's `compiling`, at the warm start's and the RL step's second step)."""
+  import jax
+  import jax.numpy as jnp
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  mesh = jax.make_mesh((1, 1), ("fsdp", "expert"))
+  program = distributed.program(jax.jit(lambda x: x * 2), "f", "the double")
+  for spec in (P(None), P(("fsdp", "expert")), P(), P("fsdp")):
+    program(jax.device_put(jnp.arange(4.0), NamedSharding(mesh, spec)))
+  assert len(program.ready) == 1
+  program(jnp.arange(8.0))
+  assert len(program.ready) == 2  # another shape: another program
+
+
 COMPILING = """
 import sys, time
 import jax, jax.numpy as jnp
