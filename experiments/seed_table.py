@@ -61,17 +61,6 @@ def _fail(msg):
   raise SystemExit(2)
 
 
-def flatten(tree, prefix=""):
-  """{dotted key: leaf} of a nested dict."""
-  out = {}
-  for k, v in tree.items():
-    if isinstance(v, dict) and v:
-      out.update(flatten(v, f"{prefix}{k}."))
-    else:
-      out[f"{prefix}{k}"] = v
-  return out
-
-
 def find_runs(root):
   """Every directory under `root` holding a config.json, sorted."""
   runs = []
@@ -82,24 +71,18 @@ def find_runs(root):
   return sorted(runs)
 
 
-def _resolved(record) -> dict:
-  """config.json's `resolved` (the objective's hyperparameters as the run used them); empty
-  where the record predates it or holds something else."""
-  resolved = record.get("resolved")
-  return resolved if isinstance(resolved, dict) else {}
-
-
 def load(run_dir):
   """(the run's flattened config, its scalars {tag: [(step, value)]}): from its TensorBoard
   events, or, in a folder `tools/export_runs.py` wrote (no events), from its scalars.json, so a
   committed export tabulates as its run did. A config.json or scalars.json that does not read,
   or no scalars at all exits with one line naming it."""
+  from jaxrl_llm.run import record as record_lib  # imports jax
+
   path = os.path.join(run_dir, "config.json")
   try:
     with open(path) as f:
       record = json.load(f)
-    cfg = flatten(record["config"])  # an objective's unset field: the value it used
-    cfg |= {k: v for k, v in _resolved(record).items() if k in cfg}
+    cfg = record_lib.settings(record)  # an objective's unset field: the value it used
   except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
     _fail(f'{path}: not the trainer\'s {{"config": {{...}}}} ({type(e).__name__}: {e})')
   scalars = _scalars(run_dir)

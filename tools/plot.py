@@ -148,18 +148,6 @@ def canonical(value: Any) -> Any:
   return value
 
 
-def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-  """Nested config dict -> {'a.b': value}."""
-  out: dict[str, Any] = {}
-  for k, v in tree.items():
-    key = f"{prefix}{k}"
-    if isinstance(v, dict) and v:
-      out.update(flatten(v, f"{key}."))
-    else:
-      out[key] = canonical(v)
-  return out
-
-
 def _read_json(path: str) -> Any:
   try:
     with open(path) as f:
@@ -193,13 +181,6 @@ def _sweep_params(root: str) -> tuple[dict[str, dict[str, str]], list[str]]:
   return runs, list(record.get("grid", {}))
 
 
-def _resolved(record) -> dict:
-  """config.json's `resolved` (the objective's hyperparameters as the run used them); empty
-  where the record predates it or holds something else."""
-  resolved = record.get("resolved")
-  return resolved if isinstance(resolved, dict) else {}
-
-
 def run_params(
   run_dir: str, sweep_runs: dict[str, dict[str, str]] | None = None
 ) -> tuple[dict[str, Any], str]:
@@ -216,8 +197,10 @@ def run_params(
   if isinstance(record, dict) and isinstance(record.get("overrides"), dict):
     overrides = {k: parse_value(str(v)) for k, v in record["overrides"].items()}
   if isinstance(config, dict) and isinstance(config.get("config"), dict):
-    params = flatten(config["config"])  # an objective's unset field: the value it used
-    params |= {k: v for k, v in _resolved(config).items() if k in params}
+    from jaxrl_llm.run import record as record_lib  # imports jax; kept out of --help
+
+    # An objective's unset field: the value it used.
+    params = {k: canonical(v) for k, v in record_lib.settings(config).items()}
     for k, v in (overrides or {}).items():  # the sweep's flags and the trainer's record agree?
       if k in params and not _same(params[k], v) and k not in IGNORED_FIELDS:
         _warn(f"{run_dir}: config.json has {k}={_fmt(params[k])} but run.json {_fmt(v)}")

@@ -287,6 +287,27 @@ def record_run(
   return path
 
 
+def settings(record: Mapping) -> dict[str, object]:
+  """A `config.json` record's fields as {dotted name: value}, each objective hyperparameter as
+  the run used it (its `resolved` entry, where the record has one: an unset field's default).
+  Raises KeyError/AttributeError where `record` has no {"config": {...}}."""
+
+  def flat(tree: Mapping, prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
+    for k, v in tree.items():
+      if isinstance(v, dict) and v:
+        out |= flat(v, f"{prefix}{k}.")
+      else:
+        out[f"{prefix}{k}"] = v
+    return out
+
+  fields = flat(record["config"])
+  resolved = record.get("resolved")
+  if isinstance(resolved, dict):
+    fields |= {k: v for k, v in resolved.items() if k in fields}
+  return fields
+
+
 def parameter_counts(params, mc) -> tuple[int, int]:
   """(total, active per token) parameter counts: a MoE layer's experts count top_k / E."""
   total = active = 0
