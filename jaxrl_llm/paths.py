@@ -172,6 +172,16 @@ def write_text(path: PathLike, text: str) -> None:
     raise
 
 
+def publish(tmp: str | os.PathLike, dest: str | os.PathLike) -> None:
+  """Moves local file `tmp` over `dest` in one rename, first giving it the permissions a file
+  created with `open` would have (0o666 less the umask): a library that writes its files
+  owner-only (safetensors) must not make an export unreadable to others."""
+  umask = os.umask(0)
+  os.umask(umask)
+  os.chmod(tmp, 0o666 & ~umask)
+  os.replace(tmp, dest)
+
+
 def write_csv(path: PathLike, header: Sequence[str], rows: Iterable[Sequence[object]]) -> None:
   """Writes a table as CSV to `path` (None as an empty cell, floats at full precision) with
   `write_text`, making missing folders: a failed write leaves a file already there as it was."""

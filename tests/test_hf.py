@@ -218,6 +218,41 @@ def test_round_trip_keeps_fields_hf_cannot_name(tmp_path):
   _assert_trees_equal(hf.load_checkpoint(tmp_path)[1], params)
 
 
+def test_an_interrupted_overwrite_leaves_the_export_there_whole(tmp_path, monkeypatch):
+  """An export over another one writes beside it and moves in at the end: a Ctrl-C after some
+  shards leaves the old export loadable with no stray file; a finished one replaces it whole,
+  its weights readable as the umask allows (safetensors writes them owner-only)."""
+  name = NAMES[0]
+  cfg, params = _load(name)
+  hf_export.save_checkpoint(tmp_path, cfg, params, max_shard_bytes=4096)
+  before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+  assert len([n for n in before if n.startswith("model-")]) > 2
+  bumped = jax.tree.map(lambda x: x + 1, params)
+  added = []
+  add = hf_export._ShardWriter.add
+
+  def interrupted(self, tensor, t):  # Ctrl-C once three shards are on disk
+    if len(self.shards) == 3:
+      raise KeyboardInterrupt
+    added.append(tensor)
+    add(self, tensor, t)
+
+  monkeypatch.setattr(hf_export._ShardWriter, "add", interrupted)
+  with pytest.raises(KeyboardInterrupt):
+    hf_export.save_checkpoint(tmp_path, cfg, bumped, max_shard_bytes=4096, overwrite=True)
+  assert added and {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+  monkeypatch.setattr(hf_export._ShardWriter, "add", add)
+  umask = os.umask(0o027)
+  try:
+    hf_export.save_checkpoint(tmp_path, cfg, bumped, overwrite=True)
+  finally:
+    os.umask(umask)
+  assert sorted(p.name for p in tmp_path.glob("model*")) == ["model.safetensors"]
+  assert not (tmp_path / hf_export.INDEX_FILE).exists()
+  assert (tmp_path / "model.safetensors").stat().st_mode & 0o777 == 0o640
+  _assert_trees_equal(hf.load_checkpoint(tmp_path)[1], bumped)
+
+
 def test_load_onto_mesh_places_each_param_in_its_sharding():
   mesh = sharding.make_mesh(data=2, model=2, expert=2)
   cfg, params = hf.load_checkpoint(FIXTURES / "qwen3_moe", mesh=mesh)

@@ -5,7 +5,8 @@
   python tools/hf_convert.py import-gguf FILE.gguf OUT_DIR [--dtype=float32|bfloat16] [--debug]
   python tools/hf_convert.py export --workdir=TRAIN_WORKDIR [--step=N] --out=HF_DIR \\
       [--model_type=qwen2] [--dtype=bfloat16] [--max_shard_bytes=N] [--overwrite] \\
-      [--hf_source=DIR|none] [--tokenizer=DIR|FILE|none] [--max_position_embeddings=N] [--debug]
+      [--hf_source=DIR|none] [--tokenizer=DIR|FILE|none] [--max_position_embeddings=N] \\
+      [--adapters=DIR] [--debug]
 
 `import` loads and validates an HF checkpoint directory (config.json + safetensors) and prints
 its ModelConfig, model type, parameter count and the metadata an export carries over (context
@@ -37,9 +38,7 @@ another vocab_size than the model, a token id at or past the model's vocab_size,
 tokenizer.json of more tokens than it has rows is refused (one of another model), and so are
 merged weights and adapters in one folder (--adapters naming --out or a folder of weights, an
 --out holding adapter_config.json): transformers would put the adapters on top of weights that
-already hold them. A model with no
-source gets
-the model type's default max_position_embeddings unless --max_position_embeddings is given.
+already hold them. A model with no source gets the model type's default max_position_embeddings unless --max_position_embeddings is given.
 Before anything is written, `export` refuses an --out or --adapters that is a trainer workdir
 (its config.json is the run record: even with --overwrite), or is or lies inside a trainer's
 checkpoints/ or a checkpoint the run started from or the export reads (its recorded
@@ -50,7 +49,9 @@ directory as it was. A packed sweep (its root or a run folder) is refused: `jaxr
 of its runs out as a workdir to export.
 
 Bad input (a missing or malformed file, field or tensor) ends with one line on stderr,
-`error: <file>: <what is wrong>`, and exit code 2; --debug also prints the traceback.
+`error: <file>: <what is wrong>`, and exit code 2; --debug also prints the traceback. An
+export writes its weights beside the old ones and moves them in at the end, so a Ctrl-C (one line,
+exit code 130) or a full disk leaves an export already at --out whole.
 """
 
 from __future__ import annotations
@@ -755,8 +756,13 @@ def cli(argv=None) -> int:
   try:
     backend.choose(debug)  # a backend's native start-up chatter goes to the log, not here
     main(argv)
+  except KeyboardInterrupt:
+    if debug:
+      traceback.print_exc()
+    print("error: stopped by Ctrl-C: what was at the output before is as it was", file=sys.stderr)
+    return 130
   except Exception as e:
-    if "--debug" in argv:
+    if debug:
       traceback.print_exc()
     print(f"error: {one_line(e)}", file=sys.stderr)
     return EXIT_BAD_INPUT

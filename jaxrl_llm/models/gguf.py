@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxrl_llm import paths
 from jaxrl_llm.models import gguf_tokenizer
 from jaxrl_llm.models.gguf_reader import (
   REQUIRED,
@@ -359,8 +360,7 @@ def _write(out_dir: str, arrays: Mapping[str, np.ndarray], tok, files: Mapping[s
     os.makedirs(out_dir, exist_ok=True)
     # The weights last: their presence marks a complete import (as `pretrained.fetch` reads it).
     for name in sorted(os.listdir(tmp), key=lambda n: n == "model.safetensors"):
-      os.chmod(os.path.join(tmp, name), 0o644)
-      os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))
+      paths.publish(os.path.join(tmp, name), os.path.join(out_dir, name))
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
 

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_llm import paths
 from jaxrl_llm.models import lora as lora_lib
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.families import BY_MODEL_TYPE, default_model_type
@@ -114,7 +115,14 @@ def save_adapters(
   tensors, targets = _prepare(path, cfg, params, model_type, overwrite)
   if jax.process_index() == 0:
     os.makedirs(path, exist_ok=True)
-    save_file(tensors, os.path.join(path, ADAPTER_WEIGHTS_FILE), metadata={"format": "pt"})
+    tmp = os.path.join(path, f".{ADAPTER_WEIGHTS_FILE}.tmp")
+    try:  # written beside, then moved in: an interrupted export leaves the adapters there before
+      save_file(tensors, tmp, metadata={"format": "pt"})
+      paths.publish(tmp, os.path.join(path, ADAPTER_WEIGHTS_FILE))
+    except BaseException:
+      if os.path.exists(tmp):
+        os.remove(tmp)
+      raise
     write_json(os.path.join(path, ADAPTER_CONFIG_FILE), _peft_config(cfg, base_model, targets))
   return targets
 

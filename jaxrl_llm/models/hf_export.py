@@ -26,6 +26,7 @@ import ml_dtypes
 import numpy as np
 from absl import logging
 
+from jaxrl_llm import paths
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.families import (
   BY_MODEL_TYPE,
@@ -334,18 +335,13 @@ def written_files(
   ]
 
 
-def _clear_weights(path: str, overwrite: bool, writer: bool) -> None:
-  """Refuses a directory holding weights unless `overwrite`; then (`writer` only) creates it and
-  removes the old weights."""
+def _check_weights(path: str, overwrite: bool) -> None:
+  """Refuses a file at `path`, or a directory holding weights unless `overwrite`."""
   if os.path.lexists(path) and not os.path.isdir(path):
     raise NotADirectoryError(f"{path}: is a file, not a directory")
   old = weight_files(path)
   if old and not overwrite:
     raise FileExistsError(f"{path} already holds weights ({old}); pass overwrite=True")
-  if writer:
-    os.makedirs(path, exist_ok=True)
-    for f in old:
-      os.remove(f)
 
 
 class _ShardWriter:
@@ -372,27 +368,43 @@ class _ShardWriter:
 
     if not self.current:
       return
+    self.shards.append(list(self.current))  # before the write: `abort` removes one cut short
     if self.writer:
-      tmp = os.path.join(self.path, f"shard-{len(self.shards)}.tmp")
-      save_file(self.current, tmp, metadata={"format": "pt"})
-    self.shards.append(list(self.current))
+      save_file(self.current, self._tmp(len(self.shards) - 1), metadata={"format": "pt"})
     self.current, self.size = {}, 0
 
+  def _tmp(self, i: int) -> str:
+    return os.path.join(self.path, f".shard-{i}.tmp")
+
   def close(self) -> None:
-    """Writes the last shard, renames them all and writes the index."""
+    """Writes the last shard, moves them all in under Hugging Face's names (with the index if
+    there are several), then removes the weight files of an export there before that these do
+    not replace: until the renames, that export stays whole."""
     self._flush()
     if not self.writer:
       return
+    old = weight_files(self.path)
     n = len(self.shards)
     names = (
       [SINGLE_FILE] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
     )
     for i, name in enumerate(names):
-      os.replace(os.path.join(self.path, f"shard-{i}.tmp"), os.path.join(self.path, name))
+      paths.publish(self._tmp(i), os.path.join(self.path, name))
     if n > 1:
       weight_map = {t: names[i] for i, shard in enumerate(self.shards) for t in shard}
-      with open(os.path.join(self.path, INDEX_FILE), "w") as f:
-        json.dump({"metadata": {"total_size": self.total}, "weight_map": weight_map}, f, indent=2)
+      index = {"metadata": {"total_size": self.total}, "weight_map": weight_map}
+      paths.write_text(os.path.join(self.path, INDEX_FILE), json.dumps(index, indent=2))
+    kept = {os.path.join(self.path, name) for name in [*names, INDEX_FILE if n > 1 else ""]}
+    for f in old:
+      if f not in kept:
+        os.remove(f)
+
+  def abort(self) -> None:
+    """Removes the shards written so far (an interrupted export): what was there stays."""
+    if self.writer:
+      for i in range(len(self.shards)):
+        if os.path.exists(self._tmp(i)):
+          os.remove(self._tmp(i))
 
 
 def _write_params(
@@ -453,10 +465,16 @@ def save_checkpoint(
     max_position_embeddings=max_position_embeddings,
   )
   writer = jax.process_index() == 0
-  _clear_weights(path, overwrite, writer)
+  _check_weights(path, overwrite)
+  if writer:
+    os.makedirs(path, exist_ok=True)
   shards = _ShardWriter(path, max_shard_bytes, writer)
-  _write_params(shards, cfg, params_map, flat, dtype)
-  shards.close()
+  try:
+    _write_params(shards, cfg, params_map, flat, dtype)
+    shards.close()
+  except BaseException:  # an interrupt, a full disk: an export there before stays loadable
+    shards.abort()
+    raise
   if writer:
     write_json(os.path.join(path, GENERATION_CONFIG_FILE), generation)
     for src, name in tokenizer_copies:
@@ -482,7 +500,7 @@ def _prepare(path: str, cfg: ModelConfig, params: Any, warn: bool = True, **kwar
   params_map = param_map(cfg, BY_MODEL_TYPE[mt])
   flat = flatten(params)
   _check_params(cfg, flat, param_entries(cfg, params_map), mt, warn)
-  _clear_weights(path, kwargs["overwrite"], writer=False)
+  _check_weights(path, kwargs["overwrite"])
   return mt, hf, generation, tokenizer_copies, params_map, flat
 
 

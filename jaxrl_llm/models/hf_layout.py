@@ -29,6 +29,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxrl_llm import paths
 from jaxrl_llm.models import scan as scan_lib
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.families import Family, Tensor
@@ -215,10 +216,9 @@ def read_json(path: str) -> Any:
 
 
 def write_json(path: str, content: Mapping[str, Any]) -> None:
-  """Writes `content` as indented JSON with sorted keys and a final newline."""
-  with open(path, "w") as f:
-    json.dump(content, f, indent=2, sort_keys=True)
-    f.write("\n")
+  """Writes `content` as indented JSON with sorted keys and a final newline, whole or not at all
+  (`paths.write_text`)."""
+  paths.write_text(path, json.dumps(content, indent=2, sort_keys=True) + "\n")
 
 
 def to_host(x: Any) -> np.ndarray:
