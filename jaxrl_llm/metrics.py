@@ -353,9 +353,23 @@ class Progress:
     return line
 
 
+def _resumed_past(record) -> bool:
+  """False for TensorBoard's note that it drops the events a resumed run logged again
+  ("Detected out of order event.step ..."): the purge the trainer's restart asks for, not a
+  fault to report each time a workdir is read."""
+  return "out of order event" not in record.getMessage()
+
+
 def _load(logdir: str) -> event_accumulator.EventAccumulator:
+  from tensorboard.util import tb_logging
+
   guidance = {k: 0 for k in event_accumulator.STORE_EVERYTHING_SIZE_GUIDANCE}
-  return event_accumulator.EventAccumulator(os.fspath(logdir), size_guidance=guidance).Reload()
+  logger = tb_logging.get_logger()
+  logger.addFilter(_resumed_past)
+  try:
+    return event_accumulator.EventAccumulator(os.fspath(logdir), size_guidance=guidance).Reload()
+  finally:
+    logger.removeFilter(_resumed_past)
 
 
 def read_scalars(logdir: str, *, damaged_ok: bool = False) -> dict[str, list[tuple[int, float]]]:

@@ -357,23 +357,29 @@ def test_the_summary_rates_count_what_the_updates_after_the_first_generated(term
 def test_an_invocation_that_stop_after_steps_ends_says_so_and_its_resume_rates_leave_compiling_out(
   tmp_path,
 ):
-  """`train.stop_after_steps=2` of 4 steps: the summary, then a line naming the step it stopped
+  """`train.stop_after_steps=2` of 6 steps: the summary, then a line naming the step it stopped
   after, the step of its last evaluation (0) and that the same command resumes, then `last eval`.
-  The resumed invocation (steps 2..4) compiles the held-out evaluation inside the RL loop (step
-  3): its summary says the rates leave that compilation out, and it has no stop line."""
+  The second invocation (steps 2..4) evaluates nothing: its lines name the evaluation a launch
+  before recorded. The third (4..6) compiles the held-out evaluation inside the RL loop (step
+  5): its summary says the rates leave that compilation out, and it has no stop line."""
   workdir = tmp_path / "run"
-  args = ("--config.train.num_steps=4", "--config.train.eval_every=3")
+  args = ("--config.train.num_steps=6", "--config.train.eval_every=5")
   first = _run(workdir, *args, "--config.train.stop_after_steps=2")
-  stop = "stopped after step 2 of train.num_steps=4 (train.stop_after_steps=2); the last "
+  stop = "stopped after step 2 of train.num_steps=6 (train.stop_after_steps=2); the last "
   stop += "evaluation was at step 0; the same command resumes from step 2"
   assert first[-2] == stop and first[-1].startswith("last eval: eval/accuracy="), first[-4:]
   assert "and the evaluation's compilation" not in next(x for x in first if "steps/s, " in x)
-  again = _run(workdir, *args, "--config.train.stop_after_steps=2")
-  trained = next(x for x in again if x.startswith("trained RL steps 2..4 in "))
+  second = _run(workdir, *args, "--config.train.stop_after_steps=2")
+  stop = stop.replace("step 2 of", "step 4 of").replace("from step 2", "from step 4")
+  assert second[-2] == stop and second[-1] == first[-1].replace(
+    first[-1].split("; wall time")[1], second[-1].split("; wall time")[1]
+  ), second[-4:]
+  third = _run(workdir, *args, "--config.train.stop_after_steps=2")
+  trained = next(x for x in third if x.startswith("trained RL steps 4..6 in "))
   assert trained.endswith("after the first (compiling) step and the evaluation's compilation")
-  assert not [x for x in again if x.startswith("stopped after step")], again[-4:]
+  assert not [x for x in third if x.startswith("stopped after step")], third[-4:]
   evals = metrics.read_scalars(str(workdir))["eval/accuracy"]
-  assert [s for s, _ in evals] == [0, 3, 4]
+  assert [s for s, _ in evals] == [0, 5, 6]
 
 
 @pytest.mark.extended

@@ -185,12 +185,26 @@ def finished_run(workdir: str, start: int, num_steps: int) -> dict[str, float]:
   logging.info(
     "%s already holds step %d of train.num_steps=%d: nothing to train", workdir, start, num_steps
   )
+  recorded = recorded_eval(workdir, start)
+  return recorded[1] if recorded else {}
+
+
+def recorded_eval(workdir: str, upto: int) -> tuple[int, dict[str, float]] | None:
+  """The last held-out evaluation at or before step `upto` in `workdir`'s events, as (step,
+  {tag: value}); None where there is none, off process 0, or where the events do not read
+  (a warning: the checkpoints are what matters)."""
   try:
     saved = metrics_lib.read_scalars(workdir) if jax.process_index() == 0 else {}
-  except event_files.EventFileError as e:  # the checkpoints are what matters here
+  except event_files.EventFileError as e:
     logging.warning("its last evaluation is not shown: %s", e)
-    saved = {}
-  return {k: v[-1][1] for k, v in saved.items() if k.startswith("eval/") and v}
+    return None
+  evals: dict[int, dict[str, float]] = {}
+  for tag, points in saved.items():
+    if tag.startswith("eval/"):
+      for step, value in points:
+        if step <= upto:
+          evals.setdefault(step, {})[tag] = value
+  return max(evals.items()) if evals else None
 
 
 class Logger:
@@ -457,6 +471,9 @@ def train(trainee, *, hparam_fields: Sequence[str] = ()) -> dict[str, dict[str, 
           preempt.stop_if_asked(where, trainee.root)
       state, end = _loop(trainee, state, data, ckpt, evaluate)
       ckpt.wait()
+      for member in trainee.members:  # none this invocation: the one a launch before recorded
+        if not member.history and (recorded := recorded_eval(member.workdir, end)):
+          member.history.append(recorded)
       for member in trainee.members:  # after the checkpoints: the last finite state is kept
         if not member.stopped:
           member.logger.guard.any_applied((start, end), member.prefix)
