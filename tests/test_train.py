@@ -283,7 +283,8 @@ def test_host_reward_path_matches_fused_step():
 def test_the_run_records_its_config_once(tmp_path):
   """config.json holds every resolved field and the provenance; TensorBoard gets the table;
   a relaunch of a finished run reports its last evaluation and writes nothing (no empty event
-  file); one with a changed config adds its own record."""
+  file); one with a changed config adds its own record, one that changes only
+  train.stop_after_steps none."""
   import json
 
   profile = {"train.profile_steps": 1}  # a jax.profiler trace of step 2 (Profile tab)
@@ -313,7 +314,9 @@ def test_the_run_records_its_config_once(tmp_path):
   assert sorted(p.name for p in tmp_path.glob("events.*")) == events  # no empty event file
   assert sorted(p.name for p in tmp_path.glob("config*.json")) == ["config.json"]
   longer = tiny_config(**{"train.num_steps": 4, "objective.clip_high": 0.28, **profile})
-  final = train_and_evaluate(longer, str(tmp_path))
+  stopped = {"train.num_steps": 4, "objective.clip_high": 0.28, "train.stop_after_steps": 1}
+  train_and_evaluate(tiny_config(**stopped, **profile), str(tmp_path))  # steps 2..3
+  final = train_and_evaluate(longer, str(tmp_path))  # only stop_after_steps differs: no record
   resumed = json.loads((tmp_path / "config.resume-2.json").read_text())
   assert resumed["config"]["train"]["num_steps"] == 4 and resumed["step"] == 2
   assert json.loads((tmp_path / "config.json").read_text()) == record  # the first is kept

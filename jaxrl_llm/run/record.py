@@ -235,6 +235,14 @@ def newest_record(workdir: str) -> dict | None:
   return record
 
 
+def _results_fields(fields):
+  """A config record less the fields that end an invocation without changing what it computes
+  (`train.stop_after_steps`): a relaunch that changes only those writes no new record."""
+  if not isinstance(fields, dict) or not isinstance(fields.get("train"), dict):
+    return fields
+  return {**fields, "train": {k: v for k, v in fields["train"].items() if k != "stop_after_steps"}}
+
+
 def record_run(
   cfg: Config,
   workdir: str,
@@ -258,7 +266,11 @@ def record_run(
     return None
   fields, latest, files = json.loads(cfg.to_json()), newest_record(workdir), data_files(cfg)
   first = latest is None
-  if not first and latest.get("config") == fields and latest.get("data_files", files) == files:
+  if (
+    not first
+    and _results_fields(latest.get("config")) == _results_fields(fields)
+    and latest.get("data_files", files) == files
+  ):
     return None
   path = paths.join(workdir, "config.json" if first else f"config.resume-{step}.json")
   record = {
