@@ -11,6 +11,7 @@ debug level instead of the terminal.
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import sys
 import tempfile
@@ -53,14 +54,21 @@ def failed_backends() -> dict[str, str]:
   errors = getattr(xla_bridge, "_backend_errors", {})  # filled by JAX's backend start-up
   out = {name: str(why).strip().splitlines()[0][:200] for name, why in errors.items() if why}
   for name in out:
-    if "libtpu_lockfile" in str(
-      errors[name]
-    ):  # libtpu's advice: delete a lock a live process holds
+    if "libtpu_lockfile" not in str(errors[name]):
+      continue
+    if not any(glob.glob(pattern) for pattern in TPU_DEVICE_FILES):
+      # libtpu takes its lock before it looks for a TPU: another CPU-only process holds it.
+      out[name] = f"{_NO_DEVICE[1]}TPU device files here ({', '.join(TPU_DEVICE_FILES)})"
+    else:  # libtpu's advice, to delete a lock a live process holds, would break that process
       out[name] = (
         "the TPU is held by another process (its /tmp/libtpu_lockfile: another run, or a sweep "
         "with --parallel > 1); leave the lock alone and wait for that process, or run there"
       )
   return out
+
+
+# Where a machine shows its TPU chips (TPU VMs: /dev/accel*; newer generations: /dev/vfio/N).
+TPU_DEVICE_FILES = ("/dev/accel*", "/dev/vfio/[0-9]*")
 
 
 # How JAX's built-in TPU client says that libtpu is not installed, or that it is but this machine

@@ -96,21 +96,34 @@ def test_a_failing_backend_falls_back_with_its_reason_and_its_chatter_stays_in_t
   assert len(chatter) == 1 and "backend start-up: " in chatter[0], err
 
 
-def test_a_tpu_held_by_another_process_is_said_so_without_the_advice_to_delete_its_lock():
-  """libtpu, when another process holds the TPU, advises `sudo rm /tmp/libtpu_lockfile`,
-  which would break that process: the fall-back line says the TPU is busy instead."""
-  code = _FAILING.replace(
-    "NOT_FOUND: no such device here",
-    "ABORTED: The TPU is already in use by process with pid 4242. Not attempting to load "
-    'libtpu.so in this process.\\nRun \\"$ sudo rm /tmp/libtpu_lockfile\\".',
-  )
+_LOCK_HELD = _FAILING.replace(
+  "NOT_FOUND: no such device here",
+  "ABORTED: The TPU is already in use by process with pid 4242. Not attempting to load "
+  'libtpu.so in this process.\\nRun \\"$ sudo rm /tmp/libtpu_lockfile\\".',
+)
+
+
+@pytest.mark.parametrize("tpu_here", [True, False])
+def test_a_tpu_held_by_another_process_is_said_so_without_the_advice_to_delete_its_lock(tpu_here):
+  """libtpu, when another process holds its lock, advises `sudo rm /tmp/libtpu_lockfile`, which
+  would break that process: where the machine shows TPU device files the fall-back line (a
+  warning) says the TPU is busy instead; where it shows none (libtpu takes the lock before it
+  looks for a TPU: a CPU-only process beside holds it) the line (info) says there is no TPU."""
+  devices = "backend.TPU_DEVICE_FILES = ('/',)\n" if tpu_here else ""
+  code = _LOCK_HELD + _CHOOSE.format(debug=False).replace("try:\n", devices + "try:\n")
+  if not tpu_here and any(__import__("glob").glob(p) for p in backend.TPU_DEVICE_FILES):
+    pytest.skip("this machine shows TPU device files")
   proc = subprocess.run(
-    [sys.executable, "-c", code + _CHOOSE.format(debug=False)], cwd=REPO,
+    [sys.executable, "-c", code], cwd=REPO,
     env=cli_env("JAX_PLATFORMS"), capture_output=True, text=True, timeout=120,
   )  # fmt: skip
   said = _said(proc.stderr.splitlines(), "running on the CPU: ")
   assert proc.stdout.strip() == "cpu" and len(said) == 1, proc.stderr[-2000:]
-  assert "failing: the TPU is held by another process" in said[0], said
+  if tpu_here:
+    assert said[0].startswith("WARNING") and "failing: the TPU is held by another" in said[0]
+  else:
+    assert said[0].startswith("INFO") and "no accelerator device here (" in said[0], said
+    assert "failing: installed, but this machine has no FAILING" in said[0], said
   assert "sudo rm" not in proc.stderr, proc.stderr[-2000:]
 
 
