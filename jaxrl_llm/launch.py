@@ -16,6 +16,7 @@ import inspect
 import os
 import signal
 import sys
+import threading
 import traceback
 
 from absl import flags
@@ -399,28 +400,40 @@ def say(line: str) -> None:
   terminal.in_log_files(line)
 
 
-def stop_on_sigint(workdir: str) -> None:
-  """Ctrl-C's one line, then `leave_job(130)` (128 + SIGINT), telling the peers of a job."""
+_leaving = threading.Lock()  # held by the thread that says the stop's line and ends the process
+
+
+def _stop(status: int, line: str) -> None:
+  """Says `line` and leaves with `status`, once: a second thread that would stop too (Ctrl-C
+  reaches the main thread while the signal watcher stops a compilation) waits for the exit."""
+  if not _leaving.acquire(blocking=False):
+    threading.Event().wait()  # the first one's os._exit ends this thread with the process
+  say(line)
+  leave_job(status, line)
+
+
+def stop_on_sigint(workdir: str, what: str | None = None) -> None:
+  """Ctrl-C's one line (naming `what` was compiling, if anything), then `leave_job(130)`
+  (128 + SIGINT), telling the peers of a job."""
   every = " on every process" if in_a_job() else ""
+  during = f" while compiling {what}" if what else ""
   line = (
-    f"stopped by SIGINT (Ctrl-C): the checkpoints committed before it are intact in "
+    f"stopped by SIGINT (Ctrl-C){during}: the checkpoints committed before it are intact in "
     f"{workdir}; relaunch the same command{every} to resume"
   )
-  say(line)
-  leave_job(130, line)
+  _stop(130, line)
 
 
 def stop_while_compiling(signum: int, what: str, workdir: str) -> None:
   """The line and exit status of a SIGTERM or Ctrl-C that came while XLA compiled `what`
   (`sigterm.compiling`; on its watcher thread, after the run's saves in flight finished)."""
   if signum == signal.SIGINT:
-    stop_on_sigint(workdir)
+    stop_on_sigint(workdir, what)
   line = (
     f"stopped by SIGTERM while compiling {what}: the checkpoints in {workdir} are kept; "
     "relaunch the same command to resume"
   )
-  say(line)
-  leave_job(143, line)
+  _stop(143, line)
 
 
 def in_a_job() -> bool:

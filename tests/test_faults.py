@@ -821,23 +821,26 @@ def test_sigterm_saves_the_step_it_finished_and_the_relaunch_resumes_from_it(tmp
 
 @pytest.mark.slow
 def test_sigterm_while_xla_compiles_stops_at_once_unless_a_warm_start_is_unsaved(tmp_path):
-  """SIGTERM while XLA compiles (Python runs no handler inside that call): a fresh run stops at
-  once with one line naming the program, exit 143, nothing saved; so does a resumed run
+  """SIGTERM (or Ctrl-C) while XLA compiles (Python runs no handler inside that call): a fresh
+  run stops at once with one line naming the program, exit 143 (130), nothing saved; so does a resumed run
   compiling its RL step, its checkpoint kept and resumed. After a warm start, whose result no
   checkpoint holds yet, the compilation is not cut: the run saves step 1 and stops."""
   workdir, wide = tmp_path / "w", ("--config.model.d_model=128", "--config.model.mlp_dim=256")
   root = workdir / "checkpoints"
 
-  def stopped(pattern, *args):  # no compilation cache: each program really compiles
+  def stopped(pattern, *args, sig=signal.SIGTERM):  # no compilation cache: each compiles
     proc = _launch(workdir, *wide, *args, env={"JAX_COMPILATION_CACHE_DIR": ""})
     _wait_for(proc, pattern)
     time.sleep(1.0)  # inside the program's first call: tracing, then XLA
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     err = proc.communicate(timeout=300)[1]
-    assert proc.returncode == 143, err[-3000:]
+    assert proc.returncode == 128 + sig, err[-3000:]
+    assert err.count("stopped by ") == 1, err[-3000:]  # one line, though two threads may stop
     return err.strip().splitlines()[-1]
 
   fresh = ("--config.sft.steps=0", "--config.train.num_steps=2")
+  last = stopped(r"compiling the held-out evaluation", *fresh, sig=signal.SIGINT)
+  assert last.startswith("stopped by SIGINT (Ctrl-C) while compiling the held-out evaluation: ")
   last = stopped(r"compiling the held-out evaluation", *fresh)
   assert last == (
     f"stopped by SIGTERM while compiling the held-out evaluation: the checkpoints in {workdir} "
