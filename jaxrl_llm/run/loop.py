@@ -432,11 +432,14 @@ def _close_members(trainee, ckpt, span: tuple[int, int], wall_start: float, eval
     )  # fmt: skip
 
 
-def train(trainee, *, hparam_fields: Sequence[str] = ()) -> dict[str, dict[str, float]]:
+def train(
+  trainee, *, hparam_fields: Sequence[str] = (), started: float | None = None
+) -> dict[str, dict[str, float]]:
   """Trains `trainee` (a `SingleRun` or a `run.packed.PackedRuns`) in its folder, resuming
   from its newest checkpoint; returns each member's last evaluation by name.
-  `hparam_fields`: fields to list first in the HParams view (the command line's overrides)."""
-  wall_start, exp = time.time(), trainee.exp
+  `hparam_fields`: fields to list first in the HParams view (the command line's overrides);
+  `started`: when building it began (`time.time()`; default now), the summary's wall time."""
+  wall_start, exp = time.time() if started is None else started, trainee.exp
   tr = exp.config.train
   record.log_banner(
     exp.state.params, exp.model.cfg, exp.mesh, trainee.root, exp.config, exp.settings.rl
@@ -497,8 +500,9 @@ def train_and_evaluate(
   """Runs the experiment `cfg` (its `Config`) alone in `workdir`, resuming from its latest
   checkpoint; returns the last evaluation. `hparam_fields`: config fields to list first in
   the HParams view (the command line passes the fields it overrides)."""
+  started = time.time()
   try:
     distributed.check_same_config(cfg)  # before anything is built: every process's config
   except ValueError as err:
     raise ConfigError(str(err)) from None
-  return train(SingleRun(build(cfg), workdir), hparam_fields=hparam_fields)[""]
+  return train(SingleRun(build(cfg), workdir), hparam_fields=hparam_fields, started=started)[""]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -145,13 +146,14 @@ def train_pack(
   """Trains the runs `configs` (their `Config`s) as one pack in `root`, resuming from its
   latest checkpoint; returns each run's last evaluation by name. `hparam_fields`: fields to
   list in the HParams view before the varied ones and the declared columns."""
+  started = time.time()
   pack = build_pack(configs, names)
   try:
     for cfg in pack.configs:  # every process started with the same grid
       distributed.check_same_config(cfg)
   except ValueError as err:
     raise ConfigError(str(err)) from None
-  return train(PackedRuns(pack, root), hparam_fields=hparam_fields)
+  return train(PackedRuns(pack, root), hparam_fields=hparam_fields, started=started)
 
 
 def take_out(
