@@ -1,6 +1,6 @@
 """GRPO on arithmetic word problems from SmolLM2-135M-Instruct, a real pretrained chat model.
 
-Get the model and the data first (93 MB download, 616 MB on disk, under a minute):
+Get the model and the data first (93 MB download, 645 MB on disk, under a minute):
 
   python tools/get_smollm2.py
   python -m jaxrl_llm.main --config=configs/smollm2_arith.py --workdir=/tmp/smollm2

