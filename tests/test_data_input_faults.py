@@ -144,7 +144,8 @@ def test_a_tokenizer_of_another_vocabulary_than_the_checkpoints_is_refused(tmp_p
     file_task.build_file_task(cfg, str(ckpt))
   line = str(e.value)
   assert line.startswith(f"data.tokenizer={str(other)!r}: its vocabulary ("), line
-  assert f"is not model.checkpoint={str(ckpt)!r}'s (" in line and "\n" not in line, line
+  assert f"is not that of the tokenizer of model.checkpoint={ckpt} (" in line, line
+  assert "\n" not in line and "None" not in line and "'s (" not in line, line
   again = tmp_path / "again"
   shutil.copytree(ckpt, again)
   config = json.loads((again / "tokenizer_config.json").read_text())

@@ -221,10 +221,15 @@ def _check_same_vocabulary(tok: HFTokenizer, own: str, setting: str, checkpoint:
   if mine == theirs:
     return
   differ = next((t for t in sorted(mine) if theirs.get(t) != mine[t]), None)
-  at = f"{differ!r} is id {mine[differ]} here, {theirs.get(differ)} there" if differ else ""
+  if differ is None:
+    at = ""
+  elif differ in theirs:
+    at = f"; {differ!r} is id {mine[differ]} in it, {theirs[differ]} in the checkpoint's"
+  else:
+    at = f"; {differ!r} (id {mine[differ]} in it) is not in the checkpoint's"
   raise records.DataError(
-    f"{setting}: its vocabulary ({len(mine)} tokens) is not model.checkpoint={checkpoint!r}'s "
-    f"({len(theirs)} tokens{'; ' + at if at else ''}): the model would read the prompts "
+    f"{setting}: its vocabulary ({len(mine)} tokens) is not that of the tokenizer of "
+    f"model.checkpoint={checkpoint} ({len(theirs)} tokens{at}): the model would read the prompts "
     "through ids it never learned; allowed: the checkpoint's own tokenizer (a copy, or one with "
     "another chat template), or leave data.tokenizer empty to use it"
   )
