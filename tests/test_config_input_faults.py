@@ -136,6 +136,27 @@ def test_a_changed_sampling_setting_blocks_a_resume_but_the_samplers_dtype_does_
   assert said == ["seed: 0 → 5"], said
 
 
+def test_an_objective_default_said_explicitly_is_no_change_on_resume(tmp_path):
+  """A run recorded with clip_high unset (the objective's default 0.2 used) relaunched with
+  --config.objective.clip_high=0.2 learns the same: no change is reported (it refused the
+  resume, `None → 0.2`); another value is one, said as the values used."""
+  import json
+
+  from jaxrl_llm.run import record
+
+  unset = parse(tiny_config())
+  resolved = {f"objective.{k}": v for k, v in unset.objective.hyperparameters.items()}
+  saved = {"config": json.loads(unset.to_json()), "resolved": resolved}
+  assert (
+    saved["config"]["objective"]["clip_high"] is None and resolved["objective.clip_high"] == 0.2
+  )
+  (tmp_path / "config.json").write_text(json.dumps(saved))
+  said = record.changed_learner(parse(tiny_config(**{"objective.clip_high": 0.2})), str(tmp_path))
+  assert said == [], said
+  said = record.changed_learner(parse(tiny_config(**{"objective.clip_high": 0.28})), str(tmp_path))
+  assert said == ["objective.clip_high: 0.2 → 0.28"], said
+
+
 def test_a_tool_the_task_cannot_take_is_named_not_a_traceback_of_the_budget_checks():
   """The budget checks build the tool's environment: countdown's on another task has no
   numbers to check (an AttributeError); `_tool` names it in one line instead."""

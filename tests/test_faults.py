@@ -1098,7 +1098,7 @@ def test_a_workdir_of_another_recipe_is_not_resumed_without_saying_so(tmp_path, 
   with pytest.raises(ConfigError) as err:
     train_and_evaluate(tiny_config(**dapo), workdir)
   message = str(err.value)
-  assert "objective.clip_high: None → 0.28" in message  # None: the objective's own default
+  assert "objective.clip_high: 0.2 → 0.28" in message  # 0.2: the objective's default, used
   assert "aggregation.name: 'seq_mean_token_mean' → 'token_mean'" in message
   assert "--config.train.resume_changed=True" in message
   assert sorted(p.name for p in (tmp_path / "w").iterdir()) == before

@@ -571,8 +571,8 @@ def test_a_pack_relaunched_with_a_changed_learner_setting_is_refused_as_a_run_al
     assert "--config.train.resume_changed=True" in line
   names = _names(_configs())
   for name in names:
-    assert f"[{name}] objective.clip_low: None → 0.25" in pack_line  # None: the default
-  assert "objective.clip_low: None → 0.25" in alone_line
+    assert f"[{name}] objective.clip_low: 0.2 → 0.25" in pack_line  # 0.2: the default used
+  assert "objective.clip_low: 0.2 → 0.25" in alone_line
   final = train_pack(_configs(**changed, **{"train.resume_changed": True}), str(root))
   assert sorted(final) == sorted(names) and all("eval/accuracy" in m for m in final.values())
   for name in names:

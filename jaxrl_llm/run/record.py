@@ -115,14 +115,30 @@ def _config_table(cfg: Config, record: Mapping, name: str) -> str:
   return "\n".join(rows)
 
 
+def _as_used(record: Mapping) -> dict:
+  """A config record's `config` with each objective hyperparameter as the run used it (its
+  `resolved` entry: an unset field's default), so unset and the default said are one value."""
+  config = dict(record.get("config") or {})
+  resolved = record.get("resolved")
+  for key, value in (resolved if isinstance(resolved, dict) else {}).items():
+    section, _, name = key.partition(".")
+    if isinstance(config.get(section), dict) and name in config[section]:
+      config[section] = {**config[section], name: value}
+  return config
+
+
 def changed_learner(cfg: Config, workdir: str) -> list[str]:
   """`section.field: saved → now` for the seed and each learner field whose value differs from
   the run recorded in `workdir` (its newest `config.resume-<step>.json`, else `config.json`; empty
-  without either)."""
-  saved = newest_record(workdir)
-  if saved is None:
+  without either); objective hyperparameters compared as used (unset: the default)."""
+  record = newest_record(workdir)
+  if record is None:
     return []
-  saved, now = saved.get("config", {}), json.loads(cfg.to_json())
+  # A record from before `resolved` is compared as written (unset with unset).
+  has = isinstance(record.get("resolved"), dict)
+  resolved = {f"objective.{k}": v for k, v in cfg.objective.hyperparameters.items()} if has else {}
+  saved = _as_used(record)
+  now = _as_used({"config": json.loads(cfg.to_json()), "resolved": resolved})
   out = []  # the seed: the prompts' order and the evaluation's draws after the resume
   if "seed" in saved and saved["seed"] != now["seed"]:
     out.append(f"seed: {saved['seed']!r} → {now['seed']!r}")
