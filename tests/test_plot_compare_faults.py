@@ -82,6 +82,7 @@ def _bad_root(tmp_path, kind):
     (["curves", "{root}", "--out={tmp}"], ["is a directory; give a file path"]),
     (["curves", "{root}", "--out=gs://bucket/c.png"], ["is a URL; give a local file path"]),
     (["passk", "{root}", "--out={tmp}/keep.png/x.png"], ["keep.png is a file, not a directory"]),
+    (["curves", "{root}", "--out=/proc/no/c.png"], ["cannot make its folder /proc/no: "]),
     (["passk", "{root}", "--step=2"], ["--step=2: no eval/pass@k logged there; eval steps: 0, 3"]),
     (["curves", "{tmp}/keep.png"], ["keep.png: a file, not a directory; give a run's workdir"]),
     (["curves", "{tmp}/none"], ["none: no such directory; give a run's workdir or a sweep's"]),

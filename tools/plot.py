@@ -836,7 +836,11 @@ def _save(fig, out: str, dpi: int) -> None:
   try:
     width, height = fig.get_size_inches()
     _check_pixels(width, height, dpi, f"the figure ({width:g}x{height:g} inches)")
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    folder = os.path.dirname(os.path.abspath(out))
+    try:
+      os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+      raise PlotError(f"--out={out}: cannot make its folder {folder}: {e.strerror or e}") from None
     root, ext = os.path.splitext(out)
     tmp = f"{root}.tmp{os.getpid()}{ext}"
     try:
