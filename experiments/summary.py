@@ -307,8 +307,13 @@ def render(readme: str) -> str:
 
 def main(argv: list[str]) -> int:
   """Writes (or with --check compares) the table in experiments/README.md."""
+  if argv in (["--help"], ["-h"]):
+    print(__doc__)
+    return 0
   if argv not in ([], ["--check"]):
-    print(f"error: unexpected arguments {argv}; usage: summary.py [--check]", file=sys.stderr)
+    print(
+      f"error: unexpected arguments {argv}; usage: summary.py [--check | --help]", file=sys.stderr
+    )
     return 2
   path = os.path.join(HERE, "README.md")
   old = _read(path, "experiments/README.md with the cross-study table's markers")

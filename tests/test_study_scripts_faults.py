@@ -327,8 +327,15 @@ def test_a_failed_confirmation_table_keeps_the_committed_one(tmp_path):
 
 
 @pytest.mark.parametrize("flag", ["-h", "--help"])
-def test_compare_tables_help_prints_its_usage(tmp_path, flag):
+@pytest.mark.parametrize(
+  "script, usage",
+  [
+    ("compare_tables.py", "python experiments/compare_tables.py COMMITTED.md NEW.md"),
+    ("summary.py", "python experiments/summary.py --check"),
+  ],
+)
+def test_a_study_scripts_help_prints_its_usage(tmp_path, flag, script, usage):
   """--help was refused as an unknown option (exit 2); it prints the docstring, exit 0."""
-  proc = _run([sys.executable, str(EXPERIMENTS / "compare_tables.py"), flag])
+  proc = _run([sys.executable, str(EXPERIMENTS / script), flag])
   assert proc.returncode == 0 and proc.stderr == "", proc.stderr
-  assert "python experiments/compare_tables.py COMMITTED.md NEW.md" in proc.stdout
+  assert usage in proc.stdout
