@@ -248,8 +248,14 @@ def test_a_sweep_leaves_out_what_a_point_never_reads_and_refuses_what_none_reads
     (
       ["--grid=objective.name=ppo_clip,sapo", "--grid=objective.tau_pos=1.0,2.0"],
       "error: grid points objective.name=ppo_clip,objective.tau_pos=1.0 and objective.name="
-      "ppo_clip,objective.tau_pos=2.0 are the same run (their values are equal once parsed; "
-      "objective.tau_pos=2.0 has no effect: objective.name='ppo_clip' does not take it",
+      "ppo_clip,objective.tau_pos=2.0 are the same run (objective.tau_pos=1.0 has no effect: "
+      "objective.name='ppo_clip' does not take it",
+    ),
+    (  # the default (k3) reads as no change: the other value's reason is the one said
+      ["--grid=kl.name=k2,k3"],
+      "error: grid points kl.name=k2 and kl.name=k3 are the same run (kl.name='k2' has no "
+      "effect: kl.beta=0 has no KL term (set kl.beta > 0)): give each value once, and only "
+      "values the run reads",
     ),
     (
       ["--grid=objective.clip_high=0.2,0.3", "--set=objective.tau_pos=2.0"],

@@ -310,12 +310,14 @@ def plan(
     check_bounds_bind(varied, settings)
     typed = settings.to_json()
     if typed in same:  # e.g. 0.7 and 0.70, or values one of them never reads: the same run
-      why = f"; {left_out}" if left_out else ""
+      first, first_left_out = same[typed]
+      why = first_left_out or left_out  # the default value reads as no change: the other's
       raise SweepError(
-        f"grid points {same[typed]} and {name} are the same run (their values are equal once "
-        f"parsed{why}): give each value once"
+        f"grid points {first} and {name} are the same run ("
+        + (why if why else "their values are equal once parsed")
+        + "): give each value once, and only values the run reads"
       )
-    same[typed] = name
+    same[typed] = (name, left_out)
     workdir = os.path.join(root, name)
     runs.append(
       Run(
