@@ -479,6 +479,16 @@ def test_a_pack_resumes_from_its_grid_in_another_order_and_refuses_other_runs(tm
     "grid again to resume it, or another --root for these runs"
   ]
   assert sorted(p.name for p in root.iterdir()) == before
+  # The same points with the --grid flags swapped: other folder names, said so (not "adds").
+  swapped = [CONFIG, f"--root={root}", "--grid=seed=0", GRID, *TINY, every, "--packed"]
+  proc, _ = _tool("sweep", *swapped)
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  assert proc.stderr.strip().splitlines() == [
+    f"error: --root={root} holds a pack of these 2 runs at step 2, with its fields in another "
+    f"order (a run's folder is named by them: {names[0]!r}): give the --grid flags in the order "
+    "it started with to resume it"
+  ]
+  assert sorted(p.name for p in root.iterdir()) == before
 
 
 @pytest.mark.slow

@@ -975,6 +975,12 @@ def _in_saved_order(root: str, runs: list[Run]) -> list[Run]:
   if sorted(saved) == sorted(by_name):
     return [by_name[name] for name in saved]
   step, ran = committed_steps(root)[-1], set(saved)
+  if sorted(map(_points, saved)) == sorted(map(_points, by_name)):
+    raise SweepError(
+      f"--root={root} holds a pack of these {len(saved)} runs at step {step}, with its fields "
+      f"in another order (a run's folder is named by them: {saved[0]!r}): give the --grid "
+      "flags in the order it started with to resume it"
+    )
   added = [n for n in by_name if n not in ran]
   missing = [n for n in saved if n not in by_name]
   raise SweepError(
@@ -985,6 +991,12 @@ def _in_saved_order(root: str, runs: list[Run]) -> list[Run]:
     + ": a pack's runs are fixed when it starts; give its grid again to resume it, or "
     "another --root for these runs"
   )
+
+
+def _points(name: str) -> list[str]:
+  """A run folder's `field=value` parts in sorted order: one grid point whatever the order of
+  the --grid flags that named it."""
+  return sorted(name.split(","))
 
 
 def _check_flags(args: argparse.Namespace) -> None:
