@@ -79,6 +79,23 @@ def test_trace_summary_still_reads_a_list_of_events(tmp_path, capsys):
     assert got["top"] == [{"kernel": "gemm", "ms": 4.0, "count": 2, "share": 1.0}]
 
 
+def test_trace_summary_says_when_no_process_matches_the_device(tmp_path, capsys):
+  """A CPU run's trace read with the default --device=GPU printed an empty `top` and exit 0
+  with no word: a note names the processes there are."""
+  events = [
+    {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/host:CPU"}},
+    {"ph": "X", "name": "dot", "pid": 1, "ts": 0, "dur": 3000},
+  ]
+  _trace(tmp_path / "a.perfetto_trace.json.gz", gzip.compress(json.dumps(events).encode()))
+  assert trace_summary.main([str(tmp_path)]) == 0
+  out, err = capsys.readouterr()
+  assert json.loads(out)["top"] == []
+  assert err.startswith("note: no process named like --device=GPU in ") and "/host:CPU" in err
+  assert trace_summary.main([str(tmp_path), "--device=CPU"]) == 0
+  out, err = capsys.readouterr()
+  assert json.loads(out)["top"][0]["kernel"] == "dot" and err == ""
+
+
 @pytest.mark.parametrize(
   "argv, says",
   [

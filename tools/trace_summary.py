@@ -103,7 +103,8 @@ def main(argv: list[str]) -> int:
   try:
     path = newest_trace(args.root)
   except FileNotFoundError as e:
-    print(f"error: {e} (make one with tools/bench.py --profile_dir=DIR)", file=sys.stderr)
+    hint = "make one with tools/bench.py --profile_dir=DIR, or train with train.profile_steps=N"
+    print(f"error: {e} ({hint})", file=sys.stderr)
     return 2
   try:
     summary = summarize(read_events(path), args.device, args.top)
@@ -111,6 +112,13 @@ def main(argv: list[str]) -> int:
     print(f"error: {path}: {e}", file=sys.stderr)
     return 2
   print(json.dumps(summary, indent=1))
+  if not summary["processes"]:  # e.g. a CPU run's trace read with the default --device=GPU
+    there = ", ".join(summary["all_processes"]) or "none"
+    print(
+      f"note: no process named like --device={args.device} in {path} (its processes: {there}); "
+      "pick one of them with --device",
+      file=sys.stderr,
+    )
   return 0
 
 
