@@ -60,7 +60,7 @@ def test_bench_refuses_a_bad_command_line_in_one_line(capsys, argv, says):
     (["--runs=0"], "each >= 1"),
     (["--at_once=-1"], "argument --at_once: '-1': want comma-separated whole numbers, each >= 0"),
     (["--steps=0"], "argument --steps: '0'"),
-    (["--shape=nosuch"], "unknown shape 'nosuch'; known: tiny, medium"),
+    (["--shape=nosuch"], "unknown shape 'nosuch'; known: default, tiny, medium"),
     (["--set=nosuch.x=1", "--runs=1"], "unknown config field 'nosuch.x'"),
   ],
 )

@@ -46,7 +46,10 @@ def base_config(shape: str, overrides: list[str] = ()):
     config_file = os.path.join(_REPO, "configs", "default.py")
     argv = ["bench_pack", f"--config={config_file}", *(f"--config.{o}" for o in overrides)]
     return trainer_main.parse_config(argv)
-  return bench.shape_config(shape, overrides)
+  try:
+    return bench.shape_config(shape, overrides)
+  except ConfigError as e:  # bench's list of shapes, less this tool's own `default`
+    raise ConfigError(str(e).replace("; known: ", "; known: default, ", 1)) from None
 
 
 def grid(config, n: int) -> list:
