@@ -74,6 +74,9 @@ def test_a_sweep_over_a_bad_seed_is_refused_before_any_run(tmp_path, capsys):
     assert sweep.main([CONFIG, f"--root={root}", "--seeds=0,-1", *extra]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: grid point seed=-1: invalid config: seed=-1 must be in [0, 2**32)"]
+  assert sweep.main([CONFIG, f"--root={root}", "--seeds=0,a"]) == 2  # named as --config.seed=a
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == ["error: --seeds='0,a': 'a' is not a whole number; give seeds as 0,1,2"], err
   assert not root.exists()
 
 

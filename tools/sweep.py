@@ -290,6 +290,8 @@ def plan(
       grid.append(parse_grid(f"seed={seeds}"))
     except SweepError as e:
       raise SweepError(str(e).replace(f"--grid='seed={seeds}'", f"--seeds={seeds!r}")) from None
+    if bad := [v for v in grid[-1][1] if not v.strip().lstrip("+-").isdigit()]:
+      raise SweepError(f"--seeds={seeds!r}: {bad[0]!r} is not a whole number; give seeds as 0,1,2")
   fields = [f for f, _ in grid] + [f for f, _ in fixed]
   dupes = sorted({f for f in fields if fields.count(f) > 1})
   if dupes:
