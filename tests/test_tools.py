@@ -437,6 +437,8 @@ def test_a_packed_sweep_trains_every_grid_point_in_one_program(tmp_path):
   assert sweep.committed_steps(str(root)) == [2]  # the pack checkpoints as a whole
   record = json.loads((root / "sweep.json").read_text())
   assert record["packed"] and [r["status"] for r in record["runs"]] == ["done"] * 4
+  banner = next(x for x in proc.stderr.splitlines() if "objective ppo_clip (" in x)
+  assert "clip_high by run" in banner and "clip_low 0.2" in banner, banner  # not one run's 0.2
   for name in names:
     assert [s for s, _ in metrics.read_scalars(str(root / name))["eval/accuracy"]] == [0, 2]
     hparams = metrics.read_hparams(str(root / name))["hparams"]

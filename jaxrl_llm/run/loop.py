@@ -442,7 +442,13 @@ def train(
   wall_start, exp = time.time() if started is None else started, trainee.exp
   tr = exp.config.train
   record.log_banner(
-    exp.state.params, exp.model.cfg, exp.mesh, trainee.root, exp.config, exp.settings.rl
+    exp.state.params,
+    exp.model.cfg,
+    exp.mesh,
+    trainee.root,
+    exp.config,
+    exp.settings.rl,
+    varied=trainee.varied,
   )
   if trainee.intro:
     logging.info(trainee.intro)

@@ -349,9 +349,12 @@ def parameter_counts(params, mc) -> tuple[int, int]:
   return total, active
 
 
-def log_banner(params, mc, mesh, workdir: str, cfg: Config | None = None, rl=None) -> None:
-  """The run's first lines: what runs where, what it optimises (`cfg`'s objective and the
-  resolved `rl` microbatching and remat), and how to watch it."""
+def log_banner(
+  params, mc, mesh, workdir: str, cfg: Config | None = None, rl=None, varied: Sequence[str] = ()
+) -> None:
+  """The run's first lines: what runs where, what it optimises (`cfg`'s objective, a
+  hyperparameter a pack `varied` said so, and the resolved `rl` microbatching and remat), and
+  how to watch it."""
   total, active = parameter_counts(params, mc)
   shown = f"{total / 1e6:.3g}M parameters"
   if active != total:
@@ -374,7 +377,10 @@ def log_banner(params, mc, mesh, workdir: str, cfg: Config | None = None, rl=Non
   )
   backend.log_fallback()
   if cfg is not None and rl is not None:
-    hparams = ", ".join(f"{k} {v}" for k, v in cfg.objective.hyperparameters.items())
+    hparams = ", ".join(
+      f"{k} {'by run' if f'objective.{k}' in varied else v}"
+      for k, v in cfg.objective.hyperparameters.items()
+    )
     logging.info(
       "objective %s (%s) | learner: %d microbatch(es) per minibatch, remat %s",
       cfg.objective.name,
