@@ -246,7 +246,7 @@ def test_cli_runs_and_writes_checkpoint(tmp_path):
     assert any(phase in line and "compilation" in line for line in lines), phase
   summary = next(line for line in lines if "trained RL steps" in line)
   assert "(the RL loop, of which " in summary and "compiling and the first step" in summary
-  assert "wall time with the model's building" in summary
+  assert "wall time from the model's building on)" in summary
   assert not [line for line in lines if "polynomial schedule" in line]
 
 

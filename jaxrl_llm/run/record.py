@@ -428,7 +428,7 @@ def log_summary(
     rates = f"{end - start} step{'' if end - start == 1 else 's'}: no rate after the first (compiling) one"
   logging.info(
     "%strained RL steps %d..%d in %s (the RL loop, of which %s compiling and the first step; %s "
-    "wall time with the model's building and warm start) | %s",
+    "wall time from the model's building on) | %s",
     label,
     start,
     end,
