@@ -361,7 +361,8 @@ def test_an_invocation_that_stop_after_steps_ends_says_so_and_its_resume_rates_l
   after, the step of its last evaluation (0) and that the same command resumes, then `last eval`.
   The second invocation (steps 2..4) evaluates nothing: its lines name the evaluation a launch
   before recorded. The third (4..6) compiles the held-out evaluation inside the RL loop (step
-  5): its summary says the rates leave that compilation out, and it has no stop line."""
+  5): its summary says the rates leave that compilation out, its evaluations run from the
+  recorded one (step 0) to step 6, and it has no stop line."""
   workdir = tmp_path / "run"
   args = ("--config.train.num_steps=6", "--config.train.eval_every=5")
   first = _run(workdir, *args, "--config.train.stop_after_steps=2")
@@ -378,6 +379,7 @@ def test_an_invocation_that_stop_after_steps_ends_says_so_and_its_resume_rates_l
   trained = next(x for x in third if x.startswith("trained RL steps 4..6 in "))
   assert trained.endswith("after the first (compiling) step and the evaluation's compilation")
   assert not [x for x in third if x.startswith("stopped after step")], third[-4:]
+  assert [x for x in third if x.startswith("eval from step 0 to 6: accuracy ")], third[-6:]
   evals = metrics.read_scalars(str(workdir))["eval/accuracy"]
   assert [s for s, _ in evals] == [0, 5, 6]
 

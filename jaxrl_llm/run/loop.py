@@ -480,9 +480,9 @@ def train(
           preempt.stop_if_asked(where, trainee.root)
       state, end = _loop(trainee, state, data, ckpt, evaluate)
       ckpt.wait()
-      for member in trainee.members:  # none this invocation: the one a launch before recorded
-        if not member.history and (recorded := recorded_eval(member.workdir, end)):
-          member.history.append(recorded)
+      for member in trainee.members:  # a resume's summary starts from the evaluation before
+        if start > 0 and (recorded := recorded_eval(member.workdir, start)):
+          member.history.insert(0, recorded)
       for member in trainee.members:  # after the checkpoints: the last finite state is kept
         if not member.stopped:
           member.logger.guard.any_applied((start, end), member.prefix)
