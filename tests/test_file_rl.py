@@ -40,9 +40,10 @@ def file_config(tmp_path):
   return c, records
 
 
-def test_file_task_implements_the_task_interface(file_config):
+def test_file_task_implements_the_task_interface(file_config, caplog):
   """Rewards on the host; train_iterator fills data_stats; eval_set takes the reference
-  answers out of the batch and trims it to a multiple of the devices."""
+  answers out of the batch and trims it to a multiple of the devices, its log line naming the
+  part of the held-out split it read (it read as the whole prompt dataset)."""
   config, records = file_config
   task = file_task.build_file_task(config, "")
   assert isinstance(task, Task) and task.rewards_on_host
@@ -50,8 +51,12 @@ def test_file_task_implements_the_task_interface(file_config):
   assert task.answer_len == 1 and task.data_stats == {}
   batch = next(task.train_iterator(4, config.seed))
   assert task.data_stats["data/num_kept"] > 0 and len(batch["tokens"]) == 4
-  ev, answers = task.eval_set(multiple_of=3)
+  with caplog.at_level("INFO"):
+    ev, answers = task.eval_set(multiple_of=3)
   assert "answer" not in ev and len(answers) == len(ev["tokens"]) and len(answers) % 3 == 0
+  n = len(task.eval_records)
+  said = [r.getMessage() for r in caplog.records if "prompt_len" in r.getMessage()]
+  assert said and said[0].startswith(f"Held-out prompts 0..{min(n, 256) - 1} of {n} ("), said
   assert set(answers) <= {r["answer"] for r in records}
 
 

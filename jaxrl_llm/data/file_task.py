@@ -82,6 +82,10 @@ class FileTask(Task):
           prompt_len=self.prompt_len,
           system=self.system,
           special_tokens_in_text=self.special_tokens_in_text,
+          what=(
+            f"Held-out prompts {at}..{min(at + chunk, len(self.eval_records)) - 1} of "
+            f"{len(self.eval_records)}"
+          ),
         )
       except records.DataError:  # every prompt of this chunk is too long: read on
         continue

@@ -81,11 +81,15 @@ def _warn_special_tokens(
     )
 
 
-def _log_tokenized(template: str, prompt_len: int, stats: Mapping[str, int]) -> None:
-  """Logs how many records were tokenized, dropped as too long, kept and skipped when read."""
+def _log_tokenized(
+  template: str, prompt_len: int, stats: Mapping[str, int], what: str = "Prompt dataset"
+) -> None:
+  """Logs how many records (of `what`) were tokenized, dropped as too long, kept and skipped
+  when read."""
   logging.info(
-    "Prompt dataset (template %r, prompt_len %d): %d records, %d longer than prompt_len "
+    "%s (template %r, prompt_len %d): %d records, %d longer than prompt_len "
     "dropped, %d kept; %d rows skipped for a null answer when read.",
+    what,
     template,
     prompt_len,
     stats["num_records"],
@@ -121,8 +125,10 @@ def tokenize_records(
   prompt_len: int,
   system: str | None = None,
   special_tokens_in_text: bool = False,
+  what: str = "Prompt dataset",
 ) -> tuple[dict[str, np.ndarray], dict[str, int]]:
-  """Renders and tokenizes records, dropping prompts longer than ``prompt_len`` tokens.
+  """Renders and tokenizes records, dropping prompts longer than ``prompt_len`` tokens
+  (``what`` names them in the log line).
 
   Special-token strings inside a record's prompt (or ``system``) are encoded as plain text;
   only the control tokens a chat template writes around the messages are special-token ids.
@@ -151,7 +157,7 @@ def tokenize_records(
     "num_kept": int(keep.size),
     **skip_counts(records),
   }
-  _log_tokenized(template, prompt_len, stats)
+  _log_tokenized(template, prompt_len, stats, what)
   _warn_special_tokens(records, tokenizer, special_tokens_in_text)
   if keep.size == 0:
     shortest = min(len(tokenizer.encode(p, add_special_tokens=specials)) for p in prompts)
