@@ -2,17 +2,19 @@
 match without a word, so every event after it would be silently lost (a run read as shorter).
 `check_event_file` walks tensorboard's own record framing (length, its masked CRC-32C, data, its
 CRC) with tensorboard's own checksum; `metrics.read_scalars` refuses such a file unless asked
-to read what precedes the damage."""
+to read what precedes the damage. `load` is the one reader the `metrics` readers go through."""
 
 from __future__ import annotations
 
+import os
 import struct
 
+from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 
 from jaxrl_llm import metric_info, paths
 
-__all__ = ["EventFileError", "check_event_file", "damaged_event_files"]
+__all__ = ["EventFileError", "check_event_file", "damaged_event_files", "load"]
 
 
 class EventFileError(ValueError):
@@ -61,3 +63,24 @@ def damaged_event_files(logdir: str) -> list[EventFileError]:
       except EventFileError as e:
         out.append(e)
   return out
+
+
+def _resumed_past(record) -> bool:
+  """False for TensorBoard's note that it drops the events a resumed run logged again
+  ("Detected out of order event.step ..."): the purge the trainer's restart asks for, not a
+  fault to report each time a workdir is read."""
+  return "out of order event" not in record.getMessage()
+
+
+def load(logdir: str) -> event_accumulator.EventAccumulator:
+  """Every event in `logdir`'s event files, as TensorBoard's reader keeps them (nothing
+  sampled away); the readers of `metrics` read through it."""
+  from tensorboard.util import tb_logging
+
+  guidance = {k: 0 for k in event_accumulator.STORE_EVERYTHING_SIZE_GUIDANCE}
+  logger = tb_logging.get_logger()
+  logger.addFilter(_resumed_past)
+  try:
+    return event_accumulator.EventAccumulator(os.fspath(logdir), size_guidance=guidance).Reload()
+  finally:
+    logger.removeFilter(_resumed_past)

@@ -34,7 +34,7 @@ from tensorboard.summary.writer.record_writer import RecordWriter
 from tensorboard.util import tensor_util
 
 from jaxrl_llm import metric_info, paths
-from jaxrl_llm.event_files import damaged_event_files
+from jaxrl_llm.event_files import damaged_event_files, load
 
 DEFAULT_BUCKETS = 30  # TensorBoard's own default bucket count for histograms
 _FILE_IDS = itertools.count()
@@ -353,32 +353,13 @@ class Progress:
     return line
 
 
-def _resumed_past(record) -> bool:
-  """False for TensorBoard's note that it drops the events a resumed run logged again
-  ("Detected out of order event.step ..."): the purge the trainer's restart asks for, not a
-  fault to report each time a workdir is read."""
-  return "out of order event" not in record.getMessage()
-
-
-def _load(logdir: str) -> event_accumulator.EventAccumulator:
-  from tensorboard.util import tb_logging
-
-  guidance = {k: 0 for k in event_accumulator.STORE_EVERYTHING_SIZE_GUIDANCE}
-  logger = tb_logging.get_logger()
-  logger.addFilter(_resumed_past)
-  try:
-    return event_accumulator.EventAccumulator(os.fspath(logdir), size_guidance=guidance).Reload()
-  finally:
-    logger.removeFilter(_resumed_past)
-
-
 def read_scalars(logdir: str, *, damaged_ok: bool = False) -> dict[str, list[tuple[int, float]]]:
   """Reads every scalar in `logdir`'s event files: tag -> [(step, value)] in step order.
   Raises `event_files.EventFileError` for an event file damaged inside, unless
   `damaged_ok` (the events before the damage are read)."""
   if not damaged_ok and (damaged := damaged_event_files(logdir)):
     raise damaged[0]
-  acc = _load(logdir)
+  acc = load(logdir)
   return {  # event files of the same second may load in either order: sort (stably) by step
     tag: sorted(((e.step, e.value) for e in acc.Scalars(tag)), key=lambda sv: sv[0])
     for tag in acc.Tags()["scalars"]
@@ -391,7 +372,7 @@ def read_tags(logdir: str) -> dict[str, Any]:
   Histograms and text are tensor summaries, so they appear under 'tensors'; 'plugins' maps
   each plugin name ('histograms', 'text', ...) to its tags.
   """
-  acc = _load(logdir)
+  acc = load(logdir)
   return {**acc.Tags(), "plugins": _plugin_tags(acc)}
 
 
@@ -404,7 +385,7 @@ def _plugin_tags(acc: event_accumulator.EventAccumulator) -> dict[str, list[str]
 
 def read_histograms(logdir: str) -> dict[str, list[tuple[int, np.ndarray]]]:
   """Reads every histogram in `logdir`: tag -> [(step, [buckets, 3] array)]."""
-  acc = _load(logdir)
+  acc = load(logdir)
   return {
     tag: [(e.step, tensor_util.make_ndarray(e.tensor_proto)) for e in acc.Tensors(tag)]
     for tag in _plugin_tags(acc).get(histogram_metadata.PLUGIN_NAME, [])
@@ -434,7 +415,7 @@ def read_hparams(logdir: str) -> dict[str, Any]:
   'sessions': starts written, 'metrics': [tag, ...] and 'columns': [name, ...] (the
   experiment's declared columns), 'status': 'success' | 'failure' | 'running' when ended}.
   Empty when the run wrote no session."""
-  acc = _load(logdir)
+  acc = load(logdir)
   out: dict[str, Any] = {}
   for tag in _plugin_tags(acc).get(hparams_metadata.PLUGIN_NAME, []):
     content = acc.SummaryMetadata(tag).plugin_data.content
@@ -497,7 +478,7 @@ def _hparam_value(value) -> Any:
 def read_text(logdir: str) -> dict[str, list[tuple[int, str]]]:
   """Reads every text summary in `logdir`: tag -> [(step, markdown)] in step order (event
   files of the same second may load in either order: sorted, stably, by step)."""
-  acc = _load(logdir)
+  acc = load(logdir)
   out = {}
   for tag in _plugin_tags(acc).get(text_metadata.PLUGIN_NAME, []):
     rows = []

@@ -56,7 +56,7 @@ def test_file_task_implements_the_task_interface(file_config, caplog):
   assert "answer" not in ev and len(answers) == len(ev["tokens"]) and len(answers) % 3 == 0
   n = len(task.eval_records)
   said = [r.getMessage() for r in caplog.records if "prompt_len" in r.getMessage()]
-  assert said and said[0].startswith(f"Held-out prompts 0..{min(n, 256) - 1} of {n} ("), said
+  assert said and said[-1].startswith(f"Held-out prompts 0..{min(n, 256) - 1} of {n} ("), said
   assert set(answers) <= {r["answer"] for r in records}
 
 

@@ -29,7 +29,7 @@ from safetensors.numpy import load_file, save_file
 from tokenizers import Tokenizer
 
 from jaxrl_llm import sharding
-from jaxrl_llm.models import families, hf, hf_config, hf_export, hf_layout
+from jaxrl_llm.models import families, hf, hf_config, hf_export, hf_layout, hf_shards
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.transformer import Transformer, positions_from_mask
 from jaxrl_llm.sampling import SamplingConfig, sample
@@ -229,7 +229,7 @@ def test_an_interrupted_overwrite_leaves_the_export_there_whole(tmp_path, monkey
   assert len([n for n in before if n.startswith("model-")]) > 2
   bumped = jax.tree.map(lambda x: x + 1, params)
   added = []
-  add = hf_export._ShardWriter.add
+  add = hf_shards.ShardWriter.add
 
   def interrupted(self, tensor, t):  # Ctrl-C once three shards are on disk
     if len(self.shards) == 3:
@@ -237,18 +237,18 @@ def test_an_interrupted_overwrite_leaves_the_export_there_whole(tmp_path, monkey
     added.append(tensor)
     add(self, tensor, t)
 
-  monkeypatch.setattr(hf_export._ShardWriter, "add", interrupted)
+  monkeypatch.setattr(hf_shards.ShardWriter, "add", interrupted)
   with pytest.raises(KeyboardInterrupt):
     hf_export.save_checkpoint(tmp_path, cfg, bumped, max_shard_bytes=4096, overwrite=True)
   assert added and {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
-  monkeypatch.setattr(hf_export._ShardWriter, "add", add)
+  monkeypatch.setattr(hf_shards.ShardWriter, "add", add)
   umask = os.umask(0o027)
   try:
     hf_export.save_checkpoint(tmp_path, cfg, bumped, overwrite=True)
   finally:
     os.umask(umask)
   assert sorted(p.name for p in tmp_path.glob("model*")) == ["model.safetensors"]
-  assert not (tmp_path / hf_export.INDEX_FILE).exists()
+  assert not (tmp_path / hf_layout.INDEX_FILE).exists()
   assert (tmp_path / "model.safetensors").stat().st_mode & 0o777 == 0o640
   _assert_trees_equal(hf.load_checkpoint(tmp_path)[1], bumped)
 

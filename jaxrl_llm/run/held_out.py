@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import time
 
+import jax
 from absl import logging
 
-from jaxrl_llm import distributed, host_tool, sharding
+from jaxrl_llm import distributed, event_files, host_tool, sharding
 from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm.run.assemble import to_global_batch
 
@@ -75,3 +76,21 @@ class Evaluator:
       member.history.append((step, m))
       width = metrics_lib.LINE_WIDTH - len(member.label)
       logging.info(member.label + eval_line(step, m, time.time() - t, width))
+
+
+def recorded_eval(workdir: str, upto: int) -> tuple[int, dict[str, float]] | None:
+  """The last held-out evaluation at or before step `upto` in `workdir`'s events, as (step,
+  {tag: value}); None where there is none, off process 0, or where the events do not read
+  (a warning: the checkpoints are what matters)."""
+  try:
+    saved = metrics_lib.read_scalars(workdir) if jax.process_index() == 0 else {}
+  except event_files.EventFileError as e:
+    logging.warning("its last evaluation is not shown: %s", e)
+    return None
+  evals: dict[int, dict[str, float]] = {}
+  for tag, points in saved.items():
+    if tag.startswith("eval/"):
+      for step, value in points:
+        if step <= upto:
+          evals.setdefault(step, {})[tag] = value
+  return max(evals.items()) if evals else None

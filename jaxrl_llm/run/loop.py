@@ -23,12 +23,12 @@ import numpy as np
 from absl import logging
 
 from jaxrl_llm import checkpoint as ckpt_lib
-from jaxrl_llm import checkpoint_compat, distributed, event_files, paths, sigterm
+from jaxrl_llm import checkpoint_compat, distributed, paths, sigterm
 from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm.config import Config, ConfigError, tagged
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.rl import init_reference
-from jaxrl_llm.run import preempt, record
+from jaxrl_llm.run import held_out, preempt, record
 from jaxrl_llm.run.assemble import Experiment, build
 from jaxrl_llm.run.guard import NonFiniteError, SkipGuard, VerifierError, VerifierGuard
 from jaxrl_llm.run.held_out import Evaluator
@@ -185,26 +185,8 @@ def finished_run(workdir: str, start: int, num_steps: int) -> dict[str, float]:
   logging.info(
     "%s already holds step %d of train.num_steps=%d: nothing to train", workdir, start, num_steps
   )
-  recorded = recorded_eval(workdir, start)
+  recorded = held_out.recorded_eval(workdir, start)
   return recorded[1] if recorded else {}
-
-
-def recorded_eval(workdir: str, upto: int) -> tuple[int, dict[str, float]] | None:
-  """The last held-out evaluation at or before step `upto` in `workdir`'s events, as (step,
-  {tag: value}); None where there is none, off process 0, or where the events do not read
-  (a warning: the checkpoints are what matters)."""
-  try:
-    saved = metrics_lib.read_scalars(workdir) if jax.process_index() == 0 else {}
-  except event_files.EventFileError as e:
-    logging.warning("its last evaluation is not shown: %s", e)
-    return None
-  evals: dict[int, dict[str, float]] = {}
-  for tag, points in saved.items():
-    if tag.startswith("eval/"):
-      for step, value in points:
-        if step <= upto:
-          evals.setdefault(step, {})[tag] = value
-  return max(evals.items()) if evals else None
 
 
 class Logger:
@@ -481,7 +463,7 @@ def train(
       state, end = _loop(trainee, state, data, ckpt, evaluate)
       ckpt.wait()
       for member in trainee.members:  # a resume's summary starts from the evaluation before
-        if start > 0 and (recorded := recorded_eval(member.workdir, start)):
+        if start > 0 and (recorded := held_out.recorded_eval(member.workdir, start)):
           member.history.insert(0, recorded)
       for member in trainee.members:  # after the checkpoints: the last finite state is kept
         if not member.stopped:
