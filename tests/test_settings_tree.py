@@ -212,3 +212,23 @@ def test_packaging_source_names_no_removed_module():
   gone = re.compile(r"\b(config_lib|default_config\.get_config|jaxrl_llm\.train\b|rl\.settings)")
   for path in [*(REPO / "jaxrl_llm").rglob("*.py"), *(REPO / "tools").glob("*.py")]:
     assert not gone.search(path.read_text()), path
+
+
+def test_settings_that_only_end_an_invocation_are_declared_once_and_leave_records_equal():
+  """Which settings only end or pace one invocation is said at their declaration
+  (`invocation=True`); the run record's comparison drops exactly those, so a relaunch that
+  changes one writes no record, while any other change still does."""
+  from jaxrl_llm.config import INVOCATION, tagged
+  from jaxrl_llm.run.record import results_fields
+
+  names = tagged(INVOCATION)
+  assert set(names) == {"train.stop_after_steps", "train.profile_steps", "train.resume_changed"}
+  base = json.loads(default_config().to_json())
+  for name, value in zip(names, (7, 2, True), strict=True):
+    section, _, field = name.partition(".")
+    changed = json.loads(json.dumps(base))
+    changed[section][field] = value
+    assert results_fields(changed) == results_fields(base) and changed != base, name
+  learned = json.loads(json.dumps(base))
+  learned["objective"]["clip_high"] = 0.5
+  assert results_fields(learned) != results_fields(base)

@@ -17,11 +17,12 @@ encloses it, e.g. `<workdir>/sft`; any other is a run by itself. `checkpoints/` 
 Runs are grouped into arms by their settings. A run's settings are its recorded config
 (`config.json`, written by the trainer); where a run lacks one, the overrides its sweep recorded
 (`run.json`, or its entry in the root's `sweep.json`, earlier grids' runs included), and failing
-those the `field=value,...` name tools/sweep.py gives its workdir. The fields that differ between the runs plotted
-(`train.stop_after_steps` aside, which does not change results) define the arms; `seed` never
-does: the runs of an arm are its seeds, averaged step by step (over the steps every seed logged).
-`--group_by` names the fields instead (`path` and `run` group by PATH argument or by run, so
-nothing is averaged). Field names may be shortened to an unambiguous suffix (`clip_high`).
+those the `field=value,...` name tools/sweep.py gives its workdir. The fields that differ between
+the runs plotted (settings that only end or pace an invocation, such as `train.stop_after_steps`,
+aside) define the arms; `seed` never does: the runs of an arm are its seeds, averaged step by
+step (over the steps every seed logged). `--group_by` names the fields instead (`path` and `run`
+group by PATH argument or by run, so nothing is averaged). Field names may be shortened to an
+unambiguous suffix (`clip_high`).
 
 The band is the t 95% interval of the mean over an arm's seeds (`ci`, as the studies' tables:
 drawn where an arm has three or more), or the min–max or the mean ± sample std (ddof=1) over
@@ -50,7 +51,6 @@ import compare  # tools/compare.py, next to this file
 import numpy as np
 
 SEED = "seed"
-IGNORED_FIELDS = ("train.stop_after_steps",)  # differ between invocations of one run
 MAX_SIDE_PX, MAX_PIXELS = 65536, 2**28  # a figure larger than this would exhaust memory
 PSEUDO_FIELDS = ("path", "run")  # --group_by only: the PATH argument, the run's directory
 BANDS = {
@@ -202,7 +202,7 @@ def run_params(
     # An objective's unset field: the value it used.
     params = {k: canonical(v) for k, v in record_lib.settings(config).items()}
     for k, v in (overrides or {}).items():  # the sweep's flags and the trainer's record agree?
-      if k in params and not _same(params[k], v) and k not in IGNORED_FIELDS:
+      if k in params and not _same(params[k], v) and k not in ignored_fields():
         _warn(f"{run_dir}: config.json has {k}={_fmt(params[k])} but run.json {_fmt(v)}")
     return params, "config.json"
   if overrides is not None:
@@ -322,21 +322,32 @@ def resolve_field(
   raise PlotError(f"unknown config field {name!r}{hint}")
 
 
+def ignored_fields() -> tuple[str, ...]:
+  """The settings that only end or pace one invocation (declared `invocation=True`, e.g.
+  `train.stop_after_steps`): invocations of one run differ in them, so they define no arm."""
+  from jaxrl_llm.config import INVOCATION, tagged  # imports jax; kept out of --help
+
+  return tagged(INVOCATION)
+
+
 def swept_fields(runs: Sequence[RunData], grid_fields: Sequence[str] = ()) -> list[str]:
   """Fields recorded by every run whose values differ between runs, except `seed` and fields
   that do not change results; grid fields first, then in name order."""
   if not runs:
     return []
-  common = set(runs[0].params).intersection(*(r.params for r in runs[1:]))
+  common, ignored = (
+    set(runs[0].params).intersection(*(r.params for r in runs[1:])),
+    ignored_fields(),
+  )
   out = []
   for field in known_fields(runs, grid_fields):
-    if field == SEED or field in IGNORED_FIELDS or field not in common:
+    if field == SEED or field in ignored or field not in common:
       continue
     if len({canonical(r.params[field]) for r in runs}) > 1:
       out.append(field)
   partial = sorted(
     f
-    for f in set().union(*(r.params for r in runs)) - common - {SEED, *IGNORED_FIELDS}
+    for f in set().union(*(r.params for r in runs)) - common - {SEED, *ignored}
     if len({canonical(r.params.get(f)) for r in runs if f in r.params}) > 1
   )
   if partial:

@@ -60,7 +60,7 @@ from typing import Any
 import compare  # tools/compare.py, next to this file
 
 from jaxrl_llm import launch, paths, terminal
-from jaxrl_llm.config import ConfigError, checks, parse
+from jaxrl_llm.config import INVOCATION, ConfigError, checks, parse, tagged
 from jaxrl_llm.run.record import folder_name
 
 TRAINER = ("-m", "jaxrl_llm.main")
@@ -72,8 +72,6 @@ _PREFIX = re.compile(r"^[IWEF]\d{4} [\d:.]+ +\d+ \S+:\d+\] ")  # absl's, in a ru
 _PROGRESS = re.compile(r"^(\[[^\]]*\] )?step \d+/\d+ ")
 _COMMIT_FILE = "commit_success.txt"  # a checkpoint step counts once orbax has committed it
 _FIELD = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
-# Fields whose change does not alter a run's results, so a workdir may resume with another value.
-_RESUMABLE_CHANGES = ("train.stop_after_steps",)
 # The objectives' hyperparameters that bound a ratio (§2): with one optimiser update per rollout
 # the old log-probs are the learner's own, sg[ℓ] (§0), every ratio is 1 and none of them binds.
 _RATIO_BOUNDS = ("clip_low", "clip_high", "dual_clip", "clip_log", "is_clip_low", "is_clip_high")
@@ -414,8 +412,9 @@ def changed_overrides(run: Run) -> dict[str, tuple[str | None, str | None]]:
   if rec.get("config") != _config_of(run):
     diffs["--config"] = (rec.get("config"), _config_of(run))
   was, now = rec.get("overrides", {}), run.overrides
+  resumable = tagged(INVOCATION)  # they end or pace an invocation; results stay the same
   for k in sorted(set(was) | set(now)):
-    if was.get(k) != now.get(k) and k not in _RESUMABLE_CHANGES:
+    if was.get(k) != now.get(k) and k not in resumable:
       diffs[k] = (was.get(k), now.get(k))
   return diffs
 

@@ -2,7 +2,8 @@
 
 fields.py    the Section mixin: coercion from ml-collections values, field comments, checks,
              and `setting`: a field's metadata (may a pack vary it, does a change block a
-             resume, is it an HParams column), read through `tagged` and `blocks_resume`
+             resume, is it an HParams column, does it only end or pace one invocation), read
+             through `tagged` and `blocks_resume`
 learner.py   the learner's sections (rl, advantage, objective, ..., filtering) and `Settings`
 sections.py  task, data, model, sampling, optim, sft, train, mesh
 tree.py      `Config` (the whole tree), `parse` (ConfigDict -> Config, once, at the entry
@@ -12,7 +13,7 @@ checks.py    the checks that span sections or need the devices, the task or the 
 """
 
 from jaxrl_llm.config.checks import check
-from jaxrl_llm.config.fields import HPARAM, PER_RUN, STATE, SWITCH, TRACED, ConfigError
+from jaxrl_llm.config.fields import HPARAM, INVOCATION, PER_RUN, STATE, SWITCH, TRACED, ConfigError
 from jaxrl_llm.config.learner import Settings
 from jaxrl_llm.config.tree import (
   Config,
@@ -28,6 +29,7 @@ get_config = default_config  # configs/default.py's entry: the embedded default 
 
 __all__ = [
   "HPARAM",
+  "INVOCATION",
   "PER_RUN",
   "STATE",
   "SWITCH",

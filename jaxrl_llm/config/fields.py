@@ -29,12 +29,16 @@ SWITCH = "switch"  # it switches a term on (> 0) or off (0): a pack's runs must 
 RESUME = "resume"  # False: how an update is computed, or what is only evaluated, so changing it
 # does not block a resume (True: changing it blocks one; default: the section's `LEARNED`)
 HPARAM = "hparam"  # a column of TensorBoard's HParams view (a display choice)
+INVOCATION = "invocation"  # it ends or paces one invocation without changing what the run
+# computes: invocations of one run may differ in it (run records, sweeps and plots ignore it)
 
 
-def setting(default: Any, *, per_run="", switch=False, resume=None, hparam=False) -> Any:
+def setting(
+  default: Any, *, per_run="", switch=False, resume=None, hparam=False, invocation=False
+) -> Any:
   """A settings field with its `default` and what the program must know of it (the keys
   above; `per_run`: "", TRACED or STATE), as `dataclasses.field` metadata."""
-  meta = {PER_RUN: per_run, SWITCH: switch, RESUME: resume, HPARAM: hparam}
+  meta = {PER_RUN: per_run, SWITCH: switch, RESUME: resume, HPARAM: hparam, INVOCATION: invocation}
   return dataclasses.field(default=default, metadata=meta)
 
 

@@ -376,9 +376,15 @@ class TrainSettings(Section):
   max_skipped_updates: int = 10  # stop after this many consecutive non-finite updates
   max_failed_verifier_steps: int = 3  # steps in a row a verifier may fail every call (0 = no limit)
   text_samples: int = 8  # completions shown in the TensorBoard text summary
-  stop_after_steps: int = 0  # end this invocation after N steps (time-limited jobs; 0 = off)
-  profile_steps: int = 0  # trace N RL steps after the compiling one (TensorBoard Profile tab)
-  resume_changed: bool = False  # resume a workdir whose learned settings or prompt files changed
+  stop_after_steps: int = setting(
+    0, invocation=True
+  )  # end this invocation after N steps (time-limited jobs; 0 = off)
+  profile_steps: int = setting(
+    0, invocation=True
+  )  # trace N RL steps after the compiling one (TensorBoard Profile tab)
+  resume_changed: bool = setting(
+    False, invocation=True
+  )  # resume a workdir whose learned settings or prompt files changed
 
   def errors(self) -> list[str]:
     """Periods, k and limits >= 1; optional counts >= 0."""

@@ -159,7 +159,7 @@ class Config:
 
 def tagged(key: str, value: Any = None) -> tuple[str, ...]:
   """The dotted names of every setting whose declaration tags it `key` (`config.fields`:
-  PER_RUN, SWITCH, HPARAM; the model's "numerics"), to `value` if given, in config order."""
+  PER_RUN, SWITCH, HPARAM, INVOCATION; the model's "numerics"), to `value` if given, in config order."""
   top = [f.name for f in dataclasses.fields(Config) if tag_matches(f, key, value)]  # seed
   out = [name for name in top if name not in Config.sections()]
   for name, cls in Config.sections().items():

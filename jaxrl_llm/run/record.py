@@ -18,6 +18,7 @@ from jaxrl_llm import __version__, backend, metric_info, paths
 from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm.config import (
   HPARAM,
+  INVOCATION,
   PER_RUN,
   STATE,
   SWITCH,
@@ -251,12 +252,18 @@ def newest_record(workdir: str) -> dict | None:
   return record
 
 
-def _results_fields(fields):
-  """A config record less the fields that end an invocation without changing what it computes
-  (`train.stop_after_steps`): a relaunch that changes only those writes no new record."""
-  if not isinstance(fields, dict) or not isinstance(fields.get("train"), dict):
+def results_fields(fields):
+  """A config record (its `config` object) less the settings that only end or pace an
+  invocation (declared `invocation=True`: `train.stop_after_steps`, ...): a relaunch that
+  changes only those writes no new record, and plots group runs without them."""
+  if not isinstance(fields, dict):
     return fields
-  return {**fields, "train": {k: v for k, v in fields["train"].items() if k != "stop_after_steps"}}
+  out = dict(fields)
+  for name in tagged(INVOCATION):
+    section, _, field = name.partition(".")
+    if isinstance(out.get(section), dict):
+      out[section] = {k: v for k, v in out[section].items() if k != field}
+  return out
 
 
 def record_run(
@@ -284,7 +291,7 @@ def record_run(
   first = latest is None
   if (
     not first
-    and _results_fields(latest.get("config")) == _results_fields(fields)
+    and results_fields(latest.get("config")) == results_fields(fields)
     and latest.get("data_files", files) == files
   ):
     return None
