@@ -324,8 +324,7 @@ def record_run(
 
 def settings(record: Mapping) -> dict[str, object]:
   """A `config.json` record's fields as {dotted name: value}, each objective hyperparameter as
-  the run used it (its `resolved` entry, where the record has one: an unset field's default).
-  Raises KeyError/AttributeError where `record` has no {"config": {...}}."""
+  the run used it (`_as_used`: its `resolved` entry, an unset field's default)."""
 
   def flat(tree: Mapping, prefix: str = "") -> dict[str, object]:
     out: dict[str, object] = {}
@@ -336,11 +335,7 @@ def settings(record: Mapping) -> dict[str, object]:
         out[f"{prefix}{k}"] = v
     return out
 
-  fields = flat(record["config"])
-  resolved = record.get("resolved")
-  if isinstance(resolved, dict):
-    fields |= {k: v for k, v in resolved.items() if k in fields}
-  return fields
+  return flat(_as_used(record))
 
 
 def parameter_counts(params, mc) -> tuple[int, int]:
