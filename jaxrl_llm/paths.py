@@ -176,10 +176,23 @@ def publish(tmp: str | os.PathLike, dest: str | os.PathLike) -> None:
   """Moves local file `tmp` over `dest` in one rename, first giving it the permissions a file
   created with `open` would have (0o666 less the umask): a library that writes its files
   owner-only (safetensors) must not make an export unreadable to others."""
+  os.chmod(tmp, 0o666 & ~_umask())
+  os.replace(tmp, dest)
+
+
+def _umask() -> int:
+  """The process's umask, read where the system shows it (Linux's /proc/self/status) so that
+  no other thread's file is created under a changed one; elsewhere set and restored at once."""
+  try:
+    with open("/proc/self/status") as f:
+      for line in f:
+        if line.startswith("Umask:"):
+          return int(line.split()[1], 8)
+  except (OSError, ValueError, IndexError):
+    pass
   umask = os.umask(0)
   os.umask(umask)
-  os.chmod(tmp, 0o666 & ~umask)
-  os.replace(tmp, dest)
+  return umask
 
 
 def write_csv(path: PathLike, header: Sequence[str], rows: Iterable[Sequence[object]]) -> None:
