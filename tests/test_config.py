@@ -191,3 +191,32 @@ def test_example_config_names_the_paths_it_needs(tmp_path):
   assert proc.returncode == 2
   assert "--config.model.checkpoint=..." in proc.stderr
   assert "--config.data.train_files=..." in proc.stderr
+
+
+def test_a_built_in_task_takes_only_the_terms_its_verifier_scores():
+  """Without prompt files a weighted reward term must be one the built-in verifiers return
+  (`correct`, `format`, `partial`): a typo in the whole-dict form is named with the allowed
+  terms when parsed, before the warm start runs (it used to fail at the RL step's trace with a
+  KeyError); the allowed terms are exactly those the verifier returns."""
+  import numpy as np
+
+  from jaxrl_llm.config import parse
+  from jaxrl_llm.data.tasks import get_task
+  from jaxrl_llm.data.tasks.base import REWARD_TERMS
+
+  config = tiny_config()
+  config.task.reward_weights = {"correct": 1.0, "fromat": 0.5}
+  with pytest.raises(ConfigError) as err:
+    parse(config)
+  assert str(err.value) == (
+    "invalid config: task.reward_weights names 'fromat', which the built-in task 'reverse' "
+    "does not score; allowed: correct, format, partial"
+  )
+  config.task.reward_weights = {"correct": 1.0, "fromat": 0.0}  # weight 0: never read
+  parse(config)
+  task = get_task("reverse")
+  batch = task.eval_examples()
+  answer = np.asarray(batch["answer"])[:4]
+  mask = np.asarray(batch["answer_mask"])[:4]
+  terms = task.reward_terms(np.asarray(batch["tokens"])[:4], answer, mask, answer, mask)
+  assert tuple(terms) == REWARD_TERMS

@@ -131,14 +131,25 @@ class Config:
     return out + self._file_reward_errors()
 
   def _file_reward_errors(self) -> list[str]:
-    """With prompt files every weighted reward term is a host verifier, or `correct` (the
-    verifier `data.correct_term` names), and each has the optional package it needs."""
+    """Every weighted reward term is one the task scores: with prompt files a host verifier, or
+    `correct` (the verifier `data.correct_term` names), each with the optional package it needs;
+    without, a built-in verifier's term (`tasks.base.REWARD_TERMS`)."""
     from jaxrl_llm.data import verifiers  # light; imported here to keep this lean
 
     known = {"correct", *verifiers.REWARD_FNS}
     used = [k for k, w in self.task.reward_weights if w]
     if not self.uses_files:
-      return []
+      from jaxrl_llm.data.tasks.base import REWARD_TERMS  # the built-in verifiers' terms
+
+      return (
+        [
+          f"task.reward_weights names {', '.join(repr(k) for k in used if k not in REWARD_TERMS)}, "
+          f"which the built-in task {self.task.name!r} does not score; allowed: "
+          f"{', '.join(REWARD_TERMS)}"
+        ]
+        if set(used) - set(REWARD_TERMS)
+        else []
+      )
     if [k for k in used if k not in known]:
       return [
         f"task.reward_weights names {', '.join(repr(k) for k in used if k not in known)}, which "

@@ -44,6 +44,10 @@ def ranged(default, low: float, high: float):
   return dataclasses.field(default=default, metadata={"range": (low, high)})
 
 
+# The reward terms every built-in task's verifier returns (`BuiltinTask.reward_terms`): what
+# `task.reward_weights` may weight without prompt files.
+REWARD_TERMS = ("correct", "format", "partial")
+
 # Problem spaces up to this size are enumerated; larger ones are sampled.
 MAX_ENUMERATED_PROBLEMS = 1 << 22
 # Training-set size used for sampled (non-enumerable) spaces when ``train_size`` is None.
@@ -299,7 +303,7 @@ class BuiltinTask(Task):
     match = (aligned == answer) & answer_mask  # [B, A]
     correct = terminated & (first_eos + 1 == n_answer) & jnp.all(match | ~answer_mask, -1)
     partial = match.sum(-1) / jnp.maximum(n_answer, 1)
-    out = {"correct": correct, "format": well_formed, "partial": partial}
+    out = dict(zip(REWARD_TERMS, (correct, well_formed, partial), strict=True))
     out = {k: v.astype(jnp.float32) for k, v in out.items()}
     chex.assert_shape(list(out.values()), (b,))
     return out

@@ -22,7 +22,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxrl_llm.data.tasks.base import TASK_DEFAULTS, BuiltinTask, _mix64, ranged, tool_share
+from jaxrl_llm.data.tasks.base import (
+  REWARD_TERMS,
+  TASK_DEFAULTS,
+  BuiltinTask,
+  _mix64,
+  ranged,
+  tool_share,
+)
 
 OPS = "+-*"
 MAX_TARGET = 99  # targets are written with two digits
@@ -236,5 +243,5 @@ class CountdownTask(BuiltinTask):
     (value, _), _ = lax.scan(chain, (jnp.zeros((b,), jnp.int32), jnp.zeros((b,), jnp.int32)), xs)
     correct = legal & (value == target)
     partial = jnp.where(legal, (10 - jnp.minimum(jnp.abs(value - target), 10)) / 10, 0.0)
-    out = {"correct": correct, "format": well_formed, "partial": partial}
+    out = dict(zip(REWARD_TERMS, (correct, well_formed, partial), strict=True))
     return {k: v.astype(jnp.float32) for k, v in out.items()}
