@@ -324,7 +324,8 @@ def record_run(
 
 def settings(record: Mapping) -> dict[str, object]:
   """A `config.json` record's fields as {dotted name: value}, each objective hyperparameter as
-  the run used it (`_as_used`: its `resolved` entry, an unset field's default)."""
+  the run used it (`_as_used`: its `resolved` entry, an unset field's default). Raises
+  KeyError/TypeError/AttributeError where `record` has no {"config": {...}}."""
 
   def flat(tree: Mapping, prefix: str = "") -> dict[str, object]:
     out: dict[str, object] = {}
@@ -335,6 +336,8 @@ def settings(record: Mapping) -> dict[str, object]:
         out[f"{prefix}{k}"] = v
     return out
 
+  if not isinstance(record["config"], Mapping):
+    raise TypeError(f"its config is a {type(record['config']).__name__}, not an object")
   return flat(_as_used(record))
 
 
