@@ -171,11 +171,12 @@ def _arms(roots, fields, cols):
         f"run {d}: its config.json has no {absent[0]!r}, which other runs have; every run of "
         "the table needs each group_by field"
       )
-  _check_lengths([(d, scalars) for _, d, _, scalars in loaded], cols)
+  key_of = {d: tuple(str(cfg.get(f)) for f in fields) for _, d, cfg, _ in loaded}
+  _check_lengths([(d, key_of[d], cfg, scalars) for _, d, cfg, scalars in loaded], cols)
   arms: dict[tuple, dict[int, list]] = {}
   per_run = []
   for root, d, cfg, scalars in loaded:
-    key = tuple(str(cfg.get(f)) for f in fields)
+    key = key_of[d]
     row = [value(scalars.get(c.rsplit("@", 1)[0], []), c.rsplit("@", 1)[1]) for c in cols]
     seed = int(cfg.get("seed", 0))
     if seed in arms.setdefault(key, {}):
@@ -190,31 +191,40 @@ def _arms(roots, fields, cols):
 
 def _check_lengths(runs, cols):
   """Exits with one line when a column reads past a run's end (`@STEP` or `@avg:A-B` beyond
-  the run's last logged step) or `@final`, `@avg` or `@sum` would compare runs whose tag ends
-  at different steps (a run that stopped early would count as if it had finished)."""
+  the run's last logged step), or `@final`, `@avg` or `@sum` would read a run that stopped early
+  as finished: one that ended before its own `train.num_steps`, or whose tag ends at another
+  step than the other seeds' of its arm. Arms may differ in length (e.g. in train.num_steps):
+  each run's `@final` is its own end. `runs`: (run dir, arm key, flat config, scalars)."""
   last = {d: max((s for series in scalars.values() for s, _ in series), default=0)
-          for d, scalars in runs}  # fmt: skip
+          for d, _, _, scalars in runs}  # fmt: skip
   for col in cols:
     tag, _, what = col.rpartition("@")
     at = int(what) if what.isdigit() else int(what.split("-")[1]) if ":" in what else None
-    ends = {}  # run -> the step its tag's last value was logged at
-    for d, scalars in runs:
-      end = last[d]
+    ends = {}  # arm -> {run: the step its tag's last value was logged at}
+    for d, key, cfg, scalars in runs:
+      end, planned = last[d], cfg.get("train.num_steps")
       if at is not None and end < at:
         _fail(
           f"run {d} ends at step {end}; column {col!r} reads step {at} (a run that stopped "
           "early? finish it, or leave it out of the table)"
         )
+      if at is None and isinstance(planned, int) and end < planned:
+        _fail(
+          f"run {d} ends at step {end} of its train.num_steps={planned}; column {col!r} would "
+          "read it as finished (a run that stopped early? finish it, or read a step every run "
+          "reached with @STEP)"
+        )
       if at is None and scalars.get(tag):
-        ends[d] = max(s for s, _ in scalars[tag])
-    if len(set(ends.values())) > 1:
-      order = sorted(ends.items(), key=lambda kv: kv[1])
-      (d1, s1), (d2, s2) = order[0], order[-1]
-      _fail(
-        f"column {col!r}: run {d1}'s {tag!r} ends at step {s1}, run {d2}'s at {s2}; @{what} "
-        "compares runs of one length (a run that stopped early? finish it, or read a step both "
-        "reached with @STEP)"
-      )
+        ends.setdefault(key, {})[d] = max(s for s, _ in scalars[tag])
+    for arm in ends.values():
+      if len(set(arm.values())) > 1:
+        order = sorted(arm.items(), key=lambda kv: kv[1])
+        (d1, s1), (d2, s2) = order[0], order[-1]
+        _fail(
+          f"column {col!r}: run {d1}'s {tag!r} ends at step {s1}, run {d2}'s at {s2} in one "
+          f"arm; @{what} compares the seeds of an arm at one length (a run that stopped early? "
+          "finish it, or read a step both reached with @STEP)"
+        )
 
 
 def _table(header, rows):

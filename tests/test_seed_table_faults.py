@@ -162,8 +162,8 @@ def _cut_at(root, run, last_step):
 @pytest.mark.parametrize(
   "col, says",
   [
-    ("eval/accuracy@final", "'eval/accuracy' ends at step 30, run "),
-    ("eval/accuracy@avg", "@avg compares runs of one length"),
+    ("eval/accuracy@final", "ends at step 30 of its train.num_steps=60; column 'eval/accuracy@f"),
+    ("eval/accuracy@avg", "would read it as finished"),
     ("eval/accuracy@60", "ends at step 30; column 'eval/accuracy@60' reads step 60"),
     ("eval/accuracy@avg:40-60", "reads step 60"),
   ],
@@ -177,6 +177,30 @@ def test_a_run_that_stopped_early_is_named_not_read_as_finished(root, capsys, co
   assert out == "" and "calc_s2" in err and says in err, err
   seed_table.main([f"--root={root}", "--group_by=sampling.tool", "--cols=eval/accuracy@30"])
   assert "eval/accuracy@30" in capsys.readouterr().out  # a step every run reached: a table
+
+
+def test_arms_of_other_lengths_each_end_at_their_own_end_and_seeds_of_one_arm_must_agree(
+  root, capsys
+):
+  """Arms that differ in train.num_steps (a study comparing 150 updates with 300) each read
+  @final at their own end; they were refused as runs that stopped early. Within one arm, a tag
+  that ends earlier in one seed than in another is still refused."""
+  for run in ("none_s1", "none_s2"):
+    _cut_at(root, run, 30)
+    path = root / run / "config.json"
+    record = json.loads(path.read_text())
+    record["config"]["train"]["num_steps"] = 30
+    path.write_text(json.dumps(record))
+  seed_table.main([f"--root={root}", "--group_by=sampling.tool", f"--cols={COL}"])
+  out = capsys.readouterr().out
+  none = json.loads((root / "none_s1" / "scalars.json").read_text())["eval/accuracy"]
+  assert none[-1][0] == 30 and "| none | 2 |" in out, out
+  path = root / "calc_s2" / "scalars.json"
+  scalars = json.loads(path.read_text())
+  scalars["eval/accuracy"] = [p for p in scalars["eval/accuracy"] if p[0] <= 30]
+  path.write_text(json.dumps(scalars))
+  out, err = _refused(capsys, root, "--group_by=sampling.tool", f"--cols={COL}")
+  assert out == "" and "calc_s2" in err and "in one arm" in err, err
 
 
 def test_a_run_without_a_group_by_field_is_named_not_made_an_arm(root, capsys):
