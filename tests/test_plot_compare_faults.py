@@ -318,6 +318,35 @@ def test_plot_passk_refuses_runs_evaluated_at_other_steps(tmp_path, capsys):
   assert png.exists()
 
 
+def test_plot_passk_reads_each_arm_at_its_end_and_names_a_nan(tmp_path, capsys):
+  """Arms of other lengths (0.28's seeds evaluated last at step 5, 0.2's at 3) each give their
+  own last evaluation (they were refused as runs that stopped early); a NaN pass@k of one seed
+  is named (it was dropped from a mean still labelled with every seed)."""
+  runs = tmp_path / "runs"
+  for seed in (0, 1):
+    _write_run(runs / f"c0.2_s{seed}", 0.2, seed)
+    longer = runs / f"c0.28_s{seed}"
+    _write_run(longer, 0.28, seed)
+    with metrics.SummaryWriter(str(longer)) as w:
+      w.scalars(5, {"eval/sample_accuracy": 0.5 + seed, "eval/pass@2": 0.7 + seed})
+  loaded, grid = plot.load_runs([str(runs)])
+  _, curves = plot.passk_data(loaded, grid_fields=grid)
+  means = {c.arm.label: c.mean.tolist() for c in curves}
+  assert means == {
+    "clip_high=0.2": pytest.approx([0.28, 0.38]),
+    "clip_high=0.28": pytest.approx([1.0, 1.2]),
+  }, means
+  third = runs / "c0.2_s2"
+  with metrics.SummaryWriter(str(third)) as w:
+    w.scalars(3, {"eval/sample_accuracy": 0.3, "eval/pass@2": float("nan")})
+  (third / "config.json").write_text(
+    json.dumps({"config": {"objective": {"clip_high": 0.2}, "seed": 2}})
+  )
+  png = tmp_path / "p.png"
+  _one_error(capsys, plot.main(["passk", str(runs), f"--out={png}"]), "eval/pass@2 is nan", "")
+  assert not png.exists()
+
+
 def test_compare_names_a_single_runs_row_by_its_folder(root, capsys):
   """`--root` at one run's workdir: its row is named by the folder (it was `.`)."""
   assert compare.main([f"--root={root / 'c0.2_s1'}", "--tags=eval/accuracy"]) == 0

@@ -542,7 +542,8 @@ def passk_data(
   group_by: Sequence[str] | None = None,
   where: Sequence[str] = (),
 ) -> tuple[list[Arm], list[Curve]]:
-  """Each arm's pass@k curve at `step` (default: each run's last evaluation): k = 1
+  """Each arm's pass@k curve at `step` (default: each run's last evaluation, one step for the
+  seeds of an arm; arms may end at other steps): k = 1
   (`eval/sample_accuracy`) and every k of an `eval/pass@k` tag, the mean over seeds with its t
   95% interval (none below 3 seeds). A Curve's `steps` hold the k values."""
   arms = arms_for(runs, grid_fields, group_by, where)
@@ -560,22 +561,23 @@ def passk_data(
         f"--step={step}: no eval/pass@k logged there; eval steps: "
         + ", ".join(map(str, sorted(steps)))
       )
-  if step is None:  # each run's last evaluation: the same step, or runs that stopped early
-    last = {}
-    for r in selected:
-      steps = [s for s, _ in r.scalars.get(f"eval/pass@{ks[1]}", [])]
-      if not steps:
-        raise PlotError(f"{r.name}: logged no eval/pass@{ks[1]}; every run of the curve needs it")
-      last[r.name] = max(steps)
-    if len(set(last.values())) > 1:
-      (n1, s1), (n2, s2) = (
-        min(last.items(), key=lambda kv: kv[1]),
-        max(last.items(), key=lambda kv: kv[1]),
-      )
-      raise PlotError(
-        f"{n1}'s last eval/pass@{ks[1]} is at step {s1}, {n2}'s at {s2} (a run that stopped "
-        "early?); pick a step every run evaluated with --step"
-      )
+  if step is None:  # each run's last evaluation: one step per arm, or a run stopped early
+    for arm in arms:
+      last = {}
+      for r in arm.runs:
+        steps = [s for s, _ in r.scalars.get(f"eval/pass@{ks[1]}", [])]
+        if not steps:
+          raise PlotError(f"{r.name}: logged no eval/pass@{ks[1]}; every run of the curve needs it")
+        last[r.name] = max(steps)
+      if len(set(last.values())) > 1:
+        (n1, s1), (n2, s2) = (
+          min(last.items(), key=lambda kv: kv[1]),
+          max(last.items(), key=lambda kv: kv[1]),
+        )
+        raise PlotError(
+          f"{n1}'s last eval/pass@{ks[1]} is at step {s1}, {n2}'s at {s2}, seeds of one arm "
+          "(a run that stopped early?); pick a step every run evaluated with --step"
+        )
   out = []
   for arm in arms:
     per_run = []
@@ -589,10 +591,15 @@ def passk_data(
           raise PlotError(
             f"{r.name}: no {tag} at step {at}; every run of a pass@k curve needs each k there"
           )
+        if not math.isfinite(pts[at]):
+          raise PlotError(
+            f"{r.name}: {tag} is {pts[at]} at step {at}; a pass@k curve averages finite values "
+            "(leave the run out with --where, or pick another --step)"
+          )
         row.append(pts[at])
       per_run.append(row)
     values = np.array(per_run, dtype=np.float64)
-    mean = np.nanmean(values, axis=0)
+    mean = values.mean(axis=0)
     lo = hi = mean
     if len(per_run) > 2:
       from scipy import stats
