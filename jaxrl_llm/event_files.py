@@ -72,15 +72,27 @@ def _resumed_past(record) -> bool:
   return "out of order event" not in record.getMessage()
 
 
+class _Accumulator(event_accumulator.EventAccumulator):
+  """TensorBoard's reader, whose purge at a restart mark (`SummaryWriter.restart`: a resumed
+  launch) also drops the tensor summaries (text, histograms) an earlier launch logged at that
+  step or later, as it drops scalars; TensorBoard's own plugin reader drops them too."""
+
+  def _Purge(self, event, by_tags):
+    super()._Purge(event, by_tags)
+    if not by_tags:
+      self.tensors.FilterItems(lambda x: x.step < event.step)
+
+
 def load(logdir: str) -> event_accumulator.EventAccumulator:
   """Every event in `logdir`'s event files, as TensorBoard's reader keeps them (nothing
-  sampled away); the readers of `metrics` read through it."""
+  sampled away; what a resumed launch logged again replaces the earlier launch's, tensor
+  summaries included); the readers of `metrics` read through it."""
   from tensorboard.util import tb_logging
 
   guidance = {k: 0 for k in event_accumulator.STORE_EVERYTHING_SIZE_GUIDANCE}
   logger = tb_logging.get_logger()
   logger.addFilter(_resumed_past)
   try:
-    return event_accumulator.EventAccumulator(os.fspath(logdir), size_guidance=guidance).Reload()
+    return _Accumulator(os.fspath(logdir), size_guidance=guidance).Reload()
   finally:
     logger.removeFilter(_resumed_past)

@@ -394,3 +394,28 @@ def test_trial_ids_fall_back_to_values_when_initials_clash_or_run_long():
   cfg = parse(tiny_config(**{"optim.learning_rate": 0.0001234567, "seed": 12345}))
   assert record.trial_name(cfg, ["optim.learning_rate"], "w") == "0.0001234567 12345"
   assert record.trial_name(cfg, [], "w") == "w"
+
+
+def test_a_relaunch_replaces_the_text_and_histograms_logged_past_its_step(tmp_path):
+  """The restart mark drops an earlier launch's text and histograms (tensor summaries) at its
+  step or later, as it drops scalars and as TensorBoard's Text dashboard does: a killed and
+  resumed run's samples were read back twice for the relogged steps (`tools/export_runs.py`
+  wrote both launches' rows)."""
+  with metrics.SummaryWriter(tmp_path) as writer:
+    writer.restart(1)
+    for step in range(1, 5):
+      writer.text(step, "samples", f"first {step}")
+      writer.histograms(step, {"h": np.full(4, float(step))})
+  time.sleep(1.1)  # the relaunch's event file is named by a later second
+  with metrics.SummaryWriter(tmp_path) as writer:
+    writer.restart(3)
+    for step in (3, 4):
+      writer.text(step, "samples", f"second {step}")
+      writer.histograms(step, {"h": np.full(4, 10.0 * step)})
+  kept = [(1, "first 1"), (2, "first 2"), (3, "second 3"), (4, "second 4")]
+  assert metrics.read_text(tmp_path) == {"samples": kept}
+  hist = metrics.read_histograms(tmp_path)["h"]
+  assert [s for s, _ in hist] == [1, 2, 3, 4]
+  text = _plugins(tmp_path)[2]
+  shown = text.text_impl(context.RequestContext(), ".", "samples", "", enable_markdown=True)
+  assert [row["step"] for row in shown] == [s for s, _ in kept]
