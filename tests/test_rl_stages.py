@@ -221,6 +221,43 @@ def test_microbatch_metrics_sum_losses_and_average_the_rest():
   np.testing.assert_array_equal(split["x"][0], [[0, 1], [6, 7]])  # rows 0 and 3: strided
 
 
+def test_a_slice_that_trained_no_token_does_not_count_as_zero():
+  """Token means are weighted by the tokens of their slices: a microbatch or minibatch that
+  dynamic sampling or the overlong filter left empty (its masked means 0) halved the step's
+  entropy and set ratio_min = ratio_max = 0.5; with no token at all they are NaN, not 0."""
+  T, K = rl_metrics.TOKENS, rl_metrics.KEPT
+  micro = {
+    "policy/loss": jnp.array([1.0, 0.0]),
+    "policy/entropy": jnp.array([3.0, 0.0]),
+    "policy/ratio_min": jnp.array([0.9, 0.0]),
+    "policy/ratio_max": jnp.array([1.1, 0.0]),
+    "policy/clip_frac_low": jnp.array([0.25, 0.0]),
+    "policy/clip_frac_high": jnp.array([0.5, 0.0]),
+    T: jnp.array([6.0, 0.0]),
+    K: jnp.array([4.0, 0.0]),
+  }
+  mb = rl_metrics.microbatch_mean(micro, 2)
+  assert float(mb["policy/loss"]) == 1.0 and float(mb["policy/entropy"]) == 3.0
+  assert (float(mb["policy/ratio_min"]), float(mb["policy/ratio_max"])) == (
+    pytest.approx(0.9),
+    pytest.approx(1.1),
+  )
+  empty = jax.tree.map(jnp.zeros_like, mb)
+  other = {**mb, "policy/entropy": jnp.float32(1.0), "policy/clip_frac_low": jnp.float32(0.0)}
+  other |= {T: jnp.float32(2.0), K: jnp.float32(12.0)}
+  stacked = jax.tree.map(lambda *xs: jnp.stack(xs), mb, empty, other)
+  out = rl_metrics.update_summary({**stacked, "optim/skipped_updates": jnp.zeros(3)})
+  assert float(out["policy/entropy"]) == pytest.approx((3.0 * 4 + 1.0 * 12) / 16)  # over m'
+  assert float(out["policy/clip_frac_low"]) == pytest.approx(0.25 * 6 / 8)  # over m
+  assert float(out["policy/ratio_min"]) == pytest.approx(0.9)
+  assert rl_metrics.TOKENS not in out and rl_metrics.KEPT not in out
+  none = rl_metrics.update_summary(
+    {**jax.tree.map(lambda x: x[1:2], stacked), "optim/skipped_updates": jnp.zeros(1)}
+  )
+  assert np.isnan(float(none["policy/entropy"])) and np.isnan(float(none["policy/ratio_max"]))
+  assert float(none["policy/loss"]) == 0.0  # the loss of no token is 0
+
+
 def test_auto_microbatches_and_remat_are_resolved_from_the_shape():
   rl = _settings(**{"rl.microbatch_tokens": 1000}).rl
   assert (rl.num_microbatches, rl.remat) == (0, "auto")

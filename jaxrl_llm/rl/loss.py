@@ -160,6 +160,7 @@ def loss_from_scores(
     metrics.update(rl_metrics.moe_routing(sc.moe, mb))
   total, reg_metrics = add_regularizers(total, sc, mb, norms.kept, settings, max_len)
   metrics.update(reg_metrics)
+  metrics.update(rl_metrics.token_counts(mb.loss_mask, kept_mask(mb)))
   metrics["policy/total_loss"] = total
   return total, metrics
 

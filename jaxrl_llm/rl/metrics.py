@@ -106,25 +106,62 @@ def moe_load(moe, layers: Sequence[int]) -> Metrics:
 
 # Scalars that add up over microbatches: each is one slice of a minibatch-level sum (§5).
 SUMMED = ("policy/loss", "policy/total_loss", "kl/loss", "value/loss", "kl/ref_kl")
+# The tokens a slice's (microbatch's, then minibatch's) means are over, carried beside its
+# metrics to weight their reduction and dropped by `update_summary`: the loss mask m and the
+# kept mask m' (§3). A slice that trained no token (dynamic sampling or the overlong filter
+# left none) has no entropy, ratio or clip fraction: it must not count as 0.
+TOKENS, KEPT = "_tokens", "_kept_tokens"
+TOKEN_MEANS = ("policy/", "behaviour/", "value/")  # masked means over m: weighted by TOKENS
+OVER_KEPT = ("policy/entropy", "value/mean")  # masked means over m': weighted by KEPT
 
 
-def microbatch_mean(metrics: Metrics, num_microbatches: int) -> Metrics:
-  """Reduces stacked microbatch metrics: the SUMMED slices are summed, the rest averaged."""
-  out = jax.tree.map(jnp.mean, metrics)
-  for key in SUMMED:
-    if key in out:
-      out[key] = out[key] * num_microbatches
+def token_counts(loss_mask: jax.Array, kept_mask: jax.Array) -> Metrics:
+  """{TOKENS, KEPT} of one microbatch: the counts its token means are over."""
+  return {
+    TOKENS: jnp.sum(loss_mask, dtype=jnp.float32),
+    KEPT: jnp.sum(kept_mask, dtype=jnp.float32),
+  }
+
+
+def _reduce(metrics: Metrics, plain) -> Metrics:
+  """Stacked slice metrics [N] → one value each: a token mean weighted by its slices' tokens
+  (NaN where none had one), a token `_min`/`_max` over the slices that had tokens, the counts
+  summed, anything else `plain(key, values)` (so without counts: as before)."""
+  out = {}
+  for key, v in metrics.items():
+    counted = TOKENS in metrics and v.ndim == 1 and key not in SUMMED
+    if key in (TOKENS, KEPT):
+      out[key] = jnp.sum(v)
+    elif counted and key.startswith(TOKEN_MEANS):
+      n = metrics[KEPT if key in OVER_KEPT else TOKENS]
+      has = n > 0
+      if key.endswith(("_min", "_max")):
+        pick, fill = (jnp.min, jnp.inf) if key.endswith("_min") else (jnp.max, -jnp.inf)
+        out[key] = jnp.where(jnp.any(has), pick(jnp.where(has, v, fill)), jnp.nan)
+      else:  # 0 / 0 = NaN: no token, no value
+        out[key] = jnp.sum(jnp.where(has, v, 0.0) * n) / jnp.sum(n)
+    else:
+      out[key] = plain(key, v)
   return out
 
 
+def microbatch_mean(metrics: Metrics, num_microbatches: int) -> Metrics:
+  """Reduces stacked microbatch metrics: the SUMMED slices are summed, token means weighted
+  by their microbatches' tokens (`_reduce`), the rest averaged."""
+  return _reduce(metrics, lambda k, v: jnp.mean(v) * (num_microbatches if k in SUMMED else 1))
+
+
 def update_summary(mb_metrics: Metrics) -> Metrics:
-  """Per-minibatch metrics [E*M] → their means, plus the first minibatch's clip fraction."""
-  out = jax.tree.map(jnp.mean, mb_metrics)
-  if "optim/skipped_updates" in mb_metrics:  # a count over the step's updates
-    out["optim/skipped_updates"] = jnp.sum(mb_metrics["optim/skipped_updates"])
+  """Per-minibatch metrics [E*M] → one value each (token means weighted by their minibatches'
+  tokens, `_reduce`; skipped updates counted; the rest averaged), plus the first minibatch's
+  clip fraction."""
+  count = "optim/skipped_updates"  # a count over the step's updates
+  out = _reduce(mb_metrics, lambda k, v: jnp.sum(v) if k == count else jnp.mean(v))
   out["policy/clip_frac_first_minibatch"] = (
     mb_metrics["policy/clip_frac_low"][0] + mb_metrics["policy/clip_frac_high"][0]
   )
+  out.pop(TOKENS, None)
+  out.pop(KEPT, None)
   return out
 
 
