@@ -217,7 +217,8 @@ def test_resuming_after_a_prompt_file_changed_is_refused_naming_the_file(tmp_pat
   workdir, data = str(tmp_path / "run"), overrides["data.train_files"]
   train_and_evaluate(parse(tiny_config(**overrides)), workdir)
   saved = json.loads((tmp_path / "run" / "config.json").read_text())
-  assert list(saved["data_files"]) == [data] and saved["data_files"][data]["bytes"] > 0
+  assert list(saved["data_files"]) == [data, record.TOKENIZER]
+  assert saved["data_files"][data]["bytes"] > 0
   unset = saved["config"]["objective"]["clip_high"] is None  # the objective's default: as used
   assert unset and saved["resolved"]["objective.clip_high"] == 0.2
   write_math_jsonl(data, n=40)  # other contents, same path
@@ -241,6 +242,49 @@ def test_resuming_after_a_prompt_file_changed_is_refused_naming_the_file(tmp_pat
   assert sweep.committed_steps(workdir)[-1] == 3
   resumed = json.loads((tmp_path / "run" / "config.resume-2.json").read_text())
   assert resumed["data_files"][data] != json.loads(kept)["data_files"][data]
+
+
+def test_a_resume_that_reads_the_prompts_through_another_vocabulary_is_named(tmp_path):
+  """The run record keeps the prompts' tokenizer's vocabulary (tokens and ids, wherever the
+  tokenizer lies): a resume with a tokenizer of other ids is a changed data setting, named
+  with both sizes (it resumed without a word, the policy reading prompts through ids it never
+  learned); the same tokenizer copied elsewhere is no change; an older record without the
+  vocabulary compares nothing."""
+  import json
+  import shutil
+
+  from conftest import tiny_config
+  from text_fixtures import build_bpe_tokenizer, math_file_run
+
+  from jaxrl_llm.config import parse
+  from jaxrl_llm.run import record
+
+  overrides, _ = math_file_run(tmp_path)
+  config = parse(tiny_config(**overrides))
+  run = tmp_path / "run"
+  run.mkdir()
+  saved = {"config": json.loads(config.to_json()), "data_files": record.data_files(config)}
+  (run / "config.json").write_text(json.dumps(saved))
+  assert saved["data_files"][record.TOKENIZER]["tokens"] > 0
+  moved = shutil.copytree(overrides["data.tokenizer"], tmp_path / "elsewhere")
+  assert (
+    record.changed_data(parse(tiny_config(**{**overrides, "data.tokenizer": str(moved)})), str(run))
+    == []
+  )
+  other = build_bpe_tokenizer(tmp_path / "other", vocab_size=300, eos_token="<|im_end|>")
+  changed = record.changed_data(
+    parse(tiny_config(**{**overrides, "data.tokenizer": str(other)})), str(run)
+  )
+  was = saved["data_files"][record.TOKENIZER]["tokens"]
+  assert len(changed) == 1 and changed[0].startswith(f"tokenizer vocabulary: {was} tokens, "), (
+    changed
+  )
+  del saved["data_files"][record.TOKENIZER]
+  (run / "config.json").write_text(json.dumps(saved))
+  assert (
+    record.changed_data(parse(tiny_config(**{**overrides, "data.tokenizer": str(other)})), str(run))
+    == []
+  )
 
 
 def _checkpoint_with_context(folder, positions: int, **fields):

@@ -170,10 +170,15 @@ def switched(cfg: Config, workdir: str) -> list[str]:
   return out
 
 
+TOKENIZER = "tokenizer"  # data_files' entry of the prompts' tokenizer: its vocabulary
+
+
 def data_files(cfg: Config) -> dict[str, dict[str, int | str]]:
   """{path: {"bytes", "sha256"}} of each prompt file `data.train_files` names (a glob: each
-  file it matches), as read now: the run record keeps it, so a resume finds a file whose
-  contents changed at the same path. Empty for the built-in task."""
+  file it matches), as read now, and under TOKENIZER {"tokens", "sha256"} of the vocabulary of
+  the tokenizer it is read with (`data.tokenizer`, else model.checkpoint's; wherever it lies):
+  the run record keeps them, so a resume finds a file whose contents changed at the same path,
+  or prompts read through other ids. Empty for the built-in task."""
   import hashlib
 
   from jaxrl_llm.data import records
@@ -186,25 +191,50 @@ def data_files(cfg: Config) -> dict[str, dict[str, int | str]]:
         for chunk in iter(lambda f=f: f.read(1 << 20), b""):
           digest.update(chunk)
       out[path] = {"bytes": os.path.getsize(path), "sha256": digest.hexdigest()}
+  if out and (vocabulary := _vocabulary(cfg.data.tokenizer or cfg.model.checkpoint)):
+    text = json.dumps(sorted(vocabulary.items()), ensure_ascii=False).encode()
+    out[TOKENIZER] = {"tokens": len(vocabulary), "sha256": hashlib.sha256(text).hexdigest()}
   return out
+
+
+def _vocabulary(path: str) -> dict[str, int] | None:
+  """{token: id} of the tokenizer at `path` (a directory holding tokenizer.json, or the file),
+  added tokens included; None where it does not read (the task's build names that)."""
+  from tokenizers import Tokenizer
+
+  file = os.path.join(path, "tokenizer.json") if path and os.path.isdir(path) else path
+  try:
+    return Tokenizer.from_file(file).get_vocab(with_added_tokens=True) if file else None
+  except Exception:  # the library's own parse error: reported where the task is built
+    return None
 
 
 def changed_data(cfg: Config, workdir: str) -> list[str]:
   """`data file PATH: saved → now` for each prompt file (`data_files`) whose size or contents
   differ from those the run recorded in `workdir` (`newest_record`), or that it did not read
-  or no longer reads. Empty without a record, or with one older than these fields (compat)."""
+  or no longer reads, and `tokenizer vocabulary: saved → now` where the prompts' tokenizer has
+  other tokens or ids (another path or chat template is no change). Empty without a record,
+  or with one older than these fields (compat)."""
   saved = newest_record(workdir)
   if saved is None or "data_files" not in saved:
     return []
-  old, new = saved["data_files"], data_files(cfg)
+  old, new = dict(saved["data_files"]), data_files(cfg)
+  if TOKENIZER not in old:  # recorded before the vocabulary was: nothing to compare
+    new.pop(TOKENIZER, None)
 
   def shown(entry):
-    return "none" if entry is None else f"{entry['bytes']} bytes, sha256 {entry['sha256'][:12]}"
+    if entry is None:
+      return "none"
+    size = f"{entry['tokens']} tokens" if "tokens" in entry else f"{entry['bytes']} bytes"
+    return f"{size}, sha256 {entry['sha256'][:12]}"
+
+  def name(key):
+    return "tokenizer vocabulary" if key == TOKENIZER else f"data file {key}"
 
   return [
-    f"data file {path}: {shown(old.get(path))} → {shown(new.get(path))}"
-    for path in sorted(set(old) | set(new))
-    if old.get(path) != new.get(path)
+    f"{name(key)}: {shown(old.get(key))} → {shown(new.get(key))}"
+    for key in sorted(set(old) | set(new))
+    if old.get(key) != new.get(key)
   ]
 
 
