@@ -468,3 +468,23 @@ class HFTokenizer:
       add_generation_prompt=add_generation_prompt,
       **{**specials, **kwargs},
     )
+
+
+def vocabulary_digest(path: str) -> dict[str, int | str] | None:
+  """{"tokens", "sha256"} of the vocabulary (token → id, added tokens included) of the tokenizer
+  at `path` (a directory holding tokenizer.json, or the file): the same wherever it lies, other
+  for other ids. None where it does not read (whoever builds the task names that)."""
+  import hashlib
+  import os
+
+  from tokenizers import Tokenizer
+
+  file = os.path.join(path, "tokenizer.json") if path and os.path.isdir(path) else path
+  try:
+    vocabulary = Tokenizer.from_file(file).get_vocab(with_added_tokens=True) if file else None
+  except Exception:  # the library's own parse error
+    return None
+  if vocabulary is None:
+    return None
+  text = json.dumps(sorted(vocabulary.items()), ensure_ascii=False).encode()
+  return {"tokens": len(vocabulary), "sha256": hashlib.sha256(text).hexdigest()}

@@ -181,7 +181,7 @@ def data_files(cfg: Config) -> dict[str, dict[str, int | str]]:
   or prompts read through other ids. Empty for the built-in task."""
   import hashlib
 
-  from jaxrl_llm.data import records
+  from jaxrl_llm.data import records, tokenizers
 
   out = {}
   for spec in (f.strip() for f in cfg.data.train_files.split(",")):
@@ -191,22 +191,11 @@ def data_files(cfg: Config) -> dict[str, dict[str, int | str]]:
         for chunk in iter(lambda f=f: f.read(1 << 20), b""):
           digest.update(chunk)
       out[path] = {"bytes": os.path.getsize(path), "sha256": digest.hexdigest()}
-  if out and (vocabulary := _vocabulary(cfg.data.tokenizer or cfg.model.checkpoint)):
-    text = json.dumps(sorted(vocabulary.items()), ensure_ascii=False).encode()
-    out[TOKENIZER] = {"tokens": len(vocabulary), "sha256": hashlib.sha256(text).hexdigest()}
+  if out and (
+    vocabulary := tokenizers.vocabulary_digest(cfg.data.tokenizer or cfg.model.checkpoint)
+  ):
+    out[TOKENIZER] = vocabulary
   return out
-
-
-def _vocabulary(path: str) -> dict[str, int] | None:
-  """{token: id} of the tokenizer at `path` (a directory holding tokenizer.json, or the file),
-  added tokens included; None where it does not read (the task's build names that)."""
-  from tokenizers import Tokenizer
-
-  file = os.path.join(path, "tokenizer.json") if path and os.path.isdir(path) else path
-  try:
-    return Tokenizer.from_file(file).get_vocab(with_added_tokens=True) if file else None
-  except Exception:  # the library's own parse error: reported where the task is built
-    return None
 
 
 def changed_data(cfg: Config, workdir: str) -> list[str]:
@@ -228,14 +217,37 @@ def changed_data(cfg: Config, workdir: str) -> list[str]:
     size = f"{entry['tokens']} tokens" if "tokens" in entry else f"{entry['bytes']} bytes"
     return f"{size}, sha256 {entry['sha256'][:12]}"
 
-  def name(key):
-    return "tokenizer vocabulary" if key == TOKENIZER else f"data file {key}"
-
+  name = {TOKENIZER: "tokenizer vocabulary"}
   return [
-    f"{name(key)}: {shown(old.get(key))} → {shown(new.get(key))}"
+    f"{name.get(key, f'data file {key}')}: {shown(old.get(key))} → {shown(new.get(key))}"
     for key in sorted(set(old) | set(new))
     if old.get(key) != new.get(key)
   ]
+
+
+def schedules_moved(members, step: int) -> str:
+  """`schedule_moved` of each run (`members`: .prefix, .config, .workdir) at `step`, joined."""
+  return "; ".join(
+    m.prefix + x for m in members if (x := schedule_moved(m.config, m.workdir, step))
+  )
+
+
+def schedule_moved(cfg: Config, workdir: str, step: int) -> str | None:
+  """`learning rate at update U: saved → now` where `cfg`'s schedule (train.num_steps × epochs ×
+  minibatches updates, shaped by optim.*) differs at `step` from the one `workdir` recorded."""
+  now_total = cfg.train.num_steps * cfg.rl.num_epochs * cfg.rl.num_minibatches
+  try:
+    c = newest_record(workdir)["config"]
+    old, per_step = type(cfg.optim).from_section(c["optim"]), c["rl"]["num_epochs"]
+    per_step *= c["rl"]["num_minibatches"]
+    total = c["train"]["num_steps"] * per_step
+  except (KeyError, TypeError, ValueError):  # no record, or one of another shape: no comparison
+    return None
+  at = step * per_step  # the optimiser's update count in the checkpoint
+  was, now = (float(o.build(t)[1](at)) for o, t in ((old, total), (cfg.optim, now_total)))
+  if step > 0 and abs(was - now) > 1e-6 * max(abs(was), abs(now)):
+    return f"learning rate at update {at}: {was:.3g} → {now:.3g} ({total} → {now_total} updates)"
+  return None
 
 
 STOPPED = "stopped.json"  # in a pack's run folder: the run its guards stopped, and why
