@@ -430,6 +430,16 @@ class Checkpointer:
     problems[step] = why
     return None
 
+  def misnamed(self, step: int, held: int) -> CheckpointMismatchError:
+    """The error for step folder `step` holding the state of step `held` (a folder renamed, or
+    copied in from elsewhere): resuming from it would train its steps again, and saving below
+    its number would let the newest-first order drop the later ones."""
+    return CheckpointMismatchError(
+      f"{self.directory / str(step)} holds the state of step {held}, not {step} (a step folder "
+      f"renamed or copied in?); rename it to {held} or move it out of {self.directory}, then "
+      "relaunch; nothing was changed"
+    )
+
   def _move_step_aside(self, step: int, label: str) -> None:
     """Renames the committed step `step` to `<step>.<label>-<time>` (process 0): a newer step
     than the one that loaded, corrupt or unverified, kept for the user to inspect."""

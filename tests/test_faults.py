@@ -574,6 +574,23 @@ def test_a_full_disk_ends_in_one_clear_line_and_keeps_the_last_checkpoint(small_
   assert step == steps[-1]
 
 
+def test_a_step_folder_holding_another_steps_state_is_refused(tmp_path):
+  """`checkpoints/5` holding the state of step 2 (a folder renamed, or copied in): the run
+  resumed from it at step 2, saved steps 3-4 below 5, and the next launch took 5 again and let
+  the newest-first order delete step 4. Now one line names the folder and the step it holds;
+  nothing is changed."""
+  workdir = tmp_path / "run"
+  config = {"sft.steps": 0, "train.num_steps": 2, "train.checkpoint_every": 1}
+  train_and_evaluate(tiny_config(**config), str(workdir))
+  root = workdir / "checkpoints"
+  (root / "2").rename(root / "5")
+  before = sorted(p.name for p in root.iterdir())
+  with pytest.raises(checkpoint.CheckpointMismatchError) as err:
+    train_and_evaluate(tiny_config(**{**config, "train.num_steps": 4}), str(workdir))
+  assert str(err.value).startswith(f"{root / '5'} holds the state of step 2, not 5"), err.value
+  assert "\n" not in str(err.value) and sorted(p.name for p in root.iterdir()) == before
+
+
 @pytest.mark.slow  # ~1 min: three launches of the command line
 def test_a_corrupted_latest_checkpoint_is_set_aside_and_the_run_resumes(tmp_path):
   workdir = tmp_path / "run"

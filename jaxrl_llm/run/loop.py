@@ -126,14 +126,16 @@ def train_iterator(exp: Experiment, shard: tuple[int, int] | None = None):
 
 
 def restore(trainee, ckpt, data, state=None):
-  """The trainee's newest checkpoint that verifies (bad ones set aside) as its state, the
-  data positions set; None without one. One of another run, grid or model is refused.
+  """The trainee's newest checkpoint that verifies (bad ones set aside) as its state, the data
+  positions set; None without one. Refused: another run, grid or model, or a misnamed step.
   `state`: the fresh state with its reference copy, when the caller made it already."""
   if state is None:
     state = init_reference(trainee.fresh_state(), trainee.exp.config.kl.beta)
   abstract, expect = resume_target(trainee.exp.stored(state), trainee.meta(), trainee.resume_keys)
   resumed = ckpt.restore_latest(abstract, data_iter=data, expect=expect)
-  return None if resumed is None else trainee.exp.from_stored(resumed[1])
+  if resumed and trainee.step_of(state := trainee.exp.from_stored(resumed[1])) != resumed[0]:
+    raise ckpt.misnamed(resumed[0], trainee.step_of(state))  # a folder renamed or copied in
+  return state if resumed else None
 
 
 def _start_state(trainee, ckpt, data):
