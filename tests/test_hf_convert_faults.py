@@ -117,6 +117,26 @@ def test_export_replaces_a_file_it_writes_only_with_overwrite(runs, tmp_path, ca
   assert hf.load_checkpoint(out)[0] == hf.load_checkpoint(LLAMA)[0]
 
 
+def test_an_export_leaves_no_older_tokenizer_file_beside_its_own(runs, tmp_path, capsys):
+  """An older export's tokenizer file the new one does not write (added_tokens.json here; a
+  chat_template.jinja beside a template kept in tokenizer_config.json alike) was left in --out,
+  with --overwrite too, and loaders mixed it into the new tokenizer. Without --overwrite it is
+  refused by name; with it, it is removed and the tokenizer loads as exported."""
+  transformers = pytest.importorskip("transformers")
+  out = tmp_path / "out"
+  out.mkdir()
+  (out / "added_tokens.json").write_text('{"<stale>": 9999}')
+  line = _error(capsys, "export", f"--workdir={runs['llama']}", f"--out={out}")
+  assert f"{out / 'added_tokens.json'}" in line and "--overwrite" in line, line
+  assert [p.name for p in out.iterdir()] == ["added_tokens.json"]
+  argv = ["export", f"--workdir={runs['llama']}", f"--out={out}", "--overwrite"]
+  assert hf_convert.cli(argv) == 0
+  assert not (out / "added_tokens.json").exists()
+  assert (out / "chat_template.jinja").read_text() == (LLAMA / "chat_template.jinja").read_text()
+  ours, theirs = (transformers.AutoTokenizer.from_pretrained(p) for p in (out, LLAMA))
+  assert ours.get_vocab() == theirs.get_vocab() and "<stale>" not in ours.get_vocab()
+
+
 def test_refused_out_writes_no_adapters(runs, tmp_path, capsys):
   """An --out holding weights is refused before --adapters gets a file, and the message names
   the flag --overwrite (not the function argument overwrite=True)."""

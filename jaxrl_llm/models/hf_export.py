@@ -314,12 +314,10 @@ def written_files(
   source: HFSource | None = None, tokenizer: str | os.PathLike | None = None
 ) -> list[str]:
   """The names of the files other than weights that an export with this source and tokenizer
-  writes (config.json, generation_config.json, the tokenizer files copied)."""
-  return [
-    CONFIG_FILE,
-    GENERATION_CONFIG_FILE,
-    *(n for _, n in _tokenizer_sources(tokenizer, source)),
-  ]
+  writes or replaces (config.json, generation_config.json; where it writes a tokenizer, every
+  tokenizer file name: one left from an older export would mix with it)."""
+  copies = _tokenizer_sources(tokenizer, source)
+  return [CONFIG_FILE, GENERATION_CONFIG_FILE, *(TOKENIZER_FILES if copies else ())]
 
 
 def _check_weights(path: str, overwrite: bool) -> None:
@@ -363,7 +361,8 @@ def save_checkpoint(
 
   `model_type` defaults to `default_model_type(cfg)`. Tensors are stored as `dtype`, in shards of
   at most `max_shard_bytes` (with an index file when there are several). A value head is not
-  exported. Refuses a directory that already holds weights unless `overwrite`.
+  exported. Refuses a directory that already holds weights unless `overwrite`; a tokenizer
+  written there removes the directory's other tokenizer files (an older export's would mix in).
 
   `source` is the Hugging Face directory the model was imported from (or its `read_source`):
   its max_position_embeddings and bos / eos / pad token ids go into config.json, its
@@ -403,6 +402,9 @@ def save_checkpoint(
     write_json(os.path.join(path, GENERATION_CONFIG_FILE), generation)
     for src, name in tokenizer_copies:
       _copy(src, os.path.join(path, name))
+    for name in set(TOKENIZER_FILES) - {n for _, n in tokenizer_copies} if tokenizer_copies else ():
+      if os.path.isfile(stale := os.path.join(path, name)):  # an older export's: it would win
+        os.remove(stale)  # (a chat_template.jinja over the config's template, say)
     write_json(os.path.join(path, CONFIG_FILE), hf)
   return mt
 
