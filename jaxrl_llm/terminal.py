@@ -132,8 +132,16 @@ def quiet_library_logs(tracebacks: bool = False) -> None:
 
     def unraisable(args) -> None:
       """An unraisable exception (e.g. a save's callback firing after its event loop closed)
-      as one warning line (its traceback in the log file)."""
+      as one warning line (its traceback in the log file); a Ctrl-C that lands in such a
+      callback (XLA's garbage-collection hook) goes to the log file only: the stop it asked
+      for is said once, by the line that ends the run."""
       why = (args.exc_type, args.exc_value, args.exc_traceback)
+      if issubclass(args.exc_type, KeyboardInterrupt):
+        logging.warning(
+          "ignored in %r: KeyboardInterrupt", args.object, exc_info=why,
+          extra={"log_file_only": True},
+        )  # fmt: skip
+        return
       logging.warning(
         "ignored in %r: %s: %s", args.object, args.exc_type.__name__, args.exc_value,
         exc_info=why, extra={"one_line": True},
