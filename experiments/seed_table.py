@@ -8,7 +8,8 @@
 
 Every directory under --root (repeatable: a study's extra seeds may lie under a second root)
 holding a `config.json` (written by the trainer, a pack's runs included) is a run; its settings
-are that file's resolved config, its scalars those of its event files (or, in a folder
+are the resolved config of its newest record (the `config.resume-<step>.json` a resumed launch
+with changed settings wrote, else config.json), its scalars those of its event files (or, in a folder
 tools/export_runs.py wrote, such as docs/cpu_runs/*, its scalars.json). Runs are grouped into arms by the --group_by fields. A column
 is `TAG@WHAT`:
 
@@ -74,11 +75,12 @@ def find_runs(root):
 def load(run_dir):
   """(the run's flattened config, its scalars {tag: [(step, value)]}): from its TensorBoard
   events, or, in a folder `tools/export_runs.py` wrote (no events), from its scalars.json, so a
-  committed export tabulates as its run did. A config.json or scalars.json that does not read,
-  or no scalars at all exits with one line naming it."""
+  committed export tabulates as its run did. The config is the newest record (that of the
+  latest launch: `config.resume-<step>.json`, else config.json). A record or scalars.json that
+  does not read, or no scalars at all exits with one line naming it."""
   from jaxrl_llm.run import record as record_lib  # imports jax
 
-  path = os.path.join(run_dir, "config.json")
+  path = record_lib.newest_record_path(run_dir) or os.path.join(run_dir, "config.json")
   try:
     with open(path) as f:
       record = json.load(f)
@@ -168,7 +170,7 @@ def _arms(roots, fields, cols):
   for _, d, cfg, _ in loaded:
     if absent := [f for f in fields if f not in cfg]:
       _fail(
-        f"run {d}: its config.json has no {absent[0]!r}, which other runs have; every run of "
+        f"run {d}: its config record has no {absent[0]!r}, which other runs have; every run of "
         "the table needs each group_by field"
       )
   key_of = {d: tuple(str(cfg.get(f)) for f in fields) for _, d, cfg, _ in loaded}

@@ -352,3 +352,57 @@ def test_compare_names_a_single_runs_row_by_its_folder(root, capsys):
   assert compare.main([f"--root={root / 'c0.2_s1'}", "--tags=eval/accuracy"]) == 0
   rows = capsys.readouterr().out.splitlines()
   assert [r.split()[0] for r in rows if r.split() and r.split()[0].startswith("c0")] == ["c0.2_s1"]
+
+
+def _extend(workdir, steps, at=3):
+  """Records that `workdir`'s run was resumed at step `at` to `steps` steps (as the trainer does
+  for a launch with changed settings: config.resume-<at>.json, and its sweep's run.json) and
+  logs eval/accuracy at the steps after `at`."""
+  record = json.loads((workdir / "config.json").read_text())
+  record["config"]["train"] = {"num_steps": steps}
+  (workdir / f"config.resume-{at}.json").write_text(json.dumps({**record, "step": at}))
+  (workdir / "run.json").write_text(json.dumps({"overrides": {"train.num_steps": steps}}))
+  with metrics.SummaryWriter(str(workdir)) as w:
+    for step in range(at + 1, steps + 1):
+      w.scalars(step, {"eval/accuracy": 0.5 + 0.01 * step})
+
+
+def test_plot_and_seed_table_read_a_resumed_runs_newest_record(tmp_path, capsys):
+  """Seeds 0 and 1 ran 3 steps and were resumed to 6 (config.resume-3.json), seed 2 ran 6
+  from the start: one arm of three seeds. Both tools read the first launch's config.json, so
+  plot drew two arms (num_steps=3 of seeds 0,1, which ran 6 steps) and warned that config.json
+  and run.json disagree; seed_table split the arm as well."""
+  from jaxrl_llm.run import record as record_lib
+
+  runs = tmp_path / "runs"
+  for seed in (0, 1, 2):
+    _write_run(runs / f"s{seed}", 0.2, seed)
+    record = json.loads((runs / f"s{seed}" / "config.json").read_text())
+    record["config"]["train"] = {"num_steps": 3}
+    (runs / f"s{seed}" / "config.json").write_text(json.dumps(record))
+    _extend(runs / f"s{seed}", 6)
+  (runs / "s2" / "config.resume-3.json").rename(runs / "s2" / "config.json")  # 6 from the start
+  (runs / "s0" / "config.resume-2.json").write_text("{}")  # older than resume-3: not read
+  (runs / "s0" / "config.resume-x.json").write_text("{}")  # not a step: not a record
+  assert record_lib.newest_record_path(str(runs / "s0")) == str(runs / "s0/config.resume-3.json")
+  assert record_lib.newest_record_path(str(runs / "s2")) == str(runs / "s2/config.json")
+  assert record_lib.newest_record_path(str(tmp_path)) is None
+  loaded, grid = plot.load_runs([str(runs)])
+  assert {r.name: r.source for r in loaded} == {
+    "s0": "config.resume-3.json",
+    "s1": "config.resume-3.json",
+    "s2": "config.json",
+  }
+  arms = plot.arms_for(loaded, grid, ["train.num_steps"])
+  assert [(a.label, a.seeds) for a in arms] == [("num_steps=6", [0, 1, 2])]
+  assert capsys.readouterr().err == ""
+  (runs / "s1" / "run.json").write_text(json.dumps({"overrides": {"train.num_steps": 8}}))
+  plot.load_runs([str(runs)])
+  assert capsys.readouterr().err == (
+    f"warning: {runs / 's1'}: config.resume-3.json has train.num_steps=6 but run.json 8\n"
+  )
+  argv = [f"--root={runs}", "--group_by=train.num_steps", "--cols=eval/accuracy@final"]
+  assert seed_table.main(argv) == 0
+  out = capsys.readouterr().out
+  rows = [line.split("|")[1].strip() for line in out.splitlines() if line.startswith("|")]
+  assert [r for r in rows if r.isdigit()] == ["6"], out

@@ -15,7 +15,8 @@ nearest directory above holding config.json or run.json, else a parent holding e
 encloses it, e.g. `<workdir>/sft`; any other is a run by itself. `checkpoints/` is skipped.
 
 Runs are grouped into arms by their settings. A run's settings are its recorded config
-(`config.json`, written by the trainer); where a run lacks one, the overrides its sweep recorded
+(`config.json`, written by the trainer, or the `config.resume-<step>.json` a resumed launch with
+changed settings wrote: the newest); where a run lacks one, the overrides its sweep recorded
 (`run.json`, or its entry in the root's `sweep.json`, earlier grids' runs included), and failing
 those the `field=value,...` name tools/sweep.py gives its workdir. The fields that differ between
 the runs plotted (settings that only end or pace an invocation, such as `train.stop_after_steps`,
@@ -75,7 +76,8 @@ class RunData:
   name: str  # relative to the PATH argument it was found under ('.' is the argument itself)
   root: str  # that PATH argument
   params: dict[str, Any]
-  source: str  # where `params` came from: config.json | run.json | sweep.json | name | none
+  source: str  # where `params` came from: config.json (or config.resume-<step>.json) | run.json
+  # | sweep.json | name | none
   scalars: dict[str, list[tuple[int, float]]]
 
   def value(self, field: str) -> Any:
@@ -184,27 +186,31 @@ def _sweep_params(root: str) -> tuple[dict[str, dict[str, str]], list[str]]:
 def run_params(
   run_dir: str, sweep_runs: dict[str, dict[str, str]] | None = None
 ) -> tuple[dict[str, Any], str]:
-  """A run's settings (field -> value) and their source: its config.json, else its run.json or
-  sweep.json overrides, else the `field=value,...` workdir name; ({}, 'none') if none of these."""
+  """A run's settings (field -> value) and their source: its newest config record (that of its
+  latest launch: `config.resume-<step>.json`, else config.json; the source is that file's name),
+  else its run.json or sweep.json overrides, else the `field=value,...` workdir name; ({},
+  'none') if none of these."""
+  from jaxrl_llm.run import record as record_lib  # imports jax; kept out of --help
+
   trainers = 'the trainer\'s {"config": {...}, ...}'
-  config = _read_record(os.path.join(run_dir, "config.json"), trainers)
+  path = record_lib.newest_record_path(run_dir)
+  config = _read_record(path, trainers) if path else None
   record = _read_record(os.path.join(run_dir, "run.json"), 'a sweep\'s {"overrides": {...}}')
   if config is not None and not (
     isinstance(config, dict) and isinstance(config.get("config"), dict)
   ):
-    raise PlotError(f"{os.path.join(run_dir, 'config.json')}: not {trainers}; fix or remove it")
+    raise PlotError(f"{path}: not {trainers}; fix or remove it")
   overrides = None
   if isinstance(record, dict) and isinstance(record.get("overrides"), dict):
     overrides = {k: parse_value(str(v)) for k, v in record["overrides"].items()}
-  if isinstance(config, dict) and isinstance(config.get("config"), dict):
-    from jaxrl_llm.run import record as record_lib  # imports jax; kept out of --help
-
+  if path and isinstance(config, dict) and isinstance(config.get("config"), dict):
+    name = os.path.basename(path)
     # An objective's unset field: the value it used.
     params = {k: canonical(v) for k, v in record_lib.settings(config).items()}
     for k, v in (overrides or {}).items():  # the sweep's flags and the trainer's record agree?
       if k in params and not _same(params[k], v) and k not in ignored_fields():
-        _warn(f"{run_dir}: config.json has {k}={_fmt(params[k])} but run.json {_fmt(v)}")
-    return params, "config.json"
+        _warn(f"{run_dir}: {name} has {k}={_fmt(params[k])} but run.json {_fmt(v)}")
+    return params, name
   if overrides is not None:
     return overrides, "run.json"
   name = os.path.basename(os.path.normpath(run_dir))

@@ -271,26 +271,32 @@ def read_stopped(workdir: str) -> dict | None:
     return {"step": -1, "why": "stopped (its record is unreadable)"}
 
 
-def newest_record(workdir: str) -> dict | None:
-  """The run record of `workdir` the latest launch wrote: its newest `config.resume-<step>.json`,
-  else `config.json`; None without either."""
+def newest_record_path(workdir: str) -> str | None:
+  """The path of the run record of `workdir` the latest launch wrote: its newest
+  `config.resume-<step>.json`, else `config.json`; None without either."""
   if not paths.is_dir(workdir):
     return None
   records = {p.name: p for p in paths.listdir(workdir)}
-  resumes = [n for n in records if n.startswith("config.resume-") and n.endswith(".json")]
-  newest = max(resumes, key=lambda n: int(n[len("config.resume-") : -len(".json")]), default=None)
+  steps = {n: n[len("config.resume-") : -len(".json")] for n in records}
+  resumes = [n for n, s in steps.items() if n.startswith("config.resume-") and s.isdigit()]
+  newest = max(resumes, key=lambda n: int(steps[n]), default=None)
   name = newest or ("config.json" if "config.json" in records else None)
-  if name is None:
+  return None if name is None else paths.join(workdir, name)
+
+
+def newest_record(workdir: str) -> dict | None:
+  """The run record of `workdir` the latest launch wrote (`newest_record_path`); None without
+  one."""
+  path = newest_record_path(workdir)
+  if path is None:
     return None
   fix = "restore it, or move it aside to resume (the run then records its config anew)"
   try:
-    record = json.loads(paths.read_text(records[name]))
+    record = json.loads(paths.read_text(path))
   except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
-    raise ConfigError(f"{records[name]}: the run record is not valid JSON ({err}); {fix}") from None
+    raise ConfigError(f"{path}: the run record is not valid JSON ({err}); {fix}") from None
   if not (isinstance(record, dict) and isinstance(record.get("config", {}), dict)):
-    raise ConfigError(
-      f'{records[name]}: the run record is not an object with a "config" object; {fix}'
-    )
+    raise ConfigError(f'{path}: the run record is not an object with a "config" object; {fix}')
   return record
 
 
