@@ -406,3 +406,20 @@ def test_plot_and_seed_table_read_a_resumed_runs_newest_record(tmp_path, capsys)
   out = capsys.readouterr().out
   rows = [line.split("|")[1].strip() for line in out.splitlines() if line.startswith("|")]
   assert [r for r in rows if r.isdigit()] == ["6"], out
+
+
+def test_plot_heatmap_warns_of_a_seed_given_twice(root, tmp_path, capsys):
+  """A run reached through a second sweep root with the same settings and seed: its cell read
+  n=3 and a ±std over 2 seeds without a word (curves warns of the same runs)."""
+  again = tmp_path / "again"
+  _write_run(again / "c0.2_s0", 0.2, 0)
+  (again / "c0.2_s0" / "config.json").write_text((root / "c0.2_s0" / "config.json").read_text())
+  runs, grid = plot.load_runs([str(root), str(again)])
+  heat = plot.heatmap_data(runs, "eval/accuracy", "clip_high", grid_fields=grid)
+  assert heat.n.tolist() == [[3, 2]]  # the runs as they are
+  assert capsys.readouterr().err == (
+    "warning: cell 'objective.clip_high=0.2': several runs share a seed (0, 0, 1); all are "
+    "averaged, and its n and ±std count those runs as seeds\n"
+  )
+  heat = plot.heatmap_data(runs, "eval/accuracy", "clip_high", where=["seed=1"])
+  assert heat.n.tolist() == [[1, 1]] and capsys.readouterr().err == ""

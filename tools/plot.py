@@ -29,7 +29,8 @@ The band is the t 95% interval of the mean over an arm's seeds (`ci`, as the stu
 drawn where an arm has three or more), or the min–max or the mean ± sample std (ddof=1) over
 them, drawn where an arm has two or more; `--smooth=W` applies TensorBoard's debiased EMA (weight W in [0, 1)) to
 each run before averaging. A heat map cell is the mean over seeds of each run's last logged
-value of `--tag` (after `--smooth`, if given); cells without runs are grey. Axes of a heat map
+value of `--tag` (after `--smooth`, if given; several runs of one seed each count, with a
+warning); cells without runs are grey. Axes of a heat map
 are fields with several values, or fields of a sweep's grid; other fields that vary must be
 fixed with `--where=FIELD=VALUE`.
 """
@@ -646,8 +647,9 @@ def heatmap_data(
   where: Sequence[str] = (),
 ) -> Grid:
   """Mean, sample std and count over seeds of each run's last value of `tag`, for every pair
-  of values of fields `x` and `y` (y None: one row). Raises PlotError for a field that is not
-  swept, or when another field varies too."""
+  of values of fields `x` and `y` (y None: one row); runs of a cell that share a seed are each
+  counted, with a warning. Raises PlotError for a field that is not swept, or when another
+  field varies too."""
   _check_options(smooth, "none")
   runs = apply_where(runs, where, grid_fields)
   tags = check_tags([tag], runs)
@@ -683,16 +685,24 @@ def heatmap_data(
   ys = sorted({canonical(r.value(y)) for r in runs}, key=_sort_key) if y else [None]
   finals: dict[tuple, list[float]] = {}
   last_steps: dict[tuple, set[int]] = {}
+  seeds: dict[tuple, list[Any]] = {}
   for r in runs:
     s = series(r, tag, smooth)
     if s:
       cell = (canonical(r.value(y)) if y else None, canonical(r.value(x)))
       finals.setdefault(cell, []).append(s[max(s)])
       last_steps.setdefault(cell, set()).add(max(s))
+      seeds.setdefault(cell, []).append(r.params.get(SEED))
   for (vy, vx), steps in last_steps.items():
+    where = f"{x}={_fmt(vx)}" + (f", {y}={_fmt(vy)}" if y else "")
     if len(steps) > 1:
-      where = f"{x}={_fmt(vx)}" + (f", {y}={_fmt(vy)}" if y else "")
       _warn(f"{where}: the seeds' last {tag} steps differ ({sorted(steps)}); averaged anyway")
+    known = [_fmt(s) for s in sorted(seeds[vy, vx], key=_sort_key) if s is not None]
+    if len(set(known)) < len(known):
+      _warn(
+        f"cell {where!r}: several runs share a seed ({', '.join(known)}); all are averaged, "
+        "and its n and ±std count those runs as seeds"
+      )
   if len(ends := {max(steps) for steps in last_steps.values()}) > 1:
     _warn(f"the cells' last {tag} steps differ ({sorted(ends)}): cells of runs that stopped early")
   shape = (len(ys), len(xs))
