@@ -423,3 +423,36 @@ def test_plot_heatmap_warns_of_a_seed_given_twice(root, tmp_path, capsys):
   )
   heat = plot.heatmap_data(runs, "eval/accuracy", "clip_high", where=["seed=1"])
   assert heat.n.tolist() == [[1, 1]] and capsys.readouterr().err == ""
+
+
+def test_plot_curves_ci_claims_a_band_only_where_an_arm_has_one(
+  root, tmp_path, capsys, monkeypatch
+):
+  """`--band=ci` over arms of 2 seeds draws no interval (it needs 3), yet the title and legend
+  said "band: t 95% interval" and nothing said it was missing; with a third seed in one arm,
+  only that arm has a band and the other is named."""
+  figures = []
+  monkeypatch.setattr(plot, "_save", lambda fig, out, dpi: figures.append(fig))
+
+  def drawn(path):
+    assert plot.main(["curves", str(path), "--band=ci", f"--out={tmp_path / 'c.png'}"]) == 0
+    fig = figures.pop()
+    texts = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+    bands = sum(len(ax.collections) for ax in fig.axes)
+    return fig._suptitle.get_text(), texts, bands, capsys.readouterr().err
+
+  title, legend, bands, err = drawn(root)
+  assert (title, bands) == ("mean over seeds", 0) and not any("band" in t for t in legend)
+  assert err == (
+    "warning: --band=ci: no interval for arms of fewer than 3 seeds: 'clip_high=0.2' (n=2), "
+    "'clip_high=0.28' (n=2)\n"
+  )
+  more = tmp_path / "more"
+  for clip, seed in ((0.2, 0), (0.2, 1), (0.28, 0), (0.28, 1), (0.28, 2)):
+    _write_run(more / f"c{clip}_s{seed}", clip, seed)
+  title, legend, bands, err = drawn(more)
+  assert title == "mean over seeds; band: t 95% interval of the mean over seeds" and bands == 1
+  assert legend[-1] == "band: t 95% interval of the mean over seeds", legend
+  assert (
+    err == "warning: --band=ci: no interval for arms of fewer than 3 seeds: 'clip_high=0.2' (n=2)\n"
+  )

@@ -26,7 +26,7 @@ group by PATH argument or by run, so nothing is averaged). Field names may be sh
 unambiguous suffix (`clip_high`).
 
 The band is the t 95% interval of the mean over an arm's seeds (`ci`, as the studies' tables:
-drawn where an arm has three or more), or the min–max or the mean ± sample std (ddof=1) over
+drawn where an arm has three or more; a warning names the arms without one), or the min–max or the mean ± sample std (ddof=1) over
 them, drawn where an arm has two or more; `--smooth=W` applies TensorBoard's debiased EMA (weight W in [0, 1)) to
 each run before averaging. A heat map cell is the mean over seeds of each run's last logged
 value of `--tag` (after `--smooth`, if given; several runs of one seed each count, with a
@@ -744,7 +744,8 @@ def plot_curves(
   size: tuple[float, float] | None = None,
   dpi: int = 100,
 ) -> None:
-  """Writes one subplot per tag, one line per arm (band where an arm has several runs)."""
+  """Writes one subplot per tag, one line per arm (band where an arm has several runs, three
+  or more for `ci`: one warning names the arms without an interval)."""
   plt = _pyplot()
   from matplotlib.patches import Patch
 
@@ -758,6 +759,8 @@ def plot_curves(
   color = {id(a): colors[i % len(colors)] for i, a in enumerate(arms)}
   banded = False
   handles = {}
+  fewest = 3 if band == "ci" else 2  # runs an arm needs for a band (a t interval: 3)
+  unbanded: dict[int, int] = {}  # an arm drawn without its band somewhere -> its fewest runs
   for ax, tag in zip(axes.flat, tags):
     for c in curves[tag]:
       marker = "o" if len(c.steps) <= 30 else None
@@ -766,14 +769,19 @@ def plot_curves(
       )
       n = len(c.arm.runs)
       handles.setdefault(id(c.arm), (line, c.arm.label + (f" (n={n})" if n > 1 else "")))
-      if band != "none" and c.n > 1:
+      if band != "none" and c.n >= fewest:
         ax.fill_between(c.steps, c.lo, c.hi, color=color[id(c.arm)], alpha=0.2, linewidth=0)
         banded = True
+      elif band == "ci":
+        unbanded[id(c.arm)] = min(c.n, unbanded.get(id(c.arm), c.n))
     ax.set_title(tag, fontsize=10)
     ax.set_xlabel("SFT step" if tag.startswith("sft/") else "RL step")
     ax.grid(alpha=0.3)
   for ax in axes.flat[len(tags) :]:
     ax.set_visible(False)
+  if unbanded:
+    named = ", ".join(f"{a.label!r} (n={unbanded[id(a)]})" for a in arms if id(a) in unbanded)
+    _warn(f"--band=ci: no interval for arms of fewer than 3 seeds: {named}")
   entries = [handles[id(a)] for a in arms if id(a) in handles]
   if banded:
     entries.append((Patch(color="grey", alpha=0.3), f"band: {BANDS[band]}"))
