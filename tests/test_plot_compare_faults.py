@@ -456,3 +456,42 @@ def test_plot_curves_ci_claims_a_band_only_where_an_arm_has_one(
   assert (
     err == "warning: --band=ci: no interval for arms of fewer than 3 seeds: 'clip_high=0.2' (n=2)\n"
   )
+
+
+@pytest.mark.parametrize(
+  "args, words",
+  [
+    (["--size=1.2.3x4"], ["--size='1.2.3x4': expected WIDTHxHEIGHT in inches"]),
+    (["--size=.x4"], ["--size='.x4': expected WIDTHxHEIGHT in inches"]),
+    (["--size=4x."], ["--size='4x.': expected WIDTHxHEIGHT in inches"]),
+    (["--out={tmp}/c.pgf"], ["--out={tmp}/c.pgf: cannot write a .pgf file (", "give .png, .pdf"]),
+    (['{sweep:[{"status": "done"}]}'], ["sweep.json: not a sweep's", "fix or remove it"]),
+    (['{sweep:{"a": 1}}'], ["sweep.json: not a sweep's", "fix or remove it"]),
+    (["{sweep:[1, 2}"], ["sweep.json: not valid JSON; expected a sweep's"]),
+  ],
+)
+def test_plot_odd_size_format_or_sweep_record_is_one_error_line(
+  root, tmp_path, capsys, monkeypatch, args, words
+):
+  """A size of two dots or a lone dot, a format whose program is not installed (.pgf without
+  TeX), and a sweep.json that is not a sweep's record (a run without a name, runs as an
+  object): a ValueError, RuntimeError, KeyError or TypeError traceback."""
+  monkeypatch.setenv("PATH", str(tmp_path / "no_programs"))  # no TeX to find
+  keep = tmp_path / "keep.png"
+  keep.write_bytes(KEEP)
+  argv = ["curves"]
+  for a in args:
+    if a.startswith("{sweep:"):
+      sweep = tmp_path / "sweep"
+      for seed in (0, 1):
+        _write_run(sweep / f"s{seed}", 0.2, seed)
+      (sweep / "sweep.json").write_text('{"runs": ' + a[7:-1] + "}")
+      a = str(sweep)
+    argv.append(a.format(tmp=tmp_path))
+  if len(argv) == 2 and argv[1].startswith("--"):
+    argv.insert(1, str(root))
+  if not any(a.startswith("--out=") for a in argv):
+    argv.append(f"--out={keep}")
+  _one_error(capsys, plot.main(argv), *[w.format(tmp=tmp_path) for w in words])
+  assert keep.read_bytes() == KEEP
+  assert sorted(p.name for p in tmp_path.iterdir() if p.suffix) == ["keep.png"]  # nothing written

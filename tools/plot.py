@@ -151,14 +151,6 @@ def canonical(value: Any) -> Any:
   return value
 
 
-def _read_json(path: str) -> Any:
-  try:
-    with open(path) as f:
-      return json.load(f)
-  except (OSError, ValueError):
-    return None
-
-
 def _read_record(path: str, expect: str) -> Any:
   """`path` as JSON, None if absent; PlotError if it exists but is unreadable or not valid
   JSON (a run whose settings cannot be read would silently join another arm)."""
@@ -173,11 +165,24 @@ def _read_record(path: str, expect: str) -> Any:
 
 
 def _sweep_params(root: str) -> tuple[dict[str, dict[str, str]], list[str]]:
-  """From `root/sweep.json`: run name -> grid values, and the grid's fields (none without one)."""
-  record = _read_json(os.path.join(root, "sweep.json"))
-  if not isinstance(record, dict):
+  """From `root/sweep.json`: run name -> grid values, and the grid's fields (none without one).
+  PlotError if the file is there but is not a sweep's record (as an unreadable run.json)."""
+  path = os.path.join(root, "sweep.json")
+  shape = 'a sweep\'s {"runs": [{"name": ..., "overrides": {...}}, ...], "grid": {...}}'
+  record = _read_record(path, shape)
+  if record is None:
     return {}, []
-  entries = [*record.get("runs", []), *record.get("earlier_runs", [])]  # earlier grids' runs too
+  entries = None
+  if isinstance(record, dict) and isinstance(record.get("grid", {}), dict):
+    lists = [record.get("runs", []), record.get("earlier_runs", [])]  # earlier grids' runs too
+    entries = [r for x in lists for r in x] if all(isinstance(x, list) for x in lists) else None
+  if entries is None or not all(
+    isinstance(r, dict)
+    and isinstance(r.get("name"), str)
+    and isinstance(r.get("overrides") or r.get("params") or {}, dict)
+    for r in entries
+  ):
+    raise PlotError(f"{path}: not {shape}; fix or remove it")
   runs = {}
   for r in entries:
     runs.setdefault(r["name"], r.get("overrides") or r.get("params") or {})
@@ -890,6 +895,11 @@ def _save(fig, out: str, dpi: int) -> None:
       os.replace(tmp, out)
     except OSError as e:
       raise PlotError(f"--out={out}: cannot write it: {e.strerror or e}") from None
+    except RuntimeError as e:  # a format that needs a program not installed (.pgf: TeX)
+      why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+      raise PlotError(
+        f"--out={out}: cannot write a {ext or 'figure'} file ({why}); give .png, .pdf or .svg"
+      ) from None
     finally:
       if os.path.exists(tmp):
         os.remove(tmp)
@@ -973,7 +983,8 @@ def _split(text: str | None) -> list[str]:
 def _size(text: str | None) -> tuple[float, float] | None:
   if not text:
     return None
-  m = re.fullmatch(r"\s*([0-9.]+)\s*[xX,]\s*([0-9.]+)\s*", text)
+  number = r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+  m = re.fullmatch(rf"\s*{number}\s*[xX,]\s*{number}\s*", text)
   if not m or min(float(m.group(1)), float(m.group(2))) <= 0:
     raise PlotError(f"--size={text!r}: expected WIDTHxHEIGHT in inches, e.g. 10x4")
   return float(m.group(1)), float(m.group(2))
