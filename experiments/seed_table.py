@@ -406,6 +406,8 @@ def main(argv=None):
   if args.csv and (why := paths.file_problem(args.csv)):
     _fail(f"--csv={args.csv}: {why}")
   claims = load_claims(args.claims) if args.claims else None
+  if args.baseline is not None:  # spaces around its items, as around --cols' and --group_by's
+    args.baseline = ",".join(x.strip() for x in args.baseline.split(","))
   if claims is None and (not args.group_by or not args.cols):
     _fail("--group_by and --cols are needed without --claims")
   cols = [c.strip() for c in args.cols.split(",") if c.strip()]
@@ -420,8 +422,8 @@ def main(argv=None):
   if bad := next(filter(None, map(check_col, cols)), None):
     _fail(f"column {bad}")
   expect = {}
-  for item in filter(None, args.expect.split(",")):
-    col, _, sign = item.rpartition(":")
+  for item in filter(None, (x.strip() for x in args.expect.split(","))):
+    col, _, sign = (x.strip() for x in item.rpartition(":"))
     if col not in cols or sign not in ("+", "-"):
       _fail(f"--expect={item}: want COL:+ or COL:- with COL one of --cols")
     if col in expect:

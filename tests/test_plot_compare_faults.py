@@ -495,3 +495,16 @@ def test_plot_odd_size_format_or_sweep_record_is_one_error_line(
   _one_error(capsys, plot.main(argv), *[w.format(tmp=tmp_path) for w in words])
   assert keep.read_bytes() == KEEP
   assert sorted(p.name for p in tmp_path.iterdir() if p.suffix) == ["keep.png"]  # nothing written
+
+
+def test_seed_table_strips_spaces_around_expect_and_baseline_items(root, capsys):
+  """`--expect='A:+, B:-'` and `--baseline=' 0.2'`, spaced as --cols may be: "--expect=
+  eval/accuracy@avg:-: want COL:+ or COL:- with COL one of --cols" (it is one) and "--baseline=
+  0.2 is no arm"."""
+  argv = [f"--root={root}", "--group_by=objective.clip_high"]
+  argv += ["--cols=eval/accuracy@final, eval/accuracy@avg", "--baseline= 0.2 "]
+  argv += ["--expect=eval/accuracy@final:+, eval/accuracy@avg : - "]
+  assert seed_table.main(argv) == 0
+  out = capsys.readouterr().out
+  rows = [line for line in out.splitlines() if line.startswith("| 0.28 ")]
+  assert len(rows) == 2 and "too few seeds" in rows[1], out  # the means, the differences
