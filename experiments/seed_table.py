@@ -78,9 +78,10 @@ def load(run_dir):
   committed export tabulates as its run did. The config is the newest record (that of the
   latest launch: `config.resume-<step>.json`, else config.json). A record or scalars.json that
   does not read, or no scalars at all exits with one line naming it."""
-  from jaxrl_llm.run import record as record_lib  # imports jax
+  from jaxrl_llm.run import changes  # imports jax
+  from jaxrl_llm.run import record as record_lib
 
-  path = record_lib.newest_record_path(run_dir) or os.path.join(run_dir, "config.json")
+  path = changes.newest_record_path(run_dir) or os.path.join(run_dir, "config.json")
   try:
     with open(path) as f:
       record = json.load(f)

@@ -210,14 +210,14 @@ def test_resuming_after_a_prompt_file_changed_is_refused_naming_the_file(tmp_pat
   from text_fixtures import math_file_run, write_math_jsonl
 
   from jaxrl_llm.config import ConfigError, parse
-  from jaxrl_llm.run import record, train_and_evaluate
+  from jaxrl_llm.run import changes, train_and_evaluate
 
   overrides, _ = math_file_run(tmp_path)
   overrides |= {"train.num_steps": 2, "train.eval_every": 2, "train.checkpoint_every": 2}
   workdir, data = str(tmp_path / "run"), overrides["data.train_files"]
   train_and_evaluate(parse(tiny_config(**overrides)), workdir)
   saved = json.loads((tmp_path / "run" / "config.json").read_text())
-  assert list(saved["data_files"]) == [data, record.TOKENIZER]
+  assert list(saved["data_files"]) == [data, changes.TOKENIZER]
   assert saved["data_files"][data]["bytes"] > 0
   unset = saved["config"]["objective"]["clip_high"] is None  # the objective's default: as used
   assert unset and saved["resolved"]["objective.clip_high"] == 0.2
@@ -235,7 +235,7 @@ def test_resuming_after_a_prompt_file_changed_is_refused_naming_the_file(tmp_pat
   kept = (tmp_path / "run" / "config.json").read_text()
   del saved["data_files"]
   (tmp_path / "run" / "config.json").write_text(json.dumps(saved))
-  assert record.changed_data(parse(tiny_config(**more)), workdir) == []
+  assert changes.changed_data(parse(tiny_config(**more)), workdir) == []
   (tmp_path / "run" / "config.json").write_text(kept)
   # Told to: it resumes, and records the files it now reads.
   train_and_evaluate(parse(tiny_config(**more, **{"train.resume_changed": True})), workdir)
@@ -257,32 +257,36 @@ def test_a_resume_that_reads_the_prompts_through_another_vocabulary_is_named(tmp
   from text_fixtures import build_bpe_tokenizer, math_file_run
 
   from jaxrl_llm.config import parse
-  from jaxrl_llm.run import record
+  from jaxrl_llm.run import changes
 
   overrides, _ = math_file_run(tmp_path)
   config = parse(tiny_config(**overrides))
   run = tmp_path / "run"
   run.mkdir()
-  saved = {"config": json.loads(config.to_json()), "data_files": record.data_files(config)}
+  saved = {"config": json.loads(config.to_json()), "data_files": changes.data_files(config)}
   (run / "config.json").write_text(json.dumps(saved))
-  assert saved["data_files"][record.TOKENIZER]["tokens"] > 0
+  assert saved["data_files"][changes.TOKENIZER]["tokens"] > 0
   moved = shutil.copytree(overrides["data.tokenizer"], tmp_path / "elsewhere")
   assert (
-    record.changed_data(parse(tiny_config(**{**overrides, "data.tokenizer": str(moved)})), str(run))
+    changes.changed_data(
+      parse(tiny_config(**{**overrides, "data.tokenizer": str(moved)})), str(run)
+    )
     == []
   )
   other = build_bpe_tokenizer(tmp_path / "other", vocab_size=300, eos_token="<|im_end|>")
-  changed = record.changed_data(
+  changed = changes.changed_data(
     parse(tiny_config(**{**overrides, "data.tokenizer": str(other)})), str(run)
   )
-  was = saved["data_files"][record.TOKENIZER]["tokens"]
+  was = saved["data_files"][changes.TOKENIZER]["tokens"]
   assert len(changed) == 1 and changed[0].startswith(f"tokenizer vocabulary: {was} tokens, "), (
     changed
   )
-  del saved["data_files"][record.TOKENIZER]
+  del saved["data_files"][changes.TOKENIZER]
   (run / "config.json").write_text(json.dumps(saved))
   assert (
-    record.changed_data(parse(tiny_config(**{**overrides, "data.tokenizer": str(other)})), str(run))
+    changes.changed_data(
+      parse(tiny_config(**{**overrides, "data.tokenizer": str(other)})), str(run)
+    )
     == []
   )
 

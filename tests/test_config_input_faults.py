@@ -113,7 +113,7 @@ def test_a_changed_sampling_setting_blocks_a_resume_but_the_samplers_dtype_does_
   changed them resumed with no word. The sampler's dtype and KV blocks are speed knobs."""
   import json
 
-  from jaxrl_llm.run import record
+  from jaxrl_llm.run import changes
 
   (tmp_path / "config.json").write_text(
     json.dumps({"config": json.loads(parse(tiny_config()).to_json())})
@@ -125,14 +125,14 @@ def test_a_changed_sampling_setting_blocks_a_resume_but_the_samplers_dtype_does_
     "sampling.param_dtype": "bfloat16",
     "sampling.kv_block": 0,
   }
-  said = record.changed_learner(parse(tiny_config(**changed)), str(tmp_path))
+  said = changes.changed_learner(parse(tiny_config(**changed)), str(tmp_path))
   assert [s.split(":")[0] for s in said] == [
     "sampling.group_size",
     "sampling.max_new_tokens",
     "sampling.temperature",
   ], said
   assert "sampling.temperature: 1.0 → 0.3" in said
-  said = record.changed_learner(parse(tiny_config(seed=5)), str(tmp_path))  # the data order
+  said = changes.changed_learner(parse(tiny_config(seed=5)), str(tmp_path))  # the data order
   assert said == ["seed: 0 → 5"], said
 
 
@@ -142,7 +142,7 @@ def test_an_objective_default_said_explicitly_is_no_change_on_resume(tmp_path):
   resume, `None → 0.2`); another value is one, said as the values used."""
   import json
 
-  from jaxrl_llm.run import record
+  from jaxrl_llm.run import changes
 
   unset = parse(tiny_config())
   resolved = {f"objective.{k}": v for k, v in unset.objective.hyperparameters.items()}
@@ -151,9 +151,9 @@ def test_an_objective_default_said_explicitly_is_no_change_on_resume(tmp_path):
     saved["config"]["objective"]["clip_high"] is None and resolved["objective.clip_high"] == 0.2
   )
   (tmp_path / "config.json").write_text(json.dumps(saved))
-  said = record.changed_learner(parse(tiny_config(**{"objective.clip_high": 0.2})), str(tmp_path))
+  said = changes.changed_learner(parse(tiny_config(**{"objective.clip_high": 0.2})), str(tmp_path))
   assert said == [], said
-  said = record.changed_learner(parse(tiny_config(**{"objective.clip_high": 0.28})), str(tmp_path))
+  said = changes.changed_learner(parse(tiny_config(**{"objective.clip_high": 0.28})), str(tmp_path))
   assert said == ["objective.clip_high: 0.2 → 0.28"], said
 
 

@@ -372,7 +372,7 @@ def test_plot_and_seed_table_read_a_resumed_runs_newest_record(tmp_path, capsys)
   from the start: one arm of three seeds. Both tools read the first launch's config.json, so
   plot drew two arms (num_steps=3 of seeds 0,1, which ran 6 steps) and warned that config.json
   and run.json disagree; seed_table split the arm as well."""
-  from jaxrl_llm.run import record as record_lib
+  from jaxrl_llm.run import changes
 
   runs = tmp_path / "runs"
   for seed in (0, 1, 2):
@@ -384,9 +384,9 @@ def test_plot_and_seed_table_read_a_resumed_runs_newest_record(tmp_path, capsys)
   (runs / "s2" / "config.resume-3.json").rename(runs / "s2" / "config.json")  # 6 from the start
   (runs / "s0" / "config.resume-2.json").write_text("{}")  # older than resume-3: not read
   (runs / "s0" / "config.resume-x.json").write_text("{}")  # not a step: not a record
-  assert record_lib.newest_record_path(str(runs / "s0")) == str(runs / "s0/config.resume-3.json")
-  assert record_lib.newest_record_path(str(runs / "s2")) == str(runs / "s2/config.json")
-  assert record_lib.newest_record_path(str(tmp_path)) is None
+  assert changes.newest_record_path(str(runs / "s0")) == str(runs / "s0/config.resume-3.json")
+  assert changes.newest_record_path(str(runs / "s2")) == str(runs / "s2/config.json")
+  assert changes.newest_record_path(str(tmp_path)) is None
   loaded, grid = plot.load_runs([str(runs)])
   assert {r.name: r.source for r in loaded} == {
     "s0": "config.resume-3.json",

@@ -242,20 +242,20 @@ def test_a_resume_that_moves_the_learning_rate_schedule_says_so(tmp_path):
   from conftest import tiny_config
 
   from jaxrl_llm.config import parse
-  from jaxrl_llm.run import record
+  from jaxrl_llm.run import changes
 
   base = {"train.num_steps": 4, "optim.warmup_steps": 0, "optim.decay_to": 0.1}
   first = parse(tiny_config(**base))
   (tmp_path / "config.json").write_text(json.dumps({"config": json.loads(first.to_json())}))
-  assert record.schedule_moved(first, str(tmp_path), 4) is None
+  assert changes.schedule_moved(first, str(tmp_path), 4) is None
   longer = parse(tiny_config(**{**base, "train.num_steps": 8}))
   per_step = first.rl.num_epochs * first.rl.num_minibatches
   was = float(first.optim.build(4 * per_step)[1](4 * per_step))
   now = float(longer.optim.build(8 * per_step)[1](4 * per_step))
   assert now > 2 * was  # the end of a decay against its middle
-  line = record.schedule_moved(longer, str(tmp_path), 4)
+  line = changes.schedule_moved(longer, str(tmp_path), 4)
   assert line == (
     f"learning rate at update {4 * per_step}: {was:.3g} → {now:.3g} "
     f"({4 * per_step} → {8 * per_step} updates)"
   )
-  assert record.schedule_moved(longer, str(tmp_path / "none"), 4) is None
+  assert changes.schedule_moved(longer, str(tmp_path / "none"), 4) is None

@@ -196,10 +196,11 @@ def run_params(
   latest launch: `config.resume-<step>.json`, else config.json; the source is that file's name),
   else its run.json or sweep.json overrides, else the `field=value,...` workdir name; ({},
   'none') if none of these."""
-  from jaxrl_llm.run import record as record_lib  # imports jax; kept out of --help
+  from jaxrl_llm.run import changes  # imports jax; kept out of --help
+  from jaxrl_llm.run import record as record_lib
 
   trainers = 'the trainer\'s {"config": {...}, ...}'
-  path = record_lib.newest_record_path(run_dir)
+  path = changes.newest_record_path(run_dir)
   config = _read_record(path, trainers) if path else None
   record = _read_record(os.path.join(run_dir, "run.json"), 'a sweep\'s {"overrides": {...}}')
   if config is not None and not (

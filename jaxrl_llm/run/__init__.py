@@ -9,6 +9,7 @@ loop.py        the one loop (`train`): restore or warm start, RL updates, evalua
 guard.py       the guards: non-finite updates (`NonFiniteError`), failing verifiers
 preempt.py     SIGTERM: save the finished step and stop (`Preempted`)
 record.py      config.json, the config table and HParams, the banner and the closing summary
+changes.py     what a relaunch changed since the run's record: settings, files, tokenizer, schedule
 pack.py        a sweep's runs as one program: packable fields, per-run values, the runs axis
 packed.py      a pack as the loop trains it (`PackedRuns`, `train_pack`) and `take_out`
 """

@@ -28,7 +28,7 @@ from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm.config import Config, ConfigError, tagged
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.rl import init_reference
-from jaxrl_llm.run import held_out, preempt, record
+from jaxrl_llm.run import changes, held_out, preempt, record
 from jaxrl_llm.run.assemble import Experiment, build
 from jaxrl_llm.run.guard import NonFiniteError, SkipGuard, VerifierError, VerifierGuard
 from jaxrl_llm.run.held_out import Evaluator
@@ -157,13 +157,13 @@ def _start_state(trainee, ckpt, data):
 def _changed_settings(trainee, ckpt) -> list[str]:
   """Each run's learner settings that differ from those its folder recorded (`[name] ` in
   front in a pack); raises ConfigError unless train.resume_changed, and always for a term
-  switched on or off (`record.switched`). A checkpoint of another model or grid is refused
+  switched on or off (`changes.switched`). A checkpoint of another model or grid is refused
   first (CheckpointMismatchError, as the restore would): no setting lets a resume cross that."""
   changed, switched = [], []
   for member in trainee.members:
-    changed += [member.prefix + c for c in record.changed_learner(member.config, member.workdir)]
-    changed += [member.prefix + c for c in record.changed_data(member.config, member.workdir)]
-    switched += [member.prefix + c for c in record.switched(member.config, member.workdir)]
+    changed += [member.prefix + c for c in changes.changed_learner(member.config, member.workdir)]
+    changed += [member.prefix + c for c in changes.changed_data(member.config, member.workdir)]
+    switched += [member.prefix + c for c in changes.switched(member.config, member.workdir)]
   if (changed or switched) and (steps := ckpt.all_steps()):
     ckpt.check_meta(steps[-1], resume_target(None, trainee.meta(), trainee.resume_keys)[1])
   if switched:
@@ -455,7 +455,7 @@ def train(
         return {m.name: finished_run(m.workdir, start, tr.num_steps) for m in trainee.members}
       if changed:
         logging.warning("resuming %s under changed settings: %s", trainee.root, "; ".join(changed))
-      if moved := record.schedules_moved(trainee.members, start):  # num_steps or optim.*
+      if moved := changes.schedules_moved(trainee.members, start):  # num_steps or optim.*
         logging.warning("resuming %s on another learning-rate schedule: %s", trainee.root, moved)
       _open_members(trainee, start, hparam_fields)
       _resume_stopped(trainee, state)

@@ -16,18 +16,9 @@ from absl import logging
 
 from jaxrl_llm import __version__, backend, metric_info, paths
 from jaxrl_llm import metrics as metrics_lib
-from jaxrl_llm.config import (
-  HPARAM,
-  INVOCATION,
-  PER_RUN,
-  STATE,
-  SWITCH,
-  Config,
-  ConfigError,
-  blocks_resume,
-  tagged,
-)
+from jaxrl_llm.config import HPARAM, INVOCATION, PER_RUN, STATE, Config, tagged
 from jaxrl_llm.models import lora
+from jaxrl_llm.run import changes
 
 
 def _commit() -> str | None:
@@ -116,140 +107,6 @@ def _config_table(cfg: Config, record: Mapping, name: str) -> str:
   return "\n".join(rows)
 
 
-def _as_used(record: Mapping) -> dict:
-  """A config record's `config` with each objective hyperparameter as the run used it (its
-  `resolved` entry: an unset field's default), so unset and the default said are one value."""
-  config = dict(record.get("config") or {})
-  resolved = record.get("resolved")
-  for key, value in (resolved if isinstance(resolved, dict) else {}).items():
-    section, _, name = key.partition(".")
-    if isinstance(config.get(section), dict) and name in config[section]:
-      config[section] = {**config[section], name: value}
-  return config
-
-
-def changed_learner(cfg: Config, workdir: str) -> list[str]:
-  """`section.field: saved → now` for the seed and each learner field whose value differs from
-  the run recorded in `workdir` (its newest `config.resume-<step>.json`, else `config.json`; empty
-  without either); objective hyperparameters compared as used (unset: the default)."""
-  record = newest_record(workdir)
-  if record is None:
-    return []
-  # A record from before `resolved` is compared as written (unset with unset).
-  has = isinstance(record.get("resolved"), dict)
-  resolved = {f"objective.{k}": v for k, v in cfg.objective.hyperparameters.items()} if has else {}
-  saved = _as_used(record)
-  now = _as_used({"config": json.loads(cfg.to_json()), "resolved": resolved})
-  out = []  # the seed: the prompts' order and the evaluation's draws after the resume
-  if "seed" in saved and saved["seed"] != now["seed"]:
-    out.append(f"seed: {saved['seed']!r} → {now['seed']!r}")
-  for section in Config.sections():
-    old, new = saved.get(section, {}), now.get(section, {})
-    for name in sorted(set(old) | set(new)):
-      if not blocks_resume(f"{section}.{name}") or name not in old:  # added since: no change
-        continue
-      if old.get(name) != new.get(name):
-        out.append(f"{section}.{name}: {old.get(name)!r} → {new.get(name)!r}")
-  return out
-
-
-def switched(cfg: Config, workdir: str) -> list[str]:
-  """`section.field: saved → now` for each field that switches a term on or off (`SWITCH`: > 0
-  or 0; kl.beta's reference model, optim.grad_clip's element of the optimiser state) across 0
-  since the run recorded in `workdir`: what a checkpoint holds differs, so no resume crosses it."""
-  saved = newest_record(workdir)
-  if saved is None:
-    return []
-  saved, now = saved.get("config", {}), json.loads(cfg.to_json())
-  out = []
-  for field in tagged(SWITCH):
-    section, name = field.split(".")
-    old, new = saved.get(section, {}).get(name), now.get(section, {}).get(name)
-    if isinstance(old, int | float) and isinstance(new, int | float) and (old > 0) != (new > 0):
-      out.append(f"{field}: {old!r} → {new!r}")
-  return out
-
-
-TOKENIZER = "tokenizer"  # data_files' entry of the prompts' tokenizer: its vocabulary
-
-
-def data_files(cfg: Config) -> dict[str, dict[str, int | str]]:
-  """{path: {"bytes", "sha256"}} of each prompt file `data.train_files` names (a glob: each
-  file it matches), as read now, and under TOKENIZER {"tokens", "sha256"} of the vocabulary of
-  the tokenizer it is read with (`data.tokenizer`, else model.checkpoint's; wherever it lies):
-  the run record keeps them, so a resume finds a file whose contents changed at the same path,
-  or prompts read through other ids. Empty for the built-in task."""
-  import hashlib
-
-  from jaxrl_llm.data import records, tokenizers
-
-  out = {}
-  for spec in (f.strip() for f in cfg.data.train_files.split(",")):
-    for path in (p for p in records.matches(spec) if p and os.path.isfile(p)):
-      digest = hashlib.sha256()
-      with open(path, "rb") as f:
-        for chunk in iter(lambda f=f: f.read(1 << 20), b""):
-          digest.update(chunk)
-      out[path] = {"bytes": os.path.getsize(path), "sha256": digest.hexdigest()}
-  if out and (
-    vocabulary := tokenizers.vocabulary_digest(cfg.data.tokenizer or cfg.model.checkpoint)
-  ):
-    out[TOKENIZER] = vocabulary
-  return out
-
-
-def changed_data(cfg: Config, workdir: str) -> list[str]:
-  """`data file PATH: saved → now` for each prompt file (`data_files`) whose size or contents
-  differ from those the run recorded in `workdir` (`newest_record`), or that it did not read
-  or no longer reads, and `tokenizer vocabulary: saved → now` where the prompts' tokenizer has
-  other tokens or ids (another path or chat template is no change). Empty without a record,
-  or with one older than these fields (compat)."""
-  saved = newest_record(workdir)
-  if saved is None or "data_files" not in saved:
-    return []
-  old, new = dict(saved["data_files"]), data_files(cfg)
-  if TOKENIZER not in old:  # recorded before the vocabulary was: nothing to compare
-    new.pop(TOKENIZER, None)
-
-  def shown(entry):
-    if entry is None:
-      return "none"
-    size = f"{entry['tokens']} tokens" if "tokens" in entry else f"{entry['bytes']} bytes"
-    return f"{size}, sha256 {entry['sha256'][:12]}"
-
-  name = {TOKENIZER: "tokenizer vocabulary"}
-  return [
-    f"{name.get(key, f'data file {key}')}: {shown(old.get(key))} → {shown(new.get(key))}"
-    for key in sorted(set(old) | set(new))
-    if old.get(key) != new.get(key)
-  ]
-
-
-def schedules_moved(members, step: int) -> str:
-  """`schedule_moved` of each run (`members`: .prefix, .config, .workdir) at `step`, joined."""
-  return "; ".join(
-    m.prefix + x for m in members if (x := schedule_moved(m.config, m.workdir, step))
-  )
-
-
-def schedule_moved(cfg: Config, workdir: str, step: int) -> str | None:
-  """`learning rate at update U: saved → now` where `cfg`'s schedule (train.num_steps × epochs ×
-  minibatches updates, shaped by optim.*) differs at `step` from the one `workdir` recorded."""
-  now_total = cfg.train.num_steps * cfg.rl.num_epochs * cfg.rl.num_minibatches
-  try:
-    c = newest_record(workdir)["config"]
-    old, per_step = type(cfg.optim).from_section(c["optim"]), c["rl"]["num_epochs"]
-    per_step *= c["rl"]["num_minibatches"]
-    total = c["train"]["num_steps"] * per_step
-  except (KeyError, TypeError, ValueError):  # no record, or one of another shape: no comparison
-    return None
-  at = step * per_step  # the optimiser's update count in the checkpoint
-  was, now = (float(o.build(t)[1](at)) for o, t in ((old, total), (cfg.optim, now_total)))
-  if step > 0 and abs(was - now) > 1e-6 * max(abs(was), abs(now)):
-    return f"learning rate at update {at}: {was:.3g} → {now:.3g} ({total} → {now_total} updates)"
-  return None
-
-
 STOPPED = "stopped.json"  # in a pack's run folder: the run its guards stopped, and why
 
 
@@ -269,35 +126,6 @@ def read_stopped(workdir: str) -> dict | None:
     return json.loads(paths.read_text(path))
   except ValueError:  # a torn write: it stopped; why is lost
     return {"step": -1, "why": "stopped (its record is unreadable)"}
-
-
-def newest_record_path(workdir: str) -> str | None:
-  """The path of the run record of `workdir` the latest launch wrote: its newest
-  `config.resume-<step>.json`, else `config.json`; None without either."""
-  if not paths.is_dir(workdir):
-    return None
-  records = {p.name: p for p in paths.listdir(workdir)}
-  steps = {n: n[len("config.resume-") : -len(".json")] for n in records}
-  resumes = [n for n, s in steps.items() if n.startswith("config.resume-") and s.isdigit()]
-  newest = max(resumes, key=lambda n: int(steps[n]), default=None)
-  name = newest or ("config.json" if "config.json" in records else None)
-  return None if name is None else paths.join(workdir, name)
-
-
-def newest_record(workdir: str) -> dict | None:
-  """The run record of `workdir` the latest launch wrote (`newest_record_path`); None without
-  one."""
-  path = newest_record_path(workdir)
-  if path is None:
-    return None
-  fix = "restore it, or move it aside to resume (the run then records its config anew)"
-  try:
-    record = json.loads(paths.read_text(path))
-  except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
-    raise ConfigError(f"{path}: the run record is not valid JSON ({err}); {fix}") from None
-  if not (isinstance(record, dict) and isinstance(record.get("config", {}), dict)):
-    raise ConfigError(f'{path}: the run record is not an object with a "config" object; {fix}')
-  return record
 
 
 def results_fields(fields):
@@ -329,13 +157,14 @@ def record_run(
   the same fields as a TensorBoard text table (tag `config`), and `hparams` as the run's
   HParams session named `trial` (default: the workdir's name; metrics:
   `metric_info.HPARAMS_METRICS`; `varied`: the columns a sweep varies, shown first), with the
-  prompt files' sizes and hashes (`data_files`). A resumed run with the config and files of the
-  latest launch (`newest_record`) writes nothing; one with a changed config writes
+  prompt files' sizes and hashes (`changes.data_files`). A resumed run with the config and files
+  of the latest launch (`changes.newest_record`) writes nothing; one with a changed config writes
   `config.resume-<step>.json` (and a new table at `step`; the HParams session stays the first
   one). Returns the file written, or None."""
   if jax.process_index() != 0:
     return None
-  fields, latest, files = json.loads(cfg.to_json()), newest_record(workdir), data_files(cfg)
+  fields, latest = json.loads(cfg.to_json()), changes.newest_record(workdir)
+  files = changes.data_files(cfg)
   first = latest is None
   if (
     not first
@@ -372,7 +201,7 @@ def record_run(
 
 def settings(record: Mapping) -> dict[str, object]:
   """A `config.json` record's fields as {dotted name: value}, each objective hyperparameter as
-  the run used it (`_as_used`: its `resolved` entry, an unset field's default). Raises
+  the run used it (`changes.as_used`: its `resolved` entry, an unset field's default). Raises
   KeyError/TypeError/AttributeError where `record` has no {"config": {...}}."""
 
   def flat(tree: Mapping, prefix: str = "") -> dict[str, object]:
@@ -386,7 +215,7 @@ def settings(record: Mapping) -> dict[str, object]:
 
   if not isinstance(record["config"], Mapping):
     raise TypeError(f"its config is a {type(record['config']).__name__}, not an object")
-  return flat(_as_used(record))
+  return flat(changes.as_used(record))
 
 
 def parameter_counts(params, mc) -> tuple[int, int]:
