@@ -84,7 +84,7 @@ def test_compare_tables_summary_line_counts_the_missing_cells(tmp_path):
   new = TABLE.replace("| a | 8 |", "| b | 8 |")
   proc = _compare(tmp_path, TABLE, new)
   assert proc.returncode == 1
-  assert "2 committed cells missing" in proc.stdout.strip().splitlines()[-1], proc.stdout
+  assert "1 committed rows removed" in proc.stdout.strip().splitlines()[-1], proc.stdout
 
 
 def test_compare_tables_reads_a_malformed_number_as_no_mean(tmp_path):

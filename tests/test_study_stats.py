@@ -171,7 +171,7 @@ def test_compare_tables_holds_means_to_the_committed_intervals():
   problems, counts = compare_tables.compare(committed, outside)
   assert len(problems) == 1 and "0.651" in problems[0] and counts["single_equal"] == 2
   problems, _ = compare_tables.compare(committed, committed.replace("| a | 8", "| b | 8"))
-  assert problems and problems[0].startswith("missing")
+  assert problems and problems[0].startswith("removed: table 0, row 'a'")
   empty = committed.replace("0.500 [0.400, 0.600]", "- [-, -]")  # a metric an arm lacks
   problems, counts = compare_tables.compare(empty, empty)
   assert not problems and counts["means"] == 0 and counts["single_equal"] == 4

@@ -1,0 +1,85 @@
+"""Study tools that were silently wrong (experiments/compare_tables.py, run_all.sh,
+tools/sweep.py): each case runs the real script on real files, as a user would."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+EXPERIMENTS = REPO / "experiments"
+
+
+def _run(cmd, env=None, cwd=None, timeout=60):
+  """`cmd` in its own session, killed whole if it outlives `timeout`."""
+  full = {**os.environ, **(env or {})}
+  proc = subprocess.Popen(
+    cmd, env=full, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    start_new_session=True,
+  )  # fmt: skip
+  try:
+    out, err = proc.communicate(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    pytest.fail(f"{cmd} still ran after {timeout} s")
+  return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+# compare_tables.py
+
+_HEAD = "| objective.clip_high | sampling.temperature | seeds | acc |\n|---|---|---|---|\n"
+_TWO_ARMS = (
+  _HEAD + "| 0.2 | 0.7 | 3 | 0.500 [0.400, 0.600] |\n| 0.28 | 0.7 | 3 | 0.500 [0.400, 0.600] |\n"
+)
+_THREE_ARMS = (
+  _HEAD + "| 0.2 | 0.7 | 3 | 0.510 [0.400, 0.600] |\n| 0.2 | 1.0 | 3 | 0.500 [0.400, 0.600] |\n"
+  "| 0.28 | 0.7 | 3 | 0.900 [0.800, 1.000] |\n"
+)
+
+
+def _compare(tmp_path, committed: str, new: str):
+  (tmp_path / "committed.md").write_text(committed)
+  (tmp_path / "new.md").write_text(new)
+  cmd = [sys.executable, str(EXPERIMENTS / "compare_tables.py"), "committed.md", "new.md"]
+  return _run(cmd, cwd=tmp_path)
+
+
+def test_compare_tables_matches_the_shared_rows_of_a_table_that_gained_an_arm(tmp_path):
+  """Each file's row label was as wide as its own rows needed (1 cell for two arms, 2 for
+  three), so no row matched: "0/0 means within", every committed cell "missing", and the 0.28
+  arm's move from 0.5 to 0.9 was never said. Rows are now named by the grouped columns in both
+  files; the shared rows are compared, the new arm is reported as added."""
+  proc = _compare(tmp_path, _TWO_ARMS, _THREE_ARMS)
+  lines = proc.stdout.strip().splitlines()
+  assert proc.returncode == 1, proc
+  assert any("'0.28 | 0.7'" in x and "0.900" in x for x in lines), lines
+  assert "added: table 0, row '0.2 | 1.0' (in the new file only)" in lines
+  assert not any(x.startswith("missing") for x in lines), lines
+  assert lines[-1].startswith("1/2 means within") and "1 rows added" in lines[-1], lines
+
+
+def test_compare_tables_reports_a_committed_row_the_new_table_lost(tmp_path):
+  """A new table that lost an arm reported every committed cell missing (the rows it kept
+  too). Now the rows it kept are compared and the lost one is `removed:` (exit 1)."""
+  proc = _compare(
+    tmp_path, _THREE_ARMS, _THREE_ARMS.replace("| 0.2 | 1.0 | 3 | 0.500 [0.400, 0.600] |\n", "")
+  )
+  lines = proc.stdout.strip().splitlines()
+  assert proc.returncode == 1, proc
+  assert lines[:-1] == ["removed: table 0, row '0.2 | 1.0' (in the committed file only)"], lines
+  assert lines[-1].startswith("2/2 means within") and "1 committed rows removed" in lines[-1]
+
+
+def test_compare_tables_passes_a_table_that_only_gained_an_arm(tmp_path):
+  """An added arm with every shared mean within tolerance is no fault (exit 0)."""
+  proc = _compare(
+    tmp_path, _TWO_ARMS, _THREE_ARMS.replace("0.900 [0.800, 1.000]", "0.520 [0.4, 0.6]")
+  )
+  assert proc.returncode == 0, proc
+  assert proc.stdout.strip().splitlines()[-1].endswith("; 1 rows added"), proc.stdout
