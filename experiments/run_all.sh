@@ -12,6 +12,9 @@
 # reported as interrupted, not failed, and the studies after it do not start; run_all.sh then
 # exits 130. A study killed otherwise (e.g. SIGKILL by the out-of-memory killer: exit 137) is a
 # failed study: reported with its exit status, and the others still run.
+# A study that exits 0 but prints no Markdown table (or one compare_tables.py cannot read) is
+# failed too: its committed tables.md is kept as it was and its output is left in
+# <study>/tables.md.new to look at.
 # A bad input (an argument, an unknown study in STUDIES, CONFIRM other than 0 or 1, a ROOT_BASE
 # it cannot create) is one `error:` line and exit 2, before any study starts.
 set -uo pipefail
@@ -62,8 +65,27 @@ for study in $STUDIES; do
     break
   fi
   if [ "$rc" -eq 0 ]; then
-    if [ -f "$study/tables.md" ]; then  # against the committed tables (compare_tables.py)
-      echo "   against the previous tables: $(python compare_tables.py "$study/tables.md" "$study/tables.md.new" | tail -n 1)"
+    # An output without a table (a study that printed nothing), or one compare_tables.py cannot
+    # read (exit 2), is not written over the committed tables.
+    bad=""
+    if ! grep -q '^|' "$study/tables.md.new"; then
+      bad="its output has no Markdown table (no line starting with |)"
+    elif [ -f "$study/tables.md" ]; then  # against the committed tables (compare_tables.py)
+      summary=$(python compare_tables.py "$study/tables.md" "$study/tables.md.new" 2>&1)
+      if [ $? -eq 2 ]; then
+        bad=$(tail -n 1 <<< "$summary")
+        bad=${bad#error: }
+        bad=${bad%%;*}
+      else
+        echo "   against the previous tables: $(tail -n 1 <<< "$summary")"
+      fi
+    fi
+    if [ -n "$bad" ]; then
+      failed+=("$study")
+      kept="the output is in $study/tables.md.new"
+      [ -f "$study/tables.md" ] && kept="$study/tables.md is kept as it was; $kept"
+      echo "   FAILED (exit 0, but $bad: $kept; log: $ROOT_BASE.$study.log)"
+      continue
     fi
     mv "$study/tables.md.new" "$study/tables.md"
     echo "   done in $(( $(date +%s) - start )) s: $study/tables.md"

@@ -83,3 +83,52 @@ def test_compare_tables_passes_a_table_that_only_gained_an_arm(tmp_path):
   )
   assert proc.returncode == 0, proc
   assert proc.stdout.strip().splitlines()[-1].endswith("; 1 rows added"), proc.stdout
+
+
+# run_all.sh
+
+
+def _studies(tmp_path, bodies: dict[str, str]):
+  """experiments/ under tmp_path: run_all.sh, study_env.sh and compare_tables.py beside fake
+  studies (name -> run.sh body); tmp_path stands for the repository root."""
+  root = tmp_path / "experiments"
+  root.mkdir()
+  for script in ("run_all.sh", "study_env.sh", "compare_tables.py"):
+    (root / script).write_bytes((EXPERIMENTS / script).read_bytes())
+  for name, body in bodies.items():
+    (root / name).mkdir()
+    (root / name / "run.sh").write_text(f"#!/usr/bin/env bash\nset -euo pipefail\n{body}\n")
+  return root
+
+
+@pytest.mark.parametrize("printed", ["", "warning only\n"], ids=["nothing", "prose"])
+def test_run_all_keeps_the_committed_tables_when_a_study_prints_no_table(tmp_path, printed):
+  """A study that exited 0 without a table had its empty output moved over the committed
+  tables.md, "done", exit 0 (compare_tables.py's exit 2 was ignored). Now the study is FAILED
+  with a line saying why, tables.md is kept and the output stays in tables.md.new."""
+  root = _studies(tmp_path, {"fake": f"printf {printed!r}", "good": "printf '| a |\\n'"})
+  committed = "| a | seeds | acc |\n|---|---|---|\n| 0.2 | 8 | 0.500 [0.400, 0.600] |\n"
+  (root / "fake" / "tables.md").write_text(committed)
+  env = {"ROOT_BASE": str(tmp_path / "out")}
+  proc = _run(["bash", str(root / "run_all.sh")], env=env)
+  assert proc.returncode == 1, proc
+  line = next(x for x in proc.stdout.splitlines() if "FAILED" in x)
+  assert "no Markdown table" in line and "fake/tables.md is kept as it was" in line, line
+  assert "fake/tables.md.new" in line and "done" not in proc.stdout.split("== good")[0]
+  assert (root / "fake" / "tables.md").read_text() == committed
+  assert (root / "fake" / "tables.md.new").read_text() == printed
+  assert (root / "good" / "tables.md").read_text() == "| a |\n"  # the next study still ran
+  assert proc.stderr.strip() == "failed: fake", proc.stderr
+
+
+def test_run_all_keeps_the_committed_tables_when_they_cannot_be_compared(tmp_path):
+  """A header with no rows is no table to compare_tables.py (exit 2): the study fails with its
+  line, and neither file is lost."""
+  root = _studies(tmp_path, {"fake": "printf '| a | acc |\\n'"})
+  committed = "| a | seeds | acc |\n|---|---|---|\n| 0.2 | 8 | 0.500 [0.400, 0.600] |\n"
+  (root / "fake" / "tables.md").write_text(committed)
+  proc = _run(["bash", str(root / "run_all.sh")], env={"ROOT_BASE": str(tmp_path / "out")})
+  assert proc.returncode == 1, proc
+  assert "FAILED (exit 0, but " in proc.stdout and "tables.md.new: no Markdown table" in proc.stdout
+  assert (root / "fake" / "tables.md").read_text() == committed
+  assert (root / "fake" / "tables.md.new").read_text() == "| a | acc |\n"
