@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every study (its sweep, tables and figures), one after the other, from the repository.
-# Each study writes under $ROOT_BASE/<study> (default /tmp/jaxrl_experiments) and puts its
+# Each study writes under $ROOT_BASE/<study> (default /tmp/jaxrl_experiments; a relative one is
+# read from the directory run_all.sh is called from), its log in $ROOT_BASE.<study>.log, and puts its
 # figures in its own folder; `STUDIES="clip_higher length_bias" bash experiments/run_all.sh`
 # runs some of them (STUDIES unset: all; set but empty is refused). A study that fails is
 # reported and the others still run. Where a study's tables.md existed, the new one is compared
@@ -18,6 +19,11 @@
 # A bad input (an argument, an unknown study in STUDIES, CONFIRM other than 0 or 1, a ROOT_BASE
 # it cannot create) is one `error:` line and exit 2, before any study starts.
 set -uo pipefail
+ROOT_BASE=${ROOT_BASE:-/tmp/jaxrl_experiments}
+case $ROOT_BASE in  # a relative one is the caller's, before the cd below (a study cds elsewhere)
+  /*) ;;
+  *) ROOT_BASE=$PWD/$ROOT_BASE ;;
+esac
 cd "$(dirname "$0")"
 ALL=$(for d in */run.sh; do dirname "$d"; done | tr '\n' ' ')
 fail() {
@@ -26,7 +32,6 @@ fail() {
 }
 [ $# -eq 0 ] || fail "run_all.sh takes no arguments, got: $*; pick studies with" \
   "STUDIES=\"a b\" (allowed: ${ALL% })"
-ROOT_BASE=${ROOT_BASE:-/tmp/jaxrl_experiments}
 STUDIES=${STUDIES-$ALL}  # unset: every study; set but empty is refused, not read as every one
 [ -n "${STUDIES//[[:space:]]/}" ] ||
   fail "STUDIES is empty; name the studies to run, or leave it unset for all (allowed: ${ALL% })"

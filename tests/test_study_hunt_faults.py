@@ -132,3 +132,25 @@ def test_run_all_keeps_the_committed_tables_when_they_cannot_be_compared(tmp_pat
   assert "FAILED (exit 0, but " in proc.stdout and "tables.md.new: no Markdown table" in proc.stdout
   assert (root / "fake" / "tables.md").read_text() == committed
   assert (root / "fake" / "tables.md.new").read_text() == "| a | acc |\n"
+
+
+def test_run_all_reads_a_relative_root_base_from_the_callers_directory(tmp_path):
+  """ROOT_BASE=relout: the study (study_env.sh cds to the repository) wrote its runs under
+  <repo>/relout, while run_all.sh (which cds to experiments/) wrote the log to
+  experiments/relout.<study>.log and printed a log path found from neither. Now both lie under
+  the caller's directory and the printed path is that log."""
+  body = (
+    'source "$(dirname "$0")/../study_env.sh"\nmkdir -p "$ROOT"; echo hello > "$ROOT/out.txt"\n'
+    "echo 'study log line' >&2; exit 1"
+  )
+  root = _studies(tmp_path, {"fakec": body})
+  caller = tmp_path / "caller"
+  caller.mkdir()
+  proc = _run(["bash", str(root / "run_all.sh")], env={"ROOT_BASE": "relout"}, cwd=caller)
+  assert proc.returncode == 1, proc
+  assert (caller / "relout" / "fakec" / "out.txt").read_text() == "hello\n"
+  log = caller / "relout.fakec.log"
+  assert "study log line" in log.read_text()
+  assert f"log: {log})" in proc.stdout, proc.stdout
+  assert not (tmp_path / "relout").exists() and not (root / "relout").exists()
+  assert not (root / "relout.fakec.log").exists()
