@@ -8,6 +8,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -154,3 +155,40 @@ def test_run_all_reads_a_relative_root_base_from_the_callers_directory(tmp_path)
   assert f"log: {log})" in proc.stdout, proc.stdout
   assert not (tmp_path / "relout").exists() and not (root / "relout").exists()
   assert not (root / "relout.fakec.log").exists()
+
+
+# tools/sweep.py
+
+sys.path.insert(0, str(REPO / "tools"))
+import sweep  # noqa: E402
+
+
+def test_sweep_progress_shows_only_the_latest_launchs_lines(tmp_path, capsys):
+  """A resumed run's run.log (appended across launches) still ends with the earlier launch's
+  last line, "step 4/4 100% ... ETA 0:00:00", which the sweep showed as the resumed run's
+  progress while it compiled: it looked finished. Only lines after the newest launch header
+  count now."""
+  workdir = tmp_path / "a"
+  workdir.mkdir()
+  stale = "step 4/4 100% 5.88 steps/s ETA 0:00:00 | reward 0 acc 0"
+  (workdir / "run.log").write_text(f"\n### 2024-01-01 00:00:00 python -m jaxrl_llm.main\n{stale}\n")
+  code = "import time; print('compiling the step', flush=True); time.sleep(60)"
+  argv = [sys.executable, "-c", code, "--config=x"]
+  run = sweep.Run(name="a", workdir=str(workdir), params={}, overrides={}, argv=argv, final_step=6)
+  runner = sweep.Sweep([run], str(tmp_path), spec={}, progress_s=0)
+  runner._launch(0, run)
+  try:
+    runner._progress(run, 0.0)  # before the new launch logs anything: nothing to show
+    for _ in range(200):
+      if (workdir / "run.log").read_text().endswith("compiling the step\n"):
+        break
+      time.sleep(0.05)
+    runner._progress(run, 0.0)
+  finally:
+    for _, proc, log, _ in runner._running:
+      proc.kill()
+      proc.wait()
+      log.close()
+  out = capsys.readouterr().out
+  assert "step 4/4" not in out, out
+  assert "[1/1] compiling the step - a" in out, out

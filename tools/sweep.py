@@ -563,11 +563,15 @@ class Sweep:
 
   def _progress(self, run: Run, t0: float) -> None:
     """Every `progress_s` seconds: the run's newest progress (or start-up) line from its log,
-    when it changed; a sweep is not silent while a run starts and trains."""
+    when it changed; a sweep is not silent while a run starts and trains. Only this launch's
+    lines count (those after the last `### <date> <command>` header `_launch` wrote): a resumed
+    run's log still ends with the earlier launch's last step until the new one logs."""
     when, said = self._shown.get(run.name, (t0, ""))
     if time.time() - when < self.progress_s:
       return
-    lines = [_PREFIX.sub("", x) for x in tail(run.log, 40).splitlines() if x.strip()]
+    lines = tail(run.log, 40).splitlines()
+    header = max((i for i, x in enumerate(lines) if x.startswith("### ")), default=-1)
+    lines = [_PREFIX.sub("", x) for x in lines[header + 1 :] if x.strip()]
     news = [x for x in lines if _PROGRESS.match(x)] or [x for x in lines if not x.startswith("#")]
     line = news[-1] if news else ""
     self._shown[run.name] = (time.time(), line or said)
