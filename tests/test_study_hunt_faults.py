@@ -3,6 +3,7 @@ tools/sweep.py): each case runs the real script on real files, as a user would."
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import signal
@@ -192,3 +193,51 @@ def test_sweep_progress_shows_only_the_latest_launchs_lines(tmp_path, capsys):
   out = capsys.readouterr().out
   assert "step 4/4" not in out, out
   assert "[1/1] compiling the step - a" in out, out
+
+
+def _sweep_cli(*args):
+  cmd = [sys.executable, str(REPO / "tools" / "sweep.py"), *args]
+  return _run(cmd, env={"JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)}, cwd=REPO, timeout=120)
+
+
+@pytest.mark.parametrize("where", ["run.json", "sweep.json"])
+def test_sweep_refuses_a_point_that_respells_a_run_already_in_root(tmp_path, where):
+  """Relaunched with `sampling.temperature=0.70,1` into a root holding the runs `=0.7` and
+  `=1.0`, the sweep planned both as new (folder names come from the spelling) and trained each
+  again from step 0 beside its twin: seed tables then refused the study and plots averaged the
+  duplicates. Now one `error:` line names the run already there; nothing is written."""
+  config = str(REPO / "configs" / "default.py")
+  root = tmp_path / "my sweep"
+  runs = []
+  for value in ("0.7", "1.0"):
+    name = f"sampling.temperature={value}"
+    overrides = {"sampling.temperature": value}
+    argv = [
+      sys.executable,
+      "-m",
+      "jaxrl_llm.main",
+      f"--config={config}",
+      f"--workdir={root / name}",
+    ]
+    runs.append({"name": name, "argv": argv, "overrides": overrides, "status": "done"})
+    if where == "run.json":
+      (root / name).mkdir(parents=True)
+      (root / name / "run.json").write_text(
+        json.dumps({"config": config, "overrides": overrides, "command": "python ..."})
+      )
+  if where == "sweep.json":
+    root.mkdir()
+    (root / "sweep.json").write_text(json.dumps({"runs": runs[1:], "earlier_runs": runs[:1]}))
+  before = sorted(p.relative_to(root) for p in root.rglob("*"))
+  grid, twin = ("0.70,0.8", "0.7") if where == "run.json" else ("0.8,1", "1.0")
+  proc = _sweep_cli(
+    f"--config={config}", f"--root={root}", f"--grid=sampling.temperature={grid}", "--dry_run"
+  )
+  err = proc.stderr.strip().splitlines()
+  assert proc.returncode == 2 and len(err) == 1 and err[0].startswith("error: "), proc
+  assert f"{root / f'sampling.temperature={twin}'} already in --root" in err[0], err
+  proc = _sweep_cli(
+    f"--config={config}", f"--root={root}", "--grid=sampling.temperature=0.7,1.0,0.8", "--dry_run"
+  )
+  assert proc.returncode == 0, proc  # the runs' own spelling resumes them, as before
+  assert sorted(p.relative_to(root) for p in root.rglob("*")) == before

@@ -15,7 +15,8 @@ ranges, before any run starts. A run whose workdir holds a
 checkpoint at its final step is skipped, and an unfinished one resumes (the trainer continues
 from its workdir), so an interrupted sweep is resumed by rerunning the same command. Each run's
 output goes to `<workdir>/run.log` and its overrides to `<workdir>/run.json` (a workdir is not
-resumed with different overrides unless `--allow_changed`). `ROOT/sweep.json` records the runs and
+resumed with different overrides unless `--allow_changed`; a grid point that is a run already in
+ROOT under another spelling of its values, `1` for `1.0`, is refused). `ROOT/sweep.json` records the runs and
 their status (runs that an earlier grid named and this one does not stay in it, as
 `earlier_runs`); a summary table is printed at the end. A failed run is reported with the tail of
 its log and the sweep goes on; the exit status is 1 if any run failed.
@@ -330,7 +331,51 @@ def plan(
       )
     )
   _check_idle(idle, len(runs))
+  _check_respelled(config, root, same)
   return runs
+
+
+def _recorded_runs(root: str) -> dict[str, tuple[str | None, dict[str, str]]]:
+  """{name: (config, overrides)} of the runs already in `root`: those its sweep.json records
+  (`runs` and `earlier_runs`) and every folder's run.json. A record that cannot be read is
+  left out (the run of that name, if this grid has one, refuses it when it starts)."""
+  found: dict[str, tuple[str | None, dict[str, str]]] = {}
+  for entry in earlier_runs(root, ()):
+    argv, overrides = entry.get("argv"), entry.get("overrides")
+    if isinstance(argv, list) and isinstance(overrides, dict):
+      config = next((a[9:] for a in argv if isinstance(a, str) and a.startswith("--config=")), None)
+      found[entry["name"]] = (config, overrides)
+  with contextlib.suppress(OSError):
+    for name in sorted(os.listdir(root)):
+      try:
+        with open(os.path.join(root, name, "run.json")) as f:
+          rec = json.load(f)
+      except (OSError, ValueError):
+        continue
+      if isinstance(rec, dict) and isinstance(rec.get("overrides"), dict):
+        found[name] = (rec.get("config"), rec["overrides"])
+  return found
+
+
+def _check_respelled(config: str, root: str, same: dict) -> None:
+  """A SweepError where a grid point is a run already in `root` under another folder name,
+  its values spelled otherwise (`1` for `1.0`, `0.70` for `0.7`): its settings, once parsed,
+  are those of the earlier run. Trained again, it would be a second run of one arm. `same` maps
+  each point's typed settings to (its name, ...), as `plan` built it."""
+  names = {name for name, _ in same.values()}
+  for name, (was_config, overrides) in _recorded_runs(root).items():
+    if name in names or was_config != config:
+      continue  # the point of that name resumes it; a run of another config is another run
+    try:
+      _, _, settings, _ = _acting(config, {k: str(v) for k, v in overrides.items()}, name, {})
+    except SweepError:
+      continue  # settings this config no longer takes: not a run of this grid
+    if (point := same.get(settings.to_json())) is not None:
+      raise SweepError(
+        f"grid point {point[0]} is the run {os.path.join(root, name)} already in --root "
+        "(their values are equal once parsed): spell its values as that folder's name does, "
+        "to resume or skip it, or give another --root"
+      )
 
 
 def _acting(config: str, overrides: dict[str, str], name: str, idle: dict):
