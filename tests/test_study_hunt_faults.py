@@ -241,3 +241,26 @@ def test_sweep_refuses_a_point_that_respells_a_run_already_in_root(tmp_path, whe
   )
   assert proc.returncode == 0, proc  # the runs' own spelling resumes them, as before
   assert sorted(p.relative_to(root) for p in root.rglob("*")) == before
+
+
+@pytest.mark.parametrize("extra", [["--dry_run"], ["--packed"]], ids=["runs", "packed"])
+def test_sweep_refuses_a_root_that_is_a_single_runs_workdir(tmp_path, extra):
+  """--root at a single run's workdir was said to hold "a pack's checkpoints ... pass --packed";
+  doing so wrote sweep.json and run.json records into that run's folder, failed at restore
+  (exit 1) and left records that refused every corrected command. Its checkpoint's meta names
+  no pack: the sweep now says the root is a single run's workdir, in one line, and writes
+  nothing."""
+  root = tmp_path / "one run"
+  step = root / "checkpoints" / "40"
+  (step / "meta").mkdir(parents=True)
+  (step / "commit_success.txt").write_text("")
+  (step / "meta" / "metadata").write_text(json.dumps({"model": {"d_model": 32}, "step": 40}))
+  (root / "run.log").write_text("the run's log\n")
+  before = sorted(p.relative_to(root) for p in root.rglob("*"))
+  config = f"--config={REPO / 'configs' / 'default.py'}"
+  proc = _sweep_cli(config, f"--root={root}", "--grid=objective.clip_high=0.2,0.28", *extra)
+  err = proc.stderr.strip().splitlines()
+  assert proc.returncode == 2 and len(err) == 1, proc
+  assert err[0].startswith(f"error: --root={root} is a single run's workdir"), err
+  assert "give another --root" in err[0] and "--packed" not in err[0], err
+  assert sorted(p.relative_to(root) for p in root.rglob("*")) == before

@@ -792,9 +792,10 @@ def _forget(runs: Sequence[Run]) -> None:
   folders if nothing else is in them): a corrected command is not then refused for settings
   no run trained with."""
   for run in runs:
-    if os.listdir(run.workdir) == ["run.json"]:
-      os.remove(_record_path(run))
-      os.rmdir(run.workdir)
+    with contextlib.suppress(OSError):  # a folder already gone, or one it cannot list
+      if os.listdir(run.workdir) == ["run.json"]:
+        os.remove(_record_path(run))
+        os.rmdir(run.workdir)
 
 
 def _train_packed(
@@ -803,7 +804,8 @@ def _train_packed(
   """`train_pack` of the grid in `root`: (the runs' status, exit status). A SIGTERM (every
   process stopped after the same step, saved), a Ctrl-C or a known failure prints its one line;
   in a multi-process job the last two also tell the peers and stop this process at once. A
-  pack refused before it trains first removes the records of `new` (`_forget`)."""
+  pack refused before it trains (a ConfigError, or a known failure such as a checkpoint it
+  cannot restore) first removes the records of `new` (`_forget`: folders that hold only one)."""
   from jaxrl_llm.run import Preempted
   from jaxrl_llm.run.packed import train_pack
 
@@ -830,6 +832,7 @@ def _train_packed(
     if line is None:
       leave_job(1, f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
       raise
+    _forget(new)  # refused at restore, say: the folders that hold only a record go
     print(line, file=sys.stderr, flush=True)
     leave_job(2, line)
     return "failed", 1
@@ -988,7 +991,14 @@ def _parser() -> argparse.ArgumentParser:
 def _check_kind(root: str, runs: Sequence[Run], packed: bool) -> None:
   """SweepError when `root` holds checkpoints of the other kind of sweep: a pack keeps one set
   in ROOT/checkpoints, separate runs one each in their workdirs; the other kind would not see
-  them and would train every run again from step 0."""
+  them and would train every run again from step 0. A ROOT whose checkpoints are a single
+  run's (their meta names no pack: ROOT is that run's --workdir) is refused for both kinds."""
+  if "pack" not in (saved_meta(root) or {"pack": None}):
+    raise SweepError(
+      f"--root={root} is a single run's workdir (its checkpoints, "
+      f"{os.path.join(root, 'checkpoints')}, are not a pack's): a sweep would write its runs "
+      "into it; give another --root"
+    )
   if packed and (done := next((r for r in runs if committed_steps(r.workdir)), None)):
     raise SweepError(
       f"--root={root} holds runs trained one by one ({done.workdir}/checkpoints): a pack "
@@ -1002,16 +1012,26 @@ def _check_kind(root: str, runs: Sequence[Run], packed: bool) -> None:
     )
 
 
-def saved_pack_names(root: str) -> list[str] | None:
-  """The run names of the pack saved in ROOT's newest committed checkpoint (its meta's
-  `pack.names`, as orbax wrote it), or None when there is none or it cannot be read."""
+def saved_meta(root: str) -> dict[str, Any] | None:
+  """The meta of ROOT's newest committed checkpoint (as orbax wrote it), or None when there is
+  none or it cannot be read as a JSON object."""
   steps = committed_steps(root)
   meta = os.path.join(root, "checkpoints", str(steps[-1]), "meta", "metadata") if steps else ""
   try:
     with open(meta) as f:
-      names = json.load(f)["pack"]["names"]
-  except (OSError, ValueError, KeyError, TypeError):
+      found = json.load(f)
+  except (OSError, ValueError):
     return None  # the trainer's restore then says what is wrong with the checkpoint
+  return found if isinstance(found, dict) else None
+
+
+def saved_pack_names(root: str) -> list[str] | None:
+  """The run names of the pack saved in ROOT's newest committed checkpoint (its meta's
+  `pack.names`), or None when there is none or it cannot be read."""
+  try:
+    names = (saved_meta(root) or {})["pack"]["names"]
+  except (KeyError, TypeError):
+    return None
   return names if isinstance(names, list) else None
 
 
