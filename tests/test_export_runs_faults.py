@@ -5,6 +5,7 @@ run's folder. Each refusal is one `error:` line and exit 2, and nothing under --
 or changed; a failed write removes what it made. No training: runs are written here."""
 
 import json
+import pathlib
 import shutil
 import sys
 
@@ -154,3 +155,23 @@ def test_a_relative_out_is_exported(capsys, tmp_path, monkeypatch):
   assert sorted(_tree(tmp_path / "exported" / "here")) == [
     "a/config.json", "a/samples.jsonl", "a/scalars.json"
   ]  # fmt: skip
+
+
+def test_a_resumed_runs_records_are_exported_and_read_as_the_run_read_them(capsys, tmp_path):
+  """A run resumed under other settings holds config.resume-<step>.json beside config.json:
+  the export copied config.json alone, so a table made from the export grouped the run by its
+  first launch's settings. Each record is copied as written; the newest is the export's."""
+  from jaxrl_llm.run import changes
+
+  run = _run(tmp_path / "root" / "r")
+  record = json.loads(CONFIG.read_text())
+  record["config"]["train"]["num_steps"] = 120
+  (run / "config.resume-1.json").write_text(json.dumps(record))
+  code, err = _export(capsys, tmp_path / "root", tmp_path / "out")
+  assert (code, err) == (0, [])
+  exported = tmp_path / "out" / "r"
+  assert (exported / "config.resume-1.json").read_bytes() == (
+    run / "config.resume-1.json"
+  ).read_bytes()
+  newest = json.loads(pathlib.Path(changes.newest_record_path(str(exported))).read_text())
+  assert newest["config"]["train"]["num_steps"] == 120

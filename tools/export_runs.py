@@ -7,7 +7,8 @@ Every directory under --root holding a `config.json` (written by the trainer, a 
 included) is a run; a --root that is itself a run is exported as OUT/<its folder's name>/. For
 each, OUT/<its path under root>/ gets:
 
-  config.json     the run's config.json, as written
+  config.json     the run's config.json, as written (and each config.resume-<step>.json a
+                  resumed launch with other settings wrote: readers take the newest)
   scalars.json    every scalar of its TensorBoard events: {tag: [[step, value], ...]}
   samples.jsonl   every row of its `samples` text summaries: {"step", "prompt", "completion",
                   "reward"} (the first `train.text_samples` completions of each logged update)
@@ -73,6 +74,13 @@ def read_run(run: str) -> dict[str, str]:
     ) from None
   if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
     raise BadRun(f'{path} is not a run record: it must be a JSON object with a "config" object')
+  for name in sorted(os.listdir(run)):  # a resumed launch's records: the newest is the run's
+    if re.fullmatch(r"config\.resume-\d+\.json", name):
+      try:
+        with open(os.path.join(run, name)) as f:
+          out[name] = f.read()
+      except (OSError, UnicodeDecodeError) as e:
+        raise BadRun(f"{os.path.join(run, name)} does not read ({e}); nothing exported") from None
   events = [n for n in os.listdir(run) if metric_info.is_event_file(n)]
   try:
     scalars = metrics.read_scalars(run) if events else {}
