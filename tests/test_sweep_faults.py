@@ -223,6 +223,7 @@ def test_a_sweep_json_that_is_not_a_record_is_refused_not_overwritten(tmp_path, 
   for text, why in (
     ("my notes", "cannot be read as the sweep's record"),
     ('{"runs": [1]}', "not a sweep's record"),
+    ('{"runs": {"a": 1}}', "not a sweep's record"),  # it was a TypeError traceback
   ):
     (tmp_path / "sweep.json").write_text(text)
     code, err, out = _main(capsys, *args, "--dry_run")

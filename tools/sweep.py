@@ -248,9 +248,8 @@ def earlier_runs(root: str, names: Sequence[str]) -> list[dict[str, Any]]:
       f"{path}: cannot be read as the sweep's record ({getattr(e, 'strerror', None) or e}); "
       "move it aside or give another --root"
     ) from None
-  entries = (
-    record.get("runs", []) + record.get("earlier_runs", []) if isinstance(record, dict) else None
-  )
+  parts = [record.get(k, []) for k in ("runs", "earlier_runs")] if isinstance(record, dict) else []
+  entries = parts[0] + parts[1] if parts and all(isinstance(p, list) for p in parts) else None
   if not isinstance(entries, list) or not all(
     isinstance(r, dict) and isinstance(r.get("name"), str) for r in entries
   ):
