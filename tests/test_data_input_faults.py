@@ -52,6 +52,27 @@ def test_a_damaged_gzip_or_parquet_file_is_one_line_naming_it(tmp_path):
   assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("kind", ["binary", "timestamp", "date_in_struct"])
+def test_a_parquet_answer_of_no_text_kind_is_one_line_naming_the_row(tmp_path, kind):
+  """A Parquet answer column of bytes, timestamps or a struct holding a date was a TypeError
+  traceback (JSON could not write it); now one line names the file's row and the field."""
+  import datetime
+
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+
+  answers = {
+    "binary": pa.array([b"1", b"2"]),
+    "timestamp": pa.array([datetime.datetime(2020, 1, 1)] * 2),
+    "date_in_struct": pa.array([{"d": datetime.date(2020, 1, 1)}] * 2),
+  }[kind]
+  pq.write_table(pa.table({"prompt": ["a", "b"], "answer": answers}), tmp_path / "a.parquet")
+  with pytest.raises(records_lib.DataError) as e:
+    _load(tmp_path / "a.parquet")
+  assert "a.parquet" in str(e.value) and "answer field 'answer' holds a " in str(e.value)
+  assert "store it as text" in str(e.value) and "\n" not in str(e.value)
+
+
 def test_a_number_json_cannot_convert_names_the_file_and_line(tmp_path):
   lines = _lines(tmp_path)
   big = '{"prompt": "x", "answer": "1", "id": %s}\n' % ("9" * 5000)  # past int's 4300 digits

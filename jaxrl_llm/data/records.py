@@ -139,13 +139,20 @@ def _is_null_answer(value: Any) -> bool:
   return real and math.isnan(value)
 
 
-def _answer_text(value: Any) -> str:
-  """Reference answers become strings: text as is, numbers via str, anything else as JSON."""
+def _answer_text(value: Any, where: str, field: str) -> str:
+  """Reference answers become strings: text as is, numbers via str, lists and objects as JSON;
+  DataError for any other kind (a Parquet binary, date or timestamp column)."""
   if isinstance(value, str):
     return value
   if isinstance(value, (bool, numbers.Number)):
     return str(value)
-  return json.dumps(value, ensure_ascii=False)
+  try:
+    return json.dumps(value, ensure_ascii=False)
+  except (TypeError, ValueError) as e:  # bytes, datetime, ... (in a list or object too)
+    raise DataError(
+      f"{where}: answer field {field!r} holds a {type(value).__name__} ({e}); a reference answer "
+      "must be text, a number, or a list or object of those: store it as text"
+    ) from None
 
 
 def _jsonl_rows(path: str):
@@ -258,7 +265,7 @@ def _file_records(
       continue
     record = {
       "prompt": prompt,
-      "answer": _answer_text(values[answer_field]) if answer_field else "",
+      "answer": _answer_text(values[answer_field], where, answer_field) if answer_field else "",
     }
     _check_text(where, answer_field or "answer", record["answer"])
     record.update({f: values[f] for f in metadata_fields})
