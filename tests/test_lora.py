@@ -553,6 +553,11 @@ def _wrong_shape(t):
   t[key] = t[key][:, :-1].copy()
 
 
+def _transposed(t):  # the same number of values: it was reshaped into the slot, scrambled
+  key = _first(t, "lora_A.weight")
+  t[key] = np.ascontiguousarray(t[key].T)
+
+
 BAD_ADAPTERS = {  # (edit of adapter_config.json or of the tensors, what the line says)
   "config-a-list": (lambda f: (f / "adapter_config.json").write_text("[1]"), "not a JSON object"),
   "no-r": (lambda f: _edit_config(f, r=None), "r=None; the rank is a whole number >= 1"),
@@ -568,6 +573,7 @@ BAD_ADAPTERS = {  # (edit of adapter_config.json or of the tensors, what the lin
   "unpaired": (lambda f: _edit_tensors(f, _unpaired), "is missing beside its pair"),
   "beyond-layers": (lambda f: _edit_tensors(f, _beyond), "matches no projection of this model"),
   "wrong-shape": (lambda f: _edit_tensors(f, _wrong_shape), "does not fit this model's"),
+  "transposed": (lambda f: _edit_tensors(f, _transposed), "does not fit this model's"),
 }
 
 

@@ -254,13 +254,17 @@ def load_adapters(path: str | os.PathLike, cfg: ModelConfig, params: Any, *, mod
     if a is None:
       continue
     owner, layer = _adapter_owner(adapted, p)
-    for key, name, value in ((keys[0], "lora_a", a.T), (keys[1], "lora_b", b.T)):
+    (out_dim, in_dim), r = p.hf_shape, adapted.lora_rank  # PEFT's: A [r, in], B [out, r]
+    for key, name, value, want in (
+      (keys[0], "lora_a", a.T, (r, in_dim)),
+      (keys[1], "lora_b", b.T, (out_dim, r)),
+    ):
       target = out[(*owner, name)]  # ours: [in..., r] and [r, out...]
       slot = target if layer is None else target[layer]
-      if value.size != slot.size:
+      if tuple(value.T.shape) != want or value.size != slot.size:  # a transposed one too
         raise CheckpointFormatError(
           f"{weights}: tensor {key} has shape {list(value.T.shape)}, which does not fit this "
-          f"model's {module} at r={adapted.lora_rank} ({slot.size} values)"
+          f"model's {module} at r={r} (want {list(want)})"
         )
       slot[...] = value.reshape(slot.shape)
   if unused := sorted(set(tensors) - used):
