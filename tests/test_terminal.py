@@ -377,7 +377,11 @@ def test_an_invocation_that_stop_after_steps_ends_says_so_and_its_resume_rates_l
   ), second[-4:]
   third = _run(workdir, *args, "--config.train.stop_after_steps=2")
   trained = next(x for x in third if x.startswith("trained RL steps 4..6 in "))
-  assert trained.endswith("after the first (compiling) step and the evaluation's compilation")
+  assert trained.endswith(
+    "after the first (compiling) step and the evaluation's compilation, evaluations and the "
+    "last save in the time"
+  )
+  assert "of which 0:" in trained and "the first evaluation" not in trained  # resumed at 4
   assert not [x for x in third if x.startswith("stopped after step")], third[-4:]
   assert [x for x in third if x.startswith("eval from step 0 to 6: accuracy ")], third[-6:]
   evals = metrics.read_scalars(str(workdir))["eval/accuracy"]
@@ -536,4 +540,8 @@ def test_a_summary_of_one_step_gives_no_rate_rather_than_nan(caplog):
   with caplog.at_level(logging.INFO):
     record.log_summary("/w", "/w/checkpoints", (0, 3), (9.0, 1.0, 3.0, 7.0), 640.0, [])
   trained = next(r.getMessage() for r in caplog.records if "trained RL steps" in r.getMessage())
-  assert trained.endswith("| 0.5 steps/s, 160 generated tokens/s after the first (compiling) step")
+  assert trained.endswith(
+    "| 0.5 steps/s, 160 generated tokens/s after the first (compiling) step, evaluations and "
+    "the last save in the time"
+  )
+  assert "of which 0:00:02 the first evaluation, compiling and the first step" in trained

@@ -294,8 +294,8 @@ def log_summary(
   label: str = "",
 ) -> None:
   """The run's last lines: steps, the RL loop's time and the whole wall time, RL steps/s and
-  generated tokens/s after compilation (`times` = wall seconds, loop started at, compiled at,
-  ended at; `compiling_s`: seconds after the first step spent compiling the held-out
+  generated tokens/s after compilation, evaluations and the last save in the time (`times` =
+  wall seconds, loop started at, compiled at, ended at; `compiling_s`: seconds after the first step spent compiling the held-out
   evaluation, left out of the rates), first and last evaluation, and where checkpoints and
   events are; each line begins with `label` (a pack's run: `[ch0.28 s0] `)."""
   (start, end), (wall_s, t_loop, t_compiled, t_end) = span, times
@@ -304,18 +304,19 @@ def log_summary(
     also = " and the evaluation's compilation" if compiling_s else ""
     rates = (
       f"{(end - start - 1) / steady:.3g} steps/s, {tokens / steady:.3g} generated tokens/s "
-      f"after the first (compiling) step{also}"
+      f"after the first (compiling) step{also}, evaluations and the last save in the time"
     )
   else:  # "nan steps/s" before: the one step there was compiled, and no step came after it
     rates = f"{end - start} step{'' if end - start == 1 else 's'}: no rate after the first (compiling) one"
   logging.info(
-    "%strained RL steps %d..%d in %s (the RL loop, of which %s compiling and the first step; %s "
-    "wall time from the model's building on) | %s",
+    "%strained RL steps %d..%d in %s (the RL loop, of which %s %scompiling and the first step; "
+    "%s wall time from the model's building on) | %s",
     label,
     start,
     end,
     metrics_lib.format_duration(t_end - t_loop),
     metrics_lib.format_duration(t_compiled - t_loop),
+    "the first evaluation, " if start == 0 else "",  # a fresh run evaluates before step 1
     metrics_lib.format_duration(wall_s),
     rates,
   )
