@@ -1155,12 +1155,33 @@ def test_a_run_record_of_the_wrong_shape_is_one_line_and_the_checkpoints_stay(tm
       train_and_evaluate(tiny_config(**{"train.num_steps": 2}), str(workdir))
     assert str(err.value) == (
       f'{workdir / "config.json"}: the run record is not an object with a "config" object; '
-      "restore it, or move it aside to resume (the run then records its config anew)"
+      "restore it, or move it aside to resume (the run then records its config anew, and what "
+      "changed since cannot be checked)"
     )
     with checkpoint.Checkpointer(str(workdir), save_every=1) as ckpt:
       assert ckpt.all_steps() == [1]
   (workdir / "config.json").write_text(good)
   train_and_evaluate(tiny_config(**{"train.num_steps": 2}), str(workdir))
+
+
+def test_a_resume_without_a_run_record_says_nothing_can_be_checked(tmp_path, caplog):
+  """Checkpoints without config.json (moved aside, as a refusal advises, or copied alone)
+  resumed under any changed seed, template or prompt files without a word; now one warning
+  says nothing could be checked, and the launch records its config anew."""
+  import logging
+
+  workdir = tmp_path / "w"
+  train_and_evaluate(tiny_config(**{"train.num_steps": 1}), str(workdir))
+  (workdir / "config.json").unlink()
+  with caplog.at_level(logging.WARNING):
+    train_and_evaluate(tiny_config(**{"train.num_steps": 2, "seed": 7}), str(workdir))
+  said = [r.getMessage() for r in caplog.records if "without a run record" in r.getMessage()]
+  assert said == [
+    f"resuming {workdir} without a run record in {workdir} (config.json): the settings and "
+    "prompt files of its checkpoints' run cannot be checked against these; this launch "
+    "records them anew"
+  ], said
+  assert (workdir / "config.json").exists()
 
 
 def test_a_workdir_of_another_model_names_the_model_first(tmp_path):

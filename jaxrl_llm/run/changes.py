@@ -31,7 +31,10 @@ def newest_record(workdir: str) -> dict | None:
   path = newest_record_path(workdir)
   if path is None:
     return None
-  fix = "restore it, or move it aside to resume (the run then records its config anew)"
+  fix = (
+    "restore it, or move it aside to resume (the run then records its config anew, and what "
+    "changed since cannot be checked)"
+  )
   try:
     record = json.loads(paths.read_text(path))
   except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
@@ -150,11 +153,20 @@ def changed_data(cfg: Config, workdir: str) -> list[str]:
   ]
 
 
-def schedules_moved(members, step: int) -> str:
-  """`schedule_moved` of each run (`members`: .prefix, .config, .workdir) at `step`, joined."""
-  return "; ".join(
+def resume_notes(members, step: int) -> list[str]:
+  """What a resume at `step` should say of the runs (`members`: .prefix, .config, .workdir)
+  beyond a changed setting: a learning-rate schedule moved (`schedule_moved`), and a run with
+  checkpoints but no record (config.json moved aside or lost), whose settings and prompt files
+  nothing can check."""
+  moved = "; ".join(
     m.prefix + x for m in members if (x := schedule_moved(m.config, m.workdir, step))
   )
+  bare = [m.workdir for m in members if step > 0 and newest_record_path(m.workdir) is None]
+  return [f"on another learning-rate schedule: {moved}"] * bool(moved) + [
+    f"without a run record in {w} (config.json): the settings and prompt files of its "
+    "checkpoints' run cannot be checked against these; this launch records them anew"
+    for w in bare
+  ]
 
 
 def schedule_moved(cfg: Config, workdir: str, step: int) -> str | None:

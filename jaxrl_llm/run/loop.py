@@ -455,8 +455,8 @@ def train(
         return {m.name: finished_run(m.workdir, start, tr.num_steps) for m in trainee.members}
       if changed:
         logging.warning("resuming %s under changed settings: %s", trainee.root, "; ".join(changed))
-      if moved := changes.schedules_moved(trainee.members, start):  # num_steps or optim.*
-        logging.warning("resuming %s on another learning-rate schedule: %s", trainee.root, moved)
+      for note in changes.resume_notes(trainee.members, start):  # a schedule moved, no record
+        logging.warning("resuming %s %s", trainee.root, note)
       _open_members(trainee, start, hparam_fields)
       _resume_stopped(trainee, state)
       if start == 0:
