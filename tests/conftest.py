@@ -4,6 +4,7 @@ import collections
 import contextlib
 import os
 import signal
+import subprocess
 import tempfile
 
 # LLVM's -O1 instead of -O2 for every program the tests compile, here and in the command lines
@@ -81,6 +82,23 @@ def default_sigint() -> None:
   A test run started in the background by a shell without job control ignores SIGINT, and a
   child that inherits the ignore starts Python without its KeyboardInterrupt handler."""
   signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def run_in_session(cmd, env=None, cwd=None, timeout=60) -> subprocess.CompletedProcess:
+  """`cmd` (a script or tool, with `env` added to this environment) in its own session, killed
+  whole (trainers it started too) and the test failed if it outlives `timeout` seconds."""
+  full = {**os.environ, **(env or {})}
+  proc = subprocess.Popen(
+    cmd, env=full, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    start_new_session=True,
+  )  # fmt: skip
+  try:
+    out, err = proc.communicate(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    pytest.fail(f"{cmd} still ran after {timeout} s (it did not refuse its input)")
+  return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def load_config(name: str = "default"):

@@ -4,33 +4,15 @@ tools/sweep.py): each case runs the real script on real files, as a user would."
 from __future__ import annotations
 
 import json
-import os
 import pathlib
-import signal
-import subprocess
 import sys
 import time
 
 import pytest
+from conftest import run_in_session
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 EXPERIMENTS = REPO / "experiments"
-
-
-def _run(cmd, env=None, cwd=None, timeout=60):
-  """`cmd` in its own session, killed whole if it outlives `timeout`."""
-  full = {**os.environ, **(env or {})}
-  proc = subprocess.Popen(
-    cmd, env=full, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    start_new_session=True,
-  )  # fmt: skip
-  try:
-    out, err = proc.communicate(timeout=timeout)
-  except subprocess.TimeoutExpired:
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.communicate()
-    pytest.fail(f"{cmd} still ran after {timeout} s")
-  return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 # compare_tables.py
@@ -49,7 +31,7 @@ def _compare(tmp_path, committed: str, new: str):
   (tmp_path / "committed.md").write_text(committed)
   (tmp_path / "new.md").write_text(new)
   cmd = [sys.executable, str(EXPERIMENTS / "compare_tables.py"), "committed.md", "new.md"]
-  return _run(cmd, cwd=tmp_path)
+  return run_in_session(cmd, cwd=tmp_path)
 
 
 def test_compare_tables_matches_the_shared_rows_of_a_table_that_gained_an_arm(tmp_path):
@@ -112,7 +94,7 @@ def test_run_all_keeps_the_committed_tables_when_a_study_prints_no_table(tmp_pat
   committed = "| a | seeds | acc |\n|---|---|---|\n| 0.2 | 8 | 0.500 [0.400, 0.600] |\n"
   (root / "fake" / "tables.md").write_text(committed)
   env = {"ROOT_BASE": str(tmp_path / "out")}
-  proc = _run(["bash", str(root / "run_all.sh")], env=env)
+  proc = run_in_session(["bash", str(root / "run_all.sh")], env=env)
   assert proc.returncode == 1, proc
   line = next(x for x in proc.stdout.splitlines() if "FAILED" in x)
   assert "no Markdown table" in line and "fake/tables.md is kept as it was" in line, line
@@ -129,7 +111,9 @@ def test_run_all_keeps_the_committed_tables_when_they_cannot_be_compared(tmp_pat
   root = _studies(tmp_path, {"fake": "printf '| a | acc |\\n'"})
   committed = "| a | seeds | acc |\n|---|---|---|\n| 0.2 | 8 | 0.500 [0.400, 0.600] |\n"
   (root / "fake" / "tables.md").write_text(committed)
-  proc = _run(["bash", str(root / "run_all.sh")], env={"ROOT_BASE": str(tmp_path / "out")})
+  proc = run_in_session(
+    ["bash", str(root / "run_all.sh")], env={"ROOT_BASE": str(tmp_path / "out")}
+  )
   assert proc.returncode == 1, proc
   assert "FAILED (exit 0, but " in proc.stdout and "tables.md.new: no Markdown table" in proc.stdout
   assert (root / "fake" / "tables.md").read_text() == committed
@@ -148,7 +132,7 @@ def test_run_all_reads_a_relative_root_base_from_the_callers_directory(tmp_path)
   root = _studies(tmp_path, {"fakec": body})
   caller = tmp_path / "caller"
   caller.mkdir()
-  proc = _run(["bash", str(root / "run_all.sh")], env={"ROOT_BASE": "relout"}, cwd=caller)
+  proc = run_in_session(["bash", str(root / "run_all.sh")], env={"ROOT_BASE": "relout"}, cwd=caller)
   assert proc.returncode == 1, proc
   assert (caller / "relout" / "fakec" / "out.txt").read_text() == "hello\n"
   log = caller / "relout.fakec.log"
@@ -197,7 +181,9 @@ def test_sweep_progress_shows_only_the_latest_launchs_lines(tmp_path, capsys):
 
 def _sweep_cli(*args):
   cmd = [sys.executable, str(REPO / "tools" / "sweep.py"), *args]
-  return _run(cmd, env={"JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)}, cwd=REPO, timeout=120)
+  return run_in_session(
+    cmd, env={"JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)}, cwd=REPO, timeout=120
+  )
 
 
 @pytest.mark.parametrize("where", ["run.json", "sweep.json"])

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import pathlib
 import shutil
-import signal
-import subprocess
 import sys
 
 import pytest
+from conftest import run_in_session
 from scipy import stats
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -23,22 +21,6 @@ import study_stats  # noqa: E402
 import summary  # noqa: E402
 
 TABLE = "| arm | seeds | acc |\n|---|---|---|\n| a | 8 | 0.500 [0.400, 0.600] |\n"
-
-
-def _run(cmd, env=None, cwd=None, timeout=60):
-  """`cmd` in its own session, killed whole (trainers too) if it outlives `timeout`."""
-  full = {**os.environ, **(env or {})}
-  proc = subprocess.Popen(
-    cmd, env=full, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    start_new_session=True,
-  )  # fmt: skip
-  try:
-    out, err = proc.communicate(timeout=timeout)
-  except subprocess.TimeoutExpired:
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.communicate()
-    pytest.fail(f"{cmd} still ran after {timeout} s (it did not refuse its input)")
-  return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def _one_error(proc, *says):
@@ -58,7 +40,7 @@ def _compare(tmp_path, committed: str | bytes, new: str | bytes, *extra: str):
     path = tmp_path / name
     path.write_bytes(text if isinstance(text, bytes) else text.encode())
     paths.append(str(path))
-  return _run([sys.executable, str(EXPERIMENTS / "compare_tables.py"), *extra, *paths])
+  return run_in_session([sys.executable, str(EXPERIMENTS / "compare_tables.py"), *extra, *paths])
 
 
 def test_compare_tables_refuses_a_file_that_is_not_text(tmp_path):
@@ -101,7 +83,9 @@ def test_compare_tables_reads_a_malformed_number_as_no_mean(tmp_path):
 def test_compare_tables_names_its_usage_in_an_error_line(tmp_path, args):
   """A wrong number of files, or an option beside two files (`--strict`), printed a `usage:`
   line with no `error:`; an option with one file (`-x a.md`) was read as a file name."""
-  proc = _run([sys.executable, str(EXPERIMENTS / "compare_tables.py"), *args], cwd=tmp_path)
+  proc = run_in_session(
+    [sys.executable, str(EXPERIMENTS / "compare_tables.py"), *args], cwd=tmp_path
+  )
   _one_error(proc, "COMMITTED.md NEW.md")
 
 
@@ -242,7 +226,7 @@ def test_run_all_refuses_a_bad_input_before_any_study_runs(tmp_path, env, args, 
   empty, say by a script) ran every study, hours of them."""
   root = _studies(tmp_path)
   env = {"ROOT_BASE": str(tmp_path / "out"), **env}
-  _one_error(_run(["bash", str(root / "run_all.sh"), *args], env=env), *says)
+  _one_error(run_in_session(["bash", str(root / "run_all.sh"), *args], env=env), *says)
   assert not list(root.glob("*/tables.md*")), "a study ran"
 
 
@@ -251,7 +235,7 @@ def test_run_all_refuses_a_root_base_it_cannot_create(tmp_path):
   root = _studies(tmp_path)
   (tmp_path / "file").write_text("")
   env = {"ROOT_BASE": str(tmp_path / "file" / "out")}
-  _one_error(_run(["bash", str(root / "run_all.sh")], env=env), "ROOT_BASE", "file/out")
+  _one_error(run_in_session(["bash", str(root / "run_all.sh")], env=env), "ROOT_BASE", "file/out")
   assert not list(root.glob("*/tables.md*"))
 
 
@@ -263,7 +247,7 @@ def test_a_study_refuses_a_confirm_it_does_not_know(tmp_path, value):
   (root / "s" / "run.sh").write_text(
     '#!/usr/bin/env bash\nset -euo pipefail\nsource "$(dirname "$0")/../study_env.sh"\necho ran\n'
   )
-  proc = _run(
+  proc = run_in_session(
     ["bash", str(root / "s" / "run.sh")], env={"CONFIRM": value, "ROOT": str(tmp_path / "o")}
   )
   _one_error(proc, f"CONFIRM={value}", "0 | 1")
@@ -288,7 +272,7 @@ def test_real_arms_refuses_a_bad_input_before_any_pack_trains(tmp_path, env, arg
   STEPS=abc and SEEDS='0 1' reached tools/sweep.py, whose error went to a log and the script
   exited with no word on the terminal."""
   env = {"ROOT": str(tmp_path / "root" / "real"), **env}
-  proc = _run(["bash", str(EXPERIMENTS / "real_arms.sh"), *args], env=env, timeout=90)
+  proc = run_in_session(["bash", str(EXPERIMENTS / "real_arms.sh"), *args], env=env, timeout=90)
   _one_error(proc, *says)
   assert not (tmp_path / "root").exists(), "it wrote under ROOT"
 
@@ -299,7 +283,9 @@ def test_real_arms_names_a_failed_pack_and_its_log(tmp_path):
   (tmp_path / "real").mkdir()
   (tmp_path / "real" / "clip").write_text("")
   env = {"ROOT": str(tmp_path / "real"), "STEPS": "1"}
-  proc = _run(["bash", str(EXPERIMENTS / "real_arms.sh"), "clip_higher"], env=env, timeout=90)
+  proc = run_in_session(
+    ["bash", str(EXPERIMENTS / "real_arms.sh"), "clip_higher"], env=env, timeout=90
+  )
   _one_error(proc, "clip pack failed", "is a file", f"{tmp_path / 'real'}.clip.log")
   assert proc.stdout == ""
 
@@ -314,7 +300,7 @@ def test_a_failed_confirmation_table_keeps_the_committed_one(tmp_path):
     f"write_if_ok {table} sh -c 'echo partial; exit 3'; echo rc=$?; "
     f"write_if_ok {table} echo new"
   )
-  proc = _run(["bash", "-c", script], env={"ROOT": str(tmp_path / "root")})
+  proc = run_in_session(["bash", "-c", script], env={"ROOT": str(tmp_path / "root")})
   assert "rc=3" in proc.stdout, proc
   assert (
     proc.stderr.strip()
@@ -336,6 +322,6 @@ def test_a_failed_confirmation_table_keeps_the_committed_one(tmp_path):
 )
 def test_a_study_scripts_help_prints_its_usage(tmp_path, flag, script, usage):
   """--help was refused as an unknown option (exit 2); it prints the docstring, exit 0."""
-  proc = _run([sys.executable, str(EXPERIMENTS / script), flag])
+  proc = run_in_session([sys.executable, str(EXPERIMENTS / script), flag])
   assert proc.returncode == 0 and proc.stderr == "", proc.stderr
   assert usage in proc.stdout
