@@ -311,12 +311,12 @@ def hparam_fields(config, hparams: list[str] | None, argv: list[str]) -> list[st
 
 def parse_acting(config, fields: list[str]):
   """The typed tree of `config` (`parse`); ConfigError when a field the command line sets
-  (`fields`) has no effect on the run (`config.checks.unused`)."""
-  from jaxrl_llm.config import checks
+  (`fields`) has no effect on the run (`config.acting.unused`)."""
+  from jaxrl_llm.config import acting
   from jaxrl_llm.config.fields import invalid
 
   cfg = parse(config)
-  errors = checks.unused(cfg, fields)
+  errors = acting.unused(cfg, fields)
   if errors:
     raise invalid(errors)
   return cfg

@@ -5,7 +5,7 @@ a fraction, and a soft-overlong window checked against the wrong budget with a t
 import pytest
 from conftest import tiny_config
 
-from jaxrl_llm.config import ConfigError, parse
+from jaxrl_llm.config import ConfigError, acting, parse
 from jaxrl_llm.config.checks import check
 from jaxrl_llm.run.assemble import build_task
 
@@ -287,3 +287,51 @@ def test_a_system_prompt_spelled_none_is_refused(value):
     "allowed: '' for no system message, or the message itself"
   )
   assert _said(**{"data.system_prompt": ""}) == _said(**{"data.system_prompt": "Be brief."}) == ""
+
+
+@pytest.mark.parametrize(
+  "field, value, why",
+  [
+    ("advantage.gamma", 0.9, "advantage.name='grpo' (it acts with advantage.name='gae')"),
+    ("advantage.lam", 0.9, "advantage.name='grpo' (it acts with advantage.name='gae')"),
+    ("advantage.gae_carry_masked", True, "advantage.name='grpo' (it acts with advantage.name='gae')"),
+    ("advantage.whiten_variance", "unbiased", "advantage.whiten=False whitens nothing (it acts with advantage.whiten=True)"),
+    ("shaping.cache_len", 3, "shaping.name='none' (it acts with shaping.name='soft_overlong')"),
+    ("shaping.weight", 2.0, "shaping.name='none' (it acts with shaping.name='soft_overlong')"),
+    ("shaping.overlong_in_group_stats", False, "shaping.overlong_filter=False filters nothing (it acts with shaping.overlong_filter=True)"),
+    ("filtering.oversample", 3.0, "filtering.name='none' (it acts with filtering.name='dynamic_sampling')"),
+    ("aggregation.sum_norm_sequences", False, "aggregation.name='seq_mean_token_mean' (it acts with aggregation.name='seq_mean_token_sum_norm')"),
+    ("model.rope_scaling_factor", 2.0, "model.rope_scaling='none' (it acts with model.rope_scaling='linear' or 'llama3')"),
+    ("model.rope_low_freq_factor", 0.5, "model.rope_scaling='none' (it acts with model.rope_scaling='llama3')"),
+    ("task.digits", 3, "task.name='reverse' does not take it (it acts with task.name in ['addition'])"),
+    ("task.numbers", 3, "task.name='reverse' does not take it (it acts with task.name in ['countdown'])"),
+    ("task.wrong_traces", 0.5, "task.name='reverse' does not take it (it acts with task.name in ['addition', 'countdown'])"),
+    ("sft.batch_size", 32, "sft.steps=0 runs no warm start (it acts with sft.steps > 0)"),
+    ("sft.learning_rate", 0.01, "sft.steps=0 runs no warm start (it acts with sft.steps > 0)"),
+  ],
+)  # fmt: skip
+def test_a_setting_the_run_never_reads_is_refused(field, value, why):
+  """advantage.gamma under grpo, shaping.weight without soft_overlong, task.digits of reverse,
+  sft.* with sft.steps=0 (and the rest) were taken without a word, and a sweep over one
+  trained identical arms under different names."""
+  got = acting.unused(parse(tiny_config(**{field: value})), [field])
+  assert got == [f"{field}={value!r} has no effect: {why}; drop it or set what it acts with"]
+
+
+@pytest.mark.parametrize(
+  "overrides, field",
+  [
+    ({"advantage.gamma": 1.0}, "advantage.gamma"),  # the default
+    ({"advantage.name": "gae", "advantage.lam": 0.9}, "advantage.lam"),
+    ({"advantage.whiten": True, "advantage.whiten_variance": "unbiased"}, "advantage.whiten_variance"),
+    ({"shaping.name": "soft_overlong", "shaping.weight": 2.0}, "shaping.weight"),
+    ({"filtering.name": "dynamic_sampling", "filtering.oversample": 3.0}, "filtering.oversample"),
+    ({"model.rope_scaling": "linear", "model.rope_scaling_factor": 2.0}, "model.rope_scaling_factor"),
+    ({"task.name": "addition", "task.digits": 3}, "task.digits"),
+    ({"task.min_len": 3}, "task.min_len"),
+    ({"task.eval_size": 8}, "task.eval_size"),
+    ({"sft.steps": 2, "sft.batch_size": 8}, "sft.batch_size"),
+  ],
+)  # fmt: skip
+def test_a_setting_the_run_reads_or_leaves_at_its_default_is_accepted(overrides, field):
+  assert acting.unused(parse(tiny_config(**overrides)), [field]) == []

@@ -61,7 +61,7 @@ from typing import Any
 import compare  # tools/compare.py, next to this file
 
 from jaxrl_llm import launch, paths, terminal
-from jaxrl_llm.config import INVOCATION, ConfigError, checks, parse, tagged
+from jaxrl_llm.config import INVOCATION, ConfigError, acting, parse, tagged
 from jaxrl_llm.run.record import folder_name
 
 TRAINER = ("-m", "jaxrl_llm.main")
@@ -379,12 +379,12 @@ def _check_respelled(config: str, root: str, same: dict) -> None:
 
 def _acting(config: str, overrides: dict[str, str], name: str, idle: dict):
   """(overrides, config, typed settings, what it left out) of grid point `name`, its values in
-  range, without the fields the point would not read (`checks.ignored`: a KL estimator at
+  range, without the fields the point would not read (`acting.ignored`: a KL estimator at
   kl.beta=0, another objective's hyperparameter): left out, so two points that differ only
   there are one run. `idle` collects {field: [why, at each point that leaves it out]}."""
   try:
     settings = parse(cfg := resolve_config(config, overrides))
-    left_out = {f: checks.ignored(settings, f) for f in overrides}
+    left_out = {f: acting.ignored(settings, f) for f in overrides}
     left_out = {f: why for f, why in left_out.items() if why}
     if left_out:
       overrides = {k: v for k, v in overrides.items() if k not in left_out}

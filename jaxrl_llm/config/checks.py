@@ -8,7 +8,7 @@ import math
 
 import jax
 
-from jaxrl_llm import objectives
+from jaxrl_llm.config.acting import trace_tools
 from jaxrl_llm.config.fields import invalid, need
 from jaxrl_llm.config.sections import MAX_BUDGET
 from jaxrl_llm.config.tree import Config
@@ -238,11 +238,11 @@ def _tool(cfg: Config) -> list[str]:
 
 def _tool_traces(cfg: Config) -> list[str]:
   """Warm-start traces that call the tool need a tool that answers those calls as the traces
-  do (a task without tool traces ignores them: `_unused_reason`; a host tool is the user's)."""
+  do (a task without tool traces ignores them: `acting._unused_reason`; a host tool is the user's)."""
   from jaxrl_llm import envs
 
   traces, tool = cfg.task.tool_traces, cfg.sampling.tool
-  answer = _trace_tools().get(cfg.task.name)
+  answer = trace_tools().get(cfg.task.name)
   if not traces or answer is None or cfg.uses_files or tool.startswith(envs.HOST):
     return []
   if tool == "none":
@@ -257,14 +257,6 @@ def _tool_traces(cfg: Config) -> list[str]:
     f"{' or '.join(answer)}, which sampling.tool={tool!r} does not give alike; allowed: "
     f"sampling.tool in {', '.join(answer)}, or task.tool_traces=0",
   )
-
-
-def _trace_tools() -> dict[str, tuple[str, ...]]:
-  """The built-in tasks that write tool traces (`task.tool_traces`), each with the tools whose
-  answers its traces show."""
-  from jaxrl_llm.data import tasks
-
-  return {n: c.trace_tools for n, c in sorted(tasks.TASKS.items()) if hasattr(c, "trace_tools")}
 
 
 def context(
@@ -373,101 +365,3 @@ def _tool_room(cfg: Config, task) -> list[str]:
     f"shortest answer: {answer}; one after); allowed: sampling.max_new_tokens at least {least}, "
     "or sampling.tool='none'",
   )
-
-
-def _kl_unused(cfg: Config, field: str) -> str | None:
-  """Why the run ignores the KL setting `field` (None when it acts)."""
-  kl = cfg.kl
-  if field == "kl.beta":
-    return None
-  if kl.beta == 0:
-    return "kl.beta=0 has no KL term (set kl.beta > 0)"
-  if field in ("kl.name", "kl.k3_clamp") and kl.placement == "reward":
-    return "kl.placement='reward' subtracts k1 from the rewards (§4)"
-  if field == "kl.k3_clamp" and kl.name not in ("k3", "k3_is"):
-    return f"kl.name={kl.name!r} is not k3 or k3_is"
-  if field in ("kl.reset_every", "kl.reset_optimizer") and kl.reference != "reset_every":
-    return f"kl.reference={kl.reference!r} (it acts with kl.reference='reset_every')"
-  if field == "kl.ema" and kl.reference != "ema":
-    return f"kl.reference={kl.reference!r} (it acts with kl.reference='ema')"
-  return None
-
-
-def _model_unused(cfg: Config, name: str) -> str | None:
-  """Why the run ignores the model setting `name`: an expert's shape on a dense model built
-  from the config (a checkpoint's own architecture is not judged), an adapter's alpha or
-  targets without adapters."""
-  arch = cfg.model.arch
-  moe = name.startswith("moe_") and name not in ("moe_num_experts", "moe_impl")
-  if moe and not cfg.model.checkpoint and not arch.moe_num_experts:
-    return "model.moe_num_experts=0 builds a dense model"
-  if name in ("lora_alpha", "lora_targets") and not arch.lora_rank:
-    return "model.lora_rank=0 trains no adapters"
-  return None
-
-
-def _unused_reason(cfg: Config, field: str) -> str | None:
-  """Why the run of `cfg` ignores the setting `field` (None when it acts or is not judged)."""
-  section, _, name = field.partition(".")
-  if section == "objective" and name in ("value_coef", "value_clip"):
-    critic = cfg.objective.name == "ppo_critic"
-    return None if critic else f"objective.name={cfg.objective.name!r} has no critic (ppo_critic)"
-  if section == "objective" and name != "name":
-    taken = cfg.objective.spec.hyperparameters
-    if name in taken:
-      return None
-    return f"objective.name={cfg.objective.name!r} does not take it (it takes: {sorted(taken)})"
-  if section == "kl":
-    return _kl_unused(cfg, field)
-  if section == "model":
-    return _model_unused(cfg, name)
-  if section == "task" and name == "tool_traces" and cfg.task.name not in _trace_tools():
-    return f"task.name={cfg.task.name!r} writes no tool traces ({', '.join(_trace_tools())} do)"
-  if section == "sampling" and name in ("max_turns", "turn_tokens") and cfg.sampling.tool == "none":
-    return "sampling.tool='none' samples one segment, with no turns"
-  if section == "data" and name not in ("train_files", "verifier_timeout_s") and not cfg.uses_files:
-    return f"data.train_files is empty: the built-in task {cfg.task.name!r} reads no files"
-  if section == "correction" and name in ("cap", "geo_low", "geo_high"):
-    parts = cfg.correction.name.split("+")
-    if name == "cap" and parts != ["none"] and parts != ["geo_mask"]:
-      return None
-    if name == "cap" and "geo_mask" in parts and not cfg.correction.geo_high:
-      return None  # geo_mask's C_high
-    if name != "cap" and "geo_mask" in parts:
-      return None
-    return f"correction.name={cfg.correction.name!r} does not use it"
-  return None
-
-
-def _value(cfg: Config, field: str):
-  """The value of the setting `field` ("section.name") in `cfg` (an objective's
-  hyperparameter: the value set, None when unset)."""
-  section, _, name = field.partition(".")
-  node = getattr(cfg, section)
-  if section == "model" and name not in ("checkpoint", "attention"):
-    node = node.arch
-  if section == "objective" and name in objectives.hyperparameter_kinds():
-    return node.get(name)
-  return getattr(node, name)
-
-
-def ignored(cfg: Config, field: str) -> str | None:
-  """`field=value has no effect: why` when the setting `field` holds another value than the
-  embedded default and the run of `cfg` never reads it (`unused`); None otherwise."""
-  from jaxrl_llm.config.tree import default_config, parse
-
-  why = _unused_reason(cfg, field)
-  if why is None or _value(cfg, field) == _value(parse(default_config()), field):
-    return None
-  return f"{field}={_value(cfg, field)!r} has no effect: {why}"
-
-
-def unused(cfg: Config, fields) -> list[str]:
-  """The settings among `fields` (those a command line or a sweep sets) that hold another value
-  than the embedded default and that the run of `cfg` ignores, each with why: an objective
-  hyperparameter the selected objective does not take, a KL setting without a KL term or beside
-  what acts (k1 in the reward, the reference's update), a correction bound its correction does
-  not use, an expert's or adapter's setting without experts or adapters, turns without a tool,
-  tool traces on a task that writes none, a prompt file's setting without prompt files."""
-  said = [ignored(cfg, field) for field in dict.fromkeys(fields)]
-  return [f"{line}; drop it or set what it acts with" for line in said if line]
