@@ -332,3 +332,32 @@ def test_addition_tool_traces_hold_what_the_calculator_answers():
   held = tooled.key_held_out(tooled.split_key(index))
   truth = [str(sum(int(x) for x in p[:-1].split("+"))) for p in prompts]
   assert all(t.split(",")[-1] == x for t, x, h in zip(traces, truth, held) if h)
+
+
+@pytest.mark.parametrize(
+  "name, fields, n, space",
+  [
+    ("addition", {"digits": 1}, 5, "addition with digits=1"),
+    ("reverse", {"min_len": 2, "max_len": 2}, 10, "reverse with min_len=2, max_len=2"),
+  ],
+)
+def test_an_evaluation_smaller_than_eval_size_is_said_at_start(caplog, name, fields, n, space):
+  """1-digit addition evaluated 5 prompts for task.eval_size=256 without a word: every
+  eval/accuracy a multiple of 0.2 while the config said 256."""
+  from types import SimpleNamespace
+
+  from jaxrl_llm import sharding
+  from jaxrl_llm.run.held_out import Evaluator
+
+  task = get_task(name, eval_size=256, **fields)
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1), sharding.BATCH_AXES)
+  exp = SimpleNamespace(task=task, mesh=mesh, batch_sharding=sharding.rows(mesh))
+  with caplog.at_level("WARNING"):
+    Evaluator(SimpleNamespace(exp=exp))
+  said = [r.getMessage() for r in caplog.records if "held-out evaluation" in r.getMessage()]
+  assert said == [
+    f"held-out evaluation: {n} prompts, fewer than task.eval_size=256: the held-out split of "
+    f"{space} has only {n} problems (its problem space is smaller)"
+  ]
+  assert len(task.eval_indices()) == n
+  assert get_task(name, eval_size=n, **fields).eval_shortfall() is None

@@ -42,6 +42,8 @@ class Evaluator:
   def __init__(self, trainee):
     exp = trainee.exp
     eval_np, self.answers = exp.task.eval_set(multiple_of=sharding.batch_size_divisor(exp.mesh))
+    if (shortfall := getattr(exp.task, "eval_shortfall", None)) and (said := shortfall()):
+      logging.warning(said)  # a built-in task's small problem space
     # Every process holds the whole evaluation set and feeds the rows its devices hold.
     own = distributed.own_block(exp.batch_sharding, (len(eval_np["tokens"]),))[0]
     self.batch = to_global_batch({k: v[own] for k, v in eval_np.items()}, exp.batch_sharding)

@@ -81,7 +81,7 @@ class BuiltinTask(Task):
 
   Attributes:
     eval_size: number of held-out problems in ``eval_examples()`` (fewer if the held-out part
-      of a small problem space is smaller).
+      of a small problem space is smaller: ``eval_shortfall`` says so, and the run warns).
     train_size: number of training problems; None means every non-held-out problem for spaces of
       at most ``MAX_ENUMERATED_PROBLEMS``, else ``DEFAULT_SAMPLED_TRAIN_SIZE`` sampled problems.
     holdout_fraction: fraction of the problem space reserved for evaluation.
@@ -204,6 +204,21 @@ class BuiltinTask(Task):
     if idx.size == 0:
       raise ValueError(f"{self.name}: the held-out part of the problem space is empty.")
     return idx
+
+  def eval_shortfall(self) -> str | None:
+    """One line saying the held-out evaluation holds fewer prompts than ``eval_size`` and why
+    (the held-out part of a small problem space is smaller); None when it holds them all."""
+    n = len(self.eval_indices())
+    if n >= self.eval_size:
+      return None
+    base = {f.name for f in dataclasses.fields(BuiltinTask)}
+    own = [f.name for f in dataclasses.fields(self) if f.init and f.name not in base]
+    space = ", ".join(f"{k}={getattr(self, k)}" for k in own if not k.endswith("_traces"))
+    return (
+      f"held-out evaluation: {n} prompts, fewer than task.eval_size={self.eval_size}: the "
+      f"held-out split of {self.name}{' with ' + space if space else ''} has only {n} problems "
+      "(its problem space is smaller)"
+    )
 
   def examples(self, index: np.ndarray) -> dict[str, np.ndarray]:
     """Example arrays (see module docstring) for the given problem indices [N]."""
