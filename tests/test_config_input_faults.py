@@ -335,3 +335,41 @@ def test_a_setting_the_run_never_reads_is_refused(field, value, why):
 )  # fmt: skip
 def test_a_setting_the_run_reads_or_leaves_at_its_default_is_accepted(overrides, field):
   assert acting.unused(parse(tiny_config(**overrides)), [field]) == []
+
+
+def _checked(**overrides) -> str:
+  """The ConfigError of the run's checks with its task for `overrides` ("" if none)."""
+  try:
+    cfg = parse(tiny_config(**overrides))
+    check(cfg, num_devices=1, task=build_task(cfg))
+  except ConfigError as e:
+    return str(e)
+  return ""
+
+
+@pytest.mark.parametrize(
+  "overrides, said",
+  [
+    ({"task.min_len": 1, "task.max_len": 1, "sft.steps": 2},
+     "sft.batch_size=64 is more than the 8 training problems of task reverse with min_len=1, "
+     "max_len=1; allowed: a batch of at most 8, or task settings with a larger problem space"),
+    ({"task.name": "addition", "task.digits": 1, "rl.num_prompts": 128, "rl.num_minibatches": 1},
+     "rl.num_prompts=128 is more than the 90 training problems of task addition with digits=1; "
+     "allowed: a batch of at most 90, or task settings with a larger problem space"),
+    ({"task.name": "addition", "task.digits": 1, "rl.num_prompts": 64,
+      "filtering.name": "dynamic_sampling"},
+     "rl.num_prompts=64 with filtering.oversample=2.0 (128 prompts drawn) is more than the 90 "
+     "training problems of task addition with digits=1"),
+  ],
+)  # fmt: skip
+def test_a_batch_larger_than_the_training_split_is_refused(overrides, said):
+  """A batch larger than a small task's training split ended in a traceback, `ValueError:
+  batch_size must be in [1, 8] ... got 64`, naming neither sft.batch_size nor rl.num_prompts."""
+  got = _checked(**overrides)
+  assert got.startswith(f"invalid config: {said}") and "\n" not in got, got
+
+
+def test_a_batch_the_training_split_holds_is_accepted():
+  assert _checked(**{"task.name": "addition", "task.digits": 1, "rl.num_prompts": 90,
+                     "rl.num_minibatches": 1}) == ""  # fmt: skip
+  assert _checked(**{"task.min_len": 1, "task.max_len": 1, "sft.steps": 0}) == ""

@@ -285,14 +285,15 @@ def context(
 
 
 def _task(cfg: Config, mc: ModelConfig, task) -> list[str]:
-  """The model's vocabulary holds the task's tokens; a tool can write its calls and answers
-  in the task's tokenizer."""
+  """The model's vocabulary holds the task's tokens; a batch fits in a built-in task's training
+  split; a tool can write its calls and answers in the task's tokenizer."""
   vocab = task.tokenizer.vocab_size
   out = need(
     vocab <= mc.vocab_size,
     f"model.vocab_size={mc.vocab_size} is smaller than task {task.name!r}'s vocabulary of "
     f"{vocab} tokens",
   )
+  out += _train_split(cfg, task)
   if cfg.sampling.tool != "none":
     from jaxrl_llm import envs, tool_formats
 
@@ -304,6 +305,27 @@ def _task(cfg: Config, mc: ModelConfig, task) -> list[str]:
     else:
       out += _tool_budget(cfg, task) + _tool_room(cfg, task)
   return out
+
+
+def _train_split(cfg: Config, task) -> list[str]:
+  """A batch of RL prompts (P, or ceil(k·P) under dynamic sampling) and of the warm start fits
+  in a built-in task's training problems: each batch draws distinct problems."""
+  n = getattr(task, "num_train", None)
+  if n is None:
+    return []
+  p, dynamic = cfg.sampled_prompts, cfg.filtering.name == "dynamic_sampling"
+  rl = f"rl.num_prompts={cfg.rl.num_prompts}" + (
+    f" with filtering.oversample={cfg.filtering.oversample} ({p} prompts drawn)" if dynamic else ""
+  )
+  batches = [(rl, p)] + (
+    [(f"sft.batch_size={cfg.sft.batch_size}", cfg.sft.batch_size)] * bool(cfg.sft.steps)
+  )
+  return [
+    f"{what} is more than the {n} training problems of task {task.space}; allowed: a batch of at most "
+    f"{n}, or task settings with a larger problem space"
+    for what, size in batches
+    if size > n
+  ]
 
 
 def _tool_budget(cfg: Config, task) -> list[str]:

@@ -205,19 +205,31 @@ class BuiltinTask(Task):
       raise ValueError(f"{self.name}: the held-out part of the problem space is empty.")
     return idx
 
+  @property
+  def num_train(self) -> int:
+    """Training problems: the length of ``train_indices`` (the same for every seed)."""
+    if self.num_problems > MAX_ENUMERATED_PROBLEMS:
+      return self.train_size or DEFAULT_SAMPLED_TRAIN_SIZE
+    n = int(np.count_nonzero(~self.is_held_out(np.arange(self.num_problems, dtype=np.int64))))
+    return n if self.train_size is None else min(n, self.train_size)
+
+  @property
+  def space(self) -> str:
+    """The task with the fields that shape its problem space: ``addition with digits=1``."""
+    base = {f.name for f in dataclasses.fields(BuiltinTask)}
+    own = [f.name for f in dataclasses.fields(self) if f.init and f.name not in base]
+    shown = ", ".join(f"{k}={getattr(self, k)}" for k in own if not k.endswith("_traces"))
+    return f"{self.name} with {shown}" if shown else self.name
+
   def eval_shortfall(self) -> str | None:
     """One line saying the held-out evaluation holds fewer prompts than ``eval_size`` and why
     (the held-out part of a small problem space is smaller); None when it holds them all."""
     n = len(self.eval_indices())
     if n >= self.eval_size:
       return None
-    base = {f.name for f in dataclasses.fields(BuiltinTask)}
-    own = [f.name for f in dataclasses.fields(self) if f.init and f.name not in base]
-    space = ", ".join(f"{k}={getattr(self, k)}" for k in own if not k.endswith("_traces"))
     return (
       f"held-out evaluation: {n} prompts, fewer than task.eval_size={self.eval_size}: the "
-      f"held-out split of {self.name}{' with ' + space if space else ''} has only {n} problems "
-      "(its problem space is smaller)"
+      f"held-out split of {self.space} has only {n} problems (its problem space is smaller)"
     )
 
   def examples(self, index: np.ndarray) -> dict[str, np.ndarray]:
