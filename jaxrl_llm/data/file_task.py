@@ -191,7 +191,9 @@ def _warn_if_answers_do_not_parse(loaded: Sequence[dict], field: str, term: str)
 def _tokenizer(path: str, checkpoint: str) -> HFTokenizer:
   """The tokenizer at `path` (data.tokenizer: a directory holding tokenizer.json, or the
   file), else `checkpoint`'s (model.checkpoint); one `DataError` naming the setting it came
-  from and what it must be."""
+  from and what it must be. A file named tokenizer.json reads as its directory (with the
+  tokenizer_config.json, generation_config.json and chat_template.jinja beside it); a file of
+  another name is read alone, and has no end-of-sequence token of its own."""
   if not path and not checkpoint:
     raise records.DataError(
       "data.tokenizer is empty and there is no model.checkpoint to take the tokenizer from; "
@@ -200,10 +202,22 @@ def _tokenizer(path: str, checkpoint: str) -> HFTokenizer:
   setting = f"data.tokenizer={path!r}" if path else f"model.checkpoint={checkpoint!r}"
   given, path = bool(path), path or checkpoint
   try:
-    tok = HFTokenizer.from_dir(path) if os.path.isdir(path) else HFTokenizer.from_file(path)
+    if os.path.isdir(path):
+      tok = HFTokenizer.from_dir(path)
+    elif os.path.isfile(path) and os.path.basename(path) == "tokenizer.json":
+      tok = HFTokenizer.from_dir(os.path.dirname(os.path.abspath(path)))
+    else:
+      tok = HFTokenizer.from_file(path)
   except (FileNotFoundError, ValueError) as e:
+    alone = os.path.isfile(path) and os.path.basename(path) != "tokenizer.json"
     raise records.DataError(
-      f"{setting}: {e} (a directory holding tokenizer.json, or that file)"
+      f"{setting}: {e} (a directory holding tokenizer.json, or that file"
+      + (
+        "; a file of another name is read alone, without the tokenizer_config.json and "
+        "generation_config.json beside it: pass the directory holding them and tokenizer.json)"
+        if alone
+        else ")"
+      )
     ) from e
   own = os.path.join(checkpoint, "tokenizer.json") if checkpoint else ""
   if given and os.path.isfile(own):
