@@ -681,7 +681,8 @@ def test_export_without_a_source(tmp_path):
   hf_export.save_checkpoint(
     tmp_path / "c", cfg, params, tokenizer=FIXTURES / "llama" / "tokenizer.json"
   )
-  assert set(_model_files(tmp_path / "c")) == {"tokenizer.json", hf_layout.GENERATION_CONFIG_FILE}
+  # tokenizer.json stands for its directory: the tokenizer files beside it come along
+  assert {n: b for n, b in _model_files(tmp_path / "c").items() if n in tokenizer} == tokenizer
   (tmp_path / "empty").mkdir()
   with pytest.raises(FileNotFoundError, match="holds none of the tokenizer files"):
     hf_export.save_checkpoint(tmp_path / "d", cfg, params, tokenizer=tmp_path / "empty")

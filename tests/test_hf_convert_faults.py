@@ -137,6 +137,28 @@ def test_an_export_leaves_no_older_tokenizer_file_beside_its_own(runs, tmp_path,
   assert ours.get_vocab() == theirs.get_vocab() and "<stale>" not in ours.get_vocab()
 
 
+def test_export_with_a_tokenizer_json_file_brings_the_files_beside_it(runs, tmp_path, caplog):
+  """--tokenizer=DIR/tokenizer.json (a documented form) copied that file alone: transformers
+  loaded the export with no eos, no pad token and no chat template. It now reads as DIR. A file
+  of another name is exported alone with one warning naming what the export lacks."""
+  transformers = pytest.importorskip("transformers")
+  tok = shutil.copytree(LLAMA, tmp_path / "tok")
+  out = tmp_path / "out"
+  argv = ["export", f"--workdir={runs['llama']}", f"--out={out}", "--hf_source=none"]
+  assert hf_convert.cli([*argv, f"--tokenizer={tok / 'tokenizer.json'}"]) == 0
+  ours, theirs = (transformers.AutoTokenizer.from_pretrained(p) for p in (out, LLAMA))
+  assert (ours.eos_token, ours.pad_token) == (theirs.eos_token, theirs.pad_token) != (None, None)
+  assert ours.chat_template == theirs.chat_template is not None
+  alone = shutil.copy(tok / "tokenizer.json", tmp_path / "mine.json")
+  out = tmp_path / "out2"
+  argv = ["export", f"--workdir={runs['llama']}", f"--out={out}", "--hf_source=none"]
+  caplog.clear()
+  assert hf_convert.cli([*argv, f"--tokenizer={alone}"]) == 0
+  warned = [r.getMessage() for r in caplog.records if "exported alone" in r.getMessage()]
+  assert len(warned) == 1 and "no tokenizer_config.json" in warned[0], warned
+  assert transformers.AutoTokenizer.from_pretrained(out).chat_template is None
+
+
 def test_refused_out_writes_no_adapters(runs, tmp_path, capsys):
   """An --out holding weights is refused before --adapters gets a file, and the message names
   the flag --overwrite (not the function argument overwrite=True)."""

@@ -712,7 +712,8 @@ def build_parser() -> argparse.ArgumentParser:
   exp.add_argument(
     "--tokenizer",
     default=None,
-    help="tokenizer directory or tokenizer.json to copy (default: the run's data.tokenizer, "
+    help="tokenizer directory, or its tokenizer.json (the tokenizer files beside it come "
+    "along), to copy (default: the run's data.tokenizer, "
     f"else the source's files; {NONE}: copy none)",
   )
   exp.add_argument(

@@ -226,15 +226,32 @@ def _generation_config(hf: Mapping[str, Any], source: HFSource | None) -> dict[s
 
 
 def _tokenizer_sources(
-  tokenizer: str | os.PathLike | None, source: HFSource | None, vocab: int | None = None
+  tokenizer: str | os.PathLike | None,
+  source: HFSource | None,
+  vocab: int | None = None,
+  warn: bool = False,
 ) -> list[tuple[str, str]]:
   """(file to copy, name in the export) of each tokenizer file an export writes; a
   tokenizer.json that does not parse, or (given `vocab`, the model's rows) that knows more
-  tokens (the tokenizer of another model), raises CheckpointFormatError."""
+  tokens (the tokenizer of another model), raises CheckpointFormatError. A file named
+  tokenizer.json stands for its directory (the tokenizer_config.json, chat template etc.
+  beside it come along); a file of another name is copied alone as tokenizer.json, with a
+  warning when `warn`: the export then has no eos or pad token and no chat template."""
   if tokenizer is None:
     pairs = [(os.path.join(source.path, n), n) for n in source.tokenizer_files] if source else []
   elif os.path.isfile(tokenizer := os.fspath(tokenizer)):
-    pairs = [(tokenizer, TOKENIZER_FILES[0])]
+    folder = os.path.dirname(os.path.abspath(tokenizer))
+    if os.path.basename(tokenizer) == TOKENIZER_FILES[0]:
+      pairs = [(os.path.join(folder, n), n) for n in tokenizer_files(folder)]
+    else:
+      pairs = [(tokenizer, TOKENIZER_FILES[0])]
+      if warn:
+        logging.warning(
+          "tokenizer file %s is not named tokenizer.json, so it is exported alone: the export has "
+          "no tokenizer_config.json (no eos or pad token, no chat template); pass the directory "
+          "holding it with its tokenizer_config.json instead",
+          tokenizer,
+        )
   elif not os.path.isdir(tokenizer):
     raise MissingCheckpointFileError(f"{tokenizer}: no such tokenizer directory or file")
   elif not (names := tokenizer_files(tokenizer)):
@@ -367,8 +384,8 @@ def save_checkpoint(
   `source` is the Hugging Face directory the model was imported from (or its `read_source`):
   its max_position_embeddings and bos / eos / pad token ids go into config.json, its
   generation_config.json is kept (token ids it lacks are filled in from config.json) and its
-  tokenizer files are copied. `tokenizer` (a directory, or a tokenizer.json file) replaces the
-  source's tokenizer files. Without a source the token ids are null and max_position_embeddings
+  tokenizer files are copied. `tokenizer` (a directory, or its tokenizer.json file: the
+  tokenizer files beside it come along) replaces the source's tokenizer files. Without a source the token ids are null and max_position_embeddings
   is the model type's default, unless `max_position_embeddings` is given (it also overrides the
   source's). `hf_overrides` are merged into config.json last. generation_config.json is always
   written, with the token ids config.json holds.
@@ -421,7 +438,7 @@ def _prepare(path: str, cfg: ModelConfig, params: Any, warn: bool = True, **kwar
   mt = kwargs["model_type"] or default_model_type(cfg)
   hf = _export_config(cfg, mt, source, dtype, max_pos, kwargs["hf_overrides"], warn)
   generation = _generation_config(hf, source)
-  tokenizer_copies = _tokenizer_sources(tokenizer, source, cfg.vocab_size)
+  tokenizer_copies = _tokenizer_sources(tokenizer, source, cfg.vocab_size, warn)
   _check_vocab(cfg.vocab_size, source, {CONFIG_FILE: hf, GENERATION_CONFIG_FILE: generation})
   params_map = param_map(cfg, BY_MODEL_TYPE[mt])
   flat = flatten(params)
