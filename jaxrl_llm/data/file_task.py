@@ -152,6 +152,18 @@ def _split_files(spec: str) -> list[str]:
   return [f.strip() for f in spec.split(",") if f.strip()]
 
 
+def _files_error(setting: str, spec: str, e: Exception) -> records.DataError:
+  """One `DataError` for `setting`=`spec` that did not read; where the whole value, split at
+  its commas, is one file, it says so and how to name that file (a glob)."""
+  note = ""
+  if "," in spec and os.path.isfile(spec.strip()):
+    note = (
+      f"; {setting} is a comma-separated list, so this one file was read as several: give a "
+      f"name holding a comma as a glob ({spec.strip().replace(',', '?')!r})"
+    )
+  return records.DataError(f"{setting}={spec!r}: {str(e).rstrip('.') if note else e}{note}")
+
+
 ANSWER_CHECK = (1000, 200, 2.0)  # answers checked at start-up, their longest, seconds at most
 
 
@@ -279,7 +291,7 @@ def build_file_task(config, tokenizer_dir: str) -> FileTask:
   try:  # the files first: a missing file is named before anything else is asked of the user
     loaded = records.load_records(_split_files(d.train_files), **fields)
   except (FileNotFoundError, records.DataError) as e:  # missing, unreadable, empty, malformed
-    raise records.DataError(f"data.train_files={d.train_files!r}: {e}") from e
+    raise _files_error("data.train_files", d.train_files, e) from e
   _warn_if_answers_do_not_parse(loaded, d.answer_field, d.correct_term)
   tokenizer = _tokenizer(d.tokenizer, tokenizer_dir)
   eval_files = _split_files(d.eval_files) or None
@@ -291,7 +303,7 @@ def build_file_task(config, tokenizer_dir: str) -> FileTask:
   except (FileNotFoundError, records.DataError) as e:
     if not eval_files:  # the split by data.eval_fraction, whose message names it
       raise
-    raise records.DataError(f"data.eval_files={d.eval_files!r}: {e}") from e
+    raise _files_error("data.eval_files", d.eval_files, e) from e
   if not evaluation:
     raise records.DataError(
       "the evaluation split is empty: set data.eval_files or a data.eval_fraction > 0"
