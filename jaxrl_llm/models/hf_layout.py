@@ -78,6 +78,26 @@ def tokenizer_files(path: str) -> tuple[str, ...]:
   return tuple(n for n in TOKENIZER_FILES if os.path.isfile(os.path.join(path, n)))
 
 
+def trainer_workdir(path: str) -> str | None:
+  """Why directory `path` is a trainer workdir (a checkpoints/ directory, a run record
+  config.json: one holding a 'config' object), or None when it is not one."""
+  if os.path.isdir(os.path.join(path, "checkpoints")):
+    return "it holds checkpoints/"
+  if has_run_record(path):
+    return "its config.json is a run record"
+  return None
+
+
+def has_run_record(path: str) -> bool:
+  """Whether directory `path` holds a run record config.json (one with a 'config' object)."""
+  try:
+    with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+      record = json.load(f)
+  except (OSError, ValueError):  # absent, or not JSON: no run record
+    return False
+  return isinstance(record, dict) and isinstance(record.get("config"), dict)
+
+
 # --------------------------------------------------------------------------- tensor map
 
 

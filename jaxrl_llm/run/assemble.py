@@ -170,11 +170,15 @@ def _mesh(cfg: Config, devices: list[jax.Device], runs: int) -> tuple[Mesh, tupl
 
 
 def _check_checkpoint_dir(path: str) -> None:
-  """`model.checkpoint` (when set) is a directory holding a config.json: checked before the
-  task, which takes its tokenizer from there."""
-  if path and not os.path.isfile(os.path.join(path, "config.json")):
-    from jaxrl_llm.models import pretrained
+  """`model.checkpoint` (when set) holds a config.json and is no trainer workdir (before the task)."""
+  from jaxrl_llm.models import hf_layout, pretrained
 
+  if path and (why := hf_layout.trainer_workdir(path)):
+    raise ConfigError(
+      f"model.checkpoint={path!r} is a trainer workdir ({why}), not a Hugging Face checkpoint; "
+      f"export one with: python tools/hf_convert.py export --workdir={path} --out=HF_DIR"
+    )
+  if path and not os.path.isfile(os.path.join(path, "config.json")):
     what = "has no config.json" if os.path.isdir(path) else "is not a directory"
     fetched = {os.path.abspath(pretrained.model_dir(n)): n for n in pretrained.MODELS}
     hint = (  # a model `tools/get_smollm2.py` writes, not fetched yet
