@@ -5,6 +5,7 @@ trainer workdir. Each refusal is one `error:` line naming the flag, written befo
 """
 
 import json
+import os
 import pathlib
 import shutil
 import sys
@@ -231,6 +232,19 @@ def test_a_file_given_for_a_directory_is_named_by_its_flag(runs, tmp_path, capsy
   line = _error(capsys, *args)
   assert line == f"error: --adapters={taken}: is a file, not a directory; name a directory"
   assert not out.exists() and taken.read_text() == "a file"
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs /proc")
+def test_an_out_that_cannot_be_made_is_named_by_its_flag(runs, tmp_path, capsys):
+  """An --out in a place where no directory can be made (/proc, writable to the checks that
+  create nothing) was a bare `[Errno 2] No such file or directory`; one line names --out. A
+  directory that can be made is not left behind by the check."""
+  line = _error(capsys, "export", f"--workdir={runs['llama']}", "--out=/proc/ex")
+  assert line.startswith("error: --out=/proc/ex: cannot be made (") and "traceback" not in line
+  line = _error(capsys, "import", f"--hf_dir={LLAMA}", "--out=/proc/ex/sub")
+  assert line.startswith("error: --out=/proc/ex/sub: cannot be made ("), line
+  hf_convert._check_dir_flag("--out", str(tmp_path / "a" / "b"))
+  assert not (tmp_path / "a").exists()
 
 
 def test_a_destination_under_a_file_is_refused_the_same_way_by_import_and_import_gguf(

@@ -157,11 +157,24 @@ def _check_not_a_pack(workdir: str) -> None:
 
 def _check_dir_flag(flag: str, path: str) -> None:
   """ConvertError naming `flag` unless `path` is a directory or can be made one
-  (`paths.dir_problem`)."""
+  (`paths.dir_problem`; a directory that is not there yet is made and removed again, as only
+  that finds a place where none can be made, such as /proc)."""
   from jaxrl_llm import paths
 
   if problem := paths.dir_problem(path):
     raise ConvertError(f"{flag}={path}: {problem}; name a directory")
+  missing, above = [], os.path.abspath(path)
+  while not os.path.lexists(above):
+    missing.append(above)
+    above = os.path.dirname(above)
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as e:
+    raise ConvertError(
+      f"{flag}={path}: cannot be made ({e.strerror}); name a directory that can be made"
+    ) from None
+  for made in missing:  # deepest first: nothing is left behind
+    os.rmdir(made)
 
 
 def _param_count(params) -> int:
