@@ -74,23 +74,17 @@ class ConvertError(Exception):
 
 
 def trainer_workdir(path: str) -> str | None:
-  """Why directory `path` is a trainer workdir (a checkpoints/ directory, a run record
-  config.json: one holding a 'config' object), or None when it is not one."""
-  if os.path.isdir(os.path.join(path, "checkpoints")):
-    return "it holds checkpoints/"
-  if _has_run_record(path):
-    return "its config.json is a run record"
-  return None
+  """Why directory `path` is a trainer workdir, or None (`hf_layout.trainer_workdir`)."""
+  from jaxrl_llm.models import hf_layout  # imports jax; kept out of --help
+
+  return hf_layout.trainer_workdir(path)
 
 
 def _has_run_record(path: str) -> bool:
-  """Whether directory `path` holds a run record config.json (one with a 'config' object)."""
-  try:
-    with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-      record = json.load(f)
-  except (OSError, ValueError):  # absent, or not JSON: no run record
-    return False
-  return isinstance(record, dict) and isinstance(record.get("config"), dict)
+  """Whether directory `path` holds a run record config.json (`hf_layout.has_run_record`)."""
+  from jaxrl_llm.models import hf_layout
+
+  return hf_layout.has_run_record(path)
 
 
 def _ancestors(path: str):
