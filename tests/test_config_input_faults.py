@@ -3,7 +3,7 @@ correction whose bounds exclude every on-policy token, a whole-number setting gi
 a fraction, and a soft-overlong window checked against the wrong budget with a tool on."""
 
 import pytest
-from conftest import tiny_config
+from conftest import config_problems, tiny_config
 
 from jaxrl_llm.config import ConfigError, acting, parse
 from jaxrl_llm.config.checks import check
@@ -337,16 +337,6 @@ def test_a_setting_the_run_reads_or_leaves_at_its_default_is_accepted(overrides,
   assert acting.unused(parse(tiny_config(**overrides)), [field]) == []
 
 
-def _checked(**overrides) -> str:
-  """The ConfigError of the run's checks with its task for `overrides` ("" if none)."""
-  try:
-    cfg = parse(tiny_config(**overrides))
-    check(cfg, num_devices=1, task=build_task(cfg))
-  except ConfigError as e:
-    return str(e)
-  return ""
-
-
 @pytest.mark.parametrize(
   "overrides, said",
   [
@@ -365,11 +355,11 @@ def _checked(**overrides) -> str:
 def test_a_batch_larger_than_the_training_split_is_refused(overrides, said):
   """A batch larger than a small task's training split ended in a traceback, `ValueError:
   batch_size must be in [1, 8] ... got 64`, naming neither sft.batch_size nor rl.num_prompts."""
-  got = _checked(**overrides)
+  got = config_problems(**overrides)
   assert got.startswith(f"invalid config: {said}") and "\n" not in got, got
 
 
 def test_a_batch_the_training_split_holds_is_accepted():
-  assert _checked(**{"task.name": "addition", "task.digits": 1, "rl.num_prompts": 90,
+  assert config_problems(**{"task.name": "addition", "task.digits": 1, "rl.num_prompts": 90,
                      "rl.num_minibatches": 1}) == ""  # fmt: skip
-  assert _checked(**{"task.min_len": 1, "task.max_len": 1, "sft.steps": 0}) == ""
+  assert config_problems(**{"task.min_len": 1, "task.max_len": 1, "sft.steps": 0}) == ""
