@@ -152,10 +152,11 @@ def _split_files(spec: str) -> list[str]:
   return [f.strip() for f in spec.split(",") if f.strip()]
 
 
-def _files_error(setting: str, spec: str, e: Exception) -> records.DataError:
-  """One `DataError` for `setting`=`spec` that did not read; where the whole value, split at
-  its commas, is one file, it says so and how to name that file (a glob)."""
-  note = ""
+def _files_error(split: str, spec: str, e: Exception) -> records.DataError:
+  """One `DataError` for data.<split>_files=`spec` (`split`: train or eval) that did not read;
+  where the whole value, split at its commas, is one file, it says so and how to name that
+  file (a glob)."""
+  setting, note = f"data.{split}_files", ""
   if "," in spec and os.path.isfile(spec.strip()):
     note = (
       f"; {setting} is a comma-separated list, so this one file was read as several: give a "
@@ -291,7 +292,7 @@ def build_file_task(config, tokenizer_dir: str) -> FileTask:
   try:  # the files first: a missing file is named before anything else is asked of the user
     loaded = records.load_records(_split_files(d.train_files), **fields)
   except (FileNotFoundError, records.DataError) as e:  # missing, unreadable, empty, malformed
-    raise _files_error("data.train_files", d.train_files, e) from e
+    raise _files_error("train", d.train_files, e) from e
   _warn_if_answers_do_not_parse(loaded, d.answer_field, d.correct_term)
   tokenizer = _tokenizer(d.tokenizer, tokenizer_dir)
   eval_files = _split_files(d.eval_files) or None
@@ -303,7 +304,7 @@ def build_file_task(config, tokenizer_dir: str) -> FileTask:
   except (FileNotFoundError, records.DataError) as e:
     if not eval_files:  # the split by data.eval_fraction, whose message names it
       raise
-    raise _files_error("data.eval_files", d.eval_files, e) from e
+    raise _files_error("eval", d.eval_files, e) from e
   if not evaluation:
     raise records.DataError(
       "the evaluation split is empty: set data.eval_files or a data.eval_fraction > 0"

@@ -417,13 +417,20 @@ def save_checkpoint(
     raise
   if writer:
     write_json(os.path.join(path, GENERATION_CONFIG_FILE), generation)
-    for src, name in tokenizer_copies:
-      _copy(src, os.path.join(path, name))
-    for name in set(TOKENIZER_FILES) - {n for _, n in tokenizer_copies} if tokenizer_copies else ():
-      if os.path.isfile(stale := os.path.join(path, name)):  # an older export's: it would win
-        os.remove(stale)  # (a chat_template.jinja over the config's template, say)
+    _write_tokenizer(path, tokenizer_copies)
     write_json(os.path.join(path, CONFIG_FILE), hf)
   return mt
+
+
+def _write_tokenizer(path: str, copies: list[tuple[str, str]]) -> None:
+  """Copies the tokenizer files `copies` ((source, name) pairs) into `path` and, where there
+  are any, removes its other tokenizer files: an older export's would mix in (a
+  chat_template.jinja over the config's template, say)."""
+  for src, name in copies:
+    _copy(src, os.path.join(path, name))
+  for name in set(TOKENIZER_FILES) - {n for _, n in copies} if copies else ():
+    if os.path.isfile(stale := os.path.join(path, name)):
+      os.remove(stale)
 
 
 def _prepare(path: str, cfg: ModelConfig, params: Any, warn: bool = True, **kwargs):
