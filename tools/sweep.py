@@ -359,7 +359,8 @@ def _recorded_runs(root: str) -> dict[str, tuple[str | None, dict[str, str]]]:
 def _check_respelled(config: str, root: str, same: dict) -> None:
   """A SweepError where a grid point is a run already in `root` under another folder name,
   its values spelled otherwise (`1` for `1.0`, `0.70` for `0.7`): its settings, once parsed,
-  are those of the earlier run. Trained again, it would be a second run of one arm. `same` maps
+  are those of the earlier run. The same spellings in another order are left to the pack's
+  own message (its fields in another order). Trained again, it would be a second run of one arm. `same` maps
   each point's typed settings to (its name, ...), as `plan` built it."""
   names = {name for name, _ in same.values()}
   for name, (was_config, overrides) in _recorded_runs(root).items():
@@ -369,7 +370,8 @@ def _check_respelled(config: str, root: str, same: dict) -> None:
       _, _, settings, _ = _acting(config, {k: str(v) for k, v in overrides.items()}, name, {})
     except SweepError:
       continue  # settings this config no longer takes: not a run of this grid
-    if (point := same.get(settings.to_json())) is not None:
+    point = same.get(settings.to_json())
+    if point is not None and sorted(point[0].split(",")) != sorted(name.split(",")):
       raise SweepError(
         f"grid point {point[0]} is the run {os.path.join(root, name)} already in --root "
         "(their values are equal once parsed): spell its values as that folder's name does, "
