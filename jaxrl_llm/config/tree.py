@@ -94,6 +94,16 @@ class Config:
     """Prompts drawn per RL update: P, or ceil(k·P) under dynamic sampling (§7)."""
     return self.learner.sampled_prompts
 
+  @property
+  def updates_per_step(self) -> int:
+    """Optimiser updates one RL step makes: rl.num_epochs × rl.num_minibatches."""
+    return self.rl.num_epochs * self.rl.num_minibatches
+
+  @property
+  def schedule_updates(self) -> int:
+    """The learning-rate schedule's length: train.num_steps × `updates_per_step`."""
+    return self.train.num_steps * self.updates_per_step
+
   def to_dict(self) -> dict[str, Any]:
     """The tree as the user's config writes it (the JSON of `config.json`)."""
     return {"seed": self.seed} | {n: getattr(self, n).to_dict() for n in self.sections()}

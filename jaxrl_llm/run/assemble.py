@@ -353,7 +353,7 @@ def fresh_run_state(exp: Experiment, cfg: Config) -> TrainState:
 
 def _optimizer(cfg: Config):
   """(optimiser, schedule, {optim field: value} -> both): the last builds a packed run's own."""
-  total_updates = cfg.train.num_steps * cfg.rl.num_epochs * cfg.rl.num_minibatches
+  total_updates = cfg.schedule_updates
   tx, schedule = cfg.optim.build(total_updates)
   rebuild = lambda fields: dataclasses.replace(cfg.optim, **fields).build(total_updates)  # noqa: E731
   return tx, schedule, rebuild

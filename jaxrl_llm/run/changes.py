@@ -4,6 +4,7 @@ the learning-rate schedule. The resume's checks (`run.loop`) and the study tools
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Mapping
@@ -162,7 +163,8 @@ def resume_notes(members, step: int) -> list[str]:
     m.prefix + x for m in members if (x := schedule_moved(m.config, m.workdir, step))
   )
   bare = [m.workdir for m in members if step > 0 and newest_record_path(m.workdir) is None]
-  return [f"on another learning-rate schedule: {moved}"] * bool(moved) + [
+  notes = [f"on another learning-rate schedule: {moved}"] if moved else []
+  return notes + [
     f"without a run record in {w} (config.json): the settings and prompt files of its "
     "checkpoints' run cannot be checked against these; this launch records them anew"
     for w in bare
@@ -170,18 +172,17 @@ def resume_notes(members, step: int) -> list[str]:
 
 
 def schedule_moved(cfg: Config, workdir: str, step: int) -> str | None:
-  """`learning rate at update U: saved → now` where `cfg`'s schedule (train.num_steps × epochs ×
-  minibatches updates, shaped by optim.*) differs at `step` from the one `workdir` recorded."""
-  now_total = cfg.train.num_steps * cfg.rl.num_epochs * cfg.rl.num_minibatches
+  """`learning rate at update U: saved → now` where `cfg`'s schedule (`Config.schedule_updates`
+  long, shaped by optim.*) differs at `step` from the one `workdir` recorded."""
   try:
-    c = newest_record(workdir)["config"]
-    old, per_step = type(cfg.optim).from_section(c["optim"]), c["rl"]["num_epochs"]
-    per_step *= c["rl"]["num_minibatches"]
-    total = c["train"]["num_steps"] * per_step
+    rec = newest_record(workdir)["config"]
+    sections = {n: type(getattr(cfg, n)).from_section(rec[n]) for n in ("optim", "rl", "train")}
+    saved = dataclasses.replace(cfg, **sections)
   except (KeyError, TypeError, ValueError):  # no record, or one of another shape: no comparison
     return None
-  at = step * per_step  # the optimiser's update count in the checkpoint
-  was, now = (float(o.build(t)[1](at)) for o, t in ((old, total), (cfg.optim, now_total)))
+  at = step * saved.updates_per_step  # the optimiser's update count in the checkpoint
+  was, now = (float(x.optim.build(x.schedule_updates)[1](at)) for x in (saved, cfg))
   if step > 0 and abs(was - now) > 1e-6 * max(abs(was), abs(now)):
+    total, now_total = saved.schedule_updates, cfg.schedule_updates
     return f"learning rate at update {at}: {was:.3g} → {now:.3g} ({total} → {now_total} updates)"
   return None
