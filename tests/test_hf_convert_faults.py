@@ -102,19 +102,24 @@ def test_export_never_writes_over_the_checkpoint_it_reads(runs, tmp_path, capsys
   assert _tree(src) == before
 
 
+def _refused_then_overwritten(runs, tmp_path, capsys, name: str, text: str):
+  """--out holding only `name` (`text`): the llama run's export is refused naming the file and
+  --overwrite, leaving it as it was; with --overwrite it succeeds. Returns --out."""
+  out = tmp_path / "out"
+  out.mkdir()
+  (out / name).write_text(text)
+  line = _error(capsys, "export", f"--workdir={runs['llama']}", f"--out={out}")
+  assert f"{out / name}" in line and "--overwrite" in line, line
+  assert [p.name for p in out.iterdir()] == [name] and (out / name).read_text() == text
+  argv = ["export", f"--workdir={runs['llama']}", f"--out={out}", "--overwrite"]
+  assert hf_convert.cli(argv) == 0
+  return out
+
+
 def test_export_replaces_a_file_it_writes_only_with_overwrite(runs, tmp_path, capsys):
   """A directory holding a config.json the export would replace is refused, naming the file
   and --overwrite, and kept; with --overwrite the export is written there and loads."""
-  out = tmp_path / "out"
-  out.mkdir()
-  (out / "config.json").write_text('{"the user": "s"}')
-  line = _error(capsys, "export", f"--workdir={runs['llama']}", f"--out={out}")
-  assert f"{out / 'config.json'}" in line and "--overwrite" in line, line
-  assert [p.name for p in out.iterdir()] == ["config.json"]
-  assert (out / "config.json").read_text() == '{"the user": "s"}'
-  assert (
-    hf_convert.cli(["export", f"--workdir={runs['llama']}", f"--out={out}", "--overwrite"]) == 0
-  )
+  out = _refused_then_overwritten(runs, tmp_path, capsys, "config.json", '{"the user": "s"}')
   assert hf.load_checkpoint(out)[0] == hf.load_checkpoint(LLAMA)[0]
 
 
@@ -124,14 +129,8 @@ def test_an_export_leaves_no_older_tokenizer_file_beside_its_own(runs, tmp_path,
   with --overwrite too, and loaders mixed it into the new tokenizer. Without --overwrite it is
   refused by name; with it, it is removed and the tokenizer loads as exported."""
   transformers = pytest.importorskip("transformers")
-  out = tmp_path / "out"
-  out.mkdir()
-  (out / "added_tokens.json").write_text('{"<stale>": 9999}')
-  line = _error(capsys, "export", f"--workdir={runs['llama']}", f"--out={out}")
-  assert f"{out / 'added_tokens.json'}" in line and "--overwrite" in line, line
-  assert [p.name for p in out.iterdir()] == ["added_tokens.json"]
-  argv = ["export", f"--workdir={runs['llama']}", f"--out={out}", "--overwrite"]
-  assert hf_convert.cli(argv) == 0
+  stale = '{"<stale>": 9999}'
+  out = _refused_then_overwritten(runs, tmp_path, capsys, "added_tokens.json", stale)
   assert not (out / "added_tokens.json").exists()
   assert (out / "chat_template.jinja").read_text() == (LLAMA / "chat_template.jinja").read_text()
   ours, theirs = (transformers.AutoTokenizer.from_pretrained(p) for p in (out, LLAMA))
