@@ -702,6 +702,13 @@ def test_export_without_a_source(tmp_path):
       "config.json: max_position_embeddings=0 is not a positive integer",
     ),
     ("generation_config.json", {"bos_token_id": -1}, "generation_config.json: bos_token_id=-1"),
+    # an id past the vocabulary (64 rows) is refused at import too, not only at export
+    ("config.json", {"eos_token_id": 64}, "config.json: eos_token_id=64 is not below the model's"),
+    (
+      "generation_config.json",
+      {"eos_token_id": [2, 99]},
+      "generation_config.json: eos_token_id=[2, 99] is not below the model's vocab_size=64",
+    ),
   ],
 )
 def test_malformed_source_metadata_is_named(file, changes, message, tmp_path):

@@ -343,7 +343,9 @@ def read_source(path: str | os.PathLike) -> HFSource:
         f"{gen_file}: holds a JSON {type(generation).__name__}, not an object"
       )
     carried_fields(
-      {k: v for k, v in generation.items() if k != "max_position_embeddings"}, source=gen_file
+      {k: v for k, v in generation.items() if k != "max_position_embeddings"},
+      source=gen_file,
+      vocab=hf.get("vocab_size"),
     )
   return HFSource(
     path, hf.get("model_type"), fields, generation, tokenizer_files(path), hf.get("vocab_size")

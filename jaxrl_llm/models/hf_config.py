@@ -354,26 +354,35 @@ def config_from_hf(hf_config: Mapping[str, Any], *, source: str = "config.json")
     raise CheckpointFormatError(f"{source}: {e}") from None
 
 
-def _check_token_id(key: str, v: Any, source: str) -> None:
-  """Raises CheckpointFormatError unless `v` is null, an id >= 0 or (eos only) a list of ids."""
+def _check_token_id(key: str, v: Any, source: str, vocab: Any) -> None:
+  """Raises CheckpointFormatError unless `v` is null, an id >= 0 or (eos only) a list of ids,
+  each below `vocab` (the model's vocab_size) where that is an integer."""
   ids = v if isinstance(v, list) and key == "eos_token_id" else [v]
-  if v is None or (ids and all(_is_int(i) and i >= 0 for i in ids)):
-    return
-  what = "a token id >= 0, a list of them or null" if key == "eos_token_id" else "a token id >= 0"
-  raise CheckpointFormatError(f"{source}: {key}={v!r} is not {what}")
+  if v is not None and not (ids and all(_is_int(i) and i >= 0 for i in ids)):
+    what = "a token id >= 0, a list of them or null" if key == "eos_token_id" else "a token id >= 0"
+    raise CheckpointFormatError(f"{source}: {key}={v!r} is not {what}")
+  if v is not None and _is_int(vocab) and any(i >= vocab for i in ids):
+    raise CheckpointFormatError(
+      f"{source}: {key}={v!r} is not below the model's vocab_size={vocab} (a token id of "
+      "another model?)"
+    )
 
 
-def carried_fields(hf_config: Mapping[str, Any], *, source: str = "config.json") -> dict[str, Any]:
+def carried_fields(
+  hf_config: Mapping[str, Any], *, source: str = "config.json", vocab: Any = None
+) -> dict[str, Any]:
   """The `CARRIED_FIELDS` of a config.json dict (those it holds), checked.
 
   Raises CheckpointFormatError naming `source` and the field when a token id is not a
-  non-negative integer (`eos_token_id` may be a list of them) or max_position_embeddings is not
-  a positive integer.
+  non-negative integer (`eos_token_id` may be a list of them) below the vocabulary (`vocab`, else
+  the dict's own vocab_size, where either is an integer), or max_position_embeddings is not a
+  positive integer.
   """
   if not isinstance(hf_config, Mapping):
     raise CheckpointFormatError(
       f"{source}: holds a JSON {type(hf_config).__name__}, not an object of config fields"
     )
+  vocab = hf_config.get("vocab_size") if vocab is None else vocab
   out = {k: hf_config[k] for k in CARRIED_FIELDS if k in hf_config}
   for key, v in out.items():
     if key == "max_position_embeddings":
@@ -382,5 +391,5 @@ def carried_fields(hf_config: Mapping[str, Any], *, source: str = "config.json")
       if v is not None:
         out[key] = int(v)
     else:
-      _check_token_id(key, v, source)
+      _check_token_id(key, v, source, vocab)
   return out
