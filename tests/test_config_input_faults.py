@@ -182,6 +182,7 @@ IGNORED = [  # (settings, the one a command line gives that has no effect, why)
   ({}, "model.moe_top_k", 4, "model.moe_num_experts=0 builds a dense model"),
   ({}, "model.lora_alpha", 32.0, "model.lora_rank=0 trains no adapters"),
   ({}, "sampling.max_turns", 4, "sampling.tool='none' samples one segment"),
+  ({}, "mesh.runs_at_once", 2, "a single run steps alone"),  # it paces a pack's runs only
 ]
 
 
