@@ -252,6 +252,12 @@ def process_index() -> int:
 def check_overrides(argv: list[str]) -> None:
   """Fails with a clear message when a `--config.a.b=v` flag names a field the config lacks."""
   path = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+  overrides = [a for a in argv if a.startswith(("--config.", "--noconfig."))]
+  if path is None and overrides:
+    raise ConfigError(
+      f"{overrides[0]} overrides a config, and no --config=FILE names one (e.g. "
+      "--config=configs/default.py before it)"
+    )
   if path is None:
     return
   file, colon, arg = path.partition(":")

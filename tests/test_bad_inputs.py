@@ -134,6 +134,24 @@ def test_a_stray_argument_is_one_line_before_the_workdir_is_made(tmp_path):
   assert not workdir.exists()
 
 
+def test_an_override_without_a_config_is_one_line_naming_it(tmp_path):
+  """`--config.task.name=countdown` with no --config=FILE read `Unknown command line flag
+  'config.task.name'` with a hint about the value's type; it now names the override and what it
+  lacks, in the trainer and in tools/trivial_answers.py (the same check), making no workdir."""
+  workdir = tmp_path / "run"
+  want = (
+    "error: --config.task.name=countdown overrides a config, and no --config=FILE names one "
+    "(e.g. --config=configs/default.py before it)"
+  )
+  trainer = [sys.executable, "-m", "jaxrl_llm.main", f"--workdir={workdir}"]
+  tool = [sys.executable, str(REPO / "tools" / "trivial_answers.py")]
+  for cmd in (trainer, tool):
+    run = dict(cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([*cmd, "--config.task.name=countdown"], **run)
+    assert (proc.returncode, proc.stdout, proc.stderr.strip().splitlines()) == (2, "", [want])
+  assert not workdir.exists()
+
+
 def test_a_checkpoints_file_in_the_workdir_is_one_line_and_is_kept(tmp_path):
   """`W/checkpoints` a file, not a folder: one line naming it at start-up (it was a
   NotADirectoryError traceback from the checkpointer, exit 1), and the file is left as it was."""
