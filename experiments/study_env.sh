@@ -1,5 +1,6 @@
 # Sourced by each study's run.sh: HERE is the study folder, the working directory becomes the
-# repository root, outputs go under $ROOT (default /tmp/jaxrl_experiments/<study>), and a
+# repository root, outputs go under $ROOT (default /tmp/jaxrl_experiments/<study>; a relative
+# one is read from the caller's directory), and a
 # persistent XLA cache beside it lets later seeds reuse the first seed's compiled programs
 # (results unchanged). CONFIRM other than 0 or 1 (below) is one `error:` line and exit 2.
 case ${CONFIRM:-0} in
@@ -9,6 +10,10 @@ case ${CONFIRM:-0} in
     exit 2 ;;
 esac
 HERE=$(cd "$(dirname "${BASH_SOURCE[1]}")" && pwd)
+case ${ROOT:-/} in  # a relative ROOT is the caller's, before the cd below
+  /*) ;;
+  *) ROOT=$PWD/$ROOT ;;
+esac
 cd "$HERE/../.."
 ROOT=${ROOT:-/tmp/jaxrl_experiments/$(basename "$HERE")}
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$ROOT.jax_cache}

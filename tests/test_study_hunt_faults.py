@@ -142,6 +142,21 @@ def test_run_all_reads_a_relative_root_base_from_the_callers_directory(tmp_path)
   assert not (root / "relout.fakec.log").exists()
 
 
+def test_a_study_reads_a_relative_root_from_the_callers_directory(tmp_path):
+  """`ROOT=relout bash experiments/<study>/run.sh` wrote the study's runs under <repo>/relout
+  (study_env.sh cds to the repository first), not where the caller stood."""
+  body = 'source "$(dirname "$0")/../study_env.sh"\nmkdir -p "$ROOT"; echo "$PWD" > "$ROOT/at.txt"'
+  root = _studies(tmp_path, {"fakec": body})
+  caller = tmp_path / "caller"
+  caller.mkdir()
+  proc = run_in_session(
+    ["bash", str(root / "fakec" / "run.sh")], env={"ROOT": "relout"}, cwd=caller
+  )
+  assert proc.returncode == 0, proc
+  assert (caller / "relout" / "at.txt").read_text() == f"{tmp_path}\n"  # it ran at the repo
+  assert not (tmp_path / "relout").exists()
+
+
 # tools/sweep.py
 
 sys.path.insert(0, str(REPO / "tools"))
