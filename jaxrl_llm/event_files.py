@@ -86,9 +86,17 @@ class _Accumulator(event_accumulator.EventAccumulator):
 def load(logdir: str) -> event_accumulator.EventAccumulator:
   """Every event in `logdir`'s event files, as TensorBoard's reader keeps them (nothing
   sampled away; what a resumed launch logged again replaces the earlier launch's, tensor
-  summaries included); the readers of `metrics` read through it."""
+  summaries included); the readers of `metrics` read through it. EventFileError for a folder
+  named like an event file (the reader fails on it)."""
   from tensorboard.util import tb_logging
 
+  for path in paths.listdir(logdir) if paths.is_dir(logdir) else []:
+    if metric_info.is_event_file(path.name) and path.is_dir():
+      raise EventFileError(
+        f"{path}: a folder named like an event file, which TensorBoard's reader fails on (no "
+        f"event of {logdir} reads): move it out of there",
+        0,
+      )
   guidance = {k: 0 for k in event_accumulator.STORE_EVERYTHING_SIZE_GUIDANCE}
   logger = tb_logging.get_logger()
   logger.addFilter(_resumed_past)

@@ -293,6 +293,29 @@ def test_an_event_file_damaged_inside_is_named_not_read_as_a_shorter_run(root, t
   assert err.startswith(f"warning: {path}: damaged at byte ") and "not shown" in err, err
 
 
+def test_a_folder_named_like_an_event_file_is_one_line_in_every_reader(tmp_path, capsys):
+  """A folder `events.out.tfevents.*` inside a run (a copy gone wrong): TensorBoard's reader
+  failed on it with an IsADirectoryError traceback in compare.py, plot.py and seed_table.py.
+  Each now says in one line which folder it is; the runs are left as they were."""
+  import export_runs
+
+  runs = tmp_path / "runs"
+  for seed in (0, 1, 2):
+    _write_run(runs / f"s{seed}", 0.2, seed)
+  folder = runs / "s1" / "events.out.tfevents.1.copy"
+  folder.mkdir()
+  said = f"{folder}: a folder named like an event file"
+  _one_error(capsys, compare.main([f"--root={runs}", "--tags=eval/accuracy"]), said)
+  out = tmp_path / "p.png"
+  _one_error(capsys, plot.main(["curves", str(runs), f"--out={out}", "--dpi=20"]), said)
+  assert not out.exists()
+  with pytest.raises(SystemExit) as e:
+    seed_table.main([f"--root={runs}", "--group_by=objective.clip_high", "--cols=eval/accuracy@2"])
+  _one_error(capsys, e.value.code, said)
+  _one_error(capsys, export_runs.main([f"--root={runs}", f"--out={tmp_path / 'out'}"]), said)
+  assert folder.is_dir() and len(metrics.read_scalars(str(runs / "s0"))["eval/accuracy"]) == 4
+
+
 def test_plot_passk_refuses_runs_evaluated_at_other_steps(tmp_path, capsys):
   """A run that stopped early (its last pass@k at step 0, the others' at 3): its step-0 curve
   was averaged with the others' step-3 ones; with --step=3 its arm was drawn without it (a NaN

@@ -285,7 +285,11 @@ def load_runs(paths: Sequence[str]) -> tuple[list[RunData], list[str]]:
         for e in event_files.damaged_event_files(d):  # at byte 0: nothing reads (said below)
           if e.offset:
             _warn(f"{e}; its events from there on are not drawn")
-        for tag, values in metrics.read_scalars(d, damaged_ok=True).items():
+        try:
+          read = metrics.read_scalars(d, damaged_ok=True)
+        except event_files.EventFileError as e:  # a folder named like an event file
+          raise PlotError(str(e)) from None
+        for tag, values in read.items():
           if tag in scalars:
             _warn(f"{d}: tag {tag!r} is also logged in {workdir}; using the workdir's")
           else:
