@@ -211,3 +211,26 @@ def test_the_command_line_refuses_a_huge_max_turns_before_the_workdir_is_made(tm
   assert code == 2, err[-5:]
   assert len(errors) == 1 and f"sampling.max_turns={max_turns} is too large" in errors[0], err[-5:]
   assert not workdir.exists()
+
+
+def test_gae_under_a_tool_must_carry_across_its_answers():
+  """PPO with a critic (advantage.name=gae) and a tool reset V and A at each tool answer by
+  default: the tokens before a call bootstrapped from V = 0 and never saw the episode's reward
+  (its advantage there was −V, its value target 0). That combination is refused in one line;
+  carrying across the answers (verl's convention) is accepted, and without a tool either is."""
+  ppo = {"advantage.name": "gae", "objective.name": "ppo_critic", "model.value_head": True}
+  ppo["task.name"] = "addition"
+  tool = {**ppo, "sampling.tool": "calculator"}
+  line = config_problems(**tool)
+  assert line.startswith("invalid config: advantage.gae_carry_masked=False with sampling.tool=")
+  assert "\n" not in line and "allowed with a tool: advantage.gae_carry_masked=True" in line
+  assert config_problems(**tool, **{"advantage.gae_carry_masked": True}) == ""
+  assert config_problems(**ppo) == ""
+  # what the carry gives: the call segment's tokens credited with the episode's reward
+  from jaxrl_llm.objectives.advantages import gae
+
+  mask = jnp.array([[1, 1, 1, 0, 0, 1, 1.0]])  # the policy's call, the tool's answer, the rest
+  reward = jnp.zeros((1, 7)).at[0, 6].set(1.0)
+  reset, _ = gae(reward, jnp.zeros((1, 7)), mask, 1.0, 0.95)
+  carried, _ = gae(reward, jnp.zeros((1, 7)), mask, 1.0, 0.95, carry_masked=True)
+  assert np.all(np.asarray(reset)[0, :3] == 0) and np.all(np.asarray(carried)[0, :3] > 0.8)

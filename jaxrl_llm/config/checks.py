@@ -22,7 +22,7 @@ def check(cfg: Config, *, num_devices: int, task=None, model: ModelConfig | None
   starting from one, else `cfg.model.arch`)."""
   mc = model or cfg.model.arch
   errors = _batch(cfg) + _model(cfg, mc) + _adapters(cfg, mc) + _learner(cfg, mc, task)
-  errors += _tool(cfg) + _tool_traces(cfg)
+  errors += _tool(cfg) + _tool_traces(cfg) + _gae_across_turns(cfg)
   errors += _devices(cfg, mc, num_devices) if not errors else []
   if task is not None:
     errors += _task(cfg, mc, task)
@@ -233,6 +233,18 @@ def _tool(cfg: Config) -> list[str]:
     f"sampling.tool='countdown' checks countdown's expressions; task.name={cfg.task.name!r}"
     f"{' with prompt files' if cfg.uses_files else ''} (use calculator or arithmetic, or "
     "task.name=countdown)",
+  )
+
+
+def _gae_across_turns(cfg: Config) -> list[str]:
+  """GAE under a tool carries V and A across the tool's answers: reset there, the tokens before a
+  call would bootstrap from V = 0 and never see the episode's reward."""
+  adv = cfg.advantage
+  return need(
+    cfg.sampling.tool == "none" or adv.name != "gae" or adv.gae_carry_masked,
+    f"advantage.gae_carry_masked=False with sampling.tool={cfg.sampling.tool!r} resets GAE at "
+    "each tool answer, so the tokens before a call never see the episode's reward; allowed "
+    "with a tool: advantage.gae_carry_masked=True",
   )
 
 

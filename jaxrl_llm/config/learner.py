@@ -117,7 +117,7 @@ class AdvantageSettings(LearnedSection):
   whiten_variance: str = "population"  # population: /(σ + 1e-6) | unbiased (verl)
   gamma: float = 1.0  # GAE discount γ (gae only)
   lam: float = 0.95  # GAE λ (gae only)
-  gae_carry_masked: bool = False  # gae: carry V, A across masked tokens (verl); False: reset
+  gae_carry_masked: bool = False  # gae: carry V, A across masked tokens (needed with a tool)
 
   def errors(self) -> list[str]:
     """A known estimator and whitening variance; γ, λ in [0, 1]."""
