@@ -503,6 +503,58 @@ def test_adapters_saved_by_peft_load_and_give_peft_s_logits_and_export_back_bit_
     np.testing.assert_array_equal(saved[key], value, err_msg=key)
 
 
+def test_bfloat16_adapters_load_as_their_values_rounded_and_give_peft_s_logits(tmp_path):
+  """Adapters stored in bfloat16 (as many Hub adapters are) were refused as "holds dtype
+  bfloat16; LoRA weights are floats". The fixture's adapters written in bfloat16 load as its
+  float32 values rounded to bfloat16, and (where PEFT is installed) give the logits PEFT's
+  `PeftModel` computes from the same files."""
+  import ml_dtypes
+  from safetensors.flax import save_file
+  from safetensors.numpy import load_file
+
+  from jaxrl_llm.models import hf, hf_adapters
+
+  folder = tmp_path / "bf16"
+  shutil.copytree(PEFT_FIXTURE, folder)
+  fp32 = load_file(PEFT_FIXTURE / "adapter_model.safetensors")
+  bf16 = {k: jnp.asarray(v, jnp.bfloat16) for k, v in fp32.items()}
+  save_file(bf16, str(folder / "adapter_model.safetensors"))
+  cfg, base = hf.load_checkpoint(HF_LLAMA)
+  adapted_cfg, params = hf_adapters.load_adapters(folder, cfg, base)
+  _, exact = hf_adapters.load_adapters(PEFT_FIXTURE, cfg, base)
+  got = traverse_util.flatten_dict(lora.split_adapters(params)[1])
+  want = traverse_util.flatten_dict(lora.split_adapters(exact)[1])
+  assert sorted(got) == sorted(want)
+  for key, value in want.items():
+    rounded = np.asarray(value).astype(ml_dtypes.bfloat16).astype(np.float32)
+    assert got[key].dtype == jnp.float32, key
+    np.testing.assert_array_equal(got[key], rounded, err_msg=str(key))
+  assert any(not np.array_equal(got[k], want[k]) for k in want)  # rounded, not the fp32 file
+
+  peft = pytest.importorskip("peft")
+  transformers = pytest.importorskip("transformers")
+  import torch
+
+  hf_model = transformers.AutoModelForCausalLM.from_pretrained(
+    HF_LLAMA, dtype=torch.float32, attn_implementation="eager"
+  )
+  peft_model = peft.PeftModel.from_pretrained(hf_model, folder).eval()
+  ref = dict(np.load(HF_LLAMA / "reference.npz"))
+  mask = torch.tensor(ref["mask"], dtype=torch.long)
+  with torch.no_grad():
+    peft_logits = peft_model(
+      input_ids=torch.tensor(ref["tokens"], dtype=torch.long),
+      attention_mask=mask,
+      position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+    ).logits.numpy()
+  tokens, real = jnp.asarray(ref["tokens"]), jnp.asarray(ref["mask"])
+  out = Transformer(adapted_cfg).apply({"params": params}, tokens, positions_from_mask(real), real)
+  real = ref["mask"][..., None]
+  np.testing.assert_allclose(
+    np.where(real, out.logits, 0), np.where(real, peft_logits, 0), rtol=0, atol=1e-4
+  )
+
+
 def test_unsupported_peft_configs_are_one_error_line(tmp_path):
   """DoRA, rsLoRA, biases or another PEFT method: refused naming the field."""
   from jaxrl_llm.models import hf, hf_adapters, hf_config
@@ -568,7 +620,7 @@ BAD_ADAPTERS = {  # (edit of adapter_config.json or of the tensors, what the lin
   "nan": (lambda f: _edit_tensors(f, _nan), "holds non-finite values"),
   "int32": (
     lambda f: _edit_tensors(f, lambda t: t.update({k: v.astype(np.int32) for k, v in t.items()})),
-    "holds dtype int32",
+    "holds dtype int32; LoRA weights are floating-point",
   ),
   "unpaired": (lambda f: _edit_tensors(f, _unpaired), "is missing beside its pair"),
   "beyond-layers": (lambda f: _edit_tensors(f, _beyond), "matches no projection of this model"),

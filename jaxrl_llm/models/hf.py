@@ -60,6 +60,7 @@ __all__ = [
   "abstract_params",
   "load_checkpoint",
   "read_source",
+  "read_tensors",
   "weights_digest",
 ]
 
@@ -77,10 +78,17 @@ class _TensorInfo:
   dtype: str  # safetensors dtype name: F32, BF16, I32, ...
 
 
-def _tensor_infos(path: str) -> tuple[dict[str, _TensorInfo], str]:
-  """File, shape and dtype of every tensor (from the headers only), and the listing file."""
+def _file_infos(file: str) -> dict[str, _TensorInfo]:
+  """Shape and dtype of every tensor of the safetensors file `file`, from its header."""
   from safetensors import safe_open
 
+  with safe_open(file, framework="numpy") as f:
+    slices = {key: f.get_slice(key) for key in f.keys()}
+    return {k: _TensorInfo(file, tuple(s.get_shape()), s.get_dtype()) for k, s in slices.items()}
+
+
+def _tensor_infos(path: str) -> tuple[dict[str, _TensorInfo], str]:
+  """File, shape and dtype of every tensor (from the headers only), and the listing file."""
   index, single = os.path.join(path, INDEX_FILE), os.path.join(path, SINGLE_FILE)
   weight_map = None
   if os.path.exists(index):
@@ -109,12 +117,10 @@ def _tensor_infos(path: str) -> tuple[dict[str, _TensorInfo], str]:
         f"{index} lists weight file {name}, which does not exist in {path}"
       )
     try:
-      with safe_open(file, framework="numpy") as f:
-        for key in f.keys():
-          if key in infos:
-            raise CheckpointFormatError(f"tensor {key!r} is in both {infos[key].file} and {file}")
-          sl = f.get_slice(key)
-          infos[key] = _TensorInfo(file, tuple(sl.get_shape()), sl.get_dtype())
+      for key, info in _file_infos(file).items():
+        if key in infos:
+          raise CheckpointFormatError(f"tensor {key!r} is in both {infos[key].file} and {file}")
+        infos[key] = info
     except CheckpointFormatError:
       raise
     except Exception as e:  # the safetensors reader raises its own error types
@@ -210,6 +216,18 @@ class _Reader:
         f"{info.file}: tensor {name} holds non-finite values (NaN or inf)"
       )
     return host
+
+
+def read_tensors(file: str) -> dict[str, np.ndarray]:
+  """Every tensor of the safetensors file `file` as a host array of its stored dtype (bfloat16
+  through ml_dtypes, which safetensors' numpy reader refuses); CheckpointFormatError naming the
+  file when it is unreadable or a tensor holds a NaN or inf."""
+  try:
+    infos = _file_infos(file)
+  except Exception as e:  # the safetensors reader raises its own error types
+    raise CheckpointFormatError(f"{file}: not a readable safetensors file ({e})") from None
+  with _Reader(infos) as reader:
+    return {name: reader.read(name) for name in infos}
 
 
 def abstract_params(cfg: ModelConfig) -> Any:

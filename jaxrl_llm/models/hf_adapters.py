@@ -18,13 +18,14 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 
 from jaxrl_llm import paths
 from jaxrl_llm.models import lora as lora_lib
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.families import BY_MODEL_TYPE, default_model_type
-from jaxrl_llm.models.hf import abstract_params
+from jaxrl_llm.models.hf import abstract_params, read_tensors
 from jaxrl_llm.models.hf_config import CheckpointFormatError
 from jaxrl_llm.models.hf_layout import (
   Param,
@@ -190,19 +191,17 @@ def _adapter_config(path: str) -> dict[str, Any]:
 
 
 def _read_adapter_tensors(path: str) -> dict[str, np.ndarray]:
-  """The tensors of `adapter_model.safetensors`: each a finite floating-point array."""
-  from safetensors.numpy import load_file
-
+  """The tensors of `adapter_model.safetensors`: each a finite floating-point array (bfloat16
+  ones through ml_dtypes, as the base's weights are read)."""
   if not os.path.isfile(path):
     raise CheckpointFormatError(f"{path}: no such file; a PEFT LoRA directory holds one")
-  try:
-    tensors = load_file(path)
-  except Exception as e:  # the library's own parse error
-    raise CheckpointFormatError(f"{path}: not a readable safetensors file ({e})") from None
+  tensors = read_tensors(path)
   for name, value in tensors.items():
-    if value.dtype.kind != "f" or not np.isfinite(value).all():
-      what = f"dtype {value.dtype}" if value.dtype.kind != "f" else "non-finite values"
-      raise CheckpointFormatError(f"{path}: tensor {name} holds {what}; LoRA weights are floats")
+    if value.dtype.kind != "f" and value.dtype != ml_dtypes.bfloat16:
+      raise CheckpointFormatError(
+        f"{path}: tensor {name} holds dtype {value.dtype}; LoRA weights are floating-point "
+        "(float64, float32, float16 or bfloat16)"
+      )
   return tensors
 
 
