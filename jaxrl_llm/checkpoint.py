@@ -329,7 +329,7 @@ class Checkpointer:
   def _check(self, meta: dict[str, Any], expect: MetaCheck, step: int) -> None:
     check_compatible(
       meta, expect.current, expect.keys, workdir=self.workdir, step=step,
-      defaults=expect.defaults, ignore=expect.ignore,
+      defaults=expect.defaults, ignore=expect.ignore, normalise=expect.normalise,
     )  # fmt: skip
 
   def restore(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -59,6 +59,7 @@ class MetaCheck:
   keys: Sequence[str] = ("model",)  # top-level meta fields that must match
   defaults: Mapping[str, Any] | None = None  # stand-ins for fields an older meta lacks
   ignore: Sequence[str] = ()  # dotted fields that are never compared
+  normalise: Mapping[str, Callable[[Any], Any]] | None = None  # dotted field -> its one spelling
 
 
 def _lookup(tree: Any, field: str) -> Any:
@@ -99,6 +100,7 @@ def check_compatible(
   step: int | None = None,
   defaults: Mapping[str, Any] | None = None,
   ignore: Sequence[str] = (),
+  normalise: Mapping[str, Callable[[Any], Any]] | None = None,
 ) -> None:
   """Raises CheckpointMismatchError if `saved_meta` and `current_meta` differ under `keys`.
 
@@ -106,6 +108,8 @@ def check_compatible(
   workdir and every differing dotted field with its saved and current value. `defaults` (same
   shape as the meta) stand in for fields the saved meta lacks: fields added after it was written.
   `ignore`: dotted fields that choose how a result is computed, not what (never compared).
+  `normalise`: dotted fields compared through a function giving a value's one spelling (two
+  spellings of one value are no difference; an older meta may hold another one).
   """
   saved_flat: dict[str, Any] = {}
   current_flat: dict[str, Any] = {}
@@ -118,6 +122,10 @@ def check_compatible(
       _flatten_json(key, meta_as_json(defaults)[key], default_flat)
   for f, value in default_flat.items():
     saved_flat.setdefault(f, value)
+  for f, spell in (normalise or {}).items():
+    for flat in (saved_flat, current_flat):
+      if flat.get(f, _MISSING) != _MISSING:
+        flat[f] = spell(flat[f])
   diffs = {
     f: (saved_flat.get(f, _MISSING), current_flat.get(f, _MISSING))
     for f in sorted(set(saved_flat) | set(current_flat))

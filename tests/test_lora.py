@@ -19,7 +19,7 @@ from flax import traverse_util
 from parsed import build, train_and_evaluate
 
 from jaxrl_llm import metrics as metrics_lib
-from jaxrl_llm.checkpoint import Checkpointer
+from jaxrl_llm.checkpoint import Checkpointer, CheckpointMismatchError
 from jaxrl_llm.config import ConfigError
 from jaxrl_llm.config import parse as parse_config
 from jaxrl_llm.models import ModelConfig, Transformer, lora
@@ -101,6 +101,61 @@ def test_targets_by_projection_or_hugging_face_name():
   assert q["lora_a"].dtype == jnp.float32  # adapters in float32 whatever the base stores
 
 
+def test_targets_are_held_and_recorded_as_one_spelling_and_a_repeat_is_one_error_line():
+  """The same projections in another order or by Hugging Face's names are one model, held
+  (and recorded with its checkpoints) as the short names in PROJECTIONS order; a projection
+  named twice (`q,q`, or `q` and `q_proj`) was accepted and recorded verbatim, and is now
+  refused at config parse in one line naming it."""
+  for targets in ("down_proj, q,k_proj", "k,down,q", "q,k,down"):
+    cfg = ModelConfig(**BASE, lora_rank=2, lora_targets=targets)
+    assert cfg.lora_targets == "q,k,down" and cfg.to_dict()["lora_targets"] == "q,k,down"
+  for targets in ("q,q", "q_proj,v,q"):
+    with pytest.raises(ConfigError) as err:
+      parse_config(tiny_config(**{"model.lora_rank": 2, "model.lora_targets": targets}))
+    line = str(err.value)
+    assert "\n" not in line and f"model.lora_targets={targets!r} names q more than once" in line
+    assert "name each of q, k, v, o, gate, up, down at most once" in line, line
+
+
+def test_a_resume_takes_the_same_targets_in_another_order_or_spelling(tmp_path):
+  """A run with adapters on q,k,v,o,gate,up,down resumed with the same projections in another
+  order, or by Hugging Face's names (which the docs call interchangeable), was refused: "holds
+  a checkpoint (step 1) of a model/base with model.lora_targets='q,k,v,o,gate,up,down', but the
+  config asks for model.lora_targets='k,q,...'". It resumes now; another set of projections is
+  still refused in one line, and nothing is written."""
+  workdir = tmp_path / "run"
+  run = {"model.lora_rank": 4, "train.checkpoint_every": 1, "train.eval_every": 100}
+  train_and_evaluate(tiny_config(**run, **{"train.num_steps": 1}), str(workdir))
+  for steps, targets in ((2, "k,q,v,o,gate,up,down"), (3, "q_proj,k_proj,v,o,gate_proj,up,down")):
+    config = tiny_config(**run, **{"train.num_steps": steps, "model.lora_targets": targets})
+    train_and_evaluate(config, str(workdir))
+    assert (workdir / "checkpoints" / str(steps)).is_dir(), targets
+  before = sorted(p.name for p in (workdir / "checkpoints").iterdir())
+  other = tiny_config(**run, **{"train.num_steps": 4, "model.lora_targets": "k_proj,q"})
+  with pytest.raises(CheckpointMismatchError) as err:
+    train_and_evaluate(other, str(workdir))
+  line = str(err.value)
+  assert "\n" not in line and "model.lora_targets='q,k,v,o,gate,up,down'" in line, line
+  assert "but the config asks for model.lora_targets='q,k'" in line, line
+  assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == before
+
+
+def test_a_checkpoint_recording_its_targets_in_another_spelling_resumes(tmp_path):
+  """A checkpoint whose meta spells its targets otherwise than the config does (as checkpoints
+  written before targets had one spelling hold them, verbatim) matches the same projections
+  and no others; a refusal names both in the one spelling."""
+  cfg = ModelConfig(**BASE, lora_rank=2, lora_targets="q,v")
+  saved = {"model": {**cfg.to_dict(), "lora_targets": "v_proj, q"}}
+  with Checkpointer(str(tmp_path), save_every=1, async_save=False) as ckpt:
+    ckpt.save(1, {"x": jnp.zeros(2)}, meta=saved, force=True)
+    ckpt.check_meta(1, resume_target(None, {"model": cfg.to_dict()})[1])
+    other = dataclasses.replace(cfg, lora_targets="q,k")
+    with pytest.raises(CheckpointMismatchError) as err:
+      ckpt.check_meta(1, resume_target(None, {"model": other.to_dict()})[1])
+  said = "model.lora_targets='q,v', but the config asks for model.lora_targets='q,k'"
+  assert said in str(err.value), err.value  # both in the one spelling
+
+
 def test_split_and_join_are_inverse():
   """split gives the base without adapters and the adapters alone; join restores the tree."""
   _, params = _init(lora_rank=2)
@@ -117,6 +172,7 @@ def test_split_and_join_are_inverse():
   [
     ({"lora_rank": 2, "lora_targets": "q,attn_out"}, "attn_out is no projection"),
     ({"lora_rank": 2, "lora_targets": ""}, "names no projection"),
+    ({"lora_rank": 2, "lora_targets": "q,v,q_proj"}, "names q more than once"),
     ({"lora_rank": 40}, "model.lora_rank=40 is larger than projection 'k'"),
     ({"lora_rank": -1}, "model.lora_rank=-1 must be >= 0"),
     ({"lora_rank": 2, "lora_alpha": 0.0}, "model.lora_alpha=0.0 must be > 0"),

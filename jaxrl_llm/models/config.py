@@ -37,16 +37,33 @@ def widths_from_checkpoint(yes: bool = True):
     _WIDTHS_FROM_CHECKPOINT.reset(token)
 
 
+def _mapped(targets: str) -> list[str]:
+  """`lora_targets` split at its commas, Hugging Face names mapped (`q_proj` -> `q`)."""
+  return [HF_NAMES.get(n, n) for t in targets.split(",") if (n := t.strip())]
+
+
 def target_names(targets: str) -> tuple[str, ...]:
   """`lora_targets` as projection names (Hugging Face names mapped: `q_proj` -> `q`)."""
-  names = [t.strip() for t in targets.split(",") if t.strip()]
-  return tuple(dict.fromkeys(HF_NAMES.get(n, n) for n in names))
+  return tuple(dict.fromkeys(_mapped(targets)))
+
+
+def normal_targets(targets: str) -> str:
+  """`lora_targets` as a model holds, a checkpoint records and a resume compares it: its
+  projections' short names in `PROJECTIONS` order (`k_proj,q` -> `q,k`); a list that
+  `target_errors` refuses is returned as given."""
+  if target_errors(targets):
+    return targets
+  names = set(_mapped(targets))
+  return ",".join(p for p in PROJECTIONS if p in names)
 
 
 def target_errors(targets: str) -> list[str]:
-  """Why `lora_targets` is not a list of known projections (empty list: it is)."""
-  names = target_names(targets)
+  """Why `lora_targets` is not a list of known projections, each named once (empty list: it
+  is)."""
+  mapped = _mapped(targets)
+  names = tuple(dict.fromkeys(mapped))
   unknown = [n for n in names if n not in PROJECTIONS]
+  twice = [n for n in names if mapped.count(n) > 1]
   if not names:
     return [
       f"model.lora_targets={targets!r} names no projection; allowed: {', '.join(PROJECTIONS)}"
@@ -55,6 +72,11 @@ def target_errors(targets: str) -> list[str]:
     return [
       f"model.lora_targets={targets!r}: {', '.join(unknown)} is no projection; allowed: "
       f"{', '.join(PROJECTIONS)} (or {', '.join(HF_NAMES)})"
+    ]
+  if twice:
+    return [
+      f"model.lora_targets={targets!r} names {', '.join(twice)} more than once (a Hugging Face "
+      f"name is its short one: q_proj is q); name each of {', '.join(PROJECTIONS)} at most once"
     ]
   return []
 
@@ -140,7 +162,7 @@ class ModelConfig(_DictConfig):
   )  # adapter scale alpha / r (PEFT's lora_alpha)
   lora_targets: str = _field(
     "q,k,v,o,gate,up,down", onto_checkpoint="always"
-  )  # projections given adapters (or q_proj, ...)
+  )  # projections given adapters (or q_proj, ...), each once; held as short names in this order
   lora_dropout: float = _field(
     0.0, onto_checkpoint="always"
   )  # PEFT's lora_dropout on the adapters' input (learner passes only)
@@ -224,6 +246,7 @@ class ModelConfig(_DictConfig):
     errors += self._lora_errors()
     if errors:
       raise ValueError("invalid model config: " + "; ".join(errors))
+    object.__setattr__(self, "lora_targets", normal_targets(self.lora_targets))  # one spelling
 
   def _lora_errors(self) -> list[str]:
     """Rank in [1, the narrowest targeted projection's width], alpha > 0, targets that name

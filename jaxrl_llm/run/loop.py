@@ -26,7 +26,7 @@ from jaxrl_llm import checkpoint as ckpt_lib
 from jaxrl_llm import checkpoint_compat, distributed, paths, sigterm
 from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm.config import Config, ConfigError, tagged
-from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.models.config import ModelConfig, normal_targets
 from jaxrl_llm.rl import init_reference
 from jaxrl_llm.run import changes, held_out, preempt, record
 from jaxrl_llm.run.assemble import Experiment, build
@@ -108,12 +108,12 @@ class SingleRun:
 def resume_target(state, meta: dict, keys: Sequence[str] = ("model",)):
   """(abstract `state` or None, MetaCheck of `meta` under `keys`): what a resume restores into
   and holds the saved meta against (model fields added since an old checkpoint default; fields
-  declared numerics-only may differ)."""
+  declared numerics-only may differ; adapter targets compare as the projections they name)."""
   abstract = jax.tree.map(
     lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state
   )
-  defaults = {"model": ModelConfig().to_dict()}  # fields added since it was written
-  return abstract, checkpoint_compat.MetaCheck(meta, keys, defaults, ignore=tagged("numerics"))
+  defaults, spell = {"model": ModelConfig().to_dict()}, {"model.lora_targets": normal_targets}
+  return abstract, checkpoint_compat.MetaCheck(meta, keys, defaults, tagged("numerics"), spell)
 
 
 def train_iterator(exp: Experiment, shard: tuple[int, int] | None = None):
