@@ -19,6 +19,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jaxrl_llm.models.lora import SCALE
 from jaxrl_llm.models.scan import is_scanned_path
 
 SAMPLER_DTYPES = ("auto", "float32", "bfloat16", "int8", "int4")
@@ -64,17 +65,39 @@ def _floating(x) -> bool:
   return jnp.issubdtype(x.dtype, jnp.floating)
 
 
+def _names(path: tuple[Any, ...]) -> tuple[str, ...]:
+  return tuple(str(getattr(p, "key", getattr(p, "name", p))) for p in path)
+
+
+def _int8_base(params: Any) -> set[tuple[str, ...]]:
+  """The paths of an int8-stored base's leaves: each int8 kernel and its `kernel_scale`
+  (model.lora_base_dtype=int8 after `quantize_base`), whatever their rank."""
+  out = set()
+  for path, x in jax.tree_util.tree_flatten_with_path(params)[0]:
+    names = _names(path)
+    if names[-1] == "kernel" and x.dtype == jnp.int8:
+      out |= {names, (*names[:-1], SCALE)}
+  return out
+
+
 def sampler_params(params: Any, dtype: str) -> Any:
-  """The parameters the sampler runs with (float32 returns `params` unchanged)."""
+  """The parameters the sampler runs with (float32 returns `params` unchanged). An int8-stored
+  base, its int8 kernels and their float32 scales, is kept bit for bit in every dtype."""
   if dtype == "float32":
     return params
-  if dtype == "bfloat16":  # an int8-stored base (and its scales) stays as it is
-    return jax.tree.map(lambda x: x.astype(jnp.bfloat16) if _floating(x) else x, params)
+  base = _int8_base(params)
+  if dtype == "bfloat16":
+
+    def cast(path, x):
+      keep = not _floating(x) or _names(path) in base
+      return x if keep else x.astype(jnp.bfloat16)
+
+    return jax.tree_util.tree_map_with_path(cast, params)
   if dtype in _LEVELS:
 
     def quant(path, x):
       lead = int(is_scanned_path(path))  # scanned layers: a leading layer axis, kept per layer
-      if x.ndim - lead < 2 or not _floating(x):  # norms, biases, int8 kernels: kept
+      if x.ndim - lead < 2 or not _floating(x) or _names(path) in base:  # norms, biases, int8
         return x
       axes = _channel_axes(path, jax.ShapeDtypeStruct(x.shape[lead:], x.dtype))
       return fake_quant(x, tuple(a + lead if a >= 0 else a for a in axes), _LEVELS[dtype])

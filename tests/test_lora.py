@@ -19,6 +19,7 @@ from flax import traverse_util
 from parsed import build, train_and_evaluate
 
 from jaxrl_llm import metrics as metrics_lib
+from jaxrl_llm import quant
 from jaxrl_llm.checkpoint import Checkpointer, CheckpointMismatchError
 from jaxrl_llm.config import ConfigError
 from jaxrl_llm.config import parse as parse_config
@@ -287,6 +288,24 @@ def test_an_int8_base_is_the_model_on_its_dequantised_weights(kw):
     np.testing.assert_array_equal(
       traverse_util.flatten_dict(lora.quantize_base(stored))[path], flat[path]
     )
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(scan_layers=True)], ids=["dense", "scanned"])
+def test_the_sampler_runs_the_int8_base_itself(kw):
+  """The sampler's copy of an int8 base (bfloat16, int8, int4 sampler dtypes) holds the very
+  int8 kernels and float32 scales the learner holds, the 2-D attention scales [H, Dh]
+  included: none is re-quantised or cast."""
+  _, params = _init(lora_rank=8, lora_base_dtype="int8", **kw)
+  stored = traverse_util.flatten_dict(lora.quantize_base(params))
+  base = {k for k, v in stored.items() if v.dtype == jnp.int8}
+  base |= {(*k[:-1], lora.SCALE) for k in base}
+  assert any(stored[k].ndim - bool(kw) == 2 for k in base if k[-1] == lora.SCALE)
+  for dtype in ("bfloat16", "int8", "int4"):
+    sampler = jax.jit(quant.sampler_params, static_argnums=1)
+    got = traverse_util.flatten_dict(sampler(traverse_util.unflatten_dict(stored), dtype))
+    for path in base:
+      assert got[path].dtype == stored[path].dtype, (dtype, path)
+      np.testing.assert_array_equal(got[path], stored[path], err_msg=f"{dtype} {path}")
 
 
 @pytest.mark.extended
