@@ -589,3 +589,25 @@ def test_a_relative_workdir_trains_and_saves(tmp_path):
   )
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert (tmp_path / "rel run" / "checkpoints" / "1" / "commit_success.txt").exists()
+
+
+def test_the_moe_kernel_where_it_cannot_run_is_one_line_before_the_workdir_is_made(tmp_path):
+  """model.moe_impl=kernel off a Hopper GPU (this CPU): the config check's one line naming why
+  and what runs here, exit 2, no workdir (it was a 56-line traceback from the model's init)."""
+  import jax
+
+  if jax.devices()[0].platform == "gpu":
+    pytest.skip("a GPU may run the kernel")
+  workdir = tmp_path / "run"
+  config = f"--config={REPO / 'configs' / 'moe_default.py'}"
+  line = (
+    "error: invalid config: model.moe_impl='kernel' cannot run here: it runs on NVIDIA Hopper "
+    "GPUs only (this program is compiled for cpu). Allowed on this backend: auto, portable, "
+    "ragged, dense"
+  )
+  for where in (f"--workdir={workdir}", "--dry_run"):
+    args = [config, where, "--config.train.num_steps=2", "--config.model.moe_impl=kernel"]
+    cmd = [sys.executable, "-m", "jaxrl_llm.main", *args]
+    proc = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr.strip().splitlines()) == (2, [line]), proc.stderr
+  assert not workdir.exists()

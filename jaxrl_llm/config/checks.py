@@ -13,15 +13,24 @@ from jaxrl_llm.config.fields import invalid, need
 from jaxrl_llm.config.sections import MAX_BUDGET
 from jaxrl_llm.config.tree import Config
 from jaxrl_llm.kernels import attention
+from jaxrl_llm.models import moe
 from jaxrl_llm.models.config import ModelConfig
 
 
-def check(cfg: Config, *, num_devices: int, task=None, model: ModelConfig | None = None) -> None:
+def check(
+  cfg: Config, *, num_devices: int, task=None, model: ModelConfig | None = None, device=None
+) -> None:
   """Raises ConfigError listing every cross-section problem of `cfg` on `num_devices` devices
   with `task` (when built) and `model` (the architecture that will run: the checkpoint's when
-  starting from one, else `cfg.model.arch`)."""
+  starting from one, else `cfg.model.arch`); `device`: one the program is compiled for (None:
+  the default backend's first)."""
   mc = model or cfg.model.arch
-  errors = _batch(cfg) + _model(cfg, mc) + _adapters(cfg, mc) + _learner(cfg, mc, task)
+  errors = (
+    _batch(cfg)
+    + _model(cfg, mc, device or jax.devices()[0])
+    + _adapters(cfg, mc)
+    + _learner(cfg, mc, task)
+  )
   errors += _tool(cfg) + _tool_traces(cfg) + _gae_across_turns(cfg)
   errors += _devices(cfg, mc, num_devices) if not errors else []
   if task is not None:
@@ -46,9 +55,9 @@ def _batch(cfg: Config) -> list[str]:
   return []
 
 
-def _model(cfg: Config, mc: ModelConfig) -> list[str]:
-  """What the architecture that will run allows: cuDNN or Pallas attention, the MoE layers, a value head
-  and the learner's MoE-only objectives."""
+def _model(cfg: Config, mc: ModelConfig, device) -> list[str]:
+  """What the architecture that will run allows: cuDNN or Pallas attention, the MoE layers and
+  their grouped kernel on `device`, a value head and the learner's MoE-only objectives."""
   out = []
   refusal = attention.cudnn_refusal(mc.compute_dtype, mc.head_dim)
   if cfg.model.attention == "cudnn" and refusal:
@@ -57,6 +66,10 @@ def _model(cfg: Config, mc: ModelConfig) -> list[str]:
   refusal = attention.pallas_refusal(dt, dt, mc.head_dim, attention.DECODE_BLOCK)
   if cfg.model.attention == "pallas" and refusal:
     out.append(f"model.attention='pallas' cannot run: {refusal}; use auto, xla or einsum")
+  if mc.moe_num_experts and mc.moe_impl == "kernel":
+    dims = (mc.d_model, mc.moe_expert_mlp_dim)  # the grouped matmuls' widths
+    refusal = moe.kernel_refusal(device, mc.compute_dtype, dims)
+    out += [refusal] if refusal else []
   try:
     mc.moe  # noqa: B018 - builds (and checks) the MoE layers' config
   except ValueError as err:  # fields named moe.<x> are model.moe_<x> in the config

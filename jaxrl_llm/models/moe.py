@@ -219,6 +219,20 @@ def experts_parallel(x, idx, gates, w_gate, w_up, w_down, *, experts, mesh, batc
   return y.reshape(shards, ep * t, d)[:, :per_shard].reshape(b, n, d)
 
 
+def kernel_refusal(device, dtype, dims: tuple[int, ...]) -> str | None:
+  """The error of an explicit `model.moe_impl='kernel'` on `device` (a jax Device or None) with
+  compute `dtype` and matmul widths `dims`: why it cannot run and what runs instead (None where
+  it can, or under the Pallas GPU interpreter of the tests). The config check gives it before
+  anything is built."""
+  why = grouped.kernel_unsupported(device, dtype, dims)
+  if why is None or grouped.interpreting():
+    return None
+  return (
+    f"model.moe_impl='kernel' cannot run here: {why}. Allowed on this backend: "
+    "auto, portable, ragged, dense"
+  )
+
+
 def resolve_impl(impl: str, device=None, dtype=jnp.bfloat16, dims: tuple[int, ...] = ()) -> str:
   """The expert implementation for `impl` on `device` (a jax Device or a platform name; None:
   the default backend's first device). `auto`: `ragged` on TPU (`jax.lax.ragged_dot` lowers
@@ -234,11 +248,8 @@ def resolve_impl(impl: str, device=None, dtype=jnp.bfloat16, dims: tuple[int, ..
   else:
     platform = device.platform
   why = grouped.kernel_unsupported(device, dtype, dims)
-  if impl == "kernel" and why is not None and not grouped.interpreting():
-    raise ValueError(
-      f"model.moe_impl='kernel' cannot run here: {why}. Allowed on this backend: "
-      "auto, portable, ragged, dense"
-    )
+  if impl == "kernel" and (error := kernel_refusal(device, dtype, dims)):
+    raise ValueError(error)
   if impl != "auto":
     return impl
   if platform == "tpu":

@@ -309,7 +309,7 @@ def _model(cfg: Config, task, mesh, rules, *, abstract: bool, devices) -> tuple:
     pretrained_cfg = _pretrained_config(cfg)
   elif not abstract and cfg.model.checkpoint:
     pretrained_cfg, pretrained = _load_pretrained(cfg, mesh, rules)
-  check(cfg, num_devices=len(devices), task=task, model=pretrained_cfg)
+  check(cfg, num_devices=len(devices), task=task, model=pretrained_cfg, device=devices[0])
   mc = pretrained_cfg or cfg.model.arch
   model = Transformer(mc, attention=cfg.model.attention)
   if pretrained is None:  # random init (or, for a plan, a checkpoint's shapes)
