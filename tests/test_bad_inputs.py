@@ -611,3 +611,25 @@ def test_the_moe_kernel_where_it_cannot_run_is_one_line_before_the_workdir_is_ma
     proc = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120)
     assert (proc.returncode, proc.stderr.strip().splitlines()) == (2, [line]), proc.stderr
   assert not workdir.exists()
+
+
+def test_a_mesh_rule_its_mesh_axis_does_not_divide_is_one_line_before_the_workdir_is_made(
+  tmp_path,
+):
+  """mesh.rules splitting the 2 kv heads over mesh.model=4 (4 CPU devices): the config check's
+  one line naming the rule, the field, the parameter and the sizes, exit 2, no workdir (it was
+  JAX's IndivisibleError traceback from the sharded initialisation)."""
+  workdir = tmp_path / "run"
+  env = cli_env()
+  env["XLA_FLAGS"] = f"{env['XLA_FLAGS']} --xla_force_host_platform_device_count=4".strip()
+  rule = "--config.mesh.rules=(('kv_heads','model'),)"
+  line = (
+    "error: invalid config: mesh.rules maps kv_heads to mesh.model=4, which does not divide "
+    "model.num_kv_heads=2 (param layer_0/attn/k/kernel dim 1); map it to mesh axes whose sizes "
+    "divide it, or to None"
+  )
+  for where in (f"--workdir={workdir}", "--dry_run"):
+    cmd = [sys.executable, "-m", "jaxrl_llm.main", CONFIG, where, "--config.mesh.model=4", rule]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr.strip().splitlines()) == (2, [line]), proc.stderr
+  assert not workdir.exists()

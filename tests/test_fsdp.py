@@ -119,6 +119,40 @@ def test_mesh_config_errors_name_the_fields():
     check(parse(config), num_devices=8)
 
 
+@pytest.mark.parametrize(
+  "overrides, says",
+  [
+    (
+      {"mesh.model": 2, "mesh.rules": (("kv_heads", "model"),)},
+      "mesh.rules maps kv_heads to mesh.model=2, which does not divide model.num_kv_heads=1 "
+      "(param layer_0/attn/k/kernel dim 1)",
+    ),
+    (
+      {"mesh.fsdp": 4, "mesh.data": 1, "mesh.rules": (("head_dim", ("fsdp", "model")),)},
+      "mesh.rules maps head_dim to mesh.fsdp=4 x mesh.model=1, which does not divide "
+      "model.head_dim=6 (param layer_0/attn/k/kernel dim 2)",
+    ),
+    (
+      {"mesh.expert": 4, "mesh.data": 1, "model.d_model": 34, "model.moe_num_experts": 4},
+      "the built-in rule table (mesh.rules=()) maps embed to mesh.fsdp=1 x mesh.expert=4, which "
+      "does not divide model.d_model=34 (param embed/embedding dim 1)",
+    ),
+  ],
+  ids=["custom", "two_axes", "built_in"],
+)
+def test_a_rule_splitting_a_parameter_its_mesh_axes_do_not_divide_is_one_line(overrides, says):
+  """A parameter dimension the mesh rules split over mesh axes that do not divide it: the
+  config check's one line naming the rule, the axis, the field, the parameter and the mesh
+  size (it was JAX's IndivisibleError traceback from the sharded initialisation)."""
+  config = tiny_config(**{**overrides, "model.head_dim": 6})
+  with pytest.raises(ConfigError) as err:
+    check(parse(config), num_devices=4)
+  assert str(err.value).count("\n") == 0 and says in str(err.value), err.value
+  assert str(err.value).endswith("map it to mesh axes whose sizes divide it, or to None")
+  fine = {**overrides, "mesh.rules": (("heads", "model"),), "model.d_model": 32}
+  check(parse(tiny_config(**fine)), num_devices=4)  # heads (2) over mesh.model (1 or 2)
+
+
 @pytest.mark.extended
 def test_a_mesh_of_fewer_devices_than_present_uses_the_first_and_says_so(caplog):
   """`mesh.data=2` on 8 devices: the mesh holds the first 2 (a warning names 2 of 8), the state

@@ -7,13 +7,16 @@ from __future__ import annotations
 import math
 
 import jax
+import jax.numpy as jnp
+from flax import linen as nn
 
+from jaxrl_llm import sharding
 from jaxrl_llm.config.acting import trace_tools
 from jaxrl_llm.config.fields import invalid, need
 from jaxrl_llm.config.sections import MAX_BUDGET
 from jaxrl_llm.config.tree import Config
 from jaxrl_llm.kernels import attention
-from jaxrl_llm.models import moe
+from jaxrl_llm.models import Transformer, moe
 from jaxrl_llm.models.config import ModelConfig
 
 
@@ -150,7 +153,8 @@ def _budget(cfg: Config, task) -> int:
 
 
 def _devices(cfg: Config, mc: ModelConfig, num_devices: int) -> list[str]:
-  """The mesh fits the devices, and every batch splits over the rows' devices."""
+  """The mesh fits the devices, the rules split each parameter evenly, and every batch splits
+  over the rows' devices."""
   try:
     sizes = cfg.mesh.sizes(num_devices)
   except ValueError as err:
@@ -178,7 +182,60 @@ def _devices(cfg: Config, mc: ModelConfig, num_devices: int) -> list[str]:
       f"model.attention='pallas' runs on one device (the mesh spans {math.prod(sizes.values())}):"
       " the decode kernel has no partitioning rule; use auto or einsum"
     )
+  out += [] if out else _param_splits(cfg, mc, sizes)
   return out + ([] if out else _rows(cfg, sizes))
+
+
+# The model fields that size a parameter dimension of each logical axis ("mlp": see `_field`).
+_AXIS_FIELDS = {
+  "vocab": "model.vocab_size",
+  "embed": "model.d_model",
+  "norm": "model.d_model",
+  "heads": "model.num_heads",
+  "kv_heads": "model.num_kv_heads",
+  "head_dim": "model.head_dim",
+  "expert": "model.moe_num_experts",
+  "lora_rank": "model.lora_rank",
+  "layers": "model.num_layers",
+}
+
+
+def _field(logical: str, path: str) -> str:
+  """The model field behind dimension `logical` of parameter `path`."""
+  if logical != "mlp":
+    return _AXIS_FIELDS.get(logical, f"its {logical} dimension")
+  if "/shared/" in path:
+    return "model.moe_num_shared_experts x model.moe_shared_mlp_dim"
+  return "model.moe_expert_mlp_dim" if "/moe/" in path else "model.mlp_dim"
+
+
+def _param_splits(cfg: Config, mc: ModelConfig, sizes: dict[str, int]) -> list[str]:
+  """Every parameter dimension the mesh rules split divides by the mesh axes it is split over
+  (the model's parameter shapes, traced without allocating: the first that does not, named)."""
+  if math.prod(sizes.values()) == 1:
+    return []
+  x = jnp.zeros((1, 2), jnp.int32)
+  init = lambda: Transformer(mc).init(jax.random.PRNGKey(0), x, x, x > -1)["params"]  # noqa: E731
+  leaves = jax.tree_util.tree_flatten_with_path(
+    jax.eval_shape(init), is_leaf=lambda v: isinstance(v, nn.LogicallyPartitioned)
+  )[0]
+  source = "mesh.rules" if cfg.mesh.rules else "the built-in rule table (mesh.rules=())"
+  for path, leaf in leaves:
+    if not isinstance(leaf, nn.LogicallyPartitioned):
+      continue
+    spec = sharding.mesh_axes(leaf.names, cfg.mesh.rule_table)
+    for dim, (logical, axes) in enumerate(zip(leaf.names, spec, strict=True)):
+      axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+      n, size = math.prod(sizes[a] for a in axes), leaf.value.shape[dim]
+      if size % n:
+        name = "/".join(str(getattr(p, "key", p)) for p in path)
+        mesh = " x ".join(f"mesh.{a}={sizes[a]}" for a in axes)
+        return [
+          f"{source} maps {logical} to {mesh}, which does not divide "
+          f"{_field(logical, '/' + name + '/')}={size} (param {name} dim {dim}); map it to "
+          "mesh axes whose sizes divide it, or to None"
+        ]
+  return []
 
 
 def _tensor_parallel(mc: ModelConfig, n: int) -> list[str]:
