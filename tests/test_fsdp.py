@@ -170,3 +170,18 @@ def test_a_mesh_of_fewer_devices_than_present_uses_the_first_and_says_so(caplog)
   _, every = run_steps(tiny_config())
   for key in ("policy/loss", "optim/grad_norm", "rollout/reward_mean"):
     np.testing.assert_allclose(two[0][key], every[0][key], rtol=2e-5, atol=1e-6, err_msg=key)
+
+
+@pytest.mark.parametrize("mesh", ["fsdp8", "fsdp4_model2"])
+def test_a_warm_start_hands_the_rl_step_parameters_sharded_as_the_state(mesh, tmp_path):
+  """The warm start's update was jitted without output shardings, so XLA laid its parameters
+  out as it chose (a norm scale split over fsdp, a k kernel's heads unsplit): the RL step then
+  refused them with a ValueError traceback, the documented FSDP command on the default config
+  (sft.steps 70) among them, and every relaunch redid the warm start and failed again. Now its
+  parameters come out as the state holds them, and the run trains."""
+  from parsed import train_and_evaluate
+
+  config = tiny_config(**BASE, **MESHES[mesh], **{"sft.steps": 2, "train.num_steps": 1})
+  result = train_and_evaluate(config, str(tmp_path))
+  assert "eval/accuracy" in result
+  assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["0", "1"]

@@ -7,6 +7,7 @@ import time
 import jax
 import jax.numpy as jnp
 from absl import logging
+from jax.sharding import PartitionSpec as P
 
 from jaxrl_llm import distributed, paths, sharding, sigterm
 from jaxrl_llm import metrics as metrics_lib
@@ -20,11 +21,12 @@ from jaxrl_llm.sampling import score
 from jaxrl_llm.types import TrainState
 
 
-def _sft_step(exp: Experiment, tx):
+def _sft_step(exp: Experiment, tx, state_shardings):
   """The jitted supervised update `(params, opt_state, batch, rng, step) -> (params, opt_state,
   loss, skipped)`: mean negative log-likelihood of the answer tokens, guarded. `rng` (the run's
   key, given when `model.lora_dropout` > 0) and `step` give the adapters' dropout key of the
-  update; `rng` None: no dropout, no key made."""
+  update; `rng` None: no dropout, no key made. Parameters and optimiser state come out in
+  `state_shardings` (theirs going in: the RL step takes the parameters as the state holds them)."""
   model = exp.model
 
   def loss_fn(params, batch, dropout_key):
@@ -43,7 +45,9 @@ def _sft_step(exp: Experiment, tx):
     trained, opt_state, skipped = guarded_update(tx, grads, opt_state, trained, loss)
     return lora.with_frozen(frozen, trained), opt_state, loss, skipped
 
-  jitted = jax.jit(sharding.traced_with_rules(sft_update, exp.mesh, exp.rules))
+  out_shardings = (*state_shardings, *2 * [jax.sharding.NamedSharding(exp.mesh, P())])
+  traced = sharding.traced_with_rules(sft_update, exp.mesh, exp.rules)
+  jitted = jax.jit(traced, out_shardings=out_shardings)
   return distributed.program(jitted, "sft-update", "the warm start's update")
 
 
@@ -60,11 +64,13 @@ def warm_start(exp: Experiment, workdir: str) -> TrainState:
   it = exp.task.train_iterator(
     cfg.sft.batch_size // count, cfg.seed + 1, shard_index=index, shard_count=count
   )
-  sft_step, params = _sft_step(exp, tx), exp.state.params
+  params = exp.state.params
   trained = lora.trainable(params)[1]
   opt_state = sharding.init_opt_state(
     tx, trained, jax.tree.map(lambda x: x.sharding, trained), exp.mesh
   )
+  shardings = jax.tree.map(lambda x: x.sharding, (params, opt_state))
+  sft_step = _sft_step(exp, tx, shardings)
   progress = TrainState(jnp.zeros((), jnp.int32), params, opt_state, None, exp.state.rng)
   saved = _SFTProgress(exp, workdir, progress, it)
   progress, first = saved.restored()
