@@ -903,6 +903,33 @@ def _terminated(proc, within_s: float = 120) -> str:
 
 
 @pytest.mark.slow
+def test_sigterm_in_the_first_evaluation_after_a_warm_start_stops_there(tmp_path):
+  """The warm start is saved as checkpoint 0, but the run still counted it as progress no
+  checkpoint held: a SIGTERM during the first evaluation (a host tool's calls cut) compiled
+  and trained a whole RL step on the error tokens the signal wrote, to save what was saved.
+  Now the run stops after that evaluation (unrecorded), checkpoint 0 kept, exit 143."""
+  tell = tmp_path / "hang"
+  tests = os.path.join(REPO, "tests")
+  env = {"PYTHONPATH": f"{tests}:{cli_env().get('PYTHONPATH', '')}", "HANG_WHEN": str(tell)}
+  args = (
+    "--config.task.name=countdown", "--config.sampling.tool=host:host_tools:hang_when_told",
+    "--config.sampling.max_turns=2", "--config.sft.steps=2", "--config.train.num_steps=50",
+    "--config.data.verifier_timeout_s=600",
+  )  # fmt: skip
+  tell.touch()  # hangs from the first call: the evaluation at step 0, after the warm start
+  proc = _launch(tmp_path / "run", *args, env=env)
+  _until(tmp_path / "hang.hung", proc)
+  err = _terminated(proc)
+  assert proc.returncode == 143, err[-3000:]
+  assert "eval step 0 not recorded: SIGTERM cut " in err and "compiling the RL step" not in err
+  last = err.strip().splitlines()[-1]
+  assert last.startswith(
+    "stopped by SIGTERM during the first evaluation (checkpoint 0 holds the warm start): "
+  ), err[-3000:]
+  assert _committed(tmp_path / "run" / "checkpoints") == {0}
+
+
+@pytest.mark.slow
 def test_sigterm_while_a_host_tool_hangs_cuts_its_calls_and_the_run_stops_saved(tmp_path):
   """A host tool whose calls hang, under a 600 s limit per call: a SIGTERM waited for every
   decode step's calls in turn (the main thread waits inside the program; tens of minutes).
@@ -930,7 +957,7 @@ def test_sigterm_while_a_host_tool_hangs_cuts_its_calls_and_the_run_stops_saved(
   assert (
     err.strip()
     .splitlines()[-1]
-    .startswith("stopped by SIGTERM during the first evaluation, before anything was saved: ")
+    .startswith("stopped by SIGTERM during the first evaluation (nothing saved): ")
   ), err[-3000:]
   assert _committed(first / "checkpoints") == set()
   assert "eval/accuracy" not in metrics.read_scalars(str(first))

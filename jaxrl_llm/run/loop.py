@@ -150,6 +150,7 @@ def _start_state(trainee, ckpt, data):
   if trainee.exp.config.sft.steps:
     state = init_reference(trainee.warm_started(), beta)
     ckpt.save(0, trainee.exp.stored(state), data_iter=data, meta=trainee.meta(), force=True)
+    sigterm.unsaved(False)  # checkpoint 0 holds it: a stop in the first evaluation loses nothing
     return state
   return fresh
 
@@ -461,9 +462,8 @@ def train(
       _resume_stopped(trainee, state)
       if start == 0:
         evaluate(0, state.params)
-        if not sigterm.holding():  # a warm start's result: the first step saves it, then stops
-          where = "during the first evaluation, before anything was saved"
-          preempt.stop_if_asked(where, trainee.root)
+        saved = "checkpoint 0 holds the warm start" if exp.config.sft.steps else "nothing saved"
+        preempt.stop_if_asked(f"during the first evaluation ({saved})", trainee.root)
       state, end = _loop(trainee, state, data, ckpt, evaluate)
       ckpt.wait()
       for member in trainee.members:  # a resume's summary starts from the evaluation before

@@ -99,7 +99,7 @@ def warm_start(exp: Experiment, workdir: str) -> TrainState:
       writer.close()
       saved.save(i + 1, progress.replace(params=params, opt_state=opt_state))
   writer.close()
-  sigterm.unsaved(steps > 0)  # its result is in no checkpoint until the first RL step's
+  sigterm.unsaved(steps > 0)  # its result is in no checkpoint until `loop` saves it as step 0
   return exp.state.replace(params=params)
 
 
