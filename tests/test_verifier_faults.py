@@ -364,15 +364,19 @@ def test_a_huge_error_message_is_cut(caplog):
 
 def test_a_timed_out_call_is_said_once(tmp_path, caplog):
   """A hung call was killed and counted without a word: a run whose tool hung every call
-  printed nothing for minutes."""
+  printed nothing for minutes. The line also says how long hung calls hold a batch (a host
+  tool whose every call hangs stalled an evaluation for minutes under a 2 s limit)."""
   flag = tmp_path / "pid"
   _, stats = scoring.score_batch(
     ["hang", "ok"], [str(flag), "x"], terms={"spin": _spins_on_hang}, timeout_s=1.0
   )
   assert stats["verifier/timeouts/spin"] == 1
   said = [r.getMessage() for r in caplog.records if "timed out" in r.getMessage()]
+  workers = min(scoring._default_workers("process"), 2)  # never more than the calls
   assert said == [
-    "reward term 'spin' timed out on item 0 (it ran past 1 s: scored as failed, and counted)"
+    "reward term 'spin' timed out on item 0 (it ran past 1 s: scored as failed, and counted; "
+    f"calls that hang are waited for 1 s each, {workers} at a time, 2 in this "
+    "batch)"
   ]
 
 

@@ -373,6 +373,7 @@ class _Runner:
   def run(self, tasks, scores, errors, timeouts) -> int:
     """Runs every task, filling `scores`, `errors` and `timeouts` in place → the calls cut."""
     self.scores, self.errors, self.timeouts = scores, errors, timeouts
+    self.size = len(tasks)
     if self.stop is not None and self.stop():  # stopping: no call starts
       return len(tasks)
     self.logged: set[str] = set(
@@ -479,8 +480,9 @@ class _Runner:
       if name not in self.logged:  # its first failure, a timeout as an error, is said once
         self.logged.add(name)
         logger.warning(
-          "%s %r timed out on item %d (it ran past %g s: scored as failed, and counted)",
-          self.label, name, i, self.timeout_s,
+          "%s %r timed out on item %d (it ran past %g s: scored as failed, and counted; "
+          "calls that hang are waited for %g s each, %d at a time, %d in this batch)",
+          self.label, name, i, self.timeout_s, self.timeout_s, self.workers, self.size,
         )  # fmt: skip
     self.abandoned = [f for f in self.abandoned if not f.done()]
     if self.kind == "process" or len(self.abandoned) >= self.workers:
