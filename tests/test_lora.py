@@ -182,7 +182,9 @@ def test_split_and_join_are_inverse():
       "this model has no gate projection",
     ),
     ({"lora_rank": 2, "lora_base_dtype": "int4"}, "allowed: auto, int8"),
-    ({"lora_base_dtype": "int8"}, "set model.lora_rank >= 1"),
+    # the setting given, not the other one at its default (it read "... / lora_dropout=0.0")
+    ({"lora_base_dtype": "int8"}, "model.lora_base_dtype='int8' acts on adapters"),
+    ({"lora_dropout": 0.1}, "model.lora_dropout=0.1 acts on adapters"),
     ({"lora_rank": 2, "lora_dropout": 1.0}, "model.lora_dropout=1.0 must be in [0, 1)"),
   ],
 )

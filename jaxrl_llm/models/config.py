@@ -254,12 +254,18 @@ class ModelConfig(_DictConfig):
     if self.lora_rank <= 0:
       if self.lora_rank < 0:
         return [f"model.lora_rank={self.lora_rank} must be >= 0"]
-      if self.lora_base_dtype != "auto" or self.lora_dropout:
-        return [
-          f"model.lora_base_dtype={self.lora_base_dtype!r} / model.lora_dropout="
-          f"{self.lora_dropout} act on adapters; set model.lora_rank >= 1 or leave them at auto / 0"
-        ]
-      return []
+      said = []
+      if self.lora_base_dtype != "auto":
+        said.append(f"model.lora_base_dtype={self.lora_base_dtype!r}")
+      if self.lora_dropout:
+        said.append(f"model.lora_dropout={self.lora_dropout}")
+      if not said:
+        return []
+      one = len(said) == 1
+      return [
+        f"{' and '.join(said)} {'acts' if one else 'act'} on adapters; set model.lora_rank >= 1 "
+        f"or leave {'it' if one else 'them'} at the default (lora_base_dtype auto, lora_dropout 0)"
+      ]
     errors = target_errors(self.lora_targets)
     if not 0 <= self.lora_dropout < 1:
       errors.append(f"model.lora_dropout={self.lora_dropout} must be in [0, 1)")
