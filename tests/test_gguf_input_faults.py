@@ -229,3 +229,17 @@ def test_a_tensor_with_non_finite_values_is_refused_before_writing(tmp_path):
   write_gguf(tmp_path / "bad.gguf", edit={"token_embd.weight": (bad, "F32")})
   line = _cli_refuses(tmp_path / "bad.gguf", tmp_path / "out", "'token_embd.weight'")
   assert line.endswith("holds non-finite values (NaN or inf)"), line
+
+
+def test_a_quantized_block_whose_scale_is_inf_is_one_line_without_numpys_warning(tmp_path):
+  """A Q8_0 block whose float16 scale is inf: the refusal was preceded by numpy's two-line
+  RuntimeWarning from the dequantization (inf x 0); now it is the one `error:` line."""
+  import numpy as np
+
+  written = write_gguf(tmp_path / "ok.gguf", "Q8_0")["token_embd.weight"][1]
+  bad = np.array(written, np.uint8)
+  bad.reshape(-1)[:2] = np.frombuffer(np.float16(np.inf).tobytes(), np.uint8)  # block 0 scale
+  bad.reshape(-1)[2] = 0  # its first weight 0: inf x 0, numpy's "invalid value" warning
+  write_gguf(tmp_path / "bad.gguf", "Q8_0", edit={"token_embd.weight": (bad, "Q8_0")})
+  line = _cli_refuses(tmp_path / "bad.gguf", tmp_path / "out", "'token_embd.weight'")
+  assert line.endswith("holds non-finite values (NaN or inf)"), line

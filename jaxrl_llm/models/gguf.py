@@ -241,7 +241,8 @@ def _tensors(reader, config: Mapping[str, Any], path: str) -> list[tuple[str, Ca
     heads = config["num_attention_heads" if permuted == "q" else "num_key_value_heads"]
 
     def load(t=t, permuted=permuted, heads=heads) -> np.ndarray:
-      w = np.asarray(quants.dequantize(t.data, t.tensor_type), np.float32)
+      with np.errstate(all="ignore"):  # a NaN or inf scale: said in the one line below
+        w = np.asarray(quants.dequantize(t.data, t.tensor_type), np.float32)
       if not np.isfinite(w).all():  # as the Hugging Face loader refuses them: before writing
         raise GGUFError(f"{path}: tensor {t.name!r} holds non-finite values (NaN or inf)")
       w = w.reshape([int(n) for n in reversed(t.shape)])  # GGUF lists dims innermost first
