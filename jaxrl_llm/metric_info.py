@@ -93,7 +93,7 @@ verifier/errors*                 | min | reward terms that raised | - | -
 verifier/timeouts*               | min | reward terms that hit the time limit | - | -
 verifier/*                       | -   | verifier statistics | - | -
 data/*                           | -   | data loading statistics | - | -
-perf/step_time_s                 | min | seconds per RL update | step_time | timing_s/step
+perf/step_time_s                 | min | wall seconds per RL update since the last log (evaluations, saves, the first compilation in it) | step_time | timing_s/step
 perf/*_per_s                     | max | throughput | - | perf/throughput
 perf/*                           | -   | token counts | num_tokens | perf/total_num_tokens
 sft/loss                         | min | supervised warm-start loss (its own run: <workdir>/sft) | - | -
