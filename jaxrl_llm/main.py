@@ -91,8 +91,10 @@ def main(argv):
   started = time.time()
   result = launch.train_or_leave(_CONFIG.value, workdir, made, debug, _HPARAMS.value)
   from jaxrl_llm import metrics
+  from jaxrl_llm.metric_info import tag_order
 
-  shown = "  ".join(f"{k}={v:.4g}" for k, v in sorted(result.items())) or "(no evaluation)"
+  ordered = sorted(result.items(), key=lambda kv: tag_order(kv[0]))
+  shown = "  ".join(f"{k}={v:.4g}" for k, v in ordered) or "(no evaluation)"
   took = metrics.format_duration(time.time() - started)
   logging.info("last eval: %s; wall time %s; workdir %s", shown, took, workdir)
 

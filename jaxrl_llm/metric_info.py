@@ -15,6 +15,14 @@ import os
 EVENT_FILE_PREFIX = "events.out.tfevents."  # the writer's file names (tensorboard's own naming)
 
 
+def tag_order(tag: str) -> tuple[str, int, str]:
+  """A sort key for tags with `@k` in number order (`eval/pass@2` before `eval/pass@16`): the
+  tag before the `@`, then k as a number, then the rest."""
+  head, _, tail = tag.partition("@")
+  digits = "".join(c for c in tail if c.isdigit())
+  return head, int(digits) if digits else 0, tail
+
+
 def is_event_file(name: str) -> bool:
   """Whether TensorBoard's reader takes the file `name` (a name or a path) for an event file: its
   rule (`io_wrapper.IsTensorFlowEventsFile`) is "tfevents" in the base name."""

@@ -13,7 +13,7 @@ import time
 import pytest
 from conftest import REPO, cli_env, default_sigint
 
-from jaxrl_llm import checkpoint, metrics
+from jaxrl_llm import checkpoint, metric_info, metrics
 
 sys.path.insert(0, str(REPO / "tools"))
 import compare
@@ -405,6 +405,11 @@ def test_compare_summaries():
   assert compare.direction("policy/entropy", maximize=["policy/*"]) == "max"  # user override
   tags = ["eval/accuracy", "eval/pass@4", "policy/loss"]
   assert compare.expand_tags(["eval/*", "x/y"], tags) == ["eval/accuracy", "eval/pass@4", "x/y"]
+  # k in number order, as the summary lines write them too (pass@16 came before pass@2)
+  tags = ["eval/pass@16", "eval/pass@2", "eval/accuracy", "eval/pass@4"]
+  want = ["eval/accuracy", "eval/pass@2", "eval/pass@4", "eval/pass@16"]
+  assert compare.expand_tags(["eval/*"], tags) == want
+  assert sorted(tags, key=metric_info.tag_order) == want
 
 
 def test_same_behaviour_compares_every_step_but_wall_clock_tags(capsys):

@@ -64,7 +64,9 @@ def expand_tags(patterns: Sequence[str], available: Sequence[str]) -> list[str]:
   out: list[str] = []
   for pattern in patterns:
     if any(c in pattern for c in "*?["):
-      matches = sorted(t for t in available if fnmatch.fnmatchcase(t, pattern))
+      matches = sorted(
+        (t for t in available if fnmatch.fnmatchcase(t, pattern)), key=metric_info.tag_order
+      )
     else:
       matches = [pattern]
     out.extend(t for t in matches if t not in out)

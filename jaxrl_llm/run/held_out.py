@@ -8,7 +8,7 @@ import time
 import jax
 from absl import logging
 
-from jaxrl_llm import distributed, event_files, host_tool, sharding
+from jaxrl_llm import distributed, event_files, host_tool, metric_info, sharding
 from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm.run.assemble import to_global_batch
 
@@ -16,7 +16,7 @@ from jaxrl_llm.run.assemble import to_global_batch
 def eval_line(step: int, m: dict[str, float], took: float, width: int) -> str:
   """An evaluation as one log line within `width` characters: `eval step 6: accuracy 0.5
   pass@4 0.75 ... (1.2s)`, accuracy and pass@k first, the other scalars while they fit."""
-  passes = sorted((k for k in m if "pass@" in k), key=_pass_order)  # pass@2 before pass@16
+  passes = sorted((k for k in m if "pass@" in k), key=metric_info.tag_order)
   first = [k for k in ["eval/accuracy", *passes] if k in m]
   shown = [
     f"{k.removeprefix('eval/')} {m[k]:.3g}" for k in [*first, *(k for k in m if k not in first)]
@@ -26,13 +26,6 @@ def eval_line(step: int, m: dict[str, float], took: float, width: int) -> str:
     if len(line) <= width or len(shown) <= 1:
       return line
     shown.pop()
-
-
-def _pass_order(key: str) -> tuple[str, int, str]:
-  """`eval/pass@16` after `eval/pass@2`: the tag before the `@`, then k as a number."""
-  head, _, tail = key.partition("@")
-  digits = "".join(c for c in tail if c.isdigit())
-  return head, int(digits) if digits else 0, tail
 
 
 class Evaluator:

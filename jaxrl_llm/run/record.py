@@ -323,7 +323,9 @@ def log_summary(
   if evals:
     (s0, first), (s1, last) = evals[0], evals[-1]
     pairs = [
-      f"{k.removeprefix('eval/')} {first[k]:.3g} -> {v:.3g}" for k, v in last.items() if k in first
+      f"{k.removeprefix('eval/')} {first[k]:.3g} -> {last[k]:.3g}"
+      for k in sorted(last, key=metric_info.tag_order)
+      if k in first
     ]
     if s1 != s0:
       logging.info("%seval from step %d to %d: %s", label, s0, s1, ", ".join(pairs))
