@@ -317,18 +317,13 @@ def hparam_fields(config, hparams: list[str] | None, argv: list[str]) -> list[st
 
 def parse_acting(config, fields: list[str]):
   """The typed tree of `config` (`parse`) for a single run; ConfigError when a field the
-  command line sets (`fields`) has no effect on it (`config.acting.unused`; a pack's
-  mesh.runs_at_once above 1)."""
+  command line sets (`fields`) has no effect on it (`config.acting.unused`, and
+  `unused_alone`: what only a pack reads)."""
   from jaxrl_llm.config import acting
   from jaxrl_llm.config.fields import invalid
 
   cfg = parse(config)
-  errors = acting.unused(cfg, fields)
-  if "mesh.runs_at_once" in fields and cfg.mesh.runs_at_once > 1:
-    errors.append(
-      f"mesh.runs_at_once={cfg.mesh.runs_at_once} has no effect: a single run steps alone (it "
-      "paces a pack of runs, tools/sweep.py); drop it"
-    )
+  errors = acting.unused(cfg, fields) + acting.unused_alone(cfg, fields)
   if errors:
     raise invalid(errors)
   return cfg

@@ -176,3 +176,15 @@ def unused(cfg: Config, fields) -> list[str]:
   setting without prompt files."""
   said = [ignored(cfg, field) for field in dict.fromkeys(fields)]
   return [f"{line}; drop it or set what it acts with" for line in said if line]
+
+
+def unused_alone(cfg: Config, fields) -> list[str]:
+  """The settings among `fields` that only a pack of runs reads, set on a single run's command
+  line: mesh.runs_at_once above 1 (how many of a pack's runs step at once)."""
+  pace = cfg.mesh.runs_at_once
+  if "mesh.runs_at_once" not in fields or pace <= 1:
+    return []
+  return [
+    f"mesh.runs_at_once={pace} has no effect: a single run steps alone (it paces a pack of "
+    "runs, tools/sweep.py); drop it"
+  ]

@@ -57,6 +57,11 @@ def normal_targets(targets: str) -> str:
   return ",".join(p for p in PROJECTIONS if p in names)
 
 
+# Model fields a checkpoint's meta may spell otherwise than the config: {dotted field: the
+# function that gives both sides one spelling}, for the resume's comparison.
+RESUME_SPELLINGS = {"model.lora_targets": normal_targets}
+
+
 def target_errors(targets: str) -> list[str]:
   """Why `lora_targets` is not a list of known projections, each named once (empty list: it
   is)."""

@@ -26,7 +26,7 @@ from jaxrl_llm import checkpoint as ckpt_lib
 from jaxrl_llm import checkpoint_compat, distributed, paths, sigterm
 from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm.config import Config, ConfigError, tagged
-from jaxrl_llm.models.config import ModelConfig, normal_targets
+from jaxrl_llm.models.config import RESUME_SPELLINGS, ModelConfig
 from jaxrl_llm.rl import init_reference
 from jaxrl_llm.run import changes, held_out, preempt, record
 from jaxrl_llm.run.assemble import Experiment, build
@@ -112,7 +112,7 @@ def resume_target(state, meta: dict, keys: Sequence[str] = ("model",)):
   abstract = jax.tree.map(
     lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state
   )
-  defaults, spell = {"model": ModelConfig().to_dict()}, {"model.lora_targets": normal_targets}
+  defaults, spell = {"model": ModelConfig().to_dict()}, RESUME_SPELLINGS
   return abstract, checkpoint_compat.MetaCheck(meta, keys, defaults, tagged("numerics"), spell)
 
 
