@@ -491,6 +491,10 @@ def test_export_refuses_what_the_model_type_cannot_express(tmp_path):
   moe = dataclasses.replace(_load("qwen3_moe")[0], qk_norm=False, moe_every=2)
   with pytest.raises(ValueError, match="mixtral needs moe_every=1"):
     hf_export.config_to_hf(moe, "mixtral")
+  shared = dataclasses.replace(moe, moe_every=1, moe_num_shared_experts=1)
+  for model_type in ("mixtral", "qwen3_moe"):  # no family the export writes has shared experts
+    with pytest.raises(ValueError, match="and no model_type the export writes has them"):
+      hf_export.config_to_hf(shared, model_type)
   with pytest.raises(ValueError, match=r"params\[layer_0/attn/q/kernel\]: expected shape"):
     bad = jax.tree.map(lambda x: x, params)
     bad["layer_0"]["attn"]["q"]["kernel"] = jnp.zeros((3, 3))

@@ -76,7 +76,8 @@ def _inexpressible(cfg: ModelConfig, fam: Family) -> list[str]:
     return errors
   if cfg.moe_num_shared_experts:
     errors.append(
-      f"{mt} has no shared experts (moe_num_shared_experts={cfg.moe_num_shared_experts})"
+      f"{mt} has no shared experts (moe_num_shared_experts={cfg.moe_num_shared_experts}), and "
+      "no model_type the export writes has them: such a model stays in this trainer's checkpoints"
     )
   ex = fam.experts
   if ex is not None:
