@@ -902,20 +902,27 @@ def _terminated(proc, within_s: float = 120) -> str:
     ) from e
 
 
+def _hanging_tool(tmp_path, sft_steps: int):
+  """(the file whose presence makes tests/host_tools.py's tool hang, the environment, the
+  trainer's flags): countdown with that host tool under a 600 s limit per call."""
+  tell = tmp_path / "hang"
+  tests = os.path.join(REPO, "tests")
+  env = {"PYTHONPATH": f"{tests}:{cli_env().get('PYTHONPATH', '')}", "HANG_WHEN": str(tell)}
+  args = (
+    "--config.task.name=countdown", "--config.sampling.tool=host:host_tools:hang_when_told",
+    "--config.sampling.max_turns=2", f"--config.sft.steps={sft_steps}",
+    "--config.train.num_steps=50", "--config.data.verifier_timeout_s=600",
+  )  # fmt: skip
+  return tell, env, args
+
+
 @pytest.mark.slow
 def test_sigterm_in_the_first_evaluation_after_a_warm_start_stops_there(tmp_path):
   """The warm start is saved as checkpoint 0, but the run still counted it as progress no
   checkpoint held: a SIGTERM during the first evaluation (a host tool's calls cut) compiled
   and trained a whole RL step on the error tokens the signal wrote, to save what was saved.
   Now the run stops after that evaluation (unrecorded), checkpoint 0 kept, exit 143."""
-  tell = tmp_path / "hang"
-  tests = os.path.join(REPO, "tests")
-  env = {"PYTHONPATH": f"{tests}:{cli_env().get('PYTHONPATH', '')}", "HANG_WHEN": str(tell)}
-  args = (
-    "--config.task.name=countdown", "--config.sampling.tool=host:host_tools:hang_when_told",
-    "--config.sampling.max_turns=2", "--config.sft.steps=2", "--config.train.num_steps=50",
-    "--config.data.verifier_timeout_s=600",
-  )  # fmt: skip
+  tell, env, args = _hanging_tool(tmp_path, sft_steps=2)
   tell.touch()  # hangs from the first call: the evaluation at step 0, after the warm start
   proc = _launch(tmp_path / "run", *args, env=env)
   _until(tmp_path / "hang.hung", proc)
@@ -936,15 +943,8 @@ def test_sigterm_while_a_host_tool_hangs_cuts_its_calls_and_the_run_stops_saved(
   Now the signal cuts the calls in flight and later ones (answered with the error token).
   During the first evaluation the run stops at once, that evaluation unrecorded and nothing
   saved; during an RL step the step ends, is saved, and the run stops (exit 143 both)."""
-  tell = tmp_path / "hang"
+  tell, env, args = _hanging_tool(tmp_path, sft_steps=0)
   hung = tmp_path / "hang.hung"
-  tests = os.path.join(REPO, "tests")
-  env = {"PYTHONPATH": f"{tests}:{cli_env().get('PYTHONPATH', '')}", "HANG_WHEN": str(tell)}
-  args = (
-    "--config.task.name=countdown", "--config.sampling.tool=host:host_tools:hang_when_told",
-    "--config.sampling.max_turns=2", "--config.sft.steps=0", "--config.train.num_steps=50",
-    "--config.data.verifier_timeout_s=600",
-  )  # fmt: skip
   said = "SIGTERM: host tool 'host_tools.hang_when_told' calls are answered with the error token"
 
   tell.touch()  # hangs from the first call: the evaluation at step 0
