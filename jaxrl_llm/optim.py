@@ -51,6 +51,37 @@ def _warmup_cosine(
   )
 
 
+SCHEDULE_STATE = "ScaleByScheduleState"  # optax's state of `adamw`'s learning-rate schedule
+
+
+def schedule_count(opt_state) -> jax.Array | None:
+  """[] int32: the count of the learning-rate schedule's state (optax's `ScaleByScheduleState`
+  in `make_optimizer`'s chain) in `opt_state`: the updates applied so far. An update that
+  `guarded_update` skips leaves it as it was; a reset by `reset_moments` carries it over.
+  None when the chain has no schedule (a constant rate)."""
+  found = optax.tree_utils.tree_get_all_with_path(opt_state, SCHEDULE_STATE)
+  return found[0][1].count if found else None
+
+
+def applied_rate(schedule: optax.Schedule, opt_state) -> jax.Array:
+  """The learning rate the last applied update of `opt_state` used: `schedule(count - 1)` at
+  the schedule's count (`schedule_count`), so exact after skipped updates and optimiser
+  resets; `schedule(0)`, the rate the first will use, while none has been applied."""
+  count = schedule_count(opt_state)
+  return schedule(0 if count is None else jnp.maximum(count - 1, 0))
+
+
+def reset_moments(optimizer: optax.GradientTransformation, params, opt_state):
+  """A fresh optimiser state for `params` (`optimizer.init`: Adam's moments and their
+  bias-correction count start afresh) that keeps `opt_state`'s learning-rate schedule where it
+  was: the warmup / decay goes on from its count rather than from update 0."""
+  fresh = optimizer.init(params)
+  found = optax.tree_utils.tree_get_all_with_path(opt_state, SCHEDULE_STATE)
+  if not found:
+    return fresh
+  return optax.tree_utils.tree_set(fresh, **{SCHEDULE_STATE: found[0][1]})
+
+
 def finite_leaves(tree) -> jax.Array:
   """[n] bool: for each floating-point leaf of `tree` (None leaves skipped), whether it holds
   only finite values."""

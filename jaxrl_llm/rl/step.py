@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxrl_llm import quant, sharding
+from jaxrl_llm import optim, quant, sharding
 from jaxrl_llm.config.fields import is_on
 from jaxrl_llm.config.learner import Settings
 from jaxrl_llm.kernels import attention
@@ -212,7 +212,7 @@ def learn(ctx: Learner, state: TrainState, rollout: Rollout, terms, rng: jax.Arr
   )
   seq_adv = rl_metrics.sequence_advantage(batch.adv, mask)
   metrics.update(batch_metrics)
-  metrics.update(step_metrics(ctx, state, rollout, terms, reward, seq_adv, mb_metrics))
+  metrics.update(step_metrics(ctx, opt_state, rollout, terms, reward, seq_adv, mb_metrics))
   metrics["perf/generated_tokens"] = generated
   new_state = state.replace(
     step=state.step + 1, params=params, opt_state=opt_state, ref_params=ref_params
@@ -220,10 +220,10 @@ def learn(ctx: Learner, state: TrainState, rollout: Rollout, terms, rng: jax.Arr
   return new_state, metrics
 
 
-def step_metrics(ctx: Learner, state: TrainState, rollout, terms, reward, seq_adv, mb_metrics):
-  """Rollout, optimiser and summary metrics of one update (§11)."""
+def step_metrics(ctx: Learner, opt_state, rollout, terms, reward, seq_adv, mb_metrics):
+  """Rollout, optimiser and summary metrics of one update (§11); `optim/learning_rate` is the
+  rate the last applied update used, read from the step's new `opt_state`."""
   rl, g = ctx.settings.rl, ctx.sampling.group_size
-  updates_per_step = rl.num_epochs * rl.num_minibatches
   b, s = rollout.prompt_tokens.shape
   m = rl_metrics.rollout_metrics(rollout, terms, reward, seq_adv, g)
   m.update(rl_metrics.update_summary(mb_metrics))
@@ -234,7 +234,7 @@ def step_metrics(ctx: Learner, state: TrainState, rollout, terms, reward, seq_ad
       seq_adv,
       group_size=g,
       learner_tokens=b * (ctx.sampling.max_new_tokens + s) * rl.num_epochs,
-      learning_rate=ctx.schedule(state.step * updates_per_step),
+      learning_rate=optim.applied_rate(ctx.schedule, opt_state),
     )
   )
   return m

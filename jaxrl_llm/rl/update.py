@@ -171,7 +171,8 @@ def reference_params(state: TrainState):
 def update_reference(state: TrainState, params, opt_state, *, kl: KLSettings, optimizer):
   """Reference update after the step (§4): frozen, reset every N steps, or EMA.
 
-  Returns (ref_params, opt_state); with `reset_optimizer` a reset also restarts the optimiser.
+  Returns (ref_params, opt_state); with `reset_optimizer` a reset also restarts Adam's
+  moments (`optim.reset_moments`), while the learning-rate schedule goes on from its count.
   """
   ref = state.ref_params
   if ref is None or kl.reference == "frozen":
@@ -182,6 +183,6 @@ def update_reference(state: TrainState, params, opt_state, *, kl: KLSettings, op
   reset = (state.step + 1) % kl.reset_every == 0
   ref = jax.tree.map(lambda r, p: jnp.where(reset, p, r), ref, params)
   if kl.reset_optimizer:
-    fresh = optimizer.init(lora.trainable(params)[1])
+    fresh = optim.reset_moments(optimizer, lora.trainable(params)[1], opt_state)
     opt_state = jax.tree.map(lambda o, f: jnp.where(reset, f, o), opt_state, fresh)
   return ref, opt_state
