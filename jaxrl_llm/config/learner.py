@@ -272,7 +272,7 @@ class KLSettings(LearnedSection):
   reference: str = "frozen"  # frozen | reset_every | ema
   reset_every: int = 0  # N: copy the policy into the reference every N steps (reset_every)
   ema: float = 0.0  # α: π_ref ← α π_θ + (1 − α) π_ref after every step (ema)
-  reset_optimizer: bool = False  # also reset optimiser state at each reference reset
+  reset_optimizer: bool = False  # also zero Adam's moments at each reset (the LR schedule goes on)
   k3_clamp: float = 0.0  # clip k3 to [-c, c] (0 = off, the spec; verl's low_var_kl: 10)
 
   def errors(self) -> list[str]:

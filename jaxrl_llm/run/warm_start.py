@@ -12,7 +12,7 @@ from jax.sharding import PartitionSpec as P
 from jaxrl_llm import distributed, paths, sharding, sigterm
 from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm.models import lora
-from jaxrl_llm.optim import guarded_update
+from jaxrl_llm.optim import applied_rate, guarded_update
 from jaxrl_llm.rl import update
 from jaxrl_llm.run.assemble import Experiment, to_global_batch
 from jaxrl_llm.run.guard import SkipGuard
@@ -90,7 +90,7 @@ def warm_start(exp: Experiment, workdir: str) -> TrainState:
     guard.update(i + 1, int(skipped), updates=1)
     if (i + 1) % log_every == 0 or i + 1 == steps:
       loss = float(loss)
-      scalars = {"sft/loss": loss, "sft/learning_rate": float(schedule(i))}
+      scalars = {"sft/loss": loss, "sft/learning_rate": float(applied_rate(schedule, opt_state))}
       scalars["sft/skipped_updates"] = float(guard.total)
       writer.scalars(i + 1, scalars)
       guard.finite_metrics(scalars)
