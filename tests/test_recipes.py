@@ -76,6 +76,22 @@ def test_recipe_runs_three_steps(name, tmp_path):
   assert np.isfinite(result["eval/accuracy"])
 
 
+def test_a_step_that_trained_no_token_logs_no_behaviour_mean(tmp_path):
+  """DAPO without the overlong term: every reward of the untrained policy is 0, dynamic sampling
+  filters every group (`filter/fill_frac` 0) and the step trains no token. Its behaviour/* means
+  (over the old pass's whole batch, merged beside the policy/* ones) read 0 there: rho_mean 0
+  (ρ is an exponential), ess 0 (read as collapse); like the policy/* token means they are NaN."""
+  over = {"shaping.name": "none", "train.num_steps": 1, "train.eval_every": 1}
+  train_and_evaluate(tiny_config("dapo", **over, **{"train.checkpoint_every": 1}), str(tmp_path))
+  scalars = metrics.read_scalars(str(tmp_path))
+  assert scalars["filter/fill_frac"] == [(1, 0.0)]
+  behaviour = [t for t in scalars if t.startswith("behaviour/")]
+  assert len(behaviour) == 9, behaviour
+  for tag in [*behaviour, "policy/entropy", "policy/ratio_mean"]:
+    assert [s for s, _ in scalars[tag]] == [1] and math.isnan(scalars[tag][0][1]), tag
+  assert scalars["policy/loss"] == [(1, 0.0)]  # the loss of no token is 0
+
+
 @pytest.mark.parametrize("name", sorted(set(SPECIFIC_TAGS) - set(RUN_RECIPES)))
 def test_recipe_step_traces_with_its_metrics(name):
   """The fused step of every other recipe, traced (not compiled) on abstract state: it builds

@@ -150,14 +150,15 @@ def _metrics(
   rejected: jax.Array,
 ) -> dict[str, jax.Array]:
   """The behaviour/* metrics of `behaviour_weight` (objectives.md §3) from the final weight w and
-  the valid tokens' (valid = m > 0) truncated / rejected flags."""
+  the valid tokens' (valid = m > 0) truncated / rejected flags; all NaN when m keeps no token
+  (docs/tensorboard.md: a step that trained no token has no token means, not 0)."""
   seq_nonempty = m.sum(-1) > 0
   seq_rejected = seq_nonempty & (rejected.sum(-1) == m.sum(-1))
   n_tok = m.sum()
   p_old = jnp.exp(jnp.minimum(jnp.where(valid, old, 0.0), LOG_CLAMP))
   p_beh = jnp.exp(jnp.minimum(jnp.where(valid, beh, 0.0), LOG_CLAMP))
   mismatch = jnp.abs(p_old - p_beh)
-  return {
+  metrics = {
     "behaviour/rho_mean": masked_mean(rho, m),
     "behaviour/rho_max": masked_max(rho, m),
     "behaviour/frac_truncated": masked_mean(truncated.astype(jnp.float32), m),
@@ -171,3 +172,4 @@ def _metrics(
     # e^δ − 1 − δ >= 0 exactly; expm1 and the floor keep rounding from showing a negative KL.
     "behaviour/kl_k3": masked_mean(jnp.maximum(jnp.expm1(delta) - delta, 0.0), m),
   }
+  return {k: jnp.where(n_tok > 0, v, jnp.nan) for k, v in metrics.items()}
