@@ -90,6 +90,8 @@ def test_a_step_that_trained_no_token_logs_no_behaviour_mean(tmp_path):
   for tag in [*behaviour, "policy/entropy", "policy/ratio_mean"]:
     assert [s for s, _ in scalars[tag]] == [1] and math.isnan(scalars[tag][0][1]), tag
   assert scalars["policy/loss"] == [(1, 0.0)]  # the loss of no token is 0
+  # docs/tensorboard.md: no correct completion, length_correct_mean 0 (the seed tables read it).
+  assert scalars["rollout/accuracy"] == scalars["rollout/length_correct_mean"] == [(1, 0.0)]
 
 
 @pytest.mark.parametrize("name", sorted(set(SPECIFIC_TAGS) - set(RUN_RECIPES)))

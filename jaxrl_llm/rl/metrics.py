@@ -39,6 +39,8 @@ def rollout_metrics(rollout: Rollout, terms: Metrics, reward, adv, group_size: i
   if "correct" in terms:
     correct = terms["correct"]
     m["rollout/accuracy"] = jnp.mean(correct)
+    # 0 (not NaN) when none is correct / none incorrect: the studies' seed tables read these
+    # tags and refuse a NaN (docs/tensorboard.md).
     m["rollout/length_correct_mean"] = objectives.masked_mean(lengths, correct)
     m["rollout/length_incorrect_mean"] = objectives.masked_mean(lengths, ones - correct)
   groups = reward.reshape(-1, group_size)
