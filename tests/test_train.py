@@ -62,6 +62,8 @@ def test_tensorboard_has_the_required_tags(tiny_run):
   assert "samples" in plugins["text"]
   text = metrics.read_text(str(workdir))["samples"][-1][1]
   assert "prompt" in text and "reward" in text
+  # text_samples 8 of rl.num_prompts 4: every prompt's first completion, one row each.
+  assert all(t.count("\n| `") == 4 for _, t in metrics.read_text(str(workdir))["samples"])
   # Eval ran at the start, every eval_every steps and at the end.
   evals = metrics.read_scalars(str(workdir))["eval/accuracy"]
   assert [s for s, _ in evals] == [0, 2, 4]
@@ -101,6 +103,16 @@ def test_a_run_exports_to_raw_files_read_back_from_its_events(tiny_run, tmp_path
   assert again.returncode == 2 and again.stderr.strip().startswith("error: --out=")
   assert len(again.stderr.strip().splitlines()) == 1
   assert (out / "scalars.json").stat().st_mtime_ns == before
+
+
+def test_text_samples_above_eight_are_all_shown(tmp_path):
+  """train.text_samples=10 of 12 prompts: the `samples` table (and export_runs.py's rows) holds
+  the first completion of each of the first 10 prompts; it was silently capped at 8 rows."""
+  over = {"rl.num_prompts": 12, "train.text_samples": 10, "train.num_steps": 1}
+  _run(tiny_config(**over, **{"train.eval_every": 1, "train.checkpoint_every": 1}), tmp_path)
+  (step, text), *more = metrics.read_text(str(tmp_path))["samples"]
+  assert (step, more) == (1, [])
+  assert text.count("\n| `") == 10, text  # one row per prompt (export_runs.py's rows)
 
 
 def test_a_committed_export_tabulates_as_its_run_did(tiny_run, tmp_path):

@@ -11,7 +11,8 @@ each, OUT/<its path under root>/ gets:
                   resumed launch with other settings wrote: readers take the newest)
   scalars.json    every scalar of its TensorBoard events: {tag: [[step, value], ...]}
   samples.jsonl   every row of its `samples` text summaries: {"step", "prompt", "completion",
-                  "reward"} (the first `train.text_samples` completions of each logged update)
+                  "reward"}: per logged update, the first completion of each of its first
+                  `train.text_samples` prompts (of every prompt when rl.num_prompts is fewer)
   run.log         the terminal log, where `<root>/<name>.log` exists, else the trainer's own
                   `<run>/log.txt` (or a `<run>/run.log`)
 

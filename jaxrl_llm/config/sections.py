@@ -375,7 +375,7 @@ class TrainSettings(Section):
   max_to_keep: int = 2  # checkpoints kept on disk (>= 1)
   max_skipped_updates: int = 10  # stop after this many consecutive non-finite updates
   max_failed_verifier_steps: int = 3  # steps in a row a verifier may fail every call (0 = no limit)
-  text_samples: int = 8  # completions shown in the TensorBoard text summary
+  text_samples: int = 8  # text summary rows: 1st completion of the first N prompts (all if fewer)
   stop_after_steps: int = setting(
     0, invocation=True
   )  # end this invocation after N steps (time-limited jobs; 0 = off)

@@ -181,8 +181,8 @@ def step_summary(
   learner_tokens: int,
   learning_rate: jax.Array,
 ) -> Metrics:
-  """Histograms, the text-table samples and throughput counters of one step (§11)."""
-  n_show = min(8, rollout.lengths.shape[0] // group_size)
+  """Histograms, the text-table samples (the first completion of every prompt, in batch order:
+  the loop shows the first `train.text_samples`) and throughput counters of one step (§11)."""
   return {
     "optim/learning_rate": learning_rate,
     "perf/generated_tokens": jnp.sum(rollout.lengths).astype(jnp.float32),  # learn: pre-filter
@@ -190,9 +190,9 @@ def step_summary(
     "hist/reward": reward,
     "hist/length": rollout.lengths,
     "hist/advantage": seq_adv,
-    "samples/prompt": rollout.prompt_tokens[::group_size][:n_show],
-    "samples/tokens": rollout.tokens[::group_size][:n_show],
-    "samples/reward": reward[::group_size][:n_show],
+    "samples/prompt": rollout.prompt_tokens[::group_size],
+    "samples/tokens": rollout.tokens[::group_size],
+    "samples/reward": reward[::group_size],
   }
 
 
