@@ -146,8 +146,9 @@ def test_the_warm_start_loss_drops_with_a_key_per_update():
   exp = build(tiny_config(**{"model.lora_rank": 4, "model.lora_dropout": 0.5}))
   params = _noisy(exp.state.params)
   tx, _ = exp.config.sft.optimizer(exp.config.optim).build(2)
-  sft_step = warm_start_lib._sft_step(exp, tx)
   opt_state = tx.init(lora.trainable(params)[1])
+  shardings = jax.tree.map(lambda x: x.sharding, (params, opt_state))
+  sft_step = warm_start_lib._sft_step(exp, tx, shardings)
   batch = to_global_batch(next(exp.task.train_iterator(8, 1)), exp.batch_sharding)
   loss = lambda *key: float(sft_step(params, opt_state, batch, *key)[2])  # noqa: E731
   keyless, first, again, second = loss(), *(loss(exp.state.rng, i) for i in (0, 0, 1))
