@@ -56,8 +56,8 @@ rollout/accuracy                 | max | fraction of sampled completions judged 
 rollout/length_mean              | -   | mean completion length | completions/mean_length | response_length/mean
 rollout/length_max               | -   | longest completion | completions/max_length | response_length/max
 rollout/length_min               | -   | shortest completion | completions/min_length | response_length/min
-rollout/length_correct_mean      | -   | mean length of correct completions | - | -
-rollout/length_incorrect_mean    | -   | mean length of incorrect completions | - | -
+rollout/length_correct_mean      | -   | mean length of correct completions (0 when none is correct) | - | -
+rollout/length_incorrect_mean    | -   | mean length of incorrect completions (0 when none is) | - | -
 rollout/truncated_frac           | min | fraction of completions cut at the length limit | completions/clipped_ratio | response_length/clip_ratio
 rollout/zero_std_group_frac      | min | fraction of groups whose rewards are all equal (no signal) | frac_reward_zero_std | -
 rollout/decode_steps             | -   | decode loop iterations this step | - | -
