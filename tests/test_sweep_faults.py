@@ -260,3 +260,30 @@ def test_a_misspelt_grid_or_set_field_is_named_as_the_flag_given(tmp_path, capsy
     assert code == 2 and len(err) == 1, err
     assert err[0].startswith(f"error: unknown config field 'objective.clip_hgh' in '{flag}': ")
     assert "'clip_high'" in err[0] and "--config." not in err[0]
+
+
+def test_two_processes_checking_one_new_root_at_once_both_pass(tmp_path):
+  """A --distributed sweep's processes check the same new --root at once: one removed the
+  folder its check had made while the other tested writing in it, which then refused the
+  root ("cannot write in it: No such file or directory"; CI at d479cd0). Two threads stand
+  for the two processes; each check now tries again when a folder it made vanished."""
+  import threading
+
+  failed = []
+  for i in range(100):
+    root = str(tmp_path / f"r{i}" / "pack")
+    both = threading.Barrier(2)
+
+    def check(root=root, both=both):
+      both.wait()
+      try:
+        sweep.check_root(root)
+      except sweep.SweepError as e:
+        failed.append(str(e))
+
+    threads = [threading.Thread(target=check) for _ in range(2)]
+    for t in threads:
+      t.start()
+    for t in threads:
+      t.join()
+  assert failed == []

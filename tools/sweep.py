@@ -216,13 +216,16 @@ def check_root(root: str) -> None:
   root = os.path.abspath(root)
   if os.path.exists(root) and not os.path.isdir(root):
     raise SweepError(f"--root={root} is a file; give a directory (it holds a folder per run)")
-  made = [p for p in _parents(root) if not os.path.lexists(p)]
-  problem = launch.workdir_problem(root)
-  for path in made:  # deepest first: nothing is left behind by the check
-    try:
-      os.rmdir(path)
-    except OSError:
-      pass
+  for _ in range(5):  # a --distributed sweep's other processes check the same root at once:
+    made = [p for p in _parents(root) if not os.path.lexists(p)]
+    problem = launch.workdir_problem(root)
+    for path in made:  # deepest first: nothing is left behind by the check
+      try:
+        os.rmdir(path)
+      except OSError:
+        pass
+    if not (problem and made):  # a folder it made, removed by another's check mid-test: again
+      break
   if problem:
     raise SweepError(f"--root={root}: {problem}")
   record = os.path.join(root, "sweep.json")
