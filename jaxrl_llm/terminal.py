@@ -131,15 +131,19 @@ def quiet_library_logs(tracebacks: bool = False) -> None:
     threading.excepthook = one_line
 
     def unraisable(args) -> None:
-      """An unraisable exception (e.g. a save's callback firing after its event loop closed)
-      as one warning line (its traceback in the log file); a Ctrl-C that lands in such a
-      callback (XLA's garbage-collection hook) goes to the log file only: the stop it asked
-      for is said once, by the line that ends the run."""
+      """An unraisable exception as one warning line (its traceback in the log file); a Ctrl-C
+      that lands in such a callback (XLA's garbage-collection hook), or a failed save's
+      callback firing after its event loop closed (at exit, after the run's last line), goes
+      to the log file only: the stop or the failure is said once, by the line that ends the
+      run."""
       why = (args.exc_type, args.exc_value, args.exc_traceback)
-      if issubclass(args.exc_type, KeyboardInterrupt):
+      closed = issubclass(args.exc_type, RuntimeError) and "Event loop is closed" in str(
+        args.exc_value
+      )
+      if issubclass(args.exc_type, KeyboardInterrupt) or closed:
         logging.warning(
-          "ignored in %r: KeyboardInterrupt", args.object, exc_info=why,
-          extra={"log_file_only": True},
+          "ignored in %r: %s: %s", args.object, args.exc_type.__name__, args.exc_value,
+          exc_info=why, extra={"log_file_only": True},
         )  # fmt: skip
         return
       logging.warning(

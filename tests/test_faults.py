@@ -837,11 +837,12 @@ def test_sigterm_saves_the_step_it_finished_and_the_relaunch_resumes_from_it(tmp
 
 
 @pytest.mark.slow
-def test_sigterm_while_xla_compiles_stops_at_once_unless_a_warm_start_is_unsaved(tmp_path):
+def test_sigterm_while_xla_compiles_stops_at_once(tmp_path):
   """SIGTERM (or Ctrl-C) while XLA compiles (Python runs no handler inside that call): a fresh
-  run stops at once with one line naming the program, exit 143 (130), nothing saved; so does a resumed run
-  compiling its RL step, its checkpoint kept and resumed. After a warm start, whose result no
-  checkpoint holds yet, the compilation is not cut: the run saves step 1 and stops."""
+  run stops at once with one line naming the program, exit 143 (130), nothing saved; so does a
+  resumed run compiling its RL step, its checkpoint kept and resumed; and a run whose warm
+  start just ended, its checkpoint 0 (the warm start) kept. (That run once went on to save
+  step 1 first, counting the saved warm start as unsaved.)"""
   workdir, wide = tmp_path / "w", ("--config.model.d_model=128", "--config.model.mlp_dim=256")
   root = workdir / "checkpoints"
 
@@ -876,8 +877,11 @@ def test_sigterm_while_xla_compiles_stops_at_once_unless_a_warm_start_is_unsaved
 
   workdir, root = tmp_path / "warm", tmp_path / "warm" / "checkpoints"
   last = stopped(r"compiling the held-out evaluation", "--config.sft.steps=20")
-  assert re.match(r"stopped by SIGTERM after step 1: checkpoint 1 is saved in ", last), last
-  assert max(_committed(root)) == 1
+  assert last == (  # checkpoint 0 holds the warm start: nothing unsaved, cut at once
+    f"stopped by SIGTERM while compiling the held-out evaluation: the checkpoints in {workdir} "
+    "are kept; relaunch the same command to resume"
+  )
+  assert _committed(root) == {0}
 
 
 def _until(path, proc, timeout: float = 300) -> None:
@@ -1132,7 +1136,10 @@ def test_background_thread_failures_are_one_log_line_unless_debugging(tmp_path):
   assert quiet.returncode == loud.returncode == 0, quiet.stderr[-2000:]
   assert "Traceback" not in quiet.stderr, quiet.stderr
   assert "thread saver stopped: ZeroDivisionError" in quiet.stderr
-  assert "Event loop is closed" in quiet.stderr and "save failed" in quiet.stderr
+  assert "save failed" in quiet.stderr
+  # a callback after its event loop closed, and a Ctrl-C in one: the log file only (the full-disk
+  # test's run printed three such lines after its `error: disk full` line; CI at d479cd0)
+  assert "Event loop is closed" not in quiet.stderr, quiet.stderr
   assert "KeyboardInterrupt" not in quiet.stderr, quiet.stderr
   assert loud.stderr.count("Traceback") >= 2  # --debug keeps them
 
