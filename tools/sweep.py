@@ -49,6 +49,7 @@ import errno
 import itertools
 import json
 import os
+import random
 import re
 import shlex
 import signal
@@ -224,8 +225,9 @@ def check_root(root: str) -> None:
         os.rmdir(path)
       except OSError:
         pass
-    if not (problem and made):  # a folder it made, removed by another's check mid-test: again
+    if not problem:  # a problem may be another's check removing a folder mid-test: again,
       break
+    time.sleep(random.uniform(0.0, 0.05))  # out of step with it (a real problem stays)
   if problem:
     raise SweepError(f"--root={root}: {problem}")
   record = os.path.join(root, "sweep.json")
