@@ -402,9 +402,21 @@ def train_or_leave(
 
 
 def say(line: str) -> None:
-  """A stopping run's one line: on stderr, and in the run's log file (`terminal.in_log_files`)."""
+  """A stopping run's one line: on stderr, and in the run's log file (`terminal.in_log_files`);
+  none where a signal during a compilation is already ending the process on the watcher thread
+  (`sigterm.stopping_elsewhere`), whose line and exit this thread waits for."""
+  _defer_to_the_watcher()
   print(line, file=sys.stderr, flush=True)
   terminal.in_log_files(line)
+
+
+def _defer_to_the_watcher() -> None:
+  """Waits, never returning, where a signal during a compilation is already ending the process
+  on the watcher thread (`sigterm.stopping_elsewhere`): its os._exit ends this thread too."""
+  from jaxrl_llm import sigterm
+
+  if sigterm.stopping_elsewhere():
+    threading.Event().wait()
 
 
 _leaving = threading.Lock()  # held by the thread that says the stop's line and ends the process
@@ -413,6 +425,7 @@ _leaving = threading.Lock()  # held by the thread that says the stop's line and 
 def _stop(status: int, line: str) -> None:
   """Says `line` and leaves with `status`, once: a second thread that would stop too (Ctrl-C
   reaches the main thread while the signal watcher stops a compilation) waits for the exit."""
+  _defer_to_the_watcher()  # before the lock, which the watcher's own line needs
   if not _leaving.acquire(blocking=False):
     threading.Event().wait()  # the first one's os._exit ends this thread with the process
   say(line)

@@ -32,7 +32,15 @@ import threading
 _TERM = {"seen": False}
 # What the main thread is compiling (None: nothing), the hooks of a stop during it, and the
 # watcher's wakeup socket (made once).
-_COMPILE: dict = {"what": None, "closers": [], "leave": None, "socket": None, "unsaved": False}
+# `stopping`: the watcher thread once it began ending the process (a signal during a compile).
+_COMPILE: dict = {
+  "what": None,
+  "closers": [],
+  "leave": None,
+  "socket": None,
+  "unsaved": False,
+  "stopping": None,
+}
 CLOSE_TIMEOUT_S = 60.0  # the closers' time to finish before the process ends anyway
 
 
@@ -135,8 +143,18 @@ def _watch(read: socket.socket) -> None:
         note()
 
 
+def stopping_elsewhere() -> bool:
+  """Whether the watcher is ending the process (a signal came while compiling) from another
+  thread than the caller's: the caller must not say a stop of its own (the compilation may
+  have ended while the closers ran, and Ctrl-C's KeyboardInterrupt or the flag's safe point
+  reached the main thread) but wait for the watcher's line and exit."""
+  return _COMPILE["stopping"] not in (None, threading.get_ident())
+
+
 def _stop(signum: int, what: str) -> None:
   """Runs the closers (for at most `CLOSE_TIMEOUT_S`), then leaves."""
+  _COMPILE["stopping"] = threading.get_ident()  # first: the stop's line is this thread's
+  leave = _COMPILE["leave"] or _leave  # in force at the signal (the main thread may leave it)
   if signum == signal.SIGTERM:
     note()
 
@@ -150,7 +168,6 @@ def _stop(signum: int, what: str) -> None:
   closer = threading.Thread(target=close_all, daemon=True)
   closer.start()
   closer.join(CLOSE_TIMEOUT_S)
-  leave = _COMPILE["leave"] or _leave
   leave(signum, what)
   os._exit(128 + signum)  # a hook that returned
 

@@ -124,6 +124,49 @@ def test_a_signal_during_a_compilation_stops_at_once_unless_progress_is_unsaved(
   assert out == "" and err.splitlines()[-1] == f"stopped by {name} while compiling the test program"
 
 
+RACING = """
+import ctypes, os, signal, sys, time
+from jaxrl_llm import launch, sigterm
+
+workdir = sys.argv[1]
+sigterm.listen()
+try:
+  with sigterm.leaving(lambda signum, what: launch.stop_while_compiling(signum, what, workdir)):
+    with sigterm.closing(lambda: time.sleep(2.0)):  # a save in flight the watcher waits for
+      with sigterm.compiling("the test program"):
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])  # the watcher gets it
+        os.kill(os.getpid(), signal.SIGINT)
+        ctypes.CDLL(None).usleep(500_000)  # XLA's C++ call: no Python handler runs in it
+      signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+      time.sleep(10)  # the compilation ended while the watcher's closer runs
+except KeyboardInterrupt:  # as `launch.train`'s: the main thread's own stop
+  launch.stop_on_sigint(workdir)
+"""
+
+
+def test_a_compilation_that_ends_while_the_watcher_stops_says_the_watchers_line(tmp_path):
+  # Ctrl-C during a compilation: the watcher thread runs the closers (saves in flight) before
+  # its line; when the compilation ends meanwhile, the main thread's KeyboardInterrupt must
+  # not say a second, generic stop first (CI met "stopped by SIGINT (Ctrl-C): the checkpoints
+  # committed before it ..." where the line names the compilation).
+  script = tmp_path / "racing.py"
+  script.write_text(RACING)
+  proc = subprocess.run(
+    [sys.executable, str(script), str(tmp_path)],
+    cwd=REPO,
+    env=cli_env(),
+    capture_output=True,
+    text=True,
+    timeout=120,
+    preexec_fn=default_sigint,
+  )
+  assert proc.returncode == 130, proc.stderr[-2000:]
+  assert proc.stderr.count("stopped by ") == 1, proc.stderr[-2000:]
+  assert proc.stderr.splitlines()[-1].startswith(
+    "stopped by SIGINT (Ctrl-C) while compiling the test program: the checkpoints committed"
+  ), proc.stderr[-2000:]
+
+
 WATCHING = """
 import sys, time
 from jaxrl_llm import distributed
