@@ -103,11 +103,28 @@ def cpu_reason(failed: dict[str, str]) -> str:
   return f"no accelerator backend is installed ({PLUGINS})"
 
 
+FAKE_DEVICES_FLAG = "--xla_force_host_platform_device_count"
+# XLA:CPU's concurrency-optimised scheduler let the in-process devices of one program reach two
+# all-reduces in different orders: the default config on 4 such devices (fsdp=4, 2 minibatches)
+# aborted in the collective rendezvous at its first RL step.
+CPU_SCHEDULER_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler"
+
+
+def cpu_device_flags(flags: str) -> str:
+  """`flags` (XLA_FLAGS) with `CPU_SCHEDULER_FLAG=false` added where they ask for several CPU
+  devices in one process and do not set that flag themselves; otherwise `flags` unchanged."""
+  count = [f.partition("=")[2] for f in flags.split() if f.startswith(FAKE_DEVICES_FLAG + "=")]
+  if not count or not count[-1].isdigit() or int(count[-1]) < 2 or CPU_SCHEDULER_FLAG in flags:
+    return flags
+  return f"{flags} {CPU_SCHEDULER_FLAG}=false"
+
+
 def choose(debug: bool = False) -> str:
-  """Starts JAX's backends and returns the default one's name (`cpu`, `gpu`, `tpu`). With
-  `JAX_PLATFORMS` set it is obeyed, and a backend it names that cannot start raises
-  BackendError. Otherwise a fall-back to the CPU is noted for `log_fallback`; the start-up
+  """Starts JAX's backends (XLA_FLAGS first through `cpu_device_flags`) and returns the default
+  one's name (`cpu`, `gpu`, `tpu`). With `JAX_PLATFORMS` set it is obeyed, and a backend it
+  names that cannot start raises BackendError. Otherwise a fall-back to the CPU is noted for `log_fallback`; the start-up
   chatter of failed backends is logged at debug level (shown when `debug`)."""
+  os.environ["XLA_FLAGS"] = cpu_device_flags(os.environ.get("XLA_FLAGS", ""))  # before a backend
   import jax
 
   asked = os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms

@@ -205,3 +205,20 @@ def test_device_check_keeps_a_failing_plugins_chatter_off_the_terminal(tmp_path)
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert proc.stdout.startswith("device: "), proc.stdout[:500]
   assert "plugin start-up chatter" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize(
+  "flags, added",
+  [
+    ("--xla_force_host_platform_device_count=4", True),
+    ("--xla_backend_optimization_level=1 --xla_force_host_platform_device_count=8", True),
+    ("--xla_force_host_platform_device_count=1", False),  # one device: no collective
+    ("", False),
+    ("--xla_force_host_platform_device_count=4 "
+     "--xla_cpu_enable_concurrency_optimized_scheduler=true", False),  # said by the user: kept
+  ],
+)  # fmt: skip
+def test_several_cpu_devices_in_one_process_get_the_plain_scheduler(flags, added):
+  out = backend.cpu_device_flags(flags)
+  want = flags + " --xla_cpu_enable_concurrency_optimized_scheduler=false" if added else flags
+  assert out == want

@@ -2,11 +2,14 @@
 
 import dataclasses
 import functools
+import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
 import pytest
-from conftest import run_steps, tiny_config
+from conftest import REPO, cli_env, run_steps, tiny_config
 from jax.sharding import NamedSharding, PartitionSpec
 from parsed import build
 
@@ -185,3 +188,21 @@ def test_a_warm_start_hands_the_rl_step_parameters_sharded_as_the_state(mesh, tm
   result = train_and_evaluate(config, str(tmp_path))
   assert "eval/accuracy" in result
   assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["0", "1"]
+
+
+@pytest.mark.slow
+def test_the_default_config_trains_on_four_cpu_devices_split_by_fsdp(tmp_path):
+  """On 4 in-process CPU devices, XLA's concurrency-optimised scheduler let the devices reach
+  the minibatch loop's all-reduces in different orders: the default config at fsdp=4 (two
+  minibatches) aborted in the collective rendezvous at its first RL step. `backend.choose`
+  turns that scheduler off where XLA_FLAGS ask for several CPU devices."""
+  flags = os.environ.get("XLA_FLAGS", "").replace("device_count=8", "device_count=4")
+  assert "device_count=4" in flags
+  proc = subprocess.run(
+    [sys.executable, "-m", "jaxrl_llm.main", "--config=configs/default.py",
+     f"--workdir={tmp_path / 'w'}", "--config.train.num_steps=2", "--config.sft.steps=0",
+     "--config.mesh.data=1", "--config.mesh.fsdp=-1"],
+    cwd=REPO, env={**cli_env(), "XLA_FLAGS": flags}, capture_output=True, text=True, timeout=600,
+  )  # fmt: skip
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "mesh fsdp=4" in proc.stderr and "step 2/2" in proc.stderr, proc.stderr[-3000:]
