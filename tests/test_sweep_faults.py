@@ -266,7 +266,8 @@ def test_two_processes_checking_one_new_root_at_once_both_pass(tmp_path):
   """A --distributed sweep's processes check the same new --root at once: one removed the
   folder its check had made while the other tested writing in it, which then refused the
   root ("cannot write in it: No such file or directory"; CI at d479cd0). Two threads stand
-  for the two processes; each check now tries again when a folder it made vanished."""
+  for the two processes; a missing root is now tested in its parent with a folder of a unique
+  name, so neither makes or removes the root the other tests."""
   import threading
 
   failed = []
@@ -287,3 +288,4 @@ def test_two_processes_checking_one_new_root_at_once_both_pass(tmp_path):
     for t in threads:
       t.join()
   assert failed == []
+  assert list(tmp_path.iterdir()) == []  # nothing made is left behind

@@ -49,12 +49,12 @@ import errno
 import itertools
 import json
 import os
-import random
 import re
 import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -204,8 +204,8 @@ def absolute_config(config: str) -> str:
 
 
 def check_root(root: str) -> None:
-  """A SweepError unless `root` is (or can be made) a writable local directory, tested as the
-  trainer tests its --workdir (`launch.workdir_problem`); a folder made for the test is removed.
+  """A SweepError unless `root` is a writable local directory, tested as the trainer tests its
+  --workdir (`launch.workdir_problem`), or can be made (`_unmakeable`: nothing is left behind).
   ROOT/sweep.json, when there, must be a file (it is rewritten as the sweep goes)."""
   if not root:  # os.path.abspath('') is the current directory
     raise SweepError("--root is empty; give the sweep's directory (one folder per run)")
@@ -217,17 +217,7 @@ def check_root(root: str) -> None:
   root = os.path.abspath(root)
   if os.path.exists(root) and not os.path.isdir(root):
     raise SweepError(f"--root={root} is a file; give a directory (it holds a folder per run)")
-  for _ in range(5):  # a --distributed sweep's other processes check the same root at once:
-    made = [p for p in _parents(root) if not os.path.lexists(p)]
-    problem = launch.workdir_problem(root)
-    for path in made:  # deepest first: nothing is left behind by the check
-      try:
-        os.rmdir(path)
-      except OSError:
-        pass
-    if not problem:  # a problem may be another's check removing a folder mid-test: again,
-      break
-    time.sleep(random.uniform(0.0, 0.05))  # out of step with it (a real problem stays)
+  problem = launch.workdir_problem(root) if os.path.lexists(root) else _unmakeable(root)
   if problem:
     raise SweepError(f"--root={root}: {problem}")
   record = os.path.join(root, "sweep.json")
@@ -270,12 +260,21 @@ def earlier_runs(root: str, names: Sequence[str]) -> list[dict[str, Any]]:
   return kept
 
 
-def _parents(path: str) -> list[str]:
-  """`path` and its parent folders, deepest first."""
-  out = [path]
-  while os.path.dirname(out[-1]) != out[-1]:
-    out.append(os.path.dirname(out[-1]))
-  return out
+def _unmakeable(root: str) -> str | None:
+  """Why the missing folder `root` could not be made, tested by making and removing a folder
+  of a unique name in its nearest existing parent (a --distributed sweep's processes check one
+  new root at once: none makes or removes `root` itself under another's test); None when it
+  could."""
+  parent = os.path.dirname(root)
+  while not os.path.lexists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    return "a file stands on its path; give a directory path whose parents are directories"
+  try:
+    os.rmdir(tempfile.mkdtemp(prefix=".root_test.", dir=parent))
+  except OSError as e:  # EROFS, EACCES, ENOSPC, a /proc parent...
+    return f"cannot create it: {e.strerror or e}; give a writable directory"
+  return None
 
 
 def plan(
