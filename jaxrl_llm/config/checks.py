@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 
 import jax
-import jax.numpy as jnp
 from flax import linen as nn
 
 from jaxrl_llm import sharding
@@ -16,7 +15,7 @@ from jaxrl_llm.config.fields import invalid, need
 from jaxrl_llm.config.sections import MAX_BUDGET
 from jaxrl_llm.config.tree import Config
 from jaxrl_llm.kernels import attention
-from jaxrl_llm.models import Transformer, moe
+from jaxrl_llm.models import moe
 from jaxrl_llm.models.config import ModelConfig
 
 
@@ -214,10 +213,10 @@ def _param_splits(cfg: Config, mc: ModelConfig, sizes: dict[str, int]) -> list[s
   (the model's parameter shapes, traced without allocating: the first that does not, named)."""
   if math.prod(sizes.values()) == 1:
     return []
-  x = jnp.zeros((1, 2), jnp.int32)
-  init = lambda: Transformer(mc).init(jax.random.PRNGKey(0), x, x, x > -1)["params"]  # noqa: E731
+  from jaxrl_llm.models.hf import abstract_params
+
   leaves = jax.tree_util.tree_flatten_with_path(
-    jax.eval_shape(init), is_leaf=lambda v: isinstance(v, nn.LogicallyPartitioned)
+    abstract_params(mc), is_leaf=lambda v: isinstance(v, nn.LogicallyPartitioned)
   )[0]
   source = "mesh.rules" if cfg.mesh.rules else "the built-in rule table (mesh.rules=())"
   for path, leaf in leaves:
