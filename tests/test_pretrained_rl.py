@@ -141,3 +141,20 @@ def test_a_lora_rank_is_bounded_by_the_checkpoints_projections_not_the_placehold
   line = str(e.value)
   assert "model.lora_rank=17 is larger than projection 'k', whose narrower side is 16" in line
   assert "allowed: 1..16" in line and str(FIXTURE) in line and "\n" not in line
+
+
+def test_a_mesh_rule_the_checkpoints_shapes_refuse_is_one_line_before_its_weights_load():
+  """`model.checkpoint` with a mesh rule that splits the checkpoint's 2 key-value heads over 4
+  devices: the config check's one line (the weights were loaded first, into that sharding,
+  and JAX's IndivisibleError came out of the load)."""
+  from jaxrl_llm.config import ConfigError
+
+  config = tiny_config(
+    **{"model.checkpoint": str(FIXTURE), "mesh.model": 4, "mesh.rules": (("kv_heads", "model"),)}
+  )
+  with pytest.raises(ConfigError) as err:
+    build(config)
+  assert "\n" not in str(err.value)
+  assert "mesh.rules maps kv_heads to mesh.model=4, which does not divide model.num_kv_heads=2" in (
+    str(err.value)
+  )

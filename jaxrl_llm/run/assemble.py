@@ -304,12 +304,11 @@ def _fresh_state(cfg: Config, tx, params, param_shardings, mesh, rng, *, abstrac
 
 def _model(cfg: Config, task, mesh, rules, *, abstract: bool, devices) -> tuple:
   """(ModelConfig, Transformer, params, their shardings), after the config's cross checks."""
-  pretrained_cfg, pretrained = None, None
-  if abstract and cfg.model.checkpoint:
-    pretrained_cfg = _pretrained_config(cfg)
-  elif not abstract and cfg.model.checkpoint:
-    pretrained_cfg, pretrained = _load_pretrained(cfg, mesh, rules)
+  pretrained_cfg = _pretrained_config(cfg) if cfg.model.checkpoint else None
   check(cfg, num_devices=len(devices), task=task, model=pretrained_cfg, device=devices[0])
+  pretrained = None  # the weights, loaded once the checks passed (the mesh rules among them)
+  if not abstract and cfg.model.checkpoint:
+    pretrained_cfg, pretrained = _load_pretrained(cfg, mesh, rules)
   mc = pretrained_cfg or cfg.model.arch
   model = Transformer(mc, attention=cfg.model.attention)
   if pretrained is None:  # random init (or, for a plan, a checkpoint's shapes)
