@@ -677,6 +677,20 @@ def _beyond(t):
   t[key.replace("layers.0.", "layers.7.")] = t[key]
 
 
+def _adapter_name(t):  # a model's state dict saved as is: `lora_A.default.weight`
+  key = _first(t, "lora_A.weight")
+  t[key.replace("lora_A.weight", "lora_A.default.weight")] = t.pop(key)
+
+
+def _head(t):  # PEFT adapts lm_head when target_modules names it
+  key = _first(t, "lora_A.weight")
+  t["base_model.model.lm_head.lora_A.weight"] = t[key]
+
+
+def _embedding(t):  # PEFT's embedding adapters: lora_embedding_A/B
+  t["base_model.model.model.embed_tokens.lora_embedding_A"] = np.zeros((2, 8), np.float32)
+
+
 def _wrong_shape(t):
   key = _first(t, "lora_A.weight")
   t[key] = t[key][:, :-1].copy()
@@ -702,6 +716,9 @@ BAD_ADAPTERS = {  # (edit of adapter_config.json or of the tensors, what the lin
   "unpaired": (lambda f: _edit_tensors(f, _unpaired), "is missing beside its pair"),
   "beyond-layers": (lambda f: _edit_tensors(f, _beyond), "matches no projection of this model"),
   "wrong-shape": (lambda f: _edit_tensors(f, _wrong_shape), "does not fit this model's"),
+  "adapter-name": (lambda f: _edit_tensors(f, _adapter_name), "keeps the adapter name 'default'"),
+  "lm-head": (lambda f: _edit_tensors(f, _head), "lora_A.weight adapts lm_head; this model's"),
+  "embedding": (lambda f: _edit_tensors(f, _embedding), "lora_embedding_A adapts an embedding"),
   "transposed": (lambda f: _edit_tensors(f, _transposed), "does not fit this model's"),
 }
 
@@ -716,7 +733,9 @@ def _edit_config(folder, **changes):
 def test_a_bad_peft_directory_is_one_error_naming_its_file(tmp_path, case):
   """Adapters with NaN, int32 or unpaired tensors, or for layers the model lacks, loaded
   without a word (the last two as zero adapters); a config without r, or of the wrong shape,
-  and a missing weights file raised KeyError, reshape or FileNotFoundError naming nothing."""
+  and a missing weights file raised KeyError, reshape or FileNotFoundError naming nothing. A
+  state dict's adapter name, an lm_head or embedding adapter were a model-config error
+  naming lora_targets."""
   from jaxrl_llm.models import hf, hf_adapters, hf_config
 
   cfg, base = hf.load_checkpoint(HF_LLAMA)

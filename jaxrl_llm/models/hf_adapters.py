@@ -219,6 +219,37 @@ def _refuse_expert_adapters(weights: str, tensors: Mapping) -> None:
     )
 
 
+_PEFT_KEY = re.compile(r"base_model\.model\.(.+)\.lora_[AB]\.weight")  # as PEFT saves them
+
+
+def _adapted_projections(weights: str, tensors: Mapping) -> list[str]:
+  """The projections (`q`, `gate`...) `tensors` adapt; a CheckpointFormatError naming the first
+  tensor that is no saved PEFT LoRA weight (an adapter name left in, an embedding's) or that
+  adapts a module other than those projections (`lm_head`, `embed_tokens`)."""
+  allowed = ", ".join(f"{p}_proj" for p in lora_lib.PROJECTIONS)
+  names = set()
+  for key in sorted(tensors):
+    if not (match := _PEFT_KEY.fullmatch(key)):
+      named = re.search(r"\.lora_[AB]\.([^.]+)\.weight$", key)
+      why = (
+        f"keeps the adapter name {named.group(1)!r} of a model's state dict (PEFT's "
+        "save_pretrained writes base_model.model.<module>.lora_A.weight)"
+        if named
+        else f"adapts an embedding; this model's adapters are on the projections {allowed} only"
+        if ".lora_embedding_" in key
+        else "is no LoRA weight PEFT saves (base_model.model.<module>.lora_A/lora_B.weight)"
+      )
+      raise CheckpointFormatError(f"{weights}: tensor {key} {why}")
+    module = match.group(1).rsplit(".", 1)[-1]
+    if module not in lora_lib.HF_NAMES:
+      raise CheckpointFormatError(
+        f"{weights}: tensor {key} adapts {module}; this model's adapters are on the "
+        f"projections {allowed} only (train them without {module} in target_modules)"
+      )
+    names.add(lora_lib.HF_NAMES[module])
+  return sorted(names)
+
+
 def load_adapters(path: str | os.PathLike, cfg: ModelConfig, params: Any, *, model_type=None):
   """PEFT LoRA adapters (`adapter_config.json` + `adapter_model.safetensors`) put on `params`
   of `cfg` (the base's model, without adapters). Returns (the ModelConfig with the adapters'
@@ -228,8 +259,7 @@ def load_adapters(path: str | os.PathLike, cfg: ModelConfig, params: Any, *, mod
   config = _adapter_config(path)
   tensors = _read_adapter_tensors(os.path.join(path, ADAPTER_WEIGHTS_FILE))
   _refuse_expert_adapters(os.path.join(path, ADAPTER_WEIGHTS_FILE), tensors)
-  modules = sorted({k.split(".")[-3] for k in tensors if k.endswith(".lora_A.weight")})
-  names = [lora_lib.HF_NAMES.get(m, m) for m in modules]
+  names = _adapted_projections(os.path.join(path, ADAPTER_WEIGHTS_FILE), tensors)
   adapted = dataclasses.replace(
     cfg,
     lora_rank=int(config["r"]),
