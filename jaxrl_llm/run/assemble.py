@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -26,8 +25,7 @@ from jaxrl_llm import (
   quant,
   sharding,
 )
-from jaxrl_llm.config import Config, ConfigError, Settings, check, checks, typed
-from jaxrl_llm.config.fields import invalid
+from jaxrl_llm.config import Config, ConfigError, Settings, check, typed
 from jaxrl_llm.data import file_task, pipeline, tasks
 from jaxrl_llm.data.task import Task
 from jaxrl_llm.kernels import verify
@@ -36,6 +34,7 @@ from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.transformer import Transformer, positions_from_mask
 from jaxrl_llm.rl import RLProgram, make_rl_step
 from jaxrl_llm.rl.step import run_axes
+from jaxrl_llm.run import from_checkpoint
 from jaxrl_llm.run.evaluate import make_eval_fn
 from jaxrl_llm.types import PromptBatch, TrainState
 
@@ -169,90 +168,6 @@ def _mesh(cfg: Config, devices: list[jax.Device], runs: int) -> tuple[Mesh, tupl
   return mesh, m.rule_table
 
 
-def _check_checkpoint_dir(path: str) -> None:
-  """`model.checkpoint` (when set) holds a config.json and is no trainer workdir (before the task)."""
-  from jaxrl_llm.models import hf_layout, pretrained
-
-  if path and (why := hf_layout.trainer_workdir(path)):
-    raise ConfigError(
-      f"model.checkpoint={path!r} is a trainer workdir ({why}), not a Hugging Face checkpoint; "
-      f"export one with: python tools/hf_convert.py export --workdir={path} --out=HF_DIR"
-    )
-  if path and not os.path.isfile(os.path.join(path, "config.json")):
-    what = "has no config.json" if os.path.isdir(path) else "is not a directory"
-    fetched = {os.path.abspath(pretrained.model_dir(n)): n for n in pretrained.MODELS}
-    hint = (  # a model `tools/get_smollm2.py` writes, not fetched yet
-      "; fetch it first: python tools/get_smollm2.py" if os.path.abspath(path) in fetched else ""
-    )
-    raise ConfigError(
-      f"model.checkpoint={path!r} {what}; point it at a local Hugging Face checkpoint "
-      f"(config.json + *.safetensors){hint}"
-    )
-
-
-def _check_context(cfg: Config, task, prompt_len: int) -> None:
-  """With `model.checkpoint`: a ConfigError unless the prompt and the sampler's completion
-  budget fit its context (config.json's max_position_embeddings; `checks.context`)."""
-  if not cfg.model.checkpoint:
-    return
-  try:
-    new_tokens = cfg.sampling.sampler(
-      task, tool_timeout_s=cfg.data.verifier_timeout_s
-    ).max_new_tokens
-  except Exception:  # a sampler that cannot be built (a tool the task cannot take): `check`,
-    return  # which runs with the checkpoint's architecture, names what is wrong in one line
-  from jaxrl_llm.models import hf_config, hf_layout
-
-  source = os.path.join(cfg.model.checkpoint, "config.json")
-  hf = hf_layout.read_json(source)  # not JSON: one line naming the file, as the loader's
-  limit = hf_config.carried_fields(hf, source=source).get("max_position_embeddings")
-  errors = checks.context(cfg, prompt_len, new_tokens, limit, source)
-  if errors:
-    raise invalid(errors)
-
-
-def _pretrained_config(cfg: Config) -> ModelConfig:
-  """The ModelConfig of `model.checkpoint`'s config.json, with the config's dtypes and layout."""
-  from jaxrl_llm.models import hf_config
-
-  with open(os.path.join(cfg.model.checkpoint, "config.json")) as f:
-    mc = hf_config.config_from_hf(json.load(f), source=cfg.model.checkpoint)
-  return _onto(cfg, mc)
-
-
-def _onto(cfg: Config, mc: ModelConfig) -> ModelConfig:
-  """The checkpoint's architecture with the config's fields on it (`ModelConfig.onto`); a field
-  the checkpoint's sizes refuse (a LoRA rank over a projection's width) is a ConfigError."""
-  try:
-    return cfg.model.arch.onto(mc)
-  except ValueError as e:
-    raise ConfigError(f"{e} (model.checkpoint={cfg.model.checkpoint!r})") from None
-
-
-def _load_pretrained(cfg: Config, mesh: Mesh, rules) -> tuple[ModelConfig, Any]:
-  """(ModelConfig, params) of `model.checkpoint` (a Hugging Face directory)."""
-  from jaxrl_llm.models import hf
-
-  path, arch = cfg.model.checkpoint, cfg.model.arch
-  mc, params = hf.load_checkpoint(
-    path,
-    mesh=mesh,
-    rules=rules,
-    param_dtype=arch.param_dtype,
-    dtype=arch.dtype,
-    scan_layers=arch.scan_layers,
-  )
-  return _onto(cfg, mc), params
-
-
-def _hf_model_type(path: str) -> str:
-  """The `model_type` of a Hugging Face checkpoint directory ("" when not starting from one)."""
-  if not path:
-    return ""
-  with open(os.path.join(path, "config.json")) as f:
-    return str(json.load(f).get("model_type", ""))
-
-
 def _abstract_like(tree, shardings):
   """ShapeDtypeStructs of `tree` (arrays or structs) carrying `shardings`."""
   return jax.tree.map(
@@ -304,11 +219,11 @@ def _fresh_state(cfg: Config, tx, params, param_shardings, mesh, rng, *, abstrac
 
 def _model(cfg: Config, task, mesh, rules, *, abstract: bool, devices) -> tuple:
   """(ModelConfig, Transformer, params, their shardings), after the config's cross checks."""
-  pretrained_cfg = _pretrained_config(cfg) if cfg.model.checkpoint else None
+  pretrained_cfg = from_checkpoint.architecture(cfg) if cfg.model.checkpoint else None
   check(cfg, num_devices=len(devices), task=task, model=pretrained_cfg, device=devices[0])
   pretrained = None  # the weights, loaded once the checks passed (the mesh rules among them)
   if not abstract and cfg.model.checkpoint:
-    pretrained_cfg, pretrained = _load_pretrained(cfg, mesh, rules)
+    pretrained_cfg, pretrained = from_checkpoint.load(cfg, mesh, rules)
   mc = pretrained_cfg or cfg.model.arch
   model = Transformer(mc, attention=cfg.model.attention)
   if pretrained is None:  # random init (or, for a plan, a checkpoint's shapes)
@@ -393,7 +308,7 @@ def run_meta(cfg: Config, mc: ModelConfig, *, abstract: bool = False) -> dict:
   another one (`abstract`, a plan: the base's weight files are not read for their digest)."""
   meta = {
     "model": mc.to_dict(),
-    "hf_model_type": _hf_model_type(cfg.model.checkpoint),
+    "hf_model_type": from_checkpoint.model_type(cfg.model.checkpoint),
     "objective": {"name": cfg.objective.name, **cfg.objective.hyperparameters},
     "task": cfg.task.task_fields | {"name": cfg.task.name, "data": cfg.data.train_files},
   }
@@ -439,11 +354,11 @@ def build(
   run's, which the pack stacks with the others'.
   """
   cfg = typed(config, "build")
-  _check_checkpoint_dir(cfg.model.checkpoint)
+  from_checkpoint.check_dir(cfg.model.checkpoint)
   task = build_task(cfg)
   devices = list(devices if devices is not None else jax.devices())
   mesh, rules = _mesh(cfg, devices, runs)
-  _check_context(cfg, task, prompt_len or task.prompt_len)  # before the weights load
+  from_checkpoint.check_context(cfg, task, prompt_len or task.prompt_len)  # before the weights load
   mc, model, params, param_shardings = _model(
     cfg, task, mesh, rules, abstract=abstract, devices=devices
   )
