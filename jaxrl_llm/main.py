@@ -60,7 +60,6 @@ _DEBUG = flags.DEFINE_bool(
   "Show the full traceback of a known failure instead of its one-line error, and on the "
   "terminal the libraries' log lines (always in <workdir>/log.txt) with absl's prefix.",
 )
-flags.mark_flags_as_required(["config"])
 
 
 def main(argv):
@@ -69,6 +68,13 @@ def main(argv):
     print(
       f"error: unexpected arguments {argv[1:]}; allowed: flags only "
       "(--config=FILE, --workdir=DIR, --config.SECTION.FIELD=VALUE, ...; --help lists them)",
+      file=sys.stderr,
+    )
+    sys.exit(2)
+  if _CONFIG.value is None:  # absl's own line for a required flag names `--config=None`
+    print(
+      "error: --config is required: an experiment config file, e.g. "
+      "--config=configs/default.py (configs/ holds the recipes)",
       file=sys.stderr,
     )
     sys.exit(2)

@@ -413,16 +413,19 @@ def test_a_setting_asked_of_a_config_without_settings_is_one_plain_line(tmp_path
 
 
 def test_a_missing_config_is_one_line_without_the_override_hint(tmp_path):
-  """No --config: one line saying so, without the hint about --config.FIELD=VALUE types that
-  a bad override gets (and still gets)."""
+  """No --config: one line saying what it takes (absl's "flag --config=None: ..." named neither
+  a file nor an example), without the hint about --config.FIELD=VALUE types that a bad
+  override gets (and still gets). Nothing is made."""
   base = [sys.executable, "-m", "jaxrl_llm.main", f"--workdir={tmp_path / 'run'}"]
   run = lambda *a: subprocess.run(  # noqa: E731
     [*base, *a], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120
   )
   proc = run()
   assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
-    "error: flag --config=None: Flag --config must have a value other than None."
+    "error: --config is required: an experiment config file, e.g. --config=configs/default.py "
+    "(configs/ holds the recipes)"
   ]
+  assert not (tmp_path / "run").exists()
   proc = run("--config=configs/default.py", "--config.train.num_steps=abc")
   lines = proc.stderr.strip().splitlines()
   assert proc.returncode == 2 and len(lines) == 1

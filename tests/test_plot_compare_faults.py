@@ -531,3 +531,27 @@ def test_seed_table_strips_spaces_around_expect_and_baseline_items(root, capsys)
   out = capsys.readouterr().out
   rows = [line for line in out.splitlines() if line.startswith("| 0.28 ")]
   assert len(rows) == 2 and "too few seeds" in rows[1], out  # the means, the differences
+
+
+@pytest.mark.parametrize(
+  "argv, says",
+  [
+    (["compare.py"], "error: the following arguments are required: --root"),
+    (["compare.py", "--root=.", "--tgs=x"], "error: unrecognized arguments: --tgs=x"),
+    (["plot.py", "curves"], "error: the following arguments are required: PATH"),
+    (["plot.py", "heatmap", "."], "error: the following arguments are required: --x"),
+    (["export_runs.py"], "error: the following arguments are required: --root, --out"),
+    (["hf_convert.py", "export"], "error: the following arguments are required: --workdir, --out"),
+  ],
+)
+def test_a_tools_missing_or_unknown_argument_is_one_line_not_the_usage_block(argv, says):
+  """compare, plot, export_runs and hf_convert printed argparse's usage block (3 to 5 lines)
+  before their error; they now say one line, as the other tools do (`terminal.ArgParser`)."""
+  import subprocess
+
+  proc = subprocess.run(
+    [sys.executable, str(REPO / "tools" / argv[0]), *argv[1:]],
+    cwd=REPO, capture_output=True, text=True, timeout=120,
+  )  # fmt: skip
+  assert proc.returncode == 2 and proc.stdout == ""
+  assert proc.stderr.strip().splitlines() == [says], proc.stderr

@@ -22,7 +22,10 @@ import os
 import sys
 from collections.abc import Sequence
 
-from jaxrl_llm import metric_info  # no JAX: keeps --help fast
+from jaxrl_llm import (
+  metric_info,  # no JAX: keeps --help fast
+  terminal,
+)
 
 DEFAULT_TAGS = ("eval/accuracy", "eval/pass@*", "rollout/reward_mean")
 
@@ -225,7 +228,7 @@ def _split(text: str) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
   """Command line entry point; returns the exit status."""
-  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  p = terminal.ArgParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--root", required=True, help="Directory holding the runs (searched recursively).")
   p.add_argument(
     "--tags",

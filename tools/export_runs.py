@@ -42,6 +42,8 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "experiments"))
 from seed_table import find_runs  # noqa: E402  (the runs a study's tables read)
 
+from jaxrl_llm import terminal  # noqa: E402
+
 EXIT_BAD_INPUT = 2
 # One row of record.text_summary's markdown table; prompts and completions may hold newlines.
 ROW = re.compile(r"^\| `(.*?)` \| `(.*?)` \| (-?\d+(?:\.\d+)?) \|$", re.S | re.M)
@@ -154,7 +156,7 @@ def write(out: str, exported: dict[str, dict[str, str]]) -> None:
 
 def main(argv=None) -> int:
   """Writes each run's raw outputs under --out, one folder a run; a bad --root or --out is one line."""
-  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  p = terminal.ArgParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--root", required=True, help="the folder holding the runs")
   p.add_argument("--out", required=True, help="where the raw files go (one folder per run)")
   args = p.parse_args(argv)

@@ -64,6 +64,7 @@ import sys
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from jaxrl_llm import terminal
 
 EXIT_BAD_INPUT = 2
 NONE = "none"  # --hf_source / --tokenizer value that turns the default off
@@ -672,7 +673,7 @@ def build_parser() -> argparse.ArgumentParser:
   """The command-line parser of both sub-commands."""
   common = argparse.ArgumentParser(add_help=False)
   common.add_argument("--debug", action="store_true", help="print the traceback of an error")
-  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  p = terminal.ArgParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   sub = p.add_subparsers(dest="command", required=True)
   imp = sub.add_parser("import", parents=[common], help="validate / inspect an HF checkpoint")
   imp.add_argument("--hf_dir", required=True, help="directory with config.json and safetensors")

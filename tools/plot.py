@@ -52,6 +52,8 @@ from typing import Any
 import compare  # tools/compare.py, next to this file
 import numpy as np
 
+from jaxrl_llm import terminal  # no JAX
+
 SEED = "seed"
 MAX_SIDE_PX, MAX_PIXELS = 65536, 2**28  # a figure larger than this would exhaust memory
 PSEUDO_FIELDS = ("path", "run")  # --group_by only: the PATH argument, the run's directory
@@ -1008,7 +1010,7 @@ def _describe(arms: Iterable[Arm]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
   """Command line entry point; returns the exit status."""
-  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  p = terminal.ArgParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   sub = p.add_subparsers(dest="command", required=True)
   common = argparse.ArgumentParser(add_help=False)
   common.add_argument("paths", nargs="+", metavar="PATH", help="Run workdirs or sweep roots.")
