@@ -253,6 +253,14 @@ def check_overrides(argv: list[str]) -> None:
   """Fails with a clear message when a `--config.a.b=v` flag names a field the config lacks."""
   path = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
   overrides = [a for a in argv if a.startswith(("--config.", "--noconfig."))]
+  for a in argv:  # absl's line for an unknown dotted flag says nothing of the form
+    head = a.lstrip("-").split("=", 1)[0].split(".", 1)
+    named = len(head) == 2 and head[0].isidentifier()  # not a value such as -0.5
+    if a.startswith("-") and named and head[0] not in ("config", "noconfig"):
+      raise ConfigError(
+        f"{a}: no flag {head[0]}.*; config fields are set as --config.SECTION.FIELD=VALUE "
+        "(e.g. --config.train.num_steps=100)"
+      )
   if path is None and overrides:
     raise ConfigError(
       f"{overrides[0]} overrides a config, and no --config=FILE names one (e.g. "

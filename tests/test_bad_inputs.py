@@ -152,6 +152,26 @@ def test_an_override_without_a_config_is_one_line_naming_it(tmp_path):
   assert not workdir.exists()
 
 
+def test_a_mistyped_config_prefix_is_one_line_naming_the_form(tmp_path):
+  """`--confg.train.num_steps=2` read absl's `Unknown command line flag 'confg.train.num_steps'`
+  with no word of the --config.SECTION.FIELD form; a negative value given apart (`-0.5`) is
+  not taken for such a flag."""
+  workdir = tmp_path / "run"
+  base = [sys.executable, "-m", "jaxrl_llm.main", "--config=configs/default.py"]
+  run = dict(cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
+  proc = subprocess.run([*base, f"--workdir={workdir}", "--confg.train.num_steps=2"], **run)
+  assert (proc.returncode, proc.stdout, proc.stderr.strip().splitlines()) == (2, "", [
+    "error: --confg.train.num_steps=2: no flag confg.*; config fields are set as "
+    "--config.SECTION.FIELD=VALUE (e.g. --config.train.num_steps=100)"
+  ])  # fmt: skip
+  assert not workdir.exists()
+  from jaxrl_llm import launch
+
+  launch.check_overrides(
+    ["main", "--config=configs/default.py", "--config.objective.clip_low", "-0.5"]
+  )
+
+
 def test_a_checkpoints_file_in_the_workdir_is_one_line_and_is_kept(tmp_path):
   """`W/checkpoints` a file, not a folder: one line naming it at start-up (it was a
   NotADirectoryError traceback from the checkpointer, exit 1), and the file is left as it was."""
