@@ -457,11 +457,9 @@ def stop_while_compiling(signum: int, what: str, workdir: str) -> None:
   (`sigterm.compiling`; on its watcher thread, after the run's saves in flight finished)."""
   if signum == signal.SIGINT:
     stop_on_sigint(workdir, what)
-  line = (
-    f"stopped by SIGTERM while compiling {what}: the checkpoints in {workdir} are kept; "
-    "relaunch the same command to resume"
-  )
-  _stop(143, line)
+  from jaxrl_llm.run import preempt
+
+  _stop(143, f"stopped by SIGTERM while compiling {what}: {preempt.kept(workdir)}")
 
 
 def in_a_job() -> bool:

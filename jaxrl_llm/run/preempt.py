@@ -14,6 +14,7 @@ library swallowed it.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -34,6 +35,17 @@ class Preempted(Exception):
     self.step = step
 
 
+def kept(directory: str) -> str:
+  """The end of a SIGTERM's stop line for a run whose checkpoints are in `directory`: that they
+  are kept and resume, or (a local folder with no committed step) that none was saved yet."""
+  folder = os.path.join(directory, "checkpoints")
+  if "://" not in directory and not (
+    os.path.isdir(folder) and any(name.isdigit() for name in os.listdir(folder))
+  ):
+    return f"no checkpoint was saved yet in {directory}; relaunch the same command to start"
+  return f"the checkpoints in {directory} are kept; relaunch the same command to resume"
+
+
 def stop_if_asked(where: str, directory: str, step: int = 0) -> None:
   """Raises `Preempted` saying the run stopped `where` (nothing more to save) when SIGTERM
   came since `sigterm.listen`."""
@@ -41,8 +53,7 @@ def stop_if_asked(where: str, directory: str, step: int = 0) -> None:
     raise Preempted(
       step,
       directory,
-      f"stopped by SIGTERM {where}: the checkpoints in {directory} are kept; relaunch the "
-      "same command to resume",
+      f"stopped by SIGTERM {where}: {kept(directory)}",
     )
 
 
