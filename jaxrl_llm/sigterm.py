@@ -92,6 +92,10 @@ def compiling(what: str):
   _COMPILE["what"] = what
   try:
     yield
+  except KeyboardInterrupt:  # Ctrl-C reached the main thread while it traced (Python code):
+    if _COMPILE["stopping"] is None:  # the same stop as the watcher's, from this thread
+      _stop(signal.SIGINT, what)
+    threading.Event().wait()  # the watcher's stop is under way: its exit ends this thread
   finally:
     _COMPILE["what"] = None
     signal.set_wakeup_fd(previous)
@@ -138,7 +142,8 @@ def _watch(read: socket.socket) -> None:
     for signum in read.recv(64):
       what = _COMPILE["what"]
       if what is not None and signum in (signal.SIGTERM, signal.SIGINT):
-        _stop(signum, what)
+        if _COMPILE["stopping"] is None:  # not already stopping on the main thread
+          _stop(signum, what)
       elif signum == signal.SIGTERM:
         note()
 

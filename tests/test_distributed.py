@@ -132,11 +132,11 @@ workdir = sys.argv[1]
 sigterm.listen()
 try:
   with sigterm.leaving(lambda signum, what: launch.stop_while_compiling(signum, what, workdir)):
-    with sigterm.closing(lambda: time.sleep(2.0)):  # a save in flight the watcher waits for
+    with sigterm.closing(lambda: time.sleep(6.0)):  # a save in flight the watcher waits for
       with sigterm.compiling("the test program"):
         signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])  # the watcher gets it
         os.kill(os.getpid(), signal.SIGINT)
-        ctypes.CDLL(None).usleep(500_000)  # XLA's C++ call: no Python handler runs in it
+        ctypes.CDLL(None).usleep(3_000_000)  # XLA's C++ call: no Python handler runs in it
       signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
       time.sleep(10)  # the compilation ended while the watcher's closer runs
 except KeyboardInterrupt:  # as `launch.train`'s: the main thread's own stop

@@ -253,7 +253,11 @@ def test_redirected_every_line_keeps_absls_prefix_naming_its_source(dense_raw):
   for raw in (lines, again):
     assert raw and all(PREFIX.match(x) for x in raw if x.strip()), raw[:5]
   source = {PREFIX.sub("", x): PREFIX.match(x)[1] for x in lines + again}
-  expected = {"jaxrl_llm ": "record.py", "step 2/4 ": "loop.py", "trained RL steps ": "record.py"}
+  expected = {
+    "jaxrl_llm ": "record.py",
+    "step 2/4 ": "step_log.py",
+    "trained RL steps ": "record.py",
+  }
   expected |= {"already holds step 4": "loop.py", "last eval: ": "main.py"}
   for start, file in expected.items():
     files = {f for line, f in source.items() if start in line}
