@@ -155,12 +155,15 @@ class _Pool:
   def close(self, *, kill: bool, wait_s: float = 1.0) -> None:
     """Shuts the executor down; with `kill`, without waiting, and process workers are killed.
 
-    Killed workers are waited for (at most `wait_s`), so that they are gone on return.
+    Killed workers are waited for (at most `wait_s`), so that they are gone on return, and so
+    is the executor's manager thread (at most 5 s more): it holds the pool's queues, whose
+    semaphores Python's resource tracker warns of when the process leaves before they are freed.
     """
     if not kill:
       self.executor.shutdown(wait=True)
     else:
       pids = self.worker_pids() if self.kind == "process" else []
+      manager = getattr(self.executor, "_executor_manager_thread", None)  # gone after shutdown
       self.executor.shutdown(wait=False, cancel_futures=True)
       for pid in pids:
         try:
@@ -172,6 +175,8 @@ class _Pool:
         pids = [pid for pid in pids if not _gone(pid)]
         if pids:
           time.sleep(0.002)
+      if manager is not None and manager is not threading.current_thread():
+        manager.join(timeout=5.0)  # it ends once it sees its workers gone
     if self.kind == "process":
       self.events.close()  # its workers are gone; free the pipe now rather than at collection
 
