@@ -12,7 +12,7 @@ import time
 import pytest
 from conftest import REPO, cli_env, default_sigint
 
-from jaxrl_llm import distributed
+from jaxrl_llm import distributed, launch
 
 KEY = "jaxrl_llm/stopped/"
 
@@ -162,14 +162,30 @@ def test_a_compilation_that_ends_while_the_watcher_stops_says_the_watchers_line(
   )
   assert proc.returncode == 130, proc.stderr[-2000:]
   assert proc.stderr.count("stopped by ") == 1, proc.stderr[-2000:]
-  assert proc.stderr.splitlines()[-1].startswith(
-    "stopped by SIGINT (Ctrl-C) while compiling the test program: the checkpoints committed"
+  assert proc.stderr.splitlines()[-1] == (  # nothing saved in it: the line does not say intact
+    f"stopped by SIGINT (Ctrl-C) while compiling the test program: no checkpoint was saved yet in "
+    f"{tmp_path}; relaunch the same command to start"
   ), proc.stderr[-2000:]
+
+
+def test_ctrl_c_s_line_says_whether_a_checkpoint_was_saved(tmp_path):
+  """Ctrl-C's line said "the checkpoints committed before it are intact" in a folder where none
+  had been saved; a step folder being written (no digits only) is not a committed one."""
+  (tmp_path / "checkpoints" / "3.orbax-checkpoint-tmp").mkdir(parents=True)
+  assert launch.sigint_line(str(tmp_path), "the RL step") == (
+    f"stopped by SIGINT (Ctrl-C) while compiling the RL step: no checkpoint was saved yet in "
+    f"{tmp_path}; relaunch the same command to start"
+  )
+  (tmp_path / "checkpoints" / "2").mkdir()
+  assert launch.sigint_line(str(tmp_path)) == (
+    f"stopped by SIGINT (Ctrl-C): the checkpoints committed before it are intact in {tmp_path}; "
+    "relaunch the same command to resume"
+  )
 
 
 WATCHING = """
 import sys, time
-from jaxrl_llm import distributed
+from jaxrl_llm import distributed, launch
 
 distributed.initialize(120)
 distributed.watch_peers(interval_s=0.0)  # always inside the service's client, as at a run's end

@@ -863,7 +863,10 @@ def test_sigterm_while_xla_compiles_stops_at_once(tmp_path):
 
   fresh = ("--config.sft.steps=0", "--config.train.num_steps=2")
   last = stopped(r"compiling the held-out evaluation", *fresh, sig=signal.SIGINT)
-  assert last.startswith("stopped by SIGINT (Ctrl-C) while compiling the held-out evaluation: ")
+  assert last == (  # nothing saved yet (it said "the checkpoints committed before it are intact")
+    f"stopped by SIGINT (Ctrl-C) while compiling the held-out evaluation: no checkpoint was saved "
+    f"yet in {workdir}; relaunch the same command to start"
+  )
   last = stopped(r"compiling the held-out evaluation", *fresh)
   assert last == (  # nothing saved yet, and the line says so (it said "checkpoints ... kept")
     f"stopped by SIGTERM while compiling the held-out evaluation: no checkpoint was saved yet "

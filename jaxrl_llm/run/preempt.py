@@ -35,13 +35,19 @@ class Preempted(Exception):
     self.step = step
 
 
+def none_saved(directory: str) -> bool:
+  """Whether `directory` is a local run folder with no committed step (a remote one counts as
+  having some: it is not listed)."""
+  folder = os.path.join(directory, "checkpoints")
+  return "://" not in directory and not (
+    os.path.isdir(folder) and any(name.isdigit() for name in os.listdir(folder))
+  )
+
+
 def kept(directory: str) -> str:
   """The end of a SIGTERM's stop line for a run whose checkpoints are in `directory`: that they
   are kept and resume, or (a local folder with no committed step) that none was saved yet."""
-  folder = os.path.join(directory, "checkpoints")
-  if "://" not in directory and not (
-    os.path.isdir(folder) and any(name.isdigit() for name in os.listdir(folder))
-  ):
+  if none_saved(directory):
     return f"no checkpoint was saved yet in {directory}; relaunch the same command to start"
   return f"the checkpoints in {directory} are kept; relaunch the same command to resume"
 
