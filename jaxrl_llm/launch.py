@@ -331,7 +331,7 @@ def parse_acting(config, fields: list[str]):
   from jaxrl_llm.config.fields import invalid
 
   cfg = parse(config)
-  errors = acting.unused(cfg, fields) + acting.unused_alone(cfg, fields)
+  errors = acting.unused(cfg, fields, config) + acting.unused_alone(cfg, fields)
   if errors:
     raise invalid(errors)
   return cfg

@@ -181,6 +181,7 @@ IGNORED = [  # (settings, the one a command line gives that has no effect, why)
   ({"correction.name": "geo_mask", "correction.geo_high": 3.0}, "correction.cap", 5.0, "does"),
   ({}, "model.moe_top_k", 4, "model.moe_num_experts=0 builds a dense model"),
   ({}, "model.lora_alpha", 32.0, "model.lora_rank=0 trains no adapters"),
+  ({}, "model.lora_targets", "q_proj,v_proj", "lora_rank=0 trains"),  # as given, not 'q,v'
   ({}, "sampling.max_turns", 4, "sampling.tool='none' samples one segment"),
   ({}, "mesh.runs_at_once", 2, "a single run steps alone"),  # it paces a pack's runs only
 ]

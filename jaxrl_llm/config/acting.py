@@ -9,6 +9,7 @@ import dataclasses
 
 from jaxrl_llm import objectives
 from jaxrl_llm.config.tree import Config
+from jaxrl_llm.models.config import RESUME_SPELLINGS
 
 
 def _kl_unused(cfg: Config, field: str) -> str | None:
@@ -153,18 +154,23 @@ def _value(cfg: Config, field: str):
   return getattr(node, name)
 
 
-def ignored(cfg: Config, field: str) -> str | None:
+def ignored(cfg: Config, field: str, given=None) -> str | None:
   """`field=value has no effect: why` when the setting `field` holds another value than the
-  embedded default and the run of `cfg` never reads it (`unused`); None otherwise."""
+  embedded default and the run of `cfg` never reads it (`unused`); None otherwise. The value
+  is said as `given` (the ConfigDict `cfg` was parsed from) spells it, where given."""
   from jaxrl_llm.config.tree import default_config, parse
 
   why = _unused_reason(cfg, field)
   if why is None or _value(cfg, field) == _value(parse(default_config()), field):
     return None
-  return f"{field}={_value(cfg, field)!r} has no effect: {why}"
+  value = _value(cfg, field)
+  if given is not None and field in RESUME_SPELLINGS:  # the user's spelling, not the model's
+    section, _, name = field.partition(".")
+    value = given[section][name]
+  return f"{field}={value!r} has no effect: {why}"
 
 
-def unused(cfg: Config, fields) -> list[str]:
+def unused(cfg: Config, fields, given=None) -> list[str]:
   """The settings among `fields` (those a command line or a sweep sets) that hold another value
   than the embedded default and that the run of `cfg` ignores, each with why: an objective
   hyperparameter the selected objective does not take, a KL setting without a KL term or beside
@@ -173,8 +179,8 @@ def unused(cfg: Config, fields) -> list[str]:
   without it, GAE's γ, λ under another estimator, a shaping, filtering, whitening or
   aggregation setting beside what acts, turns without a tool, tool traces on a task that
   writes none, another built-in task's field, the warm start's at sft.steps=0, a prompt file's
-  setting without prompt files."""
-  said = [ignored(cfg, field) for field in dict.fromkeys(fields)]
+  setting without prompt files. Values are said as `given` (`cfg`'s ConfigDict) spells them."""
+  said = [ignored(cfg, field, given) for field in dict.fromkeys(fields)]
   return [f"{line}; drop it or set what it acts with" for line in said if line]
 
 
