@@ -9,6 +9,7 @@ as one line with 130, SIGTERM with 143, the peers of a job told why (`leave_job`
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gc
 import importlib.util
@@ -388,6 +389,7 @@ def train_or_leave(
     say(f"{e}")
     leave_job(143)  # 128 + SIGTERM, as if the signal had ended the process
   except Exception as e:
+    _defer_to_the_watcher()  # a failure while the watcher's stop closes the run: its stop
     if made:
       remove_if_empty(workdir, made)
     if interrupted(e) and not (debug and not in_a_job()):
@@ -403,6 +405,7 @@ def train_or_leave(
     say(line)
     leave_job(2, line)  # an aborted async save must not print more
   except KeyboardInterrupt:  # Ctrl-C: the run's `finally` has waited for a save in flight
+    _defer_to_the_watcher()
     if debug and not in_a_job():
       raise
     stop_on_sigint(workdir)
@@ -414,7 +417,8 @@ def say(line: str) -> None:
   none where a signal during a compilation is already ending the process on the watcher thread
   (`sigterm.stopping_elsewhere`), whose line and exit this thread waits for."""
   _defer_to_the_watcher()
-  print(line, file=sys.stderr, flush=True)
+  with contextlib.suppress(OSError):  # a closed stderr (`| tee`, ended by the same Ctrl-C)
+    print(line, file=sys.stderr, flush=True)
   terminal.in_log_files(line)
 
 
@@ -490,8 +494,9 @@ def leave_job(code: int, why: str | None = None) -> None:
   peers that are themselves waiting in a collective for it, until all abort with stack dumps.
   With `why`, the peers are told (`distributed.announce_stop`) and stop at once with it.
   """
-  sys.stdout.flush()
-  sys.stderr.flush()
+  for stream in (sys.stdout, sys.stderr):
+    with contextlib.suppress(OSError):  # a closed pipe: what was said is lost, the exit is not
+      stream.flush()
   scoring = sys.modules.get("jaxrl_llm.data.verifiers.scoring")
   if scoring is not None:  # its worker processes, stopped at exit by atexit, which this skips
     scoring.shutdown_workers(timeout_s=1.0)

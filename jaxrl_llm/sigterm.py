@@ -93,7 +93,7 @@ def compiling(what: str):
   try:
     yield
   except KeyboardInterrupt:  # Ctrl-C reached the main thread while it traced (Python code):
-    if _COMPILE["stopping"] is None:  # the same stop as the watcher's, from this thread
+    if _claim():  # the same stop as the watcher's, from this thread
       _stop(signal.SIGINT, what)
     threading.Event().wait()  # the watcher's stop is under way: its exit ends this thread
   finally:
@@ -142,7 +142,7 @@ def _watch(read: socket.socket) -> None:
     for signum in read.recv(64):
       what = _COMPILE["what"]
       if what is not None and signum in (signal.SIGTERM, signal.SIGINT):
-        if _COMPILE["stopping"] is None:  # not already stopping on the main thread
+        if _claim():  # not already stopping on the main thread
           _stop(signum, what)
       elif signum == signal.SIGTERM:
         note()
@@ -156,9 +156,23 @@ def stopping_elsewhere() -> bool:
   return _COMPILE["stopping"] not in (None, threading.get_ident())
 
 
+_CLAIMING = threading.Lock()
+
+
+def _claim() -> bool:
+  """Makes the calling thread the one that stops (`_COMPILE["stopping"]`), unless one already
+  is: False then. Under a lock, so that a Ctrl-C reaching both threads starts one stop."""
+  with _CLAIMING:
+    if _COMPILE["stopping"] is not None:
+      return False
+    _COMPILE["stopping"] = threading.get_ident()  # the stop's line is this thread's
+    return True
+
+
 def _stop(signum: int, what: str) -> None:
-  """Runs the closers (for at most `CLOSE_TIMEOUT_S`), then leaves."""
-  _COMPILE["stopping"] = threading.get_ident()  # first: the stop's line is this thread's
+  """Runs the closers (for at most `CLOSE_TIMEOUT_S`), then leaves, by 128 + the signal even
+  where the leaving hook fails (a closed stderr: `| tee` ended by the same Ctrl-C), since the
+  other threads wait for this one's exit (`stopping_elsewhere`). The caller has `_claim`ed it."""
   leave = _COMPILE["leave"] or _leave  # in force at the signal (the main thread may leave it)
   if signum == signal.SIGTERM:
     note()
@@ -173,8 +187,13 @@ def _stop(signum: int, what: str) -> None:
   closer = threading.Thread(target=close_all, daemon=True)
   closer.start()
   closer.join(CLOSE_TIMEOUT_S)
-  leave(signum, what)
-  os._exit(128 + signum)  # a hook that returned
+  try:
+    leave(signum, what)
+  except BaseException as e:  # said where it still can be; the exit follows regardless
+    with contextlib.suppress(BaseException):
+      print(f"error: while stopping: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+  finally:
+    os._exit(128 + signum)  # a hook that returned, or failed
 
 
 def _leave(signum: int, what: str) -> None:

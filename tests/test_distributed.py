@@ -183,6 +183,54 @@ def test_ctrl_c_s_line_says_whether_a_checkpoint_was_saved(tmp_path):
   )
 
 
+CLOSED = """
+import ctypes, os, signal, sys
+from jaxrl_llm import launch, sigterm, terminal
+
+workdir = sys.argv[1]
+terminal.keep_log(os.path.join(workdir, "log.txt"))
+sigterm.listen()
+with sigterm.leaving(lambda signum, what: launch.stop_while_compiling(signum, what, workdir)):
+  with sigterm.compiling("the test program"):
+    print("compiling", flush=True)
+    ctypes.CDLL(None).usleep(60_000_000)  # XLA's C++ call: no Python handler runs in it
+"""
+
+
+def test_a_ctrl_c_whose_terminal_pipe_closed_still_ends_the_run(tmp_path):
+  """`main ... 2>&1 | tee log`, Ctrl-C while compiling: tee ends on the same signal, the stop's
+  line met a closed pipe (BrokenPipeError on the watcher thread, which died before its exit)
+  and the main thread waited for that exit for good; only kill -9 ended it. Now it leaves
+  with 130, and the line is in the run's log file."""
+  script = tmp_path / "closed.py"
+  script.write_text(CLOSED)
+  proc = subprocess.Popen(
+    [sys.executable, str(script), str(tmp_path)],
+    cwd=REPO,
+    env=cli_env(),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+    preexec_fn=default_sigint,
+  )
+  assert proc.stdout.readline() == "compiling\n"
+  proc.stderr.close()  # the pipe's reader is gone, as tee is
+  proc.send_signal(signal.SIGINT)
+  try:
+    assert proc.wait(timeout=45) == 130
+  finally:
+    proc.kill()
+  assert (
+    (tmp_path / "log.txt")
+    .read_text()
+    .splitlines()[-1]
+    .endswith(
+      "stopped by SIGINT (Ctrl-C) while compiling the test program: no checkpoint was saved yet "
+      f"in {tmp_path}; relaunch the same command to start"
+    )
+  )
+
+
 WATCHING = """
 import sys, time
 from jaxrl_llm import distributed, launch
