@@ -466,3 +466,27 @@ def test_a_step_half_deleted_by_retention_is_removed_once_superseded(tmp_path):
     ckpt.wait()
     assert not (root / "2").exists() and ckpt.all_steps() == [4, 6]
     _assert_bit_exact(ckpt.restore(4, _abstract(state))[0], state)
+
+
+def test_a_sigterm_stop_line_waits_for_the_save_in_flight(tmp_path, monkeypatch):
+  """SIGTERM during the first evaluation after a warm start: the line was built while
+  checkpoint 0 was still being written (`0.orbax-checkpoint-tmp`), and said "no checkpoint was
+  saved yet ... relaunch to start" beside "(checkpoint 0 holds the warm start)". The stop now
+  waits for the save first; a warm start's own saved progress counts as saved too."""
+  from jaxrl_llm import sigterm
+  from jaxrl_llm.run import preempt
+
+  monkeypatch.setitem(sigterm._TERM, "seen", True)
+  with checkpoint.Checkpointer(tmp_path, save_every=1) as ckpt:
+    assert ckpt.save(0, _state(typed_key=True), meta=META)
+    with pytest.raises(preempt.Preempted) as e:
+      preempt.stop_if_asked("during the first evaluation", str(tmp_path), 0, ckpt.wait)
+  assert str(e.value) == (
+    f"stopped by SIGTERM during the first evaluation: the checkpoints in {tmp_path} are kept; "
+    "relaunch the same command to resume"
+  )
+  other = tmp_path / "other"
+  (other / "checkpoints" / "1.orbax-checkpoint-tmp-5").mkdir(parents=True)  # not committed
+  assert preempt.none_saved(str(other))
+  (other / "sft" / "checkpoints" / "3").mkdir(parents=True)  # the warm start's progress
+  assert not preempt.none_saved(str(other))

@@ -368,7 +368,7 @@ def train(
       changed = _changed_settings(trainee, ckpt)
       state = _start_state(trainee, ckpt, data)  # a checkpoint of another run: refused here
       start = trainee.step_of(state)
-      preempt.stop_if_asked(f"while it started (at step {start})", trainee.root, start)
+      preempt.stop_if_asked(f"while it started (at step {start})", trainee.root, start, ckpt.wait)
       if start >= tr.num_steps:  # finished: each run's last evaluation, nothing written
         return {m.name: finished_run(m.workdir, start, tr.num_steps) for m in trainee.members}
       if changed:
@@ -380,7 +380,7 @@ def train(
       if start == 0:
         evaluate(0, state.params)
         saved = "checkpoint 0 holds the warm start" if exp.config.sft.steps else "nothing saved"
-        preempt.stop_if_asked(f"during the first evaluation ({saved})", trainee.root)
+        preempt.stop_if_asked(f"during the first evaluation ({saved})", trainee.root, 0, ckpt.wait)
       state, end = _loop(trainee, state, data, ckpt, evaluate)
       ckpt.wait()
       for member in trainee.members:  # a resume's summary starts from the evaluation before

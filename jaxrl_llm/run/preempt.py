@@ -36,12 +36,20 @@ class Preempted(Exception):
 
 
 def none_saved(directory: str) -> bool:
-  """Whether `directory` is a local run folder with no committed step (a remote one counts as
-  having some: it is not listed)."""
-  folder = os.path.join(directory, "checkpoints")
-  return "://" not in directory and not (
-    os.path.isdir(folder) and any(name.isdigit() for name in os.listdir(folder))
-  )
+  """Whether `directory` is a local run folder with no committed step, of the run or of its
+  warm start (`sft/checkpoints`); a remote one, or one that cannot be listed, counts as having
+  some."""
+  if "://" in directory:
+    return False
+  for folder in ("checkpoints", os.path.join("sft", "checkpoints")):
+    try:
+      if any(name.isdigit() for name in os.listdir(os.path.join(directory, folder))):
+        return False
+    except FileNotFoundError:
+      continue
+    except OSError:
+      return False
+  return True
 
 
 def kept(directory: str) -> str:
@@ -52,10 +60,13 @@ def kept(directory: str) -> str:
   return f"the checkpoints in {directory} are kept; relaunch the same command to resume"
 
 
-def stop_if_asked(where: str, directory: str, step: int = 0) -> None:
+def stop_if_asked(where: str, directory: str, step: int = 0, settle=None) -> None:
   """Raises `Preempted` saying the run stopped `where` (nothing more to save) when SIGTERM
-  came since `sigterm.listen`."""
+  came since `sigterm.listen`; `settle()` first (e.g. waiting for a save in flight, so that
+  the line can say it is kept)."""
   if sigterm.seen():
+    if settle is not None:
+      settle()
     raise Preempted(
       step,
       directory,
