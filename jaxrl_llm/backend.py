@@ -110,13 +110,15 @@ FAKE_DEVICES_FLAG = "--xla_force_host_platform_device_count"
 CPU_SCHEDULER_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler"
 
 
-def cpu_device_flags(flags: str) -> str:
-  """`flags` (XLA_FLAGS) with `CPU_SCHEDULER_FLAG=false` added where they ask for several CPU
-  devices in one process and do not set that flag themselves; otherwise `flags` unchanged."""
+def cpu_device_flags(flags: str, num_cpu_devices: str = "") -> str:
+  """`flags` (XLA_FLAGS) with `CPU_SCHEDULER_FLAG=false` added where they, or
+  `num_cpu_devices` (JAX_NUM_CPU_DEVICES), ask for several CPU devices in one process and the
+  flags do not set that flag themselves; otherwise `flags` unchanged."""
   count = [f.partition("=")[2] for f in flags.split() if f.startswith(FAKE_DEVICES_FLAG + "=")]
-  if not count or not count[-1].isdigit() or int(count[-1]) < 2 or CPU_SCHEDULER_FLAG in flags:
+  asked = [n.strip() for n in [*count[-1:], num_cpu_devices] if n.strip().isdigit()]
+  if not any(int(n) >= 2 for n in asked) or CPU_SCHEDULER_FLAG in flags:
     return flags
-  return f"{flags} {CPU_SCHEDULER_FLAG}=false"
+  return f"{flags} {CPU_SCHEDULER_FLAG}=false".strip()
 
 
 def choose(debug: bool = False) -> str:
@@ -124,7 +126,9 @@ def choose(debug: bool = False) -> str:
   one's name (`cpu`, `gpu`, `tpu`). With `JAX_PLATFORMS` set it is obeyed, and a backend it
   names that cannot start raises BackendError. Otherwise a fall-back to the CPU is noted for `log_fallback`; the start-up
   chatter of failed backends is logged at debug level (shown when `debug`)."""
-  os.environ["XLA_FLAGS"] = cpu_device_flags(os.environ.get("XLA_FLAGS", ""))  # before a backend
+  os.environ["XLA_FLAGS"] = cpu_device_flags(  # before a backend starts
+    os.environ.get("XLA_FLAGS", ""), os.environ.get("JAX_NUM_CPU_DEVICES", "")
+  )
   import jax
 
   asked = os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms

@@ -208,17 +208,20 @@ def test_device_check_keeps_a_failing_plugins_chatter_off_the_terminal(tmp_path)
 
 
 @pytest.mark.parametrize(
-  "flags, added",
+  "flags, num, added",
   [
-    ("--xla_force_host_platform_device_count=4", True),
-    ("--xla_backend_optimization_level=1 --xla_force_host_platform_device_count=8", True),
-    ("--xla_force_host_platform_device_count=1", False),  # one device: no collective
-    ("", False),
+    ("--xla_force_host_platform_device_count=4", "", True),
+    ("--xla_backend_optimization_level=1 --xla_force_host_platform_device_count=8", "", True),
+    ("--xla_force_host_platform_device_count=1", "", False),  # one device: no collective
+    ("", "", False),
     ("--xla_force_host_platform_device_count=4 "
-     "--xla_cpu_enable_concurrency_optimized_scheduler=true", False),  # said by the user: kept
+     "--xla_cpu_enable_concurrency_optimized_scheduler=true", "", False),  # the user's: kept
+    ("", "4", True),  # JAX_NUM_CPU_DEVICES=4 makes 4 devices too (it was missed)
+    ("--xla_backend_optimization_level=1", "2", True),
+    ("", "1", False),
   ],
 )  # fmt: skip
-def test_several_cpu_devices_in_one_process_get_the_plain_scheduler(flags, added):
-  out = backend.cpu_device_flags(flags)
-  want = flags + " --xla_cpu_enable_concurrency_optimized_scheduler=false" if added else flags
-  assert out == want
+def test_several_cpu_devices_in_one_process_get_the_plain_scheduler(flags, num, added):
+  out = backend.cpu_device_flags(flags, num)
+  plain = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
+  assert out == (f"{flags} {plain}".strip() if added else flags)
