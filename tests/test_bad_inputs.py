@@ -228,6 +228,11 @@ def test_a_sweep_root_that_cannot_be_made_is_one_line(tmp_path, capsys):
   assert sweep.main([CONFIG, "--root=/proc/nope", "--grid=seed=0,1"]) == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and err[0].startswith("error: --root=/proc/nope: cannot create it"), err
+  for root in (tmp_path / ("n" * 300), tmp_path / "a" / ("n" * 300)):  # a name too long
+    assert sweep.main([CONFIG, f"--root={root}", "--grid=seed=0,1"]) == 2  # was a traceback
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: --root={root}: cannot create it: "), err
+    assert "has 300 bytes, over the 255 a name may have there" in err[0], err
   for bad in ("-1", "0", "nan"):  # how often a running run's line shows
     assert sweep.main([CONFIG, f"--root={tmp_path}", "--grid=seed=0,1", f"--progress_s={bad}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

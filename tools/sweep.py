@@ -271,6 +271,16 @@ def _unmakeable(root: str) -> str | None:
   if not os.path.isdir(parent):
     return "a file stands on its path; give a directory path whose parents are directories"
   try:
+    longest = os.pathconf(parent, "PC_NAME_MAX")
+  except (OSError, ValueError):  # not said by this system
+    longest = 255
+  for name in os.path.relpath(root, parent).split(os.sep):  # the folders it would make
+    if len(os.fsencode(name)) > longest:
+      return (
+        f"cannot create it: the folder name {name[:24]}... has {len(os.fsencode(name))} bytes, "
+        f"over the {longest} a name may have there; give a shorter name"
+      )
+  try:
     os.rmdir(tempfile.mkdtemp(prefix=".root_test.", dir=parent))
   except OSError as e:  # EROFS, EACCES, ENOSPC, a /proc parent...
     return f"cannot create it: {e.strerror or e}; give a writable directory"
