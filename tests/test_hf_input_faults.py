@@ -176,3 +176,17 @@ def test_import_never_overwrites_an_existing_meta_json(tmp_path):
   assert proc.stdout == ""
   assert (out / "meta.json").read_text() == '{"mine": 1}\n'
   assert sorted(p.name for p in out.iterdir()) == ["meta.json"]
+
+
+def test_a_checkpoint_architecture_from_a_config_json_that_is_not_json_is_one_line(tmp_path):
+  """The architecture read for the config check (before the weights load) read config.json with
+  a plain json.load: a damaged file was a JSONDecodeError traceback, not the loader's line."""
+  from conftest import tiny_config
+
+  from jaxrl_llm.config import parse
+  from jaxrl_llm.run import from_checkpoint
+
+  (tmp_path / "config.json").write_text('{"model_type": "llama", ')
+  cfg = parse(tiny_config(**{"model.checkpoint": str(tmp_path)}))
+  with pytest.raises(CheckpointFormatError, match=r"config\.json: not valid JSON"):
+    from_checkpoint.architecture(cfg)

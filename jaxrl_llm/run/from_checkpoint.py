@@ -59,11 +59,10 @@ def check_context(cfg: Config, task, prompt_len: int) -> None:
 
 def architecture(cfg: Config) -> ModelConfig:
   """The ModelConfig of `model.checkpoint`'s config.json, with the config's dtypes and layout."""
-  from jaxrl_llm.models import hf_config
+  from jaxrl_llm.models import hf_config, hf_layout
 
-  with open(os.path.join(cfg.model.checkpoint, "config.json")) as f:
-    mc = hf_config.config_from_hf(json.load(f), source=cfg.model.checkpoint)
-  return _onto(cfg, mc)
+  hf = hf_layout.read_json(os.path.join(cfg.model.checkpoint, "config.json"))  # not JSON: a line
+  return _onto(cfg, hf_config.config_from_hf(hf, source=cfg.model.checkpoint))
 
 
 def _onto(cfg: Config, mc: ModelConfig) -> ModelConfig:
