@@ -641,6 +641,7 @@ def test_unsupported_peft_configs_are_one_error_line(tmp_path):
     ("use_dora", True),
     ("use_rslora", True),
     ("bias", "all"),
+    ("lora_bias", True),  # its lora_B.bias tensors read as "no LoRA weight PEFT saves"
     ("peft_type", "IA3"),
   ):
     folder = tmp_path / key

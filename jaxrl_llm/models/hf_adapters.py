@@ -178,6 +178,7 @@ def _adapter_config(path: str) -> dict[str, Any]:
     "bias": ("none", config.get("bias", "none")),
     "use_dora": (False, bool(config.get("use_dora"))),
     "use_rslora": (False, bool(config.get("use_rslora"))),
+    "lora_bias": (False, bool(config.get("lora_bias"))),  # lora_B.bias tensors
     "fan_in_fan_out": (False, bool(config.get("fan_in_fan_out"))),
     "rank_pattern": ({}, config.get("rank_pattern") or {}),
     "alpha_pattern": ({}, config.get("alpha_pattern") or {}),
