@@ -85,60 +85,68 @@ SET=train.num_steps=$STEPS$EVAL${EXTRA_SET:+,$EXTRA_SET}
 mkdir -p "$(dirname "$ROOT")"
 
 # pack NAME SETTINGS...: one pack of $SEEDS under $ROOT/NAME (its output in $ROOT.NAME.log; a
-# failed pack ends the script with its log's last line on stderr and the sweep's exit status)
+# failed pack ends the script with its log's last line on stderr and the sweep's exit status),
+# then the table of every pack so far on stdout (each study's G and COLS are set before its packs)
 pack() {
   local name=$1 rc=0
   shift
   [ "${TABLES_ONLY:-0}" = 1 ] && return 0
-  python tools/sweep.py --config="configs/smollm2_arith.py:$SETTING" --root="$ROOT/$name" \
+  python3 tools/sweep.py --config="configs/smollm2_arith.py:$SETTING" --root="$ROOT/$name" \
     --packed --seeds="$SEEDS" --set="$SET" "$@" > "$ROOT.$name.log" 2>&1 || rc=$?
   if [ "$rc" -ne 0 ]; then
     echo "error: the $name pack failed (exit $rc): $(tail -n 1 "$ROOT.$name.log"); its log:" \
       "$ROOT.$name.log" >&2
     exit "$rc"
   fi
+  echo "# the packs so far (through $name), each run's own values: a call cut off keeps them"
+  python3 experiments/seed_table.py --root="$ROOT" --group_by="$G" --cols="$COLS" --per_seed ||
+    echo "# (no table yet)"
+  echo
 }
 case $STUDY in
   clip_higher)
-    pack clip --grid=objective.clip_high=0.2,0.28 --set=rl.num_minibatches=4  # 3 of 4 off-policy
     G=objective.clip_high BASE=0.2
     COLS=policy/entropy@1,policy/entropy@final,eval/accuracy@0,eval/accuracy@final
-    COLS=$COLS,policy/clip_frac_high@avg ;;
+    COLS=$COLS,policy/clip_frac_high@avg
+    pack clip --grid=objective.clip_high=0.2,0.28 --set=rl.num_minibatches=4  # 3 of 4 off-policy
+    ;;
   length_bias)
-    pack grpo --set=advantage.name=grpo,aggregation.name=seq_mean_token_mean
-    pack dr_grpo --set=advantage.name=mean_only,aggregation.name=seq_mean_token_sum_norm
     G=advantage.name,aggregation.name BASE=grpo,seq_mean_token_mean
     COLS=rollout/length_incorrect_mean@1,rollout/length_incorrect_mean@final
     COLS=$COLS,rollout/length_correct_mean@final,rollout/truncated_frac@final
-    COLS=$COLS,eval/accuracy@0,eval/accuracy@final ;;
+    COLS=$COLS,eval/accuracy@0,eval/accuracy@final
+    pack grpo --set=advantage.name=grpo,aggregation.name=seq_mean_token_mean
+    pack dr_grpo --set=advantage.name=mean_only,aggregation.name=seq_mean_token_sum_norm
+    ;;
   mismatch_corrections)
+    G=sampling.param_dtype,correction.name BASE=float32,none
+    COLS=eval/accuracy@0,eval/accuracy@final,behaviour/kl_k3@avg,behaviour/rho_max@avg
+    COLS=$COLS,behaviour/frac_truncated@avg,rollout/reward_mean@avg,rollout/length_mean@final
     pack float32 --set=sampling.param_dtype=float32,correction.name=none
     pack int8 --set=sampling.param_dtype=int8,correction.name=none
     pack int8_tis --set=sampling.param_dtype=int8,correction.name=tis_token
-    G=sampling.param_dtype,correction.name BASE=float32,none
-    COLS=eval/accuracy@0,eval/accuracy@final,behaviour/kl_k3@avg,behaviour/rho_max@avg
-    COLS=$COLS,behaviour/frac_truncated@avg,rollout/reward_mean@avg,rollout/length_mean@final ;;
+    ;;
   tool_use)
     [ "$SIZE" = cpu ] && TOOL_SETTING=tool || TOOL_SETTING=full_tool
-    pack none --set=sampling.max_new_tokens=144
-    SETTING=$TOOL_SETTING pack tool
     G=sampling.tool BASE=none
     COLS=eval/accuracy@0,eval/accuracy@final,eval/reward/answer_line_format@final
     COLS=$COLS,tool/used_frac@avg,tool/used_frac@final,tool/calls_mean@avg,tool/error_frac@avg
     COLS=$COLS,rollout/reward_mean@avg,rollout/length_mean@final
+    pack none --set=sampling.max_new_tokens=144
+    SETTING=$TOOL_SETTING pack tool
     SETTING="$SETTING without the tool, :$TOOL_SETTING with it" ;;
   tool_calc)
     [ "$SIZE" = cpu ] && SETTING=calc || SETTING=full_calc
-    pack none --set=sampling.tool=none
-    pack calc
     G=sampling.tool BASE=none
     COLS=eval/accuracy@0,eval/accuracy@final,eval/reward/answer_line_format@final
     COLS=$COLS,tool/used_frac@avg,tool/used_frac@final,tool/error_frac@avg
     COLS=$COLS,rollout/accuracy@avg,rollout/length_mean@final
+    pack none --set=sampling.tool=none
+    pack calc
     SETTING="$SETTING with sampling.tool none and arithmetic_inline" ;;
 esac
 echo "# $STUDY on SmolLM2-135M-Instruct (configs/smollm2_arith.py:$SETTING), SIZE=$SIZE:"
 echo "# seeds $SEEDS, $STEPS updates per run"
 echo
-python experiments/seed_table.py --root="$ROOT" --group_by=$G --cols=$COLS --baseline=$BASE \
+python3 experiments/seed_table.py --root="$ROOT" --group_by=$G --cols=$COLS --baseline=$BASE \
   --per_seed

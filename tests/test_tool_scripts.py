@@ -173,7 +173,8 @@ def test_gpu_card_writes_each_steps_output_into_out_as_it_runs(tmp_path):
   """tools/gpu_card.sh on this machine with one step (the import check), twice: its stdout and
   stderr go into $OUT/NAME.json and NAME.log as it runs and then into $OUT/card.tgz, its status
   into steps.txt, so $OUT holds 2 files however many steps ran (a device call brings back 8); an
-  unknown step is one line, and a step past the budget is skipped, not started."""
+  unknown step is one line, and a step past the budget, or past what it needs of it, is
+  skipped, not started."""
   out = tmp_path / "out"
   env = {
     **cli_env(),
@@ -200,3 +201,10 @@ def test_gpu_card_writes_each_steps_output_into_out_as_it_runs(tmp_path):
     cwd=REPO, env={**env, "BUDGET_S": "5"}, capture_output=True, text=True, timeout=300,
   )  # fmt: skip
   assert "== preflight: skipped" in skipped.stdout
+  # the peer comparison needs 240 s of its 300: with less left it is not started to be cut off
+  needy = subprocess.run(
+    ["bash", "tools/gpu_card.sh", "qwen05_static_trl"],
+    cwd=REPO, env={**env, "BUDGET_S": "200"}, capture_output=True, text=True, timeout=300,
+  )  # fmt: skip
+  assert "== qwen05_static_trl: skipped, " in needy.stdout, needy.stdout[-2000:]
+  assert "s left (it needs 240s)" in needy.stdout, needy.stdout[-2000:]

@@ -646,6 +646,7 @@ def run(
     progress(f"the peer ({peer}) first, in its own process")
     peer_result = run_peer(peer, spec, peer_python, peer_timeout_s)
     progress(f"the peer ended: {peer_result.get('error') or 'ok'}")
+    print(f"peer result: {json.dumps(peer_result)}", file=sys.stderr, flush=True)  # kept if cut
   result = {"shape": shape, **bench(config, steps, **bench_kwargs)}
   result["host_baseline_rss_bytes"] = baseline
   if peer_result is not None:

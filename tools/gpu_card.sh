@@ -17,7 +17,8 @@
 # `all`: every step):
 #   preflight       imports every module a step needs (a missing wheel stops nothing else)
 #   pack16          tools/bench_pack.py: a pack of 16 default-config runs against 16 alone
-#   decode256_only  qwen2.5-0.5b at 256 sequences, the sampler alone (bench --sample_only): the
+#   decode256_only  qwen2.5-0.5b at 256 sequences, the sampler alone (bench --sample_only) with
+#                   einsum attention (model.attention=einsum: `auto` would pick Pallas): the
 #                   decode goal's shape, without compiling the fused step
 #   decode256_pallas the same with the Pallas decode kernel over filled slots
 #                   (model.attention=pallas; the einsum step is decode256_only)
@@ -71,8 +72,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = wheels ]; then  # on a machine with the package index, before the GPU invocation
-  exec python3 -m pip download --no-deps -d "${WHEELS:-.whl}" grain portpicker array_record \
-    ml_collections trl datasets 'dill<0.4.2' 'multiprocess<0.70.20' gguf
+  # the pinned versions for the image's Python (3.12), whatever this machine's Python is
+  exec bash tools/gpu_smollm2.sh prepare
 fi
 REHEARSE=""
 if [ "${1:-}" = rehearse ]; then  # here, on this CPU: the steps' own command lines at tiny shapes
@@ -95,15 +96,18 @@ source tools/gpu_wheels.sh
 install_wheels >&2
 export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}"
 
-# step NAME LIMIT_S CMD...: runs CMD with its stdout straight into $OUT/NAME.json (a bench's raw
-# JSON, written as the step runs) and its stderr into $OUT/NAME.log, under min(LIMIT_S, what is
-# left of BUDGET_S); prints how it ended, appends it to $OUT/steps.txt, then archives them.
+# step NAME LIMIT_S[:NEED_S] CMD...: runs CMD with its stdout straight into $OUT/NAME.json (a
+# bench's raw JSON, written as the step runs) and its stderr into $OUT/NAME.log, under
+# min(LIMIT_S, what is left of BUDGET_S); prints how it ended, appends it to $OUT/steps.txt, then
+# archives them. A step is skipped when less than NEED_S (default 20) is left: one that would be
+# cut before it prints anything (a peer comparison) leaves the time to the next invocation.
 step() {
-  local name=$1 limit=$2
+  local name=$1 limit=${2%%:*} need=20
+  [ "$2" != "$limit" ] && need=${2#*:}
   shift 2
   local left=$((BUDGET_S - ($(date +%s) - START)))
-  if [ "$left" -lt 20 ]; then
-    echo "== $name: skipped, ${left}s left"
+  if [ "$left" -lt "$need" ]; then
+    echo "== $name: skipped, ${left}s left (it needs ${need}s)" | tee -a "$OUT/steps.txt"
     return
   fi
   [ "$limit" -gt "$left" ] && limit=$left
@@ -173,12 +177,14 @@ run_step() {
     preflight) step preflight 60 python3 -c "$PREFLIGHT" "${MODULES[@]}" ;;
     pack16)
       step pack16 240 python3 tools/bench_pack.py "${PACK16[@]}" ;;
-    decode256_only) step decode256_only 150 python3 tools/bench.py "${B256[@]}" --sample_only ;;
+    decode256_only)  # einsum, the reference: `auto` picks the Pallas kernel where it is verified
+      step decode256_only 150 python3 tools/bench.py "${B256[@]}" --sample_only \
+        --set=model.attention=einsum ;;
     decode256_pallas)
       step decode256_pallas 150 python3 tools/bench.py "${B256[@]}" --sample_only \
         --set=model.attention=pallas ;;
     qwen05_static_trl)
-      step qwen05_static_trl 300 python3 tools/bench.py "${B05[@]}" --peer=trl --peer_cache=static \
+      step qwen05_static_trl 300:240 python3 tools/bench.py "${B05[@]}" --peer=trl --peer_cache=static \
         --peer_timeout_s=200 --set=model.param_dtype=bfloat16 "${PEER[@]}" ;;
     checks) step checks 150 python3 tools/device_check.py --json="$OUT/device_checks.json" ;;
     grouped) step grouped 60 python3 tools/bench_grouped.py "${GROUPED[@]}" --iters=20 ;;

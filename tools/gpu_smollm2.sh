@@ -46,7 +46,7 @@
 #          generation is the slower, so it reaches fewer updates; $OUT/trl/trl_arith.json is
 #          rewritten after every step and evaluation, so a cut run keeps its curve. The two are
 #          compared at the last evaluation both reached (the summary's "side by side" line)
-#   pack   if PACK_MIN_S (default 150) seconds remain: tools/sweep.py --packed over
+#   pack   if PACK_MIN_S (default 240) seconds remain: tools/sweep.py --packed over
 #          objective.clip_high=0.2,0.28 x seeds 0-3 at PACK_STEPS updates (default 30), with 4
 #          minibatch updates a rollout (the config's one would never clip; sweep.py refuses it), then
 #          tools/compare.py; both into $OUT/pack.log. At the defaults little remains for it
@@ -84,7 +84,7 @@ OURS_S=${OURS_S:-290}
 TRL_S=${TRL_S:-0}  # 0: what the budget has left
 TRL_STEPS=${TRL_STEPS:-$STEPS}
 SKIP=${SKIP:-}
-PACK_MIN_S=${PACK_MIN_S:-150}
+PACK_MIN_S=${PACK_MIN_S:-240}  # the pack alone took 179 s on an H200 (2026-12-04)
 PACK_STEPS=${PACK_STEPS:-30}
 START=$(date +%s)
 # The GPU image's versions that matter here (its pip list; its other packages unpinned).
