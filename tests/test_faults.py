@@ -942,8 +942,9 @@ def test_sigterm_in_the_first_evaluation_after_a_warm_start_stops_there(tmp_path
   assert proc.returncode == 143, err[-3000:]
   assert "eval step 0 not recorded: SIGTERM cut " in err and "compiling the RL step" not in err
   last = err.strip().splitlines()[-1]
-  assert last.startswith(
-    "stopped by SIGTERM during the first evaluation (checkpoint 0 holds the warm start): "
+  assert last == (  # checkpoint 0's save waited for: the line says it is kept, not "none saved"
+    "stopped by SIGTERM during the first evaluation (checkpoint 0 holds the warm start): the "
+    f"checkpoints in {tmp_path / 'run'} are kept; relaunch the same command to resume"
   ), err[-3000:]
   assert _committed(tmp_path / "run" / "checkpoints") == {0}
 
