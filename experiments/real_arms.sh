@@ -41,7 +41,8 @@
 # STEPS and SEEDS override the size's; EXTRA_SET (key=value,...) adds config settings to every
 # pack (e.g. SIZE=gpu at a few rows, to rehearse it on a CPU); TABLES_ONLY=1 prints the tables
 # of the runs already made. Outputs go under $ROOT (default /tmp/jaxrl_experiments/real_STUDY),
-# with a compilation cache beside it; the tables on stdout. A bad input (an argument after
+# with a compilation cache beside it; the tables on stdout (each run's values after each pack,
+# so that a call cut off keeps the packs done; all the tables at the end). A bad input (an argument after
 # STUDY, an unknown STUDY or SIZE, STEPS, SEEDS, EXTRA_SET or TABLES_ONLY that is no such value)
 # is one `error:` line and exit 2, before anything is written or trained.
 set -euo pipefail
