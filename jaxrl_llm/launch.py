@@ -444,26 +444,12 @@ def _stop(status: int, line: str) -> None:
   leave_job(status, line)
 
 
-def sigint_line(workdir: str, what: str | None = None) -> str:
-  """Ctrl-C's stop line: what was compiling, if anything, and that the committed checkpoints
-  are intact, or that none was saved yet."""
+def stop_on_sigint(workdir: str, what: str | None = None) -> None:
+  """Ctrl-C's one line (`preempt.sigint_line`), then `leave_job(130)` (128 + SIGINT), telling the
+  peers of a job."""
   from jaxrl_llm.run import preempt
 
-  every = " on every process" if in_a_job() else ""
-  during = f"stopped by SIGINT (Ctrl-C){' while compiling ' + what if what else ''}"
-  if preempt.none_saved(workdir):
-    where = f"no checkpoint was saved yet in {workdir}"
-    return f"{during}: {where}; relaunch the same command{every} to start"
-  return (
-    f"{during}: the checkpoints committed before it are intact in {workdir}; relaunch the same "
-    f"command{every} to resume"
-  )
-
-
-def stop_on_sigint(workdir: str, what: str | None = None) -> None:
-  """Ctrl-C's one line (`sigint_line`), then `leave_job(130)` (128 + SIGINT), telling the
-  peers of a job."""
-  _stop(130, sigint_line(workdir, what))
+  _stop(130, preempt.sigint_line(workdir, what, every_process=in_a_job()))
 
 
 def stop_while_compiling(signum: int, what: str, workdir: str) -> None:

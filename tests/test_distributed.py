@@ -12,7 +12,8 @@ import time
 import pytest
 from conftest import REPO, cli_env, default_sigint
 
-from jaxrl_llm import distributed, launch
+from jaxrl_llm import distributed
+from jaxrl_llm.run import preempt
 
 KEY = "jaxrl_llm/stopped/"
 
@@ -172,12 +173,12 @@ def test_ctrl_c_s_line_says_whether_a_checkpoint_was_saved(tmp_path):
   """Ctrl-C's line said "the checkpoints committed before it are intact" in a folder where none
   had been saved; a step folder being written (no digits only) is not a committed one."""
   (tmp_path / "checkpoints" / "3.orbax-checkpoint-tmp").mkdir(parents=True)
-  assert launch.sigint_line(str(tmp_path), "the RL step") == (
+  assert preempt.sigint_line(str(tmp_path), "the RL step") == (
     f"stopped by SIGINT (Ctrl-C) while compiling the RL step: no checkpoint was saved yet in "
     f"{tmp_path}; relaunch the same command to start"
   )
   (tmp_path / "checkpoints" / "2").mkdir()
-  assert launch.sigint_line(str(tmp_path)) == (
+  assert preempt.sigint_line(str(tmp_path)) == (
     f"stopped by SIGINT (Ctrl-C): the checkpoints committed before it are intact in {tmp_path}; "
     "relaunch the same command to resume"
   )
@@ -233,7 +234,8 @@ def test_a_ctrl_c_whose_terminal_pipe_closed_still_ends_the_run(tmp_path):
 
 WATCHING = """
 import sys, time
-from jaxrl_llm import distributed, launch
+from jaxrl_llm import distributed
+from jaxrl_llm.run import preempt
 
 distributed.initialize(120)
 distributed.watch_peers(interval_s=0.0)  # always inside the service's client, as at a run's end

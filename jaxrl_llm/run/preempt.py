@@ -60,6 +60,20 @@ def kept(directory: str) -> str:
   return f"the checkpoints in {directory} are kept; relaunch the same command to resume"
 
 
+def sigint_line(workdir: str, what: str | None = None, every_process: bool = False) -> str:
+  """Ctrl-C's stop line: what was compiling, if anything, and that the committed checkpoints
+  are intact, or that none was saved yet (`every_process`: the relaunch is a job's)."""
+  every = " on every process" if every_process else ""
+  during = f"stopped by SIGINT (Ctrl-C){' while compiling ' + what if what else ''}"
+  if none_saved(workdir):
+    where = f"no checkpoint was saved yet in {workdir}"
+    return f"{during}: {where}; relaunch the same command{every} to start"
+  return (
+    f"{during}: the checkpoints committed before it are intact in {workdir}; relaunch the same "
+    f"command{every} to resume"
+  )
+
+
 def stop_if_asked(where: str, directory: str, step: int = 0, settle=None) -> None:
   """Raises `Preempted` saying the run stopped `where` (nothing more to save) when SIGTERM
   came since `sigterm.listen`; `settle()` first (e.g. waiting for a save in flight, so that

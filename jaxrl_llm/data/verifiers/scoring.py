@@ -154,11 +154,8 @@ class _Pool:
 
   def close(self, *, kill: bool, wait_s: float = 1.0) -> None:
     """Shuts the executor down; with `kill`, without waiting, and process workers are killed.
-
-    Killed workers are waited for (at most `wait_s`), so that they are gone on return, and so
-    is the executor's manager thread (at most 5 s more): it holds the pool's queues, whose
-    semaphores Python's resource tracker warns of when the process leaves before they are freed.
-    """
+    Killed workers are waited for (at most `wait_s`), and the executor's manager thread (at most
+    5 s more; it holds the queues, whose semaphores a process leaving sooner leaks)."""
     if not kill:
       self.executor.shutdown(wait=True)
     else:
