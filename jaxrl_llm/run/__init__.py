@@ -7,7 +7,7 @@ loop.py        the one loop (`train`): restore or warm start, RL updates, evalua
                profiling, checkpoints; a single run (`SingleRun`, `train_and_evaluate`) is a
                pack of one
 guard.py       the guards: non-finite updates (`NonFiniteError`), failing verifiers
-preempt.py     SIGTERM: save the finished step and stop (`Preempted`)
+preempt.py     SIGTERM: save the finished step and stop (`Preempted`); the stop lines of SIGTERM and Ctrl-C
 record.py      config.json, the config table and HParams, the banner and the closing summary
 changes.py     what a relaunch changed since the run's record: settings, files, tokenizer, schedule
 pack.py        a sweep's runs as one program: packable fields, per-run values, the runs axis
