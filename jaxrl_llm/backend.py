@@ -115,7 +115,7 @@ def cpu_device_flags(flags: str, num_cpu_devices: str = "") -> str:
   `num_cpu_devices` (JAX_NUM_CPU_DEVICES), ask for several CPU devices in one process and the
   flags do not set that flag themselves; otherwise `flags` unchanged."""
   count = [f.partition("=")[2] for f in flags.split() if f.startswith(FAKE_DEVICES_FLAG + "=")]
-  asked = [n.strip() for n in [*count[-1:], num_cpu_devices] if n.strip().isdigit()]
+  asked = [n.strip() for n in [*count[-1:], num_cpu_devices] if n.strip().isdecimal()]
   if not any(int(n) >= 2 for n in asked) or CPU_SCHEDULER_FLAG in flags:
     return flags
   return f"{flags} {CPU_SCHEDULER_FLAG}=false".strip()

@@ -428,7 +428,7 @@ def _defer_to_the_watcher() -> None:
   from jaxrl_llm import sigterm
 
   if sigterm.stopping_elsewhere():
-    threading.Event().wait()
+    sigterm.wait_for_the_exit()
 
 
 _leaving = threading.Lock()  # held by the thread that says the stop's line and ends the process
@@ -439,7 +439,9 @@ def _stop(status: int, line: str) -> None:
   reaches the main thread while the signal watcher stops a compilation) waits for the exit."""
   _defer_to_the_watcher()  # before the lock, which the watcher's own line needs
   if not _leaving.acquire(blocking=False):
-    threading.Event().wait()  # the first one's os._exit ends this thread with the process
+    from jaxrl_llm import sigterm
+
+    sigterm.wait_for_the_exit()  # the first one's os._exit ends this thread with the process
   say(line)
   leave_job(status, line)
 

@@ -28,6 +28,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 
 _TERM = {"seen": False}
 # What the main thread is compiling (None: nothing), the hooks of a stop during it, and the
@@ -95,9 +96,10 @@ def compiling(what: str):
   except KeyboardInterrupt:  # Ctrl-C reached the main thread while it traced (Python code):
     if _claim():  # the same stop as the watcher's, from this thread
       _stop(signal.SIGINT, what)
-    threading.Event().wait()  # the watcher's stop is under way: its exit ends this thread
+    wait_for_the_exit()  # the watcher's stop is under way: its exit ends this thread
   finally:
-    _COMPILE["what"] = None
+    with _CLAIMING:  # past this, a signal is the main thread's to take, not the watcher's
+      _COMPILE["what"] = None
     signal.set_wakeup_fd(previous)
 
 
@@ -148,6 +150,16 @@ def _watch(read: socket.socket) -> None:
         note()
 
 
+def wait_for_the_exit() -> None:
+  """Waits for ever, a Ctrl-C included, for the stop under way on another thread to end the
+  process (a second Ctrl-C must not unwind this thread while that stop's saves finish)."""
+  while True:
+    try:
+      threading.Event().wait()
+    except KeyboardInterrupt:
+      continue
+
+
 def stopping_elsewhere() -> bool:
   """Whether the watcher is ending the process (a signal came while compiling) from another
   thread than the caller's: the caller must not say a stop of its own (the compilation may
@@ -161,9 +173,10 @@ _CLAIMING = threading.Lock()
 
 def _claim() -> bool:
   """Makes the calling thread the one that stops (`_COMPILE["stopping"]`), unless one already
-  is: False then. Under a lock, so that a Ctrl-C reaching both threads starts one stop."""
+  is or the compilation has ended: False then. Under a lock, so that a Ctrl-C reaching both
+  threads starts one stop, and a main thread past `compiling` stops on its own."""
   with _CLAIMING:
-    if _COMPILE["stopping"] is not None:
+    if _COMPILE["stopping"] is not None or _COMPILE["what"] is None:
       return False
     _COMPILE["stopping"] = threading.get_ident()  # the stop's line is this thread's
     return True
@@ -177,17 +190,24 @@ def _stop(signum: int, what: str) -> None:
   if signum == signal.SIGTERM:
     note()
 
+  closed = threading.Event()  # not Thread.join: a join a Ctrl-C cuts may say the thread ended
+
   def close_all():
     for close in reversed(list(_COMPILE["closers"])):
       try:
         close()
       except Exception as e:  # the stop goes on; the reason is printed
         print(f"warning: while stopping: {type(e).__name__}: {e}", file=sys.stderr)
+    closed.set()
 
-  closer = threading.Thread(target=close_all, daemon=True)
-  closer.start()
-  closer.join(CLOSE_TIMEOUT_S)
   try:
+    threading.Thread(target=close_all, daemon=True).start()
+    deadline = time.monotonic() + CLOSE_TIMEOUT_S
+    while not closed.is_set() and time.monotonic() < deadline:
+      try:
+        closed.wait(deadline - time.monotonic())
+      except KeyboardInterrupt:  # a second Ctrl-C (this is the main thread): the saves finish
+        continue
     leave(signum, what)
   except BaseException as e:  # said where it still can be; the exit follows regardless
     with contextlib.suppress(BaseException):

@@ -219,6 +219,7 @@ def test_device_check_keeps_a_failing_plugins_chatter_off_the_terminal(tmp_path)
     ("", "4", True),  # JAX_NUM_CPU_DEVICES=4 makes 4 devices too (it was missed)
     ("--xla_backend_optimization_level=1", "2", True),
     ("", "1", False),
+    ("", "\u00b2", False),  # a superscript two: a digit to isdigit, no number to int
   ],
 )  # fmt: skip
 def test_several_cpu_devices_in_one_process_get_the_plain_scheduler(flags, num, added):

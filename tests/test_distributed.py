@@ -12,7 +12,7 @@ import time
 import pytest
 from conftest import REPO, cli_env, default_sigint
 
-from jaxrl_llm import distributed
+from jaxrl_llm import distributed, sigterm
 from jaxrl_llm.run import preempt
 
 KEY = "jaxrl_llm/stopped/"
@@ -230,6 +230,64 @@ def test_a_ctrl_c_whose_terminal_pipe_closed_still_ends_the_run(tmp_path):
       f"in {tmp_path}; relaunch the same command to start"
     )
   )
+
+
+TWICE = """
+import os, sys, time
+from jaxrl_llm import launch, sigterm
+
+workdir = sys.argv[1]
+
+def close():  # a save in flight: the stop waits for it
+  print("closing", flush=True)
+  time.sleep(3.0)
+  open(os.path.join(workdir, "closed"), "w").close()
+
+sigterm.listen()
+with sigterm.leaving(lambda signum, what: launch.stop_while_compiling(signum, what, workdir)):
+  with sigterm.closing(close):
+    with sigterm.compiling("the test program"):
+      print("tracing", flush=True)
+      time.sleep(60)  # Python code: Ctrl-C reaches the main thread here, and the watcher
+"""
+
+
+def test_a_second_ctrl_c_while_the_stop_waits_for_a_save_lets_the_save_finish(tmp_path):
+  """A second Ctrl-C while the stop's closers ran (a save in flight) unwound the main thread,
+  whether it ran the stop or waited for the watcher's: the process left without the save's
+  end (or with a traceback). Now the stop goes on: one line, 130, the closer finished."""
+  script = tmp_path / "twice.py"
+  script.write_text(TWICE)
+  proc = subprocess.Popen(
+    [sys.executable, str(script), str(tmp_path)],
+    cwd=REPO,
+    env=cli_env(),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+    preexec_fn=default_sigint,
+  )
+  assert proc.stdout.readline() == "tracing\n"
+  proc.send_signal(signal.SIGINT)
+  assert proc.stdout.readline() == "closing\n"
+  time.sleep(0.5)
+  proc.send_signal(signal.SIGINT)
+  err = proc.communicate(timeout=60)[1]
+  assert proc.returncode == 130, err[-2000:]
+  assert (tmp_path / "closed").exists() and "Traceback" not in err, err[-2000:]
+  assert err.count("stopped by ") == 1 and err.strip().splitlines()[-1].startswith(
+    "stopped by SIGINT (Ctrl-C) while compiling the test program: "
+  ), err[-2000:]
+
+
+def test_the_watcher_cannot_claim_a_stop_once_the_compilation_ended(monkeypatch):
+  """The watcher read `what` while set, the main thread then left the compilation, failed and
+  began its own stop (holding launch's lock) while the watcher claimed the stop too: each
+  waited for the other for ever. The claim now holds only while a compilation is under way,
+  decided under the lock that ends it."""
+  monkeypatch.setitem(sigterm._COMPILE, "stopping", None)
+  monkeypatch.setitem(sigterm._COMPILE, "what", None)  # the compilation has ended
+  assert not sigterm._claim() and sigterm._COMPILE["stopping"] is None
 
 
 WATCHING = """

@@ -103,7 +103,7 @@ export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}"
 # cut before it prints anything (a peer comparison) leaves the time to the next invocation.
 step() {
   local name=$1 limit=${2%%:*} need=20
-  [ "$2" != "$limit" ] && need=${2#*:}
+  [ "$2" != "$limit" ] && need=${2#*:} && need=${need:-20}
   shift 2
   local left=$((BUDGET_S - ($(date +%s) - START)))
   if [ "$left" -lt "$need" ]; then
