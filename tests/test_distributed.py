@@ -198,14 +198,11 @@ with sigterm.leaving(lambda signum, what: launch.stop_while_compiling(signum, wh
 """
 
 
-def test_a_ctrl_c_whose_terminal_pipe_closed_still_ends_the_run(tmp_path):
-  """`main ... 2>&1 | tee log`, Ctrl-C while compiling: tee ends on the same signal, the stop's
-  line met a closed pipe (BrokenPipeError on the watcher thread, which died before its exit)
-  and the main thread waited for that exit for good; only kill -9 ended it. Now it leaves
-  with 130, and the line is in the run's log file."""
-  script = tmp_path / "closed.py"
-  script.write_text(CLOSED)
-  proc = subprocess.Popen(
+def _start(tmp_path, name: str, text: str) -> subprocess.Popen:
+  """Runs the script `text` (as tmp_path/name, given tmp_path) with pipes, Ctrl-C as a terminal's."""
+  script = tmp_path / name
+  script.write_text(text)
+  return subprocess.Popen(
     [sys.executable, str(script), str(tmp_path)],
     cwd=REPO,
     env=cli_env(),
@@ -214,6 +211,14 @@ def test_a_ctrl_c_whose_terminal_pipe_closed_still_ends_the_run(tmp_path):
     text=True,
     preexec_fn=default_sigint,
   )
+
+
+def test_a_ctrl_c_whose_terminal_pipe_closed_still_ends_the_run(tmp_path):
+  """`main ... 2>&1 | tee log`, Ctrl-C while compiling: tee ends on the same signal, the stop's
+  line met a closed pipe (BrokenPipeError on the watcher thread, which died before its exit)
+  and the main thread waited for that exit for good; only kill -9 ended it. Now it leaves
+  with 130, and the line is in the run's log file."""
+  proc = _start(tmp_path, "closed.py", CLOSED)
   assert proc.stdout.readline() == "compiling\n"
   proc.stderr.close()  # the pipe's reader is gone, as tee is
   proc.send_signal(signal.SIGINT)
@@ -256,17 +261,7 @@ def test_a_second_ctrl_c_while_the_stop_waits_for_a_save_lets_the_save_finish(tm
   """A second Ctrl-C while the stop's closers ran (a save in flight) unwound the main thread,
   whether it ran the stop or waited for the watcher's: the process left without the save's
   end (or with a traceback). Now the stop goes on: one line, 130, the closer finished."""
-  script = tmp_path / "twice.py"
-  script.write_text(TWICE)
-  proc = subprocess.Popen(
-    [sys.executable, str(script), str(tmp_path)],
-    cwd=REPO,
-    env=cli_env(),
-    stdout=subprocess.PIPE,
-    stderr=subprocess.PIPE,
-    text=True,
-    preexec_fn=default_sigint,
-  )
+  proc = _start(tmp_path, "twice.py", TWICE)
   assert proc.stdout.readline() == "tracing\n"
   proc.send_signal(signal.SIGINT)
   assert proc.stdout.readline() == "closing\n"
