@@ -18,11 +18,13 @@ from etils import epath
 from jaxrl_llm import paths
 
 MANIFEST = "checksums.json"  # the manifest's file name inside a step directory
-_COMMIT_FILE = "commit_success.txt"  # orbax's commit marker
+COMMIT_FILE = (
+  "commit_success.txt"  # orbax's commit marker: a step directory without it is unfinished
+)
 
 # orbax rewrites these two at its commit, after our checksums may have been taken: the step's
 # metadata (timestamps) and the commit marker. They hold no arrays.
-_UNCHECKED = (MANIFEST, "_CHECKPOINT_METADATA", _COMMIT_FILE)
+_UNCHECKED = (MANIFEST, "_CHECKPOINT_METADATA", COMMIT_FILE)
 
 
 def _crc32(path: paths.PathLike, chunk: int = 1 << 22) -> int:

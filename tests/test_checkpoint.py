@@ -487,6 +487,8 @@ def test_a_sigterm_stop_line_waits_for_the_save_in_flight(tmp_path, monkeypatch)
   )
   other = tmp_path / "other"
   (other / "checkpoints" / "1.orbax-checkpoint-tmp-5").mkdir(parents=True)  # not committed
+  (other / "checkpoints" / "2").mkdir()  # renamed into place, never committed (no marker)
   assert preempt.none_saved(str(other))
   (other / "sft" / "checkpoints" / "3").mkdir(parents=True)  # the warm start's progress
+  (other / "sft" / "checkpoints" / "3" / "commit_success.txt").touch()
   assert not preempt.none_saved(str(other))

@@ -62,6 +62,7 @@ from typing import Any
 import compare  # tools/compare.py, next to this file
 
 from jaxrl_llm import launch, paths, terminal
+from jaxrl_llm.checkpoint_manifest import COMMIT_FILE
 from jaxrl_llm.config import INVOCATION, ConfigError, acting, parse, tagged
 from jaxrl_llm.run.record import folder_name
 
@@ -72,7 +73,6 @@ STOP_GRACE_S = 30.0  # after Ctrl-C: how long the runs get to stop on their own
 PROGRESS_S = 20.0  # a running run's newest progress line is shown this often (--progress_s)
 _PREFIX = re.compile(r"^[IWEF]\d{4} [\d:.]+ +\d+ \S+:\d+\] ")  # absl's, in a run.log
 _PROGRESS = re.compile(r"^(\[[^\]]*\] )?step \d+/\d+ ")
-_COMMIT_FILE = "commit_success.txt"  # a checkpoint step counts once orbax has committed it
 _FIELD = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
 # The objectives' hyperparameters that bound a ratio (§2): with one optimiser update per rollout
 # the old log-probs are the learner's own, sg[ℓ] (§0), every ratio is 1 and none of them binds.
@@ -431,9 +431,7 @@ def committed_steps(workdir: str) -> list[int]:
   if not os.path.isdir(d):
     return []
   return sorted(
-    int(n)
-    for n in os.listdir(d)
-    if n.isdigit() and os.path.exists(os.path.join(d, n, _COMMIT_FILE))
+    int(n) for n in os.listdir(d) if n.isdigit() and os.path.exists(os.path.join(d, n, COMMIT_FILE))
   )
 
 

@@ -20,6 +20,7 @@ import sys
 import threading
 
 from jaxrl_llm import sigterm
+from jaxrl_llm.checkpoint_manifest import COMMIT_FILE
 
 
 class Preempted(Exception):
@@ -36,14 +37,18 @@ class Preempted(Exception):
 
 
 def none_saved(directory: str) -> bool:
-  """Whether `directory` is a local run folder with no committed step, of the run or of its
-  warm start (`sft/checkpoints`); a remote one, or one that cannot be listed, counts as having
-  some."""
+  """Whether `directory` is a local run folder with no committed step (one holding orbax's commit
+  marker), of the run or of its warm start (`sft/checkpoints`); a remote one, or one that
+  cannot be listed, counts as having some."""
   if "://" in directory:
     return False
   for folder in ("checkpoints", os.path.join("sft", "checkpoints")):
+    steps = os.path.join(directory, folder)
     try:
-      if any(name.isdigit() for name in os.listdir(os.path.join(directory, folder))):
+      if any(
+        name.isdigit() and os.path.exists(os.path.join(steps, name, COMMIT_FILE))
+        for name in os.listdir(steps)
+      ):
         return False
     except FileNotFoundError:
       continue
