@@ -186,21 +186,21 @@ def _stop(signum: int, what: str) -> None:
   """Runs the closers (for at most `CLOSE_TIMEOUT_S`), then leaves, by 128 + the signal even
   where the leaving hook fails (a closed stderr: `| tee` ended by the same Ctrl-C), since the
   other threads wait for this one's exit (`stopping_elsewhere`). The caller has `_claim`ed it."""
-  leave = _COMPILE["leave"] or _leave  # in force at the signal (the main thread may leave it)
-  if signum == signal.SIGTERM:
-    note()
+  try:  # all of it: a second Ctrl-C at any point still ends in the exit below
+    leave = _COMPILE["leave"] or _leave  # in force at the signal (the main thread may leave it)
+    if signum == signal.SIGTERM:
+      note()
 
-  closed = threading.Event()  # not Thread.join: a join a Ctrl-C cuts may say the thread ended
+    closed = threading.Event()  # not Thread.join: a join a Ctrl-C cuts may say the thread ended
 
-  def close_all():
-    for close in reversed(list(_COMPILE["closers"])):
-      try:
-        close()
-      except Exception as e:  # the stop goes on; the reason is printed
-        print(f"warning: while stopping: {type(e).__name__}: {e}", file=sys.stderr)
-    closed.set()
+    def close_all():
+      for close in reversed(list(_COMPILE["closers"])):
+        try:
+          close()
+        except Exception as e:  # the stop goes on; the reason is printed
+          print(f"warning: while stopping: {type(e).__name__}: {e}", file=sys.stderr)
+      closed.set()
 
-  try:
     threading.Thread(target=close_all, daemon=True).start()
     deadline = time.monotonic() + CLOSE_TIMEOUT_S
     while not closed.is_set() and time.monotonic() < deadline:

@@ -275,6 +275,29 @@ def test_a_second_ctrl_c_while_the_stop_waits_for_a_save_lets_the_save_finish(tm
   ), err[-2000:]
 
 
+EARLY = """
+from jaxrl_llm import sigterm
+
+
+def interrupted():
+  raise KeyboardInterrupt  # a second Ctrl-C in the stop's first lines
+
+
+sigterm.note = interrupted
+sigterm._stop(15, "the test program")
+print("returned", flush=True)
+"""
+
+
+def test_a_second_ctrl_c_in_the_stops_first_lines_still_leaves_by_the_signals_status(tmp_path):
+  """The stop's first lines (the hook's lookup, the SIGTERM note) ran before its try: a
+  KeyboardInterrupt there escaped the stop, which the other threads wait on to leave."""
+  proc = _start(tmp_path, "early.py", EARLY)
+  out, err = proc.communicate(timeout=60)
+  assert proc.returncode == 143 and "returned" not in out, err[-2000:]
+  assert "Traceback" not in err and "error: while stopping: KeyboardInterrupt" in err, err
+
+
 def test_the_watcher_cannot_claim_a_stop_once_the_compilation_ended(monkeypatch):
   """The watcher read `what` while set, the main thread then left the compilation, failed and
   began its own stop (holding launch's lock) while the watcher claimed the stop too: each
