@@ -90,6 +90,78 @@ def test_a_rope_theta_that_is_not_a_positive_number_is_refused(changes, want):
   assert line == f"x/config.json: {want} must be a finite number > 0", line
 
 
+HUGE = 10**400  # a valid JSON integer no float holds
+
+
+@pytest.mark.parametrize(
+  "changes, want",
+  [
+    ({"rms_norm_eps": HUGE}, f"rms_norm_eps={HUGE!r} must be a finite number > 0"),
+    ({"rms_norm_eps": float("inf")}, "rms_norm_eps=inf must be a finite number > 0"),
+    (
+      {"router_aux_loss_coef": float("inf")},
+      "router_aux_loss_coef=inf must be a finite number >= 0",
+    ),
+    (
+      {"rope_parameters": None, "rope_theta": HUGE},
+      f"rope_theta={HUGE!r} must be a finite number > 0",
+    ),
+    (
+      {"rope_parameters": {"rope_type": "linear", "factor": float("inf")}},
+      "unsupported llama config: rope_parameters.factor=inf must be a finite number > 0",
+    ),
+    (
+      {"rope_parameters": {"rope_type": "linear", "factor": HUGE}},
+      f"unsupported llama config: rope_parameters.factor={HUGE!r} must be a finite number > 0",
+    ),
+    (
+      {"rope_parameters": {"rope_type": "linear", "factor": "2"}},
+      "unsupported llama config: rope_parameters.factor='2' must be a finite number > 0",
+    ),
+    (
+      {"rope_parameters": {"rope_type": "linear", "factor": True}},
+      "unsupported llama config: rope_parameters.factor=True must be a finite number > 0",
+    ),
+    (
+      {
+        "rope_parameters": {
+          "rope_type": "llama3",
+          "factor": 8.0,
+          "low_freq_factor": 1.0,
+          "high_freq_factor": float("inf"),
+          "original_max_position_embeddings": 8192.5,
+        }
+      },
+      "unsupported llama config: rope_parameters.high_freq_factor=inf must be a finite number "
+      "> 0; rope_parameters.original_max_position_embeddings=8192.5 must be an integer >= 1",
+    ),
+    (
+      {"jaxrl_llm": {"moe_z_loss_coef": "x"}},
+      "invalid model config: model.moe_z_loss_coef='x' must be a number",
+    ),
+    (
+      {"jaxrl_llm": {"moe_aux_loss_coef": "x"}},
+      "invalid model config: model.moe_aux_loss_coef='x' must be a number",
+    ),
+    (
+      {"jaxrl_llm": {"moe_z_loss_coef": float("nan")}},
+      "invalid model config: model.moe_z_loss_coef=nan must be a finite number",
+    ),
+    (
+      {"jaxrl_llm": {"lora_rank": 2.5}},
+      "invalid model config: model.lora_rank=2.5 must be an integer",
+    ),
+  ],
+)
+def test_a_number_no_float_holds_or_of_the_wrong_kind_is_refused_in_one_line(changes, want):
+  """A 400-digit rms_norm_eps or rope_theta raised OverflowError with a traceback; an infinite
+  norm epsilon (JSON's Infinity) or RoPE factor, a string or boolean factor and a fractional
+  original length were taken (an infinite epsilon zeroes every normalised activation); a string
+  in the `jaxrl_llm` extras was named only by Python's comparison error."""
+  line = _refused(_config("llama", **changes), source="x/config.json")
+  assert line == f"x/config.json: {want}", line
+
+
 def test_a_null_rope_theta_in_rope_parameters_is_refused(tmp_path):
   """An explicit null beside a real top-level rope_theta used to become 10000; transformers keeps
   the null (and fails building the rotary embedding), so it is refused."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import math
+import numbers
 from typing import Any, ClassVar, TypeVar
 
 import jax.numpy as jnp
@@ -114,6 +116,29 @@ class _DictConfig:
     return cls(**d)
 
 
+def finite(v: Any) -> bool:
+  """Whether the number `v` is finite (an integer too large for a float is not)."""
+  try:
+    return math.isfinite(v)
+  except OverflowError:
+    return False
+
+
+def number_errors(config: Any) -> list[str]:
+  """The int and float fields of the dataclass `config` that hold something else: a bool or a
+  string, a fraction for an int, an infinite or NaN float."""
+  errors = []
+  for f in dataclasses.fields(config):
+    v, where = getattr(config, f.name), f"{config.KIND}.{f.name}={getattr(config, f.name)!r}"
+    if f.type == "int" and (isinstance(v, bool) or not isinstance(v, numbers.Integral)):
+      errors.append(f"{where} must be an integer")
+    elif f.type == "float" and (isinstance(v, bool) or not isinstance(v, numbers.Real)):
+      errors.append(f"{where} must be a number")
+    elif f.type == "float" and not finite(v):
+      errors.append(f"{where} must be a finite number")
+  return errors
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig(_DictConfig):
   """Decoder-only transformer of the Llama / Qwen family."""
@@ -195,7 +220,9 @@ class ModelConfig(_DictConfig):
     return dataclasses.replace(checkpoint, **out)
 
   def __post_init__(self):
-    errors = []
+    errors = number_errors(self)
+    if errors:  # the checks below compare numbers
+      raise ValueError("invalid model config: " + "; ".join(errors))
     for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
       if getattr(self, name) < 1:
         errors.append(f"model.{name}={getattr(self, name)} must be >= 1")

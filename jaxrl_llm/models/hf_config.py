@@ -15,7 +15,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.models.config import ModelConfig, finite
 from jaxrl_llm.models.families import BY_MODEL_TYPE, MODEL_TYPES, Family
 
 EXTRA_KEY = "jaxrl_llm"  # config.json key holding the ModelConfig fields HF has no name for
@@ -85,7 +85,7 @@ def _rope_fields(hf: Mapping[str, Any], fam: Family, errors: list[str]) -> dict[
       f"{key}.rope_type={rtype!r} is not supported (supported: 'default', 'linear', 'llama3')"
     )
     return out
-  out.update(rope_scaling=rtype, rope_scaling_factor=float(rp.get("factor", 1.0)))
+  out.update(rope_scaling=rtype, rope_scaling_factor=_positive(rp, key, "factor", 1.0, errors))
   if rtype == "llama3":
     missing = [
       k
@@ -96,11 +96,23 @@ def _rope_fields(hf: Mapping[str, Any], fam: Family, errors: list[str]) -> dict[
       errors.append(f"{key} of rope_type 'llama3' lacks {missing}")
       return out
     out.update(
-      rope_low_freq_factor=float(rp["low_freq_factor"]),
-      rope_high_freq_factor=float(rp["high_freq_factor"]),
-      rope_original_max_len=int(rp["original_max_position_embeddings"]),
+      rope_low_freq_factor=_positive(rp, key, "low_freq_factor", 1.0, errors),
+      rope_high_freq_factor=_positive(rp, key, "high_freq_factor", 4.0, errors),
+      rope_original_max_len=_positive(rp, key, "original_max_position_embeddings", 1, errors),
     )
   return out
+
+
+def _positive(rp: Mapping[str, Any], key: str, name: str, default: Any, errors: list[str]) -> Any:
+  """`rp[name]` (`default` where absent) if it is a finite number > 0 of `default`'s kind (an
+  integer for an int default); else `default`, with the reason added to `errors`."""
+  v = rp.get(name, default)
+  number = isinstance(v, (int, float)) and not isinstance(v, bool) and finite(v) and v > 0
+  if not number or (isinstance(default, int) and not _is_int(v)):
+    kind = "an integer >= 1" if isinstance(default, int) else "a finite number > 0"
+    errors.append(f"{key}.{name}={v!r} must be {kind}")
+    return default
+  return type(default)(v)
 
 
 def _moe_every(hf: Mapping[str, Any], num_layers: int, errors: list[str]) -> int | None:
@@ -138,6 +150,9 @@ def _check_types(hf: Mapping[str, Any], source: str) -> None:
       raise CheckpointFormatError(f"{source}: {key}={v!r} is not an integer")
     if isinstance(v, bool) or not isinstance(v, (int, float)):
       raise CheckpointFormatError(f"{source}: {key}={v!r} is not a number")
+    if key in _FLOAT_FIELDS and not finite(v):  # JSON's Infinity, 1e400, a 400-digit integer
+      low = ">= 0" if key == "router_aux_loss_coef" else "> 0"
+      raise CheckpointFormatError(f"{source}: {key}={v!r} must be a finite number {low}")
     if key in _SIZE_FIELDS and v < 1:  # a width or count of 0 would divide by it
       raise CheckpointFormatError(f"{source}: {key}={v!r} must be >= 1")
   for key in _BOOL_FIELDS:  # bool("false") is True: a string would turn the flag on
@@ -158,7 +173,7 @@ def _check_rope_theta(hf: Mapping[str, Any], source: str) -> None:
     if v is None and name == "rope_theta":
       continue  # absent or null: the family's default, unless the RoPE dict gives one
     number = isinstance(v, (int, float)) and not isinstance(v, bool)
-    if not (number and math.isfinite(v) and v > 0):
+    if not (number and finite(v) and v > 0):
       hint = " (or omitted, to use the top-level rope_theta or the default)" if v is None else ""
       raise CheckpointFormatError(f"{source}: {name}={v!r} must be a finite number > 0{hint}")
 
@@ -333,7 +348,7 @@ def config_from_hf(hf_config: Mapping[str, Any], *, source: str = "config.json")
     hard, soft = hf_fields(hf_config, source)
   except CheckpointFormatError:
     raise
-  except (TypeError, ValueError, AttributeError) as e:  # e.g. a string where a number belongs
+  except (TypeError, ValueError, AttributeError, OverflowError) as e:  # a string for a number
     raise CheckpointFormatError(
       f"{source}: a field holds a value of the wrong type ({e})"
     ) from None
@@ -345,7 +360,8 @@ def config_from_hf(hf_config: Mapping[str, Any], *, source: str = "config.json")
   if unknown:
     raise CheckpointFormatError(f"{source}: unknown field(s) {unknown} under {EXTRA_KEY!r}")
   aux = extras.get("moe_aux_loss_coef")
-  if aux is not None and not math.isclose(aux, soft.get("moe_aux_loss_coef", aux), rel_tol=1e-9):
+  number = isinstance(aux, (int, float)) and not isinstance(aux, bool) and finite(aux)
+  if number and not math.isclose(aux, soft.get("moe_aux_loss_coef", aux), rel_tol=1e-9):
     del extras["moe_aux_loss_coef"]  # router_aux_loss_coef was edited: it wins
   fields = {**soft, **{k: v for k, v in extras.items() if k not in hard}, **hard}
   try:
