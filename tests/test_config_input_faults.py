@@ -291,6 +291,20 @@ def test_a_system_prompt_spelled_none_is_refused(value):
   assert _said(**{"data.system_prompt": ""}) == _said(**{"data.system_prompt": "Be brief."}) == ""
 
 
+@pytest.mark.parametrize("template", ["plain", "qwen_math", "r1"])
+def test_a_system_prompt_for_prompt_files_needs_a_chat_template(template):
+  """A system prompt with a template that has no system turn (the default, qwen_math) passed
+  every check and raised a ValueError with a traceback when the first prompt was rendered."""
+  files = {"data.train_files": "prompts.jsonl", "data.system_prompt": "Be brief."}
+  assert _said(**files, **{"data.template": template}) == (
+    f"invalid config: data.system_prompt is set but data.template={template!r} has no system "
+    "message; allowed: a chat template (chat, qwen_math_chat), or data.system_prompt=''"
+  )
+  for chat in ("chat", "qwen_math_chat"):
+    assert _said(**files, **{"data.template": chat}) == ""
+  assert _said(**{**files, "data.template": template, "data.system_prompt": ""}) == ""
+
+
 @pytest.mark.parametrize(
   "field, value, why",
   [

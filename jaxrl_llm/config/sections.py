@@ -109,7 +109,7 @@ class DataSettings(LearnedSection):
 
   def errors(self) -> list[str]:
     """Held-out share in [0, 1), S >= 1, a known template and accuracy term, a system prompt
-    that is no spelling of None, a time limit."""
+    that is no spelling of None and (for prompt files) only with a chat template, a time limit."""
     from jaxrl_llm.data import templates, verifiers  # light; imported here to keep this lean
 
     out = need(
@@ -122,6 +122,12 @@ class DataSettings(LearnedSection):
       self.system_prompt.strip() not in ("None", "none", "null"),
       f"data.system_prompt={self.system_prompt!r} would be the system message's text; allowed: "
       "'' for no system message, or the message itself",
+    )
+    chat = tuple(sorted(templates.CHAT_PROMPT_TEMPLATES))
+    out += need(
+      not (self.train_files and self.system_prompt) or self.template in chat,
+      f"data.system_prompt is set but data.template={self.template!r} has no system message; "
+      f"allowed: a chat template ({', '.join(chat)}), or data.system_prompt=''",
     )
     timeout = self.verifier_timeout_s
     return out + need(timeout > 0, f"data.verifier_timeout_s={timeout} must be > 0")
