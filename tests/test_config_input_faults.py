@@ -291,6 +291,19 @@ def test_a_system_prompt_spelled_none_is_refused(value):
   assert _said(**{"data.system_prompt": ""}) == _said(**{"data.system_prompt": "Be brief."}) == ""
 
 
+@pytest.mark.parametrize("name", ["tau_pos", "tau_neg"])
+def test_a_sapo_temperature_below_its_floor_is_refused(name):
+  """SAPO's loss is (4/τ)·σ(τ(r − 1))·A: τ=1e-40 passed (the range was (0, inf)) and gave an
+  infinite loss with NaN gradients; τ=1e-30 a loss of 2e30."""
+  for tau in (1e-40, 1e-30, 0.0, -1.0, 0.009):
+    got = _said(**{"objective.name": "sapo", f"objective.{name}": tau})
+    assert got == (
+      f"invalid config: objective.{name}={tau} must be >= 0.01 (the loss scales as 4/τ: below "
+      "the floor it swamps float32, and at 1e-38 it is inf with NaN gradients)"
+    ), got
+  assert _said(**{"objective.name": "sapo", f"objective.{name}": 0.01}) == ""
+
+
 @pytest.mark.parametrize("template", ["plain", "qwen_math", "r1"])
 def test_a_system_prompt_for_prompt_files_needs_a_chat_template(template):
   """A system prompt with a template that has no system turn (the default, qwen_math) passed

@@ -303,15 +303,25 @@ def cispo(
   return j, _diag(delta, m, low, high, is_weight=jnp.where(m > 0, w, 0.0))
 
 
+MIN_SAPO_TAU = 0.01  # SAPO's temperature floor: its loss scales as 4/τ
+
+
+def _sapo_tau(name: str, value: float) -> str | None:
+  """An error message if SAPO's temperature `name` is below `MIN_SAPO_TAU`."""
+  if value >= MIN_SAPO_TAU:
+    return None
+  return (
+    f"objective.{name}={value} must be >= {MIN_SAPO_TAU} (the loss scales as 4/τ: below the "
+    "floor it swamps float32, and at 1e-38 it is inf with NaN gradients)"
+  )
+
+
 @register_objective(
   "sapo",
-  check=lambda h: _errors(
-    in_range("tau_pos", h["tau_pos"], 0.0, float("inf")),
-    in_range("tau_neg", h["tau_neg"], 0.0, float("inf")),
-  ),
+  check=lambda h: _errors(_sapo_tau("tau_pos", h["tau_pos"]), _sapo_tau("tau_neg", h["tau_neg"])),
   docs={
-    "tau_pos": "soft-gate temperature of SAPO for A > 0",
-    "tau_neg": "soft-gate temperature of SAPO for A <= 0",
+    "tau_pos": "soft-gate temperature of SAPO for A > 0 (>= 0.01)",
+    "tau_neg": "soft-gate temperature of SAPO for A <= 0 (>= 0.01)",
   },
 )
 def sapo(
