@@ -156,6 +156,7 @@ def workdir_problem(workdir: str) -> str | None:
   """Why a local `workdir` cannot hold a run (a file on its path, no write permission, a
   read-only file system), creating it if needed; None when it can (object stores: None)."""
   from jaxrl_llm import paths
+  from jaxrl_llm.run import changes
 
   if paths.is_remote(workdir):
     return None
@@ -169,6 +170,8 @@ def workdir_problem(workdir: str) -> str | None:
     return f"cannot create it: {e.strerror or e}; give a writable directory"
   if not os.path.isdir(workdir):
     return "it is a file, not a directory; give a directory (it is created if missing)"
+  if changes.holds_a_model(workdir):
+    return changes.A_MODEL
   checkpoints = os.path.join(workdir, "checkpoints")
   if os.path.lexists(checkpoints) and not os.path.isdir(checkpoints):
     return (

@@ -2,6 +2,7 @@
 refused before anything is written."""
 
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -11,6 +12,8 @@ from conftest import REPO, cli_env
 sys.path.insert(0, str(REPO / "tools"))
 import compare
 import sweep
+
+from jaxrl_llm.config import ConfigError
 
 CONFIG = f"--config={REPO / 'configs' / 'default.py'}"
 
@@ -185,6 +188,37 @@ def test_a_checkpoints_file_in_the_workdir_is_one_line_and_is_kept(tmp_path):
     "away (the run keeps its checkpoints there) or give another directory"
   )
   assert (workdir / "checkpoints").read_text() == "mine"
+
+
+def test_a_hugging_face_model_folder_as_the_workdir_is_refused_and_left_as_it_was(tmp_path):
+  """--workdir naming a model's folder: its config.json was read as a run record without a
+  config (a missing "config" passed as empty), and the run wrote its checkpoints, log and
+  records into the model's folder. Now one line before anything is written there; another
+  JSON object without "config" is still a damaged run record."""
+  import shutil
+
+  from jaxrl_llm.run import changes
+
+  model = pathlib.Path(
+    shutil.copytree(REPO / "tests" / "fixtures" / "hf" / "llama", tmp_path / "m")
+  )
+  before = sorted(p.name for p in model.iterdir())
+  code, err = _main(f"--workdir={model}")
+  assert (code, err) == (
+    2,
+    [
+      f"error: --workdir={model}: a Hugging Face model's config.json, not a run record: this "
+      "folder holds a model; give the run a --workdir of its own (model.checkpoint may name this "
+      "folder)"
+    ],
+  )
+  assert sorted(p.name for p in model.iterdir()) == before
+  with pytest.raises(ConfigError, match=r"a Hugging Face model's config\.json"):
+    changes.newest_record(str(model))  # a remote workdir's check
+  (tmp_path / "w").mkdir()
+  (tmp_path / "w" / "config.json").write_text('{"seed": 1}')
+  with pytest.raises(ConfigError, match='not an object with a "config" object'):
+    changes.newest_record(str(tmp_path / "w"))
 
 
 def test_a_negative_completion_budget_is_one_reason_not_two(tmp_path):

@@ -26,6 +26,23 @@ def newest_record_path(workdir: str) -> str | None:
   return None if name is None else paths.join(workdir, name)
 
 
+A_MODEL = (
+  "a Hugging Face model's config.json, not a run record: this folder holds a model; give the "
+  "run a --workdir of its own (model.checkpoint may name this folder)"
+)
+
+
+def holds_a_model(workdir: str) -> bool:
+  """Whether the local `workdir`'s config.json is a Hugging Face model's (a model_type and no
+  run config), so that a run there would write into the model's folder."""
+  try:
+    with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+      record = json.load(f)
+  except (OSError, ValueError):  # none, or not JSON: the run record's own checks say so
+    return False
+  return isinstance(record, dict) and "config" not in record and "model_type" in record
+
+
 def newest_record(workdir: str) -> dict | None:
   """The run record of `workdir` the latest launch wrote (`newest_record_path`); None without
   one."""
@@ -40,7 +57,9 @@ def newest_record(workdir: str) -> dict | None:
     record = json.loads(paths.read_text(path))
   except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
     raise ConfigError(f"{path}: the run record is not valid JSON ({err}); {fix}") from None
-  if not (isinstance(record, dict) and isinstance(record.get("config", {}), dict)):
+  if isinstance(record, dict) and "config" not in record and "model_type" in record:
+    raise ConfigError(f"{path}: {A_MODEL}")
+  if not (isinstance(record, dict) and isinstance(record.get("config"), dict)):
     raise ConfigError(f'{path}: the run record is not an object with a "config" object; {fix}')
   return record
 
