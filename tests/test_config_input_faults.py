@@ -291,6 +291,18 @@ def test_a_system_prompt_spelled_none_is_refused(value):
   assert _said(**{"data.system_prompt": ""}) == _said(**{"data.system_prompt": "Be brief."}) == ""
 
 
+@pytest.mark.parametrize("k", [64.5, 1e6, 1e300])
+def test_an_oversampling_factor_past_its_bound_is_refused_in_a_short_line(k):
+  """filtering.oversample=1e300 was refused only by the training split's size, in a line with
+  a 300-digit prompt count, and with prompt files (no split size to check) not at all."""
+  got = _said(**{"filtering.name": "dynamic_sampling", "filtering.oversample": k})
+  assert got == (
+    f"invalid config: filtering.oversample={k:g} must be in [1, 64] (it samples ceil(k * P) "
+    "prompt groups in every update to keep P)"
+  ), got
+  assert _said(**{"filtering.name": "dynamic_sampling", "filtering.oversample": 64.0}) == ""
+
+
 @pytest.mark.parametrize("name", ["tau_pos", "tau_neg"])
 def test_a_sapo_temperature_below_its_floor_is_refused(name):
   """SAPO's loss is (4/τ)·σ(τ(r − 1))·A: τ=1e-40 passed (the range was (0, inf)) and gave an

@@ -325,21 +325,24 @@ class ReplaySettings(LearnedSection):
     return allowed("replay.name", self.name, ("none", "r2", "r3"))
 
 
+MAX_OVERSAMPLE = 64  # dynamic sampling's largest oversampling factor k
+
+
 @dataclasses.dataclass(frozen=True)
 class FilteringSettings(LearnedSection):
   """`filtering`: §7 group filtering and dynamic sampling's oversampling factor."""
 
   SECTION: ClassVar[str] = "filtering"
   name: str = "none"  # §7: none | dynamic_sampling | reinforce_rej
-  oversample: float = 2.0  # k: dynamic sampling draws ceil(k * P) prompt groups, keeps P
+  oversample: float = 2.0  # k in [1, 64]: dynamic sampling draws ceil(k * P) prompt groups, keeps P
 
   def errors(self) -> list[str]:
-    """A known filter; oversampling factor >= 1."""
+    """A known filter; oversampling factor in [1, MAX_OVERSAMPLE]."""
     out = allowed("filtering.name", self.name, ("none", "dynamic_sampling", "reinforce_rej"))
     return out + need(
-      self.oversample >= 1,
-      f"filtering.oversample={self.oversample} must be >= 1 (it draws ceil(k * P) prompt "
-      "groups to keep P)",
+      1 <= self.oversample <= MAX_OVERSAMPLE,
+      f"filtering.oversample={self.oversample:g} must be in [1, {MAX_OVERSAMPLE}] (it samples "
+      "ceil(k * P) prompt groups in every update to keep P)",
     )
 
 
