@@ -1,4 +1,4 @@
-"""The README's measuring tools run as it says: `tools/soak.py` (host memory over a run),
+"""The measuring tools run as the docs say: `tools/soak.py` (host memory over a run),
 `tools/trace_summary.py` (where a profiled program's device time goes) and
 `tools/decode_copies.py` (the sampler alone and packed: seconds and KV-cache copies)."""
 
@@ -109,7 +109,7 @@ def test_trace_summary_reads_the_newest_trace_under_the_directory(tmp_path):
 
 @pytest.mark.extended
 def test_trace_summary_of_the_benchs_profiled_warm_step(tmp_path):
-  """The README's chain: `tools/bench.py --shape=tiny --profile_dir=DIR` then
+  """The docs' chain: `tools/bench.py --shape=tiny --profile_dir=DIR` then
   `tools/trace_summary.py DIR`: the trace holds the fused step; with every kernel listed the
   shares add up to 1 and the times to the busy time; the default --top=15 is the 15 largest."""
   bench = _tool(
@@ -154,7 +154,7 @@ def test_trace_summary_of_the_trainers_profiled_steps(tmp_path):
 
 @pytest.mark.extended
 def test_decode_copies_finds_no_cache_copy_in_the_scanned_bf16_sampler_alone_or_packed():
-  """`tools/decode_copies.py --scan_layers --dtype=bfloat16` (the README's row): one JSON object
+  """`tools/decode_copies.py --scan_layers --dtype=bfloat16` (the row in docs/sweeps.md): one JSON object
   with seconds, cache copies and cache writes for the sampler alone and in a pack of 1; no copy
   of a cache array in either decode loop, the cache written in place (one write per layer group
   and K/V), and the pack's tokens equal to the run's alone."""
