@@ -25,11 +25,19 @@ def _main(*args):
   return proc.returncode, proc.stderr.strip().splitlines()
 
 
-@pytest.mark.parametrize("seed", ["-1", "4294967296", "99999999999999999999"])
-def test_a_seed_outside_its_range_is_one_line_before_the_workdir_is_made(tmp_path, seed):
+def test_a_seed_outside_its_range_is_one_line_before_the_workdir_is_made(tmp_path):
   """A seed must be in [0, 2**32): refused at config parse (it was a numpy traceback after
-  the workdir's checkpoints/ and log.txt were made, and a dry run said it fits)."""
-  workdir = tmp_path / "run"
+  the workdir's checkpoints/ and log.txt were made, and a dry run said it fits). The command
+  line's four ways for one seed; the parse for each."""
+  from conftest import tiny_config
+
+  from jaxrl_llm.config import parse
+
+  for seed in (-1, 2**32, 99999999999999999999):
+    with pytest.raises(ConfigError) as e:
+      parse(tiny_config(seed=seed))
+    assert str(e.value) == f"invalid config: seed={seed} must be in [0, 2**32)"
+  seed, workdir = "4294967296", tmp_path / "run"
   code, err = _main(f"--workdir={workdir}", f"--config.seed={seed}")
   assert (code, err) == (2, [f"error: invalid config: seed={seed} must be in [0, 2**32)"])
   assert not workdir.exists()
