@@ -131,6 +131,18 @@ def test_nothing_is_written_into_a_trainer_s_checkpoints(lora_run, tmp_path, fla
   assert _tree(workdir) == before and not (tmp_path / "out").exists()
 
 
+def test_a_link_into_a_trainer_s_checkpoints_is_followed(lora_run, tmp_path):
+  """--out through a symbolic link to a workdir's checkpoints/ passed (the check read the path
+  as written): the export landed as checkpoints/7, which the next launch found unfinished."""
+  workdir, _ = lora_run
+  (tmp_path / "link").symlink_to(workdir / "checkpoints")
+  out, before = tmp_path / "link" / "7", _tree(workdir)
+  line = _refused(f"--workdir={workdir}", f"--out={out}")
+  assert line.startswith(f"error: --out={out}: "), line
+  assert f"{workdir}/checkpoints" in line and "name another --out" in line, line
+  assert _tree(workdir) == before
+
+
 @pytest.mark.parametrize("run", ["", "seed=0"])
 def test_a_packed_sweep_is_named_as_one(pack, tmp_path, run):
   """--workdir naming a packed sweep's root, or one of its run folders, says it is a pack and

@@ -295,3 +295,27 @@ def test_a_tokenizer_file_that_does_not_parse_is_refused_before_writing(
   )
   assert line.startswith(f"error: {bad} is not a valid tokenizer.json: "), line
   assert not out.exists()
+
+
+@pytest.mark.parametrize("name", ["tokenizer_config.json", "config.json"])
+def test_an_export_over_a_folder_where_it_writes_a_file_is_refused_before_writing(tmp_path, name):
+  """An --overwrite export into a folder where a folder stood at one of its file names: the
+  weights moved in, then writing that file failed, and the folder held the new weights beside
+  the old config.json (a checkpoint no loader reads). Now refused before anything is written."""
+  cfg, params = hf.load_checkpoint(LLAMA)
+  out = pathlib.Path(shutil.copytree(REPO / "tests" / "fixtures" / "hf" / "qwen2", tmp_path / "o"))
+  if name == "config.json":
+    os.rename(out / name, tmp_path / "kept.json")
+  (out / name).mkdir(exist_ok=name != "config.json")
+  before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+  with pytest.raises(IsADirectoryError) as e:
+    hf_export.save_checkpoint(out, cfg, params, overwrite=True, source=LLAMA)
+  assert str(e.value) == (
+    f"{out / name}: is not a file, and the export writes a file there; move it away or give "
+    "another directory"
+  )
+  assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+  os.rmdir(out / name)  # the export then writes every file, none left behind
+  hf_export.save_checkpoint(out, cfg, params, overwrite=True, source=LLAMA)
+  assert not [p.name for p in out.iterdir() if p.name.startswith(".")]
+  assert hf.load_checkpoint(out)[0] == cfg

@@ -89,8 +89,9 @@ def _has_run_record(path: str) -> bool:
 
 
 def _ancestors(path: str):
-  """`path` made absolute, then every directory above it, nearest first."""
-  path = os.path.abspath(path)
+  """`path` made absolute with its links resolved (a link may lead into a workdir), then every
+  directory above it, nearest first."""
+  path = os.path.realpath(path)
   while True:
     yield path
     if (parent := os.path.dirname(path)) == path:

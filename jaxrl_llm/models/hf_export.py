@@ -24,6 +24,7 @@ import ml_dtypes
 import numpy as np
 from absl import logging
 
+from jaxrl_llm import paths
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.families import (
   BY_MODEL_TYPE,
@@ -301,13 +302,6 @@ def _check_vocab(vocab: int, source: HFSource | None, configs: Mapping[str, Mapp
         )
 
 
-def _copy(src: str, dst: str) -> None:
-  """Copies file `src` to `dst` (nothing to do when both are the same file)."""
-  if os.path.exists(dst) and os.path.samefile(src, dst):
-    return
-  shutil.copyfile(src, dst)
-
-
 # --------------------------------------------------------------------------- weights
 
 
@@ -338,13 +332,52 @@ def written_files(
   return [CONFIG_FILE, GENERATION_CONFIG_FILE, *(TOKENIZER_FILES if copies else ())]
 
 
-def _check_weights(path: str, overwrite: bool) -> None:
-  """Refuses a file at `path`, or a directory holding weights unless `overwrite`."""
+def _check_weights(path: str, overwrite: bool, names: list[str]) -> None:
+  """Refuses a file at `path`, a directory holding weights unless `overwrite`, and anything but
+  a file where the export writes one of `names` (a folder named config.json, say), before
+  anything is written: found after the weights moved in, it left an old export half replaced."""
   if os.path.lexists(path) and not os.path.isdir(path):
     raise NotADirectoryError(f"{path}: is a file, not a directory")
   old = weight_files(path)
   if old and not overwrite:
     raise FileExistsError(f"{path} already holds weights ({old}); pass overwrite=True")
+  for target in [*old, *(os.path.join(path, n) for n in names)]:
+    if os.path.lexists(target) and not os.path.isfile(target):
+      raise IsADirectoryError(
+        f"{target}: is not a file, and the export writes a file there; move it away or give "
+        "another directory"
+      )
+
+
+def _written(copies: list[tuple[str, str]]) -> list[str]:
+  """The names of the files an export writes beside its weights (`copies`: the tokenizer's)."""
+  return [CONFIG_FILE, GENERATION_CONFIG_FILE, *(name for _, name in copies)]
+
+
+def _stage(path: str, generation: dict, hf: dict, copies: list[tuple[str, str]]) -> list:
+  """Writes the export's JSON and tokenizer files beside their places (`.<name>.tmp`); returns
+  (temporary, final) pairs for `_publish`. A tokenizer file copied onto itself is left out."""
+  staged = []
+  for name, content in ((GENERATION_CONFIG_FILE, generation), (CONFIG_FILE, hf)):
+    staged.append((os.path.join(path, f".{name}.tmp"), os.path.join(path, name)))
+    write_json(staged[-1][0], content)
+  for src, name in copies:
+    dst = os.path.join(path, name)
+    if not (os.path.exists(dst) and os.path.samefile(src, dst)):
+      staged.append((os.path.join(path, f".{name}.tmp"), dst))
+      shutil.copyfile(src, staged[-1][0])
+  return staged
+
+
+def _publish(path: str, staged: list, copies: list[tuple[str, str]]) -> None:
+  """Moves the staged files into place (config.json last) and, where a tokenizer came, removes
+  the directory's other tokenizer files: an older export's would mix in (a chat_template.jinja
+  over the config's template, say)."""
+  for tmp, final in sorted(staged, key=lambda pair: pair[1].endswith(os.sep + CONFIG_FILE)):
+    paths.publish(tmp, final)
+  for name in set(TOKENIZER_FILES) - {n for _, n in copies} if copies else ():
+    if os.path.isfile(stale := os.path.join(path, name)):
+      os.remove(stale)
 
 
 def _write_params(
@@ -406,32 +439,24 @@ def save_checkpoint(
     max_position_embeddings=max_position_embeddings,
   )
   writer = jax.process_index() == 0
-  _check_weights(path, overwrite)
+  _check_weights(path, overwrite, _written(tokenizer_copies))
   if writer:
     os.makedirs(path, exist_ok=True)
-  shards = ShardWriter(path, max_shard_bytes, writer)
+  shards, staged = ShardWriter(path, max_shard_bytes, writer), []
   try:
     _write_params(shards, cfg, params_map, flat, dtype)
+    if writer:  # every file is written before the first one moves in
+      staged = _stage(path, generation, hf, tokenizer_copies)
     shards.close()
   except BaseException:  # an interrupt, a full disk: an export there before stays loadable
     shards.abort()
+    for tmp, _ in staged:
+      if os.path.exists(tmp):
+        os.remove(tmp)
     raise
   if writer:
-    write_json(os.path.join(path, GENERATION_CONFIG_FILE), generation)
-    _write_tokenizer(path, tokenizer_copies)
-    write_json(os.path.join(path, CONFIG_FILE), hf)
+    _publish(path, staged, tokenizer_copies)
   return mt
-
-
-def _write_tokenizer(path: str, copies: list[tuple[str, str]]) -> None:
-  """Copies the tokenizer files `copies` ((source, name) pairs) into `path` and, where there
-  are any, removes its other tokenizer files: an older export's would mix in (a
-  chat_template.jinja over the config's template, say)."""
-  for src, name in copies:
-    _copy(src, os.path.join(path, name))
-  for name in set(TOKENIZER_FILES) - {n for _, n in copies} if copies else ():
-    if os.path.isfile(stale := os.path.join(path, name)):
-      os.remove(stale)
 
 
 def _prepare(path: str, cfg: ModelConfig, params: Any, warn: bool = True, **kwargs):
@@ -451,7 +476,7 @@ def _prepare(path: str, cfg: ModelConfig, params: Any, warn: bool = True, **kwar
   params_map = param_map(cfg, BY_MODEL_TYPE[mt])
   flat = flatten(params)
   _check_params(cfg, flat, param_entries(cfg, params_map), mt, warn)
-  _check_weights(path, kwargs["overwrite"])
+  _check_weights(path, kwargs["overwrite"], _written(tokenizer_copies))
   return mt, hf, generation, tokenizer_copies, params_map, flat
 
 
