@@ -243,3 +243,21 @@ def test_a_quantized_block_whose_scale_is_inf_is_one_line_without_numpys_warning
   write_gguf(tmp_path / "bad.gguf", "Q8_0", edit={"token_embd.weight": (bad, "Q8_0")})
   line = _cli_refuses(tmp_path / "bad.gguf", tmp_path / "out", "'token_embd.weight'")
   assert line.endswith("holds non-finite values (NaN or inf)"), line
+
+
+def test_a_weight_bfloat16_cannot_hold_is_refused_before_writing(tmp_path):
+  """import-gguf --dtype=bfloat16 of a finite float32 3.4e38 wrote inf with exit 0 (the check
+  ran before the cast); the directory was then refused by the import and the trainer."""
+  import numpy as np
+
+  written = write_gguf(tmp_path / "ok.gguf")["output_norm.weight"][1]
+  big = np.full_like(np.asarray(written, np.float32), 3.4e38)
+  write_gguf(tmp_path / "big.gguf", edit={"output_norm.weight": (big, "F32")})
+  with pytest.raises(gguf_import.GGUFError) as e:
+    gguf_import.import_gguf(tmp_path / "big.gguf", tmp_path / "out", dtype="bfloat16")
+  assert str(e.value) == (
+    f"{tmp_path / 'big.gguf'}: tensor model.norm.weight holds values beyond the range of "
+    "bfloat16; allowed: --dtype=float32, or weights within its range"
+  )
+  assert not (tmp_path / "out").exists()
+  gguf_import.import_gguf(tmp_path / "big.gguf", tmp_path / "out", dtype="float32")

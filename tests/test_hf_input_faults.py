@@ -197,6 +197,28 @@ def test_non_finite_weights_are_refused_naming_the_file_and_tensor(tmp_path, bad
   assert str(e.value) == f"{file}: tensor {Q_PROJ} holds non-finite values (NaN or inf)"
 
 
+@pytest.mark.parametrize(
+  "stored, value, param_dtype", [(np.float64, 1e300, None), (np.float32, 1e6, "float16")]
+)
+def test_a_weight_its_parameter_dtype_cannot_hold_is_refused(tmp_path, stored, value, param_dtype):
+  """A finite float64 1e300 (or float32 1e6 read as float16) passed the stored dtype's check,
+  became inf in the cast to the parameter dtype (with numpy's overflow warning) and loaded."""
+  d = _copy(tmp_path)
+  index = json.loads((d / "model.safetensors.index.json").read_text())
+  file = d / index["weight_map"][Q_PROJ]
+  tensors = load_file(file)
+  tensors[Q_PROJ] = tensors[Q_PROJ].astype(stored)
+  tensors[Q_PROJ][1, 2] = value
+  save_file(tensors, file, metadata={"format": "pt"})
+  want = "float32" if param_dtype is None else param_dtype
+  with pytest.raises(CheckpointFormatError) as e:
+    hf.load_checkpoint(d, **({} if param_dtype is None else {"param_dtype": param_dtype}))
+  assert str(e.value) == (
+    f"{file}: tensor {Q_PROJ} holds values beyond the range of {want}, the parameter dtype it "
+    "is read as; allowed: a wider parameter dtype, or weights within its range"
+  )
+
+
 def test_a_bf16_nan_weight_is_refused(tmp_path):
   """bfloat16 tensors take another read path; a NaN among them is refused too."""
   d = _copy(tmp_path, "llama3_rope_bf16")

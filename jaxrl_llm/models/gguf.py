@@ -378,7 +378,15 @@ def import_gguf(path: str | os.PathLike, out_dir: str | os.PathLike, *, dtype: s
   check_out_dir(out_dir)
   reader, files, tok, tensors = _read(path, dtype)
   np_dtype = np.float32 if dtype == "float32" else ml_dtypes.bfloat16
-  arrays = {name: load().astype(np_dtype) for name, load in tensors}
+  arrays = {}
+  for name, load in tensors:
+    with np.errstate(over="ignore"):  # said below, in one line
+      arrays[name] = load().astype(np_dtype)
+    if not np.isfinite(arrays[name]).all():  # float32's 3.4e38 is inf in bfloat16
+      raise GGUFError(
+        f"{path}: tensor {name} holds values beyond the range of {dtype}; allowed: "
+        "--dtype=float32, or weights within its range"
+      )
   summary = {
     "gguf": os.path.abspath(path),
     "out": os.path.abspath(out_dir),

@@ -239,11 +239,21 @@ def abstract_params(cfg: ModelConfig) -> Any:
 
 
 def _read_param(reader: _Reader, p: Param, shape, target, sharding) -> jax.Array:
-  """One parameter of our layout `shape`, read from its HF tensor(s) into `sharding`."""
-  if p.stacked:
-    host = np.stack([p.to_ours(reader.read(n), shape[1:]).astype(target) for n in p.names])
-  else:
-    host = p.to_ours(reader.read(p.names[0]), shape).astype(target)
+  """One parameter of our layout `shape`, read from its HF tensor(s) into `sharding`;
+  CheckpointFormatError naming the tensor whose values the parameter's dtype cannot hold (a
+  float64 1e300, a float32 1e6 read as float16)."""
+  parts = []
+  for name in p.names if p.stacked else p.names[:1]:
+    with np.errstate(over="ignore"):  # said below, in one line
+      part = p.to_ours(reader.read(name), shape[1:] if p.stacked else shape).astype(target)
+    if not np.isfinite(part).all():
+      raise CheckpointFormatError(
+        f"{reader._infos[name].file}: tensor {name} holds values beyond the range of "
+        f"{np.dtype(target).name}, the parameter dtype it is read as; allowed: a wider "
+        "parameter dtype, or weights within its range"
+      )
+    parts.append(part)
+  host = np.stack(parts) if p.stacked else parts[0]
   return jax.make_array_from_callback(shape, sharding, lambda i: host[i])
 
 
