@@ -261,3 +261,13 @@ def test_a_weight_bfloat16_cannot_hold_is_refused_before_writing(tmp_path):
   )
   assert not (tmp_path / "out").exists()
   gguf_import.import_gguf(tmp_path / "big.gguf", tmp_path / "out", dtype="float32")
+
+
+def test_a_block_count_past_the_file_s_blocks_is_refused_at_once(tmp_path):
+  """block_count=10**8: the expected tensors were listed block by block before any was
+  checked, and the import ran past any wait. Now one line, counted from the tensors' names."""
+  write_gguf(tmp_path / "layers.gguf", meta={"block_count": 10**8})
+  line = _cli_refuses(tmp_path / "layers.gguf", tmp_path / "out", "block_count=100000000")
+  assert line.endswith(
+    "but the file holds 2 blocks (blk.<i>) of tensors; allowed: the number of blocks it holds"
+  ), line

@@ -284,3 +284,16 @@ def test_a_checkpoint_architecture_from_a_config_json_that_is_not_json_is_one_li
   cfg = parse(tiny_config(**{"model.checkpoint": str(tmp_path)}))
   with pytest.raises(CheckpointFormatError, match=r"config\.json: not valid JSON"):
     from_checkpoint.architecture(cfg)
+
+
+def test_a_layer_count_past_the_weights_is_refused_at_once(tmp_path):
+  """num_hidden_layers=10**8: the tensor map was built layer by layer before any tensor was
+  checked, and the import ran past any wait. Now one line, counted from the weights' names."""
+  d = _copy(tmp_path)
+  (d / "config.json").write_text(json.dumps(_config("llama", num_hidden_layers=10**8)))
+  with pytest.raises(CheckpointFormatError) as e:
+    hf.load_checkpoint(d)
+  assert str(e.value) == (
+    f"{d / 'config.json'}: num_hidden_layers=100000000, but the weights hold 2 layers; allowed: "
+    "the number of model.layers.<i> the weight files hold"
+  )

@@ -212,6 +212,12 @@ def _tensors(reader, config: Mapping[str, Any], path: str) -> list[tuple[str, Ca
   each tensor's type, name and shape (against the metadata's)."""
   from gguf import quants
 
+  held = {int(m.group(1)) for t in reader.tensors if (m := re.match(r"blk\.(\d+)\.", t.name))}
+  if config["num_hidden_layers"] > len(held):  # before `_shapes` lists every layer's tensors
+    raise GGUFError(
+      f"{path}: block_count={config['num_hidden_layers']}, but the file holds {len(held)} "
+      "blocks (blk.<i>) of tensors; allowed: the number of blocks it holds"
+    )
   shapes = _shapes(reader, config)
   arch = field(reader, "general.architecture")
   out = []

@@ -17,6 +17,7 @@ import dataclasses
 import glob
 import json
 import os
+import re
 import struct
 from collections.abc import Mapping
 from typing import Any
@@ -302,6 +303,17 @@ def _read_entry(reader: _Reader, entry: Entry, shape, target, sharding) -> jax.A
   return jax.jit(jnp.stack, out_shardings=sharding)(pieces)
 
 
+def _check_layer_count(num_layers: int, infos: Mapping[str, Any], cfg_file: str) -> None:
+  """CheckpointFormatError when config.json counts more layers than the weights hold (found
+  before the tensor map is built layer by layer: 10**8 layers took longer than any wait)."""
+  held = {int(m.group(1)) for n in infos if (m := re.match(r"model\.layers\.(\d+)\.", n))}
+  if num_layers > len(held):
+    raise CheckpointFormatError(
+      f"{cfg_file}: num_hidden_layers={num_layers}, but the weights hold {len(held)} layers; "
+      "allowed: the number of model.layers.<i> the weight files hold"
+    )
+
+
 def load_checkpoint(
   path: str | os.PathLike,
   *,
@@ -323,8 +335,9 @@ def load_checkpoint(
   path = os.fspath(path)
   given = (("param_dtype", param_dtype), ("dtype", dtype), ("scan_layers", scan_layers))
   cfg, fam, cfg_file = _load_config(path, {k: v for k, v in given if v is not None})
-  params_map = param_map(cfg, fam)
   infos, listing = _tensor_infos(path)
+  _check_layer_count(cfg.num_layers, infos, cfg_file)
+  params_map = param_map(cfg, fam)
   _check_tensors(params_map, infos, listing, cfg_file, cfg.tie_embeddings)
 
   shapes, shardings = _placements(cfg, mesh, rules)
