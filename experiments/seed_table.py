@@ -181,7 +181,9 @@ def _arms(roots, fields, cols):
   for root, d, cfg, scalars in loaded:
     key = key_of[d]
     row = [value(scalars.get(c.rsplit("@", 1)[0], []), c.rsplit("@", 1)[1]) for c in cols]
-    seed = int(cfg.get("seed", 0))
+    seed = cfg.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int):  # "x", [1], 0.7, true, null
+      _fail(f"run {d}: its config.json's seed={seed!r} is not a whole number")
     if seed in arms.setdefault(key, {}):
       _fail(f"arm {','.join(key)} has seed {seed} twice (second in {d})")
     arms[key][seed] = row

@@ -94,6 +94,9 @@ def pages(study: str) -> list[str]:
   return sorted(n.removesuffix(suffix) for n in names if n.endswith(suffix))
 
 
+CLAIMS_TABLE = ["claim", "statement", "a − b", "expected", "difference", "n", "p", "verdict"]
+
+
 def confirmed(study: str, page: str = "confirmation") -> dict[str, list[str]]:
   """{claim id: its row of the claims table printed into `<study>/<page>.md`} (empty without
   one)."""
@@ -104,6 +107,11 @@ def confirmed(study: str, page: str = "confirmation") -> dict[str, list[str]]:
   for line in _read(path, "the claims table seed_table.py --claims prints").split("\n"):
     if line.startswith("| claim | statement |"):
       inside, width = True, len(_cells(line))
+      if _cells(line)[-4:] != CLAIMS_TABLE[-4:]:  # the columns the cross-study table reads
+        _fail(
+          f"{path}: the claims table's header is {line.strip()!r}; seed_table.py --claims "
+          f"prints | {' | '.join(CLAIMS_TABLE)} |"
+        )
     elif inside and line.startswith("| ") and not line.startswith("|---"):
       cells = _cells(line)
       if len(cells) < width:

@@ -175,3 +175,14 @@ def test_a_resumed_runs_records_are_exported_and_read_as_the_run_read_them(capsy
   ).read_bytes()
   newest = json.loads(pathlib.Path(changes.newest_record_path(str(exported))).read_text())
   assert newest["config"]["train"]["num_steps"] == 120
+
+
+def test_an_empty_out_or_root_is_refused(capsys, tmp_path, monkeypatch):
+  """--out= exported every run into the current folder (the repository, run from there)."""
+  _run(tmp_path / "root" / "a")
+  monkeypatch.chdir(tmp_path)
+  before = sorted(p.name for p in tmp_path.iterdir())
+  for flag, args in (("--out", (tmp_path / "root", "")), ("--root", ("", tmp_path / "out"))):
+    code, err = _export(capsys, *args)
+    assert (code, err) == (2, [f"error: {flag}= is empty; name a folder"])
+  assert sorted(p.name for p in tmp_path.iterdir()) == before

@@ -80,6 +80,7 @@ def _bad_root(tmp_path, kind):
     (["curves", "{root}", "--out={tmp}/p.xyz"], ["unknown format .xyz; give one of", ".png"]),
     (["curves", "{root}", "--out={tmp}/noext"], ["no file extension; give one of", ".pdf"]),
     (["curves", "{root}", "--out={tmp}"], ["is a directory; give a file path"]),
+    (["curves", "{root}", "--out="], ["--out= is empty; name an image file (default: curves.png)"]),
     (["curves", "{root}", "--out=gs://bucket/c.png"], ["is a URL; give a local file path"]),
     (["passk", "{root}", "--out={tmp}/keep.png/x.png"], ["keep.png is a file, not a directory"]),
     (["curves", "{root}", "--out=/proc/no/c.png"], ["cannot make its folder /proc/no: "]),

@@ -85,6 +85,19 @@ def test_a_run_whose_config_does_not_read_is_named(root, capsys, text):
   assert out == "" and f"{root / 'calc_s2' / 'config.json'}: not the trainer's" in err, err
 
 
+@pytest.mark.parametrize("seed", ["x", [1], 0.7, True, None])
+def test_a_seed_that_is_no_whole_number_is_named(root, capsys, seed):
+  """A seed "x" or [1] was an int() traceback; 0.7 and true were read as seeds 0 and 1."""
+  path = root / "calc_s2" / "config.json"
+  record = json.loads(path.read_text())
+  record["config"]["seed"] = seed
+  path.write_text(json.dumps(record))
+  out, err = _refused(capsys, root, "--group_by=sampling.tool", f"--cols={COL}")
+  assert out == "" and err.strip() == (
+    f"error: run {root / 'calc_s2'}: its config.json's seed={seed!r} is not a whole number"
+  ), err
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
 def test_a_nan_scalar_is_named_not_dropped(root, capsys, bad):
   """A NaN value (it silently dropped the seed from @final) or an infinity (it made the arm's

@@ -147,3 +147,25 @@ def test_a_malformed_testbed_is_one_error_line(tmp_path, testbed, why):
   path = _new_study(experiments, testbed=testbed)
   line = _one_error(_summary(experiments, "--check"))
   assert line.startswith(f"{path}: {why}") and line.endswith(TESTBED_WANT), line
+
+
+def test_a_claims_table_without_the_columns_the_summary_reads_is_one_error_line(tmp_path):
+  """clip_higher's confirmation.md cut to its first four columns (the statement, sign and
+  difference still match claims.json): an IndexError traceback at the n column."""
+  experiments = _copy(tmp_path)
+  path = experiments / "clip_higher" / "confirmation.md"
+  lines = []
+  for line in path.read_text().split("\n"):
+    if line.startswith("| claim | statement |") or (lines and lines[-1].startswith("|")):
+      cells = [c.strip() for c in line.strip().strip("|").split("|")[:4]]
+      line = "| " + " | ".join(cells) + " |" if line else line
+    lines.append(line)
+  path.write_text("\n".join(lines))
+  line = _one_error(_summary(experiments, "--check"))
+  assert line.startswith(
+    f"{path.relative_to(tmp_path) if False else path}: the claims table's header is "
+  ), line
+  assert line.endswith(
+    "seed_table.py --claims prints | claim | statement | a − b | expected | difference | n | p | "
+    "verdict |"
+  ), line

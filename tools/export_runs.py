@@ -160,6 +160,10 @@ def main(argv=None) -> int:
   p.add_argument("--root", required=True, help="the folder holding the runs")
   p.add_argument("--out", required=True, help="where the raw files go (one folder per run)")
   args = p.parse_args(argv)
+  for flag, value in (("--root", args.root), ("--out", args.out)):
+    if not value.strip():  # "" would be the current folder
+      print(f"error: {flag}= is empty; name a folder", file=sys.stderr)
+      return EXIT_BAD_INPUT
   runs = find_runs(args.root)
   if not runs:
     print(f"error: --root={args.root}: no runs (config.json) under it", file=sys.stderr)

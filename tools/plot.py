@@ -1036,8 +1036,10 @@ def main(argv: Sequence[str] | None = None) -> int:
   h.add_argument("--x", required=True, help="Swept field along x.")
   h.add_argument("--y", default=None, help="Swept field along y (default: one row).")
   args = p.parse_args(argv)
-  out = args.out or f"{args.command}.png"
+  out = f"{args.command}.png" if args.out is None else args.out
   try:
+    if not out.strip():  # "" would write the default file in the current folder
+      raise PlotError(f"--out= is empty; name an image file (default: {args.command}.png)")
     size = _size(args.size)
     if args.dpi <= 0:
       raise PlotError(f"--dpi={args.dpi}: must be a positive number of pixels per inch")
