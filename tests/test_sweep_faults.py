@@ -55,6 +55,23 @@ def test_a_bad_flag_is_one_error_line_not_the_usage(tmp_path, capsys):
   assert not (tmp_path / "s").exists()
 
 
+@pytest.mark.parametrize("field", ["train.stop_after_steps", "train.profile_steps"])
+def test_a_grid_over_a_field_that_only_paces_an_invocation_is_refused(tmp_path, capsys, field):
+  """--grid=train.stop_after_steps=5,10 planned two runs that learn alike (the field ends an
+  invocation); a plot then read them as one arm with its seed twice."""
+  root = tmp_path / "s"
+  code, err, out = _main(capsys, CONFIG, f"--root={root}", f"--grid={field}=5,10", "--dry_run")
+  assert (code, err, out) == (
+    2,
+    [
+      f"error: --grid={field}=...: {field} only ends or paces an invocation, and the runs would "
+      "learn alike; give it with --set (one value for every run)"
+    ],
+    "",
+  )
+  assert not root.exists()
+
+
 def test_an_empty_or_remote_root_is_refused_not_read_as_another_folder(tmp_path, capsys):
   """--root= (empty) planned the runs in the current directory, and --root=gs://b/x in the
   local folder ./gs:/b/x (the sweep writes its logs and sweep.json with local file calls)."""

@@ -305,6 +305,11 @@ def plan(
     if bad := [v for v in grid[-1][1] if not v.strip().lstrip("+-").isdigit()]:
       raise SweepError(f"--seeds={seeds!r}: {bad[0]!r} is not a whole number; give seeds as 0,1,2")
   fields = [f for f, _ in grid] + [f for f, _ in fixed]
+  if paced := [f for f, _ in grid if f in tagged(INVOCATION)]:
+    raise SweepError(
+      f"--grid={paced[0]}=...: {paced[0]} only ends or paces an invocation, and the runs would "
+      f"learn alike; give it with --set (one value for every run)"
+    )
   dupes = sorted({f for f in fields if fields.count(f) > 1})
   if dupes:
     raise SweepError(f"fields given more than once in --grid/--set/--seeds: {dupes}")
