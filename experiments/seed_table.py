@@ -394,7 +394,9 @@ def _claims_table(arms, claims, cols):
 
 def main(argv=None):
   """The command line (see the module docstring); 0, or exit 2 with one line for a bad input."""
-  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  from jaxrl_llm import terminal  # its parser: a bad flag is one line, not argparse's usage
+
+  p = terminal.ArgParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--root", required=True, action="append", help="repeatable")
   p.add_argument("--group_by", default=None, help="comma-separated config fields")
   p.add_argument("--cols", default="", help="comma-separated TAG@WHAT columns")
@@ -432,6 +434,8 @@ def main(argv=None):
     if col in expect:
       _fail(f"--expect names {col} twice; want each column at most once")
     expect[col] = 1 if sign == "+" else -1
+  if expect and args.baseline is None:  # the sign is of each arm's difference to the baseline
+    _fail("--expect needs --baseline: its signs are of each arm minus the baseline arm")
   arms, per_run = _arms(args.root, fields, cols)
   if not arms:
     _fail(f"no runs (config.json) under {' or '.join(args.root)}")

@@ -142,6 +142,8 @@ def test_no_runs_exits_2(tmp_path, capsys):
     (["--baseline=calc"], "--baseline=calc is no arm; arms: arithmetic_inline, none"),
     ([f"--expect={COL}:+,{COL}:-", "--baseline=none"], f"--expect names {COL} twice"),
     (["--cols=eval/accuracy@avg:300-100"], "@avg:300-100 has A > B"),
+    ([f"--expect={COL}:+"], "--expect needs --baseline: its signs are of each arm minus the"),
+    (["--grup_by=x"], "error: unrecognized arguments: --grup_by=x"),
   ],
 )
 def test_a_bad_flag_is_refused_before_any_table(tmp_path, root, capsys, args, says):
