@@ -721,6 +721,25 @@ BAD_ADAPTERS = {  # (edit of adapter_config.json or of the tensors, what the lin
   "lm-head": (lambda f: _edit_tensors(f, _head), "lora_A.weight adapts lm_head; this model's"),
   "embedding": (lambda f: _edit_tensors(f, _embedding), "lora_embedding_A adapts an embedding"),
   "transposed": (lambda f: _edit_tensors(f, _transposed), "does not fit this model's"),
+  "targets-it-lacks": (
+    lambda f: _edit_config(f, target_modules=["foo_proj", "lm_head"]),
+    "target_modules names ['foo_proj', 'lm_head'], which this model lacks; allowed: ",
+  ),
+  "targets-fewer": (
+    lambda f: _edit_config(f, target_modules=["q_proj"]),
+    ", outside target_modules=['q_proj']",
+  ),
+  "layers-it-lacks": (
+    lambda f: _edit_config(f, layers_to_transform=[5]),
+    "layers_to_transform=[5]; allowed: layer indices in [0, 2)",
+  ),
+  "layers-fewer": (
+    lambda f: _edit_config(f, layers_to_transform=[1]),
+    "the weights adapt layer 0, outside layers_to_transform=[1]",
+  ),
+  "dropout-text": (lambda f: _edit_config(f, lora_dropout="abc"), "lora_dropout='abc'; it is a"),
+  "dropout-5": (lambda f: _edit_config(f, lora_dropout=5.0), "lora_dropout=5.0; it is a number"),
+  "r-huge": (lambda f: _edit_config(f, r=10**7), "does not fit this model: r=10000000"),
 }
 
 

@@ -188,7 +188,43 @@ def _adapter_config(path: str) -> dict[str, Any]:
       raise CheckpointFormatError(
         f"{path}/{ADAPTER_CONFIG_FILE}: {key}={got!r}; only plain LoRA ({key}={want!r}) runs here"
       )
+  dropout = config.get("lora_dropout") or 0.0
+  if isinstance(dropout, bool) or not isinstance(dropout, int | float) or not 0 <= dropout < 1:
+    raise CheckpointFormatError(f"{where}: lora_dropout={dropout!r}; it is a number in [0, 1)")
   return config
+
+
+def _check_scope(where: str, config: Mapping, tensors: Mapping, num_layers: int) -> None:
+  """CheckpointFormatError for an adapter_config.json whose target_modules or
+  layers_to_transform do not cover the saved tensors, or name what this model lacks: PEFT
+  refuses a target the model lacks and applies no tensor outside them."""
+  modules = {m.group(1) for key in tensors if (m := _PEFT_KEY.fullmatch(key))}
+  targets = config.get("target_modules")
+  if isinstance(targets, list):  # PEFT matches an entry as a module name's end
+    targets = sorted({str(t).rsplit(".", 1)[-1] for t in targets})
+    if lacking := sorted(set(targets) - set(lora_lib.HF_NAMES)):
+      raise CheckpointFormatError(
+        f"{where}: target_modules names {lacking}, which this model lacks; allowed: "
+        f"{sorted(lora_lib.HF_NAMES)}"
+      )
+    if outside := sorted(m for m in modules if m.rsplit(".", 1)[-1] not in targets):
+      raise CheckpointFormatError(
+        f"{where}: the weights adapt {outside[0]}, outside target_modules={targets}"
+      )
+  layers = config.get("layers_to_transform")
+  if layers is None:
+    return
+  layers = [layers] if isinstance(layers, int) else layers
+  if not (isinstance(layers, list) and all(type(i) is int and 0 <= i < num_layers for i in layers)):
+    raise CheckpointFormatError(
+      f"{where}: layers_to_transform={config['layers_to_transform']!r}; allowed: layer indices "
+      f"in [0, {num_layers})"
+    )
+  held = {int(m.group(1)) for x in modules if (m := re.search(r"\.layers\.(\d+)\.", x))}
+  if outside := sorted(held - set(layers)):
+    raise CheckpointFormatError(
+      f"{where}: the weights adapt layer {outside[0]}, outside layers_to_transform={layers}"
+    )
 
 
 def _read_adapter_tensors(path: str) -> dict[str, np.ndarray]:
@@ -261,13 +297,21 @@ def load_adapters(path: str | os.PathLike, cfg: ModelConfig, params: Any, *, mod
   tensors = _read_adapter_tensors(os.path.join(path, ADAPTER_WEIGHTS_FILE))
   _refuse_expert_adapters(os.path.join(path, ADAPTER_WEIGHTS_FILE), tensors)
   names = _adapted_projections(os.path.join(path, ADAPTER_WEIGHTS_FILE), tensors)
-  adapted = dataclasses.replace(
-    cfg,
-    lora_rank=int(config["r"]),
-    lora_alpha=float(config["lora_alpha"]),
-    lora_dropout=float(config.get("lora_dropout") or 0.0),
-    lora_targets=",".join(names),
-  )
+  where = os.path.join(path, ADAPTER_CONFIG_FILE)
+  _check_scope(where, config, tensors, cfg.num_layers)
+  try:
+    adapted = dataclasses.replace(
+      cfg,
+      lora_rank=int(config["r"]),
+      lora_alpha=float(config["lora_alpha"]),
+      lora_dropout=float(config.get("lora_dropout") or 0.0),
+      lora_targets=",".join(names),
+    )
+  except ValueError as e:  # a rank past a projection's width, say: said as the file's fields
+    said = str(e).removeprefix("invalid model config: ")
+    for ours, theirs in (("lora_rank", "r"), ("lora_alpha", "lora_alpha")):
+      said = said.replace(f"model.{ours}=", f"{theirs}=")
+    raise CheckpointFormatError(f"{where}: does not fit this model: {said}") from None
   flat = flatten(params)
   shapes = {k: v.shape for k, v in flatten(nn.unbox(abstract_params(adapted))).items()}
   out = {k: np.zeros(v, np.float32) for k, v in shapes.items() if lora_lib.is_adapter(k)}
