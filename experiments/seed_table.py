@@ -408,6 +408,15 @@ def main(argv=None):
   args = p.parse_args(argv)
   from jaxrl_llm import paths
 
+  for flag in ("csv", "claims"):  # given, but empty: not "not given"
+    if (value := getattr(args, flag)) is not None and not value.strip():
+      _fail(f"--{flag}= is empty; give a file or leave it out")
+  if len({os.path.realpath(r) for r in args.root}) < len(args.root):
+    _fail(f"--root names one folder twice ({', '.join(args.root)}); give each once")
+  for flag in ("cols", "group_by"):
+    items = [x.strip() for x in (getattr(args, flag) or "").split(",") if x.strip()]
+    if twice := sorted({x for x in items if items.count(x) > 1}):
+      _fail(f"--{flag} names {twice[0]} twice; give each once")
   if args.csv and (why := paths.file_problem(args.csv)):
     _fail(f"--csv={args.csv}: {why}")
   claims = load_claims(args.claims) if args.claims else None

@@ -81,6 +81,8 @@ def _bad_root(tmp_path, kind):
     (["curves", "{root}", "--out={tmp}/noext"], ["no file extension; give one of", ".pdf"]),
     (["curves", "{root}", "--out={tmp}"], ["is a directory; give a file path"]),
     (["curves", "{root}", "--out="], ["--out= is empty; name an image file (default: curves.png)"]),
+    (["curves", "{root}", "--group_by="], ["--group_by=: give each field once (comma-separated)"]),
+    (["passk", "{root}", "--group_by=a,a"], ["--group_by=a,a: give each field once"]),
     (["curves", "{root}", "--out=gs://bucket/c.png"], ["is a URL; give a local file path"]),
     (["passk", "{root}", "--out={tmp}/keep.png/x.png"], ["keep.png is a file, not a directory"]),
     (["curves", "{root}", "--out=/proc/no/c.png"], ["cannot make its folder /proc/no: "]),
@@ -132,6 +134,9 @@ def test_plot_warns_once_of_nan_values(tmp_path, capsys):
     (["--root={bad:empty events}"], ["events/r: its event files hold no scalars (empty or un"]),
     (["--root={bad:garbage events}"], ["events/r: its event files hold no scalars"]),
     (["--root={root}", "--tags=,"], ["--tags=',' is empty"]),
+    (["--root={root}", "--sort="], ["--sort='' is empty; give a value or leave it out"]),
+    (["--root={root}", "--minimize=,"], ["--minimize=',' is empty; give a value or"]),
+    (["--root={root}", "--maximize="], ["--maximize='' is empty; give a value or"]),
     (
       ["--root={root}", "--tags=eval/*", "--minimize=loss/*"],
       ["--minimize pattern 'loss/*' matches none", "eval/"],

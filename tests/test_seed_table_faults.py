@@ -144,6 +144,10 @@ def test_no_runs_exits_2(tmp_path, capsys):
     (["--cols=eval/accuracy@avg:300-100"], "@avg:300-100 has A > B"),
     ([f"--expect={COL}:+"], "--expect needs --baseline: its signs are of each arm minus the"),
     (["--grup_by=x"], "error: unrecognized arguments: --grup_by=x"),
+    (["--csv="], "--csv= is empty; give a file or leave it out"),
+    (["--claims="], "--claims= is empty; give a file or leave it out"),
+    ([f"--cols={COL},{COL}"], f"--cols names {COL} twice; give each once"),
+    (["--root=ROOT"], "--root names one folder twice"),
   ],
 )
 def test_a_bad_flag_is_refused_before_any_table(tmp_path, root, capsys, args, says):
@@ -151,7 +155,12 @@ def test_a_bad_flag_is_refused_before_any_table(tmp_path, root, capsys, args, sa
   printed), an --expect naming a column twice (the last won), @avg:A-B with A > B (every cell
   `-`)."""
   (tmp_path / "FILE").write_text("")
-  args = [a.replace("FILE", str(tmp_path / "FILE")).replace("TMP", str(tmp_path)) for a in args]
+  args = [
+    a.replace("FILE", str(tmp_path / "FILE"))
+    .replace("TMP", str(tmp_path))
+    .replace("ROOT", str(root))
+    for a in args
+  ]
   says = says.replace("FILE", str(tmp_path / "FILE"))
   cols = [] if any(a.startswith("--cols") for a in args) else [f"--cols={COL}"]
   out, err = _refused(capsys, root, "--group_by=sampling.tool", *cols, *args)

@@ -237,12 +237,12 @@ def main(argv: Sequence[str] | None = None) -> int:
   )
   p.add_argument(
     "--minimize",
-    default="",
+    default=None,
     help="Tag patterns whose best value is the minimum (default: each metric's own direction).",
   )
   p.add_argument(
     "--maximize",
-    default="",
+    default=None,
     help="Tag patterns whose best value is the maximum (default: each metric's own direction).",
   )
   p.add_argument(
@@ -255,6 +255,11 @@ def main(argv: Sequence[str] | None = None) -> int:
   p.add_argument("--sort", default=None, help="Sort rows by this tag's final value, largest first.")
   p.add_argument("--csv", default=None, help="Also write the table to this CSV file.")
   args = p.parse_args(argv)
+  for flag in ("minimize", "maximize", "sort", "csv"):  # given, but empty: not "not given"
+    if (value := getattr(args, flag)) is not None and not _split(value):
+      print(f"error: --{flag}={value!r} is empty; give a value or leave it out", file=sys.stderr)
+      return 2
+  args.minimize, args.maximize = args.minimize or "", args.maximize or ""
   if not os.path.isdir(args.root):
     print(f"error: --root {args.root!r} is not a directory", file=sys.stderr)
     return 2

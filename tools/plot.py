@@ -1051,6 +1051,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if size:
       _check_pixels(*size, args.dpi, f"--size={args.size}")
     _check_options(args.smooth, getattr(args, "band", "none"))
+    if (given := getattr(args, "group_by", None)) is not None:  # empty, or a field twice
+      fields = _split(given)
+      if not fields or len(set(fields)) < len(fields):
+        raise PlotError(f"--group_by={given}: give each field once (comma-separated)")
     runs, grid_fields = load_runs(args.paths)
     if args.command == "curves":
       group_by = _split(args.group_by) if args.group_by is not None else None
