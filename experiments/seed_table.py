@@ -411,6 +411,8 @@ def main(argv=None):
   for flag in ("csv", "claims"):  # given, but empty: not "not given"
     if (value := getattr(args, flag)) is not None and not value.strip():
       _fail(f"--{flag}= is empty; give a file or leave it out")
+  if missing := [r for r in args.root if not os.path.isdir(r)]:
+    _fail(f"--root={missing[0]}: not a directory; give the folder holding the runs")
   if len({os.path.realpath(r) for r in args.root}) < len(args.root):
     _fail(f"--root names one folder twice ({', '.join(args.root)}); give each once")
   for flag in ("cols", "group_by"):

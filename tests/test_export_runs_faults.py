@@ -186,3 +186,15 @@ def test_an_empty_out_or_root_is_refused(capsys, tmp_path, monkeypatch):
     code, err = _export(capsys, *args)
     assert (code, err) == (2, [f"error: {flag}= is empty; name a folder"])
   assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_a_root_that_is_no_folder_is_named_so(capsys, tmp_path):
+  """A --root that is a file or missing said "no runs (config.json) under it"."""
+  (tmp_path / "file").write_text("")
+  for root in (tmp_path / "file", tmp_path / "none"):
+    code, err = _export(capsys, root, tmp_path / "out")
+    assert (code, err) == (
+      2,
+      [f"error: --root={root}: not a directory; give the folder holding the runs"],
+    )
+  assert not (tmp_path / "out").exists()

@@ -148,6 +148,7 @@ def test_no_runs_exits_2(tmp_path, capsys):
     (["--claims="], "--claims= is empty; give a file or leave it out"),
     ([f"--cols={COL},{COL}"], f"--cols names {COL} twice; give each once"),
     (["--root=ROOT"], "--root names one folder twice"),
+    (["--root=FILE"], "FILE: not a directory; give the folder holding the runs"),
   ],
 )
 def test_a_bad_flag_is_refused_before_any_table(tmp_path, root, capsys, args, says):

@@ -164,6 +164,12 @@ def main(argv=None) -> int:
     if not value.strip():  # "" would be the current folder
       print(f"error: {flag}= is empty; name a folder", file=sys.stderr)
       return EXIT_BAD_INPUT
+  if not os.path.isdir(args.root):
+    print(
+      f"error: --root={args.root}: not a directory; give the folder holding the runs",
+      file=sys.stderr,
+    )
+    return EXIT_BAD_INPUT
   runs = find_runs(args.root)
   if not runs:
     print(f"error: --root={args.root}: no runs (config.json) under it", file=sys.stderr)

@@ -607,8 +607,9 @@ def passk_data(
         pts = dict(r.scalars.get(tag, []))
         at = max(pts, default=None) if step is None else step
         if at not in pts:
+          where = "logged" if at is None else f"at step {at}"
           raise PlotError(
-            f"{r.name}: no {tag} at step {at}; every run of a pass@k curve needs each k there"
+            f"{r.name}: no {tag} {where}; every run of a pass@k curve needs each k there"
           )
         if not math.isfinite(pts[at]):
           raise PlotError(
