@@ -287,20 +287,12 @@ def _adapted_projections(weights: str, tensors: Mapping) -> list[str]:
   return sorted(names)
 
 
-def load_adapters(path: str | os.PathLike, cfg: ModelConfig, params: Any, *, model_type=None):
-  """PEFT LoRA adapters (`adapter_config.json` + `adapter_model.safetensors`) put on `params`
-  of `cfg` (the base's model, without adapters). Returns (the ModelConfig with the adapters'
-  rank, alpha and targets, the parameters with adapters); a targeted projection that PEFT did
-  not adapt (e.g. outside `layers_to_transform`) gets a zero adapter."""
-  path, mt = os.fspath(path), model_type or default_model_type(cfg)
-  config = _adapter_config(path)
-  tensors = _read_adapter_tensors(os.path.join(path, ADAPTER_WEIGHTS_FILE))
-  _refuse_expert_adapters(os.path.join(path, ADAPTER_WEIGHTS_FILE), tensors)
-  names = _adapted_projections(os.path.join(path, ADAPTER_WEIGHTS_FILE), tensors)
-  where = os.path.join(path, ADAPTER_CONFIG_FILE)
+def _adapted(where: str, cfg: ModelConfig, config: Mapping, tensors: Mapping, names: list) -> Any:
+  """`cfg` with the adapters' rank, alpha, dropout and targets (`names`), once their scope is
+  checked; CheckpointFormatError naming `where` (adapter_config.json) when they do not fit."""
   _check_scope(where, config, tensors, cfg.num_layers)
   try:
-    adapted = dataclasses.replace(
+    return dataclasses.replace(
       cfg,
       lora_rank=int(config["r"]),
       lora_alpha=float(config["lora_alpha"]),
@@ -312,6 +304,19 @@ def load_adapters(path: str | os.PathLike, cfg: ModelConfig, params: Any, *, mod
     for ours, theirs in (("lora_rank", "r"), ("lora_alpha", "lora_alpha")):
       said = said.replace(f"model.{ours}=", f"{theirs}=")
     raise CheckpointFormatError(f"{where}: does not fit this model: {said}") from None
+
+
+def load_adapters(path: str | os.PathLike, cfg: ModelConfig, params: Any, *, model_type=None):
+  """PEFT LoRA adapters (`adapter_config.json` + `adapter_model.safetensors`) put on `params`
+  of `cfg` (the base's model, without adapters). Returns (the ModelConfig with the adapters'
+  rank, alpha and targets, the parameters with adapters); a targeted projection that PEFT did
+  not adapt (e.g. outside `layers_to_transform`) gets a zero adapter."""
+  path, mt = os.fspath(path), model_type or default_model_type(cfg)
+  config = _adapter_config(path)
+  tensors = _read_adapter_tensors(os.path.join(path, ADAPTER_WEIGHTS_FILE))
+  _refuse_expert_adapters(os.path.join(path, ADAPTER_WEIGHTS_FILE), tensors)
+  names = _adapted_projections(os.path.join(path, ADAPTER_WEIGHTS_FILE), tensors)
+  adapted = _adapted(os.path.join(path, ADAPTER_CONFIG_FILE), cfg, config, tensors, names)
   flat = flatten(params)
   shapes = {k: v.shape for k, v in flatten(nn.unbox(abstract_params(adapted))).items()}
   out = {k: np.zeros(v, np.float32) for k, v in shapes.items() if lora_lib.is_adapter(k)}

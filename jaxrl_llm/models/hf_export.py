@@ -438,25 +438,32 @@ def save_checkpoint(
     tokenizer=tokenizer,
     max_position_embeddings=max_position_embeddings,
   )
-  writer = jax.process_index() == 0
   _check_weights(path, overwrite, _written(tokenizer_copies))
+  _write(path, cfg, (params_map, flat), dtype, max_shard_bytes, (generation, hf, tokenizer_copies))
+  return mt
+
+
+def _write(path: str, cfg: ModelConfig, mapped, dtype: str, max_shard_bytes: int, files) -> None:
+  """Writes the export: the shards (`mapped`: param map, flat params) and the JSON and tokenizer
+  `files` (generation_config.json, config.json, tokenizer copies), every one beside its place
+  before the first moves in; an interrupt or a full disk leaves an export there before whole."""
+  writer = jax.process_index() == 0
   if writer:
     os.makedirs(path, exist_ok=True)
   shards, staged = ShardWriter(path, max_shard_bytes, writer), []
   try:
-    _write_params(shards, cfg, params_map, flat, dtype)
-    if writer:  # every file is written before the first one moves in
-      staged = _stage(path, generation, hf, tokenizer_copies)
+    _write_params(shards, cfg, *mapped, dtype)
+    if writer:
+      staged = _stage(path, *files)
     shards.close()
-  except BaseException:  # an interrupt, a full disk: an export there before stays loadable
+  except BaseException:
     shards.abort()
     for tmp, _ in staged:
       if os.path.exists(tmp):
         os.remove(tmp)
     raise
   if writer:
-    _publish(path, staged, tokenizer_copies)
-  return mt
+    _publish(path, staged, files[2])
 
 
 def _prepare(path: str, cfg: ModelConfig, params: Any, warn: bool = True, **kwargs):
