@@ -319,3 +319,20 @@ def test_an_export_over_a_folder_where_it_writes_a_file_is_refused_before_writin
   hf_export.save_checkpoint(out, cfg, params, overwrite=True, source=LLAMA)
   assert not [p.name for p in out.iterdir() if p.name.startswith(".")]
   assert hf.load_checkpoint(out)[0] == cfg
+
+
+def test_an_export_that_fails_while_staging_its_files_leaves_none_behind(tmp_path, monkeypatch):
+  """A full disk while the tokenizer was staged: the files staged before it stayed in the
+  folder as .<name>.tmp (the cleanup saw none), beside the older export, which stays whole."""
+  cfg, params = hf.load_checkpoint(LLAMA)
+  out = pathlib.Path(shutil.copytree(REPO / "tests" / "fixtures" / "hf" / "qwen2", tmp_path / "o"))
+  before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+  def full_disk(src, dst):
+    pathlib.Path(dst).write_bytes(b"half")
+    raise OSError(28, "No space left on device")
+
+  monkeypatch.setattr(hf_export.shutil, "copyfile", full_disk)
+  with pytest.raises(OSError, match="No space left"):
+    hf_export.save_checkpoint(out, cfg, params, overwrite=True, source=LLAMA)
+  assert {p.name: p.read_bytes() for p in out.iterdir()} == before

@@ -354,10 +354,10 @@ def _written(copies: list[tuple[str, str]]) -> list[str]:
   return [CONFIG_FILE, GENERATION_CONFIG_FILE, *(name for _, name in copies)]
 
 
-def _stage(path: str, generation: dict, hf: dict, copies: list[tuple[str, str]]) -> list:
-  """Writes the export's JSON and tokenizer files beside their places (`.<name>.tmp`); returns
-  (temporary, final) pairs for `_publish`. A tokenizer file copied onto itself is left out."""
-  staged = []
+def _stage(staged: list, path: str, generation: dict, hf: dict, copies: list) -> None:
+  """Writes the export's JSON and tokenizer files beside their places (`.<name>.tmp`), adding
+  each (temporary, final) pair to `staged` before it is written (so a failure part-way leaves
+  the caller every file to remove). A tokenizer file copied onto itself is left out."""
   for name, content in ((GENERATION_CONFIG_FILE, generation), (CONFIG_FILE, hf)):
     staged.append((os.path.join(path, f".{name}.tmp"), os.path.join(path, name)))
     write_json(staged[-1][0], content)
@@ -366,7 +366,6 @@ def _stage(path: str, generation: dict, hf: dict, copies: list[tuple[str, str]])
     if not (os.path.exists(dst) and os.path.samefile(src, dst)):
       staged.append((os.path.join(path, f".{name}.tmp"), dst))
       shutil.copyfile(src, staged[-1][0])
-  return staged
 
 
 def _publish(path: str, staged: list, copies: list[tuple[str, str]]) -> None:
@@ -454,16 +453,16 @@ def _write(path: str, cfg: ModelConfig, mapped, dtype: str, max_shard_bytes: int
   try:
     _write_params(shards, cfg, *mapped, dtype)
     if writer:
-      staged = _stage(path, *files)
+      _stage(staged, path, *files)
     shards.close()
+    if writer:
+      _publish(path, staged, files[2])
   except BaseException:
     shards.abort()
-    for tmp, _ in staged:
+    for tmp, _ in staged:  # those not moved in yet
       if os.path.exists(tmp):
         os.remove(tmp)
     raise
-  if writer:
-    _publish(path, staged, files[2])
 
 
 def _prepare(path: str, cfg: ModelConfig, params: Any, warn: bool = True, **kwargs):
