@@ -171,13 +171,16 @@ def test_a_compilation_that_ends_while_the_watcher_stops_says_the_watchers_line(
 
 def test_ctrl_c_s_line_says_whether_a_checkpoint_was_saved(tmp_path):
   """Ctrl-C's line said "the checkpoints committed before it are intact" in a folder where none
-  had been saved; a step folder being written (no digits only) is not a committed one."""
+  had been saved; a step folder being written (no digits only), or one without orbax's commit
+  marker, is not a committed one."""
   (tmp_path / "checkpoints" / "3.orbax-checkpoint-tmp").mkdir(parents=True)
   assert preempt.sigint_line(str(tmp_path), "the RL step") == (
     f"stopped by SIGINT (Ctrl-C) while compiling the RL step: no checkpoint was saved yet in "
     f"{tmp_path}; relaunch the same command to start"
   )
-  (tmp_path / "checkpoints" / "2").mkdir()
+  (tmp_path / "checkpoints" / "2").mkdir()  # renamed into place, its commit marker not yet
+  assert "no checkpoint was saved yet" in preempt.sigint_line(str(tmp_path))
+  (tmp_path / "checkpoints" / "2" / "commit_success.txt").touch()
   assert preempt.sigint_line(str(tmp_path)) == (
     f"stopped by SIGINT (Ctrl-C): the checkpoints committed before it are intact in {tmp_path}; "
     "relaunch the same command to resume"
