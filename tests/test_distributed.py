@@ -78,8 +78,9 @@ def test_a_program_takes_equivalent_shardings_as_its_signature():
 COMPILING = """
 import sys, time
 import jax, jax.numpy as jnp
-from jaxrl_llm import distributed, sigterm
+from jaxrl_llm import distributed, sigterm, terminal
 
+terminal.setup()  # the trainer's: a Ctrl-C landing in a finalizer or gc callback is not printed
 sigterm.listen()
 sigterm.unsaved(sys.argv[1] == "unsaved")
 
