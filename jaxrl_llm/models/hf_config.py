@@ -107,7 +107,7 @@ def _positive(rp: Mapping[str, Any], key: str, name: str, default: Any, errors: 
   """`rp[name]` (`default` where absent) if it is a finite number > 0 of `default`'s kind (an
   integer for an int default); else `default`, with the reason added to `errors`."""
   v = rp.get(name, default)
-  number = isinstance(v, (int, float)) and not isinstance(v, bool) and finite(v) and v > 0
+  number = _finite_number(v) and v > 0
   if not number or (isinstance(default, int) and not _is_int(v)):
     kind = "an integer >= 1" if isinstance(default, int) else "a finite number > 0"
     errors.append(f"{key}.{name}={v!r} must be {kind}")
@@ -130,6 +130,11 @@ def _moe_every(hf: Mapping[str, Any], num_layers: int, errors: list[str]) -> int
     f"layers {sorted(layers)}; only every n-th layer (n-1, 2n-1, ...) is supported"
   )
   return None
+
+
+def _finite_number(v: Any) -> bool:
+  """Whether a JSON value is a finite number (a bool is not; nor an integer no float holds)."""
+  return isinstance(v, (int, float)) and not isinstance(v, bool) and finite(v)
 
 
 def _is_int(v: Any) -> bool:
@@ -172,8 +177,7 @@ def _check_rope_theta(hf: Mapping[str, Any], source: str) -> None:
   for name, v in given:
     if v is None and name == "rope_theta":
       continue  # absent or null: the family's default, unless the RoPE dict gives one
-    number = isinstance(v, (int, float)) and not isinstance(v, bool)
-    if not (number and finite(v) and v > 0):
+    if not (_finite_number(v) and v > 0):
       hint = " (or omitted, to use the top-level rope_theta or the default)" if v is None else ""
       raise CheckpointFormatError(f"{source}: {name}={v!r} must be a finite number > 0{hint}")
 
@@ -360,8 +364,9 @@ def config_from_hf(hf_config: Mapping[str, Any], *, source: str = "config.json")
   if unknown:
     raise CheckpointFormatError(f"{source}: unknown field(s) {unknown} under {EXTRA_KEY!r}")
   aux = extras.get("moe_aux_loss_coef")
-  number = isinstance(aux, (int, float)) and not isinstance(aux, bool) and finite(aux)
-  if number and not math.isclose(aux, soft.get("moe_aux_loss_coef", aux), rel_tol=1e-9):
+  if _finite_number(aux) and not math.isclose(
+    aux, soft.get("moe_aux_loss_coef", aux), rel_tol=1e-9
+  ):
     del extras["moe_aux_loss_coef"]  # router_aux_loss_coef was edited: it wins
   fields = {**soft, **{k: v for k, v in extras.items() if k not in hard}, **hard}
   try:
