@@ -255,7 +255,13 @@ def process_index() -> int:
 
 def check_overrides(argv: list[str]) -> None:
   """Fails with a clear message when a `--config.a.b=v` flag names a field the config lacks."""
-  path = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+  paths = [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
+  if len(paths) > 1:
+    raise ConfigError(
+      f"--config is given {len(paths)} times ({', '.join(paths)}); a run reads one config: "
+      "give one --config=FILE[:SETTING] and set fields with --config.SECTION.FIELD=VALUE"
+    )
+  path = paths[0] if paths else None
   overrides = [a for a in argv if a.startswith(("--config.", "--noconfig."))]
   for a in argv:  # absl's line for an unknown dotted flag says nothing of the form
     head = a.lstrip("-").split("=", 1)[0].split(".", 1)

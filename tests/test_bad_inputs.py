@@ -163,6 +163,26 @@ def test_an_override_without_a_config_is_one_line_naming_it(tmp_path):
   assert not workdir.exists()
 
 
+def test_a_second_config_file_is_one_line_in_the_trainer_and_the_tool(tmp_path):
+  """Two `--config=` flags: the trainer printed absl's "The flag 'config.train.num_steps' is
+  defined twice" and tools/trivial_answers.py silently read the last file; both now name the
+  two files and say a run reads one, making no workdir."""
+  workdir = tmp_path / "run"
+  files = ["--config=configs/default.py", "--config=configs/countdown.py"]
+  want = (
+    "error: --config is given 2 times (configs/default.py, configs/countdown.py); a run reads "
+    "one config: give one --config=FILE[:SETTING] and set fields with "
+    "--config.SECTION.FIELD=VALUE"
+  )
+  trainer = [sys.executable, "-m", "jaxrl_llm.main", f"--workdir={workdir}"]
+  tool = [sys.executable, str(REPO / "tools" / "trivial_answers.py")]
+  for cmd in (trainer, tool):
+    run = dict(cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([*cmd, *files, "--config.train.num_steps=1"], **run)
+    assert (proc.returncode, proc.stdout, proc.stderr.strip().splitlines()) == (2, "", [want])
+  assert not workdir.exists()
+
+
 def test_a_mistyped_config_prefix_is_one_line_naming_the_form(tmp_path):
   """`--confg.train.num_steps=2` read absl's `Unknown command line flag 'confg.train.num_steps'`
   with no word of the --config.SECTION.FIELD form; a negative value given apart (`-0.5`) is
