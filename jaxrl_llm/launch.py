@@ -1,7 +1,7 @@
 """Launching a run from a command line and leaving it: what `python -m jaxrl_llm.main` (and
 tools/sweep.py) do around training.
 
-The config from flags (`parse_config`, `check_overrides`, `hparam_fields`), joining a
+The config from flags (`parse_config`, `hparam_fields`; `config.command_line` checks them), joining a
 multi-process job (`join_job`), the backend and workdir checks, the dry run's memory plan, and
 how a run ends: a known failure as one `error: ...` line with exit status 2 (`explain`), Ctrl-C
 as one line with 130, SIGTERM with 143, the peers of a job told why (`leave_job`).
@@ -12,8 +12,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import gc
-import importlib.util
-import inspect
 import os
 import signal
 import sys
@@ -21,10 +19,10 @@ import threading
 import traceback
 
 from absl import flags
-from ml_collections import ConfigDict, config_flags
+from ml_collections import config_flags
 
 from jaxrl_llm import terminal
-from jaxrl_llm.config import ConfigError, parse
+from jaxrl_llm.config import ConfigError, command_line, parse
 
 _joined = False  # this process joined a multi-process job (`join_job`)
 
@@ -253,83 +251,13 @@ def process_index() -> int:
 # ----------------------------------------------------------------------------- config flags
 
 
-def check_overrides(argv: list[str]) -> None:
-  """Fails with a clear message when a `--config.a.b=v` flag names a field the config lacks."""
-  paths = [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
-  if len(paths) > 1:
-    raise ConfigError(
-      f"--config is given {len(paths)} times ({', '.join(paths)}); a run reads one config: "
-      "give one --config=FILE[:SETTING] and set fields with --config.SECTION.FIELD=VALUE"
-    )
-  path = paths[0] if paths else None
-  overrides = [a for a in argv if a.startswith(("--config.", "--noconfig."))]
-  for a in argv:  # absl's line for an unknown dotted flag says nothing of the form
-    head = a.lstrip("-").split("=", 1)[0].split(".", 1)
-    named = len(head) == 2 and head[0].isidentifier()  # not a value such as -0.5
-    if a.startswith("-") and named and head[0] not in ("config", "noconfig"):
-      raise ConfigError(
-        f"{a}: no flag {head[0]}.*; config fields are set as --config.SECTION.FIELD=VALUE "
-        "(e.g. --config.train.num_steps=100)"
-      )
-  if path is None and overrides:
-    raise ConfigError(
-      f"{overrides[0]} overrides a config, and no --config=FILE names one (e.g. "
-      "--config=configs/default.py before it)"
-    )
-  if path is None:
-    return
-  file, colon, arg = path.partition(":")
-  if colon and not arg:  # ml_collections would call get_config("")
-    raise ConfigError(
-      f"--config={path} ends in ':' with no setting after it: drop the ':' or name a setting"
-    )
-  if not file.endswith(".py"):
-    raise ConfigError(f"--config={path}: a config is a Python file (FILE.py[:SETTING])")
-  try:
-    spec = importlib.util.spec_from_file_location("_jaxrl_llm_config", file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    if arg and not inspect.signature(module.get_config).parameters:
-      raise ConfigError(
-        f"{file} has no settings to choose (its get_config takes none): drop ':{arg}' from "
-        f"--config={path}"
-      )
-    config = module.get_config(arg) if arg else module.get_config()
-  except ConfigError:
-    raise
-  except Exception as e:
-    raise ConfigError(f"cannot load config file {file!r}: {e}") from None
-  if not isinstance(config, ConfigDict):
-    raise ConfigError(
-      f"{file}: get_config() returned a {type(config).__name__}; it must return the "
-      "ml_collections.ConfigDict of configs/default.py's layout"
-    )
-  for arg in argv:
-    if not arg.startswith("--config.") and not arg.startswith("--noconfig."):
-      continue
-    field = arg.split("=", 1)[0].split(".", 1)[1]
-    node, seen = config, []
-    for part in field.split("."):
-      if not hasattr(node, "keys") or part not in node:
-        where = ".".join(seen) or "the top level"
-        allowed = sorted(node.keys()) if hasattr(node, "keys") else []
-        raise ConfigError(
-          f"unknown config field {field!r} in {arg!r}: {where} has no field {part!r}; "
-          f"allowed: {allowed}"
-        )
-      node, seen = node[part], [*seen, part]
-
-
 def hparam_fields(config, hparams: list[str] | None, argv: list[str]) -> list[str]:
   """`hparams` (`--hparams`), else the config fields set on the command line `argv`; each must
   name a field of `config`."""
   fields = hparams if hparams is not None else overridden_fields(argv)
   for field in fields:
-    node = config
-    for part in field.split("."):
-      if not hasattr(node, "keys") or part not in node:
-        raise ConfigError(f"--hparams names {field!r}, which is not a config field")
-      node = node[part]
+    if command_line.missing_field(config, field):
+      raise ConfigError(f"--hparams names {field!r}, which is not a config field")
   return fields
 
 
@@ -362,7 +290,7 @@ def parse_config(argv: list[str]):
   Parsed with the same config flag as the command line (locked, typed overrides) on a fresh
   flag registry, after `check_overrides`; for tools and tests that need the trainer's config.
   """
-  check_overrides(argv)
+  command_line.check_overrides(argv)
   fv = flags.FlagValues()
   config_flags.DEFINE_config_file(
     "config", None, "", flag_values=fv, lock_config=True, sys_argv=argv

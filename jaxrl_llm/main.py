@@ -19,7 +19,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from jaxrl_llm import launch, terminal
-from jaxrl_llm.config import ConfigError
+from jaxrl_llm.config import ConfigError, command_line
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Experiment config file.", lock_config=True
@@ -108,7 +108,7 @@ def main(argv):
 def _parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing, with a bad override (unknown field, wrong type) as one error line."""
   try:
-    launch.check_overrides(argv)
+    command_line.check_overrides(argv)
     return flags.FLAGS(argv)
   except ConfigError as e:
     print(f"error: {e}", file=sys.stderr)

@@ -196,9 +196,9 @@ def test_a_mistyped_config_prefix_is_one_line_naming_the_form(tmp_path):
     "--config.SECTION.FIELD=VALUE (e.g. --config.train.num_steps=100)"
   ])  # fmt: skip
   assert not workdir.exists()
-  from jaxrl_llm import launch
+  from jaxrl_llm.config import command_line
 
-  launch.check_overrides(
+  command_line.check_overrides(
     ["main", "--config=configs/default.py", "--config.objective.clip_low", "-0.5"]
   )
 

@@ -63,7 +63,7 @@ import compare  # tools/compare.py, next to this file
 
 from jaxrl_llm import launch, paths, terminal
 from jaxrl_llm.checkpoint_manifest import COMMIT_FILE
-from jaxrl_llm.config import INVOCATION, ConfigError, acting, parse, tagged
+from jaxrl_llm.config import INVOCATION, ConfigError, acting, command_line, parse, tagged
 from jaxrl_llm.run.record import folder_name
 
 TRAINER = ("-m", "jaxrl_llm.main")
@@ -171,7 +171,7 @@ def check_fields(config: str, assignments: Sequence[tuple[str, str, str]]) -> No
   for field, value, flag in assignments:
     as_trainer = f"--config.{field}={value}"
     try:
-      launch.check_overrides(["sweep", f"--config={config}", as_trainer])
+      command_line.check_overrides(["sweep", f"--config={config}", as_trainer])
     except ConfigError as e:
       raise ConfigError(str(e).replace(f"'{as_trainer}'", f"'{flag}'")) from None
 

@@ -10,6 +10,7 @@ tree.py      `Config` (the whole tree), `parse` (ConfigDict -> Config, once, at 
              point), `default_config` (the embedded default, generated from the dataclasses)
              and `reference` (docs/config.md's config reference)
 checks.py    the checks that span sections or need the devices, the task or the model
+command_line.py  the config a command line names: the file loaded, its overrides checked
 """
 
 from jaxrl_llm.config.checks import check
