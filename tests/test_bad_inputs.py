@@ -349,6 +349,47 @@ def test_resuming_after_a_prompt_file_changed_is_refused_naming_the_file(tmp_pat
   assert resumed["data_files"][data] != json.loads(kept)["data_files"][data]
 
 
+def test_a_resume_reads_the_same_prompt_files_under_other_paths_and_names_a_new_split(
+  tmp_path, monkeypatch
+):
+  """The same prompt file named by a relative path (or moved, or matched by a glob) was refused
+  as a change of `data.train_files`, the line saying one file was gone and another new; now
+  only bytes and order count. Held-out files added to prompt files split by
+  `data.eval_fraction` changed the records that train without a word; now that is a change."""
+  import shutil
+
+  from conftest import tiny_config
+  from text_fixtures import math_file_run, write_math_jsonl
+
+  from jaxrl_llm.config import parse
+  from jaxrl_llm.run import changes, train_and_evaluate
+
+  overrides, _ = math_file_run(tmp_path)
+  overrides |= {"train.num_steps": 1, "train.eval_every": 1, "train.checkpoint_every": 1}
+  workdir = str(tmp_path / "run")
+  train_and_evaluate(parse(tiny_config(**overrides)), workdir)
+  moved = tmp_path / "moved"
+  moved.mkdir()
+  shutil.copy(overrides["data.train_files"], moved / "math.jsonl")
+  monkeypatch.chdir(tmp_path)
+  for spelt in ("math.jsonl", "./math.jsonl", str(moved / "math.jsonl"), str(moved / "m*.jsonl")):
+    cfg = parse(tiny_config(**overrides | {"data.train_files": spelt}))
+    assert changes.changed_learner(cfg, workdir) == changes.changed_data(cfg, workdir) == []
+  write_math_jsonl(moved / "math.jsonl", n=40)  # other bytes under the new path: a change
+  cfg = parse(tiny_config(**overrides | {"data.train_files": str(moved / "math.jsonl")}))
+  assert [line.split(":")[0] for line in changes.changed_data(cfg, workdir)] == [
+    f"data file {overrides['data.train_files']}",
+    f"data file {moved / 'math.jsonl'}",
+  ]
+  held = str(tmp_path / "held.jsonl")
+  write_math_jsonl(held, n=8)
+  cfg = parse(tiny_config(**overrides | {"data.eval_files": held}))
+  assert changes.changed_learner(cfg, workdir) == [
+    f"data.eval_files: '' → {held!r} (the held-out share data.eval_fraction=0.25 is no longer "
+    "split off the train files: other records train)"
+  ]
+
+
 def test_a_resume_that_reads_the_prompts_through_another_vocabulary_is_named(tmp_path):
   """The run record keeps the prompts' tokenizer's vocabulary (tokens and ids, wherever the
   tokenizer lies): a resume with a tokenizer of other ids is a changed data setting, named

@@ -950,6 +950,28 @@ def test_sigterm_in_the_first_evaluation_after_a_warm_start_stops_there(tmp_path
 
 
 @pytest.mark.slow
+def test_sigterm_while_the_evaluation_compiles_after_a_resume_saves_the_step_before_it(tmp_path):
+  """A run resumed at step 1 trains step 2, then compiles its evaluation: the run still said
+  it held no unsaved progress (step 1 was saved), so a SIGTERM cut that compilation at once
+  and step 2 was lost. Now the compilation finishes, the evaluation runs, step 2 is saved and
+  the run stops (exit 143)."""
+  workdir = tmp_path / "run"
+  args = ("--config.train.num_steps=4", "--config.train.eval_every=2")
+  nocache = {"JAX_COMPILATION_CACHE_DIR": ""}  # the evaluation's compilation is not loaded
+  first = _launch(workdir, *args, "--config.train.stop_after_steps=1", env=nocache)
+  out = first.communicate(timeout=300)[1]
+  assert first.returncode == 0, out[-3000:]
+  assert _committed(workdir / "checkpoints") == {0, 1}
+  proc = _launch(workdir, *args, env=nocache)
+  _wait_for(proc, r"compiling the held-out evaluation")
+  err = _terminated(proc)
+  assert proc.returncode == 143, err[-3000:]
+  assert "while compiling the held-out evaluation" not in err, err[-3000:]
+  assert max(_committed(workdir / "checkpoints")) == 2, err[-3000:]
+  assert 2 in [s for s, _ in metrics.read_scalars(str(workdir))["eval/accuracy"]]
+
+
+@pytest.mark.slow
 def test_sigterm_while_a_host_tool_hangs_cuts_its_calls_and_the_run_stops_saved(tmp_path):
   """A host tool whose calls hang, under a 600 s limit per call: a SIGTERM waited for every
   decode step's calls in turn (the main thread waits inside the program; tens of minutes).

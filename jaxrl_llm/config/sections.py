@@ -88,7 +88,9 @@ class DataSettings(LearnedSection):
   """`data`: prompt files with host-verified answers (empty `train_files`: the built-in task)."""
 
   SECTION: ClassVar[str] = "data"
-  train_files: str = ""  # JSONL/Parquet files or globs, comma-separated ("" = built-in task)
+  train_files: str = setting(
+    "", resume=False
+  )  # JSONL/Parquet files or globs, comma-separated ("" = built-in task; a resume checks bytes)
   eval_files: str = setting(
     "", resume=False
   )  # held-out files ("" = split data.eval_fraction off the train files)

@@ -98,7 +98,21 @@ def changed_learner(cfg: Config, workdir: str) -> list[str]:
         continue
       if old.get(name) != new.get(name):
         out.append(f"{section}.{name}: {old.get(name)!r} → {new.get(name)!r}")
-  return out
+  return out + _split_changed(saved.get("data", {}), now.get("data", {}))
+
+
+def _split_changed(old: dict, new: dict) -> list[str]:
+  """`data.eval_files: saved → now` where held-out files came or went on prompt files split by
+  `data.eval_fraction`: the records that train change with them (another held-out file is no
+  change)."""
+  split = old.get("train_files") and old.get("eval_fraction", 0) > 0
+  if not split or bool(old.get("eval_files")) == bool(new.get("eval_files")):
+    return []
+  how = "no longer split off the train files" if new.get("eval_files") else "split off them again"
+  return [
+    f"data.eval_files: {old.get('eval_files')!r} → {new.get('eval_files')!r} (the held-out "
+    f"share data.eval_fraction={old['eval_fraction']} is {how}: other records train)"
+  ]
 
 
 def switched(cfg: Config, workdir: str) -> list[str]:
@@ -149,7 +163,8 @@ def data_files(cfg: Config) -> dict[str, dict[str, int | str]]:
 def changed_data(cfg: Config, workdir: str) -> list[str]:
   """`data file PATH: saved → now` for each prompt file (`data_files`) whose size or contents
   differ from those the run recorded in `workdir` (`newest_record`), or that it did not read
-  or no longer reads, and `tokenizer vocabulary: saved → now` where the prompts' tokenizer has
+  or no longer reads (none where the same bytes are read in the same order under other paths:
+  a relative path, a moved folder, a glob), and `tokenizer vocabulary: saved → now` where the prompts' tokenizer has
   other tokens or ids (another path or chat template is no change). Empty without a record,
   or with one older than these fields (compat)."""
   saved = newest_record(workdir)
@@ -165,10 +180,16 @@ def changed_data(cfg: Config, workdir: str) -> list[str]:
     size = f"{entry['tokens']} tokens" if "tokens" in entry else f"{entry['bytes']} bytes"
     return f"{size}, sha256 {entry['sha256'][:12]}"
 
+  def files(entries):  # the files' sizes and digests in the order the run reads them
+    return [entry for key, entry in entries.items() if key != TOKENIZER]
+
+  keys = set(old) | set(new)
+  if files(old) == files(new):  # the same bytes in the same order, however the paths are spelt
+    keys = {TOKENIZER}
   name = {TOKENIZER: "tokenizer vocabulary"}
   return [
     f"{name.get(key, f'data file {key}')}: {shown(old.get(key))} → {shown(new.get(key))}"
-    for key in sorted(set(old) | set(new))
+    for key in sorted(keys)
     if old.get(key) != new.get(key)
   ]
 

@@ -232,6 +232,7 @@ def _step(run: _Pass, state, step: int):
   tr, updates = cfg.train, cfg.rl.num_epochs * cfg.rl.num_minibatches
   run.profiler.before(step)
   state, per_run = trainee.update(state, next(run.data), step)
+  sigterm.unsaved(True)  # until saved: a stop while the evaluation compiles waits to save it
   done = step + 1
   for r, (member, metrics) in enumerate(zip(trainee.members, per_run, strict=True)):
     skipped = int(metrics["optim/skipped_updates"])
