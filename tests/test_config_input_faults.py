@@ -291,6 +291,16 @@ def test_a_system_prompt_spelled_none_is_refused(value):
   assert _said(**{"data.system_prompt": ""}) == _said(**{"data.system_prompt": "Be brief."}) == ""
 
 
+@pytest.mark.parametrize("field", ["prompt_field", "answer_field"])
+def test_an_empty_record_field_name_is_refused(field):
+  """--config.data.answer_field= read field '' of every record: every reference answer was
+  empty and the run went on after a warning; now it is one config line."""
+  for value in ("", "  "):
+    got = _said(**{f"data.{field}": value})
+    assert got == f"invalid config: data.{field}={value!r}: name a field of the records"
+  assert _said(**{f"data.{field}": "question"}) == ""
+
+
 @pytest.mark.parametrize("k", [64.5, 1e6, 1e300])
 def test_an_oversampling_factor_past_its_bound_is_refused_in_a_short_line(k):
   """filtering.oversample=1e300 was refused only by the training split's size, in a line with

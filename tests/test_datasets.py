@@ -140,6 +140,19 @@ def test_parquet_and_globs(tmp_path, math):
     records_lib.load_records([bad])
 
 
+def test_a_jsonl_file_with_a_byte_order_mark_reads_as_without_it(tmp_path):
+  """A UTF-8 file saved with a byte-order mark (as Windows tools write) was refused as not
+  valid JSON, with Python's advice to decode it as utf-8-sig; it now reads as the same
+  records without the mark (the mark elsewhere stays text)."""
+  lines = b'{"prompt": "q", "answer": "1"}\r\n{"prompt": "\xef\xbb\xbfr", "answer": "2"}\n'
+  plain, marked = tmp_path / "plain.jsonl", tmp_path / "marked.jsonl"
+  plain.write_bytes(lines)
+  marked.write_bytes(b"\xef\xbb\xbf" + lines)
+  got = records_lib.load_records([str(marked)])
+  assert got == records_lib.load_records([str(plain)]) and len(got) == 2
+  assert got[1]["prompt"] == "\ufeffr"
+
+
 def test_a_line_that_is_not_utf8_is_named_by_its_number(tmp_path):
   """A Latin-1 byte on line 2 was reported by its byte offset in the whole file."""
   path = tmp_path / "latin1.jsonl"

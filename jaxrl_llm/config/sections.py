@@ -111,7 +111,8 @@ class DataSettings(LearnedSection):
 
   def errors(self) -> list[str]:
     """Held-out share in [0, 1), S >= 1, a known template and accuracy term, a system prompt
-    that is no spelling of None and (for prompt files) only with a chat template, a time limit."""
+    that is no spelling of None and (for prompt files) only with a chat template, named record
+    fields, a time limit."""
     from jaxrl_llm.data import templates, verifiers  # light; imported here to keep this lean
 
     out = need(
@@ -131,6 +132,9 @@ class DataSettings(LearnedSection):
       f"data.system_prompt is set but data.template={self.template!r} has no system message; "
       f"allowed: a chat template ({', '.join(chat)}), or data.system_prompt=''",
     )
+    for name in ("prompt_field", "answer_field"):  # '' would read no field of any record
+      value = getattr(self, name)
+      out += need(value.strip() != "", f"data.{name}={value!r}: name a field of the records")
     timeout = self.verifier_timeout_s
     return out + need(timeout > 0, f"data.verifier_timeout_s={timeout} must be > 0")
 

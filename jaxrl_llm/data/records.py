@@ -163,6 +163,7 @@ def _jsonl_rows(path: str):
       data = f.read()
   except (OSError, EOFError, zlib.error) as e:
     raise DataError(f"{path}: could not read the file as UTF-8 text: {e}") from e
+  data = data.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte-order mark, as Windows tools write
   # Lines end at "\n" alone: a JSON string may hold a raw carriage return.
   for line_no, raw in enumerate(data.split(b"\n"), start=1):
     try:
