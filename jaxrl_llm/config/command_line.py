@@ -13,8 +13,9 @@ from jaxrl_llm.config.fields import ConfigError
 
 
 def check_overrides(argv: list[str]) -> None:
-  """Fails with a clear message when a `--config.a.b=v` flag names a field the config lacks."""
-  paths = [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
+  """Fails with a clear message when `--config` names two files or a `--config.a.b=v` flag
+  names a field the config lacks."""
+  paths = _given(argv).get("config", [])
   if len(paths) > 1:
     raise ConfigError(
       f"--config is given {len(paths)} times ({', '.join(paths)}); a run reads one config: "
@@ -43,6 +44,35 @@ def check_overrides(argv: list[str]) -> None:
     missing = missing_field(config, field)
     if missing:
       raise ConfigError(f"unknown config field {field!r} in {arg!r}: {missing}")
+
+
+def repeated(argv: list[str]) -> list[str]:
+  """A warning line for each flag of `argv` given more than once: absl keeps the last value
+  without a word (a command line built from a base and overrides may mean it; a typo may not)."""
+  return [
+    f"--{name} is given {len(values)} times ({', '.join(values)}): the last, {values[-1]}, is used"
+    for name, values in _given(argv).items()
+    if len(values) > 1 and name != "config"
+  ]
+
+
+def _given(argv: list[str]) -> dict[str, list[str]]:
+  """{flag name: the values given to it, in order} for the flags of `argv` before a bare `--`
+  (`--name=v` and `--name v`; `--noname` is `--name` set false)."""
+  given: dict[str, list[str]] = {}
+  for i, arg in enumerate(argv[1:], start=1):
+    if arg == "--":
+      break
+    if not arg.startswith("--"):
+      continue
+    name, eq, value = arg[2:].partition("=")
+    if not eq:
+      follows = argv[i + 1] if i + 1 < len(argv) else ""
+      value = follows if follows and not follows.startswith("--") else "true"
+      if name.startswith("no"):
+        name, value = name[2:], "false"
+    given.setdefault(name, []).append(value)
+  return given
 
 
 def missing_field(config, field: str) -> str | None:
