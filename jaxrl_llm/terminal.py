@@ -251,15 +251,67 @@ def setup(debug: bool = False, log_file: str | None = None) -> None:
     keep_log(log_file)
 
 
+# Actions that may be given more than once: each occurrence adds to the value (or ends the
+# parse: help, version). Every other action stores one value, which a second occurrence would
+# replace silently. (argparse's `extend` is a subclass of its `append`.)
+REPEATABLE = (
+  argparse._AppendAction,
+  argparse._AppendConstAction,
+  argparse._CountAction,
+  argparse._HelpAction,
+  argparse._VersionAction,
+)
+
+
 class ArgParser(argparse.ArgumentParser):
   """The tools' argument parser: a bad command line is one line, not argparse's usage block.
   `error` raises `raise_as(message)` for the tool to print as its one `error:` line (and its
-  exit status 2); without `raise_as` it prints `error: message` and exits 2 itself."""
+  exit status 2); without `raise_as` it prints `error: message` and exits 2 itself.
+
+  An option that stores one value (store, store_const, store_true/false, BooleanOptionalAction,
+  a custom action) given twice is such an error (`--root is given twice (a, b): give it once`)
+  where argparse would keep the last silently; append, append_const, extend and count options
+  (and a custom action whose class sets `repeatable = True`) may repeat. The count is of the
+  actions argparse takes, not of the strings on the command line: argparse's own
+  `_parse_known_args` hands each option it recognised, with the strings of its value, to
+  `_get_values` once per occurrence. So `--opt=v` and `--opt v`, the spellings of one option
+  (`-n`/`--num`, `--x`/`--no-x`), an abbreviation (`--ro` for `--root`, where `allow_abbrev`),
+  and `-ab` for `-a -b` count as the option they name; a value that looks like a flag
+  (`--args=--root=x`, `--` and what follows it, a positional) is no occurrence of any option; and
+  a sub-command's parser (`add_subparsers` makes it an ArgParser too, with its own count) counts
+  its own options. Each parse starts a fresh count (`_parse_known_args`, once per pass of
+  `parse_intermixed_args`). Both hooks are argparse's private methods (these signatures from
+  Python 3.8 on); should one change, the tests of tests/test_terminal.py fail."""
 
   def __init__(self, *args, raise_as: Callable[[str], Exception] | None = None, **kwargs):
     """argparse's arguments, and `raise_as`: the tool's own error for a bad command line."""
     super().__init__(*args, **kwargs)
     self.raise_as = raise_as
+    self._given: dict[argparse.Action, str] | None = None  # of the parse under way: its value
+
+  def _parse_known_args(self, *args, **kwargs):
+    """argparse's parse of the command line, with a fresh count of the options given."""
+    outer, self._given = self._given, {}
+    try:
+      return super()._parse_known_args(*args, **kwargs)
+    finally:
+      self._given = outer
+
+  def _get_values(self, action: argparse.Action, arg_strings: list[str]):
+    """argparse's conversion of one occurrence of `action`'s strings; a second occurrence of an
+    option that stores one value is an error (see the class docstring)."""
+    repeatable = isinstance(action, REPEATABLE) or getattr(action, "repeatable", False)
+    if action.option_strings and not repeatable and self._given is not None:
+      shown = shlex.join(arg_strings) if arg_strings else ""
+      if action in self._given:
+        name = "/".join(action.option_strings)
+        values = [self._given[action], shown]
+        said = f" ({', '.join(v or 'no value' for v in values)})" if any(values) else ""
+        # `error` has the message alone (no `argument --x:` in front), or with
+        # exit_on_error=False the caller gets the ArgumentError, as for argparse's own errors.
+        raise argparse.ArgumentError(None, f"{name} is given twice{said}: give it once")
+      self._given[action] = shown
+    return super()._get_values(action, arg_strings)
 
   def error(self, message: str):
     """One line for `message` (what argparse found wrong), as the class docstring says."""

@@ -6,8 +6,11 @@ and paths, what a relaunch of a finished workdir prints, and the lines bare on a
 pseudo-terminal) but with absl's prefix when redirected or under --debug, the libraries' log
 lines (orbax, ...) in the log file and off the terminal unless --debug, for a run and for a
 packed sweep (tools/sweep.py --packed). (tests/test_train.py: the warm start's compilation line,
-and the banner first in a redirected run.)"""
+and the banner first in a redirected run.) And the tools' command lines (ArgParser): an
+option that stores one value given twice is one `error:` line, in any form or spelling, in a
+sub-command too, where append and count options may repeat and what follows `--` is no option."""
 
+import argparse
 import json
 import os
 import pty
@@ -23,6 +26,7 @@ from conftest import REPO, TINY_CLI, cli_env
 import jaxrl_llm
 from jaxrl_llm import metrics
 from jaxrl_llm.config.learner import AUTO_REMAT_PARAMS
+from jaxrl_llm.terminal import ArgParser
 
 TINY = (*TINY_CLI, "--config.sft.steps=0")
 MOE = (
@@ -549,3 +553,152 @@ def test_a_summary_of_one_step_gives_no_rate_rather_than_nan(caplog):
     "the last save in the time"
   )
   assert "of which 0:00:02 the first evaluation, compiling and the first step" in trained
+
+
+def _parser(**kwargs) -> ArgParser:
+  """A command line with options of every kind: single-valued, appended, counted, in a group."""
+  p = ArgParser(prog="tool", **kwargs)
+  p.add_argument("-n", "--num", type=int)
+  p.add_argument("--root")
+  p.add_argument("--args", help="a value that may look like a flag")
+  p.add_argument("--flag", action="store_true")
+  p.add_argument("--mode", action="store_const", const="fast")
+  p.add_argument("--color", action=argparse.BooleanOptionalAction)
+  p.add_argument("--set", action="append", default=[])
+  p.add_argument("--tag", action="append_const", const="t", dest="tags", default=[])
+  p.add_argument("--more", action="extend", nargs="+", default=[])
+  p.add_argument("-v", action="count", default=0)
+  p.add_argument_group("group").add_argument("--grouped")
+  p.add_argument("rest", nargs="*")
+  return p
+
+
+def _refused(capsys, argv: list[str], **kwargs) -> str:
+  """`argv` parsed by `_parser` ends with exit status 2 and one `error:` line; the line."""
+  with pytest.raises(SystemExit) as stop:
+    _parser(**kwargs).parse_args(argv)
+  assert stop.value.code == 2
+  out, err = capsys.readouterr()
+  assert out == "" and len(err.splitlines()) == 1 and err.startswith("error: "), err
+  return err.strip()
+
+
+@pytest.mark.parametrize(
+  "argv, says",
+  [
+    (["--root=/nonexistent", "--root=/tmp/x"], "--root is given twice (/nonexistent, /tmp/x)"),
+    (["--root", "a", "--root", "b"], "--root is given twice (a, b)"),
+    (["--root=a", "x", "--root", "b"], "--root is given twice (a, b)"),
+    (["-n", "3", "--num=4"], "-n/--num is given twice (3, 4)"),
+    (["-n3", "-n", "4"], "-n/--num is given twice (3, 4)"),
+    (["--ro=a", "--root=b"], "--root is given twice (a, b)"),  # an abbreviation
+    (["--nu", "3", "-n4"], "-n/--num is given twice (3, 4)"),
+    (["--root=a b", "--root=c"], "--root is given twice ('a b', c)"),
+    (["--flag", "--flag"], "--flag is given twice: give it once"),
+    (["--mode", "--mode"], "--mode is given twice"),
+    (["--color", "--no-color"], "--color/--no-color is given twice"),
+    (["--grouped=1", "--grouped=2"], "--grouped is given twice (1, 2)"),
+    (["--args=--root=x", "--args=-n"], "--args is given twice (--root=x, -n)"),
+  ],
+)
+def test_an_option_of_one_value_given_twice_is_one_error_line_naming_it_and_both_values(
+  capsys, argv, says
+):
+  line = _refused(capsys, argv)
+  assert says in line and line.endswith(": give it once"), line
+
+
+def test_a_repeated_option_is_the_tools_own_error_or_an_argument_error_as_asked():
+  with pytest.raises(ValueError, match=r"^--root is given twice \(a, b\): give it once$"):
+    _parser(raise_as=ValueError).parse_args(["--root=a", "--root=b"])
+  with pytest.raises(argparse.ArgumentError, match=r"^--root is given twice"):
+    _parser(exit_on_error=False).parse_args(["--root=a", "--root=b"])
+
+
+def test_without_abbreviations_a_prefix_is_no_occurrence_of_the_option(capsys):
+  line = _refused(capsys, ["--ro=a", "--root=b"], allow_abbrev=False)
+  assert "unrecognized arguments: --ro=a" in line, line
+
+
+def test_append_extend_and_count_options_may_repeat_and_a_value_like_a_flag_is_no_option():
+  repeated = ["--set=a", "--set", "b", "--tag", "--tag", "--more", "x", "--more=y", "-vv", "-v"]
+  after = ["--", "--root=z", "-n", "5", "--flag", "--flag"]
+  args = _parser().parse_args([*repeated, "--args=--root=x", "--root=y", *after])
+  assert args.set == ["a", "b"] and args.tags == ["t", "t"] and args.more == ["x", "y"]
+  assert args.v == 3 and args.args == "--root=x" and args.root == "y" and args.num is None
+  assert args.rest == ["--root=z", "-n", "5", "--flag", "--flag"] and not args.flag
+
+
+class _Joined(argparse.Action):
+  """A custom action that gathers its values itself, so says it may repeat."""
+
+  repeatable = True
+
+  def __call__(self, parser, namespace, values, option_string=None):
+    setattr(namespace, self.dest, (getattr(namespace, self.dest) or "") + values)
+
+
+def test_a_custom_action_repeats_only_when_its_class_says_so(capsys):
+  p = ArgParser(prog="tool")
+  p.add_argument("--joined", action=_Joined)
+  assert p.parse_args(["--joined=a", "--joined", "b"]).joined == "ab"
+  _Joined.repeatable = False
+  try:
+    with pytest.raises(SystemExit):
+      p.parse_args(["--joined=a", "--joined", "b"])
+  finally:
+    _Joined.repeatable = True
+  assert capsys.readouterr().err == "error: --joined is given twice (a, b): give it once\n"
+
+
+def test_each_parse_counts_afresh():
+  p = _parser()
+  assert p.parse_args(["--root=a"]).root == "a"
+  assert p.parse_args(["--root=b"]).root == "b"
+  assert p.parse_intermixed_args(["x", "--root=c", "y"]).rest == ["x", "y"]
+
+
+def test_a_sub_commands_option_given_twice_is_one_error_line(capsys):
+  p = ArgParser(prog="tool")
+  p.add_argument("--root")
+  sub = p.add_subparsers(dest="command", required=True)
+  common = argparse.ArgumentParser(add_help=False)
+  common.add_argument("--debug", action="store_true")
+  one = sub.add_parser("one", parents=[common])
+  one.add_argument("--out")
+  one.add_argument("--set", action="append", default=[])
+  assert isinstance(one, ArgParser)
+  args = p.parse_args(["--root=r", "one", "--out=o", "--set=a", "--set=b", "--debug"])
+  assert (args.root, args.out, args.set, args.debug) == ("r", "o", ["a", "b"], True)
+  for argv, says in [
+    (["one", "--out=a", "--out", "b"], "--out is given twice (a, b)"),
+    (["one", "--debug", "--debug"], "--debug is given twice"),
+    (["--root=a", "--root=b", "one"], "--root is given twice (a, b)"),
+  ]:
+    with pytest.raises(SystemExit) as stop:
+      p.parse_args(argv)
+    out, err = capsys.readouterr()
+    assert stop.value.code == 2 and out == "" and len(err.splitlines()) == 1, err
+    assert err.startswith(f"error: {says}"), err
+
+
+def test_a_tool_given_an_option_twice_says_so_in_one_line(tmp_path):
+  """tools/compare.py, which read the last --root alone; tools/launch_local.py, whose command
+  after `--` may repeat what it likes."""
+  cmd = [sys.executable, "tools/compare.py", f"--root={tmp_path / 'a'}", f"--root={tmp_path}"]
+  proc = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
+  assert proc.stderr.splitlines() == [
+    f"error: --root is given twice ({tmp_path / 'a'}, {tmp_path}): give it once"
+  ]
+  launch = [sys.executable, "tools/launch_local.py", "--processes=1"]
+  cmd = [*launch, "--", sys.executable, "-c", "import sys; print(sys.argv[1:])", "-n=1", "-n=2"]
+  proc = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0 and "['-n=1', '-n=2']" in proc.stdout, proc.stdout + proc.stderr
+  proc = subprocess.run(
+    [*launch, "--processes=2", "--", "true"],
+    cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120,
+  )  # fmt: skip
+  assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
+  assert len(proc.stderr.splitlines()) == 1, proc.stderr
+  assert proc.stderr.startswith("error: --processes is given twice (1, 2): give it once")
