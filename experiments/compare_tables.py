@@ -14,7 +14,8 @@ information. Prints one line per cell out of tolerance or missing, one per row i
 (`removed:` a committed row the new file lacks, `added:` a new row), and a summary (with the
 committed cells missing, rows removed and rows added); exit status 1 if any mean is out of
 tolerance or a committed cell or row is missing (an added row alone is no fault), 2 on a bad
-input (a file unreadable, not text, or without a Markdown table).
+input (a file unreadable, not text, without a Markdown table, or with a cell whose interval is
+inverted, `0.5 [0.6, 0.4]`).
 """
 
 from __future__ import annotations
@@ -89,6 +90,17 @@ def tables(text: str, widths: list[int] | None = None) -> dict[tuple[int, str], 
   return rows
 
 
+def inverted_cell(text: str) -> str | None:
+  """The first `mean [low, high]` cell of `text` whose interval is inverted (low above high),
+  named by table, row and column; None when there is none."""
+  for (number, label), row in tables(text).items():
+    for name, cell in row.items():
+      match = _CELL.match(cell)
+      if match and float(match.group(2)) > float(match.group(3)):
+        return f"table {number}, row {label!r}, column {name!r}: {cell!r}"
+  return None
+
+
 def compare(committed: str, new: str) -> tuple[list[str], dict[str, int]]:
   """Lines naming each mean out of tolerance, each committed cell missing, and each row in
   one file only (`removed:` or `added:`), and counts of what was compared. Rows are matched by
@@ -154,6 +166,13 @@ def main(argv: list[str]) -> int:
       print(
         f"error: {path}: no Markdown table with rows (lines starting with |); give two "
         "tables.md files as seed_table.py prints them",
+        file=sys.stderr,
+      )
+      return 2
+    if cell := inverted_cell(texts[-1]):
+      print(
+        f"error: {path}: {cell}: its interval's low is above its high; a cell is "
+        "`mean [low, high]` with low <= high, as seed_table.py prints it",
         file=sys.stderr,
       )
       return 2

@@ -53,6 +53,14 @@ def test_bench_refuses_a_bad_command_line_in_one_line(capsys, argv, says):
   refused(capsys, bench.main, argv, says)
 
 
+def test_bench_reads_the_trainers_noconfig_flag_as_false():
+  """The documented `--noconfig.FIELD` was always refused as the unknown field `.FIELD`: the
+  11-character prefix was cut at 10, keeping its dot."""
+  flags = ["--config.model.scan_layers=True", "--noconfig.model.scan_layers"]
+  assert bench.flag_overrides(flags) == ["model.scan_layers=True", "model.scan_layers=False"]
+  assert bench.shape_config("tiny", bench.flag_overrides(flags)).model.scan_layers is False
+
+
 @pytest.mark.parametrize(
   "argv, says",
   [

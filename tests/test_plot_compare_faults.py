@@ -160,6 +160,45 @@ def test_compare_bad_input_is_one_error_line(root, tmp_path, capsys, args, words
   assert keep.read_bytes() == KEEP
 
 
+@pytest.mark.parametrize(
+  "where, says",
+  [
+    ("{root}/a/config.json", "inside the run folder {root}/a under --root="),
+    ("{root}/a/table.csv", "inside the run folder {root}/a under --root="),
+    ("{root}/a/new/table.csv", "inside the run folder {root}/a under --root="),
+    ("{root}/a/checkpoints/t.csv", "inside the run folder {root}/a under --root="),
+    ("{tmp}/notes.md", "is an existing file that is not a .csv table"),
+    ("{root}/config.json", "is an existing file that is not a .csv table"),  # root is a run
+  ],
+)
+def test_compare_csv_never_overwrites_a_runs_files(tmp_path, capsys, where, says):
+  """--csv overwrote whatever was there, a run's own config.json among them; a table inside a
+  run's folder, or over a file that is not a .csv table, is refused before a run is read."""
+  root = tmp_path / "runs"
+  _write_run(root / "a", 0.2, 0)
+  _write_run(root, 0.28, 0)  # the root is itself a run, with a nested one
+  (root / "a" / "checkpoints").mkdir()
+  (tmp_path / "notes.md").write_bytes(KEEP)
+  before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+  out = where.format(root=root, tmp=tmp_path)
+  err = _one_error(capsys, compare.main([f"--root={root}", f"--csv={out}"]))
+  assert err.startswith(f"error: --csv={out}: {says.format(root=root)}"), err
+  assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_compare_csv_at_the_roots_top_level_or_over_a_table_is_written(tmp_path, capsys):
+  """A table at the root's top level (a run's root too), and one written again over itself or
+  over another .csv table, stay allowed."""
+  root = tmp_path / "runs"
+  _write_run(root / "a", 0.2, 0)
+  (tmp_path / "keep.csv").write_bytes(KEEP)
+  for out in (root / "table.csv", root / "table.csv", tmp_path / "keep.csv", root / "a" / "t.csv"):
+    where = root / "a" if out.parent == root / "a" else root  # a run alone: its own root
+    argv = [f"--root={where}", "--tags=eval/*", f"--csv={out}"]
+    assert compare.main(argv) == 0, capsys.readouterr().err
+    assert out.read_text().startswith("run,")
+
+
 def test_compare_and_plot_warn_of_a_run_whose_events_do_not_read_beside_runs_that_do(
   root, tmp_path, capsys
 ):

@@ -207,12 +207,19 @@ def test_launch_local_reports_a_signal_as_a_shell_does(capsys):
     (["--guard=held,cached"], "--guard=held,cached: unknown form 'cached'"),
     (["--set=model.bogus=1"], "unknown config field 'model.bogus'"),  # traceback
     (["--set=model.d_model=abc"], "--config.model.d_model=abc: invalid literal"),  # traceback
+    # The compile's own device checks: a traceback after `[1/1] compiling ...`.
+    (["--targets=cpu:3"], "on target 'cpu:3': invalid config: mesh.fsdp=3 does not divide"),
+    (["--targets=cpu:8:fsdp=3"], "'cpu:8:fsdp=3': invalid config: mesh.fsdp=3 does not divide"),
+    (["--targets=cpu:2,cpu:3:model=3"], "on target 'cpu:3:model=3': invalid config:"),
+    (["--targets=cpu:8:fsdp=4:fsdp=2"], "axis 'fsdp' given twice"),  # the last one won
+    (["--guard=held,held"], "--guard=held,held: form 'held' given twice"),  # planned twice
   ],
 )
 def test_memory_table_refuses_a_bad_argument_before_compiling(capsys, monkeypatch, flags, says):
   """Every bad argument is named before the first compile, in one `error:` line."""
   monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))  # main adds fake devices
-  _refused(capsys, memory_table.main(["--shapes=dense-e64-twin", *flags]), says)
+  shapes = [] if any(f.startswith("--shapes=") for f in flags) else ["--shapes=dense-e64-twin"]
+  _refused(capsys, memory_table.main([*shapes, *flags]), says)  # --shapes given once
 
 
 def test_memory_table_markdown_does_not_call_an_unknown_capacity_a_miss():

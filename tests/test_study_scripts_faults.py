@@ -77,6 +77,17 @@ def test_compare_tables_reads_a_malformed_number_as_no_mean(tmp_path):
   assert "'0.5.1 [0.400, 0.600]'" in proc.stdout
 
 
+@pytest.mark.parametrize("which", ["committed.md", "new.md"])
+def test_compare_tables_refuses_a_cell_whose_interval_is_inverted(tmp_path, which):
+  """A committed `0.5 [0.6, 0.4]` (a hand edit, a merge) was reported out of tolerance
+  `(±-0.1)`, exit 1, as if the study had changed: it is a malformed cell, named."""
+  bad = TABLE.replace("0.500 [0.400, 0.600]", "0.5 [0.6, 0.4]")
+  committed, new = (bad, TABLE) if which == "committed.md" else (TABLE, bad)
+  proc = _compare(tmp_path, committed, new)
+  _one_error(proc, which, "table 0, row 'a', column 'acc': '0.5 [0.6, 0.4]'", "low <= high")
+  assert proc.stdout == ""
+
+
 @pytest.mark.parametrize(
   "args", [[], ["one.md"], ["a.md", "b.md", "c.md"], ["--strict", "a.md", "b.md"], ["-x", "a.md"]]
 )

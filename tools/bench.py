@@ -668,6 +668,18 @@ def run(
   return result
 
 
+def flag_overrides(flags: list[str]) -> list[str]:
+  """The trainer's config flags as overrides: `--config.a.b=v` -> `a.b=v`, `--noconfig.a.b`
+  -> `a.b=False`."""
+  out = []
+  for a in flags:
+    if a.startswith("--config."):
+      out.append(a[len("--config.") :])
+    else:
+      out.append(a[len("--noconfig.") :] + "=False")
+  return out
+
+
 def main(argv: list[str]) -> int:
   """Command line: prints the benchmark result as JSON."""
   from absl import logging as absl_logging
@@ -731,9 +743,7 @@ def main(argv: list[str]) -> int:
       parser.error(f"--profile_dir={args.profile_dir} {problem}")
   args.peer_cache = args.peer_cache or "dynamic"
 
-  overrides = list(args.set)
-  for a in rest:  # --config.a.b=v -> a.b=v; --noconfig.a.b -> a.b=False
-    overrides.append(a[len("--config.") :] if a.startswith("--config.") else a[10:] + "=False")
+  overrides = [*args.set, *flag_overrides(rest)]
   passed = ("shape", "peer", "peer_python", "peer_timeout_s", "full_length", "hbm_bytes_per_s")
   passed += ("peak_flops", "profile_dir", "peer_cache", "sample_only")
   from jaxrl_llm import launch

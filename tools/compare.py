@@ -2,7 +2,8 @@
 
 Every directory under `--root` that holds TensorBoard event files is a run (a sweep's workdirs,
 or any set of trainer workdirs). Prints one row per run with the final and best value of each
-tag; `--csv` also writes the table as CSV (making its missing folders). Tags may be glob patterns
+tag; `--csv` also writes the table as CSV (making its missing folders; never inside a run's
+folder under the root, nor over a file that is not a .csv table). Tags may be glob patterns
 (`--tags='eval/*'`).
 "Best" follows each metric's declared direction (`jaxrl_llm/metric_info.py`): the maximum
 for accuracy or reward, the minimum for skipped updates or timeouts, none for entropy, length or
@@ -42,6 +43,39 @@ def find_runs(root: str, skip: Sequence[str] = SKIPPED) -> list[str]:
     if any(map(metric_info.is_event_file, filenames)):
       runs.append(dirpath)
   return sorted(runs)
+
+
+RUN_FILES = ("config.json", "run.json", "checkpoints")  # what a trainer's workdir holds
+
+
+def holds_run(folder: str) -> bool:
+  """Whether `folder` holds a run's files: event files, config.json, run.json or checkpoints."""
+  try:
+    names = os.listdir(folder)
+  except OSError:  # missing (the writer would make it) or unreadable: no run's files
+    return False
+  return any(n in RUN_FILES or metric_info.is_event_file(n) for n in names)
+
+
+def csv_problem(csv: str, root: str) -> str | None:
+  """Why writing the table at `csv` could clobber a run's files: it is inside a run's folder
+  under `root` (its top level, or the root itself, is allowed), or an existing file that is not
+  a .csv table; None when it is neither."""
+  real_root, real = os.path.realpath(root), os.path.realpath(csv)
+  folder = os.path.dirname(real)
+  if folder.startswith(real_root.rstrip(os.sep) + os.sep):
+    above = folder
+    while above != os.path.dirname(real_root):  # up to the root itself, included
+      if holds_run(above):
+        run = os.path.normpath(os.path.join(root, os.path.relpath(above, real_root)))
+        return (
+          f"inside the run folder {run} under --root={root}; write the table outside the "
+          f"runs' folders (e.g. {os.path.join(root, 'table.csv')})"
+        )
+      above = os.path.dirname(above)
+  if os.path.lexists(csv) and not real.lower().endswith(".csv"):
+    return "is an existing file that is not a .csv table; give a new file or a .csv one"
+  return None
 
 
 def run_name(root: str, run_dir: str) -> str:
@@ -277,7 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 2
   from jaxrl_llm import paths
 
-  problem = args.csv and paths.file_problem(args.csv)
+  problem = args.csv and (paths.file_problem(args.csv) or csv_problem(args.csv, args.root))
   if problem:
     print(f"error: --csv={args.csv}: {problem}", file=sys.stderr)
     return 2

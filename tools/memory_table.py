@@ -183,13 +183,16 @@ def parse_target(spec: str) -> tuple[str, str, dict[str, int]]:
     raise ValueError(f"target {spec!r}: starts with cpu:, gpu: or tpu:")
   if kind != "tpu" and not (name.isdigit() and int(name) >= 1):
     raise ValueError(f"target {spec!r}: {kind}:N wants a device count N >= 1, not {name!r}")
-  mesh = {"data": 1, "fsdp": -1}
+  mesh, given = {"data": 1, "fsdp": -1}, set()
   for item in axes:
     axis, _, size = item.partition("=")
     if axis not in ("runs", "data", "fsdp", "expert", "model") or not size.lstrip("-").isdigit():
       raise ValueError(
         f"target {spec!r}: {item!r} is not AXIS=SIZE (runs, data, fsdp, expert, model)"
       )
+    if axis in given:
+      raise ValueError(f"target {spec!r}: axis {axis!r} given twice; give each axis once")
+    given.add(axis)
     mesh[axis] = int(size)
     if mesh[axis] == 0 or mesh[axis] < -1:
       raise ValueError(f"target {spec!r}: {item!r}: SIZE is >= 1 (or -1: what is left)")
@@ -320,17 +323,39 @@ def check_args(args) -> list[tuple[str, str, dict[str, int]]]:
   for flag in ("prompt_len", "new_tokens", "runs"):
     if getattr(args, flag) < 0:
       raise ArgError(f"--{flag}={getattr(args, flag)}: want >= 0 (0: the default)")
-  unknown = [g for g in args.guard.split(",") if g not in GUARD_FORMS]
+  guards = args.guard.split(",")
+  unknown = [g for g in guards if g not in GUARD_FORMS]
   if unknown:
     raise ArgError(f"--guard={args.guard}: unknown form {unknown[0]!r}; want of {GUARD_FORMS}")
+  twice = [g for i, g in enumerate(guards) if g in guards[:i]]
+  if twice:
+    raise ArgError(f"--guard={args.guard}: form {twice[0]!r} given twice; give each form once")
   if not 0 < args.capacity_gib < float("inf"):
     raise ArgError(f"--capacity_gib={args.capacity_gib}: want a number of GiB > 0")
   return parsed
 
 
+def check_on_target(config, kind: str, name: str) -> None:
+  """Raises ConfigError (a ValueError) where the compile's own cross checks (`config.check`,
+  run by `run.build`) refuse `config` on the target's devices; a target without them is not
+  checked (its row is skipped, nothing compiled)."""
+  import jax
+
+  from jaxrl_llm import plan
+  from jaxrl_llm.config import check
+
+  try:
+    devices = plan.tpu_slice_devices(name) if kind == "tpu" else jax.devices(kind)
+  except RuntimeError:  # no libtpu, or no GPU: `row` reports the row skipped
+    return
+  check(config, num_devices=len(devices) if kind == "tpu" else int(name), device=devices[0])
+
+
 def check_configs(args, parsed: list[tuple[str, str, dict[str, int]]]) -> None:
   """Before anything is compiled: ArgError names the first target whose mesh does not fit its
-  devices, or the first row config that `--set` makes unknown or invalid."""
+  devices, the first row config that `--set` makes unknown or invalid, or the first the
+  compile's cross checks refuse on its target's devices (e.g. a mesh axis that does not
+  divide the model)."""
   from absl import flags
 
   from jaxrl_llm import sharding
@@ -346,13 +371,17 @@ def check_configs(args, parsed: list[tuple[str, str, dict[str, int]]]) -> None:
     except ValueError as err:
       raise ArgError(f"target {target!r}: {err}") from None
   for shape in shapes:  # every row's config, so a bad --set stops the table before it starts
-    for target in targets:
+    for target, (kind, name, _) in zip(targets, parsed):
       # ConfigError (a ValueError): an unknown field or a value out of range; flags.Error: a
       # value of the wrong type or an override without one.
       try:
-        parse(row_config(shape, target, args.set, args.new_tokens))
+        config = parse(row_config(shape, target, args.set, args.new_tokens))
       except (ValueError, flags.Error) as err:
         raise ArgError(" ".join(str(err).split())) from None
+      try:
+        check_on_target(config, kind, name)
+      except ValueError as err:
+        raise ArgError(f"{shape} on target {target!r}: {' '.join(str(err).split())}") from None
 
 
 def main(argv: list[str]) -> int:
