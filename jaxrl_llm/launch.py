@@ -295,7 +295,12 @@ def parse_config(argv: list[str]):
   config_flags.DEFINE_config_file(
     "config", None, "", flag_values=fv, lock_config=True, sys_argv=argv
   )
-  fv([a for a in argv if a == argv[0] or a.startswith(("--config", "--noconfig"))])
+  kept, follows = [argv[0]], False  # the config flags, with a value given after a space
+  for a in argv[1:]:
+    if a.startswith(("--config", "--noconfig")) or (follows and not a.startswith("--")):
+      kept.append(a)
+    follows = a.startswith("--config") and "=" not in a
+  fv(kept)
   return fv.config
 
 

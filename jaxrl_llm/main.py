@@ -109,8 +109,6 @@ def _parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing, with a bad override (unknown field, wrong type) as one error line."""
   try:
     command_line.check_overrides(argv)
-    for line in command_line.repeated(argv):
-      print(f"warning: {line}", file=sys.stderr)
     return flags.FLAGS(argv)
   except ConfigError as e:
     print(f"error: {e}", file=sys.stderr)

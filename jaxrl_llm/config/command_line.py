@@ -46,16 +46,6 @@ def check_overrides(argv: list[str]) -> None:
       raise ConfigError(f"unknown config field {field!r} in {arg!r}: {missing}")
 
 
-def repeated(argv: list[str]) -> list[str]:
-  """A warning line for each flag of `argv` given more than once: absl keeps the last value
-  without a word (a command line built from a base and overrides may mean it; a typo may not)."""
-  return [
-    f"--{name} is given {len(values)} times ({', '.join(values)}): the last, {values[-1]}, is used"
-    for name, values in _given(argv).items()
-    if len(values) > 1 and name != "config"
-  ]
-
-
 def _given(argv: list[str]) -> dict[str, list[str]]:
   """{flag name: the values given to it, in order} for the flags of `argv` before a bare `--`
   (`--name=v` and `--name v`; `--noname` is `--name` set false)."""
