@@ -145,40 +145,32 @@ def test_a_stray_argument_is_one_line_before_the_workdir_is_made(tmp_path):
   assert not workdir.exists()
 
 
-def test_an_override_without_a_config_is_one_line_naming_it(tmp_path):
-  """`--config.task.name=countdown` with no --config=FILE read `Unknown command line flag
-  'config.task.name'` with a hint about the value's type; it now names the override and what it
-  lacks, in the trainer and in tools/trivial_answers.py (the same check), making no workdir."""
+@pytest.mark.parametrize(
+  "args,want",
+  [
+    (  # absl said `Unknown command line flag 'config.task.name'` with a hint about the type
+      ["--config.task.name=countdown"],
+      "error: --config.task.name=countdown overrides a config, and no --config=FILE names one "
+      "(e.g. --config=configs/default.py before it)",
+    ),
+    (  # absl said "The flag 'config.train.num_steps' is defined twice"; the tool read the last
+      ["--config=configs/default.py", "--config=configs/countdown.py", "--config.seed=1"],
+      "error: --config is given 2 times (configs/default.py, configs/countdown.py); a run reads "
+      "one config: give one --config=FILE[:SETTING] and set fields with "
+      "--config.SECTION.FIELD=VALUE",
+    ),
+  ],
+  ids=["override-without-config", "two-configs"],
+)
+def test_a_config_flag_fault_is_one_line_in_the_trainer_and_the_tool(tmp_path, args, want):
+  """An override without a config, and two config files: the same line from the trainer and
+  from tools/trivial_answers.py (the same check), making no workdir."""
   workdir = tmp_path / "run"
-  want = (
-    "error: --config.task.name=countdown overrides a config, and no --config=FILE names one "
-    "(e.g. --config=configs/default.py before it)"
-  )
   trainer = [sys.executable, "-m", "jaxrl_llm.main", f"--workdir={workdir}"]
   tool = [sys.executable, str(REPO / "tools" / "trivial_answers.py")]
   for cmd in (trainer, tool):
     run = dict(cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
-    proc = subprocess.run([*cmd, "--config.task.name=countdown"], **run)
-    assert (proc.returncode, proc.stdout, proc.stderr.strip().splitlines()) == (2, "", [want])
-  assert not workdir.exists()
-
-
-def test_a_second_config_file_is_one_line_in_the_trainer_and_the_tool(tmp_path):
-  """Two `--config=` flags: the trainer printed absl's "The flag 'config.train.num_steps' is
-  defined twice" and tools/trivial_answers.py silently read the last file; both now name the
-  two files and say a run reads one, making no workdir."""
-  workdir = tmp_path / "run"
-  files = ["--config=configs/default.py", "--config=configs/countdown.py"]
-  want = (
-    "error: --config is given 2 times (configs/default.py, configs/countdown.py); a run reads "
-    "one config: give one --config=FILE[:SETTING] and set fields with "
-    "--config.SECTION.FIELD=VALUE"
-  )
-  trainer = [sys.executable, "-m", "jaxrl_llm.main", f"--workdir={workdir}"]
-  tool = [sys.executable, str(REPO / "tools" / "trivial_answers.py")]
-  for cmd in (trainer, tool):
-    run = dict(cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
-    proc = subprocess.run([*cmd, *files, "--config.train.num_steps=1"], **run)
+    proc = subprocess.run([*cmd, *args], **run)
     assert (proc.returncode, proc.stdout, proc.stderr.strip().splitlines()) == (2, "", [want])
   assert not workdir.exists()
 
