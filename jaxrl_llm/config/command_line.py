@@ -15,7 +15,7 @@ from jaxrl_llm.config.fields import ConfigError
 def check_overrides(argv: list[str]) -> None:
   """Fails with a clear message when `--config` names two files or a `--config.a.b=v` flag
   names a field the config lacks."""
-  paths = _given(argv).get("config", [])
+  paths = _config_paths(argv)
   if len(paths) > 1:
     raise ConfigError(
       f"--config is given {len(paths)} times ({', '.join(paths)}); a run reads one config: "
@@ -46,23 +46,18 @@ def check_overrides(argv: list[str]) -> None:
       raise ConfigError(f"unknown config field {field!r} in {arg!r}: {missing}")
 
 
-def _given(argv: list[str]) -> dict[str, list[str]]:
-  """{flag name: the values given to it, in order} for the flags of `argv` before a bare `--`
-  (`--name=v` and `--name v`; `--noname` is `--name` set false)."""
-  given: dict[str, list[str]] = {}
+def _config_paths(argv: list[str]) -> list[str]:
+  """The files `--config=FILE` or `--config FILE` (a space, which absl takes) name in `argv`,
+  before a bare `--`."""
+  paths = []
   for i, arg in enumerate(argv[1:], start=1):
     if arg == "--":
       break
-    if not arg.startswith("--"):
-      continue
-    name, eq, value = arg[2:].partition("=")
-    if not eq:
-      follows = argv[i + 1] if i + 1 < len(argv) else ""
-      value = follows if follows and not follows.startswith("--") else "true"
-      if name.startswith("no"):
-        name, value = name[2:], "false"
-    given.setdefault(name, []).append(value)
-  return given
+    if arg.startswith("--config="):
+      paths.append(arg.split("=", 1)[1])
+    elif arg == "--config" and i + 1 < len(argv):
+      paths.append(argv[i + 1])
+  return paths
 
 
 def missing_field(config, field: str) -> str | None:
