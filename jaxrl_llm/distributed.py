@@ -255,7 +255,10 @@ class Program:
 
   def __call__(self, *args, **kwargs):
     """Runs the program; its first run of a signature compiles (then, in a job, waits at a
-    barrier)."""
+    barrier). Traced inside another transformation (`jax.eval_shape`, an outer `jit`), it is
+    only traced: nothing is compiled."""
+    if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs))):
+      return self.jitted(*args, **kwargs)  # traced inside another program: nothing to compile
     key = _signature(args, kwargs)
     if not any(_same_program(key, seen) for seen in self.ready):
       start = time.monotonic()
