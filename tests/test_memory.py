@@ -117,8 +117,10 @@ def test_memory_table_plans_each_form_of_the_guard_and_restores_the_platforms_ow
   from jaxrl_llm import optim
 
   own = optim.RECOMPUTE_ON
+  small = ["model.num_layers=1", "model.vocab_size=1024", "sampling.max_new_tokens=16"]
   rows = [
-    memory_table.row("dense-e64-twin", "cpu:1", [], 0, 0, 80.0, guard=g) for g in ("held", "twice")
+    memory_table.row("dense-e64-twin", "cpu:1", small, 0, 0, 80.0, guard=g)
+    for g in ("held", "twice")
   ]
   assert optim.RECOMPUTE_ON == own
   assert [r["guard"] for r in rows] == ["held", "twice"] and all(r["temp_gib"] > 0 for r in rows)
