@@ -146,7 +146,7 @@ def test_a_run_with_auto_slices_builds_with_the_planned_choice():
     parse(tiny_config(**{"rl.microbatch_tokens": "fast"}))
 
 
-@pytest.mark.slow  # about 20 s each: two command lines from an empty compilation cache
+@pytest.mark.extended  # about 20 s each: two command lines from an empty compilation cache
 @pytest.mark.parametrize("packed", [False, True], ids=["run", "pack"])
 def test_a_host_verifier_run_compiles_its_learner_once_the_plan_and_the_step_alike(
   tmp_path, packed

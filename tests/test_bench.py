@@ -41,7 +41,7 @@ def _peer_python(*modules: str) -> str | None:
   return PEER_PYTHON
 
 
-@pytest.mark.slow  # ~30 s: a whole benchmark run
+@pytest.mark.extended  # ~30 s: a whole benchmark run
 def test_bench_reports_all_measurements_at_the_tiny_shape():
   result = bench.run(bench.shape_config("tiny"), steps=2, shape="tiny")
   json.dumps(result)  # serialisable

@@ -87,7 +87,7 @@ def test_soft_overlong_is_checked_against_the_budget_a_tool_gives():
   assert said.startswith(f"invalid config: shaping.cache_len={t} must be in [1, T={t})"), said
 
 
-@pytest.mark.slow  # two short runs (about 40 s)
+@pytest.mark.extended  # two short runs (about 40 s)
 def test_a_resume_that_switches_kl_or_clipping_on_or_off_is_one_line(tmp_path):
   """kl.beta 0 → 0.04 adds a reference model the checkpoint lacks; optim.grad_clip 1 → 0
   drops the clip element of the optimiser state. With train.resume_changed both printed a

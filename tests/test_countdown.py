@@ -108,7 +108,7 @@ def test_traces_are_diverse_solutions_and_wrong_at_the_stated_rate(wrong):
     assert len(shapes) == 12  # every operator pattern of two and three digits
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_a_warm_start_on_countdown_leaves_room_to_fail(tmp_path):
   """The testbed's policy (configs/countdown.py), warm-started on traces of which 30% are wrong,
   answers held-out problems above twice the best trivial answer and far from perfectly (greedy

@@ -324,7 +324,7 @@ print("finished", flush=True)
 """
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_a_job_whose_processes_watch_their_peers_ends_with_exit_0_on_every_process(tmp_path):
   # A process that ended while its watcher thread was inside the coordination service's
   # client aborted in the interpreter's teardown ("FATAL: exception not rethrown", exit 250)

@@ -546,7 +546,7 @@ def test_a_packed_sweep_on_a_full_disk_ends_in_its_one_line_without_a_traceback(
   assert lines[-1].startswith("error: disk full"), lines[-5:]
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_a_full_disk_ends_in_one_clear_line_and_keeps_the_last_checkpoint(small_disk):
   """Each checkpoint of the tiny model takes ~0.9 MiB: the fourth save cannot fit in 3 MiB."""
   workdir = small_disk / "run"
@@ -591,7 +591,7 @@ def test_a_step_folder_holding_another_steps_state_is_refused(tmp_path):
   assert "\n" not in str(err.value) and sorted(p.name for p in root.iterdir()) == before
 
 
-@pytest.mark.slow  # ~1 min: three launches of the command line
+@pytest.mark.extended  # ~1 min: three launches of the command line
 def test_a_corrupted_latest_checkpoint_is_set_aside_and_the_run_resumes(tmp_path):
   workdir = tmp_path / "run"
   stop = ("--config.sft.steps=0", "--config.train.num_steps=6", "--config.train.checkpoint_every=2")
@@ -807,8 +807,13 @@ def _wait_for(proc, pattern: str, timeout: float = 300) -> str:
   raise AssertionError(f"no line matching {pattern!r}:\n" + "".join(seen)[-3000:])
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("when", ["mid-run", "mid-save"])
+@pytest.mark.parametrize(
+  "when",
+  [
+    pytest.param("mid-run", marks=pytest.mark.slow),
+    pytest.param("mid-save", marks=pytest.mark.extended),
+  ],
+)
 def test_sigterm_saves_the_step_it_finished_and_the_relaunch_resumes_from_it(tmp_path, when):
   """A scheduler's SIGTERM (preemption): the run saves the step it has just finished, prints
   one line and exits 143; relaunching the same command resumes from that step and finishes.
@@ -836,7 +841,7 @@ def test_sigterm_saves_the_step_it_finished_and_the_relaunch_resumes_from_it(tmp
   assert max(_committed(root)) == step + 2
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_sigterm_while_xla_compiles_stops_at_once(tmp_path):
   """SIGTERM (or Ctrl-C) while XLA compiles (Python runs no handler inside that call): a fresh
   run stops at once with one line naming the program, exit 143 (130), nothing saved; so does a
@@ -928,7 +933,7 @@ def _hanging_tool(tmp_path, sft_steps: int):
   return tell, env, args
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_sigterm_in_the_first_evaluation_after_a_warm_start_stops_there(tmp_path):
   """The warm start is saved as checkpoint 0, but the run still counted it as progress no
   checkpoint held: a SIGTERM during the first evaluation (a host tool's calls cut) compiled
@@ -949,7 +954,7 @@ def test_sigterm_in_the_first_evaluation_after_a_warm_start_stops_there(tmp_path
   assert _committed(tmp_path / "run" / "checkpoints") == {0}
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_sigterm_while_the_evaluation_compiles_after_a_resume_saves_the_step_before_it(tmp_path):
   """A run resumed at step 1 trains step 2, then compiles its evaluation: the run still said
   it held no unsaved progress (step 1 was saved), so a SIGTERM cut that compilation at once
@@ -971,7 +976,7 @@ def test_sigterm_while_the_evaluation_compiles_after_a_resume_saves_the_step_bef
   assert 2 in [s for s, _ in metrics.read_scalars(str(workdir))["eval/accuracy"]]
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_sigterm_while_a_host_tool_hangs_cuts_its_calls_and_the_run_stops_saved(tmp_path):
   """A host tool whose calls hang, under a 600 s limit per call: a SIGTERM waited for every
   decode step's calls in turn (the main thread waits inside the program; tens of minutes).
@@ -1015,7 +1020,7 @@ def test_sigterm_while_a_host_tool_hangs_cuts_its_calls_and_the_run_stops_saved(
   assert max(_committed(second / "checkpoints")) == int(last.group(1)) >= 2
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_sigterm_during_start_up_or_the_warm_start_is_one_line_and_keeps_the_warm_start(tmp_path):
   """SIGTERM a moment after launch (imports, build): exit 143 and one line, nothing lost. SIGTERM
   during a 400-step warm start: its progress is saved and the relaunch resumes it there (each
@@ -1085,7 +1090,7 @@ def test_an_error_raised_while_ctrl_c_unwinds_still_counts_as_ctrl_c():
   assert not launch.interrupted(RuntimeError("a plain failure"))
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_ctrl_c_mid_save_is_one_line_and_the_relaunch_resumes_from_the_newest_commit(tmp_path):
   """Ctrl-C the moment a save's temporary directory appears (after step 5): the run
   prints one line (no traceback) and exits 130; the save it cut either committed or stays
@@ -1337,7 +1342,7 @@ def _group(pgid: int, *, parent: int | None = None) -> list[int]:
   return out
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads process groups from /proc")
 def test_sigterm_leaves_no_verifier_worker_behind(tmp_path):
   """A run whose rewards are scored in host worker processes, stopped by SIGTERM (exit 143,

@@ -31,7 +31,7 @@ def one_device():
   return run_steps(tiny_config(**BASE, **{"mesh.data": 1}), 2)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.parametrize(
   "mesh",
   ["fsdp4_model2"],  # 4x2 covers fsdp8's path too
@@ -190,7 +190,7 @@ def test_a_warm_start_hands_the_rl_step_parameters_sharded_as_the_state(mesh, tm
   assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["0", "1"]
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_the_default_config_trains_on_four_cpu_devices_split_by_fsdp(tmp_path):
   """On 4 in-process CPU devices, XLA's concurrency-optimised scheduler let the devices reach
   the minibatch loop's all-reduces in different orders: the default config at fsdp=4 (two

@@ -358,7 +358,7 @@ def test_what_adapters_cannot_train_is_refused_in_one_line(overrides, says):
   assert len(problems) == 1 and says in problems[0], str(err.value)  # one problem: one line
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_the_default_learns_through_adapters_on_a_base_it_never_changes(tmp_path):
   """`configs/lora.py`: held-out accuracy >= 0.8 and a gain >= 0.3 from training rank-32
   adapters alone (warm start and RL), and the final checkpoint's base equals the random

@@ -138,7 +138,7 @@ def test_the_reference_computes_what_the_adapted_model_does(scan):
   np.testing.assert_array_equal(got_plain, plain)
 
 
-@pytest.mark.slow  # about 70 s on two shared CPU cores: two fused RL programs compiled and run
+@pytest.mark.extended  # about 70 s on two shared CPU cores: two fused RL programs compiled and run
 def test_an_adapted_run_equals_a_full_model_trained_through_merged_weights():
   """Three fused updates (two optimiser steps each, a reward with non-zero advantages, KL to
   the base, an entropy bonus) of the adapted model and of `MergedWeights` from one state, on

@@ -70,9 +70,9 @@ REJECTING = {
 
 @pytest.mark.parametrize(
   ("aggregation", "extra"),
-  [  # sum_norm in the slow tier, the others extended (the loss level: tests/objectives)
+  [  # all in the extended tier (the loss level: tests/objectives)
     pytest.param("seq_mean_token_mean", {}, marks=pytest.mark.extended),
-    pytest.param("seq_mean_token_sum_norm", {}, marks=pytest.mark.slow),
+    pytest.param("seq_mean_token_sum_norm", {}, marks=pytest.mark.extended),
     pytest.param(  # verl's
       "seq_mean_token_sum_norm",
       {"aggregation.sum_norm_sequences": False},

@@ -200,7 +200,7 @@ MOE = {"model.moe_num_experts": 4, "model.moe_top_k": 2, "model.moe_expert_mlp_d
 
 @pytest.mark.parametrize(
   "dtype",
-  [pytest.param("int8", marks=pytest.mark.slow)],  # bfloat16: the moe_gspo study
+  [pytest.param("int8", marks=pytest.mark.extended)],  # bfloat16: the moe_gspo study
 )
 def test_low_precision_sampler_routing_disagreement(dtype):
   free = tiny_config(**MOE, **{"sampling.param_dtype": dtype, "replay.name": "none"})
@@ -218,11 +218,11 @@ EP = {**MOE, "model.moe_num_experts": 8, "replay.name": "r2", "rl.num_prompts": 
 @pytest.mark.parametrize(
   "mesh,impl",
   [
-    pytest.param({"mesh.expert": 8}, "ragged", marks=pytest.mark.slow),
+    pytest.param({"mesh.expert": 8}, "ragged", marks=pytest.mark.extended),
     pytest.param({"mesh.expert": 4, "mesh.data": 2}, "portable", marks=pytest.mark.extended),
     pytest.param({"mesh.expert": 2, "mesh.fsdp": 4}, "portable", marks=pytest.mark.extended),
     # No expert parallelism: each device routes its own rows.
-    pytest.param({"mesh.fsdp": 8}, "portable", marks=pytest.mark.slow),
+    pytest.param({"mesh.fsdp": 8}, "portable", marks=pytest.mark.extended),
   ],
 )
 def test_expert_parallel_step_equals_one_device(mesh, impl):

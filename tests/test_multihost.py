@@ -232,7 +232,7 @@ except Exception as err:
 """
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.parametrize("program", ["lockstep", "bare"])
 def test_a_programs_first_run_waits_for_a_process_that_arrives_late(tmp_path, program):
   # After a relaunch process 0 loads the step from the compilation cache (only it writes one)
@@ -315,7 +315,7 @@ def test_processes_started_with_different_configs_stop_with_a_clear_line(tmp_pat
     assert last.startswith("error: processes [1] were started with a config that differs"), last
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.parametrize("stopped", [1, 0])  # 0 also hosts the coordination service
 def test_one_interrupted_process_ends_the_job_with_its_reason_on_every_process(tmp_path, stopped):
   """Ctrl-C on one host of a running job: that process says so in one line and exits 130 at
@@ -389,7 +389,7 @@ def _sigterm_one_of_two(tmp_path, commands, progress: str) -> int:
   return steps[0]
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_sigterm_to_one_process_stops_every_process_after_the_same_saved_step(tmp_path):
   """A preemption notice that reaches one host of a job (JAX's preemption service tells the
   others): both processes stop after the same step, saved, and the job resumes from it."""
@@ -403,7 +403,7 @@ def test_sigterm_to_one_process_stops_every_process_after_the_same_saved_step(tm
   assert max(_committed(workdir / "checkpoints")) == step + 2
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_sigterm_to_one_process_of_a_packed_sweep_stops_the_pack_after_a_saved_step(tmp_path):
   """The same for a pack whose runs axis spans the two processes: each process saves its own
   runs after the same step, exits 143, and the same command resumes the pack."""

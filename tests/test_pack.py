@@ -88,7 +88,7 @@ def _assert_same_params(got, want):
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), got, want)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_packed_runs_equal_their_runs_alone_resume_and_come_out_whole(tmp_path, caplog):
   """One pack serves every check of the acceptance list (it is the costly part): each run
   equals the run trained alone (scalars at every step, final parameters, last evaluation), has
@@ -314,7 +314,7 @@ def test_the_default_configs_2x2x2_grid_packed_equals_each_run_alone(tmp_path):
     _assert_same_params(_params(tmp_path / "pack", 6, r), _params(tmp_path / name, 6))
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_a_pack_of_moe_runs_equals_each_run_alone():
   """The MoE default (routing recorded by the sampler, the old pass, grouped experts), packed
   over clip_high, step by step against the single runs."""
@@ -372,7 +372,7 @@ def test_a_verifier_failing_every_call_stops_a_pack_keeping_its_checkpoints(
   assert [v for _, v in errors] == [16, 16]
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_a_packed_prompt_file_sweep_equals_its_runs_alone(file_configs, tmp_path):
   """A clip x temperature x seed pack on a prompt file, trained by `train_pack` (the host
   evaluation included), against `train_and_evaluate` of each run: every logged scalar, the
@@ -398,7 +398,7 @@ def _adapter_configs(grid=GRID, **common):
   return _configs(grid, **adapters)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_a_pack_of_runs_with_adapters_shares_one_base_and_equals_each_run_alone():
   """Adapters on a Hugging Face base, packed over clip, temperature, learning rate and seed,
   with a KL term (its reference is the shared base): the pack's state holds the base once (no
@@ -605,7 +605,7 @@ def test_a_pack_profiles_the_steps_after_the_compiling_one(tmp_path):
   assert got["processes"] == ["/host:CPU"] and got["busy_ms"] > 0 and got["top"]
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_one_diverging_run_stops_alone_and_the_pack_goes_on(tmp_path):
   """A grid over the learning rate where one value diverges (every update non-finite): that
   run stops alone, named, recorded in its folder and kept as it stopped; the other trains to

@@ -54,7 +54,7 @@ def test_rl_starts_from_imported_checkpoint_and_exports(tmp_path):
   )  # the warm start and RL changed the weights
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_adapters_train_on_an_imported_checkpoint_that_stays_as_it_was(tmp_path):
   """`model.lora_rank` on a Hugging Face base: the run starts from the checkpoint's weights
   with fresh adapters (the adapted model is the checkpoint's at step 0), trains the adapters

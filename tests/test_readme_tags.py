@@ -194,7 +194,7 @@ def _split(tags, prefixes):
   return [t for t in tags if t.startswith(prefixes) and t not in OBJECTIVE_MEANS]
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_a_multi_turn_run_logs_its_readme_tool_tags(tmp_path):
   """Every README `tool/` scalar is in a multi-turn run's event files (the countdown tool on
   the countdown task) with finite values at each logged step; a single-turn run logs none."""
@@ -208,7 +208,7 @@ def test_a_multi_turn_run_logs_its_readme_tool_tags(tmp_path):
   assert all([s for s, _ in scalars[t]] == [1, 2] for t in tags)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_the_moe_run_logs_its_readme_tags(moe_run):
   """Every README scalar of the common rows and of kl/, filter/, moe/ and reward/ (the built-in
   terms plus `overlong`) is in the MoE run's event files with finite values, as are RSPO's
@@ -244,7 +244,7 @@ def test_the_moe_run_logs_its_readme_tags(moe_run):
       assert all(h[:, 2].sum() == config.model.moe_num_experts for _, h in hists[tag]), tag
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_the_critic_file_run_logs_its_readme_tags(critic_file_run):
   """Every README scalar of the common rows, value/ and verifier/ (per-term errors/<name> and
   timeouts/<name> for each host reward term, which add up to the totals), and reward/<term> for
@@ -266,7 +266,7 @@ def test_the_critic_file_run_logs_its_readme_tags(critic_file_run):
   assert set(dense) <= hists and not any(h.startswith("moe_load") for h in hists)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_cispo_sapo_and_dual_clip_log_their_objective_means(objective_step_metrics):
   """One fused step of CISPO logs `policy/is_weight_mean`, SAPO `policy/gate_weight_mean` and
   PPO-clip with a dual clip `policy/is_dual_clipped_mean`, finite, each without the other

@@ -46,16 +46,16 @@ def test_rspo_needs_a_moe_model():
     build(tiny_config("rspo", **{"model.moe_num_experts": 0}))
 
 
-# Recipes that run 3 fused steps end to end: two in the default tier, three in the slow tier
+# Recipes that run 3 fused steps end to end: two in the default tier, three in the extended tier
 # (the critic, the behaviour-truncation path, the MoE router shift). Every recipe's step is also
 # traced (below): its objective, correction, filter and KL wire up and name their metrics; the
 # unit tests (tests/objectives, test_rl_loss) check their numbers.
-RUN_RECIPES = {"dapo": (), "moe_default": (), "ppo": "slow", "olmo3": "slow", "moe_rspo": "slow"}
+RUN_RECIPES = {"dapo": False, "moe_default": False, "ppo": True, "olmo3": True, "moe_rspo": True}
 
 
 @pytest.mark.parametrize(
   "name",
-  [pytest.param(n, marks=pytest.mark.slow) if slow else n for n, slow in RUN_RECIPES.items()],
+  [pytest.param(n, marks=pytest.mark.extended) if ext else n for n, ext in RUN_RECIPES.items()],
 )
 def test_recipe_runs_three_steps(name, tmp_path):
   config = tiny_config(

@@ -16,7 +16,7 @@ CASES = {
 }
 
 
-@pytest.mark.slow  # ~35 s each; the old-pass decision itself is tested below
+@pytest.mark.extended  # ~35 s each; the old-pass decision itself is tested below
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_skipping_the_old_pass_gives_the_same_update(case):
   base, extra = CASES[case]

@@ -38,7 +38,7 @@ def toy():
   del objectives.OBJECTIVES["toy_scaled_pg"]
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_a_registered_toy_objective_runs_one_fused_step(toy):
   c = tiny_config(**{"objective.name": toy})
   check(parse(c), num_devices=8)
@@ -60,7 +60,7 @@ def _grad_norm(config) -> float:
   return float(m["optim/grad_norm"])
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_a_toy_objectives_hyperparameter_comes_from_the_config_and_is_checked(toy):
   # The warm-up's first learning rate is 0, so both minibatches see the initial parameters and
   # the gradient is exactly proportional to the objective's scale.

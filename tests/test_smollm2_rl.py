@@ -1,9 +1,10 @@
 """RL moves a real pretrained model: SmolLM2-135M-Instruct under `configs/smollm2_arith.py`.
 
-One run (slow tier, a few minutes on 2 cores) of the README's command line, on a fixed set of
-four easy arithmetic problems: the training reward its updates log rises. The run is then
-exported to Hugging Face (`tools/hf_convert.py export`, the adapters merged) and transformers'
-greedy generation from the export equals the trained policy's in the project's sampler.
+One run (slow tier, about 17 minutes on 2 cores) of the README's command line, on a fixed set
+of four easy arithmetic problems: the training reward its updates log rises. In the extended
+tier the run is then exported to Hugging Face (`tools/hf_convert.py export`, the adapters
+merged) and transformers' greedy generation from the export equals the trained policy's in the
+project's sampler (the default tier's `tests/test_lora.py` checks a tiny run's merged export).
 """
 
 import json
@@ -23,7 +24,6 @@ from jaxrl_llm.data.tokenizers import HFTokenizer
 from jaxrl_llm.models.transformer import Transformer
 from jaxrl_llm.sampling import SamplingConfig, sample
 
-pytestmark = pytest.mark.slow
 STEPS = 12
 GREEDY_TOKENS = 32
 NEAR_TIE = 1e-4  # merged and unmerged adapters may round differently only at a near tie
@@ -64,6 +64,7 @@ def run(smollm2, tmp_path_factory):
   return workdir, problems
 
 
+@pytest.mark.slow
 def test_rl_raises_the_training_reward_of_a_real_model(run):
   workdir, _ = run
   scalars = metrics.read_scalars(str(workdir))
@@ -76,6 +77,7 @@ def test_rl_raises_the_training_reward_of_a_real_model(run):
   assert last > first + 0.1, (first, last)
 
 
+@pytest.mark.extended  # about 7 minutes beside the run (the RL run itself: about 17 on 2 cores)
 def test_the_export_generates_the_trained_policys_greedy_tokens(run, tmp_path):
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")

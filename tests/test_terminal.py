@@ -361,7 +361,7 @@ def test_the_summary_rates_count_what_the_updates_after_the_first_generated(term
   assert float(tokens_s) / float(steps_s) == pytest.approx(mean, rel=0.015), (trained, tokens)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_an_invocation_that_stop_after_steps_ends_says_so_and_its_resume_rates_leave_compiling_out(
   tmp_path,
 ):

@@ -301,7 +301,7 @@ def test_a_run_past_its_final_step_counts_as_complete(tmp_path):
   assert not sweep.is_complete(dataclasses.replace(run, final_step=41))
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_ctrl_c_in_a_terminal_lets_each_run_stop_on_its_own(tmp_path):
   """A terminal's Ctrl-C reaches the sweep and its running trainer, mid-save: the sweep waits
   for the trainer to stop on its own (its one line, exit 130) instead of sending it SIGTERM in
@@ -324,7 +324,7 @@ def test_ctrl_c_in_a_terminal_lets_each_run_stop_on_its_own(tmp_path):
   assert 1 <= max(sweep.committed_steps(str(first))) < 200
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_an_interrupted_sweep_resumes_its_unfinished_run_at_its_newest_checkpoint(tmp_path, capsys):
   """SIGTERM to a sweep while its first run trains: the sweep stops that run (the trainer saves
   the step it has just finished, exit 143), marks it interrupted and exits 143. The same command
@@ -429,7 +429,7 @@ def test_same_behaviour_compares_every_step_but_wall_clock_tags(capsys):
   assert not same_behaviour.excluded("perf/generated_tokens")
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_a_packed_sweep_trains_every_grid_point_in_one_program(tmp_path):
   root = tmp_path / "packed"
   args = [CONFIG, f"--root={root}", GRID, "--seeds=0,1", *TINY, "--packed"]
@@ -455,7 +455,7 @@ def test_a_packed_sweep_trains_every_grid_point_in_one_program(tmp_path):
   _check_the_seed_table_reads_the_pack(root, names)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_a_pack_resumes_from_its_grid_in_another_order_and_refuses_other_runs(tmp_path):
   """A pack's runs are fixed when it starts: the same grid values in another order resume it
   (they were refused as another pack, every run marked failed, exit 1), and a grid with a run
@@ -498,7 +498,7 @@ def test_a_pack_resumes_from_its_grid_in_another_order_and_refuses_other_runs(tm
   assert sorted(p.name for p in root.iterdir()) == before
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 # SIGTERM only: a pack and a run stop in one loop (run/loop.py), whose Ctrl-C test_faults.py sends.
 @pytest.mark.parametrize("signum", [signal.SIGTERM], ids=["SIGTERM"])
 def test_a_packed_sweep_stopped_by_a_signal_says_so_in_one_line_and_resumes(tmp_path, signum):
