@@ -128,6 +128,7 @@ def test_the_default_reward_weights_reward_the_correct_term_on_prompt_files(
   assert 0 < np.mean(want) < 1  # the check had something to check
 
 
+@pytest.mark.extended  # CI's time (2026-12-06)
 def test_a_verifier_at_weight_zero_is_logged_and_adds_nothing_to_the_reward(
   file_config, monkeypatch
 ):
@@ -226,6 +227,7 @@ def test_a_verifier_failing_every_call_stops_the_run_keeping_its_checkpoints(
   assert [v for _, v in scalars["verifier/errors/math_correct"]] == [0, 0, 0]
 
 
+@pytest.mark.extended  # CI's time (2026-12-06)
 def test_a_verifier_failing_every_call_trains_on_when_the_limit_is_off(
   file_config, tmp_path, monkeypatch
 ):

@@ -175,7 +175,9 @@ def test_a_mesh_of_fewer_devices_than_present_uses_the_first_and_says_so(caplog)
     np.testing.assert_allclose(two[0][key], every[0][key], rtol=2e-5, atol=1e-6, err_msg=key)
 
 
-@pytest.mark.parametrize("mesh", ["fsdp8", "fsdp4_model2"])
+@pytest.mark.parametrize(
+  "mesh", ["fsdp8", pytest.param("fsdp4_model2", marks=pytest.mark.extended)]
+)
 def test_a_warm_start_hands_the_rl_step_parameters_sharded_as_the_state(mesh, tmp_path):
   """The warm start's update was jitted without output shardings, so XLA laid its parameters
   out as it chose (a norm scale split over fsdp, a k kernel's heads unsplit): the RL step then

@@ -119,6 +119,7 @@ def test_targets_are_held_and_recorded_as_one_spelling_and_a_repeat_is_one_error
     assert "name each of q, k, v, o, gate, up, down at most once" in line, line
 
 
+@pytest.mark.extended  # CI's time (2026-12-06)
 def test_a_resume_takes_the_same_targets_in_another_order_or_spelling(tmp_path):
   """A run with adapters on q,k,v,o,gate,up,down resumed with the same projections in another
   order, or by Hugging Face's names (which the docs call interchangeable), was refused: "holds

@@ -200,6 +200,7 @@ def test_the_dry_run_says_skip_for_every_run_the_sweep_skips(tmp_path, capsys, s
   assert sweep.is_complete(sweep.plan(config, str(tmp_path), [], fixed, "0")[0])  # as it skips
 
 
+@pytest.mark.extended  # CI's time (2026-12-06)
 def test_a_sweep_run_again_with_another_grid_keeps_the_earlier_runs_in_its_record(tmp_path):
   """Seeds 0 then seed 1 in one root: sweep.json was rewritten with seed=1 alone, so the record
   lost seed=0 while its workdir stayed; now it keeps it, as it was, under `earlier_runs`."""
@@ -216,6 +217,7 @@ def test_a_sweep_run_again_with_another_grid_keeps_the_earlier_runs_in_its_recor
   assert record["runs"][0]["status"] == "skipped"
 
 
+@pytest.mark.extended  # CI's time (2026-12-06)
 def test_a_packed_sweep_run_again_with_another_set_is_refused_as_separate_runs_are(tmp_path):
   """A pack run again with a changed --set (a field every run shares): its dry run planned it,
   and only the built pack refused it, in the trainer's words, as a pack wrote no run.json. Now

@@ -105,6 +105,7 @@ def test_a_run_exports_to_raw_files_read_back_from_its_events(tiny_run, tmp_path
   assert (out / "scalars.json").stat().st_mtime_ns == before
 
 
+@pytest.mark.extended  # CI's time (2026-12-06)
 def test_text_samples_above_eight_are_all_shown(tmp_path):
   """train.text_samples=10 of 12 prompts: the `samples` table (and export_runs.py's rows) holds
   the first completion of each of the first 10 prompts; it was silently capped at 8 rows."""
