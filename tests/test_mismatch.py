@@ -68,17 +68,14 @@ REJECTING = {
 }
 
 
+@pytest.mark.extended  # CI checks the loss level (tests/objectives/test_loss.py)
 @pytest.mark.parametrize(
   ("aggregation", "extra"),
-  [  # all in the extended tier (the loss level: tests/objectives)
-    pytest.param("seq_mean_token_mean", {}, marks=pytest.mark.extended),
-    pytest.param("seq_mean_token_sum_norm", {}, marks=pytest.mark.extended),
-    pytest.param(  # verl's
-      "seq_mean_token_sum_norm",
-      {"aggregation.sum_norm_sequences": False},
-      marks=pytest.mark.extended,
-    ),
-    pytest.param("seq_mean_token_mean", REJECTING, marks=pytest.mark.extended),
+  [
+    ("seq_mean_token_mean", {}),
+    ("seq_mean_token_sum_norm", {}),
+    ("seq_mean_token_sum_norm", {"aggregation.sum_norm_sequences": False}),  # verl's
+    ("seq_mean_token_mean", REJECTING),
   ],
   ids=["seq_mean_token_mean", "sum_norm", "sum_norm_verl", "seq_rej"],
 )

@@ -168,7 +168,7 @@ def test_decode_copies_finds_no_cache_copy_in_the_scanned_bf16_sampler_alone_or_
   assert got["same_tokens"] is True
 
 
-@pytest.mark.extended  # the GPU session's results depend on it (about 50 s: the imports)
+@pytest.mark.extended  # run it (-m extended) before a GPU session: its results depend on it
 def test_gpu_card_writes_each_steps_output_into_out_as_it_runs(tmp_path):
   """tools/gpu_card.sh on this machine with one step (the import check), twice: its stdout and
   stderr go into $OUT/NAME.json and NAME.log as it runs and then into $OUT/card.tgz, its status

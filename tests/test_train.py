@@ -205,7 +205,7 @@ def _steps(mesh_data: int, n: int = 2):
   return states[-1].params, metrics
 
 
-@pytest.mark.slow  # the default tier keeps fsdp4 x model2 == one device (tests/test_fsdp.py)
+@pytest.mark.slow  # CI's mesh equality (FSDP 4x2 == one device: extended tier, tests/test_fsdp.py)
 def test_eight_device_mesh_matches_single_device():
   assert jax.device_count() == 8
   p1, m1 = _steps(1)
