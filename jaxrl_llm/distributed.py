@@ -230,10 +230,9 @@ def _same_program(a, b) -> bool:
   return True
 
 
-def _signature(args: tuple, kwargs: dict):
-  """What decides a jitted program's compilation: the arguments' structure, shapes, dtypes
-  and shardings."""
-  leaves, tree = jax.tree.flatten((args, kwargs))
+def _signature(leaves: list, tree):
+  """What decides a jitted program's compilation: the arguments' structure (`tree`), and their
+  `leaves`' shapes, dtypes and shardings."""
   return tree, tuple(
     (np.shape(x), getattr(x, "dtype", type(x)), getattr(x, "sharding", None)) for x in leaves
   )
@@ -257,9 +256,10 @@ class Program:
     """Runs the program; its first run of a signature compiles (then, in a job, waits at a
     barrier). Traced inside another transformation (`jax.eval_shape`, an outer `jit`), it is
     only traced: nothing is compiled."""
-    if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs))):
+    leaves, tree = jax.tree.flatten((args, kwargs))
+    if any(isinstance(x, jax.core.Tracer) for x in leaves):
       return self.jitted(*args, **kwargs)  # traced inside another program: nothing to compile
-    key = _signature(args, kwargs)
+    key = _signature(leaves, tree)
     if not any(_same_program(key, seen) for seen in self.ready):
       start = time.monotonic()
       with sigterm.compiling(self.what):

@@ -7,13 +7,10 @@ import signal
 import subprocess
 import tempfile
 
-# LLVM's -O1 instead of -O2 for every program the tests compile, here and in the command lines
-# they launch: at these tiny shapes compiling is most of a test's time, and -O1 about halves it
-# while the compiled programs run about as fast (README: Tests). One level for both tiers: the
-# persistent cache's key holds the XLA flags, so the slow tier loads what the default compiled.
+# The tests' processes see 8 fake CPU devices (the command lines they launch see one:
+# `cli_env`). LLVM's optimisation level is added per tier in `pytest_configure`.
 os.environ["XLA_FLAGS"] = (
-  os.environ.get("XLA_FLAGS", "")
-  + " --xla_backend_optimization_level=1 --xla_force_host_platform_device_count=8"
+  os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One persistent compilation cache for the whole test run: the xdist workers, both tiers and the
@@ -32,6 +29,28 @@ from parsed import build
 from jaxrl_llm.run import to_global_batch
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+
+OPT_LEVEL_FLAG = "--xla_backend_optimization_level"
+
+
+def opt_level(markexpr: str) -> int:
+  """LLVM's optimisation level for a pytest run selecting `markexpr` (`-m`): 0 for the default
+  tier, whose tests are short and spend most of their time compiling (it compiles faster), 1
+  for any selection that may hold the slow or extended tiers' long runs (the learning tests run
+  up to 2.5 times faster at -O1; -O2, XLA's default, only compiles slower at these shapes).
+  docs/tests.md has the measurements."""
+  return 0 if "not slow" in markexpr and "not extended" in markexpr else 1
+
+
+def pytest_configure(config):
+  """Adds the tier's `OPT_LEVEL_FLAG` to XLA_FLAGS (unless it is set already), before any
+  backend starts: the tests' processes (xdist's workers run this too) and the command lines
+  they launch read it. The persistent cache's key holds it, so each tier keeps its own
+  programs."""
+  flags = os.environ["XLA_FLAGS"]
+  if OPT_LEVEL_FLAG not in flags:
+    level = opt_level(config.getoption("markexpr") or "")
+    os.environ["XLA_FLAGS"] = f"{flags} {OPT_LEVEL_FLAG}={level}"
 
 
 def cli_env(*drop: str) -> dict[str, str]:
