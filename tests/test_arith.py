@@ -231,6 +231,7 @@ def test_a_file_task_reads_the_written_splits_and_scores_answer_lines(tmp_path):
   assert stats["verifier/errors"] == 0 and stats["verifier/timeouts"] == 0
 
 
+@pytest.mark.slow
 def test_get_smollm2_writes_the_splits_again_after_a_write_cut_short(tmp_path):
   """tools/get_smollm2.py's data step: what an interrupted write leaves (train.jsonl and a
   truncated eval.jsonl, no trivial.json; or no train.jsonl) is written again in full, equal to

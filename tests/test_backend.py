@@ -169,6 +169,7 @@ _DRY_RUNS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", list(_DRY_RUNS))
 def test_a_dry_run_keeps_a_failing_plugins_chatter_off_the_terminal(tmp_path, which):
   """`--dry_run` (the trainer's, and a packed sweep's) starts the backends as a run does: a
@@ -190,6 +191,7 @@ def test_a_dry_run_keeps_a_failing_plugins_chatter_off_the_terminal(tmp_path, wh
   assert "plugin start-up chatter" not in proc.stderr, proc.stderr
 
 
+@pytest.mark.slow
 def test_device_check_keeps_a_failing_plugins_chatter_off_the_terminal(tmp_path):
   """tools/device_check.py (as bench.py and decode_copies.py) starts the backends as the
   trainer does: a failing plugin's native stderr stays off the terminal, where libtpu's six

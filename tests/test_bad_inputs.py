@@ -25,6 +25,7 @@ def _main(*args):
   return proc.returncode, proc.stderr.strip().splitlines()
 
 
+@pytest.mark.slow
 def test_a_seed_outside_its_range_is_one_line_before_the_workdir_is_made(tmp_path):
   """A seed must be in [0, 2**32): refused at config parse (it was a numpy traceback after
   the workdir's checkpoints/ and log.txt were made, and a dry run said it fits). The command
@@ -91,6 +92,7 @@ def test_a_sweep_over_a_bad_seed_is_refused_before_any_run(tmp_path, capsys):
   assert not root.exists()
 
 
+@pytest.mark.slow
 def test_a_host_tool_that_cannot_be_imported_is_one_config_line(tmp_path):
   """sampling.tool=host:M:F naming no importable callable is refused at config parse in one
   line, exit 2, no workdir made (it was a 30-line traceback from building the sampler)."""
@@ -312,6 +314,7 @@ def test_a_sweep_root_that_cannot_be_made_is_one_line(tmp_path, capsys):
   assert not (tmp_path / "a").exists()
 
 
+@pytest.mark.slow
 def test_resuming_after_a_prompt_file_changed_is_refused_naming_the_file(tmp_path):
   """A prompt file replaced at the same path (other records) is a changed data setting: the
   resume is refused in one line naming the file, nothing written; train.resume_changed resumes.
@@ -711,6 +714,7 @@ def test_a_config_file_that_is_not_a_config_is_one_line(tmp_path, name, body, sa
   assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.slow
 def test_a_relative_workdir_trains_and_saves(tmp_path):
   """A relative --workdir trained, then failed at its first save with a 100-line traceback
   (orbax saves to absolute paths only); a relaunch redid the warm start and failed again."""

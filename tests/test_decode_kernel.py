@@ -92,6 +92,7 @@ def _sampler(impl, cfg, prompt_len=16, scan_layers=False):
   return jax.jit(lambda p, k: sample(model, p, tokens, mask, k, cfg)), params
 
 
+@pytest.mark.slow
 def test_the_scanned_layers_decode_by_the_kernel_asked_for():
   """model.attention reaches the scanned layers (scan_layers=True) as it reaches the unrolled
   ones: `pallas` puts the kernel in the decode loop, `einsum` does not, and the two samplers

@@ -97,7 +97,9 @@ print("compiled; SIGTERM seen:", sigterm.seen(), flush=True)
 """
 
 
-@pytest.mark.parametrize("case", ["SIGTERM", "SIGINT", "unsaved"])
+@pytest.mark.parametrize(
+  "case", ["SIGTERM", "SIGINT", pytest.param("unsaved", marks=pytest.mark.slow)]
+)
 def test_a_signal_during_a_compilation_stops_at_once_unless_progress_is_unsaved(tmp_path, case):
   # XLA compiles in one C++ call in which Python runs no signal handler: the watcher thread of
   # `sigterm.compiling` ends the process with the stop's line (and 128 + the signal) while the

@@ -1213,6 +1213,7 @@ def test_a_workdir_of_another_recipe_is_not_resumed_without_saying_so(tmp_path, 
     assert ckpt.all_steps()[-1] == 8
 
 
+@pytest.mark.slow
 def test_a_run_record_of_the_wrong_shape_is_one_line_and_the_checkpoints_stay(tmp_path):
   """config.json (or config.resume-N.json) valid JSON but not a record, `[]` or
   `{"config": 5}`: an AttributeError / TypeError traceback; now one line like invalid JSON's."""

@@ -155,6 +155,7 @@ def test_a_verifier_at_weight_zero_is_logged_and_adds_nothing_to_the_reward(
   np.testing.assert_allclose(m["hist/reward"], correct)
 
 
+@pytest.mark.slow
 def test_verifier_failures_are_counted_not_fatal(file_config):
   config, _ = file_config
   exp = build(config)

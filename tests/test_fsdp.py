@@ -176,7 +176,11 @@ def test_a_mesh_of_fewer_devices_than_present_uses_the_first_and_says_so(caplog)
 
 
 @pytest.mark.parametrize(
-  "mesh", ["fsdp8", pytest.param("fsdp4_model2", marks=pytest.mark.extended)]
+  "mesh",
+  [
+    pytest.param("fsdp8", marks=pytest.mark.slow),
+    pytest.param("fsdp4_model2", marks=pytest.mark.extended),
+  ],
 )
 def test_a_warm_start_hands_the_rl_step_parameters_sharded_as_the_state(mesh, tmp_path):
   """The warm start's update was jitted without output shardings, so XLA laid its parameters

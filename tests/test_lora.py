@@ -266,7 +266,12 @@ def test_the_adapters_gradient_is_the_merged_full_models_gradient(kw):
 
 @pytest.mark.parametrize(
   "kw",
-  [dict(), dict(scan_layers=True), dict(attention_bias=True, tie_embeddings=False), MOE],
+  [
+    dict(),
+    pytest.param(dict(scan_layers=True), marks=pytest.mark.slow),
+    dict(attention_bias=True, tie_embeddings=False),
+    MOE,
+  ],
   ids=["dense", "scanned", "qwen2", "moe_shared"],
 )
 def test_an_int8_base_is_the_model_on_its_dequantised_weights(kw):
@@ -444,6 +449,7 @@ def test_a_run_with_adapters_resumes_exactly(tmp_path):
   _assert_resumes_exactly(overrides, tmp_path)
 
 
+@pytest.mark.slow
 def test_export_of_a_run_with_adapters_is_the_merged_model(tmp_path):
   """`tools/hf_convert.py export` of a checkpoint holding adapters writes a plain Hugging Face
   checkpoint whose model gives the adapted model's logits (its weights W + (alpha / r) A B)."""

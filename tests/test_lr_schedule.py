@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from conftest import run_steps, tiny_config
 
 from jaxrl_llm import optim
@@ -79,6 +80,7 @@ def _rate(config, states, metrics):
   return schedule, [float(m["optim/learning_rate"]) for m in metrics]
 
 
+@pytest.mark.slow
 def test_a_run_resetting_the_optimiser_every_step_goes_on_warming_up():
   """kl.reset_every=1 with kl.reset_optimizer, one update a step: after each step Adam's moments
   are zero and the schedule's count is the updates applied, so step 2's update moves weights
@@ -110,6 +112,7 @@ def test_a_run_resetting_the_optimiser_every_step_goes_on_warming_up():
   np.testing.assert_allclose(logged, [schedule(0), schedule(1)], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_run_whose_updates_are_skipped_logs_the_rate_at_the_schedules_count():
   """lr 1e38 without clipping: every update is skipped, so the schedule never advances and
   each step logs schedule(0) (the rate the first applied update will use), where the update

@@ -30,6 +30,7 @@ def test_abstract_state_matches_the_real_one_and_allocates_nothing():
   assert shape(abstract.state) == shape(real_state)
 
 
+@pytest.mark.slow
 def test_the_fused_step_compiles_from_abstract_state_and_reports_memory():
   p = parsed.plan(tiny_config())
   assert p.temp_bytes > 0 and p.argument_bytes > 0
@@ -39,6 +40,7 @@ def test_the_fused_step_compiles_from_abstract_state_and_reports_memory():
   assert "fits in" in p.summary() and "1 x cpu (one device)" in p.summary()
 
 
+@pytest.mark.slow
 def test_a_host_verifier_task_plans_its_sample_and_learn_programs(tmp_path):
   """Prompt files score on the host between two programs: the plan (`--dry_run`,
   `rl.microbatch_tokens=auto`) compiles both, the learner's inputs the sampler's outputs with
@@ -59,6 +61,7 @@ def test_a_host_verifier_task_plans_its_sample_and_learn_programs(tmp_path):
   assert two.argument_bytes > one.argument_bytes and "of a pack of 2 runs" in two.summary()
 
 
+@pytest.mark.slow
 def test_fsdp_plan_holds_an_eighth_of_the_state_per_device():
   one = parsed.plan(tiny_config(**{"rl.num_prompts": 8}), jax.devices()[:1])
   eight = parsed.plan(tiny_config(**{"rl.num_prompts": 8, "mesh.data": 1, "mesh.fsdp": 8}))
@@ -111,6 +114,7 @@ def test_a_gpu_target_without_a_gpu_is_a_skipped_row_naming_what_is_missing():
   assert row["skipped"] == "gpu:1 needs 1 GPUs; this process has 0"
 
 
+@pytest.mark.slow
 def test_memory_table_plans_each_form_of_the_guard_and_restores_the_platforms_own():
   """`--guard=held,twice`: a row per form, each naming it; the guard's choice by platform is as
   it was afterwards (a form is set only while its row compiles)."""

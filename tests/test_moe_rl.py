@@ -109,7 +109,7 @@ def test_decode_stages_record_the_same_routing():
     np.testing.assert_allclose(runs[c].logprobs, runs[0].logprobs, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("top_k", [1, 2])
+@pytest.mark.parametrize("top_k", [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_r3_replay_reproduces_sampler_logprobs_after_router_change(top_k):
   model, params, prompt, mask = _moe_model(top_k=top_k)
   r = _rollout(model, params, prompt, mask)
@@ -281,7 +281,7 @@ def test_hopper_kernel_gives_the_ragged_step_in_the_gpu_interpreter():
   _assert_same_runs((s1, m1), (s2, m2), keys, rtol=2e-2)
 
 
-@pytest.mark.parametrize("replay", ["none", "r3"])
+@pytest.mark.parametrize("replay", [pytest.param("none", marks=pytest.mark.slow), "r3"])
 def test_old_pass_in_slices_equals_one_pass(replay):
   """The old pass scored in slices (the learner's microbatches) gives the one-pass scores,
   routing, load and z-loss; the strided split/merge round-trips rows and prompt blocks."""

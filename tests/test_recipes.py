@@ -50,13 +50,16 @@ def test_rspo_needs_a_moe_model():
 # (the critic, the behaviour-truncation path, the MoE router shift). Every recipe's step is also
 # traced (below): its objective, correction, filter and KL wire up and name their metrics; the
 # unit tests (tests/objectives, test_rl_loss) check their numbers.
-RUN_RECIPES = {"dapo": False, "moe_default": False, "ppo": True, "olmo3": True, "moe_rspo": True}
+RUN_RECIPES = {
+  "dapo": (),
+  "moe_default": (),
+  "ppo": pytest.mark.extended,
+  "olmo3": pytest.mark.extended,
+  "moe_rspo": pytest.mark.extended,
+}
 
 
-@pytest.mark.parametrize(
-  "name",
-  [pytest.param(n, marks=pytest.mark.extended) if ext else n for n, ext in RUN_RECIPES.items()],
-)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=m) for n, m in RUN_RECIPES.items()])
 def test_recipe_runs_three_steps(name, tmp_path):
   config = tiny_config(
     name,
@@ -76,6 +79,7 @@ def test_recipe_runs_three_steps(name, tmp_path):
   assert np.isfinite(result["eval/accuracy"])
 
 
+@pytest.mark.slow
 def test_a_step_that_trained_no_token_logs_no_behaviour_mean(tmp_path):
   """DAPO without the overlong term: every reward of the untrained policy is 0, dynamic sampling
   filters every group (`filter/fill_frac` 0) and the step trains no token. Its behaviour/* means

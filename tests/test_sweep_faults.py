@@ -108,6 +108,7 @@ def test_an_unknown_task_name_is_refused_before_any_run(tmp_path, capsys):
   assert not (tmp_path / "s").exists()
 
 
+@pytest.mark.slow
 def test_flags_the_chosen_kind_of_sweep_ignores_are_refused(tmp_path, capsys):
   """--parallel=4 or --progress_s with --packed (one program: nothing to run at once, no run's
   log to show), --join_timeout_s without --distributed (no job to join): planned, exit 0; with
@@ -235,6 +236,7 @@ def test_a_packed_sweep_run_again_with_another_set_is_refused_as_separate_runs_a
   assert sorted(str(p) for p in tmp_path.rglob("*")) == before
 
 
+@pytest.mark.slow
 def test_a_sweep_json_that_is_not_a_record_is_refused_not_overwritten(tmp_path, capsys):
   """A sweep.json that is not JSON (or not a sweep's record) was overwritten without a word
   once the first run started; now it is one line before any run, dry run too, and kept."""
@@ -253,6 +255,7 @@ def test_a_sweep_json_that_is_not_a_record_is_refused_not_overwritten(tmp_path, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.json"]
 
 
+@pytest.mark.slow
 def test_a_refused_pack_leaves_no_run_records_to_refuse_the_corrected_command(tmp_path):
   """A pack refused before it trained (sampling.tool varied: it changes the program) left a
   run.json in each run's new folder, so the corrected command, as separate runs with another

@@ -116,6 +116,7 @@ def test_text_samples_above_eight_are_all_shown(tmp_path):
   assert text.count("\n| `") == 10, text  # one row per prompt (export_runs.py's rows)
 
 
+@pytest.mark.slow
 def test_a_committed_export_tabulates_as_its_run_did(tiny_run, tmp_path):
   """experiments/seed_table.py over tools/export_runs.py's folder (no events, a scalars.json)
   prints the per-seed table the run's own events give, and a scalars.json that does not read is
