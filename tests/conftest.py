@@ -13,9 +13,10 @@ os.environ["XLA_FLAGS"] = (
   os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# One persistent compilation cache for the whole test run: the xdist workers, both tiers and the
-# command lines the tests launch (which inherit it) load a program another test compiled instead
-# of compiling it again. Set JAX_COMPILATION_CACHE_DIR= (empty) to compile everything afresh.
+# One persistent compilation cache for the whole test run: the xdist workers and the command
+# lines the tests launch (which inherit it) load a program another test of the same tier compiled
+# (the tiers' LLVM levels differ, and the key holds it) instead of compiling it again. Set
+# JAX_COMPILATION_CACHE_DIR= (empty) to compile everything afresh.
 os.environ.setdefault(
   "JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "jaxrl_llm_tests_xla_cache")
 )
