@@ -6,6 +6,9 @@ why in one line (which accelerator backend failed, or that none is installed); t
 calls it, so the banner stays the first line. The native start-up chatter
 of a backend that fails (libtpu's on a machine without a TPU) is caught and goes to the log at
 debug level instead of the terminal.
+
+JAX's persistent compilation cache (`use_compilation_cache`, `train.compilation_cache`) is set
+here too, before the first compilation.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import tempfile
 from collections.abc import Iterator
 
 from absl import logging
+
+from jaxrl_llm.config import ConfigError
 
 PLUGINS = "jax[cuda12] for an NVIDIA GPU, jax[tpu] for a TPU, jax[rocm] for an AMD GPU"
 
@@ -163,3 +168,55 @@ def log_fallback() -> str | None:
   line = f"running on the CPU: {_FALLBACK['reason']}"
   (logging.warning if _FALLBACK["failed"] else logging.info)(line)
   return line
+
+
+def compilation_cache_dir(setting: str, environ=os.environ) -> str | None:
+  """The persistent compilation cache's directory for `train.compilation_cache` (None: no
+  cache): "" none; "auto" the environment's JAX_COMPILATION_CACHE_DIR where it is set (empty:
+  none), else $XDG_CACHE_HOME/jaxrl_llm/xla (default ~/.cache/jaxrl_llm/xla); else the
+  directory it names (`~` expanded). A directory the setting names that is a file or cannot be
+  written is a ConfigError; "auto"'s in that case is none, with a warning (a read-only home
+  must not stop a run)."""
+  if setting != "auto":
+    path = os.path.expanduser(setting) or None
+  elif "JAX_COMPILATION_CACHE_DIR" in environ:
+    path = environ["JAX_COMPILATION_CACHE_DIR"] or None
+  else:
+    home = environ.get("HOME") or os.path.expanduser("~")
+    base = environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache")
+    path = os.path.join(base, "jaxrl_llm", "xla")
+  problem = path and "://" not in path and _unwritable(path)
+  if problem and setting != "auto":
+    raise ConfigError(
+      f"train.compilation_cache={setting!r}: {problem}; allowed: a directory this process can "
+      "write (made if missing), '' (no cache) or 'auto'"
+    )
+  if problem:
+    logging.warning("no compilation cache: %s (train.compilation_cache=auto)", problem)
+  return None if problem else path
+
+
+def use_compilation_cache(setting: str) -> str | None:
+  """Points JAX's persistent compilation cache at `compilation_cache_dir(setting)` before
+  anything compiles, so that a relaunch, a resume or another seed of the same program loads
+  what an earlier launch compiled instead of compiling it again; returns the directory."""
+  import jax
+
+  path = compilation_cache_dir(setting)
+  jax.config.update("jax_compilation_cache_dir", path)
+  return path
+
+
+def _unwritable(path: str) -> str | None:
+  """Why the directory `path` cannot hold the cache (a file is there, or the directory or its
+  nearest existing parent is not writable), or None."""
+  if os.path.exists(path) and not os.path.isdir(path):
+    return f"{path} is a file, not a directory"
+  existing = path
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing.rstrip(os.sep)) or os.curdir
+  if not os.path.isdir(existing):
+    return f"{existing} is a file, not a directory"
+  if not os.access(existing, os.W_OK | os.X_OK):
+    return f"{existing} is not writable"
+  return None

@@ -238,6 +238,18 @@ def _signature(leaves: list, tree):
   )
 
 
+_CACHE_HITS = [0]  # programs this process loaded from the persistent compilation cache
+
+
+def _count_cache_hit(event: str, **_) -> None:
+  """Counts JAX's persistent-cache hits (a `jax.monitoring` event listener)."""
+  if event == "/jax/compilation_cache/cache_hits":
+    _CACHE_HITS[0] += 1
+
+
+jax.monitoring.register_event_listener(_count_cache_hit)
+
+
 class Program:
   """A jitted program compiled ahead on its first run of each input signature
   (`lower(...).compile()`; the call then reuses it): under `sigterm.compiling(what)`, so a
@@ -247,10 +259,12 @@ class Program:
   The processes must enter a program's first cross-process collective within gloo's 30 s
   rendezvous, which a compile may exceed: a persistent compilation cache holds process 0's
   executables only (on CPU each process's key differs), so after a relaunch process 0 loads
-  the step while the others compile it. Every other attribute is the jitted function's."""
+  the step while the others compile it. `loaded`: whether its last compilation was loaded from
+  the persistent compilation cache. Every other attribute is the jitted function's."""
 
   def __init__(self, jitted, name: str, what: str):
     self.jitted, self.name, self.what, self.ready = jitted, name, what, []
+    self.loaded = False
 
   def __call__(self, *args, **kwargs):
     """Runs the program; its first run of a signature compiles (then, in a job, waits at a
@@ -261,9 +275,10 @@ class Program:
       return self.jitted(*args, **kwargs)  # traced inside another program: nothing to compile
     key = _signature(leaves, tree)
     if not any(_same_program(key, seen) for seen in self.ready):
-      start = time.monotonic()
+      start, hits = time.monotonic(), _CACHE_HITS[0]
       with sigterm.compiling(self.what):
         self.jitted.lower(*args, **kwargs).compile()
+      self.loaded = _CACHE_HITS[0] > hits
       if jax.process_count() > 1:
         compiled = time.monotonic()
         barrier(f"compiled/{self.name}/{len(self.ready)}")

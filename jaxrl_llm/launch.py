@@ -320,11 +320,12 @@ def train_or_leave(
   folder this launch made (`open_workdir`); an error that leaves it empty (a refused config)
   removes it. `debug`: an error's traceback instead of its line; `hparams`: `--hparams` (see
   `hparam_fields`)."""
-  from jaxrl_llm import distributed, run, sigterm
+  from jaxrl_llm import backend, distributed, run, sigterm
 
   try:
     cfg = parse_acting(config, overridden_fields(sys.argv))
     fields = hparam_fields(config, hparams, sys.argv)
+    backend.use_compilation_cache(cfg.train.compilation_cache)
     with sigterm.leaving(lambda signum, what: stop_while_compiling(signum, what, workdir)):
       result = run.train_and_evaluate(cfg, workdir, hparam_fields=fields)
   except run.Preempted as e:  # SIGTERM: the step was saved; a scheduler may relaunch

@@ -10,6 +10,7 @@ import pytest
 from conftest import REPO, cli_env
 
 from jaxrl_llm import backend
+from jaxrl_llm.config import ConfigError
 
 # A backend plugin that fails to start, as a GPU or TPU plugin does on a machine without the
 # device: it writes to the native stderr first, as libtpu does.
@@ -26,6 +27,7 @@ _CHOOSE = """
 from absl import logging
 logging.set_verbosity(logging.INFO)
 from jaxrl_llm import backend
+from jaxrl_llm.config import ConfigError
 try:
   print(backend.choose(debug={debug}))
   backend.log_fallback()
@@ -228,3 +230,40 @@ def test_several_cpu_devices_in_one_process_get_the_plain_scheduler(flags, num, 
   out = backend.cpu_device_flags(flags, num)
   plain = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
   assert out == (f"{flags} {plain}".strip() if added else flags)
+
+
+@pytest.mark.parametrize(
+  "setting, environ, want",
+  [
+    ("auto", {"HOME": "/h"}, "/h/.cache/jaxrl_llm/xla"),
+    ("auto", {"HOME": "/h", "XDG_CACHE_HOME": "/x"}, "/x/jaxrl_llm/xla"),
+    ("auto", {"HOME": "/h", "JAX_COMPILATION_CACHE_DIR": "/j"}, "/j"),
+    ("auto", {"HOME": "/h", "JAX_COMPILATION_CACHE_DIR": ""}, None),  # set empty: none
+    ("", {"HOME": "/h", "JAX_COMPILATION_CACHE_DIR": "/j"}, None),
+    ("/d", {"JAX_COMPILATION_CACHE_DIR": "/j"}, "/d"),
+    ("gs://bucket/xla", {}, "gs://bucket/xla"),
+  ],
+)
+def test_the_compilation_cache_setting_names_its_directory(setting, environ, want):
+  """`train.compilation_cache`: "auto" is the environment's JAX_COMPILATION_CACHE_DIR where it
+  is set (set empty: none), else under $XDG_CACHE_HOME or ~/.cache; "" none; else the
+  directory named (not made here: the first compiled program makes it)."""
+  assert backend.compilation_cache_dir(setting, environ) == want
+
+
+def test_a_compilation_cache_that_cannot_be_a_directory_is_one_line_or_none_for_auto(
+  tmp_path, caplog
+):
+  """A named directory that is a file, or lies under one, is a ConfigError naming the setting
+  and what is allowed; "auto"'s default directory under a file is none, with a warning: a
+  home the run cannot write to must not stop it."""
+  (tmp_path / "file").write_text("")
+  for setting in (str(tmp_path / "file"), str(tmp_path / "file" / "xla")):
+    with pytest.raises(ConfigError) as err:
+      backend.compilation_cache_dir(setting, {})
+    line = str(err.value)
+    assert line.startswith(f"train.compilation_cache={setting!r}: {tmp_path / 'file'} is a file")
+    assert "allowed: a directory this process can write" in line and "\n" not in line
+  with caplog.at_level("WARNING"):
+    assert backend.compilation_cache_dir("auto", {"XDG_CACHE_HOME": str(tmp_path / "file")}) is None
+  assert "no compilation cache: " in caplog.text and "is a file" in caplog.text

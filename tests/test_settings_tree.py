@@ -22,7 +22,7 @@ ADDED = {
   "mesh": {"runs": 1, "runs_at_once": 0},
   "task": {"numbers": 4, "wrong_traces": 0.0, "tool_traces": 0.0},  # countdown: 4 digits
   "sampling": {"kv_block": 128, "tool": "none", "max_turns": 3, "turn_tokens": 0},
-  "train": {"resume_changed": False, "max_failed_verifier_steps": 3},
+  "train": {"resume_changed": False, "max_failed_verifier_steps": 3, "compilation_cache": "auto"},
   "model": {
     "lora_rank": 0,
     "lora_alpha": 16.0,
@@ -222,9 +222,12 @@ def test_settings_that_only_end_an_invocation_are_declared_once_and_leave_record
   from jaxrl_llm.run.record import results_fields
 
   names = tagged(INVOCATION)
-  assert set(names) == {"train.stop_after_steps", "train.profile_steps", "train.resume_changed"}
+  assert set(names) == {
+    "train.stop_after_steps", "train.profile_steps", "train.resume_changed",
+    "train.compilation_cache",
+  }  # fmt: skip
   base = json.loads(default_config().to_json())
-  for name, value in zip(names, (7, 2, True), strict=True):
+  for name, value in zip(names, (7, 2, True, ""), strict=True):
     section, _, field = name.partition(".")
     changed = json.loads(json.dumps(base))
     changed[section][field] = value

@@ -44,6 +44,9 @@ BANNER = re.compile(
   r"\| mesh (.+) \| ([\d.]+)M parameters"
 )
 DURATION = re.compile(r"(\d+):(\d\d):(\d\d)")
+# The RL step's notice after its first update: compiled, or loaded from the persistent
+# compilation cache (the tests share one: another test may have compiled the same program).
+BUILT = r"RL step (?:compiled|loaded from the compilation cache); "
 # A line of a log file: absl's prefix (level letter, source file) and the message.
 LOGGED = re.compile(r"^([IWEF])\d{4} \d\d:\d\d:\d\d\.\d{6} +\d+ (\S+):\d+\] (.*)$")
 # Source files of this project: a logged line from any other file is a library's.
@@ -279,9 +282,10 @@ def test_on_a_terminal_the_lines_are_bare_in_the_readmes_order(terminal):
     BANNER.pattern, r"objective (\S+) \((.*)\) \| learner: (\d+) microbatch\(es\) per minibatch, "
     r"remat (\S+)", r"workdir \S+ \| watch it: tensorboard --logdir \S+",
     r"compiling the held-out evaluation ", r"eval step 0: accuracy ", r"compiling the RL step ",
-    r"RL step compiled; ", r"step 1/1000 ", r"step 2/1000 ", r"step 3/1000 ",
-    r"eval step 3: accuracy ", r"trained RL steps 0\.\.3 in (\S+) \(the RL loop, of which (\S+) compiling and the first "
-    r"step; (\S+) wall time",
+    BUILT, r"step 1/1000 ", r"step 2/1000 ", r"step 3/1000 ",
+    r"eval step 3: accuracy ",
+    r"trained RL steps 0\.\.3 in (\S+) \(the RL loop, of which (\S+) the first evaluation, "
+    r"compiling and the first step; (\S+) wall time",
     r"eval from step 0 to 3: ", r"checkpoints in \S+ \| events in \S+: ", r"last eval: eval/",
   ]  # fmt: skip
   found = [(i, re.match(p, x)) for x in lines for i, p in enumerate(order) if re.match(p, x)]
@@ -302,26 +306,26 @@ def test_on_a_terminal_the_lines_are_bare_in_the_readmes_order(terminal):
 @pytest.mark.extended
 def test_the_rl_step_compiling_and_its_first_update_are_announced_once(terminal):
   """`compiling the RL step` comes before the first update, then `RL step compiled; first update
-  done in <s>s` once, before the first progress line, counting from the first (not the
+  done in <s>s` (or `loaded from the compilation cache`) once, before the first progress line, counting from the first (not the
   evaluation before it); a finished workdir's relaunch compiles nothing and says neither."""
   workdir, lines, again = terminal
   compiling = [i for i, x in enumerate(lines) if x.startswith("compiling the RL step ")]
-  done = [(i, x) for i, x in enumerate(lines) if x.startswith("RL step compiled; ")]
+  done = [(i, x) for i, x in enumerate(lines) if re.match(BUILT, x)]
   first = next(i for i, x in enumerate(lines) if PROGRESS.match(x))
   assert len(compiling) == 1 and len(done) == 1 and compiling[0] < done[0][0] < first
-  took = re.fullmatch(r"RL step compiled; first update done in (\d+\.\d)s", done[0][1])
+  took = re.fullmatch(BUILT + r"first update done in (\d+\.\d)s", done[0][1])
   assert took, done
   loop = re.search(r"trained RL steps 0\.\.3 in (\S+) ", "\n".join(lines))
   assert float(took[1]) <= _seconds(loop[1]) + 0.5  # the loop's time is rounded to the second
   stamps = {}  # the two lines' times in the workdir's log.txt (absl's prefix: I1201 00:20:59.74)
   for line in (workdir / "log.txt").read_text().splitlines():
-    for key in ("compiling the RL step", "RL step compiled"):
-      if key in line and key not in stamps:
+    for key in ("compiling the RL step", BUILT):
+      if re.search(key, line) and key not in stamps:
         h, m, sec = line.split()[1].split(":")
         stamps[key] = 3600 * int(h) + 60 * int(m) + float(sec)
-  between = stamps["RL step compiled"] - stamps["compiling the RL step"]
+  between = stamps[BUILT] - stamps["compiling the RL step"]
   assert abs(float(took[1]) - between) < 0.3, (took[1], between)  # not the evaluation before
-  assert not [x for x in again if "compiling the RL step" in x or "RL step compiled" in x]
+  assert not [x for x in again if "compiling the RL step" in x or re.match(BUILT, x)]
 
 
 @pytest.mark.extended
@@ -359,6 +363,24 @@ def test_the_summary_rates_count_what_the_updates_after_the_first_generated(term
   assert sorted(tokens) == [1, 2, 3]
   mean = (tokens[2] + tokens[3]) / 2  # the first update's tokens are not in the rate
   assert float(tokens_s) / float(steps_s) == pytest.approx(mean, rel=0.015), (trained, tokens)
+
+
+def test_a_resume_loads_the_rl_step_its_first_invocation_compiled(tmp_path):
+  """`train.compilation_cache=DIR`: the first invocation (1 of 2 steps) compiles the fused step
+  and keeps it in DIR; the resume's invocation loads it from there and says so, and so does a
+  run of another seed in another workdir (the seed is in the state, not in the program)."""
+  workdir, cache = tmp_path / "run", tmp_path / "cache"
+  args = ("--config.train.num_steps=2", "--config.train.eval_every=2")
+  args += (f"--config.train.compilation_cache={cache}",)
+  first = _run(workdir, *args, "--config.train.stop_after_steps=1")
+  assert [x for x in first if x.startswith("RL step compiled; first update done in ")], first
+  assert [p.name for p in cache.iterdir() if p.name.startswith("jit_fused_step-")]
+  second = _run(workdir, *args)
+  loaded = [x for x in second if re.match(BUILT, x)]
+  assert loaded and loaded[0].startswith("RL step loaded from the compilation cache; "), second
+  assert "step 2/2 " in "\n".join(second)
+  other = _run(tmp_path / "seed1", *args, "--config.seed=1", "--config.train.stop_after_steps=1")
+  assert [x for x in other if x.startswith("RL step loaded from the compilation cache; ")], other
 
 
 @pytest.mark.extended
@@ -475,10 +497,13 @@ def test_a_packed_sweep_on_a_terminal_prints_plain_lines_and_logs_the_rest(packe
   messages = {message for *_, message in logged}
   assert [x for x in lines if x.startswith("[ch")]
   assert {x for x in lines if x.startswith("[ch")} <= messages
-  assert all(len(x) <= 80 for x in lines if x.startswith(("[ch", "step ", "eval step"))), lines
+  # The progress and evaluation lines, a run's under its trial id, fit 80 columns (the closing
+  # summary's lines are a run's own, as long as a run alone prints them).
+  own = [(x, x.split("] ", 1)[-1] if x.startswith("[ch") else x) for x in lines]
+  assert all(len(x) <= 80 for x, y in own if y.startswith(("step ", "eval step"))), lines
   # One compile notice per program (the RL step, the evaluation), not one per run.
-  for notice in ("compiling the RL step", "RL step compiled", "compiling the held-out evaluation"):
-    assert len([x for x in lines if x.startswith(notice)]) == 1, (notice, lines)
+  for notice in ("compiling the RL step", BUILT, "compiling the held-out evaluation"):
+    assert len([x for x in lines if re.match(notice, x)]) == 1, (notice, lines)
 
 
 @pytest.mark.extended

@@ -237,12 +237,15 @@ def test_cli_runs_and_writes_checkpoint(tmp_path):
     "--config.rl.num_prompts=4",
     "--config.train.log_every=1",
   ]
-  # One CPU device and no platform chosen, as a user runs it (conftest picks the CPU for tests).
-  env = cli_env("JAX_PLATFORMS")
+  # One CPU device and no platform chosen, as a user runs it (conftest picks the CPU for tests),
+  # with train.compilation_cache=auto's own directory (no JAX_COMPILATION_CACHE_DIR).
+  env = {**cli_env("JAX_PLATFORMS", "JAX_COMPILATION_CACHE_DIR"), "XDG_CACHE_HOME": str(tmp_path)}
   proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "step 2/2" in proc.stderr
   assert (tmp_path / "checkpoints" / "2").is_dir()
+  kept = {p.name.split("-")[0] for p in (tmp_path / "jaxrl_llm" / "xla").iterdir()}
+  assert "jit_fused_step" in kept, kept  # the RL step, for the next launch of this program
   lines = proc.stderr.splitlines()
   # The backend is JAX's pick: a fall-back to the CPU is one line, a failed plugin's native
   # start-up chatter (libtpu's where the tpu extra is installed) stays off the terminal.

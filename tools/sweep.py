@@ -824,12 +824,15 @@ def _train_packed(
   in a multi-process job the last two also tell the peers and stop this process at once. A
   pack refused before it trains (a ConfigError, or a known failure such as a checkpoint it
   cannot restore) first removes the records of `new` (`_forget`: folders that hold only one)."""
+  from jaxrl_llm import backend
   from jaxrl_llm.run import Preempted
   from jaxrl_llm.run.packed import train_pack
 
   names, swept = [r.name for r in runs], list(runs[0].params)
   try:
-    train_pack([parse(c) for c in configs], root, names=names, hparam_fields=swept)
+    parsed = [parse(c) for c in configs]
+    backend.use_compilation_cache(parsed[0].train.compilation_cache)  # as the trainer's
+    train_pack(parsed, root, names=names, hparam_fields=swept)
     steps = committed_steps(root)
     return ("done" if steps and steps[-1] >= runs[0].final_step else "incomplete"), 0
   except ConfigError as e:  # `main` prints its line; in a job, this process prints it and stops

@@ -397,6 +397,9 @@ class TrainSettings(Section):
   resume_changed: bool = setting(
     False, invocation=True
   )  # resume a workdir whose learned settings or prompt files changed
+  compilation_cache: str = setting(
+    "auto", invocation=True
+  )  # compiled programs kept for later launches: DIR, "" (none), "auto" (see docs/running.md)
 
   def errors(self) -> list[str]:
     """Periods, k and limits >= 1; optional counts >= 0."""

@@ -225,6 +225,15 @@ def _loop(trainee, state, data, ckpt, evaluate: Evaluator):
   return state, end
 
 
+def _how_built(program) -> str:
+  """How the RL programs this process compiled (the fused step, or the sample and learn halves)
+  came to be: "loaded from the compilation cache" when every one did, else "compiled"."""
+  parts = [getattr(program, p) for p in ("step", "sample", "learn")]
+  built = [p for p in parts if getattr(p, "ready", None)]
+  loaded = built and all(p.loaded for p in built)
+  return "loaded from the compilation cache" if loaded else "compiled"
+
+
 def _step(run: _Pass, state, step: int):
   """Every member's RL update with its logging, evaluation and the checkpoint."""
   trainee = run.trainee
@@ -240,7 +249,7 @@ def _step(run: _Pass, state, step: int):
   run.profiler.after(done, state)
   if done == run.start + 1:  # one notice per program; the first evaluation is not in it
     took = time.time() - run.t0
-    logging.info("RL step compiled; first update done in %.1fs", took)
+    logging.info("RL step %s; first update done in %.1fs", _how_built(trainee.exp.program), took)
   for r, (member, metrics) in enumerate(zip(trainee.members, per_run, strict=True)):
     _guarded(trainee, r, state, done, member.logger.step, done, metrics)
   if any(m.stopped for m in trainee.members):
