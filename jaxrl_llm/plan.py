@@ -21,7 +21,6 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_llm import sigterm
-from jaxrl_llm.config import PER_RUN, TRACED, tagged
 
 GIB = 2**30
 
@@ -235,9 +234,7 @@ def _pack_args(exp, args: tuple, runs: int, varied: Sequence[str] | None) -> tup
   from jaxrl_llm.rl.step import over_runs
 
   if varied is None:
-    cfg, own = exp.config, {f"objective.{k}" for k in exp.config.objective.hyperparameters}
-    read = [f for f in tagged(PER_RUN, TRACED) if f in own or not f.startswith("objective.")]
-    varied = [f for f in read if cfg.value(f)]
+    varied = list(exp.config.step_values())
   repl = jax.sharding.NamedSharding(exp.mesh, jax.sharding.PartitionSpec())
   kinds = {f: jnp.int32 if type(exp.config.value(f)) is int else jnp.float32 for f in varied}
   values = {f: jax.ShapeDtypeStruct((), kinds[f], sharding=repl) for f in varied}

@@ -368,7 +368,8 @@ def test_the_summary_rates_count_what_the_updates_after_the_first_generated(term
 def test_a_resume_loads_the_rl_step_its_first_invocation_compiled(tmp_path):
   """`train.compilation_cache=DIR`: the first invocation (1 of 2 steps) compiles the fused step
   and keeps it in DIR; the resume's invocation loads it from there and says so, and so does a
-  run of another seed in another workdir (the seed is in the state, not in the program)."""
+  run of another seed, clip range, temperature and learning rate in another workdir (the seed
+  is in the state, and a single run takes those values as traced arguments of the program)."""
   workdir, cache = tmp_path / "run", tmp_path / "cache"
   args = ("--config.train.num_steps=2", "--config.train.eval_every=2")
   args += (f"--config.train.compilation_cache={cache}",)
@@ -379,8 +380,18 @@ def test_a_resume_loads_the_rl_step_its_first_invocation_compiled(tmp_path):
   loaded = [x for x in second if re.match(BUILT, x)]
   assert loaded and loaded[0].startswith("RL step loaded from the compilation cache; "), second
   assert "step 2/2 " in "\n".join(second)
-  other = _run(tmp_path / "seed1", *args, "--config.seed=1", "--config.train.stop_after_steps=1")
+  point = (
+    "--config.seed=1",
+    "--config.objective.clip_high=0.28",
+    "--config.sampling.temperature=0.9",
+  )
+  point += ("--config.optim.learning_rate=0.001", "--config.train.stop_after_steps=1")
+  other = _run(tmp_path / "point", *args, *point)
   assert [x for x in other if x.startswith("RL step loaded from the compilation cache; ")], other
+  kept = {p.name.rsplit("-", 1)[0] for p in cache.iterdir() if p.name.startswith("jit_fused_step-")}
+  assert len(kept) == 1, kept  # one program, not one per point
+  evals = {p.name.rsplit("-", 1)[0] for p in cache.iterdir() if p.name.startswith("jit_eval_fn-")}
+  assert len(evals) == 1, evals  # the held-out evaluation's too, at either temperature
 
 
 @pytest.mark.extended

@@ -309,6 +309,9 @@ def program_for(exp: Experiment, full_length: bool):
     exp.mesh,
     exp.state_shardings,
     sampler_dtype=ctx.sampler_dtype,
+    rules=exp.rules,
+    rebuild_optimizer=ctx.rebuild_optimizer,
+    values=exp.program.values,  # the trainer's own traced values, as its step takes them
   )
 
 

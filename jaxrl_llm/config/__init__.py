@@ -14,7 +14,16 @@ command_line.py  the config a command line names: the file loaded, its overrides
 """
 
 from jaxrl_llm.config.checks import check
-from jaxrl_llm.config.fields import HPARAM, INVOCATION, PER_RUN, STATE, SWITCH, TRACED, ConfigError
+from jaxrl_llm.config.fields import (
+  CONSTANT,
+  HPARAM,
+  INVOCATION,
+  PER_RUN,
+  STATE,
+  SWITCH,
+  TRACED,
+  ConfigError,
+)
 from jaxrl_llm.config.learner import Settings
 from jaxrl_llm.config.tree import (
   Config,
@@ -29,6 +38,7 @@ from jaxrl_llm.config.tree import (
 get_config = default_config  # configs/default.py's entry: the embedded default experiment
 
 __all__ = [
+  "CONSTANT",
   "HPARAM",
   "INVOCATION",
   "PER_RUN",

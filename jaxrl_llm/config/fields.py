@@ -31,14 +31,24 @@ RESUME = "resume"  # False: how an update is computed, or what is only evaluated
 HPARAM = "hparam"  # a column of TensorBoard's HParams view (a display choice)
 INVOCATION = "invocation"  # it ends or paces one invocation without changing what the run
 # computes: invocations of one run may differ in it (run records, sweeps and plots ignore it)
+CONSTANT = "constant"  # TRACED, but a single run compiles it in as a constant: its traced form
+# costs more than its constant one, so a single run's program changes with its value
 
 
 def setting(
-  default: Any, *, per_run="", switch=False, resume=None, hparam=False, invocation=False
+  default: Any,
+  *,
+  per_run="",
+  switch=False,
+  resume=None,
+  hparam=False,
+  invocation=False,
+  constant=False,
 ) -> Any:
   """A settings field with its `default` and what the program must know of it (the keys
   above; `per_run`: "", TRACED or STATE), as `dataclasses.field` metadata."""
   meta = {PER_RUN: per_run, SWITCH: switch, RESUME: resume, HPARAM: hparam, INVOCATION: invocation}
+  meta[CONSTANT] = constant
   return dataclasses.field(default=default, metadata=meta)
 
 

@@ -203,8 +203,12 @@ class SamplingSettings(LearnedSection):
   temperature: float = setting(
     1.0, per_run=TRACED, hparam=True
   )  # τ_s >= 0.01; recorded log-probs are of logits / τ_s (§0)
-  top_k: int = setting(0, per_run=TRACED)  # draw among the k most likely tokens (0 = off)
-  top_p: float = setting(1.0, per_run=TRACED)  # nucleus sampling mass in (0, 1] (1 = off)
+  top_k: int = setting(
+    0, per_run=TRACED, constant=True
+  )  # draw among the k most likely tokens (0 = off)
+  top_p: float = setting(
+    1.0, per_run=TRACED, constant=True
+  )  # nucleus sampling mass in (0, 1] (1 = off)
   param_dtype: str = setting(
     "auto", resume=False
   )  # sampler copy: auto (bf16, CPU f32) | float32 | bfloat16 | int8 | int4

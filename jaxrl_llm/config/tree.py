@@ -13,7 +13,10 @@ import ml_collections
 from ml_collections.config_dict import FieldReference, placeholder
 
 from jaxrl_llm.config.fields import (
+  CONSTANT,
+  PER_RUN,
   STATE,
+  TRACED,
   ConfigError,
   coerce,
   field_docs,
@@ -133,6 +136,19 @@ class Config:
     for key in name.split("."):  # a mapping field's entry: task.reward_weights.correct
       value = value[key]
     return value
+
+  def step_values(self, *, constants: bool = True) -> dict[str, int | float]:
+    """{dotted field: value} of every per-run field this run's step reads (`PER_RUN` TRACED:
+    the selected objective's own hyperparameters and every other section's) that is not 0,
+    since a traced 0 would turn its term on; without `constants`, less those a single run
+    compiles in as constants (`CONSTANT`)."""
+    own = {f"objective.{k}" for k in self.objective.hyperparameters}
+    skip = () if constants else tagged(CONSTANT)
+    return {
+      f: self.value(f)
+      for f in tagged(PER_RUN, TRACED)
+      if (f in own or not f.startswith("objective.")) and f not in skip and self.value(f)
+    }
 
   def errors(self) -> list[str]:
     """Every section's own range-check messages, then those across sections."""

@@ -277,6 +277,26 @@ class RLProgram:
   sample: Callable[..., Rollout]
   learn: Callable[..., tuple[TrainState, dict[str, jax.Array]]]
   learner: Learner
+  values: Mapping[str, Any] | None = None  # a single run's traced values its parts are bound to
+
+
+class Bound:
+  """A jitted program whose last argument, a single run's traced values, is bound: called and
+  lowered as the program without it. Every other attribute is the jitted function's."""
+
+  def __init__(self, jitted, values: Mapping[str, Any]):
+    self.jitted, self.values = jitted, values
+
+  def __call__(self, *args):
+    """Runs the program on `args` and the bound values."""
+    return self.jitted(*args, self.values)
+
+  def lower(self, *args):
+    """Lowers the program for `args` and the bound values."""
+    return self.jitted.lower(*args, self.values)
+
+  def __getattr__(self, attr: str):
+    return getattr(self.jitted, attr)
 
 
 def make_learner(
@@ -326,32 +346,42 @@ def make_rl_step(
   rebuild_optimizer: Callable[[Any], tuple] | None = None,
   runs: int = 0,
   runs_at_once: int = 0,
+  values: Mapping[str, Any] | None = None,
 ) -> RLProgram:
   """Jits the fused step and its sample / learn halves, each once, with explicit shardings.
   `reward_fn(prompt_tokens, completion, completion_mask, answer, answer_mask)` returns named
   [B] reward terms (a pure-JAX verifier; None: host rewards). `runs` > 0: a pack's programs
-  (`_packed_program`), `runs_at_once` of each device group's runs at a time (0 = all)."""
+  (`_packed_program`), `runs_at_once` of each device group's runs at a time (0 = all).
+  `values` (a single run; dotted field -> replicated scalar or its ShapeDtypeStruct): settings
+  the programs take as traced arguments, bound (`Bound`), instead of compile-time constants,
+  so runs that differ only in them share one program; None: every setting a constant."""
   if settings.rl.num_microbatches < 1 or settings.rl.remat == "auto":
     raise ValueError("rl.num_microbatches / rl.remat are 'auto': pass settings.rl.resolved(...)")
-  rows, repl = sharding.rows(mesh), NamedSharding(mesh, PartitionSpec())
   ctx = make_learner(
     model, optimizer, schedule, sampling, settings, sampler_dtype, mesh, state_shardings.params
   )
   ctx = dataclasses.replace(ctx, rebuild_optimizer=rebuild_optimizer)
-  batch_shardings = PromptBatch(tokens=rows, mask=rows, answer=rows, answer_mask=rows)
   traced = lambda fn: sharding.traced_with_rules(fn, mesh, rules)  # noqa: E731
   if runs:
     return _packed_program(ctx, reward_fn, traced, mesh, state_shardings, runs_at_once)
-  return RLProgram(
+  return _single_program(ctx, reward_fn, traced, mesh, state_shardings, values)
+
+
+def _single_program(ctx: Learner, reward_fn, traced, mesh: Mesh, state_shardings, values):
+  """The programs of a single run, bound to its traced `values` (`Bound`) when it has any."""
+  rows, repl = sharding.rows(mesh), NamedSharding(mesh, PartitionSpec())
+  batch_shardings = PromptBatch(tokens=rows, mask=rows, answer=rows, answer_mask=rows)
+  taken = (repl,) if values else ()  # the bound values' sharding
+  program = RLProgram(
     step=jax.jit(
       traced(functools.partial(fused_step, ctx, reward_fn)),
-      in_shardings=(state_shardings, batch_shardings, repl),
+      in_shardings=(state_shardings, batch_shardings, repl, *taken),
       out_shardings=(state_shardings, repl),
       donate_argnums=(0,),
     ),
     sample=jax.jit(
       traced(functools.partial(sample_phase, ctx)),
-      in_shardings=(state_shardings, batch_shardings, repl),
+      in_shardings=(state_shardings, batch_shardings, repl, *taken),
     ),
     learn=jax.jit(
       traced(functools.partial(learn, ctx)),
@@ -360,6 +390,10 @@ def make_rl_step(
     ),
     learner=ctx,
   )
+  if not values:
+    return program
+  parts = {p: Bound(getattr(program, p), values) for p in ("step", "sample", "learn")}
+  return dataclasses.replace(program, values=values, **parts)
 
 
 def packed_sharding(one_run: NamedSharding) -> NamedSharding:

@@ -343,16 +343,14 @@ def build(
   """Builds the mesh, task, model, initial state and jitted programs of a run (`config`: its
   `Config`; an experiment ConfigDict is `config.parse`d by the caller).
 
-  With `abstract=True` nothing is allocated or loaded: the state's leaves are
-  ShapeDtypeStructs with their shardings, so the programs can be lowered and compiled ahead of
-  time (`program.step.lower(exp.state, batch, rng).compile()`) to read their memory.
+  With `abstract=True` nothing is allocated or loaded: the state's leaves are ShapeDtypeStructs
+  with their shardings, so the programs can be lowered and compiled to read their memory.
   `devices` (default `jax.devices()`) builds the mesh from other devices: fake CPU devices, or
   a TPU topology's (`jax.experimental.topologies`) for an abstract build compiled for TPU.
   `prompt_len` (planning only) sizes the step for prompts of another length than the task's.
   `runs` > 0 builds the programs of a pack of that many runs (`run.pack`) varying the traced
-  fields `varied` (what `rl.microbatch_tokens=auto` plans); the state is then the first
-  run's, which the pack stacks with the others'.
-  """
+  fields `varied` (what `rl.microbatch_tokens=auto` plans), from the first run's state; a
+  single run's take its own traced values (`own_values`)."""
   cfg = typed(config, "build")
   from_checkpoint.check_dir(cfg.model.checkpoint)
   task = build_task(cfg)
@@ -374,7 +372,7 @@ def build(
   program = make_rl_step(
     model, tx, schedule, reward_fn, samp, settings, mesh, state_shardings,
     sampler_dtype=sampler_dtype, rules=rules, rebuild_optimizer=rebuild, runs=runs,
-    runs_at_once=cfg.mesh.runs_at_once,
+    runs_at_once=cfg.mesh.runs_at_once, values=None if runs else own_values(cfg, mesh, abstract),
   )  # fmt: skip
   return Experiment(
     config=cfg,
@@ -384,13 +382,30 @@ def build(
     state=state,
     state_shardings=state_shardings,
     program=_compiled_ahead(program),
-    eval_fn=make_eval_fn(model, task, cfg, mesh, rules, runs, run_axes(state).params),
+    eval_fn=make_eval_fn(
+      model, task, cfg, mesh, rules, runs, run_axes(state).params, program.values
+    ),
     schedule=schedule,
     batch_sharding=sharding.rows(mesh),
     meta=run_meta(cfg, mc, abstract=abstract),
     rules=rules,
     prompt_len=prompt_len or task.prompt_len,
   )
+
+
+def own_values(cfg: Config, mesh: Mesh, abstract: bool = False) -> dict[str, Any]:
+  """A single run's traced values (`Config.step_values(constants=False)`: the clip ranges,
+  temperature, learning rate, ...), replicated over `mesh` (ShapeDtypeStructs when
+  `abstract`): its programs take them as arguments, not constants, so runs that differ only
+  in them share one program, which the compilation cache keeps for each of them."""
+  repl = NamedSharding(mesh, PartitionSpec())
+  host = {
+    f: np.asarray(v, np.int32 if type(v) is int else np.float32)
+    for f, v in cfg.step_values(constants=False).items()
+  }
+  if abstract:
+    return {f: jax.ShapeDtypeStruct((), x.dtype, sharding=repl) for f, x in host.items()}
+  return jax.device_put(host, repl)
 
 
 def _compiled_ahead(program: RLProgram) -> RLProgram:

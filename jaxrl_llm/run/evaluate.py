@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 from dataclasses import replace
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -59,11 +58,12 @@ def _correct(task, rollout, batch: PromptBatch, g: int):
 
 
 def make_eval_fn(
-  model, task, cfg: Config, mesh, rules=sharding.DEFAULT_RULES, runs: int = 0, param_axes: Any = 0
+  model, task, cfg: Config, mesh, rules=sharding.DEFAULT_RULES, runs=0, param_axes=0, own=None
 ):
   """Held-out evaluation `(params, batch, rng, answers=None, values=None) -> metrics`: greedy
   accuracy and pass@k at the sampling temperature (`values`: a packed run's own sampling
-  values, traced, in place of the config's).
+  values, traced, in place of the config's; a single run's default: `own`, its traced values
+  (`run.assemble.own_values`), or None for the config's as constants).
 
   Sampling is one jitted program; a pure-JAX verifier runs inside it, a host verifier (file
   tasks) scores the decoded completions afterwards: `answers` are the eval set's host
@@ -99,7 +99,7 @@ def make_eval_fn(
   jitted = jax.jit(sharding.traced_with_rules(eval_fn, mesh, rules), out_shardings=repl)
   jitted = distributed.program(jitted, "evaluation", "the held-out evaluation")
   if not host:
-    return lambda params, batch, rng, answers=None, values=None: jitted(params, batch, rng, values)
+    return lambda params, batch, rng, answers=None, values=own: jitted(params, batch, rng, values)
 
   def host_summary(greedy, sampled, lengths, answers):
     acc, _ = task.host_reward_terms(greedy, answers)
@@ -108,7 +108,7 @@ def make_eval_fn(
     # Each host term of the greedy completions (a format rate beside the accuracy).
     return out | {f"eval/reward/{t}": jnp.mean(v) for t, v in acc.items() if t != "correct"}
 
-  def host_eval(params, batch, rng, answers, values=None):
+  def host_eval(params, batch, rng, answers, values=own):
     greedy, sampled, lengths = jax.device_get(jitted(params, batch, rng, values))
     if not runs:
       return host_summary(greedy, sampled, lengths, answers)
