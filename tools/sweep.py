@@ -8,7 +8,10 @@
 Runs the Cartesian product of the `--grid` values (and `--seeds`), each in its own workdir
 `ROOT/<field>=<value>,...[,seed=<s>]` with the command a user would type by hand:
 `python -m jaxrl_llm.main --config=... --workdir=... --config.<field>=<value> ...`. `--set`
-fixes a field for every run (repeatable; `--set='a.b=1,c.d=2'` sets two fields).
+fixes a field for every run (repeatable; `--set='a.b=1,c.d=2'` sets two fields). Points that
+differ only in values a pack may vary (the clip ranges, temperature, learning rate, seed, ...;
+not `sampling.top_k` or `top_p`) run one program, which the first compiles and the rest load
+from `train.compilation_cache`.
 
 Every field is checked against the config, and every grid point's values against their
 ranges, before any run starts. A run whose workdir holds a
