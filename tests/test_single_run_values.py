@@ -83,7 +83,7 @@ def test_a_single_run_takes_its_values_as_traced_arguments_and_updates_as_with_c
     lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), traced_params, const_params
   )
 
-  jitted = {p: getattr(exp.program, p).jitted.jitted for p in ("step", "sample", "learn")}
+  jitted = {p: getattr(exp.program, p).jitted.fn for p in ("step", "sample", "learn")}
   for field, value in OTHER.items():  # the same compiled programs at another value of each
     values = own_values(parse(_config(**{**POINT, field: value})), exp.mesh)
     rebound = {p: Bound(f, values) for p, f in jitted.items()}
@@ -113,3 +113,17 @@ def test_a_value_a_single_run_does_not_trace_is_named_by_its_declaration():
   assert "kl.beta" not in values  # 0: a traced 0 would turn the KL term on
   assert "sampling.top_k" not in values  # its traced form sorts the vocabulary at each token
   assert parse(_config(**{"kl.beta": 0.05})).step_values(constants=False)["kl.beta"] == 0.05
+
+
+def test_a_single_runs_step_compiled_ahead_is_called_as_the_program():
+  """`.lower(...).compile()` (as the benchmarks compile) keeps the values bound: the executable
+  takes (state, batch, rng) and updates as the jitted program does."""
+  exp = build(_config(**POINT))
+  state = init_reference(exp.state, exp.config.kl.beta)
+  batch, key = next(_train_batches(exp, tiny_config())), jax.random.PRNGKey(3)
+  compiled = exp.program.step.lower(state, batch, key).compile()
+  assert compiled.memory_analysis() is not None
+  _, ahead = compiled(jax.tree.map(jnp.copy, state), batch, key)
+  _, jitted = exp.program.step(jax.tree.map(jnp.copy, state), batch, key)
+  assert set(ahead) == set(jitted)
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(ahead), jax.device_get(jitted))

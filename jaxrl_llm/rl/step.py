@@ -281,22 +281,27 @@ class RLProgram:
 
 
 class Bound:
-  """A jitted program whose last argument, a single run's traced values, is bound: called and
-  lowered as the program without it. Every other attribute is the jitted function's."""
+  """A jitted program whose last argument, a single run's traced values, is bound: called,
+  lowered and compiled ahead (`.lower(...).compile()`, then called) as the program without it.
+  Every other attribute is the wrapped function's, lowering's or executable's."""
 
-  def __init__(self, jitted, values: Mapping[str, Any]):
-    self.jitted, self.values = jitted, values
+  def __init__(self, fn, values: Mapping[str, Any]):
+    self.fn, self.values = fn, values
 
   def __call__(self, *args):
-    """Runs the program on `args` and the bound values."""
-    return self.jitted(*args, self.values)
+    """Runs the program (or its compiled executable) on `args` and the bound values."""
+    return self.fn(*args, self.values)
 
-  def lower(self, *args):
-    """Lowers the program for `args` and the bound values."""
-    return self.jitted.lower(*args, self.values)
+  def lower(self, *args) -> Bound:
+    """The program lowered for `args` and the bound values (its `compile()` stays bound)."""
+    return Bound(self.fn.lower(*args, self.values), self.values)
+
+  def compile(self, *args, **kwargs) -> Bound:
+    """The lowered program compiled: an executable called without the bound values."""
+    return Bound(self.fn.compile(*args, **kwargs), self.values)
 
   def __getattr__(self, attr: str):
-    return getattr(self.jitted, attr)
+    return getattr(self.fn, attr)
 
 
 def make_learner(
