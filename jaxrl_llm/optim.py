@@ -27,7 +27,7 @@ def make_optimizer(
   shape = functools.partial(
     _warmup_cosine, warmup_steps=warmup_steps, total_updates=total_updates, decay_to=decay_to
   )
-  if isinstance(learning_rate, jax.Array):  # a pack's per-run rate, traced: optax's schedules
+  if isinstance(learning_rate, jax.Array):  # a traced rate (a pack's or run's): optax's schedules
     unit = shape(1.0)  # branch on their peak in Python, so the peak scales a unit schedule
     schedule = lambda count: learning_rate * unit(count)  # noqa: E731
   else:

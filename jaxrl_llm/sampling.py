@@ -55,8 +55,8 @@ class SamplingConfig:
 
 
 def with_values(cfg: SamplingConfig, values: Mapping[str, Any] | None) -> SamplingConfig:
-  """`cfg` with a pack's per-run `sampling.*` values (traced scalars; which fields a pack may
-  vary is declared in `config.sections.SamplingSettings`) in place; None: `cfg`."""
+  """`cfg` with traced `sampling.*` values (a pack's per-run or a single run's own; which
+  fields may be traced is declared in `config.sections.SamplingSettings`) in place; None: `cfg`."""
   section = {k.partition(".")[2]: v for k, v in (values or {}).items() if k.startswith("sampling.")}
   return dataclasses.replace(cfg, **section) if section else cfg
 

@@ -376,7 +376,7 @@ class Settings:
     return p
 
   def with_values(self, values: Mapping[str, Any]) -> Settings:
-    """These settings with a pack's per-run values (dotted field -> traced scalar) in place of
+    """These settings with traced values (dotted field -> traced scalar) in place of
     the fields they name; fields of other sections are left to their owners."""
     out = self
     for field, value in values.items():

@@ -54,7 +54,7 @@ class Learner:
   )
 
   def with_values(self, values: Mapping[str, jax.Array] | None) -> Learner:
-    """This learner with a pack's per-run values (dotted config field -> traced scalar) in
+    """This learner with traced values (a pack's per-run or a single run's own; dotted field) in
     place of the settings they name (see `run.pack.packable_fields`); None: itself."""
     if not values:
       return self
@@ -244,7 +244,8 @@ def fused_step(
   ctx: Learner, reward_fn, state: TrainState, batch: PromptBatch, rng: jax.Array, values=None
 ):
   """Sample, score with the pure-JAX verifier `reward_fn`, learn: one RL update. `values`:
-  a pack's per-run settings (dotted field -> traced scalar), None for a single run."""
+  a run's traced settings (dotted field -> traced scalar: a pack's per-run values, or a single
+  run's own, `run.assemble.own_values`), None: every setting a constant."""
   ctx = ctx.with_values(values)
   rollout = sample_phase(ctx, state, batch, rng)
   g = ctx.sampling.group_size
