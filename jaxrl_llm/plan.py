@@ -231,13 +231,14 @@ def _pack_args(exp, args: tuple, runs: int, varied: Sequence[str] | None) -> tup
   """The packed step's abstract arguments: `args` (state, batch, key) of `runs` runs, and the
   per-run values of `varied` (default: every traced field this run's step reads that is not
   0: a traced 0 would switch its term on)."""
+  from jaxrl_llm.config import traced_dtype
   from jaxrl_llm.rl.step import over_runs
 
   if varied is None:
     varied = list(exp.config.step_values())
   repl = jax.sharding.NamedSharding(exp.mesh, jax.sharding.PartitionSpec())
-  kinds = {f: jnp.int32 if type(exp.config.value(f)) is int else jnp.float32 for f in varied}
-  values = {f: jax.ShapeDtypeStruct((), kinds[f], sharding=repl) for f in varied}
+  kind = {f: traced_dtype(exp.config.value(f)) for f in varied}
+  values = {f: jax.ShapeDtypeStruct((), kind[f], sharding=repl) for f in varied}
   stacked = functools.partial(_packed, runs)
   state = over_runs(args[0], stacked)  # under adapters, one base for every run
   return (state, *jax.tree.map(stacked, (*args[1:], values)))

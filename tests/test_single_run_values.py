@@ -127,3 +127,24 @@ def test_a_single_runs_step_compiled_ahead_is_called_as_the_program():
   _, jitted = exp.program.step(jax.tree.map(jnp.copy, state), batch, key)
   assert set(ahead) == set(jitted)
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(ahead), jax.device_get(jitted))
+
+
+def test_a_single_run_a_pack_and_their_plans_give_each_value_one_dtype():
+  """The step's value arguments have one dtype per field wherever they are made: a single run's
+  (`own_values`), a pack's (`pack.run_values`) and the compile-only plan's (`plan._pack_args`);
+  an integer field (`shaping.cache_len`) travels as int32, every other as float32."""
+  from jaxrl_llm import plan
+  from jaxrl_llm.run import pack
+
+  exp = build(_config(**POINT), abstract=True, runs=2)
+  own = own_values(exp.config, exp.mesh, abstract=True)
+  varied = list(exp.config.step_values())
+  packed = pack.run_values([exp.config, exp.config], varied)
+  key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=NamedSharding(exp.mesh, PartitionSpec()))
+  planned = plan._pack_args(exp, (exp.state, abstract_batch(exp), key), 2, varied)[-1]
+  assert exp.config.value("shaping.cache_len") == 2 and "shaping.cache_len" in own
+  for field in varied:
+    want = np.int32 if field == "shaping.cache_len" else np.float32
+    assert packed[field].dtype == want and planned[field].dtype == want, field
+    if field in own:
+      assert own[field].dtype == want, field

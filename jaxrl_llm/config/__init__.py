@@ -23,6 +23,7 @@ from jaxrl_llm.config.fields import (
   SWITCH,
   TRACED,
   ConfigError,
+  traced_dtype,
 )
 from jaxrl_llm.config.learner import Settings
 from jaxrl_llm.config.tree import (
@@ -55,5 +56,6 @@ __all__ = [
   "parse",
   "reference",
   "tagged",
+  "traced_dtype",
   "typed",
 ]

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import jax
+import numpy as np
 
 _CASTS = {"float": float, "int": int, "bool": bool, "str": str}
 
@@ -33,6 +34,15 @@ INVOCATION = "invocation"  # it ends or paces one invocation without changing wh
 # computes: invocations of one run may differ in it (run records, sweeps and plots ignore it)
 CONSTANT = "constant"  # TRACED, but a single run compiles it in as a constant: its traced form
 # costs more than its constant one, so a single run's program changes with its value
+
+
+def traced_dtype(values: Any) -> Any:
+  """The dtype a traced field's values enter the step in: int32 when every value is an int (an
+  integer field: parsing casts each value to its field's type), else float32; one place, so a
+  single run, a pack and their compile-only plans agree on the step's argument types."""
+  vals = values if isinstance(values, list | tuple) else [values]
+  whole = all(isinstance(v, int) and not isinstance(v, bool) for v in vals)
+  return np.dtype(np.int32 if whole else np.float32)
 
 
 def setting(

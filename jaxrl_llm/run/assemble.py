@@ -25,7 +25,7 @@ from jaxrl_llm import (
   quant,
   sharding,
 )
-from jaxrl_llm.config import Config, ConfigError, Settings, check, typed
+from jaxrl_llm.config import Config, ConfigError, Settings, check, traced_dtype, typed
 from jaxrl_llm.data import file_task, pipeline, tasks
 from jaxrl_llm.data.task import Task
 from jaxrl_llm.kernels import verify
@@ -399,10 +399,7 @@ def own_values(cfg: Config, mesh: Mesh, abstract: bool = False) -> dict[str, Any
   `abstract`): its programs take them as arguments, not constants, so runs that differ only
   in them share one program, which the compilation cache keeps for each of them."""
   repl = NamedSharding(mesh, PartitionSpec())
-  host = {
-    f: np.asarray(v, np.int32 if type(v) is int else np.float32)
-    for f, v in cfg.step_values(constants=False).items()
-  }
+  host = {f: np.asarray(v, traced_dtype(v)) for f, v in cfg.step_values(constants=False).items()}
   if abstract:
     return {f: jax.ShapeDtypeStruct((), x.dtype, sharding=repl) for f, x in host.items()}
   return jax.device_put(host, repl)

@@ -34,7 +34,16 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxrl_llm import distributed, sharding
-from jaxrl_llm.config import PER_RUN, SWITCH, TRACED, Config, ConfigError, tagged, typed
+from jaxrl_llm.config import (
+  PER_RUN,
+  SWITCH,
+  TRACED,
+  Config,
+  ConfigError,
+  tagged,
+  traced_dtype,
+  typed,
+)
 from jaxrl_llm.data.pipeline import PROMPT_KEYS
 from jaxrl_llm.models import lora
 from jaxrl_llm.rl.step import over_runs, packed_sharding, shared_leaf
@@ -85,8 +94,7 @@ def run_values(configs: Sequence[Config], varied: Sequence[str]) -> dict[str, np
     if field not in traced:
       continue
     vals = [c.value(field) for c in configs]
-    dtype = np.int32 if all(isinstance(v, int) for v in vals) else np.float32
-    out[field] = np.asarray(vals, dtype)
+    out[field] = np.asarray(vals, traced_dtype(vals))
   return out
 
 
