@@ -125,7 +125,9 @@ def test_save_is_async_and_state_may_be_donated(tmp_path):
       x.delete()
     ckpt.wait()
     restored, _ = ckpt.restore(2, _abstract(_state()))
-  for x, y in zip(_leaves(restored), expected):
+  assert jax.tree.structure(restored) == jax.tree.structure(_state())
+  for x, y in zip(_leaves(restored), expected, strict=True):
+    assert x[:-1] == y[:-1] and x[-1].dtype == y[-1].dtype and x[-1].shape == y[-1].shape
     assert x[-1].tobytes() == y[-1].tobytes()
 
 

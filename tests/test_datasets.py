@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import logging
 
@@ -303,7 +304,10 @@ def test_hash_split_is_deterministic_and_keeps_duplicates_together(math):
   assert {r["prompt"] for r in again[1]} == {r["prompt"] for r in evals}  # order-independent
   other = records_lib.train_eval_split(records, eval_fraction=0.25, seed=1)
   assert {r["prompt"] for r in other[1]} != {r["prompt"] for r in evals}
-  # The hash is fixed (blake2b keyed by the seed), not Python's per-process hash().
+  # The hash is fixed (blake2b keyed by the seed), not Python's per-process hash(): written out
+  # here, and pinned to its value, since a changed hash would move every split's records.
+  digest = hashlib.blake2b(b"What is 2+2?", digest_size=8, key=bytes(8)).digest()
+  assert records_lib._hash_unit("What is 2+2?", 0) == int.from_bytes(digest, "little") / 2**64
   assert records_lib._hash_unit("What is 2+2?", 0) == pytest.approx(0.969539638141, abs=1e-12)
   assert records_lib.train_eval_split(records, seed=0) == (records, [])
   with pytest.raises(ValueError, match="eval_fraction must be in"):

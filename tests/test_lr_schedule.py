@@ -131,3 +131,28 @@ def test_a_run_whose_updates_are_skipped_logs_the_rate_at_the_schedules_count():
   assert _count(states[2].opt_state) == 0
   assert float(schedule(2)) < 0.99 * float(schedule(0))  # the decay is visible
   np.testing.assert_allclose(logged, [schedule(0), schedule(0)], rtol=1e-6)
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["constant", "traced"])
+@pytest.mark.parametrize("warmup", [0, 10])
+def test_the_schedule_is_linear_warmup_then_cosine_decay_in_closed_form(warmup, traced):
+  """The rate at update t, written out (the config's comments): 0 → peak linearly over
+  `warmup_steps` (none at 0), then peak · (d + (1 − d) · (1 + cos(π s)) / 2) at the fraction s
+  of the remaining updates, reaching d · peak at `total_updates` and holding it after; a
+  traced peak (a run's own or a pack's value) gives the same rates."""
+  peak, d, total = 3e-4, 0.1, 50
+  settings = OptimSettings(learning_rate=peak, warmup_steps=warmup, decay_to=d, grad_clip=0.0)
+  if traced:
+    settings = dataclasses.replace(settings, learning_rate=jnp.float32(peak))
+  _, schedule = settings.build(total_updates=total)
+
+  def want(t: int) -> float:
+    if t < warmup:
+      return peak * t / warmup
+    s = min((t - warmup) / (total - warmup), 1.0)
+    return peak * (d + (1 - d) * (1 + np.cos(np.pi * s)) / 2)
+
+  for t in [0, 1, warmup // 2, warmup, warmup + 1, (warmup + total) // 2, total - 1, total, 80]:
+    np.testing.assert_allclose(float(schedule(t)), want(t), rtol=1e-5, atol=1e-12, err_msg=t)
+  assert float(schedule(warmup)) == pytest.approx(peak)
+  assert float(schedule(total)) == pytest.approx(d * peak)

@@ -188,6 +188,7 @@ def test_stacking_unstacking_and_the_reference_copy_each_run_as_one_program():
     states = [unstack(pack.state, r, shardings) for r in range(pack.size)]
     state = init_reference(pack.stacked(states), 0.05)
   assert sorted(compiled.elements()) == ["jit(_copies)", "jit(_stack)", "jit(_unstack)"]
+  assert jax.tree.structure(state.ref_params) == jax.tree.structure(pack.state.params)
   for ref, params in zip(jax.tree.leaves(state.ref_params), jax.tree.leaves(pack.state.params)):
     np.testing.assert_array_equal(jax.device_get(ref), jax.device_get(params))
 

@@ -13,6 +13,11 @@ def _run(config, steps):
 
 
 def _equal(a, b):
+  """Whether two parameter trees are equal leaf for leaf: both present, the same structure (a
+  missing reference, None, is never equal to parameters) and every array bit for bit."""
+  assert a is not None and b is not None
+  if jax.tree.structure(a) != jax.tree.structure(b):
+    return False
   return all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
@@ -58,6 +63,7 @@ def test_ema_reference():
     2,
   )
   for prev, cur in itertools.pairwise(history):
+    assert prev.ref_params is not None and cur.ref_params is not None
     want = jax.tree.map(lambda r, p: alpha * p + (1 - alpha) * r, prev.ref_params, cur.params)
     jax.tree.map(
       lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7), cur.ref_params, want

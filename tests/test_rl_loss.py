@@ -53,8 +53,13 @@ def test_rejected_tokens_leave_the_kl_term_deepseek_v32():
   logits = jnp.zeros((2, 2, 3))
   f = lambda lp: _loss(s, lp, logits, old, mu, adv, mask, ref)[0]  # noqa: E731
   value, grad = jax.value_and_grad(f)(old)
-  np.testing.assert_allclose(value, -0.498513, atol=1e-5)
-  np.testing.assert_allclose(grad, [[-0.2525, -0.2525], [0.0, 0.0]], atol=1e-5)
+  # Row 0 (ratio 1, advantage 1, k3 = e^0.5 − 0.5 − 1 a token): the policy term is the token
+  # mean over all 4 tokens, −2/4; the KL term β·k3 is averaged over row 0's 2 kept tokens.
+  k3 = np.exp(0.5) - 1.5
+  np.testing.assert_allclose(value, -2 / 4 + 0.01 * k3, atol=1e-6)
+  # d/dℓ of ρ·k3 with ρ = e^(ℓ − ℓ^μ) = 1 here: k3 + (1 − e^0.5) = −0.5 a token, / 2 tokens.
+  g = -1 / 4 + 0.01 * (k3 + 1 - np.exp(0.5)) / 2
+  np.testing.assert_allclose(grad, [[g, g], [0.0, 0.0]], atol=1e-6)
   _, m = _loss(s, old, logits, old, mu, adv, mask, ref)
   np.testing.assert_allclose(m["kl/loss"], np.exp(0.5) - 1.5, atol=1e-6)  # row 0 only
 

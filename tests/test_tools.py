@@ -166,13 +166,13 @@ def test_rerun_skips_finished_runs(tiny_sweep):
   root, _, _ = tiny_sweep
   logs = {n: (root / n / "run.log").read_text() for n in _names()}
   events = sorted(p.name for p in root.rglob("events.out.tfevents.*"))
-  proc, elapsed = _tool("sweep", *_sweep_args(root))
+  proc, _ = _tool("sweep", *_sweep_args(root))
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert proc.stdout.count("skip (checkpoint at final step 2)") == 2
-  assert elapsed < 20  # nothing was trained or compiled
   record = json.loads((root / "sweep.json").read_text())
   assert [r["status"] for r in record["runs"]] == ["skipped", "skipped"]
   assert all("eval/accuracy" in r["metrics"] for r in record["runs"])
+  # nothing was trained or compiled: no event file, and no run log line, was written
   assert sorted(p.name for p in root.rglob("events.out.tfevents.*")) == events
   assert {n: (root / n / "run.log").read_text() for n in _names()} == logs
 

@@ -112,3 +112,4 @@ def test_the_device_check_tool_prints_the_table_and_writes_json(tmp_path, capsys
 def test_every_fast_path_that_runs_on_this_accelerator_passes():
   results = verify.run_all()
   assert not [r for r in results if r.status in ("fail", "error")], verify.table(results)
+  assert any(r.status == "pass" for r in results), verify.table(results)  # not all skipped
