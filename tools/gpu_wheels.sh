@@ -1,4 +1,5 @@
-# Sourced by tools/gpu_smollm2.sh and tools/gpu_card.sh (bash); needs WHEELS and SITE set.
+# Sourced by tools/gpu_smollm2.sh and tools/gpu_card.sh (bash); install_wheels needs WHEELS and
+# SITE set.
 # install_wheels: every wheel of $WHEELS into $SITE (no index, no dependencies), once per machine:
 # a marker in $SITE names the set of wheels installed. A lock on $SITE/.lock makes copies run side
 # by side (a compile-only copy beside the timed steps) wait for one install instead of both
@@ -24,4 +25,38 @@ install_wheels() {
       exit 1
     fi
   ) 9>"$SITE/.lock"
+}
+
+# split_parts FILE FIRST REST DIR: FILE as DIR/part0 (its first FIRST bytes), then DIR/part1,
+# part2, ... of REST bytes each (the last the remainder), for invocations that each carry one
+# part (the first beside more files than the others); earlier parts in DIR are removed. Prints
+# how many parts; at most 10 (a one-digit name each), else an error line and status 2.
+split_parts() {
+  local file=$1 first=$2 rest=$3 dir=$4 n
+  mkdir -p "$dir" && rm -f "$dir"/part?
+  head -c "$first" "$file" >"$dir/part0" || return 2
+  if [ "$(stat -c %s "$file")" -gt "$first" ]; then
+    if [ $(((($(stat -c %s "$file") - first) + rest - 1) / rest)) -gt 9 ]; then
+      rm -f "$dir"/part?
+      echo "error: $file in parts of $first then $rest bytes needs more than 10 parts" >&2
+      return 2
+    fi
+    tail -c +$((first + 1)) "$file" | split -b "$rest" -a 1 -d --numeric-suffixes=1 - "$dir/part"
+  fi
+  n=$(ls "$dir"/part? | wc -l)
+  echo "$n"
+}
+
+# join_parts DIR BYTES OUT: DIR/part0, part1, ... joined in order into OUT, where they hold
+# BYTES bytes together; else one error line naming the parts held, and status 2 (OUT untouched).
+join_parts() {
+  local dir=$1 bytes=$2 out=$3 held have
+  held=$(ls "$dir" 2>/dev/null | grep -E '^part[0-9]$' | tr '\n' ' ')
+  have=$(cat "$dir"/part? 2>/dev/null | wc -c)
+  if [ "$have" -ne "$bytes" ]; then
+    echo "error: the parts in $dir (${held:-none}) hold $have of the $bytes bytes of" \
+      "$(basename "$out"): send the invocations that carry the others first, on this machine" >&2
+    return 2
+  fi
+  cat "$dir"/part? >"$out.partial" && mv "$out.partial" "$out"
 }
