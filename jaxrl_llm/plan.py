@@ -237,8 +237,9 @@ def _pack_args(exp, args: tuple, runs: int, varied: Sequence[str] | None) -> tup
   if varied is None:
     varied = list(exp.config.step_values())
   repl = jax.sharding.NamedSharding(exp.mesh, jax.sharding.PartitionSpec())
-  kind = {f: traced_dtype(exp.config.value(f)) for f in varied}
-  values = {f: jax.ShapeDtypeStruct((), kind[f], sharding=repl) for f in varied}
+  values = {
+    f: jax.ShapeDtypeStruct((), traced_dtype(exp.config.value(f)), sharding=repl) for f in varied
+  }
   stacked = functools.partial(_packed, runs)
   state = over_runs(args[0], stacked)  # under adapters, one base for every run
   return (state, *jax.tree.map(stacked, (*args[1:], values)))
