@@ -1,7 +1,8 @@
-"""Every §10 recipe config traces its fused RL step with its objective-specific metrics; five
-run 3 steps and log them."""
+"""Every §10 recipe config sets what its row of the spec's §10 table says and traces its fused RL
+step with its objective-specific metrics; two run 3 steps and log them (three more, extended)."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -39,6 +40,86 @@ def test_every_recipe_has_a_config_file():
   names = set(recipes.RECIPES) | set(recipes.MOE_CONFIGS)
   assert names <= files
   assert set(SPECIFIC_TAGS) == names
+
+
+def _spec_recipes() -> dict[str, list[str]]:
+  """preset -> its row's cells (advantage, objective, aggregation, KL, extras), read from the
+  spec's §10 table (docs/objectives.md)."""
+  text = (REPO / "docs" / "objectives.md").read_text()
+  section = text.split("## §10", 1)[1].split("\n## ", 1)[0]
+  rows = {}
+  for line in section.splitlines():
+    cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    if len(cells) == 6 and cells[0].startswith("`"):
+      rows[cells[0].strip("`")] = cells[1:]
+  return rows
+
+
+# Each "extras" phrase of §10: (the setting that carries it, the check); a setting no phrase of
+# a row names stays at its default (no filter, shaping or correction; a dense policy without a
+# value head).
+_EXTRAS = {
+  "dynamic sampling": ("filtering", lambda s, c: s.filtering.name == "dynamic_sampling"),
+  "dynamic sampling (refill)": ("filtering", lambda s, c: s.filtering.name == "dynamic_sampling"),
+  "soft overlong": ("shaping", lambda s, c: s.shaping.name == "soft_overlong"),
+  "tis_token": ("correction", lambda s, c: s.correction.name == "tis_token"),
+  "geo_mask upper-only": (
+    "correction",
+    lambda s, c: (s.correction.name, s.correction.geo_low) == ("geo_mask", 0),
+  ),
+  "MoE": ("moe", lambda s, c: c.model.moe_num_experts > 0),
+  "value head": ("value_head", lambda s, c: c.model.value_head),
+}
+_DEFAULTS = {
+  "filtering": lambda s, c: s.filtering.name == "none",
+  "shaping": lambda s, c: s.shaping.name == "none",
+  "correction": lambda s, c: s.correction.name == "none",
+  "moe": lambda s, c: c.model.moe_num_experts == 0,
+  "value_head": lambda s, c: not c.model.value_head,
+}
+# Objective cells' numbers: "a/b" or one number for both, in these hyperparameters.
+_PAIRS = {"ppo_clip": ("clip_low", "clip_high"), "gspo": ("clip_low", "clip_high"),
+          "sapo": ("tau_pos", "tau_neg")}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(recipes.RECIPES))
+def test_every_recipe_sets_what_its_row_of_spec_section_10_says(name):
+  """The recipe's parsed settings against its row of the spec's §10 table: advantage, objective
+  and the numbers the row gives, aggregation, KL (name, placement, β; `none` is β = 0) and the
+  extras, each extra the row does not name left at its default."""
+  rows = _spec_recipes()
+  assert set(rows) == set(recipes.RECIPES), sorted(set(rows) ^ set(recipes.RECIPES))
+  advantage, objective, aggregation, kl, extras = rows[name]
+  config = recipes.get_config(name)
+  s = parse(config).learner
+  assert s.advantage.name == advantage
+  obj_name, *numbers = objective.replace("τ", "").split()
+  assert s.objective.name == obj_name
+  hyper = s.objective.hyperparameters
+  for number in numbers:
+    if number.startswith("δ_c="):
+      assert hyper["clip_log"] == float(number.split("=")[1])
+    else:
+      low, _, high = number.partition("/")
+      fields = _PAIRS[obj_name]
+      assert (hyper[fields[0]], hyper[fields[1]]) == (float(low), float(high or low))
+  assert s.aggregation.name == {"sequence mean": "seq_mean"}.get(aggregation, aggregation)
+  if kl == "none":
+    assert s.kl.beta == 0
+  else:
+    kl_name, *rest = re.split(r",\s*|\s+in\s+", kl)
+    assert s.kl.name == kl_name and s.kl.beta > 0
+    for item in rest:
+      if item.startswith("β="):
+        assert s.kl.beta == float(item[2:])
+      else:
+        assert s.kl.placement == item
+  named = [] if extras == "–" else [e.strip() for e in extras.split(",")]
+  for extra in named:
+    assert _EXTRAS[extra][1](s, config), extra
+  for setting, default in _DEFAULTS.items():
+    if setting not in {_EXTRAS[e][0] for e in named}:
+      assert default(s, config), f"{name} sets {setting}, which its row of §10 does not name"
 
 
 def test_rspo_needs_a_moe_model():
