@@ -70,25 +70,34 @@ def test_repeated_digits_may_be_used_as_often_as_given():
   np.testing.assert_array_equal(r["correct"], [1, 1, 0])
 
 
+def _reachable(n: int) -> int:
+  """How many (digit tuple, target in [0, 99]) pairs some left-to-right chain of 2..n of the
+  tuple's digits (each slot used once, + - *) reaches: every order and operator sequence,
+  evaluated over all 9**n tuples at once."""
+  digits = np.array(list(itertools.product(range(1, 10), repeat=n)))
+  reached = np.zeros((len(digits), 100), bool)
+  rows = np.arange(len(digits))
+  for k in range(2, n + 1):
+    for order in itertools.permutations(range(n), k):
+      for ops in itertools.product("+-*", repeat=k - 1):
+        value = digits[:, order[0]]
+        for op, j in zip(ops, order[1:], strict=True):
+          x = digits[:, j]
+          value = value + x if op == "+" else value - x if op == "-" else value * x
+        ok = (value >= 0) & (value <= 99)
+        reached[rows[ok], value[ok]] = True
+  return int(reached.sum())
+
+
 def test_countdown_implements_the_task_interface_with_a_disjoint_split():
   task = get_task("countdown", numbers=3)
   assert isinstance(task, Task) and isinstance(task, CountdownTask)
   assert (task.prompt_len, task.answer_len) == (7, 6)
-  # Every (digit tuple, target in [0, 99]) that a left-to-right chain of 2 or 3 of its digits,
-  # each slot used once, reaches: counted here by brute force over the 9**3 tuples.
-  reached = set()
-  for digits in itertools.product(range(1, 10), repeat=3):
-    for k in (2, 3):
-      for order in itertools.permutations(range(3), k):
-        for ops in itertools.product("+-*", repeat=k - 1):
-          value = digits[order[0]]
-          for op, j in zip(ops, order[1:], strict=True):
-            x = digits[j]
-            value = value + x if op == "+" else value - x if op == "-" else value * x
-          if 0 <= value <= 99:
-            reached.add((digits, value))
-  assert task.num_problems == len(reached) == 12800
-  assert get_task("countdown").num_problems == 362950  # numbers=4, the class docstring's count
+  # Every (digit tuple, target in [0, 99]) that a left-to-right chain of 2..n of its digits,
+  # each slot used once, reaches: counted here by brute force over the 9**n tuples.
+  assert task.num_problems == _reachable(3) == 12800
+  assert get_task("countdown", numbers=4).num_problems == _reachable(4)
+  assert get_task("countdown").num_problems == _reachable(4)  # numbers=4 is the default
   ev, answers = task.eval_set()
   assert answers is None and ev["tokens"].shape == (256, 7)
   train = task.train_examples(0)
