@@ -146,6 +146,12 @@ TINY_CLI = (
 )
 
 
+def spec_section(number: int) -> str:
+  """The text of the spec's section §`number` (docs/objectives.md), up to the next section."""
+  text = (REPO / "docs" / "objectives.md").read_text()
+  return text.split(f"## §{number} ", 1)[1].split("\n## ", 1)[0]
+
+
 def tiny_config(name: str = "default", /, **overrides):
   """A fast experiment config (`configs/<name>.py` made tiny): single device, no warm start."""
   c = load_config(name)

@@ -6,7 +6,7 @@ import re
 
 import numpy as np
 import pytest
-from conftest import REPO, run_steps, tiny_config, traced_step_metrics
+from conftest import REPO, run_steps, spec_section, tiny_config, traced_step_metrics
 from parsed import build, train_and_evaluate
 
 from jaxrl_llm import metrics
@@ -45,10 +45,8 @@ def test_every_recipe_has_a_config_file():
 def _spec_recipes() -> dict[str, list[str]]:
   """preset -> its row's cells (advantage, objective, aggregation, KL, extras), read from the
   spec's §10 table (docs/objectives.md)."""
-  text = (REPO / "docs" / "objectives.md").read_text()
-  section = text.split("## §10", 1)[1].split("\n## ", 1)[0]
   rows = {}
-  for line in section.splitlines():
+  for line in spec_section(10).splitlines():
     cells = [c.strip() for c in line.strip().strip("|").split("|")]
     if len(cells) == 6 and cells[0].startswith("`"):
       rows[cells[0].strip("`")] = cells[1:]

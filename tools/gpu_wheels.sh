@@ -32,11 +32,12 @@ install_wheels() {
 # part (the first beside more files than the others); earlier parts in DIR are removed. Prints
 # how many parts; at most 10 (a one-digit name each), else an error line and status 2.
 split_parts() {
-  local file=$1 first=$2 rest=$3 dir=$4 n
+  local file=$1 first=$2 rest=$3 dir=$4 size n
   mkdir -p "$dir" && rm -f "$dir"/part?
   head -c "$first" "$file" >"$dir/part0" || return 2
-  if [ "$(stat -c %s "$file")" -gt "$first" ]; then
-    if [ $(((($(stat -c %s "$file") - first) + rest - 1) / rest)) -gt 9 ]; then
+  size=$(stat -c %s "$file")
+  if [ "$size" -gt "$first" ]; then
+    if [ $(((size - first + rest - 1) / rest)) -gt 9 ]; then
       rm -f "$dir"/part?
       echo "error: $file in parts of $first then $rest bytes needs more than 10 parts" >&2
       return 2

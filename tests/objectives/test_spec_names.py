@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import REPO
+from conftest import spec_section
 
 from jaxrl_llm.objectives import aggregation, corrections, kl, registry
 
@@ -18,15 +18,9 @@ EXTRAS = {
 }
 
 
-def _section(number: int) -> str:
-  """The text of spec section §`number`, up to the next section."""
-  text = (REPO / "docs" / "objectives.md").read_text()
-  return text.split(f"## §{number} ", 1)[1].split("\n## ", 1)[0]
-
-
 def _table_names(number: int) -> set[str]:
   """The backquoted names that open the rows of §`number`'s table."""
-  return set(re.findall(r"^\| `(\w+)`", _section(number), re.MULTILINE))
+  return set(re.findall(r"^\| `(\w+)`", spec_section(number), re.MULTILINE))
 
 
 @pytest.mark.parametrize(
@@ -41,7 +35,7 @@ def _table_names(number: int) -> set[str]:
 )
 def test_the_registry_holds_every_name_of_the_spec_and_only_the_declared_extras(kind, number, held):
   if kind == "objective":  # §2 names each objective in a bold heading: **§2.N `name`**
-    spec = set(re.findall(r"^\*\*§2\.\d+ `(\w+)`", _section(2), re.MULTILINE))
+    spec = set(re.findall(r"^\*\*§2\.\d+ `(\w+)`", spec_section(2), re.MULTILINE))
   else:
     spec = _table_names(number)
   assert len(spec) >= 4, spec  # the section was found and read
