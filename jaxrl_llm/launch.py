@@ -62,10 +62,31 @@ def _disk_full(err: BaseException) -> OSError | None:
   return None
 
 
+def _out_of_memory(err: BaseException) -> str | None:
+  """The first line of an out-of-memory error (the host's MemoryError, or XLA's
+  RESOURCE_EXHAUSTED from a device) anywhere in `err`'s chain of causes, if any."""
+  seen = set()
+  while err is not None and id(err) not in seen:
+    seen.add(id(err))
+    said = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if isinstance(err, MemoryError) or "RESOURCE_EXHAUSTED" in said:
+      return said[:200].rstrip(".")
+    err = err.__cause__ or err.__context__
+  return None
+
+
 def explain(err: BaseException) -> str | None:
   """The one-line `error: ...` for a known failure class, or None for an unexpected error."""
   if isinstance(err, _user_errors()):
     return f"error: {err}"
+  memory = _out_of_memory(err)
+  if memory is not None:
+    return (
+      f"error: out of memory: {memory}. The checkpoints committed before it are intact; make "
+      "the step smaller (rl.num_prompts, sampling.group_size, the completion budget, "
+      "rl.microbatch_tokens) or the evaluation (task.eval_size x train.pass_k); --dry_run "
+      "plans a step's memory before a run"
+    )
   full = _disk_full(err)
   if full is not None:
     where = f" ({full.filename})" if getattr(full, "filename", None) else ""

@@ -414,3 +414,59 @@ def test_a_batch_the_training_split_holds_is_accepted():
   assert config_problems(**{"task.name": "addition", "task.digits": 1, "rl.num_prompts": 90,
                      "rl.num_minibatches": 1}) == ""  # fmt: skip
   assert config_problems(**{"task.min_len": 1, "task.max_len": 1, "sft.steps": 0}) == ""
+
+
+@pytest.mark.parametrize("rows, other, where", [("sampling.group_size", "rl.num_prompts=4",
+                         "a rollout"), ("train.pass_k", "task.eval_size=16", "an evaluation")])  # fmt: skip
+def test_a_batch_past_int32_tokens_is_refused_and_one_at_the_bound_accepted(rows, other, where):
+  """sampling.group_size=10**9 (or train.pass_k) ended in a JAX traceback, `OverflowError:
+  Python integer 32000000000 out of bounds for int32`, or in numpy's MemoryError while drawing
+  the held-out set. The largest batch whose tokens fit int32 is accepted; one row more is one
+  line naming the fields."""
+  task = build_task(parse(tiny_config()))
+  length = task.prompt_len + task.max_new_tokens  # no tool: the task's completion budget
+  n = (2**31 - 1) // (int(other.split("=")[1]) * length)
+  assert config_problems(**{rows: n, "rl.num_minibatches": 1}) == ""
+  said = config_problems(**{rows: n + 1, "rl.num_minibatches": 1})
+  total = int(other.split("=")[1]) * (n + 1)
+  assert said.startswith(f"invalid config: {other} x {rows}={n + 1} = {total} rows of {length} "
+                         f"tokens"), said  # fmt: skip
+  assert f"make {total * length} tokens in {where}; allowed: at most 2**31 - 1" in said
+  assert "\n" not in said
+
+
+def test_the_prompts_dynamic_sampling_draws_are_what_the_int32_bound_counts():
+  said = config_problems(**{"filtering.name": "dynamic_sampling", "sampling.group_size": 2**28,
+                            "rl.num_minibatches": 1})  # fmt: skip
+  assert said.startswith("invalid config: ceil(filtering.oversample=2.0 x rl.num_prompts=4) = 8 "
+                         f"prompts x sampling.group_size={2**28} = {8 * 2**28} rows"), said  # fmt: skip
+
+
+def test_more_experts_than_the_grouped_layout_indexes_is_one_line():
+  """model.moe_num_experts=10**9 ended in `OverflowError: ... Got <class 'int'> with value
+  7000000016` from the grouped matmuls' layout; 2**24 experts is the bound."""
+  assert config_problems(**{"model.moe_num_experts": 2**24}) == ""
+  said = config_problems(**{"model.moe_num_experts": 2**24 + 1})
+  assert said == (
+    f"invalid config: invalid model config: model.moe_num_experts={2**24 + 1} must be in "
+    f"[0, 2**24 = {2**24}] (0 = dense; the grouped layout pads each expert's rows to a tile of "
+    "up to 64 rows and indexes them in int32)"
+  ), said
+
+
+@pytest.mark.parametrize("overrides, said", [
+  ({"task.max_len": -1}, "task.max_len=-1 must be in [1, 12]"),
+  ({"task.min_len": 99}, "task.min_len=99 must be in [1, 12]"),
+  ({"task.min_len": 4, "task.max_len": 3}, "task.min_len=4 must be <= task.max_len=3"),
+])  # fmt: skip
+def test_a_string_length_out_of_range_is_said_once(overrides, said):
+  """task.max_len=-1 also said `task.min_len=2 must be <= task.max_len=-1`: two lines for one
+  mistake. The order of the lengths is checked once both are in range."""
+  assert _said(**overrides) == f"invalid config: {said}"
+
+
+def test_a_stack_deeper_than_4096_blocks_is_one_line():
+  """model.num_layers=10**9 traced one block after another and never ended, a dry run too."""
+  assert config_problems(**{"model.num_layers": 4096}) == ""
+  said = config_problems(**{"model.num_layers": 4097})
+  assert said == "invalid config: invalid model config: model.num_layers=4097 must be in [1, 4096]"

@@ -574,6 +574,30 @@ def test_a_full_disk_ends_in_one_clear_line_and_keeps_the_last_checkpoint(small_
   assert step == steps[-1]
 
 
+def test_running_out_of_memory_ends_in_one_line_and_keeps_the_checkpoints(tmp_path):
+  """An evaluation too large for memory (16 prompts x train.pass_k=2**22 samples: hundreds of
+  GiB, below the int32 bound the config checks) ended in a 60-line traceback of XLA's
+  RESOURCE_EXHAUSTED. Now one line says so and what to shrink; the checkpoints the first
+  launch committed restore, and a relaunch with the old setting resumes from them. (An
+  allocation past the host's memory fails at once under Linux's default overcommit.)"""
+  workdir = tmp_path / "run"
+  first = _cli(workdir, "--config.sft.steps=0", "--config.train.num_steps=2",
+               "--config.train.checkpoint_every=1")  # fmt: skip
+  assert first.returncode == 0, first.stderr[-3000:]
+  big = _cli(workdir, "--config.sft.steps=0", "--config.train.num_steps=4",
+             f"--config.train.pass_k={2**22}")  # fmt: skip
+  lines = big.stderr.strip().splitlines()
+  assert big.returncode == 2, big.stderr[-3000:]
+  assert "Traceback" not in big.stderr, big.stderr[-3000:]
+  assert lines[-1].startswith("error: out of memory: RESOURCE_EXHAUSTED"), lines[-5:]
+  assert "task.eval_size x train.pass_k" in lines[-1] and "--dry_run" in lines[-1]
+  with checkpoint.Checkpointer(workdir, save_every=1) as ckpt:
+    assert ckpt.all_steps()[-1] >= 2
+  again = _cli(workdir, "--config.sft.steps=0", "--config.train.num_steps=3")
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert f"resumed from {workdir} at step 2" in again.stderr, again.stderr[-3000:]
+
+
 def test_a_step_folder_holding_another_steps_state_is_refused(tmp_path):
   """`checkpoints/5` holding the state of step 2 (a folder renamed, or copied in): the run
   resumed from it at step 2, saved steps 3-4 below 5, and the next launch took 5 again and let

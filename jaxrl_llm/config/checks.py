@@ -374,7 +374,7 @@ def _task(cfg: Config, mc: ModelConfig, task) -> list[str]:
     f"model.vocab_size={mc.vocab_size} is smaller than task {task.name!r}'s vocabulary of "
     f"{vocab} tokens",
   )
-  out += _train_split(cfg, task)
+  out += _train_split(cfg, task) + _int32_tokens(cfg, task)
   if cfg.sampling.tool != "none":
     from jaxrl_llm import envs, tool_formats
 
@@ -406,6 +406,26 @@ def _train_split(cfg: Config, task) -> list[str]:
     f"{n}, or task settings with a larger problem space"
     for what, size in batches
     if size > n
+  ]
+
+
+def _int32_tokens(cfg: Config, task) -> list[str]:
+  """The tokens of a rollout (sampled prompts x G rows) and of an evaluation (eval_size x
+  pass_k sampled rows) stay below 2**31: JAX indexes an array's elements in int32."""
+  length, bound = task.prompt_len + _budget(cfg, task), 2**31 - 1
+  p, drawn, k = f"rl.num_prompts={cfg.rl.num_prompts}", cfg.sampled_prompts, cfg.train.pass_k
+  if drawn != cfg.rl.num_prompts:  # dynamic sampling draws ceil(k·P)
+    p = f"ceil(filtering.oversample={cfg.filtering.oversample} x {p}) = {drawn} prompts"
+  batches = (
+    (f"{p} x sampling.group_size={cfg.sampling.group_size}", "a rollout"),
+    (f"task.eval_size={cfg.task.eval_size} x train.pass_k={k}", "an evaluation"),
+  )
+  rows = (drawn * cfg.sampling.group_size, cfg.task.eval_size * k)
+  return [
+    f"{what} = {n} rows of {length} tokens (prompt and completion budget) make {n * length} "
+    f"tokens in {where}; allowed: at most 2**31 - 1 = {bound} (arrays are indexed in int32)"
+    for (what, where), n in zip(batches, rows, strict=True)
+    if n * length > bound
   ]
 
 

@@ -226,6 +226,8 @@ class ModelConfig(_DictConfig):
     for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
       if getattr(self, name) < 1:
         errors.append(f"model.{name}={getattr(self, name)} must be >= 1")
+    if self.num_layers > 4096:  # unrolled, each block is traced in turn: 10**9 never ends
+      errors.append(f"model.num_layers={self.num_layers} must be in [1, 4096]")
     if self.mlp_dim < 1:
       errors.append(f"model.mlp_dim={self.mlp_dim} must be >= 1")
     if self.num_kv_heads >= 1 and self.num_heads % self.num_kv_heads:
@@ -256,29 +258,39 @@ class ModelConfig(_DictConfig):
     for name in ("dtype", "param_dtype"):
       if getattr(self, name) not in _DTYPES:
         errors.append(f"model.{name}={getattr(self, name)!r} must be one of {sorted(_DTYPES)}")
+    errors += self._moe_errors() + self._lora_errors()
+    if errors:
+      raise ValueError("invalid model config: " + "; ".join(errors))
+    object.__setattr__(self, "lora_targets", normal_targets(self.lora_targets))  # one spelling
+
+  def _moe_errors(self) -> list[str]:
+    """A known implementation; for MoE: experts in [0, 2**24], top-k within them, the MoE
+    layers' spacing within the stack (and, scanned, dividing it)."""
+    out = []
     if self.moe_impl not in IMPLS:  # a dense model too: a checkpoint or a relaunch may be MoE
-      errors.append(f"model.moe_impl={self.moe_impl!r}; allowed: {', '.join(IMPLS)}")
-    if self.moe_num_experts < 0:
-      errors.append(f"model.moe_num_experts={self.moe_num_experts} must be >= 0 (0 = dense)")
-    if self.moe_num_experts:
+      out.append(f"model.moe_impl={self.moe_impl!r}; allowed: {', '.join(IMPLS)}")
+    if not 0 <= self.moe_num_experts <= 2**24:  # E x 63 padding rows stay well inside int32
+      out.append(
+        f"model.moe_num_experts={self.moe_num_experts} must be in [0, 2**24 = {2**24}] (0 = "
+        "dense; the grouped layout pads each expert's rows to a tile of up to 64 rows and "
+        "indexes them in int32)"
+      )
+    if 0 < self.moe_num_experts <= 2**24:
       if not 1 <= self.moe_top_k <= self.moe_num_experts:
-        errors.append(
+        out.append(
           f"model.moe_top_k={self.moe_top_k} must be in [1, model.moe_num_experts="
           f"{self.moe_num_experts}]"
         )
       if not 1 <= self.moe_every <= self.num_layers:
-        errors.append(f"model.moe_every={self.moe_every} must be in [1, {self.num_layers}]")
+        out.append(f"model.moe_every={self.moe_every} must be in [1, {self.num_layers}]")
       if self.scan_layers and 1 <= self.moe_every <= self.num_layers:
         if self.num_layers % self.moe_every:
-          errors.append(
+          out.append(
             f"model.scan_layers=True needs model.num_layers={self.num_layers} to be a multiple "
             f"of model.moe_every={self.moe_every} (each scan step runs moe_every - 1 dense "
             "blocks and one MoE block); use a multiple or model.scan_layers=False"
           )
-    errors += self._lora_errors()
-    if errors:
-      raise ValueError("invalid model config: " + "; ".join(errors))
-    object.__setattr__(self, "lora_targets", normal_targets(self.lora_targets))  # one spelling
+    return out
 
   def _lora_errors(self) -> list[str]:
     """Rank in [1, the narrowest targeted projection's width], alpha > 0, targets that name

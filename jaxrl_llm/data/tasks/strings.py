@@ -28,9 +28,11 @@ class LetterStringTask(BuiltinTask):
 
   @classmethod
   def field_errors(cls, v: dict) -> list[str]:
-    """The base's checks (each length in [1, 12]), and min_len <= max_len."""
+    """The base's checks (each length in [1, 12]), and min_len <= max_len (said only when both
+    lengths are in range: an out-of-range one is the problem to fix first)."""
     out = super().field_errors(v)
-    if not v["min_len"] <= v["max_len"]:
+    in_range = not any(e.startswith(("task.min_len=", "task.max_len=")) for e in out)
+    if in_range and not v["min_len"] <= v["max_len"]:
       out.append(f"task.min_len={v['min_len']} must be <= task.max_len={v['max_len']}")
     return out
 
