@@ -470,3 +470,10 @@ def test_a_stack_deeper_than_4096_blocks_is_one_line():
   assert config_problems(**{"model.num_layers": 4096}) == ""
   said = config_problems(**{"model.num_layers": 4097})
   assert said == "invalid config: invalid model config: model.num_layers=4097 must be in [1, 4096]"
+
+
+def test_a_batch_past_the_training_split_is_said_without_the_int32_line():
+  said = config_problems(**{"rl.num_prompts": 10**9})
+  assert said.startswith("invalid config: rl.num_prompts=1000000000 is more than the ") and (
+    "\n" not in said
+  ), said
