@@ -12,11 +12,7 @@ from jaxrl_llm.run.assemble import build_task
 
 def _said(**overrides) -> str:
   """The ConfigError `parse` raises for `overrides` on the tiny config ("" if none)."""
-  try:
-    parse(tiny_config(**overrides))
-  except ConfigError as e:
-    return str(e)
-  return ""
+  return _said_of("default", **overrides)
 
 
 @pytest.mark.parametrize(
@@ -477,3 +473,32 @@ def test_a_batch_past_the_training_split_is_said_without_the_int32_line():
   assert said.startswith("invalid config: rl.num_prompts=1000000000 is more than the ") and (
     "\n" not in said
   ), said
+
+
+@pytest.mark.parametrize("config, field, value, said", [
+  ("ppo", "objective.value_coef", -1.0, "must be > 0 (the value loss's weight: at 0 the critic "
+   "never trains, below it unlearns)"),
+  ("ppo", "objective.value_coef", 0.0, "must be > 0"),
+  ("dapo", "shaping.weight", -0.5, "must be >= 0 (it scales a penalty: below 0 it would pay for "
+   "overlong answers)"),
+])  # fmt: skip
+def test_a_weight_that_turns_a_loss_or_a_penalty_around_is_refused(config, field, value, said):
+  """The critic's value_coef=-1 and the overlong penalty's weight=-1 trained without a word:
+  the critic away from the returns, the policy towards overlong answers."""
+  got = _said_of(config, **{field: value})
+  assert got.startswith(f"invalid config: {field}={value} {said}") and "\n" not in got, got
+
+
+def test_a_penalty_weight_of_0_and_a_positive_value_weight_are_accepted():
+  assert _said_of("dapo", **{"shaping.weight": 0.0}) == ""
+  assert _said_of("ppo", **{"objective.value_coef": 1e-3}) == ""
+
+
+def _said_of(name: str, **overrides) -> str:
+  """The ConfigError `parse` raises for `overrides` on configs/<name>.py made tiny ("" if
+  none)."""
+  try:
+    parse(tiny_config(name, **overrides))
+  except ConfigError as e:
+    return str(e)
+  return ""

@@ -205,6 +205,11 @@ class ObjectiveSettings(LearnedSection):
     out = _name_error("objective", "objective", self.name)
     if not out:
       out += self.spec.errors(self.hyperparameters)
+    out += need(
+      self.value_coef > 0,
+      f"objective.value_coef={self.value_coef} must be > 0 (the value loss's weight: at 0 the "
+      "critic never trains, below it unlearns)",
+    )
     return out + need(self.value_clip > 0, f"objective.value_clip={self.value_clip} must be > 0")
 
 
@@ -308,8 +313,13 @@ class ShapingSettings(LearnedSection):
   overlong_in_group_stats: bool = True  # filtered truncated ones stay in group stats
 
   def errors(self) -> list[str]:
-    """A known shaping name, L_cache >= 0 (checked against T with the task)."""
+    """A known shaping name, L_cache >= 0 (checked against T with the task), a weight >= 0."""
     out = allowed("shaping.name", self.name, ("none", "soft_overlong"))
+    out += need(
+      self.weight >= 0,
+      f"shaping.weight={self.weight} must be >= 0 (it scales a penalty: below 0 it would pay "
+      "for overlong answers)",
+    )
     return out + at_least("shaping", self, 0, "cache_len")
 
 
