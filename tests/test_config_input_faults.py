@@ -336,6 +336,14 @@ def test_a_system_prompt_for_prompt_files_needs_a_chat_template(template):
   assert _said(**{**files, "data.template": template, "data.system_prompt": ""}) == ""
 
 
+def test_an_unknown_template_with_a_system_prompt_is_said_once():
+  """data.template='bogus' also said that 'bogus' has no system message."""
+  files = {"data.train_files": "prompts.jsonl", "data.system_prompt": "Be brief."}
+  assert _said(**files, **{"data.template": "bogus"}) == (
+    "invalid config: data.template='bogus'; allowed: chat, plain, qwen_math, qwen_math_chat, r1"
+  )
+
+
 @pytest.mark.parametrize(
   "field, value, why",
   [

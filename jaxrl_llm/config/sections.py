@@ -119,7 +119,8 @@ class DataSettings(LearnedSection):
       0 <= self.eval_fraction < 1, f"data.eval_fraction={self.eval_fraction} must be in [0, 1)"
     )
     out += at_least("data", self, 1, "prompt_len")
-    out += allowed("data.template", self.template, tuple(sorted(templates.PROMPT_TEMPLATES)))
+    unknown = allowed("data.template", self.template, tuple(sorted(templates.PROMPT_TEMPLATES)))
+    out += unknown
     out += allowed("data.correct_term", self.correct_term, tuple(sorted(verifiers.REWARD_FNS)))
     out += need(  # the command line's None is the text "None", not "no system message"
       self.system_prompt.strip() not in ("None", "none", "null"),
@@ -128,7 +129,7 @@ class DataSettings(LearnedSection):
     )
     chat = tuple(sorted(templates.CHAT_PROMPT_TEMPLATES))
     out += need(
-      not (self.train_files and self.system_prompt) or self.template in chat,
+      unknown or not (self.train_files and self.system_prompt) or self.template in chat,
       f"data.system_prompt is set but data.template={self.template!r} has no system message; "
       f"allowed: a chat template ({', '.join(chat)}), or data.system_prompt=''",
     )
