@@ -69,7 +69,7 @@ def _out_of_memory(err: BaseException) -> str | None:
   while err is not None and id(err) not in seen:
     seen.add(id(err))
     said = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    if isinstance(err, MemoryError) or "RESOURCE_EXHAUSTED" in said:
+    if isinstance(err, MemoryError) or ("RESOURCE_EXHAUSTED" in said and "memory" in said.lower()):
       return said[:200].rstrip(".")
     err = err.__cause__ or err.__context__
   return None

@@ -598,6 +598,26 @@ def test_running_out_of_memory_ends_in_one_line_and_keeps_the_checkpoints(tmp_pa
   assert f"resumed from {workdir} at step 2" in again.stderr, again.stderr[-3000:]
 
 
+def test_only_memory_errors_are_said_as_out_of_memory():
+  """The host's MemoryError (numpy's, from a held-out draw too large) and XLA's
+  RESOURCE_EXHAUSTED about memory, also as the cause of another error, are the out-of-memory
+  line; a RESOURCE_EXHAUSTED about something else (a gRPC quota) stays an unexpected error."""
+  from jaxrl_llm import launch
+
+  with pytest.raises(MemoryError) as host:
+    np.empty(2**62, np.int8)
+  assert launch.explain(host.value).startswith("error: out of memory: Unable to allocate")
+  xla = jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 99 bytes.")
+  try:
+    raise RuntimeError("the evaluation failed") from xla
+  except RuntimeError as chained:
+    line = launch.explain(chained)
+  assert line.startswith("error: out of memory: RESOURCE_EXHAUSTED: Out of memory allocating 99 "
+                         "bytes. The checkpoints committed before it are intact"), line  # fmt: skip
+  quota = jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: grpc: received message larger than max")
+  assert launch.explain(quota) is None
+
+
 def test_a_step_folder_holding_another_steps_state_is_refused(tmp_path):
   """`checkpoints/5` holding the state of step 2 (a folder renamed, or copied in): the run
   resumed from it at step 2, saved steps 3-4 below 5, and the next launch took 5 again and let
