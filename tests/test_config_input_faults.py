@@ -510,3 +510,17 @@ def _said_of(name: str, **overrides) -> str:
   except ConfigError as e:
     return str(e)
   return ""
+
+
+@pytest.mark.parametrize("turns", [-1, 0, 1])
+def test_too_few_turns_for_a_tool_is_said_once(turns):
+  """sampling.max_turns=0 with a tool also said `must be >= 1`, which 1 does not cure."""
+  tool = {"task.name": "addition", "sampling.tool": "calculator", "sampling.max_new_tokens": 24}
+  assert _said(**tool, **{"sampling.max_turns": turns}) == (
+    f"invalid config: sampling.max_turns={turns} with sampling.tool='calculator' leaves no turn "
+    "for the tool's answer (max_turns - 1 calls); allowed: 2 or more, or sampling.tool='none'"
+  )
+  assert _said(**tool, **{"sampling.max_turns": 2}) == ""
+  assert _said(**{"sampling.max_turns": turns}) == (
+    "" if turns == 1 else f"invalid config: sampling.max_turns={turns} must be >= 1"
+  )

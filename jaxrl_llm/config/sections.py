@@ -234,7 +234,8 @@ class SamplingSettings(LearnedSection):
     out += need(0 < self.top_p <= 1, f"sampling.top_p={self.top_p} must be in (0, 1]")
     out += at_least("sampling", self, 0, "top_k", note=" (0 = off)")
     out += at_least("sampling", self, 0, "max_new_tokens", "kv_block")
-    out += at_least("sampling", self, 1, "max_turns")
+    if self.tool == "none":  # with a tool, 2 or more (said below)
+      out += at_least("sampling", self, 1, "max_turns")
     out += at_least("sampling", self, 0, "turn_tokens")
     out += need(
       self.max_new_tokens <= 0 or self.turn_tokens <= self.max_new_tokens,
