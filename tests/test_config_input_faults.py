@@ -473,7 +473,7 @@ def test_a_stack_deeper_than_4096_blocks_is_one_line():
   """model.num_layers=10**9 traced one block after another and never ended, a dry run too."""
   assert config_problems(**{"model.num_layers": 4096}) == ""
   said = config_problems(**{"model.num_layers": 4097})
-  assert said == "invalid config: invalid model config: model.num_layers=4097 must be in [1, 4096]"
+  assert said == "invalid config: model.num_layers=4097 must be in [1, 4096]"
 
 
 def test_a_batch_past_the_training_split_is_said_without_the_int32_line():

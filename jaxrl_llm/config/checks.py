@@ -374,8 +374,8 @@ def _task(cfg: Config, mc: ModelConfig, task) -> list[str]:
     f"model.vocab_size={mc.vocab_size} is smaller than task {task.name!r}'s vocabulary of "
     f"{vocab} tokens",
   )
-  split = _train_split(cfg, task)  # a batch past the split is the first thing to fix
-  out += split or _int32_tokens(cfg, task)
+  split = _train_split(cfg, task)  # a batch past the split (or budget, below) is said first
+  out += split or (_int32_tokens(cfg, task) if _budget(cfg, task) < MAX_BUDGET else [])
   if cfg.sampling.tool != "none":
     from jaxrl_llm import envs, tool_formats
 

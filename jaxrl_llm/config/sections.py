@@ -182,8 +182,11 @@ class ModelSettings(Section):
     return field_docs(ModelConfig) | {k: own[k] for k in RUN_FIELDS}
 
   def errors(self) -> list[str]:
-    """A known attention implementation; no float16 parameters."""
+    """A known attention implementation; no float16 parameters; at most 4096 blocks (a
+    checkpoint's count is checked against its weights)."""
     out = allowed("model.attention", self.attention, attention.IMPLEMENTATIONS)
+    if self.arch.num_layers > 4096:  # unrolled, each block is traced in turn: 10**9 never ends
+      out.append(f"model.num_layers={self.arch.num_layers} must be in [1, 4096]")
     if self.arch.param_dtype == "float16":
       out.append(
         "model.param_dtype='float16' is refused: Adam's small updates underflow in float16 and "
