@@ -49,29 +49,32 @@ def _user_errors() -> tuple[type[BaseException], ...]:
   )
 
 
-def _disk_full(err: BaseException) -> OSError | None:
-  """The 'no space left on device' error anywhere in `err`'s chain of causes, if any."""
+def _causes(err: BaseException | None):
+  """`err`, then its cause (or context), its cause's, ... each once."""
   seen = set()
   while err is not None and id(err) not in seen:
     seen.add(id(err))
-    if isinstance(err, OSError) and err.errno == errno.ENOSPC:
-      return err
-    if "No space left on device" in str(err):  # a library's long message: the OS's words alone
-      return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    yield err
     err = err.__cause__ or err.__context__
+
+
+def _disk_full(err: BaseException) -> OSError | None:
+  """The 'no space left on device' error anywhere in `err`'s chain of causes, if any."""
+  for e in _causes(err):
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+      return e
+    if "No space left on device" in str(e):  # a library's long message: the OS's words alone
+      return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
   return None
 
 
 def _out_of_memory(err: BaseException) -> str | None:
   """The first line of an out-of-memory error (the host's MemoryError, or XLA's
   RESOURCE_EXHAUSTED from a device) anywhere in `err`'s chain of causes, if any."""
-  seen = set()
-  while err is not None and id(err) not in seen:
-    seen.add(id(err))
-    said = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    if isinstance(err, MemoryError) or ("RESOURCE_EXHAUSTED" in said and "memory" in said.lower()):
+  for e in _causes(err):
+    said = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if isinstance(e, MemoryError) or ("RESOURCE_EXHAUSTED" in said and "memory" in said.lower()):
       return said[:200].rstrip(".")
-    err = err.__cause__ or err.__context__
   return None
 
 
@@ -99,13 +102,7 @@ def explain(err: BaseException) -> str | None:
 
 def interrupted(err: BaseException) -> bool:
   """Whether a KeyboardInterrupt (Ctrl-C) is in `err`'s chain of causes."""
-  seen = set()
-  while err is not None and id(err) not in seen:
-    seen.add(id(err))
-    if isinstance(err, KeyboardInterrupt):
-      return True
-    err = err.__cause__ or err.__context__
-  return False
+  return any(isinstance(e, KeyboardInterrupt) for e in _causes(err))
 
 
 # ----------------------------------------------------------------------------- start-up

@@ -10,6 +10,16 @@ from jaxrl_llm.config.checks import check
 from jaxrl_llm.run.assemble import build_task
 
 
+def _said_of(name: str, **overrides) -> str:
+  """The ConfigError `parse` raises for `overrides` on configs/<name>.py made tiny ("" if
+  none)."""
+  try:
+    parse(tiny_config(name, **overrides))
+  except ConfigError as e:
+    return str(e)
+  return ""
+
+
 def _said(**overrides) -> str:
   """The ConfigError `parse` raises for `overrides` on the tiny config ("" if none)."""
   return _said_of("default", **overrides)
@@ -500,16 +510,6 @@ def test_a_weight_that_turns_a_loss_or_a_penalty_around_is_refused(config, field
 def test_a_penalty_weight_of_0_and_a_positive_value_weight_are_accepted():
   assert _said_of("dapo", **{"shaping.weight": 0.0}) == ""
   assert _said_of("ppo", **{"objective.value_coef": 1e-3}) == ""
-
-
-def _said_of(name: str, **overrides) -> str:
-  """The ConfigError `parse` raises for `overrides` on configs/<name>.py made tiny ("" if
-  none)."""
-  try:
-    parse(tiny_config(name, **overrides))
-  except ConfigError as e:
-    return str(e)
-  return ""
 
 
 @pytest.mark.parametrize("turns", [-1, 0, 1])

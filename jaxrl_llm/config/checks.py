@@ -375,7 +375,7 @@ def _task(cfg: Config, mc: ModelConfig, task) -> list[str]:
     f"{vocab} tokens",
   )
   split = _train_split(cfg, task)  # a batch past the split (or budget, below) is said first
-  out += split or (_int32_tokens(cfg, task) if _budget(cfg, task) < MAX_BUDGET else [])
+  out += split or _int32_tokens(cfg, task)
   if cfg.sampling.tool != "none":
     from jaxrl_llm import envs, tool_formats
 
@@ -412,8 +412,12 @@ def _train_split(cfg: Config, task) -> list[str]:
 
 def _int32_tokens(cfg: Config, task) -> list[str]:
   """The tokens of a rollout (sampled prompts x G rows) and of an evaluation (eval_size x
-  pass_k sampled rows) stay below 2**31: JAX indexes an array's elements in int32."""
-  length, bound = task.prompt_len + _budget(cfg, task), 2**31 - 1
+  pass_k sampled rows) stay below 2**31: JAX indexes an array's elements in int32. A budget
+  past MAX_BUDGET is said by `_tool_budget` alone."""
+  budget, bound = _budget(cfg, task), 2**31 - 1
+  if budget >= MAX_BUDGET:
+    return []
+  length = task.prompt_len + budget
   p, drawn, k = f"rl.num_prompts={cfg.rl.num_prompts}", cfg.sampled_prompts, cfg.train.pass_k
   if drawn != cfg.rl.num_prompts:  # dynamic sampling draws ceil(k·P)
     p = f"ceil(filtering.oversample={cfg.filtering.oversample} x {p}) = {drawn} prompts"

@@ -15,6 +15,7 @@ import numpy as np
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 ROPE_SCALINGS = ("none", "linear", "llama3")
 IMPLS = ("auto", "kernel", "ragged", "portable", "dense")
+MAX_EXPERTS = 2**24  # E x 63 padding rows of the grouped layout stay well inside int32
 
 _Config = TypeVar("_Config", bound="_DictConfig")
 
@@ -267,13 +268,13 @@ class ModelConfig(_DictConfig):
     out = []
     if self.moe_impl not in IMPLS:  # a dense model too: a checkpoint or a relaunch may be MoE
       out.append(f"model.moe_impl={self.moe_impl!r}; allowed: {', '.join(IMPLS)}")
-    if not 0 <= self.moe_num_experts <= 2**24:  # E x 63 padding rows stay well inside int32
+    if not 0 <= self.moe_num_experts <= MAX_EXPERTS:
       out.append(
-        f"model.moe_num_experts={self.moe_num_experts} must be in [0, 2**24 = {2**24}] (0 = "
+        f"model.moe_num_experts={self.moe_num_experts} must be in [0, 2**24 = {MAX_EXPERTS}] (0 = "
         "dense; the grouped layout pads each expert's rows to a tile of up to 64 rows and "
         "indexes them in int32)"
       )
-    if 0 < self.moe_num_experts <= 2**24:
+    if 0 < self.moe_num_experts <= MAX_EXPERTS:
       if not 1 <= self.moe_top_k <= self.moe_num_experts:
         out.append(
           f"model.moe_top_k={self.moe_top_k} must be in [1, model.moe_num_experts="
