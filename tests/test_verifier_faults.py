@@ -122,7 +122,10 @@ def test_kept_pool_is_reused_across_batches_and_replaced_after_a_timeout(tmp_pat
   first = scoring.worker_pids()
   assert 1 <= len(first) <= 2
   V.score_batch(completions, references, terms=quick, max_workers=2)
-  assert scoring.worker_pids() == first  # the same worker processes served the second batch
+  # The same pool served the second batch: its workers live on (the executor starts its
+  # second worker on demand, so one may join them, never more than max_workers).
+  again = scoring.worker_pids()
+  assert set(first) <= set(again) and len(again) <= 2, (first, again)
 
   _, stats = V.score_batch(
     ["hang"], [str(tmp_path / "pid")], terms={"spin": _spins_on_hang}, timeout_s=0.3, max_workers=2
