@@ -577,9 +577,10 @@ def test_a_full_disk_ends_in_one_clear_line_and_keeps_the_last_checkpoint(small_
 def test_running_out_of_memory_ends_in_one_line_and_keeps_the_checkpoints(tmp_path):
   """An evaluation too large for memory (16 prompts x train.pass_k=2**22 samples: hundreds of
   GiB, below the int32 bound the config checks) ended in a 60-line traceback of XLA's
-  RESOURCE_EXHAUSTED. Now one line says so and what to shrink; the checkpoints the first
-  launch committed restore, and a relaunch with the old setting resumes from them. (An
-  allocation past the host's memory fails at once under Linux's default overcommit.)"""
+  RESOURCE_EXHAUSTED. Now one line says so and what to shrink. The last step (4) is saved
+  before its evaluation, which lost it before (a relaunch found step 2); a relaunch with the
+  old setting evaluates step 4 and ends. (An allocation past the host's memory fails at once
+  under Linux's default overcommit.)"""
   workdir = tmp_path / "run"
   first = _cli(workdir, "--config.sft.steps=0", "--config.train.num_steps=2",
                "--config.train.checkpoint_every=1")  # fmt: skip
@@ -592,10 +593,16 @@ def test_running_out_of_memory_ends_in_one_line_and_keeps_the_checkpoints(tmp_pa
   assert lines[-1].startswith("error: out of memory: RESOURCE_EXHAUSTED"), lines[-5:]
   assert "task.eval_size x train.pass_k" in lines[-1] and "--dry_run" in lines[-1]
   with checkpoint.Checkpointer(workdir, save_every=1) as ckpt:
-    assert ckpt.all_steps()[-1] >= 2
-  again = _cli(workdir, "--config.sft.steps=0", "--config.train.num_steps=3")
+    assert ckpt.all_steps()[-1] == 4
+  assert 4 not in [s for s, _ in metrics.read_scalars(str(workdir))["eval/accuracy"]]
+  again = _cli(workdir, "--config.sft.steps=0", "--config.train.num_steps=4")
   assert again.returncode == 0, again.stderr[-3000:]
-  assert f"resumed from {workdir} at step 2" in again.stderr, again.stderr[-3000:]
+  assert f"resumed from {workdir} at step 4" in again.stderr, again.stderr[-3000:]
+  assert f"{workdir} holds step 4 without its evaluation" in again.stderr, again.stderr[-3000:]
+  assert "RL step" not in again.stderr, again.stderr[-3000:]  # no update: only the evaluation
+  assert 4 in [s for s, _ in metrics.read_scalars(str(workdir))["eval/accuracy"]]
+  done = _cli(workdir, "--config.sft.steps=0", "--config.train.num_steps=4")
+  assert done.returncode == 0 and "nothing to train" in done.stderr, done.stderr[-3000:]
 
 
 def test_only_memory_errors_are_said_as_out_of_memory():

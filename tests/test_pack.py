@@ -607,10 +607,11 @@ def test_a_pack_profiles_the_steps_after_the_compiling_one(tmp_path):
 
 
 @pytest.mark.extended
-def test_one_diverging_run_stops_alone_and_the_pack_goes_on(tmp_path):
+def test_one_diverging_run_stops_alone_and_the_pack_goes_on(tmp_path, caplog):
   """A grid over the learning rate where one value diverges (every update non-finite): that
   run stops alone, named, recorded in its folder and kept as it stopped; the other trains to
-  the end exactly as it trains alone; a relaunch keeps the stopped run stopped and goes on."""
+  the end exactly as it trains alone; a relaunch keeps the stopped run stopped and goes on;
+  relaunched once finished, the stopped run's missing last evaluation is not run again."""
   sick = {
     "optim.learning_rate": 1e38,
     "optim.grad_clip": 0.0,
@@ -638,3 +639,6 @@ def test_one_diverging_run_stops_alone_and_the_pack_goes_on(tmp_path):
   _assert_same_params(_params(root, STEPS + 2, 1), kept)
   steps = [s for s, _ in metrics_lib.read_scalars(str(root / names[0]))["policy/loss"]]
   assert steps[-1] == STEPS + 2
+  with caplog.at_level("INFO"):
+    train_pack(longer, str(root))
+  assert "nothing to train" in caplog.text and "without its evaluation" not in caplog.text

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import numpy as np
 from absl import logging
 
 from jaxrl_llm import checkpoint as ckpt_lib
@@ -254,14 +255,29 @@ def _step(run: _Pass, state, step: int):
     _guarded(trainee, r, state, done, member.logger.step, done, metrics)
   if any(m.stopped for m in trainee.members):
     state = trainee.held(state)
-  if done % tr.eval_every == 0 or done == tr.num_steps:
-    run.evaluate(done, state.params)
-  force = done in (run.end, tr.num_steps)
-  saved = run.ckpt.save(
+  force = done in (run.end, tr.num_steps)  # saved before its evaluation, which it then outlives:
+  saved = run.ckpt.save(  # a relaunch evaluates a saved step whose evaluation failed or stopped
     done, trainee.exp.stored(state), data_iter=run.data, meta=trainee.meta(), force=force
   )
   sigterm.unsaved(not saved)  # a stop during a compilation then waits to save these steps
+  if _evaluation_due(tr, done):
+    run.evaluate(done, state.params)
   return state
+
+
+def _evaluation_due(tr, step: int) -> bool:
+  """Whether the held-out evaluation runs after `step` (every train.eval_every, and the last)."""
+  return step % tr.eval_every == 0 or step == tr.num_steps
+
+
+def _unevaluated(trainee, step: int) -> bool:
+  """Whether a running member's events lack the evaluation at its saved `step` (the run
+  stopped or failed in it, after the save): process 0 reads the events, every process agrees."""
+  missing = jax.process_index() == 0 and any(
+    not m.stopped and (held_out.recorded_eval(m.workdir, step) or (None,))[0] != step
+    for m in trainee.members
+  )
+  return bool(distributed.summed(np.array([missing], np.int32))[0])
 
 
 def _guarded(trainee, r: int, state, done: int, check, *args, **kwargs) -> None:
@@ -379,22 +395,26 @@ def train(
       state = _start_state(trainee, ckpt, data)  # a checkpoint of another run: refused here
       start = trainee.step_of(state)
       preempt.stop_if_asked(f"while it started (at step {start})", trainee.root, start, ckpt.wait)
-      if start >= tr.num_steps:  # finished: each run's last evaluation, nothing written
+      _resume_stopped(trainee, state)
+      missing = start > 0 and _evaluation_due(tr, start) and _unevaluated(trainee, start)
+      if start >= tr.num_steps and not missing:  # finished: each run's last evaluation
         return {m.name: finished_run(m.workdir, start, tr.num_steps) for m in trainee.members}
       if changed:
         logging.warning("resuming %s under changed settings: %s", trainee.root, "; ".join(changed))
       for note in changes.resume_notes(trainee.members, start):  # a schedule moved, no record
         logging.warning("resuming %s %s", trainee.root, note)
       _open_members(trainee, start, hparam_fields)
-      _resume_stopped(trainee, state)
-      if start == 0:
-        evaluate(0, state.params)
-        saved = "checkpoint 0 holds the warm start" if exp.config.sft.steps else "nothing saved"
-        preempt.stop_if_asked(f"during the first evaluation ({saved})", trainee.root, 0, ckpt.wait)
+      if start == 0 or missing:
+        _evaluate_start(trainee, evaluate, state, start, ckpt)
+      if start >= tr.num_steps:  # finished, now with its last evaluation
+        for member in trainee.members:
+          member.writer.session_end(start, "failure" if member.stopped else "success")
+        return {m.name: m.history[-1][1] if m.history else {} for m in trainee.members}
       state, end = _loop(trainee, state, data, ckpt, evaluate)
       ckpt.wait()
       for member in trainee.members:  # a resume's summary starts from the evaluation before
-        if start > 0 and (recorded := held_out.recorded_eval(member.workdir, start)):
+        recorded = held_out.recorded_eval(member.workdir, start) if start > 0 else None
+        if recorded and not (member.history and member.history[0][0] == start):
           member.history.insert(0, recorded)
       for member in trainee.members:  # after the checkpoints: the last finite state is kept
         if not member.stopped:
@@ -403,6 +423,23 @@ def train(
     finally:
       close()  # pending saves finish (or fail) before the error propagates
   return {m.name: m.history[-1][1] if m.history else {} for m in trainee.members}
+
+
+def _evaluate_start(trainee, evaluate: Evaluator, state, start: int, ckpt) -> None:
+  """The evaluation before the first update: a fresh run's at step 0, or the one at a resumed
+  step that its events lack (the run failed, was killed or stopped after saving the step and
+  before recording its evaluation). A SIGTERM during it stops the run after it."""
+  if start == 0:
+    saved = "checkpoint 0 holds the warm start" if trainee.exp.config.sft.steps else "nothing saved"
+    where = f"during the first evaluation ({saved})"
+  else:
+    logging.info(
+      "%s holds step %d without its evaluation (the run ended in it): evaluating it first",
+      trainee.root, start,
+    )  # fmt: skip
+    where = f"during the evaluation of step {start} (checkpoint {start} is kept)"
+  evaluate(start, state.params)
+  preempt.stop_if_asked(where, trainee.root, start, ckpt.wait)
 
 
 def _close(trainee, ckpt) -> None:
