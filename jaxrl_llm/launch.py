@@ -88,7 +88,7 @@ def explain(err: BaseException) -> str | None:
       f"error: out of memory: {memory}. The checkpoints committed before it are intact; make "
       "the step smaller (rl.num_prompts, sampling.group_size, the completion budget, "
       "rl.microbatch_tokens) or the evaluation (task.eval_size x train.pass_k); --dry_run "
-      "plans a step's memory before a run"
+      "plans the memory of both before a run"
     )
   full = _disk_full(err)
   if full is not None:
@@ -136,10 +136,11 @@ def choose_backend(debug: bool = False) -> None:
 
 
 def dry_run(config, device_memory_gib: float | None = None, debug: bool = False) -> int:
-  """Compiles the fused step of `config` (host verifiers: its sample and learn programs) from
-  shapes alone and prints its memory per device against the capacity (`device_memory_gib`,
-  else the device's); exit status: 0 fits, 3 does not, 2 a known failure, as a run's (a bad
-  config, data file or checkpoint: its line printed; `debug`: its traceback)."""
+  """Compiles the fused step of `config` (host verifiers: its sample and learn programs) and
+  its held-out evaluation from shapes alone and prints their memory per device against the
+  capacity (`device_memory_gib`, else the device's), a line each; exit status: 0 both fit, 3
+  one does not, 2 a known failure, as a run's (a bad config, data file or checkpoint: its line
+  printed; `debug`: its traceback)."""
   import math
 
   from jaxrl_llm import plan
@@ -155,7 +156,8 @@ def dry_run(config, device_memory_gib: float | None = None, debug: bool = False)
     return 2
   try:
     capacity = None if device_memory_gib is None else int(device_memory_gib * plan.GIB)
-    memory = plan.plan(parse_acting(config, overridden_fields(sys.argv)), capacity_bytes=capacity)
+    acting = parse_acting(config, overridden_fields(sys.argv))
+    memory = plan.plan(acting, capacity_bytes=capacity, evaluation=True)
   except Exception as e:
     line = explain(e)
     if line is None:
@@ -164,8 +166,7 @@ def dry_run(config, device_memory_gib: float | None = None, debug: bool = False)
       traceback.print_exc()
     print(line, file=sys.stderr)
     return 2
-  print(f"dry run: {memory.summary()}", flush=True)
-  return 3 if memory.fits is False else 0
+  return plan.print_dry_run(memory)
 
 
 def workdir_problem(workdir: str) -> str | None:

@@ -97,11 +97,16 @@ class MemoryPlan:
   refused: str = ""  # the compiler's out-of-memory message when it refused the program (TPU)
   runs: int = 0  # runs of a pack (0: a single run)
   host_rewards: bool = False  # two programs (sample, learn) around host verifiers; the larger
+  program: str = ""  # what was planned when not the RL step (the held-out evaluation)
+  resident_bytes: int = 0  # held beside the program's arguments (the train state's other parts)
+  evaluation: MemoryPlan | None = None  # the held-out evaluation's plan (`plan(evaluation=...)`)
 
   @property
   def peak_bytes(self) -> int:
-    """Arguments + outputs not aliased to them + temp: the step's peak per device."""
-    return _peak_of(self.argument_bytes, self.output_bytes, self.alias_bytes, self.temp_bytes)
+    """Arguments + outputs not aliased to them + temp (+ what stays resident beside them): the
+    program's peak per device."""
+    out = _peak_of(self.argument_bytes, self.output_bytes, self.alias_bytes, self.temp_bytes)
+    return out + self.resident_bytes
 
   @property
   def fits(self) -> bool | None:
@@ -113,13 +118,18 @@ class MemoryPlan:
   def summary(self) -> str:
     """One line: the peak against the capacity, and the verdict."""
     mesh = " x ".join(f"{k}={v}" for k, v in self.mesh.items() if v > 1) or "one device"
+    rest = f" + the rest of the state {human_bytes(self.resident_bytes)}" * bool(
+      self.resident_bytes
+    )
     need = (
       f"{human_bytes(self.peak_bytes)} per device (arguments "
-      f"{human_bytes(self.argument_bytes)} + temp {human_bytes(self.temp_bytes)}) on "
+      f"{human_bytes(self.argument_bytes)} + temp {human_bytes(self.temp_bytes)}{rest}) on "
       f"{self.num_devices} x {self.device_kind} ({mesh})"
     )
     step = f"the packed step of {self.runs} runs" if self.runs else "the fused step"
-    if self.host_rewards:  # the verifiers run on the host between two programs
+    if self.program:
+      step = self.program
+    elif self.host_rewards:  # the verifiers run on the host between two programs
       step = "the larger of the sample and learn programs" + (
         f" of a pack of {self.runs} runs" if self.runs else ""
       )
@@ -129,6 +139,15 @@ class MemoryPlan:
       return f"{step} needs {need}: does NOT fit (the compiler: {self.refused})"
     verdict = "fits in" if self.fits else "does NOT fit in"
     return f"{step} needs {need}: {verdict} {human_bytes(self.capacity_bytes)} per device"
+
+
+def print_dry_run(memory: MemoryPlan) -> int:
+  """Prints a `--dry_run`'s lines (the step's plan, then its evaluation's) on stdout; returns
+  its exit status: 3 when one does not fit, else 0."""
+  plans = [memory, *([memory.evaluation] if memory.evaluation else [])]
+  for p in plans:
+    print(f"dry run: {p.summary()}", flush=True)
+  return 3 if any(p.fits is False for p in plans) else 0
 
 
 def human_bytes(n: float) -> str:
@@ -144,11 +163,13 @@ def plan(
   capacity_bytes: int | None = None,
   runs: int = 0,
   varied: Sequence[str] | None = None,
+  evaluation: bool = False,
 ) -> MemoryPlan:
   """Builds `config` (a `config.Config`) abstractly on `devices` (default: this machine's)
   and compiles the fused step; `prompt_len` sizes prompts other than the task's, `capacity_bytes` overrides the
   device's own capacity (e.g. to plan a GPU run on a CPU machine). `runs` > 0 plans a pack
-  of that many runs (`run.pack`) varying the fields `varied` (default: `_pack_args`)."""
+  of that many runs (`run.pack`) varying the fields `varied` (default: `_pack_args`).
+  `evaluation`: also plan the held-out evaluation's program (the plan's `evaluation`)."""
   from jaxrl_llm import run  # the run imports this module's callers, not the reverse
 
   devices = list(devices if devices is not None else jax.devices())
@@ -165,33 +186,69 @@ def plan(
     "mesh": dict(exp.mesh.shape),
     "runs": runs,
   }
+  host = exp.task.rewards_on_host
+
+  def step():
+    if host:  # sample -> host verifiers -> learn: the larger peak
+      return max(_sample_and_learn(exp, args), key=lambda c: _peak_of(**_sizes(c)))
+    return exp.program.step.lower(*args).compile()
+
+  memory = _planned(step, args, common, "the RL step", t0, host_rewards=host)
+  if evaluation:
+    memory = dataclasses.replace(memory, evaluation=_evaluation(exp, args, common))
+  return memory
+
+
+def _planned(compile_program, args, common: dict, what: str, t0: float, **fields) -> MemoryPlan:
+  """The plan of the program `compile_program()` compiles (`what`, for a stop during it) from
+  the abstract `args`; a TPU compiler's refusal (out of HBM) is a plan that does not fit."""
   try:
-    with sigterm.compiling("the RL step (a plan: nothing is written)"):
-      if exp.task.rewards_on_host:  # sample -> host verifiers -> learn: the larger peak
-        compiled = max(_sample_and_learn(exp, args), key=lambda c: _peak_of(**_sizes(c)))
-      else:
-        compiled = exp.program.step.lower(*args).compile()
+    with sigterm.compiling(f"{what} (a plan: nothing is written)"):
+      compiled = compile_program()
   except jax.errors.JaxRuntimeError as err:  # TPU compilers refuse what exceeds the HBM
     message = str(err)
     if "RESOURCE_EXHAUSTED" not in message:
       raise
-    args = shard_bytes(args)
+    held = shard_bytes(args)
     temp = re.search(r"temporaries \(([\d.]+)G\)", message)
     return MemoryPlan(
-      argument_bytes=args,
-      output_bytes=args,
-      alias_bytes=args,
+      argument_bytes=held,
+      output_bytes=held,
+      alias_bytes=held,
       temp_bytes=int(float(temp.group(1)) * GIB) if temp else 0,
       compile_s=time.perf_counter() - t0,
       refused=message.split("RESOURCE_EXHAUSTED:", 1)[1].strip().splitlines()[0],
-      host_rewards=exp.task.rewards_on_host,
+      **fields,
       **common,
     )
-  return MemoryPlan(
-    host_rewards=exp.task.rewards_on_host,
-    compile_s=time.perf_counter() - t0,
-    **_sizes(compiled),
-    **common,
+  return MemoryPlan(compile_s=time.perf_counter() - t0, **_sizes(compiled), **common, **fields)
+
+
+def _evaluation(exp, args: tuple, common: dict) -> MemoryPlan:
+  """The held-out evaluation's plan: its device program (greedy and pass@k sampling of the
+  task's held-out prompts) on the state's parameters, the rest of the train state resident
+  beside it (as in a run, between two steps)."""
+  from jaxrl_llm import sharding
+  from jaxrl_llm.data import pipeline
+  from jaxrl_llm.run.assemble import device_columns
+
+  rows, _ = exp.task.eval_set(multiple_of=sharding.batch_size_divisor(exp.mesh))
+  batch = jax.tree.map(
+    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=exp.batch_sharding),
+    pipeline.to_prompt_batch(device_columns(rows)),
+  )
+  state, _, key, *values = args
+  n, k = len(rows["tokens"]), max(exp.config.train.pass_k, 1)
+  runs = f" of {common['runs']} runs" if common["runs"] else ""
+  what = f"the held-out evaluation{runs} ({n} prompts: greedy, and {k} samples each)"
+  return _planned(
+    lambda: exp.eval_fn.lower(state.params, batch, key, *values).compile(),
+    (state.params, batch),
+    common,
+    what,
+    time.perf_counter(),
+    program=what,
+    resident_bytes=shard_bytes(state) - shard_bytes(state.params),
   )
 
 

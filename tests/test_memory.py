@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -40,6 +41,48 @@ def test_the_fused_step_compiles_from_abstract_state_and_reports_memory():
   assert "fits in" in p.summary() and "1 x cpu (one device)" in p.summary()
 
 
+def test_the_evaluation_plan_is_the_evaluation_a_run_compiles(capsys):
+  """`--dry_run` plans the held-out evaluation beside the step (an evaluation too large for
+  memory passed the dry run, then ran out of memory in the run): from shapes alone, the same
+  program and bytes as the evaluation compiled from a built run's arrays, growing with
+  train.pass_k while the step's plan stays; a line each, exit 3 when only it does not fit."""
+  from jaxrl_llm import plan as plan_lib
+  from jaxrl_llm import sharding
+  from jaxrl_llm.run.assemble import to_global_batch
+
+  config = tiny_config(**{"train.pass_k": 8})
+  few = parsed.plan(config, jax.devices()[:1], evaluation=True)
+  exp = build(config)
+  rows, _ = exp.task.eval_set(multiple_of=sharding.batch_size_divisor(exp.mesh))
+  batch = to_global_batch(rows, exp.batch_sharding)
+  real = exp.eval_fn.lower(exp.state.params, batch, jax.random.PRNGKey(0)).compile()
+  m, planned = real.memory_analysis(), few.evaluation
+  assert (planned.temp_bytes, planned.argument_bytes) == (
+    m.temp_size_in_bytes,
+    m.argument_size_in_bytes,
+  )
+  state = init_reference(exp.state, config.kl.beta)
+  assert planned.resident_bytes == plan_lib.shard_bytes(state) - plan_lib.shard_bytes(state.params)
+  assert planned.summary().startswith(
+    f"the held-out evaluation ({len(rows['tokens'])} prompts: greedy, and 8 samples each) needs "
+  )
+  many = parsed.plan(tiny_config(**{"train.pass_k": 64}), jax.devices()[:1], evaluation=True)
+  assert many.evaluation.temp_bytes > 4 * planned.temp_bytes
+  assert many.temp_bytes == few.temp_bytes  # pass_k leaves the step as it was
+  between = planned.peak_bytes + (many.evaluation.peak_bytes - planned.peak_bytes) // 2
+  tight = dataclasses.replace(many, capacity_bytes=between)
+  tight = dataclasses.replace(
+    tight, evaluation=dataclasses.replace(many.evaluation, capacity_bytes=between)
+  )
+  assert plan_lib.print_dry_run(tight) == 3 and plan_lib.print_dry_run(few) == 0
+  lines = capsys.readouterr().out.splitlines()
+  assert [line.split(" needs ")[0] for line in lines[:2]] == [
+    "dry run: the fused step",
+    f"dry run: the held-out evaluation ({len(rows['tokens'])} prompts: greedy, and 64 samples each)",
+  ]
+  assert "fits in" in lines[0] and "does NOT fit in" in lines[1], lines
+
+
 @pytest.mark.slow
 def test_a_host_verifier_task_plans_its_sample_and_learn_programs(tmp_path):
   """Prompt files score on the host between two programs: the plan (`--dry_run`,
@@ -75,11 +118,14 @@ def test_fsdp_plan_holds_an_eighth_of_the_state_per_device():
   "flags, code, says",
   [(["--device_memory_gib=0.001"], 3, "does NOT fit in 1.0 MiB per device"),
    (["--device_memory_gib=64"], 0, "fits in 64.0 GiB per device"),
+   (["--device_memory_gib=1", "--config.train.pass_k=4096"], 3,
+    "4096 samples each) needs 17.0 GiB per device"),
    (["--config.sampling.temperature=-1"], 2, "sampling.temperature=-1.0 must be >= 0.01")],
-  ids=["does-not-fit", "fits", "bad-config"],
+  ids=["does-not-fit", "fits", "evaluation-does-not-fit", "bad-config"],
 )  # fmt: skip
 def test_dry_run_says_in_one_line_whether_a_config_fits(flags, code, says):
-  """`--dry_run`: one line and exit 3 (does not fit), 0 (fits) or 2 (a bad config, on stderr)."""
+  """`--dry_run`: a line for the step and one for the evaluation, exit 3 (one does not fit) or 0
+  (both fit); or one line on stderr and exit 2 (a bad config)."""
   cmd = [sys.executable, "-m", "jaxrl_llm.main", "--config=configs/default.py", "--dry_run"]
   env = cli_env()
   proc = subprocess.run(
@@ -87,10 +133,11 @@ def test_dry_run_says_in_one_line_whether_a_config_fits(flags, code, says):
   )
   assert proc.returncode == code, proc.stderr[-2000:]
   lines = (proc.stderr if code == 2 else proc.stdout).strip().splitlines()
-  assert len(lines) == 1, lines
+  assert len(lines) == (1 if code == 2 else 2), lines
   if code != 2:
     assert lines[0].startswith("dry run: the fused step needs ")
-  assert says in lines[0], lines[0]
+    assert lines[1].startswith("dry run: the held-out evaluation (256 prompts: greedy, and ")
+  assert says in " ".join(lines), lines
 
 
 def test_memory_table_targets_parse_and_bad_ones_are_named():

@@ -582,6 +582,7 @@ def test_a_packed_dry_run_plans_the_pack_or_names_the_packable_fields(tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "a pack of 4 runs varying seed, objective.clip_high" in proc.stdout
   assert "dry run: the packed step of 4 runs needs" in proc.stdout
+  assert "dry run: the held-out evaluation of 4 runs (" in proc.stdout
   bad, _ = _tool("sweep", *args, "--grid=rl.num_epochs=1,2")
   assert bad.returncode == 2 and not (tmp_path / "p").exists()
   (line,) = [x for x in bad.stderr.splitlines() if x.startswith("error:")]

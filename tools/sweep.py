@@ -716,7 +716,8 @@ def _pack_configs(config: str, runs: Sequence[Run]):
 
 
 def dry_run_packed(config: str, runs: Sequence[Run]) -> int:
-  """Checks that the grid packs and plans the packed step's memory (compile only)."""
+  """Checks that the grid packs and plans the packed step's and its evaluation's memory
+  (compile only)."""
   from jaxrl_llm import plan as plan_lib
   from jaxrl_llm.run.pack import check_packable
 
@@ -726,9 +727,8 @@ def dry_run_packed(config: str, runs: Sequence[Run]) -> int:
   for run in runs:
     print(f"  {run.name}")
   traced = [f for f in varied if f != "seed"]
-  memory = plan_lib.plan(configs[0], runs=len(runs), varied=traced)
-  print(f"dry run: {memory.summary()}", flush=True)
-  return 3 if memory.fits is False else 0
+  memory = plan_lib.plan(configs[0], runs=len(runs), varied=traced, evaluation=True)
+  return plan_lib.print_dry_run(memory)
 
 
 def leave_job(code: int, line: str) -> None:

@@ -71,7 +71,8 @@ def make_eval_fn(
   `runs` > 0: a pack's evaluation, vmapped over the runs axis of params, rng and values (the
   batch and answers are shared; `cfg.mesh.runs_at_once` of each device group's runs at a
   time); each metric gains a leading runs axis. `param_axes`: the
-  params' vmap axes (`rl.step.run_axes`: None on a frozen base the runs share).
+  params' vmap axes (`rl.step.run_axes`: None on a frozen base the runs share). Its `lower`
+  lowers the device program for abstract arguments (`plan.plan(..., evaluation=True)`).
   """
   groups, at_once = mesh.shape[sharding.RUNS_AXIS], cfg.mesh.runs_at_once
   vmapped = runs and not sharding.in_turn(at_once, groups)
@@ -98,8 +99,18 @@ def make_eval_fn(
     eval_fn = sharding.vmap_runs(eval_fn, in_axes, at_once=at_once, groups=groups)
   jitted = jax.jit(sharding.traced_with_rules(eval_fn, mesh, rules), out_shardings=repl)
   jitted = distributed.program(jitted, "evaluation", "the held-out evaluation")
+
+  def lower(params, batch: PromptBatch, rng, values=own):
+    """The evaluation's device program lowered for these (abstract) arguments: a plan."""
+    return jitted.lower(params, batch, rng, values)
+
   if not host:
-    return lambda params, batch, rng, answers=None, values=own: jitted(params, batch, rng, values)
+
+    def device_eval(params, batch, rng, answers=None, values=own):
+      return jitted(params, batch, rng, values)
+
+    device_eval.lower = lower
+    return device_eval
 
   def host_summary(greedy, sampled, lengths, answers):
     acc, _ = task.host_reward_terms(greedy, answers)
@@ -115,4 +126,5 @@ def make_eval_fn(
     each = [host_summary(*out, answers) for out in zip(greedy, sampled, lengths, strict=True)]
     return {key: jnp.stack([m[key] for m in each]) for key in each[0]}
 
+  host_eval.lower = lower
   return host_eval

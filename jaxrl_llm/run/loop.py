@@ -236,7 +236,7 @@ def _how_built(program) -> str:
 
 
 def _step(run: _Pass, state, step: int):
-  """Every member's RL update with its logging, evaluation and the checkpoint."""
+  """Every member's RL update with its logging, its checkpoint and then its evaluation."""
   trainee = run.trainee
   cfg = trainee.exp.config
   tr, updates = cfg.train, cfg.rl.num_epochs * cfg.rl.num_minibatches
