@@ -240,7 +240,7 @@ def _evaluation(exp, args: tuple, common: dict) -> MemoryPlan:
   state, _, key, *values = args
   n, k = len(rows["tokens"]), max(exp.config.train.pass_k, 1)
   runs = f" of {common['runs']} runs" if common["runs"] else ""
-  what = f"the held-out evaluation{runs} ({n} prompts: greedy, and {k} samples each)"
+  what = f"the held-out evaluation{runs} ({n} prompts: greedy, and {k} sample{'s' * (k > 1)} each)"
   return _planned(
     lambda: exp.eval_fn.lower(state.params, batch, key, *values).compile(),
     (state.params, batch),
