@@ -574,34 +574,45 @@ def test_a_full_disk_ends_in_one_clear_line_and_keeps_the_last_checkpoint(small_
   assert step == steps[-1]
 
 
+def _evaluated(workdir) -> list[int]:
+  """The steps of `workdir`'s recorded held-out evaluations."""
+  return [s for s, _ in metrics.read_scalars(str(workdir))["eval/accuracy"]]
+
+
 def test_running_out_of_memory_ends_in_one_line_and_keeps_the_checkpoints(tmp_path):
   """An evaluation too large for memory (16 prompts x train.pass_k=2**22 samples: hundreds of
   GiB, below the int32 bound the config checks) ended in a 60-line traceback of XLA's
-  RESOURCE_EXHAUSTED. Now one line says so and what to shrink. The last step (4) is saved
-  before its evaluation, which lost it before (a relaunch found step 2); a relaunch with the
-  old setting evaluates step 4 and ends. (An allocation past the host's memory fails at once
-  under Linux's default overcommit.)"""
-  workdir = tmp_path / "run"
-  first = _cli(workdir, "--config.sft.steps=0", "--config.train.num_steps=2",
-               "--config.train.checkpoint_every=1")  # fmt: skip
+  RESOURCE_EXHAUSTED. Now one line says so and what to shrink, and no step is lost: the step
+  whose evaluation failed is saved (before, the steps since the last checkpoint were lost), and
+  the last step is saved before its evaluation; a relaunch with the old setting evaluates the
+  saved step first, a finished run's last one included. (An allocation past the host's memory
+  fails at once under Linux's default overcommit.)"""
+  workdir, flags = tmp_path / "run", ("--config.sft.steps=0", "--config.train.eval_every=3")
+  first = _cli(workdir, *flags, "--config.train.num_steps=2", "--config.train.checkpoint_every=1")
   assert first.returncode == 0, first.stderr[-3000:]
-  big = _cli(workdir, "--config.sft.steps=0", "--config.train.num_steps=4",
-             f"--config.train.pass_k={2**22}")  # fmt: skip
+  big = _cli(workdir, *flags, "--config.train.num_steps=6", f"--config.train.pass_k={2**22}")
   lines = big.stderr.strip().splitlines()
   assert big.returncode == 2, big.stderr[-3000:]
   assert "Traceback" not in big.stderr, big.stderr[-3000:]
   assert lines[-1].startswith("error: out of memory: RESOURCE_EXHAUSTED"), lines[-5:]
   assert "task.eval_size x train.pass_k" in lines[-1] and "--dry_run" in lines[-1]
   with checkpoint.Checkpointer(workdir, save_every=1) as ckpt:
-    assert ckpt.all_steps()[-1] == 4
-  assert 4 not in [s for s, _ in metrics.read_scalars(str(workdir))["eval/accuracy"]]
-  again = _cli(workdir, "--config.sft.steps=0", "--config.train.num_steps=4")
+    assert ckpt.all_steps()[-1] == 3  # its evaluation failed; checkpoint_every is 250
+  assert _evaluated(workdir) == [0, 2]
+  again = _cli(workdir, *flags, "--config.train.num_steps=4")
   assert again.returncode == 0, again.stderr[-3000:]
-  assert f"resumed from {workdir} at step 4" in again.stderr, again.stderr[-3000:]
-  assert f"{workdir} holds step 4 without its evaluation" in again.stderr, again.stderr[-3000:]
+  assert f"{workdir} holds step 3 without its evaluation" in again.stderr, again.stderr[-3000:]
+  assert _evaluated(workdir) == [0, 2, 3, 4]
+  last = _cli(workdir, *flags, "--config.train.num_steps=5", f"--config.train.pass_k={2**22}")
+  assert last.returncode == 2 and "error: out of memory" in last.stderr, last.stderr[-3000:]
+  with checkpoint.Checkpointer(workdir, save_every=1) as ckpt:
+    assert ckpt.all_steps()[-1] == 5
+  again = _cli(workdir, *flags, "--config.train.num_steps=5")
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert f"{workdir} holds step 5 without its evaluation" in again.stderr, again.stderr[-3000:]
   assert "RL step" not in again.stderr, again.stderr[-3000:]  # no update: only the evaluation
-  assert 4 in [s for s, _ in metrics.read_scalars(str(workdir))["eval/accuracy"]]
-  done = _cli(workdir, "--config.sft.steps=0", "--config.train.num_steps=4")
+  assert _evaluated(workdir) == [0, 2, 3, 4, 5]
+  done = _cli(workdir, *flags, "--config.train.num_steps=5")
   assert done.returncode == 0 and "nothing to train" in done.stderr, done.stderr[-3000:]
 
 
@@ -1025,6 +1036,31 @@ def test_sigterm_while_the_evaluation_compiles_after_a_resume_saves_the_step_bef
   assert "while compiling the held-out evaluation" not in err, err[-3000:]
   assert max(_committed(workdir / "checkpoints")) == 2, err[-3000:]
   assert 2 in [s for s, _ in metrics.read_scalars(str(workdir))["eval/accuracy"]]
+
+
+@pytest.mark.extended
+def test_sigterm_while_the_last_evaluation_compiles_stops_at_once_with_the_last_step_saved(
+  tmp_path,
+):
+  """The last step is saved before its evaluation: a SIGTERM while that evaluation compiles (a
+  resumed run's first) stops the run at once, nothing unsaved (before, the run waited for the
+  compilation and the evaluation, then saved); a relaunch evaluates the saved last step."""
+  workdir = tmp_path / "run"
+  nocache = {"JAX_COMPILATION_CACHE_DIR": ""}  # the evaluation's compilation is not loaded
+  first = _launch(workdir, "--config.train.num_steps=1", env=nocache)
+  out = first.communicate(timeout=300)[1]
+  assert first.returncode == 0, out[-3000:]
+  proc = _launch(workdir, "--config.train.num_steps=2", env=nocache)
+  _wait_for(proc, r"compiling the held-out evaluation")
+  err = _terminated(proc)
+  assert proc.returncode == 143, err[-3000:]
+  assert "while compiling the held-out evaluation" in err.strip().splitlines()[-1], err[-3000:]
+  assert max(_committed(workdir / "checkpoints")) == 2, err[-3000:]
+  assert 2 not in _evaluated(workdir)
+  again = _cli(workdir, "--config.train.num_steps=2")
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert f"{workdir} holds step 2 without its evaluation" in again.stderr, again.stderr[-3000:]
+  assert 2 in _evaluated(workdir)
 
 
 @pytest.mark.extended

@@ -261,8 +261,28 @@ def _step(run: _Pass, state, step: int):
   )
   sigterm.unsaved(not saved)  # a stop during a compilation then waits to save these steps
   if _evaluation_due(tr, done):
-    run.evaluate(done, state.params)
+    try:
+      run.evaluate(done, state.params)
+    except Exception:  # out of memory, a verifier: the step is saved first (Ctrl-C saves nothing)
+      if not saved:
+        _save_failed_evaluation(run, state, done)
+      raise
   return state
+
+
+def _save_failed_evaluation(run: _Pass, state, done: int) -> None:
+  """Saves step `done`, whose evaluation failed, before the error ends the run (a relaunch
+  resumes there and evaluates it first); a failing save is a warning, the evaluation's error
+  the one said."""
+  trainee = run.trainee
+  try:
+    run.ckpt.save(
+      done, trainee.exp.stored(state), data_iter=run.data, meta=trainee.meta(), force=True
+    )
+    run.ckpt.wait()
+    sigterm.unsaved(False)
+  except Exception as e:
+    logging.warning("step %d, whose evaluation failed, is not saved: %s", done, e)
 
 
 def _evaluation_due(tr, step: int) -> bool:
