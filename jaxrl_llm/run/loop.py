@@ -264,7 +264,7 @@ def _step(run: _Pass, state, step: int):
     try:
       run.evaluate(done, state.params)
     except Exception:  # out of memory, a verifier: the step is saved first (Ctrl-C saves nothing)
-      if not saved:
+      if not saved and jax.process_count() == 1:  # a save is every process's: peers may not come
         _save_failed_evaluation(run, state, done)
       raise
   return state
