@@ -57,23 +57,10 @@ def _correct(task, rollout, batch: PromptBatch, g: int):
   return terms["correct"]
 
 
-def make_eval_fn(
-  model, task, cfg: Config, mesh, rules=sharding.DEFAULT_RULES, runs=0, param_axes=0, own=None
-):
-  """Held-out evaluation `(params, batch, rng, answers=None, values=None) -> metrics`: greedy
-  accuracy and pass@k at the sampling temperature (`values`: a packed run's own sampling
-  values, traced, in place of the config's; a single run's default: `own`, its traced values
-  (`run.assemble.own_values`), or None for the config's as constants).
-
-  Sampling is one jitted program; a pure-JAX verifier runs inside it, a host verifier (file
-  tasks) scores the decoded completions afterwards: `answers` are the eval set's host
-  reference answers (None for in-graph tasks, whose answers are token arrays in `batch`).
-  `runs` > 0: a pack's evaluation, vmapped over the runs axis of params, rng and values (the
-  batch and answers are shared; `cfg.mesh.runs_at_once` of each device group's runs at a
-  time); each metric gains a leading runs axis. `param_axes`: the
-  params' vmap axes (`rl.step.run_axes`: None on a frozen base the runs share). Its `lower`
-  lowers the device program for abstract arguments (`plan.plan(..., evaluation=True)`).
-  """
+def _eval_program(model, task, cfg: Config, mesh, rules, runs: int, param_axes):
+  """The evaluation's device program `(params, batch, rng, values)`: greedy and pass@k sampling
+  of the held-out prompts, scored inside (a pure-JAX verifier) or returned as tokens and
+  lengths (a host verifier); vmapped over a pack's runs (`make_eval_fn`)."""
   groups, at_once = mesh.shape[sharding.RUNS_AXIS], cfg.mesh.runs_at_once
   vmapped = runs and not sharding.in_turn(at_once, groups)
   axis = sharding.PACK_AXIS if vmapped else None  # a vmapped pack's decode loops stop together
@@ -98,7 +85,28 @@ def make_eval_fn(
     in_axes = (param_axes, None, 0, 0)
     eval_fn = sharding.vmap_runs(eval_fn, in_axes, at_once=at_once, groups=groups)
   jitted = jax.jit(sharding.traced_with_rules(eval_fn, mesh, rules), out_shardings=repl)
-  jitted = distributed.program(jitted, "evaluation", "the held-out evaluation")
+  return distributed.program(jitted, "evaluation", "the held-out evaluation")
+
+
+def make_eval_fn(
+  model, task, cfg: Config, mesh, rules=sharding.DEFAULT_RULES, runs=0, param_axes=0, own=None
+):
+  """Held-out evaluation `(params, batch, rng, answers=None, values=None) -> metrics`: greedy
+  accuracy and pass@k at the sampling temperature (`values`: a packed run's own sampling
+  values, traced, in place of the config's; a single run's default: `own`, its traced values
+  (`run.assemble.own_values`), or None for the config's as constants).
+
+  Sampling is one jitted program; a pure-JAX verifier runs inside it, a host verifier (file
+  tasks) scores the decoded completions afterwards: `answers` are the eval set's host
+  reference answers (None for in-graph tasks, whose answers are token arrays in `batch`).
+  `runs` > 0: a pack's evaluation, vmapped over the runs axis of params, rng and values (the
+  batch and answers are shared; `cfg.mesh.runs_at_once` of each device group's runs at a
+  time); each metric gains a leading runs axis. `param_axes`: the
+  params' vmap axes (`rl.step.run_axes`: None on a frozen base the runs share). Its `lower`
+  lowers the device program for abstract arguments (`plan.plan(..., evaluation=True)`).
+  """
+  k, host = cfg.train.pass_k, task.rewards_on_host
+  jitted = _eval_program(model, task, cfg, mesh, rules, runs, param_axes)
 
   def lower(params, batch: PromptBatch, rng, values=own):
     """The evaluation's device program lowered for these (abstract) arguments: a plan."""

@@ -429,20 +429,31 @@ def train(
       if start >= tr.num_steps:  # finished, now with its last evaluation
         for member in trainee.members:
           member.writer.session_end(start, "failure" if member.stopped else "success")
-        return {m.name: m.history[-1][1] if m.history else {} for m in trainee.members}
+        return _last_evaluations(trainee)
       state, end = _loop(trainee, state, data, ckpt, evaluate)
       ckpt.wait()
-      for member in trainee.members:  # a resume's summary starts from the evaluation before
-        recorded = held_out.recorded_eval(member.workdir, start) if start > 0 else None
-        if recorded and not (member.history and member.history[0][0] == start):
-          member.history.insert(0, recorded)
+      _history_from(trainee, start)
       for member in trainee.members:  # after the checkpoints: the last finite state is kept
         if not member.stopped:
           member.logger.guard.any_applied((start, end), member.prefix)
       _close_members(trainee, ckpt, (start, end), wall_start, evaluate)
     finally:
       close()  # pending saves finish (or fail) before the error propagates
+  return _last_evaluations(trainee)
+
+
+def _last_evaluations(trainee) -> dict[str, dict[str, float]]:
+  """Each member's last evaluation this launch made, by name ({} without one)."""
   return {m.name: m.history[-1][1] if m.history else {} for m in trainee.members}
+
+
+def _history_from(trainee, start: int) -> None:
+  """Puts first in each member's history the evaluation at or before a resumed `start` that
+  an earlier launch recorded (the summary's first evaluation), unless this launch made it."""
+  for member in trainee.members:
+    recorded = held_out.recorded_eval(member.workdir, start) if start > 0 else None
+    if recorded and not (member.history and member.history[0][0] == start):
+      member.history.insert(0, recorded)
 
 
 def _evaluate_start(trainee, evaluate: Evaluator, state, start: int, ckpt) -> None:
