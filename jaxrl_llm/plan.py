@@ -174,7 +174,6 @@ def plan(
 
   devices = list(devices if devices is not None else jax.devices())
   exp = run.build(config, abstract=True, devices=devices, prompt_len=prompt_len, runs=runs)
-  t0 = time.perf_counter()
   repl = jax.sharding.NamedSharding(exp.mesh, jax.sharding.PartitionSpec())
   args = (exp.state, run.abstract_batch(exp), jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=repl))
   if runs:
@@ -193,15 +192,16 @@ def plan(
       return max(_sample_and_learn(exp, args), key=lambda c: _peak_of(**_sizes(c)))
     return exp.program.step.lower(*args).compile()
 
-  memory = _planned(step, args, common, "the RL step", t0, host_rewards=host)
+  memory = _planned(step, args, common, "the RL step", host_rewards=host)
   if evaluation:
     memory = dataclasses.replace(memory, evaluation=_evaluation(exp, args, common))
   return memory
 
 
-def _planned(compile_program, args, common: dict, what: str, t0: float, **fields) -> MemoryPlan:
+def _planned(compile_program, args, common: dict, what: str, **fields) -> MemoryPlan:
   """The plan of the program `compile_program()` compiles (`what`, for a stop during it) from
   the abstract `args`; a TPU compiler's refusal (out of HBM) is a plan that does not fit."""
+  t0 = time.perf_counter()
   try:
     with sigterm.compiling(f"{what} (a plan: nothing is written)"):
       compiled = compile_program()
@@ -246,7 +246,6 @@ def _evaluation(exp, args: tuple, common: dict) -> MemoryPlan:
     (state.params, batch),
     common,
     what,
-    time.perf_counter(),
     program=what,
     resident_bytes=shard_bytes(state) - shard_bytes(state.params),
   )

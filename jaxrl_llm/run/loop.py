@@ -255,10 +255,9 @@ def _step(run: _Pass, state, step: int):
     _guarded(trainee, r, state, done, member.logger.step, done, metrics)
   if any(m.stopped for m in trainee.members):
     state = trainee.held(state)
-  force = done in (run.end, tr.num_steps)  # saved before its evaluation, which it then outlives:
-  saved = run.ckpt.save(  # a relaunch evaluates a saved step whose evaluation failed or stopped
-    done, trainee.exp.stored(state), data_iter=run.data, meta=trainee.meta(), force=force
-  )
+  # Saved before its evaluation, which it then outlives: a relaunch evaluates a saved step
+  # whose evaluation failed or stopped.
+  saved = _save(run, state, done, force=done in (run.end, tr.num_steps))
   sigterm.unsaved(not saved)  # a stop during a compilation then waits to save these steps
   if _evaluation_due(tr, done):
     try:
@@ -270,15 +269,20 @@ def _step(run: _Pass, state, step: int):
   return state
 
 
+def _save(run: _Pass, state, done: int, force: bool) -> bool:
+  """Saves `state` as step `done` with the prompts' position and the run's meta when due (or
+  `force`); returns whether a save began."""
+  trainee = run.trainee
+  stored, meta = trainee.exp.stored(state), trainee.meta()
+  return run.ckpt.save(done, stored, data_iter=run.data, meta=meta, force=force)
+
+
 def _save_failed_evaluation(run: _Pass, state, done: int) -> None:
   """Saves step `done`, whose evaluation failed, before the error ends the run (a relaunch
   resumes there and evaluates it first); a failing save is a warning, the evaluation's error
   the one said."""
-  trainee = run.trainee
   try:
-    run.ckpt.save(
-      done, trainee.exp.stored(state), data_iter=run.data, meta=trainee.meta(), force=True
-    )
+    _save(run, state, done, force=True)
     run.ckpt.wait()
     sigterm.unsaved(False)
   except Exception as e:
