@@ -254,8 +254,8 @@ def test_the_banner_gives_versions_backend_devices_processes_mesh_and_parameters
 
 def test_redirected_every_line_keeps_absls_prefix_naming_its_source(dense_raw):
   """Redirected, each line of a run and of its relaunch keeps absl's prefix (level, time,
-  thread, source line): the banner and summary from record.py, progress lines from loop.py, the
-  final evaluation from main.py."""
+  thread, source line): the banner and summary from record.py, progress lines from step_log.py, a
+  finished run's notice from held_out.py, the final evaluation from main.py."""
   _, lines, again = dense_raw
   for raw in (lines, again):
     assert raw and all(PREFIX.match(x) for x in raw if x.strip()), raw[:5]
@@ -265,7 +265,7 @@ def test_redirected_every_line_keeps_absls_prefix_naming_its_source(dense_raw):
     "step 2/4 ": "step_log.py",
     "trained RL steps ": "record.py",
   }
-  expected |= {"already holds step 4": "loop.py", "last eval: ": "main.py"}
+  expected |= {"already holds step 4": "held_out.py", "last eval: ": "main.py"}
   for start, file in expected.items():
     files = {f for line, f in source.items() if start in line}
     assert files == {file}, (start, files)
@@ -432,13 +432,13 @@ def test_an_invocation_that_stop_after_steps_ends_says_so_and_its_resume_rates_l
 @pytest.mark.extended
 def test_with_debug_a_terminal_keeps_absls_prefix(terminal):
   """With --debug, even on a (pseudo-)terminal each line keeps absl's prefix: the relaunch's
-  banner and workdir lines from record.py, its `already holds` line from loop.py, its final
+  banner and workdir lines from record.py, its `already holds` line from held_out.py, its final
   evaluation from main.py, with the step it holds and each evaluation tag's last value."""
   workdir, _, again = terminal
   assert all(PREFIX.match(x) for x in again), again[:5]
   source = {PREFIX.sub("", x): PREFIX.match(x)[1] for x in again}
   expected = {"jaxrl_llm ": "record.py", f"workdir {workdir} | watch it: ": "record.py"}
-  expected |= {f"{workdir} already holds step 3 ": "loop.py", "last eval: eval/": "main.py"}
+  expected |= {f"{workdir} already holds step 3 ": "held_out.py", "last eval: eval/": "main.py"}
   for start, file in expected.items():
     assert [f for line, f in source.items() if line.startswith(start)] == [file], (start, again)
   final = next(x for x in source if x.startswith("last eval: "))

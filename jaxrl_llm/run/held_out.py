@@ -6,10 +6,12 @@ from __future__ import annotations
 import time
 
 import jax
+import numpy as np
 from absl import logging
 
 from jaxrl_llm import distributed, event_files, host_tool, metric_info, sharding
 from jaxrl_llm import metrics as metrics_lib
+from jaxrl_llm.run import preempt
 from jaxrl_llm.run.assemble import to_global_batch
 
 
@@ -89,3 +91,66 @@ def recorded_eval(workdir: str, upto: int) -> tuple[int, dict[str, float]] | Non
         if step <= upto:
           evals.setdefault(step, {})[tag] = value
   return max(evals.items()) if evals else None
+
+
+def finished_run(trainee, start: int) -> dict[str, dict[str, float]]:
+  """A finished run's last evaluation, by member name (nothing is written)."""
+  tr = trainee.exp.config.train
+  logging.info(
+    "%s already holds step %d of train.num_steps=%d: nothing to train",
+    trainee.root, start, tr.num_steps,
+  )  # fmt: skip
+  out = {}
+  for m in trainee.members:
+    recorded = recorded_eval(m.workdir, start)
+    out[m.name] = recorded[1] if recorded else {}
+  return out
+
+
+def evaluation_due(tr, step: int) -> bool:
+  """Whether the held-out evaluation runs after `step` (every train.eval_every, and the last)."""
+  return step % tr.eval_every == 0 or step == tr.num_steps
+
+
+def unevaluated(trainee, step: int) -> bool:
+  """Whether a resumed `step` was due an evaluation that a running member's events lack (the
+  run stopped or failed in it, after the save): process 0 reads the events, every process
+  agrees."""
+  if step == 0 or not evaluation_due(trainee.exp.config.train, step):
+    return False
+  missing = jax.process_index() == 0 and any(
+    not m.stopped and (recorded_eval(m.workdir, step) or (None,))[0] != step
+    for m in trainee.members
+  )
+  return bool(distributed.summed(np.array([missing], np.int32))[0])
+
+
+def last_evaluations(trainee) -> dict[str, dict[str, float]]:
+  """Each member's last evaluation this launch made, by name ({} without one)."""
+  return {m.name: m.history[-1][1] if m.history else {} for m in trainee.members}
+
+
+def history_from(trainee, start: int) -> None:
+  """Puts first in each member's history the evaluation at or before a resumed `start` that
+  an earlier launch recorded (the summary's first evaluation), unless this launch made it."""
+  for member in trainee.members:
+    recorded = recorded_eval(member.workdir, start) if start > 0 else None
+    if recorded and not (member.history and member.history[0][0] == start):
+      member.history.insert(0, recorded)
+
+
+def evaluate_start(trainee, evaluate: Evaluator, state, start: int, ckpt) -> None:
+  """The evaluation before the first update: a fresh run's at step 0, or the one at a resumed
+  step that its events lack (the run failed, was killed or stopped after saving the step and
+  before recording its evaluation). A SIGTERM during it stops the run after it."""
+  if start == 0:
+    saved = "checkpoint 0 holds the warm start" if trainee.exp.config.sft.steps else "nothing saved"
+    where = f"during the first evaluation ({saved})"
+  else:
+    logging.info(
+      "%s holds step %d without its evaluation (the run ended in it): evaluating it first",
+      trainee.root, start,
+    )  # fmt: skip
+    where = f"during the evaluation of step {start} (checkpoint {start} is kept)"
+  evaluate(start, state.params)
+  preempt.stop_if_asked(where, trainee.root, start, ckpt.wait)

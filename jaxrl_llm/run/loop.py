@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
-import numpy as np
 from absl import logging
 
 from jaxrl_llm import checkpoint as ckpt_lib
@@ -184,15 +183,6 @@ def _changed_settings(trainee, ckpt) -> list[str]:
   return changed
 
 
-def finished_run(workdir: str, start: int, num_steps: int) -> dict[str, float]:
-  """A finished workdir's last evaluation (nothing is written)."""
-  logging.info(
-    "%s already holds step %d of train.num_steps=%d: nothing to train", workdir, start, num_steps
-  )
-  recorded = held_out.recorded_eval(workdir, start)
-  return recorded[1] if recorded else {}
-
-
 @dataclasses.dataclass
 class _Pass:
   """What one invocation of the loop carries from step to step."""
@@ -259,7 +249,7 @@ def _step(run: _Pass, state, step: int):
   # whose evaluation failed or stopped.
   saved = _save(run, state, done, force=done in (run.end, tr.num_steps))
   sigterm.unsaved(not saved)  # a stop during a compilation then waits to save these steps
-  if _evaluation_due(tr, done):
+  if held_out.evaluation_due(tr, done):
     try:
       run.evaluate(done, state.params)
     except Exception:  # out of memory, a verifier: the step is saved first (Ctrl-C saves nothing)
@@ -287,21 +277,6 @@ def _save_failed_evaluation(run: _Pass, state, done: int) -> None:
     sigterm.unsaved(False)
   except Exception as e:
     logging.warning("step %d, whose evaluation failed, is not saved: %s", done, e)
-
-
-def _evaluation_due(tr, step: int) -> bool:
-  """Whether the held-out evaluation runs after `step` (every train.eval_every, and the last)."""
-  return step % tr.eval_every == 0 or step == tr.num_steps
-
-
-def _unevaluated(trainee, step: int) -> bool:
-  """Whether a running member's events lack the evaluation at its saved `step` (the run
-  stopped or failed in it, after the save): process 0 reads the events, every process agrees."""
-  missing = jax.process_index() == 0 and any(
-    not m.stopped and (held_out.recorded_eval(m.workdir, step) or (None,))[0] != step
-    for m in trainee.members
-  )
-  return bool(distributed.summed(np.array([missing], np.int32))[0])
 
 
 def _guarded(trainee, r: int, state, done: int, check, *args, **kwargs) -> None:
@@ -420,61 +395,30 @@ def train(
       start = trainee.step_of(state)
       preempt.stop_if_asked(f"while it started (at step {start})", trainee.root, start, ckpt.wait)
       _resume_stopped(trainee, state)
-      missing = start > 0 and _evaluation_due(tr, start) and _unevaluated(trainee, start)
+      missing = held_out.unevaluated(trainee, start)
       if start >= tr.num_steps and not missing:  # finished: each run's last evaluation
-        return {m.name: finished_run(m.workdir, start, tr.num_steps) for m in trainee.members}
+        return held_out.finished_run(trainee, start)
       if changed:
         logging.warning("resuming %s under changed settings: %s", trainee.root, "; ".join(changed))
       for note in changes.resume_notes(trainee.members, start):  # a schedule moved, no record
         logging.warning("resuming %s %s", trainee.root, note)
       _open_members(trainee, start, hparam_fields)
       if start == 0 or missing:
-        _evaluate_start(trainee, evaluate, state, start, ckpt)
+        held_out.evaluate_start(trainee, evaluate, state, start, ckpt)
       if start >= tr.num_steps:  # finished, now with its last evaluation
         for member in trainee.members:
           member.writer.session_end(start, "failure" if member.stopped else "success")
-        return _last_evaluations(trainee)
+        return held_out.last_evaluations(trainee)
       state, end = _loop(trainee, state, data, ckpt, evaluate)
       ckpt.wait()
-      _history_from(trainee, start)
+      held_out.history_from(trainee, start)
       for member in trainee.members:  # after the checkpoints: the last finite state is kept
         if not member.stopped:
           member.logger.guard.any_applied((start, end), member.prefix)
       _close_members(trainee, ckpt, (start, end), wall_start, evaluate)
     finally:
       close()  # pending saves finish (or fail) before the error propagates
-  return _last_evaluations(trainee)
-
-
-def _last_evaluations(trainee) -> dict[str, dict[str, float]]:
-  """Each member's last evaluation this launch made, by name ({} without one)."""
-  return {m.name: m.history[-1][1] if m.history else {} for m in trainee.members}
-
-
-def _history_from(trainee, start: int) -> None:
-  """Puts first in each member's history the evaluation at or before a resumed `start` that
-  an earlier launch recorded (the summary's first evaluation), unless this launch made it."""
-  for member in trainee.members:
-    recorded = held_out.recorded_eval(member.workdir, start) if start > 0 else None
-    if recorded and not (member.history and member.history[0][0] == start):
-      member.history.insert(0, recorded)
-
-
-def _evaluate_start(trainee, evaluate: Evaluator, state, start: int, ckpt) -> None:
-  """The evaluation before the first update: a fresh run's at step 0, or the one at a resumed
-  step that its events lack (the run failed, was killed or stopped after saving the step and
-  before recording its evaluation). A SIGTERM during it stops the run after it."""
-  if start == 0:
-    saved = "checkpoint 0 holds the warm start" if trainee.exp.config.sft.steps else "nothing saved"
-    where = f"during the first evaluation ({saved})"
-  else:
-    logging.info(
-      "%s holds step %d without its evaluation (the run ended in it): evaluating it first",
-      trainee.root, start,
-    )  # fmt: skip
-    where = f"during the evaluation of step {start} (checkpoint {start} is kept)"
-  evaluate(start, state.params)
-  preempt.stop_if_asked(where, trainee.root, start, ckpt.wait)
+  return held_out.last_evaluations(trainee)
 
 
 def _close(trainee, ckpt) -> None:
