@@ -13,6 +13,7 @@ import json
 import os
 import pathlib
 import re
+import subprocess
 import sys
 import zipfile
 
@@ -688,6 +689,41 @@ def test_cli_names_out_dir_when_it_is_a_file(tmp_path, tiny_gguf, capsys):
     captured.err
   )
   assert taken.read_text() == "a file" and captured.out == ""
+
+
+def test_a_gguf_file_as_model_checkpoint_is_one_line_whose_command_makes_the_directory(
+  tmp_path, tiny_gguf, capsys
+):
+  """`--config.model.checkpoint=FILE.gguf` (the file, not a directory: it was `is not a
+  directory`, with no word of GGUF) is refused in one line, no workdir made, naming the
+  `import-gguf` command; that command makes the directory the trainer then takes. A file inside
+  a checkpoint is pointed at its folder; any other file is refused as a file."""
+  from conftest import REPO, cli_env
+
+  from jaxrl_llm.config import ConfigError
+  from jaxrl_llm.run import from_checkpoint
+
+  path, _, _, _ = tiny_gguf("Q8_0")
+  workdir = tmp_path / "w"
+  cmd = [sys.executable, "-m", "jaxrl_llm.main", f"--config={REPO / 'configs' / 'default.py'}"]
+  cmd += [f"--workdir={workdir}", f"--config.model.checkpoint={path}"]
+  proc = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120)
+  said = proc.stderr.strip().splitlines()
+  assert proc.returncode == 2 and len(said) == 1 and said[0].startswith("error: "), proc.stderr
+  assert f"model.checkpoint='{path}' is a GGUF file, not a checkpoint directory" in said[0]
+  assert not workdir.exists()
+  given = re.search(r"python tools/hf_convert\.py (import-gguf \S+) OUT_DIR, then", said[0])
+  out = tmp_path / "from-gguf"
+  assert _hf_convert().cli([*given[1].split(), str(out)]) == 0  # the command as it was given
+  capsys.readouterr()
+  from_checkpoint.check_dir(str(out))  # now a checkpoint directory: taken
+  with pytest.raises(ConfigError, match=r"folder holding it and its config\.json: ") as e:
+    from_checkpoint.check_dir(str(out / "model.safetensors"))
+  assert str(e.value).endswith(repr(str(out)))
+  other = tmp_path / "notes.txt"
+  other.write_text("GGU")
+  with pytest.raises(ConfigError, match=r"is a file, not a checkpoint directory \(config.json"):
+    from_checkpoint.check_dir(str(other))
 
 
 # ------------------------------------------------------------------------------ pretrained
