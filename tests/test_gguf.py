@@ -696,8 +696,9 @@ def test_a_gguf_file_as_model_checkpoint_is_one_line_whose_command_makes_the_dir
 ):
   """`--config.model.checkpoint=FILE.gguf` (the file, not a directory: it was `is not a
   directory`, with no word of GGUF) is refused in one line, no workdir made, naming the
-  `import-gguf` command; that command makes the directory the trainer then takes. A file inside
-  a checkpoint is pointed at its folder; any other file is refused as a file."""
+  `import-gguf` command, as `hf_convert.py import --hf_dir=FILE.gguf` does (it said `no such
+  checkpoint directory`); that command makes the directory the trainer then takes. A file
+  inside a checkpoint is pointed at its folder; any other file is refused as a file."""
   from conftest import REPO, cli_env
 
   from jaxrl_llm.config import ConfigError
@@ -713,11 +714,15 @@ def test_a_gguf_file_as_model_checkpoint_is_one_line_whose_command_makes_the_dir
   assert f"model.checkpoint='{path}' is a GGUF file, not a checkpoint directory" in said[0]
   assert not workdir.exists()
   given = re.search(r"python tools/hf_convert\.py (import-gguf \S+) OUT_DIR, then", said[0])
+  hf_convert = _hf_convert()
+  assert hf_convert.cli(["import", f"--hf_dir={path}"]) == 2  # the same word from the tool
+  err = capsys.readouterr().err.splitlines()
+  assert len(err) == 1 and f"{path} is a GGUF file" in err[0] and given[1] in err[0], err
   out = tmp_path / "from-gguf"
-  assert _hf_convert().cli([*given[1].split(), str(out)]) == 0  # the command as it was given
+  assert hf_convert.cli([*given[1].split(), str(out)]) == 0  # the command as it was given
   capsys.readouterr()
   from_checkpoint.check_dir(str(out))  # now a checkpoint directory: taken
-  with pytest.raises(ConfigError, match=r"folder holding it and its config\.json: ") as e:
+  with pytest.raises(ConfigError, match=r"its folder holds config\.json: ") as e:
     from_checkpoint.check_dir(str(out / "model.safetensors"))
   assert str(e.value).endswith(repr(str(out)))
   other = tmp_path / "notes.txt"

@@ -47,6 +47,7 @@ from jaxrl_llm.models.hf_layout import (
   SINGLE_FILE,
   Entry,
   Param,
+  file_given,
   flatten,
   param_entries,
   param_map,
@@ -261,6 +262,8 @@ def _read_param(reader: _Reader, p: Param, shape, target, sharding) -> jax.Array
 def _config_json(path: str, no_dir: str) -> tuple[str, Any]:
   """(path, JSON value) of the config.json of directory `path`; FileNotFoundError `no_dir` when
   there is no such directory, or naming config.json when it lacks one."""
+  if os.path.isfile(path):  # a GGUF file, a file inside a checkpoint
+    raise MissingCheckpointFileError(f"{path} {file_given(path)}")
   if not os.path.isdir(path):
     raise MissingCheckpointFileError(no_dir)
   cfg_file = os.path.join(path, CONFIG_FILE)

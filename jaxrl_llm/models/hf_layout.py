@@ -88,6 +88,27 @@ def trainer_workdir(path: str) -> str | None:
   return None
 
 
+def file_given(path: str, then: str = "") -> str:
+  """The words refusing the file `path` where a checkpoint directory is wanted: a GGUF file's
+  `import-gguf` command (followed by `then`), else the folder holding config.json beside it."""
+  import gguf
+
+  try:
+    with open(path, "rb") as f:
+      is_gguf = f.read(4) == gguf.GGUF_MAGIC.to_bytes(4, "little")
+  except OSError:  # unreadable: refused as a file all the same
+    is_gguf = False
+  if is_gguf:
+    return (
+      "is a GGUF file, not a checkpoint directory; make one with: python tools/hf_convert.py "
+      f"import-gguf {path} OUT_DIR{', then ' + then if then else ''}"
+    )
+  folder = os.path.dirname(os.path.abspath(path))
+  if os.path.isfile(os.path.join(folder, "config.json")):
+    return f"is a file, not a checkpoint directory; its folder holds config.json: {folder!r}"
+  return "is a file, not a checkpoint directory (config.json + *.safetensors)"
+
+
 def has_run_record(path: str) -> bool:
   """Whether directory `path` holds a run record config.json (one with a 'config' object)."""
   try:

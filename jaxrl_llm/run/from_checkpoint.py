@@ -25,7 +25,8 @@ def check_dir(path: str) -> None:
       f"export one with: python tools/hf_convert.py export --workdir={path} --out=HF_DIR"
     )
   if path and os.path.isfile(path):
-    raise ConfigError(_file_refused(path))
+    said = hf_layout.file_given(path, then="--config.model.checkpoint=OUT_DIR")
+    raise ConfigError(f"model.checkpoint={path!r} {said}")
   if path and not os.path.isfile(os.path.join(path, "config.json")):
     what = "has no config.json" if os.path.isdir(path) else "is not a directory"
     fetched = {os.path.abspath(pretrained.model_dir(n)): n for n in pretrained.MODELS}
@@ -36,30 +37,6 @@ def check_dir(path: str) -> None:
       f"model.checkpoint={path!r} {what}; point it at a local Hugging Face checkpoint "
       f"(config.json + *.safetensors){hint}"
     )
-
-
-def _file_refused(path: str) -> str:
-  """The line refusing a file as `model.checkpoint`: a GGUF file with its import command, else
-  the folder holding config.json beside it, if any."""
-  import gguf
-
-  try:
-    with open(path, "rb") as f:
-      is_gguf = f.read(4) == gguf.GGUF_MAGIC.to_bytes(4, "little")
-  except OSError:  # unreadable: refused as a file all the same
-    is_gguf = False
-  said = (
-    f"model.checkpoint={path!r} is a {'GGUF ' if is_gguf else ''}file, not a checkpoint directory"
-  )
-  if is_gguf:
-    return (
-      f"{said}; make one with: python tools/hf_convert.py import-gguf {path} OUT_DIR, then "
-      "--config.model.checkpoint=OUT_DIR"
-    )
-  folder = os.path.dirname(os.path.abspath(path))
-  if os.path.isfile(os.path.join(folder, "config.json")):
-    return f"{said}; point it at the folder holding it and its config.json: {folder!r}"
-  return f"{said} (config.json + *.safetensors)"
 
 
 def check_context(cfg: Config, task, prompt_len: int) -> None:
