@@ -71,6 +71,38 @@ def test_load_jsonl_with_metadata_and_gzip(math, tmp_path):
   assert records_lib.load_records(str(gz), metadata_fields=("level", "id")) == records
 
 
+def test_json_files_load_as_json_lines_or_as_one_array(math, tmp_path):
+  """A .json file holds JSON Lines (what `datasets`' `to_json` writes; it was refused as an
+  unsupported file type) or one array of records (`json.dump` of a list, indented or not,
+  gzipped or not): each loads as the .jsonl file does. An array's bad element is named by its
+  index; a cut array is not valid JSON."""
+  path, raw = math
+  want = records_lib.load_records(str(path), metadata_fields=("level", "id"))
+  written = {}
+  datasets = pytest.importorskip("datasets")
+  written["lines.json"] = datasets.Dataset.from_list(raw).to_json(tmp_path / "lines.json")
+  (tmp_path / "array.json").write_text(json.dumps(raw, indent=2))
+  with gzip.open(tmp_path / "array.json.gz", "wt", encoding="utf-8") as f:
+    json.dump(raw, f)
+  (tmp_path / "bom.json").write_bytes(b"\xef\xbb\xbf\n " + json.dumps(raw).encode())
+  for name in ("lines.json", "array.json", "array.json.gz", "bom.json"):
+    got = records_lib.load_records(str(tmp_path / name), metadata_fields=("level", "id"))
+    assert got == want, name
+  bad = tmp_path / "bad.json"
+  bad.write_text(json.dumps([raw[0], ["not", "a record"]]))
+  with pytest.raises(ValueError, match=r"bad\.json record 1: expected a JSON object, found list"):
+    records_lib.load_records(str(bad))
+  bad.write_text(json.dumps([raw[0], {"question": "x"}]))
+  with pytest.raises(ValueError, match=r"bad\.json record 1: record has no field 'prompt'"):
+    records_lib.load_records(str(bad))
+  bad.write_text(json.dumps(raw)[:-2])
+  with pytest.raises(ValueError, match=r"bad\.json: not valid JSON \("):
+    records_lib.load_records(str(bad))
+  bad.write_bytes(b'[{"prompt": "caf\xe9", "answer": "1"}]')
+  with pytest.raises(ValueError, match=r"bad\.json: not UTF-8 text \(byte 0xe9 at offset 16\)"):
+    records_lib.load_records(str(bad))
+
+
 def test_custom_and_nested_fields(tmp_path):
   rows = [
     {
@@ -194,7 +226,8 @@ def test_malformed_files_name_file_and_line(tmp_path):
   csv.write_text("prompt,answer\n")
   with pytest.raises(
     ValueError,
-    match=r"data\.csv: unsupported file type; supported extensions: \.jsonl, \.jsonl\.gz, \.parquet",
+    match=r"data\.csv: unsupported file type; supported extensions: \.jsonl, \.jsonl\.gz, \.json, "
+    r"\.json\.gz, \.parquet",
   ):
     records_lib.load_records([csv])
   latin = tmp_path / "latin.jsonl.gz"

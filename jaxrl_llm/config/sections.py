@@ -90,7 +90,7 @@ class DataSettings(LearnedSection):
   SECTION: ClassVar[str] = "data"
   train_files: str = setting(
     "", resume=False
-  )  # JSONL/Parquet files or globs, comma-separated ("" = built-in task; a resume checks bytes)
+  )  # JSON(L)/Parquet files or globs, comma-separated ("" = built-in task; a resume checks bytes)
   eval_files: str = setting(
     "", resume=False
   )  # held-out files ("" = split data.eval_fraction off the train files)

@@ -26,7 +26,8 @@ from typing import Any
 
 from absl import logging
 
-SUPPORTED_EXTENSIONS = (".jsonl", ".jsonl.gz", ".parquet")
+# .json: JSON Lines (what `datasets`' to_json writes) or one JSON array of records.
+SUPPORTED_EXTENSIONS = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".parquet")
 BATCH_KEYS = ("tokens", "mask", "answer", "index")  # a prompt batch's keys; not metadata fields
 SKIP_KEYS = ("skipped_null_answer",)  # counts of rows dropped while reading, in Records.skipped
 _MISSING = object()
@@ -155,8 +156,9 @@ def _answer_text(value: Any, where: str, field: str) -> str:
     ) from None
 
 
-def _jsonl_rows(path: str):
-  """(location, parsed object) per non-blank line of a .jsonl or .jsonl.gz file."""
+def _json_rows(path: str):
+  """(location, parsed object, its fields) per record of a JSON file: per non-blank line of
+  JSON Lines (.jsonl, .json; gzipped too), or per element of a .json file's one array."""
   opener = gzip.open if path.endswith(".gz") else open
   try:
     with opener(path, "rb") as f:
@@ -164,6 +166,27 @@ def _jsonl_rows(path: str):
   except (OSError, EOFError, zlib.error) as e:
     raise DataError(f"{path}: could not read the file as UTF-8 text: {e}") from e
   data = data.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte-order mark, as Windows tools write
+  if path.removesuffix(".gz").endswith(".json") and data.lstrip()[:1] == b"[":
+    try:
+      text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+      raise DataError(
+        f"{path}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); save the file "
+        "as UTF-8"
+      ) from None
+    rows = enumerate(_loads(path, text, "the file"))
+    where = f"{path} record {{}}"
+  else:
+    rows = _json_lines(path, data)
+    where = f"{path}:{{}}"
+  for k, row in rows:
+    if not isinstance(row, dict):
+      raise DataError(f"{where.format(k)}: expected a JSON object, found {type(row).__name__}.")
+    yield where.format(k), row, sorted(row)
+
+
+def _json_lines(path: str, data: bytes):
+  """(line number, parsed value) per non-blank line of JSON Lines `data`."""
   # Lines end at "\n" alone: a JSON string may hold a raw carriage return.
   for line_no, raw in enumerate(data.split(b"\n"), start=1):
     try:
@@ -173,22 +196,23 @@ def _jsonl_rows(path: str):
         f"{path}:{line_no}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
         "save the file as UTF-8"
       ) from None
-    if not line.strip():
-      continue
-    try:
-      row = json.loads(line)
-    except json.JSONDecodeError as e:
-      raise DataError(f"{path}:{line_no}: not valid JSON ({e.msg}): {line[:80]!r}") from e
-    except RecursionError:
-      raise DataError(
-        f"{path}:{line_no}: JSON nested too deeply to read ({len(line)} characters); records "
-        "are flat objects with a prompt and an answer field"
-      ) from None
-    except ValueError as e:  # a number past Python's int conversion limit (4300 digits)
-      raise DataError(f"{path}:{line_no}: a value JSON cannot read here ({e})") from None
-    if not isinstance(row, dict):
-      raise DataError(f"{path}:{line_no}: expected a JSON object, found {type(row).__name__}.")
-    yield f"{path}:{line_no}", row, sorted(row)
+    if line.strip():
+      yield line_no, _loads(f"{path}:{line_no}", line, "line")
+
+
+def _loads(where: str, text: str, what: str) -> Any:
+  """`text` parsed as JSON, or a DataError naming `where`."""
+  try:
+    return json.loads(text)
+  except json.JSONDecodeError as e:
+    raise DataError(f"{where}: not valid JSON ({e.msg}): {text[:80]!r}") from e
+  except RecursionError:
+    raise DataError(
+      f"{where}: JSON nested too deeply to read ({len(text)} characters in {what}); records "
+      "are flat objects with a prompt and an answer field"
+    ) from None
+  except ValueError as e:  # a number past Python's int conversion limit (4300 digits)
+    raise DataError(f"{where}: a value JSON cannot read here ({e})") from None
 
 
 def _parquet_rows(path: str, fields: Sequence[str]):
@@ -249,7 +273,7 @@ def _file_records(
 ) -> tuple[list[dict[str, Any]], int, int]:
   """(records, rows read, rows skipped for a null answer) of one dataset file."""
   kind = _file_kind(path)
-  rows = _parquet_rows(path, fields) if kind == ".parquet" else _jsonl_rows(path)
+  rows = _parquet_rows(path, fields) if kind == ".parquet" else _json_rows(path)
   records = []
   num_rows = num_null = 0
   for where, row, has in rows:
@@ -281,7 +305,8 @@ def load_records(
   answer_field: str | None = "answer",
   metadata_fields: Sequence[str] = (),
 ) -> Records:
-  """Reads prompt records from JSONL (``.jsonl``, ``.jsonl.gz``) and Parquet files.
+  """Reads prompt records from JSON Lines (``.jsonl``, ``.json``; gzipped too), JSON arrays
+  (``.json``) and Parquet files.
 
   Each record becomes ``{'prompt': str, 'answer': str, <metadata field>: value, ...}``. Fields
   are names or dotted paths into nested values (``'messages.0.content'``, ``'info.level'``);
