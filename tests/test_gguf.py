@@ -13,6 +13,8 @@ import json
 import os
 import pathlib
 import re
+import shlex
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -704,7 +706,9 @@ def test_a_gguf_file_as_model_checkpoint_is_one_line_whose_command_makes_the_dir
   from jaxrl_llm.config import ConfigError
   from jaxrl_llm.run import from_checkpoint
 
-  path, _, _, _ = tiny_gguf("Q8_0")
+  path = tmp_path / "a model" / "tiny.gguf"  # a space in its name: the command quotes it
+  path.parent.mkdir()
+  shutil.copy(tiny_gguf("Q8_0")[0], path)
   workdir = tmp_path / "w"
   cmd = [sys.executable, "-m", "jaxrl_llm.main", f"--config={REPO / 'configs' / 'default.py'}"]
   cmd += [f"--workdir={workdir}", f"--config.model.checkpoint={path}"]
@@ -713,13 +717,13 @@ def test_a_gguf_file_as_model_checkpoint_is_one_line_whose_command_makes_the_dir
   assert proc.returncode == 2 and len(said) == 1 and said[0].startswith("error: "), proc.stderr
   assert f"model.checkpoint='{path}' is a GGUF file, not a checkpoint directory" in said[0]
   assert not workdir.exists()
-  given = re.search(r"python tools/hf_convert\.py (import-gguf \S+) OUT_DIR, then", said[0])
+  given = re.search(r"python tools/hf_convert\.py (import-gguf .+) OUT_DIR, then", said[0])
   hf_convert = _hf_convert()
   assert hf_convert.cli(["import", f"--hf_dir={path}"]) == 2  # the same word from the tool
   err = capsys.readouterr().err.splitlines()
   assert len(err) == 1 and f"{path} is a GGUF file" in err[0] and given[1] in err[0], err
   out = tmp_path / "from-gguf"
-  assert hf_convert.cli([*given[1].split(), str(out)]) == 0  # the command as it was given
+  assert hf_convert.cli([*shlex.split(given[1]), str(out)]) == 0  # the command as it was given
   capsys.readouterr()
   from_checkpoint.check_dir(str(out))  # now a checkpoint directory: taken
   with pytest.raises(ConfigError, match=r"its folder holds config\.json: ") as e:

@@ -23,6 +23,7 @@ import dataclasses
 import json
 import math
 import os
+import shlex
 from collections.abc import Mapping
 from typing import Any
 
@@ -101,7 +102,7 @@ def file_given(path: str, then: str = "") -> str:
   if is_gguf:
     return (
       "is a GGUF file, not a checkpoint directory; make one with: python tools/hf_convert.py "
-      f"import-gguf {path} OUT_DIR{', then ' + then if then else ''}"
+      f"import-gguf {shlex.quote(path)} OUT_DIR{', then ' + then if then else ''}"
     )
   folder = os.path.dirname(os.path.abspath(path))
   if os.path.isfile(os.path.join(folder, "config.json")):
