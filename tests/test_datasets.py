@@ -75,7 +75,8 @@ def test_json_files_load_as_json_lines_or_as_one_array(math, tmp_path):
   """A .json file holds JSON Lines (what `datasets`' `to_json` writes; it was refused as an
   unsupported file type) or one array of records (`json.dump` of a list, indented or not,
   gzipped or not): each loads as the .jsonl file does. An array's bad element is named by its
-  index; a cut array is not valid JSON."""
+  index; a cut array is not valid JSON; one object written over several lines (it was `not
+  valid JSON` at its `{`) is said to be one object."""
   path, raw = math
   want = records_lib.load_records(str(path), metadata_fields=("level", "id"))
   written = {}
@@ -98,6 +99,12 @@ def test_json_files_load_as_json_lines_or_as_one_array(math, tmp_path):
   bad.write_text(json.dumps(raw)[:-2])
   with pytest.raises(ValueError, match=r"bad\.json: not valid JSON \("):
     records_lib.load_records(str(bad))
+  for name in ("wrapped.json", "wrapped.jsonl"):  # json.dump(..., indent=2) of one object
+    (tmp_path / name).write_text(json.dumps({"data": raw, "version": 1}, indent=2))
+    with pytest.raises(
+      ValueError, match=rf"{name}: one JSON object over several lines \(fields 'data', 'version'\)"
+    ):
+      records_lib.load_records(str(tmp_path / name))
   bad.write_bytes(b'[{"prompt": "caf\xe9", "answer": "1"}]')
   with pytest.raises(ValueError, match=r"bad\.json: not UTF-8 text \(byte 0xe9 at offset 16\)"):
     records_lib.load_records(str(bad))

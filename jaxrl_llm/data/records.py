@@ -177,12 +177,30 @@ def _json_rows(path: str):
     rows = enumerate(_loads(path, text, "the file"))
     where = f"{path} record {{}}"
   else:
+    _refuse_one_object(path, data)
     rows = _json_lines(path, data)
     where = f"{path}:{{}}"
   for k, row in rows:
     if not isinstance(row, dict):
       raise DataError(f"{where.format(k)}: expected a JSON object, found {type(row).__name__}.")
     yield where.format(k), row, sorted(row)
+
+
+def _refuse_one_object(path: str, data: bytes) -> None:
+  """A DataError for a file that is one JSON object written over several lines (`json.dump`
+  with an indent), which reads as JSON Lines only as `not valid JSON` at its first line."""
+  if data.lstrip().split(b"\n", 1)[0].strip() != b"{":
+    return
+  try:
+    whole = json.loads(data.decode("utf-8"))
+  except (ValueError, RecursionError):  # not one object: the lines' own errors say what is wrong
+    return
+  if isinstance(whole, dict):
+    fields = ", ".join(repr(k) for k in list(whole)[:8])
+    raise DataError(
+      f"{path}: one JSON object over several lines (fields {fields}), not records: write one "
+      "record a line (JSON Lines) or, in a .json file, one array of records"
+    )
 
 
 def _json_lines(path: str, data: bytes):
