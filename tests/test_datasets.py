@@ -76,7 +76,8 @@ def test_json_files_load_as_json_lines_or_as_one_array(math, tmp_path):
   unsupported file type) or one array of records (`json.dump` of a list, indented or not,
   gzipped or not): each loads as the .jsonl file does. An array's bad element is named by its
   index; a cut array is not valid JSON; one object written over several lines (it was `not
-  valid JSON` at its `{`) is said to be one object."""
+  valid JSON` at its `{`) is said to be one object, and records wrapped in one object (as
+  `{"version": 1, "data": [...]}`) name the field whose list holds them."""
   path, raw = math
   want = records_lib.load_records(str(path), metadata_fields=("level", "id"))
   written = {}
@@ -105,6 +106,15 @@ def test_json_files_load_as_json_lines_or_as_one_array(math, tmp_path):
       ValueError, match=rf"{name}: one JSON object over several lines \(fields 'data', 'version'\)"
     ):
       records_lib.load_records(str(tmp_path / name))
+  # The records wrapped in one object, on one line or over several: the list is named.
+  hint = rf"its field 'data' holds a list of {len(raw)} objects: if those are the records"
+  for text in (json.dumps({"version": 1, "data": raw}), json.dumps({"data": raw}, indent=1)):
+    bad.write_text(text)
+    with pytest.raises(ValueError, match=hint):
+      records_lib.load_records(str(bad))
+  bad.write_text(json.dumps({"version": 1, "data": [1, 2]}))
+  with pytest.raises(ValueError, match=r"its fields are \['data', 'version'\]\.$"):
+    records_lib.load_records(str(bad))
   bad.write_bytes(b'[{"prompt": "caf\xe9", "answer": "1"}]')
   with pytest.raises(ValueError, match=r"bad\.json: not UTF-8 text \(byte 0xe9 at offset 16\)"):
     records_lib.load_records(str(bad))

@@ -156,17 +156,18 @@ def _answer_text(value: Any, where: str, field: str) -> str:
     ) from None
 
 
-def _json_rows(path: str):
-  """(location, parsed object, its fields) per record of a JSON file: per non-blank line of
-  JSON Lines (.jsonl, .json; gzipped too), or per element of a .json file's one array."""
-  opener = gzip.open if path.endswith(".gz") else open
+def _json_rows(path: str, kind: str):
+  """(location, parsed object, its fields) per record of a JSON file of `kind` (its extension):
+  per non-blank line of JSON Lines (.jsonl, .json; gzipped too), or per element of a .json
+  file's one array."""
+  opener = gzip.open if kind.endswith(".gz") else open
   try:
     with opener(path, "rb") as f:
       data = f.read()
   except (OSError, EOFError, zlib.error) as e:
     raise DataError(f"{path}: could not read the file as UTF-8 text: {e}") from e
   data = data.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte-order mark, as Windows tools write
-  if path.removesuffix(".gz").endswith(".json") and data.lstrip()[:1] == b"[":
+  if kind in (".json", ".json.gz") and data.lstrip()[:1] == b"[":
     try:
       text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -199,8 +200,20 @@ def _refuse_one_object(path: str, data: bytes) -> None:
     fields = ", ".join(repr(k) for k in list(whole)[:8])
     raise DataError(
       f"{path}: one JSON object over several lines (fields {fields}), not records: write one "
-      "record a line (JSON Lines) or, in a .json file, one array of records"
+      f"record a line (JSON Lines) or, in a .json file, one array of records{_wrapped_hint(whole)}"
     )
+
+
+def _wrapped_hint(obj: Mapping[str, Any]) -> str:
+  """Names the field of `obj` that holds a list of objects (records wrapped in one object, as
+  `{"version": 1, "data": [...]}`), or ''."""
+  for key, value in obj.items():
+    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+      return (
+        f" (its field {key!r} holds a list of {len(value)} objects: if those are the records, "
+        "make that list the file's content)"
+      )
+  return ""
 
 
 def _json_lines(path: str, data: bytes):
@@ -291,7 +304,7 @@ def _file_records(
 ) -> tuple[list[dict[str, Any]], int, int]:
   """(records, rows read, rows skipped for a null answer) of one dataset file."""
   kind = _file_kind(path)
-  rows = _parquet_rows(path, fields) if kind == ".parquet" else _json_rows(path)
+  rows = _parquet_rows(path, fields) if kind == ".parquet" else _json_rows(path, kind)
   records = []
   num_rows = num_null = 0
   for where, row, has in rows:
@@ -300,7 +313,9 @@ def _file_records(
     for field in fields:
       value = _lookup(row, field)
       if value is _MISSING:
-        raise DataError(f"{where}: record has no field {field!r}; its fields are {has}.")
+        raise DataError(
+          f"{where}: record has no field {field!r}; its fields are {has}{_wrapped_hint(row)}."
+        )
       values[field] = value
     prompt = _check_prompt(where, values[prompt_field], prompt_field)
     if answer_field and _is_null_answer(values[answer_field]):
