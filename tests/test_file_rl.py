@@ -318,3 +318,19 @@ def test_the_logged_prompt_keeps_the_end_of_turn_tokens_its_pad_id_shares(tmp_pa
   shown, _ = task.describe(batch["tokens"][0], np.array([task.tokenizer.eos_id]))
   assert shown.startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n"), shown
   assert shown.count("<|im_end|>") == 2 and shown.endswith("<|im_start|>assistant\n"), shown
+
+
+def test_a_batch_larger_than_the_prompt_file_names_the_setting_to_change(file_config, tmp_path):
+  """rl.num_prompts above the training prompts that fit is one line naming rl.num_prompts, the
+  prompts that fit and what is allowed (it named an internal `batch_size`)."""
+  config, _ = file_config
+  task = file_task.build_file_task(config, "")
+  kept = len(task.train_records)
+  config.rl.num_prompts = 1 << kept.bit_length()  # the next power of two above the prompts
+  with pytest.raises(ValueError) as err:
+    train_and_evaluate(config, str(tmp_path / "run"))
+  line = launch.explain(err.value)
+  assert "\n" not in line and line.startswith(
+    f"error: rl.num_prompts={config.rl.num_prompts} is more than the {kept} training prompts"
+  )
+  assert f"allowed: at most {kept}, or more records, or a larger data.prompt_len" in line

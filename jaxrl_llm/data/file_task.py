@@ -51,8 +51,17 @@ class FileTask(Task):
   answer_len = 1  # the reference answers stay on the host; the device batch holds a [P, 1] stub
   data_stats: dict[str, float] = dataclasses.field(default_factory=dict)  # filled by train_iterator
 
-  def train_iterator(self, batch_size: int, seed: int, shard_index: int = 0, shard_count: int = 1):
-    """The grain iterator of training prompt batches (checkpointable)."""
+  def train_iterator(
+    self,
+    batch_size: int,
+    seed: int,
+    shard_index: int = 0,
+    shard_count: int = 1,
+    *,
+    setting: str = "batch_size",
+  ):
+    """The grain iterator of training prompt batches (checkpointable); a refusal of a batch
+    larger than the prompts that fit names `setting`."""
     it, stats = prompt_batches.make_text_prompt_iterator(
       self.train_records,
       self.tokenizer,
@@ -64,6 +73,7 @@ class FileTask(Task):
       shard_count=shard_count,
       system=self.system,
       special_tokens_in_text=self.special_tokens_in_text,
+      setting=setting,
     )
     self.data_stats = {f"data/{k}": float(v) for k, v in stats.items()}
     return it

@@ -182,6 +182,7 @@ def make_text_prompt_iterator(
   num_epochs: int | None = None,
   system: str | None = None,
   special_tokens_in_text: bool = False,
+  setting: str = "batch_size",
 ) -> tuple[grain.DatasetIterator, dict[str, int]]:
   """Checkpointable iterator of tokenized prompt batches (keys in the module docstring).
 
@@ -192,7 +193,8 @@ def make_text_prompt_iterator(
   ``shard_index`` of ``shard_count`` (disjoint within an epoch), batch with the remainder
   dropped. Special-token strings in the records' text are plain text unless
   ``special_tokens_in_text`` (see ``tokenize_records``); the stats include the records' skip
-  counts (``records.SKIP_KEYS``).
+  counts (``records.SKIP_KEYS``). A batch larger than a shard's prompts is refused naming
+  ``setting``, the config value behind ``batch_size``.
   """
   examples, stats = tokenize_records(
     records,
@@ -204,10 +206,12 @@ def make_text_prompt_iterator(
   )
   per_shard = stats["num_kept"] // max(shard_count, 1)
   if batch_size > per_shard:
+    per = f" ({batch_size} a shard)" if shard_count > 1 else ""
     raise DataError(
-      f"batch_size={batch_size} exceeds the {per_shard} prompts per shard: {stats['num_kept']} "
-      f"of {stats['num_records']} records fit prompt_len={prompt_len} "
-      f"({stats['num_too_long']} too long), over {shard_count} shard(s)."
+      f"{setting}{per} is more than the {per_shard} training prompts per shard: "
+      f"{stats['num_kept']} of {stats['num_records']} records fit data.prompt_len={prompt_len} "
+      f"({stats['num_too_long']} too long), over {shard_count} shard(s); allowed: at most "
+      f"{per_shard * shard_count}, or more records, or a larger data.prompt_len"
     )
   it = pipeline.make_prompt_iterator(
     examples,

@@ -67,11 +67,18 @@ class Task(Protocol):
 
   @abc.abstractmethod
   def train_iterator(
-    self, batch_size: int, seed: int, shard_index: int = 0, shard_count: int = 1
+    self,
+    batch_size: int,
+    seed: int,
+    shard_index: int = 0,
+    shard_count: int = 1,
+    *,
+    setting: str = "batch_size",
   ) -> grain.DatasetIterator:
     """Checkpointable iterator of this process's training batches (``batch_size`` rows each),
     shuffled by ``seed``; shard ``shard_index`` of ``shard_count`` reads its own rows of the
-    same global batches."""
+    same global batches. ``setting`` names the config value behind ``batch_size`` in a
+    refusal (a dataset too small for it)."""
 
   @abc.abstractmethod
   def eval_set(self, multiple_of: int = 1) -> tuple[dict[str, np.ndarray], np.ndarray | None]:

@@ -122,7 +122,12 @@ def train_iterator(exp: Experiment, shard: tuple[int, int] | None = None):
   cfg = exp.config
   prompts = cfg.sampled_prompts
   index, count = shard or distributed.shard_of(exp.batch_sharding, (prompts,), 0)
-  return exp.task.train_iterator(prompts // count, cfg.seed, shard_index=index, shard_count=count)
+  setting = f"rl.num_prompts={cfg.rl.num_prompts}" + (
+    f" (x filtering.oversample: {prompts} drawn)" if prompts != cfg.rl.num_prompts else ""
+  )
+  return exp.task.train_iterator(
+    prompts // count, cfg.seed, shard_index=index, shard_count=count, setting=setting
+  )
 
 
 def restore(trainee, ckpt, data, state=None):

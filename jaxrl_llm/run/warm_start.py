@@ -62,7 +62,11 @@ def warm_start(exp: Experiment, workdir: str) -> TrainState:
   tx, schedule = cfg.sft.optimizer(cfg.optim).build(steps)
   index, count = distributed.shard_of(exp.batch_sharding, (cfg.sft.batch_size,), 0)
   it = exp.task.train_iterator(
-    cfg.sft.batch_size // count, cfg.seed + 1, shard_index=index, shard_count=count
+    cfg.sft.batch_size // count,
+    cfg.seed + 1,
+    shard_index=index,
+    shard_count=count,
+    setting=f"sft.batch_size={cfg.sft.batch_size}",
   )
   params = exp.state.params
   trained = lora.trainable(params)[1]
