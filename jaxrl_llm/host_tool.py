@@ -64,10 +64,8 @@ class HostTool(ToolEnv):
     whole = functools.partial(_whole, self.fn, 10**self.max_digits)  # checked in the worker
     scores, stats = score_batch(
       calls, prompts, terms={name: whole}, timeout_s=self.timeout_s, fill=float("nan"),
-      warn=name not in _WARNED, label="host tool", stop=sigterm.seen,
+      said=_WARNED, label="host tool", stop=sigterm.seen,
     )  # fmt: skip
-    if stats["verifier/errors"] or stats["verifier/timeouts"]:  # said once a run; then counted
-      _WARNED.add(name)
     if stats["verifier/cut"] and not CUT["calls"]:  # said once a process
       logger.warning(
         "SIGTERM: host tool %r calls are answered with the error token from now on (%d cut) so "

@@ -377,10 +377,57 @@ def test_a_timed_out_call_is_said_once(tmp_path, caplog):
   said = [r.getMessage() for r in caplog.records if "timed out" in r.getMessage()]
   workers = min(scoring._default_workers("process"), 2)  # never more than the calls
   assert said == [
-    "reward term 'spin' timed out on item 0 (it ran past 1 s: scored as failed, and counted; "
-    f"calls that hang are waited for 1 s each, {workers} at a time, 2 in this "
-    "batch)"
+    "reward term 'spin' timed out on item 0 (it ran past 1 s: scored as failed, and counted in "
+    f"verifier/timeouts/spin; calls that hang are waited for 1 s each, {workers} at a time, and "
+    f"a term whose first {2 * workers} calls of a batch all hang is not waited for again in it)"
   ]
+
+
+def test_a_term_hanging_on_every_call_is_not_waited_for_past_two_rounds(tmp_path, caplog):
+  """A term that hangs on every call held a step for (calls / workers) time limits: 256
+  completions under a 1 s limit on 2 workers took 150 s a step. Once its first 2 x workers
+  calls of a batch have all hung, its other calls are not started: they score 0 and count
+  as timeouts, with one warning. Each started call leaves a file: 4 to 8 of the 12."""
+  refs = [str(tmp_path / f"pid{k}") for k in range(12)]
+  scores, stats = V.score_batch(
+    ["hang"] * 12, refs, terms={"spin": _spins_on_hang}, timeout_s=0.3, max_workers=2
+  )
+  assert stats["verifier/timeouts/spin"] == 12 and list(scores["spin"]) == [0.0] * 12
+  # A kill may take a hung call that had not yet run its time along: it runs again, later.
+  assert 4 <= len(list(tmp_path.iterdir())) <= 8
+  said = [r.getMessage() for r in caplog.records if "hung on its first" in r.getMessage()]
+  assert said == [
+    "reward term 'spin' hung on its first 4 calls of this batch: its other calls are not "
+    "waited for (scored as failed, counted in verifier/timeouts/spin)"
+  ]
+
+
+def test_a_term_that_returns_once_is_waited_for_on_every_call(tmp_path):
+  """A term that came back once in the batch is not given up, however many of its calls hang
+  after it: every call is started (each hung one leaves its file) and each returned one
+  keeps its score."""
+  completions = ["ok"] + ["hang"] * 5 + ["ok"] * 2
+  refs = [str(tmp_path / f"pid{k}") for k in range(8)]
+  scores, stats = V.score_batch(
+    completions, refs, terms={"spin": _spins_on_hang}, timeout_s=0.3, max_workers=1
+  )
+  np.testing.assert_array_equal(scores["spin"], [1, 0, 0, 0, 0, 0, 1, 1])
+  assert stats["verifier/timeouts/spin"] == 5 and len(list(tmp_path.iterdir())) == 5
+
+
+def test_a_failing_term_is_said_once_for_all_the_batches_sharing_said(caplog):
+  """A term failing on every call was warned about once per batch: once a step, and twice an
+  evaluation, for the whole run. The batches of a run share one `said` set: one warning in
+  all, every failure still counted in each batch's stats."""
+  said: set[str] = set()
+  for _ in range(3):
+    _, stats = V.score_batch(["a"] * 3, ["r"] * 3, terms={"mine": _huge_error}, said=said)
+    assert stats["verifier/errors/mine"] == 3
+  lines = [r.getMessage() for r in caplog.records if "failed on item" in r.getMessage()]
+  assert len(lines) == 1 and said == {"mine"}
+  assert "its first failure; all are counted in verifier/errors/mine" in lines[0]
+  V.score_batch(["a"], ["r"], terms={"mine": _huge_error})  # a batch of its own says it again
+  assert sum("failed on item" in r.getMessage() for r in caplog.records) == 2
 
 
 LEAVING = """
@@ -427,7 +474,7 @@ def test_a_killed_pool_is_gone_with_its_manager_thread_when_closing_returns():
 
   others = managers()  # another library's pools, if any: not ours to judge
   for _ in range(10):  # the thread outlived the close about once in five before
-    _, stats = scoring.score_batch(["die", "die"], ["r"] * 2, terms={"d": _dies_on_die}, warn=False)
+    _, stats = scoring.score_batch(["die", "die"], ["r"] * 2, terms={"d": _dies_on_die}, said={"d"})
     assert stats["verifier/errors/d"] == 2
     scoring.shutdown_workers()
     assert not managers() - others

@@ -50,15 +50,10 @@ class FileTask(Task):
   reward_terms = None  # no in-graph verifier
   answer_len = 1  # the reference answers stay on the host; the device batch holds a [P, 1] stub
   data_stats: dict[str, float] = dataclasses.field(default_factory=dict)  # filled by train_iterator
+  said: set[str] = dataclasses.field(default_factory=set)  # terms whose first failure was said
 
   def train_iterator(
-    self,
-    batch_size: int,
-    seed: int,
-    shard_index: int = 0,
-    shard_count: int = 1,
-    *,
-    setting: str = "batch_size",
+    self, batch_size: int, seed: int, shard_index: int = 0, shard_count: int = 1, setting=""
   ):
     """The grain iterator of training prompt batches (checkpointable); a refusal of a batch
     larger than the prompts that fit names `setting`."""
@@ -140,7 +135,12 @@ class FileTask(Task):
     # Worker processes (kept between steps): a verifier that hangs is killed at the time limit,
     # scored 0 and counted in `verifier/timeouts`, which the step logs with its metrics.
     terms, stats = verifiers.score_batch(
-      texts, [str(r) for r in references], terms=fns, timeout_s=self.timeout_s, executor="process"
+      texts,
+      [str(r) for r in references],
+      terms=fns,
+      timeout_s=self.timeout_s,
+      executor="process",
+      said=self.said,  # a term's first failure is said once a run; all are counted
     )
     terms["correct"] = terms[self.correct_term]  # accuracy metrics read `correct`
     return terms, stats

@@ -182,7 +182,7 @@ def make_text_prompt_iterator(
   num_epochs: int | None = None,
   system: str | None = None,
   special_tokens_in_text: bool = False,
-  setting: str = "batch_size",
+  setting: str = "",
 ) -> tuple[grain.DatasetIterator, dict[str, int]]:
   """Checkpointable iterator of tokenized prompt batches (keys in the module docstring).
 
@@ -208,7 +208,7 @@ def make_text_prompt_iterator(
   if batch_size > per_shard:
     per = f" ({batch_size} a shard)" if shard_count > 1 else ""
     raise DataError(
-      f"{setting}{per} is more than the {per_shard} training prompts per shard: "
+      f"{setting or f'a batch of {batch_size}'}{per} is more than the {per_shard} training prompts per shard: "
       f"{stats['num_kept']} of {stats['num_records']} records fit data.prompt_len={prompt_len} "
       f"({stats['num_too_long']} too long), over {shard_count} shard(s); allowed: at most "
       f"{per_shard * shard_count}, or more records, or a larger data.prompt_len"

@@ -67,13 +67,7 @@ class Task(Protocol):
 
   @abc.abstractmethod
   def train_iterator(
-    self,
-    batch_size: int,
-    seed: int,
-    shard_index: int = 0,
-    shard_count: int = 1,
-    *,
-    setting: str = "batch_size",
+    self, batch_size: int, seed: int, shard_index: int = 0, shard_count: int = 1, setting=""
   ) -> grain.DatasetIterator:
     """Checkpointable iterator of this process's training batches (``batch_size`` rows each),
     shuffled by ``seed``; shard ``shard_index`` of ``shard_count`` reads its own rows of the

@@ -258,13 +258,7 @@ class BuiltinTask(Task):
     return {}
 
   def train_iterator(
-    self,
-    batch_size: int,
-    seed: int,
-    shard_index: int = 0,
-    shard_count: int = 1,
-    *,
-    setting: str = "batch_size",
+    self, batch_size: int, seed: int, shard_index: int = 0, shard_count: int = 1, setting=""
   ) -> grain.DatasetIterator:
     """The grain iterator over ``train_examples(seed)``, shuffled by ``seed`` (see
     `pipeline.make_prompt_iterator`); config checks bound the batch (`setting` is unused)."""

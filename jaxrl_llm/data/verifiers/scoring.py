@@ -34,13 +34,10 @@ import atexit
 import concurrent.futures as cf
 import itertools
 import logging
-import multiprocessing
-import multiprocessing.forkserver as forkserver
 import os
 import pickle
 import queue
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -70,41 +67,6 @@ def _gone(pid: int) -> bool:
   return False
 
 
-def _process_context():
-  """The forkserver context (spawn where there is none), preloading what workers import.
-
-  A forkserver worker runs the parent's `__main__` again (as `__mp_main__`) before its first
-  call, and so imports what it imports. When this process's fork server has not started yet,
-  this module and, where the worker will run the main module again, every module of this
-  package the process has loaded (the trainer's bring jax) join the server's preload list, the
-  main module itself excepted (its body runs again in each worker and would define its flags
-  twice). A worker then starts in milliseconds, which matters when a pool is replaced after a
-  timeout or a worker's death: each replacement took 1.2 s, 43 s a step for a host tool that
-  ends its worker. The list's own `__main__` entry does
-  not do this: the fork server looks for a `main_path` its preparation data never holds
-  (CPython 3.11 and 3.12).
-  """
-  if "forkserver" not in multiprocessing.get_all_start_methods():
-    return multiprocessing.get_context("spawn")
-  ctx = multiprocessing.get_context("forkserver")
-  server = getattr(forkserver, "_forkserver", None)
-  if server is not None and getattr(server, "_forkserver_pid", 0) is None:  # not started
-    preload = list(getattr(server, "_preload_modules", None) or ["__main__"])
-    main_module = sys.modules.get("__main__")
-    main = getattr(getattr(main_module, "__spec__", None), "name", None)
-    if main is None:  # a script's main runs again in a worker, interactive input does not
-      rerun = hasattr(main_module, "__file__")
-    else:  # `python -m M` runs again, `M/__main__.py` (pytest's) does not
-      rerun = main != "__main__" and not main.endswith(".__main__")
-    package = __name__.split(".")[0]
-    ours = [n for n in list(sys.modules) if n == package or n.startswith(package + ".")]
-    loaded = sorted(n for n in ours if n != main) if rerun else []
-    wanted = [name for name in [*loaded, __name__] if name not in preload]
-    if wanted:
-      ctx.set_forkserver_preload([*preload, *dict.fromkeys(wanted)])
-  return ctx
-
-
 class _Pool:
   """One executor plus the queue its workers report call starts (and process pids) on."""
 
@@ -117,7 +79,7 @@ class _Pool:
       self.events = queue.SimpleQueue()
       self.executor = cf.ThreadPoolExecutor(max_workers, thread_name_prefix="verifier")
     else:
-      ctx = _process_context()
+      ctx = workers.process_context()
       self.events = ctx.SimpleQueue()
       self.executor = cf.ProcessPoolExecutor(
         max_workers, mp_context=ctx, initializer=workers.init_worker, initargs=(self.events,)
@@ -279,7 +241,7 @@ def score_batch(
   max_workers: int | None = None,
   executor: str = "process",
   fill: float = 0.0,
-  warn: bool = True,
+  said: set[str] | None = None,
   label: str = "reward term",
   stop: Callable[[], bool] | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
@@ -292,7 +254,8 @@ def score_batch(
   `verifier/timeouts`). `executor` is 'process' (default: hung calls are killed; terms must
   pickle) or 'thread' (see the module docstring); `max_workers` defaults to the usable CPUs
   (at most 32). Bad arguments, and terms that cannot pickle for 'process', raise ValueError.
-  A term's first failure is logged as `<label> <name> failed ...` unless `warn` is False.
+  A term's first failure is logged as `<label> <name> failed ...` unless `said` (a set kept
+  across batches: once a run) holds its name; a term logged is added to `said`.
   When `stop()` turns true (e.g. `sigterm.seen`: the run is stopping), the calls not finished
   are cut: killed, scored `fill`, and counted in `verifier/cut` (a key only given with `stop`);
   once it is true, no call starts.
@@ -309,9 +272,8 @@ def score_batch(
     workers = max(1, max_workers or _default_workers(executor))
     if executor == "thread":  # a thread pool is private to the batch: no idle threads
       workers = min(workers, len(tasks))
-    quiet = () if warn else tuple(names)
     runner = _Runner(
-      completions, references, terms, timeout_s, workers, executor, label, quiet, stop=stop
+      completions, references, terms, timeout_s, workers, executor, label, said, stop=stop
     )
     cut = runner.run(tasks, scores, errors, timeouts)
 
@@ -337,10 +299,11 @@ class _Runner:
   """The submit / collect / time-out loop behind `score_batch`."""
 
   def __init__(
-    self, completions, references, terms, timeout_s, workers, kind, label, quiet, stop=None
+    self, completions, references, terms, timeout_s, workers, kind, label, said, stop=None
   ):
     self.completions, self.references, self.terms = completions, references, terms
-    self.label, self.quiet = label, quiet  # what a term is called when it fails; those unlogged
+    self.label = label  # what a term is called when it fails
+    self.logged: set[str] = set() if said is None else said  # terms whose failure was said
     self.timeout_s, self.workers, self.kind = timeout_s, workers, kind
     self.done: queue.SimpleQueue = queue.SimpleQueue()  # (future, call ids) of finished tasks
     self.previous: dict[int, int] = {}  # call id → the call before it in the same task
@@ -375,12 +338,9 @@ class _Runner:
   def run(self, tasks, scores, errors, timeouts) -> int:
     """Runs every task, filling `scores`, `errors` and `timeouts` in place → the calls cut."""
     self.scores, self.errors, self.timeouts = scores, errors, timeouts
-    self.size = len(tasks)
+    self.returned: set[str] = set()  # terms with a call that came back (a value or an error)
     if self.stop is not None and self.stop():  # stopping: no call starts
       return len(tasks)
-    self.logged: set[str] = set(
-      self.quiet
-    )  # terms whose first failure was logged (or is not to be)
     self.pending: dict = {}  # call id -> (its future, (name, index))
     self.abandoned: list[cf.Future] = []  # timed-out thread calls that are still running
     self.pool, shared = _checkout(self.kind, self.workers)
@@ -457,13 +417,36 @@ class _Runner:
           continue
         _, (name, i) = self.pending.pop(call_id)
         self.started.pop(call_id, None)
+        self.returned.add(name)
         if error is None:
           self.scores[name][i] = value
           continue
         self.errors[name] += 1
         if name not in self.logged:
           self.logged.add(name)
-          logger.warning("%s %r failed on item %d: %s", self.label, name, i, error)
+          logger.warning(
+            "%s %r failed on item %d (its first failure; all are counted in "
+            "verifier/errors/%s): %s", self.label, name, i, name, error,
+          )  # fmt: skip
+
+  def _give_up(self) -> None:
+    """A term whose first 2 x workers calls of the batch all hung (none came back) hangs on
+    every call: its calls not finished are not waited for (each scores `fill` and counts as a
+    timeout), so a broken term costs a step about two time limits, not one per call."""
+    hung = {n for n, k in self.timeouts.items() if k >= 2 * self.workers} - self.returned
+    dropped = [c for c, (_, (name, _)) in self.pending.items() if name in hung]
+    for call_id in dropped:
+      _, (name, _) = self.pending.pop(call_id)
+      self.started.pop(call_id, None)
+      self.timeouts[name] += 1
+      if f"{name}/hung" in self.logged:
+        continue
+      self.logged.add(f"{name}/hung")  # said once a run, as a first failure is
+      logger.warning(
+        "%s %r hung on its first %d calls of this batch: its other calls are not waited for "
+        "(scored as failed, counted in verifier/timeouts/%s)", self.label, name,
+        2 * self.workers, name,
+      )  # fmt: skip
 
   def _expire(self, now: float) -> None:
     """Times out the calls running longer than `timeout_s`: each scores 0.0 and is counted."""
@@ -482,10 +465,13 @@ class _Runner:
       if name not in self.logged:  # its first failure, a timeout as an error, is said once
         self.logged.add(name)
         logger.warning(
-          "%s %r timed out on item %d (it ran past %g s: scored as failed, and counted; "
-          "calls that hang are waited for %g s each, %d at a time, %d in this batch)",
-          self.label, name, i, self.timeout_s, self.timeout_s, self.workers, self.size,
+          "%s %r timed out on item %d (it ran past %g s: scored as failed, and counted in "
+          "verifier/timeouts/%s; calls that hang are waited for %g s each, %d at a time, and a "
+          "term whose first %d calls of a batch all hang is not waited for again in it)",
+          self.label, name, i, self.timeout_s, name, self.timeout_s, self.workers,
+          2 * self.workers,
         )  # fmt: skip
+    self._give_up()
     self.abandoned = [f for f in self.abandoned if not f.done()]
     if self.kind == "process" or len(self.abandoned) >= self.workers:
       # Processes: kill the hung workers. Threads: every worker is stuck, so start afresh.
