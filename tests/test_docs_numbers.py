@@ -538,8 +538,12 @@ def test_every_figure_of_the_readmes_results_is_a_committed_raw_output():
       *_values(CPU / "smollm2_full_vs_trl.json"),
       *_values(CPU / "smollm2_lora16_vs_trl.json"),
     ],
-    # the packed sweep's equality is the tolerance tests/test_pack.py checks it with
-    "| a packed sweep against each run": lambda: _values(REPO / "tests" / "test_pack.py"),
+    # the packed sweep's equality is the tolerance tests/test_pack.py checks it with; where
+    # the two part, the 300-step comparison's events
+    "| a packed sweep against each run": lambda: [
+      *_values(REPO / "tests" / "test_pack.py"),
+      *_values(CPU / "pack_vs_alone_300_steps.json"),
+    ],
   }
   _check("README.md", sources, [], 0, sections=("What the default run shows", "Results"))
 
