@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import gc
 import os
 import signal
@@ -25,6 +26,7 @@ from jaxrl_llm import terminal
 from jaxrl_llm.config import ConfigError, command_line, parse
 
 _joined = False  # this process joined a multi-process job (`join_job`)
+_held: list[int] = []  # the workdir lock's file descriptor, open for the process's life
 
 
 # ----------------------------------------------------------------------------- known failures
@@ -227,7 +229,40 @@ def open_workdir(workdir: str) -> str | None:
   if problem:
     print(f"error: --workdir={workdir}: {problem}", file=sys.stderr, flush=True)
     sys.exit(2)
+  _lock(workdir)
   return made
+
+
+def _lock(workdir: str) -> None:
+  """Holds a lock on the local `workdir` (flock on the directory, so nothing is written and a
+  kill -9 frees it) for this process's life, or refuses the launch in one line (exit 2) while
+  another trainer holds it: two trainers in one workdir each wrote its checkpoints and moved
+  the other's aside. Process 0 of a job alone takes it; object stores and file systems
+  without locks are not locked."""
+  from jaxrl_llm import paths
+
+  if paths.is_remote(workdir) or process_index() != 0:
+    return
+  fd = os.open(workdir, os.O_RDONLY)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except OSError as e:
+    os.close(fd)
+    if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+      return  # no locks here (some network file systems)
+    launch = ""
+    with contextlib.suppress(OSError):
+      with open(terminal.log_path(workdir), errors="replace") as f:
+        launches = [line[4:].strip() for line in f if line.startswith("### ")]
+      launch = f" (the last launch in its log.txt: {launches[-1]})" if launches else ""
+    print(
+      f"error: --workdir={workdir}: another trainer is running in it{launch}; wait for it to "
+      "end or stop it, or give another --workdir",
+      file=sys.stderr,
+      flush=True,
+    )
+    sys.exit(2)
+  _held.append(fd)
 
 
 def remove_if_empty(workdir: str, made: str | None = None) -> None:

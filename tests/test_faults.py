@@ -1469,3 +1469,43 @@ def test_sigterm_leaves_no_verifier_worker_behind(tmp_path):
   finally:
     for pid in _group(proc.pid):
       os.kill(pid, signal.SIGKILL)
+
+
+def test_a_second_trainer_in_a_running_workdir_is_refused_and_a_kill_frees_it(tmp_path):
+  """Nothing stopped a second trainer launched on a workdir in use: both trained, both wrote
+  the same checkpoints, one moved the other's finished step aside, and the events held each
+  step twice. The first launch holds a lock on the directory; the second is one line naming
+  the first's launch (exit 2) and writes nothing; a kill -9 of the first frees the lock."""
+  import fcntl
+
+  workdir = tmp_path / "run"
+  cmd = [sys.executable, "-m", "jaxrl_llm.main", "--config=configs/default.py"]
+  cmd += [f"--workdir={workdir}", *TINY_CLI, "--config.train.num_steps=100000"]
+  first = subprocess.Popen(
+    cmd, cwd=REPO, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+  )
+  try:
+    log = workdir / "log.txt"
+    deadline = time.monotonic() + 120
+    while not (log.exists() and "### " in log.read_text()) and time.monotonic() < deadline:
+      assert first.poll() is None, "the first trainer ended"
+      time.sleep(0.2)
+    before = log.read_text()
+    second = _cli(workdir, "--config.train.num_steps=2")
+    lines = second.stderr.strip().splitlines()
+    assert second.returncode == 2 and len(lines) == 1, second.stderr[-2000:]
+    assert lines[0].startswith(
+      f"error: --workdir={workdir}: another trainer is running in it (the last launch in its "
+      "log.txt: "
+    )
+    assert "--config.train.num_steps=100000); wait" in lines[0]  # the first's launch line
+    assert lines[0].endswith("; wait for it to end or stop it, or give another --workdir")
+    assert log.read_text().startswith(before) and "num_steps=2" not in log.read_text()
+  finally:
+    first.kill()  # SIGKILL: no handler runs
+    first.wait(timeout=60)
+  fd = os.open(workdir, os.O_RDONLY)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises while anyone holds it
+  finally:
+    os.close(fd)
