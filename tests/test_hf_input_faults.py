@@ -297,3 +297,39 @@ def test_a_layer_count_past_the_weights_is_refused_at_once(tmp_path):
     f"{d / 'config.json'}: num_hidden_layers=100000000, but the weights hold 2 layers; allowed: "
     "the number of model.layers.<i> the weight files hold"
   )
+
+
+def test_a_peft_adapter_folder_as_a_checkpoint_is_one_line_naming_its_base(tmp_path, capsys):
+  """The folder `hf_convert.py export --adapters=DIR` writes (adapter_config.json +
+  adapter_model.safetensors, as PEFT's save_pretrained wrote the fixture) given as
+  `model.checkpoint` or `import --hf_dir` said only `has no config.json` / `config.json not
+  found`; now one line names the adapters, their base and what to point the setting at."""
+  from conftest import refused
+
+  adapters = tmp_path / "adapters"
+  adapters.mkdir()
+  for name in ("adapter_config.json", "adapter_model.safetensors"):
+    shutil.copy(REPO / "tests" / "fixtures" / "peft" / "llama_lora" / name, adapters)
+  base = json.loads((adapters / "adapter_config.json").read_text())["base_model_name_or_path"]
+  workdir = tmp_path / "w"
+  proc = subprocess.run(
+    [sys.executable, "-m", "jaxrl_llm.main", f"--config={REPO / 'configs' / 'default.py'}",
+     f"--config.model.checkpoint={adapters}", f"--workdir={workdir}"],
+    cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120,
+  )  # fmt: skip
+  said = proc.stderr.strip().splitlines()
+  assert proc.returncode == 2 and len(said) == 1 and said[0].startswith("error: "), proc.stderr
+  assert said[0].startswith(f"error: model.checkpoint={str(adapters)!r} is a PEFT adapter folder")
+  assert f"its base model: {base!r}" in said[0]
+  assert "point model.checkpoint at the base model" in said[0] and "merge_and_unload()" in said[0]
+  assert "hf_adapters.load_adapters" in said[0]
+  assert not workdir.exists()
+  sys.path.insert(0, str(REPO / "tools"))
+  import hf_convert
+
+  line = refused(capsys, hf_convert.cli, ["import", f"--hf_dir={adapters}"], "PEFT adapter")
+  assert line.startswith(f"error: {adapters} is a PEFT adapter folder"), line
+  assert f"its base model: {base!r}" in line and "merge_and_unload()" in line, line
+  (adapters / "adapter_config.json").write_text("{")  # unreadable: said so, still one line
+  line = refused(capsys, hf_convert.cli, ["import", f"--hf_dir={adapters}"], "PEFT adapter")
+  assert "base model is unknown (adapter_config.json is not readable JSON)" in line, line

@@ -485,18 +485,14 @@ def model_arch(config):
   config.json's (as `build` reads it, with the config's dtypes, layout and adapters:
   `ModelConfig.onto`), else the config's own `model.*` fields."""
   from jaxrl_llm.models import hf_config
+  from jaxrl_llm.run.from_checkpoint import check_dir
 
   config = parse(config)
   path = config.model.checkpoint
   if not path:
     return config.model.arch
+  check_dir(path)  # the trainer's one line for a missing folder, a GGUF file, adapters, ...
   config_file = os.path.join(path, "config.json")
-  if not os.path.isfile(config_file):
-    what = "has no config.json" if os.path.isdir(path) else "is not a directory"
-    raise ConfigError(
-      f"model.checkpoint={path!r} {what}; point it at a local Hugging Face "
-      "checkpoint (config.json + *.safetensors)"
-    )
   try:
     with open(config_file) as f:
       mc = hf_config.config_from_hf(json.load(f), source=config_file)

@@ -47,6 +47,7 @@ from jaxrl_llm.models.hf_layout import (
   SINGLE_FILE,
   Entry,
   Param,
+  adapters_given,
   file_given,
   flatten,
   param_entries,
@@ -267,6 +268,8 @@ def _config_json(path: str, no_dir: str) -> tuple[str, Any]:
   if not os.path.isdir(path):
     raise MissingCheckpointFileError(no_dir)
   cfg_file = os.path.join(path, CONFIG_FILE)
+  if not os.path.exists(cfg_file) and (said := adapters_given(path)):
+    raise MissingCheckpointFileError(f"{path} {said}")
   if not os.path.exists(cfg_file):
     raise MissingCheckpointFileError(
       f"{cfg_file} not found: a Hugging Face checkpoint needs config.json"
