@@ -3,6 +3,7 @@ that keeps producing them stops with a clear message (objectives.md §5 applies 
 only); numeric config fields with a range are validated before anything compiles."""
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -1509,3 +1510,38 @@ def test_a_second_trainer_in_a_running_workdir_is_refused_and_a_kill_frees_it(tm
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises while anyone holds it
   finally:
     os.close(fd)
+
+
+def test_a_changed_launch_that_saved_nothing_leaves_the_run_record_as_it_was(tmp_path):
+  """A launch under changed settings (train.resume_changed) wrote config.resume-<step>.json
+  before its first update; killed before it saved a step, it left the workdir refusing the
+  original command (`other settings ... 0.9 → 0.7`), though every checkpoint ran at 0.7. The
+  records of launches that saved nothing past the resumed step are not read, and the next
+  launch moves them aside (kept, with a warning)."""
+  workdir = tmp_path / "run"
+  done = _cli(workdir, "--config.train.num_steps=2", "--config.train.checkpoint_every=2")
+  assert done.returncode == 0, done.stderr[-2000:]
+  cmd = [sys.executable, "-m", "jaxrl_llm.main", "--config=configs/default.py"]
+  cmd += [f"--workdir={workdir}", *TINY_CLI, "--config.train.num_steps=100000"]
+  cmd += ["--config.sampling.temperature=0.9", "--config.train.resume_changed=True"]
+  changed = subprocess.Popen(
+    cmd, cwd=REPO, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+  )
+  try:
+    deadline = time.monotonic() + 120
+    while not (workdir / "config.resume-2.json").exists() and time.monotonic() < deadline:
+      assert changed.poll() is None, "the changed launch ended"
+      time.sleep(0.2)
+  finally:
+    changed.kill()  # before its first checkpoint (every 1000 steps by default here)
+    changed.wait(timeout=60)
+  assert max(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()) == 2
+  again = _cli(workdir, "--config.train.num_steps=3", "--config.train.checkpoint_every=1")
+  assert again.returncode == 0, again.stderr[-2000:]
+  assert "saved no step after it, so no checkpoint ran under its settings" in again.stderr
+  names = sorted(p.name for p in workdir.iterdir() if p.name.startswith("config"))
+  assert names[:2] == ["config.json", "config.resume-2.json"] and len(names) == 3, names
+  assert re.fullmatch(r"config\.resume-2\.unsaved-\d{8}T\d{6}\.json", names[2]), names
+  first, now, aside = (json.loads((workdir / n).read_text())["config"] for n in names)
+  assert aside["sampling"]["temperature"] == 0.9  # kept, as the killed launch wrote it
+  assert now["sampling"]["temperature"] == first["sampling"]["temperature"] != 0.9

@@ -13,15 +13,33 @@ from jaxrl_llm import paths
 from jaxrl_llm.config import SWITCH, Config, ConfigError, blocks_resume, tagged
 
 
-def newest_record_path(workdir: str) -> str | None:
+def _resume_records(workdir: str) -> dict[str, int]:
+  """{name: step} of `workdir`'s `config.resume-<step>.json` records."""
+  names = [p.name for p in paths.listdir(workdir)]
+  steps = {n: n[len("config.resume-") : -len(".json")] for n in names}
+  return {n: int(s) for n, s in steps.items() if n.startswith("config.resume-") and s.isdigit()}
+
+
+def unsaved_records(workdir: str, step: int) -> list[str]:
+  """The `config.resume-<s>.json` records of `workdir` with s >= `step`, for a resume at
+  `step`: the launches that wrote them saved no step after s, so nothing saved ran under
+  their settings (a launch stopped while it compiled, or killed before its next checkpoint)."""
+  if not paths.is_dir(workdir):
+    return []
+  return sorted(n for n, s in _resume_records(workdir).items() if s >= step)
+
+
+def newest_record_path(workdir: str, before: int | None = None) -> str | None:
   """The path of the run record of `workdir` the latest launch wrote: its newest
-  `config.resume-<step>.json`, else `config.json`; None without either."""
+  `config.resume-<step>.json`, else `config.json`; None without either. `before`: the step a
+  resume starts at, whose state the records of earlier steps alone describe
+  (`unsaved_records`)."""
   if not paths.is_dir(workdir):
     return None
   records = {p.name: p for p in paths.listdir(workdir)}
-  steps = {n: n[len("config.resume-") : -len(".json")] for n in records}
-  resumes = [n for n, s in steps.items() if n.startswith("config.resume-") and s.isdigit()]
-  newest = max(resumes, key=lambda n: int(steps[n]), default=None)
+  steps = _resume_records(workdir)
+  resumes = [n for n, s in steps.items() if before is None or s < before]
+  newest = max(resumes, key=lambda n: steps[n], default=None)
   name = newest or ("config.json" if "config.json" in records else None)
   return None if name is None else paths.join(workdir, name)
 
@@ -43,10 +61,10 @@ def holds_a_model(workdir: str) -> bool:
   return isinstance(record, dict) and "config" not in record and "model_type" in record
 
 
-def newest_record(workdir: str) -> dict | None:
-  """The run record of `workdir` the latest launch wrote (`newest_record_path`); None without
-  one."""
-  path = newest_record_path(workdir)
+def newest_record(workdir: str, before: int | None = None) -> dict | None:
+  """The run record of `workdir` the latest launch wrote (`newest_record_path`, `before` as
+  there); None without one."""
+  path = newest_record_path(workdir, before)
   if path is None:
     return None
   fix = (
@@ -76,11 +94,12 @@ def as_used(record: Mapping) -> dict:
   return config
 
 
-def changed_learner(cfg: Config, workdir: str) -> list[str]:
+def changed_learner(cfg: Config, workdir: str, before: int | None = None) -> list[str]:
   """`section.field: saved → now` for the seed and each learner field whose value differs from
   the run recorded in `workdir` (its newest `config.resume-<step>.json`, else `config.json`; empty
-  without either); objective hyperparameters compared as used (unset: the default)."""
-  record = newest_record(workdir)
+  without either; `before` as `newest_record_path`'s); objective hyperparameters compared as
+  used (unset: the default)."""
+  record = newest_record(workdir, before)
   if record is None:
     return []
   # A record from before `resolved` is compared as written (unset with unset).
@@ -115,11 +134,12 @@ def _split_changed(old: dict, new: dict) -> list[str]:
   ]
 
 
-def switched(cfg: Config, workdir: str) -> list[str]:
+def switched(cfg: Config, workdir: str, before: int | None = None) -> list[str]:
   """`section.field: saved → now` for each field that switches a term on or off (`SWITCH`: > 0
   or 0; kl.beta's reference model, optim.grad_clip's element of the optimiser state) across 0
-  since the run recorded in `workdir`: what a checkpoint holds differs, so no resume crosses it."""
-  saved = newest_record(workdir)
+  since the run recorded in `workdir` (`before` as `newest_record_path`'s): what a checkpoint
+  holds differs, so no resume crosses it."""
+  saved = newest_record(workdir, before)
   if saved is None:
     return []
   saved, now = saved.get("config", {}), json.loads(cfg.to_json())
@@ -160,14 +180,14 @@ def data_files(cfg: Config) -> dict[str, dict[str, int | str]]:
   return out
 
 
-def changed_data(cfg: Config, workdir: str) -> list[str]:
+def changed_data(cfg: Config, workdir: str, before: int | None = None) -> list[str]:
   """`data file PATH: saved → now` for each prompt file (`data_files`) whose size or contents
   differ from those the run recorded in `workdir` (`newest_record`), or that it did not read
   or no longer reads (none where the same bytes are read in the same order under other paths:
   a relative path, a moved folder, a glob), and `tokenizer vocabulary: saved → now` where the prompts' tokenizer has
   other tokens or ids (another path or chat template is no change). Empty without a record,
-  or with one older than these fields (compat)."""
-  saved = newest_record(workdir)
+  or with one older than these fields (compat); `before` as `newest_record_path`'s."""
+  saved = newest_record(workdir, before)
   if saved is None or "data_files" not in saved:
     return []
   old, new = dict(saved["data_files"]), data_files(cfg)
@@ -202,7 +222,7 @@ def resume_notes(members, step: int) -> list[str]:
   moved = "; ".join(
     m.prefix + x for m in members if (x := schedule_moved(m.config, m.workdir, step))
   )
-  bare = [m.workdir for m in members if step > 0 and newest_record_path(m.workdir) is None]
+  bare = [m.workdir for m in members if step > 0 and newest_record_path(m.workdir, step) is None]
   notes = [f"on another learning-rate schedule: {moved}"] if moved else []
   return notes + [
     f"without a run record in {w} (config.json): the settings and prompt files of its "
@@ -215,7 +235,7 @@ def schedule_moved(cfg: Config, workdir: str, step: int) -> str | None:
   """`learning rate at update U: saved → now` where `cfg`'s schedule (`Config.schedule_updates`
   long, shaped by optim.*) differs at `step` from the one `workdir` recorded."""
   try:
-    rec = newest_record(workdir)["config"]
+    rec = newest_record(workdir, step)["config"]
     sections = {n: type(getattr(cfg, n)).from_section(rec[n]) for n in ("optim", "rl", "train")}
     saved = dataclasses.replace(cfg, **sections)
   except (KeyError, TypeError, ValueError):  # no record, or one of another shape: no comparison

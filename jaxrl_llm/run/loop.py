@@ -165,12 +165,14 @@ def _changed_settings(trainee, ckpt) -> list[str]:
   front in a pack); raises ConfigError unless train.resume_changed, and always for a term
   switched on or off (`changes.switched`). A checkpoint of another model or grid is refused
   first (CheckpointMismatchError, as the restore would): no setting lets a resume cross that."""
-  changed, switched = [], []
+  changed, switched, steps = [], [], ckpt.all_steps()
+  at = steps[-1] if steps else None  # records of launches that saved nothing past it: unread
   for member in trainee.members:
-    changed += [member.prefix + c for c in changes.changed_learner(member.config, member.workdir)]
-    changed += [member.prefix + c for c in changes.changed_data(member.config, member.workdir)]
-    switched += [member.prefix + c for c in changes.switched(member.config, member.workdir)]
-  if (changed or switched) and (steps := ckpt.all_steps()):
+    cfg, workdir, prefix = member.config, member.workdir, member.prefix
+    changed += [prefix + c for c in changes.changed_learner(cfg, workdir, at)]
+    changed += [prefix + c for c in changes.changed_data(cfg, workdir, at)]
+    switched += [prefix + c for c in changes.switched(cfg, workdir, at)]
+  if (changed or switched) and steps:
     ckpt.check_meta(steps[-1], resume_target(None, trainee.meta(), trainee.resume_keys)[1])
   if switched:
     raise ConfigError(

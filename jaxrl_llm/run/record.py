@@ -142,6 +142,20 @@ def results_fields(fields):
   return out
 
 
+def _set_aside_unsaved(workdir: str, step: int) -> None:
+  """Renames `changes.unsaved_records` (a resume at `step`) to `<name>.unsaved-<time>.json`
+  with a warning: no saved step ran under their settings, so they describe no checkpoint."""
+  stamp = time.strftime("%Y%m%dT%H%M%S")
+  for name in changes.unsaved_records(workdir, step):
+    aside = f"{name.removesuffix('.json')}.unsaved-{stamp}.json"
+    paths.rename(paths.join(workdir, name), paths.join(workdir, aside))
+    logging.warning(
+      "%s: the launch that wrote %s saved no step after it, so no checkpoint ran under its "
+      "settings: moved aside to %s",
+      workdir, name, aside,
+    )  # fmt: skip
+
+
 def record_run(
   cfg: Config,
   workdir: str,
@@ -163,6 +177,8 @@ def record_run(
   one). Returns the file written, or None."""
   if jax.process_index() != 0:
     return None
+  if step > 0:
+    _set_aside_unsaved(workdir, step)
   fields, latest = json.loads(cfg.to_json()), changes.newest_record(workdir)
   files = changes.data_files(cfg)
   first = latest is None
