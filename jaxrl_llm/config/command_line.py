@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import os
+import sys
 
 from ml_collections import ConfigDict
 
@@ -75,7 +77,9 @@ def missing_field(config, field: str) -> str | None:
 
 def load(path: str) -> ConfigDict:
   """The ConfigDict that `--config=path` (FILE.py[:SETTING]) loads; ConfigError naming what is
-  wrong with the file or the setting."""
+  wrong with the file or the setting. The file's folder joins the end of `sys.path`, so a
+  module beside it (an objective or a reward term of one's own) imports from any working
+  directory, in `tools/sweep.py` and in the verifier workers too."""
   file, colon, arg = path.partition(":")
   if colon and not arg:  # ml_collections would call get_config("")
     raise ConfigError(
@@ -83,6 +87,9 @@ def load(path: str) -> ConfigDict:
     )
   if not file.endswith(".py"):
     raise ConfigError(f"--config={path}: a config is a Python file (FILE.py[:SETTING])")
+  folder = os.path.dirname(os.path.abspath(file))
+  if folder not in sys.path:
+    sys.path.append(folder)
   try:
     spec = importlib.util.spec_from_file_location("_jaxrl_llm_config", file)
     module = importlib.util.module_from_spec(spec)

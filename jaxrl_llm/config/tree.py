@@ -184,6 +184,13 @@ class Config:
       ]
     named = {self.data.correct_term: "correct"}  # defines accuracy, weighted or not
     named |= {k: k for k in used if k != "correct"}
+    lost = {t: why for t in named if (why := verifiers.unpicklable(verifiers.REWARD_FNS[t]))}
+    if lost:  # put in REWARD_FNS by hand: the workers could not receive it
+      return [
+        f"reward term {t!r} cannot reach the verifier worker processes ({why}); register a "
+        "module-level function with verifiers.register_reward (docs/data_and_checkpoints.md)"
+        for t, why in lost.items()
+      ]
     other = sorted(set(verifiers.REWARD_FNS) - set(verifiers.NEEDS_PACKAGE))
     return [
       f"{'data.correct_term=' if k == 'correct' else 'task.reward_weights.'}{term}: the "

@@ -3,10 +3,15 @@
 `math` extracts and compares answers (refusing over-long or too deeply nested input before
 parsing it); `rewards` turns them into reward terms; `scoring` scores batches robustly in worker
 processes (errors and timeouts score 0.0 and are counted; a hung call's worker is killed).
-`get_reward_fn(name)` looks up a two-argument term `fn(completion, reference) -> float` by name.
+`get_reward_fn(name)` looks up a two-argument term `fn(completion, reference) -> float` by name;
+`@register_reward(name)` adds one of your own (docs/data_and_checkpoints.md).
 """
 
 import importlib.util
+import pickle
+import sys
+import types
+from collections.abc import Callable
 
 from jaxrl_llm.data.verifiers.math import (
   brace_depth,
@@ -55,6 +60,59 @@ NEEDS_PACKAGE: dict[str, tuple[str, str]] = {
 }
 
 
+BUILT_IN = frozenset({"correct", *REWARD_FNS})  # names a plug-in term may not take
+
+
+def unpicklable(fn: RewardFn) -> str | None:
+  """Why the worker processes could not receive `fn` (pickle's words), or None. A function is
+  pickled by reference, which resolves only once the module defining it has run (a decorator
+  runs before), so its qualified name and module are checked instead of pickling it."""
+  if isinstance(fn, types.FunctionType):
+    if "<" in fn.__qualname__:  # <lambda>, or a function nested in another's <locals>
+      return f"{fn.__qualname__} is not a module-level function"
+    if fn.__module__ not in sys.modules:  # e.g. defined in the config file itself
+      return f"its module {fn.__module__!r} cannot be imported"
+    return None
+  try:
+    pickle.dumps(fn)
+  except Exception as e:
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+  return None
+
+
+def register_reward(
+  name: str, *, needs: tuple[str, str] | None = None
+) -> Callable[[RewardFn], RewardFn]:
+  """Decorator adding `fn(completion: str, reference: str) -> float` to `REWARD_FNS` as `name`,
+  so `task.reward_weights` and `data.correct_term` can name it (returns the function).
+
+  `needs`: (module, how to install it) of an optional package it imports (`NEEDS_PACKAGE`).
+  ValueError, one line, for a built-in name, a name that is not an identifier, or a function
+  that cannot be pickled: worker processes call it, so it must be a module-level function (or a
+  functools.partial of one), not a lambda or a nested function.
+  """
+  if name in BUILT_IN or not name.isidentifier():
+    why = "is a built-in term" if name in BUILT_IN else "is not a Python identifier"
+    raise ValueError(
+      f"reward term {name!r} {why}: a term of your own needs a new identifier (built-in: "
+      f"{', '.join(sorted(BUILT_IN))})"
+    )
+
+  def add(fn: RewardFn) -> RewardFn:
+    said = unpicklable(fn)
+    if said:
+      raise ValueError(
+        f"reward term {name!r} cannot be pickled ({said}); register a module-level function (or "
+        "a functools.partial of one) of a module the config file imports"
+      )
+    REWARD_FNS[name] = fn
+    if needs is not None:
+      NEEDS_PACKAGE[name] = needs
+    return fn
+
+  return add
+
+
 def missing_package(name: str) -> str | None:
   """What the reward term `name` lacks to run here ('math_verify (pip install ...)'), or None
   when it needs nothing or its package is installed (found, not imported)."""
@@ -79,6 +137,7 @@ def get_reward_fn(name: str) -> RewardFn:
 
 
 __all__ = [
+  "BUILT_IN",
   "NEEDS_PACKAGE",
   "REWARD_FNS",
   "RewardFn",
@@ -103,9 +162,11 @@ __all__ = [
   "normalize",
   "parse_number",
   "reference_answer",
+  "register_reward",
   "score_batch",
   "shutdown_workers",
   "think_format",
+  "unpicklable",
   "within_limits",
   "worker_pids",
 ]
