@@ -41,12 +41,15 @@ def _warmup_cosine(
   peak: float, *, warmup_steps: int, total_updates: int, decay_to: float
 ) -> optax.Schedule:
   """Linear warmup from 0 (none when `warmup_steps` is 0) to `peak`, cosine decay to
-  `decay_to` x `peak` at `total_updates`."""
+  `decay_to` x `peak` at `total_updates`. Without decay (`decay_to` 1) the rate after warmup
+  is `peak` however long the run, so the schedule leaves `total_updates` out: a relaunch with
+  more train.num_steps runs the program it compiled (it compiled anew)."""
+  decay_steps = max(total_updates, warmup_steps + 1) if decay_to != 1 else warmup_steps + 1
   return optax.warmup_cosine_decay_schedule(
     init_value=0.0 if warmup_steps else peak,
     peak_value=peak,
     warmup_steps=warmup_steps,
-    decay_steps=max(total_updates, warmup_steps + 1),
+    decay_steps=decay_steps,
     end_value=peak * decay_to,
   )
 

@@ -156,3 +156,26 @@ def test_the_schedule_is_linear_warmup_then_cosine_decay_in_closed_form(warmup, 
     np.testing.assert_allclose(float(schedule(t)), want(t), rtol=1e-5, atol=1e-12, err_msg=t)
   assert float(schedule(warmup)) == pytest.approx(peak)
   assert float(schedule(total)) == pytest.approx(d * peak)
+
+
+@pytest.mark.parametrize("decay_to, same", [(1.0, True), (0.1, False)])
+def test_only_a_decaying_schedule_compiles_the_run_length_into_the_step(decay_to, same):
+  """Without decay (optim.decay_to=1) the rate is the peak after warmup whatever the length,
+  yet train.num_steps was compiled into the step: each relaunch that extended a run compiled
+  it again (70 s for SmolLM2 on 2 cores) instead of loading it from the cache. The step's
+  program is now the same for 6 and 9 steps without decay, and differs with decay, whose
+  rates do depend on the length."""
+  from parsed import build
+
+  from jaxrl_llm.run import abstract_batch
+
+  texts, rates = [], []
+  for steps in (6, 9):
+    config = tiny_config(**{"train.num_steps": steps, "optim.decay_to": decay_to})
+    exp = build(config, abstract=True)
+    key = jax.random.PRNGKey(0)
+    texts.append(exp.program.step.lower(exp.state, abstract_batch(exp), key).as_text())
+    _, schedule = parse(config).optim.build(parse(config).schedule_updates)
+    rates.append([float(schedule(u)) for u in range(0, 40, 3)])
+  assert (texts[0] == texts[1]) is same
+  assert (rates[0] == rates[1]) is same
