@@ -442,6 +442,7 @@ def test_a_packed_sweep_trains_every_grid_point_in_one_program(tmp_path):
   assert sweep.committed_steps(str(root)) == [2]  # the pack checkpoints as a whole
   record = json.loads((root / "sweep.json").read_text())
   assert record["packed"] and [r["status"] for r in record["runs"]] == ["done"] * 4
+  assert {r["log"] for r in record["runs"]} == {str(root / "log.txt")}  # no run.log of its own
   banner = next(x for x in proc.stderr.splitlines() if "objective ppo_clip (" in x)
   assert "clip_high by run" in banner and "clip_low 0.2" in banner, banner  # not one run's 0.2
   for name in names:

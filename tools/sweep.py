@@ -793,7 +793,8 @@ def _record_pack(
     run.elapsed_s = round(time.time() - t0, 1)
     read_metrics(run)
   record = {**spec, "packed": True, "updated": time.strftime("%Y-%m-%d %H:%M:%S")}
-  record["runs"] = [r.to_json() for r in runs]
+  pack_log = os.path.join(root, "log.txt")  # a pack's runs have no run.log: every line is here
+  record["runs"] = [{**r.to_json(), "log": pack_log} for r in runs]
   if earlier:
     record["earlier_runs"] = earlier
   try:
