@@ -123,10 +123,11 @@ def test_a_dry_run_names_a_missing_data_file_in_one_line(tmp_path, capsys):
   only a bad config value was one line)."""
   missing = tmp_path / "none.jsonl"
   line = f"error: data.train_files='{missing}': Dataset file {missing} does not exist."
-  assert _main("--dry_run", f"--config.data.train_files={missing}") == (2, [line])
+  files = [f"--config.data.train_files={missing}", "--config.sft.steps=0"]
+  assert _main("--dry_run", *files) == (2, [line])
   root = tmp_path / "pack"
   argv = [CONFIG, f"--root={root}", "--seeds=0,1", "--packed", "--dry_run"]
-  assert sweep.main([*argv, f"--set=data.train_files={missing}"]) == 2
+  assert sweep.main([*argv, f"--set=data.train_files={missing}", "--set=sft.steps=0"]) == 2
   err = capsys.readouterr().err
   assert err.strip().splitlines() == [line], err
   assert not root.exists()

@@ -524,3 +524,12 @@ def test_too_few_turns_for_a_tool_is_said_once(turns):
   assert _said(**{"sampling.max_turns": turns}) == (
     "" if turns == 1 else f"invalid config: sampling.max_turns={turns} must be >= 1"
   )
+
+
+def test_a_warm_start_on_prompt_files_is_refused_before_the_files_are_read(tmp_path):
+  """sft.steps > 0 (the default 70) with data.train_files was refused only after the files
+  were read and their warnings printed; it is now a config error, found before any file is
+  opened (a file that does not exist is not reached)."""
+  config = tiny_config(**{"data.train_files": str(tmp_path / "absent.jsonl"), "sft.steps": 70})
+  with pytest.raises(ConfigError, match=r"sft\.steps=70 must be 0 with data\.train_files"):
+    parse(config)

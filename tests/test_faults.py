@@ -399,7 +399,7 @@ def test_a_bad_data_file_or_tokenizer_is_one_error_line(tmp_path, case, field):
     from text_fixtures import build_bpe_tokenizer
 
     args[1] = f"--config.data.tokenizer={build_bpe_tokenizer(tmp_path / 'tok')}"
-  proc = _cli(tmp_path / "w", *args, timeout=200)
+  proc = _cli(tmp_path / "w", *args, "--config.sft.steps=0", timeout=200)
   assert proc.returncode == 2, proc.stderr[-2000:]
   last = proc.stderr.strip().splitlines()[-1]
   assert last.startswith(f"error: {field}=") and "Traceback" not in proc.stderr, proc.stderr[-2000:]
@@ -427,7 +427,7 @@ def test_a_bad_hugging_face_checkpoint_is_one_error_line(tmp_path, case, says):
     shutil.copy(REPO / "tests" / "fixtures" / "hf" / "qwen2" / "config.json", ckpt)
   else:
     args.append(f"--config.data.train_files={data}")
-  proc = _cli(tmp_path / "w", *args, timeout=200)
+  proc = _cli(tmp_path / "w", *args, "--config.sft.steps=0", timeout=200)
   assert proc.returncode == 2, proc.stderr[-2000:]
   last = proc.stderr.strip().splitlines()[-1]
   assert last.startswith("error: ") and str(ckpt) in last and says in last, proc.stderr[-2000:]

@@ -125,9 +125,6 @@ def _learner(cfg: Config, mc: ModelConfig, task) -> list[str]:
   if cfg.uses_files:
     t = cfg.sampling.max_new_tokens
     out += need(t >= 1, "sampling.max_new_tokens must be >= 1 with data.train_files")
-    out += need(
-      cfg.sft.steps == 0, "sft.steps must be 0 with data.train_files (no warm start on files)"
-    )
   sh = cfg.shaping
   if sh.name == "soft_overlong" and task is not None:
     t_max = _budget(cfg, task)

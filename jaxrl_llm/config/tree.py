@@ -154,6 +154,11 @@ class Config:
     """Every section's own range-check messages, then those across sections."""
     out = need(0 <= self.seed < 2**32, f"seed={self.seed} must be in [0, 2**32)")
     out += [e for n in self.sections() for e in getattr(self, n).errors()]
+    if self.uses_files:  # said before any file is read
+      sft = self.sft.steps
+      out += need(
+        sft == 0, f"sft.steps={sft} must be 0 with data.train_files (no warm start on files)"
+      )
     return out + self._file_reward_errors()
 
   def _file_reward_errors(self) -> list[str]:
