@@ -321,7 +321,7 @@ def test_a_peft_adapter_folder_as_a_checkpoint_is_one_line_naming_its_base(tmp_p
   assert proc.returncode == 2 and len(said) == 1 and said[0].startswith("error: "), proc.stderr
   assert said[0].startswith(f"error: model.checkpoint={str(adapters)!r} is a PEFT adapter folder")
   assert f"its base model: {base!r}" in said[0]
-  assert "point model.checkpoint at the base model" in said[0] and "merge_and_unload()" in said[0]
+  assert "point it at the base model" in said[0] and "merge_and_unload()" in said[0]
   assert "hf_adapters.load_adapters" in said[0]
   assert not workdir.exists()
   sys.path.insert(0, str(REPO / "tools"))

@@ -110,9 +110,9 @@ def file_given(path: str, then: str = "") -> str:
   return "is a file, not a checkpoint directory (config.json + *.safetensors)"
 
 
-def adapters_given(path: str, setting: str = "it") -> str | None:
+def adapters_given(path: str) -> str | None:
   """The words refusing directory `path` (no config.json) when it holds PEFT adapters
-  (adapter_config.json): their base model and what to point `setting` at, as RL cannot start
+  (adapter_config.json): their base model and what to point it at, as RL cannot start
   from adapters; None when it holds none."""
   try:
     with open(os.path.join(path, "adapter_config.json"), encoding="utf-8") as f:
@@ -125,7 +125,7 @@ def adapters_given(path: str, setting: str = "it") -> str | None:
   named = named or "its adapter_config.json names no base model (base_model_name_or_path)"
   return (
     "is a PEFT adapter folder (adapter_config.json, no config.json), not a Hugging Face "
-    f"checkpoint; {named}; RL cannot start from adapters: point {setting} at the base model "
+    f"checkpoint; {named}; RL cannot start from adapters: point it at the base model "
     "(new adapters train with model.lora_rank > 0), or at a checkpoint with the adapters "
     "merged (peft's merge_and_unload(), then save_pretrained); "
     "jaxrl_llm.models.hf_adapters.load_adapters reads adapters from Python"

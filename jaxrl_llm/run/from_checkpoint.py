@@ -28,7 +28,7 @@ def check_dir(path: str) -> None:
     said = hf_layout.file_given(path, then="--config.model.checkpoint=OUT_DIR")
     raise ConfigError(f"model.checkpoint={path!r} {said}")
   if path and not os.path.isfile(os.path.join(path, "config.json")):
-    if os.path.isdir(path) and (said := hf_layout.adapters_given(path, "model.checkpoint")):
+    if os.path.isdir(path) and (said := hf_layout.adapters_given(path)):
       raise ConfigError(f"model.checkpoint={path!r} {said}")
     what = "has no config.json" if os.path.isdir(path) else "is not a directory"
     fetched = {os.path.abspath(pretrained.model_dir(n)): n for n in pretrained.MODELS}
