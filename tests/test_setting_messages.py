@@ -41,6 +41,7 @@ def test_a_trainer_workdir_as_model_checkpoint_says_how_to_export_it(tmp_path, t
   args = [
     f"--config.model.checkpoint={run}",
     f"--config.data.train_files={tmp_path / 'math.jsonl'}",
+    "--config.sft.steps=0",
   ]
   if tokenizer:
     args.append(f"--config.data.tokenizer={overrides['data.tokenizer']}")
