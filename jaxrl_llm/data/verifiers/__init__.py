@@ -8,9 +8,6 @@ processes (errors and timeouts score 0.0 and are counted; a hung call's worker i
 """
 
 import importlib.util
-import pickle
-import sys
-import types
 from collections.abc import Callable
 
 from jaxrl_llm.data.verifiers.math import (
@@ -40,6 +37,7 @@ from jaxrl_llm.data.verifiers.rewards import (
   think_format,
 )
 from jaxrl_llm.data.verifiers.scoring import score_batch, shutdown_workers, worker_pids
+from jaxrl_llm.data.verifiers.workers import unpicklable
 
 REWARD_FNS: dict[str, RewardFn] = {
   "math_correct": math_correct,
@@ -61,23 +59,6 @@ NEEDS_PACKAGE: dict[str, tuple[str, str]] = {
 
 
 BUILT_IN = frozenset({"correct", *REWARD_FNS})  # names a plug-in term may not take
-
-
-def unpicklable(fn: RewardFn) -> str | None:
-  """Why the worker processes could not receive `fn` (pickle's words), or None. A function is
-  pickled by reference, which resolves only once the module defining it has run (a decorator
-  runs before), so its qualified name and module are checked instead of pickling it."""
-  if isinstance(fn, types.FunctionType):
-    if "<" in fn.__qualname__:  # <lambda>, or a function nested in another's <locals>
-      return f"{fn.__qualname__} is not a module-level function"
-    if fn.__module__ not in sys.modules:  # e.g. defined in the config file itself
-      return f"its module {fn.__module__!r} cannot be imported"
-    return None
-  try:
-    pickle.dumps(fn)
-  except Exception as e:
-    return str(e).splitlines()[0] if str(e) else type(e).__name__
-  return None
 
 
 def register_reward(

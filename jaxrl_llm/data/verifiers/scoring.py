@@ -35,7 +35,6 @@ import concurrent.futures as cf
 import itertools
 import logging
 import os
-import pickle
 import queue
 import signal
 import threading
@@ -223,13 +222,11 @@ def _check_arguments(completions, references, terms, executor: str) -> None:
     raise ValueError(f"executor {executor!r} is not one of {_EXECUTORS}")
   if executor == "process":
     for name, fn in terms.items():
-      try:
-        pickle.dumps(fn)
-      except Exception as e:
+      if said := workers.unpicklable(fn):
         raise ValueError(
-          f"reward term {name!r} cannot be pickled ({e}); executor='process' needs top-level "
+          f"reward term {name!r} cannot be pickled ({said}); executor='process' needs top-level "
           "functions (or functools.partial of them), or pass executor='thread'"
-        ) from e
+        )
 
 
 def score_batch(

@@ -1,6 +1,7 @@
 """What runs inside a verifier worker (`scoring`'s process pool, or its threads): the calls
 themselves, each failure turned into a short error text, and the worker's start-up (its
-signals, and its end with the trainer)."""
+signals, and its end with the trainer), with what a process worker can receive
+(`unpicklable`) and the fork server it starts from (`process_context`)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import math
 import multiprocessing
 import multiprocessing.forkserver as forkserver
 import os
+import pickle
 import signal
 import sys
 import threading
+import types
 from collections.abc import Sequence
 
 import numpy as np
@@ -143,3 +146,20 @@ def process_context():
     if wanted:
       ctx.set_forkserver_preload([*preload, *dict.fromkeys(wanted)])
   return ctx
+
+
+def unpicklable(fn: RewardFn) -> str | None:
+  """Why the worker processes could not receive `fn` (pickle's words), or None. A function is
+  pickled by reference, which resolves only once the module defining it has run (a decorator
+  runs before), so its qualified name and module are checked instead of pickling it."""
+  if isinstance(fn, types.FunctionType):
+    if "<" in fn.__qualname__:  # <lambda>, or a function nested in another's <locals>
+      return f"{fn.__qualname__} is not a module-level function"
+    if fn.__module__ not in sys.modules:  # e.g. defined in the config file itself
+      return f"its module {fn.__module__!r} cannot be imported"
+    return None
+  try:
+    pickle.dumps(fn)
+  except Exception as e:
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+  return None
